@@ -1,0 +1,37 @@
+// cuda-backend.h - the plain-C face of the CUDA backend (internal).
+//
+// No CUDA type appears here: C code includes this header, and every function exists in every
+// build. Without CUDA they report that no device is present.
+#ifndef TRI_CUDA_BACKEND_H
+#define TRI_CUDA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "triforce.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tri__cuda_device_info {
+    char name[256];
+    uint64_t total_bytes;
+    uint64_t free_bytes;
+    int32_t cc_major, cc_minor;  // compute capability
+    int32_t pcie_gen;            // current PCIe generation, 0 if unknown
+    int32_t pcie_width;          // current PCIe lanes, 0 if unknown
+    int32_t pci_bus;
+} tri__cuda_device_info;
+
+// Number of usable CUDA devices; 0 without a driver, a GPU or CUDA support in this build.
+int tri__cuda_device_count(void);
+
+// Fills *out for device i; TRI_STATUS_DEVICE if it cannot be queried.
+tri_status tri__cuda_device_info_get(int device, tri__cuda_device_info *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // TRI_CUDA_BACKEND_H

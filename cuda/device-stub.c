@@ -1,0 +1,10 @@
+// device-stub.c - the CUDA entry points in a build without CUDA: no device.
+#include "cuda-backend.h"
+#include "error.h"
+
+int tri__cuda_device_count(void) { return 0; }
+
+tri_status tri__cuda_device_info_get(int device, tri__cuda_device_info *out) {
+    (void)out;
+    return tri__fail(TRI_STATUS_DEVICE, "cuda device %d: this build has no CUDA support", device);
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the system packages the runtime needs on Debian 12 (as root, or through sudo).
+# CUDA is optional: the CUDA backend is built when nvcc and cuBLAS are found (/usr/local/cuda).
+set -euo pipefail
+
+pkgs=(
+  build-essential pkg-config meson ninja-build
+  libjson-c-dev libhwloc-dev liburing-dev libfaiss-dev
+  libcriterion-dev
+  clang libclang-rt-14-dev
+  python3 python3-venv python3-pip unzip
+)
+[ "$(id -u)" = 0 ] && sudo= || sudo=sudo
+export DEBIAN_FRONTEND=noninteractive
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,56 @@
+// test-util.h - helpers shared by the Criterion suites.
+#ifndef TRI_TEST_UTIL_H
+#define TRI_TEST_UTIL_H
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// The path of a fixture written by tests/fixtures/make-<group>.py: $TRI_TEST_FIXTURES/group/name.
+// Returns a static buffer, overwritten by the next call.
+static inline const char *tt_fixture(const char *group, const char *name) {
+    static char path[4096];
+    const char *root = getenv("TRI_TEST_FIXTURES");
+    cr_assert(root != NULL, "TRI_TEST_FIXTURES is not set: run the suites through meson test");
+    snprintf(path, sizeof path, "%s/%s/%s", root, group, name);
+    return path;
+}
+
+// A fresh path for a scratch file under $TRI_TEST_TMP (created if missing).
+static inline const char *tt_tmp(const char *name) {
+    static char path[4096];
+    const char *root = getenv("TRI_TEST_TMP");
+    if (!root) root = "/tmp";
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", root);
+    cr_assert(system(cmd) == 0);
+    snprintf(path, sizeof path, "%s/%s", root, name);
+    return path;
+}
+
+// Reads a whole file; aborts the test if it cannot. The caller frees.
+static inline void *tt_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *buf = malloc((size_t)n + 1);
+    cr_assert(buf != NULL);
+    cr_assert(fread(buf, 1, (size_t)n, f) == (size_t)n, "short read of %s", path);
+    fclose(f);
+    ((char *)buf)[n] = 0;
+    if (len) *len = (size_t)n;
+    return buf;
+}
+
+// Writes bytes to a file; aborts the test if it cannot.
+static inline void tt_write_file(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    cr_assert(f != NULL, "cannot create %s", path);
+    cr_assert(fwrite(data, 1, len, f) == len);
+    fclose(f);
+}
+
+#endif  // TRI_TEST_UTIL_H
