@@ -192,6 +192,19 @@ TRI_API void tri_model_get_info(const tri_model *model, tri_model_info *out);
 // Describes tensor i, 0 <= i < n_tensors, in file order; TRI_STATUS_NOT_FOUND past the end.
 TRI_API tri_status tri_model_tensor_info(const tri_model *model, int64_t i, tri_tensor_info *out);
 
+// ---- sampling ----
+
+typedef struct tri_sampler_params {
+    float temperature;  // logits are divided by it; <= 0: greedy (argmax, lowest id on ties)
+    int32_t top_k;      // keep only the k most likely tokens; 0: keep all
+    float top_p;        // then keep the smallest set of most likely tokens with this much mass,
+                        // in (0, 1]; 1: keep all
+    uint64_t seed;      // the random stream; the same seed gives the same tokens
+} tri_sampler_params;
+
+// temperature 0 (greedy), top_k 0, top_p 1, seed 0.
+TRI_API tri_sampler_params tri_sampler_default_params(void);
+
 #ifdef __cplusplus
 }
 #endif
