@@ -14,6 +14,8 @@
 #include "dtype.h"
 #include "error.h"
 #include "gguf.h"
+#include "hf-config.h"
+#include "safetensors.h"
 
 // ---- small helpers ----
 
@@ -164,6 +166,56 @@ static tri_status load_gguf(tri_model *m, const tri_model_params *params) {
     return TRI_STATUS_OK;
 }
 
+// ---- HF checkpoints (safetensors + config.json) ----
+
+static tri_status load_hf(tri_model *m, const tri_model_params *params) {
+    tri_status st = tri__st_model_open(m->path, params->populate, &m->st);
+    if (st) return st;
+    const char *dir = tri__st_model_dir(m->st);
+    char cfg_path[4096];
+    if (snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir) >= (int)sizeof cfg_path)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "%s: path too long", dir);
+    if ((st = tri__hf_config_load(cfg_path, &m->config, &m->arch))) return st;
+    // the directory's last component names the model
+    const char *base = strrchr(dir, '/');
+    base = base && base[1] ? base + 1 : dir;
+    m->name = dup_str(base, strlen(base));
+    if (!m->name) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: names", m->path);
+
+    int64_t n = tri__st_model_n_tensors(m->st);
+    m->tensors = calloc((size_t)(n > 0 ? n : 1), sizeof *m->tensors);
+    if (!m->tensors) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: tensor table", m->path);
+    for (int64_t i = 0; i < n; i++) {
+        const tri__st_tensor *t = tri__st_model_tensor_at(m->st, i);
+        char name[128];
+        // tensors that are not Llama weights (rotary_emb.inv_freq, ...) are not the model's
+        if (!tri__hf_tensor_name_to_gguf(t->name, name, sizeof name)) {
+            tri__log(TRI_LOG_LEVEL_DEBUG, "%s: ignoring tensor '%s'", m->path, t->name);
+            continue;
+        }
+        if (tri__model_find_tensor(m, name))
+            return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: tensor '%s' appears twice (as '%s')", m->path,
+                             name, t->name);
+        tri__tensor *d = &m->tensors[m->n_tensors];
+        d->name = dup_str(name, strlen(name));
+        if (!d->name) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: tensor names", m->path);
+        d->type = t->type;
+        d->n_dims = t->n_dims;
+        memcpy(d->shape, t->shape, sizeof d->shape);
+        d->n_bytes = t->n_bytes;
+        d->data = t->data;
+        m->n_tensors++;
+        if ((i & 63) == 0 && !progress(params, 0.5f * (float)i / (float)n))
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "%s: loading cancelled", m->path);
+    }
+    // some checkpoints tie embeddings without saying so in config.json: no lm_head means tied
+    if (!m->config.tied_embeddings && !tri__model_find_tensor(m, "output.weight"))
+        m->config.tied_embeddings = true;
+    m->info.format = TRI_FILE_FORMAT_SAFETENSORS;
+    m->info.n_files = tri__st_model_n_files(m->st);
+    return TRI_STATUS_OK;
+}
+
 // ---- public API ----
 
 tri_model_params tri_model_default_params(void) {
@@ -177,6 +229,7 @@ void tri_model_free(tri_model *model) {
     free(model->tensors);
     free(model->layers);
     tri__gguf_close(model->gguf);
+    tri__st_model_close(model->st);
     free(model->arch);
     free(model->name);
     free(model->path);
@@ -202,11 +255,8 @@ tri_status tri_model_load(const char *path, const tri_model_params *params, tri_
         goto fail;
     }
 
-    if (S_ISDIR(sb.st_mode) || has_suffix(path, ".safetensors") || has_suffix(path, ".json")) {
-        st = tri__fail(TRI_STATUS_UNSUPPORTED, "%s: safetensors checkpoints are not wired in yet", path);
-        goto fail;
-    }
-    if ((st = load_gguf(m, params))) goto fail;
+    bool hf = S_ISDIR(sb.st_mode) || has_suffix(path, ".safetensors") || has_suffix(path, ".json");
+    if ((st = hf ? load_hf(m, params) : load_gguf(m, params))) goto fail;
     if ((st = bind_all(m))) goto fail;
 
     m->info.architecture = m->arch;
