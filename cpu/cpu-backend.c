@@ -21,8 +21,8 @@
 static int cpu_thread_id(void) { return omp_get_thread_num(); }
 static int cpu_max_threads(void) { return omp_get_num_procs(); }
 #else
-#define CPU_PARALLEL_FOR(nt)
-#define CPU_PARALLEL_FOR_STATIC(nt)
+#define CPU_PARALLEL_FOR(nt) (void)(nt);  // one thread: the count is unused
+#define CPU_PARALLEL_FOR_STATIC(nt) (void)(nt);
 static int cpu_thread_id(void) { return 0; }
 static int cpu_max_threads(void) { return 1; }
 #endif

@@ -45,7 +45,7 @@ static void rope_llama3(tri__rope *rope, double factor, double low_ff, double hi
                         double orig_ctx) {
     double low_wavelen = orig_ctx / low_ff, high_wavelen = orig_ctx / high_ff;
     for (int32_t i = 0; i < rope->head_dim / 2; i++) {
-        double f = rope->inv_freq[i];
+        double f = (double)rope->inv_freq[i];
         double wavelen = 2 * ROPE_PI / f;
         if (wavelen > low_wavelen) {
             f = f / factor;  // low frequencies: fully interpolated
@@ -72,7 +72,7 @@ tri_status tri__rope_init(tri__rope *rope, const tri_model_config *cfg, const fl
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "rope: theta %g must be > 1", (double)cfg->rope_theta);
     if (cfg->rope_layout != TRI_ROPE_LAYOUT_ADJACENT && cfg->rope_layout != TRI_ROPE_LAYOUT_HALF)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "rope: unknown layout %d", (int)cfg->rope_layout);
-    double factor = cfg->rope_factor;
+    double factor = (double)cfg->rope_factor;
     double orig = cfg->rope_orig_ctx;
     tri_rope_scaling sc = cfg->rope_scaling;
     if (sc != TRI_ROPE_SCALING_NONE && !(factor > 0))
@@ -104,7 +104,7 @@ tri_status tri__rope_init(tri__rope *rope, const tri_model_config *cfg, const fl
         memcpy(rope->freq_div, freq_div, sizeof(float) * (size_t)(dim / 2));
     }
 
-    double theta = cfg->rope_theta;
+    double theta = (double)cfg->rope_theta;
     switch (sc) {
     case TRI_ROPE_SCALING_NONE:
     case TRI_ROPE_SCALING_DYNAMIC:  // the default table until the sequence passes orig_ctx
@@ -126,7 +126,7 @@ tri_status tri__rope_init(tri__rope *rope, const tri_model_config *cfg, const fl
     case TRI_ROPE_SCALING_LLAMA3:
         rope_default(rope->inv_freq, dim, theta);
         if (!freq_div)
-            rope_llama3(rope, factor, cfg->llama3_low_freq_factor, cfg->llama3_high_freq_factor, orig);
+            rope_llama3(rope, factor, (double)cfg->llama3_low_freq_factor, (double)cfg->llama3_high_freq_factor, orig);
         break;
     }
     rope_apply_div(rope);
@@ -146,14 +146,14 @@ void tri__rope_update(tri__rope *rope, int64_t seq_len) {
     int64_t cached = rope->seq_len > rope->orig_ctx ? rope->seq_len : rope->orig_ctx;
     if (seq_len > cached) {
         double dim = rope->head_dim;
-        double factor = rope->factor;
+        double factor = (double)rope->factor;
         double base = (double)rope->theta * pow(factor * (double)seq_len / rope->orig_ctx - (factor - 1.0),
                                         dim / (dim - 2));
         rope_default(rope->inv_freq, rope->head_dim, base);
         rope_apply_div(rope);
         rope->seq_len = seq_len;
     } else if (seq_len < rope->orig_ctx && rope->seq_len > rope->orig_ctx) {
-        rope_default(rope->inv_freq, rope->head_dim, rope->theta);
+        rope_default(rope->inv_freq, rope->head_dim, (double)rope->theta);
         rope_apply_div(rope);
         rope->seq_len = 0;
     }
