@@ -267,10 +267,6 @@ static tri_dtype parse_dtype(const char *opt, const char *s, bool quantized) {
 
 static void parse_args(opts *o, int argc, char **argv) {
     apply_shape(o, "tiny");
-    o->dtype = TRI_DTYPE_F16;
-    o->gguf_dtype = (tri_dtype)-1;
-    o->n_shards = 1;
-    o->seed = 1;
     // the shape first, wherever it is, so that explicit options override it
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--shape")) apply_shape(o, argv[i + 1]);
