@@ -12,39 +12,11 @@
 #include "backend.h"
 #include "dtype.h"
 #include "tri-config.h"
+#include "bench-util.h"
 
 #if TRI_HAVE_OPENMP
 #include <omp.h>
 #endif
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-// Stream-like copy of a buffer much larger than the caches: bytes read + written per second.
-static double copy_peak(int nt) {
-    size_t n = (size_t)64 << 20;  // 256 MiB of floats per side
-    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
-    memset(a, 1, n * sizeof(float));
-    memset(b, 0, n * sizeof(float));
-    double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = now();
-#if TRI_HAVE_OPENMP
-#pragma omp parallel for schedule(static) num_threads(nt)
-#endif
-        for (size_t i = 0; i < n; i++) b[i] = a[i];
-        double bw = 2.0 * (double)(n * sizeof(float)) / (now() - t0);
-        if (bw > best) best = bw;
-    }
-    (void)nt;
-    if (b[n / 2] != a[n / 2]) fprintf(stderr, "copy check failed\n");
-    free(a);
-    free(b);
-    return best;
-}
 
 // Weights (n, k) of type t from f32 values: float types converted, quantized ones with d = amax/127
 // (Q8_0) or a plain min/max (Q4): the benchmark measures speed, the tests measure accuracy.
@@ -101,7 +73,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     nt = be->n_threads;
-    double peak = copy_peak(nt);
+    double peak = bench_copy_peak(nt);
     printf("machine: %d threads, SIMD %s (best %s)\n", nt, tri__cpu_simd_name(simd == TRI_CPU_SIMD_AUTO ? tri__cpu_simd_detect() : simd),
            tri__cpu_simd_name(tri__cpu_simd_detect()));
     printf("stream-like copy peak: %.2f GB/s (read + write)\n\n", peak / 1e9);
@@ -129,16 +101,16 @@ int main(int argc, char **argv) {
         }
         double best = 1e9;
         for (int rep = 0; rep < 20; rep++) {
-            double t0 = now();
+            double t0 = bench_now();
             be->ops->matmul(be, y, x, wt, t, 1, n, k);
-            double dt = now() - t0;
+            double dt = bench_now() - t0;
             if (dt < best) best = dt;
         }
         double best_big = 1e9;
         for (int rep = 0; rep < 2; rep++) {
-            double t0 = now();
+            double t0 = bench_now();
             be->ops->matmul(be, y, x, wt, t, m_big, n, k);
-            double dt = now() - t0;
+            double dt = bench_now() - t0;
             if (dt < best_big) best_big = dt;
         }
         // decode reads each weight byte once: compare with the copy's read + write traffic
