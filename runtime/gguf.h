@@ -70,13 +70,23 @@ typedef struct tri__gguf tri__gguf;
 // Maps and validates a file. Fails with TRI_STATUS_IO, BAD_FORMAT (bad magic, version, any
 // length past the end, overlapping or misaligned tensors, ...) or UNSUPPORTED (a tensor type
 // other than F32/F16/BF16/Q8_0/Q4_0/Q4_1, named in the message), the file path in every message.
+//
+// Requirements beyond the specification's (documented in docs/formats.md): every dimension >= 1,
+// arrays nested at most 8 deep, bool values 0 or 1. Tensors may lie in any order in the data
+// section as long as no two share a byte.
 tri_status tri__gguf_open(const char *path, tri__gguf **out);
+// As tri__gguf_open; populate reads every page in at open (MAP_POPULATE).
+tri_status tri__gguf_open_ex(const char *path, bool populate, tri__gguf **out);
+// Unmaps the file and frees everything; every pointer obtained from g dies with it. NULL is a no-op.
 void tri__gguf_close(tri__gguf *g);
 
 const char *tri__gguf_path(const tri__gguf *g);
 uint32_t tri__gguf_version(const tri__gguf *g);
 uint32_t tri__gguf_alignment(const tri__gguf *g);
 uint64_t tri__gguf_file_size(const tri__gguf *g);
+// File offset of the data section (a multiple of the alignment): tensor t lies at file offset
+// data_start + t->offset, for readers that bypass the mapping (O_DIRECT, io_uring).
+uint64_t tri__gguf_data_start(const tri__gguf *g);
 
 int64_t tri__gguf_n_kv(const tri__gguf *g);
 const tri__gguf_kv *tri__gguf_kv_at(const tri__gguf *g, int64_t i);
@@ -101,5 +111,17 @@ const tri__gguf_tensor *tri__gguf_find_tensor(const tri__gguf *g, const char *na
 
 // True when s equals the NUL-terminated string z.
 bool tri__gguf_str_eq(tri__gguf_str s, const char *z);
+
+// "uint8", ..., "float64"; "?" for other values. Static storage.
+const char *tri__gguf_type_name(tri__gguf_type type);
+// ggml's name of a tensor type id ("q6_K" for 14), or "unknown". Static storage.
+const char *tri__gguf_ggml_type_name(uint32_t ggml_type);
+
+// ---- llama (gguf-llama.c) ----
+
+// Fills *cfg from general.architecture == "llama" and the llama.* keys (see docs/formats.md).
+// UNSUPPORTED for another architecture or rope scaling type, BAD_FORMAT naming the key when a
+// required key is missing, has the wrong type or an impossible value. rope_layout is ADJACENT.
+tri_status tri__gguf_llama_config(const tri__gguf *g, tri_model_config *cfg);
 
 #endif  // TRI_GGUF_H
