@@ -137,7 +137,45 @@ Test(tokenizer, spm_bos_eos_and_pieces) {
     tri__tokenizer_free(t);
 }
 
+static tri__tokenizer *load_gguf_fixture(const char *name, tri__gguf **g) {
+    cr_assert_eq(tri__gguf_open(tt_fixture("tokenizer", name), g), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    tri__tokenizer *t = NULL;
+    cr_assert_eq(tri__tokenizer_from_gguf(*g, &t), TRI_STATUS_OK, "%s", tri_last_error());
+    return t;
+}
+
+Test(tokenizer, spm_gguf_matches_sentencepiece) {
+    tri__gguf *g;
+    tri__tokenizer *t = load_gguf_fixture("spm.gguf", &g);
+    cr_assert_eq(tri__tokenizer_kind(t), TRI_TOKENIZER_SPM);
+    cr_assert(tri__tokenizer_add_bos(t), "Llama-2 GGUF default: BOS");
+    check_cases(t, "spm-cases.json", false, true);
+    tri__tokenizer_free(t);
+    tri__gguf_close(g);
+}
+
 // ---- byte-level BPE ----
+
+Test(tokenizer, bpe_llama3_gguf_matches_hf_tokenizers) {
+    tri__gguf *g;
+    tri__tokenizer *t = load_gguf_fixture("bpe-llama3.gguf", &g);
+    cr_assert_eq(tri__tokenizer_pretok(t), TRI__PRETOK_LLAMA3);
+    check_cases(t, "bpe-llama3-cases.json", true, true);
+    tri__tokenizer_free(t);
+    tri__gguf_close(g);
+}
+
+Test(tokenizer, gguf_without_tokenizer_is_not_found) {
+    tri__gguf *g;
+    cr_assert_eq(tri__gguf_open(tt_fixture("tokenizer", "no-tokenizer.gguf"), &g), TRI_STATUS_OK,
+                 "%s", tri_last_error());
+    tri__tokenizer *t = NULL;
+    cr_assert_eq(tri__tokenizer_from_gguf(g, &t), TRI_STATUS_NOT_FOUND);
+    cr_assert_null(t);
+    cr_assert(strstr(tri_last_error(), "no-tokenizer.gguf"), "message names the file");
+    tri__gguf_close(g);
+}
 
 Test(tokenizer, bpe_gpt2_matches_hf_tokenizers) {
     tri__tokenizer *t = load_json_fixture("bpe-gpt2.json");
