@@ -286,6 +286,60 @@ TRI_API tri_status tri_generate(tri_session *session, const int32_t *prompt, int
                                 const tri_generate_params *params, tri_token_fn on_token, void *user,
                                 tri_generate_stats *stats);
 
+// ---- tokenizer ----
+//
+// Text is UTF-8. Bytes that are not valid UTF-8 are not refused: each is encoded as a byte of its
+// own (byte-level BPE, or SentencePiece <0xXX> byte fallback), so tri_detokenize gives them back
+// unchanged; see docs/tokenizers.md. Every function here fails with TRI_STATUS_NOT_FOUND when the
+// model carries no tokenizer.
+
+// Number of tokens in the model's vocabulary, 0 when it has no tokenizer.
+TRI_API int32_t tri_token_count(const tri_model *model);
+// Beginning- and end-of-sequence ids, -1 when the model has none.
+TRI_API int32_t tri_token_bos(const tri_model *model);
+TRI_API int32_t tri_token_eos(const tri_model *model);
+// True for control tokens (<s>, <|im_end|>), unknown and unused ids: text that
+// tri_detokenize skips unless asked to render special tokens. False for invalid ids.
+TRI_API bool tri_token_is_special(const tri_model *model, int32_t id);
+
+// The vocabulary text of a token as the model stores it ("▁the", "Ġthe", "<0x0A>"), in *text and
+// *len (not NUL-terminated; owned by the model). INVALID_ARGUMENT for an id out of range.
+TRI_API tri_status tri_token_text(const tri_model *model, int32_t id, const char **text,
+                                  size_t *len);
+
+// Encodes len bytes of text. add_special: add BOS/EOS as the model's tokenizer metadata says
+// (SentencePiece models: BOS; SmolLM2: none). parse_special: control-token strings in the text
+// such as "<|im_start|>" become their ids; when false they are tokenized as plain text.
+// On return *n_out holds the number of ids the text needs. ids may be NULL when cap == 0: a size
+// query that succeeds. With 0 < cap < *n_out nothing useful is written and the call fails with
+// TRI_STATUS_INVALID_ARGUMENT.
+TRI_API tri_status tri_tokenize(const tri_model *model, const char *text, size_t len,
+                                bool add_special, bool parse_special, int32_t *ids, int64_t cap,
+                                int64_t *n_out);
+
+// Decodes n ids to UTF-8 in buf: *n_out bytes followed by a NUL, so cap must be at least
+// *n_out + 1. buf may be NULL when cap == 0 (a size query). Special tokens are skipped unless
+// render_special. The space SentencePiece puts in front of the text is removed. Invalid ids fail
+// with INVALID_ARGUMENT, as does a buffer that is too small (with *n_out still set).
+TRI_API tri_status tri_detokenize(const tri_model *model, const int32_t *ids, int64_t n,
+                                  bool render_special, char *buf, size_t cap, size_t *n_out);
+
+// Streaming detokenizer for printing tokens as they are generated: each push returns only
+// complete UTF-8 characters, holding back the bytes of a character split across tokens until its
+// last byte arrives; bytes that can never form a character come out as U+FFFD.
+typedef struct tri_detokenizer tri_detokenizer;
+
+// The detokenizer must not outlive model; free it with tri_detokenizer_free().
+TRI_API tri_status tri_detokenizer_create(const tri_model *model, bool render_special,
+                                          tri_detokenizer **out);
+// Adds one token; *text/*len receive the text now ready (possibly empty), owned by d and valid
+// until the next call on d. NUL-terminated.
+TRI_API tri_status tri_detokenizer_push(tri_detokenizer *d, int32_t id, const char **text,
+                                        size_t *len);
+// Ends the stream: bytes still held back come out as U+FFFD. d can then be reused.
+TRI_API tri_status tri_detokenizer_flush(tri_detokenizer *d, const char **text, size_t *len);
+TRI_API void tri_detokenizer_free(tri_detokenizer *d);
+
 #ifdef __cplusplus
 }
 #endif
