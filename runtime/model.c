@@ -16,6 +16,7 @@
 #include "gguf.h"
 #include "hf-config.h"
 #include "safetensors.h"
+#include "tokenizer.h"
 
 // ---- small helpers ----
 
@@ -228,6 +229,7 @@ void tri_model_free(tri_model *model) {
     for (int64_t i = 0; i < model->n_tensors; i++) free((char *)model->tensors[i].name);
     free(model->tensors);
     free(model->layers);
+    tri__tokenizer_free(model->tokenizer);
     tri__gguf_close(model->gguf);
     tri__st_model_close(model->st);
     free(model->arch);
@@ -258,6 +260,20 @@ tri_status tri_model_load(const char *path, const tri_model_params *params, tri_
     bool hf = S_ISDIR(sb.st_mode) || has_suffix(path, ".safetensors") || has_suffix(path, ".json");
     if ((st = hf ? load_hf(m, params) : load_gguf(m, params))) goto fail;
     if ((st = bind_all(m))) goto fail;
+
+    // A model without a tokenizer still runs on token ids; a broken tokenizer is an error.
+    st = hf ? tri__tokenizer_from_dir(tri__st_model_dir(m->st), &m->tokenizer)
+            : tri__tokenizer_from_gguf(m->gguf, &m->tokenizer);
+    if (st == TRI_STATUS_NOT_FOUND) {
+        m->tokenizer = NULL;
+    } else if (st) {
+        goto fail;
+    } else if (tri__tokenizer_n_vocab(m->tokenizer) > m->config.n_vocab) {
+        st = tri__fail(TRI_STATUS_BAD_FORMAT, "%s: tokenizer has %d tokens, the model's vocabulary only %d",
+                       path, tri__tokenizer_n_vocab(m->tokenizer), m->config.n_vocab);
+        goto fail;
+    }
+    m->info.tokenizer = m->tokenizer ? tri__tokenizer_kind(m->tokenizer) : TRI_TOKENIZER_NONE;
 
     m->info.architecture = m->arch;
     m->info.name = m->name;

@@ -9,6 +9,7 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *summary;
 } commands[] = {
+    {"generate", tri_cli_generate, "generate text after a prompt, streamed as it is produced"},
     {"info", tri_cli_info, "describe a model: architecture, config, tokenizer, tensors"},
 };
 

@@ -149,11 +149,6 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-// The end-of-sequence id, or -1 when the model carries no tokenizer.
-static int32_t model_eos(const tri_model *m) {
-    (void)m;
-    return -1;
-}
 
 tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
                         const tri_generate_params *params, tri_token_fn on_token, void *user,
@@ -189,7 +184,7 @@ tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
     double t1 = now_seconds();
     stats->prefill_seconds = t1 - t0;
 
-    int32_t eos = p.stop_at_eos ? model_eos(s->model) : -1;
+    int32_t eos = p.stop_at_eos ? tri_token_eos(s->model) : -1;
     int32_t room = s->kv.capacity - s->kv.n + 1;  // the last token need not be run
     int32_t n_max = p.n_predict > 0 && p.n_predict < room ? p.n_predict : room;
     for (int32_t i = 0; i < n_max; i++) {

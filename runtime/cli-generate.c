@@ -1,0 +1,345 @@
+// cli-generate.c - `offload-run generate`: stream a model's continuation of a prompt.
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static void usage(FILE *f) {
+    fputs("usage: offload-run generate -m MODEL (-p TEXT | -f FILE | --tokens IDS) [options]\n"
+          "\n"
+          "Generates text after a prompt and streams it to stdout. Progress and figures go to\n"
+          "stderr.\n"
+          "\n"
+          "  -m, --model PATH     .gguf file or HF checkpoint directory\n"
+          "  -p, --prompt TEXT    the prompt\n"
+          "  -f, --file FILE      read the prompt from FILE ('-' for stdin)\n"
+          "      --tokens IDS     the prompt as comma-separated token ids\n"
+          "      --chat           wrap the prompt as one user turn of a ChatML conversation\n"
+          "                       (<|im_start|>user ... <|im_start|>assistant), as SmolLM2-Instruct\n"
+          "                       expects\n"
+          "  -n, --n-predict N    tokens to generate at most (default 128; 0: until the context\n"
+          "                       is full or the model ends)\n"
+          "      --temp T         sampling temperature; 0 is greedy (default 0)\n"
+          "      --top-k K        keep the K most likely tokens (default 0: all)\n"
+          "      --top-p P        keep the smallest set of tokens with mass P (default 1: all)\n"
+          "      --seed S         random seed (default 0)\n"
+          "      --ctx N          context length in tokens (default: prompt + n-predict)\n"
+          "  -t, --threads N      CPU threads (default: one per core)\n"
+          "      --batch N        prompt tokens per prefill step (default 128)\n"
+          "      --kv-type T      f16 (default) or f32 KV cache\n"
+          "      --ignore-eos     keep generating after the end-of-sequence token\n"
+          "      --ids            print token ids instead of text\n"
+          "  -h, --help           this help\n",
+          f);
+}
+
+// Parses a whole decimal number in [lo, hi]; prints an error naming the option otherwise.
+static bool parse_long(const char *opt, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "offload-run generate: %s '%s': want a whole number in [%ld, %ld]\n", opt, s, lo, hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool parse_float(const char *opt, const char *s, double lo, double hi, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "offload-run generate: %s '%s': want a number in [%g, %g]\n", opt, s, lo, hi);
+        return false;
+    }
+    *out = (float)v;
+    return true;
+}
+
+// Reads a whole file or stdin into a NUL-terminated buffer; NULL after printing the error.
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "offload-run generate: %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n + 1 >= cap) {
+            char *b = realloc(buf, cap *= 2);
+            if (!b) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = b;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    bool err = ferror(f);
+    if (f != stdin) fclose(f);
+    if (!buf || err) {
+        fprintf(stderr, "offload-run generate: %s: %s\n", path, buf ? "read error" : "out of memory");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static int32_t *parse_ids(const char *s, int32_t n_vocab, int32_t *n_out) {
+    int32_t n = 1;
+    for (const char *p = s; *p; p++) n += *p == ',';
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    if (!ids) return NULL;
+    const char *p = s;
+    for (int32_t i = 0; i < n; i++) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v >= n_vocab || (*end != ',' && *end != 0)) {
+            fprintf(stderr, "offload-run generate: --tokens: item %d is not an id in [0, %d)\n", i, n_vocab);
+            free(ids);
+            return NULL;
+        }
+        ids[i] = (int32_t)v;
+        p = end + (*end == ',');
+    }
+    *n_out = n;
+    return ids;
+}
+
+// ---- streaming output ----
+
+typedef struct out_state {
+    tri_detokenizer *detok;  // NULL: print ids
+    int32_t n;
+} out_state;
+
+static bool on_token(int32_t token, void *user) {
+    out_state *o = user;
+    if (!o->detok) {
+        printf(o->n ? " %d" : "%d", token);
+    } else {
+        const char *text;
+        size_t len;
+        if (tri_detokenizer_push(o->detok, token, &text, &len) == TRI_STATUS_OK) fwrite(text, 1, len, stdout);
+    }
+    o->n++;
+    fflush(stdout);
+    return true;
+}
+
+typedef struct prefill_state {
+    bool tty;
+    int last_decile;
+} prefill_state;
+
+static bool on_prefill(int64_t done, int64_t total, void *user) {
+    prefill_state *p = user;
+    if (p->tty) {
+        fprintf(stderr, "\rprefill: %" PRId64 " / %" PRId64 " tokens (%d%%)", done, total,
+                (int)(100 * done / total));
+        if (done == total) fputs("\r\033[K", stderr);
+    } else {
+        int decile = (int)(10 * done / total);
+        if (decile > p->last_decile && done < total)
+            fprintf(stderr, "prefill: %" PRId64 " / %" PRId64 " tokens\n", done, total);
+        p->last_decile = decile;
+    }
+    return true;
+}
+
+int tri_cli_generate(int argc, char **argv) {
+    enum { OPT_TOKENS = 256, OPT_CHAT, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CTX, OPT_BATCH,
+           OPT_KV, OPT_IGNORE_EOS, OPT_IDS };
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
+        {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
+        {"chat", no_argument, NULL, OPT_CHAT},     {"n-predict", required_argument, NULL, 'n'},
+        {"temp", required_argument, NULL, OPT_TEMP}, {"top-k", required_argument, NULL, OPT_TOPK},
+        {"top-p", required_argument, NULL, OPT_TOPP}, {"seed", required_argument, NULL, OPT_SEED},
+        {"ctx", required_argument, NULL, OPT_CTX}, {"threads", required_argument, NULL, 't'},
+        {"batch", required_argument, NULL, OPT_BATCH}, {"kv-type", required_argument, NULL, OPT_KV},
+        {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS}, {"ids", no_argument, NULL, OPT_IDS},
+        {"help", no_argument, NULL, 'h'},          {0},
+    };
+    const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
+    bool chat = false, print_ids = false;
+    long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0;
+    tri_generate_params gp = tri_generate_default_params();
+    tri_session_params sp = tri_session_default_params();
+    int c;
+    while ((c = getopt_long(argc, argv, "m:p:f:n:t:h", opts, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case 'p': prompt = optarg; break;
+        case 'f': file = optarg; break;
+        case OPT_TOKENS: tokens = optarg; break;
+        case OPT_CHAT: chat = true; break;
+        case 'n': ok = parse_long("--n-predict", optarg, 0, INT32_MAX, &n_predict); break;
+        case OPT_TEMP: ok = parse_float("--temp", optarg, 0.0, 100.0, &gp.sampler.temperature); break;
+        case OPT_TOPK: ok = parse_long("--top-k", optarg, 0, INT32_MAX, &top_k); break;
+        case OPT_TOPP: ok = parse_float("--top-p", optarg, 1e-6, 1.0, &gp.sampler.top_p); break;
+        case OPT_SEED: ok = parse_long("--seed", optarg, 0, INT64_MAX, &seed); break;
+        case OPT_CTX: ok = parse_long("--ctx", optarg, 1, INT32_MAX, &ctx); break;
+        case 't': ok = parse_long("--threads", optarg, 1, 4096, &threads); break;
+        case OPT_BATCH: ok = parse_long("--batch", optarg, 1, 65536, &batch); break;
+        case OPT_KV:
+            if (strcmp(optarg, "f16") == 0) sp.kv_type = TRI_DTYPE_F16;
+            else if (strcmp(optarg, "f32") == 0) sp.kv_type = TRI_DTYPE_F32;
+            else {
+                fprintf(stderr, "offload-run generate: --kv-type '%s': want f16 or f32\n", optarg);
+                ok = false;
+            }
+            break;
+        case OPT_IGNORE_EOS: gp.stop_at_eos = false; break;
+        case OPT_IDS: print_ids = true; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (!ok) return 2;
+    }
+    int n_sources = (prompt != NULL) + (file != NULL) + (tokens != NULL);
+    if (!model_path || n_sources != 1 || optind != argc) {
+        fprintf(stderr, "offload-run generate: %s\n",
+                !model_path ? "-m MODEL is required"
+                : n_sources != 1 ? "give exactly one of -p TEXT, -f FILE, --tokens IDS"
+                                 : "unexpected argument");
+        usage(stderr);
+        return 2;
+    }
+    if (chat && tokens) {
+        fprintf(stderr, "offload-run generate: --chat applies to text prompts, not --tokens\n");
+        return 2;
+    }
+
+    tri_model *model = tri_cli_load_model(model_path);
+    if (!model) return 1;
+    int rc = 1;
+    tri_session *session = NULL;
+    out_state out = {0};
+    int32_t *ids = NULL;
+    char *text = NULL, *wrapped = NULL;
+    tri_model_info info;
+    tri_model_get_info(model, &info);
+    tri_status st;
+
+    // ---- the prompt as token ids ----
+    int32_t n_ids = 0;
+    if (tokens) {
+        if (!(ids = parse_ids(tokens, info.config.n_vocab, &n_ids))) goto done;
+    } else {
+        size_t len = 0;
+        if (file) {
+            if (!(text = read_all(file, &len))) goto done;
+        } else {
+            len = strlen(prompt);
+        }
+        const char *body = text ? text : prompt;
+        if (chat) {
+            static const char pre[] = "<|im_start|>user\n", post[] = "<|im_end|>\n<|im_start|>assistant\n";
+            wrapped = malloc(len + sizeof pre + sizeof post);
+            if (!wrapped) {
+                fprintf(stderr, "offload-run generate: out of memory\n");
+                goto done;
+            }
+            memcpy(wrapped, pre, sizeof pre - 1);
+            memcpy(wrapped + sizeof pre - 1, body, len);
+            memcpy(wrapped + sizeof pre - 1 + len, post, sizeof post);
+            len += sizeof pre - 1 + sizeof post - 1;
+            body = wrapped;
+        }
+        int64_t need = 0;
+        if ((st = tri_tokenize(model, body, len, true, chat, NULL, 0, &need))) {
+            rc = tri_cli_fail("cannot tokenize the prompt", st);
+            goto done;
+        }
+        if (need > INT32_MAX / 2) {
+            fprintf(stderr, "offload-run generate: prompt of %" PRId64 " tokens is too long\n", need);
+            goto done;
+        }
+        ids = malloc((size_t)(need > 0 ? need : 1) * sizeof *ids);
+        if (!ids) goto done;
+        int64_t got = 0;
+        if ((st = tri_tokenize(model, body, len, true, chat, ids, need, &got))) {
+            rc = tri_cli_fail("cannot tokenize the prompt", st);
+            goto done;
+        }
+        n_ids = (int32_t)got;
+    }
+    if (n_ids == 0) {
+        fprintf(stderr, "offload-run generate: the prompt is empty\n");
+        goto done;
+    }
+
+    // ---- session ----
+    if (ctx == 0) {
+        int64_t want = (int64_t)n_ids + (n_predict > 0 ? n_predict : 4096);
+        ctx = want > INT32_MAX ? INT32_MAX : want;
+    }
+    if (ctx < n_ids) {
+        fprintf(stderr, "offload-run generate: --ctx %ld is shorter than the prompt (%d tokens)\n", ctx, n_ids);
+        goto done;
+    }
+    sp.n_ctx = (int32_t)ctx;
+    sp.n_threads = (int32_t)threads;
+    sp.n_batch = (int32_t)batch;
+    if ((st = tri_session_create(model, &sp, &session))) {
+        rc = tri_cli_fail("cannot create a session", st);
+        goto done;
+    }
+    if (!print_ids && (st = tri_detokenizer_create(model, false, &out.detok))) {
+        rc = tri_cli_fail("the model has no tokenizer (use --ids)", st);
+        goto done;
+    }
+    gp.n_predict = (int32_t)n_predict;
+    gp.sampler.top_k = (int32_t)top_k;
+    gp.sampler.seed = (uint64_t)seed;
+    prefill_state ps = {.tty = isatty(STDERR_FILENO), .last_decile = 0};
+    gp.on_prefill = on_prefill;
+    gp.user = &ps;
+
+    tri_generate_stats stats;
+    if ((st = tri_generate(session, ids, n_ids, &gp, on_token, &out, &stats))) {
+        fputc('\n', stdout);
+        rc = tri_cli_fail("generation failed", st);
+        goto done;
+    }
+    if (out.detok) {
+        const char *rest;
+        size_t len;
+        if (tri_detokenizer_flush(out.detok, &rest, &len) == TRI_STATUS_OK) fwrite(rest, 1, len, stdout);
+    }
+    fputc('\n', stdout);
+    fflush(stdout);
+    fprintf(stderr,
+            "prompt: %d tokens, prefill %.1f tok/s (%.2f s) | generated: %d tokens, decode %.1f tok/s "
+            "(%.1f ms/token)\n",
+            stats.n_prompt, stats.prefill_seconds > 0 ? stats.n_prompt / stats.prefill_seconds : 0.0,
+            stats.prefill_seconds,
+            stats.n_generated,
+            stats.decode_seconds > 0 && stats.n_generated > 1 ? (stats.n_generated - 1) / stats.decode_seconds : 0.0,
+            stats.n_generated > 1 ? 1e3 * stats.decode_seconds / (stats.n_generated - 1) : 0.0);
+    rc = 0;
+
+done:
+    tri_detokenizer_free(out.detok);
+    tri_session_free(session);
+    free(ids);
+    free(text);
+    free(wrapped);
+    tri_model_free(model);
+    return rc;
+}
