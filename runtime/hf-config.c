@@ -76,9 +76,10 @@ static tri_status cfg_float(const cfg_ctx *c, const char *key, bool required, fl
         return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': not a finite float", c->path,
                          c->prefix, key);
     }
-    if (positive && !(x > 0)) {
-        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': %g is not > 0", c->path, c->prefix,
-                         key, x);
+    // checked after the conversion: 1e-85 is > 0 but 0 as a float
+    if (positive && !((float)x > 0)) {
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': %g is not > 0 as a float",
+                         c->path, c->prefix, key, x);
     }
     *out = (float)x;
     return TRI_STATUS_OK;
@@ -204,8 +205,8 @@ static tri_status parse_rope_scaling(const char *path, json_object *rs, const ch
         if (attn > 0) {
             cfg->yarn_mscale = attn;
         } else if (mscale != 0 && mscale_all_dim != 0) {
-            double den = yarn_get_mscale(cfg->rope_factor, mscale_all_dim);
-            double x = yarn_get_mscale(cfg->rope_factor, mscale) / den;
+            double den = yarn_get_mscale((double)cfg->rope_factor, (double)mscale_all_dim);
+            double x = yarn_get_mscale((double)cfg->rope_factor, (double)mscale) / den;
             if (!(den != 0) || !isfinite(x) || !(x > 0)) {
                 return tri__fail(TRI_STATUS_BAD_FORMAT,
                                  "%s: field '%smscale': attention factor %g from mscale and mscale_all_dim is not > 0",

@@ -485,6 +485,7 @@ static const bad_case bad_configs[] = {
     {"bad-odd-head-dim", TRI_STATUS_BAD_FORMAT, "field 'head_dim'", "odd"},
     {"bad-eps-type", TRI_STATUS_BAD_FORMAT, "field 'rms_norm_eps'", "not a number"},
     {"bad-eps-zero", TRI_STATUS_BAD_FORMAT, "field 'rms_norm_eps'", "not > 0"},
+    {"bad-eps-underflow", TRI_STATUS_BAD_FORMAT, "field 'rms_norm_eps'", "as a float"},
     {"bad-theta-negative", TRI_STATUS_BAD_FORMAT, "field 'rope_theta'", "not > 0"},
     {"bad-tie-type", TRI_STATUS_BAD_FORMAT, "field 'tie_word_embeddings'", "not a boolean"},
     {"bad-arch-type", TRI_STATUS_BAD_FORMAT, "field 'architectures'", "not an array"},
