@@ -193,6 +193,16 @@ static tri_status parse_rope_scaling(const char *path, json_object *rs, const ch
         cfg->rope_scaling = TRI_ROPE_SCALING_YARN;
         TRY(cfg_float(&c, "factor", true, 1, true, &cfg->rope_factor));
         TRY(cfg_int(&c, "original_max_position_embeddings", false, max_pos, 1, &cfg->rope_orig_ctx));
+        // Newer transformers derive the factor as max_position_embeddings / original when the
+        // latter is given; published configs agree (Yarn-Llama-2-7b-128k: 131072 / 4096 = 32).
+        // We keep the written factor and say so when they disagree.
+        if (cfg_get(&c, "original_max_position_embeddings") &&
+            fabs((double)max_pos / cfg->rope_orig_ctx - (double)cfg->rope_factor) > 1e-3) {
+            tri__log(TRI_LOG_LEVEL_WARN,
+                     "%s: field '%sfactor': %g, but max_position_embeddings / original_max_position_embeddings = %g; using %g",
+                     path, prefix, (double)cfg->rope_factor, (double)max_pos / cfg->rope_orig_ctx,
+                     (double)cfg->rope_factor);
+        }
         TRY(cfg_float(&c, "beta_fast", false, 32, false, &cfg->yarn_beta_fast));
         TRY(cfg_float(&c, "beta_slow", false, 1, false, &cfg->yarn_beta_slow));
         // attention_factor is the factor itself. Without it, transformers uses
