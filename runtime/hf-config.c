@@ -76,9 +76,10 @@ static tri_status cfg_float(const cfg_ctx *c, const char *key, bool required, fl
         return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': not a finite float", c->path,
                          c->prefix, key);
     }
-    if (positive && !(x > 0)) {
-        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': %g is not > 0", c->path, c->prefix,
-                         key, x);
+    // checked after the conversion: 1e-85 is > 0 but 0 as a float
+    if (positive && !((float)x > 0)) {
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': %g is not > 0 as a float",
+                         c->path, c->prefix, key, x);
     }
     *out = (float)x;
     return TRI_STATUS_OK;
@@ -192,6 +193,16 @@ static tri_status parse_rope_scaling(const char *path, json_object *rs, const ch
         cfg->rope_scaling = TRI_ROPE_SCALING_YARN;
         TRY(cfg_float(&c, "factor", true, 1, true, &cfg->rope_factor));
         TRY(cfg_int(&c, "original_max_position_embeddings", false, max_pos, 1, &cfg->rope_orig_ctx));
+        // Newer transformers derive the factor as max_position_embeddings / original when the
+        // latter is given; published configs agree (Yarn-Llama-2-7b-128k: 131072 / 4096 = 32).
+        // We keep the written factor and say so when they disagree.
+        if (cfg_get(&c, "original_max_position_embeddings") &&
+            fabs((double)max_pos / cfg->rope_orig_ctx - (double)cfg->rope_factor) > 1e-3) {
+            tri__log(TRI_LOG_LEVEL_WARN,
+                     "%s: field '%sfactor': %g, but max_position_embeddings / original_max_position_embeddings = %g; using %g",
+                     path, prefix, (double)cfg->rope_factor, (double)max_pos / cfg->rope_orig_ctx,
+                     (double)cfg->rope_factor);
+        }
         TRY(cfg_float(&c, "beta_fast", false, 32, false, &cfg->yarn_beta_fast));
         TRY(cfg_float(&c, "beta_slow", false, 1, false, &cfg->yarn_beta_slow));
         // attention_factor is the factor itself. Without it, transformers uses
@@ -204,8 +215,8 @@ static tri_status parse_rope_scaling(const char *path, json_object *rs, const ch
         if (attn > 0) {
             cfg->yarn_mscale = attn;
         } else if (mscale != 0 && mscale_all_dim != 0) {
-            double den = yarn_get_mscale(cfg->rope_factor, mscale_all_dim);
-            double x = yarn_get_mscale(cfg->rope_factor, mscale) / den;
+            double den = yarn_get_mscale((double)cfg->rope_factor, (double)mscale_all_dim);
+            double x = yarn_get_mscale((double)cfg->rope_factor, (double)mscale) / den;
             if (!(den != 0) || !isfinite(x) || !(x > 0)) {
                 return tri__fail(TRI_STATUS_BAD_FORMAT,
                                  "%s: field '%smscale': attention factor %g from mscale and mscale_all_dim is not > 0",
