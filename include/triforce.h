@@ -192,6 +192,100 @@ TRI_API void tri_model_get_info(const tri_model *model, tri_model_info *out);
 // Describes tensor i, 0 <= i < n_tensors, in file order; TRI_STATUS_NOT_FOUND past the end.
 TRI_API tri_status tri_model_tensor_info(const tri_model *model, int64_t i, tri_tensor_info *out);
 
+// ---- sampling ----
+
+typedef struct tri_sampler_params {
+    float temperature;  // logits are divided by it; <= 0: greedy (argmax, lowest id on ties)
+    int32_t top_k;      // keep only the k most likely tokens; 0: keep all
+    float top_p;        // then keep the smallest set of most likely tokens with this much mass,
+                        // in (0, 1]; 1: keep all
+    uint64_t seed;      // the random stream; the same seed gives the same tokens
+} tri_sampler_params;
+
+// temperature 0 (greedy), top_k 0, top_p 1, seed 0.
+TRI_API tri_sampler_params tri_sampler_default_params(void);
+
+// ---- sessions: a model, a backend and a KV cache ----
+
+typedef struct tri_session tri_session;
+
+typedef struct tri_session_params {
+    int32_t n_ctx;      // positions the KV cache holds (prompt + generated tokens);
+                        // 0: the model's trained context, at most 8192
+    int32_t n_threads;  // CPU worker threads; 0: one per core
+    int32_t n_batch;    // tokens per step of a long prefill; 0: 128
+    tri_dtype kv_type;  // TRI_DTYPE_F16 (the default) or TRI_DTYPE_F32
+} tri_session_params;
+
+TRI_API tri_session_params tri_session_default_params(void);
+
+// Creates a session on model: allocates the KV cache and work buffers. The model must outlive the
+// session. params may be NULL for the defaults. Free with tri_session_free().
+TRI_API tri_status tri_session_create(const tri_model *model, const tri_session_params *params,
+                                      tri_session **out_session);
+TRI_API void tri_session_free(tri_session *session);
+
+// Runs n tokens (ids in [0, n_vocab)) after the ones already in the cache. Afterwards the logits
+// of the last token, or of every token when all_logits is set, can be read with
+// tri_session_logits(). Fails with INVALID_ARGUMENT, leaving the cache unchanged, if they do not
+// fit the context.
+TRI_API tri_status tri_session_eval(tri_session *session, const int32_t *tokens, int32_t n,
+                                    bool all_logits);
+
+// Row i (n_vocab floats) of the last tri_session_eval's logits: i in [0, n) when it asked for all
+// logits, and i == -1 for the last token in either case; NULL otherwise. Valid until the next
+// call that changes the session.
+TRI_API const float *tri_session_logits(const tri_session *session, int32_t i);
+
+// Tokens in the cache.
+TRI_API int32_t tri_session_n_past(const tri_session *session);
+TRI_API int32_t tri_session_n_ctx(const tri_session *session);
+
+// Rolls the cache back to its first n_past tokens (0 <= n_past <= tri_session_n_past). Running
+// tokens afterwards gives the same logits as if the dropped tokens had never been run.
+TRI_API tri_status tri_session_truncate(tri_session *session, int32_t n_past);
+
+// Empties the cache.
+TRI_API void tri_session_reset(tri_session *session);
+
+// Seeds the session's random stream (tri_generate seeds it from its sampler params).
+TRI_API void tri_session_seed(tri_session *session, uint64_t seed);
+
+// Draws a token from the last token's logits with params (NULL: greedy).
+TRI_API tri_status tri_session_sample(tri_session *session, const tri_sampler_params *params,
+                                      int32_t *out_token);
+
+// ---- generation ----
+
+// Called with each generated token as soon as it is chosen; return false to stop.
+typedef bool (*tri_token_fn)(int32_t token, void *user);
+// Called during a prompt's prefill with tokens done and total; return false to cancel.
+typedef bool (*tri_progress_fn)(int64_t done, int64_t total, void *user);
+
+typedef struct tri_generate_params {
+    int32_t n_predict;          // tokens to generate at most; 0: until the context is full
+    tri_sampler_params sampler;
+    bool stop_at_eos;           // stop after the model's end-of-sequence token; default true
+    tri_progress_fn on_prefill; // NULL: no progress reports
+    void *user;                 // passed to on_prefill
+} tri_generate_params;
+
+typedef struct tri_generate_stats {
+    int32_t n_prompt;        // tokens prefilled
+    int32_t n_generated;     // tokens generated (including an end-of-sequence token)
+    double prefill_seconds;
+    double decode_seconds;   // from the first generated token to the last
+} tri_generate_stats;
+
+TRI_API tri_generate_params tri_generate_default_params(void);
+
+// Appends prompt (n_prompt tokens, may be 0 to continue) to the session and generates after it,
+// calling on_token for each token. stats may be NULL. Cancelling through a callback is not an
+// error: the function returns TRI_STATUS_OK with what was generated so far.
+TRI_API tri_status tri_generate(tri_session *session, const int32_t *prompt, int32_t n_prompt,
+                                const tri_generate_params *params, tri_token_fn on_token, void *user,
+                                tri_generate_stats *stats);
+
 // ---- tokenizer ----
 //
 // Text is UTF-8. Bytes that are not valid UTF-8 are not refused: each is encoded as a byte of its

@@ -1,14 +1,49 @@
-// offload-run.c - the command-line front end; a client of triforce.h only.
+// offload-run.c - the command-line front end: dispatches to the subcommands in cli-*.c.
 #include <stdio.h>
 #include <string.h>
 
-#include "triforce.h"
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} commands[] = {
+    {"info", tri_cli_info, "describe a model: architecture, config, tokenizer, tensors"},
+    {"tokenize", tri_cli_tokenize, "text to token ids (and pieces) with a model's tokenizer"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "offload-run %s - long-context Llama inference with KV offloading and TriForce\n"
+            "hierarchical speculative decoding\n"
+            "\n"
+            "usage: offload-run COMMAND [OPTIONS]   (offload-run COMMAND --help for its options)\n"
+            "\n"
+            "commands:\n",
+            tri_version());
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n  --version  print the version\n  --help     this help\n");
+}
 
 int main(int argc, char **argv) {
-    if (argc > 1 && strcmp(argv[1], "--version") == 0) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0) {
         printf("offload-run %s\n", tri_version());
         return 0;
     }
-    fprintf(stderr, "usage: offload-run COMMAND [OPTIONS]\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(cmd, commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "offload-run: unknown command '%s'\n", cmd);
+    usage(stderr);
     return 2;
 }

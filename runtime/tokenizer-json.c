@@ -425,6 +425,18 @@ tri_status tri__tokenizer_from_json_file(const char *path, tri__tokenizer **out)
 
 // ---- a model directory ----
 
+bool tri__tokenizer_in_dir(const char *dir) {
+    char path[4096];
+    struct stat sb;
+    for (int i = 0; i < 2; i++) {
+        const char *file = i ? "tokenizer.model" : "tokenizer.json";
+        if (snprintf(path, sizeof path, "%s/%s", dir, file) < (int)sizeof path &&
+            stat(path, &sb) == 0)
+            return true;
+    }
+    return false;
+}
+
 tri_status tri__tokenizer_from_dir(const char *dir, tri__tokenizer **out) {
     *out = NULL;
     size_t n = strlen(dir);

@@ -8,7 +8,7 @@ secs=${2:-60}
 here=$(cd "$(dirname "$0")" && pwd)
 status=0
 for bin in "$build"/tests/fuzz/fuzz-*; do
-  [ -x "$bin" ] || continue
+  [ -f "$bin" ] && [ -x "$bin" ] || continue  # skip the fuzz-*.p object directories
   name=${bin##*/fuzz-}
   work=$(mktemp -d)
   [ -d "$here/corpus-$name" ] && cp -r "$here/corpus-$name/." "$work/"

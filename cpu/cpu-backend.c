@@ -1,0 +1,583 @@
+// cpu-backend.c - the CPU backend: the reference implementation of every op in backend.h.
+//
+// Threads: OpenMP over rows of W (matmul), rows (norms, softmax) and (KV head, query) pairs
+// (attention). Without OpenMP everything runs on the calling thread.
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cpu-kernels.h"
+#include "dtype.h"
+#include "error.h"
+#include "tri-config.h"
+
+#if TRI_HAVE_OPENMP
+#include <omp.h>
+#define CPU_PRAGMA(x) _Pragma(#x)
+#define CPU_PARALLEL_FOR(nt) CPU_PRAGMA(omp parallel for schedule(dynamic, 1) num_threads(nt))
+#define CPU_PARALLEL_FOR_STATIC(nt) CPU_PRAGMA(omp parallel for schedule(static) num_threads(nt))
+static int cpu_thread_id(void) { return omp_get_thread_num(); }
+static int cpu_max_threads(void) { return omp_get_num_procs(); }
+#else
+#define CPU_PARALLEL_FOR(nt) (void)(nt);  // one thread: the count is unused
+#define CPU_PARALLEL_FOR_STATIC(nt) (void)(nt);
+static int cpu_thread_id(void) { return 0; }
+static int cpu_max_threads(void) { return 1; }
+#endif
+
+typedef struct cpu_state {
+    tri__cpu_simd simd;
+    const tri__cpu_kernels *kr;
+    tri__cpu_block_q8x *xq;  // (m, k / 32) quantized activations of the current matmul
+    size_t xq_cap;           // blocks allocated in xq
+} cpu_state;
+
+static cpu_state *cpu_priv(tri__backend *be) { return be->priv; }
+
+static int cpu_threads(const tri__backend *be) {
+    int nt = be->n_threads;
+    return nt < 1 ? 1 : nt;
+}
+
+// ---- SIMD level ----
+
+tri__cpu_simd tri__cpu_simd_detect(void) {
+#if TRI_CPU_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return TRI_CPU_SIMD_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return TRI_CPU_SIMD_AVX2;
+#endif
+    return TRI_CPU_SIMD_SCALAR;
+}
+
+const char *tri__cpu_simd_name(tri__cpu_simd simd) {
+    switch (simd) {
+    case TRI_CPU_SIMD_AUTO: return "auto";
+    case TRI_CPU_SIMD_SCALAR: return "scalar";
+    case TRI_CPU_SIMD_AVX2: return "avx2";
+    case TRI_CPU_SIMD_AVX512: return "avx512";
+    }
+    return "?";
+}
+
+// ---- memory ----
+
+static tri_status cpu_alloc(tri__backend *be, size_t bytes, void **out) {
+    (void)be;
+    *out = NULL;
+    if (bytes == 0) return TRI_STATUS_OK;
+    size_t rounded = (bytes + 63) / 64 * 64;
+    if (rounded < bytes) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu: alloc of %zu bytes", bytes);
+    *out = aligned_alloc(64, rounded);
+    if (!*out) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu: alloc of %zu bytes", bytes);
+    return TRI_STATUS_OK;
+}
+
+static void cpu_free(tri__backend *be, void *ptr) {
+    (void)be;
+    free(ptr);
+}
+
+static tri_status cpu_copy(tri__backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    if (bytes) memmove(dst, src, bytes);
+    return TRI_STATUS_OK;
+}
+
+static tri_status cpu_synchronize(tri__backend *be) {
+    (void)be;
+    return TRI_STATUS_OK;
+}
+
+static void cpu_destroy(tri__backend *be) {
+    cpu_state *st = cpu_priv(be);
+    free(st->xq);
+    free(st);
+    free(be);
+}
+
+// ---- conversions ----
+
+// Row r of a (rows, n) table of type t, converted to f32 (n a multiple of 32 when quantized).
+static void cpu_row_to_f32(float *out, const void *table, tri_dtype t, int64_t r, int64_t n) {
+    const uint8_t *row = (const uint8_t *)table + r * tri__dtype_row_bytes(t, n);
+    switch (t) {
+    case TRI_DTYPE_F32: memcpy(out, row, sizeof(float) * (size_t)n); break;
+    case TRI_DTYPE_F16:
+        for (int64_t i = 0; i < n; i++) out[i] = tri__f16_to_f32(((const uint16_t *)row)[i]);
+        break;
+    case TRI_DTYPE_BF16:
+        for (int64_t i = 0; i < n; i++) out[i] = tri__bf16_to_f32(((const uint16_t *)row)[i]);
+        break;
+    case TRI_DTYPE_Q8_0:
+        for (int64_t b = 0; b < n / TRI_QK; b++) {
+            const tri__block_q8_0 *blk = (const tri__block_q8_0 *)row + b;
+            float d = tri__f16_to_f32(blk->d);
+            for (int i = 0; i < TRI_QK; i++) out[b * TRI_QK + i] = d * (float)blk->qs[i];
+        }
+        break;
+    case TRI_DTYPE_Q4_0:
+        for (int64_t b = 0; b < n / TRI_QK; b++) {
+            const tri__block_q4_0 *blk = (const tri__block_q4_0 *)row + b;
+            float d = tri__f16_to_f32(blk->d);
+            for (int i = 0; i < TRI_QK / 2; i++) {
+                out[b * TRI_QK + i] = d * (float)((blk->qs[i] & 0x0f) - 8);
+                out[b * TRI_QK + i + TRI_QK / 2] = d * (float)((blk->qs[i] >> 4) - 8);
+            }
+        }
+        break;
+    case TRI_DTYPE_Q4_1:
+        for (int64_t b = 0; b < n / TRI_QK; b++) {
+            const tri__block_q4_1 *blk = (const tri__block_q4_1 *)row + b;
+            float d = tri__f16_to_f32(blk->d), mn = tri__f16_to_f32(blk->m);
+            for (int i = 0; i < TRI_QK / 2; i++) {
+                out[b * TRI_QK + i] = d * (float)(blk->qs[i] & 0x0f) + mn;
+                out[b * TRI_QK + i + TRI_QK / 2] = d * (float)(blk->qs[i] >> 4) + mn;
+            }
+        }
+        break;
+    default: break;
+    }
+}
+
+static tri_status cpu_get_rows(tri__backend *be, float *out, const void *table, tri_dtype type, int64_t n_rows,
+                               int64_t n, const int32_t *ids, int64_t m) {
+    (void)be;
+    if (tri__dtype_row_bytes(type, n) <= 0 || n_rows < 0 || m < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu get_rows: %s rows of %lld elements",
+                         tri_dtype_name(type), (long long)n);
+    for (int64_t i = 0; i < m; i++)
+        if (ids[i] < 0 || ids[i] >= n_rows)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu get_rows: id %d at %lld outside [0, %lld)",
+                             ids[i], (long long)i, (long long)n_rows);
+    for (int64_t i = 0; i < m; i++) cpu_row_to_f32(out + i * n, table, type, ids[i], n);
+    return TRI_STATUS_OK;
+}
+
+static tri_status cpu_convert(tri__backend *be, void *dst, tri_dtype type, const float *src, int64_t n) {
+    (void)be;
+    switch (type) {
+    case TRI_DTYPE_F32: memmove(dst, src, sizeof(float) * (size_t)n); return TRI_STATUS_OK;
+    case TRI_DTYPE_F16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = tri__f32_to_f16(src[i]);
+        return TRI_STATUS_OK;
+    case TRI_DTYPE_BF16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = tri__f32_to_bf16(src[i]);
+        return TRI_STATUS_OK;
+    default: return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu convert: to %s", tri_dtype_name(type));
+    }
+}
+
+// ---- matmul ----
+
+// Rows of W per task: enough that a task amortises its scheduling, few enough that the threads
+// balance. Rows of x per inner tile: their f32 or q8 copies stay in L2 while the task's rows of W
+// stream past them once.
+#define MATMUL_W_ROWS 16
+#define MATMUL_X_ROWS 64
+
+static tri_status cpu_matmul(tri__backend *be, float *y, const float *x, const void *w, tri_dtype type,
+                             int64_t m, int64_t n, int64_t k) {
+    cpu_state *st = cpu_priv(be);
+    const tri__cpu_kernels *kr = st->kr;
+    int64_t row_bytes = tri__dtype_row_bytes(type, k);
+    if (row_bytes <= 0 || m < 0 || n < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu matmul: W (%lld, %lld) %s", (long long)n,
+                         (long long)k, tri_dtype_name(type));
+    if (m == 0 || n == 0) return TRI_STATUS_OK;
+    int nt = cpu_threads(be);
+    bool quant = tri__dtype_is_quantized(type);
+    int64_t nb = k / TRI_QK;
+    if (quant) {
+        size_t need = (size_t)m * (size_t)nb;
+        if (need > st->xq_cap) {
+            tri__cpu_block_q8x *p = realloc(st->xq, need * sizeof *p);
+            if (!p) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu matmul: %zu activation blocks", need);
+            st->xq = p;
+            st->xq_cap = need;
+        }
+        tri__cpu_block_q8x *xq = st->xq;
+        CPU_PARALLEL_FOR_STATIC(nt)
+        for (int64_t i = 0; i < m; i++) tri__cpu_quantize_row_q8x(xq + i * nb, x + i * k, k);
+    }
+    const uint8_t *wb = w;
+    const tri__cpu_block_q8x *xq = st->xq;
+    int64_t n_tasks = (n + MATMUL_W_ROWS - 1) / MATMUL_W_ROWS;
+    CPU_PARALLEL_FOR(nt)
+    for (int64_t t = 0; t < n_tasks; t++) {
+        int64_t r0 = t * MATMUL_W_ROWS, r1 = r0 + MATMUL_W_ROWS < n ? r0 + MATMUL_W_ROWS : n;
+        for (int64_t i0 = 0; i0 < m; i0 += MATMUL_X_ROWS) {
+            int64_t i1 = i0 + MATMUL_X_ROWS < m ? i0 + MATMUL_X_ROWS : m;
+            for (int64_t r = r0; r < r1; r++) {
+                const void *wr = wb + r * row_bytes;
+                for (int64_t i = i0; i < i1; i++) {
+                    float v = 0;
+                    switch (type) {
+                    case TRI_DTYPE_F32: v = kr->dot_f32(x + i * k, wr, k); break;
+                    case TRI_DTYPE_F16: v = kr->dot_f16(x + i * k, wr, k); break;
+                    case TRI_DTYPE_BF16: v = kr->dot_bf16(x + i * k, wr, k); break;
+                    case TRI_DTYPE_Q8_0: v = kr->dot_q8_0(xq + i * nb, wr, nb); break;
+                    case TRI_DTYPE_Q4_0: v = kr->dot_q4_0(xq + i * nb, wr, nb); break;
+                    case TRI_DTYPE_Q4_1: v = kr->dot_q4_1(xq + i * nb, wr, nb); break;
+                    default: break;
+                    }
+                    y[i * n + r] = v;
+                }
+            }
+        }
+    }
+    return TRI_STATUS_OK;
+}
+
+// ---- elementwise and normalisation ----
+
+static tri_status cpu_rmsnorm(tri__backend *be, float *y, const float *x, const void *weight, tri_dtype wt,
+                              int64_t m, int64_t n, float eps) {
+    if (wt != TRI_DTYPE_F32 && wt != TRI_DTYPE_F16 && wt != TRI_DTYPE_BF16)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu rmsnorm: %s weight", tri_dtype_name(wt));
+    if (n <= 0 || m < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu rmsnorm: n = %lld", (long long)n);
+    int nt = cpu_threads(be);
+    CPU_PARALLEL_FOR_STATIC(nt)
+    for (int64_t i = 0; i < m; i++) {
+        const float *xr = x + i * n;
+        float *yr = y + i * n;
+        double ss = 0;  // double: n up to 16K squares of activations with outliers
+        for (int64_t j = 0; j < n; j++) ss += (double)xr[j] * (double)xr[j];
+        float s = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        for (int64_t j = 0; j < n; j++) {
+            float wj = wt == TRI_DTYPE_F32   ? ((const float *)weight)[j]
+                       : wt == TRI_DTYPE_F16 ? tri__f16_to_f32(((const uint16_t *)weight)[j])
+                                             : tri__bf16_to_f32(((const uint16_t *)weight)[j]);
+            yr[j] = xr[j] * s * wj;
+        }
+    }
+    return TRI_STATUS_OK;
+}
+
+static tri_status cpu_rope(tri__backend *be, float *x, int64_t m, int64_t n_heads, const int32_t *pos,
+                           const tri__rope *rope) {
+    int64_t hd = rope->head_dim, half = hd / 2;
+    for (int64_t i = 0; i < m; i++)
+        if (pos[i] < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu rope: position %d", pos[i]);
+    int nt = cpu_threads(be);
+    bool adjacent = rope->layout == TRI_ROPE_LAYOUT_ADJACENT;
+    CPU_PARALLEL_FOR_STATIC(nt)
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t p = 0; p < half; p++) {
+            // float32 angle, as HF computes (inv_freq @ positions) in float32
+            float angle = (float)pos[i] * rope->inv_freq[p];
+            float c = cosf(angle) * rope->attn_factor, s = sinf(angle) * rope->attn_factor;
+            for (int64_t h = 0; h < n_heads; h++) {
+                float *xh = x + (i * n_heads + h) * hd;
+                int64_t a = adjacent ? 2 * p : p, b = adjacent ? 2 * p + 1 : p + half;
+                float x0 = xh[a], x1 = xh[b];
+                xh[a] = x0 * c - x1 * s;
+                xh[b] = x0 * s + x1 * c;
+            }
+        }
+    }
+    return TRI_STATUS_OK;
+}
+
+static tri_status cpu_swiglu(tri__backend *be, float *out, const float *gate, const float *up, int64_t n) {
+    int nt = cpu_threads(be);
+    CPU_PARALLEL_FOR_STATIC(nt)
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+    return TRI_STATUS_OK;
+}
+
+static tri_status cpu_add(tri__backend *be, float *out, const float *a, const float *b, int64_t n) {
+    (void)be;
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    return TRI_STATUS_OK;
+}
+
+// ---- sampling helpers ----
+
+static tri_status cpu_softmax(tri__backend *be, float *x, int64_t m, int64_t n, float temperature) {
+    (void)be;
+    if (!(temperature > 0) || n <= 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu softmax: temperature %g, n %lld", (double)temperature,
+                         (long long)n);
+    float it = 1.0f / temperature;
+    for (int64_t i = 0; i < m; i++) {
+        float *r = x + i * n;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++) mx = fmaxf(mx, r[j] * it);
+        if (mx == -INFINITY)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu softmax: row %lld is all -inf", (long long)i);
+        double sum = 0;
+        for (int64_t j = 0; j < n; j++) {
+            r[j] = expf(r[j] * it - mx);
+            sum += (double)r[j];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int64_t j = 0; j < n; j++) r[j] *= inv;
+    }
+    return TRI_STATUS_OK;
+}
+
+// a ranks before b: larger value, NaN last, ties by the lower index.
+static bool topk_before(float va, int32_t ia, float vb, int32_t ib) {
+    bool na = isnan(va), nb = isnan(vb);
+    if (na != nb) return nb;
+    if (!na && va != vb) return va > vb;
+    return ia < ib;
+}
+
+typedef struct topk_pair {
+    float v;
+    int32_t i;
+} topk_pair;
+
+static int topk_cmp(const void *pa, const void *pb) {
+    const topk_pair *a = pa, *b = pb;
+    return topk_before(a->v, a->i, b->v, b->i) ? -1 : 1;
+}
+
+static tri_status cpu_top_k(tri__backend *be, float *values, int32_t *indices, const float *x, int64_t m,
+                            int64_t n, int64_t k) {
+    (void)be;
+    if (k < 1 || k > n || n > INT32_MAX)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu top_k: k = %lld of n = %lld", (long long)k, (long long)n);
+    topk_pair *pairs = NULL;
+    if (k > 64) {
+        pairs = malloc(sizeof *pairs * (size_t)n);
+        if (!pairs) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu top_k: %lld pairs", (long long)n);
+    }
+    for (int64_t r = 0; r < m; r++) {
+        const float *xr = x + r * n;
+        float *vr = values + r * k;
+        int32_t *ir = indices + r * k;
+        if (pairs) {  // large k (top-p wants the whole sorted row): sort everything
+            for (int64_t j = 0; j < n; j++) pairs[j] = (topk_pair){xr[j], (int32_t)j};
+            qsort(pairs, (size_t)n, sizeof *pairs, topk_cmp);
+            for (int64_t j = 0; j < k; j++) {
+                vr[j] = pairs[j].v;
+                ir[j] = pairs[j].i;
+            }
+            continue;
+        }
+        // small k: insertion into a sorted list of the best so far, O(n) for most rows
+        int64_t len = 0;
+        for (int64_t j = 0; j < n; j++) {
+            float v = xr[j];
+            if (len == k && !topk_before(v, (int32_t)j, vr[k - 1], ir[k - 1])) continue;
+            int64_t p = len < k ? len++ : k - 1;
+            while (p > 0 && topk_before(v, (int32_t)j, vr[p - 1], ir[p - 1])) {
+                vr[p] = vr[p - 1];
+                ir[p] = ir[p - 1];
+                p--;
+            }
+            vr[p] = v;
+            ir[p] = (int32_t)j;
+        }
+    }
+    free(pairs);
+    return TRI_STATUS_OK;
+}
+
+// ---- attention ----
+
+#define ATTN_TILE 128  // keys scored at once: bounds the scratch whatever the context length
+
+// Scratch of one thread: scores (group, ATTN_TILE), accumulators (group, head_dim), running max
+// and sum (group).
+typedef struct attn_scratch {
+    float *scores, *acc, *mx, *sum;
+} attn_scratch;
+
+static int32_t attn_key_pos(const tri__kv_span *sp, int64_t j) { return sp->pos ? sp->pos[j] : sp->pos0 + (int32_t)j; }
+
+// Number of leading rows of sp to scan for a query at qpos: all of them with explicit positions
+// (masked one by one), else only those at or before qpos.
+static int64_t attn_span_scan(const tri__kv_span *sp, int32_t qpos) {
+    if (sp->pos) return sp->n;
+    int64_t vis = (int64_t)qpos - sp->pos0 + 1;
+    return vis < 0 ? 0 : vis > sp->n ? sp->n : vis;
+}
+
+static float attn_dot(const tri__cpu_kernels *kr, tri_dtype t, const float *q, const void *rows, int64_t j,
+                      int64_t stride, int64_t hd) {
+    if (t == TRI_DTYPE_F16) return kr->dot_f16(q, (const uint16_t *)rows + j * stride, hd);
+    return kr->dot_f32(q, (const float *)rows + j * stride, hd);
+}
+
+// One query i against KV head h for the g query heads of its group: out, and the running max and
+// sum of each head (for the weight sums).
+static void attn_one(const tri__cpu_kernels *kr, const tri__kv_view *kv, int64_t h, const float *q, int32_t qpos,
+                     int64_t g, int64_t hd, float scale, float *out, attn_scratch *s) {
+    for (int64_t a = 0; a < g; a++) {
+        s->mx[a] = -INFINITY;
+        s->sum[a] = 0;
+        memset(s->acc + a * hd, 0, sizeof(float) * (size_t)hd);
+    }
+    for (int32_t si = kv->head_span[h]; si < kv->head_span[h + 1]; si++) {
+        const tri__kv_span *sp = &kv->spans[si];
+        int64_t scan = attn_span_scan(sp, qpos);
+        for (int64_t j0 = 0; j0 < scan; j0 += ATTN_TILE) {
+            int64_t nk = scan - j0 < ATTN_TILE ? scan - j0 : ATTN_TILE;
+            for (int64_t a = 0; a < g; a++) {
+                float *sc = s->scores + a * ATTN_TILE;
+                float tmax = -INFINITY;
+                for (int64_t j = 0; j < nk; j++) {
+                    if (attn_key_pos(sp, j0 + j) > qpos) {
+                        sc[j] = -INFINITY;
+                        continue;
+                    }
+                    sc[j] = attn_dot(kr, kv->type, q + a * hd, sp->k, j0 + j, sp->stride, hd) * scale;
+                    tmax = fmaxf(tmax, sc[j]);
+                }
+                if (tmax == -INFINITY) continue;  // the whole tile is masked for this head
+                float mnew = fmaxf(s->mx[a], tmax);
+                float c = expf(s->mx[a] - mnew);  // rescales what was accumulated (0 the first time)
+                s->sum[a] *= c;
+                float *acc = s->acc + a * hd;
+                for (int64_t j = 0; j < nk; j++) {
+                    if (sc[j] == -INFINITY) continue;
+                    float p = expf(sc[j] - mnew);
+                    s->sum[a] += p;
+                    if (kv->type == TRI_DTYPE_F16)
+                        kr->axpby_f16(acc, c, p, (const uint16_t *)sp->v + (j0 + j) * sp->stride, hd);
+                    else
+                        kr->axpby_f32(acc, c, p, (const float *)sp->v + (j0 + j) * sp->stride, hd);
+                    c = 1.0f;  // the rescale rides on the tile's first visible key (there is one)
+                }
+                s->mx[a] = mnew;
+            }
+        }
+    }
+    for (int64_t a = 0; a < g; a++) {
+        float inv = s->sum[a] > 0 ? 1.0f / s->sum[a] : 0.0f;
+        for (int64_t d = 0; d < hd; d++) out[a * hd + d] = s->acc[a * hd + d] * inv;
+    }
+}
+
+static tri_status cpu_attention(tri__backend *be, float *out, const float *q, const int32_t *q_pos, int64_t m,
+                                int64_t n_head, int64_t hd, const tri__kv_view *kv, float *weight_sums) {
+    cpu_state *st = cpu_priv(be);
+    const tri__cpu_kernels *kr = st->kr;
+    int64_t nkv = kv->n_head_kv;
+    if (kv->type != TRI_DTYPE_F16 && kv->type != TRI_DTYPE_F32)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys", tri_dtype_name(kv->type));
+    if (nkv <= 0 || n_head % nkv != 0 || hd <= 0 || m < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu attention: %lld heads over %lld KV heads, head_dim %lld",
+                         (long long)n_head, (long long)nkv, (long long)hd);
+    for (int32_t si = 0; si < kv->head_span[nkv]; si++)
+        if (kv->spans[si].n < 0 || (kv->spans[si].n > 0 && kv->spans[si].stride < hd))
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu attention: span %d has %d rows of stride %lld", si,
+                             kv->spans[si].n, (long long)kv->spans[si].stride);
+    int64_t g = n_head / nkv;
+    float scale = 1.0f / sqrtf((float)hd);
+    int nt = cpu_threads(be);
+    int n_scr = cpu_max_threads() > nt ? cpu_max_threads() : nt;
+    size_t per = (size_t)(g * ATTN_TILE + g * hd + 2 * g);
+    float *scr = malloc(sizeof(float) * per * (size_t)n_scr);
+    // running max and sum of every (query, head), for the weight sums' second pass
+    float *stats = weight_sums ? malloc(sizeof(float) * 2 * (size_t)(m * n_head)) : NULL;
+    if (!scr || (weight_sums && !stats)) {
+        free(scr);
+        free(stats);
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu attention: scratch for %d threads", n_scr);
+    }
+    int64_t n_tasks = nkv * m;
+    CPU_PARALLEL_FOR(nt)
+    for (int64_t t = 0; t < n_tasks; t++) {
+        int64_t h = t % nkv, i = t / nkv;
+        float *base = scr + per * (size_t)cpu_thread_id();
+        attn_scratch s = {base, base + g * ATTN_TILE, base + g * ATTN_TILE + g * hd, base + g * ATTN_TILE + g * hd + g};
+        int64_t off = (i * n_head + h * g) * hd;
+        attn_one(kr, kv, h, q + off, q_pos[i], g, hd, scale, out + off, &s);
+        if (stats)
+            for (int64_t a = 0; a < g; a++) {
+                stats[2 * (i * n_head + h * g + a)] = s.mx[a];
+                stats[2 * (i * n_head + h * g + a) + 1] = s.sum[a];
+            }
+    }
+    free(scr);
+    if (!weight_sums) return TRI_STATUS_OK;
+
+    // Second pass, per KV head (so no two threads write the same sum): recompute each score and
+    // add its final probability exp(s - max) / sum.
+    CPU_PARALLEL_FOR(nt)
+    for (int64_t h = 0; h < nkv; h++) {
+        int64_t off = 0;
+        for (int32_t si = 0; si < kv->head_span[h]; si++) off += kv->spans[si].n;
+        for (int32_t si = kv->head_span[h]; si < kv->head_span[h + 1]; si++) {
+            const tri__kv_span *sp = &kv->spans[si];
+            for (int64_t j = 0; j < sp->n; j++) {
+                int32_t kp = attn_key_pos(sp, j);
+                double w = 0;
+                for (int64_t i = 0; i < m; i++) {
+                    if (kp > q_pos[i]) continue;
+                    for (int64_t a = 0; a < g; a++) {
+                        int64_t qa = i * n_head + h * g + a;
+                        float sc = attn_dot(kr, kv->type, q + qa * hd, sp->k, j, sp->stride, hd) * scale;
+                        w += (double)(expf(sc - stats[2 * qa]) / stats[2 * qa + 1]);
+                    }
+                }
+                weight_sums[off + j] = (float)w;
+            }
+            off += sp->n;
+        }
+    }
+    free(stats);
+    return TRI_STATUS_OK;
+}
+
+// ---- the table ----
+
+static const tri__backend_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy_to_backend = cpu_copy,
+    .copy_to_host = cpu_copy,
+    .copy = cpu_copy,
+    .synchronize = cpu_synchronize,
+    .matmul = cpu_matmul,
+    .get_rows = cpu_get_rows,
+    .convert = cpu_convert,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .softmax = cpu_softmax,
+    .top_k = cpu_top_k,
+    .attention = cpu_attention,
+};
+
+tri_status tri__backend_cpu_create(int32_t n_threads, tri__cpu_simd simd, tri__backend **out) {
+    *out = NULL;
+    tri__cpu_simd best = tri__cpu_simd_detect();
+    if (simd == TRI_CPU_SIMD_AUTO) simd = best;
+    if (simd < TRI_CPU_SIMD_SCALAR || simd > best)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu backend: SIMD level %s is not supported by this CPU (best: %s)",
+                         tri__cpu_simd_name(simd), tri__cpu_simd_name(best));
+    tri__backend *be = calloc(1, sizeof *be);
+    cpu_state *st = calloc(1, sizeof *st);
+    if (!be || !st) {
+        free(be);
+        free(st);
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu backend: instance");
+    }
+    st->simd = simd;
+    st->kr = &tri__cpu_kernels_scalar;
+#if TRI_CPU_X86
+    if (simd == TRI_CPU_SIMD_AVX2) st->kr = &tri__cpu_kernels_avx2;
+    if (simd == TRI_CPU_SIMD_AVX512) st->kr = &tri__cpu_kernels_avx512;
+#endif
+    be->ops = &cpu_ops;
+    be->n_threads = n_threads > 0 ? n_threads : cpu_max_threads();
+    be->priv = st;
+    *out = be;
+    return TRI_STATUS_OK;
+}

@@ -1,0 +1,51 @@
+// kv-store.h - keys and values of every position, per layer, in backend memory (internal).
+//
+// Layout per layer: K and V are each (capacity, n_head_kv, head_dim) of type F16 or F32,
+// token-major, so that the rows of one batch of new tokens are one contiguous write and a
+// layer's used prefix is one contiguous region to stream. Keys are stored after RoPE.
+#ifndef TRI_KV_STORE_H
+#define TRI_KV_STORE_H
+
+#include <stdint.h>
+
+#include "backend.h"
+
+typedef struct tri__kv_store {
+    tri__backend *be;     // owns the memory below
+    tri_dtype type;       // F16 or F32
+    int32_t n_layer;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t capacity;     // positions
+    int32_t n;            // positions 0 .. n-1 hold valid keys and values
+    void **k;             // (n_layer) -> (capacity, n_head_kv, head_dim)
+    void **v;
+    // host descriptors for the full view of one layer, rebuilt by tri__kv_store_view
+    tri__kv_span *spans;  // (n_head_kv)
+    int32_t *head_span;   // (n_head_kv + 1)
+} tri__kv_store;
+
+// Allocates capacity positions for every layer in be's memory. INVALID_ARGUMENT on a type other
+// than F16/F32 or non-positive sizes; OUT_OF_MEMORY / DEVICE_OUT_OF_MEMORY when it does not fit.
+tri_status tri__kv_store_init(tri__kv_store *kv, tri__backend *be, tri_dtype type, int32_t n_layer,
+                              int32_t n_head_kv, int32_t head_dim, int32_t capacity);
+void tri__kv_store_free(tri__kv_store *kv);
+
+// Writes n positions starting at pos of layer il: k and v (n, n_head_kv, head_dim) f32 in backend
+// memory, converted to the store's type. Does not change kv->n: the caller commits with
+// tri__kv_store_set_len once every layer has been written.
+tri_status tri__kv_store_write(tri__kv_store *kv, int32_t il, int32_t pos, int32_t n, const float *k,
+                               const float *v);
+
+// Sets the number of valid positions: growing after writes, shrinking to roll back.
+tri_status tri__kv_store_set_len(tri__kv_store *kv, int32_t n);
+
+// The view of layer il over positions [0, n_pos): one span per KV head. The returned view and its
+// spans live in kv and are valid until the next call.
+const tri__kv_view *tri__kv_store_view(tri__kv_store *kv, int32_t il, int32_t n_pos,
+                                       tri__kv_view *view);
+
+// Bytes of one position of one layer (K or V alone).
+int64_t tri__kv_store_row_bytes(const tri__kv_store *kv);
+
+#endif  // TRI_KV_STORE_H

@@ -1,0 +1,188 @@
+// backend.h - the compute backend interface: one function table per backend (internal).
+//
+// The Llama forward pass, the cache policies and the offload engine are written once against
+// this table; cpu/ and cuda/ each provide one `static const tri__backend_ops`. The CPU backend is
+// the reference every other backend is tested against.
+//
+// Memory. "Backend memory" is what ops->alloc returns (host memory for the CPU backend, device
+// memory for CUDA). Every tensor argument of an op (x, y, W, K/V rows, ...) is backend memory,
+// except where a comment says "host": small index arrays (token ids, positions) and the
+// descriptors (tri__rope, tri__kv_view and its spans) live in host memory and are read during the
+// call, so backends may upload them. Weights may also be host memory mapped from a file on the CPU
+// backend (the CPU backend's memory *is* host memory).
+//
+// Ordering. Ops are issued in order on one stream per backend instance. They may run
+// asynchronously (CUDA); results are visible to the host after ops->synchronize(). The CPU
+// backend runs every op to completion before returning. Output buffers never alias inputs unless
+// a comment says they may.
+//
+// Errors. Ops return TRI_STATUS_OK or a status recorded with tri__fail: INVALID_ARGUMENT for bad
+// sizes, UNSUPPORTED for a dtype the op does not take. A status that an asynchronous backend only
+// learns later is returned by ops->synchronize().
+//
+// Shapes are written outermost first, row-major: (m, n) is m rows of n contiguous f32.
+#ifndef TRI_BACKEND_H
+#define TRI_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rope.h"
+#include "triforce.h"
+
+typedef struct tri__backend tri__backend;
+
+// ---- KV views: what one layer's attention reads ----
+
+// A run of keys and values of one KV head. Rows hold head_dim values of the view's dtype; row j
+// of K starts at (element type *)k + j * stride, likewise for V.
+typedef struct tri__kv_span {
+    int32_t pos0;        // position of row 0; row j has position pos0 + j (unless pos != NULL)
+    int32_t n;           // rows in the span, >= 0
+    const void *k;       // (n, stride) backend memory, first head_dim elements of each row used
+    const void *v;       // (n, stride) backend memory
+    int64_t stride;      // elements (not bytes) between consecutive rows, >= head_dim
+    const int32_t *pos;  // (n) host, per-row positions overriding pos0 + j, or NULL
+} tri__kv_span;
+
+// Keys and values for every KV head of one layer. The spans of KV head h are
+// spans[head_span[h] .. head_span[h + 1]); a head may have any number of spans (a full cache is
+// one span, StreamingLLM two: sinks and window, retrieval one per selected chunk plus the recent
+// tokens). Keys are stored after RoPE.
+typedef struct tri__kv_view {
+    tri_dtype type;               // F16 or F32
+    int32_t n_head_kv;
+    const tri__kv_span *spans;    // host
+    const int32_t *head_span;     // (n_head_kv + 1) host, non-decreasing, head_span[0] == 0
+} tri__kv_view;
+
+// ---- ops ----
+
+typedef struct tri__backend_ops {
+    const char *name;  // "cpu", "cuda"
+
+    // Releases the instance itself (the struct and its private state). Required.
+    void (*destroy)(tri__backend *be);
+
+    // ---- memory ----
+
+    // Allocates bytes of backend memory, aligned to at least 64 bytes; *out = NULL for bytes == 0.
+    // TRI_STATUS_OUT_OF_MEMORY or TRI_STATUS_DEVICE_OUT_OF_MEMORY when it cannot.
+    tri_status (*alloc)(tri__backend *be, size_t bytes, void **out);
+    // Frees what alloc returned; free(NULL) is a no-op. Waits for pending ops that use ptr.
+    void (*free)(tri__backend *be, void *ptr);
+    // Host -> backend and backend -> host copies, queued in order with the ops; the host buffer
+    // must stay valid (and, for to_host, unread) until synchronize. Pinned host memory makes them
+    // truly asynchronous on CUDA.
+    tri_status (*copy_to_backend)(tri__backend *be, void *dst, const void *src_host, size_t bytes);
+    tri_status (*copy_to_host)(tri__backend *be, void *dst_host, const void *src, size_t bytes);
+    // Backend -> backend copy (KV appends, rollback). Optional: NULL means use the two above.
+    tri_status (*copy)(tri__backend *be, void *dst, const void *src, size_t bytes);
+    // Waits for every queued op and copy.
+    tri_status (*synchronize)(tri__backend *be);
+
+    // ---- linear algebra ----
+
+    // y (m, n) f32 = x (m, k) f32 @ W^T, W (n, k) row-major of type w_type, any of F32, F16,
+    // BF16, Q8_0, Q4_0, Q4_1 (k a multiple of 32 for the quantized ones). Quantized rows are
+    // dequantized block by block on the fly; for them a backend may first quantize x to 8-bit
+    // blocks of 32 (as GGML does), which adds a relative error of about 2^-8 per element of x.
+    // Each row of W is read once per call whatever m is.
+    tri_status (*matmul)(tri__backend *be, float *y, const float *x, const void *w,
+                         tri_dtype w_type, int64_t m, int64_t n, int64_t k);
+
+    // Embedding lookup: out (m, n) f32, row i = row ids[i] of table (n_rows, n) of type
+    // table_type (any matmul weight type), converted to f32. ids (m) int32, host, each in
+    // [0, n_rows) (INVALID_ARGUMENT otherwise).
+    tri_status (*get_rows)(tri__backend *be, float *out, const void *table, tri_dtype table_type,
+                           int64_t n_rows, int64_t n, const int32_t *ids, int64_t m);
+
+    // Converts n f32 values to dst_type (F32, F16 or BF16, round to nearest even): writing new
+    // keys and values into an F16 cache.
+    tri_status (*convert)(tri__backend *be, void *dst, tri_dtype dst_type, const float *src,
+                          int64_t n);
+
+    // ---- elementwise and normalisation ----
+
+    // y (m, n) = x / sqrt(mean(x^2) + eps) * weight, per row; weight (n) F32, F16 or BF16.
+    // y may equal x.
+    tri_status (*rmsnorm)(tri__backend *be, float *y, const float *x, const void *weight,
+                          tri_dtype weight_type, int64_t m, int64_t n, float eps);
+
+    // Rotates x (m, n_heads, rope->head_dim) f32 in place; row i at position pos[i] (host, m
+    // int32, >= 0). Layout, frequencies and attention factor come from rope (see rope.h).
+    tri_status (*rope)(tri__backend *be, float *x, int64_t m, int64_t n_heads, const int32_t *pos,
+                       const tri__rope *rope);
+
+    // out (n) = silu(gate) * up, silu(g) = g / (1 + exp(-g)). out may equal gate or up.
+    tri_status (*swiglu)(tri__backend *be, float *out, const float *gate, const float *up,
+                         int64_t n);
+
+    // out (n) = a + b (the residual). out may equal a or b.
+    tri_status (*add)(tri__backend *be, float *out, const float *a, const float *b, int64_t n);
+
+    // ---- sampling helpers ----
+
+    // In place, per row of x (m, n): x = softmax(x / temperature). temperature > 0; 1 for a plain
+    // softmax. -inf entries get probability 0; a row of all -inf is INVALID_ARGUMENT.
+    tri_status (*softmax)(tri__backend *be, float *x, int64_t m, int64_t n, float temperature);
+
+    // Per row of x (m, n): the k largest values in descending order with their column indices,
+    // ties broken by the lower index. values (m, k) f32, indices (m, k) int32, 1 <= k <= n. NaN
+    // counts as smaller than everything.
+    tri_status (*top_k)(tri__backend *be, float *values, int32_t *indices, const float *x,
+                        int64_t m, int64_t n, int64_t k);
+
+    // ---- attention ----
+
+    // Causal attention with grouped-query heads over a KV view.
+    //   q (m, n_head, head_dim) f32: query i sits at position q_pos[i] (host, m int32)
+    //   out (m, n_head, head_dim) f32: softmax(q . K^T * scale) @ V, where query head h reads KV
+    //     head h / (n_head / kv->n_head_kv) and key j is visible iff its position <= q_pos[i].
+    //     scale = 1 / sqrt(head_dim). A query that sees no key gets zeros.
+    //   weight_sums: NULL, or (sum over heads of their keys) f32: for KV head h and its j-th key in
+    //     span order, at offset (keys of heads 0 .. h-1) + j, the attention probability that key
+    //     received summed over the n_head / n_head_kv query heads of the group and the m queries
+    //     (H2O's accumulated attention). Overwritten, not accumulated.
+    // Scores are f32 with f32 accumulation and an online (running max) softmax; scratch is
+    // bounded by a tile of keys, not the length of the view. n_head must be a multiple of
+    // kv->n_head_kv.
+    tri_status (*attention)(tri__backend *be, float *out, const float *q, const int32_t *q_pos,
+                            int64_t m, int64_t n_head, int64_t head_dim, const tri__kv_view *kv,
+                            float *weight_sums);
+} tri__backend_ops;
+
+// One backend instance. Create it with the backend's own constructor (tri__backend_cpu_create),
+// free it with tri__backend_free.
+struct tri__backend {
+    const tri__backend_ops *ops;
+    int32_t n_threads;  // worker threads for the ops (CPU); may be changed between calls
+    void *priv;         // the backend's own state
+};
+
+// Frees be through its table; NULL is a no-op.
+static inline void tri__backend_free(tri__backend *be) {
+    if (be) be->ops->destroy(be);
+}
+
+// ---- the CPU backend (cpu/) ----
+
+// SIMD code paths of the CPU kernels, chosen at run time.
+typedef enum tri__cpu_simd {
+    TRI_CPU_SIMD_AUTO = -1,   // the best the CPU supports
+    TRI_CPU_SIMD_SCALAR = 0,  // plain C, the reference
+    TRI_CPU_SIMD_AVX2 = 1,    // AVX2 + FMA + F16C
+    TRI_CPU_SIMD_AVX512 = 2,  // AVX-512 F/BW/VL (+ the AVX2 set)
+} tri__cpu_simd;
+
+// The best level this CPU supports.
+tri__cpu_simd tri__cpu_simd_detect(void);
+// "scalar", "avx2", "avx512".
+const char *tri__cpu_simd_name(tri__cpu_simd simd);
+
+// Creates a CPU backend with n_threads workers (<= 0: all cores; 1 without OpenMP in any case)
+// using SIMD level simd (TRI_CPU_SIMD_AUTO: detect). A level the CPU lacks is UNSUPPORTED, so
+// tests can force each level the machine has. Free with tri__backend_free.
+tri_status tri__backend_cpu_create(int32_t n_threads, tri__cpu_simd simd, tri__backend **out);
+
+#endif  // TRI_BACKEND_H

@@ -1,0 +1,31 @@
+// cli-common.c - what every offload-run subcommand shares: model loading and error reports.
+#include <stdio.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+int tri_cli_fail(const char *what, tri_status status) {
+    const char *msg = tri_last_error();
+    fprintf(stderr, "offload-run: %s: %s\n", what, msg[0] ? msg : tri_status_str(status));
+    return 1;
+}
+
+static bool load_progress(float fraction, void *user) {
+    (void)user;
+    fprintf(stderr, "\rloading model: %3d%%", (int)(fraction * 100.0f + 0.5f));
+    if (fraction >= 1.0f) fputc('\n', stderr);
+    return true;
+}
+
+tri_model *tri_cli_load_model(const char *path) {
+    tri_model_params params = tri_model_default_params();
+    if (isatty(STDERR_FILENO)) params.progress = load_progress;
+    tri_model *model = NULL;
+    tri_status st = tri_model_load(path, &params, &model);
+    if (st) {
+        if (params.progress) fputc('\n', stderr);
+        tri_cli_fail("cannot load model", st);
+        return NULL;
+    }
+    return model;
+}

@@ -1,0 +1,19 @@
+// cli.h - the subcommands of offload-run. The CLI is a client of triforce.h and nothing else.
+#ifndef TRI_CLI_H
+#define TRI_CLI_H
+
+#include "triforce.h"
+
+// Each takes the arguments after "offload-run" (argv[0] is the subcommand's name) and returns
+// the process exit status: 0 ok, 1 failure, 2 bad usage.
+int tri_cli_info(int argc, char **argv);
+int tri_cli_tokenize(int argc, char **argv);
+
+// Prints "offload-run: <what>: <last error>" to stderr; returns 1.
+int tri_cli_fail(const char *what, tri_status status);
+
+// Loads a model with a progress line on stderr when it is a terminal. Returns NULL after printing
+// the error.
+tri_model *tri_cli_load_model(const char *path);
+
+#endif  // TRI_CLI_H

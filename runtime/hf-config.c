@@ -1,0 +1,417 @@
+// hf-config.c - transformers' config.json for Llama-family models, and HF tensor names.
+//
+// Keys, defaults and rope scaling semantics follow transformers' LlamaConfig and its
+// rope-initialisation functions (modeling_rope_utils); docs/formats.md lists them.
+#include "hf-config.h"
+
+#include <json-c/json.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "json-read.h"
+
+// ---- typed getters ----
+//
+// Each names the file (path) and the key (prefix + key, e.g. "rope_scaling.factor") when it fails.
+// A key that is absent or JSON null takes the default when not required.
+
+typedef struct cfg_ctx {
+    const char *path;
+    json_object *obj;    // the object the keys are looked up in
+    const char *prefix;  // "" or "rope_scaling."
+} cfg_ctx;
+
+// The value of key, or NULL when absent or null.
+static json_object *cfg_get(const cfg_ctx *c, const char *key) {
+    json_object *v = NULL;
+    if (!json_object_object_get_ex(c->obj, key, &v)) return NULL;
+    return v;  // NULL for a JSON null
+}
+
+static tri_status cfg_missing(const cfg_ctx *c, const char *key) {
+    return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': missing", c->path, c->prefix, key);
+}
+
+// An integer in [min, INT32_MAX].
+static tri_status cfg_int(const cfg_ctx *c, const char *key, bool required, int32_t def,
+                          int32_t min, int32_t *out) {
+    json_object *v = cfg_get(c, key);
+    if (!v) {
+        if (required) return cfg_missing(c, key);
+        *out = def;
+        return TRI_STATUS_OK;
+    }
+    if (!json_object_is_type(v, json_type_int)) {
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': not an integer", c->path,
+                         c->prefix, key);
+    }
+    int64_t x = json_object_get_int64(v);  // json-c clamps beyond int64, still out of range below
+    if (x < min || x > INT32_MAX) {
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': %lld is out of range [%d, %d]",
+                         c->path, c->prefix, key, (long long)x, (int)min, (int)INT32_MAX);
+    }
+    *out = (int32_t)x;
+    return TRI_STATUS_OK;
+}
+
+// A finite number (integer or not), > 0 when positive is set, that fits a float.
+static tri_status cfg_float(const cfg_ctx *c, const char *key, bool required, float def,
+                            bool positive, float *out) {
+    json_object *v = cfg_get(c, key);
+    if (!v) {
+        if (required) return cfg_missing(c, key);
+        *out = def;
+        return TRI_STATUS_OK;
+    }
+    if (!json_object_is_type(v, json_type_int) && !json_object_is_type(v, json_type_double)) {
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': not a number", c->path, c->prefix,
+                         key);
+    }
+    double x = json_object_get_double(v);
+    if (!isfinite(x) || fabs(x) > (double)3.0e38f) {
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': not a finite float", c->path,
+                         c->prefix, key);
+    }
+    if (positive && !(x > 0)) {
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': %g is not > 0", c->path, c->prefix,
+                         key, x);
+    }
+    *out = (float)x;
+    return TRI_STATUS_OK;
+}
+
+static tri_status cfg_bool(const cfg_ctx *c, const char *key, bool def, bool *out) {
+    json_object *v = cfg_get(c, key);
+    if (!v) {
+        *out = def;
+        return TRI_STATUS_OK;
+    }
+    if (!json_object_is_type(v, json_type_boolean)) {
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': not a boolean", c->path, c->prefix,
+                         key);
+    }
+    *out = json_object_get_boolean(v);
+    return TRI_STATUS_OK;
+}
+
+// A string or NULL when absent.
+static tri_status cfg_str(const cfg_ctx *c, const char *key, const char **out) {
+    json_object *v = cfg_get(c, key);
+    *out = NULL;
+    if (!v) return TRI_STATUS_OK;
+    if (!json_object_is_type(v, json_type_string)) {
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': not a string", c->path, c->prefix,
+                         key);
+    }
+    *out = json_object_get_string(v);
+    return TRI_STATUS_OK;
+}
+
+#define TRY(expr)                                  \
+    do {                                           \
+        tri_status try_st_ = (expr);               \
+        if (try_st_ != TRI_STATUS_OK) return try_st_; \
+    } while (0)
+
+// ---- architecture ----
+
+static tri_status check_arch(const cfg_ctx *c) {
+    json_object *archs = cfg_get(c, "architectures");
+    const char *model_type;
+    TRY(cfg_str(c, "model_type", &model_type));
+    const char *first_arch = NULL;
+    if (archs) {
+        if (!json_object_is_type(archs, json_type_array)) {
+            return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field 'architectures': not an array", c->path);
+        }
+        size_t n = json_object_array_length(archs);
+        for (size_t i = 0; i < n; i++) {
+            json_object *a = json_object_array_get_idx(archs, i);
+            if (!json_object_is_type(a, json_type_string)) {
+                return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field 'architectures': entry %zu is not a string",
+                                 c->path, i);
+            }
+            const char *s = json_object_get_string(a);
+            if (strcmp(s, "LlamaForCausalLM") == 0) return TRI_STATUS_OK;
+            if (!first_arch) first_arch = s;
+        }
+    }
+    if (model_type && strcmp(model_type, "llama") == 0) return TRI_STATUS_OK;
+    if (first_arch) {
+        return tri__fail(TRI_STATUS_UNSUPPORTED,
+                         "%s: field 'architectures': '%.100s' is unsupported (LlamaForCausalLM is)",
+                         c->path, first_arch);
+    }
+    if (model_type) {
+        return tri__fail(TRI_STATUS_UNSUPPORTED,
+                         "%s: field 'model_type': '%.100s' is unsupported (llama is)", c->path,
+                         model_type);
+    }
+    return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field 'architectures': missing, and so is 'model_type'",
+                     c->path);
+}
+
+// ---- rope scaling ----
+
+// transformers' get_mscale: the YaRN attention factor for a scale and an mscale coefficient.
+static double yarn_get_mscale(double scale, double mscale) {
+    return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
+}
+
+// Reads the scaling object rs (keys named with prefix, e.g. "rope_scaling.") into cfg.
+static tri_status parse_rope_scaling(const char *path, json_object *rs, const char *prefix,
+                                     tri_model_config *cfg) {
+    if (!json_object_is_type(rs, json_type_object)) {
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%.*s': not an object", path,
+                         (int)strlen(prefix) - 1, prefix);
+    }
+    cfg_ctx c = {path, rs, prefix};
+    // transformers reads "rope_type" first and falls back on the older "type".
+    const char *type, *key = "rope_type";
+    TRY(cfg_str(&c, "rope_type", &type));
+    if (!type) {
+        key = "type";
+        TRY(cfg_str(&c, "type", &type));
+    }
+    if (!type) return cfg_missing(&c, "rope_type");
+
+    if (strcmp(type, "default") == 0) return TRI_STATUS_OK;
+    int32_t max_pos = cfg->n_ctx_train;
+    if (strcmp(type, "linear") == 0) {
+        cfg->rope_scaling = TRI_ROPE_SCALING_LINEAR;
+        TRY(cfg_float(&c, "factor", true, 1, true, &cfg->rope_factor));
+    } else if (strcmp(type, "dynamic") == 0) {
+        cfg->rope_scaling = TRI_ROPE_SCALING_DYNAMIC;
+        TRY(cfg_float(&c, "factor", true, 1, true, &cfg->rope_factor));
+        TRY(cfg_int(&c, "original_max_position_embeddings", false, max_pos, 1, &cfg->rope_orig_ctx));
+    } else if (strcmp(type, "yarn") == 0) {
+        cfg->rope_scaling = TRI_ROPE_SCALING_YARN;
+        TRY(cfg_float(&c, "factor", true, 1, true, &cfg->rope_factor));
+        TRY(cfg_int(&c, "original_max_position_embeddings", false, max_pos, 1, &cfg->rope_orig_ctx));
+        TRY(cfg_float(&c, "beta_fast", false, 32, false, &cfg->yarn_beta_fast));
+        TRY(cfg_float(&c, "beta_slow", false, 1, false, &cfg->yarn_beta_slow));
+        // attention_factor is the factor itself. Without it, transformers uses
+        // get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) when both coefficients
+        // are non-zero, else get_mscale(factor) = 0.1 ln(factor) + 1, which 0 stands for here.
+        float attn = 0, mscale = 0, mscale_all_dim = 0;
+        TRY(cfg_float(&c, "attention_factor", false, 0, true, &attn));
+        TRY(cfg_float(&c, "mscale", false, 0, false, &mscale));
+        TRY(cfg_float(&c, "mscale_all_dim", false, 0, false, &mscale_all_dim));
+        if (attn > 0) {
+            cfg->yarn_mscale = attn;
+        } else if (mscale != 0 && mscale_all_dim != 0) {
+            double den = yarn_get_mscale(cfg->rope_factor, mscale_all_dim);
+            double x = yarn_get_mscale(cfg->rope_factor, mscale) / den;
+            if (!(den != 0) || !isfinite(x) || !(x > 0)) {
+                return tri__fail(TRI_STATUS_BAD_FORMAT,
+                                 "%s: field '%smscale': attention factor %g from mscale and mscale_all_dim is not > 0",
+                                 path, prefix, x);
+            }
+            cfg->yarn_mscale = (float)x;
+        }
+    } else if (strcmp(type, "llama3") == 0) {
+        cfg->rope_scaling = TRI_ROPE_SCALING_LLAMA3;
+        TRY(cfg_float(&c, "factor", true, 1, true, &cfg->rope_factor));
+        TRY(cfg_float(&c, "low_freq_factor", true, 1, true, &cfg->llama3_low_freq_factor));
+        TRY(cfg_float(&c, "high_freq_factor", true, 1, true, &cfg->llama3_high_freq_factor));
+        TRY(cfg_int(&c, "original_max_position_embeddings", true, 0, 1, &cfg->rope_orig_ctx));
+        // The smooth ramp divides by (high - low).
+        if (!(cfg->llama3_high_freq_factor > cfg->llama3_low_freq_factor)) {
+            return tri__fail(TRI_STATUS_BAD_FORMAT,
+                             "%s: field '%shigh_freq_factor': %g is not > low_freq_factor %g", path,
+                             prefix, (double)cfg->llama3_high_freq_factor,
+                             (double)cfg->llama3_low_freq_factor);
+        }
+    } else {
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field '%s%s': rope scaling '%.64s' is unsupported",
+                         path, prefix, key, type);
+    }
+    return TRI_STATUS_OK;
+}
+
+// ---- config ----
+
+tri_status tri__hf_config_parse(const char *name, const char *text, size_t len,
+                                tri_model_config *cfg, char **arch_out) {
+    if (arch_out) *arch_out = NULL;
+    json_object *root = NULL;
+    tri_status st = tri__json_parse(name, text, len, &root);
+    if (st != TRI_STATUS_OK) return st;
+    tri_model_config c = {0};
+    c.rope_layout = TRI_ROPE_LAYOUT_HALF;
+    c.rope_scaling = TRI_ROPE_SCALING_NONE;
+    c.rope_factor = 1;
+    c.yarn_beta_fast = 32;
+    c.yarn_beta_slow = 1;
+    if (!json_object_is_type(root, json_type_object)) {
+        st = tri__fail(TRI_STATUS_BAD_FORMAT, "%s: not a JSON object", name);
+        goto done;
+    }
+    cfg_ctx x = {name, root, ""};
+#define STEP(expr)                         \
+    do {                                   \
+        st = (expr);                       \
+        if (st != TRI_STATUS_OK) goto done; \
+    } while (0)
+    STEP(check_arch(&x));
+
+    const char *act;
+    STEP(cfg_str(&x, "hidden_act", &act));
+    if (act && strcmp(act, "silu") != 0) {
+        st = tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field 'hidden_act': '%.64s' is unsupported (silu is)",
+                       name, act);
+        goto done;
+    }
+    bool bias;
+    static const char *const bias_keys[] = {"attention_bias", "mlp_bias"};
+    for (int i = 0; i < 2; i++) {
+        STEP(cfg_bool(&x, bias_keys[i], false, &bias));
+        if (bias) {
+            st = tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field '%s': biases are unsupported", name,
+                           bias_keys[i]);
+            goto done;
+        }
+    }
+
+    STEP(cfg_int(&x, "vocab_size", true, 0, 1, &c.n_vocab));
+    STEP(cfg_int(&x, "hidden_size", true, 0, 1, &c.n_embd));
+    STEP(cfg_int(&x, "intermediate_size", true, 0, 1, &c.n_ff));
+    STEP(cfg_int(&x, "num_hidden_layers", true, 0, 1, &c.n_layer));
+    STEP(cfg_int(&x, "num_attention_heads", true, 0, 1, &c.n_head));
+    STEP(cfg_int(&x, "num_key_value_heads", false, c.n_head, 1, &c.n_head_kv));
+    STEP(cfg_int(&x, "max_position_embeddings", true, 0, 1, &c.n_ctx_train));
+    STEP(cfg_float(&x, "rms_norm_eps", true, 0, true, &c.rms_eps));
+    STEP(cfg_float(&x, "rope_theta", false, 10000, true, &c.rope_theta));
+    STEP(cfg_bool(&x, "tie_word_embeddings", false, &c.tied_embeddings));
+
+    if (cfg_get(&x, "head_dim")) {
+        STEP(cfg_int(&x, "head_dim", true, 0, 1, &c.head_dim));
+    } else if (c.n_embd % c.n_head != 0) {
+        st = tri__fail(TRI_STATUS_BAD_FORMAT,
+                       "%s: field 'num_attention_heads': %d does not divide hidden_size %d (and head_dim is absent)",
+                       name, (int)c.n_head, (int)c.n_embd);
+        goto done;
+    } else {
+        c.head_dim = c.n_embd / c.n_head;
+    }
+    if (c.head_dim % 2 != 0) {
+        st = tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field 'head_dim': %d is odd; rope needs pairs", name,
+                       (int)c.head_dim);
+        goto done;
+    }
+    if ((int64_t)c.n_head * c.head_dim > INT32_MAX) {
+        st = tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field 'head_dim': heads x head_dim overflows", name);
+        goto done;
+    }
+    if (c.n_head_kv > c.n_head || c.n_head % c.n_head_kv != 0) {
+        st = tri__fail(TRI_STATUS_BAD_FORMAT,
+                       "%s: field 'num_key_value_heads': %d does not divide num_attention_heads %d",
+                       name, (int)c.n_head_kv, (int)c.n_head);
+        goto done;
+    }
+
+    // Rope scaling: "rope_scaling" (transformers 4.x), or "rope_parameters" (transformers 5),
+    // which also carries rope_theta.
+    json_object *rs = cfg_get(&x, "rope_scaling");
+    json_object *rp = cfg_get(&x, "rope_parameters");
+    if (rs) {
+        STEP(parse_rope_scaling(name, rs, "rope_scaling.", &c));
+    } else if (rp) {
+        STEP(parse_rope_scaling(name, rp, "rope_parameters.", &c));
+        cfg_ctx p = {name, rp, "rope_parameters."};
+        STEP(cfg_float(&p, "rope_theta", false, c.rope_theta, true, &c.rope_theta));
+    }
+#undef STEP
+
+    if (arch_out) {
+        *arch_out = malloc(sizeof "llama");
+        if (!*arch_out) {
+            st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: cannot allocate", name);
+            goto done;
+        }
+        memcpy(*arch_out, "llama", sizeof "llama");
+    }
+    *cfg = c;
+    st = TRI_STATUS_OK;
+
+done:
+    json_object_put(root);
+    return st;
+}
+
+tri_status tri__hf_config_load(const char *config_json_path, tri_model_config *cfg, char **arch_out) {
+    if (arch_out) *arch_out = NULL;
+    char *text;
+    size_t len;
+    tri_status st = tri__json_read_file(config_json_path, TRI_JSON_MAX_BYTES, &text, &len);
+    if (st != TRI_STATUS_OK) return st;
+    st = tri__hf_config_parse(config_json_path, text, len, cfg, arch_out);
+    free(text);
+    return st;
+}
+
+// ---- tensor names ----
+
+typedef struct name_map {
+    const char *hf;
+    const char *gguf;
+} name_map;
+
+static const name_map global_names[] = {
+    {"model.embed_tokens.weight", "token_embd.weight"},
+    {"model.norm.weight", "output_norm.weight"},
+    {"lm_head.weight", "output.weight"},
+};
+
+// The part after "model.layers.N.".
+static const name_map layer_names[] = {
+    {"input_layernorm.weight", "attn_norm.weight"},
+    {"self_attn.q_proj.weight", "attn_q.weight"},
+    {"self_attn.k_proj.weight", "attn_k.weight"},
+    {"self_attn.v_proj.weight", "attn_v.weight"},
+    {"self_attn.o_proj.weight", "attn_output.weight"},
+    {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"mlp.gate_proj.weight", "ffn_gate.weight"},
+    {"mlp.up_proj.weight", "ffn_up.weight"},
+    {"mlp.down_proj.weight", "ffn_down.weight"},
+};
+
+static bool put_name(char *out, size_t out_size, const char *a, const char *b, const char *c) {
+    int n = snprintf(out, out_size, "%s%s%s", a, b, c);
+    if (n < 0 || (size_t)n >= out_size) {
+        if (out_size > 0) out[0] = '\0';
+        return false;
+    }
+    return true;
+}
+
+bool tri__hf_tensor_name_to_gguf(const char *hf, char *out, size_t out_size) {
+    if (out_size > 0) out[0] = '\0';
+    for (size_t i = 0; i < sizeof global_names / sizeof global_names[0]; i++) {
+        if (strcmp(hf, global_names[i].hf) == 0) {
+            return put_name(out, out_size, global_names[i].gguf, "", "");
+        }
+    }
+    static const char layers[] = "model.layers.";
+    if (strncmp(hf, layers, sizeof layers - 1) != 0) return false;
+    const char *p = hf + sizeof layers - 1;
+    size_t digits = strspn(p, "0123456789");
+    // no leading zeros, so that two HF names never map to one canonical name
+    if (digits == 0 || digits > 9 || p[digits] != '.' || (p[0] == '0' && digits > 1)) return false;
+    char num[16];
+    memcpy(num, p, digits);
+    num[digits] = '\0';
+    const char *rest = p + digits + 1;
+    for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++) {
+        if (strcmp(rest, layer_names[i].hf) == 0) {
+            char prefix[32];
+            snprintf(prefix, sizeof prefix, "blk.%s.", num);
+            return put_name(out, out_size, prefix, layer_names[i].gguf, "");
+        }
+    }
+    return false;
+}

@@ -1,0 +1,39 @@
+// hf-config.h - Hugging Face config.json and tensor names of Llama-family checkpoints (internal).
+#ifndef TRI_HF_CONFIG_H
+#define TRI_HF_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "triforce.h"
+
+// Reads a transformers config.json of a Llama-family model into *cfg (every field set;
+// rope_layout = HALF, has_rope_freqs = false). The model is accepted when "architectures"
+// contains "LlamaForCausalLM" or "model_type" is "llama"; anything else is UNSUPPORTED, named.
+// Also UNSUPPORTED: hidden_act other than "silu", attention_bias or mlp_bias true, an unknown
+// rope_scaling type. BAD_FORMAT, naming the file and the key: malformed JSON (json-c's reason and
+// the position), a missing required key, a wrong JSON type, a size <= 0 or > INT32_MAX, hidden
+// not divisible by heads when head_dim is absent, an odd head_dim, KV heads not dividing heads,
+// a non-finite or non-positive eps, theta or factor. docs/formats.md lists the keys and defaults.
+// When arch_out is not NULL, *arch_out receives "llama" (malloc'd; the caller frees) on success
+// and NULL on failure.
+tri_status tri__hf_config_load(const char *config_json_path, tri_model_config *cfg, char **arch_out);
+
+// The same from text[0, len) already in memory; `name` stands in for the path in messages.
+tri_status tri__hf_config_parse(const char *name, const char *text, size_t len,
+                                tri_model_config *cfg, char **arch_out);
+
+// Maps an HF Llama weight name to the canonical GGUF-style name of model.h:
+//   model.embed_tokens.weight                      -> token_embd.weight
+//   model.norm.weight                              -> output_norm.weight
+//   lm_head.weight                                 -> output.weight
+//   model.layers.N.input_layernorm.weight          -> blk.N.attn_norm.weight
+//   model.layers.N.self_attn.{q,k,v,o}_proj.weight -> blk.N.attn_{q,k,v,output}.weight
+//   model.layers.N.post_attention_layernorm.weight -> blk.N.ffn_norm.weight
+//   model.layers.N.mlp.{gate,up,down}_proj.weight  -> blk.N.ffn_{gate,up,down}.weight
+// N is a decimal layer number without leading zeros, below 10^9. Returns false, with out set to ""
+// when out_size > 0, for any other name (rotary_emb.inv_freq, biases, ...), which the loader
+// ignores, and when the result does not fit in out_size bytes with its NUL.
+bool tri__hf_tensor_name_to_gguf(const char *hf, char *out, size_t out_size);
+
+#endif  // TRI_HF_CONFIG_H

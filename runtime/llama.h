@@ -1,0 +1,53 @@
+// llama.h - the Llama forward pass, written once against the backend interface (internal).
+#ifndef TRI_LLAMA_H
+#define TRI_LLAMA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "kv-store.h"
+#include "model.h"
+#include "rope.h"
+
+// Everything one forward pass needs besides the cache: the model's weights (host memory on the
+// CPU backend), the rope table, and activation buffers sized for n_batch tokens.
+typedef struct tri__llama {
+    const tri_model *model;
+    tri__backend *be;     // not owned
+    tri__rope rope;
+    int32_t n_batch;      // most tokens per internal step; longer inputs are processed in chunks
+    int32_t n_logits;     // rows of the logits buffer (0 until first needed)
+
+    // activations in backend memory, f32:
+    float *x;       // (n_batch, n_embd) residual stream
+    float *xb;      // (n_batch, n_embd) normalised input of a block
+    float *q;       // (n_batch, n_head * head_dim)
+    float *k;       // (n_batch, n_head_kv * head_dim)
+    float *v;       // (n_batch, n_head_kv * head_dim)
+    float *att;     // (n_batch, n_head * head_dim)
+    float *proj;    // (n_batch, n_embd) output of attn_output / ffn_down
+    float *gate;    // (n_batch, n_ff)
+    float *up;      // (n_batch, n_ff)
+    float *logits;  // (n_logits, n_vocab)
+    int32_t *pos;   // (n_batch) host: positions of the current chunk
+} tri__llama;
+
+tri_status tri__llama_init(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch);
+void tri__llama_free(tri__llama *ll);
+
+// Which rows of logits a forward pass produces.
+typedef enum tri__logits_mode {
+    TRI_LOGITS_NONE = 0,  // only fill the cache (the middle of a prefill)
+    TRI_LOGITS_LAST = 1,  // the last token's row
+    TRI_LOGITS_ALL = 2,   // one row per token (verification, perplexity)
+} tri__logits_mode;
+
+// Runs tokens (n, host) at positions kv->n .. kv->n + n - 1, appends their keys and values to kv
+// and advances kv->n. logits (host): (1, n_vocab) for LAST, (n, n_vocab) for ALL, unused for NONE.
+// The caller checks that the tokens fit kv's capacity (INVALID_ARGUMENT otherwise) and that every
+// id is in [0, n_vocab). On failure kv->n is unchanged (the partial writes past it are garbage).
+tri_status tri__llama_forward(tri__llama *ll, tri__kv_store *kv, const int32_t *tokens, int32_t n,
+                              tri__logits_mode mode, float *logits);
+
+#endif  // TRI_LLAMA_H

@@ -1,0 +1,206 @@
+// session.c - the session API: a model, a CPU backend, a KV cache; plain autoregressive decoding.
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "error.h"
+#include "kv-store.h"
+#include "llama.h"
+#include "model.h"
+#include "sampler.h"
+
+struct tri_session {
+    const tri_model *model;
+    tri__backend *be;
+    tri__llama ll;
+    tri__kv_store kv;
+    tri__rng rng;
+    tri__sampler_scratch scratch;
+    float *logits;        // (logits_cap, n_vocab) host: rows of the last eval
+    int32_t logits_cap;
+    int32_t n_logits;     // rows valid: 0 (none), 1 (last only) or the eval's token count
+    bool all_logits;
+    float *probs;         // (n_vocab) host
+};
+
+tri_session_params tri_session_default_params(void) {
+    tri_session_params p = {.n_ctx = 0, .n_threads = 0, .n_batch = 0, .kv_type = TRI_DTYPE_F16};
+    return p;
+}
+
+tri_generate_params tri_generate_default_params(void) {
+    tri_generate_params p = {.n_predict = 0, .stop_at_eos = true};
+    p.sampler = tri_sampler_default_params();
+    return p;
+}
+
+void tri_session_free(tri_session *s) {
+    if (!s) return;
+    tri__kv_store_free(&s->kv);
+    tri__llama_free(&s->ll);
+    tri__backend_free(s->be);
+    tri__sampler_scratch_free(&s->scratch);
+    free(s->logits);
+    free(s->probs);
+    free(s);
+}
+
+tri_status tri_session_create(const tri_model *model, const tri_session_params *params,
+                              tri_session **out) {
+    if (!model || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_session_create: NULL argument");
+    *out = NULL;
+    tri_session_params p = params ? *params : tri_session_default_params();
+    const tri_model_config *c = &model->config;
+    if (p.n_ctx < 0 || p.n_batch < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: n_ctx %d and n_batch %d must be >= 0",
+                         p.n_ctx, p.n_batch);
+    if (p.n_ctx == 0) p.n_ctx = c->n_ctx_train > 0 && c->n_ctx_train < 8192 ? c->n_ctx_train : 8192;
+    if (p.n_batch == 0) p.n_batch = 128;
+    if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+
+    tri_session *s = calloc(1, sizeof *s);
+    if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "session");
+    s->model = model;
+    tri_status st;
+    if ((st = tri__backend_cpu_create(p.n_threads, TRI_CPU_SIMD_AUTO, &s->be))) goto fail;
+    if ((st = tri__llama_init(&s->ll, model, s->be, p.n_batch))) goto fail;
+    if ((st = tri__kv_store_init(&s->kv, s->be, p.kv_type, c->n_layer, c->n_head_kv, c->head_dim,
+                                 p.n_ctx)))
+        goto fail;
+    s->probs = malloc((size_t)c->n_vocab * sizeof *s->probs);
+    if (!s->probs) {
+        st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "session: %d-entry distribution", c->n_vocab);
+        goto fail;
+    }
+    tri__rng_seed(&s->rng, 0);
+    *out = s;
+    return TRI_STATUS_OK;
+
+fail:
+    tri_session_free(s);
+    return st;
+}
+
+tri_status tri_session_eval(tri_session *s, const int32_t *tokens, int32_t n, bool all_logits) {
+    const int32_t V = s->model->config.n_vocab;
+    if (n <= 0 || !tokens) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "eval: %d tokens", n);
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "eval: token %d at %d is outside the vocabulary [0, %d)",
+                             tokens[i], i, V);
+    int32_t rows = all_logits ? n : 1;
+    if (rows > s->logits_cap) {
+        float *l = realloc(s->logits, (size_t)rows * (size_t)V * sizeof *l);
+        if (!l) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "eval: logits for %d tokens", rows);
+        s->logits = l;
+        s->logits_cap = rows;
+    }
+    s->n_logits = 0;
+    tri_status st = tri__llama_forward(&s->ll, &s->kv, tokens, n,
+                                       all_logits ? TRI_LOGITS_ALL : TRI_LOGITS_LAST, s->logits);
+    if (st) return st;
+    s->n_logits = rows;
+    s->all_logits = all_logits;
+    return TRI_STATUS_OK;
+}
+
+const float *tri_session_logits(const tri_session *s, int32_t i) {
+    if (s->n_logits == 0) return NULL;
+    if (i == -1) i = s->n_logits - 1;
+    if (i < 0 || i >= s->n_logits) return NULL;
+    return s->logits + (int64_t)i * s->model->config.n_vocab;
+}
+
+int32_t tri_session_n_past(const tri_session *s) { return s->kv.n; }
+int32_t tri_session_n_ctx(const tri_session *s) { return s->kv.capacity; }
+
+tri_status tri_session_truncate(tri_session *s, int32_t n_past) {
+    if (n_past < 0 || n_past > s->kv.n)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "truncate: %d outside [0, %d]", n_past, s->kv.n);
+    s->n_logits = 0;
+    return tri__kv_store_set_len(&s->kv, n_past);
+}
+
+void tri_session_reset(tri_session *s) {
+    s->kv.n = 0;
+    s->n_logits = 0;
+}
+
+void tri_session_seed(tri_session *s, uint64_t seed) { tri__rng_seed(&s->rng, seed); }
+
+tri_status tri_session_sample(tri_session *s, const tri_sampler_params *params, int32_t *out) {
+    const float *logits = tri_session_logits(s, -1);
+    if (!logits) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "sample: no logits (run tokens first)");
+    tri_sampler_params greedy = tri_sampler_default_params();
+    if (!params) params = &greedy;
+    int32_t V = s->model->config.n_vocab;
+    tri_status st = tri__sampler_probs(params, logits, V, s->probs, &s->scratch);
+    if (st) return st;
+    *out = params->temperature <= 0.0f ? tri__argmax(logits, V) : tri__sample(s->probs, V, &s->rng);
+    return TRI_STATUS_OK;
+}
+
+// ---- generation ----
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// The end-of-sequence id, or -1 when the model carries no tokenizer.
+static int32_t model_eos(const tri_model *m) {
+    (void)m;
+    return -1;
+}
+
+tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
+                        const tri_generate_params *params, tri_token_fn on_token, void *user,
+                        tri_generate_stats *stats) {
+    tri_generate_params p = params ? *params : tri_generate_default_params();
+    tri_generate_stats local = {0};
+    if (!stats) stats = &local;
+    memset(stats, 0, sizeof *stats);
+    if (n_prompt < 0 || (n_prompt > 0 && !prompt))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate: bad prompt of %d tokens", n_prompt);
+    if (n_prompt == 0 && s->n_logits == 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate: empty prompt and nothing run before");
+    if (n_prompt > s->kv.capacity - s->kv.n)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "generate: prompt of %d tokens does not fit the context (%d of %d used)",
+                         n_prompt, s->kv.n, s->kv.capacity);
+    tri_session_seed(s, p.sampler.seed);
+
+    // prefill in steps of n_batch tokens, so progress can be reported and cancelled
+    double t0 = now_seconds();
+    for (int32_t done = 0; done < n_prompt;) {
+        int32_t step = n_prompt - done;
+        if (step > s->ll.n_batch) step = s->ll.n_batch;
+        tri_status st = tri_session_eval(s, prompt + done, step, false);
+        if (st) return st;
+        done += step;
+        stats->n_prompt = done;
+        if (p.on_prefill && !p.on_prefill(done, n_prompt, p.user)) {
+            stats->prefill_seconds = now_seconds() - t0;
+            return TRI_STATUS_OK;
+        }
+    }
+    double t1 = now_seconds();
+    stats->prefill_seconds = t1 - t0;
+
+    int32_t eos = p.stop_at_eos ? model_eos(s->model) : -1;
+    int32_t room = s->kv.capacity - s->kv.n + 1;  // the last token need not be run
+    int32_t n_max = p.n_predict > 0 && p.n_predict < room ? p.n_predict : room;
+    for (int32_t i = 0; i < n_max; i++) {
+        int32_t tok;
+        tri_status st = tri_session_sample(s, &p.sampler, &tok);
+        if (st) return st;
+        stats->n_generated = i + 1;
+        bool go = !on_token || on_token(tok, user);
+        if (!go || tok == eos || i + 1 == n_max) break;
+        if ((st = tri_session_eval(s, &tok, 1, false))) return st;
+    }
+    stats->decode_seconds = now_seconds() - t1;
+    return TRI_STATUS_OK;
+}

@@ -1,0 +1,681 @@
+// test-cpu-backend.c - every CPU op against a naive scalar reference written here (double
+// accumulation), at each SIMD level this machine has; RoPE tables against numpy code that follows
+// HF transformers (tests/fixtures/make-rope.py).
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend.h"
+#include "dtype.h"
+#include "rope.h"
+#include "test-util.h"
+
+// The references promote f32 data to double on purpose, everywhere.
+#pragma GCC diagnostic ignored "-Wdouble-promotion"
+
+// ---- helpers ----
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float frand(void) {  // uniform in [-1, 1)
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+static void fill(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = frand() * scale;
+}
+
+static tri__backend *make_backend(tri__cpu_simd simd) {
+    tri__backend *be = NULL;
+    cr_assert_eq(tri__backend_cpu_create(2, simd, &be), TRI_STATUS_OK, "%s", tri_last_error());
+    return be;
+}
+
+// Runs body once per SIMD level the machine has, with `be` and `lvl` in scope.
+#define FOR_EACH_LEVEL(body)                                                          \
+    for (int lvl = TRI_CPU_SIMD_SCALAR; lvl <= (int)tri__cpu_simd_detect(); lvl++) { \
+        tri__backend *be = make_backend((tri__cpu_simd)lvl);                          \
+        body;                                                                         \
+        tri__backend_free(be);                                                        \
+    }
+
+// ---- quantizers and dequantizers, written from the GGML block definitions in dtype.h ----
+
+static void quantize_q8_0(tri__block_q8_0 *out, const float *x, int64_t k) {
+    for (int64_t b = 0; b < k / 32; b++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b * 32 + i]));
+        float d = amax / 127;
+        out[b].d = tri__f32_to_f16(d);
+        for (int i = 0; i < 32; i++) out[b].qs[i] = (int8_t)(d ? roundf(x[b * 32 + i] / d) : 0);
+    }
+}
+
+static void quantize_q4_0(tri__block_q4_0 *out, const float *x, int64_t k) {
+    for (int64_t b = 0; b < k / 32; b++) {
+        float mx = 0;  // the value of largest magnitude, with its sign: it maps to -8
+        for (int i = 0; i < 32; i++)
+            if (fabsf(x[b * 32 + i]) > fabsf(mx)) mx = x[b * 32 + i];
+        float d = mx / -8, id = d ? 1 / d : 0;
+        out[b].d = tri__f32_to_f16(d);
+        for (int i = 0; i < 16; i++) {
+            int lo = (int)(x[b * 32 + i] * id + 8.5f), hi = (int)(x[b * 32 + i + 16] * id + 8.5f);
+            lo = lo > 15 ? 15 : lo < 0 ? 0 : lo;
+            hi = hi > 15 ? 15 : hi < 0 ? 0 : hi;
+            out[b].qs[i] = (uint8_t)(lo | hi << 4);
+        }
+    }
+}
+
+static void quantize_q4_1(tri__block_q4_1 *out, const float *x, int64_t k) {
+    for (int64_t b = 0; b < k / 32; b++) {
+        float mn = INFINITY, mx = -INFINITY;
+        for (int i = 0; i < 32; i++) {
+            mn = fminf(mn, x[b * 32 + i]);
+            mx = fmaxf(mx, x[b * 32 + i]);
+        }
+        float d = (mx - mn) / 15, id = d ? 1 / d : 0;
+        out[b].d = tri__f32_to_f16(d);
+        out[b].m = tri__f32_to_f16(mn);
+        for (int i = 0; i < 16; i++) {
+            int lo = (int)((x[b * 32 + i] - mn) * id + 0.5f), hi = (int)((x[b * 32 + i + 16] - mn) * id + 0.5f);
+            lo = lo > 15 ? 15 : lo;
+            hi = hi > 15 ? 15 : hi;
+            out[b].qs[i] = (uint8_t)(lo | hi << 4);
+        }
+    }
+}
+
+// A (rows, k) f32 matrix stored as type t; the caller frees.
+static void *encode(const float *w, int64_t rows, int64_t k, tri_dtype t) {
+    int64_t rb = tri__dtype_row_bytes(t, k);
+    uint8_t *out = malloc((size_t)(rb * rows));
+    for (int64_t r = 0; r < rows; r++) {
+        const float *wr = w + r * k;
+        void *o = out + r * rb;
+        switch (t) {
+        case TRI_DTYPE_F32: memcpy(o, wr, sizeof(float) * (size_t)k); break;
+        case TRI_DTYPE_F16:
+            for (int64_t i = 0; i < k; i++) ((uint16_t *)o)[i] = tri__f32_to_f16(wr[i]);
+            break;
+        case TRI_DTYPE_BF16:
+            for (int64_t i = 0; i < k; i++) ((uint16_t *)o)[i] = tri__f32_to_bf16(wr[i]);
+            break;
+        case TRI_DTYPE_Q8_0: quantize_q8_0(o, wr, k); break;
+        case TRI_DTYPE_Q4_0: quantize_q4_0(o, wr, k); break;
+        case TRI_DTYPE_Q4_1: quantize_q4_1(o, wr, k); break;
+        default: cr_assert_fail();
+        }
+    }
+    return out;
+}
+
+// Element i of row r of an encoded matrix, straight from the block definitions.
+static double decode(const void *data, tri_dtype t, int64_t k, int64_t r, int64_t i) {
+    const uint8_t *row = (const uint8_t *)data + r * tri__dtype_row_bytes(t, k);
+    switch (t) {
+    case TRI_DTYPE_F32: return ((const float *)row)[i];
+    case TRI_DTYPE_F16: return tri__f16_to_f32(((const uint16_t *)row)[i]);
+    case TRI_DTYPE_BF16: return tri__bf16_to_f32(((const uint16_t *)row)[i]);
+    case TRI_DTYPE_Q8_0: {
+        const tri__block_q8_0 *b = (const tri__block_q8_0 *)row + i / 32;
+        return (double)tri__f16_to_f32(b->d) * b->qs[i % 32];
+    }
+    case TRI_DTYPE_Q4_0: {
+        const tri__block_q4_0 *b = (const tri__block_q4_0 *)row + i / 32;
+        int j = (int)(i % 32), q = j < 16 ? b->qs[j] & 15 : b->qs[j - 16] >> 4;
+        return (double)tri__f16_to_f32(b->d) * (q - 8);
+    }
+    case TRI_DTYPE_Q4_1: {
+        const tri__block_q4_1 *b = (const tri__block_q4_1 *)row + i / 32;
+        int j = (int)(i % 32), q = j < 16 ? b->qs[j] & 15 : b->qs[j - 16] >> 4;
+        return (double)tri__f16_to_f32(b->d) * q + tri__f16_to_f32(b->m);
+    }
+    default: cr_assert_fail(); return 0;
+    }
+}
+
+// ---- matmul ----
+
+// y = x @ W^T against the double reference on the decoded weights. Tolerance: float weights
+// 1e-5 of sum |x w| (f32 accumulation); quantized weights also the error of quantizing x to 8
+// bits per block of 32: at most half a step (max|x_b| / 254) per element, times sum |w| of the block.
+static void check_matmul(tri__backend *be, int lvl, tri_dtype t, int64_t m, int64_t n, int64_t k) {
+    float *x = malloc(sizeof(float) * (size_t)(m * k)), *w = malloc(sizeof(float) * (size_t)(n * k));
+    float *y = malloc(sizeof(float) * (size_t)(m * n));
+    fill(x, m * k, 2.0f);
+    fill(w, n * k, 0.5f);
+    for (int64_t i = 0; i < k; i += 13) x[i] *= 20;  // outliers, as real activations have
+    void *wq = encode(w, n, k, t);
+    cr_assert_eq(be->ops->matmul(be, y, x, wq, t, m, n, k), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t r = 0; r < n; r++) {
+            double ref = 0, mag = 0, qerr = 0;
+            for (int64_t b = 0; b < (k + 31) / 32; b++) {
+                double amax = 0, wsum = 0;
+                for (int64_t j = b * 32; j < k && j < b * 32 + 32; j++) {
+                    double wv = decode(wq, t, k, r, j);
+                    ref += (double)x[i * k + j] * wv;
+                    mag += fabs((double)x[i * k + j] * wv);
+                    amax = fmax(amax, fabs((double)x[i * k + j]));
+                    wsum += fabs(wv);
+                }
+                qerr += amax / 254 * wsum;
+            }
+            double tol = 1e-5 * mag + 1e-6 + (tri__dtype_is_quantized(t) ? 1.01 * qerr : 0);
+            cr_assert(fabs(y[i * n + r] - ref) <= tol, "%s %s m=%lld n=%lld k=%lld y[%lld,%lld] = %g, ref %g, tol %g",
+                      tri__cpu_simd_name((tri__cpu_simd)lvl), tri_dtype_name(t), (long long)m, (long long)n,
+                      (long long)k, (long long)i, (long long)r, (double)y[i * n + r], ref, tol);
+        }
+    free(x);
+    free(w);
+    free(y);
+    free(wq);
+}
+
+Test(cpu_backend, matmul_float_weights) {
+    static const int64_t ks[] = {1, 7, 33, 100, 257};
+    static const int64_t ms[] = {1, 3, 70};  // 70: more than one tile of x rows
+    FOR_EACH_LEVEL({
+        for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_BF16; t++)
+            for (size_t a = 0; a < 5; a++)
+                for (size_t b = 0; b < 3; b++) check_matmul(be, lvl, t, ms[b], 19, ks[a]);
+    });
+}
+
+Test(cpu_backend, matmul_quantized_weights) {
+    static const int64_t ks[] = {32, 96, 160, 4096};  // odd block counts hit the AVX-512 tails
+    static const int64_t ms[] = {1, 5, 70};
+    FOR_EACH_LEVEL({
+        for (tri_dtype t = TRI_DTYPE_Q8_0; t <= TRI_DTYPE_Q4_1; t++)
+            for (size_t a = 0; a < 4; a++)
+                for (size_t b = 0; b < 3; b++) check_matmul(be, lvl, t, ms[b], 37, ks[a]);
+    });
+}
+
+Test(cpu_backend, matmul_q8_0_extreme_weights) {
+    // -128 is a legal Q8_0 value that no quantizer writes; the integer path must not overflow.
+    int64_t k = 64;
+    tri__block_q8_0 w[2];
+    float x[64], y;
+    for (int b = 0; b < 2; b++) {
+        w[b].d = tri__f32_to_f16(0.5f);
+        for (int i = 0; i < 32; i++) w[b].qs[i] = -128;
+    }
+    for (int i = 0; i < 64; i++) x[i] = -1.0f;
+    FOR_EACH_LEVEL({
+        cr_assert_eq(be->ops->matmul(be, &y, x, w, TRI_DTYPE_Q8_0, 1, 1, k), TRI_STATUS_OK);
+        cr_assert_float_eq(y, 64 * 64.0f, 1e-3f, "%s: %g", tri__cpu_simd_name((tri__cpu_simd)lvl), (double)y);
+    });
+}
+
+Test(cpu_backend, matmul_rejects_partial_blocks) {
+    tri__backend *be = make_backend(TRI_CPU_SIMD_SCALAR);
+    float x[40] = {0}, y[1];
+    uint8_t w[64] = {0};
+    cr_assert_eq(be->ops->matmul(be, y, x, w, TRI_DTYPE_Q4_0, 1, 1, 40), TRI_STATUS_INVALID_ARGUMENT);
+    tri__backend_free(be);
+}
+
+// ---- get_rows, convert, rmsnorm, swiglu, add ----
+
+Test(cpu_backend, get_rows_every_type) {
+    int64_t rows = 9, n = 96;
+    float w[9 * 96], out[4 * 96];
+    fill(w, rows * n, 3.0f);
+    int32_t ids[4] = {8, 0, 3, 3};
+    tri__backend *be = make_backend(TRI_CPU_SIMD_AUTO);
+    for (tri_dtype t = TRI_DTYPE_F32; t < TRI_DTYPE_COUNT; t++) {
+        void *e = encode(w, rows, n, t);
+        cr_assert_eq(be->ops->get_rows(be, out, e, t, rows, n, ids, 4), TRI_STATUS_OK);
+        for (int i = 0; i < 4; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double ref = decode(e, t, n, ids[i], j);
+                cr_assert(fabs(out[i * n + j] - ref) <= 1e-6 * fabs(ref), "%s [%d,%lld] %g vs %g", tri_dtype_name(t), i,
+                          (long long)j, (double)out[i * n + j], ref);
+            }
+        free(e);
+    }
+    int32_t bad = 9;
+    cr_assert_eq(be->ops->get_rows(be, out, w, TRI_DTYPE_F32, rows, n, &bad, 1), TRI_STATUS_INVALID_ARGUMENT);
+    tri__backend_free(be);
+}
+
+Test(cpu_backend, convert_to_half) {
+    float x[5] = {1.0f, -2.5f, 65504.0f, 1e-8f, 3.14159f};
+    uint16_t h[5], b[5];
+    tri__backend *be = make_backend(TRI_CPU_SIMD_AUTO);
+    cr_assert_eq(be->ops->convert(be, h, TRI_DTYPE_F16, x, 5), TRI_STATUS_OK);
+    cr_assert_eq(be->ops->convert(be, b, TRI_DTYPE_BF16, x, 5), TRI_STATUS_OK);
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(h[i], tri__f32_to_f16(x[i]));
+        cr_assert_eq(b[i], tri__f32_to_bf16(x[i]));
+    }
+    cr_assert_eq(be->ops->convert(be, h, TRI_DTYPE_Q8_0, x, 5), TRI_STATUS_UNSUPPORTED);
+    tri__backend_free(be);
+}
+
+Test(cpu_backend, rmsnorm_every_weight_type) {
+    int64_t m = 3, n = 77;
+    float x[3 * 77], w[77], y[3 * 77];
+    fill(x, m * n, 4.0f);
+    fill(w, n, 2.0f);
+    tri__backend *be = make_backend(TRI_CPU_SIMD_AUTO);
+    for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_BF16; t++) {
+        void *e = encode(w, 1, n, t);
+        cr_assert_eq(be->ops->rmsnorm(be, y, x, e, t, m, n, 1e-5f), TRI_STATUS_OK);
+        for (int64_t i = 0; i < m; i++) {
+            double ss = 0;
+            for (int64_t j = 0; j < n; j++) ss += (double)x[i * n + j] * x[i * n + j];
+            double s = 1 / sqrt(ss / n + 1e-5);
+            for (int64_t j = 0; j < n; j++) {
+                double ref = x[i * n + j] * s * decode(e, t, n, 0, j);
+                cr_assert(fabs(y[i * n + j] - ref) <= 1e-5 * fabs(ref) + 1e-7, "%s %g vs %g", tri_dtype_name(t),
+                          (double)y[i * n + j], ref);
+            }
+        }
+        free(e);
+    }
+    // in place
+    float x2[3 * 77];
+    memcpy(x2, x, sizeof x);
+    cr_assert_eq(be->ops->rmsnorm(be, x2, x2, w, TRI_DTYPE_F32, m, n, 1e-5f), TRI_STATUS_OK);
+    cr_assert_eq(be->ops->rmsnorm(be, y, x, w, TRI_DTYPE_F32, m, n, 1e-5f), TRI_STATUS_OK);
+    cr_assert_arr_eq(x2, y, sizeof y);
+    cr_assert_eq(be->ops->rmsnorm(be, y, x, w, TRI_DTYPE_Q8_0, m, n, 1e-5f), TRI_STATUS_UNSUPPORTED);
+    tri__backend_free(be);
+}
+
+Test(cpu_backend, swiglu_and_add) {
+    int64_t n = 1001;
+    float g[1001], u[1001], o[1001];
+    fill(g, n, 10.0f);
+    fill(u, n, 3.0f);
+    tri__backend *be = make_backend(TRI_CPU_SIMD_AUTO);
+    cr_assert_eq(be->ops->swiglu(be, o, g, u, n), TRI_STATUS_OK);
+    for (int64_t i = 0; i < n; i++) {
+        double ref = (double)g[i] / (1 + exp(-(double)g[i])) * u[i];
+        cr_assert(fabs(o[i] - ref) <= 1e-6 * fabs(ref) + 1e-7, "%g vs %g", (double)o[i], ref);
+    }
+    cr_assert_eq(be->ops->add(be, o, g, u, n), TRI_STATUS_OK);
+    for (int64_t i = 0; i < n; i++) cr_assert_eq(o[i], g[i] + u[i]);
+    tri__backend_free(be);
+}
+
+// ---- softmax, top-k ----
+
+Test(cpu_backend, softmax_with_temperature_and_masked_entries) {
+    int64_t m = 2, n = 203;
+    float x[2 * 203], ref_in[2 * 203];
+    fill(x, m * n, 30.0f);
+    x[5] = -INFINITY;
+    x[n + 200] = -INFINITY;
+    memcpy(ref_in, x, sizeof x);
+    tri__backend *be = make_backend(TRI_CPU_SIMD_AUTO);
+    cr_assert_eq(be->ops->softmax(be, x, m, n, 0.7f), TRI_STATUS_OK);
+    for (int64_t i = 0; i < m; i++) {
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < n; j++) mx = fmax(mx, ref_in[i * n + j] / 0.7);
+        for (int64_t j = 0; j < n; j++) sum += exp(ref_in[i * n + j] / 0.7 - mx);
+        for (int64_t j = 0; j < n; j++) {
+            double ref = exp(ref_in[i * n + j] / 0.7 - mx) / sum;
+            cr_assert(fabs(x[i * n + j] - ref) <= 1e-5 * ref + 1e-9, "[%lld,%lld] %g vs %g", (long long)i, (long long)j,
+                      (double)x[i * n + j], ref);
+        }
+    }
+    cr_assert_eq(x[5], 0.0f);
+    float all_masked[3] = {-INFINITY, -INFINITY, -INFINITY};
+    cr_assert_eq(be->ops->softmax(be, all_masked, 1, 3, 1.0f), TRI_STATUS_INVALID_ARGUMENT);
+    tri__backend_free(be);
+}
+
+// Reference: repeatedly pick the best remaining entry (larger value, NaN last, lower index).
+static void naive_top_k(const float *x, int64_t n, int64_t k, int32_t *idx) {
+    char *used = calloc((size_t)n, 1);
+    for (int64_t r = 0; r < k; r++) {
+        int64_t best = -1;
+        for (int64_t j = 0; j < n; j++) {
+            if (used[j]) continue;
+            if (best < 0) { best = j; continue; }
+            bool jn = isnan(x[j]), bn = isnan(x[best]);
+            if ((bn && !jn) || (!jn && !bn && x[j] > x[best])) best = j;
+        }
+        used[best] = 1;
+        idx[r] = (int32_t)best;
+    }
+    free(used);
+}
+
+Test(cpu_backend, top_k_ties_and_nan) {
+    int64_t m = 2, n = 300;
+    float x[2 * 300];
+    for (int64_t i = 0; i < m * n; i++) x[i] = (float)(int)(frand() * 20);  // many ties
+    x[7] = NAN;
+    x[n + 3] = INFINITY;
+    tri__backend *be = make_backend(TRI_CPU_SIMD_AUTO);
+    static const int64_t ks[] = {1, 5, 64, 65, 300};  // both the insertion and the sorting paths
+    for (size_t a = 0; a < 5; a++) {
+        int64_t k = ks[a];
+        float *v = malloc(sizeof(float) * (size_t)(m * k));
+        int32_t *ix = malloc(sizeof(int32_t) * (size_t)(m * k)), *ref = malloc(sizeof(int32_t) * (size_t)k);
+        cr_assert_eq(be->ops->top_k(be, v, ix, x, m, n, k), TRI_STATUS_OK);
+        for (int64_t i = 0; i < m; i++) {
+            naive_top_k(x + i * n, n, k, ref);
+            for (int64_t j = 0; j < k; j++) {
+                cr_assert_eq(ix[i * k + j], ref[j], "k=%lld row %lld rank %lld: %d vs %d", (long long)k, (long long)i,
+                             (long long)j, ix[i * k + j], ref[j]);
+                float want = x[i * n + ref[j]];
+                cr_assert(v[i * k + j] == want || (isnan(want) && isnan(v[i * k + j])));
+            }
+        }
+        free(v);
+        free(ix);
+        free(ref);
+    }
+    float v1;
+    int32_t i1;
+    cr_assert_eq(be->ops->top_k(be, &v1, &i1, x, 1, n, 0), TRI_STATUS_INVALID_ARGUMENT);
+    tri__backend_free(be);
+}
+
+// ---- RoPE tables (numpy, after HF) and rotations ----
+
+static tri_model_config rope_cfg(int32_t head_dim, float theta, tri_rope_scaling sc, float factor, int32_t orig) {
+    tri_model_config c;
+    memset(&c, 0, sizeof c);
+    c.head_dim = head_dim;
+    c.rope_theta = theta;
+    c.rope_scaling = sc;
+    c.rope_factor = factor;
+    c.rope_orig_ctx = orig;
+    c.rope_layout = TRI_ROPE_LAYOUT_HALF;
+    return c;
+}
+
+// Our table for cfg equals numpy's NAME.inv_freq.bin within 2e-6 relative (HF itself computes the
+// powers in float32, within a few ulp of numpy's float64 ones) and NAME.attn.bin within 1e-6.
+static void check_table(const char *name, const tri__rope *r) {
+    char fn[128];
+    size_t len;
+    snprintf(fn, sizeof fn, "%s.inv_freq.bin", name);
+    float *want = tt_read_file(tt_fixture("rope", fn), &len);
+    cr_assert_eq(len, sizeof(float) * (size_t)(r->head_dim / 2), "%s", name);
+    for (int i = 0; i < r->head_dim / 2; i++)
+        cr_assert(fabsf(r->inv_freq[i] - want[i]) <= 2e-6f * want[i], "%s inv_freq[%d] = %.9g, numpy %.9g", name, i,
+                  (double)r->inv_freq[i], (double)want[i]);
+    free(want);
+    snprintf(fn, sizeof fn, "%s.attn.bin", name);
+    float *attn = tt_read_file(tt_fixture("rope", fn), &len);
+    cr_assert_float_eq(r->attn_factor, attn[0], 1e-6f, "%s attention factor %g vs %g", name, (double)r->attn_factor,
+                       (double)attn[0]);
+    free(attn);
+}
+
+Test(cpu_backend, rope_tables_match_hf) {
+    tri__rope r;
+    tri_model_config c = rope_cfg(64, 10000, TRI_ROPE_SCALING_NONE, 1, 0);
+    cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK);
+    check_table("none", &r);
+    tri__rope_free(&r);
+
+    c = rope_cfg(64, 10000, TRI_ROPE_SCALING_LINEAR, 4, 0);
+    cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK);
+    check_table("linear", &r);
+    tri__rope_free(&r);
+
+    // NousResearch/Yarn-Llama-2-7b-128k: factor 32 over 4096, default betas, mscale from factor
+    c = rope_cfg(128, 10000, TRI_ROPE_SCALING_YARN, 32, 4096);
+    cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK);
+    check_table("yarn", &r);
+    tri__rope_free(&r);
+
+    c = rope_cfg(96, 10000, TRI_ROPE_SCALING_YARN, 8, 2048);
+    c.yarn_beta_fast = 16;
+    c.yarn_beta_slow = 2;
+    c.yarn_mscale = 1.25f;
+    cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK);
+    check_table("yarn_given", &r);
+    tri__rope_free(&r);
+
+    // Llama-3.1
+    c = rope_cfg(128, 500000, TRI_ROPE_SCALING_LLAMA3, 8, 8192);
+    c.llama3_low_freq_factor = 1;
+    c.llama3_high_freq_factor = 4;
+    cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK);
+    check_table("llama3", &r);
+    tri__rope_free(&r);
+
+    // GGUF rope_freqs divisors (they replace the Llama-3 rule)
+    size_t len;
+    float *div = tt_read_file(tt_fixture("rope", "freqs.div.bin"), &len);
+    cr_assert_eq(len, 32 * sizeof(float));
+    c = rope_cfg(64, 10000, TRI_ROPE_SCALING_LLAMA3, 8, 8192);
+    cr_assert_eq(tri__rope_init(&r, &c, div), TRI_STATUS_OK);
+    check_table("freqs", &r);
+    tri__rope_free(&r);
+    free(div);
+
+    c = rope_cfg(63, 10000, TRI_ROPE_SCALING_NONE, 1, 0);
+    cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_INVALID_ARGUMENT);
+    c = rope_cfg(64, 10000, TRI_ROPE_SCALING_YARN, 32, 0);
+    cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_INVALID_ARGUMENT, "YaRN without orig ctx");
+}
+
+Test(cpu_backend, rope_dynamic_ntk_follows_sequence_length) {
+    tri__rope r;
+    tri_model_config c = rope_cfg(128, 10000, TRI_ROPE_SCALING_DYNAMIC, 2, 4096);
+    cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK);
+    float base0 = r.inv_freq[10];
+    tri__rope_update(&r, 4000);  // within orig: unchanged
+    cr_assert_eq(r.inv_freq[10], base0);
+    tri__rope_update(&r, 10000);
+    check_table("dynamic", &r);
+    tri__rope_update(&r, 8000);  // shorter but past orig: HF keeps the longer table
+    check_table("dynamic", &r);
+    tri__rope_update(&r, 100);  // back below orig: the original table
+    cr_assert_eq(r.inv_freq[10], base0);
+    tri__rope_free(&r);
+}
+
+// The kernel against numpy's rotation of the same input with the same float32 table, both layouts.
+Test(cpu_backend, rope_rotates_both_layouts) {
+    static const char *names[] = {"yarn", "llama3", "dynamic"};
+    static const char *layouts[] = {"adjacent", "half"};
+    size_t len;
+    float *x0 = tt_read_file(tt_fixture("rope", "rot.x.bin"), &len);
+    int64_t m = 7, nh = 3, hd = 128;
+    cr_assert_eq(len, sizeof(float) * (size_t)(m * nh * hd));
+    int32_t *pos = tt_read_file(tt_fixture("rope", "rot.pos.bin"), &len);
+    cr_assert_eq(len, sizeof(int32_t) * (size_t)m);
+    tri__backend *be = make_backend(TRI_CPU_SIMD_AUTO);
+    float x[7 * 3 * 128];
+    for (int a = 0; a < 3; a++)
+        for (int l = 0; l < 2; l++) {
+            char fn[128];
+            snprintf(fn, sizeof fn, "%s.inv_freq.bin", names[a]);
+            float *inv = tt_read_file(tt_fixture("rope", fn), &len);
+            snprintf(fn, sizeof fn, "%s.attn.bin", names[a]);
+            float *attn = tt_read_file(tt_fixture("rope", fn), &len);
+            tri__rope r = {.layout = (tri_rope_layout)l, .head_dim = (int32_t)hd, .attn_factor = attn[0], .inv_freq = inv};
+            memcpy(x, x0, sizeof x);
+            cr_assert_eq(be->ops->rope(be, x, m, nh, pos, &r), TRI_STATUS_OK);
+            snprintf(fn, sizeof fn, "rot.%s.%s.bin", names[a], layouts[l]);
+            float *want = tt_read_file(tt_fixture("rope", fn), &len);
+            for (int64_t i = 0; i < m * nh * hd; i++)
+                cr_assert(fabsf(x[i] - want[i]) <= 1e-5f * (1 + fabsf(want[i])), "%s %s [%lld] %g vs numpy %g", names[a],
+                          layouts[l], (long long)i, (double)x[i], (double)want[i]);
+            free(inv);
+            free(attn);
+            free(want);
+        }
+    tri__backend_free(be);
+    free(x0);
+    free(pos);
+}
+
+// ---- attention ----
+
+// Naive attention for one query head against a flat list of (position, key, value): double
+// softmax over the visible keys. Also adds each key's probability to wsum (may be NULL).
+static void naive_attn(const float *q, int32_t qpos, int64_t hd, int64_t nk, const int32_t *kpos, const float *k,
+                       const float *v, double *out, double *wsum) {
+    double mx = -INFINITY, sum = 0;
+    double *s = malloc(sizeof(double) * (size_t)nk);
+    for (int64_t j = 0; j < nk; j++) {
+        s[j] = -INFINITY;
+        if (kpos[j] > qpos) continue;
+        double d = 0;
+        for (int64_t e = 0; e < hd; e++) d += (double)q[e] * k[j * hd + e];
+        s[j] = d / sqrt((double)hd);
+        mx = fmax(mx, s[j]);
+    }
+    for (int64_t e = 0; e < hd; e++) out[e] = 0;
+    for (int64_t j = 0; j < nk; j++) sum += kpos[j] <= qpos ? exp(s[j] - mx) : 0;
+    for (int64_t j = 0; j < nk; j++) {
+        if (kpos[j] > qpos) continue;
+        double p = exp(s[j] - mx) / sum;
+        for (int64_t e = 0; e < hd; e++) out[e] += p * v[j * hd + e];
+        if (wsum) wsum[j] += p;
+    }
+    free(s);
+}
+
+// A cache for one layer: per KV head nk keys with positions kpos, stored as f32 or f16 rows of
+// `stride` elements. Split into spans at the cut points (a span with explicit positions among them).
+typedef struct test_cache {
+    int64_t nkv, nk, hd, stride;
+    tri_dtype type;
+    float *k, *v;       // (nkv, nk, hd) f32 as the reference sees them (after f16 rounding)
+    void *ks, *vs;      // (nkv, nk, stride) stored
+    int32_t *kpos;      // (nk)
+} test_cache;
+
+static void cache_make(test_cache *c, int64_t nkv, int64_t nk, int64_t hd, tri_dtype type, float kscale) {
+    c->nkv = nkv, c->nk = nk, c->hd = hd, c->stride = hd + 3, c->type = type;
+    size_t es = type == TRI_DTYPE_F16 ? 2 : 4;
+    c->k = malloc(sizeof(float) * (size_t)(nkv * nk * hd));
+    c->v = malloc(sizeof(float) * (size_t)(nkv * nk * hd));
+    c->ks = calloc((size_t)(nkv * nk * c->stride), es);
+    c->vs = calloc((size_t)(nkv * nk * c->stride), es);
+    c->kpos = malloc(sizeof(int32_t) * (size_t)nk);
+    // positions with gaps, like a retrieval cache: 0..nk/2-1, then from 1000 on
+    for (int64_t j = 0; j < nk; j++) c->kpos[j] = (int32_t)(j < nk / 2 ? j : 1000 + j);
+    for (int64_t h = 0; h < nkv; h++)
+        for (int64_t j = 0; j < nk; j++)
+            for (int64_t e = 0; e < hd; e++) {
+                float kv[2] = {frand() * kscale, frand() * 2};
+                for (int w = 0; w < 2; w++) {
+                    size_t at = (size_t)((h * nk + j) * c->stride + e);
+                    if (type == TRI_DTYPE_F16) {
+                        uint16_t hv = tri__f32_to_f16(kv[w]);
+                        ((uint16_t *)(w ? c->vs : c->ks))[at] = hv;
+                        kv[w] = tri__f16_to_f32(hv);
+                    } else {
+                        ((float *)(w ? c->vs : c->ks))[at] = kv[w];
+                    }
+                    (w ? c->v : c->k)[(h * nk + j) * hd + e] = kv[w];
+                }
+            }
+}
+
+static void cache_free(test_cache *c) {
+    free(c->k), free(c->v), free(c->ks), free(c->vs), free(c->kpos);
+}
+
+// Spans for every head: cut at the given row indices; the second piece carries explicit positions.
+static void cache_view(const test_cache *c, const int64_t *cuts, int n_cuts, tri__kv_span *spans, int32_t *head_span,
+                       tri__kv_view *view) {
+    size_t es = c->type == TRI_DTYPE_F16 ? 2 : 4;
+    int32_t ns = 0;
+    for (int64_t h = 0; h < c->nkv; h++) {
+        head_span[h] = ns;
+        for (int p = 0; p <= n_cuts; p++) {
+            int64_t a = p == 0 ? 0 : cuts[p - 1], b = p == n_cuts ? c->nk : cuts[p];
+            const uint8_t *kb = (const uint8_t *)c->ks + (size_t)((h * c->nk + a) * c->stride) * es;
+            const uint8_t *vb = (const uint8_t *)c->vs + (size_t)((h * c->nk + a) * c->stride) * es;
+            // positions are consecutive within a piece except across nk/2; give explicit ones then
+            bool consecutive = c->kpos[b - 1] - c->kpos[a] == b - 1 - a;
+            spans[ns++] = (tri__kv_span){.pos0 = c->kpos[a], .n = (int32_t)(b - a), .k = kb, .v = vb,
+                                         .stride = c->stride, .pos = (consecutive && p != 1) ? NULL : c->kpos + a};
+        }
+    }
+    head_span[c->nkv] = ns;
+    *view = (tri__kv_view){.type = c->type, .n_head_kv = (int32_t)c->nkv, .spans = spans, .head_span = head_span};
+}
+
+static void check_attention(tri__backend *be, int lvl, tri_dtype type, int64_t nk, float kscale) {
+    int64_t nh = 6, nkv = 2, hd = 40, m = 4, g = nh / nkv;
+    test_cache c;
+    cache_make(&c, nkv, nk, hd, type, kscale);
+    float q[4 * 6 * 40], out[4 * 6 * 40], out1[4 * 6 * 40];
+    fill(q, m * nh * hd, 1.0f);
+    // queries: before any key's end, in the gap, inside the second half, past everything
+    int32_t qpos[4] = {3, 500, (int32_t)(1000 + nk - 5), 1 << 20};
+    int64_t cuts[3] = {1, nk / 2 + 7, nk - 2};
+    tri__kv_span spans[8], one[2];
+    int32_t head_span[3], head_one[3];
+    tri__kv_view view, whole;
+    cache_view(&c, cuts, 3, spans, head_span, &view);
+    cache_view(&c, NULL, 0, one, head_one, &whole);
+    float *ws = malloc(sizeof(float) * (size_t)(nkv * nk));
+    cr_assert_eq(be->ops->attention(be, out, q, qpos, m, nh, hd, &view, ws), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(be->ops->attention(be, out1, q, qpos, m, nh, hd, &whole, NULL), TRI_STATUS_OK);
+    double *wref = calloc((size_t)(nkv * nk), sizeof(double));
+    double ref[40];
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t h = 0; h < nh; h++) {
+            int64_t kh = h / g;
+            naive_attn(q + (i * nh + h) * hd, qpos[i], hd, nk, c.kpos, c.k + kh * nk * hd, c.v + kh * nk * hd, ref,
+                       wref + kh * nk);
+            for (int64_t e = 0; e < hd; e++) {
+                float got = out[(i * nh + h) * hd + e];
+                cr_assert(fabs(got - ref[e]) <= 2e-5 * (1 + fabs(ref[e])), "%s %s nk=%lld q%lld h%lld [%lld] %g vs %g",
+                          tri__cpu_simd_name((tri__cpu_simd)lvl), tri_dtype_name(type), (long long)nk, (long long)i,
+                          (long long)h, (long long)e, (double)got, ref[e]);
+                // split spans == one span over the concatenation (same keys, different tiling)
+                cr_assert(fabsf(got - out1[(i * nh + h) * hd + e]) <= 1e-5f * (1 + fabsf(got)));
+            }
+        }
+    for (int64_t j = 0; j < nkv * nk; j++)
+        cr_assert(fabs(ws[j] - wref[j]) <= 1e-5 * (1 + wref[j]), "weight sum %lld: %g vs %g", (long long)j,
+                  (double)ws[j], wref[j]);
+    free(ws);
+    free(wref);
+    cache_free(&c);
+}
+
+Test(cpu_backend, attention_gqa_spans_every_level) {
+    FOR_EACH_LEVEL({
+        for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_F16; t++) {
+            check_attention(be, lvl, t, 20, 1.0f);
+            check_attention(be, lvl, t, 601, 3.0f);  // several tiles of keys, peaked scores
+        }
+    });
+}
+
+Test(cpu_backend, attention_causal_mask) {
+    // One KV head, keys at positions 0..9; key 5..9 have huge scores and distinct values. A query
+    // at position 4 must ignore them entirely; the query at 9 must be dominated by them.
+    int64_t hd = 8, nk = 10;
+    float k[10 * 8], v[10 * 8], q[2 * 8], out[2 * 8];
+    for (int64_t j = 0; j < nk; j++)
+        for (int64_t e = 0; e < hd; e++) {
+            k[j * hd + e] = j >= 5 ? 10.0f : 0.0f;
+            v[j * hd + e] = j >= 5 ? 100.0f : (float)j;
+        }
+    for (int64_t e = 0; e < 2 * hd; e++) q[e] = 1.0f;
+    int32_t qpos[2] = {4, 9}, head_span[2] = {0, 1};
+    tri__kv_span sp = {.pos0 = 0, .n = 10, .k = k, .v = v, .stride = hd};
+    tri__kv_view view = {.type = TRI_DTYPE_F32, .n_head_kv = 1, .spans = &sp, .head_span = head_span};
+    FOR_EACH_LEVEL({
+        cr_assert_eq(be->ops->attention(be, out, q, qpos, 2, 1, hd, &view, NULL), TRI_STATUS_OK);
+        for (int64_t e = 0; e < hd; e++) {
+            cr_assert_float_eq(out[e], 2.0f, 1e-5f, "uniform over keys 0..4: mean 2, got %g", (double)out[e]);
+            cr_assert_float_eq(out[hd + e], 100.0f, 1e-3f);
+        }
+        // a query before every key sees nothing: zeros
+        int32_t early = -1;
+        sp.pos0 = 0;
+        cr_assert_eq(be->ops->attention(be, out, q, &early, 1, 1, hd, &view, NULL), TRI_STATUS_OK);
+        for (int64_t e = 0; e < hd; e++) cr_assert_eq(out[e], 0.0f);
+    });
+}
