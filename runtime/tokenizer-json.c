@@ -338,11 +338,9 @@ static tri_status load_json(json_object *root, const char *name, tri__tokenizer 
     }
 
     read_post_processor(t, get(root, "post_processor"));
-    if (kind == TRI_TOKENIZER_SPM && t->bos < 0) {
-        // Converted Llama-2 tokenizers: <s> and </s>, BOS added, as SentencePiece does.
-        t->bos = tri__tokenizer_find(t, "<s>", 3);
-        t->add_bos = t->bos >= 0;
-    }
+    // Converted Llama-2 tokenizers name <s> and </s>; whether BOS is added is the
+    // post-processor's business, as in HF tokenizers.
+    if (kind == TRI_TOKENIZER_SPM && t->bos < 0) t->bos = tri__tokenizer_find(t, "<s>", 3);
     if (kind == TRI_TOKENIZER_SPM && t->eos < 0) t->eos = tri__tokenizer_find(t, "</s>", 4);
     if ((st = tri__tok_finish(t))) goto fail;
     *out = t;

@@ -155,6 +155,16 @@ Test(tokenizer, spm_gguf_matches_sentencepiece) {
     tri__gguf_close(g);
 }
 
+Test(tokenizer, spm_tokenizer_json_matches_hf_tokenizers) {
+    tri__tokenizer *t = load_json_fixture("spm-hf.json");
+    cr_assert_eq(tri__tokenizer_kind(t), TRI_TOKENIZER_SPM);
+    cr_assert(!t->merge_by_score, "converted tokenizers merge by rank");
+    check_cases(t, "spm-hf-cases.json", true, true);
+    // The same vocabulary from tokenizer.model gives SentencePiece's ids too.
+    check_cases(t, "spm-cases.json", false, false);
+    tri__tokenizer_free(t);
+}
+
 // ---- byte-level BPE ----
 
 Test(tokenizer, bpe_llama3_gguf_matches_hf_tokenizers) {
@@ -574,6 +584,8 @@ Test(tokenizer, fuzz_seeds_load_and_encode_by_hand) {
     // SentencePiece-style tokenizer.json: "▁" prefix, merges by rank, byte fallback for "A".
     t = load_seed("spm.json");
     cr_assert_eq(tri__tokenizer_kind(t), TRI_TOKENIZER_SPM);
-    expect_encode(t, "a A", true, false, (const int32_t[]){1, 5, 3, 2}, 4);
+    expect_encode(t, "a A", true, false, (const int32_t[]){5, 3, 2}, 3);
+    cr_assert_eq(tri__tokenizer_bos(t), 1);
+    cr_assert(!tri__tokenizer_add_bos(t), "no post-processor: no BOS, as in HF");
     tri__tokenizer_free(t);
 }
