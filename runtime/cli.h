@@ -8,6 +8,7 @@
 // the process exit status: 0 ok, 1 failure, 2 bad usage.
 int tri_cli_info(int argc, char **argv);
 int tri_cli_generate(int argc, char **argv);
+int tri_cli_tokenize(int argc, char **argv);
 
 // Prints "offload-run: <what>: <last error>" to stderr; returns 1.
 int tri_cli_fail(const char *what, tri_status status);

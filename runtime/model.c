@@ -132,6 +132,18 @@ static tri_status bind_all(tri_model *m) {
 
 // ---- GGUF ----
 
+// A tokenizer this runtime does not support leaves the model usable with token ids: warn and go
+// on without one. Any other failure (a broken file) fails the load.
+static tri_status keep_tokenizer(tri_model *m, tri_status st) {
+    if (st == TRI_STATUS_UNSUPPORTED) {
+        tri__log(TRI_LOG_LEVEL_WARN, "%s: continuing without a tokenizer: %s", m->path,
+                 tri_last_error());
+        return TRI_STATUS_OK;
+    }
+    if (st == TRI_STATUS_OK) m->info.tokenizer = tri__tokenizer_kind(m->tokenizer);
+    return st;
+}
+
 static tri_status load_gguf(tri_model *m, const tri_model_params *params) {
     tri_status st = tri__gguf_open(m->path, &m->gguf);
     if (st) return st;
@@ -164,6 +176,8 @@ static tri_status load_gguf(tri_model *m, const tri_model_params *params) {
     }
     m->info.format = TRI_FILE_FORMAT_GGUF;
     m->info.n_files = 1;
+    if (tri__gguf_find(g, "tokenizer.ggml.model"))
+        return keep_tokenizer(m, tri__tokenizer_from_gguf(g, &m->tokenizer));
     return TRI_STATUS_OK;
 }
 
@@ -214,6 +228,8 @@ static tri_status load_hf(tri_model *m, const tri_model_params *params) {
         m->config.tied_embeddings = true;
     m->info.format = TRI_FILE_FORMAT_SAFETENSORS;
     m->info.n_files = tri__st_model_n_files(m->st);
+    if (tri__tokenizer_in_dir(dir))
+        return keep_tokenizer(m, tri__tokenizer_from_dir(dir, &m->tokenizer));
     return TRI_STATUS_OK;
 }
 
@@ -261,19 +277,11 @@ tri_status tri_model_load(const char *path, const tri_model_params *params, tri_
     if ((st = hf ? load_hf(m, params) : load_gguf(m, params))) goto fail;
     if ((st = bind_all(m))) goto fail;
 
-    // A model without a tokenizer still runs on token ids; a broken tokenizer is an error.
-    st = hf ? tri__tokenizer_from_dir(tri__st_model_dir(m->st), &m->tokenizer)
-            : tri__tokenizer_from_gguf(m->gguf, &m->tokenizer);
-    if (st == TRI_STATUS_NOT_FOUND) {
-        m->tokenizer = NULL;
-    } else if (st) {
-        goto fail;
-    } else if (tri__tokenizer_n_vocab(m->tokenizer) > m->config.n_vocab) {
+    if (m->tokenizer && tri__tokenizer_n_vocab(m->tokenizer) > m->config.n_vocab) {
         st = tri__fail(TRI_STATUS_BAD_FORMAT, "%s: tokenizer has %d tokens, the model's vocabulary only %d",
                        path, tri__tokenizer_n_vocab(m->tokenizer), m->config.n_vocab);
         goto fail;
     }
-    m->info.tokenizer = m->tokenizer ? tri__tokenizer_kind(m->tokenizer) : TRI_TOKENIZER_NONE;
 
     m->info.architecture = m->arch;
     m->info.name = m->name;

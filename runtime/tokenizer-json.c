@@ -338,11 +338,9 @@ static tri_status load_json(json_object *root, const char *name, tri__tokenizer 
     }
 
     read_post_processor(t, get(root, "post_processor"));
-    if (kind == TRI_TOKENIZER_SPM && t->bos < 0) {
-        // Converted Llama-2 tokenizers: <s> and </s>, BOS added, as SentencePiece does.
-        t->bos = tri__tokenizer_find(t, "<s>", 3);
-        t->add_bos = t->bos >= 0;
-    }
+    // Converted Llama-2 tokenizers name <s> and </s>; whether BOS is added is the
+    // post-processor's business, as in HF tokenizers.
+    if (kind == TRI_TOKENIZER_SPM && t->bos < 0) t->bos = tri__tokenizer_find(t, "<s>", 3);
     if (kind == TRI_TOKENIZER_SPM && t->eos < 0) t->eos = tri__tokenizer_find(t, "</s>", 4);
     if ((st = tri__tok_finish(t))) goto fail;
     *out = t;
@@ -424,6 +422,18 @@ tri_status tri__tokenizer_from_json_file(const char *path, tri__tokenizer **out)
 }
 
 // ---- a model directory ----
+
+bool tri__tokenizer_in_dir(const char *dir) {
+    char path[4096];
+    struct stat sb;
+    for (int i = 0; i < 2; i++) {
+        const char *file = i ? "tokenizer.model" : "tokenizer.json";
+        if (snprintf(path, sizeof path, "%s/%s", dir, file) < (int)sizeof path &&
+            stat(path, &sb) == 0)
+            return true;
+    }
+    return false;
+}
 
 tri_status tri__tokenizer_from_dir(const char *dir, tri__tokenizer **out) {
     *out = NULL;

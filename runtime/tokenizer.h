@@ -45,6 +45,8 @@ typedef struct tri__tokenizer tri__tokenizer;
 tri_status tri__tokenizer_from_gguf(const struct tri__gguf *g, tri__tokenizer **out);
 // From dir/tokenizer.json, else dir/tokenizer.model. NOT_FOUND when neither exists.
 tri_status tri__tokenizer_from_dir(const char *dir, tri__tokenizer **out);
+// Whether dir holds tokenizer.json or tokenizer.model (no error recorded either way).
+bool tri__tokenizer_in_dir(const char *dir);
 // One file: an HF tokenizer.json, or a SentencePiece model (tokenizer.model).
 tri_status tri__tokenizer_from_json_file(const char *path, tri__tokenizer **out);
 tri_status tri__tokenizer_from_json_buf(const char *buf, size_t len, const char *name,

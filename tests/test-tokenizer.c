@@ -9,7 +9,7 @@
 #include "gguf.h"
 #include "model.h"
 #include "test-util.h"
-#include "tokenizer.h"
+#include "tokenizer-impl.h"
 #include "unicode.h"
 
 // ---- helpers ----
@@ -153,6 +153,16 @@ Test(tokenizer, spm_gguf_matches_sentencepiece) {
     check_cases(t, "spm-cases.json", false, true);
     tri__tokenizer_free(t);
     tri__gguf_close(g);
+}
+
+Test(tokenizer, spm_tokenizer_json_matches_hf_tokenizers) {
+    tri__tokenizer *t = load_json_fixture("spm-hf.json");
+    cr_assert_eq(tri__tokenizer_kind(t), TRI_TOKENIZER_SPM);
+    cr_assert(!t->merge_by_score, "converted tokenizers merge by rank");
+    check_cases(t, "spm-hf-cases.json", true, true);
+    // The same vocabulary from tokenizer.model gives SentencePiece's ids too.
+    check_cases(t, "spm-cases.json", false, false);
+    tri__tokenizer_free(t);
 }
 
 // ---- byte-level BPE ----
@@ -534,4 +544,48 @@ Test(tokenizer, smollm2_gguf_matches_hf_tokenizers) {
     json_object_put(j);
     tri__tokenizer_free(t);
     tri__gguf_close(g);
+}
+
+// ---- the fuzz seeds: small hand-written files of each supported shape ----
+
+static tri__tokenizer *load_seed(const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/fuzz/corpus-tokenizer-json/%s", getenv("TRI_TEST_SRC"), name);
+    tri__tokenizer *t = NULL;
+    cr_assert_eq(tri__tokenizer_from_json_file(path, &t), TRI_STATUS_OK, "%s: %s", name,
+                 tri_last_error());
+    return t;
+}
+
+static void expect_encode(const tri__tokenizer *t, const char *text, bool add, bool special,
+                          const int32_t *want, int64_t n_want) {
+    int32_t *ids;
+    int64_t n;
+    cr_assert_eq(tri__tokenizer_encode(t, text, strlen(text), add, special, &ids, &n),
+                 TRI_STATUS_OK);
+    cr_assert_eq(n, n_want, "'%s': %lld ids, want %lld", text, (long long)n, (long long)n_want);
+    for (int64_t i = 0; i < n; i++) cr_assert_eq(ids[i], want[i], "'%s': id %lld", text, (long long)i);
+    free(ids);
+}
+
+Test(tokenizer, fuzz_seeds_load_and_encode_by_hand) {
+    tri__tokenizer *t = load_seed("gpt2.json");
+    // "Hello w": H e l l o -> He ll -> Hell + o; " w" -> Ġw. BOS from the template.
+    expect_encode(t, "Hello w", true, true, (const int32_t[]){7, 8, 3, 9}, 4);
+    expect_encode(t, "<|im_start|>", false, true, (const int32_t[]){7}, 1);
+    tri__tokenizer_free(t);
+    t = load_seed("smollm.json");
+    expect_encode(t, "ab12 ab", false, false, (const int32_t[]){4, 0, 1, 6}, 4);
+    tri__tokenizer_free(t);
+    t = load_seed("llama3.json");
+    cr_assert(t->ignore_merges);
+    expect_encode(t, "xy\n\n", false, false, (const int32_t[]){2, 4}, 2);
+    tri__tokenizer_free(t);
+    // SentencePiece-style tokenizer.json: "▁" prefix, merges by rank, byte fallback for "A".
+    t = load_seed("spm.json");
+    cr_assert_eq(tri__tokenizer_kind(t), TRI_TOKENIZER_SPM);
+    expect_encode(t, "a A", true, false, (const int32_t[]){5, 3, 2}, 3);
+    cr_assert_eq(tri__tokenizer_bos(t), 1);
+    cr_assert(!tri__tokenizer_add_bos(t), "no post-processor: no BOS, as in HF");
+    tri__tokenizer_free(t);
 }
