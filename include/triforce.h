@@ -340,6 +340,124 @@ TRI_API tri_status tri_detokenizer_push(tri_detokenizer *d, int32_t id, const ch
 TRI_API tri_status tri_detokenizer_flush(tri_detokenizer *d, const char **text, size_t *len);
 TRI_API void tri_detokenizer_free(tri_detokenizer *d);
 
+// ---- placement planning for offloaded decoding ----
+//
+// Pure computation, no GPU needed: from a model's shapes, a context length, device and host
+// memory budgets and bandwidths, decide which layers' weights stay on the GPU(s), which stream
+// from pinned host memory or from the model file, how many layers keep their full KV cache on the
+// GPU (`on_chip`), the buffer and retrieval cache sizes, and predict the time of one TriForce
+// round and per emitted token. docs/offload.md describes the model and its assumptions.
+
+typedef enum tri_plan_mode {
+    TRI_PLAN_MODE_TRIFORCE = 0,       // L1 draft + L2 retrieval cache + L3 full cache (offloaded)
+    TRI_PLAN_MODE_AUTOREGRESSIVE = 1, // plain decoding over the offloaded cache: no draft, no
+                                      // retrieval cache, one token per pass
+} tri_plan_mode;
+
+// The shapes and stored sizes the planner needs.
+typedef struct tri_plan_model {
+    tri_model_config config;  // n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab,
+                              // tied_embeddings are used
+    uint64_t layer_bytes;     // bytes of one transformer block's weights as stored (the largest
+                              // block); 0: computed from config and weight_type
+    uint64_t other_bytes;     // token embedding, output norm and output head; 0: computed
+    tri_dtype weight_type;    // type of the weight matrices, for the computed sizes (norms f32)
+} tri_plan_model;
+
+// The shapes of config with weights of weight_type (F32, F16, BF16, Q8_0, Q4_0, Q4_1), sizes
+// left 0 (computed).
+TRI_API tri_plan_model tri_plan_model_from_config(const tri_model_config *config,
+                                                  tri_dtype weight_type);
+// The shapes of a loaded model with the stored sizes of its tensors.
+TRI_API void tri_plan_model_from_model(const tri_model *model, tri_plan_model *out);
+
+typedef struct tri_plan_params {
+    tri_plan_mode mode;
+    int32_t n_ctx;               // tokens of context to plan for (prompt + generated); 0: the
+                                 // model's n_ctx_train
+    int32_t n_gpu;               // GPUs, tensor parallel (heads split as TriForce's offloading
+                                 // code does), each with its own PCIe link; 0: 1
+    uint64_t gpu_mem_bytes;      // device memory budget per GPU (--gpu-mem); 0: 24 GiB
+    uint64_t gpu_reserve_bytes;  // per GPU, kept out of the plan for the CUDA context, cuBLAS
+                                 // workspace and fragmentation; default 1 GiB; 0: none
+    uint64_t host_mem_bytes;     // pinned host memory budget (--host-mem); 0: unlimited
+    double pcie_gbps;            // host-to-device GB/s (1e9 bytes) per GPU; 0: 25
+    double disk_gbps;            // model file read GB/s (O_DIRECT); 0: 3
+    double gpu_mem_gbps;         // device memory GB/s per GPU; 0: 1008 (RTX 4090)
+    double gpu_tflops;           // sustained f16 TFLOPS per GPU; 0: 80
+    double layer_overhead_us;    // fixed cost per layer and forward pass (launches, sync) in us;
+                                 // default 20; 0: none
+    tri_dtype kv_type;           // F16 (default) or F32
+    // TriForce levels (ignored in AUTOREGRESSIVE mode)
+    int32_t retrieval_budget;    // tokens of the L2 retrieval cache; 0: 8192 on one GPU, 12288 on
+                                 // two or more (the paper's offloading settings)
+    int32_t chunk_size;          // tokens per retrieval chunk; 0: 8
+    int32_t gamma1;              // L1 drafts per L2 verification; 0: 2
+    int32_t gamma2;              // L2 tokens per L3 verification; 0: 12
+    double accept_l1;            // probability that L2 accepts an L1 token; 0: 0.7 (assumed)
+    double accept_l2;            // probability that L3 accepts an L2 token; 0: 0.9 (assumed)
+    uint64_t draft_bytes;        // L1 draft model weights; 0: 136 MB (llama-68m in f16)
+    int32_t draft_n_layer;       // its layers; 0: 2
+} tri_plan_params;
+
+TRI_API tri_plan_params tri_plan_default_params(void);
+
+// A placement and its predicted cost. Bytes "per GPU" are what each of the n_gpu devices holds.
+typedef struct tri_plan {
+    tri_plan_params params;          // with every default resolved
+    tri_plan_model model;            // with the computed sizes filled in
+    int32_t n_layer;
+    int32_t n_weights_gpu;           // layers whose weights are resident on the GPU(s)
+    int32_t n_weights_host;          // layers whose weights stream from pinned host memory
+    int32_t n_weights_disk;          // layers whose weights are read from the model file per pass
+    int32_t on_chip;                 // first layers whose full KV cache stays on the GPU(s)
+    int32_t n_kv_host;               // layers whose KV cache lives in host memory and streams
+    int32_t retrieval_budget;        // tokens of the retrieval cache; 0 in AUTOREGRESSIVE mode
+    uint64_t kv_layer_bytes;         // K and V of one layer at n_ctx, all GPUs together
+    uint64_t weight_layer_bytes;     // one block's weights, all GPUs together
+    // device, per GPU
+    uint64_t gpu_weight_bytes;       // resident blocks + embedding/head
+    uint64_t gpu_kv_bytes;           // KV of the on-chip layers
+    uint64_t gpu_kv_buffer_bytes;    // two layers of streamed KV (double buffer); 0 if none stream
+    uint64_t gpu_weight_buffer_bytes;// two blocks of streamed weights; 0 if all are resident
+    uint64_t gpu_retrieval_bytes;    // retrieval cache (budget + slots for new tokens)
+    uint64_t gpu_draft_bytes;        // draft weights and its StreamingLLM cache
+    uint64_t gpu_act_bytes;          // activations and logits
+    uint64_t gpu_total_bytes;        // all of the above + gpu_reserve_bytes
+    // host
+    uint64_t host_kv_bytes;          // offloaded KV
+    uint64_t host_weight_bytes;      // streamed weights held in pinned memory
+    uint64_t host_summary_bytes;     // chunk summaries (mean keys) for retrieval
+    uint64_t host_staging_bytes;     // pinned staging buffers for weights read from disk
+    uint64_t host_total_bytes;
+    // predicted cost, seconds unless said otherwise
+    double t_l3;                     // one L3 pass (verification over the full cache)
+    double t_l2;                     // one L2 pass (gamma1 + 1 tokens over the retrieval cache)
+    double t_l1;                     // one L1 draft token
+    double l2_passes;                // expected L2 passes per round
+    double l1_passes;                // expected L1 passes per round
+    double tokens_per_round;         // expected tokens emitted per L3 pass
+    double t_round;
+    double t_token;                  // t_round / tokens_per_round
+    uint64_t pcie_bytes_l3;          // host-to-device bytes of one L3 pass, all GPUs
+    uint64_t pcie_bytes_l2;          // host-to-device bytes of one L2 pass (streamed weights)
+    double pcie_bytes_token;         // per emitted token
+    double t_token_pcie_floor;       // pcie_bytes_token over the aggregate PCIe bandwidth
+    double t_token_ar;               // AUTOREGRESSIVE mode under the same budgets (its own
+                                     // placement); equals t_token in that mode
+} tri_plan;
+
+// Plans model under params (NULL: defaults). INVALID_ARGUMENT for impossible parameters;
+// DEVICE_OUT_OF_MEMORY when the device budget cannot hold what must be on the GPU (the message
+// says what and how much); OUT_OF_MEMORY when the host budget cannot hold the offloaded KV cache.
+TRI_API tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *params,
+                                    tri_plan *out);
+
+// Writes the plan as a human-readable table into buf (cap bytes, NUL-terminated); *n_out (may
+// be NULL) receives the length it needs without the NUL. buf may be NULL with cap 0 to ask the
+// size; a smaller cap truncates and fails with INVALID_ARGUMENT.
+TRI_API tri_status tri_plan_format(const tri_plan *plan, char *buf, size_t cap, size_t *n_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,6 +7,7 @@
 // Each takes the arguments after "offload-run" (argv[0] is the subcommand's name) and returns
 // the process exit status: 0 ok, 1 failure, 2 bad usage.
 int tri_cli_info(int argc, char **argv);
+int tri_cli_plan(int argc, char **argv);
 int tri_cli_generate(int argc, char **argv);
 int tri_cli_tokenize(int argc, char **argv);
 

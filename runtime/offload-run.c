@@ -11,6 +11,7 @@ static const struct {
 } commands[] = {
     {"generate", tri_cli_generate, "generate text after a prompt, streamed as it is produced"},
     {"info", tri_cli_info, "describe a model: architecture, config, tokenizer, tensors"},
+    {"plan", tri_cli_plan, "place weights and KV on GPU, host and disk; predict time per token"},
     {"tokenize", tri_cli_tokenize, "text to token ids (and pieces) with a model's tokenizer"},
 };
 

@@ -1,0 +1,480 @@
+// planner.c - placement of weights and KV across GPU, pinned host memory and disk, and the
+// predicted time of a TriForce round. Pure computation; docs/offload.md explains the model.
+#include "planner.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "error.h"
+#include "model.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+// Slots of the retrieval cache for tokens generated since the last refresh.
+#define RETRIEVAL_SLACK 256
+// The draft's StreamingLLM cache and activations, beside its weights.
+#define DRAFT_EXTRA_BYTES ((uint64_t)16 << 20)
+// Staging buffers for weights read from disk: layer i being uploaded, i + 1 and i + 2 being read.
+#define DISK_STAGING_LAYERS 3
+
+// ---- sizes ----
+
+double tri__plan_expected_tokens(double alpha, int32_t gamma) {
+    if (gamma < 0) gamma = 0;
+    if (alpha >= 1.0) return (double)gamma + 1.0;
+    if (alpha <= 0.0) return 1.0;
+    return (1.0 - pow(alpha, (double)gamma + 1.0)) / (1.0 - alpha);
+}
+
+static uint64_t matrix_bytes(tri_dtype t, int64_t rows, int64_t cols) {
+    int64_t row = tri__dtype_row_bytes(t, cols);
+    return row < 0 ? 0 : (uint64_t)row * (uint64_t)rows;
+}
+
+uint64_t tri__plan_layer_bytes(const tri_model_config *c, tri_dtype t) {
+    int64_t q = (int64_t)c->n_head * c->head_dim, kv = (int64_t)c->n_head_kv * c->head_dim;
+    uint64_t parts[] = {
+        matrix_bytes(t, q, c->n_embd),         // wq
+        matrix_bytes(t, kv, c->n_embd),        // wk
+        matrix_bytes(t, kv, c->n_embd),        // wv
+        matrix_bytes(t, c->n_embd, q),         // wo
+        matrix_bytes(t, c->n_ff, c->n_embd),   // gate
+        matrix_bytes(t, c->n_ff, c->n_embd),   // up
+        matrix_bytes(t, c->n_embd, c->n_ff),   // down
+    };
+    uint64_t sum = 2 * (uint64_t)c->n_embd * 4;  // two norms, f32
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        if (parts[i] == 0) return 0;
+        sum += parts[i];
+    }
+    return sum;
+}
+
+uint64_t tri__plan_other_bytes(const tri_model_config *c, tri_dtype t) {
+    uint64_t embd = matrix_bytes(t, c->n_vocab, c->n_embd);
+    if (embd == 0) return 0;
+    return embd * (c->tied_embeddings ? 1 : 2) + (uint64_t)c->n_embd * 4;
+}
+
+tri_plan_model tri_plan_model_from_config(const tri_model_config *config, tri_dtype weight_type) {
+    tri_plan_model m;
+    memset(&m, 0, sizeof m);
+    m.config = *config;
+    m.weight_type = weight_type;
+    return m;
+}
+
+void tri_plan_model_from_model(const tri_model *model, tri_plan_model *out) {
+    memset(out, 0, sizeof *out);
+    out->config = model->config;
+    out->weight_type = model->layers && model->n_tensors > 0 && model->layers[0].wq
+                           ? model->layers[0].wq->type
+                           : TRI_DTYPE_F16;
+    uint64_t other = 0, layer_max = 0;
+    for (int32_t l = 0; l < model->config.n_layer; l++) {
+        char prefix[32];
+        int n = snprintf(prefix, sizeof prefix, "blk.%d.", l);
+        uint64_t sum = 0;
+        for (int64_t i = 0; i < model->n_tensors; i++)
+            if (strncmp(model->tensors[i].name, prefix, (size_t)n) == 0)
+                sum += model->tensors[i].n_bytes;
+        if (sum > layer_max) layer_max = sum;
+    }
+    for (int64_t i = 0; i < model->n_tensors; i++)
+        if (strncmp(model->tensors[i].name, "blk.", 4) != 0) other += model->tensors[i].n_bytes;
+    out->layer_bytes = layer_max;
+    out->other_bytes = other;
+}
+
+tri_plan_params tri_plan_default_params(void) {
+    return (tri_plan_params){
+        .mode = TRI_PLAN_MODE_TRIFORCE,
+        .n_ctx = 0,
+        .n_gpu = 1,
+        .gpu_mem_bytes = (uint64_t)24 << 30,
+        .gpu_reserve_bytes = (uint64_t)1 << 30,
+        .host_mem_bytes = 0,
+        .pcie_gbps = 25.0,
+        .disk_gbps = 3.0,
+        .gpu_mem_gbps = 1008.0,
+        .gpu_tflops = 80.0,
+        .layer_overhead_us = 20.0,
+        .kv_type = TRI_DTYPE_F16,
+        .retrieval_budget = 0,
+        .chunk_size = 8,
+        .gamma1 = 2,
+        .gamma2 = 12,
+        .accept_l1 = 0.7,
+        .accept_l2 = 0.9,
+        .draft_bytes = 136000000,
+        .draft_n_layer = 2,
+    };
+}
+
+// ---- placement ----
+
+static uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+static double gib(uint64_t b) { return (double)b / GIB; }
+
+// What the planner works with, resolved once.
+typedef struct ctx {
+    tri_plan_params p;
+    const tri_model_config *c;
+    int32_t L, G;
+    uint64_t W, K;        // one block's weights, one layer's KV at n_ctx (all GPUs)
+    uint64_t kv_tok;      // KV bytes of one token in one layer (all GPUs)
+    uint64_t other;
+    double params_layer;  // weight elements of one block
+    double B, D, H, F;    // aggregate PCIe, disk, device memory bytes/s; FLOP/s
+} ctx;
+
+// The time of one forward pass of m tokens attending to c keys per layer, with the placement in
+// plan; kv_streams: the KV of layers >= on_chip comes over PCIe. *pcie receives the bytes moved.
+static double pass_time(const ctx *x, const tri_plan *plan, int64_t m, int64_t c, bool kv_streams,
+                        uint64_t *pcie) {
+    const tri_model_config *cf = x->c;
+    double ovh = x->p.layer_overhead_us * 1e-6;
+    double t = 0, computed = 0, fill = -1;
+    uint64_t bytes = 0;
+    for (int32_t i = 0; i < x->L; i++) {
+        bool w_gpu = i < plan->n_weights_gpu;
+        bool w_disk = i >= plan->n_weights_gpu + plan->n_weights_host;
+        bool kv = kv_streams && i >= plan->on_chip;
+        uint64_t layer_pcie = (kv ? x->K * (uint64_t)c / (uint64_t)plan->params.n_ctx : 0) +
+                              (w_gpu ? 0 : x->W);
+        double t_x = (double)layer_pcie / x->B;
+        double t_d = w_disk ? (double)x->W / x->D : 0;
+        double flops = 2.0 * x->params_layer * (double)m +
+                       4.0 * (double)m * (double)c * cf->n_head * cf->head_dim;
+        double rd = (double)x->W + (double)c * (double)x->kv_tok;
+        double t_c = fmax(rd / x->H, flops / x->F) + ovh;
+        double t_in = fmax(t_x, t_d);
+        // The first streamed layer cannot hide behind a previous layer of this pass beyond what
+        // the layers before it compute; later ones overlap with their predecessor (double
+        // buffer).
+        if (layer_pcie > 0 && fill < 0) fill = fmax(0.0, t_in - computed);
+        t += fmax(t_in, t_c);
+        computed += t_c;
+        bytes += layer_pcie;
+    }
+    // output norm and head: read once per pass
+    t += (double)x->other / (x->c->tied_embeddings ? 1.0 : 2.0) / x->H + ovh;
+    if (pcie) *pcie = bytes;
+    return t + (fill > 0 ? fill : 0);
+}
+
+static tri_status plan_mode(const ctx *x, tri_plan *out) {
+    const tri_plan_params *p = &x->p;
+    bool tf = p->mode == TRI_PLAN_MODE_TRIFORCE;
+    uint64_t G = (uint64_t)x->G;
+    int32_t L = x->L;
+    uint64_t Wg = div_up(x->W, G), Kg = div_up(x->K, G);
+
+    out->n_layer = L;
+    out->kv_layer_bytes = x->K;
+    out->weight_layer_bytes = x->W;
+    out->retrieval_budget = tf ? p->retrieval_budget : 0;
+
+    // ---- device: what must be there ----
+    int64_t m_max = tf ? (int64_t)p->gamma2 + 1 : 1;
+    const tri_model_config *c = x->c;
+    out->gpu_act_bytes = (uint64_t)m_max * ((uint64_t)6 * c->n_embd + 3 * (uint64_t)c->n_ff +
+                                            (uint64_t)c->n_vocab) * 4 +
+                         ((uint64_t)16 << 20);  // attention tiles, small buffers
+    out->gpu_retrieval_bytes =
+        tf ? div_up(((uint64_t)p->retrieval_budget + RETRIEVAL_SLACK) * x->kv_tok * (uint64_t)L, G)
+           : 0;
+    out->gpu_draft_bytes = tf ? p->draft_bytes + DRAFT_EXTRA_BYTES : 0;
+    uint64_t other_g = div_up(x->other, G);
+    uint64_t fixed = p->gpu_reserve_bytes + other_g + out->gpu_act_bytes +
+                     out->gpu_retrieval_bytes + out->gpu_draft_bytes;
+    if (fixed > p->gpu_mem_bytes)
+        return tri__fail(TRI_STATUS_DEVICE_OUT_OF_MEMORY,
+                         "plan: a device budget of %.2f GiB per GPU cannot hold what must stay on "
+                         "the GPU: %.2f GiB (reserve %.2f, embeddings and head %.2f, retrieval "
+                         "cache %.2f for %d tokens, draft %.2f, activations %.2f)",
+                         gib(p->gpu_mem_bytes), gib(fixed), gib(p->gpu_reserve_bytes),
+                         gib(other_g), gib(out->gpu_retrieval_bytes), out->retrieval_budget,
+                         gib(out->gpu_draft_bytes), gib(out->gpu_act_bytes));
+    uint64_t avail = p->gpu_mem_bytes - fixed;
+
+    // ---- device: weights first, then KV ----
+    // A resident block saves its bytes on every pass (L3 and each L2), an on-chip KV layer only
+    // on L3 passes, so per byte of device memory weights come first.
+    int32_t n_res = -1, on_chip = 0;
+    for (int32_t r = L; r >= 0 && n_res < 0; r--) {
+        uint64_t wbuf = (uint64_t)(L - r < 2 ? L - r : 2) * Wg;
+        uint64_t used = (uint64_t)r * Wg + wbuf;
+        if (used > avail) continue;
+        uint64_t left = avail - used;
+        for (int32_t k = L; k >= 0; k--) {
+            uint64_t kbuf = (uint64_t)(L - k < 2 ? L - k : 2) * Kg;
+            if ((uint64_t)k * Kg + kbuf <= left) {
+                n_res = r;
+                on_chip = k;
+                break;
+            }
+        }
+    }
+    if (n_res < 0)
+        return tri__fail(TRI_STATUS_DEVICE_OUT_OF_MEMORY,
+                         "plan: a device budget of %.2f GiB per GPU leaves %.2f GiB after the "
+                         "fixed parts, less than the double buffers for streaming: KV 2 x %.2f "
+                         "GiB (one layer at %d tokens) and weights 2 x %.2f GiB",
+                         gib(p->gpu_mem_bytes), gib(avail), gib(Kg), p->n_ctx, gib(Wg));
+    out->n_weights_gpu = n_res;
+    out->on_chip = on_chip;
+    out->n_kv_host = L - on_chip;
+    int32_t n_stream = L - n_res;
+    out->gpu_weight_bytes = (uint64_t)n_res * Wg + other_g;
+    out->gpu_kv_bytes = (uint64_t)on_chip * Kg;
+    out->gpu_kv_buffer_bytes = (uint64_t)(out->n_kv_host < 2 ? out->n_kv_host : 2) * Kg;
+    out->gpu_weight_buffer_bytes = (uint64_t)(n_stream < 2 ? n_stream : 2) * Wg;
+    out->gpu_total_bytes = p->gpu_reserve_bytes + out->gpu_weight_bytes + out->gpu_kv_bytes +
+                           out->gpu_kv_buffer_bytes + out->gpu_weight_buffer_bytes +
+                           out->gpu_retrieval_bytes + out->gpu_draft_bytes + out->gpu_act_bytes;
+
+    // ---- host: offloaded KV and summaries must fit; streamed weights spill to disk ----
+    out->host_kv_bytes = (uint64_t)out->n_kv_host * x->K;
+    out->host_summary_bytes =
+        tf ? div_up((uint64_t)p->n_ctx, (uint64_t)p->chunk_size) * (x->kv_tok / 2) * (uint64_t)L
+           : 0;
+    uint64_t must = out->host_kv_bytes + out->host_summary_bytes;
+    int32_t n_host_w = n_stream;
+    if (p->host_mem_bytes) {
+        if (must > p->host_mem_bytes)
+            return tri__fail(TRI_STATUS_OUT_OF_MEMORY,
+                             "plan: a host budget of %.2f GiB cannot hold the offloaded KV cache "
+                             "(%.2f GiB for %d layers at %d tokens) and chunk summaries (%.2f GiB)",
+                             gib(p->host_mem_bytes), gib(out->host_kv_bytes), out->n_kv_host,
+                             p->n_ctx, gib(out->host_summary_bytes));
+        while (n_host_w > 0) {
+            uint64_t staging = n_host_w < n_stream ? DISK_STAGING_LAYERS * x->W : 0;
+            if (must + (uint64_t)n_host_w * x->W + staging <= p->host_mem_bytes) break;
+            n_host_w--;
+        }
+        if (n_host_w < n_stream && must + DISK_STAGING_LAYERS * x->W > p->host_mem_bytes)
+            return tri__fail(TRI_STATUS_OUT_OF_MEMORY,
+                             "plan: a host budget of %.2f GiB cannot hold the offloaded KV cache "
+                             "(%.2f GiB), chunk summaries (%.2f GiB) and %d staging buffers for "
+                             "weights read from disk (%.2f GiB each)",
+                             gib(p->host_mem_bytes), gib(out->host_kv_bytes),
+                             gib(out->host_summary_bytes), DISK_STAGING_LAYERS, gib(x->W));
+    }
+    out->n_weights_host = n_host_w;
+    out->n_weights_disk = n_stream - n_host_w;
+    out->host_weight_bytes = (uint64_t)n_host_w * x->W;
+    out->host_staging_bytes = out->n_weights_disk > 0 ? DISK_STAGING_LAYERS * x->W : 0;
+    out->host_total_bytes = must + out->host_weight_bytes + out->host_staging_bytes;
+
+    // ---- time ----
+    if (tf) {
+        int64_t c_l2 = (int64_t)p->retrieval_budget + RETRIEVAL_SLACK;
+        if (c_l2 > p->n_ctx) c_l2 = p->n_ctx;
+        out->t_l3 = pass_time(x, out, (int64_t)p->gamma2 + 1, p->n_ctx, true, &out->pcie_bytes_l3);
+        out->t_l2 = pass_time(x, out, (int64_t)p->gamma1 + 1, c_l2, false, &out->pcie_bytes_l2);
+        out->t_l1 = (double)out->gpu_draft_bytes / (p->gpu_mem_gbps * 1e9) +
+                    (p->draft_n_layer + 1) * p->layer_overhead_us * 1e-6;
+        double e1 = tri__plan_expected_tokens(p->accept_l1, p->gamma1);
+        out->l2_passes = (double)p->gamma2 / e1;
+        out->l1_passes = out->l2_passes * p->gamma1;
+        out->tokens_per_round = tri__plan_expected_tokens(p->accept_l2, p->gamma2);
+        out->t_round = out->t_l3 + out->l2_passes * out->t_l2 + out->l1_passes * out->t_l1;
+    } else {
+        out->t_l3 = pass_time(x, out, 1, p->n_ctx, true, &out->pcie_bytes_l3);
+        out->pcie_bytes_l2 = 0;
+        out->tokens_per_round = 1;
+        out->t_round = out->t_l3;
+    }
+    out->t_token = out->t_round / out->tokens_per_round;
+    out->pcie_bytes_token =
+        ((double)out->pcie_bytes_l3 + out->l2_passes * (double)out->pcie_bytes_l2) /
+        out->tokens_per_round;
+    out->t_token_pcie_floor = out->pcie_bytes_token / x->B;
+    if (!tf) out->t_token_ar = out->t_token;
+    return TRI_STATUS_OK;
+}
+
+tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *params,
+                            tri_plan *out) {
+    memset(out, 0, sizeof *out);
+    tri_plan_params p = params ? *params : tri_plan_default_params();
+    tri_plan_model m = *model;
+    const tri_model_config *c = &m.config;
+    if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->n_head_kv < 1 ||
+        c->head_dim < 1 || c->n_ff < 1 || c->n_vocab < 1 || c->n_head % c->n_head_kv != 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "plan: model shape n_layer %d, n_embd %d, n_head %d, n_head_kv %d, "
+                         "head_dim %d, n_ff %d, n_vocab %d is not a Llama shape",
+                         c->n_layer, c->n_embd, c->n_head, c->n_head_kv, c->head_dim, c->n_ff,
+                         c->n_vocab);
+    if (p.n_ctx == 0) p.n_ctx = c->n_ctx_train;
+    if (p.n_gpu == 0) p.n_gpu = 1;
+    if (p.gpu_mem_bytes == 0) p.gpu_mem_bytes = (uint64_t)24 << 30;
+    if (p.pcie_gbps == 0) p.pcie_gbps = 25.0;
+    if (p.disk_gbps == 0) p.disk_gbps = 3.0;
+    if (p.gpu_mem_gbps == 0) p.gpu_mem_gbps = 1008.0;
+    if (p.gpu_tflops == 0) p.gpu_tflops = 80.0;
+    if (p.retrieval_budget == 0) p.retrieval_budget = p.n_gpu > 1 ? 12288 : 8192;
+    if (p.chunk_size == 0) p.chunk_size = 8;
+    if (p.gamma1 == 0) p.gamma1 = 2;
+    if (p.gamma2 == 0) p.gamma2 = 12;
+    if (p.accept_l1 == 0) p.accept_l1 = 0.7;
+    if (p.accept_l2 == 0) p.accept_l2 = 0.9;
+    if (p.draft_bytes == 0) p.draft_bytes = 136000000;
+    if (p.draft_n_layer == 0) p.draft_n_layer = 2;
+    if (p.n_ctx < 1 || p.n_gpu < 1 || p.n_gpu > 64 || p.pcie_gbps < 0 || p.disk_gbps < 0 ||
+        p.gpu_mem_gbps < 0 || p.gpu_tflops < 0 || p.layer_overhead_us < 0 ||
+        (p.kv_type != TRI_DTYPE_F16 && p.kv_type != TRI_DTYPE_F32) || p.retrieval_budget < 1 ||
+        p.chunk_size < 1 || p.gamma1 < 1 || p.gamma2 < 1 || p.accept_l1 < 0 || p.accept_l1 > 1 ||
+        p.accept_l2 < 0 || p.accept_l2 > 1 || p.draft_n_layer < 1 ||
+        (p.mode != TRI_PLAN_MODE_TRIFORCE && p.mode != TRI_PLAN_MODE_AUTOREGRESSIVE) ||
+        c->n_head % p.n_gpu != 0 || c->n_head_kv % p.n_gpu != 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "plan: invalid parameters (n_ctx %d, n_gpu %d dividing %d query and %d "
+                         "KV heads, bandwidths >= 0, kv_type f16/f32, budget %d, chunk %d, "
+                         "gamma1 %d, gamma2 %d, acceptance rates in [0, 1])",
+                         p.n_ctx, p.n_gpu, c->n_head, c->n_head_kv, p.retrieval_budget,
+                         p.chunk_size, p.gamma1, p.gamma2);
+    if (m.layer_bytes == 0) m.layer_bytes = tri__plan_layer_bytes(c, m.weight_type);
+    if (m.other_bytes == 0) m.other_bytes = tri__plan_other_bytes(c, m.weight_type);
+    if (m.layer_bytes == 0 || m.other_bytes == 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "plan: weight type %s does not fit rows of %d and %d elements",
+                         tri_dtype_name(m.weight_type), c->n_embd, c->n_ff);
+
+    ctx x = {.p = p, .c = c, .L = c->n_layer, .G = p.n_gpu};
+    x.W = m.layer_bytes;
+    x.other = m.other_bytes;
+    x.kv_tok = 2 * (uint64_t)c->n_head_kv * (uint64_t)c->head_dim * (p.kv_type == TRI_DTYPE_F32 ? 4u : 2u);
+    x.K = x.kv_tok * (uint64_t)p.n_ctx;
+    x.params_layer = (double)c->n_embd * ((double)c->n_head + c->n_head_kv) * c->head_dim * 2.0 +
+                     3.0 * (double)c->n_embd * c->n_ff;
+    double inf = 1e300;  // a bandwidth of 0 after defaults cannot happen; guard anyway
+    x.B = p.pcie_gbps > 0 ? p.pcie_gbps * 1e9 * p.n_gpu : inf;
+    x.D = p.disk_gbps > 0 ? p.disk_gbps * 1e9 : inf;
+    x.H = p.gpu_mem_gbps > 0 ? p.gpu_mem_gbps * 1e9 * p.n_gpu : inf;
+    x.F = p.gpu_tflops > 0 ? p.gpu_tflops * 1e12 * p.n_gpu : inf;
+
+    out->params = p;
+    out->model = m;
+    tri_status st = plan_mode(&x, out);
+    if (st != TRI_STATUS_OK) return st;
+    if (p.mode == TRI_PLAN_MODE_TRIFORCE) {
+        // The baseline: plain decoding over the same budgets, with its own placement (no
+        // retrieval cache or draft on the GPU, so possibly more on-chip layers).
+        tri_plan ar;
+        memset(&ar, 0, sizeof ar);
+        ctx xa = x;
+        xa.p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE;
+        ar.params = xa.p;
+        ar.model = m;
+        out->t_token_ar = plan_mode(&xa, &ar) == TRI_STATUS_OK ? ar.t_token : 0;
+    }
+    return TRI_STATUS_OK;
+}
+
+// ---- printing ----
+
+typedef struct sbuf {
+    char *buf;
+    size_t cap, len;
+} sbuf;
+
+TRI__PRINTF(2, 3)
+static void put(sbuf *s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    size_t room = s->len < s->cap ? s->cap - s->len : 0;
+    int n = vsnprintf(room ? s->buf + s->len : NULL, room, fmt, ap);
+    va_end(ap);
+    if (n > 0) s->len += (size_t)n;
+}
+
+tri_status tri_plan_format(const tri_plan *pl, char *buf, size_t cap, size_t *n_out) {
+    sbuf s = {buf, cap, 0};
+    if (buf && cap) buf[0] = 0;
+    const tri_plan_params *p = &pl->params;
+    const tri_model_config *c = &pl->model.config;
+    bool tf = p->mode == TRI_PLAN_MODE_TRIFORCE;
+    put(&s, "model      %d layers, n_embd %d, heads %d/%d kv x %d, ff %d, vocab %d, weights %s "
+            "(%.2f GiB), KV %s\n",
+        c->n_layer, c->n_embd, c->n_head, c->n_head_kv, c->head_dim, c->n_ff, c->n_vocab,
+        tri_dtype_name(pl->model.weight_type),
+        gib(pl->weight_layer_bytes * (uint64_t)pl->n_layer + pl->model.other_bytes),
+        tri_dtype_name(p->kv_type));
+    put(&s, "context    %d tokens: KV %.2f GiB (%.3f GiB per layer)\n", p->n_ctx,
+        gib(pl->kv_layer_bytes * (uint64_t)pl->n_layer), gib(pl->kv_layer_bytes));
+    put(&s, "budgets    %d GPU%s x %.2f GiB (%.2f reserved), host ", p->n_gpu,
+        p->n_gpu > 1 ? "s (tensor parallel)" : "", gib(p->gpu_mem_bytes),
+        gib(p->gpu_reserve_bytes));
+    if (p->host_mem_bytes)
+        put(&s, "%.2f GiB\n", gib(p->host_mem_bytes));
+    else
+        put(&s, "unlimited\n");
+    if (tf)
+        put(&s, "mode       TriForce: retrieval budget %d, chunk %d, gamma1 %d, gamma2 %d, "
+                "acceptance L1->L2 %.2f, L2->L3 %.2f\n",
+            p->retrieval_budget, p->chunk_size, p->gamma1, p->gamma2, p->accept_l1, p->accept_l2);
+    else
+        put(&s, "mode       autoregressive over the offloaded cache\n");
+
+    put(&s, "\nplacement                          layers\n");
+    put(&s, "  weights resident on GPU          %6d\n", pl->n_weights_gpu);
+    put(&s, "  weights streamed from host       %6d\n", pl->n_weights_host);
+    put(&s, "  weights read from disk           %6d\n", pl->n_weights_disk);
+    put(&s, "  KV on chip (on_chip)             %6d\n", pl->on_chip);
+    put(&s, "  KV in pinned host memory         %6d\n", pl->n_kv_host);
+
+    put(&s, "\ndevice memory, per GPU               GiB\n");
+    put(&s, "  weights (resident + emb/head)    %9.2f\n", gib(pl->gpu_weight_bytes));
+    put(&s, "  KV of on-chip layers             %9.2f\n", gib(pl->gpu_kv_bytes));
+    put(&s, "  KV double buffer                 %9.2f\n", gib(pl->gpu_kv_buffer_bytes));
+    put(&s, "  weight double buffer             %9.2f\n", gib(pl->gpu_weight_buffer_bytes));
+    if (tf) {
+        put(&s, "  retrieval cache                  %9.2f\n", gib(pl->gpu_retrieval_bytes));
+        put(&s, "  draft model and cache            %9.2f\n", gib(pl->gpu_draft_bytes));
+    }
+    put(&s, "  activations                      %9.2f\n", gib(pl->gpu_act_bytes));
+    put(&s, "  reserve                          %9.2f\n", gib(p->gpu_reserve_bytes));
+    put(&s, "  total                            %9.2f of %.2f\n", gib(pl->gpu_total_bytes),
+        gib(p->gpu_mem_bytes));
+
+    put(&s, "\nhost memory (pinned)                 GiB\n");
+    put(&s, "  offloaded KV                     %9.2f\n", gib(pl->host_kv_bytes));
+    put(&s, "  streamed weights                 %9.2f\n", gib(pl->host_weight_bytes));
+    if (tf) put(&s, "  chunk summaries                  %9.2f\n", gib(pl->host_summary_bytes));
+    put(&s, "  disk staging buffers             %9.2f\n", gib(pl->host_staging_bytes));
+    put(&s, "  total                            %9.2f\n", gib(pl->host_total_bytes));
+
+    put(&s, "\npredicted time (PCIe %.1f GB/s x %d, disk %.1f GB/s, device %.0f GB/s, %.0f TFLOPS)\n",
+        p->pcie_gbps, p->n_gpu, p->disk_gbps, p->gpu_mem_gbps, p->gpu_tflops);
+    put(&s, "  %-32s %9.1f ms   %.2f GB host->device\n", tf ? "L3 pass (full cache)" : "pass",
+        pl->t_l3 * 1e3, (double)pl->pcie_bytes_l3 / 1e9);
+    if (tf) {
+        put(&s, "  %-32s %9.2f ms   x %.2f per round, %.2f GB host->device each\n",
+            "L2 pass (retrieval cache)", pl->t_l2 * 1e3, pl->l2_passes,
+            (double)pl->pcie_bytes_l2 / 1e9);
+        put(&s, "  %-32s %9.2f ms   x %.2f per round\n", "L1 draft token", pl->t_l1 * 1e3,
+            pl->l1_passes);
+        put(&s, "  %-32s %9.1f ms   %.2f tokens expected\n", "round", pl->t_round * 1e3,
+            pl->tokens_per_round);
+    }
+    put(&s, "  %-32s %9.1f ms   PCIe floor %.1f ms (%.2f GB per token)\n", "per token",
+        pl->t_token * 1e3, pl->t_token_pcie_floor * 1e3, pl->pcie_bytes_token / 1e9);
+    if (tf) {
+        if (pl->t_token_ar > 0)
+            put(&s, "  %-32s %9.1f ms   (its own placement; speedup %.2fx)\n",
+                "autoregressive, same budgets", pl->t_token_ar * 1e3,
+                pl->t_token_ar / pl->t_token);
+        else
+            put(&s, "  autoregressive, same budgets     does not fit\n");
+    }
+    if (n_out) *n_out = s.len;
+    if (buf && s.len >= cap)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "plan: %zu bytes needed, buffer holds %zu",
+                         s.len + 1, cap);
+    return TRI_STATUS_OK;
+}

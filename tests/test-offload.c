@@ -1,0 +1,592 @@
+// test-offload.c - the host side of offloading: weight reader (io_uring and pread, O_DIRECT on and
+// off) against plain reads of the same file, the arena, the topology fallback, the planner.
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "arena.h"
+#include "planner.h"
+#include "prefetch.h"
+#include "test-util.h"
+#include "topology.h"
+#include "tri-config.h"
+
+// ---- a generated file and its bytes ----
+
+static uint64_t rng_state;
+static uint64_t rng(void) {  // splitmix64
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// A file of n bytes of a seeded pattern (not block-aligned in length); returns its contents.
+static unsigned char *make_file(const char *path, size_t n, uint64_t seed) {
+    unsigned char *b = malloc(n);
+    cr_assert(b);
+    rng_state = seed;
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t v = rng();
+        memcpy(b + i, &v, n - i < 8 ? n - i : 8);
+    }
+    tt_write_file(path, b, n);
+    return b;
+}
+
+#define FILE_BYTES ((size_t)(12u << 20) + 777)
+#define SLOT_BYTES ((size_t)4 << 20)
+#define N_SLOTS 3
+
+typedef struct reader_case {
+    tri__prefetch_engine engine;
+    tri__prefetch_direct direct;
+    int32_t queue_depth;
+    uint32_t request_bytes;
+    uint32_t short_read;
+} reader_case;
+
+// Random layers of ranges: unaligned offsets and lengths, neighbours (merged spans), the file's
+// unaligned tail; up to N_SLOTS layers in flight; every byte compared with the file.
+static void run_reader_case(reader_case rc, uint64_t seed) {
+    // Criterion runs tests in parallel processes: one file per case
+    char name[64];
+    snprintf(name, sizeof name, "prefetch-data-%llu.bin", (unsigned long long)seed);
+    const char *path = tt_tmp(name);
+    unsigned char *want = make_file(path, FILE_BYTES, 42);
+
+    tri__prefetch_params p = tri__prefetch_default_params();
+    p.engine = rc.engine;
+    p.direct = rc.direct;
+    p.queue_depth = rc.queue_depth;
+    p.request_bytes = rc.request_bytes;
+    p.debug_short_read = rc.short_read;
+    tri__prefetch *pf;
+    tri_status st = tri__prefetch_open(path, &p, &pf);
+#if !TRI_HAVE_URING
+    if (rc.engine == TRI_PREFETCH_ENGINE_URING) {
+        cr_assert_eq(st, TRI_STATUS_UNSUPPORTED);
+        free(want);
+        return;
+    }
+#endif
+    if (st == TRI_STATUS_UNSUPPORTED) {
+        // io_uring or O_DIRECT refused here (a container, tmpfs): the case does not apply
+        cr_log_warn("skipped: %s", tri_last_error());
+        free(want);
+        return;
+    }
+    cr_assert_eq(st, TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__prefetch_file_size(pf), FILE_BYTES);
+    if (rc.direct == TRI_PREFETCH_DIRECT_OFF) cr_assert(!tri__prefetch_uses_direct(pf));
+    if (rc.direct == TRI_PREFETCH_DIRECT_ON) cr_assert(tri__prefetch_uses_direct(pf));
+    if (rc.engine == TRI_PREFETCH_ENGINE_PREAD) cr_assert(!tri__prefetch_uses_uring(pf));
+
+    // staging buffers from the arena, as the engine will use them
+    tri__arena *arena;
+    cr_assert_eq(tri__arena_create(NULL, &arena), TRI_STATUS_OK);
+    void *bufs[N_SLOTS];
+    size_t sizes[N_SLOTS];
+    for (int i = 0; i < N_SLOTS; i++) {
+        cr_assert_eq(tri__arena_alloc(arena, SLOT_BYTES, "staging", &bufs[i]), TRI_STATUS_OK);
+        sizes[i] = SLOT_BYTES;
+    }
+    cr_assert_eq(tri__prefetch_set_slots(pf, N_SLOTS, bufs, sizes), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    if (rc.engine == TRI_PREFETCH_ENGINE_URING)
+        cr_log_info("io_uring: registered buffers %s",
+                    tri__prefetch_uses_fixed_buffers(pf) ? "yes" : "no (refused)");
+
+    enum { MAX_R = 12 };
+    tri__read_range ranges[N_SLOTS][MAX_R];
+    uint64_t dst[N_SLOTS][MAX_R];
+    int32_t n_r[N_SLOTS] = {0};
+    bool busy[N_SLOTS] = {false};
+    rng_state = seed;
+    int rounds = 60;
+    for (int round = 0; round < rounds + N_SLOTS; round++) {
+        int s = round % N_SLOTS;
+        if (busy[s]) {
+            if (round % 2) {
+                cr_assert_eq(tri__prefetch_wait(pf, s), TRI_STATUS_OK, "%s", tri_last_error());
+            } else {
+                bool done = false;
+                while (!done)
+                    cr_assert_eq(tri__prefetch_poll(pf, s, &done), TRI_STATUS_OK, "%s",
+                                 tri_last_error());
+            }
+            busy[s] = false;
+            for (int i = 0; i < n_r[s]; i++)
+                cr_assert(memcmp((char *)bufs[s] + dst[s][i], want + ranges[s][i].offset,
+                                 ranges[s][i].len) == 0,
+                          "slot %d range %d [%llu, +%llu) differs", s, i,
+                          (unsigned long long)ranges[s][i].offset,
+                          (unsigned long long)ranges[s][i].len);
+        }
+        if (round >= rounds) continue;
+        // a "layer": some tensors following each other, some elsewhere, one at the tail
+        int n = 1 + (int)(rng() % MAX_R);
+        uint64_t off = rng() % (FILE_BYTES - 1);
+        for (int i = 0; i < n; i++) {
+            uint64_t len = 1 + rng() % (256u << 10);
+            int kind = (int)(rng() % 4);
+            if (kind == 0) off = rng() % (FILE_BYTES - 1);          // anywhere
+            if (kind == 1) off = FILE_BYTES - 1 - rng() % 5000;     // the unaligned tail
+            if (off >= FILE_BYTES) off = FILE_BYTES - 1;
+            if (len > FILE_BYTES - off) len = FILE_BYTES - off;
+            ranges[s][i] = (tri__read_range){off, len};
+            off += len + (kind == 2 ? rng() % 300 : 0);             // 2, 3: neighbours
+            if (off >= FILE_BYTES) off = rng() % (FILE_BYTES - 1);
+        }
+        while (tri__prefetch_slot_bytes(ranges[s], n) > SLOT_BYTES) n--;
+        cr_assert(n >= 1);
+        n_r[s] = n;
+        cr_assert_eq(tri__prefetch_submit(pf, s, ranges[s], n, dst[s]), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        busy[s] = true;
+    }
+    tri__prefetch_stats stats;
+    tri__prefetch_stats_get(pf, &stats);
+    cr_assert(stats.bytes_read > 0);
+    if (rc.short_read) cr_assert(stats.n_retries > 0, "the short-read path did not run");
+    tri__prefetch_close(pf);
+    tri__arena_free(arena);
+    unlink(path);
+    free(want);
+}
+
+#define URING TRI_PREFETCH_ENGINE_URING
+#define PREAD TRI_PREFETCH_ENGINE_PREAD
+#define D_ON TRI_PREFETCH_DIRECT_ON
+#define D_OFF TRI_PREFETCH_DIRECT_OFF
+
+Test(offload, uring_direct_matches_file) { run_reader_case((reader_case){URING, D_ON, 64, 1u << 20, 0}, 1); }
+Test(offload, uring_buffered_matches_file) { run_reader_case((reader_case){URING, D_OFF, 64, 1u << 20, 0}, 2); }
+Test(offload, uring_small_requests_shallow_queue) { run_reader_case((reader_case){URING, D_ON, 4, 8192, 0}, 3); }
+Test(offload, uring_short_reads_retried) { run_reader_case((reader_case){URING, D_ON, 16, 65536, 8192}, 4); }
+Test(offload, uring_short_reads_retried_buffered) { run_reader_case((reader_case){URING, D_OFF, 16, 65536, 4096}, 5); }
+Test(offload, pread_direct_matches_file) { run_reader_case((reader_case){PREAD, D_ON, 64, 1u << 20, 0}, 6); }
+Test(offload, pread_buffered_matches_file) { run_reader_case((reader_case){PREAD, D_OFF, 8, 65536, 0}, 7); }
+Test(offload, pread_short_reads_retried) { run_reader_case((reader_case){PREAD, D_ON, 16, 65536, 8192}, 8); }
+Test(offload, auto_engine_matches_file) {
+    run_reader_case((reader_case){TRI_PREFETCH_ENGINE_AUTO, TRI_PREFETCH_DIRECT_AUTO, 0, 0, 0}, 9);
+}
+
+Test(offload, slot_layout_merges_neighbours) {
+    tri__read_range a[] = {{100, 50}, {150, 5000}};   // one span [0, 8192)
+    cr_assert_eq(tri__prefetch_slot_bytes(a, 2), 8192);
+    tri__read_range b[] = {{100, 50}, {1 << 20, 1}};  // two spans of one block each
+    cr_assert_eq(tri__prefetch_slot_bytes(b, 2), 8192);
+    tri__read_range c[] = {{4096, 4096}};             // aligned: exactly itself
+    cr_assert_eq(tri__prefetch_slot_bytes(c, 1), 4096);
+    tri__read_range d[] = {{4095, 2}};                // straddles a boundary
+    cr_assert_eq(tri__prefetch_slot_bytes(d, 1), 8192);
+    cr_assert_eq(tri__prefetch_slot_bytes(d, 0), 0);
+}
+
+static void reader_errors(tri__prefetch_engine engine, tri__prefetch_direct direct) {
+    char name[64];
+    snprintf(name, sizeof name, "prefetch-short-%d-%d.bin", (int)engine, (int)direct);
+    const char *path = tt_tmp(name);
+    size_t n = (size_t)1 << 20;
+    unsigned char *want = make_file(path, n, 7);
+    tri__prefetch_params p = tri__prefetch_default_params();
+    p.engine = engine;
+    p.direct = direct;
+    p.request_bytes = 65536;
+    tri__prefetch *pf;
+    tri_status st = tri__prefetch_open(path, &p, &pf);
+    if (st == TRI_STATUS_UNSUPPORTED) {
+        cr_log_warn("skipped: %s", tri_last_error());
+        free(want);
+        return;
+    }
+    cr_assert_eq(st, TRI_STATUS_OK, "%s", tri_last_error());
+    void *buf;
+    cr_assert_eq(posix_memalign(&buf, TRI_PREFETCH_ALIGN, n), 0);
+    size_t size = n;
+    void *unaligned = (char *)buf + 8;
+    cr_assert_eq(tri__prefetch_set_slots(pf, 1, &unaligned, &size), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri__prefetch_set_slots(pf, 1, &buf, &size), TRI_STATUS_OK);
+
+    // a range past the end is refused before anything starts
+    tri__read_range past = {n - 10, 11};
+    cr_assert_eq(tri__prefetch_submit(pf, 0, &past, 1, NULL), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "past the end") != NULL, "%s", tri_last_error());
+    tri__read_range empty = {0, 0};
+    cr_assert_eq(tri__prefetch_submit(pf, 0, &empty, 1, NULL), TRI_STATUS_INVALID_ARGUMENT);
+    tri__read_range too_big[] = {{0, n / 2}, {n / 2 + 8192, 1}};
+    size_t small = 8192;
+    void *b2;
+    cr_assert_eq(posix_memalign(&b2, TRI_PREFETCH_ALIGN, small), 0);
+    cr_assert_eq(tri__prefetch_set_slots(pf, 1, &b2, &small), TRI_STATUS_OK);
+    cr_assert_eq(tri__prefetch_submit(pf, 0, too_big, 2, NULL), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri__prefetch_submit(pf, 1, too_big, 1, NULL), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri__prefetch_set_slots(pf, 1, &buf, &size), TRI_STATUS_OK);
+
+    // busy slot
+    tri__read_range r = {5, 1000};
+    cr_assert_eq(tri__prefetch_submit(pf, 0, &r, 1, NULL), TRI_STATUS_OK);
+    cr_assert_eq(tri__prefetch_submit(pf, 0, &r, 1, NULL), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri__prefetch_wait(pf, 0), TRI_STATUS_OK);
+    cr_assert_eq(tri__prefetch_wait(pf, 0), TRI_STATUS_OK, "an idle slot is done");
+
+    // the file shrinks after open: the read meets the end of file and says so
+    cr_assert_eq(truncate(path, (off_t)(n / 2)), 0);
+    tri__read_range tail = {n / 2 + 100, 50000};
+    uint64_t at;
+    cr_assert_eq(tri__prefetch_submit(pf, 0, &tail, 1, &at), TRI_STATUS_OK);
+    cr_assert_eq(tri__prefetch_wait(pf, 0), TRI_STATUS_IO);
+    cr_assert(strstr(tri_last_error(), "unexpected end of file") != NULL, "%s", tri_last_error());
+    cr_assert(strstr(tri_last_error(), name) != NULL, "%s", tri_last_error());
+    // the reader still works for what remains
+    tri__read_range head = {3, 4000};
+    cr_assert_eq(tri__prefetch_submit(pf, 0, &head, 1, &at), TRI_STATUS_OK);
+    cr_assert_eq(tri__prefetch_wait(pf, 0), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert(memcmp((char *)buf + at, want + 3, 4000) == 0);
+
+    tri__prefetch_close(pf);
+    free(buf);
+    free(b2);
+    unlink(path);
+    free(want);
+}
+
+Test(offload, errors_uring_direct) { reader_errors(URING, D_ON); }
+Test(offload, errors_uring_buffered) { reader_errors(URING, D_OFF); }
+Test(offload, errors_pread_direct) { reader_errors(PREAD, D_ON); }
+Test(offload, errors_pread_buffered) { reader_errors(PREAD, D_OFF); }
+
+Test(offload, open_errors) {
+    tri__prefetch *pf;
+    cr_assert_eq(tri__prefetch_open("/nonexistent/x.gguf", NULL, &pf), TRI_STATUS_IO);
+    cr_assert(strstr(tri_last_error(), "/nonexistent/x.gguf") != NULL);
+    tri__prefetch_params p = tri__prefetch_default_params();
+    p.request_bytes = 1000;
+    cr_assert_eq(tri__prefetch_open("/dev/null", &p, &pf), TRI_STATUS_INVALID_ARGUMENT);
+    tri__prefetch_close(NULL);
+}
+
+// ---- arena ----
+
+static int n_pinned, n_unpinned;
+static tri_status fake_pin(void *ptr, size_t bytes, void *user) {
+    (void)ptr;
+    if (user && bytes > 100000) return TRI_STATUS_DEVICE_OUT_OF_MEMORY;
+    n_pinned++;
+    return TRI_STATUS_OK;
+}
+static void fake_unpin(void *ptr, size_t bytes, void *user) {
+    (void)ptr, (void)bytes, (void)user;
+    n_unpinned++;
+}
+
+Test(offload, arena_alignment_zero_fill_limit) {
+    tri__arena_params ap = tri__arena_default_params();
+    ap.limit_bytes = (uint64_t)8 << 20;
+    tri__arena *a;
+    cr_assert_eq(tri__arena_create(&ap, &a), TRI_STATUS_OK);
+    size_t sizes[] = {1, 4097, (size_t)3 << 20};
+    void *p[3];
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(tri__arena_alloc(a, sizes[i], "test", &p[i]), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq((uintptr_t)p[i] % 4096, 0);
+        for (size_t j = 0; j < sizes[i]; j += 511) cr_assert_eq(((unsigned char *)p[i])[j], 0);
+        memset(p[i], 0xab, sizes[i]);
+        tri__arena_region_info info;
+        cr_assert_eq(tri__arena_region_info_get(a, p[i], &info), TRI_STATUS_OK);
+        cr_assert_eq(info.bytes, sizes[i]);
+        cr_assert(info.mapped_bytes >= sizes[i] && info.mapped_bytes % 4096 == 0);
+        cr_assert(!info.bound, "no topology, no binding");
+        cr_assert_eq(info.node, -1);
+        cr_assert(!info.pinned);
+    }
+    tri__arena_stats s;
+    tri__arena_stats_get(a, &s);
+    cr_assert_eq(s.n_regions, 3);
+    cr_assert_eq(s.bytes, 1 + 4097 + (3u << 20));
+    cr_assert_eq(s.node, -1);
+    void *q;
+    cr_assert_eq(tri__arena_alloc(a, (size_t)6 << 20, "kv layer 7", &q), TRI_STATUS_OUT_OF_MEMORY);
+    cr_assert(strstr(tri_last_error(), "kv layer 7") != NULL, "%s", tri_last_error());
+    cr_assert_eq(tri__arena_alloc(a, 0, "zero", &q), TRI_STATUS_INVALID_ARGUMENT);
+    tri__arena_release(a, p[2]);
+    tri__arena_release(a, NULL);
+    cr_assert_eq(tri__arena_region_info_get(a, p[2], &(tri__arena_region_info){0}),
+                 TRI_STATUS_NOT_FOUND);
+    cr_assert_eq(tri__arena_alloc(a, (size_t)6 << 20, "fits now", &q), TRI_STATUS_OK);
+    tri__arena_stats_get(a, &s);
+    cr_assert_eq(s.n_regions, 3);
+    cr_assert(s.peak_mapped_bytes >= s.mapped_bytes);
+    tri__arena_free(a);
+    tri__arena_free(NULL);
+}
+
+Test(offload, arena_pin_hook) {
+    tri__arena_params ap = tri__arena_default_params();
+    ap.pin = fake_pin;
+    tri__arena *a;
+    cr_assert_eq(tri__arena_create(&ap, &a), TRI_STATUS_INVALID_ARGUMENT, "pin needs unpin");
+    ap.unpin = fake_unpin;
+    ap.pin_user = &n_pinned;  // non-NULL: refuse regions over 100000 bytes
+    n_pinned = n_unpinned = 0;
+    cr_assert_eq(tri__arena_create(&ap, &a), TRI_STATUS_OK);
+    void *p, *q;
+    cr_assert_eq(tri__arena_alloc(a, 5000, "small", &p), TRI_STATUS_OK);
+    tri__arena_region_info info;
+    cr_assert_eq(tri__arena_region_info_get(a, p, &info), TRI_STATUS_OK);
+    cr_assert(info.pinned);
+    cr_assert_eq(tri__arena_alloc(a, 200000, "big", &q), TRI_STATUS_DEVICE_OUT_OF_MEMORY);
+    cr_assert_null(q);
+    tri__arena_stats s;
+    tri__arena_stats_get(a, &s);
+    cr_assert_eq(s.n_regions, 1, "a failed pin leaves nothing mapped");
+    cr_assert_eq(s.n_pinned, 1);
+    tri__arena_free(a);
+    cr_assert_eq(n_pinned, 1);
+    cr_assert_eq(n_unpinned, 1);
+}
+
+Test(offload, arena_numa_placement_or_fallback) {
+    tri__topology *t;
+    cr_assert_eq(tri__topology_open(&t), TRI_STATUS_OK);
+    tri__arena_params ap = tri__arena_default_params();
+    ap.topo = t;
+    ap.pci_bus_id = "not a bus id";
+    tri__arena *a;
+    cr_assert_eq(tri__arena_create(&ap, &a), TRI_STATUS_INVALID_ARGUMENT);
+    ap.pci_bus_id = "0000:ff:1f.7";  // no such device: falls back to the current node
+    cr_assert_eq(tri__arena_create(&ap, &a), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__arena_stats s;
+    tri__arena_stats_get(a, &s);
+    if (tri__topology_is_hwloc(t))
+        cr_assert(s.node >= 0 && s.node < tri__topology_n_nodes(t));
+    else
+        cr_assert_eq(s.node, -1, "the fallback does not bind");
+    void *p;
+    cr_assert_eq(tri__arena_alloc(a, (size_t)5 << 20, "kv", &p), TRI_STATUS_OK);
+    tri__arena_region_info info;
+    cr_assert_eq(tri__arena_region_info_get(a, p, &info), TRI_STATUS_OK);
+    if (info.bound) cr_assert_eq(info.node, s.node);
+    cr_log_info("arena: node %d, bound %d, huge %d", s.node, info.bound, info.huge);
+    tri__arena_free(a);
+    ap.pci_bus_id = NULL;
+    ap.node = tri__topology_n_nodes(t);
+    cr_assert_eq(tri__arena_create(&ap, &a), TRI_STATUS_INVALID_ARGUMENT);
+    tri__topology_free(t);
+}
+
+Test(offload, topology_summary_and_binding) {
+    tri__topology *t;
+    cr_assert_eq(tri__topology_open(&t), TRI_STATUS_OK);
+    int32_t n = tri__topology_n_nodes(t);
+    cr_assert(n >= 1);
+    int32_t pus = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const tri__numa_node *nd = tri__topology_node(t, i);
+        cr_assert_not_null(nd);
+        pus += nd->n_pus;
+    }
+    cr_assert(pus >= 1);
+    cr_assert_null(tri__topology_node(t, n));
+    int32_t cur = tri__topology_current_node(t);
+    cr_assert(cur >= 0 && cur < n);
+    cr_assert_eq(tri__topology_bind_thread(t, cur), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__topology_bind_omp(t, cur, 2), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__topology_bind_thread(t, n), TRI_STATUS_INVALID_ARGUMENT);
+    int32_t node;
+    cr_assert_eq(tri__topology_node_of_pci(t, "zz:00.0", &node), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri__topology_node_of_pci(t, "01:00", &node), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri__topology_node_of_pci(t, "0000:ff:1f.7", &node), TRI_STATUS_NOT_FOUND);
+    tri__topology_free(t);
+    tri__topology_free(NULL);
+}
+
+// ---- planner ----
+
+static tri_model_config llama2_7b_128k(void) {
+    tri_model_config c;
+    memset(&c, 0, sizeof c);
+    c.n_layer = 32;
+    c.n_embd = 4096;
+    c.n_head = 32;
+    c.n_head_kv = 32;
+    c.head_dim = 128;
+    c.n_ff = 11008;
+    c.n_vocab = 32000;
+    c.n_ctx_train = 131072;
+    return c;
+}
+
+#define CTX_127K (127 * 1024)
+
+static tri_plan plan_7b(uint64_t gpu_gib, int32_t n_gpu, uint64_t host_gib, tri_status want) {
+    tri_model_config c = llama2_7b_128k();
+    tri_plan_model m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    tri_plan_params p = tri_plan_default_params();
+    p.n_ctx = CTX_127K;
+    p.gpu_mem_bytes = gpu_gib << 30;
+    p.n_gpu = n_gpu;
+    p.host_mem_bytes = host_gib << 30;
+    tri_plan plan;
+    tri_status st = tri_plan_compute(&m, &p, &plan);
+    cr_assert_eq(st, want, "%s", tri_last_error());
+    return plan;
+}
+
+static void check_consistent(const tri_plan *pl) {
+    cr_assert_eq(pl->n_weights_gpu + pl->n_weights_host + pl->n_weights_disk, pl->n_layer);
+    cr_assert_eq(pl->on_chip + pl->n_kv_host, pl->n_layer);
+    cr_assert(pl->gpu_total_bytes <= pl->params.gpu_mem_bytes);
+    if (pl->params.host_mem_bytes) cr_assert(pl->host_total_bytes <= pl->params.host_mem_bytes);
+    cr_assert(pl->t_token > 0 && pl->t_token >= pl->t_token_pcie_floor * 0.999);
+    size_t need;
+    cr_assert_eq(tri_plan_format(pl, NULL, 0, &need), TRI_STATUS_OK);
+    char *text = malloc(need + 1);
+    size_t got;
+    cr_assert_eq(tri_plan_format(pl, text, need + 1, &got), TRI_STATUS_OK);
+    cr_assert_eq(got, need);
+    cr_assert_eq(strlen(text), need);
+    cr_assert(strstr(text, "on_chip") != NULL);
+    cr_assert_eq(tri_plan_format(pl, text, need, NULL), TRI_STATUS_INVALID_ARGUMENT, "truncated");
+    free(text);
+}
+
+Test(offload, plan_sizes_of_llama2_7b) {
+    tri_model_config c = llama2_7b_128k();
+    // per block: 4 attention matrices 4096 x 4096 and 3 FFN matrices 4096 x 11008 in f16, two
+    // f32 norms
+    uint64_t layer = 4ull * 4096 * 4096 * 2 + 3ull * 4096 * 11008 * 2 + 2ull * 4096 * 4;
+    cr_assert_eq(tri__plan_layer_bytes(&c, TRI_DTYPE_F16), layer);
+    uint64_t all = 32 * layer + tri__plan_other_bytes(&c, TRI_DTYPE_F16);
+    cr_assert(all > 13.4e9 && all < 13.6e9, "%llu", (unsigned long long)all);  // "13.5 GB"
+    cr_assert_eq(tri__plan_layer_bytes(&c, TRI_DTYPE_Q4_0), 4ull * 4096 * 4096 / 32 * 18 +
+                                                                 3ull * 4096 * 11008 / 32 * 18 +
+                                                                 2ull * 4096 * 4);
+    cr_assert(fabs(tri__plan_expected_tokens(0.9, 12) - (1 - pow(0.9, 13)) / 0.1) < 1e-12);
+    cr_assert_eq(tri__plan_expected_tokens(1.0, 12), 13.0);
+    cr_assert_eq(tri__plan_expected_tokens(0.0, 12), 1.0);
+}
+
+Test(offload, plan_7b_127k_one_24g_gpu_keeps_weights_offloads_kv) {
+    tri_plan pl = plan_7b(24, 1, 0, TRI_STATUS_OK);
+    check_consistent(&pl);
+    cr_assert_eq(pl.n_weights_gpu, 32, "13.5 GB of weights fit in 24 GiB");
+    double kv = (double)pl.kv_layer_bytes * 32;
+    cr_assert(kv > 66e9 && kv < 69e9, "%g", kv);  // 2 x 32 x 4096 x 2 B x 130048 = 68.2 GB
+    cr_assert(pl.n_kv_host >= 28, "%d", pl.n_kv_host);
+    cr_assert_eq(pl.gpu_kv_buffer_bytes, 2 * pl.kv_layer_bytes);
+    cr_assert_eq(pl.gpu_weight_buffer_bytes, 0);
+    cr_assert_eq(pl.retrieval_budget, 8192);
+    // the sweep of the offloaded KV dominates: within 15% of its PCIe floor per round
+    double floor = (double)pl.n_kv_host * (double)pl.kv_layer_bytes / 25e9;
+    cr_assert(pl.t_l3 >= floor && pl.t_l3 < 1.15 * floor, "%g vs %g", pl.t_l3, floor);
+    cr_assert(pl.t_token < pl.t_token_ar / 4, "TriForce %g s, AR %g s", pl.t_token, pl.t_token_ar);
+}
+
+Test(offload, plan_7b_127k_two_24g_gpus) {
+    tri_plan one = plan_7b(24, 1, 0, TRI_STATUS_OK);
+    tri_plan two = plan_7b(24, 2, 0, TRI_STATUS_OK);
+    check_consistent(&two);
+    cr_assert_eq(two.n_weights_gpu, 32);
+    cr_assert_eq(two.retrieval_budget, 12288);
+    cr_assert(two.on_chip > one.on_chip, "%d vs %d", two.on_chip, one.on_chip);
+    cr_assert(two.on_chip >= 8, "the paper's code keeps 9 layers on chip on 2 x 4090: %d",
+              two.on_chip);
+    cr_assert(two.t_token < one.t_token / 2);
+}
+
+Test(offload, plan_small_budget_streams_weights) {
+    tri_plan pl = plan_7b(12, 1, 0, TRI_STATUS_OK);
+    check_consistent(&pl);
+    cr_assert(pl.n_weights_gpu < 32 && pl.n_weights_gpu > 0, "%d", pl.n_weights_gpu);
+    cr_assert_eq(pl.n_weights_host, 32 - pl.n_weights_gpu);
+    cr_assert_eq(pl.n_weights_disk, 0);
+    cr_assert_eq(pl.gpu_weight_buffer_bytes, 2 * pl.weight_layer_bytes);
+    cr_assert(pl.pcie_bytes_l2 == (uint64_t)pl.n_weights_host * pl.weight_layer_bytes,
+              "every L2 pass streams the weights that are not resident");
+    tri_plan roomy = plan_7b(24, 1, 0, TRI_STATUS_OK);
+    cr_assert(pl.t_token > roomy.t_token);
+}
+
+Test(offload, plan_host_budget_sends_weights_to_disk) {
+    tri_plan pl = plan_7b(12, 1, 76, TRI_STATUS_OK);
+    check_consistent(&pl);
+    cr_assert(pl.n_weights_disk > 0, "%d on disk", pl.n_weights_disk);
+    cr_assert_eq(pl.host_staging_bytes, 3 * pl.weight_layer_bytes);
+    tri_plan all_host = plan_7b(12, 1, 0, TRI_STATUS_OK);
+    cr_assert(pl.t_token > all_host.t_token);
+}
+
+Test(offload, plan_impossible_budgets) {
+    plan_7b(4, 1, 0, TRI_STATUS_DEVICE_OUT_OF_MEMORY);
+    cr_assert(strstr(tri_last_error(), "device budget of 4.00 GiB") != NULL, "%s",
+              tri_last_error());
+    plan_7b(24, 1, 40, TRI_STATUS_OUT_OF_MEMORY);
+    cr_assert(strstr(tri_last_error(), "host budget of 40.00 GiB") != NULL, "%s",
+              tri_last_error());
+    // fixed parts fit, the double buffers do not
+    plan_7b(7, 1, 0, TRI_STATUS_DEVICE_OUT_OF_MEMORY);
+    cr_assert(strstr(tri_last_error(), "double buffers") != NULL, "%s", tri_last_error());
+
+    tri_model_config c = llama2_7b_128k();
+    tri_plan_model m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    tri_plan_params p = tri_plan_default_params();
+    tri_plan pl;
+    p.n_ctx = -1;
+    cr_assert_eq(tri_plan_compute(&m, &p, &pl), TRI_STATUS_INVALID_ARGUMENT);
+    p = tri_plan_default_params();
+    p.n_gpu = 3;  // 32 heads do not split in 3
+    cr_assert_eq(tri_plan_compute(&m, &p, &pl), TRI_STATUS_INVALID_ARGUMENT);
+    p = tri_plan_default_params();
+    p.accept_l2 = 1.5;
+    cr_assert_eq(tri_plan_compute(&m, &p, &pl), TRI_STATUS_INVALID_ARGUMENT);
+    c.n_head_kv = 5;
+    m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    cr_assert_eq(tri_plan_compute(&m, NULL, &pl), TRI_STATUS_INVALID_ARGUMENT);
+}
+
+Test(offload, plan_short_context_fits_on_chip) {
+    tri_model_config c = llama2_7b_128k();
+    tri_plan_model m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    tri_plan_params p = tri_plan_default_params();
+    p.n_ctx = 4096;
+    tri_plan pl;
+    cr_assert_eq(tri_plan_compute(&m, &p, &pl), TRI_STATUS_OK, "%s", tri_last_error());
+    check_consistent(&pl);
+    cr_assert_eq(pl.on_chip, 32);
+    cr_assert_eq(pl.n_kv_host, 0);
+    cr_assert_eq(pl.pcie_bytes_l3, 0);
+    cr_assert_eq(pl.host_kv_bytes, 0);
+}
+
+Test(offload, plan_autoregressive_and_gqa) {
+    tri_model_config c = llama2_7b_128k();
+    tri_plan_model m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    tri_plan_params p = tri_plan_default_params();
+    p.n_ctx = CTX_127K;
+    p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE;
+    tri_plan ar;
+    cr_assert_eq(tri_plan_compute(&m, &p, &ar), TRI_STATUS_OK, "%s", tri_last_error());
+    check_consistent(&ar);
+    cr_assert_eq(ar.tokens_per_round, 1.0);
+    cr_assert_eq(ar.retrieval_budget, 0);
+    cr_assert_eq(ar.t_token_ar, ar.t_token);
+    tri_plan tf = plan_7b(24, 1, 0, TRI_STATUS_OK);
+    cr_assert(fabs(tf.t_token_ar - ar.t_token) < 1e-12, "the baseline is the AR plan");
+    cr_assert(ar.on_chip >= tf.on_chip, "no retrieval cache or draft: room for more KV");
+
+    // GQA with 8 KV heads: a quarter of the KV, so more stays on chip
+    c.n_head_kv = 8;
+    m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    p.mode = TRI_PLAN_MODE_TRIFORCE;
+    tri_plan gqa;
+    cr_assert_eq(tri_plan_compute(&m, &p, &gqa), TRI_STATUS_OK, "%s", tri_last_error());
+    check_consistent(&gqa);
+    cr_assert_eq(gqa.kv_layer_bytes * 4, tf.kv_layer_bytes);
+    cr_assert(gqa.on_chip > tf.on_chip);
+}
