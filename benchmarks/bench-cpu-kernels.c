@@ -1,7 +1,7 @@
 // bench-cpu-kernels.c - CPU matmul against the machine's limits: GB/s of weight bytes at m = 1
 // (decode: memory bound) against a measured stream-like copy, and GFLOP/s at m = 128 (prefill).
 //
-// usage: bench-cpu-kernels [n_threads] [simd: scalar|avx2|avx512]   (defaults: all cores, best)
+// usage: bench-cpu-kernels [n_threads] [simd: scalar|avx2|avx512|avx512vnni]   (defaults: all cores, best)
 // The result of every configuration is first checked against the f32 weights' result.
 #include <math.h>
 #include <stdio.h>
@@ -66,7 +66,8 @@ static void *make_weights(const float *w, int64_t n, int64_t k, tri_dtype t) {
 int main(int argc, char **argv) {
     int nt = argc > 1 ? atoi(argv[1]) : 0;
     tri__cpu_simd simd = TRI_CPU_SIMD_AUTO;
-    if (argc > 2) simd = !strcmp(argv[2], "scalar") ? TRI_CPU_SIMD_SCALAR : !strcmp(argv[2], "avx2") ? TRI_CPU_SIMD_AVX2 : TRI_CPU_SIMD_AVX512;
+    if (argc > 2) for (int l = TRI_CPU_SIMD_SCALAR; l <= TRI_CPU_SIMD_AVX512_VNNI; l++)
+            if (!strcmp(argv[2], tri__cpu_simd_name((tri__cpu_simd)l))) simd = (tri__cpu_simd)l;
     tri__backend *be;
     if (tri__backend_cpu_create(nt, simd, &be) != TRI_STATUS_OK) {
         fprintf(stderr, "%s\n", tri_last_error());

@@ -30,8 +30,8 @@ static int cpu_max_threads(void) { return 1; }
 typedef struct cpu_state {
     tri__cpu_simd simd;
     const tri__cpu_kernels *kr;
-    tri__cpu_block_q8x *xq;  // (m, k / 32) quantized activations of the current matmul
-    size_t xq_cap;           // blocks allocated in xq
+    void *xq;         // quantized activations of the current matmul, see cpu_matmul
+    size_t xq_bytes;  // allocated in xq
 } cpu_state;
 
 static cpu_state *cpu_priv(tri__backend *be) { return be->priv; }
@@ -41,6 +41,13 @@ static int cpu_threads(const tri__backend *be) {
     return nt < 1 ? 1 : nt;
 }
 
+// Threads for an op of `work` elements: one below the size where a parallel region (a fork and a
+// barrier, tens of microseconds when another process holds a core) costs more than it saves.
+#define CPU_MIN_PARALLEL_WORK 32768
+static int cpu_threads_for(const tri__backend *be, int64_t work) {
+    return work < CPU_MIN_PARALLEL_WORK ? 1 : cpu_threads(be);
+}
+
 // ---- SIMD level ----
 
 tri__cpu_simd tri__cpu_simd_detect(void) {
@@ -48,7 +55,7 @@ tri__cpu_simd tri__cpu_simd_detect(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return TRI_CPU_SIMD_AVX512;
+        return __builtin_cpu_supports("avx512vnni") ? TRI_CPU_SIMD_AVX512_VNNI : TRI_CPU_SIMD_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return TRI_CPU_SIMD_AVX2;
 #endif
     return TRI_CPU_SIMD_SCALAR;
@@ -60,6 +67,7 @@ const char *tri__cpu_simd_name(tri__cpu_simd simd) {
     case TRI_CPU_SIMD_SCALAR: return "scalar";
     case TRI_CPU_SIMD_AVX2: return "avx2";
     case TRI_CPU_SIMD_AVX512: return "avx512";
+    case TRI_CPU_SIMD_AVX512_VNNI: return "avx512vnni";
     }
     return "?";
 }
@@ -174,11 +182,35 @@ static tri_status cpu_convert(tri__backend *be, void *dst, tri_dtype type, const
 
 // ---- matmul ----
 
-// Rows of W per task: enough that a task amortises its scheduling, few enough that the threads
-// balance. Rows of x per inner tile: their f32 or q8 copies stay in L2 while the task's rows of W
-// stream past them once.
+// Rows of W per task: enough that a task amortises its scheduling (a multiple of every level's
+// tile_n), few enough that the threads balance. Rows of x per pass over the task's rows of W:
+// their f32 or quantized copies stay in L2 while the rows of W are reused from L1 by every tile.
 #define MATMUL_W_ROWS 16
 #define MATMUL_X_ROWS 64
+
+// Quantizes x (m, k) into st->xq: (m, k) int8 values, then (m, k / 32, 8) scales and
+// (m, k / 32, 8) sums (tri__cpu_xq), each part 64-byte aligned.
+static tri_status cpu_quantize_x(tri__backend *be, const float *x, int64_t m, int64_t k, tri__cpu_xq *out) {
+    cpu_state *st = cpu_priv(be);
+    size_t qbytes = ((size_t)(m * k) + 63) / 64 * 64, sbytes = (size_t)(m * (k / TRI_QK)) * 8 * sizeof(float);
+    size_t need = qbytes + 2 * sbytes;
+    if (need > st->xq_bytes) {
+        free(st->xq);
+        st->xq_bytes = 0;
+        st->xq = aligned_alloc(64, (need + 63) / 64 * 64);
+        if (!st->xq) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu matmul: %zu bytes of activations", need);
+        st->xq_bytes = need;
+    }
+    int8_t *qs = st->xq;
+    float *d8 = (float *)((char *)st->xq + qbytes), *s8 = (float *)((char *)st->xq + qbytes + sbytes);
+    int64_t nb8 = k / TRI_QK * 8;
+    const tri__cpu_kernels *kr = st->kr;
+    int nt = cpu_threads_for(be, m * k);
+    CPU_PARALLEL_FOR_STATIC(nt)
+    for (int64_t i = 0; i < m; i++) kr->quantize(qs + i * k, d8 + i * nb8, s8 + i * nb8, x + i * k, k);
+    *out = (tri__cpu_xq){qs, d8, s8, k};
+    return TRI_STATUS_OK;
+}
 
 static tri_status cpu_matmul(tri__backend *be, float *y, const float *x, const void *w, tri_dtype type,
                              int64_t m, int64_t n, int64_t k) {
@@ -189,43 +221,41 @@ static tri_status cpu_matmul(tri__backend *be, float *y, const float *x, const v
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu matmul: W (%lld, %lld) %s", (long long)n,
                          (long long)k, tri_dtype_name(type));
     if (m == 0 || n == 0) return TRI_STATUS_OK;
-    int nt = cpu_threads(be);
-    bool quant = tri__dtype_is_quantized(type);
-    int64_t nb = k / TRI_QK;
-    if (quant) {
-        size_t need = (size_t)m * (size_t)nb;
-        if (need > st->xq_cap) {
-            tri__cpu_block_q8x *p = realloc(st->xq, need * sizeof *p);
-            if (!p) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu matmul: %zu activation blocks", need);
-            st->xq = p;
-            st->xq_cap = need;
-        }
-        tri__cpu_block_q8x *xq = st->xq;
-        CPU_PARALLEL_FOR_STATIC(nt)
-        for (int64_t i = 0; i < m; i++) tri__cpu_quantize_row_q8x(xq + i * nb, x + i * k, k);
+    tri__cpu_tile_f tf = NULL;
+    tri__cpu_tile_q tq = NULL;
+    switch (type) {
+    case TRI_DTYPE_F32: tf = kr->tile_f32; break;
+    case TRI_DTYPE_F16: tf = kr->tile_f16; break;
+    case TRI_DTYPE_BF16: tf = kr->tile_bf16; break;
+    case TRI_DTYPE_Q8_0: tq = kr->tile_q8_0; break;
+    case TRI_DTYPE_Q4_0: tq = kr->tile_q4_0; break;
+    case TRI_DTYPE_Q4_1: tq = kr->tile_q4_1; break;
+    default: return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu matmul: %s weights", tri_dtype_name(type));
     }
-    const uint8_t *wb = w;
-    const tri__cpu_block_q8x *xq = st->xq;
+    tri__cpu_xq xq = {0};
+    if (tq) {
+        tri_status s = cpu_quantize_x(be, x, m, k, &xq);
+        if (s) return s;
+    }
+    const char *wb = w;
+    int64_t tn = kr->tile_n, nb8 = k / TRI_QK * 8;
     int64_t n_tasks = (n + MATMUL_W_ROWS - 1) / MATMUL_W_ROWS;
+    int nt = cpu_threads_for(be, m * n * k / 8);
     CPU_PARALLEL_FOR(nt)
     for (int64_t t = 0; t < n_tasks; t++) {
         int64_t r0 = t * MATMUL_W_ROWS, r1 = r0 + MATMUL_W_ROWS < n ? r0 + MATMUL_W_ROWS : n;
         for (int64_t i0 = 0; i0 < m; i0 += MATMUL_X_ROWS) {
             int64_t i1 = i0 + MATMUL_X_ROWS < m ? i0 + MATMUL_X_ROWS : m;
-            for (int64_t r = r0; r < r1; r++) {
-                const void *wr = wb + r * row_bytes;
-                for (int64_t i = i0; i < i1; i++) {
-                    float v = 0;
-                    switch (type) {
-                    case TRI_DTYPE_F32: v = kr->dot_f32(x + i * k, wr, k); break;
-                    case TRI_DTYPE_F16: v = kr->dot_f16(x + i * k, wr, k); break;
-                    case TRI_DTYPE_BF16: v = kr->dot_bf16(x + i * k, wr, k); break;
-                    case TRI_DTYPE_Q8_0: v = kr->dot_q8_0(xq + i * nb, wr, nb); break;
-                    case TRI_DTYPE_Q4_0: v = kr->dot_q4_0(xq + i * nb, wr, nb); break;
-                    case TRI_DTYPE_Q4_1: v = kr->dot_q4_1(xq + i * nb, wr, nb); break;
-                    default: break;
+            for (int64_t r = r0; r < r1; r += tn) {
+                int64_t nr = r1 - r < tn ? r1 - r : tn;
+                for (int64_t i = i0; i < i1; i += TRI_CPU_TILE_M) {
+                    int64_t mr = i1 - i < TRI_CPU_TILE_M ? i1 - i : TRI_CPU_TILE_M;
+                    if (tq) {
+                        tri__cpu_xq sub = {xq.qs + i * k, xq.d8 + i * nb8, xq.s8 + i * nb8, k};
+                        tq(y + i * n + r, n, &sub, mr, wb + r * row_bytes, row_bytes, nr);
+                    } else {
+                        tf(y + i * n + r, n, x + i * k, mr, wb + r * row_bytes, row_bytes, nr, k);
                     }
-                    y[i * n + r] = v;
                 }
             }
         }
@@ -240,7 +270,7 @@ static tri_status cpu_rmsnorm(tri__backend *be, float *y, const float *x, const 
     if (wt != TRI_DTYPE_F32 && wt != TRI_DTYPE_F16 && wt != TRI_DTYPE_BF16)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu rmsnorm: %s weight", tri_dtype_name(wt));
     if (n <= 0 || m < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu rmsnorm: n = %lld", (long long)n);
-    int nt = cpu_threads(be);
+    int nt = cpu_threads_for(be, m * n);
     CPU_PARALLEL_FOR_STATIC(nt)
     for (int64_t i = 0; i < m; i++) {
         const float *xr = x + i * n;
@@ -263,7 +293,7 @@ static tri_status cpu_rope(tri__backend *be, float *x, int64_t m, int64_t n_head
     int64_t hd = rope->head_dim, half = hd / 2;
     for (int64_t i = 0; i < m; i++)
         if (pos[i] < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu rope: position %d", pos[i]);
-    int nt = cpu_threads(be);
+    int nt = cpu_threads_for(be, m * n_heads * hd);
     bool adjacent = rope->layout == TRI_ROPE_LAYOUT_ADJACENT;
     CPU_PARALLEL_FOR_STATIC(nt)
     for (int64_t i = 0; i < m; i++) {
@@ -284,7 +314,7 @@ static tri_status cpu_rope(tri__backend *be, float *x, int64_t m, int64_t n_head
 }
 
 static tri_status cpu_swiglu(tri__backend *be, float *out, const float *gate, const float *up, int64_t n) {
-    int nt = cpu_threads(be);
+    int nt = cpu_threads_for(be, n);
     CPU_PARALLEL_FOR_STATIC(nt)
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i];
@@ -574,6 +604,7 @@ tri_status tri__backend_cpu_create(int32_t n_threads, tri__cpu_simd simd, tri__b
 #if TRI_CPU_X86
     if (simd == TRI_CPU_SIMD_AVX2) st->kr = &tri__cpu_kernels_avx2;
     if (simd == TRI_CPU_SIMD_AVX512) st->kr = &tri__cpu_kernels_avx512;
+    if (simd == TRI_CPU_SIMD_AVX512_VNNI) st->kr = &tri__cpu_kernels_avx512_vnni;
 #endif
     be->ops = &cpu_ops;
     be->n_threads = n_threads > 0 ? n_threads : cpu_max_threads();

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu-kernels.h"
 #include "dtype.h"
 #include "rope.h"
 #include "test-util.h"
@@ -190,6 +191,43 @@ Test(cpu_backend, matmul_quantized_weights) {
             for (size_t a = 0; a < 4; a++)
                 for (size_t b = 0; b < 3; b++) check_matmul(be, lvl, t, ms[b], 37, ks[a]);
     });
+}
+
+// Every tile shape: m and n around the tile sizes (4 rows of x by up to 4 rows of W) and the
+// 16-row tasks, k with a partial SIMD vector (float) or an odd number of blocks (quantized).
+Test(cpu_backend, matmul_tile_edges) {
+    static const int64_t ns[] = {1, 2, 3, 4, 5, 7, 17, 33};
+    FOR_EACH_LEVEL({
+        for (tri_dtype t = TRI_DTYPE_F32; t < TRI_DTYPE_COUNT; t++)
+            for (int64_t m = 1; m <= 9; m++)
+                for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+                    check_matmul(be, lvl, t, m, ns[a], tri__dtype_is_quantized(t) ? 96 : 67);
+    });
+}
+
+// The SIMD quantizers of x give the scalar one's bytes exactly: same scale, same rounding (ties
+// to even), same sums.
+Test(cpu_backend, quantize_x_identical_at_every_level) {
+    enum { K = 256 };
+    float x[K];
+    fill(x, K, 3.0f);
+    x[5] = 0;
+    for (int i = 32; i < 64; i++) x[i] = 0;                  // an all-zero block
+    for (int i = 64; i < 96; i++) x[i] = (float)(i - 80) * 0.5f;  // ties: amax 7.5, steps of 127/15
+    x[100] = -1e4f;                                          // an outlier
+    int8_t q0[K], q[K];
+    float d0[K / 4], s0[K / 4], d[K / 4], s[K / 4];
+    tri__cpu_quantize_row(q0, d0, s0, x, K);
+    const tri__cpu_kernels *levels[4] = {&tri__cpu_kernels_scalar, NULL, NULL, NULL};
+#if TRI_CPU_X86
+    levels[1] = &tri__cpu_kernels_avx2, levels[2] = &tri__cpu_kernels_avx512, levels[3] = &tri__cpu_kernels_avx512_vnni;
+#endif
+    for (int lvl = TRI_CPU_SIMD_SCALAR; lvl <= (int)tri__cpu_simd_detect(); lvl++) {
+        levels[lvl]->quantize(q, d, s, x, K);
+        cr_assert_arr_eq(q, q0, sizeof q, "%s", tri__cpu_simd_name((tri__cpu_simd)lvl));
+        cr_assert_arr_eq(d, d0, sizeof d, "%s", tri__cpu_simd_name((tri__cpu_simd)lvl));
+        cr_assert_arr_eq(s, s0, sizeof s, "%s", tri__cpu_simd_name((tri__cpu_simd)lvl));
+    }
 }
 
 Test(cpu_backend, matmul_q8_0_extreme_weights) {
