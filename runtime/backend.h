@@ -181,7 +181,7 @@ tri__cpu_simd tri__cpu_simd_detect(void);
 // "scalar", "avx2", "avx512", "avx512vnni".
 const char *tri__cpu_simd_name(tri__cpu_simd simd);
 
-// Creates a CPU backend with n_threads workers (<= 0: all cores; 1 without OpenMP in any case)
+// Creates a CPU backend with n_threads threads, the caller included (<= 0: all cores)
 // using SIMD level simd (TRI_CPU_SIMD_AUTO: detect). A level the CPU lacks is UNSUPPORTED, so
 // tests can force each level the machine has. Free with tri__backend_free.
 tri_status tri__backend_cpu_create(int32_t n_threads, tri__cpu_simd simd, tri__backend **out);

@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "cpu-kernels.h"
+#include "cpu-pool.h"
 #include "dtype.h"
 #include "rope.h"
 #include "test-util.h"
@@ -252,6 +253,31 @@ Test(cpu_backend, matmul_rejects_partial_blocks) {
     uint8_t w[64] = {0};
     cr_assert_eq(be->ops->matmul(be, y, x, w, TRI_DTYPE_Q4_0, 1, 1, 40), TRI_STATUS_INVALID_ARGUMENT);
     tri__backend_free(be);
+}
+
+// ---- the thread pool ----
+
+static void pool_count(void *arg, int64_t c) {
+    __atomic_fetch_add((int *)arg + c, 1, __ATOMIC_RELAXED);
+}
+
+// Thousands of back-to-back jobs of every size: each chunk runs exactly once, whichever thread
+// claims it, and no job sees a chunk of the previous one.
+Test(cpu_backend, pool_runs_every_chunk_once) {
+    for (int nt = 1; nt <= 4; nt++) {
+        tri__cpu_pool *p;
+        cr_assert_eq(tri__cpu_pool_create(nt, &p), TRI_STATUS_OK);
+        static int counts[257];
+        for (int job = 0; job < 3000; job++) {
+            int64_t n = job % 257;
+            memset(counts, 0, sizeof counts);
+            tri__cpu_pool_run(p, pool_count, counts, n);
+            for (int64_t c = 0; c < 257; c++)
+                cr_assert_eq(counts[c], c < n ? 1 : 0, "threads %d job %d chunk %lld", nt, job, (long long)c);
+        }
+        tri__cpu_pool_free(p);
+    }
+    tri__cpu_pool_free(NULL);
 }
 
 // ---- get_rows, convert, rmsnorm, swiglu, add ----
