@@ -240,11 +240,9 @@ static tri_status cpu_quantize_x(tri__backend *be, const float *x, int64_t m, in
     }
     int8_t *qs = st->xq;
     float *d8 = (float *)((char *)st->xq + qbytes), *s8 = (float *)((char *)st->xq + qbytes + sbytes);
-    int64_t nb8 = k / TRI_QK * 8;
     *out = (tri__cpu_xq){qs, d8, s8, k};
     quantize_job j = {st->kr, out, x};
     cpu_parallel(be, m, 1, m * k, quantize_rows, &j);
-    (void)nb8;
     return TRI_STATUS_OK;
 }
 
