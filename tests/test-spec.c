@@ -389,3 +389,190 @@ Test(spec, refuses_a_draft_with_another_vocabulary) {
     tri_model_free(renamed);
     tri_model_free(target);
 }
+
+// ---- sampling: the emitted tokens follow the target's distribution ----
+//
+// Many seeded runs of speculative generation of two tokens after a fixed prompt, on a model with
+// a vocabulary of 270; the counts of the pair (x1, x2) are compared with the target's exact joint
+// distribution p(x1) p(x2 | x1), computed by plain forward passes, with Pearson's chi-square.
+// Pairs expected fewer than 5 times are pooled into one bin. The threshold is the chi-square
+// quantile of probability 1 - 1e-4 (Wilson-Hilferty), so each check raises a false alarm with
+// probability 1e-4, and the suite's 6 checks together with less than 1e-3; the seeds are fixed,
+// so a given build passes or fails deterministically.
+
+#define CHI_RUNS 20000
+#define CHI_V 270
+
+static const int32_t chi_prompt[8] = {10, 20, 30, 10, 20, 30, 10, 20};
+
+// joint (V * V): the target's exact distribution of the first two tokens under sp.
+static double *exact_joint(const tri_model *m, const tri_sampler_params *sp) {
+    const int32_t V = m->config.n_vocab;
+    tri_session_params ssp = small_session(32);
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &ssp, &s), TRI_STATUS_OK);
+    double *joint = calloc((size_t)V * (size_t)V, sizeof *joint);
+    float *p1 = malloc((size_t)V * sizeof *p1), *p2 = malloc((size_t)V * sizeof *p2);
+    tri__sampler_scratch scr = {0};
+    cr_assert_eq(tri_session_eval(s, chi_prompt, 8, false), TRI_STATUS_OK);
+    cr_assert_eq(tri__sampler_probs(sp, tri_session_logits(s, -1), V, p1, &scr), TRI_STATUS_OK);
+    for (int32_t a = 0; a < V; a++) {
+        if (p1[a] <= 0.0f) continue;
+        cr_assert_eq(tri_session_truncate(s, 8), TRI_STATUS_OK);
+        cr_assert_eq(tri_session_eval(s, &a, 1, false), TRI_STATUS_OK);
+        cr_assert_eq(tri__sampler_probs(sp, tri_session_logits(s, -1), V, p2, &scr), TRI_STATUS_OK);
+        for (int32_t b = 0; b < V; b++) joint[(int64_t)a * V + b] = (double)p1[a] * (double)p2[b];
+    }
+    tri__sampler_scratch_free(&scr);
+    free(p1);
+    free(p2);
+    tri_session_free(s);
+    return joint;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x < y) - (x > y);
+}
+
+typedef struct chi_result {
+    double chi2, limit;
+    int dof;
+} chi_result;
+
+// Runs spec CHI_RUNS times and returns Pearson's statistic against joint.
+static chi_result chi_square(tri_spec *s, const tri_sampler_params *sp, const double *joint, int32_t V) {
+    double *count = calloc((size_t)V * (size_t)V, sizeof *count);
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = 2;
+    gp.stop_at_eos = false;
+    gp.sampler = *sp;
+    for (int r = 0; r < CHI_RUNS; r++) {
+        int32_t got[2];
+        collect c = {got, 0, 2};
+        gp.sampler.seed = 1000003ull * (uint64_t)r + sp->seed;
+        tri_spec_reset(s);
+        cr_assert_eq(tri_generate_spec(s, chi_prompt, 8, &gp, on_token, &c, NULL), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(c.n, 2);
+        count[(int64_t)got[0] * V + got[1]] += 1;
+    }
+    // bins: pairs expected >= 5 times; the rest (with any emitted pair of probability 0) pooled
+    double chi2 = 0, pool_e = 0, pool_o = 0;
+    int bins = 0;
+    double *small = malloc((size_t)V * (size_t)V * sizeof *small);
+    int n_small = 0;
+    for (int64_t i = 0; i < (int64_t)V * V; i++) {
+        double e = CHI_RUNS * joint[i];
+        if (e >= 5.0) {
+            chi2 += (count[i] - e) * (count[i] - e) / e;
+            bins++;
+        } else {
+            pool_e += e;
+            pool_o += count[i];
+            small[n_small++] = e;
+        }
+    }
+    (void)cmp_desc;
+    if (pool_e > 0 || pool_o > 0) {
+        double e = pool_e > 1.0 ? pool_e : 1.0;  // impossible pairs emitted still weigh heavily
+        chi2 += (pool_o - e) * (pool_o - e) / e;
+        bins++;
+    }
+    free(small);
+    free(count);
+    chi_result res = {.chi2 = chi2, .dof = bins - 1};
+    double k = res.dof, z = 3.719;  // z of 1 - 1e-4
+    double t = 1.0 - 2.0 / (9.0 * k) + z * sqrt(2.0 / (9.0 * k));
+    res.limit = k * t * t * t;
+    return res;
+}
+
+typedef struct chi_fixture {
+    tri_model *target, *draft;
+} chi_fixture;
+
+static chi_fixture chi_models(void) {
+    const char *shape = "--vocab 270 --embd 32 --ff 64 --heads 2 --kv-heads 1 --head-dim 16 --dtype f32";
+    char opts[256];
+    chi_fixture f;
+    snprintf(opts, sizeof opts, "%s --layers 2 --seed 51", shape);
+    f.target = load(gen_model("chi-t", opts));
+    snprintf(opts, sizeof opts, "%s --layers 1 --seed 52", shape);
+    f.draft = load(gen_model("chi-d", opts));
+    return f;
+}
+
+static chi_result chi_check(const chi_fixture *f, tri_spec_mode mode, tri_spec_drafter drafter,
+                            tri__spec_rule rule, const tri_sampler_params *sp, const double *joint) {
+    drafter_case d = {"", drafter, drafter == TRI_SPEC_DRAFTER_MODEL ? f->draft : NULL, NULL, 0, 2};
+    tri_spec_params p = params_of(mode, &d, 2, 3);
+    tri_spec *s = spec_new(f->target, &p, 32);
+    tri__spec_set_rule(s, rule);
+    chi_result r = chi_square(s, sp, joint, CHI_V);
+    tri_spec_free(s);
+    return r;
+}
+
+Test(spec, sampling_follows_the_target_distribution, .timeout = 120) {
+    chi_fixture f = chi_models();
+    tri_sampler_params sps[2] = {tri_sampler_default_params(), tri_sampler_default_params()};
+    sps[0].temperature = 0.6f;
+    sps[0].top_p = 0.9f;
+    sps[1].temperature = 1.0f;
+    sps[1].top_p = 0.95f;
+    sps[1].top_k = 100;
+    struct {
+        tri_spec_mode mode;
+        tri_spec_drafter drafter;
+    } cases[] = {
+        {TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_MODEL},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_MODEL},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_NGRAM},
+    };
+    for (int t = 0; t < 2; t++) {
+        double *joint = exact_joint(f.target, &sps[t]);
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            sps[t].seed = 17 + c;
+            chi_result r = chi_check(&f, cases[c].mode, cases[c].drafter, TRI_SPEC_RULE_EXACT, &sps[t], joint);
+            cr_log_info("T %.1f %s/%d: chi2 %.1f, %d dof, limit %.1f", (double)sps[t].temperature,
+                        mode_name(cases[c].mode), (int)cases[c].drafter, r.chi2, r.dof, r.limit);
+            cr_assert(r.chi2 < r.limit, "T %.1f mode %s drafter %d: chi2 %.1f over %d dof > %.1f",
+                      (double)sps[t].temperature, mode_name(cases[c].mode), (int)cases[c].drafter, r.chi2,
+                      r.dof, r.limit);
+        }
+        free(joint);
+    }
+    tri_model_free(f.draft);
+    tri_model_free(f.target);
+}
+
+// The same test catches the broken rules: drawing from p after a rejection (TriForce's reference
+// code), at L3 directly and at L2 inside the hierarchy, and handing L3 the residual / p depending
+// on L2's branch.
+Test(spec, sampling_test_catches_broken_rules, .timeout = 120) {
+    chi_fixture f = chi_models();
+    tri_sampler_params sp = tri_sampler_default_params();
+    sp.temperature = 1.0f;
+    sp.top_p = 0.95f;
+    sp.seed = 5;
+    double *joint = exact_joint(f.target, &sp);
+    struct {
+        tri_spec_mode mode;
+        tri__spec_rule rule;
+    } cases[] = {
+        {TRI_SPEC_MODE_DRAFT, TRI_SPEC_RULE_RESAMPLE_FROM_P},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_RULE_RESAMPLE_FROM_P},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_RULE_BRANCH_Q},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        chi_result r = chi_check(&f, cases[c].mode, TRI_SPEC_DRAFTER_MODEL, cases[c].rule, &sp, joint);
+        cr_log_info("broken rule %d in %s: chi2 %.1f, %d dof, limit %.1f", (int)cases[c].rule,
+                    mode_name(cases[c].mode), r.chi2, r.dof, r.limit);
+        cr_assert(r.chi2 > r.limit, "rule %d in %s went unnoticed: chi2 %.1f over %d dof <= %.1f",
+                  (int)cases[c].rule, mode_name(cases[c].mode), r.chi2, r.dof, r.limit);
+    }
+    free(joint);
+    tri_model_free(f.draft);
+    tri_model_free(f.target);
+}
