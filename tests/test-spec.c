@@ -576,3 +576,44 @@ Test(spec, sampling_test_catches_broken_rules, .timeout = 120) {
     tri_model_free(f.draft);
     tri_model_free(f.target);
 }
+
+// ---- SmolLM2, when installed ----
+
+Test(spec, smollm2_greedy_self_draft_and_ngram, .timeout = 300) {
+    const char *path = getenv("TRI_TEST_MODEL");
+    if (!path || !*path) cr_skip_test("TRI_TEST_MODEL is not set");
+    tri_model *target = load(path);
+    // ids of a repetitive English-like passage (no tokenizer needed: any ids do)
+    static const int32_t prompt[24] = {504, 2365, 282, 260, 1345, 30, 504, 2365, 282, 260, 1345, 30,
+                                       504, 2365, 282, 260, 1345, 30, 504, 2365, 282, 260, 1345, 30};
+    static int32_t half[15];
+    for (int i = 0; i < 15; i++) half[i] = 2 * i;
+    drafter_case drafters[] = {
+        {"layers-even", TRI_SPEC_DRAFTER_LAYERS, NULL, half, 15, 0},
+        {"ngram-3", TRI_SPEC_DRAFTER_NGRAM, NULL, NULL, 0, 3},
+    };
+    int32_t want[16], got[16];
+    plain_greedy(target, prompt, 24, 16, 64, want);
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = 16;
+    gp.stop_at_eos = false;
+    tri_spec_mode modes[] = {TRI_SPEC_MODE_DRAFT, TRI_SPEC_MODE_TRIFORCE};
+    for (int mi = 0; mi < 2; mi++) {
+        for (int di = 0; di < 2; di++) {
+            tri_spec_params p = params_of(modes[mi], &drafters[di], 2, 4);
+            tri_spec *s = spec_new(target, &p, 64);
+            collect c = {got, 0, 16};
+            tri_spec_stats st;
+            cr_assert_eq(tri_generate_spec(s, prompt, 24, &gp, on_token, &c, &st), TRI_STATUS_OK, "%s",
+                         tri_last_error());
+            for (int i = 0; i < 16; i++)
+                cr_assert_eq(got[i], want[i], "SmolLM2 %s/%s: token %d is %d, plain %d", mode_name(modes[mi]),
+                             drafters[di].name, i, got[i], want[i]);
+            cr_log_info("SmolLM2 %s/%s: L1 %lld/%lld accepted, %lld L3 passes for 16 tokens", mode_name(modes[mi]),
+                        drafters[di].name, (long long)st.l1_accepted, (long long)st.l1_proposed,
+                        (long long)st.n_l3_verify);
+            tri_spec_free(s);
+        }
+    }
+    tri_model_free(target);
+}
