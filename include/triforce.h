@@ -363,6 +363,10 @@ TRI_API void tri_spec_reset(tri_spec *spec);
 // Tokens in the context (prompt and emitted tokens).
 TRI_API int32_t tri_spec_n_past(const tri_spec *spec);
 
+// Rolls the context back to its first n_past tokens (0 <= n_past <= tri_spec_n_past), e.g. to
+// generate again after the same prompt without prefilling it again.
+TRI_API tri_status tri_spec_truncate(tri_spec *spec, int32_t n_past);
+
 // As tri_generate, with speculation: appends prompt (may be 0 tokens to continue) and generates
 // after it, calling on_token for each emitted token in order. The random stream is seeded from
 // params->sampler.seed. stats may be NULL. Cancelling through a callback is not an error.

@@ -246,6 +246,13 @@ void tri_spec_reset(tri_spec *s) {
     (void)cut_at(s, 0);
 }
 
+tri_status tri_spec_truncate(tri_spec *s, int32_t n_past) {
+    if (n_past < 0 || n_past > s->n_seq)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative truncate: %d outside [0, %d]", n_past, s->n_seq);
+    s->n_seq = n_past;
+    return cut_at(s, n_past);
+}
+
 // Gets lv's logits for positions m - 1 .. m + extra - 1 of seq (the distributions of seq[m] ..
 // seq[m + extra]) in one forward pass that first catches up on whatever lv has not run:
 // runs seq[np .. m + extra) where np = min(n_past, m - 1). *row0: the logits row of position m - 1.
