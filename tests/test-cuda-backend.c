@@ -173,6 +173,23 @@ Test(cuda_backend, device_info_matches_count) {
     cr_assert_neq(tri__cuda_device_info_get(n, &info), TRI_STATUS_OK);
 }
 
+Test(cuda_backend, system_info_api) {
+    tri_host_info h;
+    cr_assert_eq(tri_host_get_info(&h), TRI_STATUS_OK);
+    cr_assert_gt(h.n_cpus, 0);
+    cr_assert_gt(h.total_bytes, 0);
+    cr_assert_not_null(h.simd);
+    cr_assert_eq(tri_device_count(), tri__cuda_device_count());
+    if (!h.cuda_support) cr_assert_eq(tri_device_count(), 0);
+    tri_device_info d;
+    for (int32_t i = 0; i < tri_device_count(); i++) {
+        cr_assert_eq(tri_device_get_info(i, &d), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert(d.name[0] && d.total_bytes >= d.free_bytes && d.sm_count > 0);
+    }
+    cr_assert_eq(tri_device_get_info(tri_device_count(), &d), TRI_STATUS_DEVICE);
+    cr_assert_eq(tri_host_get_info(NULL), TRI_STATUS_INVALID_ARGUMENT);
+}
+
 Test(cuda_backend, memory_copies_and_out_of_memory) {
     NEED_GPU();
     uint8_t a[1000], b[1000];
