@@ -35,7 +35,7 @@ __device__ __forceinline__ float row_elem(const uint8_t *row, tri_dtype t, int64
         const uint8_t *blk = row + (j / 32) * 20;
         float d = tri_dev_f16_to_f32(*(const uint16_t *)blk), mn = tri_dev_f16_to_f32(*(const uint16_t *)(blk + 2));
         int e = (int)(j % 32), q = e < 16 ? blk[4 + e] & 0x0f : blk[4 + e - 16] >> 4;
-        return d * (float)q + mn;
+        return __fadd_rn(__fmul_rn(d, (float)q), mn);  // never fused: bit-identical to the CPU
     }
     default: return 0.0f;
     }
