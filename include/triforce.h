@@ -79,6 +79,43 @@ typedef void (*tri_log_fn)(tri_log_level level, const char *msg, void *user);
 // or above max_level to stderr. Messages above max_level are never formatted.
 TRI_API void tri_log_set(tri_log_fn fn, void *user, tri_log_level max_level);
 
+// ---- system: GPUs and host ----
+
+// One CUDA device as the runtime sees it.
+typedef struct tri_device_info {
+    char name[256];           // e.g. "NVIDIA GeForce RTX 4090"
+    char pci_bus_id[32];      // "0000:01:00.0" (domain:bus:device.function), "" if unknown
+    uint64_t total_bytes;     // device memory
+    uint64_t free_bytes;      // free at the time of the call
+    int32_t cc_major;         // compute capability, e.g. 8.9
+    int32_t cc_minor;
+    int32_t sm_count;         // streaming multiprocessors
+    int32_t pcie_gen;         // current PCIe generation (1-6; an idle GPU drops to a lower one), 0 unknown
+    int32_t pcie_width;       // current PCIe lanes, 0 unknown
+    int32_t pcie_max_gen;     // generation and lanes the link can run at, 0 unknown
+    int32_t pcie_max_width;
+} tri_device_info;
+
+// Number of CUDA devices usable by this process; 0 without a GPU, without a driver, or when the
+// library was built without CUDA (see tri_host_info.cuda_support).
+TRI_API int32_t tri_device_count(void);
+
+// Describes device 0 <= device < tri_device_count(). TRI_STATUS_DEVICE if it cannot be queried.
+TRI_API tri_status tri_device_get_info(int32_t device, tri_device_info *out);
+
+// The host: CPU, memory, and what this build supports.
+typedef struct tri_host_info {
+    char cpu_name[256];        // "model name" of /proc/cpuinfo, "" if unknown
+    int32_t n_cpus;            // logical CPUs online
+    uint64_t total_bytes;      // physical memory
+    uint64_t available_bytes;  // memory available to new allocations (MemAvailable), 0 unknown
+    const char *simd;          // SIMD level the CPU backend uses: "avx512", "avx2", "scalar"; static
+    bool cuda_support;         // the library was built with the CUDA backend
+} tri_host_info;
+
+// Describes the host; fails only if out is NULL.
+TRI_API tri_status tri_host_get_info(tri_host_info *out);
+
 // ---- tensors and models ----
 
 typedef enum tri_dtype {
