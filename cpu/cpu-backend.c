@@ -1,44 +1,73 @@
 // cpu-backend.c - the CPU backend: the reference implementation of every op in backend.h.
 //
-// Threads: OpenMP over rows of W (matmul), rows (norms, softmax) and (KV head, query) pairs
-// (attention). Without OpenMP everything runs on the calling thread.
+// Threads: a persistent pool (cpu-pool.h) over tasks of rows of W (matmul), rows (norms, RoPE)
+// and (KV head, query) pairs (attention); ops too small to pay for waking the workers run on the
+// calling thread.
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "cpu-kernels.h"
+#include "cpu-pool.h"
 #include "dtype.h"
 #include "error.h"
-#include "tri-config.h"
-
-#if TRI_HAVE_OPENMP
-#include <omp.h>
-#define CPU_PRAGMA(x) _Pragma(#x)
-#define CPU_PARALLEL_FOR(nt) CPU_PRAGMA(omp parallel for schedule(dynamic, 1) num_threads(nt))
-#define CPU_PARALLEL_FOR_STATIC(nt) CPU_PRAGMA(omp parallel for schedule(static) num_threads(nt))
-static int cpu_thread_id(void) { return omp_get_thread_num(); }
-static int cpu_max_threads(void) { return omp_get_num_procs(); }
-#else
-#define CPU_PARALLEL_FOR(nt) (void)(nt);  // one thread: the count is unused
-#define CPU_PARALLEL_FOR_STATIC(nt) (void)(nt);
-static int cpu_thread_id(void) { return 0; }
-static int cpu_max_threads(void) { return 1; }
-#endif
 
 typedef struct cpu_state {
     tri__cpu_simd simd;
     const tri__cpu_kernels *kr;
-    tri__cpu_block_q8x *xq;  // (m, k / 32) quantized activations of the current matmul
-    size_t xq_cap;           // blocks allocated in xq
+    tri__cpu_pool *pool;  // be->n_threads threads, remade when n_threads changes
+    void *xq;             // quantized activations of the current matmul, see cpu_quantize_x
+    size_t xq_bytes;      // allocated in xq
 } cpu_state;
 
 static cpu_state *cpu_priv(tri__backend *be) { return be->priv; }
 
-static int cpu_threads(const tri__backend *be) {
-    int nt = be->n_threads;
-    return nt < 1 ? 1 : nt;
+static int cpu_max_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : (int)n;
+}
+
+// Elements of work below which an op runs on the calling thread: waking the workers costs a few
+// microseconds, more when another process holds a core.
+#define CPU_MIN_PARALLEL_WORK 32768
+
+// Runs fn(arg, i0, i1) over [0, n) in ranges of at least grain items, on the pool when the whole
+// (work elements) is worth it. Returns OUT_OF_MEMORY only if the pool had to be (re)made and
+// could not; the work is then done on the calling thread anyway.
+typedef void (*cpu_range_fn)(void *arg, int64_t i0, int64_t i1);
+typedef struct cpu_range_job {
+    cpu_range_fn fn;
+    void *arg;
+    int64_t n, per;
+} cpu_range_job;
+
+static void cpu_range_chunk(void *vj, int64_t c) {
+    const cpu_range_job *j = vj;
+    int64_t i0 = c * j->per, i1 = i0 + j->per < j->n ? i0 + j->per : j->n;
+    j->fn(j->arg, i0, i1);
+}
+
+static void cpu_parallel(tri__backend *be, int64_t n, int64_t grain, int64_t work, cpu_range_fn fn, void *arg) {
+    cpu_state *st = cpu_priv(be);
+    int nt = be->n_threads < 1 ? 1 : be->n_threads;
+    if (n <= 0) return;
+    if (nt > 1 && work >= CPU_MIN_PARALLEL_WORK && (!st->pool || tri__cpu_pool_threads(st->pool) != nt)) {
+        tri__cpu_pool_free(st->pool);
+        st->pool = NULL;
+        if (tri__cpu_pool_create(nt, &st->pool)) st->pool = NULL;  // serial below
+    }
+    if (nt == 1 || work < CPU_MIN_PARALLEL_WORK || !st->pool) {
+        fn(arg, 0, n);
+        return;
+    }
+    // ranges of at least grain items, about 4 per thread for balance
+    int64_t per = (n + 4 * nt - 1) / (4 * nt);
+    if (per < grain) per = grain;
+    cpu_range_job j = {fn, arg, n, per};
+    tri__cpu_pool_run(st->pool, cpu_range_chunk, &j, (n + per - 1) / per);
 }
 
 // ---- SIMD level ----
@@ -48,7 +77,7 @@ tri__cpu_simd tri__cpu_simd_detect(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return TRI_CPU_SIMD_AVX512;
+        return __builtin_cpu_supports("avx512vnni") ? TRI_CPU_SIMD_AVX512_VNNI : TRI_CPU_SIMD_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return TRI_CPU_SIMD_AVX2;
 #endif
     return TRI_CPU_SIMD_SCALAR;
@@ -60,6 +89,7 @@ const char *tri__cpu_simd_name(tri__cpu_simd simd) {
     case TRI_CPU_SIMD_SCALAR: return "scalar";
     case TRI_CPU_SIMD_AVX2: return "avx2";
     case TRI_CPU_SIMD_AVX512: return "avx512";
+    case TRI_CPU_SIMD_AVX512_VNNI: return "avx512vnni";
     }
     return "?";
 }
@@ -95,6 +125,7 @@ static tri_status cpu_synchronize(tri__backend *be) {
 
 static void cpu_destroy(tri__backend *be) {
     cpu_state *st = cpu_priv(be);
+    tri__cpu_pool_free(st->pool);
     free(st->xq);
     free(st);
     free(be);
@@ -174,11 +205,81 @@ static tri_status cpu_convert(tri__backend *be, void *dst, tri_dtype type, const
 
 // ---- matmul ----
 
-// Rows of W per task: enough that a task amortises its scheduling, few enough that the threads
-// balance. Rows of x per inner tile: their f32 or q8 copies stay in L2 while the task's rows of W
-// stream past them once.
+// Rows of W per task: enough that a task amortises its scheduling (a multiple of every level's
+// tile_n), few enough that the threads balance. Rows of x per pass over the task's rows of W:
+// their f32 or quantized copies stay in L2 while the rows of W are reused from L1 by every tile.
 #define MATMUL_W_ROWS 16
 #define MATMUL_X_ROWS 64
+
+typedef struct quantize_job {
+    const tri__cpu_kernels *kr;
+    const tri__cpu_xq *xq;
+    const float *x;
+} quantize_job;
+
+static void quantize_rows(void *arg, int64_t i0, int64_t i1) {
+    const quantize_job *j = arg;
+    int64_t k = j->xq->k, nb8 = k / TRI_QK * 8;
+    for (int64_t i = i0; i < i1; i++)
+        j->kr->quantize((int8_t *)j->xq->qs + i * k, (float *)j->xq->d8 + i * nb8, (float *)j->xq->s8 + i * nb8,
+                        j->x + i * k, k);
+}
+
+// Quantizes x (m, k) into st->xq: (m, k) int8 values, then (m, k / 32, 8) scales and
+// (m, k / 32, 8) sums (tri__cpu_xq), each part 64-byte aligned.
+static tri_status cpu_quantize_x(tri__backend *be, const float *x, int64_t m, int64_t k, tri__cpu_xq *out) {
+    cpu_state *st = cpu_priv(be);
+    size_t qbytes = ((size_t)(m * k) + 63) / 64 * 64, sbytes = (size_t)(m * (k / TRI_QK)) * 8 * sizeof(float);
+    size_t need = qbytes + 2 * sbytes;
+    if (need > st->xq_bytes) {
+        free(st->xq);
+        st->xq_bytes = 0;
+        st->xq = aligned_alloc(64, (need + 63) / 64 * 64);
+        if (!st->xq) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu matmul: %zu bytes of activations", need);
+        st->xq_bytes = need;
+    }
+    int8_t *qs = st->xq;
+    float *d8 = (float *)((char *)st->xq + qbytes), *s8 = (float *)((char *)st->xq + qbytes + sbytes);
+    *out = (tri__cpu_xq){qs, d8, s8, k};
+    quantize_job j = {st->kr, out, x};
+    cpu_parallel(be, m, 1, m * k, quantize_rows, &j);
+    return TRI_STATUS_OK;
+}
+
+typedef struct matmul_job {
+    float *y;
+    const float *x;
+    const char *w;
+    const tri__cpu_xq *xq;
+    tri__cpu_tile_f tf;
+    tri__cpu_tile_q tq;
+    int64_t m, n, k, row_bytes, tn;
+} matmul_job;
+
+// Tasks t0 .. t1 - 1: MATMUL_W_ROWS rows of W each, against every row of x.
+static void matmul_tasks(void *arg, int64_t t0, int64_t t1) {
+    const matmul_job *j = arg;
+    int64_t m = j->m, n = j->n, k = j->k, rb = j->row_bytes, tn = j->tn, nb8 = k / TRI_QK * 8;
+    int64_t r0 = t0 * MATMUL_W_ROWS, r_end = t1 * MATMUL_W_ROWS < n ? t1 * MATMUL_W_ROWS : n;
+    for (; r0 < r_end; r0 += MATMUL_W_ROWS) {
+        int64_t r1 = r0 + MATMUL_W_ROWS < r_end ? r0 + MATMUL_W_ROWS : r_end;
+        for (int64_t i0 = 0; i0 < m; i0 += MATMUL_X_ROWS) {
+            int64_t i1 = i0 + MATMUL_X_ROWS < m ? i0 + MATMUL_X_ROWS : m;
+            for (int64_t r = r0; r < r1; r += tn) {
+                int64_t nr = r1 - r < tn ? r1 - r : tn;
+                for (int64_t i = i0; i < i1; i += TRI_CPU_TILE_M) {
+                    int64_t mr = i1 - i < TRI_CPU_TILE_M ? i1 - i : TRI_CPU_TILE_M;
+                    if (j->tq) {
+                        tri__cpu_xq sub = {j->xq->qs + i * k, j->xq->d8 + i * nb8, j->xq->s8 + i * nb8, k};
+                        j->tq(j->y + i * n + r, n, &sub, mr, j->w + r * rb, rb, nr);
+                    } else {
+                        j->tf(j->y + i * n + r, n, j->x + i * k, mr, j->w + r * rb, rb, nr, k);
+                    }
+                }
+            }
+        }
+    }
+}
 
 static tri_status cpu_matmul(tri__backend *be, float *y, const float *x, const void *w, tri_dtype type,
                              int64_t m, int64_t n, int64_t k) {
@@ -189,65 +290,51 @@ static tri_status cpu_matmul(tri__backend *be, float *y, const float *x, const v
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu matmul: W (%lld, %lld) %s", (long long)n,
                          (long long)k, tri_dtype_name(type));
     if (m == 0 || n == 0) return TRI_STATUS_OK;
-    int nt = cpu_threads(be);
-    bool quant = tri__dtype_is_quantized(type);
-    int64_t nb = k / TRI_QK;
-    if (quant) {
-        size_t need = (size_t)m * (size_t)nb;
-        if (need > st->xq_cap) {
-            tri__cpu_block_q8x *p = realloc(st->xq, need * sizeof *p);
-            if (!p) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu matmul: %zu activation blocks", need);
-            st->xq = p;
-            st->xq_cap = need;
-        }
-        tri__cpu_block_q8x *xq = st->xq;
-        CPU_PARALLEL_FOR_STATIC(nt)
-        for (int64_t i = 0; i < m; i++) tri__cpu_quantize_row_q8x(xq + i * nb, x + i * k, k);
+    tri__cpu_tile_f tf = NULL;
+    tri__cpu_tile_q tq = NULL;
+    switch (type) {
+    case TRI_DTYPE_F32: tf = kr->tile_f32; break;
+    case TRI_DTYPE_F16: tf = kr->tile_f16; break;
+    case TRI_DTYPE_BF16: tf = kr->tile_bf16; break;
+    case TRI_DTYPE_Q8_0: tq = kr->tile_q8_0; break;
+    case TRI_DTYPE_Q4_0: tq = kr->tile_q4_0; break;
+    case TRI_DTYPE_Q4_1: tq = kr->tile_q4_1; break;
+    default: return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu matmul: %s weights", tri_dtype_name(type));
     }
-    const uint8_t *wb = w;
-    const tri__cpu_block_q8x *xq = st->xq;
+    tri__cpu_xq xq = {0};
+    if (tq) {
+        tri_status s = cpu_quantize_x(be, x, m, k, &xq);
+        if (s) return s;
+    }
+    matmul_job j = {y, x, w, &xq, tf, tq, m, n, k, row_bytes, kr->tile_n};
     int64_t n_tasks = (n + MATMUL_W_ROWS - 1) / MATMUL_W_ROWS;
-    CPU_PARALLEL_FOR(nt)
-    for (int64_t t = 0; t < n_tasks; t++) {
-        int64_t r0 = t * MATMUL_W_ROWS, r1 = r0 + MATMUL_W_ROWS < n ? r0 + MATMUL_W_ROWS : n;
-        for (int64_t i0 = 0; i0 < m; i0 += MATMUL_X_ROWS) {
-            int64_t i1 = i0 + MATMUL_X_ROWS < m ? i0 + MATMUL_X_ROWS : m;
-            for (int64_t r = r0; r < r1; r++) {
-                const void *wr = wb + r * row_bytes;
-                for (int64_t i = i0; i < i1; i++) {
-                    float v = 0;
-                    switch (type) {
-                    case TRI_DTYPE_F32: v = kr->dot_f32(x + i * k, wr, k); break;
-                    case TRI_DTYPE_F16: v = kr->dot_f16(x + i * k, wr, k); break;
-                    case TRI_DTYPE_BF16: v = kr->dot_bf16(x + i * k, wr, k); break;
-                    case TRI_DTYPE_Q8_0: v = kr->dot_q8_0(xq + i * nb, wr, nb); break;
-                    case TRI_DTYPE_Q4_0: v = kr->dot_q4_0(xq + i * nb, wr, nb); break;
-                    case TRI_DTYPE_Q4_1: v = kr->dot_q4_1(xq + i * nb, wr, nb); break;
-                    default: break;
-                    }
-                    y[i * n + r] = v;
-                }
-            }
-        }
-    }
+    // work in bytes-ish of W streamed per row of x: a decode step's small projections still split
+    cpu_parallel(be, n_tasks, 1, m * n * k / 8, matmul_tasks, &j);
     return TRI_STATUS_OK;
 }
 
 // ---- elementwise and normalisation ----
 
-static tri_status cpu_rmsnorm(tri__backend *be, float *y, const float *x, const void *weight, tri_dtype wt,
-                              int64_t m, int64_t n, float eps) {
-    if (wt != TRI_DTYPE_F32 && wt != TRI_DTYPE_F16 && wt != TRI_DTYPE_BF16)
-        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu rmsnorm: %s weight", tri_dtype_name(wt));
-    if (n <= 0 || m < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu rmsnorm: n = %lld", (long long)n);
-    int nt = cpu_threads(be);
-    CPU_PARALLEL_FOR_STATIC(nt)
-    for (int64_t i = 0; i < m; i++) {
-        const float *xr = x + i * n;
-        float *yr = y + i * n;
+typedef struct rmsnorm_job {
+    float *y;
+    const float *x;
+    const void *weight;
+    tri_dtype wt;
+    int64_t n;
+    float eps;
+} rmsnorm_job;
+
+static void rmsnorm_rows(void *arg, int64_t i0, int64_t i1) {
+    const rmsnorm_job *jb = arg;
+    int64_t n = jb->n;
+    tri_dtype wt = jb->wt;
+    const void *weight = jb->weight;
+    for (int64_t i = i0; i < i1; i++) {
+        const float *xr = jb->x + i * n;
+        float *yr = jb->y + i * n;
         double ss = 0;  // double: n up to 16K squares of activations with outliers
         for (int64_t j = 0; j < n; j++) ss += (double)xr[j] * (double)xr[j];
-        float s = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        float s = (float)(1.0 / sqrt(ss / (double)n + (double)jb->eps));
         for (int64_t j = 0; j < n; j++) {
             float wj = wt == TRI_DTYPE_F32   ? ((const float *)weight)[j]
                        : wt == TRI_DTYPE_F16 ? tri__f16_to_f32(((const uint16_t *)weight)[j])
@@ -255,24 +342,37 @@ static tri_status cpu_rmsnorm(tri__backend *be, float *y, const float *x, const 
             yr[j] = xr[j] * s * wj;
         }
     }
+}
+
+static tri_status cpu_rmsnorm(tri__backend *be, float *y, const float *x, const void *weight, tri_dtype wt,
+                              int64_t m, int64_t n, float eps) {
+    if (wt != TRI_DTYPE_F32 && wt != TRI_DTYPE_F16 && wt != TRI_DTYPE_BF16)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu rmsnorm: %s weight", tri_dtype_name(wt));
+    if (n <= 0 || m < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu rmsnorm: n = %lld", (long long)n);
+    rmsnorm_job j = {y, x, weight, wt, n, eps};
+    cpu_parallel(be, m, 1, m * n, rmsnorm_rows, &j);
     return TRI_STATUS_OK;
 }
 
-static tri_status cpu_rope(tri__backend *be, float *x, int64_t m, int64_t n_heads, const int32_t *pos,
-                           const tri__rope *rope) {
-    int64_t hd = rope->head_dim, half = hd / 2;
-    for (int64_t i = 0; i < m; i++)
-        if (pos[i] < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu rope: position %d", pos[i]);
-    int nt = cpu_threads(be);
+typedef struct rope_job {
+    float *x;
+    int64_t n_heads;
+    const int32_t *pos;
+    const tri__rope *rope;
+} rope_job;
+
+static void rope_rows(void *arg, int64_t i0, int64_t i1) {
+    const rope_job *jb = arg;
+    const tri__rope *rope = jb->rope;
+    int64_t hd = rope->head_dim, half = hd / 2, n_heads = jb->n_heads;
     bool adjacent = rope->layout == TRI_ROPE_LAYOUT_ADJACENT;
-    CPU_PARALLEL_FOR_STATIC(nt)
-    for (int64_t i = 0; i < m; i++) {
+    for (int64_t i = i0; i < i1; i++) {
         for (int64_t p = 0; p < half; p++) {
             // float32 angle, as HF computes (inv_freq @ positions) in float32
-            float angle = (float)pos[i] * rope->inv_freq[p];
+            float angle = (float)jb->pos[i] * rope->inv_freq[p];
             float c = cosf(angle) * rope->attn_factor, s = sinf(angle) * rope->attn_factor;
             for (int64_t h = 0; h < n_heads; h++) {
-                float *xh = x + (i * n_heads + h) * hd;
+                float *xh = jb->x + (i * n_heads + h) * hd;
                 int64_t a = adjacent ? 2 * p : p, b = adjacent ? 2 * p + 1 : p + half;
                 float x0 = xh[a], x1 = xh[b];
                 xh[a] = x0 * c - x1 * s;
@@ -280,16 +380,33 @@ static tri_status cpu_rope(tri__backend *be, float *x, int64_t m, int64_t n_head
             }
         }
     }
+}
+
+static tri_status cpu_rope(tri__backend *be, float *x, int64_t m, int64_t n_heads, const int32_t *pos,
+                           const tri__rope *rope) {
+    for (int64_t i = 0; i < m; i++)
+        if (pos[i] < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu rope: position %d", pos[i]);
+    rope_job j = {x, n_heads, pos, rope};
+    cpu_parallel(be, m, 1, m * n_heads * rope->head_dim, rope_rows, &j);
     return TRI_STATUS_OK;
 }
 
-static tri_status cpu_swiglu(tri__backend *be, float *out, const float *gate, const float *up, int64_t n) {
-    int nt = cpu_threads(be);
-    CPU_PARALLEL_FOR_STATIC(nt)
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+typedef struct swiglu_job {
+    float *out;
+    const float *gate, *up;
+} swiglu_job;
+
+static void swiglu_range(void *arg, int64_t i0, int64_t i1) {
+    const swiglu_job *j = arg;
+    for (int64_t i = i0; i < i1; i++) {
+        float g = j->gate[i];
+        j->out[i] = g / (1.0f + expf(-g)) * j->up[i];
     }
+}
+
+static tri_status cpu_swiglu(tri__backend *be, float *out, const float *gate, const float *up, int64_t n) {
+    swiglu_job j = {out, gate, up};
+    cpu_parallel(be, n, 4096, n * 8, swiglu_range, &j);
     return TRI_STATUS_OK;
 }
 
@@ -460,54 +577,49 @@ static void attn_one(const tri__cpu_kernels *kr, const tri__kv_view *kv, int64_t
     }
 }
 
-static tri_status cpu_attention(tri__backend *be, float *out, const float *q, const int32_t *q_pos, int64_t m,
-                                int64_t n_head, int64_t hd, const tri__kv_view *kv, float *weight_sums) {
-    cpu_state *st = cpu_priv(be);
-    const tri__cpu_kernels *kr = st->kr;
-    int64_t nkv = kv->n_head_kv;
-    if (kv->type != TRI_DTYPE_F16 && kv->type != TRI_DTYPE_F32)
-        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys", tri_dtype_name(kv->type));
-    if (nkv <= 0 || n_head % nkv != 0 || hd <= 0 || m < 0)
-        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu attention: %lld heads over %lld KV heads, head_dim %lld",
-                         (long long)n_head, (long long)nkv, (long long)hd);
-    for (int32_t si = 0; si < kv->head_span[nkv]; si++)
-        if (kv->spans[si].n < 0 || (kv->spans[si].n > 0 && kv->spans[si].stride < hd))
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu attention: span %d has %d rows of stride %lld", si,
-                             kv->spans[si].n, (long long)kv->spans[si].stride);
-    int64_t g = n_head / nkv;
-    float scale = 1.0f / sqrtf((float)hd);
-    int nt = cpu_threads(be);
-    int n_scr = cpu_max_threads() > nt ? cpu_max_threads() : nt;
-    size_t per = (size_t)(g * ATTN_TILE + g * hd + 2 * g);
-    float *scr = malloc(sizeof(float) * per * (size_t)n_scr);
-    // running max and sum of every (query, head), for the weight sums' second pass
-    float *stats = weight_sums ? malloc(sizeof(float) * 2 * (size_t)(m * n_head)) : NULL;
-    if (!scr || (weight_sums && !stats)) {
-        free(scr);
-        free(stats);
-        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu attention: scratch for %d threads", n_scr);
+typedef struct attn_job {
+    const tri__cpu_kernels *kr;
+    float *out;
+    const float *q;
+    const int32_t *q_pos;
+    int64_t m, n_head, hd, g;
+    const tri__kv_view *kv;
+    float *weight_sums, *stats;
+    float scale;
+    bool oom;  // a range could not allocate its scratch
+} attn_job;
+
+// (KV head, query) tasks t0 .. t1 - 1 with one scratch.
+static void attn_tasks(void *arg, int64_t t0, int64_t t1) {
+    attn_job *j = arg;
+    int64_t g = j->g, hd = j->hd, nkv = j->kv->n_head_kv, n_head = j->n_head;
+    float *base = malloc(sizeof(float) * (size_t)(g * ATTN_TILE + g * hd + 2 * g));
+    if (!base) {
+        j->oom = true;  // benign race: every writer stores true
+        return;
     }
-    int64_t n_tasks = nkv * m;
-    CPU_PARALLEL_FOR(nt)
-    for (int64_t t = 0; t < n_tasks; t++) {
+    attn_scratch s = {base, base + g * ATTN_TILE, base + g * ATTN_TILE + g * hd, base + g * ATTN_TILE + g * hd + g};
+    for (int64_t t = t0; t < t1; t++) {
         int64_t h = t % nkv, i = t / nkv;
-        float *base = scr + per * (size_t)cpu_thread_id();
-        attn_scratch s = {base, base + g * ATTN_TILE, base + g * ATTN_TILE + g * hd, base + g * ATTN_TILE + g * hd + g};
         int64_t off = (i * n_head + h * g) * hd;
-        attn_one(kr, kv, h, q + off, q_pos[i], g, hd, scale, out + off, &s);
-        if (stats)
+        attn_one(j->kr, j->kv, h, j->q + off, j->q_pos[i], g, hd, j->scale, j->out + off, &s);
+        if (j->stats)
             for (int64_t a = 0; a < g; a++) {
-                stats[2 * (i * n_head + h * g + a)] = s.mx[a];
-                stats[2 * (i * n_head + h * g + a) + 1] = s.sum[a];
+                j->stats[2 * (i * n_head + h * g + a)] = s.mx[a];
+                j->stats[2 * (i * n_head + h * g + a) + 1] = s.sum[a];
             }
     }
-    free(scr);
-    if (!weight_sums) return TRI_STATUS_OK;
+    free(base);
+}
 
-    // Second pass, per KV head (so no two threads write the same sum): recompute each score and
-    // add its final probability exp(s - max) / sum.
-    CPU_PARALLEL_FOR(nt)
-    for (int64_t h = 0; h < nkv; h++) {
+// The weight sums' second pass for KV heads h0 .. h1 - 1 (so no two threads write the same sum):
+// recompute each score and add its final probability exp(s - max) / sum.
+static void attn_weight_sums(void *arg, int64_t h0, int64_t h1) {
+    const attn_job *jb = arg;
+    const tri__kv_view *kv = jb->kv;
+    int64_t g = jb->g, hd = jb->hd, n_head = jb->n_head;
+    const float *stats = jb->stats;
+    for (int64_t h = h0; h < h1; h++) {
         int64_t off = 0;
         for (int32_t si = 0; si < kv->head_span[h]; si++) off += kv->spans[si].n;
         for (int32_t si = kv->head_span[h]; si < kv->head_span[h + 1]; si++) {
@@ -515,20 +627,49 @@ static tri_status cpu_attention(tri__backend *be, float *out, const float *q, co
             for (int64_t j = 0; j < sp->n; j++) {
                 int32_t kp = attn_key_pos(sp, j);
                 double w = 0;
-                for (int64_t i = 0; i < m; i++) {
-                    if (kp > q_pos[i]) continue;
+                for (int64_t i = 0; i < jb->m; i++) {
+                    if (kp > jb->q_pos[i]) continue;
                     for (int64_t a = 0; a < g; a++) {
                         int64_t qa = i * n_head + h * g + a;
-                        float sc = attn_dot(kr, kv->type, q + qa * hd, sp->k, j, sp->stride, hd) * scale;
+                        float sc = attn_dot(jb->kr, kv->type, jb->q + qa * hd, sp->k, j, sp->stride, hd) * jb->scale;
                         w += (double)(expf(sc - stats[2 * qa]) / stats[2 * qa + 1]);
                     }
                 }
-                weight_sums[off + j] = (float)w;
+                jb->weight_sums[off + j] = (float)w;
             }
             off += sp->n;
         }
     }
+}
+
+static tri_status cpu_attention(tri__backend *be, float *out, const float *q, const int32_t *q_pos, int64_t m,
+                                int64_t n_head, int64_t hd, const tri__kv_view *kv, float *weight_sums) {
+    cpu_state *st = cpu_priv(be);
+    int64_t nkv = kv->n_head_kv;
+    if (kv->type != TRI_DTYPE_F16 && kv->type != TRI_DTYPE_F32)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys", tri_dtype_name(kv->type));
+    if (nkv <= 0 || n_head % nkv != 0 || hd <= 0 || m < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu attention: %lld heads over %lld KV heads, head_dim %lld",
+                         (long long)n_head, (long long)nkv, (long long)hd);
+    int64_t n_keys = 0;
+    for (int32_t si = 0; si < kv->head_span[nkv]; si++) {
+        if (kv->spans[si].n < 0 || (kv->spans[si].n > 0 && kv->spans[si].stride < hd))
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu attention: span %d has %d rows of stride %lld", si,
+                             kv->spans[si].n, (long long)kv->spans[si].stride);
+        n_keys += kv->spans[si].n;
+    }
+    // running max and sum of every (query, head), for the weight sums' second pass
+    float *stats = weight_sums ? malloc(sizeof(float) * 2 * (size_t)(m * n_head)) : NULL;
+    if (weight_sums && !stats)
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu attention: statistics of %lld queries", (long long)m);
+    attn_job j = {st->kr, out, q, q_pos, m, n_head, hd, n_head / nkv, kv, weight_sums, stats,
+                  1.0f / sqrtf((float)hd), false};
+    // work: scores and value rows touched, n_keys counting every KV head's keys
+    int64_t work = m * (n_head / nkv) * (n_keys + 1) * hd;
+    cpu_parallel(be, nkv * m, 1, work, attn_tasks, &j);
+    if (!j.oom && weight_sums) cpu_parallel(be, nkv, 1, work, attn_weight_sums, &j);
     free(stats);
+    if (j.oom) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu attention: scratch");
     return TRI_STATUS_OK;
 }
 
@@ -574,9 +715,11 @@ tri_status tri__backend_cpu_create(int32_t n_threads, tri__cpu_simd simd, tri__b
 #if TRI_CPU_X86
     if (simd == TRI_CPU_SIMD_AVX2) st->kr = &tri__cpu_kernels_avx2;
     if (simd == TRI_CPU_SIMD_AVX512) st->kr = &tri__cpu_kernels_avx512;
+    if (simd == TRI_CPU_SIMD_AVX512_VNNI) st->kr = &tri__cpu_kernels_avx512_vnni;
 #endif
     be->ops = &cpu_ops;
     be->n_threads = n_threads > 0 ? n_threads : cpu_max_threads();
+    // the pool itself is made on the first op that is worth threads (cpu_parallel)
     be->priv = st;
     *out = be;
     return TRI_STATUS_OK;

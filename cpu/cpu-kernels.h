@@ -1,8 +1,9 @@
 // cpu-kernels.h - the SIMD-dispatched inner loops of the CPU backend (internal to cpu/).
 //
-// One table per SIMD level (scalar, AVX2, AVX-512); cpu-backend.c picks one at creation. The
-// functions are compiled with __attribute__((target(...))) so the build needs no -march flag and
-// runs on any x86-64 (or non-x86) machine; a level is only used when the CPU reports it.
+// One table per SIMD level (scalar, AVX2, AVX-512, AVX-512 VNNI); cpu-backend.c picks one at
+// creation. The functions are compiled with __attribute__((target(...))) so the build needs no
+// -march flag and runs on any x86-64 (or non-x86) machine; a level is only used when the CPU
+// reports it.
 #ifndef TRI_CPU_KERNELS_H
 #define TRI_CPU_KERNELS_H
 
@@ -10,23 +11,42 @@
 
 #include "dtype.h"
 
-// Activations quantized for the integer dot products against quantized weights: 32 values of one
-// row of x, value = d * qs[i]. s = d * sum(qs), for Q4_1's minimum term.
-typedef struct tri__cpu_block_q8x {
-    float d;
-    float s;
-    int8_t qs[TRI_QK];
-} tri__cpu_block_q8x;
+// Activations quantized for the integer dot products against quantized weights, laid out for the
+// kernels rather than as GGML blocks: block b of row i holds the 32 values
+// d * qs[i * k + 32 b + j]. Scales are repeated over the 8 int32 lanes a block's products fill,
+// so a SIMD kernel loads them with the lanes they multiply (two blocks per 512-bit load).
+typedef struct tri__cpu_xq {
+    const int8_t *qs;  // (m, k) quantized values, |q| <= 127
+    const float *d8;   // (m, k / 32, 8) the block's scale d, 8 times
+    const float *s8;   // (m, k / 32, 8) d * sum(qs of the block) / 8, 8 times: the 8 lanes add up
+                       // to the block's sum, for the weights' offset terms (Q4_1's minimum)
+    int64_t k;         // elements per row, a multiple of 32
+} tri__cpu_xq;
+
+// Matmul tiles: y[i * ldy + r] = (row i of x) . (row r of W) for i < mr, r < nr, with
+// 1 <= mr <= TRI_CPU_TILE_M and 1 <= nr <= TRI_CPU_TILE_N. W rows are w_stride bytes apart.
+// Float weights take f32 x (rows k elements apart); quantized ones x quantized as above.
+#define TRI_CPU_TILE_M 4
+#define TRI_CPU_TILE_N 4
+typedef void (*tri__cpu_tile_f)(float *y, int64_t ldy, const float *x, int64_t mr, const void *w,
+                                int64_t w_stride, int64_t nr, int64_t k);
+typedef void (*tri__cpu_tile_q)(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w,
+                                int64_t w_stride, int64_t nr);
 
 typedef struct tri__cpu_kernels {
-    // sum_i x[i] * w[i] over k elements; x f32, w of the named type.
+    // Tiles per weight type: the float ones for F32, F16, BF16, the quantized ones for Q8_0, Q4_0,
+    // Q4_1. tile_n is the largest nr the level is fast with (<= TRI_CPU_TILE_N: AVX2 has 16
+    // registers); mr is always up to TRI_CPU_TILE_M.
+    tri__cpu_tile_f tile_f32, tile_f16, tile_bf16;
+    tri__cpu_tile_q tile_q8_0, tile_q4_0, tile_q4_1;
+    int tile_n;
+    // Quantizes row i of x (m rows of k f32, k a multiple of 32) into row i of out (whose buffers
+    // the caller owns): d = max|x| / 127, qs = x / d rounded to nearest even; identical results at
+    // every level.
+    void (*quantize)(int8_t *qs, float *d8, float *s8, const float *x, int64_t k);
+    // sum_i x[i] * w[i] over k elements; x f32, w of the named type (attention's scores).
     float (*dot_f32)(const float *x, const float *w, int64_t k);
     float (*dot_f16)(const float *x, const uint16_t *w, int64_t k);
-    float (*dot_bf16)(const float *x, const uint16_t *w, int64_t k);
-    // sum over nb blocks of the dequantized weight block . the dequantized activation block.
-    float (*dot_q8_0)(const tri__cpu_block_q8x *x, const tri__block_q8_0 *w, int64_t nb);
-    float (*dot_q4_0)(const tri__cpu_block_q8x *x, const tri__block_q4_0 *w, int64_t nb);
-    float (*dot_q4_1)(const tri__cpu_block_q8x *x, const tri__block_q4_1 *w, int64_t nb);
     // y[i] = y[i] * c + a * v[i] over n elements (the attention value accumulation, with the
     // online-softmax rescale c folded in); v f32 or f16.
     void (*axpby_f32)(float *y, float c, float a, const float *v, int64_t n);
@@ -38,12 +58,34 @@ extern const tri__cpu_kernels tri__cpu_kernels_scalar;
 #define TRI_CPU_X86 1
 extern const tri__cpu_kernels tri__cpu_kernels_avx2;
 extern const tri__cpu_kernels tri__cpu_kernels_avx512;
+extern const tri__cpu_kernels tri__cpu_kernels_avx512_vnni;
 #else
 #define TRI_CPU_X86 0
 #endif
 
-// Quantizes one row of k f32 values (k a multiple of 32) into k / 32 blocks: d = max|x| / 127,
-// qs = round(x / d) (ties away from zero).
-void tri__cpu_quantize_row_q8x(tri__cpu_block_q8x *out, const float *x, int64_t k);
+// The scalar quantizer (the reference for the SIMD ones).
+void tri__cpu_quantize_row(int8_t *qs, float *d8, float *s8, const float *x, int64_t k);
+
+// Calls body(MR, NR) with compile-time constants for the run-time mr, nr (1..4 each), so an
+// always-inline tile body is specialised and keeps its accumulators in registers.
+#define TRI_CPU_TILE_DISPATCH(mr, nr, body)            \
+    switch ((int)((mr) - 1) * 4 + (int)((nr) - 1)) {  \
+    case 0: body(1, 1); break;                        \
+    case 1: body(1, 2); break;                        \
+    case 2: body(1, 3); break;                        \
+    case 3: body(1, 4); break;                        \
+    case 4: body(2, 1); break;                        \
+    case 5: body(2, 2); break;                        \
+    case 6: body(2, 3); break;                        \
+    case 7: body(2, 4); break;                        \
+    case 8: body(3, 1); break;                        \
+    case 9: body(3, 2); break;                        \
+    case 10: body(3, 3); break;                       \
+    case 11: body(3, 4); break;                       \
+    case 12: body(4, 1); break;                       \
+    case 13: body(4, 2); break;                       \
+    case 14: body(4, 3); break;                       \
+    default: body(4, 4); break;                       \
+    }
 
 #endif  // TRI_CPU_KERNELS_H

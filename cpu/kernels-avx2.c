@@ -48,70 +48,187 @@ AVX2 static float dot_f16(const float *x, const uint16_t *w, int64_t k) {
     return acc;
 }
 
-AVX2 static float dot_bf16(const float *x, const uint16_t *w, int64_t k) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= k; i += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load_bf16(w + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), load_bf16(w + i + 8), a1);
+// ---- float tiles: each W vector loaded (and converted) once for up to 4 rows of x ----
+
+// kind: 0 f32, 1 f16, 2 bf16; 8 elements of W row w from element j.
+AVX2 static inline __attribute__((always_inline)) __m256 load_w(const char *w, int64_t j, const int kind) {
+    if (kind == 0) return _mm256_loadu_ps((const float *)w + j);
+    return kind == 1 ? load_f16((const uint16_t *)w + j) : load_bf16((const uint16_t *)w + j);
+}
+
+AVX2 static inline __attribute__((always_inline)) float w_elem(const char *w, int64_t j, const int kind) {
+    if (kind == 0) return ((const float *)w)[j];
+    return kind == 1 ? _cvtsh_ss(((const uint16_t *)w)[j]) : tri__bf16_to_f32(((const uint16_t *)w)[j]);
+}
+
+// nr <= 2 here (tile_n): 8 accumulators of 16 registers.
+AVX2 static inline __attribute__((always_inline)) void f_tile(float *y, int64_t ldy, const float *x, const void *w,
+                                                              int64_t ws, int64_t k, const int MR, const int NR,
+                                                              const int kind) {
+    __m256 acc[TRI_CPU_TILE_M][2];
+    const char *wr[2] = {w, (const char *)w + ws};
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) acc[i][r] = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= k; j += 8) {
+        __m256 wv[2];
+        for (int r = 0; r < NR; r++) wv[r] = load_w(wr[r], j, kind);
+        for (int i = 0; i < MR; i++) {
+            __m256 xv = _mm256_loadu_ps(x + i * k + j);
+            for (int r = 0; r < NR; r++) acc[i][r] = _mm256_fmadd_ps(xv, wv[r], acc[i][r]);
+        }
     }
-    for (; i + 8 <= k; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load_bf16(w + i), a0);
-    float acc = hsum(_mm256_add_ps(a0, a1));
-    for (; i < k; i++) acc += x[i] * tri__bf16_to_f32(w[i]);
-    return acc;
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) {
+            float v = hsum(acc[i][r]);
+            for (int64_t t = j; t < k; t++) v += x[i * k + t] * w_elem(wr[r], t, kind);
+            y[i * ldy + r] = v;
+        }
 }
 
-// Sums of products of 32 unsigned bytes u and 32 signed bytes s, as 8 f32 partial sums. No
-// int16 overflow: |u| <= 128 (Q8_0 weights may hold -128) and |s| <= 127 give pairs <= 32512.
-AVX2 static inline __m256 dot_u8_i8(__m256i u, __m256i s) {
-    __m256i p = _mm256_maddubs_epi16(u, s);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+#define F_BODY(kind)                                         \
+    if (nr == 1) {                                           \
+        switch (mr) {                                        \
+        case 1: f_tile(y, ldy, x, w, ws, k, 1, 1, kind); break; \
+        case 2: f_tile(y, ldy, x, w, ws, k, 2, 1, kind); break; \
+        case 3: f_tile(y, ldy, x, w, ws, k, 3, 1, kind); break; \
+        default: f_tile(y, ldy, x, w, ws, k, 4, 1, kind); break; \
+        }                                                    \
+    } else {                                                 \
+        switch (mr) {                                        \
+        case 1: f_tile(y, ldy, x, w, ws, k, 1, 2, kind); break; \
+        case 2: f_tile(y, ldy, x, w, ws, k, 2, 2, kind); break; \
+        case 3: f_tile(y, ldy, x, w, ws, k, 3, 2, kind); break; \
+        default: f_tile(y, ldy, x, w, ws, k, 4, 2, kind); break; \
+        }                                                    \
+    }
+
+AVX2 static void tile_f32(float *y, int64_t ldy, const float *x, int64_t mr, const void *w, int64_t ws, int64_t nr,
+                          int64_t k) {
+    F_BODY(0)
 }
 
-// The same for two signed operands: move w's sign onto x.
-AVX2 static inline __m256 dot_i8_i8(__m256i w, __m256i x) {
-    return dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+AVX2 static void tile_f16(float *y, int64_t ldy, const float *x, int64_t mr, const void *w, int64_t ws, int64_t nr,
+                          int64_t k) {
+    F_BODY(1)
 }
 
-// 32 nibbles of a Q4 block as bytes 0..15, element i at byte i.
-AVX2 static inline __m256i unpack_q4(const uint8_t *qs) {
-    __m128i b = _mm_loadu_si128((const __m128i *)qs);
-    __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+AVX2 static void tile_bf16(float *y, int64_t ldy, const float *x, int64_t mr, const void *w, int64_t ws, int64_t nr,
+                           int64_t k) {
+    F_BODY(2)
 }
 
-AVX2 static float dot_q8_0(const tri__cpu_block_q8x *x, const tri__block_q8_0 *w, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
+// ---- quantizing x ----
+
+AVX2 static void quantize(int8_t *qs, float *d8, float *s8, const float *x, int64_t k) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < k / TRI_QK; b++) {
+        __m256 v[4], mx = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(x + b * TRI_QK + 8 * j);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[j]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float d = _mm_cvtss_f32(m4) / 127.0f;
+        float id = d > 0 ? 1.0f / d : 0.0f;
+        __m256i q[4], sum = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            // the default rounding mode is nearest even, as the scalar rintf
+            q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(id)));
+            q[j] = _mm256_max_epi32(_mm256_min_epi32(q[j], _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+            sum = _mm256_add_epi32(sum, q[j]);
+        }
+        // saturating packs interleave 128-bit lanes; the permute puts the 32 values back in order
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(qs + b * TRI_QK), p);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        int isum = _mm_cvtsi128_si32(s4);
+        _mm256_storeu_ps(d8 + b * 8, _mm256_set1_ps(d));
+        _mm256_storeu_ps(s8 + b * 8, _mm256_set1_ps(d * (float)isum * 0.125f));
+    }
+}
+
+// ---- quantized tiles: one block per register ----
+
+// 8 int32 sums of 4 products of unsigned bytes u and signed bytes s. No int16 overflow in
+// maddubs: |u| <= 128 (Q8_0 weights may hold -128) and |s| <= 127 give pairs <= 32512.
+AVX2 static inline __m256i dot_u8_i8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+// kind: 0 Q8_0, 1 Q4_0, 2 Q4_1; nr <= 2 (tile_n).
+AVX2 static inline __attribute__((always_inline)) void q_tile(float *y, int64_t ldy, const tri__cpu_xq *x,
+                                                              const void *w, int64_t ws, const int MR, const int NR,
+                                                              const int kind) {
+    const int64_t k = x->k, nb = k / TRI_QK, bsz = kind == 0 ? 34 : kind == 1 ? 18 : 20;
+    __m256 acc[TRI_CPU_TILE_M][2];
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) acc[i][r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i wq = _mm256_loadu_si256((const __m256i *)w[b].qs);
-        __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        __m256 d = _mm256_set1_ps(_cvtsh_ss(w[b].d) * x[b].d);
-        acc = _mm256_fmadd_ps(d, dot_i8_i8(wq, xq), acc);
+        for (int r = 0; r < NR; r++) {
+            const char *blk = (const char *)w + r * ws + b * bsz;
+            __m256i wu, wq = _mm256_setzero_si256();
+            __m256 dv = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)blk)), mv = _mm256_setzero_ps();
+            if (kind == 0) {
+                wq = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                wu = _mm256_sign_epi8(wq, wq);
+            } else {
+                // Q4_0 takes the unsigned nibble with an offset of -8 d per element
+                __m128i q = _mm_loadu_si128((const __m128i *)(blk + (kind == 1 ? 2 : 4)));
+                __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+                wu = _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+                mv = kind == 1 ? _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f))
+                               : _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 2)));
+            }
+            for (int i = 0; i < MR; i++) {
+                __m256i xq = _mm256_loadu_si256((const __m256i *)(x->qs + i * k + b * TRI_QK));
+                if (kind == 0) xq = _mm256_sign_epi8(xq, wq);
+                __m256 p = _mm256_cvtepi32_ps(dot_u8_i8(wu, xq));
+                __m256 sc = _mm256_mul_ps(dv, _mm256_loadu_ps(x->d8 + (i * nb + b) * 8));
+                acc[i][r] = _mm256_fmadd_ps(p, sc, acc[i][r]);
+                if (kind != 0) acc[i][r] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(x->s8 + (i * nb + b) * 8), acc[i][r]);
+            }
+        }
     }
-    return hsum(acc);
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) y[i * ldy + r] = hsum(acc[i][r]);
 }
 
-AVX2 static float dot_q4_0(const tri__cpu_block_q8x *x, const tri__block_q4_0 *w, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i wq = _mm256_sub_epi8(unpack_q4(w[b].qs), _mm256_set1_epi8(8));
-        __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        __m256 d = _mm256_set1_ps(_cvtsh_ss(w[b].d) * x[b].d);
-        acc = _mm256_fmadd_ps(d, dot_i8_i8(wq, xq), acc);
+#define Q_BODY(kind)                                       \
+    if (nr == 1) {                                         \
+        switch (mr) {                                      \
+        case 1: q_tile(y, ldy, x, w, ws, 1, 1, kind); break; \
+        case 2: q_tile(y, ldy, x, w, ws, 2, 1, kind); break; \
+        case 3: q_tile(y, ldy, x, w, ws, 3, 1, kind); break; \
+        default: q_tile(y, ldy, x, w, ws, 4, 1, kind); break; \
+        }                                                  \
+    } else {                                               \
+        switch (mr) {                                      \
+        case 1: q_tile(y, ldy, x, w, ws, 1, 2, kind); break; \
+        case 2: q_tile(y, ldy, x, w, ws, 2, 2, kind); break; \
+        case 3: q_tile(y, ldy, x, w, ws, 3, 2, kind); break; \
+        default: q_tile(y, ldy, x, w, ws, 4, 2, kind); break; \
+        }                                                  \
     }
-    return hsum(acc);
+
+AVX2 static void tile_q8_0(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w, int64_t ws,
+                           int64_t nr) {
+    Q_BODY(0)
 }
 
-AVX2 static float dot_q4_1(const tri__cpu_block_q8x *x, const tri__block_q4_1 *w, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    float acc_m = 0;
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        __m256 d = _mm256_set1_ps(_cvtsh_ss(w[b].d) * x[b].d);
-        acc = _mm256_fmadd_ps(d, dot_u8_i8(unpack_q4(w[b].qs), xq), acc);
-        acc_m += _cvtsh_ss(w[b].m) * x[b].s;
-    }
-    return hsum(acc) + acc_m;
+AVX2 static void tile_q4_0(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w, int64_t ws,
+                           int64_t nr) {
+    Q_BODY(1)
+}
+
+AVX2 static void tile_q4_1(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w, int64_t ws,
+                           int64_t nr) {
+    Q_BODY(2)
 }
 
 AVX2 static void axpby_f32(float *y, float c, float a, const float *v, int64_t n) {
@@ -131,12 +248,16 @@ AVX2 static void axpby_f16(float *y, float c, float a, const uint16_t *v, int64_
 }
 
 const tri__cpu_kernels tri__cpu_kernels_avx2 = {
+    .tile_f32 = tile_f32,
+    .tile_f16 = tile_f16,
+    .tile_bf16 = tile_bf16,
+    .tile_q8_0 = tile_q8_0,
+    .tile_q4_0 = tile_q4_0,
+    .tile_q4_1 = tile_q4_1,
+    .tile_n = 2,
+    .quantize = quantize,
     .dot_f32 = dot_f32,
     .dot_f16 = dot_f16,
-    .dot_bf16 = dot_bf16,
-    .dot_q8_0 = dot_q8_0,
-    .dot_q4_0 = dot_q4_0,
-    .dot_q4_1 = dot_q4_1,
     .axpby_f32 = axpby_f32,
     .axpby_f16 = axpby_f16,
 };

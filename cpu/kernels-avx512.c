@@ -1,5 +1,7 @@
 // kernels-avx512.c - AVX-512 inner loops (16 floats per register, masked tails; two quantized
-// blocks per register).
+// blocks per register), with a second set of quantized tiles for CPUs with AVX-512 VNNI.
+#include <string.h>
+
 #include "cpu-kernels.h"
 
 #if TRI_CPU_X86
@@ -51,115 +53,99 @@ AVX512 static float dot_f16(const float *x, const uint16_t *w, int64_t k) {
     return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
 
-AVX512 static float dot_bf16(const float *x, const uint16_t *w, int64_t k) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= k; i += 32) {
-        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), bf16_to_ps(_mm256_loadu_si256((const __m256i *)(w + i))), a0);
-        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16),
-                             bf16_to_ps(_mm256_loadu_si256((const __m256i *)(w + i + 16))), a1);
+// ---- float tiles: each W vector loaded (and converted) once for up to 4 rows of x ----
+
+// kind: 0 f32, 1 f16, 2 bf16; 16 elements of W row w from element j, masked.
+AVX512 static inline __attribute__((always_inline)) __m512 load_w(const char *w, int64_t j, __mmask16 m,
+                                                                  const int kind) {
+    if (kind == 0) return _mm512_maskz_loadu_ps(m, (const float *)w + j);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)w + j);
+    return kind == 1 ? _mm512_cvtph_ps(h) : bf16_to_ps(h);
+}
+
+AVX512 static inline __attribute__((always_inline)) void f_step(__m512 acc[TRI_CPU_TILE_M][TRI_CPU_TILE_N],
+                                                                const float *x, int64_t k, const char *w, int64_t ws,
+                                                                int64_t j, __mmask16 m, const int MR, const int NR,
+                                                                const int kind) {
+    __m512 wv[TRI_CPU_TILE_N];
+    for (int r = 0; r < NR; r++) wv[r] = load_w(w + r * ws, j, m, kind);
+    for (int i = 0; i < MR; i++) {
+        __m512 xv = _mm512_maskz_loadu_ps(m, x + i * k + j);
+        for (int r = 0; r < NR; r++) acc[i][r] = _mm512_fmadd_ps(xv, wv[r], acc[i][r]);
     }
-    for (; i + 16 <= k; i += 16)
-        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), bf16_to_ps(_mm256_loadu_si256((const __m256i *)(w + i))), a0);
-    if (i < k) {
-        __mmask16 m = tail_mask(k - i);
-        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), bf16_to_ps(_mm256_maskz_loadu_epi16(m, w + i)), a1);
+}
+
+AVX512 static inline __attribute__((always_inline)) void f_tile(float *y, int64_t ldy, const float *x, const void *w,
+                                                                int64_t ws, int64_t k, const int MR, const int NR,
+                                                                const int kind) {
+    __m512 acc[TRI_CPU_TILE_M][TRI_CPU_TILE_N];
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) acc[i][r] = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= k; j += 16) f_step(acc, x, k, w, ws, j, 0xffff, MR, NR, kind);
+    if (j < k) f_step(acc, x, k, w, ws, j, tail_mask(k - j), MR, NR, kind);
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) y[i * ldy + r] = _mm512_reduce_add_ps(acc[i][r]);
+}
+
+#define F_BODY_F32(MR, NR) f_tile(y, ldy, x, w, ws, k, MR, NR, 0)
+#define F_BODY_F16(MR, NR) f_tile(y, ldy, x, w, ws, k, MR, NR, 1)
+#define F_BODY_BF16(MR, NR) f_tile(y, ldy, x, w, ws, k, MR, NR, 2)
+
+AVX512 static void tile_f32(float *y, int64_t ldy, const float *x, int64_t mr, const void *w, int64_t ws, int64_t nr,
+                            int64_t k) {
+    TRI_CPU_TILE_DISPATCH(mr, nr, F_BODY_F32)
+}
+
+AVX512 static void tile_f16(float *y, int64_t ldy, const float *x, int64_t mr, const void *w, int64_t ws, int64_t nr,
+                            int64_t k) {
+    TRI_CPU_TILE_DISPATCH(mr, nr, F_BODY_F16)
+}
+
+AVX512 static void tile_bf16(float *y, int64_t ldy, const float *x, int64_t mr, const void *w, int64_t ws, int64_t nr,
+                             int64_t k) {
+    TRI_CPU_TILE_DISPATCH(mr, nr, F_BODY_BF16)
+}
+
+// ---- quantizing x ----
+
+AVX512 static void quantize(int8_t *qs, float *d8, float *s8, const float *x, int64_t k) {
+    for (int64_t b = 0; b < k / TRI_QK; b++) {
+        __m512 a = _mm512_loadu_ps(x + b * TRI_QK), c = _mm512_loadu_ps(x + b * TRI_QK + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(c)));
+        float d = amax / 127.0f;
+        float id = d > 0 ? 1.0f / d : 0.0f;
+        // the default rounding mode is nearest even, as the scalar rintf
+        __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(id)));
+        __m512i qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, _mm512_set1_ps(id)));
+        const __m512i lim = _mm512_set1_epi32(127);
+        qa = _mm512_max_epi32(_mm512_min_epi32(qa, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+        qc = _mm512_max_epi32(_mm512_min_epi32(qc, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+        _mm_storeu_si128((__m128i *)(qs + b * TRI_QK), _mm512_cvtepi32_epi8(qa));
+        _mm_storeu_si128((__m128i *)(qs + b * TRI_QK + 16), _mm512_cvtepi32_epi8(qc));
+        int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+        _mm256_storeu_ps(d8 + b * 8, _mm256_set1_ps(d));
+        _mm256_storeu_ps(s8 + b * 8, _mm256_set1_ps(d * (float)sum * 0.125f));
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
 
-// ---- quantized: two blocks per 512-bit register ----
+// ---- quantized tiles, without and with VNNI ----
 
-// Two 256-bit halves into one register: a in lanes 0..255, b above.
-AVX512 static inline __m512i join(__m256i a, __m256i b) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-}
+#define QT_TARGET AVX512
+#define QT_SUFFIX _bw
+#define QT_DP(acc, u, s) _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((u), (s)), _mm512_set1_epi16(1)))
+#include "kernels-avx512-quant.inc"
+#undef QT_TARGET
+#undef QT_SUFFIX
+#undef QT_DP
 
-// Per-lane scale: d0 for the 8 int32 sums of the first block, d1 for the second.
-AVX512 static inline __m512 join_scale(float d0, float d1) {
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(d0))),
-                                               _mm256_castps_pd(_mm256_set1_ps(d1)), 1));
-}
-
-// 16 int32 partial sums of unsigned u times signed s, as f32 (see the AVX2 file for the bounds).
-AVX512 static inline __m512 dot_u8_i8(__m512i u, __m512i s) {
-    __m512i p = _mm512_maddubs_epi16(u, s);
-    return _mm512_cvtepi32_ps(_mm512_madd_epi16(p, _mm512_set1_epi16(1)));
-}
-
-// Signed times signed: AVX-512 has no sign instruction, so negate x where w < 0 and use |w|.
-AVX512 static inline __m512 dot_i8_i8(__m512i w, __m512i x) {
-    __mmask64 neg = _mm512_movepi8_mask(w);
-    __m512i sx = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-    return dot_u8_i8(_mm512_abs_epi8(w), sx);
-}
-
-AVX512 static inline __m256i unpack_q4(const uint8_t *qs) {
-    __m128i b = _mm_loadu_si128((const __m128i *)qs);
-    __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
-}
-
-AVX512 static inline __m256i load_x(const tri__cpu_block_q8x *x) {
-    return _mm256_loadu_si256((const __m256i *)x->qs);
-}
-
-AVX512 static float dot_q8_0(const tri__cpu_block_q8x *x, const tri__block_q8_0 *w, int64_t nb) {
-    __m512 acc = _mm512_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        __m512i wq = join(_mm256_loadu_si256((const __m256i *)w[b].qs),
-                          _mm256_loadu_si256((const __m256i *)w[b + 1].qs));
-        __m512i xq = join(load_x(&x[b]), load_x(&x[b + 1]));
-        __m512 d = join_scale(_cvtsh_ss(w[b].d) * x[b].d, _cvtsh_ss(w[b + 1].d) * x[b + 1].d);
-        acc = _mm512_fmadd_ps(d, dot_i8_i8(wq, xq), acc);
-    }
-    if (b < nb) {
-        __m512i wq = join(_mm256_loadu_si256((const __m256i *)w[b].qs), _mm256_setzero_si256());
-        __m512i xq = join(load_x(&x[b]), _mm256_setzero_si256());
-        acc = _mm512_fmadd_ps(join_scale(_cvtsh_ss(w[b].d) * x[b].d, 0), dot_i8_i8(wq, xq), acc);
-    }
-    return _mm512_reduce_add_ps(acc);
-}
-
-AVX512 static float dot_q4_0(const tri__cpu_block_q8x *x, const tri__block_q4_0 *w, int64_t nb) {
-    __m512 acc = _mm512_setzero_ps();
-    const __m512i eight = _mm512_set1_epi8(8);
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        __m512i wq = _mm512_sub_epi8(join(unpack_q4(w[b].qs), unpack_q4(w[b + 1].qs)), eight);
-        __m512i xq = join(load_x(&x[b]), load_x(&x[b + 1]));
-        __m512 d = join_scale(_cvtsh_ss(w[b].d) * x[b].d, _cvtsh_ss(w[b + 1].d) * x[b + 1].d);
-        acc = _mm512_fmadd_ps(d, dot_i8_i8(wq, xq), acc);
-    }
-    if (b < nb) {
-        // the zero upper half of x makes the upper block's products zero whatever w holds
-        __m512i wq = _mm512_sub_epi8(join(unpack_q4(w[b].qs), _mm256_setzero_si256()), eight);
-        __m512i xq = join(load_x(&x[b]), _mm256_setzero_si256());
-        acc = _mm512_fmadd_ps(join_scale(_cvtsh_ss(w[b].d) * x[b].d, 0), dot_i8_i8(wq, xq), acc);
-    }
-    return _mm512_reduce_add_ps(acc);
-}
-
-AVX512 static float dot_q4_1(const tri__cpu_block_q8x *x, const tri__block_q4_1 *w, int64_t nb) {
-    __m512 acc = _mm512_setzero_ps();
-    float acc_m = 0;
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        __m512i wq = join(unpack_q4(w[b].qs), unpack_q4(w[b + 1].qs));
-        __m512i xq = join(load_x(&x[b]), load_x(&x[b + 1]));
-        __m512 d = join_scale(_cvtsh_ss(w[b].d) * x[b].d, _cvtsh_ss(w[b + 1].d) * x[b + 1].d);
-        acc = _mm512_fmadd_ps(d, dot_u8_i8(wq, xq), acc);
-        acc_m += _cvtsh_ss(w[b].m) * x[b].s + _cvtsh_ss(w[b + 1].m) * x[b + 1].s;
-    }
-    if (b < nb) {
-        __m512i wq = join(unpack_q4(w[b].qs), _mm256_setzero_si256());
-        __m512i xq = join(load_x(&x[b]), _mm256_setzero_si256());
-        acc = _mm512_fmadd_ps(join_scale(_cvtsh_ss(w[b].d) * x[b].d, 0), dot_u8_i8(wq, xq), acc);
-        acc_m += _cvtsh_ss(w[b].m) * x[b].s;
-    }
-    return _mm512_reduce_add_ps(acc) + acc_m;
-}
+#define QT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define QT_SUFFIX _vnni
+#define QT_DP(acc, u, s) _mm512_dpbusd_epi32((acc), (u), (s))
+#include "kernels-avx512-quant.inc"
+#undef QT_TARGET
+#undef QT_SUFFIX
+#undef QT_DP
 
 AVX512 static void axpby_f32(float *y, float c, float a, const float *v, int64_t n) {
     __m512 vc = _mm512_set1_ps(c), va = _mm512_set1_ps(a);
@@ -186,12 +172,31 @@ AVX512 static void axpby_f16(float *y, float c, float a, const uint16_t *v, int6
 }
 
 const tri__cpu_kernels tri__cpu_kernels_avx512 = {
+    .tile_f32 = tile_f32,
+    .tile_f16 = tile_f16,
+    .tile_bf16 = tile_bf16,
+    .tile_q8_0 = tile_q8_0_bw,
+    .tile_q4_0 = tile_q4_0_bw,
+    .tile_q4_1 = tile_q4_1_bw,
+    .tile_n = 4,
+    .quantize = quantize,
     .dot_f32 = dot_f32,
     .dot_f16 = dot_f16,
-    .dot_bf16 = dot_bf16,
-    .dot_q8_0 = dot_q8_0,
-    .dot_q4_0 = dot_q4_0,
-    .dot_q4_1 = dot_q4_1,
+    .axpby_f32 = axpby_f32,
+    .axpby_f16 = axpby_f16,
+};
+
+const tri__cpu_kernels tri__cpu_kernels_avx512_vnni = {
+    .tile_f32 = tile_f32,
+    .tile_f16 = tile_f16,
+    .tile_bf16 = tile_bf16,
+    .tile_q8_0 = tile_q8_0_vnni,
+    .tile_q4_0 = tile_q4_0_vnni,
+    .tile_q4_1 = tile_q4_1_vnni,
+    .tile_n = 4,
+    .quantize = quantize,
+    .dot_f32 = dot_f32,
+    .dot_f16 = dot_f16,
     .axpby_f32 = axpby_f32,
     .axpby_f16 = axpby_f16,
 };

@@ -3,7 +3,7 @@
 
 #include "cpu-kernels.h"
 
-void tri__cpu_quantize_row_q8x(tri__cpu_block_q8x *out, const float *x, int64_t k) {
+void tri__cpu_quantize_row(int8_t *qs, float *d8, float *s8, const float *x, int64_t k) {
     for (int64_t b = 0; b < k / TRI_QK; b++) {
         const float *xb = x + b * TRI_QK;
         float amax = 0;
@@ -12,13 +12,17 @@ void tri__cpu_quantize_row_q8x(tri__cpu_block_q8x *out, const float *x, int64_t 
         float id = d > 0 ? 1.0f / d : 0.0f;
         int sum = 0;
         for (int i = 0; i < TRI_QK; i++) {
-            int q = (int)roundf(xb[i] * id);
+            // rintf: nearest even under the default rounding mode, as the SIMD conversions do
+            int q = (int)rintf(xb[i] * id);
             q = q > 127 ? 127 : q < -127 ? -127 : q;
-            out[b].qs[i] = (int8_t)q;
+            qs[b * TRI_QK + i] = (int8_t)q;
             sum += q;
         }
-        out[b].d = d;
-        out[b].s = d * (float)sum;
+        float s = d * (float)sum * 0.125f;
+        for (int l = 0; l < 8; l++) {
+            d8[b * 8 + l] = d;
+            s8[b * 8 + l] = s;
+        }
     }
 }
 
@@ -40,40 +44,89 @@ static float dot_bf16(const float *x, const uint16_t *w, int64_t k) {
     return acc;
 }
 
-static float dot_q8_0(const tri__cpu_block_q8x *x, const tri__block_q8_0 *w, int64_t nb) {
+// Block b of row i of x: its values and its scale and sum terms.
+static const int8_t *xq_row(const tri__cpu_xq *x, int64_t i) { return x->qs + i * x->k; }
+static float xq_d(const tri__cpu_xq *x, int64_t i, int64_t b) { return x->d8[(i * (x->k / TRI_QK) + b) * 8]; }
+static float xq_s(const tri__cpu_xq *x, int64_t i, int64_t b) { return 8 * x->s8[(i * (x->k / TRI_QK) + b) * 8]; }
+
+static float dot_q8_0(const tri__cpu_xq *x, int64_t i, const tri__block_q8_0 *w) {
+    const int8_t *xq = xq_row(x, i);
     float acc = 0;
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = 0; b < x->k / TRI_QK; b++) {
         int32_t isum = 0;
-        for (int i = 0; i < TRI_QK; i++) isum += (int32_t)w[b].qs[i] * x[b].qs[i];
-        acc += tri__f16_to_f32(w[b].d) * x[b].d * (float)isum;
+        for (int j = 0; j < TRI_QK; j++) isum += (int32_t)w[b].qs[j] * xq[b * TRI_QK + j];
+        acc += tri__f16_to_f32(w[b].d) * xq_d(x, i, b) * (float)isum;
     }
     return acc;
 }
 
-static float dot_q4_0(const tri__cpu_block_q8x *x, const tri__block_q4_0 *w, int64_t nb) {
+static float dot_q4_0(const tri__cpu_xq *x, int64_t i, const tri__block_q4_0 *w) {
+    const int8_t *xq = xq_row(x, i);
     float acc = 0;
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = 0; b < x->k / TRI_QK; b++) {
         int32_t isum = 0;
-        for (int i = 0; i < TRI_QK / 2; i++) {
-            isum += ((w[b].qs[i] & 0x0f) - 8) * x[b].qs[i];
-            isum += ((w[b].qs[i] >> 4) - 8) * x[b].qs[i + TRI_QK / 2];
+        for (int j = 0; j < TRI_QK / 2; j++) {
+            isum += ((w[b].qs[j] & 0x0f) - 8) * xq[b * TRI_QK + j];
+            isum += ((w[b].qs[j] >> 4) - 8) * xq[b * TRI_QK + j + TRI_QK / 2];
         }
-        acc += tri__f16_to_f32(w[b].d) * x[b].d * (float)isum;
+        acc += tri__f16_to_f32(w[b].d) * xq_d(x, i, b) * (float)isum;
     }
     return acc;
 }
 
-static float dot_q4_1(const tri__cpu_block_q8x *x, const tri__block_q4_1 *w, int64_t nb) {
+static float dot_q4_1(const tri__cpu_xq *x, int64_t i, const tri__block_q4_1 *w) {
+    const int8_t *xq = xq_row(x, i);
     float acc = 0;
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = 0; b < x->k / TRI_QK; b++) {
         int32_t isum = 0;
-        for (int i = 0; i < TRI_QK / 2; i++) {
-            isum += (w[b].qs[i] & 0x0f) * x[b].qs[i];
-            isum += (w[b].qs[i] >> 4) * x[b].qs[i + TRI_QK / 2];
+        for (int j = 0; j < TRI_QK / 2; j++) {
+            isum += (w[b].qs[j] & 0x0f) * xq[b * TRI_QK + j];
+            isum += (w[b].qs[j] >> 4) * xq[b * TRI_QK + j + TRI_QK / 2];
         }
-        acc += tri__f16_to_f32(w[b].d) * x[b].d * (float)isum + tri__f16_to_f32(w[b].m) * x[b].s;
+        acc += tri__f16_to_f32(w[b].d) * xq_d(x, i, b) * (float)isum + tri__f16_to_f32(w[b].m) * xq_s(x, i, b);
     }
     return acc;
+}
+
+// ---- tiles: one dot product per (row of x, row of W) ----
+
+static void tile_f32(float *y, int64_t ldy, const float *x, int64_t mr, const void *w, int64_t ws, int64_t nr,
+                     int64_t k) {
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t r = 0; r < nr; r++)
+            y[i * ldy + r] = dot_f32(x + i * k, (const float *)((const char *)w + r * ws), k);
+}
+
+static void tile_f16(float *y, int64_t ldy, const float *x, int64_t mr, const void *w, int64_t ws, int64_t nr,
+                     int64_t k) {
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t r = 0; r < nr; r++)
+            y[i * ldy + r] = dot_f16(x + i * k, (const uint16_t *)((const char *)w + r * ws), k);
+}
+
+static void tile_bf16(float *y, int64_t ldy, const float *x, int64_t mr, const void *w, int64_t ws, int64_t nr,
+                      int64_t k) {
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t r = 0; r < nr; r++)
+            y[i * ldy + r] = dot_bf16(x + i * k, (const uint16_t *)((const char *)w + r * ws), k);
+}
+
+static void tile_q8_0(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w, int64_t ws,
+                      int64_t nr) {
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t r = 0; r < nr; r++) y[i * ldy + r] = dot_q8_0(x, i, (const void *)((const char *)w + r * ws));
+}
+
+static void tile_q4_0(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w, int64_t ws,
+                      int64_t nr) {
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t r = 0; r < nr; r++) y[i * ldy + r] = dot_q4_0(x, i, (const void *)((const char *)w + r * ws));
+}
+
+static void tile_q4_1(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w, int64_t ws,
+                      int64_t nr) {
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t r = 0; r < nr; r++) y[i * ldy + r] = dot_q4_1(x, i, (const void *)((const char *)w + r * ws));
 }
 
 static void axpby_f32(float *y, float c, float a, const float *v, int64_t n) {
@@ -85,12 +138,16 @@ static void axpby_f16(float *y, float c, float a, const uint16_t *v, int64_t n) 
 }
 
 const tri__cpu_kernels tri__cpu_kernels_scalar = {
+    .tile_f32 = tile_f32,
+    .tile_f16 = tile_f16,
+    .tile_bf16 = tile_bf16,
+    .tile_q8_0 = tile_q8_0,
+    .tile_q4_0 = tile_q4_0,
+    .tile_q4_1 = tile_q4_1,
+    .tile_n = 1,
+    .quantize = tri__cpu_quantize_row,
     .dot_f32 = dot_f32,
     .dot_f16 = dot_f16,
-    .dot_bf16 = dot_bf16,
-    .dot_q8_0 = dot_q8_0,
-    .dot_q4_0 = dot_q4_0,
-    .dot_q4_1 = dot_q4_1,
     .axpby_f32 = axpby_f32,
     .axpby_f16 = axpby_f16,
 };

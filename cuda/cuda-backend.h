@@ -1,7 +1,7 @@
 // cuda-backend.h - the plain-C face of the CUDA backend (internal).
 //
 // No CUDA type appears here: C code includes this header, and every function exists in every
-// build. Without CUDA they report that no device is present.
+// build. Without CUDA they report that no device is present (device-stub.c).
 #ifndef TRI_CUDA_BACKEND_H
 #define TRI_CUDA_BACKEND_H
 
@@ -14,12 +14,16 @@
 extern "C" {
 #endif
 
+typedef struct tri__backend tri__backend;
+
 typedef struct tri__cuda_device_info {
     char name[256];
+    char pci_bus_id[32];         // "0000:01:00.0" (domain:bus:device.function), "" if unknown
     uint64_t total_bytes;
     uint64_t free_bytes;
     int32_t cc_major, cc_minor;  // compute capability
-    int32_t pcie_gen;            // current PCIe generation, 0 if unknown
+    int32_t sm_count;            // streaming multiprocessors
+    int32_t pcie_gen;            // current PCIe generation, 0 if unknown (filled from sysfs by runtime/system.c)
     int32_t pcie_width;          // current PCIe lanes, 0 if unknown
     int32_t pci_bus;
 } tri__cuda_device_info;
@@ -29,6 +33,11 @@ int tri__cuda_device_count(void);
 
 // Fills *out for device i; TRI_STATUS_DEVICE if it cannot be queried.
 tri_status tri__cuda_device_info_get(int device, tri__cuda_device_info *out);
+
+// Creates a CUDA backend on device (0 .. tri__cuda_device_count() - 1): its own stream, cuBLAS
+// handle and scratch. Free with tri__backend_free. TRI_STATUS_DEVICE when the device does not
+// exist or this build has no CUDA support.
+tri_status tri__backend_cuda_create(int device, tri__backend **out);
 
 #ifdef __cplusplus
 }

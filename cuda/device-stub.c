@@ -8,3 +8,8 @@ tri_status tri__cuda_device_info_get(int device, tri__cuda_device_info *out) {
     (void)out;
     return tri__fail(TRI_STATUS_DEVICE, "cuda device %d: this build has no CUDA support", device);
 }
+
+tri_status tri__backend_cuda_create(int device, tri__backend **out) {
+    *out = NULL;
+    return tri__fail(TRI_STATUS_DEVICE, "cuda device %d: no CUDA support in this build", device);
+}

@@ -36,6 +36,11 @@ extern "C" tri_status tri__cuda_device_info_get(int device, tri__cuda_device_inf
     out->cc_major = prop.major;
     out->cc_minor = prop.minor;
     out->pci_bus = prop.pciBusID;
+    out->sm_count = prop.multiProcessorCount;
+    if (cudaDeviceGetPCIBusId(out->pci_bus_id, (int)sizeof out->pci_bus_id, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        out->pci_bus_id[0] = 0;
+    }
     int prev = 0;
     CUDA_CHECK_STATUS(cudaGetDevice(&prev));
     CUDA_CHECK_STATUS(cudaSetDevice(device));

@@ -79,6 +79,43 @@ typedef void (*tri_log_fn)(tri_log_level level, const char *msg, void *user);
 // or above max_level to stderr. Messages above max_level are never formatted.
 TRI_API void tri_log_set(tri_log_fn fn, void *user, tri_log_level max_level);
 
+// ---- system: GPUs and host ----
+
+// One CUDA device as the runtime sees it.
+typedef struct tri_device_info {
+    char name[256];           // e.g. "NVIDIA GeForce RTX 4090"
+    char pci_bus_id[32];      // "0000:01:00.0" (domain:bus:device.function), "" if unknown
+    uint64_t total_bytes;     // device memory
+    uint64_t free_bytes;      // free at the time of the call
+    int32_t cc_major;         // compute capability, e.g. 8.9
+    int32_t cc_minor;
+    int32_t sm_count;         // streaming multiprocessors
+    int32_t pcie_gen;         // current PCIe generation (1-6; an idle GPU drops to a lower one), 0 unknown
+    int32_t pcie_width;       // current PCIe lanes, 0 unknown
+    int32_t pcie_max_gen;     // generation and lanes the link can run at, 0 unknown
+    int32_t pcie_max_width;
+} tri_device_info;
+
+// Number of CUDA devices usable by this process; 0 without a GPU, without a driver, or when the
+// library was built without CUDA (see tri_host_info.cuda_support).
+TRI_API int32_t tri_device_count(void);
+
+// Describes device 0 <= device < tri_device_count(). TRI_STATUS_DEVICE if it cannot be queried.
+TRI_API tri_status tri_device_get_info(int32_t device, tri_device_info *out);
+
+// The host: CPU, memory, and what this build supports.
+typedef struct tri_host_info {
+    char cpu_name[256];        // "model name" of /proc/cpuinfo, "" if unknown
+    int32_t n_cpus;            // logical CPUs online
+    uint64_t total_bytes;      // physical memory
+    uint64_t available_bytes;  // memory available to new allocations (MemAvailable), 0 unknown
+    const char *simd;          // SIMD level the CPU backend uses: "avx512", "avx2", "scalar"; static
+    bool cuda_support;         // the library was built with the CUDA backend
+} tri_host_info;
+
+// Describes the host; fails only if out is NULL.
+TRI_API tri_status tri_host_get_info(tri_host_info *out);
+
 // ---- tensors and models ----
 
 typedef enum tri_dtype {
@@ -339,6 +376,93 @@ TRI_API tri_status tri_detokenizer_push(tri_detokenizer *d, int32_t id, const ch
 // Ends the stream: bytes still held back come out as U+FFFD. d can then be reused.
 TRI_API tri_status tri_detokenizer_flush(tri_detokenizer *d, const char **text, size_t *len);
 TRI_API void tri_detokenizer_free(tri_detokenizer *d);
+
+// ---- speculative decoding ----
+// Lossless hierarchical speculative decoding (TriForce, arXiv 2404.11912): a drafter (L1) proposes
+// tokens, the target over a retrieval cache (L2) verifies them, and the target over the full cache
+// (L3) verifies what L2 accepted, gamma2 tokens in one pass. Every level accepts a token x with
+// probability min(1, p(x) / q(x)) and otherwise draws from norm(max(0, p - q)), so the output has
+// exactly the target's distribution under the sampler params, and greedy output equals plain
+// greedy decoding token for token. docs/speculative.md gives the algorithm and the argument.
+
+typedef enum tri_spec_mode {
+    TRI_SPEC_MODE_NONE = 0,       // plain decoding with the target over its full cache
+    TRI_SPEC_MODE_DRAFT = 1,      // L1 drafter -> target over the full cache
+    TRI_SPEC_MODE_RETRIEVAL = 2,  // target over the retrieval cache -> target over the full cache
+    TRI_SPEC_MODE_TRIFORCE = 3,   // L1 -> retrieval -> full: the whole hierarchy
+} tri_spec_mode;
+
+typedef enum tri_spec_drafter {
+    TRI_SPEC_DRAFTER_MODEL = 0,   // a separate small model with the target's vocabulary
+    TRI_SPEC_DRAFTER_LAYERS = 1,  // self-draft: the target running only some of its layers
+    TRI_SPEC_DRAFTER_NGRAM = 2,   // prompt lookup: what followed the last n-gram earlier on
+} tri_spec_drafter;
+
+typedef struct tri_spec_params {
+    tri_spec_mode mode;             // default TRI_SPEC_MODE_TRIFORCE
+    tri_spec_drafter drafter;       // what L1 is in DRAFT and TRIFORCE modes; default MODEL
+    const tri_model *draft_model;   // DRAFTER_MODEL: not owned, must outlive the handle; its
+                                    // vocabulary must be the target's (checked at create)
+    const int32_t *draft_layers;    // DRAFTER_LAYERS: target layer indices, strictly increasing;
+                                    // copied at create
+    int32_t n_draft_layers;
+    int32_t ngram_n;                // DRAFTER_NGRAM: longest n-gram looked up (shorter ones are
+                                    // tried after it, down to 1); 0: 3
+    int32_t gamma1;                 // tokens L1 drafts per L2 verification (TRIFORCE); 0: 2
+    int32_t gamma2;                 // tokens the full-cache target verifies per pass (every mode
+                                    // but NONE); 0: 6
+    int32_t budget;                 // retrieval cache size in tokens; 0: 4096
+    int32_t chunk;                  // retrieval chunk size in tokens; 0: 8
+} tri_spec_params;
+
+// Figures of one tri_generate_spec call. Acceptance rates are accepted / proposed.
+typedef struct tri_spec_stats {
+    int32_t n_prompt;         // tokens prefilled
+    int32_t n_generated;      // tokens emitted
+    int64_t l1_proposed;      // tokens L1 drafted and handed up (to L2 in TRIFORCE, else to L3)
+    int64_t l1_accepted;      // of those, accepted by the level above
+    int64_t l2_proposed;      // tokens handed to L3 by L2 (RETRIEVAL, TRIFORCE)
+    int64_t l2_accepted;      // of those, accepted by L3
+    int64_t n_l2_verify;      // L2 verification passes (TRIFORCE)
+    int64_t n_l3_verify;      // L3 passes during decoding; n_generated / n_l3_verify = tokens
+                              // emitted per L3 verification
+    double l1_seconds;        // wall time in L1 (drafting forwards, or n-gram lookups)
+    double l2_seconds;        // in L2 forward passes
+    double l3_seconds;        // in L3 forward passes, prefill excluded
+    double prefill_seconds;   // prefilling every level
+    double decode_seconds;    // from the first generated token to the last
+} tri_spec_stats;
+
+typedef struct tri_spec tri_spec;
+
+// mode TRIFORCE, drafter MODEL with no model, ngram_n 3, gamma1 2, gamma2 6, budget 4096, chunk 8.
+TRI_API tri_spec_params tri_spec_default_params(void);
+
+// Creates the levels the mode needs over target (and params->draft_model): their caches, buffers
+// and one CPU backend. session_params (NULL: defaults) sizes every level's context, batch and KV
+// type as for a session. INVALID_ARGUMENT when the draft model's vocabulary or tokenizer differs
+// from the target's, a layer list is bad, or a gamma is negative. target must outlive the handle;
+// free it with tri_spec_free().
+TRI_API tri_status tri_spec_create(const tri_model *target, const tri_session_params *session_params,
+                                   const tri_spec_params *params, tri_spec **out_spec);
+TRI_API void tri_spec_free(tri_spec *spec);
+
+// Forgets every token: the next tri_generate_spec starts from an empty context.
+TRI_API void tri_spec_reset(tri_spec *spec);
+
+// Tokens in the context (prompt and emitted tokens).
+TRI_API int32_t tri_spec_n_past(const tri_spec *spec);
+
+// Rolls the context back to its first n_past tokens (0 <= n_past <= tri_spec_n_past), e.g. to
+// generate again after the same prompt without prefilling it again.
+TRI_API tri_status tri_spec_truncate(tri_spec *spec, int32_t n_past);
+
+// As tri_generate, with speculation: appends prompt (may be 0 tokens to continue) and generates
+// after it, calling on_token for each emitted token in order. The random stream is seeded from
+// params->sampler.seed. stats may be NULL. Cancelling through a callback is not an error.
+TRI_API tri_status tri_generate_spec(tri_spec *spec, const int32_t *prompt, int32_t n_prompt,
+                                     const tri_generate_params *params, tri_token_fn on_token,
+                                     void *user, tri_spec_stats *stats);
 
 // ---- placement planning for offloaded decoding ----
 //

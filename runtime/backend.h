@@ -173,14 +173,15 @@ typedef enum tri__cpu_simd {
     TRI_CPU_SIMD_SCALAR = 0,  // plain C, the reference
     TRI_CPU_SIMD_AVX2 = 1,    // AVX2 + FMA + F16C
     TRI_CPU_SIMD_AVX512 = 2,  // AVX-512 F/BW/VL (+ the AVX2 set)
+    TRI_CPU_SIMD_AVX512_VNNI = 3,  // the AVX-512 set + VNNI (vpdpbusd in the quantized matmuls)
 } tri__cpu_simd;
 
 // The best level this CPU supports.
 tri__cpu_simd tri__cpu_simd_detect(void);
-// "scalar", "avx2", "avx512".
+// "scalar", "avx2", "avx512", "avx512vnni".
 const char *tri__cpu_simd_name(tri__cpu_simd simd);
 
-// Creates a CPU backend with n_threads workers (<= 0: all cores; 1 without OpenMP in any case)
+// Creates a CPU backend with n_threads threads, the caller included (<= 0: all cores)
 // using SIMD level simd (TRI_CPU_SIMD_AUTO: detect). A level the CPU lacks is UNSUPPORTED, so
 // tests can force each level the machine has. Free with tri__backend_free.
 tri_status tri__backend_cpu_create(int32_t n_threads, tri__cpu_simd simd, tri__backend **out);

@@ -34,6 +34,19 @@ static void usage(FILE *f) {
           "      --kv-type T      f16 (default) or f32 KV cache\n"
           "      --ignore-eos     keep generating after the end-of-sequence token\n"
           "      --ids            print token ids instead of text\n"
+          "\n"
+          "speculative decoding (exact: the output has the target's distribution):\n"
+          "      --spec MODE      none (default), draft (L1 -> full cache), retrieval (retrieval\n"
+          "                       cache -> full cache) or triforce (L1 -> retrieval -> full)\n"
+          "      --draft MODEL    L1 is a separate small model with the same vocabulary\n"
+          "      --draft-layers L L1 is the target itself running only layers L (e.g. 0-7,20)\n"
+          "      --draft-ngram N  L1 is prompt lookup of n-grams up to N tokens (no model)\n"
+          "      --gamma1 N       tokens L1 drafts per retrieval-level check (default 2)\n"
+          "      --gamma2 N       tokens the full-cache level checks per pass (default 6)\n"
+          "      --budget N       retrieval cache size in tokens (default 4096)\n"
+          "      --chunk N        retrieval chunk size in tokens (default 8)\n"
+          "      --stats          print acceptance rates, tokens per full-cache pass and time\n"
+          "                       per level"
           "  -h, --help           this help\n",
           f);
 }
@@ -160,9 +173,61 @@ static bool on_prefill(int64_t done, int64_t total, void *user) {
     return true;
 }
 
+// Parses "0-7,20,22" into strictly increasing layer indices; NULL after printing the error.
+static int32_t *parse_layers(const char *s, int32_t *n_out) {
+    int32_t cap = 16, n = 0;
+    int32_t *v = malloc((size_t)cap * sizeof *v);
+    const char *p = s;
+    while (v) {
+        char *end;
+        long lo = strtol(p, &end, 10), hi;
+        if (end == p || lo < 0) goto bad;
+        hi = lo;
+        if (*end == '-') {
+            p = end + 1;
+            hi = strtol(p, &end, 10);
+            if (end == p || hi < lo) goto bad;
+        }
+        for (long l = lo; l <= hi; l++) {
+            if (n == cap) {
+                int32_t *w = realloc(v, (size_t)(cap *= 2) * sizeof *w);
+                if (!w) goto bad;
+                v = w;
+            }
+            if (n > 0 && l <= v[n - 1]) goto bad;
+            v[n++] = (int32_t)l;
+            if (n > 100000) goto bad;
+        }
+        if (*end == 0) break;
+        if (*end != ',') goto bad;
+        p = end + 1;
+    }
+    *n_out = n;
+    return v;
+bad:
+    fprintf(stderr, "offload-run generate: --draft-layers '%s': want increasing layer numbers like 0-7,20\n", s);
+    free(v);
+    return NULL;
+}
+
+static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
+    fprintf(stderr, "speculation: %d tokens in %lld full-cache passes (%.2f tokens per pass)\n", st->n_generated,
+            (long long)st->n_l3_verify, st->n_l3_verify ? (double)st->n_generated / (double)st->n_l3_verify : 0.0);
+    if (mode == TRI_SPEC_MODE_DRAFT || mode == TRI_SPEC_MODE_TRIFORCE)
+        fprintf(stderr, "  L1 drafter:        %lld of %lld accepted (%.3f)\n", (long long)st->l1_accepted,
+                (long long)st->l1_proposed, st->l1_proposed ? (double)st->l1_accepted / (double)st->l1_proposed : 0.0);
+    if (mode == TRI_SPEC_MODE_RETRIEVAL || mode == TRI_SPEC_MODE_TRIFORCE)
+        fprintf(stderr, "  L2 retrieval:      %lld of %lld accepted (%.3f), %lld checks\n", (long long)st->l2_accepted,
+                (long long)st->l2_proposed, st->l2_proposed ? (double)st->l2_accepted / (double)st->l2_proposed : 0.0,
+                (long long)st->n_l2_verify);
+    fprintf(stderr, "  time: L1 %.3f s, L2 %.3f s, L3 %.3f s, prefill %.3f s\n", st->l1_seconds, st->l2_seconds,
+            st->l3_seconds, st->prefill_seconds);
+}
+
 int tri_cli_generate(int argc, char **argv) {
     enum { OPT_TOKENS = 256, OPT_CHAT, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CTX, OPT_BATCH,
-           OPT_KV, OPT_IGNORE_EOS, OPT_IDS };
+           OPT_KV, OPT_IGNORE_EOS, OPT_IDS, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
+           OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -172,10 +237,20 @@ int tri_cli_generate(int argc, char **argv) {
         {"ctx", required_argument, NULL, OPT_CTX}, {"threads", required_argument, NULL, 't'},
         {"batch", required_argument, NULL, OPT_BATCH}, {"kv-type", required_argument, NULL, OPT_KV},
         {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS}, {"ids", no_argument, NULL, OPT_IDS},
+        {"spec", required_argument, NULL, OPT_SPEC}, {"draft", required_argument, NULL, OPT_DRAFT},
+        {"draft-layers", required_argument, NULL, OPT_DRAFT_LAYERS},
+        {"draft-ngram", required_argument, NULL, OPT_DRAFT_NGRAM},
+        {"gamma1", required_argument, NULL, OPT_GAMMA1}, {"gamma2", required_argument, NULL, OPT_GAMMA2},
+        {"budget", required_argument, NULL, OPT_BUDGET}, {"chunk", required_argument, NULL, OPT_CHUNK},
+        {"stats", no_argument, NULL, OPT_STATS},
         {"help", no_argument, NULL, 'h'},          {0},
     };
     const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
-    bool chat = false, print_ids = false;
+    bool chat = false, print_ids = false, print_stats = false;
+    const char *draft_path = NULL, *draft_layers = NULL;
+    long ngram = 0, gamma1 = 0, gamma2 = 0, budget = 0, chunk = 0;
+    tri_spec_params spec_params = tri_spec_default_params();
+    spec_params.mode = TRI_SPEC_MODE_NONE;
     long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0;
     tri_generate_params gp = tri_generate_default_params();
     tri_session_params sp = tri_session_default_params();
@@ -206,6 +281,24 @@ int tri_cli_generate(int argc, char **argv) {
             break;
         case OPT_IGNORE_EOS: gp.stop_at_eos = false; break;
         case OPT_IDS: print_ids = true; break;
+        case OPT_SPEC:
+            if (strcmp(optarg, "none") == 0) spec_params.mode = TRI_SPEC_MODE_NONE;
+            else if (strcmp(optarg, "draft") == 0) spec_params.mode = TRI_SPEC_MODE_DRAFT;
+            else if (strcmp(optarg, "retrieval") == 0) spec_params.mode = TRI_SPEC_MODE_RETRIEVAL;
+            else if (strcmp(optarg, "triforce") == 0) spec_params.mode = TRI_SPEC_MODE_TRIFORCE;
+            else {
+                fprintf(stderr, "offload-run generate: --spec '%s': want none, draft, retrieval or triforce\n", optarg);
+                ok = false;
+            }
+            break;
+        case OPT_DRAFT: draft_path = optarg; break;
+        case OPT_DRAFT_LAYERS: draft_layers = optarg; break;
+        case OPT_DRAFT_NGRAM: ok = parse_long("--draft-ngram", optarg, 1, 64, &ngram); break;
+        case OPT_GAMMA1: ok = parse_long("--gamma1", optarg, 1, 64, &gamma1); break;
+        case OPT_GAMMA2: ok = parse_long("--gamma2", optarg, 1, 256, &gamma2); break;
+        case OPT_BUDGET: ok = parse_long("--budget", optarg, 1, INT32_MAX, &budget); break;
+        case OPT_CHUNK: ok = parse_long("--chunk", optarg, 1, 4096, &chunk); break;
+        case OPT_STATS: print_stats = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -224,11 +317,31 @@ int tri_cli_generate(int argc, char **argv) {
         fprintf(stderr, "offload-run generate: --chat applies to text prompts, not --tokens\n");
         return 2;
     }
+    int n_drafters = (draft_path != NULL) + (draft_layers != NULL) + (ngram != 0);
+    bool needs_drafter = spec_params.mode == TRI_SPEC_MODE_DRAFT || spec_params.mode == TRI_SPEC_MODE_TRIFORCE;
+    if (n_drafters > 1 || (needs_drafter && n_drafters == 0) || (!needs_drafter && n_drafters == 1)) {
+        fprintf(stderr, "offload-run generate: %s\n",
+                n_drafters > 1 ? "give at most one of --draft, --draft-layers, --draft-ngram"
+                : needs_drafter ? "--spec draft and --spec triforce need one of --draft, --draft-layers, --draft-ngram"
+                                : "a drafter needs --spec draft or --spec triforce");
+        return 2;
+    }
+    spec_params.ngram_n = (int32_t)ngram;
+    spec_params.gamma1 = (int32_t)gamma1;
+    spec_params.gamma2 = (int32_t)gamma2;
+    spec_params.budget = (int32_t)budget;
+    spec_params.chunk = (int32_t)chunk;
+    if (draft_path) spec_params.drafter = TRI_SPEC_DRAFTER_MODEL;
+    if (draft_layers) spec_params.drafter = TRI_SPEC_DRAFTER_LAYERS;
+    if (ngram) spec_params.drafter = TRI_SPEC_DRAFTER_NGRAM;
 
     tri_model *model = tri_cli_load_model(model_path);
     if (!model) return 1;
     int rc = 1;
     tri_session *session = NULL;
+    tri_spec *spec = NULL;
+    tri_model *draft = NULL;
+    int32_t *layers = NULL;
     out_state out = {0};
     int32_t *ids = NULL;
     char *text = NULL, *wrapped = NULL;
@@ -296,9 +409,23 @@ int tri_cli_generate(int argc, char **argv) {
     sp.n_ctx = (int32_t)ctx;
     sp.n_threads = (int32_t)threads;
     sp.n_batch = (int32_t)batch;
-    if ((st = tri_session_create(model, &sp, &session))) {
-        rc = tri_cli_fail("cannot create a session", st);
-        goto done;
+    if (spec_params.mode == TRI_SPEC_MODE_NONE) {
+        if ((st = tri_session_create(model, &sp, &session))) {
+            rc = tri_cli_fail("cannot create a session", st);
+            goto done;
+        }
+    } else {
+        if (draft_path && !(draft = tri_cli_load_model(draft_path))) goto done;
+        if (draft_layers && !(layers = parse_layers(draft_layers, &spec_params.n_draft_layers))) {
+            rc = 2;
+            goto done;
+        }
+        spec_params.draft_model = draft;
+        spec_params.draft_layers = layers;
+        if ((st = tri_spec_create(model, &sp, &spec_params, &spec))) {
+            rc = tri_cli_fail("cannot set up speculative decoding", st);
+            goto done;
+        }
     }
     if (!print_ids && (st = tri_detokenizer_create(model, false, &out.detok))) {
         rc = tri_cli_fail("the model has no tokenizer (use --ids)", st);
@@ -311,8 +438,18 @@ int tri_cli_generate(int argc, char **argv) {
     gp.on_prefill = on_prefill;
     gp.user = &ps;
 
-    tri_generate_stats stats;
-    if ((st = tri_generate(session, ids, n_ids, &gp, on_token, &out, &stats))) {
+    tri_generate_stats stats = {0};
+    tri_spec_stats sstats = {0};
+    if (spec) {
+        st = tri_generate_spec(spec, ids, n_ids, &gp, on_token, &out, &sstats);
+        stats.n_prompt = sstats.n_prompt;
+        stats.n_generated = sstats.n_generated;
+        stats.prefill_seconds = sstats.prefill_seconds;
+        stats.decode_seconds = sstats.decode_seconds;
+    } else {
+        st = tri_generate(session, ids, n_ids, &gp, on_token, &out, &stats);
+    }
+    if (st) {
         fputc('\n', stdout);
         rc = tri_cli_fail("generation failed", st);
         goto done;
@@ -332,11 +469,15 @@ int tri_cli_generate(int argc, char **argv) {
             stats.n_generated,
             stats.decode_seconds > 0 && stats.n_generated > 1 ? (stats.n_generated - 1) / stats.decode_seconds : 0.0,
             stats.n_generated > 1 ? 1e3 * stats.decode_seconds / (stats.n_generated - 1) : 0.0);
+    if (spec && print_stats) print_spec_stats(&sstats, spec_params.mode);
     rc = 0;
 
 done:
     tri_detokenizer_free(out.detok);
     tri_session_free(session);
+    tri_spec_free(spec);
+    tri_model_free(draft);
+    free(layers);
     free(ids);
     free(text);
     free(wrapped);

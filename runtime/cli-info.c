@@ -1,4 +1,4 @@
-// cli-info.c - `offload-run info`: what a model file holds.
+// cli-info.c - `offload-run info`: what a model file holds, or (--system) what the machine offers.
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -8,12 +8,15 @@
 
 static void usage(FILE *f) {
     fputs("usage: offload-run info -m MODEL [--tensors]\n"
+          "       offload-run info --system\n"
           "\n"
-          "Prints a model's architecture, configuration, tokenizer, tensor types and sizes.\n"
+          "Prints a model's architecture, configuration, tokenizer, tensor types and sizes; or,\n"
+          "with --system, the CPU, memory and GPUs (memory, PCIe link) this machine offers.\n"
           "\n"
           "  -m, --model PATH   a .gguf file, a .safetensors file, or an HF checkpoint directory\n"
           "                     (config.json with model.safetensors or model.safetensors.index.json)\n"
           "      --tensors      also list every tensor: name, type, shape, bytes\n"
+          "      --system       describe the machine instead of a model\n"
           "  -h, --help         this help\n",
           f);
 }
@@ -42,23 +45,73 @@ static void print_bytes(const char *label, uint64_t n) {
     printf("%-18s %" PRIu64 " (%.2f GiB)\n", label, n, (double)n / (1024.0 * 1024.0 * 1024.0));
 }
 
+static double gib(uint64_t n) { return (double)n / (1024.0 * 1024.0 * 1024.0); }
+
+static int print_system(void) {
+    tri_host_info h;
+    if (tri_host_get_info(&h)) return tri_cli_fail("host info", TRI_STATUS_INTERNAL);
+    printf("%-18s %s\n", "cpu", h.cpu_name[0] ? h.cpu_name : "(unknown)");
+    printf("%-18s %d logical, SIMD %s\n", "cpus", h.n_cpus, h.simd);
+    printf("%-18s %.1f GiB", "memory", gib(h.total_bytes));
+    if (h.available_bytes) printf(" (%.1f GiB available)", gib(h.available_bytes));
+    printf("\n");
+    if (!h.cuda_support) {
+        printf("%-18s none: this build has no CUDA support\n", "gpus");
+        return 0;
+    }
+    int32_t n = tri_device_count();
+    if (n == 0) {
+        printf("%-18s none: no CUDA device found (no GPU, or no driver)\n", "gpus");
+        return 0;
+    }
+    printf("%-18s %d\n", "gpus", n);
+    for (int32_t i = 0; i < n; i++) {
+        tri_device_info d;
+        tri_status st = tri_device_get_info(i, &d);
+        char label[32];
+        snprintf(label, sizeof label, "gpu %d", i);
+        if (st) {
+            printf("%-18s (cannot be queried: %s)\n", label, tri_last_error());
+            continue;
+        }
+        printf("%-18s %s, compute capability %d.%d, %d SMs\n", label, d.name, d.cc_major, d.cc_minor, d.sm_count);
+        printf("%-18s %.1f GiB (%.1f GiB free)\n", "  memory", gib(d.total_bytes), gib(d.free_bytes));
+        printf("%-18s %s", "  pcie", d.pci_bus_id[0] ? d.pci_bus_id : "(bus unknown)");
+        if (d.pcie_gen) printf(", gen %d x%d now", d.pcie_gen, d.pcie_width);
+        if (d.pcie_max_gen) printf(", gen %d x%d at most", d.pcie_max_gen, d.pcie_max_width);
+        if (!d.pcie_gen && !d.pcie_max_gen) printf(", link unknown");
+        printf("\n");
+    }
+    return 0;
+}
+
 int tri_cli_info(int argc, char **argv) {
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
         {"tensors", no_argument, NULL, 't'},
+        {"system", no_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},
         {0},
     };
     const char *path = NULL;
-    bool list = false;
+    bool list = false, system = false;
     int c;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': path = optarg; break;
         case 't': list = true; break;
+        case 's': system = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
+    }
+    if (system) {
+        if (path || list || optind != argc) {
+            fprintf(stderr, "offload-run info: --system takes no model and no other option\n");
+            usage(stderr);
+            return 2;
+        }
+        return print_system();
     }
     if (!path || optind != argc) {
         fprintf(stderr, "offload-run info: %s\n", path ? "unexpected argument" : "-m MODEL is required");

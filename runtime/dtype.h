@@ -27,9 +27,14 @@ typedef struct tri__block_q4_1 {
     uint8_t qs[TRI_QK / 2];    // as q4_0; value = d * nibble + m
 } tri__block_q4_1;
 
-_Static_assert(sizeof(tri__block_q8_0) == 34, "q8_0 block layout");
-_Static_assert(sizeof(tri__block_q4_0) == 18, "q4_0 block layout");
-_Static_assert(sizeof(tri__block_q4_1) == 20, "q4_1 block layout");
+#ifdef __cplusplus  // included from the .cu files of cuda/
+#define TRI__STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define TRI__STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+TRI__STATIC_ASSERT(sizeof(tri__block_q8_0) == 34, "q8_0 block layout");
+TRI__STATIC_ASSERT(sizeof(tri__block_q4_0) == 18, "q4_0 block layout");
+TRI__STATIC_ASSERT(sizeof(tri__block_q4_1) == 20, "q4_1 block layout");
 
 // Elements per block: 1 for float types, 32 for quantized ones.
 int64_t tri__dtype_block_elems(tri_dtype type);

@@ -333,8 +333,8 @@ static tri_status st_parse(tri__st_file *f) {
     if (f->n_tensors > 0) {
         qsort(f->by_name, (size_t)f->n_tensors, sizeof *f->by_name, cmp_tensor_ptr_name);
     }
-    // json-c keeps the last of duplicate keys; equal names can still arise from an embedded
-    // "\u0000", which json-c cuts keys at.
+    // Defensive: json-c replaces a duplicate key (also one made equal by an escaped "\u0000",
+    // where it cuts keys), so two equal names would mean a json-c change we did not expect.
     for (int64_t i = 1; i < f->n_tensors; i++) {
         if (strcmp(f->by_name[i - 1]->name, f->by_name[i]->name) == 0) {
             return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: tensor '%.*s': name appears twice", path,

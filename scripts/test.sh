@@ -19,8 +19,14 @@ setup_build() {
 
 setup_build build-test -Dwerror=true -Dreference=enabled -Dpython="$PWD/.venv/bin/python3"
 ninja -C build-test
+rc=0
 TRI_TEST_MODEL="$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
-  meson test -C build-test --print-errorlogs --num-processes "$(nproc)"
+  meson test -C build-test --print-errorlogs --num-processes "$(nproc)" || rc=$?
+# One closing line over every Criterion test case of every suite.
+awk '/Synthesis: Tested:/ { for (i = 1; i <= NF; i++) { if ($i == "Passing:") p += $(i + 1);
+       if ($i == "Failing:" || $i == "Crashing:") f += $(i + 1) } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' build-test/meson-logs/testlog.txt
+[ "$rc" = 0 ] || exit "$rc"
 
 # Fuzz targets: clang with libFuzzer, ASan and UBSan, FUZZ_SECONDS each (default 60).
 if [ -d tests/fuzz ]; then

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu-kernels.h"
+#include "cpu-pool.h"
 #include "dtype.h"
 #include "rope.h"
 #include "test-util.h"
@@ -192,6 +194,43 @@ Test(cpu_backend, matmul_quantized_weights) {
     });
 }
 
+// Every tile shape: m and n around the tile sizes (4 rows of x by up to 4 rows of W) and the
+// 16-row tasks, k with a partial SIMD vector (float) or an odd number of blocks (quantized).
+Test(cpu_backend, matmul_tile_edges) {
+    static const int64_t ns[] = {1, 2, 3, 4, 5, 7, 17, 33};
+    FOR_EACH_LEVEL({
+        for (tri_dtype t = TRI_DTYPE_F32; t < TRI_DTYPE_COUNT; t++)
+            for (int64_t m = 1; m <= 9; m++)
+                for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+                    check_matmul(be, lvl, t, m, ns[a], tri__dtype_is_quantized(t) ? 96 : 67);
+    });
+}
+
+// The SIMD quantizers of x give the scalar one's bytes exactly: same scale, same rounding (ties
+// to even), same sums.
+Test(cpu_backend, quantize_x_identical_at_every_level) {
+    enum { K = 256 };
+    float x[K];
+    fill(x, K, 3.0f);
+    x[5] = 0;
+    for (int i = 32; i < 64; i++) x[i] = 0;                  // an all-zero block
+    for (int i = 64; i < 96; i++) x[i] = (float)(i - 80) * 0.5f;  // ties: amax 7.5, steps of 127/15
+    x[100] = -1e4f;                                          // an outlier
+    int8_t q0[K], q[K];
+    float d0[K / 4], s0[K / 4], d[K / 4], s[K / 4];
+    tri__cpu_quantize_row(q0, d0, s0, x, K);
+    const tri__cpu_kernels *levels[4] = {&tri__cpu_kernels_scalar, NULL, NULL, NULL};
+#if TRI_CPU_X86
+    levels[1] = &tri__cpu_kernels_avx2, levels[2] = &tri__cpu_kernels_avx512, levels[3] = &tri__cpu_kernels_avx512_vnni;
+#endif
+    for (int lvl = TRI_CPU_SIMD_SCALAR; lvl <= (int)tri__cpu_simd_detect(); lvl++) {
+        levels[lvl]->quantize(q, d, s, x, K);
+        cr_assert_arr_eq(q, q0, sizeof q, "%s", tri__cpu_simd_name((tri__cpu_simd)lvl));
+        cr_assert_arr_eq(d, d0, sizeof d, "%s", tri__cpu_simd_name((tri__cpu_simd)lvl));
+        cr_assert_arr_eq(s, s0, sizeof s, "%s", tri__cpu_simd_name((tri__cpu_simd)lvl));
+    }
+}
+
 Test(cpu_backend, matmul_q8_0_extreme_weights) {
     // -128 is a legal Q8_0 value that no quantizer writes; the integer path must not overflow.
     int64_t k = 64;
@@ -214,6 +253,31 @@ Test(cpu_backend, matmul_rejects_partial_blocks) {
     uint8_t w[64] = {0};
     cr_assert_eq(be->ops->matmul(be, y, x, w, TRI_DTYPE_Q4_0, 1, 1, 40), TRI_STATUS_INVALID_ARGUMENT);
     tri__backend_free(be);
+}
+
+// ---- the thread pool ----
+
+static void pool_count(void *arg, int64_t c) {
+    __atomic_fetch_add((int *)arg + c, 1, __ATOMIC_RELAXED);
+}
+
+// Thousands of back-to-back jobs of every size: each chunk runs exactly once, whichever thread
+// claims it, and no job sees a chunk of the previous one.
+Test(cpu_backend, pool_runs_every_chunk_once) {
+    for (int nt = 1; nt <= 4; nt++) {
+        tri__cpu_pool *p;
+        cr_assert_eq(tri__cpu_pool_create(nt, &p), TRI_STATUS_OK);
+        static int counts[257];
+        for (int job = 0; job < 3000; job++) {
+            int64_t n = job % 257;
+            memset(counts, 0, sizeof counts);
+            tri__cpu_pool_run(p, pool_count, counts, n);
+            for (int64_t c = 0; c < 257; c++)
+                cr_assert_eq(counts[c], c < n ? 1 : 0, "threads %d job %d chunk %lld", nt, job, (long long)c);
+        }
+        tri__cpu_pool_free(p);
+    }
+    tri__cpu_pool_free(NULL);
 }
 
 // ---- get_rows, convert, rmsnorm, swiglu, add ----

@@ -17,7 +17,8 @@ usage:
 --greedy N prints N greedily generated ids after the prompt, comma-separated, decoding one token
 at a time with a KV cache (as transformers' generate does).
 
-Also importable: Llama(dir).forward(tokens, start_pos, cache) for tests.
+Also importable: Llama(dir).forward(tokens, start_pos, cache) for tests, or
+Llama(cfg=config_dict, weights=arrays) for weights converted in memory.
 """
 import argparse
 import json
@@ -163,15 +164,22 @@ def apply_rope(x, positions, inv_freq, scaling):
 # ---- the model ----
 
 class Llama:
-    def __init__(self, model_dir):
-        self.cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    def __init__(self, model_dir=None, *, cfg=None, weights=None):
+        """From an HF directory, or from a config.json dict and HF-named float64 arrays (rows in the
+        HF layout) already in memory, e.g. converted from another format."""
+        if model_dir is not None:
+            cfg = json.loads((Path(model_dir) / "config.json").read_text())
+            weights = load_weights(model_dir)
+        if cfg is None or weights is None:
+            raise ValueError("give model_dir, or both cfg and weights")
+        self.cfg = cfg
         c = self.cfg
         self.n_layer = c["num_hidden_layers"]
         self.n_head = c["num_attention_heads"]
         self.n_head_kv = c.get("num_key_value_heads") or self.n_head
         self.head_dim = c.get("head_dim") or c["hidden_size"] // self.n_head
         self.eps = c["rms_norm_eps"]
-        self.w = load_weights(model_dir)
+        self.w = weights
         self.embed = self.w["model.embed_tokens.weight"]  # (n_vocab, n_embd)
         tied = c.get("tie_word_embeddings", False)
         self.lm_head = self.embed if tied or "lm_head.weight" not in self.w else self.w["lm_head.weight"]

@@ -1,0 +1,198 @@
+// bench-spec.c - acceptance rates and tokens per full-cache verification of each speculative mode
+// and drafter, after a long prompt, at temperatures 0 and 0.6 (top-p 0.9), as a table in the shape
+// of TriForce's Table 2.
+//
+// usage: bench-spec MODEL IDS [--n-prompt N] [--n-gen N] [--threads N] [--draft-layers LIST]
+//                   [--ngram N] [--gamma1 N] [--gamma2 N] [--budget N]
+// IDS: the prompt as little-endian int32 token ids (benchmarks/tokenize-gguf.py writes them).
+//
+// Checks first: at temperature 0 every mode must emit exactly the tokens plain decoding emits.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+
+#include "triforce.h"
+
+typedef struct run_out {
+    int32_t tok[1024];
+    int32_t n;
+} run_out;
+
+static bool on_token(int32_t tok, void *user) {
+    run_out *r = user;
+    if (r->n < 1024) r->tok[r->n++] = tok;
+    return true;
+}
+
+static int32_t *read_ids(const char *path, int32_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long bytes = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    int32_t *ids = malloc((size_t)bytes);
+    if (ids && fread(ids, 1, (size_t)bytes, f) != (size_t)bytes) {
+        free(ids);
+        ids = NULL;
+    }
+    fclose(f);
+    *n = (int32_t)(bytes / 4);
+    return ids;
+}
+
+// "0-5,7,9,20-29" -> indices; returns the count.
+static int32_t parse_layers(const char *s, int32_t *out, int32_t cap) {
+    int32_t n = 0;
+    while (*s && n < cap) {
+        char *end;
+        long a = strtol(s, &end, 10), b = a;
+        if (*end == '-') b = strtol(end + 1, &end, 10);
+        for (long i = a; i <= b && n < cap; i++) out[n++] = (int32_t)i;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') break;
+    }
+    return n;
+}
+
+static void machine(void) {
+    struct utsname u;
+    char model[512] = "?";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "model name", 10)) {
+                char *c = strchr(line, ':');
+                snprintf(model, sizeof model, "%s", c ? c + 2 : line);
+                model[strcspn(model, "\n")] = 0;
+                break;
+            }
+        fclose(f);
+    }
+    uname(&u);
+    printf("machine: %s, %s %s\n", model, u.sysname, u.release);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s MODEL IDS [--n-prompt N] [--n-gen N] [--threads N] [--draft-layers LIST] "
+                        "[--ngram N] [--gamma1 N] [--gamma2 N] [--budget N]\n", argv[0]);
+        return 2;
+    }
+    int32_t n_prompt = 3000, n_gen = 64, threads = 2, ngram = 3, gamma1 = 2, gamma2 = 6, budget = 4096;
+    const char *layers_arg = "0-11,13,15,17,19,21,23,25,27-29";
+    for (int i = 3; i + 1 < argc; i += 2) {
+        const char *k = argv[i], *v = argv[i + 1];
+        if (!strcmp(k, "--n-prompt")) n_prompt = atoi(v);
+        else if (!strcmp(k, "--n-gen")) n_gen = atoi(v);
+        else if (!strcmp(k, "--threads")) threads = atoi(v);
+        else if (!strcmp(k, "--draft-layers")) layers_arg = v;
+        else if (!strcmp(k, "--ngram")) ngram = atoi(v);
+        else if (!strcmp(k, "--gamma1")) gamma1 = atoi(v);
+        else if (!strcmp(k, "--gamma2")) gamma2 = atoi(v);
+        else if (!strcmp(k, "--budget")) budget = atoi(v);
+        else {
+            fprintf(stderr, "unknown option %s\n", k);
+            return 2;
+        }
+    }
+    if (n_gen > 1024) n_gen = 1024;
+    int32_t n_ids;
+    int32_t *ids = read_ids(argv[2], &n_ids);
+    if (!ids || n_ids < 2) {
+        fprintf(stderr, "%s: cannot read token ids\n", argv[2]);
+        return 1;
+    }
+    if (n_prompt > n_ids) n_prompt = n_ids;
+    tri_model *m;
+    if (tri_model_load(argv[1], NULL, &m)) {
+        fprintf(stderr, "%s\n", tri_last_error());
+        return 1;
+    }
+    int32_t layers[256];
+    int32_t n_layers = parse_layers(layers_arg, layers, 256);
+
+    machine();
+    printf("model: %s, prompt %d tokens, %d generated per run, %d threads, gamma1 %d, gamma2 %d, "
+           "self-draft layers %s (%d), n-gram %d\n",
+           argv[1], n_prompt, n_gen, threads, gamma1, gamma2, layers_arg, n_layers, ngram);
+    printf("retrieval cache: budget %d (served by the full cache until the KV policies land)\n\n", budget);
+    printf("| mode | L1 drafter | T | L1 accept | L2 accept | tokens / L3 pass | L3 passes | ms / token | "
+           "L1 / L2 / L3 s |\n|---|---|---|---|---|---|---|---|---|\n");
+
+    struct {
+        tri_spec_mode mode;
+        tri_spec_drafter drafter;
+        const char *name, *drafter_name;
+    } configs[] = {
+        {TRI_SPEC_MODE_NONE, TRI_SPEC_DRAFTER_NGRAM, "none", "-"},
+        {TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS, "draft -> full", "self (layers)"},
+        {TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_NGRAM, "draft -> full", "n-gram"},
+        {TRI_SPEC_MODE_RETRIEVAL, TRI_SPEC_DRAFTER_NGRAM, "retrieval -> full", "-"},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS, "triforce", "self (layers)"},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_NGRAM, "triforce", "n-gram"},
+    };
+    run_out greedy_ref = {.n = 0};
+    int bad = 0;
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = n_prompt + n_gen + 16;
+    sp.n_threads = threads;
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
+        tri_spec_params p = tri_spec_default_params();
+        p.mode = configs[c].mode;
+        p.drafter = configs[c].drafter;
+        p.draft_layers = layers;
+        p.n_draft_layers = n_layers;
+        p.ngram_n = ngram;
+        p.gamma1 = gamma1;
+        p.gamma2 = gamma2;
+        p.budget = budget;
+        tri_spec *s;
+        if (tri_spec_create(m, &sp, &p, &s)) {
+            fprintf(stderr, "%s\n", tri_last_error());
+            return 1;
+        }
+        float temps[2] = {0.0f, 0.6f};
+        for (int t = 0; t < 2; t++) {
+            tri_generate_params gp = tri_generate_default_params();
+            gp.n_predict = n_gen;
+            gp.stop_at_eos = false;
+            gp.sampler.temperature = temps[t];
+            gp.sampler.top_p = 0.9f;
+            gp.sampler.seed = 42;
+            run_out out = {.n = 0};
+            tri_spec_stats st;
+            // the prompt is prefilled once per handle; the second run rolls back to it
+            bool first = t == 0;
+            if (!first && tri_spec_truncate(s, n_prompt)) return 1;
+            if (tri_generate_spec(s, first ? ids : NULL, first ? n_prompt : 0, &gp, on_token, &out, &st)) {
+                fprintf(stderr, "%s\n", tri_last_error());
+                return 1;
+            }
+            if (t == 0) {
+                if (c == 0) {
+                    greedy_ref = out;
+                } else if (out.n != greedy_ref.n || memcmp(out.tok, greedy_ref.tok, (size_t)out.n * 4)) {
+                    fprintf(stderr, "CHECK FAILED: %s/%s greedy output differs from plain decoding\n",
+                            configs[c].name, configs[c].drafter_name);
+                    bad = 1;
+                }
+            }
+            char l1[32] = "-", l2[32] = "-";
+            if (st.l1_proposed) snprintf(l1, sizeof l1, "%.3f", (double)st.l1_accepted / (double)st.l1_proposed);
+            if (st.l2_proposed) snprintf(l2, sizeof l2, "%.3f", (double)st.l2_accepted / (double)st.l2_proposed);
+            printf("| %s | %s | %.1f | %s | %s | %.2f | %lld | %.1f | %.2f / %.2f / %.2f |\n", configs[c].name,
+                   configs[c].drafter_name, (double)temps[t], l1, l2,
+                   (double)st.n_generated / (double)st.n_l3_verify, (long long)st.n_l3_verify,
+                   1e3 * st.decode_seconds / st.n_generated, st.l1_seconds, st.l2_seconds, st.l3_seconds);
+            fflush(stdout);
+        }
+        tri_spec_free(s);
+    }
+    tri_model_free(m);
+    free(ids);
+    if (bad) return 1;
+    printf("\ncheck: every mode's greedy output equals plain decoding's (%d tokens)\n", greedy_ref.n);
+    return 0;
+}

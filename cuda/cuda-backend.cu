@@ -1,0 +1,611 @@
+// cuda-backend.cu - the CUDA backend's op table: argument checks (the same as the CPU backend's),
+// per-call uploads of host descriptors, scratch, cuBLAS, and the launchers of kernels*.cu.
+//
+// One stream per instance; every op is queued on it and returns at once. Host arrays an op reads
+// (ids, positions, KV spans) are copied into a pinned staging slot and uploaded with the op, so
+// the caller may reuse them as soon as the op returns. Errors the device only finds later (a
+// softmax row that is all -inf) set a flag in mapped host memory that synchronize() reports.
+#include <cublas_v2.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda-common.cuh"
+
+extern "C" {
+#include "backend.h"
+#include "cuda-backend.h"
+#include "dtype.h"
+}
+
+// ---- checks ----
+
+static tri_status cublas_status(cublasStatus_t err, const char *file, int line, const char *expr) {
+    if (err == CUBLAS_STATUS_SUCCESS) return TRI_STATUS_OK;
+    return tri__fail(err == CUBLAS_STATUS_ALLOC_FAILED ? TRI_STATUS_DEVICE_OUT_OF_MEMORY : TRI_STATUS_DEVICE,
+                     "%s:%d: %s: %s", file, line, expr, cublasGetStatusString(err));
+}
+
+#define CUBLAS_TRY(call)                                                                       \
+    do {                                                                                       \
+        tri_status st__ = cublas_status((call), __FILE__, __LINE__, #call);                    \
+        if (st__ != TRI_STATUS_OK) return st__;                                                \
+    } while (0)
+
+#define TRY(call)                                  \
+    do {                                           \
+        tri_status st__ = (call);                  \
+        if (st__ != TRI_STATUS_OK) return st__;    \
+    } while (0)
+
+// ---- state ----
+
+#define UPLOAD_SLOTS 8  // uploads in flight before the host waits for the oldest one
+#define PARTIAL_BUDGET ((size_t)256 << 20)  // bytes of attention partials per launch, at most
+#define TOPK_BUDGET ((size_t)256 << 20)     // bytes of top-k sort keys per launch, at most
+#define DEQUANT_CHUNK ((int64_t)16 << 20)   // f16 elements of dequantized W per cuBLAS call (m > 16)
+
+typedef struct upload_slot {
+    unsigned char *host;  // pinned
+    size_t cap;
+    cudaEvent_t done;     // recorded after the copy out of this slot
+    bool pending;
+} upload_slot;
+
+typedef struct cuda_state {
+    int device;
+    int sm_count;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    int *err_host;  // mapped pinned flag set by kernels (softmax)
+    int *err_dev;
+    upload_slot slots[UPLOAD_SLOTS];
+    int next_slot;
+    unsigned char *args;  // device copy of the current op's uploaded descriptors
+    size_t args_cap;
+    unsigned char *scratch;  // device scratch of the current op
+    size_t scratch_cap;
+} cuda_state;
+
+static cuda_state *priv(tri__backend *be) { return (cuda_state *)be->priv; }
+
+// Every entry point first makes the instance's device current: the caller's thread may have
+// another one current.
+#define USE_DEVICE(st) CUDA_TRY(cudaSetDevice((st)->device))
+
+// Grows a device buffer to at least bytes (contents not kept). cudaFree waits for the work that
+// may still use the old buffer.
+static tri_status grow_device(unsigned char **buf, size_t *cap, size_t bytes, const char *what) {
+    if (bytes <= *cap) return TRI_STATUS_OK;
+    size_t want = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes + bytes / 4;
+    CUDA_TRY(cudaFree(*buf));
+    *buf = NULL;
+    *cap = 0;
+    cudaError_t err = cudaMalloc((void **)buf, want);
+    if (err != cudaSuccess) {
+        *buf = NULL;
+        if (want > bytes && err == cudaErrorMemoryAllocation) {  // retry without the headroom
+            (void)cudaGetLastError();
+            want = bytes;
+            err = cudaMalloc((void **)buf, want);
+        }
+        if (err != cudaSuccess) {
+            *buf = NULL;
+            tri_status st = tri__cuda_status(err, __FILE__, __LINE__, "cudaMalloc");
+            return tri__fail(st, "cuda: %s scratch of %zu bytes: %s", what, bytes, tri_last_error());
+        }
+    }
+    *cap = want;
+    return TRI_STATUS_OK;
+}
+
+static tri_status scratch_get(cuda_state *st, size_t bytes, unsigned char **out) {
+    TRY(grow_device(&st->scratch, &st->scratch_cap, bytes, "op"));
+    *out = st->scratch;
+    return TRI_STATUS_OK;
+}
+
+// ---- uploads of host descriptors ----
+
+static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+// A pinned host area of bytes to fill; then upload_finish copies it to the device.
+static tri_status upload_begin(cuda_state *st, size_t bytes, unsigned char **host) {
+    upload_slot *sl = &st->slots[st->next_slot];
+    if (sl->pending) {  // the copy out of this slot, UPLOAD_SLOTS uploads ago, must be done
+        CUDA_TRY(cudaEventSynchronize(sl->done));
+        sl->pending = false;
+    }
+    if (bytes > sl->cap) {
+        size_t want = bytes < 65536 ? 65536 : bytes + bytes / 4;
+        CUDA_TRY(cudaFreeHost(sl->host));
+        sl->host = NULL;
+        sl->cap = 0;
+        cudaError_t err = cudaHostAlloc((void **)&sl->host, want, cudaHostAllocDefault);
+        if (err != cudaSuccess) {
+            sl->host = NULL;
+            (void)cudaGetLastError();
+            return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cuda: %zu bytes of pinned staging: %s", want,
+                             cudaGetErrorString(err));
+        }
+        sl->cap = want;
+    }
+    *host = sl->host;
+    return TRI_STATUS_OK;
+}
+
+static tri_status upload_finish(cuda_state *st, size_t bytes, unsigned char **dev) {
+    upload_slot *sl = &st->slots[st->next_slot];
+    TRY(grow_device(&st->args, &st->args_cap, bytes, "argument"));
+    CUDA_TRY(cudaMemcpyAsync(st->args, sl->host, bytes, cudaMemcpyHostToDevice, st->stream));
+    CUDA_TRY(cudaEventRecord(sl->done, st->stream));
+    sl->pending = true;
+    st->next_slot = (st->next_slot + 1) % UPLOAD_SLOTS;
+    *dev = st->args;
+    return TRI_STATUS_OK;
+}
+
+#define LAUNCH(call) CUDA_TRY(call)
+
+// ---- memory ----
+
+static tri_status cuda_alloc(tri__backend *be, size_t bytes, void **out) {
+    cuda_state *st = priv(be);
+    *out = NULL;
+    if (bytes == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    cudaError_t err = cudaMalloc(out, bytes);  // 256-byte aligned
+    if (err != cudaSuccess) {
+        *out = NULL;
+        tri_status s = tri__cuda_status(err, __FILE__, __LINE__, "cudaMalloc");
+        return tri__fail(s, "cuda: alloc of %zu bytes on device %d: %s", bytes, st->device,
+                         err == cudaErrorMemoryAllocation ? "out of memory" : cudaGetErrorString(err));
+    }
+    return TRI_STATUS_OK;
+}
+
+static void cuda_free(tri__backend *be, void *ptr) {
+    if (!ptr) return;
+    cuda_state *st = priv(be);
+    if (cudaSetDevice(st->device) != cudaSuccess || cudaFree(ptr) != cudaSuccess)  // cudaFree synchronizes
+        tri__log(TRI_LOG_LEVEL_ERROR, "cuda: free of %p: %s", ptr, cudaGetErrorString(cudaGetLastError()));
+}
+
+static tri_status cuda_copy_to_backend(tri__backend *be, void *dst, const void *src, size_t bytes) {
+    cuda_state *st = priv(be);
+    if (bytes == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_copy_to_host(tri__backend *be, void *dst, const void *src, size_t bytes) {
+    cuda_state *st = priv(be);
+    if (bytes == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st->stream));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_copy(tri__backend *be, void *dst, const void *src, size_t bytes) {
+    cuda_state *st = priv(be);
+    if (bytes == 0 || dst == src) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st->stream));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_synchronize(tri__backend *be) {
+    cuda_state *st = priv(be);
+    USE_DEVICE(st);
+    CUDA_TRY(cudaStreamSynchronize(st->stream));
+    if (*(volatile int *)st->err_host) {
+        *(volatile int *)st->err_host = 0;
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda softmax: a row is all -inf");
+    }
+    return TRI_STATUS_OK;
+}
+
+static void cuda_destroy(tri__backend *be) {
+    if (!be) return;
+    cuda_state *st = priv(be);
+    if (st) {
+        if (cudaSetDevice(st->device) == cudaSuccess) {
+            if (st->stream) (void)cudaStreamSynchronize(st->stream);
+            for (int i = 0; i < UPLOAD_SLOTS; i++) {
+                if (st->slots[i].done) (void)cudaEventDestroy(st->slots[i].done);
+                if (st->slots[i].host) (void)cudaFreeHost(st->slots[i].host);
+            }
+            if (st->err_host) (void)cudaFreeHost(st->err_host);
+            if (st->args) (void)cudaFree(st->args);
+            if (st->scratch) (void)cudaFree(st->scratch);
+            if (st->cublas) (void)cublasDestroy(st->cublas);
+            if (st->stream) (void)cudaStreamDestroy(st->stream);
+        }
+        free(st);
+    }
+    free(be);
+}
+
+// ---- argument checks shared by several ops ----
+
+static bool aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }
+
+static size_t elem_align(tri_dtype t) { return t == TRI_DTYPE_F32 ? 4 : 2; }
+
+// ---- linear algebra ----
+
+static cudaDataType half_type(tri_dtype t) { return t == TRI_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
+
+// y (m, n) f32 = (hi + lo) (m, k) @ W^T with W (n, k) half of type wt: two tensor-core GEMMs with
+// f32 accumulation. Column-major view: Y^T (n, m) = W (k, n)^T . X^T (k, m).
+static tri_status gemm_split(cuda_state *st, float *y, int64_t ldy, const void *w, cudaDataType wt, const void *hi,
+                             const void *lo, int64_t m, int64_t n, int64_t k) {
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_TRY(cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, w, wt, (int)k, hi, wt,
+                            (int)k, &zero, y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_TRY(cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, w, wt, (int)k, lo, wt,
+                            (int)k, &one, y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_matmul(tri__backend *be, float *y, const float *x, const void *w, tri_dtype type, int64_t m,
+                              int64_t n, int64_t k) {
+    cuda_state *st = priv(be);
+    int64_t row_bytes = tri__dtype_row_bytes(type, k);
+    if (row_bytes <= 0 || m < 0 || n < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda matmul: W (%lld, %lld) %s", (long long)n, (long long)k,
+                         tri_dtype_name(type));
+    if (!aligned(w, elem_align(type)) || !aligned(x, 4) || !aligned(y, 4))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda matmul: misaligned operand");
+    if (m == 0 || n == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    if (m <= TRI_CUDA_MATVEC_MAX_M) {
+        LAUNCH(tri__cuda_matvec(y, x, w, type, row_bytes, m, n, k, st->stream));
+        return TRI_STATUS_OK;
+    }
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda matmul: (%lld, %lld) x (%lld, %lld) exceeds cuBLAS's int sizes",
+                         (long long)m, (long long)k, (long long)n, (long long)k);
+    if (type == TRI_DTYPE_F32) {
+        const float one = 1.0f, zero = 0.0f;
+        CUBLAS_TRY(cublasSgemm(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, (const float *)w,
+                               (int)k, x, (int)k, &zero, y, (int)n));
+        return TRI_STATUS_OK;
+    }
+    // Half weights (or quantized ones dequantized to f16): x is split into hi + lo halves so that
+    // the product keeps ~f32 precision of x (one half alone would round x to 11 or 8 bits).
+    tri_dtype ht = type == TRI_DTYPE_BF16 ? TRI_DTYPE_BF16 : TRI_DTYPE_F16;
+    bool quant = tri__dtype_is_quantized(type);
+    int64_t rows = quant ? (DEQUANT_CHUNK / k < 1 ? 1 : DEQUANT_CHUNK / k) : 0;
+    if (rows > n) rows = n;
+    size_t xs = align16((size_t)(m * k) * 2);
+    unsigned char *scr;
+    TRY(scratch_get(st, 2 * xs + (size_t)(rows * k) * 2, &scr));
+    uint16_t *hi = (uint16_t *)scr, *lo = (uint16_t *)(scr + xs), *wd = (uint16_t *)(scr + 2 * xs);
+    LAUNCH(tri__cuda_split_half(hi, lo, ht, x, m * k, st->stream));
+    if (!quant) return gemm_split(st, y, n, w, half_type(type), hi, lo, m, n, k);
+    for (int64_t r0 = 0; r0 < n; r0 += rows) {
+        int64_t nr = n - r0 < rows ? n - r0 : rows;
+        LAUNCH(tri__cuda_dequant_f16(wd, (const unsigned char *)w + r0 * row_bytes, type, row_bytes, nr, k,
+                                     st->stream));
+        TRY(gemm_split(st, y + r0, n, wd, CUDA_R_16F, hi, lo, m, nr, k));
+    }
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_get_rows(tri__backend *be, float *out, const void *table, tri_dtype type, int64_t n_rows,
+                                int64_t n, const int32_t *ids, int64_t m) {
+    cuda_state *st = priv(be);
+    int64_t row_bytes = tri__dtype_row_bytes(type, n);
+    if (row_bytes <= 0 || n_rows < 0 || m < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda get_rows: %s rows of %lld elements", tri_dtype_name(type),
+                         (long long)n);
+    for (int64_t i = 0; i < m; i++)
+        if (ids[i] < 0 || ids[i] >= n_rows)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda get_rows: id %d at %lld outside [0, %lld)", ids[i],
+                             (long long)i, (long long)n_rows);
+    if (!aligned(table, elem_align(type)))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda get_rows: misaligned table");
+    if (m == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    size_t bytes = sizeof(int32_t) * (size_t)m;
+    unsigned char *h, *d;
+    TRY(upload_begin(st, bytes, &h));
+    memcpy(h, ids, bytes);
+    TRY(upload_finish(st, bytes, &d));
+    LAUNCH(tri__cuda_get_rows(out, table, type, row_bytes, n, (const int32_t *)d, m, st->stream));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_convert(tri__backend *be, void *dst, tri_dtype type, const float *src, int64_t n) {
+    cuda_state *st = priv(be);
+    if (n < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda convert: n = %lld", (long long)n);
+    if (type != TRI_DTYPE_F32 && type != TRI_DTYPE_F16 && type != TRI_DTYPE_BF16)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda convert: to %s", tri_dtype_name(type));
+    if (n == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    if (type == TRI_DTYPE_F32) {
+        if (dst != src)
+            CUDA_TRY(cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)n, cudaMemcpyDeviceToDevice, st->stream));
+        return TRI_STATUS_OK;
+    }
+    LAUNCH(tri__cuda_convert(dst, type, src, n, st->stream));
+    return TRI_STATUS_OK;
+}
+
+// ---- elementwise and normalisation ----
+
+static tri_status cuda_rmsnorm(tri__backend *be, float *y, const float *x, const void *weight, tri_dtype wt, int64_t m,
+                               int64_t n, float eps) {
+    cuda_state *st = priv(be);
+    if (wt != TRI_DTYPE_F32 && wt != TRI_DTYPE_F16 && wt != TRI_DTYPE_BF16)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda rmsnorm: %s weight", tri_dtype_name(wt));
+    if (n <= 0 || m < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda rmsnorm: n = %lld", (long long)n);
+    if (!aligned(weight, elem_align(wt))) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda rmsnorm: misaligned weight");
+    if (m == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    LAUNCH(tri__cuda_rmsnorm(y, x, weight, wt, m, n, eps, st->stream));
+    return TRI_STATUS_OK;
+}
+
+// The frequency table travels with the positions in the op's one upload (head_dim / 2 floats,
+// 256 bytes for head_dim 128). A device copy cached by the table's address would go stale when a
+// table is freed and another allocated at the same address, or updated in place (dynamic NTK).
+static tri_status cuda_rope(tri__backend *be, float *x, int64_t m, int64_t n_heads, const int32_t *pos,
+                            const tri__rope *rope) {
+    cuda_state *st = priv(be);
+    int64_t hd = rope->head_dim, half = hd / 2;
+    if (hd <= 0 || hd % 2 != 0 || m < 0 || n_heads < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda rope: head_dim %lld", (long long)hd);
+    for (int64_t i = 0; i < m; i++)
+        if (pos[i] < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda rope: position %d", pos[i]);
+    if (m == 0 || n_heads == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    size_t fbytes = align16(sizeof(float) * (size_t)half), pbytes = sizeof(int32_t) * (size_t)m;
+    unsigned char *h, *d;
+    TRY(upload_begin(st, fbytes + pbytes, &h));
+    memcpy(h, rope->inv_freq, sizeof(float) * (size_t)half);
+    memcpy(h + fbytes, pos, pbytes);
+    TRY(upload_finish(st, fbytes + pbytes, &d));
+    LAUNCH(tri__cuda_rope(x, m, n_heads, hd, rope->layout == TRI_ROPE_LAYOUT_ADJACENT, (const int32_t *)(d + fbytes),
+                          (const float *)d, rope->attn_factor, st->stream));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_swiglu(tri__backend *be, float *out, const float *gate, const float *up, int64_t n) {
+    cuda_state *st = priv(be);
+    if (n < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda swiglu: n = %lld", (long long)n);
+    USE_DEVICE(st);
+    LAUNCH(tri__cuda_swiglu(out, gate, up, n, st->stream));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_add(tri__backend *be, float *out, const float *a, const float *b, int64_t n) {
+    cuda_state *st = priv(be);
+    if (n < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda add: n = %lld", (long long)n);
+    USE_DEVICE(st);
+    LAUNCH(tri__cuda_add(out, a, b, n, st->stream));
+    return TRI_STATUS_OK;
+}
+
+// ---- sampling helpers ----
+
+static tri_status cuda_softmax(tri__backend *be, float *x, int64_t m, int64_t n, float temperature) {
+    cuda_state *st = priv(be);
+    if (!(temperature > 0) || n <= 0 || m < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda softmax: temperature %g, n %lld", (double)temperature,
+                         (long long)n);
+    USE_DEVICE(st);
+    LAUNCH(tri__cuda_softmax(x, m, n, temperature, st->err_dev, st->stream));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_top_k(tri__backend *be, float *values, int32_t *indices, const float *x, int64_t m, int64_t n,
+                             int64_t k) {
+    cuda_state *st = priv(be);
+    if (k < 1 || k > n || n > INT32_MAX || m < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda top_k: k = %lld of n = %lld", (long long)k, (long long)n);
+    if (m == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    int64_t np2 = 1;
+    while (np2 < n) np2 <<= 1;
+    uint64_t *keys = NULL;
+    int64_t rows = m;  // rows per launch
+    if (np2 > 4096) {  // sorted in global memory: bounded scratch, rows in batches
+        size_t row_bytes = sizeof(uint64_t) * (size_t)np2;
+        rows = (int64_t)(TOPK_BUDGET / row_bytes);
+        if (rows < 1) rows = 1;
+        if (rows > m) rows = m;
+        unsigned char *scr;
+        TRY(scratch_get(st, row_bytes * (size_t)rows, &scr));
+        keys = (uint64_t *)scr;
+    }
+    for (int64_t r0 = 0; r0 < m; r0 += rows) {
+        int64_t nr = m - r0 < rows ? m - r0 : rows;
+        LAUNCH(tri__cuda_top_k(values + r0 * k, indices + r0 * k, x + r0 * n, nr, n, k, keys, np2, st->stream));
+    }
+    return TRI_STATUS_OK;
+}
+
+// ---- attention ----
+
+static tri_status cuda_attention(tri__backend *be, float *out, const float *q, const int32_t *q_pos, int64_t m,
+                                 int64_t n_head, int64_t hd, const tri__kv_view *kv, float *weight_sums) {
+    cuda_state *st = priv(be);
+    int64_t nkv = kv->n_head_kv;
+    if (kv->type != TRI_DTYPE_F16 && kv->type != TRI_DTYPE_F32)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %s keys", tri_dtype_name(kv->type));
+    if (nkv <= 0 || n_head % nkv != 0 || hd <= 0 || m < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda attention: %lld heads over %lld KV heads, head_dim %lld",
+                         (long long)n_head, (long long)nkv, (long long)hd);
+    if (kv->head_span[0] != 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda attention: head_span[0] = %d", kv->head_span[0]);
+    for (int64_t h = 0; h < nkv; h++)
+        if (kv->head_span[h] > kv->head_span[h + 1])
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda attention: head_span decreases at %lld", (long long)h);
+    int32_t n_spans = kv->head_span[nkv];
+    int64_t n_pos = 0, n_keys = 0;
+    for (int32_t si = 0; si < n_spans; si++) {
+        const tri__kv_span *sp = &kv->spans[si];
+        if (sp->n < 0 || (sp->n > 0 && sp->stride < hd))
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda attention: span %d has %d rows of stride %lld", si, sp->n,
+                             (long long)sp->stride);
+        if (sp->pos) n_pos += sp->n;
+        n_keys += sp->n;
+    }
+    if (n_pos > INT32_MAX) return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %lld explicit positions", (long long)n_pos);
+    if (m == 0) return TRI_STATUS_OK;
+    int64_t g = n_head / nkv;
+    USE_DEVICE(st);
+
+    // Keys per chunk: 256, halved while the grid would not fill the GPU twice over or the block's
+    // shared memory would not fit.
+    int32_t C = 256;
+    int64_t n_chunks = 0;
+    for (;;) {
+        n_chunks = 0;
+        for (int64_t h = 0; h < nkv; h++) {
+            int64_t nh = 0;
+            for (int32_t si = kv->head_span[h]; si < kv->head_span[h + 1]; si++) nh += kv->spans[si].n;
+            n_chunks += (nh + C - 1) / C;
+        }
+        bool fits = tri__cuda_attn_smem(g, hd, C) != 0;
+        if (C <= 16 || (fits && n_chunks * m >= 2 * (int64_t)st->sm_count)) break;
+        C /= 2;
+    }
+    if (tri__cuda_attn_smem(g, hd, C) == 0)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %lld query heads per KV head of dim %lld do not fit a block",
+                         (long long)g, (long long)hd);
+    if (n_chunks > INT32_MAX) return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %lld chunks", (long long)n_chunks);
+
+    // One upload: q_pos | head_span | head_chunk | positions | spans | chunks.
+    size_t o_qpos = 0, o_hs = align16(sizeof(int32_t) * (size_t)m);
+    size_t o_hc = o_hs + align16(sizeof(int32_t) * (size_t)(nkv + 1));
+    size_t o_pos = o_hc + align16(sizeof(int32_t) * (size_t)(nkv + 1));
+    size_t o_sp = o_pos + align16(sizeof(int32_t) * (size_t)n_pos);
+    size_t o_ch = o_sp + align16(sizeof(tri__cuda_span) * (size_t)n_spans);
+    size_t bytes = o_ch + sizeof(tri__cuda_chunk) * (size_t)n_chunks;
+    unsigned char *h, *d;
+    TRY(upload_begin(st, bytes, &h));
+    memcpy(h + o_qpos, q_pos, sizeof(int32_t) * (size_t)m);
+    memcpy(h + o_hs, kv->head_span, sizeof(int32_t) * (size_t)(nkv + 1));
+    int32_t *hc = (int32_t *)(h + o_hc), *pos = (int32_t *)(h + o_pos);
+    tri__cuda_span *sp = (tri__cuda_span *)(h + o_sp);
+    tri__cuda_chunk *ch = (tri__cuda_chunk *)(h + o_ch);
+    int64_t key = 0, np = 0, nc = 0;
+    for (int64_t hh = 0; hh < nkv; hh++) {
+        int64_t first = key;
+        for (int32_t si = kv->head_span[hh]; si < kv->head_span[hh + 1]; si++) {
+            const tri__kv_span *s = &kv->spans[si];
+            sp[si] = tri__cuda_span{s->k, s->v, s->stride, key, s->pos0, s->n, s->pos ? (int32_t)np : -1, 0};
+            if (s->pos) {
+                memcpy(pos + np, s->pos, sizeof(int32_t) * (size_t)s->n);
+                np += s->n;
+            }
+            key += s->n;
+        }
+        hc[hh] = (int32_t)nc;
+        for (int64_t k0 = first; k0 < key; k0 += C)
+            ch[nc++] = tri__cuda_chunk{k0, (int32_t)hh, (int32_t)(key - k0 < C ? key - k0 : C)};
+    }
+    hc[nkv] = (int32_t)nc;
+    TRI_ASSERT(nc == n_chunks && key == n_keys && np == n_pos);
+    TRY(upload_finish(st, bytes, &d));
+
+    tri__cuda_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.q = q;
+    a.q_pos = (const int32_t *)(d + o_qpos);
+    a.head_span = (const int32_t *)(d + o_hs);
+    a.head_chunk = (const int32_t *)(d + o_hc);
+    a.pos = (const int32_t *)(d + o_pos);
+    a.spans = (const tri__cuda_span *)(d + o_sp);
+    a.chunks = (const tri__cuda_chunk *)(d + o_ch);
+    a.m = m, a.n_head = n_head, a.hd = hd, a.group = g, a.n_chunks = n_chunks;
+    a.chunk_keys = C;
+    a.scale = 1.0f / sqrtf((float)hd);
+    a.f16 = kv->type == TRI_DTYPE_F16;
+
+    // Scratch: stats (m, n_head, 2) | partials of a tile of mt queries, sized to PARTIAL_BUDGET.
+    size_t per_query = sizeof(float) * (size_t)(n_chunks > 0 ? n_chunks : 1) * (size_t)(g * (hd + 2));
+    int64_t mt = (int64_t)(PARTIAL_BUDGET / per_query);
+    if (mt < 1) mt = 1;
+    if (mt > m) mt = m;
+    size_t s_stats = align16(sizeof(float) * 2 * (size_t)(m * n_head));
+    size_t s_o = align16(sizeof(float) * (size_t)(n_chunks * mt * g * hd));
+    size_t s_ml = sizeof(float) * (size_t)(n_chunks * mt * g * 2);
+    unsigned char *scr;
+    TRY(scratch_get(st, s_stats + s_o + s_ml, &scr));
+    a.stats = (float *)scr;
+    a.part_o = (float *)(scr + s_stats);
+    a.part_ml = (float *)(scr + s_stats + s_o);
+    for (int64_t i0 = 0; i0 < m; i0 += mt)
+        LAUNCH(tri__cuda_attention(out, &a, i0, m - i0 < mt ? m - i0 : mt, st->stream));
+    if (weight_sums) LAUNCH(tri__cuda_attn_weight_sums(weight_sums, &a, st->stream));
+    return TRI_STATUS_OK;
+}
+
+// ---- the table ----
+
+static const tri__backend_ops cuda_ops = {
+    /* .name = */ "cuda",
+    /* .destroy = */ cuda_destroy,
+    /* .alloc = */ cuda_alloc,
+    /* .free = */ cuda_free,
+    /* .copy_to_backend = */ cuda_copy_to_backend,
+    /* .copy_to_host = */ cuda_copy_to_host,
+    /* .copy = */ cuda_copy,
+    /* .synchronize = */ cuda_synchronize,
+    /* .matmul = */ cuda_matmul,
+    /* .get_rows = */ cuda_get_rows,
+    /* .convert = */ cuda_convert,
+    /* .rmsnorm = */ cuda_rmsnorm,
+    /* .rope = */ cuda_rope,
+    /* .swiglu = */ cuda_swiglu,
+    /* .add = */ cuda_add,
+    /* .softmax = */ cuda_softmax,
+    /* .top_k = */ cuda_top_k,
+    /* .attention = */ cuda_attention,
+};
+
+static tri_status create(int device, tri__backend *be, cuda_state *st) {
+    st->device = device;
+    CUDA_TRY(cudaSetDevice(device));
+    CUDA_TRY(cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, device));
+    CUDA_TRY(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
+    CUBLAS_TRY(cublasCreate(&st->cublas));
+    CUBLAS_TRY(cublasSetStream(st->cublas, st->stream));
+    CUDA_TRY(cudaHostAlloc((void **)&st->err_host, sizeof(int), cudaHostAllocMapped));
+    *st->err_host = 0;
+    CUDA_TRY(cudaHostGetDevicePointer((void **)&st->err_dev, st->err_host, 0));
+    for (int i = 0; i < UPLOAD_SLOTS; i++) CUDA_TRY(cudaEventCreateWithFlags(&st->slots[i].done, cudaEventDisableTiming));
+    be->ops = &cuda_ops;
+    be->n_threads = 1;
+    be->priv = st;
+    return TRI_STATUS_OK;
+}
+
+extern "C" tri_status tri__backend_cuda_create(int device, tri__backend **out) {
+    *out = NULL;
+    int count = tri__cuda_device_count();
+    if (device < 0 || device >= count)
+        return tri__fail(TRI_STATUS_DEVICE, "cuda backend: device %d does not exist (%d device%s)", device, count,
+                         count == 1 ? "" : "s");
+    tri__backend *be = (tri__backend *)calloc(1, sizeof *be);
+    cuda_state *st = (cuda_state *)calloc(1, sizeof *st);
+    if (!be || !st) {
+        free(be);
+        free(st);
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cuda backend: instance");
+    }
+    be->priv = st;
+    be->ops = &cuda_ops;
+    tri_status s = create(device, be, st);
+    if (s != TRI_STATUS_OK) {
+        cuda_destroy(be);  // releases whatever create() made; every field starts zeroed
+        return s;
+    }
+    *out = be;
+    return TRI_STATUS_OK;
+}

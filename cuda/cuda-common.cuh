@@ -1,0 +1,164 @@
+// cuda-common.cuh - shared by the .cu files of cuda/ only: error checks, half-precision
+// conversions that match runtime/dtype.c bit for bit, and the kernel launchers.
+//
+// The launchers are plain functions (llm.c's "kernel launchers"): device pointers and sizes in,
+// the stream last, a cudaError_t out (the launch error; execution errors surface at the next
+// synchronizing call). Every size they take has been validated by the caller in cuda-backend.cu.
+#ifndef TRI_CUDA_COMMON_CUH
+#define TRI_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "error.h"
+#include "triforce.h"
+}
+
+// ---- checks: every CUDA and cuBLAS call, with its call site ----
+
+static inline tri_status tri__cuda_status(cudaError_t err, const char *file, int line, const char *expr) {
+    if (err == cudaSuccess) return TRI_STATUS_OK;
+    tri_status st = err == cudaErrorMemoryAllocation ? TRI_STATUS_DEVICE_OUT_OF_MEMORY : TRI_STATUS_DEVICE;
+    // Allocation failures are not sticky; clear them so the next call does not report them again.
+    if (err == cudaErrorMemoryAllocation) (void)cudaGetLastError();
+    return tri__fail(st, "%s:%d: %s: %s (%s)", file, line, expr, cudaGetErrorString(err), cudaGetErrorName(err));
+}
+
+// Returns a tri_status from the enclosing function when call fails.
+#define CUDA_TRY(call)                                                                         \
+    do {                                                                                       \
+        tri_status st__ = tri__cuda_status((call), __FILE__, __LINE__, #call);                 \
+        if (st__ != TRI_STATUS_OK) return st__;                                                \
+    } while (0)
+
+// ---- half precision, identical to tri__f16_to_f32 & co. in runtime/dtype.c ----
+
+__device__ __forceinline__ float tri_dev_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    if (exp == 0x1f) return __uint_as_float(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {
+        float v = (float)man * (1.0f / 16777216.0f);
+        return sign ? -v : v;
+    }
+    return __uint_as_float(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+__device__ __forceinline__ uint16_t tri_dev_f32_to_f16(float f) {
+    uint32_t u = __float_as_uint(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (a > 0x7f800000u ? 0x200 : 0));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);
+    if (a < 0x38800000u) {
+        if (a < 0x33000000u) return sign;
+        uint32_t exp = a >> 23;
+        uint32_t man = (a & 0x7fffff) | 0x800000;
+        uint32_t shift = 126 - exp;
+        uint32_t q = man >> shift;
+        uint32_t rem = man & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t q = a - 0x38000000u;
+    uint32_t rem = q & 0x1fff;
+    q >>= 13;
+    if (rem > 0x1000 || (rem == 0x1000 && (q & 1))) q++;
+    return (uint16_t)(sign | q);
+}
+
+__device__ __forceinline__ float tri_dev_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+__device__ __forceinline__ uint16_t tri_dev_f32_to_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+// ---- launchers: elementwise, norms, sampling helpers (kernels.cu) ----
+
+// 1-D grids: blocks of 256 threads, at most this many blocks, grid-stride loops beyond.
+#define TRI_CUDA_MAX_BLOCKS 65535
+
+// dst (n) of dst_type (F16 or BF16) = src (n) f32, rounded to nearest even.
+cudaError_t tri__cuda_convert(void *dst, tri_dtype dst_type, const float *src, int64_t n, cudaStream_t s);
+// out (m, n) f32: row i = row ids[i] of table, rows of row_bytes bytes of type t. ids (m) device.
+cudaError_t tri__cuda_get_rows(float *out, const void *table, tri_dtype t, int64_t row_bytes, int64_t n,
+                               const int32_t *ids, int64_t m, cudaStream_t s);
+// out (rows, k) of half type out_type (F16) = rows of w (type t, row_bytes each), dequantized.
+cudaError_t tri__cuda_dequant_f16(uint16_t *out, const void *w, tri_dtype t, int64_t row_bytes, int64_t rows,
+                                  int64_t k, cudaStream_t s);
+// hi + lo ~= x (n f32) in half type t (F16 or BF16): hi = round(x), lo = round(x - hi).
+cudaError_t tri__cuda_split_half(uint16_t *hi, uint16_t *lo, tri_dtype t, const float *x, int64_t n,
+                                 cudaStream_t s);
+cudaError_t tri__cuda_rmsnorm(float *y, const float *x, const void *w, tri_dtype wt, int64_t m, int64_t n, float eps,
+                              cudaStream_t s);
+// x (m, n_heads, head_dim) in place; pos (m) and inv_freq (head_dim / 2) device.
+cudaError_t tri__cuda_rope(float *x, int64_t m, int64_t n_heads, int64_t head_dim, bool adjacent, const int32_t *pos,
+                           const float *inv_freq, float attn_factor, cudaStream_t s);
+cudaError_t tri__cuda_swiglu(float *out, const float *gate, const float *up, int64_t n, cudaStream_t s);
+cudaError_t tri__cuda_add(float *out, const float *a, const float *b, int64_t n, cudaStream_t s);
+// Rows that are all -inf are left as they are and set *err_flag (device-visible) to 1.
+cudaError_t tri__cuda_softmax(float *x, int64_t m, int64_t n, float temperature, int *err_flag, cudaStream_t s);
+// keys: scratch of (m, n_pow2) uint64, n_pow2 the power of two >= n.
+cudaError_t tri__cuda_top_k(float *values, int32_t *indices, const float *x, int64_t m, int64_t n, int64_t k,
+                            uint64_t *keys, int64_t n_pow2, cudaStream_t s);
+
+// ---- matvec for small m (kernels-matvec.cu) ----
+
+#define TRI_CUDA_MATVEC_MAX_M 16
+// y (m, n) = x (m, k) @ W^T for m <= TRI_CUDA_MATVEC_MAX_M, W rows of row_bytes bytes of type t,
+// f32 activations and accumulation.
+cudaError_t tri__cuda_matvec(float *y, const float *x, const void *w, tri_dtype t, int64_t row_bytes, int64_t m,
+                             int64_t n, int64_t k, cudaStream_t s);
+
+// ---- attention (kernels-attention.cu) ----
+
+// One span as the kernels see it (uploaded per call).
+typedef struct tri__cuda_span {
+    const void *k, *v;  // device rows
+    int64_t stride;     // elements between rows
+    int64_t key0;       // index of the span's first key among all keys of the view (weight_sums)
+    int32_t pos0, n;
+    int32_t pos_at;     // offset of its explicit positions in the uploaded position array, or -1
+    int32_t pad_;
+} tri__cuda_span;
+
+// A chunk of consecutive keys of one KV head (keys in the view's span order), processed by one
+// block per query.
+typedef struct tri__cuda_chunk {
+    int64_t key0;  // first key, an index among all keys of the view
+    int32_t head;  // KV head
+    int32_t n;     // keys, 1 .. chunk size
+} tri__cuda_chunk;
+
+typedef struct tri__cuda_attn_args {
+    const float *q;               // (m, n_head, hd) device
+    const int32_t *q_pos;         // (m) device
+    const tri__cuda_span *spans;  // device
+    const int32_t *head_span;     // (n_head_kv + 1) device
+    const int32_t *pos;           // explicit positions, device
+    const tri__cuda_chunk *chunks;  // (n_chunks) device
+    const int32_t *head_chunk;    // (n_head_kv + 1) device: chunks of head h are head_chunk[h] ..
+    int64_t m, n_head, hd, group, n_chunks;
+    int32_t chunk_keys;           // keys per chunk at most
+    float scale;
+    bool f16;                     // K and V are F16, else F32
+    // scratch
+    float *part_o;  // (n_chunks, mt, group, hd)
+    float *part_ml; // (n_chunks, mt, group, 2): chunk max and sum
+    float *stats;   // (m, n_head, 2): final max and sum per query head
+} tri__cuda_attn_args;
+
+// Shared memory a partial block needs; 0 if it exceeds what a block can have.
+size_t tri__cuda_attn_smem(int64_t group, int64_t hd, int32_t chunk_keys);
+// Queries i0 .. i0 + mt: partial results per chunk, then their combination into out and stats.
+cudaError_t tri__cuda_attention(float *out, const tri__cuda_attn_args *a, int64_t i0, int64_t mt, cudaStream_t s);
+// weight_sums (total keys) from stats, after every query has been through tri__cuda_attention.
+cudaError_t tri__cuda_attn_weight_sums(float *weight_sums, const tri__cuda_attn_args *a, cudaStream_t s);
+
+#endif  // TRI_CUDA_COMMON_CUH

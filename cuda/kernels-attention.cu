@@ -1,0 +1,221 @@
+// kernels-attention.cu - attention over a KV view, split along the keys (flash-decoding).
+//
+// The keys of each KV head (its spans, in order) are cut into chunks of at most chunk_keys. Pass
+// 1: one block per (chunk, query) scores the chunk's visible keys for the query heads of the
+// group, and writes the chunk's max, sum of exp(score - max) and the exp-weighted sum of values.
+// Pass 2: one block per (query, query head) combines the chunks of its KV head. Pass 3 (only for
+// weight_sums): one block per chunk recomputes every score with the same warp_dot and adds
+// exp(score - max) / sum over the group's heads and the queries. Scratch is per chunk, so a 128K
+// key view costs (keys / chunk_keys) partial rows per query head, not one score per key.
+#include <math.h>
+
+#include "cuda-common.cuh"
+
+#define ATTN_THREADS 128
+#define ATTN_WARPS (ATTN_THREADS / 32)
+
+// Key row element d; rows of F16 or F32.
+template <bool F16>
+__device__ __forceinline__ float kv_elem(const void *row, int64_t d) {
+    return F16 ? tri_dev_f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+}
+
+// q . krow over hd elements, by a whole warp; every lane gets the same value (a butterfly sum of
+// the same operands). Explicit fmaf and __fmul_rn so that pass 1 and pass 3 compute bit-identical
+// scores whatever the compiler contracts.
+template <bool F16>
+__device__ __forceinline__ float warp_score(const float *q, const void *krow, int64_t hd, float scale, int lane) {
+    float s = 0.0f;
+    for (int64_t d = lane; d < hd; d += 32) s = fmaf(q[d], kv_elem<F16>(krow, d), s);
+    for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+    return __fmul_rn(s, scale);
+}
+
+// The span holding key (an index among all keys of the view) among the spans of KV head h: the
+// last span whose first key is <= key (empty spans share their first key with the next one).
+__device__ __forceinline__ int32_t find_span(const tri__cuda_attn_args &a, int32_t h, int64_t key) {
+    int32_t lo = a.head_span[h], hi = a.head_span[h + 1];
+    while (hi - lo > 1) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (a.spans[mid].key0 <= key) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+__device__ __forceinline__ int32_t key_pos(const tri__cuda_attn_args &a, const tri__cuda_span &sp, int64_t r) {
+    return sp.pos_at >= 0 ? a.pos[sp.pos_at + r] : sp.pos0 + (int32_t)r;
+}
+
+static __host__ __device__ size_t align8(size_t n) { return (n + 7) / 8 * 8; }
+
+// Shared memory of pass 1: q (group, hd) f32 | scores (group, C) f32 | key and value row
+// pointers (C each) | visibility (C bytes).
+size_t tri__cuda_attn_smem(int64_t group, int64_t hd, int32_t chunk_keys) {
+    size_t C = (size_t)chunk_keys;
+    size_t bytes = align8(sizeof(float) * (size_t)(group * hd)) + align8(sizeof(float) * (size_t)group * C) +
+                   2 * sizeof(void *) * C + C;
+    return bytes > 48 * 1024 - 256 ? 0 : bytes;  // 48 KiB per block without opting in, less n_vis
+}
+
+template <bool F16>
+__global__ void __launch_bounds__(ATTN_THREADS) k_attn_partial(tri__cuda_attn_args a, int64_t i0, int64_t mt) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int64_t g = a.group, hd = a.hd, C = a.chunk_keys;
+    float *qs = (float *)smem;
+    float *sc = (float *)(smem + align8(sizeof(float) * (size_t)(g * hd)));
+    const void **kp = (const void **)((unsigned char *)sc + align8(sizeof(float) * (size_t)(g * C)));
+    const void **vp = kp + C;
+    unsigned char *vis = (unsigned char *)(vp + C);
+    __shared__ int n_vis;
+
+    const int64_t blk = blockIdx.x, c = blk / mt, iq = blk % mt, i = i0 + iq;
+    const tri__cuda_chunk ch = a.chunks[c];
+    const int32_t h = ch.head, n = ch.n;
+    const int32_t qpos = a.q_pos[i];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const size_t es = F16 ? 2 : 4;
+    if (threadIdx.x == 0) n_vis = 0;
+    __syncthreads();
+
+    for (int32_t t = threadIdx.x; t < n; t += ATTN_THREADS) {
+        int64_t key = ch.key0 + t;
+        const tri__cuda_span &sp = a.spans[find_span(a, h, key)];
+        int64_t r = key - sp.key0;
+        vis[t] = key_pos(a, sp, r) <= qpos;
+        if (vis[t]) atomicAdd(&n_vis, 1);
+        kp[t] = (const unsigned char *)sp.k + (size_t)(r * sp.stride) * es;
+        vp[t] = (const unsigned char *)sp.v + (size_t)(r * sp.stride) * es;
+    }
+    const float *qg = a.q + (i * a.n_head + (int64_t)h * g) * hd;  // the group's g heads, contiguous
+    for (int64_t e = threadIdx.x; e < g * hd; e += ATTN_THREADS) qs[e] = qg[e];
+    __syncthreads();
+
+    float *o = a.part_o + ((c * mt + iq) * g) * hd;
+    float *ml = a.part_ml + ((c * mt + iq) * g) * 2;
+    if (n_vis == 0) {  // nothing visible in this chunk (uniform): an empty partial
+        for (int64_t e = threadIdx.x; e < g * hd; e += ATTN_THREADS) o[e] = 0.0f;
+        for (int64_t e = threadIdx.x; e < g; e += ATTN_THREADS) ml[2 * e] = -INFINITY, ml[2 * e + 1] = 0.0f;
+        return;
+    }
+
+    // scores: one warp per key, lanes along head_dim
+    for (int32_t t = warp; t < n; t += ATTN_WARPS) {
+        if (!vis[t]) continue;  // uniform within the warp
+        for (int64_t aa = 0; aa < g; aa++) {
+            float s = warp_score<F16>(qs + aa * hd, kp[t], hd, a.scale, lane);
+            if (lane == 0) sc[aa * C + t] = s;
+        }
+    }
+    __syncthreads();
+
+    // per query head: chunk max, probabilities (unnormalised) in place, their sum
+    for (int64_t aa = warp; aa < g; aa += ATTN_WARPS) {
+        float *s = sc + aa * C;
+        float mx = -INFINITY;
+        for (int32_t t = lane; t < n; t += 32)
+            if (vis[t]) mx = fmaxf(mx, s[t]);
+        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        float sum = 0.0f;
+        for (int32_t t = lane; t < n; t += 32) {
+            float p = vis[t] ? expf(s[t] - mx) : 0.0f;  // mx is finite: some key is visible
+            s[t] = p;
+            sum += p;
+        }
+        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (lane == 0) ml[2 * aa] = mx, ml[2 * aa + 1] = sum;
+    }
+    __syncthreads();
+
+    // exp-weighted values: one thread per (head of the group, element), reading rows coalesced
+    for (int64_t e = threadIdx.x; e < g * hd; e += ATTN_THREADS) {
+        int64_t aa = e / hd, d = e % hd;
+        const float *p = sc + aa * C;
+        float acc = 0.0f;
+        for (int32_t t = 0; t < n; t++)
+            if (vis[t]) acc = fmaf(p[t], kv_elem<F16>(vp[t], d), acc);  // masked rows are never read
+        o[e] = acc;
+    }
+}
+
+// One block per (query of the tile, query head).
+__global__ void __launch_bounds__(ATTN_THREADS) k_attn_combine(float *out, tri__cuda_attn_args a, int64_t i0, int64_t mt) {
+    const int64_t blk = blockIdx.x, iq = blk / a.n_head, hq = blk % a.n_head, i = i0 + iq;
+    const int64_t g = a.group, hd = a.hd, h = hq / g, aa = hq % g;
+    const int32_t c0 = a.head_chunk[h], c1 = a.head_chunk[h + 1];
+    float M = -INFINITY;
+    for (int32_t c = c0; c < c1; c++) {
+        const float *ml = a.part_ml + ((c * mt + iq) * g + aa) * 2;
+        if (ml[1] > 0) M = fmaxf(M, ml[0]);
+    }
+    float L = 0.0f;
+    for (int32_t c = c0; c < c1; c++) {
+        const float *ml = a.part_ml + ((c * mt + iq) * g + aa) * 2;
+        if (ml[1] > 0) L += expf(ml[0] - M) * ml[1];
+    }
+    float *dst = out + (i * a.n_head + hq) * hd;
+    for (int64_t d = threadIdx.x; d < hd; d += ATTN_THREADS) {
+        float acc = 0.0f;
+        for (int32_t c = c0; c < c1; c++) {
+            const float *ml = a.part_ml + ((c * mt + iq) * g + aa) * 2;
+            if (ml[1] > 0) acc += expf(ml[0] - M) * a.part_o[((c * mt + iq) * g + aa) * hd + d];
+        }
+        dst[d] = L > 0 ? acc / L : 0.0f;  // a query that sees no key gets zeros
+    }
+    if (threadIdx.x == 0) {
+        a.stats[(i * a.n_head + hq) * 2] = M;
+        a.stats[(i * a.n_head + hq) * 2 + 1] = L;
+    }
+}
+
+template <bool F16>
+__global__ void __launch_bounds__(ATTN_THREADS) k_attn_weight_sums(float *ws, tri__cuda_attn_args a) {
+    const tri__cuda_chunk ch = a.chunks[blockIdx.x];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t g = a.group, hd = a.hd;
+    const size_t es = F16 ? 2 : 4;
+    for (int32_t t = warp; t < ch.n; t += ATTN_WARPS) {
+        int64_t key = ch.key0 + t;
+        const tri__cuda_span &sp = a.spans[find_span(a, ch.head, key)];
+        int64_t r = key - sp.key0;
+        int32_t kpos = key_pos(a, sp, r);
+        const void *krow = (const unsigned char *)sp.k + (size_t)(r * sp.stride) * es;
+        double w = 0;
+        for (int64_t i = 0; i < a.m; i++) {
+            if (kpos > a.q_pos[i]) continue;  // uniform within the warp
+            for (int64_t aa = 0; aa < g; aa++) {
+                int64_t qa = i * a.n_head + (int64_t)ch.head * g + aa;
+                float s = warp_score<F16>(a.q + qa * hd, krow, hd, a.scale, lane);
+                w += (double)(expf(s - a.stats[2 * qa]) / a.stats[2 * qa + 1]);
+            }
+        }
+        if (lane == 0) ws[key] = (float)w;
+    }
+}
+
+cudaError_t tri__cuda_attention(float *out, const tri__cuda_attn_args *a, int64_t i0, int64_t mt, cudaStream_t s) {
+    if (mt <= 0) return cudaSuccess;
+    size_t smem = tri__cuda_attn_smem(a->group, a->hd, a->chunk_keys);
+    int64_t blocks1 = a->n_chunks * mt, blocks2 = mt * a->n_head;
+    if (smem == 0 || blocks1 > 0x7fffffff || blocks2 > 0x7fffffff) return cudaErrorInvalidValue;
+    if (blocks1 > 0) {
+        if (a->f16)
+            k_attn_partial<true><<<(unsigned int)blocks1, ATTN_THREADS, smem, s>>>(*a, i0, mt);
+        else
+            k_attn_partial<false><<<(unsigned int)blocks1, ATTN_THREADS, smem, s>>>(*a, i0, mt);
+        cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
+    k_attn_combine<<<(unsigned int)blocks2, ATTN_THREADS, 0, s>>>(out, *a, i0, mt);
+    return cudaGetLastError();
+}
+
+cudaError_t tri__cuda_attn_weight_sums(float *weight_sums, const tri__cuda_attn_args *a, cudaStream_t s) {
+    if (a->n_chunks <= 0) return cudaSuccess;
+    if (a->n_chunks > 0x7fffffff) return cudaErrorInvalidValue;
+    if (a->f16)
+        k_attn_weight_sums<true><<<(unsigned int)a->n_chunks, ATTN_THREADS, 0, s>>>(weight_sums, *a);
+    else
+        k_attn_weight_sums<false><<<(unsigned int)a->n_chunks, ATTN_THREADS, 0, s>>>(weight_sums, *a);
+    return cudaGetLastError();
+}

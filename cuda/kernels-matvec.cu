@@ -1,0 +1,187 @@
+// kernels-matvec.cu - y = x @ W^T for a few rows of x (decode and verification of a few
+// drafted tokens): memory-bound, so each row of W is read once from DRAM and dotted with all m
+// rows of x in registers. Quantized blocks are dequantized on the fly; activations stay f32 (no
+// 8-bit quantization of x as on the CPU, so the result is closer to exact than the CPU's).
+//
+// One warp per row of W, 4 warps per block. Float types: lanes take 8 consecutive elements (16-byte
+// loads) when W, x and k allow, else single elements. Quantized types: lanes take whole blocks of
+// 32 (blocks are 34, 18 or 20 bytes, so only 2-byte aligned: 16-bit loads; a warp's 32 blocks are
+// one contiguous stretch, so DRAM traffic stays sequential).
+#include "cuda-common.cuh"
+
+#define WARPS 4
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// 32 consecutive f32 of x starting at xb into v (16-byte loads when aligned).
+__device__ __forceinline__ void load32(float *v, const float *xb, bool xvec) {
+    if (xvec) {
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            float4 f = ((const float4 *)xb)[q];
+            v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+        }
+    } else {
+#pragma unroll
+        for (int q = 0; q < 32; q++) v[q] = xb[q];
+    }
+}
+
+// Unscaled block values: q (32) as floats, and the block's scale d and minimum mn.
+template <int T>
+__device__ __forceinline__ void load_block(const uint8_t *row, int64_t b, float *q, float *d, float *mn) {
+    if (T == TRI_DTYPE_Q8_0) {
+        const uint16_t *blk = (const uint16_t *)(row + b * 34);
+        *d = tri_dev_f16_to_f32(blk[0]);
+        *mn = 0;
+#pragma unroll
+        for (int t = 0; t < 16; t++) {
+            uint16_t u = blk[1 + t];  // bytes 2 + 2t (low) and 3 + 2t (high), little-endian
+            q[2 * t] = (float)(int8_t)(u & 0xff);
+            q[2 * t + 1] = (float)(int8_t)(u >> 8);
+        }
+    } else {
+        const int off = T == TRI_DTYPE_Q4_0 ? 1 : 2;  // in 16-bit words
+        const uint16_t *blk = (const uint16_t *)(row + b * (T == TRI_DTYPE_Q4_0 ? 18 : 20));
+        *d = tri_dev_f16_to_f32(blk[0]);
+        *mn = T == TRI_DTYPE_Q4_1 ? tri_dev_f16_to_f32(blk[1]) : 0.0f;
+        const float bias = T == TRI_DTYPE_Q4_0 ? -8.0f : 0.0f;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            uint16_t u = blk[off + t];  // qs[2t] and qs[2t + 1]
+            int b0 = u & 0xff, b1 = u >> 8;
+            q[2 * t] = (float)(b0 & 0x0f) + bias;
+            q[2 * t + 1] = (float)(b1 & 0x0f) + bias;
+            q[16 + 2 * t] = (float)(b0 >> 4) + bias;
+            q[16 + 2 * t + 1] = (float)(b1 >> 4) + bias;
+        }
+    }
+}
+
+template <int T>
+__device__ __forceinline__ float float_elem(const uint8_t *row, int64_t j) {
+    if (T == TRI_DTYPE_F32) return ((const float *)row)[j];
+    if (T == TRI_DTYPE_F16) return tri_dev_f16_to_f32(((const uint16_t *)row)[j]);
+    return tri_dev_bf16_to_f32(((const uint16_t *)row)[j]);
+}
+
+// Elements 8u .. 8u + 7 of a float-type row (16-byte aligned) into w.
+template <int T>
+__device__ __forceinline__ void load8(const uint8_t *row, int64_t u, float *w) {
+    if (T == TRI_DTYPE_F32) {
+        float4 a = ((const float4 *)row)[2 * u], b = ((const float4 *)row)[2 * u + 1];
+        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+    } else {
+        uint4 r = ((const uint4 *)row)[u];
+        uint32_t p[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            uint16_t lo = (uint16_t)(p[t] & 0xffff), hi = (uint16_t)(p[t] >> 16);
+            w[2 * t] = T == TRI_DTYPE_F16 ? tri_dev_f16_to_f32(lo) : tri_dev_bf16_to_f32(lo);
+            w[2 * t + 1] = T == TRI_DTYPE_F16 ? tri_dev_f16_to_f32(hi) : tri_dev_bf16_to_f32(hi);
+        }
+    }
+}
+
+// MT: rows of x held in registers (m <= MT); the rows past m are predicated off.
+template <int T, int MT>
+__global__ void __launch_bounds__(WARPS * 32)
+    k_matvec(float *y, const float *x, const uint8_t *w, int64_t row_bytes, int m, int64_t n, int64_t k, bool wvec,
+             bool xvec) {
+    int lane = threadIdx.x & 31;
+    int64_t r = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (r >= n) return;  // the whole warp leaves together
+    const uint8_t *row = w + r * row_bytes;
+    float acc[MT];
+#pragma unroll
+    for (int i = 0; i < MT; i++) acc[i] = 0.0f;
+
+    if (T == TRI_DTYPE_Q8_0 || T == TRI_DTYPE_Q4_0 || T == TRI_DTYPE_Q4_1) {
+        int64_t nb = k / 32;
+        for (int64_t b = lane; b < nb; b += 32) {
+            float q[32], d, mn;
+            load_block<T>(row, b, q, &d, &mn);
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                if (i < m) {
+                    float xv[32];
+                    load32(xv, x + (int64_t)i * k + b * 32, xvec);
+                    float s = 0.0f, sx = 0.0f;
+#pragma unroll
+                    for (int t = 0; t < 32; t++) {
+                        s = fmaf(q[t], xv[t], s);
+                        if (T == TRI_DTYPE_Q4_1) sx += xv[t];
+                    }
+                    acc[i] += d * s + (T == TRI_DTYPE_Q4_1 ? mn * sx : 0.0f);
+                }
+            }
+        }
+    } else if (wvec && xvec) {  // k % 8 == 0, W rows and x 16-byte aligned
+        int64_t nu = k / 8;
+        for (int64_t u = lane; u < nu; u += 32) {
+            float wv[8];
+            load8<T>(row, u, wv);
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                if (i < m) {
+                    const float4 *xp = (const float4 *)(x + (int64_t)i * k) + 2 * u;
+                    float4 a = xp[0], b = xp[1];
+                    float s = acc[i];
+                    s = fmaf(wv[0], a.x, s), s = fmaf(wv[1], a.y, s), s = fmaf(wv[2], a.z, s);
+                    s = fmaf(wv[3], a.w, s), s = fmaf(wv[4], b.x, s), s = fmaf(wv[5], b.y, s);
+                    s = fmaf(wv[6], b.z, s), s = fmaf(wv[7], b.w, s);
+                    acc[i] = s;
+                }
+            }
+        }
+    } else {
+        for (int64_t j = lane; j < k; j += 32) {
+            float wv = float_elem<T>(row, j);
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+                if (i < m) acc[i] = fmaf(wv, x[(int64_t)i * k + j], acc[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        if (i < m) {
+            float v = warp_sum(acc[i]);
+            if (lane == 0) y[(int64_t)i * n + r] = v;
+        }
+    }
+}
+
+template <int T>
+static cudaError_t launch(float *y, const float *x, const void *w, int64_t row_bytes, int64_t m, int64_t n, int64_t k,
+                          cudaStream_t s) {
+    unsigned int grid = (unsigned int)((n + WARPS - 1) / WARPS);
+    const uint8_t *wb = (const uint8_t *)w;
+    bool xvec = ((uintptr_t)x % 16) == 0 && k % 8 == 0;
+    bool wvec = ((uintptr_t)w % 16) == 0 && row_bytes % 16 == 0 && k % 8 == 0;
+    int mi = (int)m;
+    if (m == 1)
+        k_matvec<T, 1><<<grid, WARPS * 32, 0, s>>>(y, x, wb, row_bytes, mi, n, k, wvec, xvec);
+    else if (m <= 4)
+        k_matvec<T, 4><<<grid, WARPS * 32, 0, s>>>(y, x, wb, row_bytes, mi, n, k, wvec, xvec);
+    else
+        k_matvec<T, TRI_CUDA_MATVEC_MAX_M><<<grid, WARPS * 32, 0, s>>>(y, x, wb, row_bytes, mi, n, k, wvec, xvec);
+    return cudaGetLastError();
+}
+
+cudaError_t tri__cuda_matvec(float *y, const float *x, const void *w, tri_dtype t, int64_t row_bytes, int64_t m,
+                             int64_t n, int64_t k, cudaStream_t s) {
+    if (m <= 0 || n <= 0) return cudaSuccess;
+    if (m > TRI_CUDA_MATVEC_MAX_M || (n + WARPS - 1) / WARPS > 0x7fffffff) return cudaErrorInvalidValue;
+    switch (t) {
+    case TRI_DTYPE_F32: return launch<TRI_DTYPE_F32>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_F16: return launch<TRI_DTYPE_F16>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_BF16: return launch<TRI_DTYPE_BF16>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_Q8_0: return launch<TRI_DTYPE_Q8_0>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_Q4_0: return launch<TRI_DTYPE_Q4_0>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_Q4_1: return launch<TRI_DTYPE_Q4_1>(y, x, w, row_bytes, m, n, k, s);
+    default: return cudaErrorInvalidValue;
+    }
+}

@@ -1,0 +1,311 @@
+// kernels.cu - elementwise, normalisation and sampling kernels of the CUDA backend, each the
+// counterpart of a function in cpu/cpu-backend.c with the same arithmetic where it matters
+// (double sums in rmsnorm and softmax, float32 rope angles, dtype.c's rounding).
+#include <math.h>
+
+#include "cuda-common.cuh"
+
+#define THREADS 256
+
+static unsigned int grid_for(int64_t n) {
+    int64_t b = (n + THREADS - 1) / THREADS;
+    if (b < 1) b = 1;
+    return (unsigned int)(b > TRI_CUDA_MAX_BLOCKS ? TRI_CUDA_MAX_BLOCKS : b);
+}
+
+// Element j of a row of type t (the row's first byte at row; 2-byte alignment suffices for every
+// type but F32, which needs 4).
+__device__ __forceinline__ float row_elem(const uint8_t *row, tri_dtype t, int64_t j) {
+    switch (t) {
+    case TRI_DTYPE_F32: return ((const float *)row)[j];
+    case TRI_DTYPE_F16: return tri_dev_f16_to_f32(((const uint16_t *)row)[j]);
+    case TRI_DTYPE_BF16: return tri_dev_bf16_to_f32(((const uint16_t *)row)[j]);
+    case TRI_DTYPE_Q8_0: {
+        const uint8_t *blk = row + (j / 32) * 34;
+        float d = tri_dev_f16_to_f32(*(const uint16_t *)blk);
+        return d * (float)(int8_t)blk[2 + j % 32];
+    }
+    case TRI_DTYPE_Q4_0: {
+        const uint8_t *blk = row + (j / 32) * 18;
+        float d = tri_dev_f16_to_f32(*(const uint16_t *)blk);
+        int e = (int)(j % 32), q = e < 16 ? blk[2 + e] & 0x0f : blk[2 + e - 16] >> 4;
+        return d * (float)(q - 8);
+    }
+    case TRI_DTYPE_Q4_1: {
+        const uint8_t *blk = row + (j / 32) * 20;
+        float d = tri_dev_f16_to_f32(*(const uint16_t *)blk), mn = tri_dev_f16_to_f32(*(const uint16_t *)(blk + 2));
+        int e = (int)(j % 32), q = e < 16 ? blk[4 + e] & 0x0f : blk[4 + e - 16] >> 4;
+        return __fadd_rn(__fmul_rn(d, (float)q), mn);  // never fused: bit-identical to the CPU
+    }
+    default: return 0.0f;
+    }
+}
+
+// ---- conversions ----
+
+__global__ void k_convert(uint16_t *dst, bool bf16, const float *src, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = bf16 ? tri_dev_f32_to_bf16(src[i]) : tri_dev_f32_to_f16(src[i]);
+}
+
+cudaError_t tri__cuda_convert(void *dst, tri_dtype dst_type, const float *src, int64_t n, cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    k_convert<<<grid_for(n), THREADS, 0, s>>>((uint16_t *)dst, dst_type == TRI_DTYPE_BF16, src, n);
+    return cudaGetLastError();
+}
+
+__global__ void k_get_rows(float *out, const uint8_t *table, tri_dtype t, int64_t row_bytes, int64_t n,
+                           const int32_t *ids, int64_t m) {
+    int64_t total = m * n;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = e / n, j = e % n;
+        out[e] = row_elem(table + (int64_t)ids[i] * row_bytes, t, j);
+    }
+}
+
+cudaError_t tri__cuda_get_rows(float *out, const void *table, tri_dtype t, int64_t row_bytes, int64_t n,
+                               const int32_t *ids, int64_t m, cudaStream_t s) {
+    if (m <= 0 || n <= 0) return cudaSuccess;
+    k_get_rows<<<grid_for(m * n), THREADS, 0, s>>>(out, (const uint8_t *)table, t, row_bytes, n, ids, m);
+    return cudaGetLastError();
+}
+
+__global__ void k_dequant_f16(uint16_t *out, const uint8_t *w, tri_dtype t, int64_t row_bytes, int64_t rows,
+                              int64_t k) {
+    int64_t total = rows * k;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x)
+        out[e] = tri_dev_f32_to_f16(row_elem(w + (e / k) * row_bytes, t, e % k));
+}
+
+cudaError_t tri__cuda_dequant_f16(uint16_t *out, const void *w, tri_dtype t, int64_t row_bytes, int64_t rows,
+                                  int64_t k, cudaStream_t s) {
+    if (rows <= 0 || k <= 0) return cudaSuccess;
+    k_dequant_f16<<<grid_for(rows * k), THREADS, 0, s>>>(out, (const uint8_t *)w, t, row_bytes, rows, k);
+    return cudaGetLastError();
+}
+
+__global__ void k_split_half(uint16_t *hi, uint16_t *lo, bool bf16, const float *x, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = x[i];
+        if (bf16) {
+            uint16_t h = tri_dev_f32_to_bf16(v);
+            hi[i] = h;
+            lo[i] = tri_dev_f32_to_bf16(v - tri_dev_bf16_to_f32(h));  // exact difference in f32
+        } else {
+            uint16_t h = tri_dev_f32_to_f16(v);
+            float hv = tri_dev_f16_to_f32(h);
+            hi[i] = h;
+            lo[i] = isinf(hv) ? (uint16_t)0 : tri_dev_f32_to_f16(v - hv);
+        }
+    }
+}
+
+cudaError_t tri__cuda_split_half(uint16_t *hi, uint16_t *lo, tri_dtype t, const float *x, int64_t n,
+                                 cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    k_split_half<<<grid_for(n), THREADS, 0, s>>>(hi, lo, t == TRI_DTYPE_BF16, x, n);
+    return cudaGetLastError();
+}
+
+// ---- block reductions (blockDim.x == THREADS) ----
+
+__device__ double block_sum_d(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int o = THREADS / 2; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    double r = sh[0];
+    __syncthreads();  // sh may be reused right after
+    return r;
+}
+
+__device__ float block_max_f(float v, float *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int o = THREADS / 2; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + o]);
+        __syncthreads();
+    }
+    float r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+// ---- rmsnorm: one block per row ----
+
+__global__ void k_rmsnorm(float *y, const float *x, const void *w, tri_dtype wt, int64_t m, int64_t n, float eps) {
+    __shared__ double sh[THREADS];
+    for (int64_t i = blockIdx.x; i < m; i += gridDim.x) {
+        const float *xr = x + i * n;
+        float *yr = y + i * n;
+        double ss = 0;
+        for (int64_t j = threadIdx.x; j < n; j += THREADS) ss += (double)xr[j] * (double)xr[j];
+        ss = block_sum_d(ss, sh);  // every read of xr happens before this returns
+        float sc = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        for (int64_t j = threadIdx.x; j < n; j += THREADS) {
+            float wj = wt == TRI_DTYPE_F32   ? ((const float *)w)[j]
+                       : wt == TRI_DTYPE_F16 ? tri_dev_f16_to_f32(((const uint16_t *)w)[j])
+                                             : tri_dev_bf16_to_f32(((const uint16_t *)w)[j]);
+            yr[j] = xr[j] * sc * wj;
+        }
+    }
+}
+
+cudaError_t tri__cuda_rmsnorm(float *y, const float *x, const void *w, tri_dtype wt, int64_t m, int64_t n, float eps,
+                              cudaStream_t s) {
+    if (m <= 0) return cudaSuccess;
+    unsigned int g = (unsigned int)(m > TRI_CUDA_MAX_BLOCKS ? TRI_CUDA_MAX_BLOCKS : m);
+    k_rmsnorm<<<g, THREADS, 0, s>>>(y, x, w, wt, m, n, eps);
+    return cudaGetLastError();
+}
+
+// ---- rope: one thread per (row, head, pair) ----
+
+__global__ void k_rope(float *x, int64_t m, int64_t nh, int64_t hd, bool adjacent, const int32_t *pos,
+                       const float *inv_freq, float attn_factor) {
+    int64_t half = hd / 2, total = m * nh * half;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t p = e % half, ih = e / half;  // ih = i * nh + h
+        int64_t i = ih / nh;
+        float angle = __fmul_rn((float)pos[i], inv_freq[p]);  // float32 product, as HF and the CPU
+        float sn, cs;
+        sincosf(angle, &sn, &cs);
+        float c = cs * attn_factor, sv = sn * attn_factor;
+        float *xh = x + ih * hd;
+        int64_t a = adjacent ? 2 * p : p, b = adjacent ? 2 * p + 1 : p + half;
+        float x0 = xh[a], x1 = xh[b];
+        xh[a] = x0 * c - x1 * sv;
+        xh[b] = x0 * sv + x1 * c;
+    }
+}
+
+cudaError_t tri__cuda_rope(float *x, int64_t m, int64_t n_heads, int64_t head_dim, bool adjacent, const int32_t *pos,
+                           const float *inv_freq, float attn_factor, cudaStream_t s) {
+    int64_t total = m * n_heads * (head_dim / 2);
+    if (total <= 0) return cudaSuccess;
+    k_rope<<<grid_for(total), THREADS, 0, s>>>(x, m, n_heads, head_dim, adjacent, pos, inv_freq, attn_factor);
+    return cudaGetLastError();
+}
+
+// ---- swiglu, add ----
+
+__global__ void k_swiglu(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+cudaError_t tri__cuda_swiglu(float *out, const float *gate, const float *up, int64_t n, cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    k_swiglu<<<grid_for(n), THREADS, 0, s>>>(out, gate, up, n);
+    return cudaGetLastError();
+}
+
+__global__ void k_add(float *out, const float *a, const float *b, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = a[i] + b[i];
+}
+
+cudaError_t tri__cuda_add(float *out, const float *a, const float *b, int64_t n, cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    k_add<<<grid_for(n), THREADS, 0, s>>>(out, a, b, n);
+    return cudaGetLastError();
+}
+
+// ---- softmax: one block per row ----
+
+__global__ void k_softmax(float *x, int64_t m, int64_t n, float it, int *err_flag) {
+    __shared__ double shd[THREADS];
+    __shared__ float shf[THREADS];
+    for (int64_t i = blockIdx.x; i < m; i += gridDim.x) {
+        float *r = x + i * n;
+        float mx = -INFINITY;
+        for (int64_t j = threadIdx.x; j < n; j += THREADS) mx = fmaxf(mx, r[j] * it);
+        mx = block_max_f(mx, shf);
+        if (mx == -INFINITY) {  // uniform across the block
+            if (threadIdx.x == 0) atomicExch(err_flag, 1);
+            continue;
+        }
+        double sum = 0;
+        for (int64_t j = threadIdx.x; j < n; j += THREADS) {
+            float e = expf(__fsub_rn(__fmul_rn(r[j], it), mx));  // rounded as the CPU does, never fused
+            r[j] = e;
+            sum += (double)e;
+        }
+        sum = block_sum_d(sum, shd);
+        float inv = (float)(1.0 / sum);
+        for (int64_t j = threadIdx.x; j < n; j += THREADS) r[j] *= inv;  // the thread that wrote r[j]
+    }
+}
+
+cudaError_t tri__cuda_softmax(float *x, int64_t m, int64_t n, float temperature, int *err_flag, cudaStream_t s) {
+    if (m <= 0) return cudaSuccess;
+    unsigned int g = (unsigned int)(m > TRI_CUDA_MAX_BLOCKS ? TRI_CUDA_MAX_BLOCKS : m);
+    k_softmax<<<g, THREADS, 0, s>>>(x, m, n, 1.0f / temperature, err_flag);
+    return cudaGetLastError();
+}
+
+// ---- top-k: one block per row, a bitonic sort of 64-bit keys ----
+//
+// key = (order-preserving value bits) << 32 | (0xffffffff - column): distinct per column, larger
+// for a larger value and, among equal values, for the lower column; NaN maps to the lowest value
+// bits and the padding to 0, below every real key. -0 is made +0 so that it ties with +0, as the
+// CPU's comparison does.
+
+#define TOPK_THREADS 1024
+#define TOPK_SMEM_KEYS 4096  // rows padded to at most this many keys sort in shared memory
+
+__device__ __forceinline__ uint64_t topk_key(float v, int64_t j) {
+    uint32_t u;
+    if (isnan(v)) {
+        u = 0;
+    } else {
+        if (v == 0.0f) v = 0.0f;
+        uint32_t b = __float_as_uint(v);
+        u = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    }
+    return (uint64_t)u << 32 | (uint64_t)(0xffffffffu - (uint32_t)j);
+}
+
+__global__ void __launch_bounds__(TOPK_THREADS) k_top_k(float *values, int32_t *indices, const float *x, int64_t m, int64_t n, int64_t k,
+                        uint64_t *keys, int64_t np2) {
+    extern __shared__ uint64_t sk[];
+    bool in_smem = np2 <= TOPK_SMEM_KEYS;
+    for (int64_t row = blockIdx.x; row < m; row += gridDim.x) {
+        uint64_t *K = in_smem ? sk : keys + row * np2;
+        const float *xr = x + row * n;
+        for (int64_t j = threadIdx.x; j < np2; j += blockDim.x) K[j] = j < n ? topk_key(xr[j], j) : 0;
+        __syncthreads();
+        for (int64_t size = 2; size <= np2; size <<= 1)
+            for (int64_t stride = size / 2; stride > 0; stride >>= 1) {
+                for (int64_t t = threadIdx.x; t < np2 / 2; t += blockDim.x) {
+                    int64_t a = (t / stride) * stride * 2 + t % stride, b = a + stride;
+                    bool desc = (a & size) == 0;  // the last merge (size == np2) is descending
+                    uint64_t ka = K[a], kb = K[b];
+                    if (desc ? ka < kb : ka > kb) {
+                        K[a] = kb;
+                        K[b] = ka;
+                    }
+                }
+                __syncthreads();  // also orders the global-memory keys within the block
+            }
+        for (int64_t r = threadIdx.x; r < k; r += blockDim.x) {
+            int64_t j = (int64_t)(0xffffffffu - (uint32_t)(K[r] & 0xffffffffu));
+            values[row * k + r] = xr[j];
+            indices[row * k + r] = (int32_t)j;
+        }
+        __syncthreads();  // K is overwritten by the next row
+    }
+}
+
+cudaError_t tri__cuda_top_k(float *values, int32_t *indices, const float *x, int64_t m, int64_t n, int64_t k,
+                            uint64_t *keys, int64_t n_pow2, cudaStream_t s) {
+    if (m <= 0) return cudaSuccess;
+    unsigned int g = (unsigned int)(m > TRI_CUDA_MAX_BLOCKS ? TRI_CUDA_MAX_BLOCKS : m);
+    size_t smem = n_pow2 <= TOPK_SMEM_KEYS ? (size_t)n_pow2 * sizeof(uint64_t) : 0;
+    k_top_k<<<g, TOPK_THREADS, smem, s>>>(values, indices, x, m, n, k, keys, n_pow2);
+    return cudaGetLastError();
+}

@@ -1,0 +1,608 @@
+// spec.c - lossless hierarchical speculative decoding over levels.
+//
+// The engine keeps one token sequence `seq`: seq[0..n_seq) is the context the caller has seen
+// (prompt and emitted tokens); past it, during a round, lie the tokens L2 holds for L3 (the
+// draft d2) and past those the tokens L1 drafted for L2 (d1). Drafts point into seq, so accepting
+// a token moves nothing. Every level caches some prefix seq[0..n_past); whenever seq changes at
+// index i, every level is cut back to at most i (cut_at), and a level catches up on whatever it
+// has not run yet in the same batched forward that scores new tokens (level_run).
+#include "spec.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "error.h"
+#include "gguf.h"
+#include "model.h"
+
+#define TRY(call)                              \
+    do {                                       \
+        tri_status st_ = (call);               \
+        if (st_ != TRI_STATUS_OK) return st_;  \
+    } while (0)
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// ---- drafts and work space ----
+
+tri_status tri__spec_draft_init(tri__spec_draft *d, int32_t cap, int32_t n_vocab) {
+    memset(d, 0, sizeof *d);
+    if (cap <= 0) return TRI_STATUS_OK;
+    d->cap = cap;
+    d->onehot = calloc((size_t)cap, sizeof *d->onehot);
+    d->q = malloc((size_t)cap * (size_t)n_vocab * sizeof *d->q);
+    if (!d->onehot || !d->q) {
+        tri__spec_draft_free(d);
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "speculative draft: %d x %d distributions", cap, n_vocab);
+    }
+    return TRI_STATUS_OK;
+}
+
+void tri__spec_draft_free(tri__spec_draft *d) {
+    free(d->onehot);
+    free(d->q);
+    memset(d, 0, sizeof *d);
+}
+
+tri_status tri__spec_work_init(tri__spec_work *w, int32_t n_vocab) {
+    memset(w, 0, sizeof *w);
+    w->n_vocab = n_vocab;
+    w->p = malloc((size_t)n_vocab * sizeof *w->p);
+    if (!w->p) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "speculative work: %d-entry distribution", n_vocab);
+    return TRI_STATUS_OK;
+}
+
+void tri__spec_work_free(tri__spec_work *w) {
+    tri__sampler_scratch_free(&w->scratch);
+    free(w->p);
+    memset(w, 0, sizeof *w);
+}
+
+// ---- the verification rule ----
+
+// Draws from norm(max(0, p - q)) by inverse CDF over the unnormalised residual; q == NULL means
+// the one-hot at x. Falls back to p when the residual has no mass (p == q up to rounding, so a
+// rejection was a rounding accident and p is the right law).
+static int32_t sample_residual(const float *p, const float *q, int32_t x, int32_t V, tri__rng *rng) {
+    double sum = 0.0;
+    if (q) {
+        for (int32_t j = 0; j < V; j++)
+            if (p[j] > q[j]) sum += (double)p[j] - (double)q[j];
+    } else {
+        sum = 1.0 - (double)p[x];
+    }
+    double u = tri__rng_uniform(rng);
+    if (!(sum > 1e-12)) return tri__sample(p, V, rng);
+    double target = u * sum, cum = 0.0;
+    int32_t last = -1;
+    for (int32_t j = 0; j < V; j++) {
+        double r = q ? (double)p[j] - (double)q[j] : (j == x ? 0.0 : (double)p[j]);
+        if (r <= 0.0) continue;
+        cum += r;
+        last = j;
+        if (target < cum) return j;
+    }
+    TRI_ASSERT(last >= 0);
+    return last;
+}
+
+// row <- norm(max(0, p - q)) in place (p is row); q == NULL: the one-hot at x. Left as p when the
+// residual has no mass, as sample_residual then drew from p.
+static void residual_in_place(float *row, const float *q, int32_t x, int32_t V) {
+    double sum = 0.0;
+    for (int32_t j = 0; j < V; j++) {
+        float r = q ? row[j] - q[j] : (j == x ? 0.0f : row[j]);
+        if (r > 0.0f) sum += r;
+    }
+    if (!(sum > 1e-12)) return;
+    float inv = (float)(1.0 / sum);
+    for (int32_t j = 0; j < V; j++) {
+        float r = q ? row[j] - q[j] : (j == x ? 0.0f : row[j]);
+        row[j] = r > 0.0f ? r * inv : 0.0f;
+    }
+}
+
+tri_status tri__spec_verify(const tri_sampler_params *sampler, tri__spec_rule rule, const float *logits,
+                            const tri__spec_draft *d, bool want_bonus, tri__rng *rng,
+                            tri__spec_work *w, tri__spec_draft *out, int32_t *n_accepted,
+                            int32_t *next) {
+    const int32_t V = w->n_vocab;
+    const bool greedy = sampler->temperature <= 0.0f;
+    *n_accepted = 0;
+    *next = -1;
+    if (out && out->n + d->n + (want_bonus ? 1 : 0) > out->cap)
+        return tri__fail(TRI_STATUS_INTERNAL, "verify: %d + %d tokens may not fit a draft of %d", out->n,
+                         d->n + (want_bonus ? 1 : 0), out->cap);
+
+    for (int32_t i = 0; i <= d->n; i++) {
+        const bool bonus = i == d->n;
+        if (bonus && !want_bonus) break;
+        const float *row = logits + (int64_t)i * V;
+        const int32_t slot = out ? out->n + i : -1;
+
+        if (greedy) {
+            int32_t best = tri__argmax(row, V);
+            if (out) out->onehot[slot] = true;
+            if (!bonus && d->tokens[i] == best) {
+                (*n_accepted)++;
+                continue;
+            }
+            *next = best;  // a one-hot residual or the bonus: the argmax either way
+            return TRI_STATUS_OK;
+        }
+
+        float *p = out ? out->q + (int64_t)slot * V : w->p;
+        if (out) out->onehot[slot] = false;
+        TRY(tri__sampler_probs(sampler, row, V, p, &w->scratch));
+        if (bonus) {
+            *next = tri__sample(p, V, rng);
+            return TRI_STATUS_OK;
+        }
+        int32_t x = d->tokens[i];
+        const float *q = d->onehot[i] ? NULL : d->q + (int64_t)i * V;
+        double px = p[x], qx = q ? (double)q[x] : 1.0;
+        double u = tri__rng_uniform(rng);
+        TRI_ASSERT(qx > 0.0);  // x was drawn from q
+        if (u * qx < px) {     // u < min(1, p(x) / q(x))
+            (*n_accepted)++;
+            continue;
+        }
+        if (rule == TRI_SPEC_RULE_RESAMPLE_FROM_P) {
+            *next = tri__sample(p, V, rng);
+        } else {
+            *next = sample_residual(p, q, x, V, rng);
+            if (rule == TRI_SPEC_RULE_BRANCH_Q && out) residual_in_place(p, q, x, V);
+        }
+        return TRI_STATUS_OK;
+    }
+    return TRI_STATUS_OK;
+}
+
+// ---- prompt lookup ----
+
+int32_t tri__ngram_draft(const int32_t *ctx, int32_t n_ctx, int32_t ngram_n, int32_t max_tokens,
+                         int32_t *out) {
+    for (int32_t m = ngram_n < n_ctx - 1 ? ngram_n : n_ctx - 1; m >= 1; m--) {
+        const int32_t *tail = ctx + n_ctx - m;
+        // latest start j < n_ctx - m whose m tokens equal the tail
+        for (int32_t j = n_ctx - m - 1; j >= 0; j--) {
+            if (memcmp(ctx + j, tail, (size_t)m * sizeof *ctx) != 0) continue;
+            // copy one by one: the continuation may run into the tokens being written (a period)
+            int32_t n = 0;
+            for (; n < max_tokens; n++) {
+                int32_t src = j + m + n;
+                out[n] = src < n_ctx ? ctx[src] : out[src - n_ctx];
+            }
+            return n;
+        }
+    }
+    return 0;
+}
+
+// ---- the engine ----
+
+struct tri_spec {
+    const tri_model *target;
+    tri_spec_params params;  // defaults filled in; draft_layers points to layers
+    int32_t *layers;         // (n_draft_layers) copy of the self-draft's layer list
+    tri_model *view;         // the self-draft's view of the target, owned
+    tri__backend *be;
+    tri__level l1, l2, l3;
+    tri__level *lv1, *lv2;   // NULL when absent (lv1 is NULL for the n-gram drafter too)
+    int32_t n_vocab;
+    int32_t n_ctx;           // positions every level holds
+    int32_t n_batch;
+    int32_t *seq;            // (seq_cap) context, then the round's drafts
+    int32_t seq_cap;
+    int32_t n_seq;           // tokens of context
+    tri__spec_draft d1;      // L1's draft: gamma1 rows (TRIFORCE) or gamma2 (DRAFT)
+    tri__spec_draft d2;      // what L3 verifies in RETRIEVAL and TRIFORCE: gamma2 rows
+    tri__spec_work work;
+    tri__rng rng;
+    tri__spec_rule rule;
+    // of the current tri_generate_spec call
+    tri_sampler_params sampler;
+    tri_spec_stats *stats;
+};
+
+tri_spec_params tri_spec_default_params(void) {
+    tri_spec_params p = {
+        .mode = TRI_SPEC_MODE_TRIFORCE, .drafter = TRI_SPEC_DRAFTER_MODEL, .ngram_n = 3,
+        .gamma1 = 2, .gamma2 = 6, .budget = 4096, .chunk = 8,
+    };
+    return p;
+}
+
+void tri__spec_set_rule(tri_spec *s, tri__spec_rule rule) { s->rule = rule; }
+
+tri__level *tri__spec_level(tri_spec *s, int level) {
+    switch (level) {
+    case 1: return s->lv1;
+    case 2: return s->lv2;
+    case 3: return &s->l3;
+    default: return NULL;
+    }
+}
+
+const int32_t *tri__spec_tokens(const tri_spec *s) { return s->seq; }
+int32_t tri_spec_n_past(const tri_spec *s) { return s->n_seq; }
+
+// Every level forgets what it cached at or after index i of seq (which is about to change).
+static tri_status cut_at(tri_spec *s, int32_t i) {
+    tri__level *lv[3] = {s->lv1, s->lv2, &s->l3};
+    for (int k = 0; k < 3; k++)
+        if (lv[k] && tri__level_n_past(lv[k]) > i) TRY(tri__level_truncate(lv[k], i));
+    return TRI_STATUS_OK;
+}
+
+void tri_spec_reset(tri_spec *s) {
+    if (!s) return;
+    s->n_seq = 0;
+    (void)cut_at(s, 0);
+}
+
+tri_status tri_spec_truncate(tri_spec *s, int32_t n_past) {
+    if (n_past < 0 || n_past > s->n_seq)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative truncate: %d outside [0, %d]", n_past, s->n_seq);
+    s->n_seq = n_past;
+    return cut_at(s, n_past);
+}
+
+// Gets lv's logits for positions m - 1 .. m + extra - 1 of seq (the distributions of seq[m] ..
+// seq[m + extra]) in one forward pass that first catches up on whatever lv has not run:
+// runs seq[np .. m + extra) where np = min(n_past, m - 1). *row0: the logits row of position m - 1.
+static tri_status level_run(tri__level *lv, const int32_t *seq, int32_t m, int32_t extra, int32_t *row0) {
+    TRI_ASSERT(m >= 1);
+    int32_t np = tri__level_n_past(lv);
+    if (np > m - 1) {
+        TRY(tri__level_truncate(lv, m - 1));
+        np = m - 1;
+    }
+    bool all = extra > 0;
+    TRY(tri__level_eval(lv, seq + np, m + extra - np, all));
+    *row0 = all ? m - 1 - np : 0;
+    return TRI_STATUS_OK;
+}
+
+// Drafts up to n_max tokens after seq[0..m) autoregressively from lv's own distribution under the
+// call's sampler, writing them to seq[m..) and their distributions to d (d->tokens = seq + m).
+static tri_status model_draft(tri_spec *s, tri__level *lv, int32_t m, int32_t n_max, tri__spec_draft *d) {
+    const int32_t V = s->n_vocab;
+    d->tokens = s->seq + m;
+    d->n = 0;
+    for (int32_t i = 0; i < n_max; i++) {
+        int32_t row0;
+        TRY(level_run(lv, s->seq, m + i, 0, &row0));
+        const float *logits = tri__level_logits(lv, row0);
+        int32_t tok;
+        if (s->sampler.temperature <= 0.0f) {
+            d->onehot[i] = true;
+            tok = tri__argmax(logits, V);
+        } else {
+            float *q = d->q + (int64_t)i * V;
+            d->onehot[i] = false;
+            TRY(tri__sampler_probs(&s->sampler, logits, V, q, &s->work.scratch));
+            tok = tri__sample(q, V, &s->rng);
+        }
+        s->seq[m + i] = tok;
+        d->n = i + 1;
+    }
+    return TRI_STATUS_OK;
+}
+
+// L1: a model (separate or self-draft) or prompt lookup.
+static tri_status l1_draft(tri_spec *s, int32_t m, int32_t n_max, tri__spec_draft *d) {
+    double t0 = now_seconds();
+    tri_status st = TRI_STATUS_OK;
+    if (s->lv1) {
+        st = model_draft(s, s->lv1, m, n_max, d);
+    } else {
+        d->tokens = s->seq + m;
+        d->n = tri__ngram_draft(s->seq, m, s->params.ngram_n, n_max, d->tokens);
+        for (int32_t i = 0; i < d->n; i++) d->onehot[i] = true;
+    }
+    s->stats->l1_proposed += d->n;
+    s->stats->l1_seconds += now_seconds() - t0;
+    return st;
+}
+
+// TRIFORCE's middle level: L1 drafts gamma1 tokens at a time, L2 verifies them exactly, until L2
+// holds g2 tokens (seq[n .. n + g2), distributions in d2) for L3.
+static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
+    tri__spec_draft *d1 = &s->d1, *d2 = &s->d2;
+    d2->tokens = s->seq + n;
+    d2->n = 0;
+    while (d2->n < g2) {
+        int32_t b = n + d2->n, room = g2 - d2->n;
+        TRY(cut_at(s, b));
+        TRY(l1_draft(s, b, s->params.gamma1 < room ? s->params.gamma1 : room, d1));
+        double t0 = now_seconds();
+        int32_t row0, k, z;
+        TRY(level_run(s->lv2, s->seq, b, d1->n, &row0));
+        // no bonus when it would overfill d2: L3 verifies exactly g2 tokens
+        bool want_bonus = d2->n + d1->n < g2;
+        TRY(tri__spec_verify(&s->sampler, s->rule, tri__level_logits(s->lv2, row0), d1, want_bonus,
+                             &s->rng, &s->work, d2, &k, &z));
+        s->stats->n_l2_verify++;
+        s->stats->l1_accepted += k;
+        d2->n += k;
+        if (z >= 0) {
+            TRY(cut_at(s, b + k));
+            s->seq[b + k] = z;
+            d2->n++;
+        }
+        s->stats->l2_seconds += now_seconds() - t0;
+    }
+    return TRI_STATUS_OK;
+}
+
+tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_prompt,
+                             const tri_generate_params *params, tri_token_fn on_token, void *user,
+                             tri_spec_stats *stats) {
+    if (!s) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate (speculative): NULL handle");
+    tri_generate_params p = params ? *params : tri_generate_default_params();
+    tri_spec_stats local;
+    if (!stats) stats = &local;
+    memset(stats, 0, sizeof *stats);
+    if (n_prompt < 0 || (n_prompt > 0 && !prompt))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate (speculative): bad prompt of %d tokens",
+                         n_prompt);
+    if (n_prompt == 0 && s->n_seq == 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate (speculative): empty prompt and nothing run before");
+    if (n_prompt > s->n_ctx - s->n_seq)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "generate (speculative): prompt of %d tokens does not fit the context (%d of %d used)",
+                         n_prompt, s->n_seq, s->n_ctx);
+    for (int32_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= s->n_vocab)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "generate (speculative): token %d at %d is outside the vocabulary [0, %d)",
+                             prompt[i], i, s->n_vocab);
+    s->sampler = p.sampler;
+    s->stats = stats;
+    tri__rng_seed(&s->rng, p.sampler.seed);
+    tri__level *levels[3] = {s->lv1, s->lv2, &s->l3};
+
+    // prefill every level with all but the last token, which the first round runs
+    double t0 = now_seconds();
+    memcpy(s->seq + s->n_seq, prompt, (size_t)n_prompt * sizeof *prompt);
+    int32_t end = s->n_seq + n_prompt - 1;
+    TRY(cut_at(s, end));
+    int32_t from = end;
+    for (int k = 0; k < 3; k++)
+        if (levels[k] && tri__level_n_past(levels[k]) < from) from = tri__level_n_past(levels[k]);
+    for (int32_t done = from; done < end;) {
+        int32_t step = end - done < s->n_batch ? end - done : s->n_batch;
+        for (int k = 0; k < 3; k++) {
+            tri__level *lv = levels[k];
+            if (!lv || tri__level_n_past(lv) >= done + step) continue;
+            int32_t np = tri__level_n_past(lv);
+            TRY(tri__level_prefill(lv, s->seq + np, done + step - np));
+        }
+        done += step;
+        if (p.on_prefill && !p.on_prefill(done - s->n_seq + 1, n_prompt, p.user)) {
+            s->n_seq = done;  // what every level holds; the rest of the prompt is dropped
+            stats->prefill_seconds = now_seconds() - t0;
+            return TRI_STATUS_OK;
+        }
+    }
+    s->n_seq += n_prompt;
+    stats->n_prompt = n_prompt;
+    double t1 = now_seconds();
+    stats->prefill_seconds = t1 - t0;
+
+    const tri_spec_mode mode = s->params.mode;
+    const int32_t eos = p.stop_at_eos ? tri_token_eos(s->target) : -1;
+    const int32_t room = s->n_ctx - s->n_seq + 1;  // the last token need not be run
+    const int32_t n_max = p.n_predict > 0 && p.n_predict < room ? p.n_predict : room;
+    tri__spec_draft none = {0};
+    tri__spec_draft *d3 = mode == TRI_SPEC_MODE_DRAFT ? &s->d1
+                          : mode == TRI_SPEC_MODE_NONE ? &none
+                                                       : &s->d2;
+    bool go = true;
+    while (go && stats->n_generated < n_max) {
+        const int32_t n = s->n_seq;
+        int32_t g2 = s->params.gamma2;
+        if (g2 > s->n_ctx - n) g2 = s->n_ctx - n;                       // L3 runs seq[.. n + g2)
+        if (g2 > n_max - stats->n_generated - 1) g2 = n_max - stats->n_generated - 1;  // no waste
+        if (mode == TRI_SPEC_MODE_NONE) g2 = 0;
+        d3->tokens = s->seq + n;
+        d3->n = 0;
+        if (g2 > 0) {
+            if (mode == TRI_SPEC_MODE_DRAFT) {
+                TRY(l1_draft(s, n, g2, d3));
+            } else if (mode == TRI_SPEC_MODE_RETRIEVAL) {
+                double t2 = now_seconds();
+                TRY(model_draft(s, s->lv2, n, g2, d3));
+                stats->l2_seconds += now_seconds() - t2;
+            } else {
+                TRY(hierarchy_draft(s, n, g2));
+            }
+        }
+
+        double t3 = now_seconds();
+        int32_t row0, k, z;
+        TRY(level_run(&s->l3, s->seq, n, d3->n, &row0));
+        TRY(tri__spec_verify(&s->sampler, s->rule, tri__level_logits(&s->l3, row0), d3, true, &s->rng,
+                             &s->work, NULL, &k, &z));
+        stats->n_l3_verify++;
+        if (mode == TRI_SPEC_MODE_DRAFT) {
+            stats->l1_accepted += k;
+        } else if (mode != TRI_SPEC_MODE_NONE) {
+            stats->l2_proposed += d3->n;
+            stats->l2_accepted += k;
+        }
+        TRY(cut_at(s, n + k));
+        s->seq[n + k] = z;
+        stats->l3_seconds += now_seconds() - t3;
+
+        // emit seq[n .. n + k], stopping where the caller, the limit or end-of-sequence says
+        int32_t emitted = 0;
+        while (emitted <= k) {
+            int32_t tok = s->seq[n + emitted++];
+            stats->n_generated++;
+            go = !on_token || on_token(tok, user);
+            if (!go || tok == eos || stats->n_generated == n_max) {
+                go = false;
+                break;
+            }
+        }
+        s->n_seq = n + emitted;
+        TRY(cut_at(s, s->n_seq));
+    }
+    stats->decode_seconds = now_seconds() - t1;
+    s->stats = NULL;
+    return TRI_STATUS_OK;
+}
+
+// ---- construction ----
+
+// Refuses a draft whose vocabulary is not the target's: the sizes, and when both are GGUF files
+// with a token list, every token string and the bos/eos ids.
+static tri_status check_same_vocab(const tri_model *t, const tri_model *d) {
+    if (t->config.n_vocab != d->config.n_vocab)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "draft model %s: vocabulary of %d tokens, the target %s has %d", d->path,
+                         d->config.n_vocab, t->path, t->config.n_vocab);
+    if (!t->gguf || !d->gguf) return TRI_STATUS_OK;
+    const tri__gguf_value *tt = tri__gguf_find(t->gguf, "tokenizer.ggml.tokens");
+    const tri__gguf_value *dt = tri__gguf_find(d->gguf, "tokenizer.ggml.tokens");
+    if (tt && dt && tt->type == TRI_GGUF_TYPE_ARRAY && dt->type == TRI_GGUF_TYPE_ARRAY &&
+        tt->arr.elem == TRI_GGUF_TYPE_STRING && dt->arr.elem == TRI_GGUF_TYPE_STRING) {
+        if (tt->arr.n != dt->arr.n)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "draft model %s: tokenizer of %llu tokens, the target %s has %llu", d->path,
+                             (unsigned long long)dt->arr.n, t->path, (unsigned long long)tt->arr.n);
+        for (uint64_t i = 0; i < tt->arr.n; i++) {
+            tri__gguf_str a = tt->arr.items[i].str, b = dt->arr.items[i].str;
+            if (a.len == b.len && memcmp(a.ptr, b.ptr, a.len) == 0) continue;
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "draft model %s: tokenizer differs from the target %s's at token %llu "
+                             "('%.*s' vs '%.*s')",
+                             d->path, t->path, (unsigned long long)i, (int)(b.len < 40 ? b.len : 40),
+                             b.ptr, (int)(a.len < 40 ? a.len : 40), a.ptr);
+        }
+    }
+    const char *keys[] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"};
+    for (int i = 0; i < 2; i++) {
+        uint32_t a, b;
+        if (tri__gguf_get_u32(t->gguf, keys[i], &a) || tri__gguf_get_u32(d->gguf, keys[i], &b)) continue;
+        if (a != b)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "draft model %s: %s is %u, the target's is %u",
+                             d->path, keys[i], b, a);
+    }
+    return TRI_STATUS_OK;
+}
+
+void tri_spec_free(tri_spec *s) {
+    if (!s) return;
+    tri__level_free(&s->l1);
+    tri__level_free(&s->l2);
+    tri__level_free(&s->l3);
+    tri__model_view_free(s->view);
+    tri__backend_free(s->be);
+    tri__spec_draft_free(&s->d1);
+    tri__spec_draft_free(&s->d2);
+    tri__spec_work_free(&s->work);
+    free(s->layers);
+    free(s->seq);
+    free(s);
+}
+
+tri_status tri_spec_create(const tri_model *target, const tri_session_params *session_params,
+                           const tri_spec_params *params, tri_spec **out) {
+    if (!target || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_spec_create: NULL argument");
+    *out = NULL;
+    tri_session_params sp = session_params ? *session_params : tri_session_default_params();
+    tri_spec_params p = params ? *params : tri_spec_default_params();
+    const tri_model_config *c = &target->config;
+    if ((unsigned)p.mode > TRI_SPEC_MODE_TRIFORCE || (unsigned)p.drafter > TRI_SPEC_DRAFTER_NGRAM)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative: mode %d or drafter %d unknown", (int)p.mode,
+                         (int)p.drafter);
+    if (p.gamma1 < 0 || p.gamma2 < 0 || p.ngram_n < 0 || p.budget < 0 || p.chunk < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "speculative: gamma1 %d, gamma2 %d, ngram %d, budget %d, chunk %d must be >= 0",
+                         p.gamma1, p.gamma2, p.ngram_n, p.budget, p.chunk);
+    if (sp.n_ctx < 0 || sp.n_batch < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative: n_ctx %d and n_batch %d must be >= 0",
+                         sp.n_ctx, sp.n_batch);
+    if (p.gamma1 == 0) p.gamma1 = 2;
+    if (p.gamma2 == 0) p.gamma2 = 6;
+    if (p.ngram_n == 0) p.ngram_n = 3;
+    if (p.budget == 0) p.budget = 4096;
+    if (p.chunk == 0) p.chunk = 8;
+    if (sp.n_ctx == 0) sp.n_ctx = c->n_ctx_train > 0 && c->n_ctx_train < 8192 ? c->n_ctx_train : 8192;
+    if (sp.n_batch == 0) sp.n_batch = 128;
+    if (sp.n_batch > sp.n_ctx) sp.n_batch = sp.n_ctx;
+    const bool has_l1 = p.mode == TRI_SPEC_MODE_DRAFT || p.mode == TRI_SPEC_MODE_TRIFORCE;
+    const bool has_l2 = p.mode == TRI_SPEC_MODE_RETRIEVAL || p.mode == TRI_SPEC_MODE_TRIFORCE;
+    if (has_l1 && p.drafter == TRI_SPEC_DRAFTER_MODEL) {
+        if (!p.draft_model)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative: drafter 'model' without a draft model");
+        TRY(check_same_vocab(target, p.draft_model));
+    }
+
+    tri_spec *s = calloc(1, sizeof *s);
+    if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "speculative engine");
+    s->target = target;
+    s->n_vocab = c->n_vocab;
+    s->n_ctx = sp.n_ctx;
+    s->n_batch = sp.n_batch;
+    tri_status st;
+    if (has_l1 && p.drafter == TRI_SPEC_DRAFTER_LAYERS) {
+        if ((st = tri__model_layer_view(target, p.draft_layers, p.n_draft_layers, &s->view))) goto fail;
+        s->layers = malloc((size_t)p.n_draft_layers * sizeof *s->layers);
+        if (!s->layers) {
+            st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "speculative: layer list");
+            goto fail;
+        }
+        memcpy(s->layers, p.draft_layers, (size_t)p.n_draft_layers * sizeof *s->layers);
+        p.draft_layers = s->layers;
+    } else {
+        p.draft_layers = NULL;
+        p.n_draft_layers = 0;
+    }
+    if (!(has_l1 && p.drafter == TRI_SPEC_DRAFTER_MODEL)) p.draft_model = NULL;
+    s->params = p;
+
+    if ((st = tri__backend_cpu_create(sp.n_threads, TRI_CPU_SIMD_AUTO, &s->be))) goto fail;
+    tri__level_params lp = {.policy = TRI_CACHE_POLICY_FULL, .n_ctx = sp.n_ctx, .n_batch = sp.n_batch,
+                            .kv_type = sp.kv_type};
+    if ((st = tri__level_init(&s->l3, target, s->be, &lp))) goto fail;
+    if (has_l2) {
+        tri__level_params l2p = lp;
+        l2p.policy = TRI_CACHE_POLICY_RETRIEVAL;
+        l2p.budget = p.budget;
+        l2p.chunk = p.chunk;
+        if ((st = tri__level_init(&s->l2, target, s->be, &l2p))) goto fail;
+        s->lv2 = &s->l2;
+    }
+    if (has_l1 && p.drafter != TRI_SPEC_DRAFTER_NGRAM) {
+        const tri_model *m = p.drafter == TRI_SPEC_DRAFTER_MODEL ? p.draft_model : s->view;
+        if ((st = tri__level_init(&s->l1, m, s->be, &lp))) goto fail;
+        s->lv1 = &s->l1;
+    }
+    if (has_l1 && (st = tri__spec_draft_init(&s->d1, p.mode == TRI_SPEC_MODE_DRAFT ? p.gamma2 : p.gamma1,
+                                              c->n_vocab)))
+        goto fail;
+    if (has_l2 && (st = tri__spec_draft_init(&s->d2, p.gamma2, c->n_vocab))) goto fail;
+    if ((st = tri__spec_work_init(&s->work, c->n_vocab))) goto fail;
+    // drafts run past the context by at most gamma2 tokens (gamma1 within them)
+    s->seq_cap = sp.n_ctx + p.gamma2 + p.gamma1 + 2;
+    s->seq = malloc((size_t)s->seq_cap * sizeof *s->seq);
+    if (!s->seq) {
+        st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "speculative: %d-token sequence", s->seq_cap);
+        goto fail;
+    }
+    *out = s;
+    return TRI_STATUS_OK;
+
+fail:
+    tri_spec_free(s);
+    return st;
+}

@@ -1,0 +1,81 @@
+// spec.h - the speculative engine: one verification rule, generic over levels (internal).
+//
+// A drafter proposes tokens together with the distributions q they were drawn from; a verifier
+// scores them all in one batched forward pass and keeps each with probability min(1, p(x)/q(x)),
+// drawing from norm(max(0, p - q)) at the first rejection and from the last p when every token
+// was kept. docs/speculative.md has the argument that this, applied at every level, is exact.
+#ifndef TRI_SPEC_H
+#define TRI_SPEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "level.h"
+#include "sampler.h"
+#include "triforce.h"
+
+// The acceptance rule. Only EXACT is ever used outside tests: the others are deliberately broken
+// rules that the statistical tests must catch.
+typedef enum tri__spec_rule {
+    TRI_SPEC_RULE_EXACT = 0,
+    // After a rejection draw from p instead of the residual (TriForce's reference code does this).
+    TRI_SPEC_RULE_RESAMPLE_FROM_P = 1,
+    // Hand the level above, as q of a token, the residual when this level resampled it and p when
+    // it accepted the drafter's token. Plausible, and wrong: conditioned on acceptance the token
+    // has law min(p, q) / alpha, not p (docs/speculative.md, "Which q L3 gets").
+    TRI_SPEC_RULE_BRANCH_Q = 2,
+} tri__spec_rule;
+
+// A run of proposed tokens and the distributions they were drawn from.
+typedef struct tri__spec_draft {
+    int32_t n;        // tokens proposed
+    int32_t cap;      // most tokens (rows of q)
+    int32_t *tokens;  // (cap) not owned: points into the engine's token sequence
+    bool *onehot;     // (cap) q of token i is the one-hot at tokens[i] (greedy, n-gram): no row
+    float *q;         // (cap, n_vocab) row i = q of token i when !onehot[i]
+} tri__spec_draft;
+
+// Allocates onehot and q for cap tokens of a vocabulary of n_vocab; tokens is set by the caller.
+tri_status tri__spec_draft_init(tri__spec_draft *d, int32_t cap, int32_t n_vocab);
+void tri__spec_draft_free(tri__spec_draft *d);
+
+// Work space of tri__spec_verify.
+typedef struct tri__spec_work {
+    tri__sampler_scratch scratch;  // for top-k / top-p
+    float *p;                      // (n_vocab) the verifier's distribution when out is NULL
+    int32_t n_vocab;
+} tri__spec_work;
+
+tri_status tri__spec_work_init(tri__spec_work *w, int32_t n_vocab);
+void tri__spec_work_free(tri__spec_work *w);
+
+// The verification rule. logits: (d->n + 1, n_vocab) host rows, row i the verifier's logits before
+// d->tokens[i], row d->n after the last. p = tri__sampler_probs(sampler, row) at each position;
+// q of token i is d's row i (or the one-hot). Sets *n_accepted (0..d->n) and *next: the token drawn
+// from the residual at the first rejection, or the bonus drawn from row d->n when all were
+// accepted and want_bonus, else -1.
+//
+// out (may be NULL): the emitted tokens' distributions are appended to it for the level above:
+// for each accepted token and for next, the verifier's p at that position (the token's law given
+// the context before it, which is what the level above must test against); out->tokens must
+// already hold them (the caller's sequence does). Needs room for n_accepted + 1 more rows.
+// temperature <= 0 compares each token with the argmax, and out gets one-hot rows.
+tri_status tri__spec_verify(const tri_sampler_params *sampler, tri__spec_rule rule, const float *logits,
+                            const tri__spec_draft *d, bool want_bonus, tri__rng *rng,
+                            tri__spec_work *w, tri__spec_draft *out, int32_t *n_accepted,
+                            int32_t *next);
+
+// Test hooks: the acceptance rule the handle uses (EXACT by default), and its levels (1, 2 or 3;
+// NULL when the mode has none; level 1 is NULL for the n-gram drafter).
+void tri__spec_set_rule(tri_spec *spec, tri__spec_rule rule);
+tri__level *tri__spec_level(tri_spec *spec, int level);
+// The context: tri_spec_n_past tokens, valid until the next call on spec.
+const int32_t *tri__spec_tokens(const tri_spec *spec);
+
+// The prompt-lookup drafter: finds the latest earlier occurrence of the last m tokens of
+// ctx[0..n_ctx), for m = ngram_n down to 1, and copies up to max_tokens of what followed it into
+// out. Returns how many it proposed (0 when nothing matched).
+int32_t tri__ngram_draft(const int32_t *ctx, int32_t n_ctx, int32_t ngram_n, int32_t max_tokens,
+                         int32_t *out);
+
+#endif  // TRI_SPEC_H

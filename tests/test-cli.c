@@ -1,0 +1,109 @@
+// test-cli.c - offload-run as a user runs it: exit codes, messages, and that every speculative
+// mode prints the same greedy tokens as plain decoding.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test-util.h"
+
+// Runs `offload-run ARGS`, capturing stdout and stderr; returns the exit status.
+static int cli(const char *args, char *out, size_t out_size, char *err, size_t err_size) {
+    const char *bin = getenv("TRI_OFFLOAD_RUN");
+    cr_assert(bin, "TRI_OFFLOAD_RUN is not set: run through meson test");
+    char o[4096], e[4096], cmd[16384];
+    // Criterion runs tests in parallel processes: every scratch name carries the pid
+    char name[64];
+    snprintf(name, sizeof name, "cli-%d.out", (int)getpid());
+    snprintf(o, sizeof o, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "cli-%d.err", (int)getpid());
+    snprintf(e, sizeof e, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>'%s' </dev/null", bin, args, o, e);
+    int rc = system(cmd);
+    cr_assert(rc != -1 && WIFEXITED(rc), "%s", cmd);
+    char *so = tt_read_file(o, NULL), *se = tt_read_file(e, NULL);
+    snprintf(out, out_size, "%s", so);
+    snprintf(err, err_size, "%s", se);
+    free(so);
+    free(se);
+    return WEXITSTATUS(rc);
+}
+
+static char out[1 << 16], err[1 << 16];
+
+// A tiny seeded model with a byte-level tokenizer, written once per test.
+static const char *tiny_model(void) {
+    static char path[4096];
+    const char *gen = getenv("TRI_GEN_MODEL");
+    cr_assert(gen);
+    char name[64], hf[4096], cmd[16384];
+    snprintf(name, sizeof name, "cli-tiny-%d.gguf", (int)getpid());
+    snprintf(path, sizeof path, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "cli-tiny-%d.hf", (int)getpid());
+    snprintf(hf, sizeof hf, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd, "'%s' --layers 4 --seed 5 --out-gguf '%s' --out-hf '%s' >/dev/null", gen, path, hf);
+    cr_assert_eq(system(cmd), 0);
+    return path;
+}
+
+Test(cli, help_and_usage_errors) {
+    cr_assert_eq(cli("--help", out, sizeof out, err, sizeof err), 0);
+    cr_assert(strstr(out, "generate") && strstr(out, "info") && strstr(out, "tokenize"));
+    cr_assert_eq(cli("frobnicate", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "unknown command 'frobnicate'"), "%s", err);
+    cr_assert_eq(cli("generate --help", out, sizeof out, err, sizeof err), 0);
+    cr_assert(strstr(out, "--spec MODE"));
+    cr_assert_eq(cli("generate -p hi", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "-m MODEL is required"), "%s", err);
+    cr_assert_eq(cli("generate -m x -p hi --temp lots", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--temp 'lots'"), "%s", err);
+    cr_assert_eq(cli("generate -m x -p hi --spec fast", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--spec 'fast'"), "%s", err);
+    cr_assert_eq(cli("generate -m x -p hi --spec triforce", out, sizeof out, err, sizeof err), 2);
+    cr_assert_eq(cli("generate -m x -p hi --draft-ngram 3", out, sizeof out, err, sizeof err), 2);
+}
+
+Test(cli, bad_model_files_name_the_file) {
+    cr_assert_eq(cli("info -m /nonexistent/model.gguf", out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "/nonexistent/model.gguf"), "%s", err);
+    char junk_name[64];
+    snprintf(junk_name, sizeof junk_name, "junk-%d.gguf", (int)getpid());
+    const char *junk = tt_tmp(junk_name);
+    tt_write_file(junk, "GGUF\x03\x00\x00\x00garbage", 15);
+    char args[8192];
+    snprintf(args, sizeof args, "info -m '%s'", junk);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, junk_name), "%s", err);
+    cr_assert(strchr(err, '\n') == strrchr(err, '\n'), "one line: %s", err);
+}
+
+Test(cli, info_describes_the_model) {
+    const char *m = tiny_model();
+    char args[8192];
+    snprintf(args, sizeof args, "info -m '%s' --tensors", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(out, "layers             4"), "%s", out);
+    cr_assert(strstr(out, "byte-level-bpe"), "%s", out);
+    cr_assert(strstr(out, "blk.3.ffn_down.weight"), "%s", out);
+}
+
+Test(cli, every_spec_mode_prints_the_plain_greedy_tokens) {
+    const char *m = tiny_model();
+    static char args[8192], plain[1 << 16];
+    snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(plain, sizeof plain, "%s", out);
+    cr_assert(strlen(plain) > 24, "%s", plain);
+    cr_assert(strstr(err, "generated: 24 tokens"), "%s", err);
+    const char *modes[] = {"--spec draft --draft-ngram 2", "--spec draft --draft-layers 0-1",
+                           "--spec retrieval", "--spec triforce --draft-layers 0,2 --gamma1 3 --gamma2 5",
+                           "--spec triforce --draft-ngram 3 --stats"};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos %s", m,
+                 modes[i]);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", modes[i], err);
+        cr_assert_str_eq(out, plain, "%s", modes[i]);
+    }
+    cr_assert(strstr(err, "full-cache passes"), "--stats: %s", err);
+}

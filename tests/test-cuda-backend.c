@@ -1,0 +1,866 @@
+// test-cuda-backend.c - every CUDA op against the CPU backend and against a naive double
+// reference written here, on awkward shapes, with the tolerance stated at each check. Mirrors
+// tests/test-cpu-backend.c. Every test that needs a GPU skips with "no CUDA device" when
+// tri__cuda_device_count() is 0 (CI, and any build without CUDA).
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cuda-backend.h"
+#include "dtype.h"
+#include "rope.h"
+#include "test-util.h"
+
+#pragma GCC diagnostic ignored "-Wdouble-promotion"
+
+// ---- helpers ----
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float frand(void) {  // uniform in [-1, 1)
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+static void fill(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = frand() * scale;
+}
+
+// Declares `gpu` (the CUDA backend on device 0) and `cpu` (the reference), or skips the test.
+#define NEED_GPU()                                                                                  \
+    if (tri__cuda_device_count() == 0) cr_skip_test("no CUDA device");                              \
+    tri__backend *gpu = NULL, *cpu = NULL;                                                          \
+    cr_assert_eq(tri__backend_cuda_create(0, &gpu), TRI_STATUS_OK, "%s", tri_last_error());        \
+    cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &cpu), TRI_STATUS_OK, "%s", tri_last_error())
+
+#define DONE()                  \
+    tri__backend_free(gpu);     \
+    tri__backend_free(cpu)
+
+// A device copy of bytes of host data.
+static void *up(tri__backend *be, const void *src, size_t bytes) {
+    void *d = NULL;
+    cr_assert_eq(be->ops->alloc(be, bytes, &d), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(be->ops->copy_to_backend(be, d, src, bytes), TRI_STATUS_OK, "%s", tri_last_error());
+    return d;
+}
+
+// Device memory of bytes, uninitialised.
+static void *dalloc(tri__backend *be, size_t bytes) {
+    void *d = NULL;
+    cr_assert_eq(be->ops->alloc(be, bytes, &d), TRI_STATUS_OK, "%s", tri_last_error());
+    return d;
+}
+
+// Copies back and waits; fails the test on any error the device reported.
+static void down(tri__backend *be, void *dst, const void *src, size_t bytes) {
+    cr_assert_eq(be->ops->copy_to_host(be, dst, src, bytes), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(be->ops->synchronize(be), TRI_STATUS_OK, "%s", tri_last_error());
+}
+
+// ---- quantizers and dequantizers (as in test-cpu-backend.c, from the block definitions) ----
+
+static void quantize_q8_0(tri__block_q8_0 *out, const float *x, int64_t k) {
+    for (int64_t b = 0; b < k / 32; b++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b * 32 + i]));
+        float d = amax / 127;
+        out[b].d = tri__f32_to_f16(d);
+        for (int i = 0; i < 32; i++) out[b].qs[i] = (int8_t)(d ? roundf(x[b * 32 + i] / d) : 0);
+    }
+}
+
+static void quantize_q4_0(tri__block_q4_0 *out, const float *x, int64_t k) {
+    for (int64_t b = 0; b < k / 32; b++) {
+        float mx = 0;
+        for (int i = 0; i < 32; i++)
+            if (fabsf(x[b * 32 + i]) > fabsf(mx)) mx = x[b * 32 + i];
+        float d = mx / -8, id = d ? 1 / d : 0;
+        out[b].d = tri__f32_to_f16(d);
+        for (int i = 0; i < 16; i++) {
+            int lo = (int)(x[b * 32 + i] * id + 8.5f), hi = (int)(x[b * 32 + i + 16] * id + 8.5f);
+            lo = lo > 15 ? 15 : lo < 0 ? 0 : lo;
+            hi = hi > 15 ? 15 : hi < 0 ? 0 : hi;
+            out[b].qs[i] = (uint8_t)(lo | hi << 4);
+        }
+    }
+}
+
+static void quantize_q4_1(tri__block_q4_1 *out, const float *x, int64_t k) {
+    for (int64_t b = 0; b < k / 32; b++) {
+        float mn = INFINITY, mx = -INFINITY;
+        for (int i = 0; i < 32; i++) {
+            mn = fminf(mn, x[b * 32 + i]);
+            mx = fmaxf(mx, x[b * 32 + i]);
+        }
+        float d = (mx - mn) / 15, id = d ? 1 / d : 0;
+        out[b].d = tri__f32_to_f16(d);
+        out[b].m = tri__f32_to_f16(mn);
+        for (int i = 0; i < 16; i++) {
+            int lo = (int)((x[b * 32 + i] - mn) * id + 0.5f), hi = (int)((x[b * 32 + i + 16] - mn) * id + 0.5f);
+            lo = lo > 15 ? 15 : lo;
+            hi = hi > 15 ? 15 : hi;
+            out[b].qs[i] = (uint8_t)(lo | hi << 4);
+        }
+    }
+}
+
+static void *encode(const float *w, int64_t rows, int64_t k, tri_dtype t) {
+    int64_t rb = tri__dtype_row_bytes(t, k);
+    uint8_t *out = malloc((size_t)(rb * rows));
+    for (int64_t r = 0; r < rows; r++) {
+        const float *wr = w + r * k;
+        void *o = out + r * rb;
+        switch (t) {
+        case TRI_DTYPE_F32: memcpy(o, wr, sizeof(float) * (size_t)k); break;
+        case TRI_DTYPE_F16:
+            for (int64_t i = 0; i < k; i++) ((uint16_t *)o)[i] = tri__f32_to_f16(wr[i]);
+            break;
+        case TRI_DTYPE_BF16:
+            for (int64_t i = 0; i < k; i++) ((uint16_t *)o)[i] = tri__f32_to_bf16(wr[i]);
+            break;
+        case TRI_DTYPE_Q8_0: quantize_q8_0(o, wr, k); break;
+        case TRI_DTYPE_Q4_0: quantize_q4_0(o, wr, k); break;
+        case TRI_DTYPE_Q4_1: quantize_q4_1(o, wr, k); break;
+        default: cr_assert_fail();
+        }
+    }
+    return out;
+}
+
+static double decode(const void *data, tri_dtype t, int64_t k, int64_t r, int64_t i) {
+    const uint8_t *row = (const uint8_t *)data + r * tri__dtype_row_bytes(t, k);
+    switch (t) {
+    case TRI_DTYPE_F32: return ((const float *)row)[i];
+    case TRI_DTYPE_F16: return tri__f16_to_f32(((const uint16_t *)row)[i]);
+    case TRI_DTYPE_BF16: return tri__bf16_to_f32(((const uint16_t *)row)[i]);
+    case TRI_DTYPE_Q8_0: {
+        const tri__block_q8_0 *b = (const tri__block_q8_0 *)row + i / 32;
+        return (double)tri__f16_to_f32(b->d) * b->qs[i % 32];
+    }
+    case TRI_DTYPE_Q4_0: {
+        const tri__block_q4_0 *b = (const tri__block_q4_0 *)row + i / 32;
+        int j = (int)(i % 32), q = j < 16 ? b->qs[j] & 15 : b->qs[j - 16] >> 4;
+        return (double)tri__f16_to_f32(b->d) * (q - 8);
+    }
+    case TRI_DTYPE_Q4_1: {
+        const tri__block_q4_1 *b = (const tri__block_q4_1 *)row + i / 32;
+        int j = (int)(i % 32), q = j < 16 ? b->qs[j] & 15 : b->qs[j - 16] >> 4;
+        return (double)tri__f16_to_f32(b->d) * q + tri__f16_to_f32(b->m);
+    }
+    default: cr_assert_fail(); return 0;
+    }
+}
+
+// ---- backend lifecycle (these run without a GPU too) ----
+
+Test(cuda_backend, create_rejects_missing_device) {
+    tri__backend *be = (tri__backend *)1;
+    int n = tri__cuda_device_count();
+    cr_assert_geq(n, 0);
+    cr_assert_eq(tri__backend_cuda_create(n, &be), TRI_STATUS_DEVICE);
+    cr_assert_null(be);
+    cr_assert_eq(tri__backend_cuda_create(-1, &be), TRI_STATUS_DEVICE);
+    cr_assert(strlen(tri_last_error()) > 0);
+}
+
+Test(cuda_backend, device_info_matches_count) {
+    int n = tri__cuda_device_count();
+    tri__cuda_device_info info;
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(tri__cuda_device_info_get(i, &info), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert(info.name[0] != 0 && info.total_bytes > 0 && info.cc_major > 0);
+    }
+    cr_assert_neq(tri__cuda_device_info_get(n, &info), TRI_STATUS_OK);
+}
+
+Test(cuda_backend, system_info_api) {
+    tri_host_info h;
+    cr_assert_eq(tri_host_get_info(&h), TRI_STATUS_OK);
+    cr_assert_gt(h.n_cpus, 0);
+    cr_assert_gt(h.total_bytes, 0);
+    cr_assert_not_null(h.simd);
+    cr_assert_eq(tri_device_count(), tri__cuda_device_count());
+    if (!h.cuda_support) cr_assert_eq(tri_device_count(), 0);
+    tri_device_info d;
+    for (int32_t i = 0; i < tri_device_count(); i++) {
+        cr_assert_eq(tri_device_get_info(i, &d), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert(d.name[0] && d.total_bytes >= d.free_bytes && d.sm_count > 0);
+    }
+    cr_assert_eq(tri_device_get_info(tri_device_count(), &d), TRI_STATUS_DEVICE);
+    cr_assert_eq(tri_host_get_info(NULL), TRI_STATUS_INVALID_ARGUMENT);
+}
+
+Test(cuda_backend, memory_copies_and_out_of_memory) {
+    NEED_GPU();
+    uint8_t a[1000], b[1000];
+    for (int i = 0; i < 1000; i++) a[i] = (uint8_t)(i * 7);
+    void *d1 = up(gpu, a, sizeof a), *d2 = dalloc(gpu, sizeof a);
+    cr_assert_eq(gpu->ops->copy(gpu, d2, d1, sizeof a), TRI_STATUS_OK);
+    memset(b, 0, sizeof b);
+    down(gpu, b, d2, sizeof b);
+    cr_assert_arr_eq(a, b, sizeof a);
+    void *z = (void *)1;
+    cr_assert_eq(gpu->ops->alloc(gpu, 0, &z), TRI_STATUS_OK);
+    cr_assert_null(z);
+    gpu->ops->free(gpu, NULL);
+    // far more than any GPU has: a status, not a crash, and the backend still works after it
+    void *huge = (void *)1;
+    cr_assert_eq(gpu->ops->alloc(gpu, (size_t)1 << 52, &huge), TRI_STATUS_DEVICE_OUT_OF_MEMORY);
+    cr_assert_null(huge);
+    memset(b, 0, sizeof b);
+    down(gpu, b, d1, sizeof b);
+    cr_assert_arr_eq(a, b, sizeof a);
+    gpu->ops->free(gpu, d1);
+    gpu->ops->free(gpu, d2);
+    DONE();
+}
+
+// ---- matmul ----
+
+// y = x @ W^T on the GPU, against the double reference on the decoded weights and against the CPU
+// backend. Tolerances (mag = sum |x w| of the output):
+//   m <= 16 (matvec kernels, f32 x and accumulation, every type):       2e-5 mag + 1e-6
+//   m > 16, F32 (cuBLAS sgemm, no TF32):                                 2e-5 mag + 1e-6
+//   m > 16, F16/BF16 (x split into hi + lo halves, tensor cores):         2e-4 mag + 1e-6
+//   m > 16, quantized (W dequantized to f16: 2^-11 relative per weight): 2e-4 mag + 2^-11 mag + 1e-6
+// (tensor cores accumulate f32 with truncated alignment, a bias that grows with k: 2e-4 covers k =
+// 4096) and against the CPU backend, the GPU tolerance plus the CPU's (its 8-bit x for quantized W).
+// x_off: x starts x_off floats into its device buffer (4 bytes past 16-byte alignment for 1).
+static void check_matmul_at(tri__backend *gpu, tri__backend *cpu, tri_dtype t, int64_t m, int64_t n, int64_t k,
+                            int64_t x_off) {
+    float *x = malloc(sizeof(float) * (size_t)(m * k)), *w = malloc(sizeof(float) * (size_t)(n * k));
+    float *y = malloc(sizeof(float) * (size_t)(m * n)), *yc = malloc(sizeof(float) * (size_t)(m * n));
+    fill(x, m * k, 2.0f);
+    fill(w, n * k, 0.5f);
+    for (int64_t i = 0; i < k; i += 13) x[i] *= 20;
+    void *wq = encode(w, n, k, t);
+    size_t wbytes = (size_t)(tri__dtype_row_bytes(t, k) * n);
+    float *dx = dalloc(gpu, sizeof(float) * (size_t)(m * k + x_off));
+    cr_assert_eq(gpu->ops->copy_to_backend(gpu, dx + x_off, x, sizeof(float) * (size_t)(m * k)), TRI_STATUS_OK);
+    void *dw = up(gpu, wq, wbytes), *dy = dalloc(gpu, sizeof(float) * (size_t)(m * n));
+    cr_assert_eq(gpu->ops->matmul(gpu, dy, dx + x_off, dw, t, m, n, k), TRI_STATUS_OK, "%s", tri_last_error());
+    down(gpu, y, dy, sizeof(float) * (size_t)(m * n));
+    cr_assert_eq(cpu->ops->matmul(cpu, yc, x, wq, t, m, n, k), TRI_STATUS_OK);
+    bool quant = tri__dtype_is_quantized(t);
+    double rel = m <= 16 || t == TRI_DTYPE_F32 ? 2e-5 : quant ? 2e-4 + 1.0 / 2048 : 2e-4;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t r = 0; r < n; r++) {
+            double ref = 0, mag = 0, qerr = 0;
+            for (int64_t b = 0; b < (k + 31) / 32; b++) {
+                double amax = 0, wsum = 0;
+                for (int64_t j = b * 32; j < k && j < b * 32 + 32; j++) {
+                    double wv = decode(wq, t, k, r, j);
+                    ref += (double)x[i * k + j] * wv;
+                    mag += fabs((double)x[i * k + j] * wv);
+                    amax = fmax(amax, fabs((double)x[i * k + j]));
+                    wsum += fabs(wv);
+                }
+                qerr += amax / 254 * wsum;
+            }
+            double tol = rel * mag + 1e-6;
+            double tol_cpu = 1e-5 * mag + 1e-6 + (quant ? 1.01 * qerr : 0);
+            float got = y[i * n + r];
+            cr_assert(fabs(got - ref) <= tol, "%s m=%lld n=%lld k=%lld x+%lld y[%lld,%lld] = %.9g, ref %.9g, tol %g",
+                      tri_dtype_name(t), (long long)m, (long long)n, (long long)k, (long long)x_off, (long long)i,
+                      (long long)r,
+                      (double)got, ref, tol);
+            cr_assert(fabs(got - yc[i * n + r]) <= tol + tol_cpu, "%s vs cpu: %.9g vs %.9g", tri_dtype_name(t),
+                      (double)got, (double)yc[i * n + r]);
+        }
+    gpu->ops->free(gpu, dx);
+    gpu->ops->free(gpu, dw);
+    gpu->ops->free(gpu, dy);
+    free(x), free(w), free(y), free(yc), free(wq);
+}
+
+static void check_matmul(tri__backend *gpu, tri__backend *cpu, tri_dtype t, int64_t m, int64_t n, int64_t k) {
+    check_matmul_at(gpu, cpu, t, m, n, k, 0);
+}
+
+Test(cuda_backend, matmul_float_weights) {
+    NEED_GPU();
+    static const int64_t ks[] = {1, 7, 33, 100, 257, 4096};  // odd k: unaligned rows, scalar path
+    static const int64_t ms[] = {1, 3, 5, 16, 17, 70};       // every matvec width, then cuBLAS
+    for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_BF16; t++)
+        for (size_t a = 0; a < 6; a++)
+            for (size_t b = 0; b < 6; b++) check_matmul(gpu, cpu, t, ms[b], 19, ks[a]);
+    DONE();
+}
+
+Test(cuda_backend, matmul_quantized_weights) {
+    NEED_GPU();
+    static const int64_t ks[] = {32, 96, 160, 4096};  // 1, 3, 5 and 128 blocks per row
+    static const int64_t ms[] = {1, 2, 4, 5, 16, 17, 70};
+    for (tri_dtype t = TRI_DTYPE_Q8_0; t <= TRI_DTYPE_Q4_1; t++)
+        for (size_t a = 0; a < 4; a++)
+            for (size_t b = 0; b < 7; b++) check_matmul(gpu, cpu, t, ms[b], 37, ks[a]);
+    DONE();
+}
+
+Test(cuda_backend, matmul_large_n_and_unaligned_x) {
+    NEED_GPU();
+    // a vocabulary-sized output (grid of 8K blocks of rows), and x starting 4 bytes past a 16-byte
+    // boundary (the matvec falls back to scalar loads of x)
+    check_matmul(gpu, cpu, TRI_DTYPE_Q8_0, 2, 32003, 64);
+    check_matmul(gpu, cpu, TRI_DTYPE_F16, 1, 32003, 64);
+    for (tri_dtype t = TRI_DTYPE_F32; t < TRI_DTYPE_COUNT; t++) {
+        check_matmul_at(gpu, cpu, t, 3, 11, 64, 1);
+        check_matmul_at(gpu, cpu, t, 17, 11, 64, 1);  // the split-half conversion reads it too
+    }
+    DONE();
+}
+
+Test(cuda_backend, matmul_q8_0_extreme_weights) {
+    NEED_GPU();
+    tri__block_q8_0 w[2];
+    float x[64], y[1];
+    for (int b = 0; b < 2; b++) {
+        w[b].d = tri__f32_to_f16(0.5f);
+        for (int i = 0; i < 32; i++) w[b].qs[i] = -128;
+    }
+    for (int i = 0; i < 64; i++) x[i] = -1.0f;
+    void *dw = up(gpu, w, sizeof w), *dx = up(gpu, x, sizeof x), *dy = dalloc(gpu, sizeof y);
+    cr_assert_eq(gpu->ops->matmul(gpu, dy, dx, dw, TRI_DTYPE_Q8_0, 1, 1, 64), TRI_STATUS_OK);
+    down(gpu, y, dy, sizeof y);
+    cr_assert_float_eq(y[0], 64 * 64.0f, 1e-3f, "%g", (double)y[0]);
+    // partial blocks are refused before anything runs
+    cr_assert_eq(gpu->ops->matmul(gpu, dy, dx, dw, TRI_DTYPE_Q4_0, 1, 1, 40), TRI_STATUS_INVALID_ARGUMENT);
+    gpu->ops->free(gpu, dw);
+    gpu->ops->free(gpu, dx);
+    gpu->ops->free(gpu, dy);
+    DONE();
+}
+
+// ---- get_rows, convert, rmsnorm, swiglu, add ----
+
+Test(cuda_backend, get_rows_every_type) {
+    NEED_GPU();
+    int64_t rows = 9, n = 96;
+    float w[9 * 96], out[4 * 96], outc[4 * 96];
+    fill(w, rows * n, 3.0f);
+    int32_t ids[4] = {8, 0, 3, 3};
+    float *dout = dalloc(gpu, sizeof out);
+    for (tri_dtype t = TRI_DTYPE_F32; t < TRI_DTYPE_COUNT; t++) {
+        void *e = encode(w, rows, n, t);
+        void *de = up(gpu, e, (size_t)(tri__dtype_row_bytes(t, n) * rows));
+        cr_assert_eq(gpu->ops->get_rows(gpu, dout, de, t, rows, n, ids, 4), TRI_STATUS_OK, "%s", tri_last_error());
+        down(gpu, out, dout, sizeof out);
+        cr_assert_eq(cpu->ops->get_rows(cpu, outc, e, t, rows, n, ids, 4), TRI_STATUS_OK);
+        // exact: both decode d * q in f32
+        for (int64_t j = 0; j < 4 * n; j++)
+            cr_assert_eq(out[j], outc[j], "%s [%lld] %g vs cpu %g", tri_dtype_name(t), (long long)j, (double)out[j],
+                         (double)outc[j]);
+        gpu->ops->free(gpu, de);
+        free(e);
+    }
+    int32_t bad = 9;
+    cr_assert_eq(gpu->ops->get_rows(gpu, dout, dout, TRI_DTYPE_F32, rows, n, &bad, 1), TRI_STATUS_INVALID_ARGUMENT);
+    gpu->ops->free(gpu, dout);
+    DONE();
+}
+
+Test(cuda_backend, convert_bit_exact) {
+    NEED_GPU();
+    // specials and rounding edges: ties, subnormal halves, overflow to inf, nan, -0
+    float x[] = {1.0f, -2.5f, 65504.0f, 65519.0f, 65520.0f, 1e-8f, 3.14159f, -0.0f, INFINITY, -INFINITY, NAN,
+                 5.96046448e-8f, 2.98023224e-8f, 1.00048828f, 1.00146484f, 3.0e38f, -1.17549435e-38f};
+    int64_t n = (int64_t)(sizeof x / sizeof x[0]);
+    float big[3001];
+    fill(big, 3001, 1000.0f);
+    void *dx = up(gpu, x, sizeof x), *dbig = up(gpu, big, sizeof big), *dh = dalloc(gpu, 2 * sizeof big);
+    for (tri_dtype t = TRI_DTYPE_F16; t <= TRI_DTYPE_BF16; t++) {
+        uint16_t h[17], hb[3001];
+        cr_assert_eq(gpu->ops->convert(gpu, dh, t, dx, n), TRI_STATUS_OK);
+        down(gpu, h, dh, sizeof(uint16_t) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t want = t == TRI_DTYPE_F16 ? tri__f32_to_f16(x[i]) : tri__f32_to_bf16(x[i]);
+            cr_assert_eq(h[i], want, "%s of %g: 0x%04x, cpu 0x%04x", tri_dtype_name(t), (double)x[i], h[i], want);
+        }
+        cr_assert_eq(gpu->ops->convert(gpu, dh, t, dbig, 3001), TRI_STATUS_OK);
+        down(gpu, hb, dh, sizeof hb);
+        for (int64_t i = 0; i < 3001; i++)
+            cr_assert_eq(hb[i], t == TRI_DTYPE_F16 ? tri__f32_to_f16(big[i]) : tri__f32_to_bf16(big[i]));
+    }
+    float back[17];
+    cr_assert_eq(gpu->ops->convert(gpu, dh, TRI_DTYPE_F32, dx, n), TRI_STATUS_OK);
+    down(gpu, back, dh, sizeof back);
+    cr_assert_arr_eq(back, x, sizeof x);
+    cr_assert_eq(gpu->ops->convert(gpu, dh, TRI_DTYPE_Q8_0, dx, n), TRI_STATUS_UNSUPPORTED);
+    gpu->ops->free(gpu, dx);
+    gpu->ops->free(gpu, dbig);
+    gpu->ops->free(gpu, dh);
+    DONE();
+}
+
+Test(cuda_backend, rmsnorm_every_weight_type) {
+    NEED_GPU();
+    static const int64_t shapes[][2] = {{3, 77}, {1, 4096}, {70, 1}, {2, 16384}};
+    for (size_t sh = 0; sh < 4; sh++) {
+        int64_t m = shapes[sh][0], n = shapes[sh][1];
+        float *x = malloc(sizeof(float) * (size_t)(m * n)), *w = malloc(sizeof(float) * (size_t)n);
+        float *y = malloc(sizeof(float) * (size_t)(m * n)), *yc = malloc(sizeof(float) * (size_t)(m * n));
+        fill(x, m * n, 4.0f);
+        fill(w, n, 2.0f);
+        float *dx = up(gpu, x, sizeof(float) * (size_t)(m * n)), *dy = dalloc(gpu, sizeof(float) * (size_t)(m * n));
+        for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_BF16; t++) {
+            void *e = encode(w, 1, n, t);
+            void *de = up(gpu, e, (size_t)tri__dtype_row_bytes(t, n));
+            cr_assert_eq(gpu->ops->rmsnorm(gpu, dy, dx, de, t, m, n, 1e-5f), TRI_STATUS_OK);
+            down(gpu, y, dy, sizeof(float) * (size_t)(m * n));
+            cr_assert_eq(cpu->ops->rmsnorm(cpu, yc, x, e, t, m, n, 1e-5f), TRI_STATUS_OK);
+            // the same double sum of squares; only its summation order differs: 2e-6 relative
+            for (int64_t j = 0; j < m * n; j++)
+                cr_assert(fabsf(y[j] - yc[j]) <= 2e-6f * fabsf(yc[j]) + 1e-7f, "%s (%lld, %lld) [%lld] %g vs %g",
+                          tri_dtype_name(t), (long long)m, (long long)n, (long long)j, (double)y[j], (double)yc[j]);
+            // in place gives the same
+            cr_assert_eq(gpu->ops->copy(gpu, dy, dx, sizeof(float) * (size_t)(m * n)), TRI_STATUS_OK);
+            cr_assert_eq(gpu->ops->rmsnorm(gpu, dy, dy, de, t, m, n, 1e-5f), TRI_STATUS_OK);
+            float *y2 = malloc(sizeof(float) * (size_t)(m * n));
+            down(gpu, y2, dy, sizeof(float) * (size_t)(m * n));
+            cr_assert_arr_eq(y2, y, sizeof(float) * (size_t)(m * n));
+            free(y2);
+            gpu->ops->free(gpu, de);
+            free(e);
+        }
+        gpu->ops->free(gpu, dx);
+        gpu->ops->free(gpu, dy);
+        free(x), free(w), free(y), free(yc);
+    }
+    DONE();
+}
+
+Test(cuda_backend, swiglu_and_add) {
+    NEED_GPU();
+    int64_t n = 100003;  // more than one grid-stride pass is not needed, but a ragged last block is
+    float *g = malloc(sizeof(float) * (size_t)n), *u = malloc(sizeof(float) * (size_t)n);
+    float *o = malloc(sizeof(float) * (size_t)n), *oc = malloc(sizeof(float) * (size_t)n);
+    fill(g, n, 10.0f);
+    fill(u, n, 3.0f);
+    float *dg = up(gpu, g, sizeof(float) * (size_t)n), *du = up(gpu, u, sizeof(float) * (size_t)n);
+    float *dout = dalloc(gpu, sizeof(float) * (size_t)n);
+    cr_assert_eq(gpu->ops->swiglu(gpu, dout, dg, du, n), TRI_STATUS_OK);
+    down(gpu, o, dout, sizeof(float) * (size_t)n);
+    cr_assert_eq(cpu->ops->swiglu(cpu, oc, g, u, n), TRI_STATUS_OK);
+    for (int64_t i = 0; i < n; i++)  // expf within 2 ulp on both sides
+        cr_assert(fabsf(o[i] - oc[i]) <= 1e-6f * fabsf(oc[i]) + 1e-7f, "[%lld] %g vs %g", (long long)i, (double)o[i],
+                  (double)oc[i]);
+    cr_assert_eq(gpu->ops->add(gpu, dg, dg, du, n), TRI_STATUS_OK);  // out == a
+    down(gpu, o, dg, sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) cr_assert_eq(o[i], g[i] + u[i]);
+    gpu->ops->free(gpu, dg);
+    gpu->ops->free(gpu, du);
+    gpu->ops->free(gpu, dout);
+    free(g), free(u), free(o), free(oc);
+    DONE();
+}
+
+// ---- rope ----
+
+Test(cuda_backend, rope_both_layouts_every_rule) {
+    NEED_GPU();
+    // head_dim 128 (Llama-2), 64 and 96 (YaRN given), positions up to 128K
+    static const struct {
+        int32_t hd;
+        float theta;
+        tri_rope_scaling sc;
+        float factor;
+        int32_t orig;
+    } cfgs[] = {{128, 10000, TRI_ROPE_SCALING_YARN, 32, 4096},
+                {128, 500000, TRI_ROPE_SCALING_LLAMA3, 8, 8192},
+                {64, 10000, TRI_ROPE_SCALING_NONE, 1, 0},
+                {96, 10000, TRI_ROPE_SCALING_DYNAMIC, 2, 2048}};
+    int64_t m = 7, nh = 5;
+    int32_t pos[7] = {0, 1, 17, 4095, 4096, 65537, 131071};
+    for (size_t ci = 0; ci < 4; ci++) {
+        tri_model_config c;
+        memset(&c, 0, sizeof c);
+        c.head_dim = cfgs[ci].hd;
+        c.rope_theta = cfgs[ci].theta;
+        c.rope_scaling = cfgs[ci].sc;
+        c.rope_factor = cfgs[ci].factor;
+        c.rope_orig_ctx = cfgs[ci].orig;
+        c.llama3_low_freq_factor = 1;
+        c.llama3_high_freq_factor = 4;
+        tri__rope r;
+        cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+        tri__rope_update(&r, 131072);
+        int64_t len = m * nh * c.head_dim;
+        float *x = malloc(sizeof(float) * (size_t)len), *xg = malloc(sizeof(float) * (size_t)len);
+        fill(x, len, 3.0f);
+        float *dx = dalloc(gpu, sizeof(float) * (size_t)len);
+        for (int l = 0; l < 2; l++) {
+            r.layout = (tri_rope_layout)l;
+            cr_assert_eq(gpu->ops->copy_to_backend(gpu, dx, x, sizeof(float) * (size_t)len), TRI_STATUS_OK);
+            cr_assert_eq(gpu->ops->rope(gpu, dx, m, nh, pos, &r), TRI_STATUS_OK, "%s", tri_last_error());
+            down(gpu, xg, dx, sizeof(float) * (size_t)len);
+            float *xc = malloc(sizeof(float) * (size_t)len);
+            memcpy(xc, x, sizeof(float) * (size_t)len);
+            cr_assert_eq(cpu->ops->rope(cpu, xc, m, nh, pos, &r), TRI_STATUS_OK);
+            // the same float32 angle; sincosf and cosf/sinf within 2 ulp each
+            for (int64_t i = 0; i < len; i++)
+                cr_assert(fabsf(xg[i] - xc[i]) <= 2e-6f * (1 + fabsf(xc[i])), "cfg %zu layout %d [%lld] %g vs %g", ci,
+                          l, (long long)i, (double)xg[i], (double)xc[i]);
+            free(xc);
+        }
+        // a changed table at the same address is picked up (dynamic NTK updates in place)
+        tri__rope_update(&r, 100);
+        cr_assert_eq(gpu->ops->copy_to_backend(gpu, dx, x, sizeof(float) * (size_t)len), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->rope(gpu, dx, m, nh, pos, &r), TRI_STATUS_OK);
+        down(gpu, xg, dx, sizeof(float) * (size_t)len);
+        cr_assert_eq(cpu->ops->rope(cpu, x, m, nh, pos, &r), TRI_STATUS_OK);
+        for (int64_t i = 0; i < len; i++) cr_assert(fabsf(xg[i] - x[i]) <= 2e-6f * (1 + fabsf(x[i])));
+        int32_t bad = -1;
+        cr_assert_eq(gpu->ops->rope(gpu, dx, 1, nh, &bad, &r), TRI_STATUS_INVALID_ARGUMENT);
+        gpu->ops->free(gpu, dx);
+        free(x), free(xg);
+        tri__rope_free(&r);
+    }
+    DONE();
+}
+
+// ---- softmax, top-k ----
+
+Test(cuda_backend, softmax_with_temperature_and_masked_entries) {
+    NEED_GPU();
+    static const int64_t ns[] = {1, 203, 32000, 131072};
+    for (size_t a = 0; a < 4; a++) {
+        int64_t m = 3, n = ns[a];
+        float *x = malloc(sizeof(float) * (size_t)(m * n)), *xg = malloc(sizeof(float) * (size_t)(m * n));
+        fill(x, m * n, 30.0f);
+        if (n > 5) x[5] = -INFINITY, x[n + n - 2] = -INFINITY;
+        float *dx = up(gpu, x, sizeof(float) * (size_t)(m * n));
+        cr_assert_eq(gpu->ops->softmax(gpu, dx, m, n, 0.7f), TRI_STATUS_OK);
+        down(gpu, xg, dx, sizeof(float) * (size_t)(m * n));
+        cr_assert_eq(cpu->ops->softmax(cpu, x, m, n, 0.7f), TRI_STATUS_OK);
+        // the same max, expf and double sum (in another order): 1e-6 relative
+        for (int64_t j = 0; j < m * n; j++)
+            cr_assert(fabsf(xg[j] - x[j]) <= 1e-6f * x[j] + 1e-12f, "n=%lld [%lld] %g vs %g", (long long)n,
+                      (long long)j, (double)xg[j], (double)x[j]);
+        if (n > 5) cr_assert_eq(xg[5], 0.0f);
+        gpu->ops->free(gpu, dx);
+        free(x), free(xg);
+    }
+    // an all -inf row: known only on the device, so synchronize reports it, once
+    float all_masked[3] = {-INFINITY, -INFINITY, -INFINITY};
+    float *dm = up(gpu, all_masked, sizeof all_masked);
+    cr_assert_eq(gpu->ops->softmax(gpu, dm, 1, 3, 1.0f), TRI_STATUS_OK);
+    cr_assert_eq(gpu->ops->synchronize(gpu), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(gpu->ops->synchronize(gpu), TRI_STATUS_OK);
+    cr_assert_eq(gpu->ops->softmax(gpu, dm, 1, 3, 0.0f), TRI_STATUS_INVALID_ARGUMENT);
+    gpu->ops->free(gpu, dm);
+    DONE();
+}
+
+static void check_top_k(tri__backend *gpu, tri__backend *cpu, const float *x, int64_t m, int64_t n, int64_t k) {
+    float *v = malloc(sizeof(float) * (size_t)(m * k)), *vc = malloc(sizeof(float) * (size_t)(m * k));
+    int32_t *ix = malloc(sizeof(int32_t) * (size_t)(m * k)), *ic = malloc(sizeof(int32_t) * (size_t)(m * k));
+    float *dx = up(gpu, x, sizeof(float) * (size_t)(m * n)), *dv = dalloc(gpu, sizeof(float) * (size_t)(m * k));
+    int32_t *di = dalloc(gpu, sizeof(int32_t) * (size_t)(m * k));
+    cr_assert_eq(gpu->ops->top_k(gpu, dv, di, dx, m, n, k), TRI_STATUS_OK, "%s", tri_last_error());
+    down(gpu, v, dv, sizeof(float) * (size_t)(m * k));
+    down(gpu, ix, di, sizeof(int32_t) * (size_t)(m * k));
+    cr_assert_eq(cpu->ops->top_k(cpu, vc, ic, x, m, n, k), TRI_STATUS_OK);
+    // exact: the same order (value, NaN last, lower index first)
+    for (int64_t j = 0; j < m * k; j++) {
+        cr_assert_eq(ix[j], ic[j], "n=%lld k=%lld [%lld]: %d vs cpu %d", (long long)n, (long long)k, (long long)j, ix[j],
+                     ic[j]);
+        cr_assert(v[j] == vc[j] || (isnan(v[j]) && isnan(vc[j])));
+    }
+    gpu->ops->free(gpu, dx);
+    gpu->ops->free(gpu, dv);
+    gpu->ops->free(gpu, di);
+    free(v), free(vc), free(ix), free(ic);
+}
+
+Test(cuda_backend, top_k_ties_nan_and_signed_zero) {
+    NEED_GPU();
+    int64_t m = 2, n = 300;
+    float x[2 * 300];
+    for (int64_t i = 0; i < m * n; i++) x[i] = (float)(int)(frand() * 20);  // many ties, +0 and -0
+    x[7] = NAN;
+    x[n + 3] = INFINITY;
+    x[11] = -0.0f;
+    x[n + 9] = -INFINITY;
+    static const int64_t ks[] = {1, 5, 64, 65, 300};
+    for (size_t a = 0; a < 5; a++) check_top_k(gpu, cpu, x, m, n, ks[a]);
+    float v1;
+    int32_t i1;
+    cr_assert_eq(gpu->ops->top_k(gpu, &v1, &i1, x, 1, n, 0), TRI_STATUS_INVALID_ARGUMENT);
+    DONE();
+}
+
+Test(cuda_backend, top_k_vocabulary_rows) {
+    NEED_GPU();
+    // 4097 and 128256 columns: padded past the shared-memory limit, sorted in global memory
+    static const int64_t ns[] = {4096, 4097, 128256};
+    for (size_t a = 0; a < 3; a++) {
+        int64_t m = 3, n = ns[a];
+        float *x = malloc(sizeof(float) * (size_t)(m * n));
+        fill(x, m * n, 8.0f);
+        for (int64_t j = 0; j < m * n; j += 97) x[j] = 3.0f;  // ties
+        check_top_k(gpu, cpu, x, m, n, 40);
+        check_top_k(gpu, cpu, x, m, n, n);  // a whole sorted row (top-p)
+        free(x);
+    }
+    DONE();
+}
+
+// ---- attention ----
+
+static void naive_attn(const float *q, int32_t qpos, int64_t hd, int64_t nk, const int32_t *kpos, const float *k,
+                       const float *v, double *out, double *wsum) {
+    double mx = -INFINITY, sum = 0;
+    double *s = malloc(sizeof(double) * (size_t)(nk > 0 ? nk : 1));
+    for (int64_t j = 0; j < nk; j++) {
+        s[j] = -INFINITY;
+        if (kpos[j] > qpos) continue;
+        double d = 0;
+        for (int64_t e = 0; e < hd; e++) d += (double)q[e] * k[j * hd + e];
+        s[j] = d / sqrt((double)hd);
+        mx = fmax(mx, s[j]);
+    }
+    for (int64_t e = 0; e < hd; e++) out[e] = 0;
+    for (int64_t j = 0; j < nk; j++) sum += kpos[j] <= qpos ? exp(s[j] - mx) : 0;
+    for (int64_t j = 0; j < nk; j++) {
+        if (kpos[j] > qpos) continue;
+        double p = exp(s[j] - mx) / sum;
+        for (int64_t e = 0; e < hd; e++) out[e] += p * v[j * hd + e];
+        if (wsum) wsum[j] += p;
+    }
+    free(s);
+}
+
+// A layer's cache: per KV head nk keys with positions kpos (0 .. nk/2 - 1, then 1000 + j), stored
+// as f32 or f16 rows of stride hd + 3, in host memory (ks, vs) and on the device (dks, dvs).
+typedef struct test_cache {
+    int64_t nkv, nk, hd, stride;
+    tri_dtype type;
+    float *k, *v;
+    void *ks, *vs, *dks, *dvs;
+    int32_t *kpos;
+} test_cache;
+
+static void cache_make(tri__backend *gpu, test_cache *c, int64_t nkv, int64_t nk, int64_t hd, tri_dtype type,
+                       float kscale) {
+    c->nkv = nkv, c->nk = nk, c->hd = hd, c->stride = hd + 3, c->type = type;
+    size_t es = type == TRI_DTYPE_F16 ? 2 : 4;
+    c->k = malloc(sizeof(float) * (size_t)(nkv * nk * hd));
+    c->v = malloc(sizeof(float) * (size_t)(nkv * nk * hd));
+    c->ks = calloc((size_t)(nkv * nk * c->stride), es);
+    c->vs = calloc((size_t)(nkv * nk * c->stride), es);
+    c->kpos = malloc(sizeof(int32_t) * (size_t)nk);
+    for (int64_t j = 0; j < nk; j++) c->kpos[j] = (int32_t)(j < nk / 2 ? j : 1000 + j);
+    for (int64_t h = 0; h < nkv; h++)
+        for (int64_t j = 0; j < nk; j++)
+            for (int64_t e = 0; e < hd; e++) {
+                float kv[2] = {frand() * kscale, frand() * 2};
+                for (int w = 0; w < 2; w++) {
+                    size_t at = (size_t)((h * nk + j) * c->stride + e);
+                    if (type == TRI_DTYPE_F16) {
+                        uint16_t hv = tri__f32_to_f16(kv[w]);
+                        ((uint16_t *)(w ? c->vs : c->ks))[at] = hv;
+                        kv[w] = tri__f16_to_f32(hv);
+                    } else {
+                        ((float *)(w ? c->vs : c->ks))[at] = kv[w];
+                    }
+                    (w ? c->v : c->k)[(h * nk + j) * hd + e] = kv[w];
+                }
+            }
+    size_t bytes = (size_t)(nkv * nk * c->stride) * es;
+    c->dks = up(gpu, c->ks, bytes);
+    c->dvs = up(gpu, c->vs, bytes);
+}
+
+static void cache_free(tri__backend *gpu, test_cache *c) {
+    gpu->ops->free(gpu, c->dks);
+    gpu->ops->free(gpu, c->dvs);
+    free(c->k), free(c->v), free(c->ks), free(c->vs), free(c->kpos);
+}
+
+// Spans for every head, cut at the given row indices (a piece whose positions are not consecutive,
+// and every odd-numbered piece, carry explicit positions), over host (dev false) or device rows.
+static void cache_view(const test_cache *c, bool dev, const int64_t *cuts, int n_cuts, tri__kv_span *spans,
+                       int32_t *head_span, tri__kv_view *view) {
+    size_t es = c->type == TRI_DTYPE_F16 ? 2 : 4;
+    const uint8_t *kbase = dev ? c->dks : c->ks, *vbase = dev ? c->dvs : c->vs;
+    int32_t ns = 0;
+    for (int64_t h = 0; h < c->nkv; h++) {
+        head_span[h] = ns;
+        for (int p = 0; p <= n_cuts; p++) {
+            int64_t a = p == 0 ? 0 : cuts[p - 1], b = p == n_cuts ? c->nk : cuts[p];
+            const uint8_t *kb = kbase + (size_t)((h * c->nk + a) * c->stride) * es;
+            const uint8_t *vb = vbase + (size_t)((h * c->nk + a) * c->stride) * es;
+            bool consecutive = b == a || c->kpos[b - 1] - c->kpos[a] == b - 1 - a;
+            spans[ns++] = (tri__kv_span){.pos0 = a < c->nk ? c->kpos[a] : 0, .n = (int32_t)(b - a), .k = kb, .v = vb,
+                                         .stride = c->stride, .pos = (consecutive && p % 2 == 0) ? NULL : c->kpos + a};
+        }
+    }
+    head_span[c->nkv] = ns;
+    *view = (tri__kv_view){.type = c->type, .n_head_kv = (int32_t)c->nkv, .spans = spans, .head_span = head_span};
+}
+
+// Output within 2e-5 (1 + |ref|) of the double reference and 4e-5 (1 + |cpu|) of the CPU backend;
+// weight sums within 1e-5 (1 + ref) of the reference.
+static void check_attention(tri__backend *gpu, tri__backend *cpu, tri_dtype type, int64_t nh, int64_t nkv, int64_t hd,
+                            int64_t nk, const int64_t *cuts, int n_cuts, float kscale) {
+    int64_t m = 4, g = nh / nkv;
+    test_cache c;
+    cache_make(gpu, &c, nkv, nk, hd, type, kscale);
+    float *q = malloc(sizeof(float) * (size_t)(m * nh * hd)), *out = malloc(sizeof(float) * (size_t)(m * nh * hd));
+    float *outc = malloc(sizeof(float) * (size_t)(m * nh * hd));
+    fill(q, m * nh * hd, 1.0f);
+    int32_t qpos[4] = {3, 500, (int32_t)(1000 + nk - 5), 1 << 20};
+    int n_spans = (int)nkv * (n_cuts + 1);
+    tri__kv_span *spans = malloc(sizeof *spans * (size_t)n_spans), *hspans = malloc(sizeof *hspans * (size_t)n_spans);
+    int32_t *head_span = malloc(sizeof(int32_t) * (size_t)(nkv + 1)), *hhead = malloc(sizeof(int32_t) * (size_t)(nkv + 1));
+    tri__kv_view view, hview;
+    cache_view(&c, true, cuts, n_cuts, spans, head_span, &view);
+    cache_view(&c, false, cuts, n_cuts, hspans, hhead, &hview);
+    float *dq = up(gpu, q, sizeof(float) * (size_t)(m * nh * hd)), *dout = dalloc(gpu, sizeof(float) * (size_t)(m * nh * hd));
+    float *dws = dalloc(gpu, sizeof(float) * (size_t)(nkv * nk)), *ws = malloc(sizeof(float) * (size_t)(nkv * nk));
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &view, dws), TRI_STATUS_OK, "%s", tri_last_error());
+    down(gpu, out, dout, sizeof(float) * (size_t)(m * nh * hd));
+    down(gpu, ws, dws, sizeof(float) * (size_t)(nkv * nk));
+    cr_assert_eq(cpu->ops->attention(cpu, outc, q, qpos, m, nh, hd, &hview, NULL), TRI_STATUS_OK);
+    double *wref = calloc((size_t)(nkv * nk), sizeof(double)), *ref = malloc(sizeof(double) * (size_t)hd);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t h = 0; h < nh; h++) {
+            int64_t kh = h / g;
+            naive_attn(q + (i * nh + h) * hd, qpos[i], hd, nk, c.kpos, c.k + kh * nk * hd, c.v + kh * nk * hd, ref,
+                       wref + kh * nk);
+            for (int64_t e = 0; e < hd; e++) {
+                float got = out[(i * nh + h) * hd + e], cv = outc[(i * nh + h) * hd + e];
+                cr_assert(fabs(got - ref[e]) <= 2e-5 * (1 + fabs(ref[e])),
+                          "%s nh=%lld nkv=%lld hd=%lld nk=%lld q%lld h%lld [%lld] %g vs %g", tri_dtype_name(type),
+                          (long long)nh, (long long)nkv, (long long)hd, (long long)nk, (long long)i, (long long)h,
+                          (long long)e, (double)got, ref[e]);
+                cr_assert(fabsf(got - cv) <= 4e-5f * (1 + fabsf(cv)), "vs cpu %g %g", (double)got, (double)cv);
+            }
+        }
+    for (int64_t j = 0; j < nkv * nk; j++)
+        cr_assert(fabs(ws[j] - wref[j]) <= 1e-5 * (1 + wref[j]), "weight sum %lld: %g vs %g", (long long)j,
+                  (double)ws[j], wref[j]);
+    gpu->ops->free(gpu, dq);
+    gpu->ops->free(gpu, dout);
+    gpu->ops->free(gpu, dws);
+    free(q), free(out), free(outc), free(ws), free(wref), free(ref);
+    free(spans), free(hspans), free(head_span), free(hhead);
+    cache_free(gpu, &c);
+}
+
+Test(cuda_backend, attention_gqa_spans) {
+    NEED_GPU();
+    for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_F16; t++) {
+        int64_t cuts20[3] = {1, 17, 18}, cuts601[3] = {1, 307, 599};
+        check_attention(gpu, cpu, t, 6, 2, 40, 20, cuts20, 3, 1.0f);
+        check_attention(gpu, cpu, t, 6, 2, 40, 601, cuts601, 3, 3.0f);  // several chunks, peaked scores
+        check_attention(gpu, cpu, t, 32, 8, 128, 601, cuts601, 3, 1.0f);  // Llama-3 grouping, head_dim 128
+        check_attention(gpu, cpu, t, 9, 3, 64, 601, NULL, 0, 1.0f);       // SmolLM2: one span per head
+        check_attention(gpu, cpu, t, 4, 4, 256, 300, cuts601, 1, 1.0f);    // MHA, head_dim 256
+    }
+    DONE();
+}
+
+Test(cuda_backend, attention_many_small_spans_and_empty_ones) {
+    NEED_GPU();
+    // a retrieval cache: spans of 8 keys (every other one with explicit positions), and an empty one
+    int64_t cuts[80];
+    int n = 0;
+    for (int64_t a = 8; a < 640; a += 8) cuts[n++] = a;
+    cuts[n++] = 640;  // 640 .. 640: an empty span
+    check_attention(gpu, cpu, TRI_DTYPE_F16, 8, 2, 64, 640, cuts, n, 2.0f);
+    DONE();
+}
+
+Test(cuda_backend, attention_causal_mask_and_nothing_visible) {
+    NEED_GPU();
+    int64_t hd = 8, nk = 10;
+    float k[10 * 8], v[10 * 8], q[2 * 8], out[2 * 8];
+    for (int64_t j = 0; j < nk; j++)
+        for (int64_t e = 0; e < hd; e++) {
+            k[j * hd + e] = j >= 5 ? 10.0f : 0.0f;
+            v[j * hd + e] = j >= 5 ? 100.0f : (float)j;
+        }
+    for (int64_t e = 0; e < 2 * hd; e++) q[e] = 1.0f;
+    void *dk = up(gpu, k, sizeof k), *dv = up(gpu, v, sizeof v);
+    float *dq = up(gpu, q, sizeof q), *dout = dalloc(gpu, sizeof out);
+    int32_t qpos[2] = {4, 9}, head_span[2] = {0, 1};
+    tri__kv_span sp = {.pos0 = 0, .n = 10, .k = dk, .v = dv, .stride = hd};
+    tri__kv_view view = {.type = TRI_DTYPE_F32, .n_head_kv = 1, .spans = &sp, .head_span = head_span};
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, 2, 1, hd, &view, NULL), TRI_STATUS_OK);
+    down(gpu, out, dout, sizeof out);
+    for (int64_t e = 0; e < hd; e++) {
+        cr_assert_float_eq(out[e], 2.0f, 1e-5f, "uniform over keys 0..4: mean 2, got %g", (double)out[e]);
+        cr_assert_float_eq(out[hd + e], 100.0f, 1e-3f);
+    }
+    int32_t early = -1;
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, &early, 1, 1, hd, &view, NULL), TRI_STATUS_OK);
+    down(gpu, out, dout, sizeof(float) * (size_t)hd);
+    for (int64_t e = 0; e < hd; e++) cr_assert_eq(out[e], 0.0f);
+    // a head with no spans at all: zeros too
+    int32_t none[2] = {0, 0};
+    view.head_span = none;
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, 1, 1, hd, &view, NULL), TRI_STATUS_OK);
+    down(gpu, out, dout, sizeof(float) * (size_t)hd);
+    for (int64_t e = 0; e < hd; e++) cr_assert_eq(out[e], 0.0f);
+    view.type = TRI_DTYPE_BF16;
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, 1, 1, hd, &view, NULL), TRI_STATUS_UNSUPPORTED);
+    gpu->ops->free(gpu, dk);
+    gpu->ops->free(gpu, dv);
+    gpu->ops->free(gpu, dq);
+    gpu->ops->free(gpu, dout);
+    DONE();
+}
+
+Test(cuda_backend, attention_128k_keys) {
+    NEED_GPU();
+    // One decode query and a 3-token verification against 131072 F16 keys per KV head (Llama-2-7B
+    // head_dim, 4 query heads over 2 KV heads to keep the double reference quick).
+    int64_t nkv = 2, nh = 4, hd = 128, nk = 131072, g = nh / nkv, m = 3;
+    size_t rows = (size_t)(nkv * nk * hd);
+    uint16_t *ks = malloc(rows * 2), *vs = malloc(rows * 2);
+    float *kf = malloc(rows * sizeof(float)), *vf = malloc(rows * sizeof(float));
+    for (size_t i = 0; i < rows; i++) {
+        ks[i] = tri__f32_to_f16(frand() * 2.0f);
+        vs[i] = tri__f32_to_f16(frand());
+        kf[i] = tri__f16_to_f32(ks[i]);
+        vf[i] = tri__f16_to_f32(vs[i]);
+    }
+    int32_t *kpos = malloc(sizeof(int32_t) * (size_t)nk);
+    for (int64_t j = 0; j < nk; j++) kpos[j] = (int32_t)j;
+    float q[3 * 4 * 128], out[3 * 4 * 128];
+    fill(q, m * nh * hd, 1.0f);
+    int32_t qpos[3] = {131071, 131071, 70000};
+    void *dk = up(gpu, ks, rows * 2), *dv = up(gpu, vs, rows * 2);
+    float *dq = up(gpu, q, sizeof q), *dout = dalloc(gpu, sizeof out), *dws = dalloc(gpu, sizeof(float) * (size_t)(nkv * nk));
+    tri__kv_span sp[2];
+    int32_t head_span[3] = {0, 1, 2};
+    for (int64_t h = 0; h < nkv; h++)
+        sp[h] = (tri__kv_span){.pos0 = 0, .n = (int32_t)nk, .k = (uint16_t *)dk + h * nk * hd,
+                               .v = (uint16_t *)dv + h * nk * hd, .stride = hd};
+    tri__kv_view view = {.type = TRI_DTYPE_F16, .n_head_kv = (int32_t)nkv, .spans = sp, .head_span = head_span};
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &view, dws), TRI_STATUS_OK, "%s", tri_last_error());
+    down(gpu, out, dout, sizeof out);
+    float *ws = malloc(sizeof(float) * (size_t)(nkv * nk));
+    down(gpu, ws, dws, sizeof(float) * (size_t)(nkv * nk));
+    double ref[128], *wref = calloc((size_t)(nkv * nk), sizeof(double));
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t h = 0; h < nh; h++) {
+            int64_t kh = h / g;
+            naive_attn(q + (i * nh + h) * hd, qpos[i], hd, nk, kpos, kf + kh * nk * hd, vf + kh * nk * hd, ref,
+                       wref + kh * nk);
+            for (int64_t e = 0; e < hd; e++)
+                cr_assert(fabs(out[(i * nh + h) * hd + e] - ref[e]) <= 2e-5 * (1 + fabs(ref[e])), "q%lld h%lld [%lld] %g vs %g",
+                          (long long)i, (long long)h, (long long)e, (double)out[(i * nh + h) * hd + e], ref[e]);
+        }
+    for (int64_t j = 0; j < nkv * nk; j++)
+        cr_assert(fabs(ws[j] - wref[j]) <= 1e-5 * (1 + wref[j]), "weight sum %lld: %g vs %g", (long long)j, (double)ws[j],
+                  wref[j]);
+    gpu->ops->free(gpu, dk);
+    gpu->ops->free(gpu, dv);
+    gpu->ops->free(gpu, dq);
+    gpu->ops->free(gpu, dout);
+    gpu->ops->free(gpu, dws);
+    free(ks), free(vs), free(kf), free(vf), free(kpos), free(ws), free(wref);
+    DONE();
+}

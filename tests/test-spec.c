@@ -1,0 +1,613 @@
+// test-spec.c - the speculative engine: greedy equality with plain decoding, the sampled
+// distribution against the target's exact one, and caches after rollbacks.
+//
+// Models come from tri-gen-model (seeded, docs/test-models.md): a target, a draft with the same
+// vocabulary but another seed and a smaller shape, and the target itself as a draft (which must
+// be accepted every time). With TRI_TEST_MODEL set, SmolLM2 is checked with the self-draft and
+// the n-gram drafter.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "level.h"
+#include "model.h"
+#include "sampler.h"
+#include "spec.h"
+#include "test-util.h"
+#include "triforce.h"
+
+// ---- helpers ----
+
+// Writes a seeded model (GGUF) to the test's scratch directory; returns its path (static buffer per
+// tag slot).
+static const char *gen_model(const char *tag, const char *opts) {
+    static char paths[8][4096];
+    static int next;
+    const char *gen = getenv("TRI_GEN_MODEL");
+    cr_assert(gen, "TRI_GEN_MODEL is not set: run through meson test");
+    char name[128], cmd[8192];
+    snprintf(name, sizeof name, "spec-%s.gguf", tag);
+    char *path = paths[next++ % 8];
+    snprintf(path, 4096, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd, "'%s' %s --out-gguf '%s' >/dev/null", gen, opts, path);
+    int rc = system(cmd);
+    cr_assert(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "generator failed: %s", cmd);
+    return path;
+}
+
+static tri_model *load(const char *path) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(path, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    return m;
+}
+
+typedef struct collect {
+    int32_t *tok;
+    int32_t n, cap;
+} collect;
+
+static bool on_token(int32_t tok, void *user) {
+    collect *c = user;
+    cr_assert(c->n < c->cap);
+    c->tok[c->n++] = tok;
+    return true;
+}
+
+static tri_session_params small_session(int32_t n_ctx) {
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = n_ctx;
+    sp.n_threads = 1;
+    sp.kv_type = TRI_DTYPE_F32;
+    return sp;
+}
+
+// Plain greedy decoding: n tokens after prompt.
+static void plain_greedy(const tri_model *m, const int32_t *prompt, int32_t n_prompt, int32_t n, int32_t n_ctx,
+                         int32_t *out) {
+    tri_session_params sp = small_session(n_ctx);
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = n;
+    gp.stop_at_eos = false;
+    collect c = {out, 0, n};
+    cr_assert_eq(tri_generate(s, prompt, n_prompt, &gp, on_token, &c, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    cr_assert_eq(c.n, n);
+    tri_session_free(s);
+}
+
+static tri_spec *spec_new(const tri_model *target, const tri_spec_params *p, int32_t n_ctx) {
+    tri_session_params sp = small_session(n_ctx);
+    tri_spec *s;
+    cr_assert_eq(tri_spec_create(target, &sp, p, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    return s;
+}
+
+static const char *mode_name(tri_spec_mode m) {
+    static const char *names[] = {"none", "draft", "retrieval", "triforce"};
+    return names[m];
+}
+
+// The drafters a mode can use, as parameter sets.
+typedef struct drafter_case {
+    const char *name;
+    tri_spec_drafter drafter;
+    const tri_model *model;
+    const int32_t *layers;
+    int32_t n_layers;
+    int32_t ngram;
+} drafter_case;
+
+static tri_spec_params params_of(tri_spec_mode mode, const drafter_case *d, int32_t g1, int32_t g2) {
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = mode;
+    p.drafter = d->drafter;
+    p.draft_model = d->model;
+    p.draft_layers = d->layers;
+    p.n_draft_layers = d->n_layers;
+    p.ngram_n = d->ngram;
+    p.gamma1 = g1;
+    p.gamma2 = g2;
+    p.budget = 64;
+    p.chunk = 8;
+    return p;
+}
+
+// ---- the rule alone ----
+
+// One drafted token from q, verified against p, many times: the emitted token must follow p, and
+// the distribution handed up must be p for every emitted token. V = 4, exact arithmetic in the
+// expected frequencies.
+Test(spec, verify_rule_emits_p) {
+    enum { V = 4, N = 200000 };
+    // logits whose softmax is p; q drawn freely
+    float logits[2 * V] = {0.0f, 1.0f, -1.0f, 0.5f, 0.3f, 0.1f, 0.0f, -2.0f};
+    float qrow[V] = {0.7f, 0.1f, 0.15f, 0.05f};
+    tri_sampler_params sp = tri_sampler_default_params();
+    sp.temperature = 1.0f;
+    float p[V];
+    tri__sampler_scratch scr = {0};
+    cr_assert_eq(tri__sampler_probs(&sp, logits, V, p, &scr), TRI_STATUS_OK);
+    tri__spec_work w;
+    cr_assert_eq(tri__spec_work_init(&w, V), TRI_STATUS_OK);
+    tri__spec_draft d, out;
+    cr_assert_eq(tri__spec_draft_init(&d, 1, V), TRI_STATUS_OK);
+    cr_assert_eq(tri__spec_draft_init(&out, 2, V), TRI_STATUS_OK);
+    memcpy(d.q, qrow, sizeof qrow);
+    d.onehot[0] = false;
+    int32_t tok[2];
+    d.tokens = tok;
+    out.tokens = tok;
+    tri__rng rng;
+    for (int rule = 0; rule < 2; rule++) {
+        tri__rng_seed(&rng, 7);
+        double count[V] = {0};
+        for (int t = 0; t < N; t++) {
+            tok[0] = tri__sample(qrow, V, &rng);
+            d.n = 1;
+            out.n = 0;
+            int32_t k, z;
+            cr_assert_eq(tri__spec_verify(&sp, (tri__spec_rule)rule, logits, &d, false, &rng, &w, &out, &k, &z),
+                         TRI_STATUS_OK);
+            int32_t emitted = k == 1 ? tok[0] : z;
+            count[emitted] += 1;
+            // the handed-up distribution is p, accepted or resampled
+            for (int j = 0; j < V; j++) cr_assert_float_eq(out.q[j], p[j], 1e-6);
+        }
+        double chi2 = 0;
+        for (int j = 0; j < V; j++) chi2 += (count[j] - N * p[j]) * (count[j] - N * p[j]) / (N * p[j]);
+        // 3 degrees of freedom: P(chi2 > 21.1) = 1e-4
+        if (rule == TRI_SPEC_RULE_EXACT)
+            cr_assert(chi2 < 21.1, "exact rule: chi2 %g over 3 dof", chi2);
+        else
+            cr_assert(chi2 > 21.1, "resampling from p must be caught: chi2 %g", chi2);
+    }
+    tri__spec_draft_free(&d);
+    tri__spec_draft_free(&out);
+    tri__spec_work_free(&w);
+    tri__sampler_scratch_free(&scr);
+}
+
+Test(spec, ngram_lookup) {
+    int32_t ctx[] = {5, 6, 7, 8, 9, 1, 5, 6, 7, 0, 0, 0, 0};
+    int32_t out[4];
+    // last 3-gram "5 6 7" at 0: proposes 8 9 1 5
+    cr_assert_eq(tri__ngram_draft(ctx, 9, 3, 4, out), 4);
+    cr_assert(out[0] == 8 && out[1] == 9 && out[2] == 1 && out[3] == 5);
+    // "9 1 2": no 3-gram, no 2-gram "1 2", 1-gram "2" absent: nothing
+    int32_t ctx2[] = {9, 1, 2};
+    cr_assert_eq(tri__ngram_draft(ctx2, 3, 3, 4, out), 0);
+    // a period runs into its own continuation: 3 4 3 4 -> 3 4 3
+    int32_t ctx3[] = {3, 4, 3, 4};
+    cr_assert_eq(tri__ngram_draft(ctx3, 4, 2, 3, out), 3);
+    cr_assert(out[0] == 3 && out[1] == 4 && out[2] == 3);
+}
+
+// ---- greedy: token for token equal to plain decoding ----
+
+#define N_GEN 40
+
+static const int32_t prompts[3][12] = {
+    {17, 260, 3, 99, 42, 42, 301, 7, 150, 5, 77, 270},
+    {8, 64, 200, 1, 33, 90, 4, 11, 250, 260, 19, 0},
+    {40, 41, 42, 43, 40, 41, 42, 43, 40, 41, 42, 43},  // repetitive: the n-gram drafter matches
+};
+
+static void check_greedy_modes(const tri_model *target, const drafter_case *drafters, int n_drafters,
+                               const int32_t (*gammas)[2], int n_gammas, const int32_t *prompt, int32_t n_prompt,
+                               int32_t n_gen, int32_t n_ctx) {
+    int32_t want[128], got[128];
+    plain_greedy(target, prompt, n_prompt, n_gen, n_ctx, want);
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = n_gen;
+    gp.stop_at_eos = false;
+    for (int mode = 0; mode <= TRI_SPEC_MODE_TRIFORCE; mode++) {
+        bool uses_l1 = mode == TRI_SPEC_MODE_DRAFT || mode == TRI_SPEC_MODE_TRIFORCE;
+        for (int di = 0; di < (uses_l1 ? n_drafters : 1); di++) {
+            for (int gi = 0; gi < n_gammas; gi++) {
+                tri_spec_params p = params_of((tri_spec_mode)mode, &drafters[di], gammas[gi][0], gammas[gi][1]);
+                tri_spec *s = spec_new(target, &p, n_ctx);
+                collect c = {got, 0, n_gen};
+                tri_spec_stats st;
+                cr_assert_eq(tri_generate_spec(s, prompt, n_prompt, &gp, on_token, &c, &st), TRI_STATUS_OK, "%s",
+                             tri_last_error());
+                cr_assert_eq(c.n, n_gen);
+                for (int i = 0; i < n_gen; i++)
+                    cr_assert_eq(got[i], want[i], "mode %s drafter %s gamma %d/%d: token %d is %d, plain %d",
+                                 mode_name((tri_spec_mode)mode), uses_l1 ? drafters[di].name : "-",
+                                 gammas[gi][0], gammas[gi][1], i, got[i], want[i]);
+                cr_assert_eq(st.n_generated, n_gen);
+                cr_assert(st.l1_accepted <= st.l1_proposed && st.l2_accepted <= st.l2_proposed);
+                // a draft that is the target, or an L2 that computes what L3 does, is always right
+                if (uses_l1 && drafters[di].model == target)
+                    cr_assert_eq(st.l1_accepted, st.l1_proposed, "%s: target as draft rejected", mode_name(mode));
+                if (mode == TRI_SPEC_MODE_RETRIEVAL || mode == TRI_SPEC_MODE_TRIFORCE)
+                    cr_assert_eq(st.l2_accepted, st.l2_proposed);
+                // full acceptance: every L3 pass emits gamma2 + 1 tokens
+                int32_t g2 = gammas[gi][1];
+                if (mode == TRI_SPEC_MODE_RETRIEVAL || (uses_l1 && drafters[di].model == target))
+                    cr_assert(st.n_l3_verify <= (n_gen + g2) / (g2 + 1), "%s: %lld L3 passes for %d tokens",
+                              mode_name(mode), (long long)st.n_l3_verify, n_gen);
+                tri_spec_free(s);
+            }
+        }
+    }
+}
+
+Test(spec, greedy_equals_plain_decoding) {
+    tri_model *target = load(gen_model("target", "--seed 11 --layers 3"));
+    tri_model *draft = load(gen_model("draft", "--seed 12 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1"));
+    static const int32_t first[] = {0}, skip[] = {0, 2};
+    drafter_case drafters[] = {
+        {"model", TRI_SPEC_DRAFTER_MODEL, draft, NULL, 0, 0},
+        {"target-as-draft", TRI_SPEC_DRAFTER_MODEL, target, NULL, 0, 0},
+        {"layers-0", TRI_SPEC_DRAFTER_LAYERS, NULL, first, 1, 0},
+        {"layers-0,2", TRI_SPEC_DRAFTER_LAYERS, NULL, skip, 2, 0},
+        {"ngram-3", TRI_SPEC_DRAFTER_NGRAM, NULL, NULL, 0, 3},
+    };
+    static const int32_t gammas[][2] = {{1, 1}, {2, 6}, {3, 4}};
+    for (int i = 0; i < 3; i++)
+        check_greedy_modes(target, drafters, 5, gammas, 3, prompts[i], 12, N_GEN, 128);
+    // the context fills up: generation stops at the last position, as plain decoding does
+    check_greedy_modes(target, drafters, 5, gammas + 1, 1, prompts[0], 12, 128 - 12 + 1, 128);
+    tri_model_free(draft);
+    tri_model_free(target);
+}
+
+// Generation continues after a first call, and reset starts over.
+Test(spec, continue_and_reset) {
+    tri_model *target = load(gen_model("cont", "--seed 21"));
+    int32_t want[30], got[30];
+    plain_greedy(target, prompts[1], 12, 30, 64, want);
+    tri_spec_params p = params_of(TRI_SPEC_MODE_TRIFORCE, &(drafter_case){"l", TRI_SPEC_DRAFTER_LAYERS, NULL,
+                                                                           (const int32_t[]){1}, 1, 0},
+                                  2, 5);
+    tri_spec *s = spec_new(target, &p, 64);
+    tri_generate_params gp = tri_generate_default_params();
+    gp.stop_at_eos = false;
+    for (int rep = 0; rep < 2; rep++) {
+        collect c = {got, 0, 30};
+        gp.n_predict = 11;
+        cr_assert_eq(tri_generate_spec(s, prompts[1], 12, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+        gp.n_predict = 19;
+        cr_assert_eq(tri_generate_spec(s, NULL, 0, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+        cr_assert_eq(c.n, 30);
+        cr_assert_eq(tri_spec_n_past(s), 12 + 30);
+        for (int i = 0; i < 30; i++) cr_assert_eq(got[i], want[i], "rep %d token %d", rep, i);
+        tri_spec_reset(s);
+    }
+    tri_spec_free(s);
+    tri_model_free(target);
+}
+
+// ---- caches: equal to what plain decoding of the emitted tokens builds ----
+
+// Every cached position of lv equals, within f32 rounding, the cache a fresh level builds by
+// decoding tokens one at a time.
+static void check_cache(tri__level *lv, const int32_t *tokens, const char *what) {
+    int32_t n = tri__level_n_past(lv);
+    cr_assert(n > 0);
+    tri__backend *be;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
+    tri__level fresh;
+    tri__level_params lp = lv->params;
+    cr_assert_eq(tri__level_init(&fresh, lv->model, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int32_t i = 0; i < n; i++) cr_assert_eq(tri__level_eval(&fresh, tokens + i, 1, false), TRI_STATUS_OK);
+    cr_assert_eq(lv->kv.type, TRI_DTYPE_F32);
+    int64_t row = tri__kv_store_row_bytes(&lv->kv) / 4;
+    for (int32_t il = 0; il < lv->kv.n_layer; il++) {
+        for (int kv = 0; kv < 2; kv++) {
+            const float *a = kv ? lv->kv.v[il] : lv->kv.k[il], *b = kv ? fresh.kv.v[il] : fresh.kv.k[il];
+            for (int64_t j = 0; j < (int64_t)n * row; j++)
+                cr_assert(fabsf(a[j] - b[j]) <= 1e-4f * (1.0f + fabsf(b[j])),
+                          "%s: layer %d %s position %lld: %g vs plain %g", what, il, kv ? "V" : "K",
+                          (long long)(j / row), (double)a[j], (double)b[j]);
+        }
+    }
+    tri__level_free(&fresh);
+    tri__backend_free(be);
+}
+
+Test(spec, caches_equal_plain_decoding_after_rollbacks) {
+    tri_model *target = load(gen_model("cache-t", "--seed 31 --vocab 270 --layers 2"));
+    tri_model *draft = load(gen_model("cache-d", "--seed 32 --vocab 270 --layers 1"));
+    static const int32_t first[] = {1};
+    drafter_case drafters[] = {
+        {"model", TRI_SPEC_DRAFTER_MODEL, draft, NULL, 0, 0},
+        {"layers", TRI_SPEC_DRAFTER_LAYERS, NULL, first, 1, 0},
+        {"ngram", TRI_SPEC_DRAFTER_NGRAM, NULL, NULL, 0, 2},
+    };
+    tri_generate_params gp = tri_generate_default_params();
+    gp.stop_at_eos = false;
+    gp.sampler.temperature = 1.0f;
+    for (int mode = 1; mode <= TRI_SPEC_MODE_TRIFORCE; mode++) {
+        for (int di = 0; di < 3; di++) {
+            tri_spec_params p = params_of((tri_spec_mode)mode, &drafters[di], 2, 5);
+            tri_spec *s = spec_new(target, &p, 128);
+            int32_t got[128];
+            collect c = {got, 0, 128};
+            // several calls: each ends after a round whose drafts were partly rejected
+            for (int call = 0; call < 4; call++) {
+                gp.n_predict = 7 + 3 * call;
+                gp.sampler.seed = (uint64_t)(100 * mode + 10 * di + call);
+                tri_spec_stats st;
+                cr_assert_eq(tri_generate_spec(s, call ? NULL : prompts[2], call ? 0 : 12, &gp, on_token, &c, &st),
+                             TRI_STATUS_OK);
+                for (int lvl = 1; lvl <= 3; lvl++) {
+                    tri__level *lv = tri__spec_level(s, lvl);
+                    if (!lv) continue;
+                    cr_assert(tri__level_n_past(lv) <= tri_spec_n_past(s));
+                    char what[64];
+                    snprintf(what, sizeof what, "%s/%s L%d call %d", mode_name(mode), drafters[di].name, lvl, call);
+                    check_cache(lv, tri__spec_tokens(s), what);
+                }
+            }
+            tri_spec_free(s);
+        }
+    }
+    tri_model_free(draft);
+    tri_model_free(target);
+}
+
+// ---- the draft must share the target's vocabulary ----
+
+Test(spec, refuses_a_draft_with_another_vocabulary) {
+    tri_model *target = load(gen_model("voc-t", "--seed 41 --vocab 300"));
+    tri_model *other = load(gen_model("voc-o", "--seed 42 --vocab 280"));
+    tri_spec_params p = tri_spec_default_params();
+    p.draft_model = other;
+    tri_spec *s = NULL;
+    cr_assert_eq(tri_spec_create(target, NULL, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_null(s);
+    cr_assert(strstr(tri_last_error(), "vocabulary of 280 tokens"), "%s", tri_last_error());
+    tri_model_free(other);
+
+    // same size, one token string changed in the file: "<|im_end|>" -> "<|im_enD|>"
+    const char *path = gen_model("voc-p", "--seed 43 --vocab 300");
+    size_t len;
+    char *buf = tt_read_file(path, &len);
+    char *hit = memmem(buf, len, "<|im_end|>", 10);
+    cr_assert(hit);
+    hit[8] = 'D';
+    const char *patched = tt_tmp("spec-voc-patched.gguf");
+    tt_write_file(patched, buf, len);
+    free(buf);
+    tri_model *renamed = load(patched);
+    p.draft_model = renamed;
+    cr_assert_eq(tri_spec_create(target, NULL, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "tokenizer differs") && strstr(tri_last_error(), "token 2"), "%s",
+              tri_last_error());
+    // and a bad layer list
+    p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+    p.draft_layers = (const int32_t[]){1, 0};
+    p.n_draft_layers = 2;
+    cr_assert_eq(tri_spec_create(target, NULL, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "increasing"), "%s", tri_last_error());
+    tri_model_free(renamed);
+    tri_model_free(target);
+}
+
+// ---- sampling: the emitted tokens follow the target's distribution ----
+//
+// Many seeded runs of speculative generation of two tokens after a fixed prompt, on a model with
+// a vocabulary of 270; the counts of the pair (x1, x2) are compared with the target's exact joint
+// distribution p(x1) p(x2 | x1), computed by plain forward passes, with Pearson's chi-square.
+// Pairs expected fewer than 5 times are pooled into one bin. The threshold is the chi-square
+// quantile of probability 1 - 1e-4 (Wilson-Hilferty), so each check raises a false alarm with
+// probability 1e-4, and the suite's 6 checks together with less than 1e-3; the seeds are fixed,
+// so a given build passes or fails deterministically.
+
+#define CHI_RUNS 20000
+#define CHI_V 270
+
+static const int32_t chi_prompt[8] = {10, 20, 30, 10, 20, 30, 10, 20};
+
+// joint (V * V): the target's exact distribution of the first two tokens under sp.
+static double *exact_joint(const tri_model *m, const tri_sampler_params *sp) {
+    const int32_t V = m->config.n_vocab;
+    tri_session_params ssp = small_session(32);
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &ssp, &s), TRI_STATUS_OK);
+    double *joint = calloc((size_t)V * (size_t)V, sizeof *joint);
+    float *p1 = malloc((size_t)V * sizeof *p1), *p2 = malloc((size_t)V * sizeof *p2);
+    tri__sampler_scratch scr = {0};
+    cr_assert_eq(tri_session_eval(s, chi_prompt, 8, false), TRI_STATUS_OK);
+    cr_assert_eq(tri__sampler_probs(sp, tri_session_logits(s, -1), V, p1, &scr), TRI_STATUS_OK);
+    for (int32_t a = 0; a < V; a++) {
+        if (p1[a] <= 0.0f) continue;
+        cr_assert_eq(tri_session_truncate(s, 8), TRI_STATUS_OK);
+        cr_assert_eq(tri_session_eval(s, &a, 1, false), TRI_STATUS_OK);
+        cr_assert_eq(tri__sampler_probs(sp, tri_session_logits(s, -1), V, p2, &scr), TRI_STATUS_OK);
+        for (int32_t b = 0; b < V; b++) joint[(int64_t)a * V + b] = (double)p1[a] * (double)p2[b];
+    }
+    tri__sampler_scratch_free(&scr);
+    free(p1);
+    free(p2);
+    tri_session_free(s);
+    return joint;
+}
+
+typedef struct chi_result {
+    double chi2, limit;
+    int dof;
+} chi_result;
+
+// Runs spec CHI_RUNS times and returns Pearson's statistic against joint.
+static chi_result chi_square(tri_spec *s, const tri_sampler_params *sp, const double *joint, int32_t V) {
+    double *count = calloc((size_t)V * (size_t)V, sizeof *count);
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = 2;
+    gp.stop_at_eos = false;
+    gp.sampler = *sp;
+    for (int r = 0; r < CHI_RUNS; r++) {
+        int32_t got[2];
+        collect c = {got, 0, 2};
+        gp.sampler.seed = 1000003ull * (uint64_t)r + sp->seed;
+        tri_spec_reset(s);
+        cr_assert_eq(tri_generate_spec(s, chi_prompt, 8, &gp, on_token, &c, NULL), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(c.n, 2);
+        count[(int64_t)got[0] * V + got[1]] += 1;
+    }
+    // bins: pairs expected >= 5 times; the rest (with any emitted pair of probability 0) pooled
+    double chi2 = 0, pool_e = 0, pool_o = 0;
+    int bins = 0;
+    for (int64_t i = 0; i < (int64_t)V * V; i++) {
+        double e = CHI_RUNS * joint[i];
+        if (e >= 5.0) {
+            chi2 += (count[i] - e) * (count[i] - e) / e;
+            bins++;
+        } else {
+            pool_e += e;
+            pool_o += count[i];
+        }
+    }
+    if (pool_e > 0 || pool_o > 0) {
+        double e = pool_e > 1.0 ? pool_e : 1.0;  // impossible pairs emitted still weigh heavily
+        chi2 += (pool_o - e) * (pool_o - e) / e;
+        bins++;
+    }
+    free(count);
+    chi_result res = {.chi2 = chi2, .dof = bins - 1};
+    double k = res.dof, z = 3.719;  // z of 1 - 1e-4
+    double t = 1.0 - 2.0 / (9.0 * k) + z * sqrt(2.0 / (9.0 * k));
+    res.limit = k * t * t * t;
+    return res;
+}
+
+typedef struct chi_fixture {
+    tri_model *target, *draft;
+} chi_fixture;
+
+// tag: distinct per test, since Criterion runs tests in parallel and a model rewritten under
+// another test's mapping would crash it.
+static chi_fixture chi_models(const char *tag) {
+    const char *shape = "--vocab 270 --embd 32 --ff 64 --heads 2 --kv-heads 1 --head-dim 16 --dtype f32";
+    char opts[256], name[64];
+    chi_fixture f;
+    snprintf(opts, sizeof opts, "%s --layers 2 --seed 51", shape);
+    snprintf(name, sizeof name, "%s-t", tag);
+    f.target = load(gen_model(name, opts));
+    snprintf(opts, sizeof opts, "%s --layers 1 --seed 52", shape);
+    snprintf(name, sizeof name, "%s-d", tag);
+    f.draft = load(gen_model(name, opts));
+    return f;
+}
+
+static chi_result chi_check(const chi_fixture *f, tri_spec_mode mode, tri_spec_drafter drafter,
+                            tri__spec_rule rule, const tri_sampler_params *sp, const double *joint) {
+    drafter_case d = {"", drafter, drafter == TRI_SPEC_DRAFTER_MODEL ? f->draft : NULL, NULL, 0, 2};
+    tri_spec_params p = params_of(mode, &d, 2, 3);
+    tri_spec *s = spec_new(f->target, &p, 32);
+    tri__spec_set_rule(s, rule);
+    chi_result r = chi_square(s, sp, joint, CHI_V);
+    tri_spec_free(s);
+    return r;
+}
+
+Test(spec, sampling_follows_the_target_distribution, .timeout = 120) {
+    chi_fixture f = chi_models("chi-exact");
+    tri_sampler_params sps[2] = {tri_sampler_default_params(), tri_sampler_default_params()};
+    sps[0].temperature = 0.6f;
+    sps[0].top_p = 0.9f;
+    sps[1].temperature = 1.0f;
+    sps[1].top_p = 0.95f;
+    sps[1].top_k = 100;
+    struct {
+        tri_spec_mode mode;
+        tri_spec_drafter drafter;
+    } cases[] = {
+        {TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_MODEL},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_MODEL},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_NGRAM},
+    };
+    for (int t = 0; t < 2; t++) {
+        double *joint = exact_joint(f.target, &sps[t]);
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            sps[t].seed = 17 + c;
+            chi_result r = chi_check(&f, cases[c].mode, cases[c].drafter, TRI_SPEC_RULE_EXACT, &sps[t], joint);
+            cr_log_info("T %.1f %s/%d: chi2 %.1f, %d dof, limit %.1f", (double)sps[t].temperature,
+                        mode_name(cases[c].mode), (int)cases[c].drafter, r.chi2, r.dof, r.limit);
+            cr_assert(r.chi2 < r.limit, "T %.1f mode %s drafter %d: chi2 %.1f over %d dof > %.1f",
+                      (double)sps[t].temperature, mode_name(cases[c].mode), (int)cases[c].drafter, r.chi2,
+                      r.dof, r.limit);
+        }
+        free(joint);
+    }
+    tri_model_free(f.draft);
+    tri_model_free(f.target);
+}
+
+// The same test catches the broken rules: drawing from p after a rejection (TriForce's reference
+// code), at L3 directly and at L2 inside the hierarchy, and handing L3 the residual / p depending
+// on L2's branch.
+Test(spec, sampling_test_catches_broken_rules, .timeout = 120) {
+    chi_fixture f = chi_models("chi-broken");
+    tri_sampler_params sp = tri_sampler_default_params();
+    sp.temperature = 1.0f;
+    sp.top_p = 0.95f;
+    sp.seed = 5;
+    double *joint = exact_joint(f.target, &sp);
+    struct {
+        tri_spec_mode mode;
+        tri__spec_rule rule;
+    } cases[] = {
+        {TRI_SPEC_MODE_DRAFT, TRI_SPEC_RULE_RESAMPLE_FROM_P},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_RULE_RESAMPLE_FROM_P},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_RULE_BRANCH_Q},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        chi_result r = chi_check(&f, cases[c].mode, TRI_SPEC_DRAFTER_MODEL, cases[c].rule, &sp, joint);
+        cr_log_info("broken rule %d in %s: chi2 %.1f, %d dof, limit %.1f", (int)cases[c].rule,
+                    mode_name(cases[c].mode), r.chi2, r.dof, r.limit);
+        cr_assert(r.chi2 > r.limit, "rule %d in %s went unnoticed: chi2 %.1f over %d dof <= %.1f",
+                  (int)cases[c].rule, mode_name(cases[c].mode), r.chi2, r.dof, r.limit);
+    }
+    free(joint);
+    tri_model_free(f.draft);
+    tri_model_free(f.target);
+}
+
+// ---- SmolLM2, when installed ----
+
+Test(spec, smollm2_greedy_self_draft_and_ngram, .timeout = 300) {
+    const char *path = getenv("TRI_TEST_MODEL");
+    if (!path || !*path) cr_skip_test("TRI_TEST_MODEL is not set");
+    tri_model *target = load(path);
+    // ids of a repetitive English-like passage (no tokenizer needed: any ids do)
+    static const int32_t prompt[24] = {504, 2365, 282, 260, 1345, 30, 504, 2365, 282, 260, 1345, 30,
+                                       504, 2365, 282, 260, 1345, 30, 504, 2365, 282, 260, 1345, 30};
+    static int32_t half[15];
+    for (int i = 0; i < 15; i++) half[i] = 2 * i;
+    drafter_case drafters[] = {
+        {"layers-even", TRI_SPEC_DRAFTER_LAYERS, NULL, half, 15, 0},
+        {"ngram-3", TRI_SPEC_DRAFTER_NGRAM, NULL, NULL, 0, 3},
+    };
+    int32_t want[16], got[16];
+    plain_greedy(target, prompt, 24, 16, 64, want);
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = 16;
+    gp.stop_at_eos = false;
+    tri_spec_mode modes[] = {TRI_SPEC_MODE_DRAFT, TRI_SPEC_MODE_TRIFORCE};
+    for (int mi = 0; mi < 2; mi++) {
+        for (int di = 0; di < 2; di++) {
+            tri_spec_params p = params_of(modes[mi], &drafters[di], 2, 4);
+            tri_spec *s = spec_new(target, &p, 64);
+            collect c = {got, 0, 16};
+            tri_spec_stats st;
+            cr_assert_eq(tri_generate_spec(s, prompt, 24, &gp, on_token, &c, &st), TRI_STATUS_OK, "%s",
+                         tri_last_error());
+            for (int i = 0; i < 16; i++)
+                cr_assert_eq(got[i], want[i], "SmolLM2 %s/%s: token %d is %d, plain %d", mode_name(modes[mi]),
+                             drafters[di].name, i, got[i], want[i]);
+            cr_log_info("SmolLM2 %s/%s: L1 %lld/%lld accepted, %lld L3 passes for 16 tokens", mode_name(modes[mi]),
+                        drafters[di].name, (long long)st.l1_accepted, (long long)st.l1_proposed,
+                        (long long)st.n_l3_verify);
+            tri_spec_free(s);
+        }
+    }
+    tri_model_free(target);
+}
