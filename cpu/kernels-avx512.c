@@ -284,13 +284,13 @@ AVX512 static inline __attribute__((always_inline)) void acc_tile(float *acc, in
                                                                   const char *v, int64_t vs, int64_t nk, int64_t d0,
                                                                   __mmask16 mlast, const int MR, const int NV,
                                                                   const int kind) {
-    __m512 a[TRI_CPU_TILE_M][4];
-    __mmask16 mk[4];
+    __m512 a[TRI_CPU_TILE_M][8];
+    __mmask16 mk[8];
     for (int c = 0; c < NV; c++) mk[c] = c == NV - 1 ? mlast : (__mmask16)0xffff;
     for (int i = 0; i < MR; i++)
         for (int c = 0; c < NV; c++) a[i][c] = _mm512_maskz_loadu_ps(mk[c], acc + i * hd + d0 + 16 * c);
     for (int64_t j = 0; j < nk; j++) {
-        __m512 vv[4];
+        __m512 vv[8];
         for (int c = 0; c < NV; c++) vv[c] = load_w(v + j * vs, d0 + 16 * c, mk[c], kind);
         for (int i = 0; i < MR; i++) {
             __m512 pb = _mm512_set1_ps(p[i * ldp + j]);
@@ -302,6 +302,13 @@ AVX512 static inline __attribute__((always_inline)) void acc_tile(float *acc, in
 }
 
 #define ACC_BODY(MR, NV) acc_tile(acc + i * hd, hd, p + i * ldp, ldp, vb, vs, nk, d0, mlast, MR, NV, kind)
+#define ACC_WIDE(MR)                   \
+    switch (nv) {                      \
+    case 5: ACC_BODY(MR, 5); break;    \
+    case 6: ACC_BODY(MR, 6); break;    \
+    case 7: ACC_BODY(MR, 7); break;    \
+    default: ACC_BODY(MR, 8); break;   \
+    }
 
 AVX512 static inline __attribute__((always_inline)) void attn_accum(float *acc, const float *p, int64_t ldp, int64_t r,
                                                                     const void *v, int64_t vs, int64_t nk, int64_t hd,
@@ -309,10 +316,19 @@ AVX512 static inline __attribute__((always_inline)) void attn_accum(float *acc, 
     const char *vb = v;
     for (int64_t i = 0; i < r; i += TRI_CPU_TILE_M) {
         int64_t mr = r - i < TRI_CPU_TILE_M ? r - i : TRI_CPU_TILE_M;
-        for (int64_t d0 = 0; d0 < hd; d0 += 64) {
-            int64_t nd = hd - d0 < 64 ? hd - d0 : 64, nv = (nd + 15) / 16;
+        // one or two rows (decode without grouping): up to 128 dims at once, so each value row is
+        // read whole in one pass (the hardware prefetcher streams it) rather than half per pass
+        int64_t width = mr <= 2 ? 128 : 64;
+        for (int64_t d0 = 0; d0 < hd; d0 += width) {
+            int64_t nd = hd - d0 < width ? hd - d0 : width, nv = (nd + 15) / 16;
             __mmask16 mlast = nd % 16 ? tail_mask(nd % 16) : (__mmask16)0xffff;
-            TRI_CPU_TILE_DISPATCH(mr, nv, ACC_BODY)
+            if (nv <= 4) {
+                TRI_CPU_TILE_DISPATCH(mr, nv, ACC_BODY)
+            } else if (mr == 1) {
+                ACC_WIDE(1)
+            } else {
+                ACC_WIDE(2)
+            }
         }
     }
 }

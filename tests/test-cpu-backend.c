@@ -826,6 +826,7 @@ Test(cpu_backend, attention_queries_1_to_17_every_level) {
             for (int64_t m = 1; m <= 17; m += m < 4 ? 1 : 4) {
                 check_attention_case(be, lvl, t, (attn_case){6, 2, 40, m, 700, 3, true, false, m == 5});
                 check_attention_case(be, lvl, t, (attn_case){3, 3, 20, m, 300, 0, false, false, false});
+                check_attention_case(be, lvl, t, (attn_case){2, 2, 100, m, 260, 1, true, false, false});  // wide rows
             }
     });
 }
