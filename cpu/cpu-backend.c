@@ -1,8 +1,8 @@
 // cpu-backend.c - the CPU backend: the reference implementation of every op in backend.h.
 //
 // Threads: a persistent pool (cpu-pool.h) over tasks of rows of W (matmul), rows (norms, RoPE)
-// and (KV head, query block, key range) triples (attention); ops too small to pay for waking the workers run on the
-// calling thread.
+// and (KV head, query block, key range) triples (attention); ops too small to pay for waking the
+// workers run on the calling thread.
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>

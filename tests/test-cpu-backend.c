@@ -776,8 +776,10 @@ static void check_attention_case(tri__backend *be, int lvl, tri_dtype type, attn
     }
     int64_t *cuts = calloc((size_t)(ac.n_cuts + 1), sizeof(int64_t));
     for (int p = 0; p < ac.n_cuts; p++) cuts[p] = 1 + (nk - 2) * (p + 1) / (ac.n_cuts + 1);
-    tri__kv_span *spans = malloc(sizeof(tri__kv_span) * (size_t)(nkv * (ac.n_cuts + 1))), *one = malloc(sizeof(tri__kv_span) * (size_t)nkv);
-    int32_t *head_span = malloc(sizeof(int32_t) * (size_t)(nkv + 1)), *head_one = malloc(sizeof(int32_t) * (size_t)(nkv + 1));
+    tri__kv_span *spans = malloc(sizeof(tri__kv_span) * (size_t)(nkv * (ac.n_cuts + 1)));
+    tri__kv_span *one = malloc(sizeof(tri__kv_span) * (size_t)nkv);
+    int32_t *head_span = malloc(sizeof(int32_t) * (size_t)(nkv + 1));
+    int32_t *head_one = malloc(sizeof(int32_t) * (size_t)(nkv + 1));
     tri__kv_view view, whole;
     cache_view(&c, cuts, ac.n_cuts, spans, head_span, &view);
     cache_view(&c, NULL, 0, one, head_one, &whole);
