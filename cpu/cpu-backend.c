@@ -514,6 +514,7 @@ static tri_status cpu_top_k(tri__backend *be, float *values, int32_t *indices, c
 #define ATTN_TILE 128      // keys per block: bounds the scratch whatever the context length
 #define ATTN_ROWS 64       // (query, head) rows per task at most: the block of queries is 64 / g
 #define ATTN_MIN_SPLIT 512 // keys per task at least when a head's keys are split
+#define ATTN_TASKS 8       // tasks wanted at least (for up to 2-8 threads)
 
 static int32_t attn_key_pos(const tri__kv_span *sp, int64_t j) { return sp->pos ? sp->pos[j] : sp->pos0 + (int32_t)j; }
 
@@ -743,13 +744,15 @@ static tri_status cpu_attention(tri__backend *be, float *out, const float *q, co
     }
     int64_t g = n_head / nkv, qb = ATTN_ROWS / g < 1 ? 1 : ATTN_ROWS / g;
     qb = qb < m ? qb : (m < 1 ? 1 : m);
-    int64_t n_qb = (m + qb - 1) / qb, nt = be->n_threads < 1 ? 1 : be->n_threads;
+    int64_t n_qb = (m + qb - 1) / qb;
     // work: scores and value rows touched, n_keys counting every KV head's keys
     int64_t work = m * g * (n_keys + 1) * hd;
-    // split the keys when there are fewer (KV head, query block) tasks than 4 per thread
+    // split the keys when there are fewer than ATTN_TASKS (KV head, query block) pairs. Not
+    // from the thread count: the result must not depend on it (greedy decoding is compared
+    // across thread counts), and the merge costs little on one thread.
     int64_t n_split = 1;
-    if (nt > 1 && work >= CPU_MIN_PARALLEL_WORK && nkv * n_qb < 4 * nt) {
-        n_split = 4 * nt / (nkv * n_qb);
+    if (nkv * n_qb < ATTN_TASKS) {
+        n_split = ATTN_TASKS / (nkv * n_qb);
         if (n_split > max_keys / ATTN_MIN_SPLIT) n_split = max_keys / ATTN_MIN_SPLIT;
         if (n_split < 1) n_split = 1;
     }
