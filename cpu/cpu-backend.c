@@ -1,8 +1,8 @@
 // cpu-backend.c - the CPU backend: the reference implementation of every op in backend.h.
 //
 // Threads: a persistent pool (cpu-pool.h) over tasks of rows of W (matmul), rows (norms, RoPE)
-// and (KV head, query) pairs (attention); ops too small to pay for waking the workers run on the
-// calling thread.
+// and (KV head, query block, key range) triples (attention); ops too small to pay for waking the
+// workers run on the calling thread.
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -502,79 +502,26 @@ static tri_status cpu_top_k(tri__backend *be, float *values, int32_t *indices, c
 }
 
 // ---- attention ----
+//
+// Flash-attention style. A task is (KV head h, block of queries, range of the head's keys in span
+// order): its rows are the block's queries times the g query heads of the group, so every key and
+// value row loaded serves all of them (the kernels' tiles). It walks its keys in blocks of
+// ATTN_TILE: scores of all rows against the block, the causal mask, an online-softmax step per row,
+// then the values. When a head's keys are split over several tasks (decode: few KV heads, many
+// keys, several threads), each task leaves its rows' partial (max, sum, accumulator) and a merge
+// combines them: out = sum_c acc_c e^(max_c - M) / sum_c sum_c e^(max_c - M), M = max_c max_c.
 
-#define ATTN_TILE 128  // keys scored at once: bounds the scratch whatever the context length
-
-// Scratch of one thread: scores (group, ATTN_TILE), accumulators (group, head_dim), running max
-// and sum (group).
-typedef struct attn_scratch {
-    float *scores, *acc, *mx, *sum;
-} attn_scratch;
+#define ATTN_TILE 128      // keys per block: bounds the scratch whatever the context length
+#define ATTN_ROWS 64       // (query, head) rows per task at most: the block of queries is 64 / g
+#define ATTN_MIN_SPLIT 512 // keys per task at least when a head's keys are split
+#define ATTN_TASKS 8       // tasks wanted at least (for up to 2-8 threads)
 
 static int32_t attn_key_pos(const tri__kv_span *sp, int64_t j) { return sp->pos ? sp->pos[j] : sp->pos0 + (int32_t)j; }
-
-// Number of leading rows of sp to scan for a query at qpos: all of them with explicit positions
-// (masked one by one), else only those at or before qpos.
-static int64_t attn_span_scan(const tri__kv_span *sp, int32_t qpos) {
-    if (sp->pos) return sp->n;
-    int64_t vis = (int64_t)qpos - sp->pos0 + 1;
-    return vis < 0 ? 0 : vis > sp->n ? sp->n : vis;
-}
 
 static float attn_dot(const tri__cpu_kernels *kr, tri_dtype t, const float *q, const void *rows, int64_t j,
                       int64_t stride, int64_t hd) {
     if (t == TRI_DTYPE_F16) return kr->dot_f16(q, (const uint16_t *)rows + j * stride, hd);
     return kr->dot_f32(q, (const float *)rows + j * stride, hd);
-}
-
-// One query i against KV head h for the g query heads of its group: out, and the running max and
-// sum of each head (for the weight sums).
-static void attn_one(const tri__cpu_kernels *kr, const tri__kv_view *kv, int64_t h, const float *q, int32_t qpos,
-                     int64_t g, int64_t hd, float scale, float *out, attn_scratch *s) {
-    for (int64_t a = 0; a < g; a++) {
-        s->mx[a] = -INFINITY;
-        s->sum[a] = 0;
-        memset(s->acc + a * hd, 0, sizeof(float) * (size_t)hd);
-    }
-    for (int32_t si = kv->head_span[h]; si < kv->head_span[h + 1]; si++) {
-        const tri__kv_span *sp = &kv->spans[si];
-        int64_t scan = attn_span_scan(sp, qpos);
-        for (int64_t j0 = 0; j0 < scan; j0 += ATTN_TILE) {
-            int64_t nk = scan - j0 < ATTN_TILE ? scan - j0 : ATTN_TILE;
-            for (int64_t a = 0; a < g; a++) {
-                float *sc = s->scores + a * ATTN_TILE;
-                float tmax = -INFINITY;
-                for (int64_t j = 0; j < nk; j++) {
-                    if (attn_key_pos(sp, j0 + j) > qpos) {
-                        sc[j] = -INFINITY;
-                        continue;
-                    }
-                    sc[j] = attn_dot(kr, kv->type, q + a * hd, sp->k, j0 + j, sp->stride, hd) * scale;
-                    tmax = fmaxf(tmax, sc[j]);
-                }
-                if (tmax == -INFINITY) continue;  // the whole tile is masked for this head
-                float mnew = fmaxf(s->mx[a], tmax);
-                float c = expf(s->mx[a] - mnew);  // rescales what was accumulated (0 the first time)
-                s->sum[a] *= c;
-                float *acc = s->acc + a * hd;
-                for (int64_t j = 0; j < nk; j++) {
-                    if (sc[j] == -INFINITY) continue;
-                    float p = expf(sc[j] - mnew);
-                    s->sum[a] += p;
-                    if (kv->type == TRI_DTYPE_F16)
-                        kr->axpby_f16(acc, c, p, (const uint16_t *)sp->v + (j0 + j) * sp->stride, hd);
-                    else
-                        kr->axpby_f32(acc, c, p, (const float *)sp->v + (j0 + j) * sp->stride, hd);
-                    c = 1.0f;  // the rescale rides on the tile's first visible key (there is one)
-                }
-                s->mx[a] = mnew;
-            }
-        }
-    }
-    for (int64_t a = 0; a < g; a++) {
-        float inv = s->sum[a] > 0 ? 1.0f / s->sum[a] : 0.0f;
-        for (int64_t d = 0; d < hd; d++) out[a * hd + d] = s->acc[a * hd + d] * inv;
-    }
 }
 
 typedef struct attn_job {
@@ -584,32 +531,157 @@ typedef struct attn_job {
     const int32_t *q_pos;
     int64_t m, n_head, hd, g;
     const tri__kv_view *kv;
-    float *weight_sums, *stats;
+    float *weight_sums;
+    float *stats;  // NULL, or (m, n_head, 2) each row's final max and sum (for the weight sums)
     float scale;
-    bool oom;  // a range could not allocate its scratch
+    int64_t qb, n_qb;         // queries per block, blocks
+    int64_t n_split;          // key ranges per (KV head, query block)
+    const int64_t *head_keys; // (n_head_kv) keys of each head
+    float *part;              // n_split > 1: (n_head_kv, n_qb, n_split, qb * g, hd + 2) partial
+                              // accumulator, max, sum of each row
+    bool oom;                 // a range could not allocate its scratch
 } attn_job;
 
-// (KV head, query) tasks t0 .. t1 - 1 with one scratch.
-static void attn_tasks(void *arg, int64_t t0, int64_t t1) {
-    attn_job *j = arg;
-    int64_t g = j->g, hd = j->hd, nkv = j->kv->n_head_kv, n_head = j->n_head;
-    float *base = malloc(sizeof(float) * (size_t)(g * ATTN_TILE + g * hd + 2 * g));
-    if (!base) {
-        j->oom = true;  // benign race: every writer stores true
+// Scratch of one thread: packed scaled queries (rows, hd), scores (rows, ATTN_TILE), accumulators
+// (rows, hd), running max and sum (rows).
+typedef struct attn_scratch {
+    float *q, *s, *acc, *mx, *sum;
+} attn_scratch;
+
+// Masks block scores s (rows, ATTN_TILE) of keys j0 .. j0 + nk of span sp for the queries i0 ..
+// i0 + nq that do not see all of them.
+static void attn_mask(const attn_job *jb, const tri__kv_span *sp, int64_t j0, int64_t nk, int32_t kp_max, int64_t i0,
+                      int64_t nq, float *s) {
+    for (int64_t qi = 0; qi < nq; qi++) {
+        int32_t qp = jb->q_pos[i0 + qi];
+        if (qp >= kp_max) continue;
+        for (int64_t a = 0; a < jb->g; a++) {
+            float *row = s + (qi * jb->g + a) * ATTN_TILE;
+            if (!sp->pos) {  // keys before qp + 1 visible
+                int64_t vis = (int64_t)qp - (sp->pos0 + j0) + 1;
+                for (int64_t j = vis < 0 ? 0 : vis; j < nk; j++) row[j] = -INFINITY;
+            } else {
+                for (int64_t j = 0; j < nk; j++)
+                    if (sp->pos[j0 + j] > qp) row[j] = -INFINITY;
+            }
+        }
+    }
+}
+
+static void attn_task(attn_job *jb, int64_t t, attn_scratch *w) {
+    const tri__kv_view *kv = jb->kv;
+    const tri__cpu_kernels *kr = jb->kr;
+    int64_t c = t % jb->n_split, qbi = t / jb->n_split % jb->n_qb, h = t / jb->n_split / jb->n_qb;
+    int64_t g = jb->g, hd = jb->hd, i0 = qbi * jb->qb, nq = jb->m - i0 < jb->qb ? jb->m - i0 : jb->qb, rows = nq * g;
+    int32_t qmin = INT32_MAX, qmax = INT32_MIN;
+    for (int64_t qi = 0; qi < nq; qi++) {
+        int32_t qp = jb->q_pos[i0 + qi];
+        qmin = qp < qmin ? qp : qmin;
+        qmax = qp > qmax ? qp : qmax;
+        const float *src = jb->q + ((i0 + qi) * jb->n_head + h * g) * hd;  // the group's g heads, contiguous
+        for (int64_t e = 0; e < g * hd; e++) w->q[qi * g * hd + e] = src[e] * jb->scale;
+    }
+    for (int64_t r = 0; r < rows; r++) w->mx[r] = -INFINITY, w->sum[r] = 0;
+    memset(w->acc, 0, sizeof(float) * (size_t)(rows * hd));
+
+    // this task's keys: [k0, k1) of the head's keys in span order
+    int64_t nh = jb->head_keys[h], k0 = nh * c / jb->n_split, k1 = nh * (c + 1) / jb->n_split, off = 0;
+    for (int32_t si = kv->head_span[h]; si < kv->head_span[h + 1] && off < k1; si++) {
+        const tri__kv_span *sp = &kv->spans[si];
+        int64_t a = k0 - off > 0 ? k0 - off : 0, b = k1 - off < sp->n ? k1 - off : sp->n;
+        off += sp->n;
+        if (!sp->pos) {  // consecutive positions: no key past the last query's position
+            int64_t vis = (int64_t)qmax - sp->pos0 + 1;
+            b = vis < b ? vis : b;
+        }
+        for (int64_t j0 = a; j0 < b; j0 += ATTN_TILE) {
+            int64_t nk = b - j0 < ATTN_TILE ? b - j0 : ATTN_TILE;
+            int32_t kp_min = attn_key_pos(sp, j0), kp_max = attn_key_pos(sp, j0 + nk - 1);
+            if (sp->pos)
+                for (int64_t j = 0; j < nk; j++) {
+                    kp_min = sp->pos[j0 + j] < kp_min ? sp->pos[j0 + j] : kp_min;
+                    kp_max = sp->pos[j0 + j] > kp_max ? sp->pos[j0 + j] : kp_max;
+                }
+            if (kp_min > qmax) continue;  // no query sees any key of the block
+            if (kv->type == TRI_DTYPE_F16)
+                kr->attn_scores_f16(w->s, ATTN_TILE, w->q, rows, (const uint16_t *)sp->k + j0 * sp->stride, sp->stride,
+                                    nk, hd);
+            else
+                kr->attn_scores_f32(w->s, ATTN_TILE, w->q, rows, (const float *)sp->k + j0 * sp->stride, sp->stride,
+                                    nk, hd);
+            if (kp_max > qmin) attn_mask(jb, sp, j0, nk, kp_max, i0, nq, w->s);
+            for (int64_t r = 0; r < rows; r++) {
+                float f = kr->attn_softmax(w->s + r * ATTN_TILE, nk, &w->mx[r], &w->sum[r]);
+                if (f != 1.0f)
+                    for (int64_t e = 0; e < hd; e++) w->acc[r * hd + e] *= f;
+            }
+            if (kv->type == TRI_DTYPE_F16)
+                kr->attn_accum_f16(w->acc, w->s, ATTN_TILE, rows, (const uint16_t *)sp->v + j0 * sp->stride,
+                                   sp->stride, nk, hd);
+            else
+                kr->attn_accum_f32(w->acc, w->s, ATTN_TILE, rows, (const float *)sp->v + j0 * sp->stride, sp->stride,
+                                   nk, hd);
+        }
+    }
+
+    if (jb->n_split > 1) {  // leave the partial for attn_merge
+        float *p = jb->part + t * jb->qb * g * (hd + 2);
+        for (int64_t r = 0; r < rows; r++) {
+            memcpy(p + r * (hd + 2), w->acc + r * hd, sizeof(float) * (size_t)hd);
+            p[r * (hd + 2) + hd] = w->mx[r];
+            p[r * (hd + 2) + hd + 1] = w->sum[r];
+        }
         return;
     }
-    attn_scratch s = {base, base + g * ATTN_TILE, base + g * ATTN_TILE + g * hd, base + g * ATTN_TILE + g * hd + g};
-    for (int64_t t = t0; t < t1; t++) {
-        int64_t h = t % nkv, i = t / nkv;
-        int64_t off = (i * n_head + h * g) * hd;
-        attn_one(j->kr, j->kv, h, j->q + off, j->q_pos[i], g, hd, j->scale, j->out + off, &s);
-        if (j->stats)
-            for (int64_t a = 0; a < g; a++) {
-                j->stats[2 * (i * n_head + h * g + a)] = s.mx[a];
-                j->stats[2 * (i * n_head + h * g + a) + 1] = s.sum[a];
-            }
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t row = (i0 + r / g) * jb->n_head + h * g + r % g;  // (query, head) of the output
+        float inv = w->sum[r] > 0 ? 1.0f / w->sum[r] : 0.0f;      // a query that sees no key: zeros
+        for (int64_t e = 0; e < hd; e++) jb->out[row * hd + e] = w->acc[r * hd + e] * inv;
+        if (jb->stats) jb->stats[2 * row] = w->mx[r], jb->stats[2 * row + 1] = w->sum[r];
     }
+}
+
+// Tasks t0 .. t1 - 1 with one scratch.
+static void attn_tasks(void *arg, int64_t t0, int64_t t1) {
+    attn_job *jb = arg;
+    int64_t rows = jb->qb * jb->g, hd = jb->hd;
+    float *base = malloc(sizeof(float) * (size_t)(rows * (2 * hd + ATTN_TILE + 2)));
+    if (!base) {
+        jb->oom = true;  // benign race: every writer stores true
+        return;
+    }
+    attn_scratch w = {base, base + rows * hd, base + rows * (hd + ATTN_TILE), base + rows * (2 * hd + ATTN_TILE),
+                      base + rows * (2 * hd + ATTN_TILE + 1)};
+    for (int64_t t = t0; t < t1; t++) attn_task(jb, t, &w);
     free(base);
+}
+
+// Combines the n_split partials of (KV head, query block) pairs u0 .. u1 - 1.
+static void attn_merge(void *arg, int64_t u0, int64_t u1) {
+    const attn_job *jb = arg;
+    int64_t g = jb->g, hd = jb->hd, ns = jb->n_split, prow = jb->qb * g * (hd + 2);
+    for (int64_t u = u0; u < u1; u++) {
+        int64_t qbi = u % jb->n_qb, h = u / jb->n_qb, i0 = qbi * jb->qb;
+        int64_t nq = jb->m - i0 < jb->qb ? jb->m - i0 : jb->qb;
+        const float *part = jb->part + u * ns * prow;
+        for (int64_t r = 0; r < nq * g; r++) {
+            float mx = -INFINITY, sum = 0;
+            for (int64_t c = 0; c < ns; c++) mx = fmaxf(mx, part[c * prow + r * (hd + 2) + hd]);
+            int64_t row = (i0 + r / g) * jb->n_head + h * g + r % g;
+            float *o = jb->out + row * hd;
+            memset(o, 0, sizeof(float) * (size_t)hd);
+            for (int64_t c = 0; c < ns && mx > -INFINITY; c++) {
+                const float *p = part + c * prow + r * (hd + 2);
+                if (p[hd] == -INFINITY) continue;  // this range held no visible key
+                float f = expf(p[hd] - mx);
+                sum += p[hd + 1] * f;
+                for (int64_t e = 0; e < hd; e++) o[e] += p[e] * f;
+            }
+            float inv = sum > 0 ? 1.0f / sum : 0.0f;
+            for (int64_t e = 0; e < hd; e++) o[e] *= inv;
+            if (jb->stats) jb->stats[2 * row] = mx, jb->stats[2 * row + 1] = sum;
+        }
+    }
 }
 
 // The weight sums' second pass for KV heads h0 .. h1 - 1 (so no two threads write the same sum):
@@ -658,17 +730,40 @@ static tri_status cpu_attention(tri__backend *be, float *out, const float *q, co
                              kv->spans[si].n, (long long)kv->spans[si].stride);
         n_keys += kv->spans[si].n;
     }
+    int64_t *head_keys = malloc(sizeof(int64_t) * (size_t)nkv), max_keys = 0;
     // running max and sum of every (query, head), for the weight sums' second pass
     float *stats = weight_sums ? malloc(sizeof(float) * 2 * (size_t)(m * n_head)) : NULL;
-    if (weight_sums && !stats)
+    if (!head_keys || (weight_sums && !stats)) {
+        free(head_keys), free(stats);
         return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu attention: statistics of %lld queries", (long long)m);
-    attn_job j = {st->kr, out, q, q_pos, m, n_head, hd, n_head / nkv, kv, weight_sums, stats,
-                  1.0f / sqrtf((float)hd), false};
+    }
+    for (int64_t h = 0; h < nkv; h++) {
+        head_keys[h] = 0;
+        for (int32_t si = kv->head_span[h]; si < kv->head_span[h + 1]; si++) head_keys[h] += kv->spans[si].n;
+        max_keys = head_keys[h] > max_keys ? head_keys[h] : max_keys;
+    }
+    int64_t g = n_head / nkv, qb = ATTN_ROWS / g < 1 ? 1 : ATTN_ROWS / g;
+    qb = qb < m ? qb : (m < 1 ? 1 : m);
+    int64_t n_qb = (m + qb - 1) / qb;
     // work: scores and value rows touched, n_keys counting every KV head's keys
-    int64_t work = m * (n_head / nkv) * (n_keys + 1) * hd;
-    cpu_parallel(be, nkv * m, 1, work, attn_tasks, &j);
+    int64_t work = m * g * (n_keys + 1) * hd;
+    // split the keys when there are fewer than ATTN_TASKS (KV head, query block) pairs. Not
+    // from the thread count: the result must not depend on it (greedy decoding is compared
+    // across thread counts), and the merge costs little on one thread.
+    int64_t n_split = 1;
+    if (nkv * n_qb < ATTN_TASKS) {
+        n_split = ATTN_TASKS / (nkv * n_qb);
+        if (n_split > max_keys / ATTN_MIN_SPLIT) n_split = max_keys / ATTN_MIN_SPLIT;
+        if (n_split < 1) n_split = 1;
+    }
+    float *part = n_split > 1 ? malloc(sizeof(float) * (size_t)(nkv * n_qb * n_split * qb * g * (hd + 2))) : NULL;
+    if (n_split > 1 && !part) n_split = 1;  // the unsplit path needs no partials
+    attn_job j = {st->kr, out, q, q_pos, m, n_head, hd, g, kv, weight_sums, stats, 1.0f / sqrtf((float)hd),
+                  qb, n_qb, n_split, head_keys, part, false};
+    if (m > 0) cpu_parallel(be, nkv * n_qb * n_split, 1, work, attn_tasks, &j);
+    if (!j.oom && n_split > 1) attn_merge(&j, 0, nkv * n_qb);
     if (!j.oom && weight_sums) cpu_parallel(be, nkv, 1, work, attn_weight_sums, &j);
-    free(stats);
+    free(stats), free(part), free(head_keys);
     if (j.oom) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu attention: scratch");
     return TRI_STATUS_OK;
 }

@@ -51,6 +51,25 @@ typedef struct tri__cpu_kernels {
     // online-softmax rescale c folded in); v f32 or f16.
     void (*axpby_f32)(float *y, float c, float a, const float *v, int64_t n);
     void (*axpby_f16)(float *y, float c, float a, const uint16_t *v, int64_t n);
+
+    // ---- attention over a block of keys (see cpu_attention) ----
+    // Scores: s[i * lds + j] = q_i . k_j for i < r, j < nk; q (r, hd) f32, K rows stride elements
+    // apart. Each loaded key vector serves several rows of q.
+    void (*attn_scores_f32)(float *s, int64_t lds, const float *q, int64_t r, const float *k, int64_t stride,
+                            int64_t nk, int64_t hd);
+    void (*attn_scores_f16)(float *s, int64_t lds, const float *q, int64_t r, const uint16_t *k, int64_t stride,
+                            int64_t nk, int64_t hd);
+    // One online-softmax step over a row of n scores (-inf = masked): m' = max(*mx, max s),
+    // s[j] = exp(s[j] - m'), *sum = *sum * exp(*mx - m') + sum_j s[j], *mx = m'; returns
+    // exp(old *mx - m'), the factor the row's accumulator must be scaled by (0 the first time).
+    // When every score so far is -inf: s = 0, *mx and *sum unchanged, returns 1.
+    float (*attn_softmax)(float *s, int64_t n, float *mx, float *sum);
+    // Values: acc[i * hd + d] += sum_j p[i * ldp + j] * v_j[d] for i < r, d < hd, j < nk; V rows
+    // stride elements apart. Each loaded value vector serves several rows.
+    void (*attn_accum_f32)(float *acc, const float *p, int64_t ldp, int64_t r, const float *v, int64_t stride,
+                           int64_t nk, int64_t hd);
+    void (*attn_accum_f16)(float *acc, const float *p, int64_t ldp, int64_t r, const uint16_t *v, int64_t stride,
+                           int64_t nk, int64_t hd);
 } tri__cpu_kernels;
 
 extern const tri__cpu_kernels tri__cpu_kernels_scalar;

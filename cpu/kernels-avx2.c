@@ -1,4 +1,6 @@
 // kernels-avx2.c - AVX2 + FMA + F16C inner loops (8 floats per register).
+#include <math.h>
+
 #include "cpu-kernels.h"
 
 #if TRI_CPU_X86
@@ -247,6 +249,121 @@ AVX2 static void axpby_f16(float *y, float c, float a, const uint16_t *v, int64_
     for (; i < n; i++) y[i] = y[i] * c + a * _cvtsh_ss(v[i]);
 }
 
+// ---- attention ----
+
+// Scores through the matmul tiles: q rows are x (hd apart), key rows are W.
+AVX2 static void attn_scores_f32(float *s, int64_t lds, const float *q, int64_t r, const float *k, int64_t stride,
+                                 int64_t nk, int64_t hd) {
+    for (int64_t i = 0; i < r; i += TRI_CPU_TILE_M)
+        for (int64_t j = 0; j < nk; j += 2)
+            tile_f32(s + i * lds + j, lds, q + i * hd, r - i < TRI_CPU_TILE_M ? r - i : TRI_CPU_TILE_M,
+                     k + j * stride, stride * 4, nk - j < 2 ? nk - j : 2, hd);
+}
+
+AVX2 static void attn_scores_f16(float *s, int64_t lds, const float *q, int64_t r, const uint16_t *k, int64_t stride,
+                                 int64_t nk, int64_t hd) {
+    for (int64_t i = 0; i < r; i += TRI_CPU_TILE_M)
+        for (int64_t j = 0; j < nk; j += 2)
+            tile_f16(s + i * lds + j, lds, q + i * hd, r - i < TRI_CPU_TILE_M ? r - i : TRI_CPU_TILE_M,
+                     k + j * stride, stride * 2, nk - j < 2 ? nk - j : 2, hd);
+}
+
+// exp(x) for x <= 0 (-inf included), 0 below -87: Cephes' expf polynomial on x - n ln 2, times
+// 2^n built in the exponent field (n >= -126 after the clamp, so always a normal number).
+AVX2 static inline __m256 exp_neg(__m256 x) {
+    __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(live, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+AVX2 static float attn_softmax(float *s, int64_t n, float *mx, float *sum) {
+    __m256 vm = _mm256_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + j));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float m = fmaxf(*mx, _mm_cvtss_f32(h));
+    for (int64_t t = j; t < n; t++) m = fmaxf(m, s[t]);
+    if (m == -INFINITY) {
+        for (int64_t t = 0; t < n; t++) s[t] = 0;
+        return 1.0f;
+    }
+    __m256 vmax = _mm256_set1_ps(m), vs = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= n; j += 8) {
+        __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmax));
+        _mm256_storeu_ps(s + j, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    float t = hsum(vs);
+    for (; j < n; j++) t += s[j] = expf(s[j] - m);
+    float c = expf(*mx - m);
+    *sum = *sum * c + t;
+    *mx = m;
+    return c;
+}
+
+// acc rows i < MR, dims d0 .. d0 + 8 NV += p @ V over nk keys; 8 accumulators of 16 registers.
+AVX2 static inline __attribute__((always_inline)) void acc_tile(float *acc, int64_t hd, const float *p, int64_t ldp,
+                                                                const char *v, int64_t vs, int64_t nk, int64_t d0,
+                                                                const int MR, const int NV, const int kind) {
+    __m256 a[TRI_CPU_TILE_M][2];
+    for (int i = 0; i < MR; i++)
+        for (int c = 0; c < NV; c++) a[i][c] = _mm256_loadu_ps(acc + i * hd + d0 + 8 * c);
+    for (int64_t j = 0; j < nk; j++) {
+        __m256 vv[2];
+        for (int c = 0; c < NV; c++) vv[c] = load_w(v + j * vs, d0 + 8 * c, kind);
+        for (int i = 0; i < MR; i++) {
+            __m256 pb = _mm256_broadcast_ss(p + i * ldp + j);
+            for (int c = 0; c < NV; c++) a[i][c] = _mm256_fmadd_ps(pb, vv[c], a[i][c]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int c = 0; c < NV; c++) _mm256_storeu_ps(acc + i * hd + d0 + 8 * c, a[i][c]);
+}
+
+// (nv <= 2: the dispatch instantiates 3 and 4 too, clamped to 2)
+#define ACC_BODY(MR, NV) acc_tile(acc + i * hd, hd, p + i * ldp, ldp, vb, vs, nk, d0, MR, NV > 2 ? 2 : NV, kind)
+
+AVX2 static inline __attribute__((always_inline)) void attn_accum(float *acc, const float *p, int64_t ldp, int64_t r,
+                                                                  const void *v, int64_t vs, int64_t nk, int64_t hd,
+                                                                  const int kind) {
+    const char *vb = v;
+    int64_t hd8 = hd / 8 * 8;
+    for (int64_t i = 0; i < r; i += TRI_CPU_TILE_M) {
+        int64_t mr = r - i < TRI_CPU_TILE_M ? r - i : TRI_CPU_TILE_M;
+        for (int64_t d0 = 0; d0 < hd8; d0 += 16) {
+            int64_t nv = hd8 - d0 < 16 ? 1 : 2;
+            TRI_CPU_TILE_DISPATCH(mr, nv, ACC_BODY)
+        }
+        for (int64_t ii = i; ii < i + mr; ii++)  // dims past the last multiple of 8
+            for (int64_t j = 0; j < nk; j++)
+                for (int64_t d = hd8; d < hd; d++) acc[ii * hd + d] += p[ii * ldp + j] * w_elem(vb + j * vs, d, kind);
+    }
+}
+
+AVX2 static void attn_accum_f32(float *acc, const float *p, int64_t ldp, int64_t r, const float *v, int64_t stride,
+                                int64_t nk, int64_t hd) {
+    attn_accum(acc, p, ldp, r, v, stride * 4, nk, hd, 0);
+}
+
+AVX2 static void attn_accum_f16(float *acc, const float *p, int64_t ldp, int64_t r, const uint16_t *v, int64_t stride,
+                                int64_t nk, int64_t hd) {
+    attn_accum(acc, p, ldp, r, v, stride * 2, nk, hd, 1);
+}
+
 const tri__cpu_kernels tri__cpu_kernels_avx2 = {
     .tile_f32 = tile_f32,
     .tile_f16 = tile_f16,
@@ -260,5 +377,10 @@ const tri__cpu_kernels tri__cpu_kernels_avx2 = {
     .dot_f16 = dot_f16,
     .axpby_f32 = axpby_f32,
     .axpby_f16 = axpby_f16,
+    .attn_scores_f32 = attn_scores_f32,
+    .attn_scores_f16 = attn_scores_f16,
+    .attn_softmax = attn_softmax,
+    .attn_accum_f32 = attn_accum_f32,
+    .attn_accum_f16 = attn_accum_f16,
 };
 #endif  // TRI_CPU_X86

@@ -1,5 +1,6 @@
 // kernels-avx512.c - AVX-512 inner loops (16 floats per register, masked tails; two quantized
 // blocks per register), with a second set of quantized tiles for CPUs with AVX-512 VNNI.
+#include <math.h>
 #include <string.h>
 
 #include "cpu-kernels.h"
@@ -171,6 +172,177 @@ AVX512 static void axpby_f16(float *y, float c, float a, const uint16_t *v, int6
     }
 }
 
+// ---- attention ----
+
+// The sums of a0 .. a3 in lanes 0 .. 3: two shuffle-and-add rounds fold each vector to 4 lanes,
+// one 128-bit lane per vector, then two in-lane rounds (4 sums for about 14 instructions, where 4
+// separate reductions take about 32).
+AVX512 static inline __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    __m512 t01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xee));
+    __m512 t23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xee));
+    __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(t01, t23, 0x88), _mm512_shuffle_f32x4(t01, t23, 0xdd));
+    u = _mm512_add_ps(u, _mm512_shuffle_ps(u, u, 0xb1));  // (x0 + x1, x0 + x1, x2 + x3, x2 + x3)
+    u = _mm512_add_ps(u, _mm512_shuffle_ps(u, u, 0x4e));  // every lane: the lane's total
+    const __m512i first = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(first, u));
+}
+
+// Scores of MR rows of q against NR keys (f32 or f16 rows ks bytes apart).
+AVX512 static inline __attribute__((always_inline)) void sc_tile(float *s, int64_t lds, const float *q, int64_t hd,
+                                                                 const char *k, int64_t ks, const int MR, const int NR,
+                                                                 const int kind) {
+    __m512 acc[TRI_CPU_TILE_M][4];
+    for (int i = 0; i < MR; i++)
+        for (int c = 0; c < 4; c++) acc[i][c] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; d += 16) {
+        __mmask16 m = d + 16 <= hd ? (__mmask16)0xffff : tail_mask(hd - d);
+        __m512 kv[4];
+        for (int c = 0; c < NR; c++) kv[c] = load_w(k + c * ks, d, m, kind);
+        for (int i = 0; i < MR; i++) {
+            __m512 qv = _mm512_maskz_loadu_ps(m, q + i * hd + d);
+            for (int c = 0; c < NR; c++) acc[i][c] = _mm512_fmadd_ps(qv, kv[c], acc[i][c]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        _mm_mask_storeu_ps(s + i * lds, (__mmask8)((1u << NR) - 1), hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+}
+
+#define SC_BODY(MR, NR) sc_tile(s + i * lds + j, lds, q + i * hd, hd, kb + j * ks, ks, MR, NR, kind)
+
+AVX512 static inline __attribute__((always_inline)) void attn_scores(float *s, int64_t lds, const float *q, int64_t r,
+                                                                     const void *k, int64_t ks, int64_t nk, int64_t hd,
+                                                                     const int kind) {
+    const char *kb = k;
+    for (int64_t i = 0; i < r; i += TRI_CPU_TILE_M) {
+        int64_t mr = r - i < TRI_CPU_TILE_M ? r - i : TRI_CPU_TILE_M;
+        for (int64_t j = 0; j < nk; j += 4) {
+            int64_t nr = nk - j < 4 ? nk - j : 4;
+            TRI_CPU_TILE_DISPATCH(mr, nr, SC_BODY)
+        }
+    }
+}
+
+AVX512 static void attn_scores_f32(float *s, int64_t lds, const float *q, int64_t r, const float *k, int64_t stride,
+                                   int64_t nk, int64_t hd) {
+    attn_scores(s, lds, q, r, k, stride * 4, nk, hd, 0);
+}
+
+AVX512 static void attn_scores_f16(float *s, int64_t lds, const float *q, int64_t r, const uint16_t *k, int64_t stride,
+                                   int64_t nk, int64_t hd) {
+    attn_scores(s, lds, q, r, k, stride * 2, nk, hd, 1);
+}
+
+// exp(x) for x <= 0 (-inf included), 0 below -87: Cephes' expf polynomial on x - n ln 2, scaled
+// by 2^n with vscalefps; within 2 ulp of expf.
+AVX512 static inline __m512 exp_neg(__m512 x) {
+    __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
+}
+
+AVX512 static float attn_softmax(float *s, int64_t n, float *mx, float *sum) {
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + j));
+    if (j < n) vm = _mm512_mask_max_ps(vm, tail_mask(n - j), vm, _mm512_maskz_loadu_ps(tail_mask(n - j), s + j));
+    float m = fmaxf(*mx, _mm512_reduce_max_ps(vm));
+    if (m == -INFINITY) {
+        memset(s, 0, sizeof(float) * (size_t)n);
+        return 1.0f;
+    }
+    __m512 vmax = _mm512_set1_ps(m), vs = _mm512_setzero_ps();
+    for (j = 0; j + 16 <= n; j += 16) {
+        __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s + j), vmax));
+        _mm512_storeu_ps(s + j, e);
+        vs = _mm512_add_ps(vs, e);
+    }
+    if (j < n) {
+        __mmask16 t = tail_mask(n - j);
+        __m512 e = _mm512_maskz_mov_ps(t, exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), vmax)));
+        _mm512_mask_storeu_ps(s + j, t, e);
+        vs = _mm512_add_ps(vs, e);
+    }
+    float c = expf(*mx - m);
+    *sum = *sum * c + _mm512_reduce_add_ps(vs);
+    *mx = m;
+    return c;
+}
+
+// acc rows i < MR, dims d0 .. d0 + 16 NV (the last vector masked by mlast) += p @ V over nk keys.
+AVX512 static inline __attribute__((always_inline)) void acc_tile(float *acc, int64_t hd, const float *p, int64_t ldp,
+                                                                  const char *v, int64_t vs, int64_t nk, int64_t d0,
+                                                                  __mmask16 mlast, const int MR, const int NV,
+                                                                  const int kind) {
+    __m512 a[TRI_CPU_TILE_M][8];
+    __mmask16 mk[8];
+    for (int c = 0; c < NV; c++) mk[c] = c == NV - 1 ? mlast : (__mmask16)0xffff;
+    for (int i = 0; i < MR; i++)
+        for (int c = 0; c < NV; c++) a[i][c] = _mm512_maskz_loadu_ps(mk[c], acc + i * hd + d0 + 16 * c);
+    for (int64_t j = 0; j < nk; j++) {
+        __m512 vv[8];
+        for (int c = 0; c < NV; c++) vv[c] = load_w(v + j * vs, d0 + 16 * c, mk[c], kind);
+        for (int i = 0; i < MR; i++) {
+            __m512 pb = _mm512_set1_ps(p[i * ldp + j]);
+            for (int c = 0; c < NV; c++) a[i][c] = _mm512_fmadd_ps(pb, vv[c], a[i][c]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int c = 0; c < NV; c++) _mm512_mask_storeu_ps(acc + i * hd + d0 + 16 * c, mk[c], a[i][c]);
+}
+
+#define ACC_BODY(MR, NV) acc_tile(acc + i * hd, hd, p + i * ldp, ldp, vb, vs, nk, d0, mlast, MR, NV, kind)
+#define ACC_WIDE(MR)                   \
+    switch (nv) {                      \
+    case 5: ACC_BODY(MR, 5); break;    \
+    case 6: ACC_BODY(MR, 6); break;    \
+    case 7: ACC_BODY(MR, 7); break;    \
+    default: ACC_BODY(MR, 8); break;   \
+    }
+
+AVX512 static inline __attribute__((always_inline)) void attn_accum(float *acc, const float *p, int64_t ldp, int64_t r,
+                                                                    const void *v, int64_t vs, int64_t nk, int64_t hd,
+                                                                    const int kind) {
+    const char *vb = v;
+    for (int64_t i = 0; i < r; i += TRI_CPU_TILE_M) {
+        int64_t mr = r - i < TRI_CPU_TILE_M ? r - i : TRI_CPU_TILE_M;
+        // one or two rows (decode without grouping): up to 128 dims at once, so each value row is
+        // read whole in one pass (the hardware prefetcher streams it) rather than half per pass
+        int64_t width = mr <= 2 ? 128 : 64;
+        for (int64_t d0 = 0; d0 < hd; d0 += width) {
+            int64_t nd = hd - d0 < width ? hd - d0 : width, nv = (nd + 15) / 16;
+            __mmask16 mlast = nd % 16 ? tail_mask(nd % 16) : (__mmask16)0xffff;
+            if (nv <= 4) {
+                TRI_CPU_TILE_DISPATCH(mr, nv, ACC_BODY)
+            } else if (mr == 1) {
+                ACC_WIDE(1)
+            } else {
+                ACC_WIDE(2)
+            }
+        }
+    }
+}
+
+AVX512 static void attn_accum_f32(float *acc, const float *p, int64_t ldp, int64_t r, const float *v, int64_t stride,
+                                  int64_t nk, int64_t hd) {
+    attn_accum(acc, p, ldp, r, v, stride * 4, nk, hd, 0);
+}
+
+AVX512 static void attn_accum_f16(float *acc, const float *p, int64_t ldp, int64_t r, const uint16_t *v,
+                                  int64_t stride, int64_t nk, int64_t hd) {
+    attn_accum(acc, p, ldp, r, v, stride * 2, nk, hd, 1);
+}
+
 const tri__cpu_kernels tri__cpu_kernels_avx512 = {
     .tile_f32 = tile_f32,
     .tile_f16 = tile_f16,
@@ -184,6 +356,11 @@ const tri__cpu_kernels tri__cpu_kernels_avx512 = {
     .dot_f16 = dot_f16,
     .axpby_f32 = axpby_f32,
     .axpby_f16 = axpby_f16,
+    .attn_scores_f32 = attn_scores_f32,
+    .attn_scores_f16 = attn_scores_f16,
+    .attn_softmax = attn_softmax,
+    .attn_accum_f32 = attn_accum_f32,
+    .attn_accum_f16 = attn_accum_f16,
 };
 
 const tri__cpu_kernels tri__cpu_kernels_avx512_vnni = {
@@ -199,5 +376,10 @@ const tri__cpu_kernels tri__cpu_kernels_avx512_vnni = {
     .dot_f16 = dot_f16,
     .axpby_f32 = axpby_f32,
     .axpby_f16 = axpby_f16,
+    .attn_scores_f32 = attn_scores_f32,
+    .attn_scores_f16 = attn_scores_f16,
+    .attn_softmax = attn_softmax,
+    .attn_accum_f32 = attn_accum_f32,
+    .attn_accum_f16 = attn_accum_f16,
 };
 #endif  // TRI_CPU_X86

@@ -137,6 +137,48 @@ static void axpby_f16(float *y, float c, float a, const uint16_t *v, int64_t n) 
     for (int64_t i = 0; i < n; i++) y[i] = y[i] * c + a * tri__f16_to_f32(v[i]);
 }
 
+// ---- attention ----
+
+static void attn_scores_f32(float *s, int64_t lds, const float *q, int64_t r, const float *k, int64_t stride,
+                            int64_t nk, int64_t hd) {
+    for (int64_t i = 0; i < r; i++)
+        for (int64_t j = 0; j < nk; j++) s[i * lds + j] = dot_f32(q + i * hd, k + j * stride, hd);
+}
+
+static void attn_scores_f16(float *s, int64_t lds, const float *q, int64_t r, const uint16_t *k, int64_t stride,
+                            int64_t nk, int64_t hd) {
+    for (int64_t i = 0; i < r; i++)
+        for (int64_t j = 0; j < nk; j++) s[i * lds + j] = dot_f16(q + i * hd, k + j * stride, hd);
+}
+
+static float attn_softmax(float *s, int64_t n, float *mx, float *sum) {
+    float m = *mx;
+    for (int64_t j = 0; j < n; j++) m = fmaxf(m, s[j]);
+    if (m == -INFINITY) {
+        for (int64_t j = 0; j < n; j++) s[j] = 0;
+        return 1.0f;
+    }
+    float c = expf(*mx - m), t = 0;
+    for (int64_t j = 0; j < n; j++) t += s[j] = expf(s[j] - m);
+    *sum = *sum * c + t;
+    *mx = m;
+    return c;
+}
+
+static void attn_accum_f32(float *acc, const float *p, int64_t ldp, int64_t r, const float *v, int64_t stride,
+                           int64_t nk, int64_t hd) {
+    for (int64_t i = 0; i < r; i++)
+        for (int64_t j = 0; j < nk; j++)
+            if (p[i * ldp + j] != 0) axpby_f32(acc + i * hd, 1.0f, p[i * ldp + j], v + j * stride, hd);
+}
+
+static void attn_accum_f16(float *acc, const float *p, int64_t ldp, int64_t r, const uint16_t *v, int64_t stride,
+                           int64_t nk, int64_t hd) {
+    for (int64_t i = 0; i < r; i++)
+        for (int64_t j = 0; j < nk; j++)
+            if (p[i * ldp + j] != 0) axpby_f16(acc + i * hd, 1.0f, p[i * ldp + j], v + j * stride, hd);
+}
+
 const tri__cpu_kernels tri__cpu_kernels_scalar = {
     .tile_f32 = tile_f32,
     .tile_f16 = tile_f16,
@@ -150,4 +192,9 @@ const tri__cpu_kernels tri__cpu_kernels_scalar = {
     .dot_f16 = dot_f16,
     .axpby_f32 = axpby_f32,
     .axpby_f16 = axpby_f16,
+    .attn_scores_f32 = attn_scores_f32,
+    .attn_scores_f16 = attn_scores_f16,
+    .attn_softmax = attn_softmax,
+    .attn_accum_f32 = attn_accum_f32,
+    .attn_accum_f16 = attn_accum_f16,
 };

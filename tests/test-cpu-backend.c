@@ -743,3 +743,103 @@ Test(cpu_backend, attention_causal_mask) {
         for (int64_t e = 0; e < hd; e++) cr_assert_eq(out[e], 0.0f);
     });
 }
+
+// ---- attention: tiled, split and long paths ----
+
+typedef struct attn_case {
+    int64_t nh, nkv, hd, m, nk;
+    int n_cuts;     // spans per head: n_cuts + 1, cut at evenly spread rows
+    bool gap;       // positions 0 .. nk/2 - 1 then 1000 + j (else 0 .. nk - 1)
+    bool prefill;   // queries at the last m positions in order (else a mix, see below)
+    bool sums;      // also check the weight sums
+} attn_case;
+
+// Against naive_attn: outputs within 2e-5 (1 + |ref|), weight sums within 2e-5 (1 + ref). Split
+// spans over the same keys give the same output as one span (1e-5 relative).
+static void check_attention_case(tri__backend *be, int lvl, tri_dtype type, attn_case ac) {
+    int64_t nh = ac.nh, nkv = ac.nkv, hd = ac.hd, m = ac.m, nk = ac.nk, g = nh / nkv;
+    test_cache c;
+    cache_make(&c, nkv, nk, hd, type, 2.0f);
+    if (!ac.gap)
+        for (int64_t j = 0; j < nk; j++) c.kpos[j] = (int32_t)j;
+    float *q = malloc(sizeof(float) * (size_t)(m * nh * hd)), *out = malloc(sizeof(float) * (size_t)(m * nh * hd));
+    float *out1 = malloc(sizeof(float) * (size_t)(m * nh * hd));
+    int32_t *qpos = malloc(sizeof(int32_t) * (size_t)m);
+    fill(q, m * nh * hd, 1.0f);
+    int32_t last = c.kpos[nk - 1];
+    for (int64_t i = 0; i < m; i++) {
+        // a query seeing no key, one in the middle of the first half, one in the gap (or the
+        // middle), ones near the end, one past everything
+        int32_t mix[6] = {-1, (int32_t)(nk / 4 + i), (int32_t)(ac.gap ? 500 : nk / 2), last - (int32_t)(3 * i % 50),
+                          last - 1, 1 << 20};
+        qpos[i] = ac.prefill ? last - (int32_t)(m - 1 - i) : mix[i % 6];
+    }
+    int64_t *cuts = calloc((size_t)(ac.n_cuts + 1), sizeof(int64_t));
+    for (int p = 0; p < ac.n_cuts; p++) cuts[p] = 1 + (nk - 2) * (p + 1) / (ac.n_cuts + 1);
+    tri__kv_span *spans = malloc(sizeof(tri__kv_span) * (size_t)(nkv * (ac.n_cuts + 1)));
+    tri__kv_span *one = malloc(sizeof(tri__kv_span) * (size_t)nkv);
+    int32_t *head_span = malloc(sizeof(int32_t) * (size_t)(nkv + 1));
+    int32_t *head_one = malloc(sizeof(int32_t) * (size_t)(nkv + 1));
+    tri__kv_view view, whole;
+    cache_view(&c, cuts, ac.n_cuts, spans, head_span, &view);
+    cache_view(&c, NULL, 0, one, head_one, &whole);
+    float *ws = ac.sums ? malloc(sizeof(float) * (size_t)(nkv * nk)) : NULL;
+    cr_assert_eq(be->ops->attention(be, out, q, qpos, m, nh, hd, &view, ws), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(be->ops->attention(be, out1, q, qpos, m, nh, hd, &whole, NULL), TRI_STATUS_OK);
+    double *wref = calloc((size_t)(nkv * nk), sizeof(double)), *ref = malloc(sizeof(double) * (size_t)hd);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t h = 0; h < nh; h++) {
+            int64_t kh = h / g;
+            naive_attn(q + (i * nh + h) * hd, qpos[i], hd, nk, c.kpos, c.k + kh * nk * hd, c.v + kh * nk * hd, ref,
+                       wref + kh * nk);
+            for (int64_t e = 0; e < hd; e++) {
+                float got = out[(i * nh + h) * hd + e];
+                cr_assert(fabs(got - ref[e]) <= 2e-5 * (1 + fabs(ref[e])),
+                          "%s %s heads %lld/%lld hd %lld m %lld nk %lld spans %d: q%lld (pos %d) h%lld [%lld] %g vs %g",
+                          tri__cpu_simd_name((tri__cpu_simd)lvl), tri_dtype_name(type), (long long)nh, (long long)nkv,
+                          (long long)hd, (long long)m, (long long)nk, ac.n_cuts + 1, (long long)i, qpos[i],
+                          (long long)h, (long long)e, (double)got, ref[e]);
+                cr_assert(fabsf(got - out1[(i * nh + h) * hd + e]) <= 1e-5f * (1 + fabsf(got)));
+            }
+        }
+    for (int64_t j = 0; ws && j < nkv * nk; j++)
+        cr_assert(fabs(ws[j] - wref[j]) <= 2e-5 * (1 + wref[j]), "%s weight sum %lld: %g vs %g",
+                  tri__cpu_simd_name((tri__cpu_simd)lvl), (long long)j, (double)ws[j], wref[j]);
+    free(ws), free(wref), free(ref), free(q), free(out), free(out1), free(qpos), free(cuts);
+    free(spans), free(one), free(head_span), free(head_one);
+    cache_free(&c);
+}
+
+Test(cpu_backend, attention_decode_long_split_every_level) {
+    // 5000 keys per head: split over tasks (2 threads), ranges crossing span and tile boundaries
+    FOR_EACH_LEVEL({
+        for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_F16; t++) {
+            check_attention_case(be, lvl, t, (attn_case){9, 3, 64, 1, 5000, 0, false, false, false});
+            check_attention_case(be, lvl, t, (attn_case){6, 2, 64, 3, 5000, 2, true, false, true});
+            check_attention_case(be, lvl, t, (attn_case){4, 1, 36, 2, 5000, 40, true, false, false});  // many spans
+            check_attention_case(be, lvl, t, (attn_case){2, 2, 128, 1, 3001, 1, false, false, false});
+        }
+    });
+}
+
+Test(cpu_backend, attention_queries_1_to_17_every_level) {
+    FOR_EACH_LEVEL({
+        for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_F16; t++)
+            for (int64_t m = 1; m <= 17; m += m < 4 ? 1 : 4) {
+                check_attention_case(be, lvl, t, (attn_case){6, 2, 40, m, 700, 3, true, false, m == 5});
+                check_attention_case(be, lvl, t, (attn_case){3, 3, 20, m, 300, 0, false, false, false});
+                check_attention_case(be, lvl, t, (attn_case){2, 2, 100, m, 260, 1, true, false, false});  // wide rows
+            }
+    });
+}
+
+Test(cpu_backend, attention_prefill_tiles_every_level) {
+    // many query blocks (64 rows each), causal diagonal tiles, with and without explicit positions
+    FOR_EACH_LEVEL({
+        for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_F16; t++) {
+            check_attention_case(be, lvl, t, (attn_case){6, 2, 64, 150, 400, 0, false, true, false});
+            check_attention_case(be, lvl, t, (attn_case){2, 2, 48, 130, 900, 5, true, true, true});
+            check_attention_case(be, lvl, t, (attn_case){3, 1, 36, 70, 70, 0, false, true, false});
+        }
+    });
+}
