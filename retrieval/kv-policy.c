@@ -54,9 +54,12 @@ struct tri__retrieval_state {
     sel_entry *sel;           // (sel_cap) selections in the order made; the last is current
     int32_t n_sel, sel_cap;
     bool armed;               // select at the end of the next step
-    float *lastq;             // (n_layer, n_head_kv, head_dim) host: summed group query of the
-                              // step's last token
-    float *qrow;              // (n_head * head_dim) host scratch
+    // the last step, so that a rollback into it can make the selection it would have made
+    float *stepq;             // (max_step, n_layer, n_head_kv, head_dim) host: each token's query
+                              // summed over its KV head's group
+    int32_t step_n0, step_m;  // the step (step_m 0: none remembered)
+    bool step_armed;          // armed when the step began
+    float *qrow;              // (max_step, n_head * head_dim) host scratch
     void *rows;               // (chunk, n_head_kv * head_dim) host scratch of the store's type
     float *summ;              // (n_head_kv, head_dim) host scratch
     int32_t *found;           // (kmax) host scratch
@@ -162,7 +165,7 @@ static void retrieval_free(tri__kv_policy *p) {
         free(s->sel[i].ids);
     }
     free(s->sel);
-    free(s->lastq);
+    free(s->stepq);
     free(s->qrow);
     free(s->rows);
     free(s->summ);
@@ -246,8 +249,8 @@ static tri_status retrieval_init(tri__kv_policy *p) {
     s->kmax = p->p.budget / p->p.chunk;
     ALLOC(s->ix, heads);
     for (int64_t i = 0; i < heads; i++) TRY(tri__chunk_index_create(p->p.index, p->head_dim, &s->ix[i]));
-    ALLOC(s->lastq, heads * p->head_dim);
-    ALLOC(s->qrow, (int64_t)p->n_head * p->head_dim);
+    ALLOC(s->stepq, (int64_t)p->max_step * heads * p->head_dim);
+    ALLOC(s->qrow, (int64_t)p->max_step * p->n_head * p->head_dim);
     s->rows = calloc((size_t)p->p.chunk * (size_t)kv_dim(p), (size_t)esize(p));
     if (!s->rows) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: chunk rows");
     ALLOC(s->summ, kv_dim(p));
@@ -356,6 +359,10 @@ static void h2o_view(tri__kv_policy *p, int32_t il, int32_t n0, int32_t m) {
                 i += len;
             }
             if (len == 0) continue;
+            if (ns > p->head_span[h] && p->spans[ns - 1].pos0 + p->spans[ns - 1].n == start) {
+                p->spans[ns - 1].n += len;  // contiguous with the step: one span, as the full view has
+                continue;
+            }
             int64_t off = ((int64_t)start * kd + (int64_t)h * p->head_dim) * es;
             p->spans[ns++] = (tri__kv_span){.pos0 = start, .n = len, .k = (const char *)p->kv->k[il] + off,
                                             .v = (const char *)p->kv->v[il] + off, .stride = kd};
@@ -527,8 +534,8 @@ static tri_status ret_summarise(tri__kv_policy *p, int32_t len) {
 }
 
 // Selects, for every (layer, KV head), chunk 0 and the best kmax - 1 other complete chunks by the
-// summed group query of the last token, at cache length len.
-static tri_status ret_select(tri__kv_policy *p, int32_t len) {
+// summed group query of the token at len - 1 (row `row` of the last step), at cache length len.
+static tri_status ret_select(tri__kv_policy *p, int32_t len, int32_t row) {
     tri__retrieval_state *s = p->ret;
     int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
     if (s->n_sel == s->sel_cap) {
@@ -555,7 +562,8 @@ static tri_status ret_select(tri__kv_policy *p, int32_t len) {
         } else {
             ids[cnt++] = 0;  // the attention sink
             int32_t found = 0;
-            tri_status st = tri__chunk_index_search(s->ix[i], s->lastq + i * p->head_dim, 1, s->kmax - 1, s->found,
+            const float *q = s->stepq + ((int64_t)row * heads + i) * p->head_dim;
+            tri_status st = tri__chunk_index_search(s->ix[i], q, 1, s->kmax - 1, s->found,
                                                     NULL, &found);
             if (st) {
                 free(e.cnt);
@@ -609,24 +617,33 @@ static void ret_view(tri__kv_policy *p, int32_t il, int32_t end) {
     TRI_ASSERT(ns <= p->spans_cap);
 }
 
-// Keeps the step's last query, summed over each KV head's group: for GQA the chunk scores of the
+// Keeps the step's queries, summed over each KV head's group: for GQA the chunk scores of the
 // heads sharing a KV head add up, so the chunks chosen maximise the group's total logit mass
-// (the mean would choose the same chunks).
+// (the mean would choose the same chunks; the max of the heads would follow one head only).
 static tri_status ret_keep_query(tri__kv_policy *p, int32_t il, const float *q) {
     tri__retrieval_state *s = p->ret;
-    int64_t qd = (int64_t)p->n_head * p->head_dim;
-    TRY(p->be->ops->copy_to_host(p->be, s->qrow, q + (int64_t)(p->step_m - 1) * qd, sizeof(float) * (size_t)qd));
+    int64_t qd = (int64_t)p->n_head * p->head_dim, heads = (int64_t)p->n_layer * p->n_head_kv;
+    TRY(p->be->ops->copy_to_host(p->be, s->qrow, q, sizeof(float) * (size_t)(p->step_m * qd)));
     TRY(p->be->ops->synchronize(p->be));
     int32_t g = p->n_head / p->n_head_kv;
-    for (int32_t h = 0; h < p->n_head_kv; h++) {
-        float *dst = s->lastq + ((int64_t)il * p->n_head_kv + h) * p->head_dim;
-        for (int32_t d = 0; d < p->head_dim; d++) {
-            float acc = 0;
-            for (int32_t a = 0; a < g; a++) acc += s->qrow[(int64_t)(h * g + a) * p->head_dim + d];
-            dst[d] = acc;
+    for (int32_t t = 0; t < p->step_m; t++)
+        for (int32_t h = 0; h < p->n_head_kv; h++) {
+            float *dst = s->stepq + ((int64_t)t * heads + (int64_t)il * p->n_head_kv + h) * p->head_dim;
+            for (int32_t d = 0; d < p->head_dim; d++) {
+                float acc = 0;
+                for (int32_t a = 0; a < g; a++) acc += s->qrow[t * qd + (int64_t)(h * g + a) * p->head_dim + d];
+                dst[d] = acc;
+            }
         }
-    }
     return TRI_STATUS_OK;
+}
+
+// Whether a step ending at len selects: on request, or once refresh tokens came since the last
+// selection.
+static bool ret_due(const tri__kv_policy *p, int32_t len, bool armed) {
+    const sel_entry *cur = ret_current(p);
+    int32_t since = len - (cur ? cur->n_sel : 0);
+    return armed || (p->p.refresh > 0 && since >= p->p.refresh);
 }
 
 static tri_status ret_truncate(tri__kv_policy *p, int32_t n) {
@@ -640,6 +657,15 @@ static tri_status ret_truncate(tri__kv_policy *p, int32_t n) {
     if (n_chunks < s->n_chunks) {
         for (int32_t i = 0; i < p->n_layer * p->n_head_kv; i++) TRY(tri__chunk_index_truncate(s->ix[i], n_chunks));
         s->n_chunks = n_chunks;
+    }
+    // into the last step: it would have ended at n, and selected then if due
+    if (s->step_m > 0 && n <= s->step_n0) {
+        if (n == s->step_n0) s->armed = s->step_armed;
+        s->step_m = 0;
+    } else if (s->step_m > 0 && n < s->step_n0 + s->step_m) {
+        s->step_m = n - s->step_n0;
+        s->armed = s->step_armed;
+        if (ret_due(p, n, s->armed)) TRY(ret_select(p, n, s->step_m - 1));
     }
     return TRI_STATUS_OK;
 }
@@ -743,10 +769,11 @@ tri_status tri__kv_policy_commit(tri__kv_policy *p) {
         for (int32_t il = 0; il < p->n_layer; il++) h2o_evict(p, il, end);
     if (p->ret) {
         if ((st = ret_summarise(p, end))) goto fail;
-        const sel_entry *cur = ret_current(p);
-        int32_t since = end - (cur ? cur->n_sel : 0);
-        if (p->ret->armed || (p->p.refresh > 0 && since >= p->p.refresh))
-            if ((st = ret_select(p, end))) goto fail;
+        p->ret->step_n0 = p->step_n0;
+        p->ret->step_m = p->step_m;
+        p->ret->step_armed = p->ret->armed;
+        if (ret_due(p, end, p->ret->armed))
+            if ((st = ret_select(p, end, p->step_m - 1))) goto fail;
     }
     p->in_step = false;
     return tri__kv_store_set_len(p->kv, end);
@@ -762,7 +789,15 @@ void tri__kv_policy_abort(tri__kv_policy *p) {
         h2o_restore(p, &p->h2o->rec[p->h2o->n_rec - 1]);
         p->h2o->n_rec--;
     }
-    if (p->ret) (void)ret_truncate(p, p->step_n0);  // drops summaries of a half-committed step
+    if (p->ret) {
+        // drop the summaries of a half-committed step; the previous step stays remembered
+        tri__retrieval_state *s = p->ret;
+        int32_t keep_m = s->step_m, keep_n0 = s->step_n0;
+        s->step_m = 0;
+        (void)ret_truncate(p, p->step_n0);
+        s->step_m = keep_m;
+        s->step_n0 = keep_n0;
+    }
 }
 
 tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n) {
@@ -781,6 +816,7 @@ void tri__kv_policy_reset(tri__kv_policy *p) {
         p->h2o->n_rec = 0;
     }
     if (p->ret) {
+        p->ret->step_m = 0;
         (void)ret_truncate(p, 0);
         p->ret->armed = false;
     }
