@@ -181,6 +181,15 @@ void tri__kv_policy_free(tri__kv_policy *p) {
         p->be->ops->free(p->be, p->sk);
         p->be->ops->free(p->be, p->sv);
     }
+    if (p->be) {
+        p->be->ops->free(p->be, p->m_ws);
+        p->be->ops->free(p->be, p->m_out);
+        p->be->ops->free(p->be, p->m_k);
+        p->be->ops->free(p->be, p->m_v);
+        p->be->ops->free(p->be, p->m_q);
+    }
+    free(p->m_ws_host);
+    free(p->m_pos);
     free(p->gather);
     free(p->cache_pos);
     free(p->q_pos);
@@ -701,8 +710,19 @@ tri_status tri__kv_policy_begin(tri__kv_policy *p, int32_t m, const tri__rope *r
     return TRI_STATUS_OK;
 }
 
+static tri_status policy_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
+                               const tri__kv_view **view, float **weight_sums);
+static tri_status measure_layer(tri__kv_policy *p, int32_t il, const float *q, const tri__kv_view *view);
+
 tri_status tri__kv_policy_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
                                 const tri__kv_view **view, float **weight_sums) {
+    TRY(policy_layer(p, il, q, k, v, view, weight_sums));
+    if (p->measure && p->step_m == 1) TRY(measure_layer(p, il, q, *view));
+    return TRI_STATUS_OK;
+}
+
+static tri_status policy_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
+                               const tri__kv_view **view, float **weight_sums) {
     TRI_ASSERT(p->in_step && il >= 0 && il < p->n_layer);
     const int32_t n0 = p->step_n0, m = p->step_m, end = n0 + m;
     *weight_sums = NULL;
@@ -748,6 +768,80 @@ tri_status tri__kv_policy_layer(tri__kv_policy *p, int32_t il, const float *q, c
     p->view = (tri__kv_view){.type = p->kv->type, .n_head_kv = p->n_head_kv, .spans = p->spans,
                              .head_span = p->head_span};
     *view = &p->view;
+    return TRI_STATUS_OK;
+}
+
+// ---- measurement ----
+
+tri_status tri__kv_policy_measure(tri__kv_policy *p) {
+    tri__backend *be = p->be;
+    int64_t cap = p->kv->capacity, kd = kv_dim(p);
+    TRY(be->ops->alloc(be, sizeof(float) * (size_t)(p->n_head_kv * cap), (void **)&p->m_ws));
+    TRY(be->ops->alloc(be, sizeof(float) * (size_t)p->n_head * (size_t)p->head_dim, (void **)&p->m_out));
+    p->m_ws_host = malloc(sizeof(float) * (size_t)(p->n_head_kv * cap));
+    p->m_pos = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!p->m_ws_host || !p->m_pos) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy: measurement");
+    for (int64_t i = 0; i < cap; i++) p->m_pos[i] = (int32_t)i;
+    if (p->raw_keys) {
+        TRY(be->ops->alloc(be, sizeof(float) * (size_t)(cap * kd), (void **)&p->m_k));
+        TRY(be->ops->alloc(be, sizeof(float) * (size_t)(cap * kd), (void **)&p->m_v));
+        TRY(be->ops->alloc(be, sizeof(float) * (size_t)p->n_head * (size_t)p->head_dim, (void **)&p->m_q));
+    }
+    p->measure = true;
+    return TRI_STATUS_OK;
+}
+
+// Full attention of the step's one query over [0, end), and the share of it on the positions the
+// policy's view holds.
+static tri_status measure_layer(tri__kv_policy *p, int32_t il, const float *q, const tri__kv_view *view) {
+    const tri__backend_ops *op = p->be->ops;
+    int32_t end = p->step_n0 + 1, kd = kv_dim(p);
+    tri__kv_span spans[64];
+    int32_t head_span[65];
+    if (p->n_head_kv > 64) return TRI_STATUS_OK;
+    tri__kv_view full = {.type = p->kv->type, .n_head_kv = p->n_head_kv, .spans = spans, .head_span = head_span};
+    int32_t qpos = p->step_n0;
+    const int64_t es = esize(p);
+    for (int32_t h = 0; h < p->n_head_kv; h++) {
+        head_span[h] = h;
+        if (p->raw_keys) {
+            spans[h] = (tri__kv_span){.pos0 = 0, .n = end, .k = p->m_k + (int64_t)h * p->head_dim,
+                                      .v = p->m_v + (int64_t)h * p->head_dim, .stride = kd};
+        } else {
+            int64_t off = (int64_t)h * p->head_dim * es;
+            spans[h] = (tri__kv_span){.pos0 = 0, .n = end, .k = (const char *)p->kv->k[il] + off,
+                                      .v = (const char *)p->kv->v[il] + off, .stride = kd};
+        }
+    }
+    head_span[p->n_head_kv] = p->n_head_kv;
+    if (p->raw_keys) {
+        // keys rotated at their absolute positions, and the query (rotated at its cache position
+        // step_kept) turned on by the difference, so that it sits at its absolute position too
+        full.type = TRI_DTYPE_F32;
+        int32_t shift = p->step_n0 - p->step_kept;
+        TRY(op->get_rows(p->be, p->m_k, p->kv->k[il], p->kv->type, p->kv->capacity, kd, p->m_pos, end));
+        TRY(op->get_rows(p->be, p->m_v, p->kv->v[il], p->kv->type, p->kv->capacity, kd, p->m_pos, end));
+        TRY(op->rope(p->be, p->m_k, end, p->n_head_kv, p->m_pos, p->rope));
+        TRY(op->copy(p->be, p->m_q, q, sizeof(float) * (size_t)p->n_head * (size_t)p->head_dim));
+        TRY(op->rope(p->be, p->m_q, 1, p->n_head, &shift, p->rope));
+        q = p->m_q;
+    }
+    TRY(op->attention(p->be, p->m_out, q, &qpos, 1, p->n_head, p->head_dim, &full, p->m_ws));
+    TRY(op->copy_to_host(p->be, p->m_ws_host, p->m_ws, sizeof(float) * (size_t)(p->n_head_kv * end)));
+    TRY(op->synchronize(p->be));
+    int32_t g = p->n_head / p->n_head_kv;
+    for (int32_t h = 0; h < p->n_head_kv; h++) {
+        const float *w = p->m_ws_host + (int64_t)h * end;
+        double got = 0;
+        if (p->raw_keys) {
+            for (int32_t r = 0; r < p->step_kept + 1; r++) got += w[p->gather[r]];
+        } else {
+            for (int32_t si = view->head_span[h]; si < view->head_span[h + 1]; si++)
+                for (int32_t j = 0; j < view->spans[si].n; j++) got += w[view->spans[si].pos0 + j];
+        }
+        p->mass_sum += got / g;
+        p->mass_n++;
+    }
     return TRI_STATUS_OK;
 }
 

@@ -78,6 +78,19 @@ typedef struct tri__kv_policy {
 
     tri__h2o_state *h2o;
     tri__retrieval_state *ret;
+
+    // ---- measurement (tri__kv_policy_measure) ----
+    bool measure;
+    float *m_ws;              // (n_head_kv * capacity) backend: full attention's weight sums
+    float *m_ws_host;         // (n_head_kv * capacity) host
+    float *m_out;             // (n_head * head_dim) backend scratch
+    float *m_k, *m_v;         // (capacity, n_head_kv * head_dim) f32 backend: STREAMING's keys
+                              // rotated at absolute positions
+    float *m_q;               // (n_head * head_dim) f32 backend: STREAMING's query at its absolute position
+    int32_t *m_pos;           // (capacity) host: 0, 1, 2, ...
+    double mass_sum;          // sum over (layer, KV head, query) of the full-attention mass the view
+                              // holds, as a fraction of the group's total
+    int64_t mass_n;           // terms in mass_sum
 } tri__kv_policy;
 
 // A policy over a new store of capacity positions of type kv_type (F16/F32) in be's memory, for
@@ -129,6 +142,10 @@ int32_t tri__kv_policy_selection(const tri__kv_policy *p, int32_t il, int32_t h,
 // H2O: the positions layer il, KV head h keeps, ascending, into pos (capacity budget + max_step);
 // returns their count.
 int32_t tri__kv_policy_h2o_kept(const tri__kv_policy *p, int32_t il, int32_t h, int32_t *pos);
+
+// Benchmarks: from now on every one-token step also computes full attention over every position
+// and adds to mass_sum the share of it that the policy's view holds (an extra O(context) pass).
+tri_status tri__kv_policy_measure(tri__kv_policy *p);
 
 const char *tri__kv_policy_name(tri_kv_policy kind);
 

@@ -9,6 +9,7 @@ pkgs=(
   libcriterion-dev
   clang libclang-rt-14-dev
   python3 python3-venv python3-pip unzip
+  bible-kjv bible-kjv-text  # long public-domain text for benchmarks/bench-kv-quality
 )
 [ "$(id -u)" = 0 ] && sudo= || sudo=sudo
 export DEBIAN_FRONTEND=noninteractive
