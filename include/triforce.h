@@ -246,12 +246,34 @@ TRI_API tri_sampler_params tri_sampler_default_params(void);
 
 typedef struct tri_session tri_session;
 
+// Which past tokens each layer and KV head attends to (docs/kv-policies.md). Every policy keeps
+// the keys and values of all n_ctx positions, so rollback is exact; they differ in the view.
+typedef enum tri_kv_policy {
+    TRI_KV_POLICY_FULL = 0,       // every past token
+    TRI_KV_POLICY_STREAMING = 1,  // StreamingLLM: kv_sink first tokens + the most recent ones, keys
+                                  // rotated by their position inside the cache (runs past n_ctx_train)
+    TRI_KV_POLICY_H2O = 2,        // H2O: heavy hitters by accumulated attention + recent tokens,
+                                  // per KV head
+    TRI_KV_POLICY_RETRIEVAL = 3,  // TriForce: top-k chunks of kv_chunk tokens by query . mean key,
+                                  // per layer and KV head, + the tokens since the last selection
+} tri_kv_policy;
+
 typedef struct tri_session_params {
     int32_t n_ctx;      // positions the KV cache holds (prompt + generated tokens);
                         // 0: the model's trained context, at most 8192
     int32_t n_threads;  // CPU worker threads; 0: one per core
     int32_t n_batch;    // tokens per step of a long prefill; 0: 128
     tri_dtype kv_type;  // TRI_DTYPE_F16 (the default) or TRI_DTYPE_F32
+    // ---- KV policy (ignored for TRI_KV_POLICY_FULL) ----
+    tri_kv_policy kv_policy;  // default TRI_KV_POLICY_FULL
+    int32_t kv_budget;        // past tokens a step attends to besides its own (and, for retrieval,
+                              // those since the last selection); 1 <= budget <= n_ctx; 0: 4096 or
+                              // n_ctx if smaller
+    int32_t kv_chunk;         // retrieval: tokens per chunk, divides kv_budget; 0: 8
+    int32_t kv_sink;          // streaming: attention-sink tokens, < kv_budget; 0: 16 (TriForce's draft
+                              // cache), or kv_budget / 2 for budgets under 32
+    int32_t kv_refresh;       // retrieval: re-select after this many tokens since the last selection;
+                              // 0: only after a prompt's prefill (tri_generate) and on request
 } tri_session_params;
 
 TRI_API tri_session_params tri_session_default_params(void);
@@ -284,6 +306,11 @@ TRI_API tri_status tri_session_truncate(tri_session *session, int32_t n_past);
 
 // Empties the cache.
 TRI_API void tri_session_reset(tri_session *session);
+
+// Retrieval policy: re-select the chunks at the end of the next tri_session_eval, from the query
+// of its last token (call it before the last piece of a prompt, or when drafts are accepted less
+// often). A no-op for the other policies.
+TRI_API void tri_session_kv_refresh(tri_session *session);
 
 // Seeds the session's random stream (tri_generate seeds it from its sampler params).
 TRI_API void tri_session_seed(tri_session *session, uint64_t seed);

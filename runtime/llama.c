@@ -19,6 +19,7 @@ void tri__llama_free(tri__llama *ll) {
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ll->be->ops->free(ll->be, *bufs[i]);
     }
     free(ll->pos);
+    free(ll->q_pos);
     tri__rope_free(&ll->rope);
     memset(ll, 0, sizeof *ll);
 }
@@ -50,7 +51,8 @@ tri_status tri__llama_init(tri__llama *ll, const tri_model *model, tri__backend 
         if ((st = be->ops->alloc(be, (size_t)bufs[i].elems * sizeof(float), (void **)bufs[i].buf)))
             goto fail;
     ll->pos = malloc((size_t)nb * sizeof *ll->pos);
-    if (!ll->pos) {
+    ll->q_pos = malloc((size_t)nb * sizeof *ll->q_pos);
+    if (!ll->pos || !ll->q_pos) {
         st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "forward pass: positions");
         goto fail;
     }
@@ -73,27 +75,28 @@ static tri_status ensure_logits(tri__llama *ll, int32_t rows) {
     return TRI_STATUS_OK;
 }
 
-// One transformer block over the n tokens in ll->x at positions ll->pos.
-static tri_status block(tri__llama *ll, tri__kv_store *kv, int32_t il, int32_t n) {
+// One transformer block over the n tokens in ll->x at positions ll->pos (queries at ll->q_pos).
+static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t n) {
     const tri_model_config *c = &ll->model->config;
     const tri__layer *L = &ll->model->layers[il];
     const tri__backend_ops *op = ll->be->ops;
     tri__backend *be = ll->be;
     int64_t E = c->n_embd, hd = c->head_dim;
     int64_t q_dim = (int64_t)c->n_head * hd, kv_dim = (int64_t)c->n_head_kv * hd;
-    int32_t pos0 = ll->pos[0];
 
     // attention
     TRY(op->rmsnorm(be, ll->xb, ll->x, L->attn_norm->data, L->attn_norm->type, n, E, c->rms_eps));
     TRY(op->matmul(be, ll->q, ll->xb, L->wq->data, L->wq->type, n, q_dim, E));
     TRY(op->matmul(be, ll->k, ll->xb, L->wk->data, L->wk->type, n, kv_dim, E));
     TRY(op->matmul(be, ll->v, ll->xb, L->wv->data, L->wv->type, n, kv_dim, E));
-    TRY(op->rope(be, ll->q, n, c->n_head, ll->pos, &ll->rope));
-    TRY(op->rope(be, ll->k, n, c->n_head_kv, ll->pos, &ll->rope));
-    TRY(tri__kv_store_write(kv, il, pos0, n, ll->k, ll->v));
-    tri__kv_view view;
-    tri__kv_store_view(kv, il, pos0 + n, &view);
-    TRY(op->attention(be, ll->att, ll->q, ll->pos, n, c->n_head, hd, &view, NULL));
+    TRY(op->rope(be, ll->q, n, c->n_head, ll->q_pos, &ll->rope));
+    // a policy that rotates keys itself (StreamingLLM, by position inside the cache) takes them raw
+    if (!pol->raw_keys) TRY(op->rope(be, ll->k, n, c->n_head_kv, ll->pos, &ll->rope));
+    const tri__kv_view *view;
+    float *weight_sums;
+    TRY(tri__kv_policy_layer(pol, il, ll->q, ll->k, ll->v, &view, &weight_sums));
+    TRY(op->attention(be, ll->att, ll->q, ll->q_pos, n, c->n_head, hd, view, weight_sums));
+    TRY(tri__kv_policy_observe(pol, il));
     TRY(op->matmul(be, ll->proj, ll->att, L->wo->data, L->wo->type, n, E, q_dim));
     TRY(op->add(be, ll->x, ll->x, ll->proj, n * E));
 
@@ -107,62 +110,77 @@ static tri_status block(tri__llama *ll, tri__kv_store *kv, int32_t il, int32_t n
     return TRI_STATUS_OK;
 }
 
-static tri_status forward_chunks(tri__llama *ll, tri__kv_store *kv, const int32_t *tokens, int32_t n,
-                                 tri__logits_mode mode, float *logits);
-
-tri_status tri__llama_forward(tri__llama *ll, tri__kv_store *kv, const int32_t *tokens, int32_t n,
-                              tri__logits_mode mode, float *logits) {
-    if (n <= 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "forward pass: %d tokens", n);
-    if (kv->n > kv->capacity - n)
-        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
-                         "context full: %d tokens in the cache + %d new > capacity %d", kv->n, n,
-                         kv->capacity);
-    int32_t n0 = kv->n;
-    tri_status st = forward_chunks(ll, kv, tokens, n, mode, logits);
-    if (!st) st = ll->be->ops->synchronize(ll->be);
-    if (st) kv->n = n0;  // a failed pass leaves the cache as it was
-    return st;
-}
-
-static tri_status forward_chunks(tri__llama *ll, tri__kv_store *kv, const int32_t *tokens, int32_t n,
-                                 tri__logits_mode mode, float *logits) {
+// One step of nb tokens (tokens, host) at the policy's end: every layer, then the logits asked for.
+static tri_status forward_step(tri__llama *ll, tri__kv_policy *pol, const int32_t *tokens, int32_t nb,
+                               bool want_logits, tri__logits_mode mode, float *dst) {
     const tri_model *m = ll->model;
     const tri_model_config *c = &m->config;
     const tri__backend_ops *op = ll->be->ops;
     tri__backend *be = ll->be;
-    const int32_t n0 = kv->n;
     const int64_t E = c->n_embd, V = c->n_vocab;
+    int32_t pos0 = tri__kv_policy_len(pol);
+    for (int32_t i = 0; i < nb; i++) ll->pos[i] = pos0 + i;
+    TRY(tri__kv_policy_begin(pol, nb, &ll->rope, ll->q_pos));
+    // the dynamic rule follows the positions the queries see
+    tri__rope_update(&ll->rope, (int64_t)ll->q_pos[nb - 1] + 1);
 
-    for (int32_t done = 0; done < n; done += ll->n_batch) {
-        int32_t nb = n - done < ll->n_batch ? n - done : ll->n_batch;
-        int32_t pos0 = n0 + done;
-        for (int32_t i = 0; i < nb; i++) ll->pos[i] = pos0 + i;
-        tri__rope_update(&ll->rope, (int64_t)pos0 + nb);
-
-        TRY(op->get_rows(be, ll->x, m->tok_embd->data, m->tok_embd->type, V, E, tokens + done, nb));
-        for (int32_t il = 0; il < c->n_layer; il++) {
-            tri_status st = block(ll, kv, il, nb);
-            if (st) return st;
-        }
-        // positions up to pos0 + nb are now in every layer; commit them so the next chunk's
-        // attention sees them
-        kv->n = pos0 + nb;
-
-        bool last_chunk = done + nb == n;
-        if (mode == TRI_LOGITS_NONE || (mode == TRI_LOGITS_LAST && !last_chunk)) continue;
-        // only the rows we need go through the output norm and head
-        const float *rows = ll->x;
-        int32_t n_rows = nb;
-        if (mode == TRI_LOGITS_LAST) {
-            rows = ll->x + (int64_t)(nb - 1) * E;
-            n_rows = 1;
-        }
-        TRY(ensure_logits(ll, n_rows));
-        TRY(op->rmsnorm(be, ll->xb, rows, m->output_norm->data, m->output_norm->type, n_rows, E,
-                        c->rms_eps));
-        TRY(op->matmul(be, ll->logits, ll->xb, m->output->data, m->output->type, n_rows, V, E));
-        float *dst = mode == TRI_LOGITS_ALL ? logits + (int64_t)done * V : logits;
-        TRY(op->copy_to_host(be, dst, ll->logits, (size_t)n_rows * (size_t)V * sizeof(float)));
+    tri_status st = op->get_rows(be, ll->x, m->tok_embd->data, m->tok_embd->type, V, E, tokens, nb);
+    for (int32_t il = 0; !st && il < c->n_layer; il++) st = block(ll, pol, il, nb);
+    if (st) {
+        tri__kv_policy_abort(pol);
+        return st;
     }
+    // positions up to pos0 + nb are now in every layer; commit them so the next step's attention
+    // sees them
+    TRY(tri__kv_policy_commit(pol));
+    if (!want_logits) return TRI_STATUS_OK;
+    // only the rows we need go through the output norm and head
+    const float *rows = ll->x;
+    int32_t n_rows = nb;
+    if (mode == TRI_LOGITS_LAST) {
+        rows = ll->x + (int64_t)(nb - 1) * E;
+        n_rows = 1;
+    }
+    TRY(ensure_logits(ll, n_rows));
+    TRY(op->rmsnorm(be, ll->xb, rows, m->output_norm->data, m->output_norm->type, n_rows, E, c->rms_eps));
+    TRY(op->matmul(be, ll->logits, ll->xb, m->output->data, m->output->type, n_rows, V, E));
+    TRY(op->copy_to_host(be, dst, ll->logits, (size_t)n_rows * (size_t)V * sizeof(float)));
     return TRI_STATUS_OK;
+}
+
+tri_status tri__llama_forward_policy(tri__llama *ll, tri__kv_policy *pol, const int32_t *tokens, int32_t n,
+                                     tri__logits_mode mode, float *logits) {
+    if (n <= 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "forward pass: %d tokens", n);
+    int32_t n0 = tri__kv_policy_len(pol), cap = tri__kv_policy_capacity(pol);
+    if (n0 > cap - n)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "context full: %d tokens in the cache + %d new > capacity %d", n0,
+                         n, cap);
+    if (pol->max_step < ll->n_batch)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "forward pass: policy steps of %d tokens < batch %d",
+                         pol->max_step, ll->n_batch);
+    const int64_t V = ll->model->config.n_vocab;
+    tri_status st = TRI_STATUS_OK;
+    for (int32_t done = 0; !st && done < n; done += ll->n_batch) {
+        int32_t nb = n - done < ll->n_batch ? n - done : ll->n_batch;
+        bool last = done + nb == n;
+        bool want = mode == TRI_LOGITS_ALL || (mode == TRI_LOGITS_LAST && last);
+        float *dst = mode == TRI_LOGITS_ALL ? logits + (int64_t)done * V : logits;
+        st = forward_step(ll, pol, tokens + done, nb, want, mode, dst);
+    }
+    if (!st) st = ll->be->ops->synchronize(ll->be);
+    if (st && tri__kv_policy_len(pol) != n0) {
+        // a failed pass leaves the cache as it was
+        tri_status st2 = tri__kv_policy_truncate(pol, n0);
+        (void)st2;
+    }
+    return st;
+}
+
+tri_status tri__llama_forward(tri__llama *ll, tri__kv_store *kv, const int32_t *tokens, int32_t n,
+                              tri__logits_mode mode, float *logits) {
+    tri__kv_policy pol;
+    TRY(tri__kv_policy_wrap_full(&pol, kv, ll->model->config.n_head, ll->n_batch));
+    tri_status st = tri__llama_forward_policy(ll, &pol, tokens, n, mode, logits);
+    tri__kv_policy_free(&pol);
+    return st;
 }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "kv-policy.h"
 #include "kv-store.h"
 #include "model.h"
 #include "rope.h"
@@ -30,7 +31,8 @@ typedef struct tri__llama {
     float *gate;    // (n_batch, n_ff)
     float *up;      // (n_batch, n_ff)
     float *logits;  // (n_logits, n_vocab)
-    int32_t *pos;   // (n_batch) host: positions of the current chunk
+    int32_t *pos;   // (n_batch) host: absolute positions of the current chunk (keys rotate at them)
+    int32_t *q_pos; // (n_batch) host: positions the cache policy rotates and masks queries at
 } tri__llama;
 
 tri_status tri__llama_init(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch);
@@ -43,10 +45,19 @@ typedef enum tri__logits_mode {
     TRI_LOGITS_ALL = 2,   // one row per token (verification, perplexity)
 } tri__logits_mode;
 
-// Runs tokens (n, host) at positions kv->n .. kv->n + n - 1, appends their keys and values to kv
-// and advances kv->n. logits (host): (1, n_vocab) for LAST, (n, n_vocab) for ALL, unused for NONE.
-// The caller checks that the tokens fit kv's capacity (INVALID_ARGUMENT otherwise) and that every
-// id is in [0, n_vocab). On failure kv->n is unchanged (the partial writes past it are garbage).
+// Runs tokens (n, host) at positions len .. len + n - 1 of the cache policy pol (len =
+// tri__kv_policy_len), hands their keys and values to pol layer by layer, attends over the views
+// pol returns, and commits them (the policy's length advances by n). pol's steps must hold
+// n_batch tokens (its max_step >= ll->n_batch). logits (host): (1, n_vocab) for LAST, (n,
+// n_vocab) for ALL, unused for NONE. The caller checks that the tokens fit pol's capacity
+// (INVALID_ARGUMENT otherwise) and that every id is in [0, n_vocab). On failure pol is rolled back
+// to len.
+tri_status tri__llama_forward_policy(tri__llama *ll, tri__kv_policy *pol, const int32_t *tokens, int32_t n,
+                                     tri__logits_mode mode, float *logits);
+
+// The same over a plain store with full attention: runs tokens at kv->n .. kv->n + n - 1, appends
+// their keys and values to kv and advances kv->n. On failure kv->n is unchanged (the partial
+// writes past it are garbage).
 tri_status tri__llama_forward(tri__llama *ll, tri__kv_store *kv, const int32_t *tokens, int32_t n,
                               tri__logits_mode mode, float *logits);
 

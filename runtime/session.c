@@ -5,7 +5,7 @@
 
 #include "backend.h"
 #include "error.h"
-#include "kv-store.h"
+#include "kv-policy.h"
 #include "llama.h"
 #include "model.h"
 #include "sampler.h"
@@ -14,7 +14,7 @@ struct tri_session {
     const tri_model *model;
     tri__backend *be;
     tri__llama ll;
-    tri__kv_store kv;
+    tri__kv_policy kv;    // the cache and the policy that chooses what each layer attends to
     tri__rng rng;
     tri__sampler_scratch scratch;
     float *logits;        // (logits_cap, n_vocab) host: rows of the last eval
@@ -25,7 +25,8 @@ struct tri_session {
 };
 
 tri_session_params tri_session_default_params(void) {
-    tri_session_params p = {.n_ctx = 0, .n_threads = 0, .n_batch = 0, .kv_type = TRI_DTYPE_F16};
+    tri_session_params p = {.n_ctx = 0, .n_threads = 0, .n_batch = 0, .kv_type = TRI_DTYPE_F16,
+                            .kv_policy = TRI_KV_POLICY_FULL};
     return p;
 }
 
@@ -37,7 +38,7 @@ tri_generate_params tri_generate_default_params(void) {
 
 void tri_session_free(tri_session *s) {
     if (!s) return;
-    tri__kv_store_free(&s->kv);
+    tri__kv_policy_free(&s->kv);
     tri__llama_free(&s->ll);
     tri__backend_free(s->be);
     tri__sampler_scratch_free(&s->scratch);
@@ -58,15 +59,30 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     if (p.n_ctx == 0) p.n_ctx = c->n_ctx_train > 0 && c->n_ctx_train < 8192 ? c->n_ctx_train : 8192;
     if (p.n_batch == 0) p.n_batch = 128;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+    // the cache policy: 0 picks the default of each field; what is left is checked before anything
+    // is allocated
+    if (p.kv_budget < 0 || p.kv_chunk < 0 || p.kv_sink < 0 || p.kv_refresh < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "session: kv_budget %d, kv_chunk %d, kv_sink %d and kv_refresh %d must be >= 0",
+                         p.kv_budget, p.kv_chunk, p.kv_sink, p.kv_refresh);
+    tri__kv_policy_params kp = tri__kv_policy_default_params(p.kv_policy, p.n_ctx);
+    if (p.kv_budget > 0) {
+        kp.budget = p.kv_budget;
+        kp.sink = kp.budget >= 32 ? 16 : kp.budget / 2;
+    }
+    if (p.kv_chunk > 0) kp.chunk = p.kv_chunk;
+    if (p.kv_sink > 0) kp.sink = p.kv_sink;
+    kp.refresh = p.kv_refresh;
+    tri_status st = tri__kv_policy_check(&kp, p.n_ctx);
+    if (st) return st;
 
     tri_session *s = calloc(1, sizeof *s);
     if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "session");
     s->model = model;
-    tri_status st;
     if ((st = tri__backend_cpu_create(p.n_threads, TRI_CPU_SIMD_AUTO, &s->be))) goto fail;
     if ((st = tri__llama_init(&s->ll, model, s->be, p.n_batch))) goto fail;
-    if ((st = tri__kv_store_init(&s->kv, s->be, p.kv_type, c->n_layer, c->n_head_kv, c->head_dim,
-                                 p.n_ctx)))
+    if ((st = tri__kv_policy_init(&s->kv, &kp, s->be, p.kv_type, c->n_layer, c->n_head, c->n_head_kv,
+                                  c->head_dim, p.n_ctx, p.n_batch)))
         goto fail;
     s->probs = malloc((size_t)c->n_vocab * sizeof *s->probs);
     if (!s->probs) {
@@ -97,7 +113,7 @@ tri_status tri_session_eval(tri_session *s, const int32_t *tokens, int32_t n, bo
         s->logits_cap = rows;
     }
     s->n_logits = 0;
-    tri_status st = tri__llama_forward(&s->ll, &s->kv, tokens, n,
+    tri_status st = tri__llama_forward_policy(&s->ll, &s->kv, tokens, n,
                                        all_logits ? TRI_LOGITS_ALL : TRI_LOGITS_LAST, s->logits);
     if (st) return st;
     s->n_logits = rows;
@@ -112,20 +128,23 @@ const float *tri_session_logits(const tri_session *s, int32_t i) {
     return s->logits + (int64_t)i * s->model->config.n_vocab;
 }
 
-int32_t tri_session_n_past(const tri_session *s) { return s->kv.n; }
-int32_t tri_session_n_ctx(const tri_session *s) { return s->kv.capacity; }
+int32_t tri_session_n_past(const tri_session *s) { return tri__kv_policy_len(&s->kv); }
+int32_t tri_session_n_ctx(const tri_session *s) { return tri__kv_policy_capacity(&s->kv); }
 
 tri_status tri_session_truncate(tri_session *s, int32_t n_past) {
-    if (n_past < 0 || n_past > s->kv.n)
-        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "truncate: %d outside [0, %d]", n_past, s->kv.n);
+    int32_t len = tri__kv_policy_len(&s->kv);
+    if (n_past < 0 || n_past > len)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "truncate: %d outside [0, %d]", n_past, len);
     s->n_logits = 0;
-    return tri__kv_store_set_len(&s->kv, n_past);
+    return tri__kv_policy_truncate(&s->kv, n_past);
 }
 
 void tri_session_reset(tri_session *s) {
-    s->kv.n = 0;
+    tri__kv_policy_reset(&s->kv);
     s->n_logits = 0;
 }
+
+void tri_session_kv_refresh(tri_session *s) { tri__kv_policy_request_refresh(&s->kv); }
 
 void tri_session_seed(tri_session *s, uint64_t seed) { tri__rng_seed(&s->rng, seed); }
 
@@ -161,10 +180,11 @@ tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate: bad prompt of %d tokens", n_prompt);
     if (n_prompt == 0 && s->n_logits == 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate: empty prompt and nothing run before");
-    if (n_prompt > s->kv.capacity - s->kv.n)
+    int32_t len = tri__kv_policy_len(&s->kv), cap = tri__kv_policy_capacity(&s->kv);
+    if (n_prompt > cap - len)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "generate: prompt of %d tokens does not fit the context (%d of %d used)",
-                         n_prompt, s->kv.n, s->kv.capacity);
+                         n_prompt, len, cap);
     tri_session_seed(s, p.sampler.seed);
 
     // prefill in steps of n_batch tokens, so progress can be reported and cancelled
@@ -172,6 +192,8 @@ tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
     for (int32_t done = 0; done < n_prompt;) {
         int32_t step = n_prompt - done;
         if (step > s->ll.n_batch) step = s->ll.n_batch;
+        // the retrieval policy selects its chunks from the prompt's last query
+        if (done + step == n_prompt) tri__kv_policy_request_refresh(&s->kv);
         tri_status st = tri_session_eval(s, prompt + done, step, false);
         if (st) return st;
         done += step;
@@ -185,7 +207,7 @@ tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
     stats->prefill_seconds = t1 - t0;
 
     int32_t eos = p.stop_at_eos ? tri_token_eos(s->model) : -1;
-    int32_t room = s->kv.capacity - s->kv.n + 1;  // the last token need not be run
+    int32_t room = cap - tri__kv_policy_len(&s->kv) + 1;  // the last token need not be run
     int32_t n_max = p.n_predict > 0 && p.n_predict < room ? p.n_predict : room;
     for (int32_t i = 0; i < n_max; i++) {
         int32_t tok;

@@ -9,7 +9,7 @@ pkgs=(
   libcriterion-dev
   clang libclang-rt-14-dev
   python3 python3-venv python3-pip unzip
-  bible-kjv bible-kjv-text  # Genesis 1 (KJV, public domain): the passage suite smollm2 scores
+  bible-kjv bible-kjv-text  # public-domain text: suite smollm2 and benchmarks/bench-kv-quality
 )
 [ "$(id -u)" = 0 ] && sudo= || sudo=sudo
 export DEBIAN_FRONTEND=noninteractive

@@ -1,0 +1,159 @@
+// bench-kv-quality.c - how close each cache policy stays to full attention on a real model and
+// text: the share of full attention's mass the policy's view holds, the agreement of the greedy
+// next token, the expected acceptance sum_x min(p, q) of a draft q = policy against p = full (the
+// speculative acceptance rate at temperature 1), and KL(p || q), over many positions.
+//
+// usage: bench-kv-quality MODEL.gguf IDS.txt [context 2048] [positions 64] [budgets 128,256,512,1024]
+//                         [threads 0]
+// IDS.txt: token ids, one per line (scripts/tokenize-gguf.py). The first `context` ids are the
+// prompt; the next `positions` are fed one by one (teacher forcing) and compared.
+// Retrieval selects once after the prompt (TriForce's code never refreshes), chunks of 8;
+// StreamingLLM keeps 16 sinks; H2O keeps half its budget as the recent window.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "kv-policy.h"
+#include "llama.h"
+#include "model.h"
+#include "tri-config.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "bench-kv-quality: %s: %s\n", what, tri_last_error());
+    exit(1);
+}
+
+static void softmax(const float *l, double *p, int32_t n) {
+    double mx = -INFINITY, s = 0;
+    for (int32_t i = 0; i < n; i++) mx = fmax(mx, (double)l[i]);
+    for (int32_t i = 0; i < n; i++) s += p[i] = exp((double)l[i] - mx);
+    for (int32_t i = 0; i < n; i++) p[i] /= s;
+}
+
+static int32_t argmax(const float *l, int32_t n) {
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (l[i] > l[b]) b = i;
+    return b;
+}
+
+// Runs the prompt and the positions through a policy: logits (positions, n_vocab).
+static void run(tri__llama *ll, const tri_model *m, tri__kv_policy_params *pp, const int32_t *ids, int32_t ctx,
+                int32_t npos, float *logits, double *mass, double *secs) {
+    const tri_model_config *c = &m->config;
+    tri__kv_policy pol;
+    if (tri__kv_policy_init(&pol, pp, ll->be, TRI_DTYPE_F16, c->n_layer, c->n_head, c->n_head_kv, c->head_dim,
+                            ctx + npos, ll->n_batch))
+        die("policy");
+    if (tri__kv_policy_measure(&pol)) die("measure");
+    if (tri__llama_forward_policy(ll, &pol, ids, ctx - 1, TRI_LOGITS_NONE, NULL)) die("prefill");
+    tri__kv_policy_request_refresh(&pol);  // select from the prompt's last query
+    if (tri__llama_forward_policy(ll, &pol, ids + ctx - 1, 1, TRI_LOGITS_LAST, logits)) die("prefill");
+    pol.mass_sum = 0;
+    pol.mass_n = 0;
+    double t0 = now();
+    for (int32_t i = 0; i < npos; i++)
+        if (tri__llama_forward_policy(ll, &pol, ids + ctx + i, 1, TRI_LOGITS_LAST, logits + (int64_t)i * c->n_vocab))
+            die("decode");
+    *secs = (now() - t0) / npos;
+    *mass = pol.mass_n ? pol.mass_sum / (double)pol.mass_n : 1;
+    tri__kv_policy_free(&pol);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: bench-kv-quality MODEL.gguf IDS.txt [context 2048] [positions 64] "
+                        "[budgets 128,256,512,1024] [threads 0]\n");
+        return 2;
+    }
+    int32_t ctx = argc > 3 ? atoi(argv[3]) : 2048, npos = argc > 4 ? atoi(argv[4]) : 64;
+    const char *budgets_arg = argc > 5 ? argv[5] : "128,256,512,1024";
+    int32_t threads = argc > 6 ? atoi(argv[6]) : 0;
+
+    FILE *f = fopen(argv[2], "r");
+    if (!f) {
+        perror(argv[2]);
+        return 1;
+    }
+    int32_t cap = ctx + npos, n = 0;
+    int32_t *ids = malloc(sizeof *ids * (size_t)cap);
+    while (n < cap && fscanf(f, "%d", &ids[n]) == 1) n++;
+    fclose(f);
+    if (n < cap) {
+        fprintf(stderr, "%s: %d ids, need %d\n", argv[2], n, cap);
+        return 1;
+    }
+    tri_model *m;
+    if (tri_model_load(argv[1], NULL, &m)) die(argv[1]);
+    const tri_model_config *c = &m->config;
+    tri__backend *be;
+    if (tri__backend_cpu_create(threads, TRI_CPU_SIMD_AUTO, &be)) die("backend");
+    tri__llama ll;
+    if (tri__llama_init(&ll, m, be, 128)) die("forward pass");
+    const int32_t V = c->n_vocab;
+
+    printf("# bench-kv-quality: %s, %d layers, %d/%d heads, context %d, %d positions, f16 cache, %s, %d threads\n",
+           argv[1], c->n_layer, c->n_head, c->n_head_kv, ctx, npos, tri__cpu_simd_name(tri__cpu_simd_detect()),
+           be->n_threads);
+    float *full = malloc(sizeof(float) * (size_t)npos * (size_t)V);
+    float *got = malloc(sizeof(float) * (size_t)npos * (size_t)V);
+    double *p = malloc(sizeof(double) * (size_t)V), *q = malloc(sizeof(double) * (size_t)V);
+    tri__kv_policy_params fp = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, cap);
+    double mass, secs;
+    run(&ll, m, &fp, ids, ctx, npos, full, &mass, &secs);
+    printf("%-10s %7s %8s %8s %9s %9s %10s %9s\n", "policy", "budget", "mass", "top1", "accept", "KL", "ms/token",
+           "ppl");
+    double nll_full = 0;
+    for (int32_t i = 0; i + 1 < npos; i++) {
+        softmax(full + (int64_t)i * V, p, V);
+        nll_full -= log(p[ids[ctx + i + 1]]);
+    }
+    printf("%-10s %7s %8.4f %8.4f %9.4f %9.5f %10.1f %9.3f\n", "full", "-", 1.0, 1.0, 1.0, 0.0, secs * 1e3,
+           exp(nll_full / (npos - 1)));
+    fflush(stdout);
+
+    tri_kv_policy kinds[3] = {TRI_KV_POLICY_RETRIEVAL, TRI_KV_POLICY_STREAMING, TRI_KV_POLICY_H2O};
+    for (const char *b = budgets_arg; *b;) {
+        int32_t budget = (int32_t)strtol(b, (char **)&b, 10);
+        if (*b == ',') b++;
+        for (int k = 0; k < 3; k++) {
+            tri__kv_policy_params pp = tri__kv_policy_default_params(kinds[k], cap);
+            pp.budget = budget;
+            pp.sink = 16;
+            run(&ll, m, &pp, ids, ctx, npos, got, &mass, &secs);
+            double kl = 0, acc = 0, top1 = 0, nll = 0;
+            for (int32_t i = 0; i < npos; i++) {
+                const float *lf = full + (int64_t)i * V, *lg = got + (int64_t)i * V;
+                softmax(lf, p, V);
+                softmax(lg, q, V);
+                for (int32_t x = 0; x < V; x++) {
+                    if (p[x] > 0) kl += p[x] * (log(p[x]) - log(fmax(q[x], 1e-300)));
+                    acc += fmin(p[x], q[x]);
+                }
+                top1 += argmax(lf, V) == argmax(lg, V);
+                if (i + 1 < npos) nll -= log(q[ids[ctx + i + 1]]);
+            }
+            printf("%-10s %7d %8.4f %8.4f %9.4f %9.5f %10.1f %9.3f\n", tri__kv_policy_name(kinds[k]), budget, mass,
+                   top1 / npos, acc / npos, kl / npos, secs * 1e3, exp(nll / (npos - 1)));
+            fflush(stdout);
+        }
+    }
+    free(full);
+    free(got);
+    free(p);
+    free(q);
+    free(ids);
+    tri__llama_free(&ll);
+    tri__backend_free(be);
+    tri_model_free(m);
+    return 0;
+}

@@ -1,0 +1,61 @@
+// chunk-index.h - top-k inner-product search over chunk summaries (internal).
+//
+// One index holds the summaries (mean post-RoPE keys) of the chunks of one (layer, KV head), in
+// chunk order: row i is chunk i. The retrieval policy adds rows as chunks complete, drops them on
+// rollback and asks for the k rows with the largest dot product with a query.
+//
+// Every backend returns the same answer: the k rows with the largest score, scores computed in
+// double precision by the exact rule below, ties broken by the lower row, in that order. The
+// FAISS backend lets FAISS propose candidates (more than k) and rescores them with the exact rule,
+// so the two differ only if FAISS's own float scores misorder rows by more than the margin.
+#ifndef TRI_CHUNK_INDEX_H
+#define TRI_CHUNK_INDEX_H
+
+#include <stdint.h>
+
+#include "triforce.h"
+
+typedef enum tri__chunk_index_kind {
+    TRI_CHUNK_INDEX_EXACT = 0,       // brute-force scan (OpenMP over rows when large)
+    TRI_CHUNK_INDEX_FAISS_FLAT = 1,  // faiss::IndexFlatIP
+    TRI_CHUNK_INDEX_FAISS_IVF = 2,   // faiss::IndexIVFFlat (inner product), trained once it holds
+                                     // 64 lists' worth of rows; flat until then
+} tri__chunk_index_kind;
+
+typedef struct tri__chunk_index tri__chunk_index;
+
+// Whether this build has FAISS (TRI_HAVE_FAISS).
+int tri__chunk_index_have_faiss(void);
+
+// An empty index of dim-dimensional rows. UNSUPPORTED for a FAISS kind in a build without FAISS.
+tri_status tri__chunk_index_create(tri__chunk_index_kind kind, int32_t dim, tri__chunk_index **out);
+void tri__chunk_index_free(tri__chunk_index *ix);
+
+// Appends n rows x (n, dim) f32 host after the ones already there.
+tri_status tri__chunk_index_add(tri__chunk_index *ix, const float *x, int64_t n);
+// Keeps the first n rows (n <= size).
+tri_status tri__chunk_index_truncate(tri__chunk_index *ix, int64_t n);
+int64_t tri__chunk_index_size(const tri__chunk_index *ix);
+
+// The k rows among [first, size) with the largest score(q, row) = sum_d (double)q[d] * row[d],
+// best first, ties by the lower row: ids (k) int32 and scores (k) f32 host (scores may be NULL).
+// Returns in *n_found min(k, size - first) (rows past it are left untouched).
+tri_status tri__chunk_index_search(tri__chunk_index *ix, const float *q, int64_t first, int32_t k,
+                                   int32_t *ids, float *scores, int32_t *n_found);
+
+// ---- the FAISS wrapper (faiss-index.cpp), extern "C" ----
+
+typedef struct tri__faiss tri__faiss;
+// ivf_nlist: 0 flat inner product (IndexFlatIP); > 0 IVF with that many lists (IndexIVFFlat,
+// inner product, 8 probes): until it holds 39 rows per list it stays flat, then trains on what it
+// holds and moves them over.
+tri_status tri__faiss_create(int32_t dim, int32_t ivf_nlist, tri__faiss **out);
+void tri__faiss_free(tri__faiss *f);
+// Appends rows (n, dim) f32 host; row ids continue from the current size.
+tri_status tri__faiss_add(tri__faiss *f, const float *rows, int64_t n);
+// Keeps the first n rows.
+tri_status tri__faiss_truncate(tri__faiss *f, int64_t n);
+// The k best rows by FAISS's own scores: labels (k) int64 host, -1 where fewer were found.
+tri_status tri__faiss_search(tri__faiss *f, const float *q, int64_t k, int64_t *labels);
+
+#endif  // TRI_CHUNK_INDEX_H

@@ -1,0 +1,941 @@
+// kv-policy.c - full, StreamingLLM, H2O and retrieval (TriForce) cache policies.
+#include "kv-policy.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "error.h"
+
+#define TRY(call)                              \
+    do {                                       \
+        tri_status st_ = (call);               \
+        if (st_ != TRI_STATUS_OK) return st_;  \
+    } while (0)
+
+// ---- per-policy state ----
+
+// H2O: what one step changed, to undo it exactly.
+typedef struct h2o_record {
+    int32_t n0, m;    // the step's first position and length
+    int32_t *cnt;     // (n_layer * n_head_kv) snapshot before the step
+    int32_t *pos;     // (n_layer * n_head_kv, cap)
+    float *score;     // (n_layer * n_head_kv, cap)
+    float *q;         // (n_layer, max_step, n_head * head_dim) the step's rotated queries
+} h2o_record;
+
+struct tri__h2o_state {
+    int32_t cap;       // budget + max_step: kept rows per (layer, head) during a step
+    int32_t recent;    // always-kept recent tokens
+    int32_t *cnt;      // (n_layer * n_head_kv) rows kept
+    int32_t *pos;      // (n_layer * n_head_kv, cap) kept positions, ascending
+    float *score;      // (n_layer * n_head_kv, cap) accumulated attention of each kept position
+    unsigned char *drop;  // (cap) eviction scratch
+    float *ws_dev;     // (n_head_kv * cap) backend: the attention op's weight sums
+    float *ws;         // (n_head_kv * cap) host copy
+    float *q_dev;      // (max_step, n_head * head_dim) backend: replayed queries
+    float *out_dev;    // (max_step, n_head * head_dim) backend: replayed attention output
+    int32_t *q_pos;    // (max_step) host: replayed positions
+    h2o_record *rec;   // (history) oldest first
+    int32_t n_rec;
+};
+
+// Retrieval: one selection of chunks per (layer, KV head).
+typedef struct sel_entry {
+    int32_t n_sel;   // cache length when it was made
+    int32_t *cnt;    // (n_layer * n_head_kv) chunks selected
+    int32_t *ids;    // (n_layer * n_head_kv, kmax) ascending chunk ids
+} sel_entry;
+
+struct tri__retrieval_state {
+    int32_t kmax;             // budget / chunk
+    tri__chunk_index **ix;    // (n_layer * n_head_kv) summaries of the complete chunks
+    int32_t n_chunks;         // complete chunks summarised
+    sel_entry *sel;           // (sel_cap) selections in the order made; the last is current
+    int32_t n_sel, sel_cap;
+    bool armed;               // select at the end of the next step
+    // the last step, so that a rollback into it can make the selection it would have made
+    float *stepq;             // (max_step, n_layer, n_head_kv, head_dim) host: each token's query
+                              // summed over its KV head's group
+    int32_t step_n0, step_m;  // the step (step_m 0: none remembered)
+    bool step_armed;          // armed when the step began
+    float *qrow;              // (max_step, n_head * head_dim) host scratch
+    void *rows;               // (chunk, n_head_kv * head_dim) host scratch of the store's type
+    float *summ;              // (n_head_kv, head_dim) host scratch
+    int32_t *found;           // (kmax) host scratch
+};
+
+const char *tri__kv_policy_name(tri_kv_policy kind) {
+    switch (kind) {
+    case TRI_KV_POLICY_FULL: return "full";
+    case TRI_KV_POLICY_STREAMING: return "streaming";
+    case TRI_KV_POLICY_H2O: return "h2o";
+    case TRI_KV_POLICY_RETRIEVAL: return "retrieval";
+    }
+    return "?";
+}
+
+tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t capacity) {
+    tri__kv_policy_params p = {.kind = kind, .budget = 4096, .chunk = 8, .refresh = 0, .index = TRI_CHUNK_INDEX_EXACT};
+    if (capacity > 0 && p.budget > capacity) p.budget = capacity;
+    p.sink = p.budget >= 32 ? 16 : p.budget / 2;
+    return p;
+}
+
+tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity) {
+    const char *name = tri__kv_policy_name(p->kind);
+    if (p->kind < TRI_KV_POLICY_FULL || p->kind > TRI_KV_POLICY_RETRIEVAL)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: unknown policy %d", (int)p->kind);
+    if (p->kind == TRI_KV_POLICY_FULL) return TRI_STATUS_OK;
+    if (p->budget <= 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy %s: budget %d must be positive", name, p->budget);
+    if (p->budget > capacity)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy %s: budget %d is larger than the context (%d positions)",
+                         name, p->budget, capacity);
+    switch (p->kind) {
+    case TRI_KV_POLICY_STREAMING:
+        if (p->sink < 0 || p->sink >= p->budget)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "kv policy streaming: sink %d must be in [0, budget %d) to leave room for recent tokens",
+                             p->sink, p->budget);
+        break;
+    case TRI_KV_POLICY_H2O:
+        if (p->recent < 0 || p->recent >= p->budget)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "kv policy h2o: recent window %d must be in [0, budget %d) to leave room for heavy hitters",
+                             p->recent, p->budget);
+        if (p->history < 0)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy h2o: history %d must be >= 0", p->history);
+        break;
+    case TRI_KV_POLICY_RETRIEVAL:
+        if (p->chunk <= 0)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: chunk size %d must be positive", p->chunk);
+        if (p->chunk > p->budget || p->budget % p->chunk != 0)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "kv policy retrieval: chunk size %d must divide the budget %d (whole chunks are kept)",
+                             p->chunk, p->budget);
+        if (p->refresh < 0)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: refresh interval %d must be >= 0",
+                             p->refresh);
+        if (p->index != TRI_CHUNK_INDEX_EXACT && !tri__chunk_index_have_faiss())
+            return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: FAISS index asked for, but this build has no FAISS");
+        break;
+    default: break;
+    }
+    return TRI_STATUS_OK;
+}
+
+static int32_t kv_dim(const tri__kv_policy *p) { return p->n_head_kv * p->head_dim; }
+static int64_t esize(const tri__kv_policy *p) { return p->kv->type == TRI_DTYPE_F16 ? 2 : 4; }
+
+// ---- life cycle ----
+
+static void h2o_free(tri__kv_policy *p) {
+    tri__h2o_state *s = p->h2o;
+    if (!s) return;
+    free(s->cnt);
+    free(s->pos);
+    free(s->score);
+    free(s->drop);
+    free(s->ws);
+    free(s->q_pos);
+    p->be->ops->free(p->be, s->ws_dev);
+    p->be->ops->free(p->be, s->q_dev);
+    p->be->ops->free(p->be, s->out_dev);
+    if (s->rec)
+        for (int32_t i = 0; i < p->p.history; i++) {
+            free(s->rec[i].cnt);
+            free(s->rec[i].pos);
+            free(s->rec[i].score);
+            free(s->rec[i].q);
+        }
+    free(s->rec);
+    free(s);
+    p->h2o = NULL;
+}
+
+static void retrieval_free(tri__kv_policy *p) {
+    tri__retrieval_state *s = p->ret;
+    if (!s) return;
+    if (s->ix)
+        for (int32_t i = 0; i < p->n_layer * p->n_head_kv; i++) tri__chunk_index_free(s->ix[i]);
+    free(s->ix);
+    for (int32_t i = 0; i < s->n_sel; i++) {
+        free(s->sel[i].cnt);
+        free(s->sel[i].ids);
+    }
+    free(s->sel);
+    free(s->stepq);
+    free(s->qrow);
+    free(s->rows);
+    free(s->summ);
+    free(s->found);
+    free(s);
+    p->ret = NULL;
+}
+
+void tri__kv_policy_free(tri__kv_policy *p) {
+    h2o_free(p);
+    retrieval_free(p);
+    if (p->be) {
+        p->be->ops->free(p->be, p->sk);
+        p->be->ops->free(p->be, p->sv);
+    }
+    if (p->be) {
+        p->be->ops->free(p->be, p->m_ws);
+        p->be->ops->free(p->be, p->m_out);
+        p->be->ops->free(p->be, p->m_k);
+        p->be->ops->free(p->be, p->m_v);
+        p->be->ops->free(p->be, p->m_q);
+    }
+    free(p->m_ws_host);
+    free(p->m_pos);
+    free(p->gather);
+    free(p->cache_pos);
+    free(p->q_pos);
+    free(p->spans);
+    free(p->head_span);
+    tri__kv_store_free(&p->own);
+    memset(p, 0, sizeof *p);
+}
+
+#define ALLOC(ptr, count)                                                                   \
+    do {                                                                                    \
+        (ptr) = calloc((size_t)(count), sizeof *(ptr));                                     \
+        if (!(ptr)) {                                                                       \
+            st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy: %s (%lld)", #ptr, (long long)(count)); \
+            goto fail;                                                                      \
+        }                                                                                   \
+    } while (0)
+
+// The descriptors every policy needs.
+static tri_status common_init(tri__kv_policy *p, int32_t spans_per_head) {
+    tri_status st = TRI_STATUS_OK;
+    p->spans_cap = spans_per_head * p->n_head_kv;
+    ALLOC(p->spans, p->spans_cap);
+    ALLOC(p->head_span, p->n_head_kv + 1);
+    ALLOC(p->q_pos, p->max_step);
+    return TRI_STATUS_OK;
+fail:
+    return st;
+}
+
+static tri_status h2o_init(tri__kv_policy *p) {
+    tri_status st = TRI_STATUS_OK;
+    tri__h2o_state *s = calloc(1, sizeof *s);
+    if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy h2o");
+    p->h2o = s;
+    int64_t heads = (int64_t)p->n_layer * p->n_head_kv, qd = (int64_t)p->n_head * p->head_dim;
+    s->cap = p->p.budget + p->max_step;
+    s->recent = p->p.recent;
+    ALLOC(s->cnt, heads);
+    ALLOC(s->pos, heads * s->cap);
+    ALLOC(s->score, heads * s->cap);
+    ALLOC(s->drop, s->cap);
+    ALLOC(s->ws, (int64_t)p->n_head_kv * s->cap);
+    ALLOC(s->q_pos, p->max_step);
+    ALLOC(s->rec, p->p.history);
+    for (int32_t i = 0; i < p->p.history; i++) {
+        ALLOC(s->rec[i].cnt, heads);
+        ALLOC(s->rec[i].pos, heads * s->cap);
+        ALLOC(s->rec[i].score, heads * s->cap);
+        ALLOC(s->rec[i].q, (int64_t)p->n_layer * p->max_step * qd);
+    }
+    TRY(p->be->ops->alloc(p->be, sizeof(float) * (size_t)p->n_head_kv * (size_t)s->cap, (void **)&s->ws_dev));
+    TRY(p->be->ops->alloc(p->be, sizeof(float) * (size_t)(p->max_step * qd), (void **)&s->q_dev));
+    TRY(p->be->ops->alloc(p->be, sizeof(float) * (size_t)(p->max_step * qd), (void **)&s->out_dev));
+    return TRI_STATUS_OK;
+fail:
+    return st;
+}
+
+static tri_status retrieval_init(tri__kv_policy *p) {
+    tri_status st = TRI_STATUS_OK;
+    tri__retrieval_state *s = calloc(1, sizeof *s);
+    if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval");
+    p->ret = s;
+    int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
+    s->kmax = p->p.budget / p->p.chunk;
+    ALLOC(s->ix, heads);
+    for (int64_t i = 0; i < heads; i++) TRY(tri__chunk_index_create(p->p.index, p->head_dim, &s->ix[i]));
+    ALLOC(s->stepq, (int64_t)p->max_step * heads * p->head_dim);
+    ALLOC(s->qrow, (int64_t)p->max_step * p->n_head * p->head_dim);
+    s->rows = calloc((size_t)p->p.chunk * (size_t)kv_dim(p), (size_t)esize(p));
+    if (!s->rows) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: chunk rows");
+    ALLOC(s->summ, kv_dim(p));
+    ALLOC(s->found, s->kmax);
+    return TRI_STATUS_OK;
+fail:
+    return st;
+}
+
+tri_status tri__kv_policy_init(tri__kv_policy *p, const tri__kv_policy_params *params, tri__backend *be,
+                               tri_dtype kv_type, int32_t n_layer, int32_t n_head, int32_t n_head_kv,
+                               int32_t head_dim, int32_t capacity, int32_t max_step) {
+    memset(p, 0, sizeof *p);
+    tri_status st = tri__kv_policy_check(params, capacity);
+    if (st) return st;
+    if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0 || max_step <= 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: %d heads over %d KV heads, steps of %d", n_head,
+                         n_head_kv, max_step);
+    p->p = *params;
+    if (p->p.kind == TRI_KV_POLICY_H2O) {
+        if (p->p.recent == 0) p->p.recent = p->p.budget / 2;
+        if (p->p.history == 0) p->p.history = 8;
+    }
+    p->be = be;
+    p->n_layer = n_layer;
+    p->n_head = n_head;
+    p->n_head_kv = n_head_kv;
+    p->head_dim = head_dim;
+    p->max_step = max_step;
+    if ((st = tri__kv_store_init(&p->own, be, kv_type, n_layer, n_head_kv, head_dim, capacity))) goto fail;
+    p->kv = &p->own;
+    switch (p->p.kind) {
+    case TRI_KV_POLICY_FULL:
+        if ((st = common_init(p, 1))) goto fail;
+        break;
+    case TRI_KV_POLICY_STREAMING: {
+        p->raw_keys = true;
+        if ((st = common_init(p, 1))) goto fail;
+        int64_t rows = (int64_t)p->p.budget + max_step;
+        if ((st = be->ops->alloc(be, sizeof(float) * (size_t)(rows * kv_dim(p)), (void **)&p->sk))) goto fail;
+        if ((st = be->ops->alloc(be, sizeof(float) * (size_t)(rows * kv_dim(p)), (void **)&p->sv))) goto fail;
+        ALLOC(p->gather, rows);
+        ALLOC(p->cache_pos, rows);
+        for (int32_t i = 0; i < rows; i++) p->cache_pos[i] = i;
+        break;
+    }
+    case TRI_KV_POLICY_H2O:
+        // one span per run of kept positions: at most one per kept row, plus the step's tokens
+        if ((st = common_init(p, p->p.budget + 1))) goto fail;
+        if ((st = h2o_init(p))) goto fail;
+        break;
+    case TRI_KV_POLICY_RETRIEVAL:
+        // one span per selected chunk, plus the tokens since the selection
+        if ((st = common_init(p, p->p.budget / p->p.chunk + 1))) goto fail;
+        if ((st = retrieval_init(p))) goto fail;
+        break;
+    }
+    return TRI_STATUS_OK;
+fail:
+    tri__kv_policy_free(p);
+    return st;
+}
+
+tri_status tri__kv_policy_wrap_full(tri__kv_policy *p, tri__kv_store *kv, int32_t n_head, int32_t max_step) {
+    memset(p, 0, sizeof *p);
+    p->p = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, kv->capacity);
+    p->kv = kv;
+    p->be = kv->be;
+    p->n_layer = kv->n_layer;
+    p->n_head = n_head;
+    p->n_head_kv = kv->n_head_kv;
+    p->head_dim = kv->head_dim;
+    p->max_step = max_step;
+    tri_status st = common_init(p, 1);
+    if (st) tri__kv_policy_free(p);
+    return st;
+}
+
+// ---- H2O ----
+
+static int32_t *h2o_pos(const tri__kv_policy *p, int32_t il, int32_t h) {
+    return p->h2o->pos + ((int64_t)il * p->n_head_kv + h) * p->h2o->cap;
+}
+static float *h2o_score(const tri__kv_policy *p, int32_t il, int32_t h) {
+    return p->h2o->score + ((int64_t)il * p->n_head_kv + h) * p->h2o->cap;
+}
+
+// Layer il's view: runs of kept positions, then the step's tokens [n0, n0 + m).
+static void h2o_view(tri__kv_policy *p, int32_t il, int32_t n0, int32_t m) {
+    const int64_t es = esize(p), kd = kv_dim(p);
+    int32_t ns = 0;
+    for (int32_t h = 0; h < p->n_head_kv; h++) {
+        p->head_span[h] = ns;
+        const int32_t *pos = h2o_pos(p, il, h);
+        int32_t cnt = p->h2o->cnt[il * p->n_head_kv + h];
+        for (int32_t i = 0; i <= cnt;) {
+            int32_t start, len;
+            if (i == cnt) {  // the step's tokens
+                start = n0;
+                len = m;
+                i++;
+            } else {
+                start = pos[i];
+                len = 1;
+                while (i + len < cnt && pos[i + len] == start + len) len++;
+                i += len;
+            }
+            if (len == 0) continue;
+            if (ns > p->head_span[h] && p->spans[ns - 1].pos0 + p->spans[ns - 1].n == start) {
+                p->spans[ns - 1].n += len;  // contiguous with the step: one span, as the full view has
+                continue;
+            }
+            int64_t off = ((int64_t)start * kd + (int64_t)h * p->head_dim) * es;
+            p->spans[ns++] = (tri__kv_span){.pos0 = start, .n = len, .k = (const char *)p->kv->k[il] + off,
+                                            .v = (const char *)p->kv->v[il] + off, .stride = kd};
+        }
+    }
+    p->head_span[p->n_head_kv] = ns;
+    TRI_ASSERT(ns <= p->spans_cap);
+}
+
+// Adds the weight sums (host, in view order) to the kept scores and appends the step's tokens.
+static void h2o_accumulate(tri__kv_policy *p, int32_t il, int32_t n0, int32_t m) {
+    const float *ws = p->h2o->ws;
+    for (int32_t h = 0; h < p->n_head_kv; h++) {
+        int32_t *cnt = &p->h2o->cnt[il * p->n_head_kv + h];
+        int32_t *pos = h2o_pos(p, il, h);
+        float *sc = h2o_score(p, il, h);
+        for (int32_t j = 0; j < *cnt; j++) sc[j] += ws[j];
+        for (int32_t j = 0; j < m; j++) {
+            pos[*cnt + j] = n0 + j;
+            sc[*cnt + j] = ws[*cnt + j];
+        }
+        ws += *cnt + m;
+        *cnt += m;
+    }
+}
+
+// Evicts down to the budget: the lowest accumulated scores outside the recent window go first,
+// ties by the older position.
+static void h2o_evict(tri__kv_policy *p, int32_t il, int32_t len) {
+    tri__h2o_state *s = p->h2o;
+    int32_t protect = len - s->recent;
+    for (int32_t h = 0; h < p->n_head_kv; h++) {
+        int32_t *cnt = &s->cnt[il * p->n_head_kv + h];
+        int32_t *pos = h2o_pos(p, il, h);
+        float *sc = h2o_score(p, il, h);
+        int32_t over = *cnt - p->p.budget;
+        if (over <= 0) continue;
+        memset(s->drop, 0, (size_t)*cnt);
+        for (int32_t r = 0; r < over; r++) {
+            int32_t w = -1;
+            for (int32_t j = 0; j < *cnt && pos[j] < protect; j++)
+                if (!s->drop[j] && (w < 0 || sc[j] < sc[w])) w = j;
+            TRI_ASSERT(w >= 0);
+            s->drop[w] = 1;
+        }
+        int32_t o = 0;
+        for (int32_t j = 0; j < *cnt; j++)
+            if (!s->drop[j]) {
+                pos[o] = pos[j];
+                sc[o] = sc[j];
+                o++;
+            }
+        *cnt = o;
+    }
+}
+
+static void h2o_snapshot(tri__kv_policy *p, h2o_record *r) {
+    tri__h2o_state *s = p->h2o;
+    int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
+    memcpy(r->cnt, s->cnt, sizeof *r->cnt * (size_t)heads);
+    memcpy(r->pos, s->pos, sizeof *r->pos * (size_t)(heads * s->cap));
+    memcpy(r->score, s->score, sizeof *r->score * (size_t)(heads * s->cap));
+}
+
+static void h2o_restore(tri__kv_policy *p, const h2o_record *r) {
+    tri__h2o_state *s = p->h2o;
+    int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
+    memcpy(s->cnt, r->cnt, sizeof *r->cnt * (size_t)heads);
+    memcpy(s->pos, r->pos, sizeof *r->pos * (size_t)(heads * s->cap));
+    memcpy(s->score, r->score, sizeof *r->score * (size_t)(heads * s->cap));
+}
+
+// Opens a record for a step at n0, dropping the oldest when the history is full.
+static h2o_record *h2o_push(tri__kv_policy *p, int32_t n0, int32_t m) {
+    tri__h2o_state *s = p->h2o;
+    if (s->n_rec == p->p.history) {
+        h2o_record first = s->rec[0];
+        memmove(s->rec, s->rec + 1, sizeof *s->rec * (size_t)(s->n_rec - 1));
+        s->rec[--s->n_rec] = first;
+    }
+    h2o_record *r = &s->rec[s->n_rec++];
+    r->n0 = n0;
+    r->m = m;
+    h2o_snapshot(p, r);
+    return r;
+}
+
+// Runs the first k queries of record r again over the restored state: exactly what a step of k
+// tokens would have done (the attention of a query ignores later keys, and its weight sums add
+// the same terms in the same order).
+static tri_status h2o_replay(tri__kv_policy *p, h2o_record *r, int32_t k) {
+    tri__h2o_state *s = p->h2o;
+    const tri__backend_ops *op = p->be->ops;
+    int64_t qd = (int64_t)p->n_head * p->head_dim;
+    for (int32_t i = 0; i < k; i++) s->q_pos[i] = r->n0 + i;
+    for (int32_t il = 0; il < p->n_layer; il++) {
+        h2o_view(p, il, r->n0, k);
+        p->view = (tri__kv_view){.type = p->kv->type, .n_head_kv = p->n_head_kv, .spans = p->spans,
+                                 .head_span = p->head_span};
+        const float *q = r->q + (int64_t)il * p->max_step * qd;
+        TRY(op->copy_to_backend(p->be, s->q_dev, q, sizeof(float) * (size_t)(k * qd)));
+        TRY(op->attention(p->be, s->out_dev, s->q_dev, s->q_pos, k, p->n_head, p->head_dim, &p->view, s->ws_dev));
+        int64_t n_keys = 0;
+        for (int32_t si = 0; si < p->head_span[p->n_head_kv]; si++) n_keys += p->spans[si].n;
+        TRY(op->copy_to_host(p->be, s->ws, s->ws_dev, sizeof(float) * (size_t)n_keys));
+        TRY(op->synchronize(p->be));
+        h2o_accumulate(p, il, r->n0, k);
+        h2o_evict(p, il, r->n0 + k);
+    }
+    r->m = k;
+    return TRI_STATUS_OK;
+}
+
+static tri_status h2o_truncate(tri__kv_policy *p, int32_t n) {
+    tri__h2o_state *s = p->h2o;
+    int32_t len = p->kv->n;
+    if (n == len) return TRI_STATUS_OK;
+    if (s->n_rec == 0 || n < s->rec[0].n0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "kv policy h2o: cannot roll back to %d of %d positions: the last %d steps are remembered "
+                         "(from position %d)", n, len, s->n_rec, s->n_rec ? s->rec[0].n0 : len);
+    while (s->n_rec > 0 && s->rec[s->n_rec - 1].n0 >= n) {
+        h2o_restore(p, &s->rec[s->n_rec - 1]);
+        s->n_rec--;
+    }
+    if (s->n_rec > 0) {
+        h2o_record *r = &s->rec[s->n_rec - 1];
+        if (n < r->n0 + r->m) {
+            h2o_restore(p, r);
+            return h2o_replay(p, r, n - r->n0);
+        }
+    }
+    return TRI_STATUS_OK;
+}
+
+// ---- retrieval ----
+
+static sel_entry *ret_current(const tri__kv_policy *p) {
+    const tri__retrieval_state *s = p->ret;
+    return s->n_sel ? &s->sel[s->n_sel - 1] : NULL;
+}
+
+// Summarises the chunks completed by a length of len: mean of each chunk's stored keys per head.
+static tri_status ret_summarise(tri__kv_policy *p, int32_t len) {
+    tri__retrieval_state *s = p->ret;
+    const int32_t C = p->p.chunk, kd = kv_dim(p), hd = p->head_dim;
+    const int64_t es = esize(p);
+    for (; s->n_chunks < len / C; s->n_chunks++) {
+        for (int32_t il = 0; il < p->n_layer; il++) {
+            const char *src = (const char *)p->kv->k[il] + (int64_t)s->n_chunks * C * kd * es;
+            TRY(p->be->ops->copy_to_host(p->be, s->rows, src, (size_t)((int64_t)C * kd * es)));
+            TRY(p->be->ops->synchronize(p->be));
+            for (int32_t h = 0; h < p->n_head_kv; h++) {
+                float *sm = s->summ + (int64_t)h * hd;
+                for (int32_t d = 0; d < hd; d++) {
+                    double acc = 0;
+                    for (int32_t r = 0; r < C; r++) {
+                        int64_t e = (int64_t)r * kd + (int64_t)h * hd + d;
+                        acc += p->kv->type == TRI_DTYPE_F16 ? (double)tri__f16_to_f32(((const uint16_t *)s->rows)[e])
+                                                            : (double)((const float *)s->rows)[e];
+                    }
+                    sm[d] = (float)(acc / C);
+                }
+                TRY(tri__chunk_index_add(s->ix[il * p->n_head_kv + h], sm, 1));
+            }
+        }
+    }
+    return TRI_STATUS_OK;
+}
+
+// Selects, for every (layer, KV head), chunk 0 and the best kmax - 1 other complete chunks by the
+// summed group query of the token at len - 1 (row `row` of the last step), at cache length len.
+static tri_status ret_select(tri__kv_policy *p, int32_t len, int32_t row) {
+    tri__retrieval_state *s = p->ret;
+    int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
+    if (s->n_sel == s->sel_cap) {
+        int32_t cap = s->sel_cap ? 2 * s->sel_cap : 8;
+        sel_entry *e = realloc(s->sel, sizeof *e * (size_t)cap);
+        if (!e) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: %d selections", cap);
+        s->sel = e;
+        s->sel_cap = cap;
+    }
+    sel_entry e = {.n_sel = len};
+    e.cnt = malloc(sizeof *e.cnt * (size_t)heads);
+    e.ids = malloc(sizeof *e.ids * (size_t)(heads * s->kmax));
+    if (!e.cnt || !e.ids) {
+        free(e.cnt);
+        free(e.ids);
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: selection");
+    }
+    int32_t n_chunks = len / p->p.chunk;
+    for (int64_t i = 0; i < heads; i++) {
+        int32_t *ids = e.ids + i * s->kmax;
+        int32_t cnt = 0;
+        if (n_chunks <= s->kmax) {
+            for (int32_t c = 0; c < n_chunks; c++) ids[cnt++] = c;
+        } else {
+            ids[cnt++] = 0;  // the attention sink
+            int32_t found = 0;
+            const float *q = s->stepq + ((int64_t)row * heads + i) * p->head_dim;
+            tri_status st = tri__chunk_index_search(s->ix[i], q, 1, s->kmax - 1, s->found,
+                                                    NULL, &found);
+            if (st) {
+                free(e.cnt);
+                free(e.ids);
+                return st;
+            }
+            // ascending chunk order: spans in position order, adjacent chunks merge
+            for (int32_t a = 0; a < found; a++) {
+                int32_t c = s->found[a], b = cnt;
+                while (b > 1 && ids[b - 1] > c) {
+                    ids[b] = ids[b - 1];
+                    b--;
+                }
+                ids[b] = c;
+                cnt++;
+            }
+        }
+        e.cnt[i] = cnt;
+    }
+    s->sel[s->n_sel++] = e;
+    s->armed = false;
+    return TRI_STATUS_OK;
+}
+
+// Layer il's view: the selected chunks, then the tokens since the selection's last whole chunk.
+static void ret_view(tri__kv_policy *p, int32_t il, int32_t end) {
+    const sel_entry *e = ret_current(p);
+    const int64_t es = esize(p), kd = kv_dim(p);
+    const int32_t C = p->p.chunk;
+    int32_t recent = (e->n_sel / C) * C;
+    int32_t ns = 0;
+    for (int32_t h = 0; h < p->n_head_kv; h++) {
+        p->head_span[h] = ns;
+        int64_t i = (int64_t)il * p->n_head_kv + h;
+        const int32_t *ids = e->ids + i * p->ret->kmax;
+        int32_t cnt = e->cnt[i];
+        int32_t first = ns;
+        for (int32_t a = 0; a <= cnt; a++) {
+            int32_t start = a < cnt ? ids[a] * C : recent, len = a < cnt ? C : end - recent;
+            if (len == 0) continue;
+            if (ns > first && p->spans[ns - 1].pos0 + p->spans[ns - 1].n == start) {
+                p->spans[ns - 1].n += len;  // contiguous: one span, as the full view has
+                continue;
+            }
+            int64_t off = ((int64_t)start * kd + (int64_t)h * p->head_dim) * es;
+            p->spans[ns++] = (tri__kv_span){.pos0 = start, .n = len, .k = (const char *)p->kv->k[il] + off,
+                                            .v = (const char *)p->kv->v[il] + off, .stride = kd};
+        }
+    }
+    p->head_span[p->n_head_kv] = ns;
+    TRI_ASSERT(ns <= p->spans_cap);
+}
+
+// Keeps the step's queries, summed over each KV head's group: for GQA the chunk scores of the
+// heads sharing a KV head add up, so the chunks chosen maximise the group's total logit mass
+// (the mean would choose the same chunks; the max of the heads would follow one head only).
+static tri_status ret_keep_query(tri__kv_policy *p, int32_t il, const float *q) {
+    tri__retrieval_state *s = p->ret;
+    int64_t qd = (int64_t)p->n_head * p->head_dim, heads = (int64_t)p->n_layer * p->n_head_kv;
+    TRY(p->be->ops->copy_to_host(p->be, s->qrow, q, sizeof(float) * (size_t)(p->step_m * qd)));
+    TRY(p->be->ops->synchronize(p->be));
+    int32_t g = p->n_head / p->n_head_kv;
+    for (int32_t t = 0; t < p->step_m; t++)
+        for (int32_t h = 0; h < p->n_head_kv; h++) {
+            float *dst = s->stepq + ((int64_t)t * heads + (int64_t)il * p->n_head_kv + h) * p->head_dim;
+            for (int32_t d = 0; d < p->head_dim; d++) {
+                float acc = 0;
+                for (int32_t a = 0; a < g; a++) acc += s->qrow[t * qd + (int64_t)(h * g + a) * p->head_dim + d];
+                dst[d] = acc;
+            }
+        }
+    return TRI_STATUS_OK;
+}
+
+// Whether a step ending at len selects: on request, or once refresh tokens came since the last
+// selection.
+static bool ret_due(const tri__kv_policy *p, int32_t len, bool armed) {
+    const sel_entry *cur = ret_current(p);
+    int32_t since = len - (cur ? cur->n_sel : 0);
+    return armed || (p->p.refresh > 0 && since >= p->p.refresh);
+}
+
+static tri_status ret_truncate(tri__kv_policy *p, int32_t n) {
+    tri__retrieval_state *s = p->ret;
+    while (s->n_sel > 0 && s->sel[s->n_sel - 1].n_sel > n) {
+        s->n_sel--;
+        free(s->sel[s->n_sel].cnt);
+        free(s->sel[s->n_sel].ids);
+    }
+    int32_t n_chunks = n / p->p.chunk;
+    if (n_chunks < s->n_chunks) {
+        for (int32_t i = 0; i < p->n_layer * p->n_head_kv; i++) TRY(tri__chunk_index_truncate(s->ix[i], n_chunks));
+        s->n_chunks = n_chunks;
+    }
+    // into the last step: it would have ended at n, and selected then if due
+    if (s->step_m > 0 && n <= s->step_n0) {
+        if (n == s->step_n0) s->armed = s->step_armed;
+        s->step_m = 0;
+    } else if (s->step_m > 0 && n < s->step_n0 + s->step_m) {
+        s->step_m = n - s->step_n0;
+        s->armed = s->step_armed;
+        if (ret_due(p, n, s->armed)) TRY(ret_select(p, n, s->step_m - 1));
+    }
+    return TRI_STATUS_OK;
+}
+
+// ---- the step ----
+
+tri_status tri__kv_policy_begin(tri__kv_policy *p, int32_t m, const tri__rope *rope, int32_t *q_pos) {
+    TRI_ASSERT(!p->in_step);
+    int32_t n0 = p->kv->n;
+    if (m <= 0 || m > p->max_step || n0 > p->kv->capacity - m)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: step of %d tokens after %d (steps of at most %d, capacity %d)",
+                         m, n0, p->max_step, p->kv->capacity);
+    p->step_n0 = n0;
+    p->step_m = m;
+    p->rope = rope;
+    int32_t base = n0;
+    if (p->p.kind == TRI_KV_POLICY_STREAMING) {
+        // sinks and the most recent tokens, rotated by their rank in the cache
+        int32_t kept = 0;
+        if (n0 <= p->p.budget) {
+            for (int32_t i = 0; i < n0; i++) p->gather[kept++] = i;
+        } else {
+            for (int32_t i = 0; i < p->p.sink; i++) p->gather[kept++] = i;
+            for (int32_t i = n0 - (p->p.budget - p->p.sink); i < n0; i++) p->gather[kept++] = i;
+        }
+        for (int32_t i = 0; i < m; i++) p->gather[kept + i] = n0 + i;
+        p->step_kept = kept;
+        base = kept;
+    }
+    if (p->h2o) h2o_push(p, n0, m);
+    for (int32_t i = 0; i < m; i++) q_pos[i] = base + i;
+    p->in_step = true;
+    return TRI_STATUS_OK;
+}
+
+static tri_status policy_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
+                               const tri__kv_view **view, float **weight_sums);
+static tri_status measure_layer(tri__kv_policy *p, int32_t il, const float *q, const tri__kv_view *view);
+
+tri_status tri__kv_policy_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
+                                const tri__kv_view **view, float **weight_sums) {
+    TRY(policy_layer(p, il, q, k, v, view, weight_sums));
+    if (p->measure && p->step_m == 1) TRY(measure_layer(p, il, q, *view));
+    return TRI_STATUS_OK;
+}
+
+static tri_status policy_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
+                               const tri__kv_view **view, float **weight_sums) {
+    TRI_ASSERT(p->in_step && il >= 0 && il < p->n_layer);
+    const int32_t n0 = p->step_n0, m = p->step_m, end = n0 + m;
+    *weight_sums = NULL;
+    TRY(tri__kv_store_write(p->kv, il, n0, m, k, v));
+    switch (p->p.kind) {
+    case TRI_KV_POLICY_FULL:
+        *view = tri__kv_store_view(p->kv, il, end, &p->view);
+        return TRI_STATUS_OK;
+    case TRI_KV_POLICY_STREAMING: {
+        const tri__backend_ops *op = p->be->ops;
+        int32_t rows = p->step_kept + m, kd = kv_dim(p);
+        TRY(op->get_rows(p->be, p->sk, p->kv->k[il], p->kv->type, p->kv->capacity, kd, p->gather, rows));
+        TRY(op->get_rows(p->be, p->sv, p->kv->v[il], p->kv->type, p->kv->capacity, kd, p->gather, rows));
+        TRY(op->rope(p->be, p->sk, rows, p->n_head_kv, p->cache_pos, p->rope));
+        for (int32_t h = 0; h < p->n_head_kv; h++) {
+            p->spans[h] = (tri__kv_span){.pos0 = 0, .n = rows, .k = p->sk + (int64_t)h * p->head_dim,
+                                         .v = p->sv + (int64_t)h * p->head_dim, .stride = kd};
+            p->head_span[h] = h;
+        }
+        p->head_span[p->n_head_kv] = p->n_head_kv;
+        p->view = (tri__kv_view){.type = TRI_DTYPE_F32, .n_head_kv = p->n_head_kv, .spans = p->spans,
+                                 .head_span = p->head_span};
+        *view = &p->view;
+        return TRI_STATUS_OK;
+    }
+    case TRI_KV_POLICY_H2O: {
+        h2o_record *r = &p->h2o->rec[p->h2o->n_rec - 1];
+        int64_t qd = (int64_t)p->n_head * p->head_dim;
+        TRY(p->be->ops->copy_to_host(p->be, r->q + (int64_t)il * p->max_step * qd, q, sizeof(float) * (size_t)(m * qd)));
+        h2o_view(p, il, n0, m);
+        *weight_sums = p->h2o->ws_dev;
+        break;
+    }
+    case TRI_KV_POLICY_RETRIEVAL:
+        TRY(ret_keep_query(p, il, q));
+        if (!ret_current(p)) {
+            *view = tri__kv_store_view(p->kv, il, end, &p->view);
+            return TRI_STATUS_OK;
+        }
+        ret_view(p, il, end);
+        break;
+    }
+    p->view = (tri__kv_view){.type = p->kv->type, .n_head_kv = p->n_head_kv, .spans = p->spans,
+                             .head_span = p->head_span};
+    *view = &p->view;
+    return TRI_STATUS_OK;
+}
+
+// ---- measurement ----
+
+tri_status tri__kv_policy_measure(tri__kv_policy *p) {
+    tri__backend *be = p->be;
+    int64_t cap = p->kv->capacity, kd = kv_dim(p);
+    TRY(be->ops->alloc(be, sizeof(float) * (size_t)(p->n_head_kv * cap), (void **)&p->m_ws));
+    TRY(be->ops->alloc(be, sizeof(float) * (size_t)p->n_head * (size_t)p->head_dim, (void **)&p->m_out));
+    p->m_ws_host = malloc(sizeof(float) * (size_t)(p->n_head_kv * cap));
+    p->m_pos = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!p->m_ws_host || !p->m_pos) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy: measurement");
+    for (int64_t i = 0; i < cap; i++) p->m_pos[i] = (int32_t)i;
+    if (p->raw_keys) {
+        TRY(be->ops->alloc(be, sizeof(float) * (size_t)(cap * kd), (void **)&p->m_k));
+        TRY(be->ops->alloc(be, sizeof(float) * (size_t)(cap * kd), (void **)&p->m_v));
+        TRY(be->ops->alloc(be, sizeof(float) * (size_t)p->n_head * (size_t)p->head_dim, (void **)&p->m_q));
+    }
+    p->measure = true;
+    return TRI_STATUS_OK;
+}
+
+// Full attention of the step's one query over [0, end), and the share of it on the positions the
+// policy's view holds.
+static tri_status measure_layer(tri__kv_policy *p, int32_t il, const float *q, const tri__kv_view *view) {
+    const tri__backend_ops *op = p->be->ops;
+    int32_t end = p->step_n0 + 1, kd = kv_dim(p);
+    tri__kv_span spans[64];
+    int32_t head_span[65];
+    if (p->n_head_kv > 64) return TRI_STATUS_OK;
+    tri__kv_view full = {.type = p->kv->type, .n_head_kv = p->n_head_kv, .spans = spans, .head_span = head_span};
+    int32_t qpos = p->step_n0;
+    const int64_t es = esize(p);
+    for (int32_t h = 0; h < p->n_head_kv; h++) {
+        head_span[h] = h;
+        if (p->raw_keys) {
+            spans[h] = (tri__kv_span){.pos0 = 0, .n = end, .k = p->m_k + (int64_t)h * p->head_dim,
+                                      .v = p->m_v + (int64_t)h * p->head_dim, .stride = kd};
+        } else {
+            int64_t off = (int64_t)h * p->head_dim * es;
+            spans[h] = (tri__kv_span){.pos0 = 0, .n = end, .k = (const char *)p->kv->k[il] + off,
+                                      .v = (const char *)p->kv->v[il] + off, .stride = kd};
+        }
+    }
+    head_span[p->n_head_kv] = p->n_head_kv;
+    if (p->raw_keys) {
+        // keys rotated at their absolute positions, and the query (rotated at its cache position
+        // step_kept) turned on by the difference, so that it sits at its absolute position too
+        full.type = TRI_DTYPE_F32;
+        int32_t shift = p->step_n0 - p->step_kept;
+        TRY(op->get_rows(p->be, p->m_k, p->kv->k[il], p->kv->type, p->kv->capacity, kd, p->m_pos, end));
+        TRY(op->get_rows(p->be, p->m_v, p->kv->v[il], p->kv->type, p->kv->capacity, kd, p->m_pos, end));
+        TRY(op->rope(p->be, p->m_k, end, p->n_head_kv, p->m_pos, p->rope));
+        TRY(op->copy(p->be, p->m_q, q, sizeof(float) * (size_t)p->n_head * (size_t)p->head_dim));
+        TRY(op->rope(p->be, p->m_q, 1, p->n_head, &shift, p->rope));
+        q = p->m_q;
+    }
+    TRY(op->attention(p->be, p->m_out, q, &qpos, 1, p->n_head, p->head_dim, &full, p->m_ws));
+    TRY(op->copy_to_host(p->be, p->m_ws_host, p->m_ws, sizeof(float) * (size_t)(p->n_head_kv * end)));
+    TRY(op->synchronize(p->be));
+    int32_t g = p->n_head / p->n_head_kv;
+    for (int32_t h = 0; h < p->n_head_kv; h++) {
+        const float *w = p->m_ws_host + (int64_t)h * end;
+        double got = 0;
+        if (p->raw_keys) {
+            for (int32_t r = 0; r < p->step_kept + 1; r++) got += w[p->gather[r]];
+        } else {
+            for (int32_t si = view->head_span[h]; si < view->head_span[h + 1]; si++)
+                for (int32_t j = 0; j < view->spans[si].n; j++) got += w[view->spans[si].pos0 + j];
+        }
+        p->mass_sum += got / g;
+        p->mass_n++;
+    }
+    return TRI_STATUS_OK;
+}
+
+tri_status tri__kv_policy_observe(tri__kv_policy *p, int32_t il) {
+    if (!p->h2o) return TRI_STATUS_OK;
+    int64_t n_keys = 0;
+    for (int32_t si = 0; si < p->head_span[p->n_head_kv]; si++) n_keys += p->spans[si].n;
+    TRY(p->be->ops->copy_to_host(p->be, p->h2o->ws, p->h2o->ws_dev, sizeof(float) * (size_t)n_keys));
+    TRY(p->be->ops->synchronize(p->be));
+    h2o_accumulate(p, il, p->step_n0, p->step_m);
+    return TRI_STATUS_OK;
+}
+
+tri_status tri__kv_policy_commit(tri__kv_policy *p) {
+    TRI_ASSERT(p->in_step);
+    int32_t end = p->step_n0 + p->step_m;
+    tri_status st = TRI_STATUS_OK;
+    if (p->h2o)
+        for (int32_t il = 0; il < p->n_layer; il++) h2o_evict(p, il, end);
+    if (p->ret) {
+        if ((st = ret_summarise(p, end))) goto fail;
+        p->ret->step_n0 = p->step_n0;
+        p->ret->step_m = p->step_m;
+        p->ret->step_armed = p->ret->armed;
+        if (ret_due(p, end, p->ret->armed))
+            if ((st = ret_select(p, end, p->step_m - 1))) goto fail;
+    }
+    p->in_step = false;
+    return tri__kv_store_set_len(p->kv, end);
+fail:
+    tri__kv_policy_abort(p);
+    return st;
+}
+
+void tri__kv_policy_abort(tri__kv_policy *p) {
+    if (!p->in_step) return;
+    p->in_step = false;
+    if (p->h2o && p->h2o->n_rec > 0) {
+        h2o_restore(p, &p->h2o->rec[p->h2o->n_rec - 1]);
+        p->h2o->n_rec--;
+    }
+    if (p->ret) {
+        // drop the summaries of a half-committed step; the previous step stays remembered
+        tri__retrieval_state *s = p->ret;
+        int32_t keep_m = s->step_m, keep_n0 = s->step_n0;
+        s->step_m = 0;
+        (void)ret_truncate(p, p->step_n0);
+        s->step_m = keep_m;
+        s->step_n0 = keep_n0;
+    }
+}
+
+tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n) {
+    TRI_ASSERT(!p->in_step);
+    if (n < 0 || n > p->kv->n)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: truncate to %d outside [0, %d]", n, p->kv->n);
+    if (p->h2o) TRY(h2o_truncate(p, n));
+    if (p->ret) TRY(ret_truncate(p, n));
+    return tri__kv_store_set_len(p->kv, n);
+}
+
+void tri__kv_policy_reset(tri__kv_policy *p) {
+    p->in_step = false;
+    if (p->h2o) {
+        memset(p->h2o->cnt, 0, sizeof *p->h2o->cnt * (size_t)(p->n_layer * p->n_head_kv));
+        p->h2o->n_rec = 0;
+    }
+    if (p->ret) {
+        p->ret->step_m = 0;
+        (void)ret_truncate(p, 0);
+        p->ret->armed = false;
+    }
+    p->kv->n = 0;
+}
+
+void tri__kv_policy_request_refresh(tri__kv_policy *p) {
+    if (p->ret) p->ret->armed = true;
+}
+
+int32_t tri__kv_policy_selection(const tri__kv_policy *p, int32_t il, int32_t h, int32_t *ids, int32_t *n_sel) {
+    const sel_entry *e = p->ret ? ret_current(p) : NULL;
+    if (!e) {
+        if (n_sel) *n_sel = 0;
+        return -1;
+    }
+    int64_t i = (int64_t)il * p->n_head_kv + h;
+    memcpy(ids, e->ids + i * p->ret->kmax, sizeof *ids * (size_t)e->cnt[i]);
+    if (n_sel) *n_sel = e->n_sel;
+    return e->cnt[i];
+}
+
+int32_t tri__kv_policy_h2o_kept(const tri__kv_policy *p, int32_t il, int32_t h, int32_t *pos) {
+    if (!p->h2o) return 0;
+    int32_t cnt = p->h2o->cnt[il * p->n_head_kv + h];
+    memcpy(pos, h2o_pos(p, il, h), sizeof *pos * (size_t)cnt);
+    return cnt;
+}

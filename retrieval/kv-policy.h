@@ -1,0 +1,152 @@
+// kv-policy.h - KV cache policies: which past tokens each layer and KV head attends to (internal).
+//
+// A policy owns the keys and values of every position (a tri__kv_store, so that rollback is exact
+// for every policy) and, per step of the forward pass, hands back the tri__kv_view the step
+// attends to. docs/kv-policies.md describes each policy.
+//
+// One step of m tokens (the forward pass does exactly this, for every chunk of a prefill):
+//   tri__kv_policy_begin(p, m, rope, q_pos)   -> positions to rotate the queries at and mask with
+//   for each layer il:
+//     tri__kv_policy_layer(p, il, q, k, v, &view, &ws)   q rotated at q_pos; k rotated at the
+//                                                        absolute positions (unless p->raw_keys)
+//     attention(..., q_pos, view, ws)
+//     tri__kv_policy_observe(p, il)                      reads ws if the policy asked for it
+//   tri__kv_policy_commit(p)                  or tri__kv_policy_abort(p) on failure
+//
+// Budgets count past tokens: a step always attends to its own tokens besides the budget (so a
+// verification step of gamma tokens sees budget + gamma keys), as TriForce's caches do.
+#ifndef TRI_KV_POLICY_H
+#define TRI_KV_POLICY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "chunk-index.h"
+#include "kv-store.h"
+#include "rope.h"
+#include "triforce.h"
+
+typedef struct tri__kv_policy_params {
+    tri_kv_policy kind;
+    int32_t budget;   // past tokens kept (not FULL); 1 <= budget <= capacity
+    int32_t chunk;    // RETRIEVAL: tokens per chunk, divides budget
+    int32_t sink;     // STREAMING: attention sinks, < budget
+    int32_t refresh;  // RETRIEVAL: re-select once this many tokens came since the last selection;
+                      // 0: only on request
+    int32_t recent;   // H2O: recent tokens always kept, < budget; 0: budget / 2
+    int32_t history;  // H2O: steps remembered for rollback; 0: 32
+    tri__chunk_index_kind index;  // RETRIEVAL: chunk index backend
+} tri__kv_policy_params;
+
+// Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index), clipped to capacity.
+tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t capacity);
+
+// Checks params against the cache capacity; INVALID_ARGUMENT with a message naming the field.
+tri_status tri__kv_policy_check(const tri__kv_policy_params *params, int32_t capacity);
+
+typedef struct tri__h2o_state tri__h2o_state;
+typedef struct tri__retrieval_state tri__retrieval_state;
+
+typedef struct tri__kv_policy {
+    tri__kv_policy_params p;
+    tri__kv_store own;        // the keys and values, unless wrapping an outside store
+    tri__kv_store *kv;        // &own, or the wrapped store (tri__kv_policy_wrap_full)
+    tri__backend *be;         // not owned
+    int32_t n_layer, n_head, n_head_kv, head_dim;
+    int32_t max_step;         // most tokens per step
+    bool raw_keys;            // the forward pass hands keys before RoPE (STREAMING)
+
+    // ---- the step in progress ----
+    bool in_step;
+    int32_t step_n0;          // positions before the step
+    int32_t step_m;           // tokens in the step
+    int32_t step_kept;        // STREAMING: past rows in the step's view
+    const tri__rope *rope;    // STREAMING: rotates the gathered keys
+    int32_t *q_pos;           // (max_step) host
+
+    // ---- view descriptors, rebuilt per layer ----
+    tri__kv_span *spans;      // (spans_cap) host
+    int32_t spans_cap;
+    int32_t *head_span;       // (n_head_kv + 1) host
+    tri__kv_view view;
+
+    // ---- STREAMING: the step's view, gathered and rotated by cache position ----
+    float *sk, *sv;           // (budget + max_step, n_head_kv * head_dim) f32 backend memory
+    int32_t *gather;          // (budget + max_step) host: absolute position of each view row
+    int32_t *cache_pos;       // (budget + max_step) host: 0, 1, 2, ...
+
+    tri__h2o_state *h2o;
+    tri__retrieval_state *ret;
+
+    // ---- measurement (tri__kv_policy_measure) ----
+    bool measure;
+    float *m_ws;              // (n_head_kv * capacity) backend: full attention's weight sums
+    float *m_ws_host;         // (n_head_kv * capacity) host
+    float *m_out;             // (n_head * head_dim) backend scratch
+    float *m_k, *m_v;         // (capacity, n_head_kv * head_dim) f32 backend: STREAMING's keys
+                              // rotated at absolute positions
+    float *m_q;               // (n_head * head_dim) f32 backend: STREAMING's query at its absolute position
+    int32_t *m_pos;           // (capacity) host: 0, 1, 2, ...
+    double mass_sum;          // sum over (layer, KV head, query) of the full-attention mass the view
+                              // holds, as a fraction of the group's total
+    int64_t mass_n;           // terms in mass_sum
+} tri__kv_policy;
+
+// A policy over a new store of capacity positions of type kv_type (F16/F32) in be's memory, for
+// steps of at most max_step tokens. Checks params first. Free with tri__kv_policy_free.
+tri_status tri__kv_policy_init(tri__kv_policy *p, const tri__kv_policy_params *params, tri__backend *be,
+                               tri_dtype kv_type, int32_t n_layer, int32_t n_head, int32_t n_head_kv,
+                               int32_t head_dim, int32_t capacity, int32_t max_step);
+// A FULL policy over an existing store (not owned; kv->n is the policy's length).
+tri_status tri__kv_policy_wrap_full(tri__kv_policy *p, tri__kv_store *kv, int32_t n_head, int32_t max_step);
+void tri__kv_policy_free(tri__kv_policy *p);
+
+// Positions appended so far, and the most the store holds.
+static inline int32_t tri__kv_policy_len(const tri__kv_policy *p) { return p->kv->n; }
+static inline int32_t tri__kv_policy_capacity(const tri__kv_policy *p) { return p->kv->capacity; }
+
+// Starts a step of m tokens at absolute positions len .. len + m - 1 (1 <= m <= max_step, fits
+// the capacity). Fills q_pos (m, host) with the positions at which the step's queries are rotated
+// and masked: the absolute ones, except STREAMING (positions inside the cache). rope is kept for
+// the step (STREAMING rotates keys with it) and must be the table the queries are rotated with.
+tri_status tri__kv_policy_begin(tri__kv_policy *p, int32_t m, const tri__rope *rope, int32_t *q_pos);
+
+// Layer il of the step: stores k and v (m, n_head_kv * head_dim) f32 backend memory, and returns
+// in *view what the step's queries q (m, n_head * head_dim) f32 backend memory, rotated at q_pos,
+// attend to, and in *weight_sums a buffer to pass to the attention op (NULL: none wanted). Both
+// stay valid until the next call on p.
+tri_status tri__kv_policy_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
+                                const tri__kv_view **view, float **weight_sums);
+// After layer il's attention (with the weight sums asked for).
+tri_status tri__kv_policy_observe(tri__kv_policy *p, int32_t il);
+// Ends the step: the m tokens become part of the cache (evictions, chunk summaries, selection).
+tri_status tri__kv_policy_commit(tri__kv_policy *p);
+// Abandons the step in progress, leaving the policy as before tri__kv_policy_begin.
+void tri__kv_policy_abort(tri__kv_policy *p);
+
+// Rolls back to the first n positions: the state becomes what it would be had the dropped tokens
+// never been appended. H2O remembers `history` steps: INVALID_ARGUMENT before those.
+tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n);
+// Empties the cache.
+void tri__kv_policy_reset(tri__kv_policy *p);
+// RETRIEVAL: select again at the end of the next step, from its last token's query. No-op otherwise.
+void tri__kv_policy_request_refresh(tri__kv_policy *p);
+
+// ---- inspection (tests, benchmarks) ----
+
+// RETRIEVAL: the chunks layer il, KV head h attends to in the current selection, ascending, into
+// ids (capacity budget / chunk); returns their count, and -1 when there is no selection yet (full
+// attention). *n_sel receives the length the selection was made at.
+int32_t tri__kv_policy_selection(const tri__kv_policy *p, int32_t il, int32_t h, int32_t *ids, int32_t *n_sel);
+// H2O: the positions layer il, KV head h keeps, ascending, into pos (capacity budget + max_step);
+// returns their count.
+int32_t tri__kv_policy_h2o_kept(const tri__kv_policy *p, int32_t il, int32_t h, int32_t *pos);
+
+// Benchmarks: from now on every one-token step also computes full attention over every position
+// and adds to mass_sum the share of it that the policy's view holds (an extra O(context) pass).
+tri_status tri__kv_policy_measure(tri__kv_policy *p);
+
+const char *tri__kv_policy_name(tri_kv_policy kind);
+
+#endif  // TRI_KV_POLICY_H

@@ -1,0 +1,453 @@
+// test-kv-policy.c - cache policies and the chunk index.
+//
+// Selections are checked on constructed keys and queries whose answer is worked out by hand (the
+// chunk index, retrieval with GQA) or by a naive double-precision simulation written here (H2O);
+// policies that keep everything must give exactly the full cache's logits; rollback must leave
+// every policy as if the dropped tokens had never been run; StreamingLLM must keep going past the
+// model's trained context.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "backend.h"
+#include "chunk-index.h"
+#include "kv-policy.h"
+#include "test-util.h"
+#include "triforce.h"
+
+// ---- chunk index ----
+
+static void check_search(tri__chunk_index_kind kind) {
+    tri__chunk_index *ix;
+    cr_assert_eq(tri__chunk_index_create(kind, 4, &ix), TRI_STATUS_OK, "%s", tri_last_error());
+    // row i scores (row . q) with q = (1, 0, 0, 0): 0, 5, 2, 5, 7, -1, 2, 5
+    const float x[8][4] = {{0, 1, 0, 0}, {5, 0, 0, 0}, {2, 3, 0, 0}, {5, 0, 1, 0},
+                           {7, 0, 0, 0}, {-1, 0, 0, 0}, {2, 0, 0, 9}, {5, 0, 0, 0}};
+    cr_assert_eq(tri__chunk_index_add(ix, &x[0][0], 5), TRI_STATUS_OK);
+    cr_assert_eq(tri__chunk_index_add(ix, &x[5][0], 3), TRI_STATUS_OK);
+    cr_assert_eq(tri__chunk_index_size(ix), 8);
+    const float q[4] = {1, 0, 0, 0};
+    int32_t ids[8], n;
+    float sc[8];
+    cr_assert_eq(tri__chunk_index_search(ix, q, 0, 5, ids, sc, &n), TRI_STATUS_OK);
+    // 7 (row 4), then the three 5s by row, then the first 2 (row 2 before row 6)
+    const int32_t want[5] = {4, 1, 3, 7, 2};
+    cr_assert_eq(n, 5);
+    for (int i = 0; i < 5; i++) cr_assert_eq(ids[i], want[i], "kind %d rank %d: row %d, want %d", kind, i, ids[i], want[i]);
+    cr_assert_float_eq(sc[0], 7.0f, 0);
+    // from row 2 on, top 2: rows 4 and 3
+    cr_assert_eq(tri__chunk_index_search(ix, q, 2, 2, ids, NULL, &n), TRI_STATUS_OK);
+    cr_assert(n == 2 && ids[0] == 4 && ids[1] == 3);
+    // rollback: without rows 4..7 the best from 0 are 1, 3, 2
+    cr_assert_eq(tri__chunk_index_truncate(ix, 4), TRI_STATUS_OK);
+    cr_assert_eq(tri__chunk_index_search(ix, q, 0, 8, ids, NULL, &n), TRI_STATUS_OK);
+    cr_assert(n == 4 && ids[0] == 1 && ids[1] == 3 && ids[2] == 2 && ids[3] == 0);
+    cr_assert_eq(tri__chunk_index_truncate(ix, 5), TRI_STATUS_INVALID_ARGUMENT);
+    tri__chunk_index_free(ix);
+}
+
+Test(chunk_index, exact_known_answers_ties_by_lower_row) { check_search(TRI_CHUNK_INDEX_EXACT); }
+
+Test(chunk_index, faiss_known_answers) {
+    if (!tri__chunk_index_have_faiss()) {
+        tri__chunk_index *ix;
+        cr_assert_eq(tri__chunk_index_create(TRI_CHUNK_INDEX_FAISS_FLAT, 4, &ix), TRI_STATUS_UNSUPPORTED);
+        cr_skip_test("no FAISS in this build");
+    }
+    check_search(TRI_CHUNK_INDEX_FAISS_FLAT);
+}
+
+static uint64_t rng_state = 88172645463325252ull;
+static float frand(void) {  // xorshift64, uniform in [-1, 1)
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+// Random summaries (with planted duplicates, so ties happen) and queries: FAISS flat and IVF give
+// the exact scan's answer, also after rollback and regrowth.
+Test(chunk_index, faiss_agrees_with_exact) {
+    if (!tri__chunk_index_have_faiss()) cr_skip_test("no FAISS in this build");
+    const int32_t dim = 64, n = 3000;
+    float *x = malloc(sizeof(float) * (size_t)(n * dim));
+    for (int64_t i = 0; i < (int64_t)n * dim; i++) x[i] = frand();
+    // rows i * 37 stand out (5x longer) and are duplicated at i * 37 + 5: a query equal to one
+    // has those two on top, tied
+    for (int i = 0; i < 40; i++) {
+        for (int d = 0; d < dim; d++) x[(int64_t)(i * 37) * dim + d] *= 5;
+        memcpy(x + (int64_t)(i * 37 + 5) * dim, x + (int64_t)(i * 37) * dim, sizeof(float) * dim);
+    }
+    tri__chunk_index_kind kinds[2] = {TRI_CHUNK_INDEX_FAISS_FLAT, TRI_CHUNK_INDEX_FAISS_IVF};
+    for (int kk = 0; kk < 2; kk++) {
+        tri__chunk_index *ex, *fa;
+        cr_assert_eq(tri__chunk_index_create(TRI_CHUNK_INDEX_EXACT, dim, &ex), TRI_STATUS_OK);
+        cr_assert_eq(tri__chunk_index_create(kinds[kk], dim, &fa), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int32_t done = 0; done < n; done += 500) {
+            cr_assert_eq(tri__chunk_index_add(ex, x + (int64_t)done * dim, 500), TRI_STATUS_OK);
+            cr_assert_eq(tri__chunk_index_add(fa, x + (int64_t)done * dim, 500), TRI_STATUS_OK, "%s", tri_last_error());
+        }
+        cr_assert_eq(tri__chunk_index_truncate(ex, 2500), TRI_STATUS_OK);
+        cr_assert_eq(tri__chunk_index_truncate(fa, 2500), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int t = 0; t < 20; t++) {
+            float q[64];
+            // half the queries are a stored row: its duplicates tie at the top
+            if (t % 2) memcpy(q, x + (int64_t)(t * 37) * dim, sizeof q);
+            else
+                for (int d = 0; d < dim; d++) q[d] = frand();
+            int32_t a[32], b[32], na, nb;
+            cr_assert_eq(tri__chunk_index_search(ex, q, 1, 32, a, NULL, &na), TRI_STATUS_OK);
+            cr_assert_eq(tri__chunk_index_search(fa, q, 1, 32, b, NULL, &nb), TRI_STATUS_OK);
+            cr_assert_eq(na, nb);
+            if (kinds[kk] == TRI_CHUNK_INDEX_FAISS_FLAT)
+                for (int i = 0; i < na; i++) cr_assert_eq(a[i], b[i], "query %d rank %d: exact %d, faiss %d", t, i, a[i], b[i]);
+            // IVF probes 8 of 64 lists, approximate by design (random rows have no clusters to find),
+            // but a stored row lies in the list nearest to itself: it and its twin come first,
+            // the lower row first
+            if (t % 2) cr_assert(b[0] == t * 37 && b[1] == t * 37 + 5, "query %d: %d, %d first", t, b[0], b[1]);
+        }
+        tri__chunk_index_free(ex);
+        tri__chunk_index_free(fa);
+    }
+    free(x);
+}
+
+// ---- policies driven directly, with constructed keys and queries ----
+
+typedef struct rig {
+    tri__backend *be;
+    tri__kv_policy pol;
+    tri__rope rope;
+    int32_t n_head, n_head_kv, hd;
+} rig;
+
+static void rig_init(rig *r, const tri__kv_policy_params *pp, int32_t n_head, int32_t n_head_kv, int32_t hd,
+                     int32_t cap, int32_t max_step) {
+    memset(r, 0, sizeof *r);
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_SCALAR, &r->be), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_policy_init(&r->pol, pp, r->be, TRI_DTYPE_F32, 1, n_head, n_head_kv, hd, cap, max_step),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    tri_model_config c = {.n_head = n_head, .n_head_kv = n_head_kv, .head_dim = hd, .rope_theta = 10000,
+                          .rope_factor = 1};
+    cr_assert_eq(tri__rope_init(&r->rope, &c, NULL), TRI_STATUS_OK);
+    r->n_head = n_head;
+    r->n_head_kv = n_head_kv;
+    r->hd = hd;
+}
+
+static void rig_free(rig *r) {
+    tri__kv_policy_free(&r->pol);
+    tri__rope_free(&r->rope);
+    tri__backend_free(r->be);
+}
+
+// One step of m tokens with keys k (m, n_head_kv * hd), values v and queries q (m, n_head * hd):
+// what the forward pass does for one layer. Returns the view's spans of KV head 0 in *view.
+static void rig_step(rig *r, int32_t m, const float *q, const float *k, const float *v, tri__kv_view *view) {
+    int32_t qpos[64];
+    float out[64 * 64];
+    cr_assert_eq(tri__kv_policy_begin(&r->pol, m, &r->rope, qpos), TRI_STATUS_OK, "%s", tri_last_error());
+    const tri__kv_view *vw;
+    float *ws;
+    cr_assert_eq(tri__kv_policy_layer(&r->pol, 0, q, k, v, &vw, &ws), TRI_STATUS_OK, "%s", tri_last_error());
+    if (view) *view = *vw;
+    cr_assert_eq(r->be->ops->attention(r->be, out, q, qpos, m, r->n_head, r->hd, vw, ws), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_policy_observe(&r->pol, 0), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_policy_commit(&r->pol), TRI_STATUS_OK, "%s", tri_last_error());
+}
+
+// Retrieval with chunks of 2 and a budget of 4 (chunk 0 + one more). Chunk keys point along
+// axes; the two query heads of the KV head disagree, and their sum decides.
+Test(retrieval, selection_by_summed_group_query) {
+    tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 32);
+    pp.budget = 4;
+    pp.chunk = 2;
+    rig r;
+    rig_init(&r, &pp, 2, 1, 4, 32, 8);
+    // chunk 0: (0, 0, 0, 1); chunk 1: e0; chunk 2: e1; chunk 3: e2 (both tokens of each)
+    float k[8][4] = {{0}}, v[8][4] = {{0}}, q[8][8] = {{0}};
+    for (int t = 0; t < 8; t++) {
+        int c = t / 2;
+        k[t][c == 0 ? 3 : c - 1] = 1;
+        v[t][0] = (float)t;
+    }
+    // the last query: head 0 wants chunk 1 strongly (2 e0), head 1 leans away from it and towards
+    // chunk 3: the sum (0.5, 0, 0.9, 0) picks chunk 3, the max of the heads would pick chunk 1
+    q[7][0] = 2;
+    q[7][4] = -1.5f;
+    q[7][6] = 0.9f;
+    tri__kv_policy_request_refresh(&r.pol);
+    rig_step(&r, 8, &q[0][0], &k[0][0], &v[0][0], NULL);
+    int32_t ids[8], n_sel;
+    cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), 2);
+    cr_assert_eq(n_sel, 8);
+    cr_assert(ids[0] == 0 && ids[1] == 3, "selected %d, %d; want 0, 3", ids[0], ids[1]);
+    // the next token attends to chunk 0 and to chunk 3 merged with itself: [0, 2) and [6, 9)
+    tri__kv_view view;
+    float k1[4] = {0}, v1[4] = {0}, q1[8] = {0};
+    rig_step(&r, 1, q1, k1, v1, &view);
+    cr_assert_eq(view.head_span[1], 2);
+    cr_assert(view.spans[0].pos0 == 0 && view.spans[0].n == 2);
+    cr_assert(view.spans[1].pos0 == 6 && view.spans[1].n == 3, "span [%d, +%d)", view.spans[1].pos0, view.spans[1].n);
+    // rolling back before the selection returns to full attention
+    cr_assert_eq(tri__kv_policy_truncate(&r.pol, 7), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), -1);
+    rig_free(&r);
+}
+
+// H2O against a naive simulation in double precision: softmax of each query over what it sees,
+// probabilities summed over the group's heads and the step's queries, lowest accumulated score
+// outside the recent window evicted first.
+Test(h2o, heavy_hitters_match_naive_simulation) {
+    enum { T = 40, HD = 8, NH = 2, BUDGET = 10, RECENT = 4 };
+    tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_H2O, 64);
+    pp.budget = BUDGET;
+    pp.recent = RECENT;
+    rig r;
+    rig_init(&r, &pp, NH, 1, HD, 64, 8);
+    static float k[T][HD], v[T][HD], q[T][NH * HD];
+    for (int t = 0; t < T; t++) {
+        for (int d = 0; d < HD; d++) k[t][d] = frand() * (t % 7 == 3 ? 3.0f : 1.0f);  // some keys stand out
+        for (int d = 0; d < HD; d++) v[t][d] = frand();
+        for (int d = 0; d < NH * HD; d++) q[t][d] = frand();
+    }
+    // naive state
+    int kept[T + 8], n_kept = 0;
+    double score[T];
+    int steps[] = {6, 1, 3, 1, 1, 5, 2, 1, 4, 1, 1, 1, 2, 1, 1, 1, 2, 1, 1, 4};
+    int t0 = 0;
+    for (size_t si = 0; si < sizeof steps / sizeof steps[0]; si++) {
+        int m = steps[si];
+        rig_step(&r, m, q[t0], k[t0], v[t0], NULL);
+        // naive: every query sees the kept positions and the step's tokens up to itself
+        double add[T] = {0};
+        for (int i = 0; i < m; i++)
+            for (int a = 0; a < NH; a++) {
+                int vis[T + 8], nv = 0;
+                for (int j = 0; j < n_kept; j++) vis[nv++] = kept[j];
+                for (int j = 0; j <= i; j++) vis[nv++] = t0 + j;
+                double s[T + 8], mx = -1e300, sum = 0;
+                for (int j = 0; j < nv; j++) {
+                    s[j] = 0;
+                    for (int d = 0; d < HD; d++) s[j] += (double)q[t0 + i][a * HD + d] * k[vis[j]][d];
+                    s[j] /= sqrt((double)HD);
+                    mx = fmax(mx, s[j]);
+                }
+                for (int j = 0; j < nv; j++) sum += exp(s[j] - mx);
+                for (int j = 0; j < nv; j++) add[vis[j]] += exp(s[j] - mx) / sum;
+            }
+        for (int j = 0; j < n_kept; j++) score[kept[j]] += add[kept[j]];
+        for (int j = 0; j < m; j++) {
+            kept[n_kept++] = t0 + j;
+            score[t0 + j] = add[t0 + j];
+        }
+        t0 += m;
+        while (n_kept > BUDGET) {
+            int w = -1;
+            for (int j = 0; j < n_kept; j++)
+                if (kept[j] < t0 - RECENT && (w < 0 || score[kept[j]] < score[kept[w]])) w = j;
+            memmove(kept + w, kept + w + 1, sizeof(int) * (size_t)(n_kept - w - 1));
+            n_kept--;
+        }
+        int32_t got[T + 8];
+        int32_t n_got = tri__kv_policy_h2o_kept(&r.pol, 0, 0, got);
+        cr_assert_eq(n_got, n_kept, "after %d tokens: %d kept, naive %d", t0, n_got, n_kept);
+        for (int j = 0; j < n_kept; j++)
+            cr_assert_eq(got[j], kept[j], "after %d tokens, kept[%d]: %d, naive %d", t0, j, got[j], kept[j]);
+    }
+    cr_assert_eq(t0, T);
+    rig_free(&r);
+}
+
+// ---- policies in a session on a generated model ----
+
+static int run(const char *cmd) {
+    int rc = system(cmd);
+    cr_assert(rc != -1, "system(%s) failed", cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static tri_model *gen_model(const char *tag, const char *opts) {
+    const char *gen = getenv("TRI_GEN_MODEL");
+    cr_assert(gen, "TRI_GEN_MODEL: run through meson test");
+    char name[128], gguf[4096], hf[4096], cmd[32768];
+    snprintf(name, sizeof name, "kvp-%s.gguf", tag);
+    snprintf(gguf, sizeof gguf, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "kvp-%s.hf", tag);
+    snprintf(hf, sizeof hf, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s' && '%s' %s --out-gguf '%s' --out-hf '%s' >/dev/null", gguf, hf, gen,
+             opts, gguf, hf);
+    cr_assert_eq(run(cmd), 0, "generator failed: %s", cmd);
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gguf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    return m;
+}
+
+static tri_session *session(tri_model *m, tri_kv_policy kind, int32_t n_ctx, int32_t budget, int32_t chunk,
+                            int32_t sink, int32_t refresh) {
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = n_ctx;
+    sp.n_batch = 16;
+    sp.kv_type = TRI_DTYPE_F32;
+    sp.kv_policy = kind;
+    sp.kv_budget = budget;
+    sp.kv_chunk = chunk;
+    sp.kv_sink = sink;
+    sp.kv_refresh = refresh;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    return s;
+}
+
+static int32_t tok(int i) { return (int32_t)((i * 37 + 11) % 250) + 3; }
+
+// The logits of every token of a fixed 48-token sequence, run as a prompt of 30 then one by one.
+static float *run_sequence(tri_session *s, int32_t V) {
+    float *l = malloc(sizeof(float) * (size_t)(48 * V));
+    int32_t t[48];
+    for (int i = 0; i < 48; i++) t[i] = tok(i);
+    tri_session_kv_refresh(s);
+    cr_assert_eq(tri_session_eval(s, t, 30, true), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int i = 0; i < 30; i++) memcpy(l + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * (size_t)V);
+    for (int i = 30; i < 48; i++) {
+        cr_assert_eq(tri_session_eval(s, t + i, 1, false), TRI_STATUS_OK, "%s", tri_last_error());
+        memcpy(l + (int64_t)i * V, tri_session_logits(s, -1), sizeof(float) * (size_t)V);
+    }
+    return l;
+}
+
+// Retrieval with a budget of the whole context, StreamingLLM and H2O with nothing to evict: the
+// same views as the full cache, hence bit for bit the same logits.
+Test(policy, nothing_evicted_equals_full_exactly) {
+    tri_model *m = gen_model("exact", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    int32_t V = info.config.n_vocab;
+    tri_session *full = session(m, TRI_KV_POLICY_FULL, 64, 0, 0, 0, 0);
+    float *want = run_sequence(full, V);
+    struct {
+        tri_kv_policy kind;
+        int32_t refresh;
+    } cases[] = {{TRI_KV_POLICY_RETRIEVAL, 0}, {TRI_KV_POLICY_RETRIEVAL, 5}, {TRI_KV_POLICY_STREAMING, 0},
+                 {TRI_KV_POLICY_H2O, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        tri_session *s = session(m, cases[c].kind, 64, 64, 8, 4, cases[c].refresh);
+        float *got = run_sequence(s, V);
+        for (int i = 0; i < 48; i++)
+            cr_assert(memcmp(got + (int64_t)i * V, want + (int64_t)i * V, sizeof(float) * (size_t)V) == 0,
+                      "policy %d refresh %d: logits of token %d differ from the full cache", cases[c].kind,
+                      cases[c].refresh, i);
+        free(got);
+        tri_session_free(s);
+    }
+    free(want);
+    tri_session_free(full);
+    tri_model_free(m);
+}
+
+// A: 20 tokens, then a step of 6, rolled back to 23 (into the step) or 20 (its start);
+// B: the same without the dropped tokens. Both then run the same tokens: equal bit for bit.
+Test(policy, rollback_as_if_never_appended) {
+    tri_model *m = gen_model("rollback", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    int32_t V = info.config.n_vocab;
+    int32_t t[64], other[6] = {5, 6, 7, 8, 9, 10};
+    for (int i = 0; i < 64; i++) t[i] = tok(i);
+    struct {
+        tri_kv_policy kind;
+        int32_t budget, chunk, sink, refresh;
+    } cases[] = {{TRI_KV_POLICY_FULL, 0, 0, 0, 0},   {TRI_KV_POLICY_STREAMING, 12, 0, 4, 0},
+                 {TRI_KV_POLICY_H2O, 12, 0, 0, 0},   {TRI_KV_POLICY_RETRIEVAL, 16, 4, 0, 3},
+                 {TRI_KV_POLICY_RETRIEVAL, 8, 4, 0, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int keep = 0; keep <= 3; keep += 3) {
+            tri_session *a = session(m, cases[c].kind, 64, cases[c].budget, cases[c].chunk, cases[c].sink, cases[c].refresh);
+            tri_session *b = session(m, cases[c].kind, 64, cases[c].budget, cases[c].chunk, cases[c].sink, cases[c].refresh);
+            tri_session_kv_refresh(a);
+            tri_session_kv_refresh(b);
+            cr_assert_eq(tri_session_eval(a, t, 20, false), TRI_STATUS_OK);
+            cr_assert_eq(tri_session_eval(b, t, 20, false), TRI_STATUS_OK);
+            int32_t step[6];
+            memcpy(step, t + 20, sizeof(int32_t) * (size_t)keep);
+            memcpy(step + keep, other, sizeof(int32_t) * (size_t)(6 - keep));
+            cr_assert_eq(tri_session_eval(a, step, 6, false), TRI_STATUS_OK);
+            cr_assert_eq(tri_session_truncate(a, 20 + keep), TRI_STATUS_OK, "%s", tri_last_error());
+            if (keep) cr_assert_eq(tri_session_eval(b, t + 20, keep, false), TRI_STATUS_OK);
+            for (int i = 20 + keep; i < 44; i++) {
+                cr_assert_eq(tri_session_eval(a, t + i, 1, false), TRI_STATUS_OK);
+                cr_assert_eq(tri_session_eval(b, t + i, 1, false), TRI_STATUS_OK);
+                cr_assert(memcmp(tri_session_logits(a, -1), tri_session_logits(b, -1), sizeof(float) * (size_t)V) == 0,
+                          "policy %d, rolled back to %d: logits of token %d differ", cases[c].kind, 20 + keep, i);
+            }
+            tri_session_free(a);
+            tri_session_free(b);
+        }
+    tri_model_free(m);
+}
+
+// A model trained on 32 positions, run for 300 with a StreamingLLM cache of 24: every position
+// the queries and keys see stays below 24 + the step, and the logits stay finite.
+Test(streaming, runs_past_trained_context) {
+    tri_model *m = gen_model("stream", "--dtype f16 --ctx 32 --heads 4 --kv-heads 2 --head-dim 16");
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    cr_assert_eq(info.config.n_ctx_train, 32);
+    int32_t V = info.config.n_vocab;
+    tri_session *s = session(m, TRI_KV_POLICY_STREAMING, 320, 24, 0, 4, 0);
+    int32_t t[300];
+    for (int i = 0; i < 300; i++) t[i] = tok(i);
+    cr_assert_eq(tri_session_eval(s, t, 100, true), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int i = 0; i < 100; i++)
+        for (int j = 0; j < V; j++) cr_assert(isfinite(tri_session_logits(s, i)[j]));
+    for (int i = 100; i < 300; i++) {
+        cr_assert_eq(tri_session_eval(s, t + i, 1, false), TRI_STATUS_OK, "%s", tri_last_error());
+        const float *l = tri_session_logits(s, -1);
+        for (int j = 0; j < V; j++) cr_assert(isfinite(l[j]), "token %d logit %d: %g", i, j, (double)l[j]);
+    }
+    cr_assert_eq(tri_session_n_past(s), 300);
+    tri_session_free(s);
+    tri_model_free(m);
+}
+
+// Bad parameters: a clear error naming the field, before anything is allocated.
+Test(policy, bad_parameters) {
+    tri_model *m = gen_model("bad", "--dtype f32");
+    struct {
+        tri_kv_policy kind;
+        int32_t budget, chunk, sink, refresh;
+        const char *needle;
+    } cases[] = {
+        {TRI_KV_POLICY_RETRIEVAL, 128, 8, 0, 0, "larger than the context"},
+        {TRI_KV_POLICY_STREAMING, 100, 0, 0, 0, "larger than the context"},
+        {TRI_KV_POLICY_RETRIEVAL, 16, 3, 0, 0, "must divide the budget"},
+        {TRI_KV_POLICY_RETRIEVAL, 16, 32, 0, 0, "must divide the budget"},
+        {TRI_KV_POLICY_STREAMING, 16, 0, 16, 0, "sink 16"},
+        {TRI_KV_POLICY_STREAMING, 16, 0, 40, 0, "sink 40"},
+        {TRI_KV_POLICY_H2O, -1, 0, 0, 0, "kv_budget -1"},
+        {TRI_KV_POLICY_RETRIEVAL, 16, 8, 0, -2, "kv_refresh -2"},
+        {(tri_kv_policy)9, 16, 8, 0, 0, "unknown policy"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        tri_session_params sp = tri_session_default_params();
+        sp.n_ctx = 64;
+        sp.kv_policy = cases[c].kind;
+        sp.kv_budget = cases[c].budget;
+        sp.kv_chunk = cases[c].chunk;
+        sp.kv_sink = cases[c].sink;
+        sp.kv_refresh = cases[c].refresh;
+        tri_session *s = (tri_session *)1;
+        cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_INVALID_ARGUMENT, "case %zu accepted", c);
+        cr_assert_null(s);
+        cr_assert(strstr(tri_last_error(), cases[c].needle), "case %zu: '%s' lacks '%s'", c, tri_last_error(),
+                  cases[c].needle);
+    }
+    // and at the policy level, chunk 0 is refused rather than defaulted
+    tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 64);
+    pp.chunk = 0;
+    cr_assert_eq(tri__kv_policy_check(&pp, 64), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "chunk size 0"));
+    tri_model_free(m);
+}
