@@ -6,9 +6,9 @@
 // (each item takes at least a known number of bytes) before anything is allocated, so a hostile
 // file costs at most a small multiple of its own size in memory.
 #include "gguf.h"
+#include "file.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <float.h>
 #include <inttypes.h>
 #include <math.h>
@@ -16,8 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dtype.h"
@@ -754,40 +752,21 @@ static tri_status parse_tensors(tri__gguf *g, cursor *c, uint64_t n_tensors) {
 // ---- open and close ----
 
 static tri_status map_file(tri__gguf *g, bool populate) {
-    int fd = open(g->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return tri__fail(TRI_STATUS_IO, "%s: open: %s", g->path, strerror(errno));
-    tri_status st = TRI_STATUS_OK;
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        st = tri__fail(TRI_STATUS_IO, "%s: fstat: %s", g->path, strerror(errno));
-        goto out;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = tri__fail(TRI_STATUS_IO, "%s: not a regular file", g->path);
-        goto out;
-    }
+    int fd;
+    uint64_t size;
+    tri_status st = tri__file_open(g->path, &fd, &size);
+    if (st) return st;
     // Smaller than magic, version and the two counts: nothing to map (mmap of 0 bytes fails).
-    if (sb.st_size < 24) {
-        st = tri__fail(TRI_STATUS_BAD_FORMAT, "%s: header: file is %lld bytes, too small for a GGUF header (24)",
-                       g->path, (long long)sb.st_size);
-        goto out;
+    if (size < 24) {
+        tri__file_close(g->path, fd);
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: header: file is %" PRIu64 " bytes, too small for a GGUF header (24)",
+                         g->path, size);
     }
-    if ((uint64_t)sb.st_size > SIZE_MAX) {
-        st = tri__fail(TRI_STATUS_IO, "%s: file of %lld bytes does not fit the address space", g->path,
-                       (long long)sb.st_size);
-        goto out;
-    }
-    g->size = (uint64_t)sb.st_size;
-    void *p = mmap(NULL, (size_t)g->size, PROT_READ, MAP_PRIVATE | (populate ? MAP_POPULATE : 0), fd, 0);
-    if (p == MAP_FAILED) {
-        st = tri__fail(TRI_STATUS_IO, "%s: mmap of %" PRIu64 " bytes: %s", g->path, g->size, strerror(errno));
-        goto out;
-    }
+    g->size = size;
+    const void *p;
+    if ((st = tri__file_map(g->path, fd, size, populate, &p))) return st;
     g->map = p;
-out:
-    // The mapping keeps the file; a failing close of a read-only descriptor loses nothing.
-    if (close(fd) != 0) tri__log(TRI_LOG_LEVEL_WARN, "%s: close: %s", g->path, strerror(errno));
-    return st;
+    return TRI_STATUS_OK;
 }
 
 tri_status tri__gguf_open_ex(const char *path, bool populate, tri__gguf **out) {
@@ -820,9 +799,7 @@ tri_status tri__gguf_open(const char *path, tri__gguf **out) { return tri__gguf_
 
 void tri__gguf_close(tri__gguf *g) {
     if (!g) return;
-    if (g->map && munmap((void *)g->map, (size_t)g->size) != 0) {
-        tri__log(TRI_LOG_LEVEL_WARN, "%s: munmap: %s", g->path, strerror(errno));
-    }
+    tri__file_unmap(g->path, g->map, g->size);
     while (g->arena) {
         value_block *next = g->arena->next;
         free(g->arena);

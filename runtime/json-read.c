@@ -1,14 +1,13 @@
 // json-read.c - strict JSON parsing with json-c, with messages that say where parsing stopped.
 #include "json-read.h"
+#include "file.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <json-c/json.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -80,23 +79,15 @@ tri_status tri__json_read_file(const char *path, size_t max_bytes, char **text, 
     *text = NULL;
     *len = 0;
     tri_status st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return tri__fail(TRI_STATUS_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        st = tri__fail(TRI_STATUS_IO, "%s: cannot stat: %s", path, strerror(errno));
+    int fd;
+    uint64_t size;
+    if ((st = tri__file_open(path, &fd, &size))) return st;
+    if (size > max_bytes) {
+        st = tri__fail(TRI_STATUS_BAD_FORMAT, "%s: %llu bytes, more than the limit of %zu", path,
+                       (unsigned long long)size, max_bytes);
         goto fail_fd;
     }
-    if (!S_ISREG(sb.st_mode)) {
-        st = tri__fail(TRI_STATUS_IO, "%s: not a regular file", path);
-        goto fail_fd;
-    }
-    if (sb.st_size < 0 || (uint64_t)sb.st_size > max_bytes) {
-        st = tri__fail(TRI_STATUS_BAD_FORMAT, "%s: %lld bytes, more than the limit of %zu", path,
-                       (long long)sb.st_size, max_bytes);
-        goto fail_fd;
-    }
-    size_t n = (size_t)sb.st_size;
+    size_t n = (size_t)size;
     char *buf = malloc(n + 1);
     if (!buf) {
         st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes", path, n + 1);
@@ -117,7 +108,7 @@ tri_status tri__json_read_file(const char *path, size_t max_bytes, char **text, 
         got += (size_t)r;
     }
     buf[n] = '\0';
-    close(fd);
+    tri__file_close(path, fd);
     *text = buf;
     *len = n;
     return TRI_STATUS_OK;
@@ -125,6 +116,6 @@ tri_status tri__json_read_file(const char *path, size_t max_bytes, char **text, 
 fail_buf:
     free(buf);
 fail_fd:
-    close(fd);
+    tri__file_close(path, fd);
     return st;
 }

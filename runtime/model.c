@@ -262,7 +262,8 @@ tri_status tri_model_load(const char *path, const tri_model_params *params, tri_
 
     struct stat sb;
     if (stat(path, &sb) != 0)
-        return tri__fail(TRI_STATUS_IO, "%s: cannot open: %s", path, strerror(errno));
+        return tri__fail(errno == ENOENT ? TRI_STATUS_NOT_FOUND : TRI_STATUS_IO, "%s: cannot open: %s", path,
+                         strerror(errno));
 
     tri_model *m = calloc(1, sizeof *m);
     if (!m) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: model", path);

@@ -4,14 +4,13 @@
 // maps each tensor name to {"dtype", "shape", "data_offsets": [begin, end)} with offsets relative
 // to the data buffer, plus an optional "__metadata__" object of strings.
 #include "safetensors.h"
+#include "file.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,7 +24,7 @@ struct tri__st_file {
     char *path;
     const uint8_t *base;           // the whole file image, size bytes
     uint64_t size;
-    void *map;                     // our mapping of base, or NULL when the image is borrowed
+    const void *map;               // our mapping of base, or NULL when the image is borrowed
     uint64_t header_len;           // N
     uint64_t data_size;            // size - 8 - N
     json_object *header;           // owns the strings that names and metadata point into
@@ -376,49 +375,25 @@ tri_status tri__st_file_open(const char *path, bool populate, tri__st_file **out
     tri_status st;
     tri__st_file *f = st_file_new(path);
     if (!f) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: cannot allocate", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        st = tri__fail(errno == ENOENT ? TRI_STATUS_NOT_FOUND : TRI_STATUS_IO, "%s: cannot open: %s",
-                       path, strerror(errno));
+    int fd;
+    uint64_t size;
+    if ((st = tri__file_open(path, &fd, &size))) goto fail_file;
+    if (size < 8) {
+        tri__file_close(path, fd);
+        st = tri__fail(TRI_STATUS_BAD_FORMAT, "%s: %" PRIu64 " bytes, too short for the 8-byte header length",
+                       path, size);
         goto fail_file;
     }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        st = tri__fail(TRI_STATUS_IO, "%s: cannot stat: %s", path, strerror(errno));
-        goto fail_fd;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = tri__fail(TRI_STATUS_IO, "%s: not a regular file", path);
-        goto fail_fd;
-    }
-    if (sb.st_size < 8) {
-        st = tri__fail(TRI_STATUS_BAD_FORMAT, "%s: %lld bytes, too short for the 8-byte header length",
-                       path, (long long)sb.st_size);
-        goto fail_fd;
-    }
-    if ((uint64_t)sb.st_size > SIZE_MAX) {
-        st = tri__fail(TRI_STATUS_IO, "%s: too large to map", path);
-        goto fail_fd;
-    }
-    void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE | (populate ? MAP_POPULATE : 0),
-                     fd, 0);
-    if (map == MAP_FAILED) {
-        st = tri__fail(TRI_STATUS_IO, "%s: mmap of %lld bytes failed: %s", path, (long long)sb.st_size,
-                       strerror(errno));
-        goto fail_fd;
-    }
-    close(fd);  // the mapping keeps the file
-    fd = -1;
+    const void *map;
+    if ((st = tri__file_map(path, fd, size, populate, &map))) goto fail_file;
     f->map = map;
     f->base = map;
-    f->size = (uint64_t)sb.st_size;
+    f->size = size;
     st = st_parse(f);
     if (st != TRI_STATUS_OK) goto fail_file;
     *out = f;
     return TRI_STATUS_OK;
 
-fail_fd:
-    close(fd);
 fail_file:
     tri__st_file_close(f);
     return st;
@@ -426,7 +401,7 @@ fail_file:
 
 void tri__st_file_close(tri__st_file *f) {
     if (!f) return;
-    if (f->map) munmap(f->map, (size_t)f->size);
+    tri__file_unmap(f->path, f->map, f->size);
     json_object_put(f->header);
     free(f->tensors);
     free(f->by_name);

@@ -307,7 +307,7 @@ Test(gguf, broken_files_fail_with_named_field) { check_failures("bad.json", fals
 
 Test(gguf, missing_file_and_directory) {
     tri__gguf *g;
-    cr_assert_eq(tri__gguf_open(tt_fixture("gguf", "no-such-file.gguf"), &g), TRI_STATUS_IO);
+    cr_assert_eq(tri__gguf_open(tt_fixture("gguf", "no-such-file.gguf"), &g), TRI_STATUS_NOT_FOUND);
     cr_assert(contains(tri_last_error(), "no-such-file.gguf"));
     cr_assert_eq(tri__gguf_open(getenv("TRI_TEST_FIXTURES"), &g), TRI_STATUS_IO);
     cr_assert(contains(tri_last_error(), "regular file"), "%s", tri_last_error());

@@ -529,7 +529,7 @@ Test(safetensors, bad_configs_fail_naming_file_and_key) {
         assert_msg_has(c->piece2);
     }
     tri_model_config cfg;
-    cr_assert_eq(tri__hf_config_load(FX("configs/none.json"), &cfg, NULL), TRI_STATUS_IO);
+    cr_assert_eq(tri__hf_config_load(FX("configs/none.json"), &cfg, NULL), TRI_STATUS_NOT_FOUND);
     assert_msg_has("none.json");
     cr_assert_eq(tri__hf_config_parse("cfg", "{}", 2, &cfg, NULL), TRI_STATUS_BAD_FORMAT);
     cr_assert_eq(tri__hf_config_parse("cfg", "[]", 2, &cfg, NULL), TRI_STATUS_BAD_FORMAT);
