@@ -1,44 +1,12 @@
 // fuzz-spm-model.c - libFuzzer target for the SentencePiece tokenizer.model reader: the input is
-// parsed as a ModelProto; when it loads, fixed texts and the input's own bytes are encoded,
-// decoded and stream-decoded, so the tables the loader built are exercised too.
-#include <stddef.h>
-#include <stdint.h>
-#include <stdlib.h>
-
-#include "tokenizer.h"
+// parsed as a ModelProto and, when it loads, exercised (fuzz-tokenizer.h).
+#include "fuzz-tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static void exercise(const tri__tokenizer *t, const char *text, size_t len) {
-    int32_t *ids;
-    int64_t n;
-    for (int special = 0; special < 2; special++) {
-        if (tri__tokenizer_encode(t, text, len, special, special, &ids, &n)) continue;
-        char *out;
-        size_t out_len;
-        if (!tri__tokenizer_decode(t, ids, n, special, &out, &out_len)) free(out);
-        tri__detok d;
-        tri__detok_init(&d, t, special);
-        const char *s;
-        size_t k;
-        for (int64_t i = 0; i < n; i++) (void)tri__detok_push(&d, ids[i], &s, &k);
-        (void)tri__detok_flush(&d, &s, &k);
-        tri__detok_free(&d);
-        free(ids);
-    }
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tri__tokenizer *t = NULL;
     if (tri__tokenizer_from_spm_buf(data, size, "fuzz.model", &t)) return 0;
-    static const char text[] = "Hello  world's 123\n\n\t<|im_start|> x\xff\xc3 😀 日本";
-    exercise(t, text, sizeof text - 1);
-    exercise(t, (const char *)data, size < 4096 ? size : 4096);
-    for (int32_t id = -1; id <= tri__tokenizer_n_vocab(t); id++) {
-        size_t len;
-        bool special;
-        (void)tri__tokenizer_piece(t, id, &len, &special);
-    }
-    tri__tokenizer_free(t);
+    fuzz_tokenizer_exercise(t, data, size);
     return 0;
 }
