@@ -380,6 +380,128 @@ Test(spec, caches_equal_plain_decoding_after_rollbacks) {
     tri_model_free(target);
 }
 
+// ---- small budgets: StreamingLLM evicts, retrieval selects ----
+//
+// L1 keeps 4 sinks + 20 recent tokens and L2 4 chunks of 8 of a context of up to 180 tokens, so
+// the policies really change what L1 and L2 compute. Greedy output must still equal plain
+// decoding (L3 is exact); after every call L3's cache must equal plain decoding's, and L1's and
+// L2's what a fresh level of the same policy holds when fed the context directly, selecting where
+// L2 did. Modes x drafters, greedy and sampled, L2 refreshing after the prefill only, every 16
+// tokens, and whenever acceptance drops under 0.9.
+
+#define SMALL_PROMPT 100
+#define SMALL_GEN 60
+
+Test(spec, small_budgets_exact_output_and_caches, .timeout = 120) {
+    tri_model *target = load(gen_model("small-t", "--seed 61 --vocab 270 --layers 2"));
+    tri_model *draft = load(gen_model("small-d", "--seed 62 --vocab 270 --layers 1"));
+    int32_t prompt[SMALL_PROMPT];
+    for (int i = 0; i < SMALL_PROMPT; i++) prompt[i] = i % 23 < 15 ? (i % 23) * 11 + 7 : (i * 37) % 260;
+    int32_t want[SMALL_GEN];
+    plain_greedy(target, prompt, SMALL_PROMPT, SMALL_GEN, 256, want);
+    static const int32_t first[] = {1};
+    // the target as its own draft is often right, so L1 often catches up on two tokens at once
+    drafter_case drafters[] = {
+        {"model", TRI_SPEC_DRAFTER_MODEL, draft, NULL, 0, 0},
+        {"target", TRI_SPEC_DRAFTER_MODEL, target, NULL, 0, 0},
+        {"layers", TRI_SPEC_DRAFTER_LAYERS, NULL, first, 1, 0},
+        {"ngram", TRI_SPEC_DRAFTER_NGRAM, NULL, NULL, 0, 3},
+    };
+    struct {
+        int32_t refresh;
+        float accept;
+    } refresh_rules[] = {{0, 0.0f}, {16, 0.0f}, {0, 0.9f}};
+    int64_t l2_rejected = 0, l1_evicting = 0;
+    for (int temp = 0; temp < 2; temp++) {
+        for (int mode = TRI_SPEC_MODE_DRAFT; mode <= TRI_SPEC_MODE_TRIFORCE; mode++) {
+            bool uses_l1 = mode != TRI_SPEC_MODE_RETRIEVAL;
+            for (int di = 0; di < (uses_l1 ? 4 : 1); di++) {
+                for (int ri = 0; ri < (mode == TRI_SPEC_MODE_DRAFT ? 1 : 3); ri++) {
+                    tri_spec_params p = params_of((tri_spec_mode)mode, &drafters[di], 2, 5);
+                    p.budget = 32;
+                    p.chunk = 8;
+                    p.draft_window = 24;
+                    p.draft_sink = 4;
+                    p.refresh = refresh_rules[ri].refresh;
+                    p.refresh_accept = refresh_rules[ri].accept;
+                    tri_spec *s = spec_new(target, &p, 256);
+                    int32_t got[SMALL_GEN];
+                    collect c = {got, 0, SMALL_GEN};
+                    tri_generate_params gp = tri_generate_default_params();
+                    gp.stop_at_eos = false;
+                    gp.sampler.temperature = temp ? 1.0f : 0.0f;
+                    int64_t refreshes = 0;
+                    for (int call = 0; call < 3; call++) {
+                        gp.n_predict = SMALL_GEN / 3;
+                        gp.sampler.seed = (uint64_t)(1000 * temp + 100 * mode + 10 * di + ri + call);
+                        tri_spec_stats st;
+                        cr_assert_eq(tri_generate_spec(s, call ? NULL : prompt, call ? 0 : SMALL_PROMPT, &gp,
+                                                       on_token, &c, &st),
+                                     TRI_STATUS_OK, "%s", tri_last_error());
+                        l2_rejected += st.l2_proposed - st.l2_accepted;
+                        refreshes += st.n_l2_refresh;
+                        for (int lvl = 1; lvl <= 3; lvl++) {
+                            tri__level *lv = tri__spec_level(s, lvl);
+                            if (!lv) continue;
+                            cr_assert_eq(lv->pol.p.kind, lvl == 1   ? TRI_KV_POLICY_STREAMING
+                                                         : lvl == 2 ? TRI_KV_POLICY_RETRIEVAL
+                                                                    : TRI_KV_POLICY_FULL);
+                            if (lvl == 1 && tri__level_n_past(lv) > p.draft_window) l1_evicting++;
+                            char what[96];
+                            snprintf(what, sizeof what, "T %d %s/%s refresh %d/%.1f L%d call %d", temp,
+                                     mode_name(mode), drafters[di].name, p.refresh, (double)p.refresh_accept, lvl,
+                                     call);
+                            check_cache(lv, tri__spec_tokens(s), SMALL_PROMPT, what);
+                        }
+                    }
+                    cr_assert_eq(c.n, SMALL_GEN);
+                    if (!temp)
+                        for (int i = 0; i < SMALL_GEN; i++)
+                            cr_assert_eq(got[i], want[i], "%s/%s refresh %d/%.1f: token %d is %d, plain %d",
+                                         mode_name(mode), drafters[di].name, p.refresh,
+                                         (double)p.refresh_accept, i, got[i], want[i]);
+                    if (mode != TRI_SPEC_MODE_DRAFT) {
+                        // after the prefill always; every 16 tokens means at least 60 / 16 more
+                        cr_assert(refreshes >= 1, "no selection after the prefill");
+                        if (p.refresh == 16) cr_assert(refreshes >= 4, "%lld selections", (long long)refreshes);
+                    }
+                    tri_spec_free(s);
+                }
+            }
+        }
+    }
+    // the policies mattered: L2 was wrong at times, and L1 ran past its window
+    cr_assert(l2_rejected > 0, "L2 never disagreed with L3 under a 32-token budget");
+    cr_assert(l1_evicting > 0);
+    tri_model_free(draft);
+    tri_model_free(target);
+}
+
+// Budgets and windows the policies refuse are refused at create, with the field named.
+Test(spec, refuses_bad_cache_parameters) {
+    tri_model *target = load(gen_model("badp", "--seed 71 --layers 1"));
+    tri_spec_params p = params_of(TRI_SPEC_MODE_RETRIEVAL, &(drafter_case){0}, 2, 4);
+    p.budget = 36;  // not a multiple of the chunk
+    tri_session_params sp = small_session(128);
+    tri_spec *s = NULL;
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "chunk size 8 must divide the budget 36"), "%s", tri_last_error());
+    p = params_of(TRI_SPEC_MODE_DRAFT, &(drafter_case){"n", TRI_SPEC_DRAFTER_NGRAM, NULL, NULL, 0, 2}, 2, 4);
+    p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+    p.draft_layers = (const int32_t[]){0};
+    p.n_draft_layers = 1;
+    p.draft_window = 16;
+    p.draft_sink = 16;
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "draft_sink 16 must be < draft_window 16"), "%s", tri_last_error());
+    p.draft_sink = 4;
+    p.refresh_accept = 1.5f;
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "refresh_accept"), "%s", tri_last_error());
+    cr_assert_null(s);
+    tri_model_free(target);
+}
+
 // ---- the draft must share the target's vocabulary ----
 
 Test(spec, refuses_a_draft_with_another_vocabulary) {
