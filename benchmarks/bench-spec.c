@@ -3,8 +3,12 @@
 // of TriForce's Table 2.
 //
 // usage: bench-spec MODEL IDS [--n-prompt N] [--n-gen N] [--threads N] [--draft-layers LIST]
-//                   [--ngram N] [--gamma1 N] [--gamma2 N] [--budget N]
-// IDS: the prompt as little-endian int32 token ids (benchmarks/tokenize-gguf.py writes them).
+//                   [--ngram N] [--gamma1 N] [--gamma2 N] [--budget N] [--budgets LIST]
+//                   [--window N] [--temps 0|0.6|both]
+// IDS: the prompt's token ids, as text (one per line, scripts/tokenize-gguf.py) or little-endian
+// int32 (benchmarks/tokenize-gguf.py). --budgets: the retrieval -> full rows (default
+// 256,512,1024); --budget: TRIFORCE's L2 (default 512); --window: L1's StreamingLLM cache
+// (default 256, 16 sinks).
 //
 // Checks first: at temperature 0 every mode must emit exactly the tokens plain decoding emits.
 #include <stdio.h>
@@ -25,19 +29,36 @@ static bool on_token(int32_t tok, void *user) {
     return true;
 }
 
+// Text (decimal ids separated by white space) when every byte is a digit or white space, else
+// little-endian int32.
 static int32_t *read_ids(const char *path, int32_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     fseek(f, 0, SEEK_END);
     long bytes = ftell(f);
     fseek(f, 0, SEEK_SET);
-    int32_t *ids = malloc((size_t)bytes);
-    if (ids && fread(ids, 1, (size_t)bytes, f) != (size_t)bytes) {
+    char *buf = malloc((size_t)bytes + 1);
+    int32_t *ids = malloc((size_t)bytes * sizeof *ids + 4);
+    if (!buf || !ids || fread(buf, 1, (size_t)bytes, f) != (size_t)bytes) {
+        free(buf);
         free(ids);
-        ids = NULL;
+        fclose(f);
+        return NULL;
     }
     fclose(f);
-    *n = (int32_t)(bytes / 4);
+    buf[bytes] = 0;
+    bool text = true;
+    for (long i = 0; i < bytes && text; i++)
+        text = (buf[i] >= '0' && buf[i] <= '9') || buf[i] == '\n' || buf[i] == ' ' || buf[i] == '\r' || buf[i] == '\t';
+    *n = 0;
+    if (text) {
+        char *p = buf, *end;
+        for (long v; (v = strtol(p, &end, 10)), end != p; p = end) ids[(*n)++] = (int32_t)v;
+    } else {
+        memcpy(ids, buf, (size_t)bytes);
+        *n = (int32_t)(bytes / 4);
+    }
+    free(buf);
     return ids;
 }
 
@@ -80,8 +101,8 @@ int main(int argc, char **argv) {
                         "[--ngram N] [--gamma1 N] [--gamma2 N] [--budget N]\n", argv[0]);
         return 2;
     }
-    int32_t n_prompt = 3000, n_gen = 64, threads = 2, ngram = 3, gamma1 = 2, gamma2 = 6, budget = 4096;
-    const char *layers_arg = "0-11,13,15,17,19,21,23,25,27-29";
+    int32_t n_prompt = 3000, n_gen = 64, threads = 2, ngram = 3, gamma1 = 2, gamma2 = 6, budget = 512, window = 256;
+    const char *layers_arg = "0-11,13,15,17,19,21,23,25,27-29", *budgets_arg = "256,512,1024", *temps_arg = "both";
     for (int i = 3; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--n-prompt")) n_prompt = atoi(v);
@@ -92,6 +113,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--gamma1")) gamma1 = atoi(v);
         else if (!strcmp(k, "--gamma2")) gamma2 = atoi(v);
         else if (!strcmp(k, "--budget")) budget = atoi(v);
+        else if (!strcmp(k, "--budgets")) budgets_arg = v;
+        else if (!strcmp(k, "--window")) window = atoi(v);
+        else if (!strcmp(k, "--temps")) temps_arg = v;
         else {
             fprintf(stderr, "unknown option %s\n", k);
             return 2;
@@ -110,35 +134,40 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", tri_last_error());
         return 1;
     }
-    int32_t layers[256];
+    int32_t layers[256], budgets[8];
     int32_t n_layers = parse_layers(layers_arg, layers, 256);
+    int32_t n_budgets = parse_layers(budgets_arg, budgets, 8);
 
     machine();
     printf("model: %s, prompt %d tokens, %d generated per run, %d threads, gamma1 %d, gamma2 %d, "
            "self-draft layers %s (%d), n-gram %d\n",
            argv[1], n_prompt, n_gen, threads, gamma1, gamma2, layers_arg, n_layers, ngram);
-    printf("retrieval cache: budget %d (served by the full cache until the KV policies land)\n\n", budget);
-    printf("| mode | L1 drafter | T | L1 accept | L2 accept | tokens / L3 pass | L3 passes | ms / token | "
-           "L1 / L2 / L3 s |\n|---|---|---|---|---|---|---|---|---|\n");
+    printf("L1 cache: StreamingLLM, %d tokens (16 sinks); L2: retrieval, chunks of 8, selected after the "
+           "prefill and again when L3 accepts under half of L2's tokens over 4 passes\n\n", window);
+    printf("| mode | L1 drafter | L2 budget | T | L1 accept | L2 accept | tokens / L3 pass | L3 passes | "
+           "L2 refreshes | ms / token | L1 / L2 / L3 s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
 
-    struct {
+    typedef struct config {
         tri_spec_mode mode;
         tri_spec_drafter drafter;
         const char *name, *drafter_name;
-    } configs[] = {
-        {TRI_SPEC_MODE_NONE, TRI_SPEC_DRAFTER_NGRAM, "none", "-"},
-        {TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS, "draft -> full", "self (layers)"},
-        {TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_NGRAM, "draft -> full", "n-gram"},
-        {TRI_SPEC_MODE_RETRIEVAL, TRI_SPEC_DRAFTER_NGRAM, "retrieval -> full", "-"},
-        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS, "triforce", "self (layers)"},
-        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_NGRAM, "triforce", "n-gram"},
-    };
+        int32_t budget;
+    } config;
+    config configs[16];
+    size_t n_configs = 0;
+    configs[n_configs++] = (config){TRI_SPEC_MODE_NONE, TRI_SPEC_DRAFTER_NGRAM, "none", "-", 0};
+    configs[n_configs++] = (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS, "draft -> full", "self (layers)", 0};
+    configs[n_configs++] = (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_NGRAM, "draft -> full", "n-gram", 0};
+    for (int32_t b = 0; b < n_budgets; b++)
+        configs[n_configs++] = (config){TRI_SPEC_MODE_RETRIEVAL, TRI_SPEC_DRAFTER_NGRAM, "retrieval -> full", "-", budgets[b]};
+    configs[n_configs++] = (config){TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS, "triforce", "self (layers)", budget};
+    configs[n_configs++] = (config){TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_NGRAM, "triforce", "n-gram", budget};
     run_out greedy_ref = {.n = 0};
     int bad = 0;
     tri_session_params sp = tri_session_default_params();
     sp.n_ctx = n_prompt + n_gen + 16;
     sp.n_threads = threads;
-    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
+    for (size_t c = 0; c < n_configs; c++) {
         tri_spec_params p = tri_spec_default_params();
         p.mode = configs[c].mode;
         p.drafter = configs[c].drafter;
@@ -147,14 +176,16 @@ int main(int argc, char **argv) {
         p.ngram_n = ngram;
         p.gamma1 = gamma1;
         p.gamma2 = gamma2;
-        p.budget = budget;
+        p.budget = configs[c].budget > 0 ? configs[c].budget : 4096;
+        p.draft_window = window;
         tri_spec *s;
         if (tri_spec_create(m, &sp, &p, &s)) {
             fprintf(stderr, "%s\n", tri_last_error());
             return 1;
         }
         float temps[2] = {0.0f, 0.6f};
-        for (int t = 0; t < 2; t++) {
+        int t0 = !strcmp(temps_arg, "0.6") ? 1 : 0, t1 = !strcmp(temps_arg, "0") ? 1 : 2;
+        for (int t = t0; t < t1; t++) {
             tri_generate_params gp = tri_generate_default_params();
             gp.n_predict = n_gen;
             gp.stop_at_eos = false;
@@ -164,7 +195,7 @@ int main(int argc, char **argv) {
             run_out out = {.n = 0};
             tri_spec_stats st;
             // the prompt is prefilled once per handle; the second run rolls back to it
-            bool first = t == 0;
+            bool first = t == t0;
             if (!first && tri_spec_truncate(s, n_prompt)) return 1;
             if (tri_generate_spec(s, first ? ids : NULL, first ? n_prompt : 0, &gp, on_token, &out, &st)) {
                 fprintf(stderr, "%s\n", tri_last_error());
@@ -179,13 +210,15 @@ int main(int argc, char **argv) {
                     bad = 1;
                 }
             }
-            char l1[32] = "-", l2[32] = "-";
+            char l1[32] = "-", l2[32] = "-", bud[32] = "-";
+            if (configs[c].budget > 0) snprintf(bud, sizeof bud, "%d", configs[c].budget);
             if (st.l1_proposed) snprintf(l1, sizeof l1, "%.3f", (double)st.l1_accepted / (double)st.l1_proposed);
             if (st.l2_proposed) snprintf(l2, sizeof l2, "%.3f", (double)st.l2_accepted / (double)st.l2_proposed);
-            printf("| %s | %s | %.1f | %s | %s | %.2f | %lld | %.1f | %.2f / %.2f / %.2f |\n", configs[c].name,
-                   configs[c].drafter_name, (double)temps[t], l1, l2,
+            printf("| %s | %s | %s | %.1f | %s | %s | %.2f | %lld | %lld | %.1f | %.2f / %.2f / %.2f |\n",
+                   configs[c].name, configs[c].drafter_name, bud, (double)temps[t], l1, l2,
                    (double)st.n_generated / (double)st.n_l3_verify, (long long)st.n_l3_verify,
-                   1e3 * st.decode_seconds / st.n_generated, st.l1_seconds, st.l2_seconds, st.l3_seconds);
+                   (long long)st.n_l2_refresh, 1e3 * st.decode_seconds / st.n_generated, st.l1_seconds,
+                   st.l2_seconds, st.l3_seconds);
             fflush(stdout);
         }
         tri_spec_free(s);

@@ -440,6 +440,18 @@ typedef struct tri_spec_params {
                                     // but NONE); 0: 6
     int32_t budget;                 // retrieval cache size in tokens; 0: 4096
     int32_t chunk;                  // retrieval chunk size in tokens; 0: 8
+    // ---- cache policies of the levels (appended after the fields above) ----
+    int32_t draft_window;           // L1's StreamingLLM cache: sink + recent tokens it attends
+                                    // to; 0: 256 (TriForce's draft cache); >= n_ctx: nothing is
+                                    // evicted
+    int32_t draft_sink;             // L1's attention-sink tokens, < draft_window; 0: 16, or
+                                    // draft_window / 2 for windows under 32
+    int32_t refresh;                // L2 selects its chunks afresh once this many tokens came
+                                    // since its last selection; 0: not by count (it always
+                                    // selects after each prompt's prefill)
+    float refresh_accept;           // L2 also selects afresh when L3 accepted less than this
+                                    // share of L2's tokens over the last 4 L3 passes since its
+                                    // last selection; 0: never; default 0.5
 } tri_spec_params;
 
 // Figures of one tri_generate_spec call. Acceptance rates are accepted / proposed.
@@ -458,11 +470,14 @@ typedef struct tri_spec_stats {
     double l3_seconds;        // in L3 forward passes, prefill excluded
     double prefill_seconds;   // prefilling every level
     double decode_seconds;    // from the first generated token to the last
+    int64_t n_l2_refresh;     // L2 chunk selections made (after the prefill, by count, by
+                              // falling acceptance)
 } tri_spec_stats;
 
 typedef struct tri_spec tri_spec;
 
-// mode TRIFORCE, drafter MODEL with no model, ngram_n 3, gamma1 2, gamma2 6, budget 4096, chunk 8.
+// mode TRIFORCE, drafter MODEL with no model, ngram_n 3, gamma1 2, gamma2 6, budget 4096, chunk 8,
+// draft_window 256, draft_sink 16, refresh 0, refresh_accept 0.5.
 TRI_API tri_spec_params tri_spec_default_params(void);
 
 // Creates the levels the mode needs over target (and params->draft_model): their caches, buffers

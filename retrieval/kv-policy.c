@@ -921,6 +921,10 @@ void tri__kv_policy_request_refresh(tri__kv_policy *p) {
     if (p->ret) p->ret->armed = true;
 }
 
+void tri__kv_policy_cancel_refresh(tri__kv_policy *p) {
+    if (p->ret) p->ret->armed = false;
+}
+
 int32_t tri__kv_policy_selection(const tri__kv_policy *p, int32_t il, int32_t h, int32_t *ids, int32_t *n_sel) {
     const sel_entry *e = p->ret ? ret_current(p) : NULL;
     if (!e) {

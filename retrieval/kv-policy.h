@@ -132,6 +132,8 @@ tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n);
 void tri__kv_policy_reset(tri__kv_policy *p);
 // RETRIEVAL: select again at the end of the next step, from its last token's query. No-op otherwise.
 void tri__kv_policy_request_refresh(tri__kv_policy *p);
+// RETRIEVAL: withdraws a request not yet served. No-op otherwise.
+void tri__kv_policy_cancel_refresh(tri__kv_policy *p);
 
 // ---- inspection (tests, benchmarks) ----
 

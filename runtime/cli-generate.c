@@ -32,6 +32,14 @@ static void usage(FILE *f) {
           "  -t, --threads N      CPU threads (default: one per core)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
           "      --kv-type T      f16 (default) or f32 KV cache\n"
+          "      --kv POLICY      which past tokens plain decoding attends to: full (default),\n"
+          "                       streaming (sinks + recent), h2o (heavy hitters + recent) or\n"
+          "                       retrieval (top chunks by query . mean key)\n"
+          "      --kv-budget N    past tokens the policy keeps (default 4096, or the context)\n"
+          "      --kv-chunk N     retrieval chunk size in tokens, divides the budget (default 8)\n"
+          "      --sink N         streaming attention sinks (default 16)\n"
+          "      --refresh N      retrieval: select chunks again every N tokens (default: only\n"
+          "                       after the prompt; with --spec, L2's interval)\n"
           "      --ignore-eos     keep generating after the end-of-sequence token\n"
           "      --ids            print token ids instead of text\n"
           "\n"
@@ -45,8 +53,12 @@ static void usage(FILE *f) {
           "      --gamma2 N       tokens the full-cache level checks per pass (default 6)\n"
           "      --budget N       retrieval cache size in tokens (default 4096)\n"
           "      --chunk N        retrieval chunk size in tokens (default 8)\n"
+          "      --draft-window N L1's StreamingLLM cache in tokens, sinks included (default 256)\n"
+          "      --draft-sink N   L1's attention sinks (default 16)\n"
+          "      --refresh-accept X  L2 selects again when L3 accepts less than X of its tokens over\n"
+          "                       4 passes (default 0.5; 0: never)\n"
           "      --stats          print acceptance rates, tokens per full-cache pass and time\n"
-          "                       per level"
+          "                       per level\n"
           "  -h, --help           this help\n",
           f);
 }
@@ -217,9 +229,10 @@ static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
         fprintf(stderr, "  L1 drafter:        %lld of %lld accepted (%.3f)\n", (long long)st->l1_accepted,
                 (long long)st->l1_proposed, st->l1_proposed ? (double)st->l1_accepted / (double)st->l1_proposed : 0.0);
     if (mode == TRI_SPEC_MODE_RETRIEVAL || mode == TRI_SPEC_MODE_TRIFORCE)
-        fprintf(stderr, "  L2 retrieval:      %lld of %lld accepted (%.3f), %lld checks\n", (long long)st->l2_accepted,
-                (long long)st->l2_proposed, st->l2_proposed ? (double)st->l2_accepted / (double)st->l2_proposed : 0.0,
-                (long long)st->n_l2_verify);
+        fprintf(stderr, "  L2 retrieval:      %lld of %lld accepted (%.3f), %lld checks, %lld selections\n",
+                (long long)st->l2_accepted, (long long)st->l2_proposed,
+                st->l2_proposed ? (double)st->l2_accepted / (double)st->l2_proposed : 0.0,
+                (long long)st->n_l2_verify, (long long)st->n_l2_refresh);
     fprintf(stderr, "  time: L1 %.3f s, L2 %.3f s, L3 %.3f s, prefill %.3f s\n", st->l1_seconds, st->l2_seconds,
             st->l3_seconds, st->prefill_seconds);
 }
@@ -227,7 +240,8 @@ static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
 int tri_cli_generate(int argc, char **argv) {
     enum { OPT_TOKENS = 256, OPT_CHAT, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CTX, OPT_BATCH,
            OPT_KV, OPT_IGNORE_EOS, OPT_IDS, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
-           OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS };
+           OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
+           OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -243,12 +257,20 @@ int tri_cli_generate(int argc, char **argv) {
         {"gamma1", required_argument, NULL, OPT_GAMMA1}, {"gamma2", required_argument, NULL, OPT_GAMMA2},
         {"budget", required_argument, NULL, OPT_BUDGET}, {"chunk", required_argument, NULL, OPT_CHUNK},
         {"stats", no_argument, NULL, OPT_STATS},
+        {"kv", required_argument, NULL, OPT_KV_POLICY}, {"kv-budget", required_argument, NULL, OPT_KV_BUDGET},
+        {"kv-chunk", required_argument, NULL, OPT_KV_CHUNK}, {"sink", required_argument, NULL, OPT_SINK},
+        {"refresh", required_argument, NULL, OPT_REFRESH},
+        {"draft-window", required_argument, NULL, OPT_DRAFT_WINDOW},
+        {"draft-sink", required_argument, NULL, OPT_DRAFT_SINK},
+        {"refresh-accept", required_argument, NULL, OPT_REFRESH_ACCEPT},
         {"help", no_argument, NULL, 'h'},          {0},
     };
     const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
     bool chat = false, print_ids = false, print_stats = false;
     const char *draft_path = NULL, *draft_layers = NULL;
     long ngram = 0, gamma1 = 0, gamma2 = 0, budget = 0, chunk = 0;
+    long kv_budget = 0, kv_chunk = 0, sink = 0, refresh = 0, draft_window = 0, draft_sink = 0;
+    bool kv_set = false;
     tri_spec_params spec_params = tri_spec_default_params();
     spec_params.mode = TRI_SPEC_MODE_NONE;
     long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0;
@@ -299,6 +321,26 @@ int tri_cli_generate(int argc, char **argv) {
         case OPT_BUDGET: ok = parse_long("--budget", optarg, 1, INT32_MAX, &budget); break;
         case OPT_CHUNK: ok = parse_long("--chunk", optarg, 1, 4096, &chunk); break;
         case OPT_STATS: print_stats = true; break;
+        case OPT_KV_POLICY:
+            kv_set = true;
+            if (strcmp(optarg, "full") == 0) sp.kv_policy = TRI_KV_POLICY_FULL;
+            else if (strcmp(optarg, "streaming") == 0) sp.kv_policy = TRI_KV_POLICY_STREAMING;
+            else if (strcmp(optarg, "h2o") == 0) sp.kv_policy = TRI_KV_POLICY_H2O;
+            else if (strcmp(optarg, "retrieval") == 0) sp.kv_policy = TRI_KV_POLICY_RETRIEVAL;
+            else {
+                fprintf(stderr, "offload-run generate: --kv '%s': want full, streaming, h2o or retrieval\n", optarg);
+                ok = false;
+            }
+            break;
+        case OPT_KV_BUDGET: kv_set = true; ok = parse_long("--kv-budget", optarg, 1, INT32_MAX, &kv_budget); break;
+        case OPT_KV_CHUNK: kv_set = true; ok = parse_long("--kv-chunk", optarg, 1, 4096, &kv_chunk); break;
+        case OPT_SINK: kv_set = true; ok = parse_long("--sink", optarg, 1, INT32_MAX, &sink); break;
+        case OPT_REFRESH: ok = parse_long("--refresh", optarg, 1, INT32_MAX, &refresh); break;
+        case OPT_DRAFT_WINDOW: ok = parse_long("--draft-window", optarg, 2, INT32_MAX, &draft_window); break;
+        case OPT_DRAFT_SINK: ok = parse_long("--draft-sink", optarg, 1, INT32_MAX, &draft_sink); break;
+        case OPT_REFRESH_ACCEPT:
+            ok = parse_float("--refresh-accept", optarg, 0.0, 1.0, &spec_params.refresh_accept);
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -326,6 +368,18 @@ int tri_cli_generate(int argc, char **argv) {
                                 : "a drafter needs --spec draft or --spec triforce");
         return 2;
     }
+    if (kv_set && spec_params.mode != TRI_SPEC_MODE_NONE) {
+        fprintf(stderr, "offload-run generate: --kv, --kv-budget, --kv-chunk and --sink set plain decoding's cache; "
+                        "with --spec use --budget, --chunk, --draft-window, --draft-sink\n");
+        return 2;
+    }
+    sp.kv_budget = (int32_t)kv_budget;
+    sp.kv_chunk = (int32_t)kv_chunk;
+    sp.kv_sink = (int32_t)sink;
+    sp.kv_refresh = (int32_t)refresh;
+    spec_params.refresh = (int32_t)refresh;
+    spec_params.draft_window = (int32_t)draft_window;
+    spec_params.draft_sink = (int32_t)draft_sink;
     spec_params.ngram_n = (int32_t)ngram;
     spec_params.gamma1 = (int32_t)gamma1;
     spec_params.gamma2 = (int32_t)gamma2;

@@ -1,4 +1,4 @@
-// level.c - the level adapter over tri__llama and the full KV store.
+// level.c - the level adapter over tri__llama and a KV cache policy.
 #include "level.h"
 
 #include <stdlib.h>
@@ -8,6 +8,12 @@
 #include "error.h"
 #include "model.h"
 
+#define TRY(call)                              \
+    do {                                       \
+        tri_status st_ = (call);               \
+        if (st_ != TRI_STATUS_OK) return st_;  \
+    } while (0)
+
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -16,10 +22,11 @@ static double now_seconds(void) {
 
 void tri__level_free(tri__level *lv) {
     if (lv->be) {
-        tri__kv_store_free(&lv->kv);
+        tri__kv_policy_free(&lv->pol);
         tri__llama_free(&lv->ll);
     }
     free(lv->logits);
+    free(lv->refresh_at);
     memset(lv, 0, sizeof *lv);
 }
 
@@ -30,17 +37,33 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
     if (params->n_ctx <= 0 || params->n_batch <= 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level: n_ctx %d and n_batch %d must be positive",
                          params->n_ctx, params->n_batch);
-    if (params->policy == TRI_CACHE_POLICY_RETRIEVAL && (params->budget <= 0 || params->chunk <= 0))
-        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level: retrieval budget %d and chunk %d must be positive",
-                         params->budget, params->chunk);
+    tri__kv_policy_params kp = tri__kv_policy_default_params(params->policy, params->n_ctx);
+    switch (params->policy) {
+    case TRI_KV_POLICY_FULL: break;
+    case TRI_KV_POLICY_STREAMING:
+        kp.budget = params->budget;
+        kp.sink = params->sink;
+        break;
+    case TRI_KV_POLICY_RETRIEVAL:
+        kp.budget = params->budget;
+        kp.chunk = params->chunk;
+        kp.refresh = 0;  // the engine decides when to select (tri__level_eval_refresh)
+        break;
+    default:
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level: policy %s is not one a level serves",
+                         tri__kv_policy_name(params->policy));
+    }
+    // a budget that covers the context evicts nothing: the full policy computes the same, exactly
+    if (kp.kind != TRI_KV_POLICY_FULL && kp.budget >= params->n_ctx)
+        kp = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, params->n_ctx);
+    tri_status st;
+    if ((st = tri__kv_policy_check(&kp, params->n_ctx))) return st;
     lv->model = model;
     lv->be = be;
     lv->params = *params;
-    // Until the cache policies land every policy is the full cache (see level.h).
-    tri_status st;
     if ((st = tri__llama_init(&lv->ll, model, be, params->n_batch))) goto fail;
-    if ((st = tri__kv_store_init(&lv->kv, be, params->kv_type, c->n_layer, c->n_head_kv, c->head_dim,
-                                 params->n_ctx)))
+    if ((st = tri__kv_policy_init(&lv->pol, &kp, be, params->kv_type, c->n_layer, c->n_head, c->n_head_kv,
+                                  c->head_dim, params->n_ctx, params->n_batch)))
         goto fail;
     return TRI_STATUS_OK;
 
@@ -49,24 +72,78 @@ fail:
     return st;
 }
 
-tri_status tri__level_eval(tri__level *lv, const int32_t *tokens, int32_t n, bool all_logits) {
+// Makes room for rows rows of logits, keeping those already there.
+static tri_status ensure_rows(tri__level *lv, int32_t rows) {
     const int32_t V = lv->model->config.n_vocab;
-    if (n <= 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level eval: %d tokens", n);
-    int32_t rows = all_logits ? n : 1;
-    if (rows > lv->logits_cap) {
-        float *l = realloc(lv->logits, (size_t)rows * (size_t)V * sizeof *l);
-        if (!l) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "level eval: logits for %d tokens", rows);
-        lv->logits = l;
-        lv->logits_cap = rows;
-    }
-    lv->n_logits = 0;
+    if (rows <= lv->logits_cap) return TRI_STATUS_OK;
+    float *l = realloc(lv->logits, (size_t)rows * (size_t)V * sizeof *l);
+    if (!l) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "level eval: logits for %d tokens", rows);
+    lv->logits = l;
+    lv->logits_cap = rows;
+    return TRI_STATUS_OK;
+}
+
+// Runs tokens and writes their logits from row `row` on: one per token (all) or the last only.
+static tri_status run(tri__level *lv, const int32_t *tokens, int32_t n, bool all, int32_t row) {
+    const int64_t V = lv->model->config.n_vocab;
     double t0 = now_seconds();
-    tri_status st = tri__llama_forward(&lv->ll, &lv->kv, tokens, n,
-                                       all_logits ? TRI_LOGITS_ALL : TRI_LOGITS_LAST, lv->logits);
+    tri_status st = TRI_STATUS_OK;
+    if (lv->pol.p.kind == TRI_KV_POLICY_STREAMING && n > 1) {
+        // one token per step: the window then slides exactly as it would for tokens run one by one
+        for (int32_t i = 0; !st && i < n; i++) {
+            bool want = all || i == n - 1;
+            float *dst = lv->logits + (int64_t)(all ? row + i : row) * V;
+            st = tri__llama_forward_policy(&lv->ll, &lv->pol, tokens + i, 1, want ? TRI_LOGITS_LAST : TRI_LOGITS_NONE,
+                                           want ? dst : NULL);
+            lv->n_evals++;
+        }
+    } else {
+        st = tri__llama_forward_policy(&lv->ll, &lv->pol, tokens, n, all ? TRI_LOGITS_ALL : TRI_LOGITS_LAST,
+                                       lv->logits + (int64_t)row * V);
+        lv->n_evals++;
+    }
     lv->seconds += now_seconds() - t0;
-    lv->n_evals++;
-    if (st) return st;
-    lv->n_logits = rows;
+    return st;
+}
+
+tri_status tri__level_eval(tri__level *lv, const int32_t *tokens, int32_t n, bool all_logits) {
+    if (n <= 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level eval: %d tokens", n);
+    TRY(ensure_rows(lv, all_logits ? n : 1));
+    lv->n_logits = 0;
+    TRY(run(lv, tokens, n, all_logits, 0));
+    lv->n_logits = all_logits ? n : 1;
+    return TRI_STATUS_OK;
+}
+
+tri_status tri__level_eval_more(tri__level *lv, const int32_t *tokens, int32_t n) {
+    if (n <= 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level eval: %d tokens", n);
+    TRY(ensure_rows(lv, lv->n_logits + n));
+    int32_t row = lv->n_logits;
+    lv->n_logits = 0;
+    TRY(run(lv, tokens, n, true, row));
+    lv->n_logits = row + n;
+    return TRI_STATUS_OK;
+}
+
+tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_t n) {
+    if (n <= 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level eval: %d tokens", n);
+    if (lv->pol.p.kind != TRI_KV_POLICY_RETRIEVAL) return tri__level_eval(lv, tokens, n, false);
+    if (lv->n_refresh == lv->refresh_cap) {
+        int32_t cap = lv->refresh_cap ? 2 * lv->refresh_cap : 16;
+        int32_t *r = realloc(lv->refresh_at, (size_t)cap * sizeof *r);
+        if (!r) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "level: %d refresh records", cap);
+        lv->refresh_at = r;
+        lv->refresh_cap = cap;
+    }
+    TRY(ensure_rows(lv, 1));
+    lv->n_logits = 0;
+    if (n > 1) TRY(tri__level_prefill(lv, tokens, n - 1));
+    tri__kv_policy_request_refresh(&lv->pol);
+    tri_status st = run(lv, tokens + n - 1, 1, false, 0);
+    tri__kv_policy_cancel_refresh(&lv->pol);  // already consumed, unless the step failed
+    TRY(st);
+    lv->refresh_at[lv->n_refresh++] = tri__kv_policy_len(&lv->pol);
+    lv->n_logits = 1;
     return TRI_STATUS_OK;
 }
 
@@ -75,7 +152,7 @@ tri_status tri__level_prefill(tri__level *lv, const int32_t *tokens, int32_t n) 
     if (n == 0) return TRI_STATUS_OK;
     lv->n_logits = 0;
     double t0 = now_seconds();
-    tri_status st = tri__llama_forward(&lv->ll, &lv->kv, tokens, n, TRI_LOGITS_NONE, NULL);
+    tri_status st = tri__llama_forward_policy(&lv->ll, &lv->pol, tokens, n, TRI_LOGITS_NONE, NULL);
     lv->seconds += now_seconds() - t0;
     return st;
 }
@@ -86,15 +163,24 @@ const float *tri__level_logits(const tri__level *lv, int32_t i) {
 }
 
 tri_status tri__level_truncate(tri__level *lv, int32_t n_past) {
-    if (n_past < 0 || n_past > lv->kv.n)
-        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level truncate: %d outside [0, %d]", n_past, lv->kv.n);
-    if (n_past == lv->kv.n) return TRI_STATUS_OK;
+    int32_t len = tri__kv_policy_len(&lv->pol);
+    if (n_past < 0 || n_past > len)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level truncate: %d outside [0, %d]", n_past, len);
+    if (n_past == len) return TRI_STATUS_OK;
     lv->n_logits = 0;
-    return tri__kv_store_set_len(&lv->kv, n_past);
+    TRY(tri__kv_policy_truncate(&lv->pol, n_past));
+    // a rollback to the start of a selecting step would re-arm its request: the level selects
+    // only when told to
+    tri__kv_policy_cancel_refresh(&lv->pol);
+    while (lv->n_refresh > 0 && lv->refresh_at[lv->n_refresh - 1] > n_past) lv->n_refresh--;
+    return TRI_STATUS_OK;
 }
 
-int32_t tri__level_n_past(const tri__level *lv) { return lv->kv.n; }
-int32_t tri__level_n_ctx(const tri__level *lv) { return lv->kv.capacity; }
+int32_t tri__level_n_past(const tri__level *lv) { return tri__kv_policy_len(&lv->pol); }
+int32_t tri__level_n_ctx(const tri__level *lv) { return tri__kv_policy_capacity(&lv->pol); }
+int32_t tri__level_last_refresh(const tri__level *lv) {
+    return lv->n_refresh > 0 ? lv->refresh_at[lv->n_refresh - 1] : -1;
+}
 
 // ---- layer-skipping self-draft ----
 

@@ -1,10 +1,11 @@
 // level.h - one level of the speculative hierarchy: a model, its forward pass and its KV cache
-// (internal).
+// policy (internal).
 //
-// The speculative engine (spec.c) talks to levels only through this adapter, so that when the KV
-// cache policies (StreamingLLM, chunked retrieval) arrive, only level.c changes. Until then every
-// policy is served by the full cache: a retrieval or StreamingLLM level computes exactly what a
-// full-cache level computes (degenerate, but it exercises every path of the engine).
+// The speculative engine (spec.c) talks to levels only through this adapter. Each level owns a
+// cache policy from retrieval/kv-policy.h and runs through tri__llama_forward_policy: L1 drafts
+// over StreamingLLM, L2 is the target over the retrieval cache, L3 the target over the full
+// cache. A policy that would evict nothing (a budget or window covering the whole context) is
+// served by the full policy, so that such a level computes exactly what a full-cache level does.
 #ifndef TRI_LEVEL_H
 #define TRI_LEVEL_H
 
@@ -12,61 +13,76 @@
 #include <stdint.h>
 
 #include "backend.h"
-#include "kv-store.h"
+#include "kv-policy.h"
 #include "llama.h"
 #include "triforce.h"
 
-typedef enum tri__cache_policy {
-    TRI_CACHE_POLICY_FULL = 0,       // every position
-    TRI_CACHE_POLICY_STREAMING = 1,  // sink tokens + a recent window (L1 of TriForce)
-    TRI_CACHE_POLICY_RETRIEVAL = 2,  // chunk 0 + the top-k chunks per head up to a budget (L2)
-} tri__cache_policy;
-
 typedef struct tri__level_params {
-    tri__cache_policy policy;
-    int32_t n_ctx;     // positions of context the level must serve (prompt + generated)
-    int32_t n_batch;   // tokens per internal step of a long prefill
-    tri_dtype kv_type; // F16 or F32
-    int32_t budget;    // RETRIEVAL: cache tokens; STREAMING: window; unused by FULL
-    int32_t chunk;     // RETRIEVAL: tokens per chunk
+    tri_kv_policy policy;  // FULL (L3), STREAMING (L1) or RETRIEVAL (L2); H2O is not a level's
+    int32_t n_ctx;         // positions of context the level must serve (prompt + generated)
+    int32_t n_batch;       // tokens per internal step of a long prefill
+    tri_dtype kv_type;     // F16 or F32
+    int32_t budget;        // STREAMING: sink + recent tokens kept; RETRIEVAL: tokens of selected
+                           // chunks; >= n_ctx: nothing is evicted, the level is FULL
+    int32_t chunk;         // RETRIEVAL: tokens per chunk, divides budget
+    int32_t sink;          // STREAMING: attention-sink tokens, < budget
 } tri__level_params;
 
 typedef struct tri__level {
     const tri_model *model;  // not owned
     tri__backend *be;        // not owned
-    tri__level_params params;
+    tri__level_params params;  // as given to init
     tri__llama ll;
-    tri__kv_store kv;
+    tri__kv_policy pol;      // the cache; pol.p.kind is the policy really served
     float *logits;           // (logits_cap, n_vocab) host: rows of the last eval
     int32_t logits_cap;
     int32_t n_logits;        // rows valid after the last eval
+    int32_t *refresh_at;     // (refresh_cap) RETRIEVAL: cache lengths at which the chunks were
+                             // selected afresh (tri__level_eval_refresh), ascending
+    int32_t n_refresh, refresh_cap;
     double seconds;          // wall time spent in eval, accumulated
     int64_t n_evals;         // forward passes run
 } tri__level;
 
 // Allocates the level's cache and buffers on be. model and be must outlive the level.
+// INVALID_ARGUMENT for parameters the policy refuses (kv-policy.h).
 tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend *be,
                            const tri__level_params *params);
 // Frees what init allocated; a zeroed level is a no-op.
 void tri__level_free(tri__level *lv);
 
 // Runs tokens (n >= 1) after the n_past already cached and caches them. all_logits: one row of
-// logits per token, else only the last token's row; tri__level_logits reads them. n == 0 with
-// NONE semantics is not allowed. INVALID_ARGUMENT when they do not fit the context.
+// logits per token, else only the last token's row; tri__level_logits reads them.
+// INVALID_ARGUMENT when they do not fit the context. A STREAMING level runs them one token per
+// step, so that its cache depends only on the tokens, not on how the engine batched them (a step
+// attends to its own tokens besides the window, docs/kv-policies.md).
 tri_status tri__level_eval(tri__level *lv, const int32_t *tokens, int32_t n, bool all_logits);
-// Runs tokens only to fill the cache (a prefill), in chunks of n_batch; no logits.
+// As tri__level_eval with all_logits, appending the n rows after the rows already there.
+tri_status tri__level_eval_more(tri__level *lv, const int32_t *tokens, int32_t n);
+// As tri__level_eval with the last row only, and a RETRIEVAL level then selects its chunks
+// afresh from the last token's query, at the length after it: the last token runs in a step of
+// its own, so the selection does not depend on how the tokens were batched. The length is
+// appended to refresh_at. Other policies: a plain eval.
+tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_t n);
+// Runs tokens only to fill the cache (a prefill), in steps of n_batch; no logits.
 tri_status tri__level_prefill(tri__level *lv, const int32_t *tokens, int32_t n);
 
 // Row i (n_vocab floats) of the last eval's logits, i in [0, n_logits); NULL otherwise.
 const float *tri__level_logits(const tri__level *lv, int32_t i);
 
-// Rolls the cache back to its first n_past positions (0 <= n_past <= tri__level_n_past).
+// Rolls the cache back to its first n_past positions (0 <= n_past <= tri__level_n_past), exactly
+// as if the dropped tokens had never been run: selections made after n_past are dropped too.
+// Exact for every policy a level serves, however far back: FULL and STREAMING hold nothing but
+// the store, and a RETRIEVAL level selects only inside tri__level_eval_refresh, so no rollback
+// can land in a step that would have selected (docs/speculative.md, "Caches and rollback").
 tri_status tri__level_truncate(tri__level *lv, int32_t n_past);
 
 // Positions cached.
 int32_t tri__level_n_past(const tri__level *lv);
 // Positions the level can hold.
 int32_t tri__level_n_ctx(const tri__level *lv);
+// The length of the last selection (tri__level_eval_refresh), -1 when none.
+int32_t tri__level_last_refresh(const tri__level *lv);
 
 // ---- layer-skipping self-draft ----
 

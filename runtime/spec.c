@@ -186,6 +186,9 @@ int32_t tri__ngram_draft(const int32_t *ctx, int32_t n_ctx, int32_t ngram_n, int
 
 // ---- the engine ----
 
+// L3 passes over which L2's acceptance is judged for a refresh (tri_spec_params.refresh_accept).
+#define ACC_ROUNDS 4
+
 struct tri_spec {
     const tri_model *target;
     tri_spec_params params;  // defaults filled in; draft_layers points to layers
@@ -205,6 +208,11 @@ struct tri_spec {
     tri__spec_work work;
     tri__rng rng;
     tri__spec_rule rule;
+    // L2's refreshes: the next L2 run selects its chunks afresh (see l2_refresh_due); the L2 -> L3
+    // acceptance of the L3 passes since the last selection, the last ACC_ROUNDS of them
+    bool refresh_next;
+    int32_t acc_proposed[ACC_ROUNDS], acc_accepted[ACC_ROUNDS];
+    int32_t n_acc;            // L3 passes recorded since the last selection
     // of the current tri_generate_spec call
     tri_sampler_params sampler;
     tri_spec_stats *stats;
@@ -213,7 +221,8 @@ struct tri_spec {
 tri_spec_params tri_spec_default_params(void) {
     tri_spec_params p = {
         .mode = TRI_SPEC_MODE_TRIFORCE, .drafter = TRI_SPEC_DRAFTER_MODEL, .ngram_n = 3,
-        .gamma1 = 2, .gamma2 = 6, .budget = 4096, .chunk = 8,
+        .gamma1 = 2, .gamma2 = 6, .budget = 4096, .chunk = 8, .draft_window = 256, .draft_sink = 16,
+        .refresh = 0, .refresh_accept = 0.5f,
     };
     return p;
 }
@@ -243,6 +252,7 @@ static tri_status cut_at(tri_spec *s, int32_t i) {
 void tri_spec_reset(tri_spec *s) {
     if (!s) return;
     s->n_seq = 0;
+    s->n_acc = 0;
     (void)cut_at(s, 0);
 }
 
@@ -250,18 +260,31 @@ tri_status tri_spec_truncate(tri_spec *s, int32_t n_past) {
     if (n_past < 0 || n_past > s->n_seq)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative truncate: %d outside [0, %d]", n_past, s->n_seq);
     s->n_seq = n_past;
+    s->n_acc = 0;
     return cut_at(s, n_past);
 }
 
 // Gets lv's logits for positions m - 1 .. m + extra - 1 of seq (the distributions of seq[m] ..
 // seq[m + extra]) in one forward pass that first catches up on whatever lv has not run:
 // runs seq[np .. m + extra) where np = min(n_past, m - 1). *row0: the logits row of position m - 1.
-static tri_status level_run(tri__level *lv, const int32_t *seq, int32_t m, int32_t extra, int32_t *row0) {
+// When L2 is due for a refresh, it runs seq[np .. m) first, selecting its chunks from the query
+// of seq[m - 1] (the context's last token), then the drafted tokens in a second pass.
+static tri_status level_run(tri_spec *s, tri__level *lv, int32_t m, int32_t extra, int32_t *row0) {
+    const int32_t *seq = s->seq;
     TRI_ASSERT(m >= 1);
     int32_t np = tri__level_n_past(lv);
     if (np > m - 1) {
         TRY(tri__level_truncate(lv, m - 1));
         np = m - 1;
+    }
+    if (lv == s->lv2 && s->refresh_next) {
+        TRY(tri__level_eval_refresh(lv, seq + np, m - np));
+        if (extra > 0) TRY(tri__level_eval_more(lv, seq + m, extra));
+        s->refresh_next = false;
+        s->n_acc = 0;
+        s->stats->n_l2_refresh++;
+        *row0 = 0;
+        return TRI_STATUS_OK;
     }
     bool all = extra > 0;
     TRY(tri__level_eval(lv, seq + np, m + extra - np, all));
@@ -277,7 +300,7 @@ static tri_status model_draft(tri_spec *s, tri__level *lv, int32_t m, int32_t n_
     d->n = 0;
     for (int32_t i = 0; i < n_max; i++) {
         int32_t row0;
-        TRY(level_run(lv, s->seq, m + i, 0, &row0));
+        TRY(level_run(s, lv, m + i, 0, &row0));
         const float *logits = tri__level_logits(lv, row0);
         int32_t tok;
         if (s->sampler.temperature <= 0.0f) {
@@ -323,7 +346,7 @@ static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
         TRY(l1_draft(s, b, s->params.gamma1 < room ? s->params.gamma1 : room, d1));
         double t0 = now_seconds();
         int32_t row0, k, z;
-        TRY(level_run(s->lv2, s->seq, b, d1->n, &row0));
+        TRY(level_run(s, s->lv2, b, d1->n, &row0));
         // no bonus when it would overfill d2: L3 verifies exactly g2 tokens
         bool want_bonus = d2->n + d1->n < g2;
         TRY(tri__spec_verify(&s->sampler, s->rule, tri__level_logits(s->lv2, row0), d1, want_bonus,
@@ -339,6 +362,25 @@ static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
         s->stats->l2_seconds += now_seconds() - t0;
     }
     return TRI_STATUS_OK;
+}
+
+// Whether L2 (a retrieval level) should select its chunks afresh before the round at context
+// length n: it has no selection yet (after the prefill), `refresh` tokens came since its last
+// one, or L3 accepted less than refresh_accept of L2's tokens over the last ACC_ROUNDS passes.
+static bool l2_refresh_due(const tri_spec *s, int32_t n) {
+    if (!s->lv2 || s->lv2->pol.p.kind != TRI_KV_POLICY_RETRIEVAL) return false;
+    int32_t last = tri__level_last_refresh(s->lv2);
+    if (last < 0) return true;
+    if (s->params.refresh > 0 && n - last >= s->params.refresh) return true;
+    if (s->params.refresh_accept > 0.0f && s->n_acc >= ACC_ROUNDS) {
+        int64_t prop = 0, acc = 0;
+        for (int i = 0; i < ACC_ROUNDS; i++) {
+            prop += s->acc_proposed[i];
+            acc += s->acc_accepted[i];
+        }
+        if (prop > 0 && (double)acc < (double)s->params.refresh_accept * (double)prop) return true;
+    }
+    return false;
 }
 
 tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_prompt,
@@ -393,6 +435,8 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
     }
     s->n_seq += n_prompt;
     stats->n_prompt = n_prompt;
+    // a new prompt: L2 selects from its last token's query, as TriForce does after the prefill
+    if (n_prompt > 0) s->refresh_next = s->lv2 && s->lv2->pol.p.kind == TRI_KV_POLICY_RETRIEVAL;
     double t1 = now_seconds();
     stats->prefill_seconds = t1 - t0;
 
@@ -413,6 +457,7 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
         if (mode == TRI_SPEC_MODE_NONE) g2 = 0;
         d3->tokens = s->seq + n;
         d3->n = 0;
+        if (l2_refresh_due(s, n)) s->refresh_next = true;
         if (g2 > 0) {
             if (mode == TRI_SPEC_MODE_DRAFT) {
                 TRY(l1_draft(s, n, g2, d3));
@@ -427,7 +472,7 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
 
         double t3 = now_seconds();
         int32_t row0, k, z;
-        TRY(level_run(&s->l3, s->seq, n, d3->n, &row0));
+        TRY(level_run(s, &s->l3, n, d3->n, &row0));
         TRY(tri__spec_verify(&s->sampler, s->rule, tri__level_logits(&s->l3, row0), d3, true, &s->rng,
                              &s->work, NULL, &k, &z));
         stats->n_l3_verify++;
@@ -436,6 +481,9 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
         } else if (mode != TRI_SPEC_MODE_NONE) {
             stats->l2_proposed += d3->n;
             stats->l2_accepted += k;
+            int32_t slot = s->n_acc++ % ACC_ROUNDS;
+            s->acc_proposed[slot] = d3->n;
+            s->acc_accepted[slot] = k;
         }
         TRY(cut_at(s, n + k));
         s->seq[n + k] = z;
@@ -528,6 +576,12 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "speculative: gamma1 %d, gamma2 %d, ngram %d, budget %d, chunk %d must be >= 0",
                          p.gamma1, p.gamma2, p.ngram_n, p.budget, p.chunk);
+    if (p.draft_window < 0 || p.draft_sink < 0 || p.refresh < 0 ||
+        !(p.refresh_accept >= 0.0f && p.refresh_accept <= 1.0f))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "speculative: draft_window %d, draft_sink %d, refresh %d must be >= 0 and "
+                         "refresh_accept %g in [0, 1]",
+                         p.draft_window, p.draft_sink, p.refresh, (double)p.refresh_accept);
     if (sp.n_ctx < 0 || sp.n_batch < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative: n_ctx %d and n_batch %d must be >= 0",
                          sp.n_ctx, sp.n_batch);
@@ -536,6 +590,12 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     if (p.ngram_n == 0) p.ngram_n = 3;
     if (p.budget == 0) p.budget = 4096;
     if (p.chunk == 0) p.chunk = 8;
+    if (p.draft_window == 0) p.draft_window = 256;
+    if (p.draft_sink == 0) p.draft_sink = p.draft_window >= 32 ? 16 : p.draft_window / 2;
+    if (p.draft_sink >= p.draft_window)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "speculative: draft_sink %d must be < draft_window %d to leave room for recent tokens",
+                         p.draft_sink, p.draft_window);
     if (sp.n_ctx == 0) sp.n_ctx = c->n_ctx_train > 0 && c->n_ctx_train < 8192 ? c->n_ctx_train : 8192;
     if (sp.n_batch == 0) sp.n_batch = 128;
     if (sp.n_batch > sp.n_ctx) sp.n_batch = sp.n_ctx;
@@ -571,12 +631,12 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     s->params = p;
 
     if ((st = tri__backend_cpu_create(sp.n_threads, TRI_CPU_SIMD_AUTO, &s->be))) goto fail;
-    tri__level_params lp = {.policy = TRI_CACHE_POLICY_FULL, .n_ctx = sp.n_ctx, .n_batch = sp.n_batch,
+    tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = sp.n_ctx, .n_batch = sp.n_batch,
                             .kv_type = sp.kv_type};
     if ((st = tri__level_init(&s->l3, target, s->be, &lp))) goto fail;
     if (has_l2) {
         tri__level_params l2p = lp;
-        l2p.policy = TRI_CACHE_POLICY_RETRIEVAL;
+        l2p.policy = TRI_KV_POLICY_RETRIEVAL;
         l2p.budget = p.budget;
         l2p.chunk = p.chunk;
         if ((st = tri__level_init(&s->l2, target, s->be, &l2p))) goto fail;
@@ -584,7 +644,11 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     }
     if (has_l1 && p.drafter != TRI_SPEC_DRAFTER_NGRAM) {
         const tri_model *m = p.drafter == TRI_SPEC_DRAFTER_MODEL ? p.draft_model : s->view;
-        if ((st = tri__level_init(&s->l1, m, s->be, &lp))) goto fail;
+        tri__level_params l1p = lp;
+        l1p.policy = TRI_KV_POLICY_STREAMING;
+        l1p.budget = p.draft_window;
+        l1p.sink = p.draft_sink;
+        if ((st = tri__level_init(&s->l1, m, s->be, &l1p))) goto fail;
         s->lv1 = &s->l1;
     }
     if (has_l1 && (st = tri__spec_draft_init(&s->d1, p.mode == TRI_SPEC_MODE_DRAFT ? p.gamma2 : p.gamma1,

@@ -98,12 +98,39 @@ Test(cli, every_spec_mode_prints_the_plain_greedy_tokens) {
     cr_assert(strstr(err, "generated: 24 tokens"), "%s", err);
     const char *modes[] = {"--spec draft --draft-ngram 2", "--spec draft --draft-layers 0-1",
                            "--spec retrieval", "--spec triforce --draft-layers 0,2 --gamma1 3 --gamma2 5",
-                           "--spec triforce --draft-ngram 3 --stats"};
+                           "--spec triforce --draft-ngram 3 --stats",
+                           // small caches: L1 evicts, L2 selects 2 chunks of 4, again every 4 tokens
+                           "--spec draft --draft-layers 0-1 --draft-window 8 --draft-sink 2",
+                           "--spec retrieval --budget 8 --chunk 4 --refresh 4",
+                           "--spec triforce --draft-layers 0,2 --draft-window 8 --draft-sink 2 --budget 8 --chunk 4 "
+                           "--refresh-accept 0.9 --stats"};
     for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
         snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos %s", m,
                  modes[i]);
         cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", modes[i], err);
         cr_assert_str_eq(out, plain, "%s", modes[i]);
     }
-    cr_assert(strstr(err, "full-cache passes"), "--stats: %s", err);
+    cr_assert(strstr(err, "full-cache passes") && strstr(err, "selections"), "--stats: %s", err);
+}
+
+// Plain decoding through every cache policy runs, and the parameters are checked.
+Test(cli, kv_policies_for_plain_decoding) {
+    const char *m = tiny_model();
+    static char args[8192];
+    const char *policies[] = {"--kv full", "--kv streaming --kv-budget 8 --sink 2", "--kv h2o --kv-budget 8",
+                              "--kv retrieval --kv-budget 8 --kv-chunk 4 --refresh 4"};
+    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
+        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos %s", m,
+                 policies[i]);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", policies[i], err);
+        cr_assert(strstr(err, "generated: 24 tokens"), "%s: %s", policies[i], err);
+    }
+    snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 4 --kv retrieval --kv-budget 10", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "chunk size 8 must divide the budget 10"), "%s", err);
+    cr_assert_eq(cli("generate -m x -p hi --kv lru", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--kv 'lru'"), "%s", err);
+    cr_assert_eq(cli("generate -m x -p hi --kv streaming --spec retrieval", out, sizeof out, err, sizeof err), 2);
+    cr_assert_eq(cli("generate --help", out, sizeof out, err, sizeof err), 0);
+    cr_assert(strstr(out, "--kv POLICY") && strstr(out, "--draft-window N"), "%s", out);
 }
