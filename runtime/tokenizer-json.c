@@ -265,6 +265,13 @@ static tri_status load_json(json_object *root, const char *name, tri__tokenizer 
                              "range", name, i);
         if (id + 1 > n_vocab) n_vocab = id + 1;
     }
+    // Ids index dense arrays: a vocabulary whose ids leave more holes than it has tokens is
+    // refused, so a few bytes of JSON cannot ask for gigabytes.
+    int64_t n_listed = (int64_t)json_object_object_length(vocab) + (int64_t)n_added;
+    if (n_vocab > 2 * n_listed + 256)
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field 'model.vocab': largest id %lld is far "
+                         "beyond the %lld tokens listed (ids must be nearly dense)", name,
+                         (long long)(n_vocab - 1), (long long)n_listed);
     if ((st = tri__tok_alloc(kind, n_vocab, name, &t))) return st;
     t->pretok = pretok;
     t->add_space_prefix = prefix;

@@ -461,6 +461,16 @@ Test(tokenizer, bad_tokenizer_json) {
                                   "{\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}, "
                                   "\"merges\": []}}"),
                  TRI_STATUS_BAD_FORMAT, "two texts for one id");
+    // A sparse id (found by the fuzzer: 2.6 GB asked for by a 1.7 KB file) is refused; a few
+    // holes, as real vocabularies have, are not.
+    cr_assert_eq(load_json_string("{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": "
+                                  "{\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 133333332}, "
+                                  "\"merges\": []}}"),
+                 TRI_STATUS_BAD_FORMAT, "sparse ids");
+    cr_assert_eq(load_json_string("{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": "
+                                  "{\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 200}, "
+                                  "\"merges\": []}}"),
+                 TRI_STATUS_OK, "a few holes");
 }
 
 Test(tokenizer, from_dir) {
