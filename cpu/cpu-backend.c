@@ -814,6 +814,7 @@ tri_status tri__backend_cpu_create(int32_t n_threads, tri__cpu_simd simd, tri__b
 #endif
     be->ops = &cpu_ops;
     be->n_threads = n_threads > 0 ? n_threads : cpu_max_threads();
+    be->host_memory = true;
     // the pool itself is made on the first op that is worth threads (cpu_parallel)
     be->priv = st;
     *out = be;

@@ -258,6 +258,13 @@ typedef enum tri_kv_policy {
                                   // per layer and KV head, + the tokens since the last selection
 } tri_kv_policy;
 
+// Where a session computes (tri_session_params.device_kind).
+typedef enum tri_device_kind {
+    TRI_DEVICE_AUTO = 0,  // the first CUDA device when one is usable, else the CPU
+    TRI_DEVICE_CPU = 1,   // the CPU backend, the reference
+    TRI_DEVICE_CUDA = 2,  // CUDA device tri_session_params.device; TRI_STATUS_DEVICE without one
+} tri_device_kind;
+
 typedef struct tri_session_params {
     int32_t n_ctx;      // positions the KV cache holds (prompt + generated tokens);
                         // 0: the model's trained context, at most 8192
@@ -274,6 +281,12 @@ typedef struct tri_session_params {
                               // cache), or kv_budget / 2 for budgets under 32
     int32_t kv_refresh;       // retrieval: re-select after this many tokens since the last selection;
                               // 0: only after a prompt's prefill (tri_generate) and on request
+    // ---- device ----
+    tri_device_kind device_kind;  // default TRI_DEVICE_AUTO. On a device the model's weights are
+                                  // copied into its memory once per session (per engine for
+                                  // tri_spec_create), so the device must hold them with the caches
+    int32_t device;               // TRI_DEVICE_CUDA: device index in [0, tri_device_count());
+                                  // ignored otherwise
 } tri_session_params;
 
 TRI_API tri_session_params tri_session_default_params(void);
@@ -295,6 +308,9 @@ TRI_API tri_status tri_session_eval(tri_session *session, const int32_t *tokens,
 // logits, and i == -1 for the last token in either case; NULL otherwise. Valid until the next
 // call that changes the session.
 TRI_API const float *tri_session_logits(const tri_session *session, int32_t i);
+
+// Where the session computes: "cpu" or "cuda:N". Valid while the session lives.
+TRI_API const char *tri_session_device(const tri_session *session);
 
 // Tokens in the cache.
 TRI_API int32_t tri_session_n_past(const tri_session *session);
@@ -488,6 +504,9 @@ TRI_API tri_spec_params tri_spec_default_params(void);
 TRI_API tri_status tri_spec_create(const tri_model *target, const tri_session_params *session_params,
                                    const tri_spec_params *params, tri_spec **out_spec);
 TRI_API void tri_spec_free(tri_spec *spec);
+
+// Where the engine computes, every level on one backend: "cpu" or "cuda:N".
+TRI_API const char *tri_spec_device(const tri_spec *spec);
 
 // Forgets every token: the next tri_generate_spec starts from an empty context.
 TRI_API void tri_spec_reset(tri_spec *spec);

@@ -24,6 +24,7 @@
 #ifndef TRI_BACKEND_H
 #define TRI_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -157,6 +158,9 @@ typedef struct tri__backend_ops {
 struct tri__backend {
     const tri__backend_ops *ops;
     int32_t n_threads;  // worker threads for the ops (CPU); may be changed between calls
+    bool host_memory;   // backend memory is host memory, so host data (a model's mapped weights)
+                        // can be passed to ops as it is; false on a device. Tests clear it on a
+                        // CPU instance to run the device path (copies into backend memory) on CPU.
     void *priv;         // the backend's own state
 };
 

@@ -1,5 +1,8 @@
 // cli-common.c - what every offload-run subcommand shares: model loading and error reports.
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -28,4 +31,28 @@ tri_model *tri_cli_load_model(const char *path) {
         return NULL;
     }
     return model;
+}
+
+bool tri_cli_parse_device(const char *cmd, const char *arg, tri_session_params *sp) {
+    if (strcmp(arg, "cpu") == 0) {
+        sp->device_kind = TRI_DEVICE_CPU;
+        return true;
+    }
+    if (strcmp(arg, "cuda") == 0) {
+        sp->device_kind = TRI_DEVICE_CUDA;
+        sp->device = 0;
+        return true;
+    }
+    if (strncmp(arg, "cuda:", 5) == 0 && arg[5] >= '0' && arg[5] <= '9') {
+        char *end;
+        errno = 0;
+        long n = strtol(arg + 5, &end, 10);
+        if (errno == 0 && *end == '\0' && n <= 1024) {
+            sp->device_kind = TRI_DEVICE_CUDA;
+            sp->device = (int32_t)n;
+            return true;
+        }
+    }
+    fprintf(stderr, "%s: --device '%s': want cpu, cuda or cuda:N\n", cmd, arg);
+    return false;
 }

@@ -30,6 +30,8 @@ static void usage(FILE *f) {
           "      --seed S         random seed (default 0)\n"
           "      --ctx N          context length in tokens (default: prompt + n-predict)\n"
           "  -t, --threads N      CPU threads (default: one per core)\n"
+          "      --device D       cpu, cuda or cuda:N (default: the first GPU when there is one,\n"
+          "                       else the CPU)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
           "      --kv-type T      f16 (default) or f32 KV cache\n"
           "      --kv POLICY      which past tokens plain decoding attends to: full (default),\n"
@@ -241,7 +243,8 @@ int tri_cli_generate(int argc, char **argv) {
     enum { OPT_TOKENS = 256, OPT_CHAT, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CTX, OPT_BATCH,
            OPT_KV, OPT_IGNORE_EOS, OPT_IDS, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
-           OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT };
+           OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
+           OPT_DEVICE };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -263,6 +266,7 @@ int tri_cli_generate(int argc, char **argv) {
         {"draft-window", required_argument, NULL, OPT_DRAFT_WINDOW},
         {"draft-sink", required_argument, NULL, OPT_DRAFT_SINK},
         {"refresh-accept", required_argument, NULL, OPT_REFRESH_ACCEPT},
+        {"device", required_argument, NULL, OPT_DEVICE},
         {"help", no_argument, NULL, 'h'},          {0},
     };
     const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
@@ -341,6 +345,7 @@ int tri_cli_generate(int argc, char **argv) {
         case OPT_REFRESH_ACCEPT:
             ok = parse_float("--refresh-accept", optarg, 0.0, 1.0, &spec_params.refresh_accept);
             break;
+        case OPT_DEVICE: ok = tri_cli_parse_device("offload-run generate", optarg, &sp); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -481,6 +486,7 @@ int tri_cli_generate(int argc, char **argv) {
             goto done;
         }
     }
+    fprintf(stderr, "device: %s\n", spec ? tri_spec_device(spec) : tri_session_device(session));
     if (!print_ids && (st = tri_detokenizer_create(model, false, &out.detok))) {
         rc = tri_cli_fail("the model has no tokenizer (use --ids)", st);
         goto done;

@@ -18,4 +18,8 @@ int tri_cli_fail(const char *what, tri_status status);
 // the error.
 tri_model *tri_cli_load_model(const char *path);
 
+// Parses --device: "cpu", "cuda" (device 0) or "cuda:N" into sp's device fields. Prints
+// "<cmd>: --device '<arg>': ..." and returns false for anything else.
+bool tri_cli_parse_device(const char *cmd, const char *arg, tri_session_params *sp);
+
 #endif  // TRI_CLI_H

@@ -1,8 +1,9 @@
-// session.c - the session API: a model, a CPU backend, a KV cache; plain autoregressive decoding.
+// session.c - the session API: a model, a backend, a KV cache; plain autoregressive decoding.
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "backend-select.h"
 #include "backend.h"
 #include "error.h"
 #include "kv-policy.h"
@@ -13,6 +14,8 @@
 struct tri_session {
     const tri_model *model;
     tri__backend *be;
+    tri_model *weights;   // model's view with its weights in be's memory (backend-select.h)
+    char device[16];      // "cpu", "cuda:N"
     tri__llama ll;
     tri__kv_policy kv;    // the cache and the policy that chooses what each layer attends to
     tri__rng rng;
@@ -40,6 +43,7 @@ void tri_session_free(tri_session *s) {
     if (!s) return;
     tri__kv_policy_free(&s->kv);
     tri__llama_free(&s->ll);
+    tri__model_backend_free(s->weights);
     tri__backend_free(s->be);
     tri__sampler_scratch_free(&s->scratch);
     free(s->logits);
@@ -79,8 +83,9 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     tri_session *s = calloc(1, sizeof *s);
     if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "session");
     s->model = model;
-    if ((st = tri__backend_cpu_create(p.n_threads, TRI_CPU_SIMD_AUTO, &s->be))) goto fail;
-    if ((st = tri__llama_init(&s->ll, model, s->be, p.n_batch))) goto fail;
+    if ((st = tri__backend_select(p.device_kind, p.device, p.n_threads, &s->be, s->device))) goto fail;
+    if ((st = tri__model_on_backend(model, s->be, &s->weights))) goto fail;
+    if ((st = tri__llama_init(&s->ll, s->weights, s->be, p.n_batch))) goto fail;
     if ((st = tri__kv_policy_init(&s->kv, &kp, s->be, p.kv_type, c->n_layer, c->n_head, c->n_head_kv,
                                   c->head_dim, p.n_ctx, p.n_batch)))
         goto fail;
@@ -221,3 +226,5 @@ tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
     stats->decode_seconds = now_seconds() - t1;
     return TRI_STATUS_OK;
 }
+
+const char *tri_session_device(const tri_session *s) { return s->device; }

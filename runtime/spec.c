@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend-select.h"
 #include "error.h"
 #include "gguf.h"
 #include "model.h"
@@ -193,8 +194,10 @@ struct tri_spec {
     const tri_model *target;
     tri_spec_params params;  // defaults filled in; draft_layers points to layers
     int32_t *layers;         // (n_draft_layers) copy of the self-draft's layer list
-    tri_model *view;         // the self-draft's view of the target, owned
+    tri_model *view;         // the self-draft's view of tw, owned
     tri__backend *be;
+    tri_model *tw, *dw;      // the target's and the draft model's views on be (backend-select.h)
+    char device[16];         // "cpu", "cuda:N"
     tri__level l1, l2, l3;
     tri__level *lv1, *lv2;   // NULL when absent (lv1 is NULL for the n-gram drafter too)
     int32_t n_vocab;
@@ -553,6 +556,8 @@ void tri_spec_free(tri_spec *s) {
     tri__level_free(&s->l2);
     tri__level_free(&s->l3);
     tri__model_view_free(s->view);
+    tri__model_backend_free(s->tw);
+    tri__model_backend_free(s->dw);
     tri__backend_free(s->be);
     tri__spec_draft_free(&s->d1);
     tri__spec_draft_free(&s->d2);
@@ -614,8 +619,10 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     s->n_ctx = sp.n_ctx;
     s->n_batch = sp.n_batch;
     tri_status st;
+    if ((st = tri__backend_select(sp.device_kind, sp.device, sp.n_threads, &s->be, s->device))) goto fail;
+    if ((st = tri__model_on_backend(target, s->be, &s->tw))) goto fail;
     if (has_l1 && p.drafter == TRI_SPEC_DRAFTER_LAYERS) {
-        if ((st = tri__model_layer_view(target, p.draft_layers, p.n_draft_layers, &s->view))) goto fail;
+        if ((st = tri__model_layer_view(s->tw, p.draft_layers, p.n_draft_layers, &s->view))) goto fail;
         s->layers = malloc((size_t)p.n_draft_layers * sizeof *s->layers);
         if (!s->layers) {
             st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "speculative: layer list");
@@ -628,22 +635,22 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         p.n_draft_layers = 0;
     }
     if (!(has_l1 && p.drafter == TRI_SPEC_DRAFTER_MODEL)) p.draft_model = NULL;
+    if (p.draft_model && (st = tri__model_on_backend(p.draft_model, s->be, &s->dw))) goto fail;
     s->params = p;
 
-    if ((st = tri__backend_cpu_create(sp.n_threads, TRI_CPU_SIMD_AUTO, &s->be))) goto fail;
     tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = sp.n_ctx, .n_batch = sp.n_batch,
                             .kv_type = sp.kv_type};
-    if ((st = tri__level_init(&s->l3, target, s->be, &lp))) goto fail;
+    if ((st = tri__level_init(&s->l3, s->tw, s->be, &lp))) goto fail;
     if (has_l2) {
         tri__level_params l2p = lp;
         l2p.policy = TRI_KV_POLICY_RETRIEVAL;
         l2p.budget = p.budget;
         l2p.chunk = p.chunk;
-        if ((st = tri__level_init(&s->l2, target, s->be, &l2p))) goto fail;
+        if ((st = tri__level_init(&s->l2, s->tw, s->be, &l2p))) goto fail;
         s->lv2 = &s->l2;
     }
     if (has_l1 && p.drafter != TRI_SPEC_DRAFTER_NGRAM) {
-        const tri_model *m = p.drafter == TRI_SPEC_DRAFTER_MODEL ? p.draft_model : s->view;
+        const tri_model *m = p.drafter == TRI_SPEC_DRAFTER_MODEL ? s->dw : s->view;
         tri__level_params l1p = lp;
         l1p.policy = TRI_KV_POLICY_STREAMING;
         l1p.budget = p.draft_window;
@@ -670,3 +677,5 @@ fail:
     tri_spec_free(s);
     return st;
 }
+
+const char *tri_spec_device(const tri_spec *s) { return s->device; }

@@ -1,0 +1,186 @@
+// test-device.c - choosing the device a session computes on, and a model's weights copied into a
+// backend's memory.
+//
+// No GPU is needed: a CPU backend whose host_memory flag is cleared takes the device path (every
+// weight the forward pass reads is copied into one allocation of backend memory), so CI checks
+// that path's bookkeeping and that it computes exactly what the mapped weights compute.
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "backend-select.h"
+#include "kv-store.h"
+#include "level.h"
+#include "llama.h"
+#include "model.h"
+#include "test-util.h"
+
+#define N_TOK 20
+
+static const int32_t tokens[N_TOK] = {5, 200, 17, 3, 99, 42, 42, 301, 7, 150, 5, 77, 270, 8, 64, 1, 33, 90, 4, 11};
+
+// Writes a seeded model with tri-gen-model (opts) and returns its GGUF path (static buffer).
+static const char *gen_model(const char *tag, const char *opts) {
+    const char *gen = getenv("TRI_GEN_MODEL");
+    cr_assert(gen, "TRI_GEN_MODEL: run through meson test");
+    static char gguf[4096];
+    char name[128], hf[4096], cmd[32768];
+    snprintf(name, sizeof name, "device-%s.gguf", tag);
+    snprintf(gguf, sizeof gguf, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "device-%s.hf", tag);
+    snprintf(hf, sizeof hf, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s' && '%s' %s --out-gguf '%s' --out-hf '%s' >/dev/null", gguf, hf, gen,
+             opts, gguf, hf);
+    int rc = system(cmd);
+    cr_assert(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "generator failed: %s", cmd);
+    return gguf;
+}
+
+// Runs tokens through model on be with a fresh full cache; logits (N_TOK, n_vocab) of every one.
+static float *forward_all(const tri_model *model, tri__backend *be) {
+    const tri_model_config *c = &model->config;
+    tri__llama ll;
+    tri__kv_store kv;
+    cr_assert_eq(tri__llama_init(&ll, model, be, 8), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__kv_store_init(&kv, be, TRI_DTYPE_F16, c->n_layer, c->n_head_kv, c->head_dim, 64),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    float *logits = malloc(sizeof(float) * N_TOK * (size_t)c->n_vocab);
+    cr_assert(logits);
+    cr_assert_eq(tri__llama_forward(&ll, &kv, tokens, N_TOK, TRI_LOGITS_ALL, logits), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    tri__kv_store_free(&kv);
+    tri__llama_free(&ll);
+    return logits;
+}
+
+static bool inside(const void *p, const tri__tensor *t) {
+    return (const char *)p >= (const char *)t->data && (const char *)p < (const char *)t->data + t->n_bytes;
+}
+
+// On a backend with host memory the view borrows the mapping: no copy, same pointers.
+Test(device, host_backend_uses_the_mapping_in_place) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("host", "--layers 2 --tied"), NULL, &m), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    tri__backend *be;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
+    cr_assert(be->host_memory);
+    tri_model *v;
+    cr_assert_eq(tri__model_on_backend(m, be, &v), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(v->n_tensors, m->n_tensors);
+    for (int64_t i = 0; i < m->n_tensors; i++) cr_assert_eq(v->tensors[i].data, m->tensors[i].data);
+    cr_assert_eq(v->layers[1].w_down->data, m->layers[1].w_down->data);
+    cr_assert_eq(v->output, v->tok_embd, "tied head stays the embedding entry");
+    tri__model_backend_free(v);
+    tri__model_backend_free(NULL);
+    tri__backend_free(be);
+    tri_model_free(m);
+}
+
+// The device path: every tensor the forward pass reads is copied (same bytes, new memory), the
+// view's tables point at the copies, and the forward pass computes bit for bit the same logits.
+static void check_copied_model(const char *tag, const char *opts) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model(tag, opts), NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__backend *host, *dev;
+    cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &host), TRI_STATUS_OK);
+    cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &dev), TRI_STATUS_OK);
+    dev->host_memory = false;
+    tri_model *v;
+    cr_assert_eq(tri__model_on_backend(m, dev, &v), TRI_STATUS_OK, "%s", tri_last_error());
+
+    const tri__tensor *read[] = {m->tok_embd, m->output_norm, m->output};
+    for (size_t i = 0; i < sizeof read / sizeof read[0]; i++) {
+        const tri__tensor *src = read[i], *dst = &v->tensors[src - m->tensors];
+        cr_assert(dst->data && dst->data != src->data && !inside(dst->data, src), "%s: not copied", src->name);
+        cr_assert_eq(memcmp(dst->data, src->data, src->n_bytes), 0, "%s: bytes differ", src->name);
+        // the backend's own alignment (64 on the CPU, 256 from cudaMalloc) carries over to each copy
+        cr_assert_eq((uintptr_t)dst->data % 64, 0, "%s: copy not aligned", src->name);
+    }
+    for (int32_t il = 0; il < m->config.n_layer; il++) {
+        const tri__layer *a = &m->layers[il], *b = &v->layers[il];
+        const tri__tensor *pa[] = {a->attn_norm, a->wq, a->wk, a->wv, a->wo, a->ffn_norm, a->w_gate, a->w_up, a->w_down};
+        const tri__tensor *pb[] = {b->attn_norm, b->wq, b->wk, b->wv, b->wo, b->ffn_norm, b->w_gate, b->w_up, b->w_down};
+        for (size_t i = 0; i < sizeof pa / sizeof pa[0]; i++) {
+            cr_assert_eq(pb[i], &v->tensors[pa[i] - m->tensors], "layer %d: table entry %zu", il, i);
+            cr_assert(pb[i]->data != pa[i]->data, "layer %d %s: not copied", il, pa[i]->name);
+            cr_assert_eq(memcmp(pb[i]->data, pa[i]->data, pa[i]->n_bytes), 0, "layer %d %s", il, pa[i]->name);
+            cr_assert_str_eq(pb[i]->name, pa[i]->name);
+        }
+    }
+    if (m->config.tied_embeddings) cr_assert_eq(v->output, v->tok_embd, "tied head copied once");
+
+    float *want = forward_all(m, host), *got = forward_all(v, dev);
+    size_t n = sizeof(float) * N_TOK * (size_t)m->config.n_vocab;
+    cr_assert_eq(memcmp(got, want, n), 0, "%s: logits from the copied weights differ", tag);
+    free(want);
+    free(got);
+    tri__model_backend_free(v);
+    tri__backend_free(dev);
+    tri__backend_free(host);
+    tri_model_free(m);
+}
+
+Test(device, copied_weights_compute_the_same_f16_gqa) {
+    check_copied_model("f16", "--layers 2 --heads 4 --kv-heads 2 --head-dim 16");
+}
+
+Test(device, copied_weights_compute_the_same_quantized_tied) {
+    check_copied_model("q4", "--layers 3 --gguf-dtype q4_1 --embd 64 --ff 96 --tied");
+}
+
+// The self-draft's layer view over a copied model reads the copies.
+Test(device, layer_view_over_copied_weights) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("view", "--layers 4"), NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__backend *dev;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &dev), TRI_STATUS_OK);
+    dev->host_memory = false;
+    tri_model *v, *lv;
+    cr_assert_eq(tri__model_on_backend(m, dev, &v), TRI_STATUS_OK);
+    const int32_t keep[2] = {0, 3};
+    cr_assert_eq(tri__model_layer_view(v, keep, 2, &lv), TRI_STATUS_OK);
+    cr_assert_eq(lv->config.n_layer, 2);
+    cr_assert_eq(lv->layers[1].wq->data, v->layers[3].wq->data);
+    cr_assert(lv->layers[1].wq->data != m->layers[3].wq->data);
+    tri__model_view_free(lv);
+    tri__model_backend_free(v);
+    tri__backend_free(dev);
+    tri_model_free(m);
+}
+
+// Device selection through the public API: explicit CPU, AUTO, and a CUDA device that is not there.
+Test(device, session_device_selection) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("select", "--layers 1"), NULL, &m), TRI_STATUS_OK);
+    tri_session_params sp = tri_session_default_params();
+    cr_assert_eq(sp.device_kind, TRI_DEVICE_AUTO);
+    sp.n_ctx = 32;
+    tri_session *s;
+    sp.device_kind = TRI_DEVICE_CPU;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_str_eq(tri_session_device(s), "cpu");
+    tri_session_free(s);
+
+    int32_t n_gpu = tri_device_count();
+    sp.device_kind = TRI_DEVICE_AUTO;
+    if (n_gpu == 0) {  // AUTO on a machine without a GPU is the CPU
+        cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_str_eq(tri_session_device(s), "cpu");
+        tri_session_free(s);
+    }
+    sp.device_kind = TRI_DEVICE_CUDA;
+    sp.device = n_gpu;  // one past the last
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_DEVICE);
+    cr_assert_null(s);
+    char want[32];
+    snprintf(want, sizeof want, "cuda:%d", n_gpu);
+    cr_assert(strstr(tri_last_error(), want), "error names the device: %s", tri_last_error());
+    sp.device = -1;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_DEVICE);
+    sp.device_kind = (tri_device_kind)7;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_INVALID_ARGUMENT);
+    tri_model_free(m);
+}
