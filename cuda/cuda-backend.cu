@@ -56,6 +56,7 @@ typedef struct cuda_state {
     int device;
     int sm_count;
     cudaStream_t stream;
+    cudaStream_t xfer;  // TRI_STREAM_TRANSFER: the offload engine's copies
     cublasHandle_t cublas;
     int *err_host;  // mapped pinned flag set by kernels (softmax)
     int *err_dev;
@@ -198,6 +199,7 @@ static tri_status cuda_copy(tri__backend *be, void *dst, const void *src, size_t
 static tri_status cuda_synchronize(tri__backend *be) {
     cuda_state *st = priv(be);
     USE_DEVICE(st);
+    CUDA_TRY(cudaStreamSynchronize(st->xfer));
     CUDA_TRY(cudaStreamSynchronize(st->stream));
     if (*(volatile int *)st->err_host) {
         *(volatile int *)st->err_host = 0;
@@ -212,6 +214,7 @@ static void cuda_destroy(tri__backend *be) {
     if (st) {
         if (cudaSetDevice(st->device) == cudaSuccess) {
             if (st->stream) (void)cudaStreamSynchronize(st->stream);
+            if (st->xfer) (void)cudaStreamSynchronize(st->xfer);
             for (int i = 0; i < UPLOAD_SLOTS; i++) {
                 if (st->slots[i].done) (void)cudaEventDestroy(st->slots[i].done);
                 if (st->slots[i].host) (void)cudaFreeHost(st->slots[i].host);
@@ -221,6 +224,7 @@ static void cuda_destroy(tri__backend *be) {
             if (st->scratch) (void)cudaFree(st->scratch);
             if (st->cublas) (void)cublasDestroy(st->cublas);
             if (st->stream) (void)cudaStreamDestroy(st->stream);
+            if (st->xfer) (void)cudaStreamDestroy(st->xfer);
         }
         free(st);
     }
@@ -546,6 +550,69 @@ static tri_status cuda_attention(tri__backend *be, float *out, const float *q, c
     return TRI_STATUS_OK;
 }
 
+// ---- the transfer stream ----
+
+static cudaStream_t stream_of(cuda_state *st, tri__stream s) { return s == TRI_STREAM_TRANSFER ? st->xfer : st->stream; }
+
+static tri_status cuda_event_create(tri__backend *be, tri__event **out) {
+    cuda_state *st = priv(be);
+    USE_DEVICE(st);
+    cudaEvent_t ev;
+    CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    *out = (tri__event *)ev;
+    return TRI_STATUS_OK;
+}
+
+static void cuda_event_destroy(tri__backend *be, tri__event *ev) {
+    if (!ev) return;
+    cuda_state *st = priv(be);
+    if (cudaSetDevice(st->device) != cudaSuccess || cudaEventDestroy((cudaEvent_t)ev) != cudaSuccess)
+        tri__log(TRI_LOG_LEVEL_ERROR, "cuda: event destroy: %s", cudaGetErrorString(cudaGetLastError()));
+}
+
+static tri_status cuda_event_record(tri__backend *be, tri__event *ev, tri__stream s) {
+    cuda_state *st = priv(be);
+    USE_DEVICE(st);
+    CUDA_TRY(cudaEventRecord((cudaEvent_t)ev, stream_of(st, s)));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_stream_wait(tri__backend *be, tri__stream s, tri__event *ev) {
+    cuda_state *st = priv(be);
+    USE_DEVICE(st);
+    CUDA_TRY(cudaStreamWaitEvent(stream_of(st, s), (cudaEvent_t)ev, 0));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_transfer_to_backend(tri__backend *be, void *dst, const void *src, size_t bytes) {
+    cuda_state *st = priv(be);
+    if (bytes == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->xfer));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_transfer_to_host(tri__backend *be, void *dst, const void *src, size_t bytes) {
+    cuda_state *st = priv(be);
+    if (bytes == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st->xfer));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_host_register(tri__backend *be, void *ptr, size_t bytes) {
+    cuda_state *st = priv(be);
+    USE_DEVICE(st);
+    CUDA_TRY(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable));
+    return TRI_STATUS_OK;
+}
+
+static void cuda_host_unregister(tri__backend *be, void *ptr) {
+    cuda_state *st = priv(be);
+    if (cudaSetDevice(st->device) != cudaSuccess || cudaHostUnregister(ptr) != cudaSuccess)
+        tri__log(TRI_LOG_LEVEL_ERROR, "cuda: host unregister of %p: %s", ptr, cudaGetErrorString(cudaGetLastError()));
+}
+
 // ---- the table ----
 
 static const tri__backend_ops cuda_ops = {
@@ -567,6 +634,14 @@ static const tri__backend_ops cuda_ops = {
     /* .softmax = */ cuda_softmax,
     /* .top_k = */ cuda_top_k,
     /* .attention = */ cuda_attention,
+    /* .event_create = */ cuda_event_create,
+    /* .event_destroy = */ cuda_event_destroy,
+    /* .event_record = */ cuda_event_record,
+    /* .stream_wait = */ cuda_stream_wait,
+    /* .transfer_to_backend = */ cuda_transfer_to_backend,
+    /* .transfer_to_host = */ cuda_transfer_to_host,
+    /* .host_register = */ cuda_host_register,
+    /* .host_unregister = */ cuda_host_unregister,
 };
 
 static tri_status create(int device, tri__backend *be, cuda_state *st) {
@@ -574,6 +649,7 @@ static tri_status create(int device, tri__backend *be, cuda_state *st) {
     CUDA_TRY(cudaSetDevice(device));
     CUDA_TRY(cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, device));
     CUDA_TRY(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
+    CUDA_TRY(cudaStreamCreateWithFlags(&st->xfer, cudaStreamNonBlocking));
     CUBLAS_TRY(cublasCreate(&st->cublas));
     CUBLAS_TRY(cublasSetStream(st->cublas, st->stream));
     CUDA_TRY(cudaHostAlloc((void **)&st->err_host, sizeof(int), cudaHostAllocMapped));

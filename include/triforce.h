@@ -287,6 +287,10 @@ typedef struct tri_session_params {
                                   // tri_spec_create), so the device must hold them with the caches
     int32_t device;               // TRI_DEVICE_CUDA: device index in [0, tri_device_count());
                                   // ignored otherwise
+    int32_t kv_layers_offloaded;  // layers (the last ones) whose full KV cache lives in host
+                                  // memory and streams through two device buffers per pass,
+                                  // overlapped with compute (docs/offload.md); 0: none. FULL policy
+                                  // only; at most the model's layer count
 } tri_session_params;
 
 TRI_API tri_session_params tri_session_default_params(void);
@@ -355,6 +359,10 @@ typedef struct tri_generate_stats {
     int32_t n_generated;     // tokens generated (including an end-of-sequence token)
     double prefill_seconds;
     double decode_seconds;   // from the first generated token to the last
+    uint64_t kv_bytes_up;    // offloaded KV (kv_layers_offloaded) copied host -> device while
+                             // decoding (after the prefill), and new rows copied back; 0
+                             // without offloaded layers
+    uint64_t kv_bytes_down;
 } tri_generate_stats;
 
 TRI_API tri_generate_params tri_generate_default_params(void);

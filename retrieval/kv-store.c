@@ -1,11 +1,180 @@
 // kv-store.c - per-layer K/V storage with append and rollback.
 #include "kv-store.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "arena.h"
 #include "dtype.h"
 #include "error.h"
+
+#define TRY(call)                              \
+    do {                                       \
+        tri_status st_ = (call);               \
+        if (st_ != TRI_STATUS_OK) return st_;  \
+    } while (0)
+
+// ---- offloaded layers: host regions streamed through two backend buffers ----
+
+struct tri__kv_offload {
+    int32_t on_chip;            // layers below stay in backend memory
+    tri__arena *arena;          // owns the host regions below
+    void **host_k, **host_v;    // (n_layer) (capacity, n_head_kv, head_dim) host; NULL below on_chip
+    void *buf_k[2], *buf_v[2];  // (capacity, n_head_kv, head_dim) backend: offloaded layer j uses
+                                // buffer j & 1 (j counted from on_chip)
+    int32_t slot_layer[2];      // layer whose rows [0, slot_len) the buffer holds (or is receiving
+    int32_t slot_len[2];        //   on TRANSFER), -1: none
+    bool async;                 // the backend has a transfer stream: the events below are used
+    tri__event *loaded[2];      // TRANSFER: the last upload into the buffer is done
+    tri__event *released[2];    // COMPUTE: the work queued so far that reads the buffer is done
+    tri__event *written;        // COMPUTE: a layer's new rows are in its buffer
+    tri__kv_offload_stats stats;
+};
+
+static tri_status pin_region(void *ptr, size_t bytes, void *user) {
+    tri__backend *be = user;
+    return be->ops->host_register(be, ptr, bytes);
+}
+
+static void unpin_region(void *ptr, size_t bytes, void *user) {
+    (void)bytes;
+    tri__backend *be = user;
+    be->ops->host_unregister(be, ptr);
+}
+
+static void offload_free(tri__kv_store *kv) {
+    tri__kv_offload *o = kv->off;
+    if (!o) return;
+    const tri__backend_ops *op = kv->be->ops;
+    if (o->async) (void)op->synchronize(kv->be);  // no copy may still use what is released below
+    for (int i = 0; i < 2; i++) {
+        op->free(kv->be, o->buf_k[i]);
+        op->free(kv->be, o->buf_v[i]);
+        if (o->async) {
+            op->event_destroy(kv->be, o->loaded[i]);
+            op->event_destroy(kv->be, o->released[i]);
+        }
+    }
+    if (o->async) op->event_destroy(kv->be, o->written);
+    tri__arena_free(o->arena);  // unpins and unmaps every host region
+    free(o->host_k);
+    free(o->host_v);
+    free(o);
+    kv->off = NULL;
+}
+
+// Allocates the host regions of layers on_chip .. n_layer - 1, the two buffers and the events.
+static tri_status offload_init(tri__kv_store *kv, int32_t on_chip) {
+    tri__backend *be = kv->be;
+    const tri__backend_ops *op = be->ops;
+    tri__kv_offload *o = calloc(1, sizeof *o);
+    if (!o) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv cache: offload state");
+    kv->off = o;
+    o->on_chip = on_chip;
+    o->stats.on_chip = on_chip;
+    o->slot_layer[0] = o->slot_layer[1] = -1;
+    o->async = op->event_create && op->event_record && op->stream_wait && op->transfer_to_backend &&
+               op->transfer_to_host;
+    o->host_k = calloc((size_t)kv->n_layer, sizeof *o->host_k);
+    o->host_v = calloc((size_t)kv->n_layer, sizeof *o->host_v);
+    if (!o->host_k || !o->host_v) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv cache: offload tables");
+    tri__arena_params ap = tri__arena_default_params();
+    if (op->host_register && op->host_unregister) {
+        ap.pin = pin_region;
+        ap.unpin = unpin_region;
+        ap.pin_user = be;
+    }
+    TRY(tri__arena_create(&ap, &o->arena));
+    size_t bytes = (size_t)tri__kv_store_row_bytes(kv) * (size_t)kv->capacity;
+    for (int32_t il = on_chip; il < kv->n_layer; il++) {
+        char what[64];
+        snprintf(what, sizeof what, "kv cache layer %d keys", il);
+        TRY(tri__arena_alloc(o->arena, bytes, what, &o->host_k[il]));
+        snprintf(what, sizeof what, "kv cache layer %d values", il);
+        TRY(tri__arena_alloc(o->arena, bytes, what, &o->host_v[il]));
+    }
+    for (int i = 0; i < 2; i++) {
+        TRY(op->alloc(be, bytes, &o->buf_k[i]));
+        TRY(op->alloc(be, bytes, &o->buf_v[i]));
+        if (o->async) {
+            TRY(op->event_create(be, &o->loaded[i]));
+            TRY(op->event_create(be, &o->released[i]));
+        }
+    }
+    if (o->async) TRY(op->event_create(be, &o->written));
+    return TRI_STATUS_OK;
+}
+
+static bool offloaded(const tri__kv_store *kv, int32_t il) { return kv->off && il >= kv->off->on_chip; }
+static int slot_of(const tri__kv_store *kv, int32_t il) { return (il - kv->off->on_chip) & 1; }
+
+// Makes layer il's buffer hold its rows [0, len): nothing when it does already, else an upload
+// queued behind the compute that still reads the buffer (the layer two before il).
+static tri_status offload_load(tri__kv_store *kv, int32_t il, int32_t len) {
+    tri__kv_offload *o = kv->off;
+    tri__backend *be = kv->be;
+    const tri__backend_ops *op = be->ops;
+    int s = slot_of(kv, il);
+    if (o->slot_layer[s] == il && o->slot_len[s] >= len) {
+        o->stats.n_reused++;
+        return TRI_STATUS_OK;
+    }
+    size_t bytes = (size_t)tri__kv_store_row_bytes(kv) * (size_t)len;
+    if (o->async) {
+        TRY(op->event_record(be, o->released[s], TRI_STREAM_COMPUTE));
+        TRY(op->stream_wait(be, TRI_STREAM_TRANSFER, o->released[s]));
+        TRY(op->transfer_to_backend(be, o->buf_k[s], o->host_k[il], bytes));
+        TRY(op->transfer_to_backend(be, o->buf_v[s], o->host_v[il], bytes));
+        TRY(op->event_record(be, o->loaded[s], TRI_STREAM_TRANSFER));
+    } else {
+        TRY(op->copy_to_backend(be, o->buf_k[s], o->host_k[il], bytes));
+        TRY(op->copy_to_backend(be, o->buf_v[s], o->host_v[il], bytes));
+    }
+    o->slot_layer[s] = il;
+    o->slot_len[s] = len;
+    o->stats.bytes_up += 2 * (uint64_t)bytes;
+    o->stats.n_uploads++;
+    return TRI_STATUS_OK;
+}
+
+// Writes n new rows at pos of offloaded layer il into its buffer and copies them back to host.
+static tri_status offload_write(tri__kv_store *kv, int32_t il, int32_t pos, int32_t n, const float *k,
+                                const float *v) {
+    tri__kv_offload *o = kv->off;
+    tri__backend *be = kv->be;
+    const tri__backend_ops *op = be->ops;
+    int s = slot_of(kv, il);
+    TRY(offload_load(kv, il, pos));
+    if (o->async) TRY(op->stream_wait(be, TRI_STREAM_COMPUTE, o->loaded[s]));
+    int64_t row = tri__kv_store_row_bytes(kv);
+    int64_t elems = (int64_t)n * kv->n_head_kv * kv->head_dim;
+    char *kd = (char *)o->buf_k[s] + (int64_t)pos * row, *vd = (char *)o->buf_v[s] + (int64_t)pos * row;
+    char *kh = (char *)o->host_k[il] + (int64_t)pos * row, *vh = (char *)o->host_v[il] + (int64_t)pos * row;
+    TRY(op->convert(be, kd, kv->type, k, elems));
+    TRY(op->convert(be, vd, kv->type, v, elems));
+    size_t bytes = (size_t)(n * row);
+    if (o->async) {
+        TRY(op->event_record(be, o->written, TRI_STREAM_COMPUTE));
+        TRY(op->stream_wait(be, TRI_STREAM_TRANSFER, o->written));
+        TRY(op->transfer_to_host(be, kh, kd, bytes));
+        TRY(op->transfer_to_host(be, vh, vd, bytes));
+    } else {
+        TRY(op->copy_to_host(be, kh, kd, bytes));
+        TRY(op->copy_to_host(be, vh, vd, bytes));
+    }
+    o->slot_len[s] = pos + n;
+    o->stats.bytes_down += 2 * (uint64_t)bytes;
+    return TRI_STATUS_OK;
+}
+
+void tri__kv_store_offload_stats(const tri__kv_store *kv, tri__kv_offload_stats *out) {
+    if (kv->off) {
+        *out = kv->off->stats;
+        return;
+    }
+    *out = (tri__kv_offload_stats){.on_chip = kv->n_layer};
+}
 
 int64_t tri__kv_store_row_bytes(const tri__kv_store *kv) {
     return (int64_t)kv->n_head_kv * kv->head_dim * (kv->type == TRI_DTYPE_F16 ? 2 : 4);
@@ -13,6 +182,11 @@ int64_t tri__kv_store_row_bytes(const tri__kv_store *kv) {
 
 tri_status tri__kv_store_init(tri__kv_store *kv, tri__backend *be, tri_dtype type, int32_t n_layer,
                               int32_t n_head_kv, int32_t head_dim, int32_t capacity) {
+    return tri__kv_store_init_offload(kv, be, type, n_layer, n_head_kv, head_dim, capacity, n_layer);
+}
+
+tri_status tri__kv_store_init_offload(tri__kv_store *kv, tri__backend *be, tri_dtype type, int32_t n_layer,
+                                      int32_t n_head_kv, int32_t head_dim, int32_t capacity, int32_t on_chip) {
     memset(kv, 0, sizeof *kv);
     if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv cache: type %s, want f16 or f32",
@@ -21,6 +195,9 @@ tri_status tri__kv_store_init(tri__kv_store *kv, tri__backend *be, tri_dtype typ
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "kv cache: sizes must be positive (layers %d, kv heads %d, head dim %d, "
                          "capacity %d)", n_layer, n_head_kv, head_dim, capacity);
+    if (on_chip < 0 || on_chip > n_layer)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv cache: %d layers on chip, the model has %d", on_chip,
+                         n_layer);
     kv->be = be;
     kv->type = type;
     kv->n_layer = n_layer;
@@ -37,10 +214,11 @@ tri_status tri__kv_store_init(tri__kv_store *kv, tri__backend *be, tri_dtype typ
         goto fail;
     }
     size_t bytes = (size_t)tri__kv_store_row_bytes(kv) * (size_t)capacity;
-    for (int32_t il = 0; il < n_layer; il++) {
+    for (int32_t il = 0; il < on_chip; il++) {
         if ((st = be->ops->alloc(be, bytes, &kv->k[il]))) goto fail;
         if ((st = be->ops->alloc(be, bytes, &kv->v[il]))) goto fail;
     }
+    if (on_chip < n_layer && (st = offload_init(kv, on_chip))) goto fail;
     return TRI_STATUS_OK;
 
 fail:
@@ -50,6 +228,7 @@ fail:
 
 void tri__kv_store_free(tri__kv_store *kv) {
     if (kv->be) {
+        offload_free(kv);
         for (int32_t il = 0; il < kv->n_layer; il++) {
             if (kv->k) kv->be->ops->free(kv->be, kv->k[il]);
             if (kv->v) kv->be->ops->free(kv->be, kv->v[il]);
@@ -68,6 +247,11 @@ tri_status tri__kv_store_write(tri__kv_store *kv, int32_t il, int32_t pos, int32
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "kv cache: write of %d positions at %d (layer %d) exceeds its capacity of %d",
                          n, pos, il, kv->capacity);
+    if (offloaded(kv, il)) TRY(offload_write(kv, il, pos, n, k, v));
+    // double buffering: the next offloaded layer's rows before this step upload while this layer
+    // computes (the last layer on chip starts the first one)
+    if (il + 1 < kv->n_layer && offloaded(kv, il + 1)) TRY(offload_load(kv, il + 1, pos));
+    if (offloaded(kv, il)) return TRI_STATUS_OK;
     int64_t row = tri__kv_store_row_bytes(kv);
     int64_t elems = (int64_t)n * kv->n_head_kv * kv->head_dim;
     char *kd = (char *)kv->k[il] + (int64_t)pos * row;
@@ -89,13 +273,20 @@ const tri__kv_view *tri__kv_store_view(tri__kv_store *kv, int32_t il, int32_t n_
                                        tri__kv_view *view) {
     TRI_ASSERT(il >= 0 && il < kv->n_layer && n_pos >= 0 && n_pos <= kv->capacity);
     int64_t esz = kv->type == TRI_DTYPE_F16 ? 2 : 4;
+    const void *kb = kv->k[il], *vb = kv->v[il];
+    if (offloaded(kv, il)) {  // the buffer the layer's write made current
+        int s = slot_of(kv, il);
+        TRI_ASSERT(kv->off->slot_layer[s] == il && kv->off->slot_len[s] >= n_pos);
+        kb = kv->off->buf_k[s];
+        vb = kv->off->buf_v[s];
+    }
     for (int32_t h = 0; h < kv->n_head_kv; h++) {
         int64_t off = (int64_t)h * kv->head_dim * esz;
         kv->spans[h] = (tri__kv_span){
             .pos0 = 0,
             .n = n_pos,
-            .k = (const char *)kv->k[il] + off,
-            .v = (const char *)kv->v[il] + off,
+            .k = (const char *)kb + off,
+            .v = (const char *)vb + off,
             .stride = (int64_t)kv->n_head_kv * kv->head_dim,
             .pos = NULL,
         };

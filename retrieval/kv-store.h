@@ -10,6 +10,8 @@
 
 #include "backend.h"
 
+typedef struct tri__kv_offload tri__kv_offload;
+
 typedef struct tri__kv_store {
     tri__backend *be;     // owns the memory below
     tri_dtype type;       // F16 or F32
@@ -18,8 +20,9 @@ typedef struct tri__kv_store {
     int32_t head_dim;
     int32_t capacity;     // positions
     int32_t n;            // positions 0 .. n-1 hold valid keys and values
-    void **k;             // (n_layer) -> (capacity, n_head_kv, head_dim)
-    void **v;
+    void **k;             // (n_layer) -> (capacity, n_head_kv, head_dim) backend memory; NULL
+    void **v;             //   for an offloaded layer, whose rows live in host memory (below)
+    tri__kv_offload *off; // NULL: every layer in backend memory
     // host descriptors for the full view of one layer, rebuilt by tri__kv_store_view
     tri__kv_span *spans;  // (n_head_kv)
     int32_t *head_span;   // (n_head_kv + 1)
@@ -29,6 +32,37 @@ typedef struct tri__kv_store {
 // than F16/F32 or non-positive sizes; OUT_OF_MEMORY / DEVICE_OUT_OF_MEMORY when it does not fit.
 tri_status tri__kv_store_init(tri__kv_store *kv, tri__backend *be, tri_dtype type, int32_t n_layer,
                               int32_t n_head_kv, int32_t head_dim, int32_t capacity);
+
+// ---- offloaded layers ----
+//
+// A store made with tri__kv_store_init_offload keeps layers 0 .. on_chip - 1 in backend memory
+// and the K and V of layers on_chip .. n_layer - 1 in host memory (one arena region each, pinned
+// through the backend's host_register when it has one). Those layers stream through two backend
+// buffers of one layer each, used alternately: writing layer il's new rows first makes sure the
+// buffer holds its rows before the step (uploading only the used length, not the capacity), then
+// starts uploading the next offloaded layer into the other buffer, after the compute that still
+// reads that buffer, so the copy overlaps with layer il's attention and feed-forward. New rows are
+// written into the buffer by the compute stream and copied back to host memory behind it. On a
+// backend with a transfer stream (backend.h) these copies are asynchronous and ordered by events;
+// on one without (the CPU) they are plain copies in the same order, so the CPU computes exactly
+// what a device does. A buffer that still holds a layer's rows (two offloaded layers, or the same
+// layer again) is not uploaded again.
+//
+// Only a full view is offered for offloaded layers (tri__kv_store_view): the FULL policy's path.
+
+// As tri__kv_store_init, with layers on_chip .. n_layer - 1 offloaded (0 <= on_chip <= n_layer;
+// on_chip == n_layer is tri__kv_store_init). OUT_OF_MEMORY names the host regions that did not fit.
+tri_status tri__kv_store_init_offload(tri__kv_store *kv, tri__backend *be, tri_dtype type, int32_t n_layer,
+                                      int32_t n_head_kv, int32_t head_dim, int32_t capacity, int32_t on_chip);
+
+// Bytes the offloaded layers moved so far: host -> backend (uploads) and back (new rows).
+typedef struct tri__kv_offload_stats {
+    int32_t on_chip;
+    uint64_t bytes_up, bytes_down;
+    int64_t n_uploads;    // layer uploads (K and V together count once)
+    int64_t n_reused;     // times a buffer already held the layer's rows
+} tri__kv_offload_stats;
+void tri__kv_store_offload_stats(const tri__kv_store *kv, tri__kv_offload_stats *out);
 void tri__kv_store_free(tri__kv_store *kv);
 
 // Writes n positions starting at pos of layer il: k and v (n, n_head_kv, head_dim) f32 in backend

@@ -32,6 +32,14 @@
 #include "triforce.h"
 
 typedef struct tri__backend tri__backend;
+typedef struct tri__event tri__event;  // a point in a stream's queue, backend-owned (opaque)
+
+// The two queues of a backend instance: every op and the plain copies run on COMPUTE; TRANSFER
+// carries the offload engine's copies so that they overlap with compute (backends with streams).
+typedef enum tri__stream {
+    TRI_STREAM_COMPUTE = 0,
+    TRI_STREAM_TRANSFER = 1,
+} tri__stream;
 
 // ---- KV views: what one layer's attention reads ----
 
@@ -151,6 +159,26 @@ typedef struct tri__backend_ops {
     tri_status (*attention)(tri__backend *be, float *out, const float *q, const int32_t *q_pos,
                             int64_t m, int64_t n_head, int64_t head_dim, const tri__kv_view *kv,
                             float *weight_sums);
+
+    // ---- the transfer stream (optional: all NULL on a backend that completes every op and
+    // copy before returning, the CPU, where the callers copy in order instead) ----
+
+    // Events: created once, recorded many times.
+    tri_status (*event_create)(tri__backend *be, tri__event **out);
+    void (*event_destroy)(tri__backend *be, tri__event *ev);  // NULL is a no-op
+    // Marks the point that everything queued on stream so far reaches.
+    tri_status (*event_record)(tri__backend *be, tri__event *ev, tri__stream stream);
+    // Work queued on stream from now on starts after ev's point is reached; the host does not wait.
+    tri_status (*stream_wait)(tri__backend *be, tri__stream stream, tri__event *ev);
+    // Host -> backend and backend -> host copies queued on TRANSFER. The host side should be
+    // pinned (host_register) for the copy to be asynchronous; it must stay valid until the copy is
+    // known to be done (an event, or synchronize, which waits for both streams).
+    tri_status (*transfer_to_backend)(tri__backend *be, void *dst, const void *src_host, size_t bytes);
+    tri_status (*transfer_to_host)(tri__backend *be, void *dst_host, const void *src, size_t bytes);
+    // Pins (page-locks) host memory for asynchronous copies and undoes it (cudaHostRegister).
+    // Optional on their own: NULL leaves host memory pageable.
+    tri_status (*host_register)(tri__backend *be, void *ptr, size_t bytes);
+    void (*host_unregister)(tri__backend *be, void *ptr);
 } tri__backend_ops;
 
 // One backend instance. Create it with the backend's own constructor (tri__backend_cpu_create),

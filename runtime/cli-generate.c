@@ -32,6 +32,8 @@ static void usage(FILE *f) {
           "  -t, --threads N      CPU threads (default: one per core)\n"
           "      --device D       cpu, cuda or cuda:N (default: the first GPU when there is one,\n"
           "                       else the CPU)\n"
+          "      --kv-offload N   keep the full KV cache of the last N layers in host memory and\n"
+          "                       stream it through the device every pass (default 0)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
           "      --kv-type T      f16 (default) or f32 KV cache\n"
           "      --kv POLICY      which past tokens plain decoding attends to: full (default),\n"
@@ -244,7 +246,7 @@ int tri_cli_generate(int argc, char **argv) {
            OPT_KV, OPT_IGNORE_EOS, OPT_IDS, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
            OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
-           OPT_DEVICE };
+           OPT_DEVICE, OPT_KV_OFFLOAD };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -267,6 +269,7 @@ int tri_cli_generate(int argc, char **argv) {
         {"draft-sink", required_argument, NULL, OPT_DRAFT_SINK},
         {"refresh-accept", required_argument, NULL, OPT_REFRESH_ACCEPT},
         {"device", required_argument, NULL, OPT_DEVICE},
+        {"kv-offload", required_argument, NULL, OPT_KV_OFFLOAD},
         {"help", no_argument, NULL, 'h'},          {0},
     };
     const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
@@ -277,7 +280,7 @@ int tri_cli_generate(int argc, char **argv) {
     bool kv_set = false;
     tri_spec_params spec_params = tri_spec_default_params();
     spec_params.mode = TRI_SPEC_MODE_NONE;
-    long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0;
+    long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0, kv_offload = 0;
     tri_generate_params gp = tri_generate_default_params();
     tri_session_params sp = tri_session_default_params();
     int c;
@@ -346,6 +349,7 @@ int tri_cli_generate(int argc, char **argv) {
             ok = parse_float("--refresh-accept", optarg, 0.0, 1.0, &spec_params.refresh_accept);
             break;
         case OPT_DEVICE: ok = tri_cli_parse_device("offload-run generate", optarg, &sp); break;
+        case OPT_KV_OFFLOAD: ok = parse_long("--kv-offload", optarg, 0, 65536, &kv_offload); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -468,6 +472,7 @@ int tri_cli_generate(int argc, char **argv) {
     sp.n_ctx = (int32_t)ctx;
     sp.n_threads = (int32_t)threads;
     sp.n_batch = (int32_t)batch;
+    sp.kv_layers_offloaded = (int32_t)kv_offload;
     if (spec_params.mode == TRI_SPEC_MODE_NONE) {
         if ((st = tri_session_create(model, &sp, &session))) {
             rc = tri_cli_fail("cannot create a session", st);
@@ -529,6 +534,13 @@ int tri_cli_generate(int argc, char **argv) {
             stats.n_generated,
             stats.decode_seconds > 0 && stats.n_generated > 1 ? (stats.n_generated - 1) / stats.decode_seconds : 0.0,
             stats.n_generated > 1 ? 1e3 * stats.decode_seconds / (stats.n_generated - 1) : 0.0);
+    if (stats.kv_bytes_up || stats.kv_bytes_down) {
+        // decoding runs n_generated - 1 passes (the last token is not run)
+        int32_t passes = stats.n_generated > 1 ? stats.n_generated - 1 : 1;
+        fprintf(stderr, "offloaded KV while decoding: %.1f MiB host -> device, %.2f MiB back (%.2f MiB per token)\n",
+                (double)stats.kv_bytes_up / (1 << 20), (double)stats.kv_bytes_down / (1 << 20),
+                (double)(stats.kv_bytes_up + stats.kv_bytes_down) / (1 << 20) / passes);
+    }
     if (spec && print_stats) print_spec_stats(&sstats, spec_params.mode);
     rc = 0;
 

@@ -23,6 +23,7 @@ static double now_seconds(void) {
 void tri__level_free(tri__level *lv) {
     if (lv->be) {
         tri__kv_policy_free(&lv->pol);
+        tri__kv_store_free(&lv->store);
         tri__llama_free(&lv->ll);
     }
     free(lv->logits);
@@ -62,9 +63,20 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
     lv->be = be;
     lv->params = *params;
     if ((st = tri__llama_init(&lv->ll, model, be, params->n_batch))) goto fail;
-    if ((st = tri__kv_policy_init(&lv->pol, &kp, be, params->kv_type, c->n_layer, c->n_head, c->n_head_kv,
-                                  c->head_dim, params->n_ctx, params->n_batch)))
+    if (params->kv_offloaded > 0) {
+        if (kp.kind != TRI_KV_POLICY_FULL || params->kv_offloaded > c->n_layer) {
+            st = tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level: %d offloaded layers of %d with policy %s (full only)",
+                           params->kv_offloaded, c->n_layer, tri__kv_policy_name(kp.kind));
+            goto fail;
+        }
+        if ((st = tri__kv_store_init_offload(&lv->store, be, params->kv_type, c->n_layer, c->n_head_kv, c->head_dim,
+                                             params->n_ctx, c->n_layer - params->kv_offloaded)))
+            goto fail;
+        if ((st = tri__kv_policy_wrap_full(&lv->pol, &lv->store, c->n_head, params->n_batch))) goto fail;
+    } else if ((st = tri__kv_policy_init(&lv->pol, &kp, be, params->kv_type, c->n_layer, c->n_head, c->n_head_kv,
+                                         c->head_dim, params->n_ctx, params->n_batch))) {
         goto fail;
+    }
     return TRI_STATUS_OK;
 
 fail:

@@ -26,6 +26,8 @@ typedef struct tri__level_params {
                            // chunks; >= n_ctx: nothing is evicted, the level is FULL
     int32_t chunk;         // RETRIEVAL: tokens per chunk, divides budget
     int32_t sink;          // STREAMING: attention-sink tokens, < budget
+    int32_t kv_offloaded;  // FULL: layers (the last ones) whose cache lives in host memory and
+                           // streams through the device per pass (kv-store.h); 0: none
 } tri__level_params;
 
 typedef struct tri__level {
@@ -34,6 +36,7 @@ typedef struct tri__level {
     tri__level_params params;  // as given to init
     tri__llama ll;
     tri__kv_policy pol;      // the cache; pol.p.kind is the policy really served
+    tri__kv_store store;     // with offloaded layers: the store pol wraps (FULL); else unused
     float *logits;           // (logits_cap, n_vocab) host: rows of the last eval
     int32_t logits_cap;
     int32_t n_logits;        // rows valid after the last eval

@@ -18,6 +18,7 @@ struct tri_session {
     char device[16];      // "cpu", "cuda:N"
     tri__llama ll;
     tri__kv_policy kv;    // the cache and the policy that chooses what each layer attends to
+    tri__kv_store store;  // with offloaded layers: the store kv wraps (FULL policy); else unused
     tri__rng rng;
     tri__sampler_scratch scratch;
     float *logits;        // (logits_cap, n_vocab) host: rows of the last eval
@@ -42,6 +43,7 @@ tri_generate_params tri_generate_default_params(void) {
 void tri_session_free(tri_session *s) {
     if (!s) return;
     tri__kv_policy_free(&s->kv);
+    tri__kv_store_free(&s->store);
     tri__llama_free(&s->ll);
     tri__model_backend_free(s->weights);
     tri__backend_free(s->be);
@@ -79,6 +81,13 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     kp.refresh = p.kv_refresh;
     tri_status st = tri__kv_policy_check(&kp, p.n_ctx);
     if (st) return st;
+    if (p.kv_layers_offloaded < 0 || p.kv_layers_offloaded > c->n_layer)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: kv_layers_offloaded %d outside [0, %d] (the model's layers)",
+                         p.kv_layers_offloaded, c->n_layer);
+    if (p.kv_layers_offloaded > 0 && p.kv_policy != TRI_KV_POLICY_FULL)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "session: kv_layers_offloaded streams the full cache; policy %s keeps its cache on the device",
+                         tri__kv_policy_name(p.kv_policy));
 
     tri_session *s = calloc(1, sizeof *s);
     if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "session");
@@ -86,9 +95,15 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     if ((st = tri__backend_select(p.device_kind, p.device, p.n_threads, &s->be, s->device))) goto fail;
     if ((st = tri__model_on_backend(model, s->be, &s->weights))) goto fail;
     if ((st = tri__llama_init(&s->ll, s->weights, s->be, p.n_batch))) goto fail;
-    if ((st = tri__kv_policy_init(&s->kv, &kp, s->be, p.kv_type, c->n_layer, c->n_head, c->n_head_kv,
-                                  c->head_dim, p.n_ctx, p.n_batch)))
+    if (p.kv_layers_offloaded > 0) {  // the full cache, its last layers in host memory
+        if ((st = tri__kv_store_init_offload(&s->store, s->be, p.kv_type, c->n_layer, c->n_head_kv, c->head_dim,
+                                             p.n_ctx, c->n_layer - p.kv_layers_offloaded)))
+            goto fail;
+        if ((st = tri__kv_policy_wrap_full(&s->kv, &s->store, c->n_head, p.n_batch))) goto fail;
+    } else if ((st = tri__kv_policy_init(&s->kv, &kp, s->be, p.kv_type, c->n_layer, c->n_head, c->n_head_kv,
+                                         c->head_dim, p.n_ctx, p.n_batch))) {
         goto fail;
+    }
     s->probs = malloc((size_t)c->n_vocab * sizeof *s->probs);
     if (!s->probs) {
         st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "session: %d-entry distribution", c->n_vocab);
@@ -174,13 +189,29 @@ static double now_seconds(void) {
 }
 
 
+static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prompt, const tri_generate_params *params,
+                           tri_token_fn on_token, void *user, tri_generate_stats *stats,
+                           tri__kv_offload_stats *at_decode);
+
 tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
                         const tri_generate_params *params, tri_token_fn on_token, void *user,
                         tri_generate_stats *stats) {
-    tri_generate_params p = params ? *params : tri_generate_default_params();
     tri_generate_stats local = {0};
     if (!stats) stats = &local;
     memset(stats, 0, sizeof *stats);
+    tri__kv_offload_stats a, b;
+    tri__kv_store_offload_stats(s->kv.kv, &a);  // moved to the start of decoding by generate
+    tri_status st = generate(s, prompt, n_prompt, params, on_token, user, stats, &a);
+    tri__kv_store_offload_stats(s->kv.kv, &b);
+    stats->kv_bytes_up = b.bytes_up - a.bytes_up;
+    stats->kv_bytes_down = b.bytes_down - a.bytes_down;
+    return st;
+}
+
+static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prompt, const tri_generate_params *params,
+                           tri_token_fn on_token, void *user, tri_generate_stats *stats,
+                           tri__kv_offload_stats *at_decode) {
+    tri_generate_params p = params ? *params : tri_generate_default_params();
     if (n_prompt < 0 || (n_prompt > 0 && !prompt))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate: bad prompt of %d tokens", n_prompt);
     if (n_prompt == 0 && s->n_logits == 0)
@@ -210,6 +241,7 @@ tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
     }
     double t1 = now_seconds();
     stats->prefill_seconds = t1 - t0;
+    tri__kv_store_offload_stats(s->kv.kv, at_decode);
 
     int32_t eos = p.stop_at_eos ? tri_token_eos(s->model) : -1;
     int32_t room = cap - tri__kv_policy_len(&s->kv) + 1;  // the last token need not be run

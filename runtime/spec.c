@@ -640,7 +640,9 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
 
     tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = sp.n_ctx, .n_batch = sp.n_batch,
                             .kv_type = sp.kv_type};
-    if ((st = tri__level_init(&s->l3, s->tw, s->be, &lp))) goto fail;
+    tri__level_params l3p = lp;
+    l3p.kv_offloaded = sp.kv_layers_offloaded;  // L3's full cache may stream from host memory
+    if ((st = tri__level_init(&s->l3, s->tw, s->be, &l3p))) goto fail;
     if (has_l2) {
         tri__level_params l2p = lp;
         l2p.policy = TRI_KV_POLICY_RETRIEVAL;

@@ -184,3 +184,98 @@ Test(device, session_device_selection) {
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_INVALID_ARGUMENT);
     tri_model_free(m);
 }
+
+// ---- the offloaded KV tier (kv-store.h): host regions streamed through two backend buffers ----
+
+static bool collect(int32_t tok, void *user) {
+    int32_t **p = user;
+    *(*p)++ = tok;
+    return true;
+}
+
+// Generates n_gen greedy tokens after tokens[0 .. n_prompt) with kv_layers_offloaded = off, and
+// checks the logits of a rolled-back continuation too. Writes the tokens and the logits of the
+// continuation (N_TOK - 10 rows) into the caller's buffers.
+static void run_offloaded(const tri_model *m, int32_t off, int32_t n_batch, int32_t *gen, int32_t n_gen,
+                          float *cont, tri_generate_stats *stats) {
+    tri_session_params sp = tri_session_default_params();
+    sp.device_kind = TRI_DEVICE_CPU;
+    sp.n_ctx = 64;
+    sp.n_batch = n_batch;
+    sp.kv_layers_offloaded = off;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = n_gen;
+    gp.stop_at_eos = false;
+    int32_t *w = gen;
+    cr_assert_eq(tri_generate(s, tokens, 16, &gp, collect, &w, stats), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(w - gen, n_gen);
+    // roll back into the prompt and run the rest of the tokens as one batch
+    cr_assert_eq(tri_session_truncate(s, 10), TRI_STATUS_OK);
+    cr_assert_eq(tri_session_eval(s, tokens + 10, N_TOK - 10, true), TRI_STATUS_OK, "%s", tri_last_error());
+    const int32_t V = tri_token_count(m);
+    for (int i = 0; i < N_TOK - 10; i++) memcpy(cont + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * (size_t)V);
+    tri_session_free(s);
+}
+
+Test(device, offloaded_kv_computes_exactly_the_full_cache) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("off", "--layers 5 --heads 4 --kv-heads 2 --head-dim 16"), NULL, &m),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    const int32_t V = tri_token_count(m);
+    enum { N_GEN = 12 };
+    int32_t want_gen[N_GEN], got_gen[N_GEN];
+    float *want = malloc(sizeof(float) * (N_TOK - 10) * (size_t)V), *got = malloc(sizeof(float) * (N_TOK - 10) * (size_t)V);
+    cr_assert(want && got);
+    tri_generate_stats st;
+    run_offloaded(m, 0, 5, want_gen, N_GEN, want, &st);
+    cr_assert_eq(st.kv_bytes_up, 0);
+    cr_assert_eq(st.kv_bytes_down, 0);
+    // row: 2 KV heads x 16 dims of f16
+    // the figures count decoding only: N_GEN - 1 one-token steps at 16 ..
+    const uint64_t row = 2 * 16 * 2;
+    uint64_t sum_pos = 0, n_new = N_GEN - 1;
+    for (int i = 0; i < N_GEN - 1; i++) sum_pos += 16 + (uint64_t)i;
+    const int32_t offs[] = {1, 2, 3, 5};
+    for (size_t c = 0; c < sizeof offs / sizeof offs[0]; c++) {
+        int32_t off = offs[c];
+        run_offloaded(m, off, 5, got_gen, N_GEN, got, &st);
+        for (int i = 0; i < N_GEN; i++)
+            cr_assert_eq(got_gen[i], want_gen[i], "%d offloaded: token %d: %d vs %d", off, i, got_gen[i], want_gen[i]);
+        cr_assert_eq(memcmp(got, want, sizeof(float) * (N_TOK - 10) * (size_t)V), 0,
+                     "%d offloaded: logits after the rollback differ", off);
+        // every new row of every offloaded layer goes back to host once (K and V)
+        cr_assert_eq(st.kv_bytes_down, (uint64_t)off * 2 * row * n_new, "%d offloaded: %llu bytes down", off,
+                     (unsigned long long)st.kv_bytes_down);
+        // offloaded layer j passes through buffer j % 2: a buffer with one layer keeps it (nothing
+        // uploaded after the first, empty pass), one shared by several uploads each of them, its
+        // rows before the step, in every pass
+        int32_t n0 = (off + 1) / 2, n1 = off / 2, streamed = (n0 > 1 ? n0 : 0) + (n1 > 1 ? n1 : 0);
+        uint64_t up = (uint64_t)streamed * 2 * row * sum_pos;
+        cr_assert_eq(st.kv_bytes_up, up, "%d offloaded: %llu bytes up, want %llu", off,
+                     (unsigned long long)st.kv_bytes_up, (unsigned long long)up);
+    }
+    free(want);
+    free(got);
+    tri_model_free(m);
+}
+
+Test(device, offloaded_kv_bad_parameters) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("offbad", "--layers 2"), NULL, &m), TRI_STATUS_OK);
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 32;
+    sp.kv_layers_offloaded = 3;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "kv_layers_offloaded"), "%s", tri_last_error());
+    sp.kv_layers_offloaded = -1;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_INVALID_ARGUMENT);
+    sp.kv_layers_offloaded = 1;
+    sp.kv_policy = TRI_KV_POLICY_RETRIEVAL;
+    sp.kv_budget = 16;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "retrieval"), "%s", tri_last_error());
+    tri_model_free(m);
+}
