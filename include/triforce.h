@@ -291,6 +291,10 @@ typedef struct tri_session_params {
                                   // memory and streams through two device buffers per pass,
                                   // overlapped with compute (docs/offload.md); 0: none. FULL policy
                                   // only; at most the model's layer count
+    int32_t weight_layers_streamed; // layers (the last ones) whose weights stay in host memory and
+                                  // stream through two device buffers per pass, overlapped with
+                                  // compute (docs/offload.md); 0: every layer resident. Ignored on
+                                  // the CPU, whose memory is the host's
 } tri_session_params;
 
 TRI_API tri_session_params tri_session_default_params(void);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arena.h"
 #include "cuda-backend.h"
 #include "error.h"
 #include "model.h"
@@ -12,6 +13,12 @@
 // Device copies of tensors start at this alignment (cuBLAS and 16-byte vector loads want 16;
 // 256 is what cudaMalloc itself guarantees).
 #define WEIGHT_ALIGN 256
+
+#define TRY(call)                              \
+    do {                                       \
+        tri_status st_ = (call);               \
+        if (st_ != TRI_STATUS_OK) return st_;  \
+    } while (0)
 
 tri_status tri__backend_select(tri_device_kind kind, int32_t device, int32_t n_threads,
                                tri__backend **out, char *name_out) {
@@ -46,7 +53,164 @@ tri_status tri__backend_select(tri_device_kind kind, int32_t device, int32_t n_t
 
 // ---- weights on a backend ----
 
-// The view and what it owns besides the tables: the device copy of the weights.
+static uint64_t aligned(uint64_t n) { return (n + WEIGHT_ALIGN - 1) / WEIGHT_ALIGN * WEIGHT_ALIGN; }
+
+// A block's nine tensors in the order they are packed for streaming.
+#define BLOCK_TENSORS 9
+static void block_tensors(const tri__layer *L, const tri__tensor *out[BLOCK_TENSORS]) {
+    const tri__tensor *t[BLOCK_TENSORS] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo,
+                                           L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+    memcpy(out, t, sizeof t);
+}
+
+// Layers first .. n_layer - 1 streamed through two device buffers.
+struct tri__weight_stream {
+    tri__backend *be;         // not owned
+    int32_t first, n_layer;
+    tri__arena *arena;        // owns the packed host blocks
+    void **host;              // (n_layer) packed block of a streamed layer, host; NULL below first
+    uint64_t *bytes;          // (n_layer) its size
+    void *buf[2];             // (largest block) backend: streamed layer j runs from buf[j % 2]
+    int32_t slot_layer[2];    // layer whose block a buffer holds or is receiving, -1: none
+    bool async;               // the backend has a transfer stream: the events are used
+    tri__event *loaded[2];    // TRANSFER: the last upload into the buffer is done
+    tri__event *released[2];  // COMPUTE: the work queued so far that reads the buffer is done
+    tri__weight_stream_stats stats;
+};
+
+static void stream_free(tri__weight_stream *ws) {
+    if (!ws) return;
+    const tri__backend_ops *op = ws->be->ops;
+    if (ws->async) (void)op->synchronize(ws->be);  // no upload may still read what is released
+    for (int i = 0; i < 2; i++) {
+        op->free(ws->be, ws->buf[i]);
+        if (ws->async) {
+            op->event_destroy(ws->be, ws->loaded[i]);
+            op->event_destroy(ws->be, ws->released[i]);
+        }
+    }
+    tri__arena_free(ws->arena);
+    free(ws->host);
+    free(ws->bytes);
+    free(ws);
+}
+
+static tri_status pin_region(void *ptr, size_t bytes, void *user) {
+    tri__backend *be = user;
+    return be->ops->host_register(be, ptr, bytes);
+}
+
+static void unpin_region(void *ptr, size_t bytes, void *user) {
+    (void)bytes;
+    tri__backend *be = user;
+    be->ops->host_unregister(be, ptr);
+}
+
+// Packs layers first .. n_layer - 1 of model into host regions and points the view's block
+// tensors of those layers at the two device buffers.
+static tri_status stream_init(const tri_model *model, tri_model *v, tri__backend *be, int32_t first,
+                              tri__weight_stream **out) {
+    const tri__backend_ops *op = be->ops;
+    const int32_t n_layer = model->config.n_layer;
+    tri__weight_stream *ws = calloc(1, sizeof *ws);
+    if (!ws) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: weight stream", model->path);
+    *out = ws;
+    ws->be = be;
+    ws->first = first;
+    ws->n_layer = n_layer;
+    ws->stats.n_streamed = n_layer - first;
+    ws->slot_layer[0] = ws->slot_layer[1] = -1;
+    ws->async = op->event_create && op->event_record && op->stream_wait && op->transfer_to_backend;
+    ws->host = calloc((size_t)n_layer, sizeof *ws->host);
+    ws->bytes = calloc((size_t)n_layer, sizeof *ws->bytes);
+    if (!ws->host || !ws->bytes) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: weight stream tables", model->path);
+    tri__arena_params ap = tri__arena_default_params();
+    if (op->host_register && op->host_unregister) {
+        ap.pin = pin_region;
+        ap.unpin = unpin_region;
+        ap.pin_user = be;
+    }
+    TRY(tri__arena_create(&ap, &ws->arena));
+    uint64_t largest = 0;
+    for (int32_t il = first; il < n_layer; il++) {
+        const tri__tensor *t[BLOCK_TENSORS];
+        block_tensors(&model->layers[il], t);
+        uint64_t total = 0;
+        for (int i = 0; i < BLOCK_TENSORS; i++) total += aligned(t[i]->n_bytes);
+        char what[64];
+        snprintf(what, sizeof what, "weights of layer %d", il);
+        TRY(tri__arena_alloc(ws->arena, (size_t)total, what, &ws->host[il]));
+        ws->bytes[il] = total;
+        if (total > largest) largest = total;
+        uint64_t off = 0;
+        for (int i = 0; i < BLOCK_TENSORS; i++) {
+            memcpy((char *)ws->host[il] + off, t[i]->data, (size_t)t[i]->n_bytes);
+            off += aligned(t[i]->n_bytes);
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        TRY(op->alloc(be, (size_t)largest, &ws->buf[i]));
+        if (ws->async) {
+            TRY(op->event_create(be, &ws->loaded[i]));
+            TRY(op->event_create(be, &ws->released[i]));
+        }
+    }
+    // the view's tensors of a streamed layer live at fixed places in its buffer
+    for (int32_t il = first; il < n_layer; il++) {
+        const tri__tensor *t[BLOCK_TENSORS];
+        block_tensors(&v->layers[il], t);
+        uint64_t off = 0;
+        for (int i = 0; i < BLOCK_TENSORS; i++) {
+            tri__tensor *vt = &v->tensors[t[i] - v->tensors];
+            vt->data = (char *)ws->buf[(il - first) & 1] + off;
+            off += aligned(vt->n_bytes);
+        }
+    }
+    tri__log(TRI_LOG_LEVEL_INFO, "%s: %d layers stream their weights through two %.1f MiB buffers", model->path,
+             n_layer - first, (double)largest / (1 << 20));
+    return TRI_STATUS_OK;
+}
+
+// Queues the upload of layer il's block into its buffer, behind the compute still reading it.
+static tri_status stream_load(tri__weight_stream *ws, int32_t il) {
+    const tri__backend_ops *op = ws->be->ops;
+    int s = (il - ws->first) & 1;
+    if (ws->slot_layer[s] == il) {
+        ws->stats.n_reused++;
+        return TRI_STATUS_OK;
+    }
+    if (ws->async) {
+        TRY(op->event_record(ws->be, ws->released[s], TRI_STREAM_COMPUTE));
+        TRY(op->stream_wait(ws->be, TRI_STREAM_TRANSFER, ws->released[s]));
+        TRY(op->transfer_to_backend(ws->be, ws->buf[s], ws->host[il], (size_t)ws->bytes[il]));
+        TRY(op->event_record(ws->be, ws->loaded[s], TRI_STREAM_TRANSFER));
+    } else {
+        TRY(op->copy_to_backend(ws->be, ws->buf[s], ws->host[il], (size_t)ws->bytes[il]));
+    }
+    ws->slot_layer[s] = il;
+    ws->stats.bytes_up += ws->bytes[il];
+    ws->stats.n_uploads++;
+    return TRI_STATUS_OK;
+}
+
+tri_status tri__model_stream_layer(const tri_model *m, int32_t il) {
+    tri__weight_stream *ws = m->stream;
+    if (!ws) return TRI_STATUS_OK;
+    if (il >= ws->first) {
+        TRY(stream_load(ws, il));  // prefetched by the block before, unless il is the first
+        if (ws->async) TRY(ws->be->ops->stream_wait(ws->be, TRI_STREAM_COMPUTE, ws->loaded[(il - ws->first) & 1]));
+    }
+    // the next block uploads while this one computes (the last resident block starts the first)
+    if (il + 1 < ws->n_layer && il + 1 >= ws->first) TRY(stream_load(ws, il + 1));
+    return TRI_STATUS_OK;
+}
+
+void tri__model_stream_stats(const tri_model *m, tri__weight_stream_stats *out) {
+    *out = m->stream ? m->stream->stats : (tri__weight_stream_stats){0};
+}
+
+// The view and what it owns besides the tables: the device copy of the resident weights and the
+// stream of the others.
 typedef struct backend_view {
     tri_model m;        // first: a tri_model * to the view is a backend_view *
     tri__backend *be;   // not owned
@@ -56,6 +220,7 @@ typedef struct backend_view {
 void tri__model_backend_free(tri_model *view) {
     if (!view) return;
     backend_view *bv = (backend_view *)view;
+    stream_free(view->stream);
     if (bv->weights) bv->be->ops->free(bv->be, bv->weights);
     free(view->tensors);
     free(view->layers);
@@ -67,9 +232,12 @@ static const tri__tensor *remap(const tri_model *model, tri_model *view, const t
     return t ? &view->tensors[t - model->tensors] : NULL;
 }
 
-tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, tri_model **out) {
+tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, int32_t n_streamed, tri_model **out) {
     *out = NULL;
     const int32_t n_layer = model->config.n_layer;
+    if (n_streamed < 0 || n_streamed > n_layer)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "%s: %d streamed layers, the model has %d", model->path,
+                         n_streamed, n_layer);
     backend_view *bv = calloc(1, sizeof *bv);
     tri__tensor *tensors = calloc((size_t)(model->n_tensors > 0 ? model->n_tensors : 1), sizeof *tensors);
     tri__layer *layers = calloc((size_t)(n_layer > 0 ? n_layer : 1), sizeof *layers);
@@ -84,6 +252,7 @@ tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, tri_m
     }
     tri_model *v = &bv->m;
     *v = *model;  // config, names, tokenizer and sources are borrowed
+    v->stream = NULL;
     bv->be = be;
     memcpy(tensors, model->tensors, (size_t)model->n_tensors * sizeof *tensors);
     v->tensors = tensors;
@@ -110,15 +279,15 @@ tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, tri_m
     // Mark what the forward pass reads (each entry once: a tied head is the embedding table).
     const tri__tensor *read[3] = {model->tok_embd, model->output_norm, model->output};
     for (int i = 0; i < 3; i++) used[read[i] - model->tensors] = true;
-    for (int32_t il = 0; il < n_layer; il++) {
-        const tri__layer *a = &model->layers[il];
-        const tri__tensor *w[] = {a->attn_norm, a->wq, a->wk, a->wv, a->wo,
-                                  a->ffn_norm, a->w_gate, a->w_up, a->w_down};
-        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) used[w[i] - model->tensors] = true;
+    const int32_t first_streamed = n_layer - n_streamed;
+    for (int32_t il = 0; il < first_streamed; il++) {
+        const tri__tensor *w[BLOCK_TENSORS];
+        block_tensors(&model->layers[il], w);
+        for (int i = 0; i < BLOCK_TENSORS; i++) used[w[i] - model->tensors] = true;
     }
     uint64_t total = 0;
     for (int64_t i = 0; i < model->n_tensors; i++)
-        if (used[i]) total += (model->tensors[i].n_bytes + WEIGHT_ALIGN - 1) / WEIGHT_ALIGN * WEIGHT_ALIGN;
+        if (used[i]) total += aligned(model->tensors[i].n_bytes);
     tri__log(TRI_LOG_LEVEL_INFO, "%s: copying %.1f MiB of weights to the %s backend", model->path,
              (double)total / (1 << 20), be->ops->name);
     if ((st = be->ops->alloc(be, (size_t)total, &bv->weights))) {
@@ -132,15 +301,16 @@ tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, tri_m
     for (int64_t i = 0; i < model->n_tensors; i++) {
         if (&model->tensors[i] == model->rope_freqs) continue;  // read on the host
         if (!used[i]) {
-            tensors[i].data = NULL;  // not read by the forward pass: nothing to point at
+            tensors[i].data = NULL;  // streamed (set below) or not read by the forward pass
             continue;
         }
         void *dst = (char *)bv->weights + off;
         if ((st = be->ops->copy_to_backend(be, dst, model->tensors[i].data, (size_t)model->tensors[i].n_bytes)))
             goto done;
         tensors[i].data = dst;
-        off += (model->tensors[i].n_bytes + WEIGHT_ALIGN - 1) / WEIGHT_ALIGN * WEIGHT_ALIGN;
+        off += aligned(model->tensors[i].n_bytes);
     }
+    if (n_streamed > 0 && (st = stream_init(model, v, be, first_streamed, &v->stream))) goto done;
     // the sources are the caller's mapping: the copies must have left it before we return
     st = be->ops->synchronize(be);
 

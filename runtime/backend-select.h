@@ -14,6 +14,8 @@
 #include "backend.h"
 #include "triforce.h"
 
+typedef struct tri__weight_stream tri__weight_stream;
+
 // Opens the backend for (kind, device): AUTO is CUDA device 0 when tri_device_count() > 0, else
 // the CPU with n_threads threads (<= 0: every core). TRI_STATUS_DEVICE for a CUDA device that does
 // not exist or a build without CUDA, naming the device. *name_out (may be NULL) receives
@@ -28,8 +30,29 @@ tri_status tri__backend_select(tri_device_kind kind, int32_t device, int32_t n_t
 // get data NULL in a device view. model and be must outlive the view; free it with
 // tri__model_backend_free, never tri_model_free. DEVICE_OUT_OF_MEMORY when the weights do not
 // fit the device, naming their size.
-tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, tri_model **out);
+//
+// Streamed layers (n_streamed > 0, device views only; ignored where be->host_memory): the blocks
+// of the last n_streamed layers are packed, one host region each (pinned through the backend's
+// host_register when it has one), and pass through two device buffers of one block each, the
+// streamed layer j through buffer j % 2, whose addresses the view's tensors hold. The forward
+// pass calls tri__model_stream_layer before each block; that makes sure the block is in its
+// buffer (compute waits for its upload) and starts the next streamed block's upload behind the
+// compute still reading the other buffer, so it overlaps with this block's compute (the same
+// double buffering as the offloaded KV cache, kv-store.h). A buffer already holding its block
+// (one or two streamed layers) is not uploaded again. Quantized blocks travel as stored.
+tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, int32_t n_streamed, tri_model **out);
 // Frees a view from tri__model_on_backend and its device copy; NULL is a no-op.
 void tri__model_backend_free(tri_model *view);
+
+// Before block il of a forward pass over m: see above. A no-op for a model without streamed layers.
+tri_status tri__model_stream_layer(const tri_model *m, int32_t il);
+
+// Bytes of streamed blocks uploaded so far, and the uploads a buffer made unnecessary.
+typedef struct tri__weight_stream_stats {
+    int32_t n_streamed;
+    uint64_t bytes_up;
+    int64_t n_uploads, n_reused;
+} tri__weight_stream_stats;
+void tri__model_stream_stats(const tri_model *m, tri__weight_stream_stats *out);
 
 #endif  // TRI_BACKEND_SELECT_H

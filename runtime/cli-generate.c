@@ -34,6 +34,8 @@ static void usage(FILE *f) {
           "                       else the CPU)\n"
           "      --kv-offload N   keep the full KV cache of the last N layers in host memory and\n"
           "                       stream it through the device every pass (default 0)\n"
+          "      --stream-weights N  keep the weights of the last N layers in host memory and\n"
+          "                       stream them through the device every pass (default 0; a GPU only)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
           "      --kv-type T      f16 (default) or f32 KV cache\n"
           "      --kv POLICY      which past tokens plain decoding attends to: full (default),\n"
@@ -246,7 +248,7 @@ int tri_cli_generate(int argc, char **argv) {
            OPT_KV, OPT_IGNORE_EOS, OPT_IDS, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
            OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
-           OPT_DEVICE, OPT_KV_OFFLOAD };
+           OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -270,6 +272,7 @@ int tri_cli_generate(int argc, char **argv) {
         {"refresh-accept", required_argument, NULL, OPT_REFRESH_ACCEPT},
         {"device", required_argument, NULL, OPT_DEVICE},
         {"kv-offload", required_argument, NULL, OPT_KV_OFFLOAD},
+        {"stream-weights", required_argument, NULL, OPT_STREAM_WEIGHTS},
         {"help", no_argument, NULL, 'h'},          {0},
     };
     const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
@@ -280,7 +283,7 @@ int tri_cli_generate(int argc, char **argv) {
     bool kv_set = false;
     tri_spec_params spec_params = tri_spec_default_params();
     spec_params.mode = TRI_SPEC_MODE_NONE;
-    long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0, kv_offload = 0;
+    long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0, kv_offload = 0, stream_weights = 0;
     tri_generate_params gp = tri_generate_default_params();
     tri_session_params sp = tri_session_default_params();
     int c;
@@ -350,6 +353,7 @@ int tri_cli_generate(int argc, char **argv) {
             break;
         case OPT_DEVICE: ok = tri_cli_parse_device("offload-run generate", optarg, &sp); break;
         case OPT_KV_OFFLOAD: ok = parse_long("--kv-offload", optarg, 0, 65536, &kv_offload); break;
+        case OPT_STREAM_WEIGHTS: ok = parse_long("--stream-weights", optarg, 0, 65536, &stream_weights); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -473,6 +477,7 @@ int tri_cli_generate(int argc, char **argv) {
     sp.n_threads = (int32_t)threads;
     sp.n_batch = (int32_t)batch;
     sp.kv_layers_offloaded = (int32_t)kv_offload;
+    sp.weight_layers_streamed = (int32_t)stream_weights;
     if (spec_params.mode == TRI_SPEC_MODE_NONE) {
         if ((st = tri_session_create(model, &sp, &session))) {
             rc = tri_cli_fail("cannot create a session", st);

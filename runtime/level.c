@@ -212,6 +212,9 @@ tri_status tri__model_layer_view(const tri_model *base, const int32_t *layers, i
                              "self-draft: layers must be strictly increasing (%d after %d)", layers[i],
                              layers[i - 1]);
     }
+    if (base->stream)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "self-draft: the target streams its weights; a layer view of "
+                         "streamed layers is not supported (keep them resident)");
     tri_model *v = malloc(sizeof *v);
     tri__layer *sel = malloc((size_t)n_layers * sizeof *sel);
     if (!v || !sel) {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend-select.h"
 #include "error.h"
 
 #define TRY(call)                              \
@@ -125,7 +126,10 @@ static tri_status forward_step(tri__llama *ll, tri__kv_policy *pol, const int32_
     tri__rope_update(&ll->rope, (int64_t)ll->q_pos[nb - 1] + 1);
 
     tri_status st = op->get_rows(be, ll->x, m->tok_embd->data, m->tok_embd->type, V, E, tokens, nb);
-    for (int32_t il = 0; !st && il < c->n_layer; il++) st = block(ll, pol, il, nb);
+    for (int32_t il = 0; !st && il < c->n_layer; il++) {
+        st = tri__model_stream_layer(m, il);  // streamed weights: this block's in, the next's coming
+        if (!st) st = block(ll, pol, il, nb);
+    }
     if (st) {
         tri__kv_policy_abort(pol);
         return st;

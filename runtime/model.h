@@ -51,6 +51,7 @@ struct tri_model {
     struct tri__gguf *gguf;        // the source, one of the two
     struct tri__st_model *st;
     struct tri__tokenizer *tokenizer;  // NULL when the model carries none
+    struct tri__weight_stream *stream; // a device view's streamed layers (backend-select.h), else NULL
 };
 
 // The tensor of that canonical name, or NULL.

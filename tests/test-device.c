@@ -68,7 +68,7 @@ Test(device, host_backend_uses_the_mapping_in_place) {
     cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
     cr_assert(be->host_memory);
     tri_model *v;
-    cr_assert_eq(tri__model_on_backend(m, be, &v), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__model_on_backend(m, be, 0, &v), TRI_STATUS_OK, "%s", tri_last_error());
     cr_assert_eq(v->n_tensors, m->n_tensors);
     for (int64_t i = 0; i < m->n_tensors; i++) cr_assert_eq(v->tensors[i].data, m->tensors[i].data);
     cr_assert_eq(v->layers[1].w_down->data, m->layers[1].w_down->data);
@@ -89,7 +89,7 @@ static void check_copied_model(const char *tag, const char *opts) {
     cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &dev), TRI_STATUS_OK);
     dev->host_memory = false;
     tri_model *v;
-    cr_assert_eq(tri__model_on_backend(m, dev, &v), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__model_on_backend(m, dev, 0, &v), TRI_STATUS_OK, "%s", tri_last_error());
 
     const tri__tensor *read[] = {m->tok_embd, m->output_norm, m->output};
     for (size_t i = 0; i < sizeof read / sizeof read[0]; i++) {
@@ -139,7 +139,7 @@ Test(device, layer_view_over_copied_weights) {
     cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &dev), TRI_STATUS_OK);
     dev->host_memory = false;
     tri_model *v, *lv;
-    cr_assert_eq(tri__model_on_backend(m, dev, &v), TRI_STATUS_OK);
+    cr_assert_eq(tri__model_on_backend(m, dev, 0, &v), TRI_STATUS_OK);
     const int32_t keep[2] = {0, 3};
     cr_assert_eq(tri__model_layer_view(v, keep, 2, &lv), TRI_STATUS_OK);
     cr_assert_eq(lv->config.n_layer, 2);
@@ -277,5 +277,51 @@ Test(device, offloaded_kv_bad_parameters) {
     sp.kv_budget = 16;
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(tri_last_error(), "retrieval"), "%s", tri_last_error());
+    tri_model_free(m);
+}
+
+// ---- streamed weights (backend-select.h): blocks packed in host memory, two device buffers ----
+
+Test(device, streamed_weights_compute_the_same) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("stream", "--layers 5 --heads 4 --kv-heads 2 --head-dim 16 --gguf-dtype q8_0"),
+                                NULL, &m),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    tri__backend *host, *dev;
+    cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &host), TRI_STATUS_OK);
+    cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &dev), TRI_STATUS_OK);
+    dev->host_memory = false;
+    float *want = forward_all(m, host);
+    size_t n = sizeof(float) * N_TOK * (size_t)m->config.n_vocab;
+    for (int32_t k = 1; k <= 5; k++) {
+        tri_model *v;
+        cr_assert_eq(tri__model_on_backend(m, dev, k, &v), TRI_STATUS_OK, "%s", tri_last_error());
+        // a streamed layer's tensors sit in one of two buffers, the same ones for every layer of
+        // its parity
+        const tri__tensor *a = v->layers[5 - k].wq, *b = k >= 3 ? v->layers[5 - k + 2].wq : NULL;
+        cr_assert(a->data && a->data != m->layers[5 - k].wq->data);
+        if (b) cr_assert_eq(a->data, b->data, "layers %d and %d share a buffer", 5 - k, 7 - k);
+        float *got = forward_all(v, dev);
+        cr_assert_eq(memcmp(got, want, n), 0, "%d streamed layers: logits differ", k);
+        free(got);
+        // forward_all runs 3 steps (8 + 8 + 4 tokens): a buffer with one layer keeps it, the
+        // layers of a shared buffer upload in every step
+        tri__weight_stream_stats ws;
+        tri__model_stream_stats(v, &ws);
+        int32_t n0 = (k + 1) / 2, n1 = k / 2, shared = (n0 > 1 ? n0 : 0) + (n1 > 1 ? n1 : 0);
+        cr_assert_eq(ws.n_streamed, k);
+        cr_assert_eq(ws.n_uploads, 3 * shared + (k - shared), "%d streamed: %lld uploads", k, (long long)ws.n_uploads);
+        if (k == 3) {  // a layer view of streamed layers is refused, not computed wrong
+            tri_model *lv;
+            const int32_t keep[2] = {0, 4};
+            cr_assert_eq(tri__model_layer_view(v, keep, 2, &lv), TRI_STATUS_UNSUPPORTED);
+        }
+        tri__model_backend_free(v);
+    }
+    tri_model *v;
+    cr_assert_eq(tri__model_on_backend(m, dev, 6, &v), TRI_STATUS_INVALID_ARGUMENT);
+    free(want);
+    tri__backend_free(dev);
+    tri__backend_free(host);
     tri_model_free(m);
 }
