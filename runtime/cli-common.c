@@ -56,3 +56,24 @@ bool tri_cli_parse_device(const char *cmd, const char *arg, tri_session_params *
     fprintf(stderr, "%s: --device '%s': want cpu, cuda or cuda:N\n", cmd, arg);
     return false;
 }
+
+bool tri_cli_parse_size(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v >= 0)) return false;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0, end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024, end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024, end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024, end++; break;
+    default: break;
+    }
+    if (mul > 1 && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0)) end += strlen(end);
+    if (*end) return false;
+    double b = v * mul;
+    if (b > 1.8e19) return false;
+    *out = (uint64_t)(b + 0.5);
+    return true;
+}

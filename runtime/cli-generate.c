@@ -36,6 +36,10 @@ static void usage(FILE *f) {
           "                       stream it through the device every pass (default 0)\n"
           "      --stream-weights N  keep the weights of the last N layers in host memory and\n"
           "                       stream them through the device every pass (default 0; a GPU only)\n"
+          "      --gpu-mem SIZE   device memory budget (e.g. 24G): the placement planner then sets\n"
+          "                       --kv-offload and --stream-weights (on a GPU by default, with its\n"
+          "                       free memory; see offload-run plan)\n"
+          "      --host-mem SIZE  host memory budget for the planner (default: no limit)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
           "      --kv-type T      f16 (default) or f32 KV cache\n"
           "      --kv POLICY      which past tokens plain decoding attends to: full (default),\n"
@@ -243,12 +247,49 @@ static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
             st->l3_seconds, st->prefill_seconds);
 }
 
+// Placement: on a GPU, or when --gpu-mem gives a budget, the planner decides how many layers keep
+// their weights and their KV cache in host memory (explicit --kv-offload / --stream-weights win).
+// Prints the plan's line; false after printing an error.
+static bool place(const tri_model *model, tri_session_params *sp, const tri_spec_params *spec, uint64_t gpu_mem,
+                  uint64_t host_mem, bool kv_set, bool weights_set) {
+    bool on_gpu = sp->device_kind == TRI_DEVICE_CUDA || (sp->device_kind == TRI_DEVICE_AUTO && tri_device_count() > 0);
+    if (!gpu_mem && !on_gpu) return true;  // the CPU: nothing to place
+    tri_plan_params pp = tri_plan_default_params();
+    pp.mode = spec->mode == TRI_SPEC_MODE_NONE ? TRI_PLAN_MODE_AUTOREGRESSIVE : TRI_PLAN_MODE_TRIFORCE;
+    pp.n_ctx = sp->n_ctx;
+    pp.kv_type = sp->kv_type;
+    pp.host_mem_bytes = host_mem;
+    if (spec->budget > 0) pp.retrieval_budget = spec->budget;
+    if (spec->gamma1 > 0) pp.gamma1 = spec->gamma1;
+    if (spec->gamma2 > 0) pp.gamma2 = spec->gamma2;
+    tri_device_info di;
+    int32_t dev = sp->device_kind == TRI_DEVICE_CUDA ? sp->device : 0;
+    if (gpu_mem) pp.gpu_mem_bytes = gpu_mem;
+    else if (tri_device_get_info(dev, &di) == TRI_STATUS_OK) pp.gpu_mem_bytes = di.free_bytes;
+    tri_plan_model pm;
+    tri_plan_model_from_model(model, &pm);
+    tri_plan plan;
+    tri_status st = tri_plan_compute(&pm, &pp, &plan);
+    if (st) {
+        tri_cli_fail("cannot place the model in the memory budget", st);
+        return false;
+    }
+    if (!kv_set) sp->kv_layers_offloaded = plan.n_kv_host;
+    if (!weights_set) sp->weight_layers_streamed = plan.n_weights_host + plan.n_weights_disk;
+    fprintf(stderr,
+            "plan: %.1f GiB device budget: weights of %d of %d blocks resident, KV of %d layers on the device, "
+            "%d streamed (predicted %.3f s/token)\n",
+            (double)plan.params.gpu_mem_bytes / (1 << 30), plan.n_layer - sp->weight_layers_streamed, plan.n_layer,
+            plan.n_layer - sp->kv_layers_offloaded, sp->kv_layers_offloaded, plan.t_token);
+    return true;
+}
+
 int tri_cli_generate(int argc, char **argv) {
     enum { OPT_TOKENS = 256, OPT_CHAT, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CTX, OPT_BATCH,
            OPT_KV, OPT_IGNORE_EOS, OPT_IDS, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
            OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
-           OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS };
+           OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS, OPT_GPU_MEM, OPT_HOST_MEM };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -273,6 +314,7 @@ int tri_cli_generate(int argc, char **argv) {
         {"device", required_argument, NULL, OPT_DEVICE},
         {"kv-offload", required_argument, NULL, OPT_KV_OFFLOAD},
         {"stream-weights", required_argument, NULL, OPT_STREAM_WEIGHTS},
+        {"gpu-mem", required_argument, NULL, OPT_GPU_MEM}, {"host-mem", required_argument, NULL, OPT_HOST_MEM},
         {"help", no_argument, NULL, 'h'},          {0},
     };
     const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
@@ -284,6 +326,8 @@ int tri_cli_generate(int argc, char **argv) {
     tri_spec_params spec_params = tri_spec_default_params();
     spec_params.mode = TRI_SPEC_MODE_NONE;
     long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0, kv_offload = 0, stream_weights = 0;
+    bool kv_offload_set = false, stream_weights_set = false;
+    uint64_t gpu_mem = 0, host_mem = 0;
     tri_generate_params gp = tri_generate_default_params();
     tri_session_params sp = tri_session_default_params();
     int c;
@@ -352,8 +396,22 @@ int tri_cli_generate(int argc, char **argv) {
             ok = parse_float("--refresh-accept", optarg, 0.0, 1.0, &spec_params.refresh_accept);
             break;
         case OPT_DEVICE: ok = tri_cli_parse_device("offload-run generate", optarg, &sp); break;
-        case OPT_KV_OFFLOAD: ok = parse_long("--kv-offload", optarg, 0, 65536, &kv_offload); break;
-        case OPT_STREAM_WEIGHTS: ok = parse_long("--stream-weights", optarg, 0, 65536, &stream_weights); break;
+        case OPT_KV_OFFLOAD:
+            kv_offload_set = true;
+            ok = parse_long("--kv-offload", optarg, 0, 65536, &kv_offload);
+            break;
+        case OPT_STREAM_WEIGHTS:
+            stream_weights_set = true;
+            ok = parse_long("--stream-weights", optarg, 0, 65536, &stream_weights);
+            break;
+        case OPT_GPU_MEM:
+        case OPT_HOST_MEM:
+            if (!tri_cli_parse_size(optarg, c == OPT_GPU_MEM ? &gpu_mem : &host_mem)) {
+                fprintf(stderr, "offload-run generate: %s '%s': want a size like 24G or 512M\n",
+                        c == OPT_GPU_MEM ? "--gpu-mem" : "--host-mem", optarg);
+                ok = false;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -478,6 +536,7 @@ int tri_cli_generate(int argc, char **argv) {
     sp.n_batch = (int32_t)batch;
     sp.kv_layers_offloaded = (int32_t)kv_offload;
     sp.weight_layers_streamed = (int32_t)stream_weights;
+    if (!place(model, &sp, &spec_params, gpu_mem, host_mem, kv_offload_set, stream_weights_set)) goto done;
     if (spec_params.mode == TRI_SPEC_MODE_NONE) {
         if ((st = tri_session_create(model, &sp, &session))) {
             rc = tri_cli_fail("cannot create a session", st);

@@ -39,28 +39,6 @@ static void usage(FILE *f) {
           f);
 }
 
-// "24G", "512M", "100GiB", "1.5T", "123456": bytes. false on anything else.
-static bool parse_size(const char *s, uint64_t *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || !(v >= 0)) return false;
-    double mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1024.0, end++; break;
-    case 'm': case 'M': mul = 1024.0 * 1024, end++; break;
-    case 'g': case 'G': mul = 1024.0 * 1024 * 1024, end++; break;
-    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024, end++; break;
-    default: break;
-    }
-    if (mul > 1 && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0)) end += strlen(end);
-    if (*end) return false;
-    double b = v * mul;
-    if (b > 1.8e19) return false;
-    *out = (uint64_t)(b + 0.5);
-    return true;
-}
-
 static bool parse_int(const char *s, int32_t *out) {
     char *end;
     errno = 0;
@@ -115,10 +93,10 @@ int tri_cli_plan(int argc, char **argv) {
         switch (c) {
         case 'm': path = optarg; break;
         case O_CTX: ok = parse_int(optarg, &p.n_ctx); break;
-        case O_GPU_MEM: ok = parse_size(optarg, &p.gpu_mem_bytes); break;
+        case O_GPU_MEM: ok = tri_cli_parse_size(optarg, &p.gpu_mem_bytes); break;
         case O_GPUS: ok = parse_int(optarg, &p.n_gpu); break;
-        case O_HOST_MEM: ok = parse_size(optarg, &p.host_mem_bytes); break;
-        case O_RESERVE: ok = parse_size(optarg, &p.gpu_reserve_bytes); break;
+        case O_HOST_MEM: ok = tri_cli_parse_size(optarg, &p.host_mem_bytes); break;
+        case O_RESERVE: ok = tri_cli_parse_size(optarg, &p.gpu_reserve_bytes); break;
         case O_PCIE: ok = parse_real(optarg, &p.pcie_gbps); break;
         case O_DISK: ok = parse_real(optarg, &p.disk_gbps); break;
         case O_GPU_GBPS: ok = parse_real(optarg, &p.gpu_mem_gbps); break;

@@ -18,6 +18,9 @@ int tri_cli_fail(const char *what, tri_status status);
 // the error.
 tri_model *tri_cli_load_model(const char *path);
 
+// "24G", "512M", "100GiB", "1.5T", "123456" (powers of 1024): bytes. false on anything else.
+bool tri_cli_parse_size(const char *s, uint64_t *out);
+
 // Parses --device: "cpu", "cuda" (device 0) or "cuda:N" into sp's device fields. Prints
 // "<cmd>: --device '<arg>': ..." and returns false for anything else.
 bool tri_cli_parse_device(const char *cmd, const char *arg, tri_session_params *sp);

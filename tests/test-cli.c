@@ -134,3 +134,47 @@ Test(cli, kv_policies_for_plain_decoding) {
     cr_assert_eq(cli("generate --help", out, sizeof out, err, sizeof err), 0);
     cr_assert(strstr(out, "--kv POLICY") && strstr(out, "--draft-window N"), "%s", out);
 }
+
+// Devices, the offloaded KV cache, streamed weights and the planner: the same greedy tokens, and
+// clear errors.
+Test(cli, devices_offload_and_placement) {
+    const char *m = tiny_model();
+    static char args[8192], plain[1 << 16];
+    snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 16 --ids --ignore-eos --device cpu", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "device: cpu"), "%s", err);
+    snprintf(plain, sizeof plain, "%s", out);
+    const char *ways[] = {"--kv-offload 1", "--kv-offload 3", "--kv-offload 4 --batch 3",
+                          "--kv-offload 3 --stream-weights 2",  // streaming is ignored on the CPU
+                          "--spec triforce --draft-layers 0,2 --kv-offload 3 --budget 8 --chunk 4",
+                          "--gpu-mem 2G --ctx 64"};
+    for (size_t i = 0; i < sizeof ways / sizeof ways[0]; i++) {
+        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 16 --ids --ignore-eos --device cpu %s",
+                 m, ways[i]);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", ways[i], err);
+        cr_assert_str_eq(out, plain, "%s", ways[i]);
+    }
+    cr_assert(strstr(err, "plan: 2.0 GiB device budget"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p hi -n 4 --kv-offload 3", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "offloaded KV while decoding:"), "%s", err);
+
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --device gpu", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--device 'gpu': want cpu, cuda or cuda:N"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --device cuda:99", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "cuda:99"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --kv-offload 5", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "kv_layers_offloaded 5 outside [0, 4]"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --kv-offload 2 --kv retrieval --kv-budget 8", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "streams the full cache"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --gpu-mem 1M", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "cannot hold what must stay on the GPU"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --gpu-mem lots", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--gpu-mem 'lots'"), "%s", err);
+}
