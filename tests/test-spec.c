@@ -477,6 +477,68 @@ Test(spec, small_budgets_exact_output_and_caches, .timeout = 120) {
     tri_model_free(target);
 }
 
+// ---- L1 behind the context at the end of a call ----
+//
+// A fully accepted round leaves L1 one token behind the context's last token (it never runs its
+// last draft), and a round after it with no draft (g2 = 0: one token left to emit) leaves it two
+// behind. The next call must catch those tokens up as one-token steps would: a StreamingLLM step
+// of two tokens attends to another window than two steps of one. Every level is compared with a
+// fresh level fed every token one at a time (no prefill), after each call. The target is its own
+// 2-layer draft (accepted often; layer 1's K/V depend on the window layer 0 attended to), window
+// 24 / sink 4 so that L1 evicts; the seeds include the auditor's 37, and the test asserts that L1
+// was caught up on two or more tokens at least once.
+Test(spec, l1_catch_up_across_calls_equals_one_token_steps, .timeout = 120) {
+    tri_model *target = load(gen_model("lag-t", "--seed 61 --vocab 270 --layers 2"));
+    int32_t prompt[SMALL_PROMPT];
+    for (int i = 0; i < SMALL_PROMPT; i++) prompt[i] = i % 23 < 15 ? (i % 23) * 11 + 7 : (i * 37) % 260;
+    static const int32_t both[] = {0, 1};
+    drafter_case drafters[] = {
+        {"target", TRI_SPEC_DRAFTER_MODEL, target, NULL, 0, 0},
+        {"layers-0,1", TRI_SPEC_DRAFTER_LAYERS, NULL, both, 2, 0},
+    };
+    int lagged = 0;
+    for (int mode = TRI_SPEC_MODE_DRAFT; mode <= TRI_SPEC_MODE_TRIFORCE; mode += 2) {
+        for (int di = 0; di < 2; di++) {
+            for (uint64_t seed = 36; seed < 40; seed++) {
+                tri_spec_params p = params_of((tri_spec_mode)mode, &drafters[di], 2, 5);
+                p.budget = 32;
+                p.chunk = 8;
+                p.draft_window = 24;
+                p.draft_sink = 4;
+                tri_spec *s = spec_new(target, &p, 256);
+                int32_t got[64];
+                collect c = {got, 0, 64};
+                tri_generate_params gp = tri_generate_default_params();
+                gp.stop_at_eos = false;
+                gp.sampler.temperature = 1.0f;
+                gp.sampler.seed = seed;
+                gp.n_predict = 7;
+                // a second prompt in the third call: the engine prefills it after the lag
+                static const int32_t more[5] = {9, 19, 29, 39, 49};
+                for (int call = 0; call < 3; call++) {
+                    const int32_t *pr = call == 0 ? prompt : call == 2 ? more : NULL;
+                    int32_t npr = call == 0 ? SMALL_PROMPT : call == 2 ? 5 : 0;
+                    if (call > 0 && tri__level_n_past(tri__spec_level(s, 1)) <= tri_spec_n_past(s) - 3) lagged++;
+                    cr_assert_eq(tri_generate_spec(s, pr, npr, &gp, on_token, &c, NULL), TRI_STATUS_OK, "%s",
+                                 tri_last_error());
+                    for (int lvl = 1; lvl <= 3; lvl++) {
+                        tri__level *lv = tri__spec_level(s, lvl);
+                        if (!lv) continue;
+                        char what[96];
+                        snprintf(what, sizeof what, "%s/%s seed %llu L%d call %d", mode_name(mode),
+                                 drafters[di].name, (unsigned long long)seed, lvl, call);
+                        check_cache(lv, tri__spec_tokens(s), 1, what);  // no prefill: one token at a time
+                    }
+                }
+                tri_spec_free(s);
+            }
+        }
+    }
+    cr_assert(lagged > 0, "L1 was never two tokens behind at the start of a call");
+    cr_log_info("L1 two or more tokens behind at %d call starts", lagged);
+    tri_model_free(target);
+}
+
 // Budgets and windows the policies refuse are refused at create, with the field named.
 Test(spec, refuses_bad_cache_parameters) {
     tri_model *target = load(gen_model("badp", "--seed 71 --layers 1"));
