@@ -340,12 +340,14 @@ static void check_cache(tri__level *lv, const int32_t *tokens, int32_t n_prompt,
 }
 
 Test(spec, caches_equal_plain_decoding_after_rollbacks) {
-    tri_model *target = load(gen_model("cache-t", "--seed 31 --vocab 270 --layers 2"));
-    tri_model *draft = load(gen_model("cache-d", "--seed 32 --vocab 270 --layers 1"));
-    static const int32_t first[] = {1};
+    // drafts of 2 layers, so that layer 1's K/V depend on what layer 0 attended to (layer 0's
+    // depend on the token alone: the store holds keys before RoPE)
+    tri_model *target = load(gen_model("cache-t", "--seed 31 --vocab 270 --layers 3"));
+    tri_model *draft = load(gen_model("cache-d", "--seed 32 --vocab 270 --layers 2"));
+    static const int32_t skip[] = {0, 2};
     drafter_case drafters[] = {
         {"model", TRI_SPEC_DRAFTER_MODEL, draft, NULL, 0, 0},
-        {"layers", TRI_SPEC_DRAFTER_LAYERS, NULL, first, 1, 0},
+        {"layers", TRI_SPEC_DRAFTER_LAYERS, NULL, skip, 2, 0},
         {"ngram", TRI_SPEC_DRAFTER_NGRAM, NULL, NULL, 0, 2},
     };
     tri_generate_params gp = tri_generate_default_params();
@@ -354,6 +356,11 @@ Test(spec, caches_equal_plain_decoding_after_rollbacks) {
     for (int mode = 1; mode <= TRI_SPEC_MODE_TRIFORCE; mode++) {
         for (int di = 0; di < 3; di++) {
             tri_spec_params p = params_of((tri_spec_mode)mode, &drafters[di], 2, 5);
+            // windows that evict: the 58 tokens of the 4 calls outgrow L1's 24 and L2's 16
+            p.draft_window = 24;
+            p.draft_sink = 4;
+            p.budget = 16;
+            p.chunk = 4;
             tri_spec *s = spec_new(target, &p, 128);
             int32_t got[128];
             collect c = {got, 0, 128};
@@ -368,6 +375,7 @@ Test(spec, caches_equal_plain_decoding_after_rollbacks) {
                     tri__level *lv = tri__spec_level(s, lvl);
                     if (!lv) continue;
                     cr_assert(tri__level_n_past(lv) <= tri_spec_n_past(s));
+                    if (lvl < 3) cr_assert_neq(lv->pol.p.kind, TRI_KV_POLICY_FULL);
                     char what[64];
                     snprintf(what, sizeof what, "%s/%s L%d call %d", mode_name(mode), drafters[di].name, lvl, call);
                     check_cache(lv, tri__spec_tokens(s), 12, what);
@@ -393,18 +401,19 @@ Test(spec, caches_equal_plain_decoding_after_rollbacks) {
 #define SMALL_GEN 60
 
 Test(spec, small_budgets_exact_output_and_caches, .timeout = 120) {
-    tri_model *target = load(gen_model("small-t", "--seed 61 --vocab 270 --layers 2"));
-    tri_model *draft = load(gen_model("small-d", "--seed 62 --vocab 270 --layers 1"));
+    tri_model *target = load(gen_model("small-t", "--seed 61 --vocab 270 --layers 3"));
+    tri_model *draft = load(gen_model("small-d", "--seed 62 --vocab 270 --layers 2"));
     int32_t prompt[SMALL_PROMPT];
     for (int i = 0; i < SMALL_PROMPT; i++) prompt[i] = i % 23 < 15 ? (i % 23) * 11 + 7 : (i * 37) % 260;
     int32_t want[SMALL_GEN];
     plain_greedy(target, prompt, SMALL_PROMPT, SMALL_GEN, 256, want);
-    static const int32_t first[] = {1};
-    // the target as its own draft is often right, so L1 often catches up on two tokens at once
+    static const int32_t skip[] = {0, 2};
+    // the target as its own draft is often right, so L1 often catches up on two tokens at once;
+    // every L1 has 2 or more layers, so its K/V past layer 0 depend on the window it attended to
     drafter_case drafters[] = {
         {"model", TRI_SPEC_DRAFTER_MODEL, draft, NULL, 0, 0},
         {"target", TRI_SPEC_DRAFTER_MODEL, target, NULL, 0, 0},
-        {"layers", TRI_SPEC_DRAFTER_LAYERS, NULL, first, 1, 0},
+        {"layers", TRI_SPEC_DRAFTER_LAYERS, NULL, skip, 2, 0},
         {"ngram", TRI_SPEC_DRAFTER_NGRAM, NULL, NULL, 0, 3},
     };
     struct {
