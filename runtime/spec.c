@@ -15,6 +15,7 @@
 #include "error.h"
 #include "gguf.h"
 #include "model.h"
+#include "tokenizer.h"
 
 #define TRY(call)                              \
     do {                                       \
@@ -510,13 +511,41 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
 
 // ---- construction ----
 
-// Refuses a draft whose vocabulary is not the target's: the sizes, and when both are GGUF files
-// with a token list, every token string and the bos/eos ids.
+// Refuses a draft whose vocabulary is not the target's: the sizes, then, when both models carry a
+// tokenizer (GGUF metadata or an HF directory's tokenizer.json, in any mix), every token's text
+// and the bos/eos ids where both define them (-1 is "none"; a draft's own bos/eos is never used,
+// but two tokenizers that name different ones are not the same). Without two tokenizers, two GGUF
+// files are still compared by their token lists; otherwise the sizes are all there is.
 static tri_status check_same_vocab(const tri_model *t, const tri_model *d) {
     if (t->config.n_vocab != d->config.n_vocab)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "draft model %s: vocabulary of %d tokens, the target %s has %d", d->path,
                          d->config.n_vocab, t->path, t->config.n_vocab);
+    if (t->tokenizer && d->tokenizer) {
+        const tri__tokenizer *tt = t->tokenizer, *dt = d->tokenizer;
+        int32_t nt = tri__tokenizer_n_vocab(tt), nd = tri__tokenizer_n_vocab(dt);
+        if (nt != nd)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "draft model %s: tokenizer of %d tokens, the target %s has %d",
+                             d->path, nd, t->path, nt);
+        for (int32_t i = 0; i < nt; i++) {
+            size_t la, lb;
+            const char *a = tri__tokenizer_text(tt, i, &la), *b = tri__tokenizer_text(dt, i, &lb);
+            // NULL in both: an id with no token in either (a gap in a sparse list)
+            if ((!a && !b) || (a && b && la == lb && memcmp(a, b, la) == 0)) continue;
+            if (!a) a = "", la = 0;
+            if (!b) b = "", lb = 0;
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "draft model %s: tokenizer differs from the target %s's at token %d ('%.*s' vs '%.*s')",
+                             d->path, t->path, i, (int)(lb < 40 ? lb : 40), b, (int)(la < 40 ? la : 40), a);
+        }
+        int32_t ids[2][2] = {{tri__tokenizer_bos(tt), tri__tokenizer_bos(dt)},
+                             {tri__tokenizer_eos(tt), tri__tokenizer_eos(dt)}};
+        for (int i = 0; i < 2; i++)
+            if (ids[i][0] >= 0 && ids[i][1] >= 0 && ids[i][0] != ids[i][1])
+                return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "draft model %s: %s token is %d, the target's is %d",
+                                 d->path, i ? "eos" : "bos", ids[i][1], ids[i][0]);
+        return TRI_STATUS_OK;
+    }
     if (!t->gguf || !d->gguf) return TRI_STATUS_OK;
     const tri__gguf_value *tt = tri__gguf_find(t->gguf, "tokenizer.ggml.tokens");
     const tri__gguf_value *dt = tri__gguf_find(d->gguf, "tokenizer.ggml.tokens");

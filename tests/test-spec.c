@@ -601,13 +601,48 @@ Test(spec, refuses_a_draft_with_another_vocabulary) {
     cr_assert_eq(tri_spec_create(target, NULL, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(tri_last_error(), "tokenizer differs") && strstr(tri_last_error(), "token 2"), "%s",
               tri_last_error());
+    tri_model_free(renamed);
+
+    // an HF directory (tokenizer.json) against the GGUF target: the same tokens are accepted,
+    // one changed token in tokenizer.json is refused, named, though the sizes agree
+    const char *gen = getenv("TRI_GEN_MODEL");
+    char hf[4096], cmd[12800];
+    snprintf(hf, sizeof hf, "%s", tt_tmp("spec-voc-hf.hf"));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && '%s' --seed 44 --vocab 300 --out-hf '%s' >/dev/null", hf, gen, hf);
+    int rc = system(cmd);
+    cr_assert(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "generator failed: %s", cmd);
+    tri_model *hf_same = load(hf);
+    cr_assert_null(hf_same->gguf);
+    cr_assert_not_null(hf_same->tokenizer);
+    p.draft_model = hf_same;
+    cr_assert_eq(tri_spec_create(target, NULL, &p, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_spec_free(s);
+    s = NULL;
+    tri_model_free(hf_same);
+    char json[4200];
+    snprintf(json, sizeof json, "%s/tokenizer.json", hf);
+    buf = tt_read_file(json, &len);
+    int patched_n = 0;
+    for (char *at = buf; (at = memmem(at, len - (size_t)(at - buf), "<|im_end|>", 10)); at += 10, patched_n++)
+        at[7] = 'D';  // "<|im_enD|>", in added_tokens and in the vocabulary
+    cr_assert(patched_n >= 1);
+    tt_write_file(json, buf, len);
+    free(buf);
+    tri_model *hf_other = load(hf);
+    p.draft_model = hf_other;
+    cr_assert_eq(tri_spec_create(target, NULL, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_null(s);
+    cr_assert(strstr(tri_last_error(), "tokenizer differs") && strstr(tri_last_error(), "token 2") &&
+                  strstr(tri_last_error(), "<|im_enD|>"),
+              "%s", tri_last_error());
+    tri_model_free(hf_other);
+
     // and a bad layer list
     p.drafter = TRI_SPEC_DRAFTER_LAYERS;
     p.draft_layers = (const int32_t[]){1, 0};
     p.n_draft_layers = 2;
     cr_assert_eq(tri_spec_create(target, NULL, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(tri_last_error(), "increasing"), "%s", tri_last_error());
-    tri_model_free(renamed);
     tri_model_free(target);
 }
 
