@@ -586,7 +586,7 @@ Test(spec, refuses_a_draft_with_another_vocabulary) {
     cr_assert(strstr(tri_last_error(), "vocabulary of 280 tokens"), "%s", tri_last_error());
     tri_model_free(other);
 
-    // same size, one token string changed in the file: "<|im_end|>" -> "<|im_enD|>"
+    // same size, one token string changed in the file: "<|im_end|>" -> "<|im_endD>"
     const char *path = gen_model("voc-p", "--seed 43 --vocab 300");
     size_t len;
     char *buf = tt_read_file(path, &len);
