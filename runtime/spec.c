@@ -208,6 +208,8 @@ struct tri_spec {
     tri__spec_draft d2;      // what L3 verifies in RETRIEVAL and TRIFORCE: gamma2 rows
     tri__spec_work work;
     tri__rng rng;
+    bool seeded;             // rng was seeded (from `seed`) since create or the last reset
+    uint64_t seed;
     tri__spec_rule rule;
     // L2's refreshes: the next L2 run selects its chunks afresh (see l2_refresh_due); the L2 -> L3
     // acceptance of the L3 passes since the last selection, the last ACC_ROUNDS of them
@@ -254,6 +256,7 @@ void tri_spec_reset(tri_spec *s) {
     if (!s) return;
     s->n_seq = 0;
     s->n_acc = 0;
+    s->seeded = false;  // the next call starts its seed's stream afresh
     (void)cut_at(s, 0);
 }
 
@@ -408,7 +411,13 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
                              prompt[i], i, s->n_vocab);
     s->sampler = p.sampler;
     s->stats = stats;
-    tri__rng_seed(&s->rng, p.sampler.seed);
+    // one stream per seed, as tri_generate: a call that continues with the same seed draws fresh
+    // numbers instead of replaying the last call's
+    if (!s->seeded || s->seed != p.sampler.seed) {
+        tri__rng_seed(&s->rng, p.sampler.seed);
+        s->seeded = true;
+        s->seed = p.sampler.seed;
+    }
     tri__level *levels[3] = {s->lv1, s->lv2, &s->l3};
 
     // prefill every level with all but the last token, which the first round runs

@@ -286,6 +286,67 @@ Test(spec, continue_and_reset) {
     tri_model_free(target);
 }
 
+// The random stream is seeded once per seed, not per call: a sampled generation split over two
+// calls with the same seed equals the one-call generation, for a plain session and for the engine
+// in NONE mode (which draws one number per token, whatever the calls); a reset starts the stream
+// again, so the same calls after it repeat the tokens in every mode.
+Test(spec, seed_continues_across_calls) {
+    tri_model *target = load(gen_model("seed", "--seed 23 --layers 2"));
+    tri_generate_params gp = tri_generate_default_params();
+    gp.stop_at_eos = false;
+    gp.sampler.temperature = 1.0f;
+    gp.sampler.seed = 99;
+    int32_t one[20], split[20];
+    // plain session: one call of 20, then 10 + 10
+    for (int pass = 0; pass < 2; pass++) {
+        tri_session_params sp = small_session(64);
+        tri_session *ss;
+        cr_assert_eq(tri_session_create(target, &sp, &ss), TRI_STATUS_OK);
+        collect c = {pass ? split : one, 0, 20};
+        gp.n_predict = pass ? 10 : 20;
+        cr_assert_eq(tri_generate(ss, prompts[0], 12, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+        // a session does not run the last token it emitted: the caller hands it back as the prompt
+        if (pass) cr_assert_eq(tri_generate(ss, &split[9], 1, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+        cr_assert_eq(c.n, 20);
+        tri_session_free(ss);
+    }
+    for (int i = 0; i < 20; i++) cr_assert_eq(split[i], one[i], "session: token %d of a split generation", i);
+    int distinct = 0;  // the second call did not replay the first one's numbers
+    for (int i = 0; i < 10; i++) distinct += split[10 + i] != split[i];
+    cr_assert(distinct > 0);
+
+    for (int mode = TRI_SPEC_MODE_NONE; mode <= TRI_SPEC_MODE_TRIFORCE; mode++) {
+        static const int32_t layer0[] = {0};
+        tri_spec_params p = params_of((tri_spec_mode)mode,
+                                      &(drafter_case){"l", TRI_SPEC_DRAFTER_LAYERS, NULL, layer0, 1, 0}, 2, 4);
+        p.budget = 16;
+        p.chunk = 4;
+        tri_spec *s = spec_new(target, &p, 64);
+        int32_t first[20], again[20];
+        for (int rep = 0; rep < 2; rep++) {
+            collect c = {rep ? again : first, 0, 20};
+            tri_spec_reset(s);
+            gp.n_predict = mode == TRI_SPEC_MODE_NONE ? 20 : 10;
+            cr_assert_eq(tri_generate_spec(s, prompts[0], 12, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+            if (mode != TRI_SPEC_MODE_NONE)
+                cr_assert_eq(tri_generate_spec(s, NULL, 0, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+            cr_assert_eq(c.n, 20);
+        }
+        for (int i = 0; i < 20; i++) cr_assert_eq(again[i], first[i], "%s: token %d after a reset", mode_name(mode), i);
+        if (mode == TRI_SPEC_MODE_NONE) {
+            // 10 + 10 in NONE mode equals the one call
+            collect c = {again, 0, 20};
+            tri_spec_reset(s);
+            gp.n_predict = 10;
+            cr_assert_eq(tri_generate_spec(s, prompts[0], 12, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+            cr_assert_eq(tri_generate_spec(s, NULL, 0, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+            for (int i = 0; i < 20; i++) cr_assert_eq(again[i], first[i], "none: token %d of a split generation", i);
+        }
+        tri_spec_free(s);
+    }
+    tri_model_free(target);
+}
+
 // ---- caches: equal to what plain decoding of the emitted tokens builds ----
 
 // Every cached position of lv equals, within f32 rounding, the cache a fresh level with the same
