@@ -236,7 +236,11 @@ typedef struct tri_sampler_params {
     int32_t top_k;      // keep only the k most likely tokens; 0: keep all
     float top_p;        // then keep the smallest set of most likely tokens with this much mass,
                         // in (0, 1]; 1: keep all
-    uint64_t seed;      // the random stream; the same seed gives the same tokens
+    uint64_t seed;      // the random stream: generation seeds it at the first call after the
+                        // session (or engine) was created or reset and whenever the seed differs
+                        // from the last call's, and otherwise continues it, so the same seed and
+                        // calls from a reset give the same tokens, and a generation continued
+                        // over several calls never reuses numbers
 } tri_sampler_params;
 
 // temperature 0 (greedy), top_k 0, top_p 1, seed 0.
@@ -328,7 +332,7 @@ TRI_API int32_t tri_session_n_ctx(const tri_session *session);
 // tokens afterwards gives the same logits as if the dropped tokens had never been run.
 TRI_API tri_status tri_session_truncate(tri_session *session, int32_t n_past);
 
-// Empties the cache.
+// Empties the cache; the next tri_generate seeds the random stream afresh (tri_sampler_params).
 TRI_API void tri_session_reset(tri_session *session);
 
 // Retrieval policy: re-select the chunks at the end of the next tri_session_eval, from the query
@@ -336,7 +340,9 @@ TRI_API void tri_session_reset(tri_session *session);
 // often). A no-op for the other policies.
 TRI_API void tri_session_kv_refresh(tri_session *session);
 
-// Seeds the session's random stream (tri_generate seeds it from its sampler params).
+// Seeds the session's random stream. tri_generate seeds it from its sampler params at its first
+// call after create or reset and when the seed changes, and otherwise continues it; a stream
+// seeded here with that same seed is continued.
 TRI_API void tri_session_seed(tri_session *session, uint64_t seed);
 
 // Draws a token from the last token's logits with params (NULL: greedy).
@@ -372,7 +378,10 @@ typedef struct tri_generate_stats {
 TRI_API tri_generate_params tri_generate_default_params(void);
 
 // Appends prompt (n_prompt tokens, may be 0 to continue) to the session and generates after it,
-// calling on_token for each token. stats may be NULL. Cancelling through a callback is not an
+// calling on_token for each token. The random stream is seeded from params->sampler.seed at the
+// first call after create or tri_session_reset and whenever the seed differs from the last
+// call's; a call with the same seed continues it, so generating n tokens in one call or in
+// several gives the same tokens. stats may be NULL. Cancelling through a callback is not an
 // error: the function returns TRI_STATUS_OK with what was generated so far.
 TRI_API tri_status tri_generate(tri_session *session, const int32_t *prompt, int32_t n_prompt,
                                 const tri_generate_params *params, tri_token_fn on_token, void *user,
@@ -520,7 +529,8 @@ TRI_API void tri_spec_free(tri_spec *spec);
 // Where the engine computes, every level on one backend: "cpu" or "cuda:N".
 TRI_API const char *tri_spec_device(const tri_spec *spec);
 
-// Forgets every token: the next tri_generate_spec starts from an empty context.
+// Forgets every token: the next tri_generate_spec starts from an empty context and seeds the
+// random stream afresh.
 TRI_API void tri_spec_reset(tri_spec *spec);
 
 // Tokens in the context (prompt and emitted tokens).
@@ -532,7 +542,9 @@ TRI_API tri_status tri_spec_truncate(tri_spec *spec, int32_t n_past);
 
 // As tri_generate, with speculation: appends prompt (may be 0 tokens to continue) and generates
 // after it, calling on_token for each emitted token in order. The random stream is seeded from
-// params->sampler.seed. stats may be NULL. Cancelling through a callback is not an error.
+// params->sampler.seed at the first call after create or tri_spec_reset and whenever the seed
+// differs from the last call's; a call with the same seed continues it (tri_spec_truncate does
+// not restart it). stats may be NULL. Cancelling through a callback is not an error.
 TRI_API tri_status tri_generate_spec(tri_spec *spec, const int32_t *prompt, int32_t n_prompt,
                                      const tri_generate_params *params, tri_token_fn on_token,
                                      void *user, tri_spec_stats *stats);

@@ -284,6 +284,14 @@ static bool place(const tri_model *model, tri_session_params *sp, const tri_spec
     return true;
 }
 
+// --spec none: plain decoding runs one full-cache pass per token (the prompt's last step gives the
+// first), so the figures are the tokens, the passes and the time.
+static void print_plain_stats(const tri_generate_stats *st) {
+    fprintf(stderr, "plain decoding: %d tokens in %d full-cache passes (%.2f tokens per pass)\n", st->n_generated,
+            st->n_generated, st->n_generated ? 1.0 : 0.0);
+    fprintf(stderr, "  time: decode %.3f s, prefill %.3f s\n", st->decode_seconds, st->prefill_seconds);
+}
+
 int tri_cli_generate(int argc, char **argv) {
     enum { OPT_TOKENS = 256, OPT_CHAT, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CTX, OPT_BATCH,
            OPT_KV, OPT_IGNORE_EOS, OPT_IDS, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
@@ -605,7 +613,12 @@ int tri_cli_generate(int argc, char **argv) {
                 (double)stats.kv_bytes_up / (1 << 20), (double)stats.kv_bytes_down / (1 << 20),
                 (double)(stats.kv_bytes_up + stats.kv_bytes_down) / (1 << 20) / passes);
     }
-    if (spec && print_stats) print_spec_stats(&sstats, spec_params.mode);
+    if (print_stats) {
+        if (spec)
+            print_spec_stats(&sstats, spec_params.mode);
+        else
+            print_plain_stats(&stats);
+    }
     rc = 0;
 
 done:

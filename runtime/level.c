@@ -1,6 +1,7 @@
 // level.c - the level adapter over tri__llama and a KV cache policy.
 #include "level.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -95,24 +96,34 @@ static tri_status ensure_rows(tri__level *lv, int32_t rows) {
     return TRI_STATUS_OK;
 }
 
-// Runs tokens and writes their logits from row `row` on: one per token (all) or the last only.
+// The most tokens a step starting at cache length n0 may hold. A StreamingLLM step attends to
+// the window before it plus its own tokens, so token i of a step sees what a step of its own would
+// see only while nothing has been evicted by then (n0 + i <= budget): past that point, one token
+// per step. Then the cache is what one-token steps build, however the engine batched its evals
+// and prefills (docs/speculative.md, "Caches and rollback"). Other policies: no limit.
+static int32_t step_limit(const tri__level *lv, int32_t n0) {
+    if (lv->pol.p.kind != TRI_KV_POLICY_STREAMING) return INT32_MAX;
+    return n0 <= lv->pol.p.budget ? lv->pol.p.budget - n0 + 1 : 1;
+}
+
+// Runs tokens and writes their logits from row `row` on: one per token (all) or the last only
+// (none when row < 0: a prefill).
 static tri_status run(tri__level *lv, const int32_t *tokens, int32_t n, bool all, int32_t row) {
     const int64_t V = lv->model->config.n_vocab;
     double t0 = now_seconds();
     tri_status st = TRI_STATUS_OK;
-    if (lv->pol.p.kind == TRI_KV_POLICY_STREAMING && n > 1) {
-        // one token per step: the window then slides exactly as it would for tokens run one by one
-        for (int32_t i = 0; !st && i < n; i++) {
-            bool want = all || i == n - 1;
-            float *dst = lv->logits + (int64_t)(all ? row + i : row) * V;
-            st = tri__llama_forward_policy(&lv->ll, &lv->pol, tokens + i, 1, want ? TRI_LOGITS_LAST : TRI_LOGITS_NONE,
-                                           want ? dst : NULL);
-            lv->n_evals++;
-        }
-    } else {
-        st = tri__llama_forward_policy(&lv->ll, &lv->pol, tokens, n, all ? TRI_LOGITS_ALL : TRI_LOGITS_LAST,
-                                       lv->logits + (int64_t)row * V);
+    for (int32_t done = 0; !st && done < n;) {
+        int32_t lim = step_limit(lv, tri__kv_policy_len(&lv->pol));
+        int32_t m = n - done < lim ? n - done : lim;
+        bool last = done + m == n;
+        tri__logits_mode mode = row < 0 ? TRI_LOGITS_NONE
+                                : all   ? TRI_LOGITS_ALL
+                                : last  ? TRI_LOGITS_LAST
+                                        : TRI_LOGITS_NONE;
+        float *dst = mode == TRI_LOGITS_NONE ? NULL : lv->logits + (int64_t)(all ? row + done : row) * V;
+        st = tri__llama_forward_policy(&lv->ll, &lv->pol, tokens + done, m, mode, dst);
         lv->n_evals++;
+        done += m;
     }
     lv->seconds += now_seconds() - t0;
     return st;
@@ -163,10 +174,7 @@ tri_status tri__level_prefill(tri__level *lv, const int32_t *tokens, int32_t n) 
     if (n < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level prefill: %d tokens", n);
     if (n == 0) return TRI_STATUS_OK;
     lv->n_logits = 0;
-    double t0 = now_seconds();
-    tri_status st = tri__llama_forward_policy(&lv->ll, &lv->pol, tokens, n, TRI_LOGITS_NONE, NULL);
-    lv->seconds += now_seconds() - t0;
-    return st;
+    return run(lv, tokens, n, false, -1);
 }
 
 const float *tri__level_logits(const tri__level *lv, int32_t i) {

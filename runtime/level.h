@@ -57,8 +57,9 @@ void tri__level_free(tri__level *lv);
 // Runs tokens (n >= 1) after the n_past already cached and caches them. all_logits: one row of
 // logits per token, else only the last token's row; tri__level_logits reads them.
 // INVALID_ARGUMENT when they do not fit the context. A STREAMING level runs them one token per
-// step, so that its cache depends only on the tokens, not on how the engine batched them (a step
-// attends to its own tokens besides the window, docs/kv-policies.md).
+// step once its window is full (before that, a step of several tokens computes the same), so that
+// its cache depends only on the tokens, not on how the engine batched them: it is the cache that
+// one-token steps build (a step attends to its own tokens besides the window, docs/kv-policies.md).
 tri_status tri__level_eval(tri__level *lv, const int32_t *tokens, int32_t n, bool all_logits);
 // As tri__level_eval with all_logits, appending the n rows after the rows already there.
 tri_status tri__level_eval_more(tri__level *lv, const int32_t *tokens, int32_t n);
@@ -67,7 +68,8 @@ tri_status tri__level_eval_more(tri__level *lv, const int32_t *tokens, int32_t n
 // its own, so the selection does not depend on how the tokens were batched. The length is
 // appended to refresh_at. Other policies: a plain eval.
 tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_t n);
-// Runs tokens only to fill the cache (a prefill), in steps of n_batch; no logits.
+// Runs tokens only to fill the cache (a prefill), in steps of n_batch; no logits. A STREAMING
+// level steps as in tri__level_eval, so a prefill builds the same cache as evals of one token.
 tri_status tri__level_prefill(tri__level *lv, const int32_t *tokens, int32_t n);
 
 // Row i (n_vocab floats) of the last eval's logits, i in [0, n_logits); NULL otherwise.

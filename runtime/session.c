@@ -20,6 +20,8 @@ struct tri_session {
     tri__kv_policy kv;    // the cache and the policy that chooses what each layer attends to
     tri__kv_store store;  // with offloaded layers: the store kv wraps (FULL policy); else unused
     tri__rng rng;
+    bool seeded;          // rng was seeded (from `seed`) since the session was created or reset
+    uint64_t seed;
     tri__sampler_scratch scratch;
     float *logits;        // (logits_cap, n_vocab) host: rows of the last eval
     int32_t logits_cap;
@@ -165,11 +167,16 @@ tri_status tri_session_truncate(tri_session *s, int32_t n_past) {
 void tri_session_reset(tri_session *s) {
     tri__kv_policy_reset(&s->kv);
     s->n_logits = 0;
+    s->seeded = false;  // the next tri_generate starts its seed's stream afresh
 }
 
 void tri_session_kv_refresh(tri_session *s) { tri__kv_policy_request_refresh(&s->kv); }
 
-void tri_session_seed(tri_session *s, uint64_t seed) { tri__rng_seed(&s->rng, seed); }
+void tri_session_seed(tri_session *s, uint64_t seed) {
+    tri__rng_seed(&s->rng, seed);
+    s->seeded = true;
+    s->seed = seed;
+}
 
 tri_status tri_session_sample(tri_session *s, const tri_sampler_params *params, int32_t *out) {
     const float *logits = tri_session_logits(s, -1);
@@ -224,7 +231,9 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "generate: prompt of %d tokens does not fit the context (%d of %d used)",
                          n_prompt, len, cap);
-    tri_session_seed(s, p.sampler.seed);
+    // one stream per seed: a call that continues with the same seed draws fresh numbers, so a
+    // generation split over several calls samples as it would in one
+    if (!s->seeded || s->seed != p.sampler.seed) tri_session_seed(s, p.sampler.seed);
 
     // prefill in steps of n_batch tokens, so progress can be reported and cancelled
     double t0 = now_seconds();

@@ -16,6 +16,7 @@
 #include "error.h"
 #include "gguf.h"
 #include "model.h"
+#include "tokenizer.h"
 
 #define TRY(call)                              \
     do {                                       \
@@ -210,6 +211,8 @@ struct tri_spec {
     tri__spec_draft d2;      // what L3 verifies in RETRIEVAL and TRIFORCE: gamma2 rows
     tri__spec_work work;
     tri__rng rng;
+    bool seeded;             // rng was seeded (from `seed`) since create or the last reset
+    uint64_t seed;
     tri__spec_rule rule;
     // L2's refreshes: the next L2 run selects its chunks afresh (see l2_refresh_due); the L2 -> L3
     // acceptance of the L3 passes since the last selection, the last ACC_ROUNDS of them
@@ -256,6 +259,7 @@ void tri_spec_reset(tri_spec *s) {
     if (!s) return;
     s->n_seq = 0;
     s->n_acc = 0;
+    s->seeded = false;  // the next call starts its seed's stream afresh
     (void)cut_at(s, 0);
 }
 
@@ -410,7 +414,13 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
                              prompt[i], i, s->n_vocab);
     s->sampler = p.sampler;
     s->stats = stats;
-    tri__rng_seed(&s->rng, p.sampler.seed);
+    // one stream per seed, as tri_generate: a call that continues with the same seed draws fresh
+    // numbers instead of replaying the last call's
+    if (!s->seeded || s->seed != p.sampler.seed) {
+        tri__rng_seed(&s->rng, p.sampler.seed);
+        s->seeded = true;
+        s->seed = p.sampler.seed;
+    }
     tri__level *levels[3] = {s->lv1, s->lv2, &s->l3};
 
     // prefill every level with all but the last token, which the first round runs
@@ -513,13 +523,41 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
 
 // ---- construction ----
 
-// Refuses a draft whose vocabulary is not the target's: the sizes, and when both are GGUF files
-// with a token list, every token string and the bos/eos ids.
+// Refuses a draft whose vocabulary is not the target's: the sizes, then, when both models carry a
+// tokenizer (GGUF metadata or an HF directory's tokenizer.json, in any mix), every token's text
+// and the bos/eos ids where both define them (-1 is "none"; a draft's own bos/eos is never used,
+// but two tokenizers that name different ones are not the same). Without two tokenizers, two GGUF
+// files are still compared by their token lists; otherwise the sizes are all there is.
 static tri_status check_same_vocab(const tri_model *t, const tri_model *d) {
     if (t->config.n_vocab != d->config.n_vocab)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "draft model %s: vocabulary of %d tokens, the target %s has %d", d->path,
                          d->config.n_vocab, t->path, t->config.n_vocab);
+    if (t->tokenizer && d->tokenizer) {
+        const tri__tokenizer *tt = t->tokenizer, *dt = d->tokenizer;
+        int32_t nt = tri__tokenizer_n_vocab(tt), nd = tri__tokenizer_n_vocab(dt);
+        if (nt != nd)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "draft model %s: tokenizer of %d tokens, the target %s has %d",
+                             d->path, nd, t->path, nt);
+        for (int32_t i = 0; i < nt; i++) {
+            size_t la, lb;
+            const char *a = tri__tokenizer_text(tt, i, &la), *b = tri__tokenizer_text(dt, i, &lb);
+            // NULL in both: an id with no token in either (a gap in a sparse list)
+            if ((!a && !b) || (a && b && la == lb && memcmp(a, b, la) == 0)) continue;
+            if (!a) a = "", la = 0;
+            if (!b) b = "", lb = 0;
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "draft model %s: tokenizer differs from the target %s's at token %d ('%.*s' vs '%.*s')",
+                             d->path, t->path, i, (int)(lb < 40 ? lb : 40), b, (int)(la < 40 ? la : 40), a);
+        }
+        int32_t ids[2][2] = {{tri__tokenizer_bos(tt), tri__tokenizer_bos(dt)},
+                             {tri__tokenizer_eos(tt), tri__tokenizer_eos(dt)}};
+        for (int i = 0; i < 2; i++)
+            if (ids[i][0] >= 0 && ids[i][1] >= 0 && ids[i][0] != ids[i][1])
+                return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "draft model %s: %s token is %d, the target's is %d",
+                                 d->path, i ? "eos" : "bos", ids[i][1], ids[i][0]);
+        return TRI_STATUS_OK;
+    }
     if (!t->gguf || !d->gguf) return TRI_STATUS_OK;
     const tri__gguf_value *tt = tri__gguf_find(t->gguf, "tokenizer.ggml.tokens");
     const tri__gguf_value *dt = tri__gguf_find(d->gguf, "tokenizer.ggml.tokens");

@@ -111,6 +111,14 @@ Test(cli, every_spec_mode_prints_the_plain_greedy_tokens) {
         cr_assert_str_eq(out, plain, "%s", modes[i]);
     }
     cr_assert(strstr(err, "full-cache passes") && strstr(err, "selections"), "--stats: %s", err);
+    // plain decoding (--spec none, the default) prints its own figures
+    snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --spec none --stats",
+             m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(out, plain);
+    cr_assert(strstr(err, "plain decoding: 24 tokens in 24 full-cache passes (1.00 tokens per pass)") &&
+                  strstr(err, "time: decode"),
+              "--spec none --stats: %s", err);
 }
 
 // Plain decoding through every cache policy runs, and the parameters are checked.
