@@ -378,7 +378,9 @@ typedef struct tri_generate_stats {
 TRI_API tri_generate_params tri_generate_default_params(void);
 
 // Appends prompt (n_prompt tokens, may be 0 to continue) to the session and generates after it,
-// calling on_token for each token. The random stream is seeded from params->sampler.seed at the
+// calling on_token for each token. The last token a call emits is not run until it is needed: the
+// next tri_generate runs it before its prompt, so a continuation sees everything emitted
+// (tri_session_eval, truncate and reset drop it: a caller running the cache by hand decides). The random stream is seeded from params->sampler.seed at the
 // first call after create or tri_session_reset and whenever the seed differs from the last
 // call's; a call with the same seed continues it, so generating n tokens in one call or in
 // several gives the same tokens. stats may be NULL. Cancelling through a callback is not an

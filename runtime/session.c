@@ -21,6 +21,8 @@ struct tri_session {
     tri__kv_store store;  // with offloaded layers: the store kv wraps (FULL policy); else unused
     tri__rng rng;
     bool seeded;          // rng was seeded (from `seed`) since the session was created or reset
+    int32_t pending;      // the last token tri_generate emitted, not yet run (the next call runs
+                          // it first, so a continuation sees it); -1: none
     uint64_t seed;
     tri__sampler_scratch scratch;
     float *logits;        // (logits_cap, n_vocab) host: rows of the last eval
@@ -115,6 +117,7 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
         goto fail;
     }
     tri__rng_seed(&s->rng, 0);
+    s->pending = -1;
     *out = s;
     return TRI_STATUS_OK;
 
@@ -123,7 +126,14 @@ fail:
     return st;
 }
 
+static tri_status eval(tri_session *s, const int32_t *tokens, int32_t n, bool all_logits);
+
 tri_status tri_session_eval(tri_session *s, const int32_t *tokens, int32_t n, bool all_logits) {
+    s->pending = -1;  // the caller runs the cache by hand from here
+    return eval(s, tokens, n, all_logits);
+}
+
+static tri_status eval(tri_session *s, const int32_t *tokens, int32_t n, bool all_logits) {
     const int32_t V = s->model->config.n_vocab;
     if (n <= 0 || !tokens) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "eval: %d tokens", n);
     for (int32_t i = 0; i < n; i++)
@@ -161,12 +171,14 @@ tri_status tri_session_truncate(tri_session *s, int32_t n_past) {
     if (n_past < 0 || n_past > len)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "truncate: %d outside [0, %d]", n_past, len);
     s->n_logits = 0;
+    s->pending = -1;
     return tri__kv_policy_truncate(&s->kv, n_past);
 }
 
 void tri_session_reset(tri_session *s) {
     tri__kv_policy_reset(&s->kv);
     s->n_logits = 0;
+    s->pending = -1;
     s->seeded = false;  // the next tri_generate starts its seed's stream afresh
 }
 
@@ -224,25 +236,35 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
     tri_generate_params p = params ? *params : tri_generate_default_params();
     if (n_prompt < 0 || (n_prompt > 0 && !prompt))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate: bad prompt of %d tokens", n_prompt);
-    if (n_prompt == 0 && s->n_logits == 0)
+    if (n_prompt == 0 && s->n_logits == 0 && s->pending < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate: empty prompt and nothing run before");
     int32_t len = tri__kv_policy_len(&s->kv), cap = tri__kv_policy_capacity(&s->kv);
-    if (n_prompt > cap - len)
+    int32_t n_pending = s->pending >= 0;
+    if (n_prompt + n_pending > cap - len)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "generate: prompt of %d tokens does not fit the context (%d of %d used)",
-                         n_prompt, len, cap);
+                         n_prompt + n_pending, len, cap);
     // one stream per seed: a call that continues with the same seed draws fresh numbers, so a
     // generation split over several calls samples as it would in one
     if (!s->seeded || s->seed != p.sampler.seed) tri_session_seed(s, p.sampler.seed);
 
     // prefill in steps of n_batch tokens, so progress can be reported and cancelled
     double t0 = now_seconds();
+    if (n_pending) {  // the last call's last token comes before the prompt
+        int32_t tok = s->pending;
+        s->pending = -1;
+        tri_status st = eval(s, &tok, 1, false);
+        if (st) {
+            s->pending = tok;
+            return st;
+        }
+    }
     for (int32_t done = 0; done < n_prompt;) {
         int32_t step = n_prompt - done;
         if (step > s->ll.n_batch) step = s->ll.n_batch;
         // the retrieval policy selects its chunks from the prompt's last query
         if (done + step == n_prompt) tri__kv_policy_request_refresh(&s->kv);
-        tri_status st = tri_session_eval(s, prompt + done, step, false);
+        tri_status st = eval(s, prompt + done, step, false);
         if (st) return st;
         done += step;
         stats->n_prompt = done;
@@ -264,8 +286,11 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
         if (st) return st;
         stats->n_generated = i + 1;
         bool go = !on_token || on_token(tok, user);
-        if (!go || tok == eos || i + 1 == n_max) break;
-        if ((st = tri_session_eval(s, &tok, 1, false))) return st;
+        if (!go || tok == eos || i + 1 == n_max) {
+            s->pending = tok;  // emitted, not run: a later call runs it first
+            break;
+        }
+        if ((st = eval(s, &tok, 1, false))) return st;
     }
     stats->decode_seconds = now_seconds() - t1;
     return TRI_STATUS_OK;
