@@ -1,0 +1,18 @@
+// model-synthetic.h - a Llama model of any shape with seeded weights, built in memory (internal).
+#ifndef TRI_MODEL_SYNTHETIC_H
+#define TRI_MODEL_SYNTHETIC_H
+
+#include <stdint.h>
+
+#include "triforce.h"
+
+// A model of config's shape (untied head, no tokenizer, no rope_freqs) whose matrices are of
+// weight_type (F32, F16, BF16, Q8_0, Q4_0, Q4_1) and norms F32, filled from seed: matrices with
+// values of about 1/sqrt(cols) in a short repeating pattern, quantized blocks with random codes
+// and small scales. For timing the forward pass on shapes we have no weights for. Free with
+// tri__model_synthetic_free, never tri_model_free.
+tri_status tri__model_synthetic(const tri_model_config *config, tri_dtype weight_type, uint64_t seed,
+                                tri_model **out);
+void tri__model_synthetic_free(tri_model *model);
+
+#endif  // TRI_MODEL_SYNTHETIC_H
