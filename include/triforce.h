@@ -267,8 +267,9 @@ typedef struct tri_session_params {
     // ---- KV policy (ignored for TRI_KV_POLICY_FULL) ----
     tri_kv_policy kv_policy;  // default TRI_KV_POLICY_FULL
     int32_t kv_budget;        // past tokens a step attends to besides its own (and, for retrieval,
-                              // those since the last selection); 1 <= budget <= n_ctx; 0: 4096 or
-                              // n_ctx if smaller
+                              // those since the last selection); 1 <= budget <= n_ctx; 0: 4096,
+                              // rounded down to whole chunks for retrieval, and when n_ctx is no
+                              // longer than that, nothing is evicted: the session runs as FULL
     int32_t kv_chunk;         // retrieval: tokens per chunk, divides kv_budget; 0: 8
     int32_t kv_sink;          // streaming: attention-sink tokens, < kv_budget; 0: 16 (TriForce's draft
                               // cache), or kv_budget / 2 for budgets under 32

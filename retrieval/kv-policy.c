@@ -82,6 +82,17 @@ tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t 
     return p;
 }
 
+void tri__kv_policy_default_budget(tri__kv_policy_params *p, int32_t capacity) {
+    if (p->kind == TRI_KV_POLICY_FULL) return;
+    int32_t budget = 4096;
+    if (budget >= capacity) {
+        *p = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, capacity);
+        return;
+    }
+    if (p->kind == TRI_KV_POLICY_RETRIEVAL && p->chunk > 0 && p->chunk <= budget) budget -= budget % p->chunk;
+    p->budget = budget;
+}
+
 tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity) {
     const char *name = tri__kv_policy_name(p->kind);
     if (p->kind < TRI_KV_POLICY_FULL || p->kind > TRI_KV_POLICY_RETRIEVAL)

@@ -66,13 +66,13 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
                          "session: kv_budget %d, kv_chunk %d, kv_sink %d and kv_refresh %d must be >= 0",
                          p.kv_budget, p.kv_chunk, p.kv_sink, p.kv_refresh);
     tri__kv_policy_params kp = tri__kv_policy_default_params(p.kv_policy, p.n_ctx);
-    if (p.kv_budget > 0) {
-        kp.budget = p.kv_budget;
-        kp.sink = kp.budget >= 32 ? 16 : kp.budget / 2;
-    }
     if (p.kv_chunk > 0) kp.chunk = p.kv_chunk;
-    if (p.kv_sink > 0) kp.sink = p.kv_sink;
-    kp.refresh = p.kv_refresh;
+    if (p.kv_budget > 0) kp.budget = p.kv_budget;
+    else tri__kv_policy_default_budget(&kp, p.n_ctx);  // whole chunks, or FULL if it covers n_ctx
+    if (kp.kind != TRI_KV_POLICY_FULL) {
+        kp.sink = p.kv_sink > 0 ? p.kv_sink : kp.budget >= 32 ? 16 : kp.budget / 2;
+        kp.refresh = p.kv_refresh;
+    }
     tri_status st = tri__kv_policy_check(&kp, p.n_ctx);
     if (st) return st;
 

@@ -125,6 +125,14 @@ Test(cli, kv_policies_for_plain_decoding) {
         cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", policies[i], err);
         cr_assert(strstr(err, "generated: 24 tokens"), "%s: %s", policies[i], err);
     }
+    // the defaults work for any context: here prompt + 4 = 20 positions, not a multiple of the
+    // chunk of 8, and no longer than the default budget, so nothing is evicted
+    for (size_t i = 1; i < sizeof policies / sizeof policies[0]; i++) {
+        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 4 --ids --ignore-eos --kv %s", m,
+                 i == 1 ? "streaming" : i == 2 ? "h2o" : "retrieval");
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", args, err);
+        cr_assert(strstr(err, "generated: 4 tokens"), "%s: %s", args, err);
+    }
     snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 4 --kv retrieval --kv-budget 10", m);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
     cr_assert(strstr(err, "chunk size 8 must divide the budget 10"), "%s", err);

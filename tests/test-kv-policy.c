@@ -347,6 +347,51 @@ Test(policy, nothing_evicted_equals_full_exactly) {
     tri_model_free(m);
 }
 
+// A budget left to the default: 4096 in whole chunks, and a context no longer than that is served
+// in full, whatever its length (a context of 13 is not a multiple of the chunk of 8).
+Test(policy, default_budget_whole_chunks_or_full) {
+    tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 5000);
+    pp.chunk = 3;
+    tri__kv_policy_default_budget(&pp, 5000);
+    cr_assert(pp.kind == TRI_KV_POLICY_RETRIEVAL && pp.budget == 4095, "budget %d", pp.budget);
+    cr_assert_eq(tri__kv_policy_check(&pp, 5000), TRI_STATUS_OK, "%s", tri_last_error());
+    pp = tri__kv_policy_default_params(TRI_KV_POLICY_STREAMING, 5000);
+    tri__kv_policy_default_budget(&pp, 5000);
+    cr_assert(pp.kind == TRI_KV_POLICY_STREAMING && pp.budget == 4096);
+    pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 13);
+    tri__kv_policy_default_budget(&pp, 13);
+    cr_assert_eq(pp.kind, TRI_KV_POLICY_FULL);
+
+    tri_model *m = gen_model("defbudget", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    int32_t V = info.config.n_vocab;
+    int32_t t[13];
+    for (int i = 0; i < 13; i++) t[i] = tok(i);
+    tri_session *full = session(m, TRI_KV_POLICY_FULL, 13, 0, 0, 0, 0);
+    cr_assert_eq(tri_session_eval(full, t, 13, true), TRI_STATUS_OK);
+    tri_kv_policy kinds[] = {TRI_KV_POLICY_RETRIEVAL, TRI_KV_POLICY_STREAMING, TRI_KV_POLICY_H2O};
+    for (int k = 0; k < 3; k++) {
+        tri_session *s = session(m, kinds[k], 13, 0, 0, 0, 0);
+        tri_session_kv_refresh(s);
+        cr_assert_eq(tri_session_eval(s, t, 13, true), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int i = 0; i < 13; i++)
+            cr_assert(memcmp(tri_session_logits(s, i), tri_session_logits(full, i), sizeof(float) * (size_t)V) == 0,
+                      "policy %d: logits of token %d differ from the full cache", kinds[k], i);
+        tri_session_free(s);
+    }
+    // an explicit budget is checked, not adjusted
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 13;
+    sp.kv_policy = TRI_KV_POLICY_RETRIEVAL;
+    sp.kv_budget = 13;
+    tri_session *s = NULL;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "chunk size 8 must divide the budget 13"), "%s", tri_last_error());
+    tri_session_free(full);
+    tri_model_free(m);
+}
+
 // A: 20 tokens, then a step of 6, rolled back to 23 (into the step) or 20 (its start);
 // B: the same without the dropped tokens. Both then run the same tokens: equal bit for bit.
 Test(policy, rollback_as_if_never_appended) {
