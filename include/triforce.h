@@ -439,12 +439,15 @@ typedef struct tri_spec_params {
     int32_t gamma1;                 // tokens L1 drafts per L2 verification (TRIFORCE); 0: 2
     int32_t gamma2;                 // tokens the full-cache target verifies per pass (every mode
                                     // but NONE); 0: 6
-    int32_t budget;                 // retrieval cache size in tokens; 0: 4096
+    int32_t budget;                 // retrieval cache size in tokens, <= n_ctx, a multiple of
+                                    // chunk; 0: 4096 in whole chunks, or, when the context is no
+                                    // longer, the full cache (L2 then computes what L3 does)
     int32_t chunk;                  // retrieval chunk size in tokens; 0: 8
     // ---- cache policies of the levels (appended after the fields above) ----
     int32_t draft_window;           // L1's StreamingLLM cache: sink + recent tokens it attends
-                                    // to; 0: 256 (TriForce's draft cache); >= n_ctx: nothing is
-                                    // evicted
+                                    // to, <= n_ctx (n_ctx: nothing is evicted); 0: 256
+                                    // (TriForce's draft cache), or the full cache when the
+                                    // context is no longer
     int32_t draft_sink;             // L1's attention-sink tokens, < draft_window; 0: 16, or
                                     // draft_window / 2 for windows under 32
     int32_t refresh;                // L2 selects its chunks afresh once this many tokens came
@@ -477,8 +480,9 @@ typedef struct tri_spec_stats {
 
 typedef struct tri_spec tri_spec;
 
-// mode TRIFORCE, drafter MODEL with no model, ngram_n 3, gamma1 2, gamma2 6, budget 4096, chunk 8,
-// draft_window 256, draft_sink 16, refresh 0, refresh_accept 0.5.
+// mode TRIFORCE, drafter MODEL with no model, ngram_n 3, gamma1 2, gamma2 6, budget 0 (the
+// default), chunk 8, draft_window 0 (the default), draft_sink 0 (the default), refresh 0,
+// refresh_accept 0.5.
 TRI_API tri_spec_params tri_spec_default_params(void);
 
 // Creates the levels the mode needs over target (and params->draft_model): their caches, buffers

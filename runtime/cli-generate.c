@@ -32,16 +32,21 @@ static void usage(FILE *f) {
           "  -t, --threads N      CPU threads (default: one per core)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
           "      --kv-type T      f16 (default) or f32 KV cache\n"
-          "      --kv POLICY      which past tokens plain decoding attends to: full (default),\n"
-          "                       streaming (sinks + recent), h2o (heavy hitters + recent) or\n"
-          "                       retrieval (top chunks by query . mean key)\n"
-          "      --kv-budget N    past tokens the policy keeps (default 4096, or the context)\n"
-          "      --kv-chunk N     retrieval chunk size in tokens, divides the budget (default 8)\n"
-          "      --sink N         streaming attention sinks (default 16)\n"
-          "      --refresh N      retrieval: select chunks again every N tokens (default: only\n"
-          "                       after the prompt; with --spec, L2's interval)\n"
           "      --ignore-eos     keep generating after the end-of-sequence token\n"
           "      --ids            print token ids instead of text\n"
+          "\n"
+          "KV cache policy of plain decoding (an option that does not apply to the chosen\n"
+          "policy is refused):\n"
+          "      --kv POLICY      which past tokens each step attends to: full (default),\n"
+          "                       streaming (sinks + recent), h2o (heavy hitters + recent) or\n"
+          "                       retrieval (top chunks by query . mean key)\n"
+          "      --budget N       past tokens the policy keeps, at most the context (default\n"
+          "                       4096 in whole chunks; a context no longer is kept whole)\n"
+          "      --chunk N        retrieval: chunk size in tokens, divides the budget (default 8)\n"
+          "      --sink N         streaming: attention sinks, fewer than the budget (default 16)\n"
+          "      --refresh N      retrieval: select chunks again every N generated tokens\n"
+          "                       (default: only after the prompt)\n"
+          "      --kv-budget N, --kv-chunk N  the same as --budget, --chunk\n"
           "\n"
           "speculative decoding (exact: the output has the target's distribution):\n"
           "      --spec MODE      none (default), draft (L1 -> full cache), retrieval (retrieval\n"
@@ -51,8 +56,7 @@ static void usage(FILE *f) {
           "      --draft-ngram N  L1 is prompt lookup of n-grams up to N tokens (no model)\n"
           "      --gamma1 N       tokens L1 drafts per retrieval-level check (default 2)\n"
           "      --gamma2 N       tokens the full-cache level checks per pass (default 6)\n"
-          "      --budget N       retrieval cache size in tokens (default 4096)\n"
-          "      --chunk N        retrieval chunk size in tokens (default 8)\n"
+          "      --budget N, --chunk N, --refresh N  L2's retrieval cache, as for --kv retrieval\n"
           "      --draft-window N L1's StreamingLLM cache in tokens, sinks included (default 256)\n"
           "      --draft-sink N   L1's attention sinks (default 16)\n"
           "      --refresh-accept X  L2 selects again when L3 accepts less than X of its tokens over\n"
@@ -185,6 +189,12 @@ static bool on_prefill(int64_t done, int64_t total, void *user) {
     return true;
 }
 
+// Whether an option given (set) applies (ok); prints why not otherwise.
+static bool applies(const char *opt, bool set, bool ok, const char *where) {
+    if (set && !ok) fprintf(stderr, "offload-run generate: %s applies only to %s\n", opt, where);
+    return !set || ok;
+}
+
 // Parses "0-7,20,22" into strictly increasing layer indices; NULL after printing the error.
 static int32_t *parse_layers(const char *s, int32_t *n_out) {
     int32_t cap = 16, n = 0;
@@ -268,9 +278,10 @@ int tri_cli_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
     bool chat = false, print_ids = false, print_stats = false;
     const char *draft_path = NULL, *draft_layers = NULL;
+    // 0: not given (every one of these options wants a positive number)
     long ngram = 0, gamma1 = 0, gamma2 = 0, budget = 0, chunk = 0;
-    long kv_budget = 0, kv_chunk = 0, sink = 0, refresh = 0, draft_window = 0, draft_sink = 0;
-    bool kv_set = false;
+    long sink = 0, refresh = 0, draft_window = 0, draft_sink = 0;
+    bool kv_set = false, refresh_accept_set = false;
     tri_spec_params spec_params = tri_spec_default_params();
     spec_params.mode = TRI_SPEC_MODE_NONE;
     long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0;
@@ -318,8 +329,12 @@ int tri_cli_generate(int argc, char **argv) {
         case OPT_DRAFT_NGRAM: ok = parse_long("--draft-ngram", optarg, 1, 64, &ngram); break;
         case OPT_GAMMA1: ok = parse_long("--gamma1", optarg, 1, 64, &gamma1); break;
         case OPT_GAMMA2: ok = parse_long("--gamma2", optarg, 1, 256, &gamma2); break;
-        case OPT_BUDGET: ok = parse_long("--budget", optarg, 1, INT32_MAX, &budget); break;
-        case OPT_CHUNK: ok = parse_long("--chunk", optarg, 1, 4096, &chunk); break;
+        case OPT_BUDGET:
+        case OPT_KV_BUDGET:
+            ok = parse_long(c == OPT_BUDGET ? "--budget" : "--kv-budget", optarg, 1, INT32_MAX, &budget);
+            break;
+        case OPT_CHUNK:
+        case OPT_KV_CHUNK: ok = parse_long(c == OPT_CHUNK ? "--chunk" : "--kv-chunk", optarg, 1, 4096, &chunk); break;
         case OPT_STATS: print_stats = true; break;
         case OPT_KV_POLICY:
             kv_set = true;
@@ -332,13 +347,12 @@ int tri_cli_generate(int argc, char **argv) {
                 ok = false;
             }
             break;
-        case OPT_KV_BUDGET: kv_set = true; ok = parse_long("--kv-budget", optarg, 1, INT32_MAX, &kv_budget); break;
-        case OPT_KV_CHUNK: kv_set = true; ok = parse_long("--kv-chunk", optarg, 1, 4096, &kv_chunk); break;
-        case OPT_SINK: kv_set = true; ok = parse_long("--sink", optarg, 1, INT32_MAX, &sink); break;
+        case OPT_SINK: ok = parse_long("--sink", optarg, 1, INT32_MAX, &sink); break;
         case OPT_REFRESH: ok = parse_long("--refresh", optarg, 1, INT32_MAX, &refresh); break;
         case OPT_DRAFT_WINDOW: ok = parse_long("--draft-window", optarg, 2, INT32_MAX, &draft_window); break;
         case OPT_DRAFT_SINK: ok = parse_long("--draft-sink", optarg, 1, INT32_MAX, &draft_sink); break;
         case OPT_REFRESH_ACCEPT:
+            refresh_accept_set = true;
             ok = parse_float("--refresh-accept", optarg, 0.0, 1.0, &spec_params.refresh_accept);
             break;
         case 'h': usage(stdout); return 0;
@@ -368,15 +382,35 @@ int tri_cli_generate(int argc, char **argv) {
                                 : "a drafter needs --spec draft or --spec triforce");
         return 2;
     }
-    if (kv_set && spec_params.mode != TRI_SPEC_MODE_NONE) {
-        fprintf(stderr, "offload-run generate: --kv, --kv-budget, --kv-chunk and --sink set plain decoding's cache; "
-                        "with --spec use --budget, --chunk, --draft-window, --draft-sink\n");
+    // every cache option must do something under the chosen policy or mode
+    const tri_spec_mode mode = spec_params.mode;
+    const bool plain = mode == TRI_SPEC_MODE_NONE;
+    const bool has_l2 = mode == TRI_SPEC_MODE_RETRIEVAL || mode == TRI_SPEC_MODE_TRIFORCE;
+    const bool l1_cache = needs_drafter && ngram == 0;  // the n-gram drafter has no cache
+    const tri_kv_policy pol = sp.kv_policy;
+    if (!applies("--kv", kv_set, plain, "plain decoding; the levels of --spec have their own caches") ||
+        !applies("--budget", budget, plain ? pol != TRI_KV_POLICY_FULL : has_l2,
+                 plain ? "--kv streaming, h2o or retrieval (the cache policy is full)"
+                       : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !applies("--chunk", chunk, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                 plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !applies("--refresh", refresh, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                 plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !applies("--sink", sink, plain && pol == TRI_KV_POLICY_STREAMING,
+                 plain ? "--kv streaming" : "--kv streaming (L1's sinks are --draft-sink)") ||
+        !applies("--draft-window", draft_window, l1_cache, "an L1 model or layers (--spec draft or triforce)") ||
+        !applies("--draft-sink", draft_sink, l1_cache, "an L1 model or layers (--spec draft or triforce)") ||
+        !applies("--gamma1", gamma1, mode == TRI_SPEC_MODE_TRIFORCE, "--spec triforce") ||
+        !applies("--gamma2", gamma2, !plain, "--spec draft, retrieval or triforce") ||
+        !applies("--refresh-accept", refresh_accept_set, has_l2, "--spec retrieval or triforce") ||
+        !applies("--stats", print_stats, !plain, "--spec draft, retrieval or triforce"))
         return 2;
+    if (plain) {
+        sp.kv_budget = (int32_t)budget;
+        sp.kv_chunk = (int32_t)chunk;
+        sp.kv_sink = (int32_t)sink;
+        sp.kv_refresh = (int32_t)refresh;
     }
-    sp.kv_budget = (int32_t)kv_budget;
-    sp.kv_chunk = (int32_t)kv_chunk;
-    sp.kv_sink = (int32_t)sink;
-    sp.kv_refresh = (int32_t)refresh;
     spec_params.refresh = (int32_t)refresh;
     spec_params.draft_window = (int32_t)draft_window;
     spec_params.draft_sink = (int32_t)draft_sink;

@@ -68,13 +68,16 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     tri__kv_policy_params kp = tri__kv_policy_default_params(p.kv_policy, p.n_ctx);
     if (p.kv_chunk > 0) kp.chunk = p.kv_chunk;
     if (p.kv_budget > 0) kp.budget = p.kv_budget;
-    else tri__kv_policy_default_budget(&kp, p.n_ctx);  // whole chunks, or FULL if it covers n_ctx
-    if (kp.kind != TRI_KV_POLICY_FULL) {
-        kp.sink = p.kv_sink > 0 ? p.kv_sink : kp.budget >= 32 ? 16 : kp.budget / 2;
-        kp.refresh = p.kv_refresh;
+    if (p.kv_sink > 0) kp.sink = p.kv_sink;
+    else kp.sink = kp.budget >= 32 ? 16 : kp.budget / 2;
+    kp.refresh = p.kv_refresh;
+    tri_status st;
+    if (p.kv_budget == 0) {
+        // a sink given must fit the budget left to the default even where nothing will be evicted
+        if (kp.kind == TRI_KV_POLICY_STREAMING && (st = tri__kv_policy_check(&kp, p.n_ctx))) return st;
+        tri__kv_policy_default_budget(&kp, p.n_ctx);  // whole chunks, or FULL if it covers n_ctx
     }
-    tri_status st = tri__kv_policy_check(&kp, p.n_ctx);
-    if (st) return st;
+    if ((st = tri__kv_policy_check(&kp, p.n_ctx))) return st;
 
     tri_session *s = calloc(1, sizeof *s);
     if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "session");

@@ -136,9 +136,92 @@ Test(cli, kv_policies_for_plain_decoding) {
     snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 4 --kv retrieval --kv-budget 10", m);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
     cr_assert(strstr(err, "chunk size 8 must divide the budget 10"), "%s", err);
+    cr_assert(strchr(err, '\n') == strrchr(err, '\n'), "one line: %s", err);
     cr_assert_eq(cli("generate -m x -p hi --kv lru", out, sizeof out, err, sizeof err), 2);
     cr_assert(strstr(err, "--kv 'lru'"), "%s", err);
     cr_assert_eq(cli("generate -m x -p hi --kv streaming --spec retrieval", out, sizeof out, err, sizeof err), 2);
     cr_assert_eq(cli("generate --help", out, sizeof out, err, sizeof err), 0);
     cr_assert(strstr(out, "--kv POLICY") && strstr(out, "--draft-window N"), "%s", out);
+}
+
+// --budget, --chunk, --sink and --refresh set the --kv policy of plain decoding (--kv-budget and
+// --kv-chunk are the same options): the budget given is the one used.
+Test(cli, budget_chunk_sink_apply_to_the_kv_policy) {
+    const char *m = tiny_model();
+    static char args[8192], a[1 << 16];
+    // 16 prompt tokens + 24: a budget of 8 in chunks of 4 evicts, one of 40 keeps all
+    const char *same[][2] = {{"--kv retrieval --budget 8 --chunk 4", "--kv retrieval --kv-budget 8 --kv-chunk 4"},
+                             {"--kv retrieval --budget 40 --chunk 4", "--kv full"},
+                             {"--kv streaming --budget 40 --sink 4", "--kv full"}};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv-type f32 %s",
+                 m, same[i][0]);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", same[i][0], err);
+        snprintf(a, sizeof a, "%s", out);
+        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv-type f32 %s",
+                 m, same[i][1]);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", same[i][1], err);
+        cr_assert_str_eq(a, out, "%s vs %s", same[i][0], same[i][1]);
+    }
+    // and a small budget is really used: its greedy tokens part from the full cache's (on this
+    // model and prompt they do for each policy; before, --budget without --spec was ignored)
+    static char full[1 << 16];
+    snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv-type f32", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(full, sizeof full, "%s", out);
+    const char *evicting[] = {"--kv streaming --budget 4 --sink 1", "--kv h2o --budget 4",
+                              "--kv retrieval --budget 4 --chunk 4"};
+    for (size_t i = 0; i < sizeof evicting / sizeof evicting[0]; i++) {
+        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv-type f32 %s",
+                 m, evicting[i]);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", evicting[i], err);
+        cr_assert_str_neq(out, full, "%s: the same tokens as the full cache", evicting[i]);
+    }
+}
+
+// Every cache option that does nothing under the chosen policy or mode, and every value the policy
+// refuses, is a one-line error instead of being ignored or quietly replaced.
+Test(cli, cache_options_that_do_not_apply_are_refused) {
+    const char *m = tiny_model();
+    static char args[8192];
+    struct {
+        const char *opts;
+        int rc;
+        const char *needle;
+    } cases[] = {
+        // usage: the option does nothing here
+        {"--chunk 3", 2, "--chunk applies only to --kv retrieval"},
+        {"--budget 8", 2, "--budget applies only to --kv streaming, h2o or retrieval"},
+        {"--refresh 4", 2, "--refresh applies only to --kv retrieval"},
+        {"--sink 2", 2, "--sink applies only to --kv streaming"},
+        {"--kv retrieval --sink 2", 2, "--sink applies only to --kv streaming"},
+        {"--kv h2o --chunk 4", 2, "--chunk applies only to --kv retrieval"},
+        {"--kv streaming --kv-chunk 4", 2, "--chunk applies only to --kv retrieval"},
+        {"--kv streaming --refresh 4", 2, "--refresh applies only to --kv retrieval"},
+        {"--kv full --budget 8", 2, "--budget applies only"},
+        {"--kv streaming --spec retrieval", 2, "--kv applies only to plain decoding"},
+        {"--spec draft --draft-ngram 2 --budget 8", 2, "--budget applies only to L2"},
+        {"--spec draft --draft-ngram 2 --refresh-accept 0.5", 2, "--refresh-accept applies only"},
+        {"--spec triforce --draft-layers 0 --sink 2", 2, "L1's sinks are --draft-sink"},
+        {"--spec retrieval --draft-window 8", 2, "--draft-window applies only"},
+        {"--spec triforce --draft-ngram 2 --draft-sink 2", 2, "--draft-sink applies only"},
+        {"--spec draft --draft-ngram 2 --gamma1 2", 2, "--gamma1 applies only to --spec triforce"},
+        {"--gamma2 4", 2, "--gamma2 applies only"},
+        {"--stats", 2, "--stats applies only"},
+        // values the policy refuses: budget past the context, chunk not dividing, sink >= budget
+        {"--spec retrieval --budget 100000 --chunk 3 --ctx 256", 1, "budget 100000 is larger than the context (256"},
+        {"--spec retrieval --budget 256 --chunk 3 --ctx 256", 1, "chunk size 3 must divide the budget 256"},
+        {"--spec draft --draft-layers 0 --draft-window 100 --ctx 64", 1, "draft_window 100 is larger than the context"},
+        {"--kv retrieval --budget 100 --ctx 64", 1, "budget 100 is larger than the context (64"},
+        {"--kv retrieval --budget 64 --chunk 3 --ctx 64", 1, "chunk size 3 must divide the budget 64"},
+        {"--kv streaming --budget 8 --sink 8", 1, "sink 8 must be in [0, budget 8)"},
+        {"--kv streaming --sink 40 --ctx 40", 1, "sink 40 must be in [0, budget 40)"},
+        {"--kv h2o --budget 41", 1, "budget 41 is larger than the context (40"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids %s", m, cases[i].opts);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), cases[i].rc, "%s: rc, %s", cases[i].opts, err);
+        cr_assert(strstr(err, cases[i].needle), "%s: '%s' lacks '%s'", cases[i].opts, err, cases[i].needle);
+        cr_assert(strchr(err, '\n') == strrchr(err, '\n'), "%s: not one line: %s", cases[i].opts, err);
+    }
 }
