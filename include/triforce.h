@@ -258,6 +258,17 @@ typedef enum tri_kv_policy {
                                   // per layer and KV head, + the tokens since the last selection
 } tri_kv_policy;
 
+// Where the retrieval policy looks up the chunks whose summaries best match a query
+// (docs/kv-policies.md). EXACT and FAISS_FLAT select the same chunks (ties by the earlier chunk),
+// so they give bit-identical logits; IVF is approximate by design. The FAISS kinds need a build
+// with FAISS (UNSUPPORTED otherwise).
+typedef enum tri_kv_index {
+    TRI_KV_INDEX_EXACT = 0,       // a scan of every chunk summary (OpenMP over many)
+    TRI_KV_INDEX_FAISS_FLAT = 1,  // FAISS inner-product flat index, rescored exactly
+    TRI_KV_INDEX_FAISS_IVF = 2,   // FAISS IVF (64 lists, 8 probed) once it holds enough chunks,
+                                  // flat until then: for contexts of a million tokens
+} tri_kv_index;
+
 typedef struct tri_session_params {
     int32_t n_ctx;      // positions the KV cache holds (prompt + generated tokens);
                         // 0: the model's trained context, at most 8192
@@ -275,6 +286,7 @@ typedef struct tri_session_params {
                               // cache), or kv_budget / 2 for budgets under 32
     int32_t kv_refresh;       // retrieval: re-select after this many tokens since the last selection;
                               // 0: only after a prompt's prefill (tri_generate) and on request
+    tri_kv_index kv_index;    // retrieval (and L2 of tri_spec_create): the chunk index; 0: EXACT
 } tri_session_params;
 
 TRI_API tri_session_params tri_session_default_params(void);
@@ -487,7 +499,8 @@ TRI_API tri_spec_params tri_spec_default_params(void);
 
 // Creates the levels the mode needs over target (and params->draft_model): their caches, buffers
 // and one CPU backend. session_params (NULL: defaults) sizes every level's context, batch and KV
-// type as for a session. INVALID_ARGUMENT when the draft model's vocabulary or tokenizer differs
+// type as for a session, and its kv_index is L2's chunk index (its other kv_ fields are plain
+// decoding's and are ignored). INVALID_ARGUMENT when the draft model's vocabulary or tokenizer differs
 // from the target's, a layer list is bad, or a gamma is negative. target must outlive the handle;
 // free it with tri_spec_free().
 TRI_API tri_status tri_spec_create(const tri_model *target, const tri_session_params *session_params,

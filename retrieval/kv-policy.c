@@ -128,6 +128,8 @@ tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity
         if (p->refresh < 0)
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: refresh interval %d must be >= 0",
                              p->refresh);
+        if (p->index < TRI_CHUNK_INDEX_EXACT || p->index > TRI_CHUNK_INDEX_FAISS_IVF)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: unknown chunk index %d", (int)p->index);
         if (p->index != TRI_CHUNK_INDEX_EXACT && !tri__chunk_index_have_faiss())
             return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: FAISS index asked for, but this build has no FAISS");
         break;

@@ -46,6 +46,9 @@ static void usage(FILE *f) {
           "      --sink N         streaming: attention sinks, fewer than the budget (default 16)\n"
           "      --refresh N      retrieval: select chunks again every N generated tokens\n"
           "                       (default: only after the prompt)\n"
+          "      --kv-index I     retrieval: exact (default), faiss (FAISS flat index, the same\n"
+          "                       chunks as exact) or faiss-ivf (approximate, for very long\n"
+          "                       contexts); FAISS needs a build with it\n"
           "      --kv-budget N, --kv-chunk N  the same as --budget, --chunk\n"
           "\n"
           "speculative decoding (exact: the output has the target's distribution):\n"
@@ -56,7 +59,8 @@ static void usage(FILE *f) {
           "      --draft-ngram N  L1 is prompt lookup of n-grams up to N tokens (no model)\n"
           "      --gamma1 N       tokens L1 drafts per retrieval-level check (default 2)\n"
           "      --gamma2 N       tokens the full-cache level checks per pass (default 6)\n"
-          "      --budget N, --chunk N, --refresh N  L2's retrieval cache, as for --kv retrieval\n"
+          "      --budget N, --chunk N, --refresh N, --kv-index I  L2's retrieval cache, as for\n"
+          "                       --kv retrieval\n"
           "      --draft-window N L1's StreamingLLM cache in tokens, sinks included (default 256)\n"
           "      --draft-sink N   L1's attention sinks (default 16)\n"
           "      --refresh-accept X  L2 selects again when L3 accepts less than X of its tokens over\n"
@@ -251,7 +255,7 @@ int tri_cli_generate(int argc, char **argv) {
     enum { OPT_TOKENS = 256, OPT_CHAT, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CTX, OPT_BATCH,
            OPT_KV, OPT_IGNORE_EOS, OPT_IDS, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
-           OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT };
+           OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT, OPT_KV_INDEX };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -273,6 +277,7 @@ int tri_cli_generate(int argc, char **argv) {
         {"draft-window", required_argument, NULL, OPT_DRAFT_WINDOW},
         {"draft-sink", required_argument, NULL, OPT_DRAFT_SINK},
         {"refresh-accept", required_argument, NULL, OPT_REFRESH_ACCEPT},
+        {"kv-index", required_argument, NULL, OPT_KV_INDEX},
         {"help", no_argument, NULL, 'h'},          {0},
     };
     const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
@@ -281,7 +286,7 @@ int tri_cli_generate(int argc, char **argv) {
     // 0: not given (every one of these options wants a positive number)
     long ngram = 0, gamma1 = 0, gamma2 = 0, budget = 0, chunk = 0;
     long sink = 0, refresh = 0, draft_window = 0, draft_sink = 0;
-    bool kv_set = false, refresh_accept_set = false;
+    bool kv_set = false, refresh_accept_set = false, index_set = false;
     tri_spec_params spec_params = tri_spec_default_params();
     spec_params.mode = TRI_SPEC_MODE_NONE;
     long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0;
@@ -355,6 +360,16 @@ int tri_cli_generate(int argc, char **argv) {
             refresh_accept_set = true;
             ok = parse_float("--refresh-accept", optarg, 0.0, 1.0, &spec_params.refresh_accept);
             break;
+        case OPT_KV_INDEX:
+            index_set = true;
+            if (strcmp(optarg, "exact") == 0) sp.kv_index = TRI_KV_INDEX_EXACT;
+            else if (strcmp(optarg, "faiss") == 0) sp.kv_index = TRI_KV_INDEX_FAISS_FLAT;
+            else if (strcmp(optarg, "faiss-ivf") == 0) sp.kv_index = TRI_KV_INDEX_FAISS_IVF;
+            else {
+                fprintf(stderr, "offload-run generate: --kv-index '%s': want exact, faiss or faiss-ivf\n", optarg);
+                ok = false;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -393,6 +408,8 @@ int tri_cli_generate(int argc, char **argv) {
                  plain ? "--kv streaming, h2o or retrieval (the cache policy is full)"
                        : "L2, the retrieval cache of --spec retrieval and triforce") ||
         !applies("--chunk", chunk, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                 plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !applies("--kv-index", index_set, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
                  plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
         !applies("--refresh", refresh, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
                  plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||

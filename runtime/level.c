@@ -47,6 +47,7 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
     case TRI_KV_POLICY_RETRIEVAL:
         kp.budget = params->budget;
         kp.chunk = params->chunk;
+        kp.index = params->index;
         kp.refresh = 0;  // the engine decides when to select (tri__level_eval_refresh)
         break;
     default:

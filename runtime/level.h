@@ -28,6 +28,7 @@ typedef struct tri__level_params {
                            // nothing is evicted, the level is FULL
     int32_t chunk;         // RETRIEVAL: tokens per chunk, divides budget
     int32_t sink;          // STREAMING: attention-sink tokens, < budget
+    tri__chunk_index_kind index;  // RETRIEVAL: the chunk index (0: exact scan)
 } tri__level_params;
 
 typedef struct tri__level {

@@ -71,6 +71,7 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     if (p.kv_sink > 0) kp.sink = p.kv_sink;
     else kp.sink = kp.budget >= 32 ? 16 : kp.budget / 2;
     kp.refresh = p.kv_refresh;
+    kp.index = (tri__chunk_index_kind)p.kv_index;
     tri_status st;
     if (p.kv_budget == 0) {
         // a sink given must fit the budget left to the default even where nothing will be evicted

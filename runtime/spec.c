@@ -650,6 +650,7 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         l2p.policy = kp.kind;
         l2p.budget = kp.budget;
         l2p.chunk = kp.chunk;
+        l2p.index = (tri__chunk_index_kind)sp.kv_index;
         if ((st = tri__level_init(&s->l2, target, s->be, &l2p))) goto fail;
         s->lv2 = &s->l2;
     }

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "chunk-index.h"
 #include "test-util.h"
 
 // Runs `offload-run ARGS`, capturing stdout and stderr; returns the exit status.
@@ -177,6 +178,42 @@ Test(cli, budget_chunk_sink_apply_to_the_kv_policy) {
         cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", evicting[i], err);
         cr_assert_str_neq(out, full, "%s: the same tokens as the full cache", evicting[i]);
     }
+}
+
+// --kv-index faiss (FAISS's flat index) selects what the exact scan does: the same tokens, plain
+// and as L2; without FAISS in the build it is a clear error.
+Test(cli, kv_index_faiss) {
+    const char *m = tiny_model();
+    static char args[8192], exact[1 << 16], plain[1 << 16];
+    snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(plain, sizeof plain, "%s", out);
+    snprintf(args, sizeof args,
+             "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv retrieval --budget 12 --chunk 4 "
+             "--refresh 2", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(exact, sizeof exact, "%s", out);
+    const char *with_faiss[] = {"--kv retrieval --budget 12 --chunk 4 --refresh 2 --kv-index faiss",
+                                "--spec retrieval --budget 12 --chunk 4 --refresh 2 --kv-index faiss"};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos %s", m,
+                 with_faiss[i]);
+        int rc = cli(args, out, sizeof out, err, sizeof err);
+        if (!tri__chunk_index_have_faiss()) {
+            cr_assert_eq(rc, 1, "%s", err);
+            cr_assert(strstr(err, "this build has no FAISS"), "%s", err);
+            cr_assert(strchr(err, '\n') == strrchr(err, '\n'), "one line: %s", err);
+            continue;
+        }
+        cr_assert_eq(rc, 0, "%s: %s", with_faiss[i], err);
+        // plain decoding over the retrieval cache, or speculation, whose output is the target's
+        cr_assert_str_eq(out, i == 0 ? exact : plain, "%s", with_faiss[i]);
+    }
+    cr_assert_eq(cli("generate -m x -p hi --kv retrieval --kv-index hnsw", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--kv-index 'hnsw'"), "%s", err);
+    cr_assert_eq(cli("generate -m x -p hi --kv h2o --kv-index faiss", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--kv-index applies only to --kv retrieval"), "%s", err);
+    if (!tri__chunk_index_have_faiss()) cr_skip_test("no FAISS in this build: only the error is checked");
 }
 
 // Every cache option that does nothing under the chosen policy or mode, and every value the policy

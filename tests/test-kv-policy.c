@@ -347,6 +347,62 @@ Test(policy, nothing_evicted_equals_full_exactly) {
     tri_model_free(m);
 }
 
+// Retrieval over FAISS's flat index selects the chunks the exact scan selects, so a session gives
+// bit for bit the same logits with either; a small budget and a refresh every 3 tokens make it
+// select from up to 24 chunks again and again (and the logits part from the full cache's).
+Test(policy, faiss_flat_index_equals_exact) {
+    tri_model *m = gen_model("faiss", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 128;
+    sp.kv_policy = TRI_KV_POLICY_RETRIEVAL;
+    sp.kv_index = TRI_KV_INDEX_FAISS_FLAT;
+    if (!tri__chunk_index_have_faiss()) {
+        tri_session *s = NULL;
+        cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_UNSUPPORTED);
+        cr_assert(strstr(tri_last_error(), "no FAISS"), "%s", tri_last_error());
+        tri_model_free(m);
+        cr_skip_test("no FAISS in this build");
+    }
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    int32_t V = info.config.n_vocab;
+    tri_session *ex = session(m, TRI_KV_POLICY_RETRIEVAL, 128, 16, 4, 0, 3);
+    tri_session *full = session(m, TRI_KV_POLICY_FULL, 128, 0, 0, 0, 0);
+    tri_session *fa;
+    sp = tri_session_default_params();
+    sp.n_ctx = 128;
+    sp.n_batch = 16;
+    sp.kv_type = TRI_DTYPE_F32;
+    sp.kv_policy = TRI_KV_POLICY_RETRIEVAL;
+    sp.kv_budget = 16;
+    sp.kv_chunk = 4;
+    sp.kv_refresh = 3;
+    sp.kv_index = TRI_KV_INDEX_FAISS_FLAT;
+    cr_assert_eq(tri_session_create(m, &sp, &fa), TRI_STATUS_OK, "%s", tri_last_error());
+    int32_t t[100];
+    for (int i = 0; i < 100; i++) t[i] = tok(i);
+    int differs = 0;
+    tri_session *all[3] = {ex, fa, full};
+    for (int k = 0; k < 3; k++) {
+        tri_session_kv_refresh(all[k]);
+        cr_assert_eq(tri_session_eval(all[k], t, 40, false), TRI_STATUS_OK, "%s", tri_last_error());
+    }
+    for (int i = 40; i < 100; i++) {
+        for (int k = 0; k < 3; k++) cr_assert_eq(tri_session_eval(all[k], t + i, 1, false), TRI_STATUS_OK);
+        cr_assert(memcmp(tri_session_logits(ex, -1), tri_session_logits(fa, -1), sizeof(float) * (size_t)V) == 0,
+                  "token %d: FAISS flat and exact logits differ", i);
+        differs += memcmp(tri_session_logits(ex, -1), tri_session_logits(full, -1), sizeof(float) * (size_t)V) != 0;
+    }
+    cr_assert(differs > 0, "the retrieval cache never left out anything that mattered");
+    // an index that does not exist is refused
+    sp.kv_index = (tri_kv_index)7;
+    tri_session *bad = NULL;
+    cr_assert_eq(tri_session_create(m, &sp, &bad), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "unknown chunk index 7"), "%s", tri_last_error());
+    for (int k = 0; k < 3; k++) tri_session_free(all[k]);
+    tri_model_free(m);
+}
+
 // A budget left to the default: 4096 in whole chunks, and a context no longer than that is served
 // in full, whatever its length (a context of 13 is not a multiple of the chunk of 8).
 Test(policy, default_budget_whole_chunks_or_full) {

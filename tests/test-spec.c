@@ -522,6 +522,25 @@ Test(spec, refuses_bad_cache_parameters) {
     tri_model_free(target);
 }
 
+// L2's chunk index is the session parameters' kv_index (FAISS where the build has it).
+Test(spec, l2_uses_the_session_chunk_index) {
+    tri_model *target = load(gen_model("index", "--seed 72 --layers 1"));
+    tri_spec_params p = params_of(TRI_SPEC_MODE_RETRIEVAL, &(drafter_case){0}, 2, 4);
+    tri_session_params sp = small_session(128);
+    sp.kv_index = TRI_KV_INDEX_FAISS_FLAT;
+    tri_spec *s = NULL;
+    if (!tri__chunk_index_have_faiss()) {
+        cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_UNSUPPORTED);
+        tri_model_free(target);
+        cr_skip_test("no FAISS in this build");
+    }
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__spec_level(s, 2)->pol.p.kind, TRI_KV_POLICY_RETRIEVAL);
+    cr_assert_eq(tri__spec_level(s, 2)->pol.p.index, TRI_CHUNK_INDEX_FAISS_FLAT);
+    tri_spec_free(s);
+    tri_model_free(target);
+}
+
 // ---- the draft must share the target's vocabulary ----
 
 Test(spec, refuses_a_draft_with_another_vocabulary) {
