@@ -284,8 +284,9 @@ typedef struct tri_session_params {
     int32_t kv_chunk;         // retrieval: tokens per chunk, divides kv_budget; 0: 8
     int32_t kv_sink;          // streaming: attention-sink tokens, < kv_budget; 0: 16 (TriForce's draft
                               // cache), or kv_budget / 2 for budgets under 32
-    int32_t kv_refresh;       // retrieval: re-select after this many tokens since the last selection;
-                              // 0: only after a prompt's prefill (tri_generate) and on request
+    int32_t kv_refresh;       // retrieval: re-select after this many tokens since the last selection
+                              // (counted from the first one, made after the prompt: a prompt is never
+                              // cut); 0: only after a prompt's prefill (tri_generate) and on request
     tri_kv_index kv_index;    // retrieval (and L2 of tri_spec_create): the chunk index; 0: EXACT
 } tri_session_params;
 

@@ -661,11 +661,12 @@ static tri_status ret_keep_query(tri__kv_policy *p, int32_t il, const float *q) 
 }
 
 // Whether a step ending at len selects: on request, or once refresh tokens came since the last
-// selection.
+// selection. The count needs a selection to count from: before the first one (made on request,
+// after the prompt) the steps are the prompt's, and a selection in its middle would leave the
+// rest of the prompt attending to part of it, where TriForce prefills with full attention.
 static bool ret_due(const tri__kv_policy *p, int32_t len, bool armed) {
     const sel_entry *cur = ret_current(p);
-    int32_t since = len - (cur ? cur->n_sel : 0);
-    return armed || (p->p.refresh > 0 && since >= p->p.refresh);
+    return armed || (cur && p->p.refresh > 0 && len - cur->n_sel >= p->p.refresh);
 }
 
 static tri_status ret_truncate(tri__kv_policy *p, int32_t n) {

@@ -32,8 +32,8 @@ typedef struct tri__kv_policy_params {
     int32_t budget;   // past tokens kept (not FULL); 1 <= budget <= capacity
     int32_t chunk;    // RETRIEVAL: tokens per chunk, divides budget
     int32_t sink;     // STREAMING: attention sinks, < budget
-    int32_t refresh;  // RETRIEVAL: re-select once this many tokens came since the last selection;
-                      // 0: only on request
+    int32_t refresh;  // RETRIEVAL: re-select once this many tokens came since the last selection
+                      // (none before the first, requested one); 0: only on request
     int32_t recent;   // H2O: recent tokens always kept, < budget; 0: budget / 2
     int32_t history;  // H2O: steps remembered for rollback; 0: 32
     tri__chunk_index_kind index;  // RETRIEVAL: chunk index backend

@@ -197,6 +197,43 @@ Test(retrieval, selection_by_summed_group_query) {
     rig_free(&r);
 }
 
+// A refresh count counts generated tokens: steps before the first selection (a long prompt, run
+// in pieces) never select by count, however many tokens they hold; the request after the prompt
+// selects, and from then on every `refresh` tokens.
+Test(retrieval, refresh_count_waits_for_the_first_selection) {
+    tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 64);
+    pp.budget = 8;
+    pp.chunk = 2;
+    pp.refresh = 4;
+    rig r;
+    rig_init(&r, &pp, 2, 1, 4, 64, 8);
+    static float k[64][4], v[64][4], q[64][8];
+    for (int t = 0; t < 64; t++) {
+        for (int d = 0; d < 4; d++) k[t][d] = frand(), v[t][d] = frand();
+        for (int d = 0; d < 8; d++) q[t][d] = frand();
+    }
+    int32_t ids[8], n_sel;
+    // a prompt of 24 in steps of 8: three times the budget and six times the count, no selection
+    for (int s = 0; s < 3; s++) {
+        rig_step(&r, 8, q[8 * s], k[8 * s], v[8 * s], NULL);
+        cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), -1, "selected after %d prompt tokens",
+                     8 * (s + 1));
+    }
+    // its last piece with the request: selects at 32
+    tri__kv_policy_request_refresh(&r.pol);
+    rig_step(&r, 8, q[24], k[24], v[24], NULL);
+    cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), 4);
+    cr_assert_eq(n_sel, 32);
+    // then every 4 generated tokens
+    for (int t = 32; t < 41; t++) {
+        rig_step(&r, 1, q[t], k[t], v[t], NULL);
+        tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel);
+        int32_t want = t + 1 < 36 ? 32 : t + 1 < 40 ? 36 : 40;
+        cr_assert_eq(n_sel, want, "after %d tokens: selection at %d, want %d", t + 1, n_sel, want);
+    }
+    rig_free(&r);
+}
+
 // H2O against a naive simulation in double precision: softmax of each query over what it sees,
 // probabilities summed over the group's heads and the step's queries, lowest accumulated score
 // outside the recent window evicted first.
@@ -400,6 +437,27 @@ Test(policy, faiss_flat_index_equals_exact) {
     cr_assert_eq(tri_session_create(m, &sp, &bad), TRI_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(tri_last_error(), "unknown chunk index 7"), "%s", tri_last_error());
     for (int k = 0; k < 3; k++) tri_session_free(all[k]);
+    tri_model_free(m);
+}
+
+// The same through a session: a prompt of 64 run in steps of 16 under a budget of 8 and a refresh
+// count of 4 attends to all of itself, as the full cache does, bit for bit.
+Test(policy, prompt_in_pieces_attends_to_all_of_itself) {
+    tri_model *m = gen_model("prompt", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    int32_t V = info.config.n_vocab;
+    int32_t t[64];
+    for (int i = 0; i < 64; i++) t[i] = tok(i);
+    tri_session *full = session(m, TRI_KV_POLICY_FULL, 80, 0, 0, 0, 0);
+    tri_session *ret = session(m, TRI_KV_POLICY_RETRIEVAL, 80, 8, 4, 0, 4);
+    cr_assert_eq(tri_session_eval(full, t, 64, true), TRI_STATUS_OK);
+    cr_assert_eq(tri_session_eval(ret, t, 64, true), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int i = 0; i < 64; i++)
+        cr_assert(memcmp(tri_session_logits(ret, i), tri_session_logits(full, i), sizeof(float) * (size_t)V) == 0,
+                  "prompt token %d: logits differ from the full cache", i);
+    tri_session_free(ret);
+    tri_session_free(full);
     tri_model_free(m);
 }
 
