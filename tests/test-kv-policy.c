@@ -234,6 +234,82 @@ Test(retrieval, refresh_count_waits_for_the_first_selection) {
     rig_free(&r);
 }
 
+// A naive double-precision RoPE of one head (ADJACENT layout, theta 10000, no scaling): pair i of
+// x (hd) turned by pos * 10000^(-2i / hd).
+static void naive_rope(double *out, const float *x, int32_t hd, int32_t pos) {
+    for (int32_t i = 0; i < hd / 2; i++) {
+        double a = pos * pow(10000.0, -2.0 * i / hd), c = cos(a), s = sin(a);
+        out[2 * i] = x[2 * i] * c - x[2 * i + 1] * s;
+        out[2 * i + 1] = x[2 * i] * s + x[2 * i + 1] * c;
+    }
+}
+
+// StreamingLLM on constructed keys: at every step the view holds the sinks and the most recent
+// tokens (or everything, while it fits), then the step's own tokens, in position order; each row
+// is the raw key turned by its rank in that list, and the queries sit at the ranks after them.
+Test(streaming, view_keeps_sinks_and_window_rotated_by_rank) {
+    enum { T = 40, HD = 8, NKV = 2, NH = 4, KD = NKV * HD, BUDGET = 8, SINK = 2 };
+    tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_STREAMING, 64);
+    pp.budget = BUDGET;
+    pp.sink = SINK;
+    rig r;
+    rig_init(&r, &pp, NH, NKV, HD, 64, 4);
+    cr_assert(r.pol.raw_keys, "StreamingLLM wants keys before RoPE");
+    static float k[T][KD], v[T][KD], q[T][NH * HD];
+    for (int t = 0; t < T; t++) {
+        for (int d = 0; d < KD; d++) k[t][d] = frand(), v[t][d] = frand();
+        for (int d = 0; d < NH * HD; d++) q[t][d] = frand();
+    }
+    const int steps[] = {3, 1, 4, 1, 1, 2, 4, 1, 1, 1, 3, 4, 1, 2, 1, 1, 4, 1, 1, 3};
+    int t0 = 0;
+    for (size_t si = 0; si < sizeof steps / sizeof steps[0]; si++) {
+        int m = steps[si];
+        // what the view should hold, by absolute position
+        int want[BUDGET + 4], n_want = 0;
+        if (t0 <= BUDGET) {
+            for (int j = 0; j < t0; j++) want[n_want++] = j;
+        } else {
+            for (int j = 0; j < SINK; j++) want[n_want++] = j;
+            for (int j = t0 - (BUDGET - SINK); j < t0; j++) want[n_want++] = j;
+        }
+        int kept = n_want;
+        for (int j = 0; j < m; j++) want[n_want++] = t0 + j;
+
+        int32_t qpos[4];
+        float out[4 * NH * HD];
+        cr_assert_eq(tri__kv_policy_begin(&r.pol, m, &r.rope, qpos), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int i = 0; i < m; i++) cr_assert_eq(qpos[i], kept + i, "after %d: query %d at %d", t0, i, qpos[i]);
+        const tri__kv_view *vw;
+        float *ws;
+        cr_assert_eq(tri__kv_policy_layer(&r.pol, 0, q[t0], k[t0], v[t0], &vw, &ws), TRI_STATUS_OK);
+        cr_assert_eq(vw->type, TRI_DTYPE_F32);
+        for (int h = 0; h < NKV; h++) {
+            cr_assert_eq(vw->head_span[h + 1] - vw->head_span[h], 1);
+            const tri__kv_span *sp = &vw->spans[vw->head_span[h]];
+            cr_assert(sp->pos0 == 0 && sp->n == n_want, "after %d, head %d: %d rows, want %d", t0, h, sp->n, n_want);
+            for (int row = 0; row < n_want; row++) {
+                cr_assert_eq(r.pol.gather[row], want[row], "after %d: row %d holds %d, want %d", t0, row,
+                             r.pol.gather[row], want[row]);
+                double rot[HD];
+                naive_rope(rot, &k[want[row]][h * HD], HD, row);
+                const float *got = (const float *)sp->k + (int64_t)row * sp->stride;
+                const float *val = (const float *)sp->v + (int64_t)row * sp->stride;
+                for (int d = 0; d < HD; d++) {
+                    cr_assert(fabs(got[d] - rot[d]) < 1e-5, "after %d, head %d, row %d (position %d) elem %d: %g, "
+                              "rope at rank %d gives %g", t0, h, row, want[row], d, (double)got[d], row, rot[d]);
+                    cr_assert_eq(val[d], v[want[row]][h * HD + d]);
+                }
+            }
+        }
+        cr_assert_eq(r.be->ops->attention(r.be, out, q[t0], qpos, m, NH, HD, vw, ws), TRI_STATUS_OK);
+        cr_assert_eq(tri__kv_policy_observe(&r.pol, 0), TRI_STATUS_OK);
+        cr_assert_eq(tri__kv_policy_commit(&r.pol), TRI_STATUS_OK);
+        t0 += m;
+    }
+    cr_assert_eq(t0, T);
+    rig_free(&r);
+}
+
 // H2O against a naive simulation in double precision: softmax of each query over what it sees,
 // probabilities summed over the group's heads and the step's queries, lowest accumulated score
 // outside the recent window evicted first.
@@ -547,26 +623,51 @@ Test(policy, rollback_as_if_never_appended) {
     tri_model_free(m);
 }
 
-// A model trained on 32 positions, run for 300 with a StreamingLLM cache of 24: every position
-// the queries and keys see stays below 24 + the step, and the logits stay finite.
+// A one-layer model trained on 32 positions, run for 300 with a StreamingLLM cache of 24 (4 sinks).
+// With one layer a token's key and value depend on the token alone, so StreamingLLM's answer at
+// token i is, by definition, full attention over the sequence of the sinks, the 20 tokens before
+// i and i itself, at positions 0 .. 24: a fresh full-cache session run on those 25 tokens, never
+// past the trained context, is the naive reference. The streaming session's own positions go to
+// 300, far past 32.
 Test(streaming, runs_past_trained_context) {
-    tri_model *m = gen_model("stream", "--dtype f16 --ctx 32 --heads 4 --kv-heads 2 --head-dim 16");
+    enum { N = 300, PROMPT = 100, BUDGET = 24, SINK = 4 };
+    tri_model *m = gen_model("stream", "--dtype f16 --ctx 32 --heads 4 --kv-heads 2 --head-dim 16 --layers 1");
     tri_model_info info;
     tri_model_get_info(m, &info);
     cr_assert_eq(info.config.n_ctx_train, 32);
+    cr_assert(BUDGET + 1 <= info.config.n_ctx_train && N > 8 * info.config.n_ctx_train);
     int32_t V = info.config.n_vocab;
-    tri_session *s = session(m, TRI_KV_POLICY_STREAMING, 320, 24, 0, 4, 0);
-    int32_t t[300];
-    for (int i = 0; i < 300; i++) t[i] = tok(i);
-    cr_assert_eq(tri_session_eval(s, t, 100, true), TRI_STATUS_OK, "%s", tri_last_error());
-    for (int i = 0; i < 100; i++)
+    tri_session *s = session(m, TRI_KV_POLICY_STREAMING, N + 20, BUDGET, 0, SINK, 0);
+    tri_session *ref = session(m, TRI_KV_POLICY_FULL, BUDGET + 1, 0, 0, 0, 0);
+    int32_t t[N];
+    for (int i = 0; i < N; i++) t[i] = tok(i);
+    cr_assert_eq(tri_session_eval(s, t, PROMPT, true), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int i = 0; i < PROMPT; i++)
         for (int j = 0; j < V; j++) cr_assert(isfinite(tri_session_logits(s, i)[j]));
-    for (int i = 100; i < 300; i++) {
+    double worst = 0;
+    for (int i = PROMPT; i < N; i++) {
         cr_assert_eq(tri_session_eval(s, t + i, 1, false), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_session_n_past(s), i + 1);
         const float *l = tri_session_logits(s, -1);
-        for (int j = 0; j < V; j++) cr_assert(isfinite(l[j]), "token %d logit %d: %g", i, j, (double)l[j]);
+        int32_t seq[BUDGET + 1], n = 0;
+        for (int j = 0; j < SINK; j++) seq[n++] = t[j];
+        for (int j = i - (BUDGET - SINK); j <= i; j++) seq[n++] = t[j];
+        tri_session_reset(ref);
+        cr_assert_eq(tri_session_eval(ref, seq, n, false), TRI_STATUS_OK, "%s", tri_last_error());
+        const float *want = tri_session_logits(ref, -1);
+        double scale = 0;
+        for (int j = 0; j < V; j++) scale = fmax(scale, fabs(want[j]));
+        for (int j = 0; j < V; j++) {
+            cr_assert(isfinite(l[j]), "token %d logit %d: %g", i, j, (double)l[j]);
+            double err = fabs(l[j] - want[j]) / scale;
+            worst = fmax(worst, err);
+            cr_assert(err < 1e-4, "token %d (position %d) logit %d: %g, sink + window attention %g", i, i, j,
+                      (double)l[j], (double)want[j]);
+        }
     }
-    cr_assert_eq(tri_session_n_past(s), 300);
+    cr_assert_eq(tri_session_n_past(s), N);
+    cr_log_info("worst logit error against sink + window attention: %.2e of the largest", worst);
+    tri_session_free(ref);
     tri_session_free(s);
     tri_model_free(m);
 }
