@@ -199,6 +199,26 @@ static bool applies(const char *opt, bool set, bool ok, const char *where) {
     return !set || ok;
 }
 
+// The closing line on stderr: tokens, and rates where there is something to time. A prefill of
+// under a millisecond (a prompt of a token or two, which speculation prefills not at all) would
+// give a rate that measures the clock more than the work: it is reported as short instead. The
+// decode rate counts the tokens after the first, which the prefill's logits give.
+static void print_figures(const tri_generate_stats *st) {
+    fprintf(stderr, "prompt: %d tokens, ", st->n_prompt);
+    if (st->prefill_seconds >= 1e-3) {
+        double s = st->prefill_seconds;
+        fprintf(stderr, "prefill %.1f tok/s (", st->n_prompt / s);
+        fprintf(stderr, s >= 1 ? "%.2f s)" : "%.1f ms)", s >= 1 ? s : 1e3 * s);
+    } else {
+        fputs("prefill under 1 ms", stderr);
+    }
+    fprintf(stderr, " | generated: %d tokens", st->n_generated);
+    if (st->n_generated > 1 && st->decode_seconds > 0)
+        fprintf(stderr, ", decode %.1f tok/s (%.3g ms/token)", (st->n_generated - 1) / st->decode_seconds,
+                1e3 * st->decode_seconds / (st->n_generated - 1));
+    fputc('\n', stderr);
+}
+
 // Parses "0-7,20,22" into strictly increasing layer indices; NULL after printing the error.
 static int32_t *parse_layers(const char *s, int32_t *n_out) {
     int32_t cap = 16, n = 0;
@@ -566,14 +586,7 @@ int tri_cli_generate(int argc, char **argv) {
     }
     fputc('\n', stdout);
     fflush(stdout);
-    fprintf(stderr,
-            "prompt: %d tokens, prefill %.1f tok/s (%.2f s) | generated: %d tokens, decode %.1f tok/s "
-            "(%.1f ms/token)\n",
-            stats.n_prompt, stats.prefill_seconds > 0 ? stats.n_prompt / stats.prefill_seconds : 0.0,
-            stats.prefill_seconds,
-            stats.n_generated,
-            stats.decode_seconds > 0 && stats.n_generated > 1 ? (stats.n_generated - 1) / stats.decode_seconds : 0.0,
-            stats.n_generated > 1 ? 1e3 * stats.decode_seconds / (stats.n_generated - 1) : 0.0);
+    print_figures(&stats);
     if (spec && print_stats) print_spec_stats(&sstats, spec_params.mode);
     rc = 0;
 

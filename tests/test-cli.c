@@ -1,5 +1,6 @@
 // test-cli.c - offload-run as a user runs it: exit codes, messages, and that every speculative
 // mode prints the same greedy tokens as plain decoding.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,6 +179,48 @@ Test(cli, budget_chunk_sink_apply_to_the_kv_policy) {
         cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", evicting[i], err);
         cr_assert_str_neq(out, full, "%s: the same tokens as the full cache", evicting[i]);
     }
+}
+
+// A long prompt in small steps: off a terminal, one progress line per tenth of the prompt (at the
+// first step boundary past it), then a closing line whose rates agree with its token counts and
+// times to the precision printed.
+Test(cli, prefill_progress_and_closing_figures) {
+    const char *m = tiny_model();
+    static char args[16384];
+    int n = snprintf(args, sizeof args, "generate -m '%s' --batch 8 -n 16 --ids --ignore-eos --tokens ", m);
+    for (int i = 0; i < 600; i++) n += snprintf(args + n, sizeof args - (size_t)n, i ? ",%d" : "%d", i % 200 + 3);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    // progress: the first multiple of 8 at or past 60, 120, ..., 540
+    const char *line = err;
+    for (int k = 1; k <= 9; k++) {
+        int done, total, want = (60 * k + 7) / 8 * 8;
+        cr_assert(sscanf(line, "prefill: %d / %d tokens\n", &done, &total) == 2, "progress line %d: %s", k, line);
+        cr_assert(done == want && total == 600, "progress line %d: %d / %d, want %d / 600", k, done, total, want);
+        line = strchr(line, '\n') + 1;
+    }
+    int n_prompt, n_gen;
+    double rate, ms, drate, ms_tok;
+    char unit[8];
+    cr_assert(sscanf(line, "prompt: %d tokens, prefill %lf tok/s (%lf %7[a-z]) | generated: %d tokens, decode %lf tok/s "
+                     "(%lf ms/token)", &n_prompt, &rate, &ms, unit, &n_gen, &drate, &ms_tok) == 7,
+              "closing line: %s", line);
+    cr_assert(n_prompt == 600 && n_gen == 16, "%s", line);
+    if (!strcmp(unit, "s")) ms *= 1e3;
+    else cr_assert_str_eq(unit, "ms", "%s", line);
+    // rates are counts over times: the time is printed to 0.05 ms (or 5 ms past a second), the
+    // rate to 0.05 tok/s, the time per token to 3 digits
+    cr_assert(fabs(rate * ms / 1e3 - 600) <= 600 * (0.05 / ms + 1e-3), "%s", line);
+    cr_assert(fabs(drate * ms_tok / 1e3 - 1) <= 6e-3, "%s", line);
+    cr_assert(strchr(line, '\n') == strrchr(line, '\n'), "one closing line: %s", line);
+
+    // a prompt of one token, which speculation does not prefill at all: no prefill rate; and one
+    // generated token: no decode rate
+    snprintf(args, sizeof args, "generate -m '%s' --tokens 5 -n 8 --ids --ignore-eos --spec draft --draft-ngram 2", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "prompt: 1 tokens, prefill under 1 ms | generated: 8 tokens, decode "), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' --tokens 5 -n 1 --ids", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "| generated: 1 tokens\n"), "no decode rate for one token: %s", err);
 }
 
 // --kv-index faiss (FAISS's flat index) selects what the exact scan does: the same tokens, plain
