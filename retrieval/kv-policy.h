@@ -35,7 +35,7 @@ typedef struct tri__kv_policy_params {
     int32_t refresh;  // RETRIEVAL: re-select once this many tokens came since the last selection
                       // (none before the first, requested one); 0: only on request
     int32_t recent;   // H2O: recent tokens always kept, < budget; 0: budget / 2
-    int32_t history;  // H2O: steps remembered for rollback; 0: 32
+    int32_t history;  // H2O: steps remembered for rollback; 0: 8
     tri__chunk_index_kind index;  // RETRIEVAL: chunk index backend
 } tri__kv_policy_params;
 

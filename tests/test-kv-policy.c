@@ -374,6 +374,43 @@ Test(h2o, heavy_hitters_match_naive_simulation) {
     rig_free(&r);
 }
 
+// H2O remembers `history` steps (default 8) to roll back into: further back is an error naming
+// the oldest position it can return to, and leaves the state as it was.
+Test(h2o, rollback_past_the_remembered_steps_is_refused) {
+    enum { HD = 4 };
+    static float k[16][HD], v[16][HD], q[16][2 * HD];
+    for (int t = 0; t < 16; t++) {
+        for (int d = 0; d < HD; d++) k[t][d] = frand(), v[t][d] = frand();
+        for (int d = 0; d < 2 * HD; d++) q[t][d] = frand();
+    }
+    for (int history = 0; history <= 2; history += 2) {
+        tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_H2O, 32);
+        pp.budget = 4;
+        pp.history = history;
+        rig r;
+        rig_init(&r, &pp, 2, 1, HD, 32, 4);
+        int remembered = history ? history : 8;
+        cr_assert_eq(r.pol.p.history, remembered);
+        // 10 one-token steps: the remembered ones start at 10 - remembered
+        for (int t = 0; t < 10; t++) rig_step(&r, 1, q[t], k[t], v[t], NULL);
+        int oldest = 10 - remembered;
+        int32_t before[8], after[8];
+        int32_t n_before = tri__kv_policy_h2o_kept(&r.pol, 0, 0, before);
+        cr_assert_eq(tri__kv_policy_truncate(&r.pol, oldest - 1), TRI_STATUS_INVALID_ARGUMENT);
+        char want[128];
+        snprintf(want, sizeof want, "cannot roll back to %d of 10 positions: the last %d steps are remembered "
+                 "(from position %d)", oldest - 1, remembered, oldest);
+        cr_assert(strstr(tri_last_error(), want), "'%s' lacks '%s'", tri_last_error(), want);
+        cr_assert_eq(tri__kv_policy_len(&r.pol), 10);
+        cr_assert_eq(tri__kv_policy_h2o_kept(&r.pol, 0, 0, after), n_before);
+        cr_assert(memcmp(before, after, sizeof(int32_t) * (size_t)n_before) == 0);
+        // the oldest remembered step's start is within reach
+        cr_assert_eq(tri__kv_policy_truncate(&r.pol, oldest), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri__kv_policy_len(&r.pol), oldest);
+        rig_free(&r);
+    }
+}
+
 // ---- policies in a session on a generated model ----
 
 static int run(const char *cmd) {
