@@ -472,6 +472,53 @@ Test(cpu_backend, rope_rotates_both_layouts) {
     free(pos);
 }
 
+// The kernel at head sizes other than 128 (72 as in some small models, and 6, smaller than any
+// SIMD width), both layouts, every SIMD level, against a naive rotation written here: angle the
+// float32 product pos * inv_freq[i] (rope.h), cos and sin in double, times attn_factor. The
+// table is YaRN's, so attn_factor is not 1.
+Test(cpu_backend, rope_kernel_other_head_sizes) {
+    const int64_t dims[] = {72, 6}, m = 5, nh = 3;
+    const int32_t pos[5] = {0, 1, 17, 1000, 4095};
+    for (int di = 0; di < 2; di++) {
+        const int64_t hd = dims[di];
+        tri_model_config c = rope_cfg((int32_t)hd, 10000, TRI_ROPE_SCALING_YARN, 4, 1024);
+        tri__rope r;
+        cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert(r.attn_factor != 1.0f);
+        float *x0 = malloc(sizeof(float) * (size_t)(m * nh * hd)), *x = malloc(sizeof(float) * (size_t)(m * nh * hd));
+        double *want = malloc(sizeof(double) * (size_t)(m * nh * hd));
+        fill(x0, m * nh * hd, 2.0f);
+        for (int l = 0; l < 2; l++) {
+            r.layout = (tri_rope_layout)l;
+            for (int64_t t = 0; t < m; t++)
+                for (int64_t h = 0; h < nh; h++) {
+                    const float *a = x0 + (t * nh + h) * hd;
+                    double *w = want + (t * nh + h) * hd;
+                    for (int64_t i = 0; i < hd / 2; i++) {
+                        int64_t i0 = l == TRI_ROPE_LAYOUT_ADJACENT ? 2 * i : i;
+                        int64_t i1 = l == TRI_ROPE_LAYOUT_ADJACENT ? 2 * i + 1 : i + hd / 2;
+                        double ang = (double)((float)pos[t] * r.inv_freq[i]);
+                        double cs = cos(ang) * r.attn_factor, sn = sin(ang) * r.attn_factor;
+                        w[i0] = a[i0] * cs - a[i1] * sn;
+                        w[i1] = a[i0] * sn + a[i1] * cs;
+                    }
+                }
+            FOR_EACH_LEVEL({
+                memcpy(x, x0, sizeof(float) * (size_t)(m * nh * hd));
+                cr_assert_eq(be->ops->rope(be, x, m, nh, pos, &r), TRI_STATUS_OK);
+                for (int64_t i = 0; i < m * nh * hd; i++)
+                    cr_assert(fabs(x[i] - want[i]) <= 1e-5 * (1 + fabs(want[i])),
+                              "head_dim %lld layout %d level %d [%lld] (position %d): %g vs naive %g", (long long)hd, l,
+                              lvl, (long long)i, pos[i / (nh * hd)], (double)x[i], want[i]);
+            });
+        }
+        free(x0);
+        free(x);
+        free(want);
+        tri__rope_free(&r);
+    }
+}
+
 // ---- attention ----
 
 // Naive attention for one query head against a flat list of (position, key, value): double
