@@ -1,6 +1,7 @@
 // test-cpu-backend.c - every CPU op against a naive scalar reference written here (double
 // accumulation), at each SIMD level this machine has; RoPE tables against numpy code that follows
-// HF transformers (tests/fixtures/make-rope.py).
+// HF transformers (tests/fixtures/make-rope.py; those tests skip in a build without the reference
+// Python packages).
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -371,6 +372,7 @@ static void check_table(const char *name, const tri__rope *r) {
 }
 
 Test(cpu_backend, rope_tables_match_hf) {
+    tt_need_fixtures("rope");
     tri__rope r;
     tri_model_config c = rope_cfg(64, 10000, TRI_ROPE_SCALING_NONE, 1, 0);
     cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK);
@@ -421,6 +423,7 @@ Test(cpu_backend, rope_tables_match_hf) {
 }
 
 Test(cpu_backend, rope_dynamic_ntk_follows_sequence_length) {
+    tt_need_fixtures("rope");
     tri__rope r;
     tri_model_config c = rope_cfg(128, 10000, TRI_ROPE_SCALING_DYNAMIC, 2, 4096);
     cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK);
@@ -438,6 +441,7 @@ Test(cpu_backend, rope_dynamic_ntk_follows_sequence_length) {
 
 // The kernel against numpy's rotation of the same input with the same float32 table, both layouts.
 Test(cpu_backend, rope_rotates_both_layouts) {
+    tt_need_fixtures("rope");
     static const char *names[] = {"yarn", "llama3", "dynamic"};
     static const char *layouts[] = {"adjacent", "half"};
     size_t len;
