@@ -156,11 +156,13 @@ Test(cli, budget_chunk_sink_apply_to_the_kv_policy) {
                              {"--kv retrieval --budget 40 --chunk 4", "--kv full"},
                              {"--kv streaming --budget 40 --sink 4", "--kv full"}};
     for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
-        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv-type f32 %s",
+        snprintf(args, sizeof args,
+                 "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv-type f32 %s",
                  m, same[i][0]);
         cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", same[i][0], err);
         snprintf(a, sizeof a, "%s", out);
-        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv-type f32 %s",
+        snprintf(args, sizeof args,
+                 "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv-type f32 %s",
                  m, same[i][1]);
         cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", same[i][1], err);
         cr_assert_str_eq(a, out, "%s vs %s", same[i][0], same[i][1]);
@@ -174,7 +176,8 @@ Test(cli, budget_chunk_sink_apply_to_the_kv_policy) {
     const char *evicting[] = {"--kv streaming --budget 4 --sink 1", "--kv h2o --budget 4",
                               "--kv retrieval --budget 4 --chunk 4"};
     for (size_t i = 0; i < sizeof evicting / sizeof evicting[0]; i++) {
-        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv-type f32 %s",
+        snprintf(args, sizeof args,
+                 "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv-type f32 %s",
                  m, evicting[i]);
         cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", evicting[i], err);
         cr_assert_str_neq(out, full, "%s: the same tokens as the full cache", evicting[i]);
@@ -201,8 +204,9 @@ Test(cli, prefill_progress_and_closing_figures) {
     int n_prompt, n_gen;
     double rate, ms, drate, ms_tok;
     char unit[8];
-    cr_assert(sscanf(line, "prompt: %d tokens, prefill %lf tok/s (%lf %7[a-z]) | generated: %d tokens, decode %lf tok/s "
-                     "(%lf ms/token)", &n_prompt, &rate, &ms, unit, &n_gen, &drate, &ms_tok) == 7,
+    cr_assert(sscanf(line,
+                     "prompt: %d tokens, prefill %lf tok/s (%lf %7[a-z]) | generated: %d tokens, "
+                     "decode %lf tok/s (%lf ms/token)", &n_prompt, &rate, &ms, unit, &n_gen, &drate, &ms_tok) == 7,
               "closing line: %s", line);
     cr_assert(n_prompt == 600 && n_gen == 16, "%s", line);
     if (!strcmp(unit, "s")) ms *= 1e3;

@@ -170,7 +170,8 @@ Test(llama, yarn_scaling) {
 // (llama.cpp has none; the file the generator writes is refused as unsupported).
 Test(llama, dynamic_ntk_past_the_original_context) {
     ref_case rc;
-    make_case(&rc, "dynamic", "--dtype f32 --rope-scaling dynamic --rope-factor 2 --ctx 16 --rope-orig-ctx 16 --theta 10000");
+    make_case(&rc, "dynamic",
+              "--dtype f32 --rope-scaling dynamic --rope-factor 2 --ctx 16 --rope-orig-ctx 16 --theta 10000");
     check_logits(&rc, rc.hf, TRI_DTYPE_F32, 128, TOL_F32);
     check_logits(&rc, rc.hf, TRI_DTYPE_F16, 128, TOL_F16_KV);
     check_greedy(&rc, rc.hf);
