@@ -176,7 +176,7 @@ int main(int argc, char **argv) {
         p.ngram_n = ngram;
         p.gamma1 = gamma1;
         p.gamma2 = gamma2;
-        p.budget = configs[c].budget > 0 ? configs[c].budget : 4096;
+        p.budget = configs[c].budget;  // 0: the default
         p.draft_window = window;
         tri_spec *s;
         if (tri_spec_create(m, &sp, &p, &s)) {

@@ -262,6 +262,17 @@ typedef enum tri_kv_policy {
                                   // per layer and KV head, + the tokens since the last selection
 } tri_kv_policy;
 
+// Where the retrieval policy looks up the chunks whose summaries best match a query
+// (docs/kv-policies.md). EXACT and FAISS_FLAT select the same chunks (ties by the earlier chunk),
+// so they give bit-identical logits; IVF is approximate by design. The FAISS kinds need a build
+// with FAISS (UNSUPPORTED otherwise).
+typedef enum tri_kv_index {
+    TRI_KV_INDEX_EXACT = 0,       // a scan of every chunk summary (OpenMP over many)
+    TRI_KV_INDEX_FAISS_FLAT = 1,  // FAISS inner-product flat index, rescored exactly
+    TRI_KV_INDEX_FAISS_IVF = 2,   // FAISS IVF (64 lists, 8 probed) once it holds enough chunks,
+                                  // flat until then: for contexts of a million tokens
+} tri_kv_index;
+
 // Where a session computes (tri_session_params.device_kind).
 typedef enum tri_device_kind {
     TRI_DEVICE_AUTO = 0,  // the first CUDA device when one is usable, else the CPU
@@ -278,13 +289,16 @@ typedef struct tri_session_params {
     // ---- KV policy (ignored for TRI_KV_POLICY_FULL) ----
     tri_kv_policy kv_policy;  // default TRI_KV_POLICY_FULL
     int32_t kv_budget;        // past tokens a step attends to besides its own (and, for retrieval,
-                              // those since the last selection); 1 <= budget <= n_ctx; 0: 4096 or
-                              // n_ctx if smaller
+                              // those since the last selection); 1 <= budget <= n_ctx; 0: 4096,
+                              // rounded down to whole chunks for retrieval, and when n_ctx is no
+                              // longer than that, nothing is evicted: the session runs as FULL
     int32_t kv_chunk;         // retrieval: tokens per chunk, divides kv_budget; 0: 8
     int32_t kv_sink;          // streaming: attention-sink tokens, < kv_budget; 0: 16 (TriForce's draft
                               // cache), or kv_budget / 2 for budgets under 32
-    int32_t kv_refresh;       // retrieval: re-select after this many tokens since the last selection;
-                              // 0: only after a prompt's prefill (tri_generate) and on request
+    int32_t kv_refresh;       // retrieval: re-select after this many tokens since the last selection
+                              // (counted from the first one, made after the prompt: a prompt is never
+                              // cut); 0: only after a prompt's prefill (tri_generate) and on request
+    tri_kv_index kv_index;    // retrieval (and L2 of tri_spec_create): the chunk index; 0: EXACT
     // ---- device ----
     tri_device_kind device_kind;  // default TRI_DEVICE_AUTO. On a device the model's weights are
                                   // copied into its memory once per session (per engine for
@@ -477,12 +491,15 @@ typedef struct tri_spec_params {
     int32_t gamma1;                 // tokens L1 drafts per L2 verification (TRIFORCE); 0: 2
     int32_t gamma2;                 // tokens the full-cache target verifies per pass (every mode
                                     // but NONE); 0: 6
-    int32_t budget;                 // retrieval cache size in tokens; 0: 4096
+    int32_t budget;                 // retrieval cache size in tokens, <= n_ctx, a multiple of
+                                    // chunk; 0: 4096 in whole chunks, or, when the context is no
+                                    // longer, the full cache (L2 then computes what L3 does)
     int32_t chunk;                  // retrieval chunk size in tokens; 0: 8
     // ---- cache policies of the levels (appended after the fields above) ----
     int32_t draft_window;           // L1's StreamingLLM cache: sink + recent tokens it attends
-                                    // to; 0: 256 (TriForce's draft cache); >= n_ctx: nothing is
-                                    // evicted
+                                    // to, <= n_ctx (n_ctx: nothing is evicted); 0: 256
+                                    // (TriForce's draft cache), or the full cache when the
+                                    // context is no longer
     int32_t draft_sink;             // L1's attention-sink tokens, < draft_window; 0: 16, or
                                     // draft_window / 2 for windows under 32
     int32_t refresh;                // L2 selects its chunks afresh once this many tokens came
@@ -515,13 +532,15 @@ typedef struct tri_spec_stats {
 
 typedef struct tri_spec tri_spec;
 
-// mode TRIFORCE, drafter MODEL with no model, ngram_n 3, gamma1 2, gamma2 6, budget 4096, chunk 8,
-// draft_window 256, draft_sink 16, refresh 0, refresh_accept 0.5.
+// mode TRIFORCE, drafter MODEL with no model, ngram_n 3, gamma1 2, gamma2 6, budget 0 (the
+// default), chunk 8, draft_window 0 (the default), draft_sink 0 (the default), refresh 0,
+// refresh_accept 0.5.
 TRI_API tri_spec_params tri_spec_default_params(void);
 
 // Creates the levels the mode needs over target (and params->draft_model): their caches, buffers
 // and one CPU backend. session_params (NULL: defaults) sizes every level's context, batch and KV
-// type as for a session. INVALID_ARGUMENT when the draft model's vocabulary or tokenizer differs
+// type as for a session, and its kv_index is L2's chunk index (its other kv_ fields are plain
+// decoding's and are ignored). INVALID_ARGUMENT when the draft model's vocabulary or tokenizer differs
 // from the target's, a layer list is bad, or a gamma is negative. target must outlive the handle;
 // free it with tri_spec_free().
 TRI_API tri_status tri_spec_create(const tri_model *target, const tri_session_params *session_params,

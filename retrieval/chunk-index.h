@@ -15,11 +15,13 @@
 
 #include "triforce.h"
 
+// The public tri_kv_index, value for value.
 typedef enum tri__chunk_index_kind {
-    TRI_CHUNK_INDEX_EXACT = 0,       // brute-force scan (OpenMP over rows when large)
-    TRI_CHUNK_INDEX_FAISS_FLAT = 1,  // faiss::IndexFlatIP
-    TRI_CHUNK_INDEX_FAISS_IVF = 2,   // faiss::IndexIVFFlat (inner product), trained once it holds
-                                     // 64 lists' worth of rows; flat until then
+    TRI_CHUNK_INDEX_EXACT = TRI_KV_INDEX_EXACT,            // brute-force scan (OpenMP over rows when large)
+    TRI_CHUNK_INDEX_FAISS_FLAT = TRI_KV_INDEX_FAISS_FLAT,  // faiss::IndexFlatIP
+    TRI_CHUNK_INDEX_FAISS_IVF = TRI_KV_INDEX_FAISS_IVF,    // faiss::IndexIVFFlat (inner product), trained
+                                                           // once it holds 64 lists' worth of rows; flat
+                                                           // until then
 } tri__chunk_index_kind;
 
 typedef struct tri__chunk_index tri__chunk_index;

@@ -82,6 +82,17 @@ tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t 
     return p;
 }
 
+void tri__kv_policy_default_budget(tri__kv_policy_params *p, int32_t capacity) {
+    if (p->kind == TRI_KV_POLICY_FULL) return;
+    int32_t budget = 4096;
+    if (budget >= capacity) {
+        *p = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, capacity);
+        return;
+    }
+    if (p->kind == TRI_KV_POLICY_RETRIEVAL && p->chunk > 0 && p->chunk <= budget) budget -= budget % p->chunk;
+    p->budget = budget;
+}
+
 tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity) {
     const char *name = tri__kv_policy_name(p->kind);
     if (p->kind < TRI_KV_POLICY_FULL || p->kind > TRI_KV_POLICY_RETRIEVAL)
@@ -117,6 +128,8 @@ tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity
         if (p->refresh < 0)
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: refresh interval %d must be >= 0",
                              p->refresh);
+        if (p->index < TRI_CHUNK_INDEX_EXACT || p->index > TRI_CHUNK_INDEX_FAISS_IVF)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: unknown chunk index %d", (int)p->index);
         if (p->index != TRI_CHUNK_INDEX_EXACT && !tri__chunk_index_have_faiss())
             return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: FAISS index asked for, but this build has no FAISS");
         break;
@@ -648,11 +661,12 @@ static tri_status ret_keep_query(tri__kv_policy *p, int32_t il, const float *q) 
 }
 
 // Whether a step ending at len selects: on request, or once refresh tokens came since the last
-// selection.
+// selection. The count needs a selection to count from: before the first one (made on request,
+// after the prompt) the steps are the prompt's, and a selection in its middle would leave the
+// rest of the prompt attending to part of it, where TriForce prefills with full attention.
 static bool ret_due(const tri__kv_policy *p, int32_t len, bool armed) {
     const sel_entry *cur = ret_current(p);
-    int32_t since = len - (cur ? cur->n_sel : 0);
-    return armed || (p->p.refresh > 0 && since >= p->p.refresh);
+    return armed || (cur && p->p.refresh > 0 && len - cur->n_sel >= p->p.refresh);
 }
 
 static tri_status ret_truncate(tri__kv_policy *p, int32_t n) {

@@ -32,15 +32,23 @@ typedef struct tri__kv_policy_params {
     int32_t budget;   // past tokens kept (not FULL); 1 <= budget <= capacity
     int32_t chunk;    // RETRIEVAL: tokens per chunk, divides budget
     int32_t sink;     // STREAMING: attention sinks, < budget
-    int32_t refresh;  // RETRIEVAL: re-select once this many tokens came since the last selection;
-                      // 0: only on request
+    int32_t refresh;  // RETRIEVAL: re-select once this many tokens came since the last selection
+                      // (none before the first, requested one); 0: only on request
     int32_t recent;   // H2O: recent tokens always kept, < budget; 0: budget / 2
-    int32_t history;  // H2O: steps remembered for rollback; 0: 32
+    int32_t history;  // H2O: steps remembered for rollback; 0: 8
     tri__chunk_index_kind index;  // RETRIEVAL: chunk index backend
 } tri__kv_policy_params;
 
-// Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index), clipped to capacity.
+// Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index), the budget clipped to
+// capacity (and the sink to half of it under 32).
 tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t capacity);
+
+// Sets the budget of params, which the caller left to the default, once its chunk is known:
+// 4096 rounded down to whole chunks for RETRIEVAL. When the context (capacity) is no longer than
+// that, nothing would ever be evicted and the policy becomes FULL, which computes the same; the
+// chunk then need not divide anything. A budget the caller gave is never adjusted: it is checked
+// (tri__kv_policy_check).
+void tri__kv_policy_default_budget(tri__kv_policy_params *params, int32_t capacity);
 
 // Checks params against the cache capacity; INVALID_ARGUMENT with a message naming the field.
 tri_status tri__kv_policy_check(const tri__kv_policy_params *params, int32_t capacity);

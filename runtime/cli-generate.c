@@ -42,16 +42,24 @@ static void usage(FILE *f) {
           "      --host-mem SIZE  host memory budget for the planner (default: no limit)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
           "      --kv-type T      f16 (default) or f32 KV cache\n"
-          "      --kv POLICY      which past tokens plain decoding attends to: full (default),\n"
-          "                       streaming (sinks + recent), h2o (heavy hitters + recent) or\n"
-          "                       retrieval (top chunks by query . mean key)\n"
-          "      --kv-budget N    past tokens the policy keeps (default 4096, or the context)\n"
-          "      --kv-chunk N     retrieval chunk size in tokens, divides the budget (default 8)\n"
-          "      --sink N         streaming attention sinks (default 16)\n"
-          "      --refresh N      retrieval: select chunks again every N tokens (default: only\n"
-          "                       after the prompt; with --spec, L2's interval)\n"
           "      --ignore-eos     keep generating after the end-of-sequence token\n"
           "      --ids            print token ids instead of text\n"
+          "\n"
+          "KV cache policy of plain decoding (an option that does not apply to the chosen\n"
+          "policy is refused):\n"
+          "      --kv POLICY      which past tokens each step attends to: full (default),\n"
+          "                       streaming (sinks + recent), h2o (heavy hitters + recent) or\n"
+          "                       retrieval (top chunks by query . mean key)\n"
+          "      --budget N       past tokens the policy keeps, at most the context (default\n"
+          "                       4096 in whole chunks; a context no longer is kept whole)\n"
+          "      --chunk N        retrieval: chunk size in tokens, divides the budget (default 8)\n"
+          "      --sink N         streaming: attention sinks, fewer than the budget (default 16)\n"
+          "      --refresh N      retrieval: select chunks again every N generated tokens\n"
+          "                       (default: only after the prompt)\n"
+          "      --kv-index I     retrieval: exact (default), faiss (FAISS flat index, the same\n"
+          "                       chunks as exact) or faiss-ivf (approximate, for very long\n"
+          "                       contexts); FAISS needs a build with it\n"
+          "      --kv-budget N, --kv-chunk N  the same as --budget, --chunk\n"
           "\n"
           "speculative decoding (exact: the output has the target's distribution):\n"
           "      --spec MODE      none (default), draft (L1 -> full cache), retrieval (retrieval\n"
@@ -61,8 +69,8 @@ static void usage(FILE *f) {
           "      --draft-ngram N  L1 is prompt lookup of n-grams up to N tokens (no model)\n"
           "      --gamma1 N       tokens L1 drafts per retrieval-level check (default 2)\n"
           "      --gamma2 N       tokens the full-cache level checks per pass (default 6)\n"
-          "      --budget N       retrieval cache size in tokens (default 4096)\n"
-          "      --chunk N        retrieval chunk size in tokens (default 8)\n"
+          "      --budget N, --chunk N, --refresh N, --kv-index I  L2's retrieval cache, as for\n"
+          "                       --kv retrieval\n"
           "      --draft-window N L1's StreamingLLM cache in tokens, sinks included (default 256)\n"
           "      --draft-sink N   L1's attention sinks (default 16)\n"
           "      --refresh-accept X  L2 selects again when L3 accepts less than X of its tokens over\n"
@@ -195,6 +203,32 @@ static bool on_prefill(int64_t done, int64_t total, void *user) {
     return true;
 }
 
+// Whether an option given (set) applies (ok); prints why not otherwise.
+static bool applies(const char *opt, bool set, bool ok, const char *where) {
+    if (set && !ok) fprintf(stderr, "offload-run generate: %s applies only to %s\n", opt, where);
+    return !set || ok;
+}
+
+// The closing line on stderr: tokens, and rates where there is something to time. A prefill of
+// under a millisecond (a prompt of a token or two, which speculation prefills not at all) would
+// give a rate that measures the clock more than the work: it is reported as short instead. The
+// decode rate counts the tokens after the first, which the prefill's logits give.
+static void print_figures(const tri_generate_stats *st) {
+    fprintf(stderr, "prompt: %d tokens, ", st->n_prompt);
+    if (st->prefill_seconds >= 1e-3) {
+        double s = st->prefill_seconds;
+        fprintf(stderr, "prefill %.1f tok/s (", st->n_prompt / s);
+        fprintf(stderr, s >= 1 ? "%.2f s)" : "%.1f ms)", s >= 1 ? s : 1e3 * s);
+    } else {
+        fputs("prefill under 1 ms", stderr);
+    }
+    fprintf(stderr, " | generated: %d tokens", st->n_generated);
+    if (st->n_generated > 1 && st->decode_seconds > 0)
+        fprintf(stderr, ", decode %.1f tok/s (%.3g ms/token)", (st->n_generated - 1) / st->decode_seconds,
+                1e3 * st->decode_seconds / (st->n_generated - 1));
+    fputc('\n', stderr);
+}
+
 // Parses "0-7,20,22" into strictly increasing layer indices; NULL after printing the error.
 static int32_t *parse_layers(const char *s, int32_t *n_out) {
     int32_t cap = 16, n = 0;
@@ -297,7 +331,8 @@ int tri_cli_generate(int argc, char **argv) {
            OPT_KV, OPT_IGNORE_EOS, OPT_IDS, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
            OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
-           OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS, OPT_GPU_MEM, OPT_HOST_MEM };
+           OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS, OPT_GPU_MEM, OPT_HOST_MEM,
+           OPT_KV_INDEX };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -323,14 +358,16 @@ int tri_cli_generate(int argc, char **argv) {
         {"kv-offload", required_argument, NULL, OPT_KV_OFFLOAD},
         {"stream-weights", required_argument, NULL, OPT_STREAM_WEIGHTS},
         {"gpu-mem", required_argument, NULL, OPT_GPU_MEM}, {"host-mem", required_argument, NULL, OPT_HOST_MEM},
+        {"kv-index", required_argument, NULL, OPT_KV_INDEX},
         {"help", no_argument, NULL, 'h'},          {0},
     };
     const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
     bool chat = false, print_ids = false, print_stats = false;
     const char *draft_path = NULL, *draft_layers = NULL;
+    // 0: not given (every one of these options wants a positive number)
     long ngram = 0, gamma1 = 0, gamma2 = 0, budget = 0, chunk = 0;
-    long kv_budget = 0, kv_chunk = 0, sink = 0, refresh = 0, draft_window = 0, draft_sink = 0;
-    bool kv_set = false;
+    long sink = 0, refresh = 0, draft_window = 0, draft_sink = 0;
+    bool kv_set = false, refresh_accept_set = false, index_set = false;
     tri_spec_params spec_params = tri_spec_default_params();
     spec_params.mode = TRI_SPEC_MODE_NONE;
     long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0, kv_offload = 0, stream_weights = 0;
@@ -380,8 +417,12 @@ int tri_cli_generate(int argc, char **argv) {
         case OPT_DRAFT_NGRAM: ok = parse_long("--draft-ngram", optarg, 1, 64, &ngram); break;
         case OPT_GAMMA1: ok = parse_long("--gamma1", optarg, 1, 64, &gamma1); break;
         case OPT_GAMMA2: ok = parse_long("--gamma2", optarg, 1, 256, &gamma2); break;
-        case OPT_BUDGET: ok = parse_long("--budget", optarg, 1, INT32_MAX, &budget); break;
-        case OPT_CHUNK: ok = parse_long("--chunk", optarg, 1, 4096, &chunk); break;
+        case OPT_BUDGET:
+        case OPT_KV_BUDGET:
+            ok = parse_long(c == OPT_BUDGET ? "--budget" : "--kv-budget", optarg, 1, INT32_MAX, &budget);
+            break;
+        case OPT_CHUNK:
+        case OPT_KV_CHUNK: ok = parse_long(c == OPT_CHUNK ? "--chunk" : "--kv-chunk", optarg, 1, 4096, &chunk); break;
         case OPT_STATS: print_stats = true; break;
         case OPT_KV_POLICY:
             kv_set = true;
@@ -394,13 +435,12 @@ int tri_cli_generate(int argc, char **argv) {
                 ok = false;
             }
             break;
-        case OPT_KV_BUDGET: kv_set = true; ok = parse_long("--kv-budget", optarg, 1, INT32_MAX, &kv_budget); break;
-        case OPT_KV_CHUNK: kv_set = true; ok = parse_long("--kv-chunk", optarg, 1, 4096, &kv_chunk); break;
-        case OPT_SINK: kv_set = true; ok = parse_long("--sink", optarg, 1, INT32_MAX, &sink); break;
+        case OPT_SINK: ok = parse_long("--sink", optarg, 1, INT32_MAX, &sink); break;
         case OPT_REFRESH: ok = parse_long("--refresh", optarg, 1, INT32_MAX, &refresh); break;
         case OPT_DRAFT_WINDOW: ok = parse_long("--draft-window", optarg, 2, INT32_MAX, &draft_window); break;
         case OPT_DRAFT_SINK: ok = parse_long("--draft-sink", optarg, 1, INT32_MAX, &draft_sink); break;
         case OPT_REFRESH_ACCEPT:
+            refresh_accept_set = true;
             ok = parse_float("--refresh-accept", optarg, 0.0, 1.0, &spec_params.refresh_accept);
             break;
         case OPT_DEVICE: ok = tri_cli_parse_device("offload-run generate", optarg, &sp); break;
@@ -417,6 +457,16 @@ int tri_cli_generate(int argc, char **argv) {
             if (!tri_cli_parse_size(optarg, c == OPT_GPU_MEM ? &gpu_mem : &host_mem)) {
                 fprintf(stderr, "offload-run generate: %s '%s': want a size like 24G or 512M\n",
                         c == OPT_GPU_MEM ? "--gpu-mem" : "--host-mem", optarg);
+                ok = false;
+            }
+            break;
+        case OPT_KV_INDEX:
+            index_set = true;
+            if (strcmp(optarg, "exact") == 0) sp.kv_index = TRI_KV_INDEX_EXACT;
+            else if (strcmp(optarg, "faiss") == 0) sp.kv_index = TRI_KV_INDEX_FAISS_FLAT;
+            else if (strcmp(optarg, "faiss-ivf") == 0) sp.kv_index = TRI_KV_INDEX_FAISS_IVF;
+            else {
+                fprintf(stderr, "offload-run generate: --kv-index '%s': want exact, faiss or faiss-ivf\n", optarg);
                 ok = false;
             }
             break;
@@ -447,15 +497,36 @@ int tri_cli_generate(int argc, char **argv) {
                                 : "a drafter needs --spec draft or --spec triforce");
         return 2;
     }
-    if (kv_set && spec_params.mode != TRI_SPEC_MODE_NONE) {
-        fprintf(stderr, "offload-run generate: --kv, --kv-budget, --kv-chunk and --sink set plain decoding's cache; "
-                        "with --spec use --budget, --chunk, --draft-window, --draft-sink\n");
+    // every cache option must do something under the chosen policy or mode
+    const tri_spec_mode mode = spec_params.mode;
+    const bool plain = mode == TRI_SPEC_MODE_NONE;
+    const bool has_l2 = mode == TRI_SPEC_MODE_RETRIEVAL || mode == TRI_SPEC_MODE_TRIFORCE;
+    const bool l1_cache = needs_drafter && ngram == 0;  // the n-gram drafter has no cache
+    const tri_kv_policy pol = sp.kv_policy;
+    if (!applies("--kv", kv_set, plain, "plain decoding; the levels of --spec have their own caches") ||
+        !applies("--budget", budget, plain ? pol != TRI_KV_POLICY_FULL : has_l2,
+                 plain ? "--kv streaming, h2o or retrieval (the cache policy is full)"
+                       : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !applies("--chunk", chunk, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                 plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !applies("--kv-index", index_set, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                 plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !applies("--refresh", refresh, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                 plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !applies("--sink", sink, plain && pol == TRI_KV_POLICY_STREAMING,
+                 plain ? "--kv streaming" : "--kv streaming (L1's sinks are --draft-sink)") ||
+        !applies("--draft-window", draft_window, l1_cache, "an L1 model or layers (--spec draft or triforce)") ||
+        !applies("--draft-sink", draft_sink, l1_cache, "an L1 model or layers (--spec draft or triforce)") ||
+        !applies("--gamma1", gamma1, mode == TRI_SPEC_MODE_TRIFORCE, "--spec triforce") ||
+        !applies("--gamma2", gamma2, !plain, "--spec draft, retrieval or triforce") ||
+        !applies("--refresh-accept", refresh_accept_set, has_l2, "--spec retrieval or triforce"))
         return 2;
+    if (plain) {
+        sp.kv_budget = (int32_t)budget;
+        sp.kv_chunk = (int32_t)chunk;
+        sp.kv_sink = (int32_t)sink;
+        sp.kv_refresh = (int32_t)refresh;
     }
-    sp.kv_budget = (int32_t)kv_budget;
-    sp.kv_chunk = (int32_t)kv_chunk;
-    sp.kv_sink = (int32_t)sink;
-    sp.kv_refresh = (int32_t)refresh;
     spec_params.refresh = (int32_t)refresh;
     spec_params.draft_window = (int32_t)draft_window;
     spec_params.draft_sink = (int32_t)draft_sink;
@@ -598,14 +669,7 @@ int tri_cli_generate(int argc, char **argv) {
     }
     fputc('\n', stdout);
     fflush(stdout);
-    fprintf(stderr,
-            "prompt: %d tokens, prefill %.1f tok/s (%.2f s) | generated: %d tokens, decode %.1f tok/s "
-            "(%.1f ms/token)\n",
-            stats.n_prompt, stats.prefill_seconds > 0 ? stats.n_prompt / stats.prefill_seconds : 0.0,
-            stats.prefill_seconds,
-            stats.n_generated,
-            stats.decode_seconds > 0 && stats.n_generated > 1 ? (stats.n_generated - 1) / stats.decode_seconds : 0.0,
-            stats.n_generated > 1 ? 1e3 * stats.decode_seconds / (stats.n_generated - 1) : 0.0);
+    print_figures(&stats);
     if (stats.kv_bytes_up || stats.kv_bytes_down) {
         // decoding runs n_generated - 1 passes (the last token is not run)
         int32_t passes = stats.n_generated > 1 ? stats.n_generated - 1 : 1;

@@ -49,17 +49,20 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
     case TRI_KV_POLICY_RETRIEVAL:
         kp.budget = params->budget;
         kp.chunk = params->chunk;
+        kp.index = params->index;
         kp.refresh = 0;  // the engine decides when to select (tri__level_eval_refresh)
         break;
     default:
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level: policy %s is not one a level serves",
                          tri__kv_policy_name(params->policy));
     }
-    // a budget that covers the context evicts nothing: the full policy computes the same, exactly
-    if (kp.kind != TRI_KV_POLICY_FULL && kp.budget >= params->n_ctx)
-        kp = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, params->n_ctx);
+    // the values as given are checked (a budget past the context, a chunk that does not divide
+    // it): the caller resolved the defaults
     tri_status st;
     if ((st = tri__kv_policy_check(&kp, params->n_ctx))) return st;
+    // a budget of the whole context evicts nothing: the full policy computes the same, exactly
+    if (kp.kind != TRI_KV_POLICY_FULL && kp.budget == params->n_ctx)
+        kp = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, params->n_ctx);
     lv->model = model;
     lv->be = be;
     lv->params = *params;

@@ -4,8 +4,9 @@
 // The speculative engine (spec.c) talks to levels only through this adapter. Each level owns a
 // cache policy from retrieval/kv-policy.h and runs through tri__llama_forward_policy: L1 drafts
 // over StreamingLLM, L2 is the target over the retrieval cache, L3 the target over the full
-// cache. A policy that would evict nothing (a budget or window covering the whole context) is
-// served by the full policy, so that such a level computes exactly what a full-cache level does.
+// cache. A policy that would evict nothing (a budget or window of the whole context) is served by
+// the full policy, so that such a level computes exactly what a full-cache level does. Defaults are
+// the engine's business (spec.c): a level checks the values it is given.
 #ifndef TRI_LEVEL_H
 #define TRI_LEVEL_H
 
@@ -23,9 +24,11 @@ typedef struct tri__level_params {
     int32_t n_batch;       // tokens per internal step of a long prefill
     tri_dtype kv_type;     // F16 or F32
     int32_t budget;        // STREAMING: sink + recent tokens kept; RETRIEVAL: tokens of selected
-                           // chunks; >= n_ctx: nothing is evicted, the level is FULL
+                           // chunks; 1 <= budget <= n_ctx (checked, never adjusted); n_ctx:
+                           // nothing is evicted, the level is FULL
     int32_t chunk;         // RETRIEVAL: tokens per chunk, divides budget
     int32_t sink;          // STREAMING: attention-sink tokens, < budget
+    tri__chunk_index_kind index;  // RETRIEVAL: the chunk index (0: exact scan)
     int32_t kv_offloaded;  // FULL: layers (the last ones) whose cache lives in host memory and
                            // streams through the device per pass (kv-store.h); 0: none
 } tri__level_params;

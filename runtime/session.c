@@ -76,15 +76,19 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
                          "session: kv_budget %d, kv_chunk %d, kv_sink %d and kv_refresh %d must be >= 0",
                          p.kv_budget, p.kv_chunk, p.kv_sink, p.kv_refresh);
     tri__kv_policy_params kp = tri__kv_policy_default_params(p.kv_policy, p.n_ctx);
-    if (p.kv_budget > 0) {
-        kp.budget = p.kv_budget;
-        kp.sink = kp.budget >= 32 ? 16 : kp.budget / 2;
-    }
     if (p.kv_chunk > 0) kp.chunk = p.kv_chunk;
+    if (p.kv_budget > 0) kp.budget = p.kv_budget;
     if (p.kv_sink > 0) kp.sink = p.kv_sink;
+    else kp.sink = kp.budget >= 32 ? 16 : kp.budget / 2;
     kp.refresh = p.kv_refresh;
-    tri_status st = tri__kv_policy_check(&kp, p.n_ctx);
-    if (st) return st;
+    kp.index = (tri__chunk_index_kind)p.kv_index;
+    tri_status st;
+    if (p.kv_budget == 0) {
+        // a sink given must fit the budget left to the default even where nothing will be evicted
+        if (kp.kind == TRI_KV_POLICY_STREAMING && (st = tri__kv_policy_check(&kp, p.n_ctx))) return st;
+        tri__kv_policy_default_budget(&kp, p.n_ctx);  // whole chunks, or FULL if it covers n_ctx
+    }
+    if ((st = tri__kv_policy_check(&kp, p.n_ctx))) return st;
     if (p.kv_layers_offloaded < 0 || p.kv_layers_offloaded > c->n_layer)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: kv_layers_offloaded %d outside [0, %d] (the model's layers)",
                          p.kv_layers_offloaded, c->n_layer);

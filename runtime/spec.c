@@ -227,7 +227,7 @@ struct tri_spec {
 tri_spec_params tri_spec_default_params(void) {
     tri_spec_params p = {
         .mode = TRI_SPEC_MODE_TRIFORCE, .drafter = TRI_SPEC_DRAFTER_MODEL, .ngram_n = 3,
-        .gamma1 = 2, .gamma2 = 6, .budget = 4096, .chunk = 8, .draft_window = 256, .draft_sink = 16,
+        .gamma1 = 2, .gamma2 = 6, .budget = 0, .chunk = 8, .draft_window = 0, .draft_sink = 0,
         .refresh = 0, .refresh_accept = 0.5f,
     };
     return p;
@@ -631,15 +631,20 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     if (p.gamma1 == 0) p.gamma1 = 2;
     if (p.gamma2 == 0) p.gamma2 = 6;
     if (p.ngram_n == 0) p.ngram_n = 3;
-    if (p.budget == 0) p.budget = 4096;
     if (p.chunk == 0) p.chunk = 8;
-    if (p.draft_window == 0) p.draft_window = 256;
-    if (p.draft_sink == 0) p.draft_sink = p.draft_window >= 32 ? 16 : p.draft_window / 2;
-    if (p.draft_sink >= p.draft_window)
+    // budget and draft_window stay 0 when left to the default: only then may a cache that covers
+    // the whole context quietly become the full cache (below); given ones are checked
+    int32_t window = p.draft_window > 0 ? p.draft_window : 256;
+    if (p.draft_sink == 0) p.draft_sink = window >= 32 ? 16 : window / 2;
+    if (p.draft_sink >= window)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "speculative: draft_sink %d must be < draft_window %d to leave room for recent tokens",
-                         p.draft_sink, p.draft_window);
+                         p.draft_sink, window);
     if (sp.n_ctx == 0) sp.n_ctx = c->n_ctx_train > 0 && c->n_ctx_train < 8192 ? c->n_ctx_train : 8192;
+    if (p.draft_window > sp.n_ctx)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "speculative: draft_window %d is larger than the context (%d positions)", p.draft_window,
+                         sp.n_ctx);
     if (sp.n_batch == 0) sp.n_batch = 128;
     if (sp.n_batch > sp.n_ctx) sp.n_batch = sp.n_ctx;
     const bool has_l1 = p.mode == TRI_SPEC_MODE_DRAFT || p.mode == TRI_SPEC_MODE_TRIFORCE;
@@ -682,18 +687,25 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     l3p.kv_offloaded = sp.kv_layers_offloaded;  // L3's full cache may stream from host memory
     if ((st = tri__level_init(&s->l3, s->tw, s->be, &l3p))) goto fail;
     if (has_l2) {
+        // a budget left to the default is 4096 in whole chunks, or the full cache when the context
+        // is no longer (kv-policy.h); a given one is checked by the level
+        tri__kv_policy_params kp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, sp.n_ctx);
+        kp.chunk = p.chunk;
+        if (p.budget > 0) kp.budget = p.budget;
+        else tri__kv_policy_default_budget(&kp, sp.n_ctx);
         tri__level_params l2p = lp;
-        l2p.policy = TRI_KV_POLICY_RETRIEVAL;
-        l2p.budget = p.budget;
-        l2p.chunk = p.chunk;
+        l2p.policy = kp.kind;
+        l2p.budget = kp.budget;
+        l2p.chunk = kp.chunk;
+        l2p.index = (tri__chunk_index_kind)sp.kv_index;
         if ((st = tri__level_init(&s->l2, s->tw, s->be, &l2p))) goto fail;
         s->lv2 = &s->l2;
     }
     if (has_l1 && p.drafter != TRI_SPEC_DRAFTER_NGRAM) {
         const tri_model *m = p.drafter == TRI_SPEC_DRAFTER_MODEL ? s->dw : s->view;
         tri__level_params l1p = lp;
-        l1p.policy = TRI_KV_POLICY_STREAMING;
-        l1p.budget = p.draft_window;
+        l1p.policy = p.draft_window == 0 && window >= sp.n_ctx ? TRI_KV_POLICY_FULL : TRI_KV_POLICY_STREAMING;
+        l1p.budget = window;
         l1p.sink = p.draft_sink;
         if ((st = tri__level_init(&s->l1, m, s->be, &l1p))) goto fail;
         s->lv1 = &s->l1;

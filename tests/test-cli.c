@@ -1,11 +1,13 @@
 // test-cli.c - offload-run as a user runs it: exit codes, messages, and that every speculative
 // mode prints the same greedy tokens as plain decoding.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "chunk-index.h"
 #include "test-util.h"
 
 // Runs `offload-run ARGS`, capturing stdout and stderr; returns the exit status.
@@ -133,9 +135,18 @@ Test(cli, kv_policies_for_plain_decoding) {
         cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", policies[i], err);
         cr_assert(strstr(err, "generated: 24 tokens"), "%s: %s", policies[i], err);
     }
+    // the defaults work for any context: here prompt + 4 = 20 positions, not a multiple of the
+    // chunk of 8, and no longer than the default budget, so nothing is evicted
+    for (size_t i = 1; i < sizeof policies / sizeof policies[0]; i++) {
+        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 4 --ids --ignore-eos --kv %s", m,
+                 i == 1 ? "streaming" : i == 2 ? "h2o" : "retrieval");
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", args, err);
+        cr_assert(strstr(err, "generated: 4 tokens"), "%s: %s", args, err);
+    }
     snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 4 --kv retrieval --kv-budget 10", m);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
     cr_assert(strstr(err, "chunk size 8 must divide the budget 10"), "%s", err);
+    cr_assert(strchr(err, '\n') == strrchr(err, '\n'), "one line: %s", err);
     cr_assert_eq(cli("generate -m x -p hi --kv lru", out, sizeof out, err, sizeof err), 2);
     cr_assert(strstr(err, "--kv 'lru'"), "%s", err);
     cr_assert_eq(cli("generate -m x -p hi --kv streaming --spec retrieval", out, sizeof out, err, sizeof err), 2);
@@ -185,4 +196,168 @@ Test(cli, devices_offload_and_placement) {
     snprintf(args, sizeof args, "generate -m '%s' -p hi --gpu-mem lots", m);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2);
     cr_assert(strstr(err, "--gpu-mem 'lots'"), "%s", err);
+}
+
+// --budget, --chunk, --sink and --refresh set the --kv policy of plain decoding (--kv-budget and
+// --kv-chunk are the same options): the budget given is the one used.
+Test(cli, budget_chunk_sink_apply_to_the_kv_policy) {
+    const char *m = tiny_model();
+    static char args[8192], a[1 << 16];
+    // 16 prompt tokens + 24: a budget of 8 in chunks of 4 evicts, one of 40 keeps all
+    const char *same[][2] = {{"--kv retrieval --budget 8 --chunk 4", "--kv retrieval --kv-budget 8 --kv-chunk 4"},
+                             {"--kv retrieval --budget 40 --chunk 4", "--kv full"},
+                             {"--kv streaming --budget 40 --sink 4", "--kv full"}};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        snprintf(args, sizeof args,
+                 "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv-type f32 %s",
+                 m, same[i][0]);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", same[i][0], err);
+        snprintf(a, sizeof a, "%s", out);
+        snprintf(args, sizeof args,
+                 "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv-type f32 %s",
+                 m, same[i][1]);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", same[i][1], err);
+        cr_assert_str_eq(a, out, "%s vs %s", same[i][0], same[i][1]);
+    }
+    // and a small budget is really used: its greedy tokens part from the full cache's (on this
+    // model and prompt they do for each policy; before, --budget without --spec was ignored)
+    static char full[1 << 16];
+    snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv-type f32", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(full, sizeof full, "%s", out);
+    const char *evicting[] = {"--kv streaming --budget 4 --sink 1", "--kv h2o --budget 4",
+                              "--kv retrieval --budget 4 --chunk 4"};
+    for (size_t i = 0; i < sizeof evicting / sizeof evicting[0]; i++) {
+        snprintf(args, sizeof args,
+                 "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv-type f32 %s",
+                 m, evicting[i]);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", evicting[i], err);
+        cr_assert_str_neq(out, full, "%s: the same tokens as the full cache", evicting[i]);
+    }
+}
+
+// A long prompt in small steps: off a terminal, one progress line per tenth of the prompt (at the
+// first step boundary past it), then a closing line whose rates agree with its token counts and
+// times to the precision printed.
+Test(cli, prefill_progress_and_closing_figures) {
+    const char *m = tiny_model();
+    static char args[16384];
+    int n = snprintf(args, sizeof args, "generate -m '%s' --batch 8 -n 16 --ids --ignore-eos --tokens ", m);
+    for (int i = 0; i < 600; i++) n += snprintf(args + n, sizeof args - (size_t)n, i ? ",%d" : "%d", i % 200 + 3);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    // progress: the first multiple of 8 at or past 60, 120, ..., 540 (after the device line)
+    const char *line = err;
+    while (!strncmp(line, "device: ", 8) || !strncmp(line, "plan: ", 6)) line = strchr(line, '\n') + 1;
+    for (int k = 1; k <= 9; k++) {
+        int done, total, want = (60 * k + 7) / 8 * 8;
+        cr_assert(sscanf(line, "prefill: %d / %d tokens\n", &done, &total) == 2, "progress line %d: %s", k, line);
+        cr_assert(done == want && total == 600, "progress line %d: %d / %d, want %d / 600", k, done, total, want);
+        line = strchr(line, '\n') + 1;
+    }
+    int n_prompt, n_gen;
+    double rate, ms, drate, ms_tok;
+    char unit[8];
+    cr_assert(sscanf(line,
+                     "prompt: %d tokens, prefill %lf tok/s (%lf %7[a-z]) | generated: %d tokens, "
+                     "decode %lf tok/s (%lf ms/token)", &n_prompt, &rate, &ms, unit, &n_gen, &drate, &ms_tok) == 7,
+              "closing line: %s", line);
+    cr_assert(n_prompt == 600 && n_gen == 16, "%s", line);
+    if (!strcmp(unit, "s")) ms *= 1e3;
+    else cr_assert_str_eq(unit, "ms", "%s", line);
+    // rates are counts over times: the time is printed to 0.05 ms (or 5 ms past a second), the
+    // rate to 0.05 tok/s, the time per token to 3 digits
+    cr_assert(fabs(rate * ms / 1e3 - 600) <= 600 * (0.05 / ms + 1e-3), "%s", line);
+    cr_assert(fabs(drate * ms_tok / 1e3 - 1) <= 6e-3, "%s", line);
+    cr_assert(strchr(line, '\n') == strrchr(line, '\n'), "one closing line: %s", line);
+
+    // a prompt of one token, which speculation does not prefill at all: no prefill rate; and one
+    // generated token: no decode rate
+    snprintf(args, sizeof args, "generate -m '%s' --tokens 5 -n 8 --ids --ignore-eos --spec draft --draft-ngram 2", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "prompt: 1 tokens, prefill under 1 ms | generated: 8 tokens, decode "), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' --tokens 5 -n 1 --ids", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "| generated: 1 tokens\n"), "no decode rate for one token: %s", err);
+}
+
+// --kv-index faiss (FAISS's flat index) selects what the exact scan does: the same tokens, plain
+// and as L2; without FAISS in the build it is a clear error.
+Test(cli, kv_index_faiss) {
+    const char *m = tiny_model();
+    static char args[8192], exact[1 << 16], plain[1 << 16];
+    snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(plain, sizeof plain, "%s", out);
+    snprintf(args, sizeof args,
+             "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --kv retrieval --budget 12 --chunk 4 "
+             "--refresh 2", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(exact, sizeof exact, "%s", out);
+    const char *with_faiss[] = {"--kv retrieval --budget 12 --chunk 4 --refresh 2 --kv-index faiss",
+                                "--spec retrieval --budget 12 --chunk 4 --refresh 2 --kv-index faiss"};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos %s", m,
+                 with_faiss[i]);
+        int rc = cli(args, out, sizeof out, err, sizeof err);
+        if (!tri__chunk_index_have_faiss()) {
+            cr_assert_eq(rc, 1, "%s", err);
+            cr_assert(strstr(err, "this build has no FAISS"), "%s", err);
+            cr_assert(strchr(err, '\n') == strrchr(err, '\n'), "one line: %s", err);
+            continue;
+        }
+        cr_assert_eq(rc, 0, "%s: %s", with_faiss[i], err);
+        // plain decoding over the retrieval cache, or speculation, whose output is the target's
+        cr_assert_str_eq(out, i == 0 ? exact : plain, "%s", with_faiss[i]);
+    }
+    cr_assert_eq(cli("generate -m x -p hi --kv retrieval --kv-index hnsw", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--kv-index 'hnsw'"), "%s", err);
+    cr_assert_eq(cli("generate -m x -p hi --kv h2o --kv-index faiss", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--kv-index applies only to --kv retrieval"), "%s", err);
+    if (!tri__chunk_index_have_faiss()) cr_skip_test("no FAISS in this build: only the error is checked");
+}
+
+// Every cache option that does nothing under the chosen policy or mode, and every value the policy
+// refuses, is a one-line error instead of being ignored or quietly replaced.
+Test(cli, cache_options_that_do_not_apply_are_refused) {
+    const char *m = tiny_model();
+    static char args[8192];
+    struct {
+        const char *opts;
+        int rc;
+        const char *needle;
+    } cases[] = {
+        // usage: the option does nothing here
+        {"--chunk 3", 2, "--chunk applies only to --kv retrieval"},
+        {"--budget 8", 2, "--budget applies only to --kv streaming, h2o or retrieval"},
+        {"--refresh 4", 2, "--refresh applies only to --kv retrieval"},
+        {"--sink 2", 2, "--sink applies only to --kv streaming"},
+        {"--kv retrieval --sink 2", 2, "--sink applies only to --kv streaming"},
+        {"--kv h2o --chunk 4", 2, "--chunk applies only to --kv retrieval"},
+        {"--kv streaming --kv-chunk 4", 2, "--chunk applies only to --kv retrieval"},
+        {"--kv streaming --refresh 4", 2, "--refresh applies only to --kv retrieval"},
+        {"--kv full --budget 8", 2, "--budget applies only"},
+        {"--kv streaming --spec retrieval", 2, "--kv applies only to plain decoding"},
+        {"--spec draft --draft-ngram 2 --budget 8", 2, "--budget applies only to L2"},
+        {"--spec draft --draft-ngram 2 --refresh-accept 0.5", 2, "--refresh-accept applies only"},
+        {"--spec triforce --draft-layers 0 --sink 2", 2, "L1's sinks are --draft-sink"},
+        {"--spec retrieval --draft-window 8", 2, "--draft-window applies only"},
+        {"--spec triforce --draft-ngram 2 --draft-sink 2", 2, "--draft-sink applies only"},
+        {"--spec draft --draft-ngram 2 --gamma1 2", 2, "--gamma1 applies only to --spec triforce"},
+        {"--gamma2 4", 2, "--gamma2 applies only"},
+        // values the policy refuses: budget past the context, chunk not dividing, sink >= budget
+        {"--spec retrieval --budget 100000 --chunk 3 --ctx 256", 1, "budget 100000 is larger than the context (256"},
+        {"--spec retrieval --budget 256 --chunk 3 --ctx 256", 1, "chunk size 3 must divide the budget 256"},
+        {"--spec draft --draft-layers 0 --draft-window 100 --ctx 64", 1, "draft_window 100 is larger than the context"},
+        {"--kv retrieval --budget 100 --ctx 64", 1, "budget 100 is larger than the context (64"},
+        {"--kv retrieval --budget 64 --chunk 3 --ctx 64", 1, "chunk size 3 must divide the budget 64"},
+        {"--kv streaming --budget 8 --sink 8", 1, "sink 8 must be in [0, budget 8)"},
+        {"--kv streaming --sink 40 --ctx 40", 1, "sink 40 must be in [0, budget 40)"},
+        {"--kv h2o --budget 41", 1, "budget 41 is larger than the context (40"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids %s", m, cases[i].opts);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), cases[i].rc, "%s: rc, %s", cases[i].opts, err);
+        cr_assert(strstr(err, cases[i].needle), "%s: '%s' lacks '%s'", cases[i].opts, err, cases[i].needle);
+        cr_assert(strchr(err, '\n') == strrchr(err, '\n'), "%s: not one line: %s", cases[i].opts, err);
+    }
 }

@@ -1,6 +1,7 @@
 // test-cpu-backend.c - every CPU op against a naive scalar reference written here (double
 // accumulation), at each SIMD level this machine has; RoPE tables against numpy code that follows
-// HF transformers (tests/fixtures/make-rope.py).
+// HF transformers (tests/fixtures/make-rope.py; those tests skip in a build without the reference
+// Python packages).
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -371,6 +372,7 @@ static void check_table(const char *name, const tri__rope *r) {
 }
 
 Test(cpu_backend, rope_tables_match_hf) {
+    tt_need_fixtures("rope");
     tri__rope r;
     tri_model_config c = rope_cfg(64, 10000, TRI_ROPE_SCALING_NONE, 1, 0);
     cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK);
@@ -421,6 +423,7 @@ Test(cpu_backend, rope_tables_match_hf) {
 }
 
 Test(cpu_backend, rope_dynamic_ntk_follows_sequence_length) {
+    tt_need_fixtures("rope");
     tri__rope r;
     tri_model_config c = rope_cfg(128, 10000, TRI_ROPE_SCALING_DYNAMIC, 2, 4096);
     cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK);
@@ -438,6 +441,7 @@ Test(cpu_backend, rope_dynamic_ntk_follows_sequence_length) {
 
 // The kernel against numpy's rotation of the same input with the same float32 table, both layouts.
 Test(cpu_backend, rope_rotates_both_layouts) {
+    tt_need_fixtures("rope");
     static const char *names[] = {"yarn", "llama3", "dynamic"};
     static const char *layouts[] = {"adjacent", "half"};
     size_t len;
@@ -470,6 +474,53 @@ Test(cpu_backend, rope_rotates_both_layouts) {
     tri__backend_free(be);
     free(x0);
     free(pos);
+}
+
+// The kernel at head sizes other than 128 (72 as in some small models, and 6, smaller than any
+// SIMD width), both layouts, every SIMD level, against a naive rotation written here: angle the
+// float32 product pos * inv_freq[i] (rope.h), cos and sin in double, times attn_factor. The
+// table is YaRN's, so attn_factor is not 1.
+Test(cpu_backend, rope_kernel_other_head_sizes) {
+    const int64_t dims[] = {72, 6}, m = 5, nh = 3;
+    const int32_t pos[5] = {0, 1, 17, 1000, 4095};
+    for (int di = 0; di < 2; di++) {
+        const int64_t hd = dims[di];
+        tri_model_config c = rope_cfg((int32_t)hd, 10000, TRI_ROPE_SCALING_YARN, 4, 1024);
+        tri__rope r;
+        cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert(r.attn_factor != 1.0f);
+        float *x0 = malloc(sizeof(float) * (size_t)(m * nh * hd)), *x = malloc(sizeof(float) * (size_t)(m * nh * hd));
+        double *want = malloc(sizeof(double) * (size_t)(m * nh * hd));
+        fill(x0, m * nh * hd, 2.0f);
+        for (int l = 0; l < 2; l++) {
+            r.layout = (tri_rope_layout)l;
+            for (int64_t t = 0; t < m; t++)
+                for (int64_t h = 0; h < nh; h++) {
+                    const float *a = x0 + (t * nh + h) * hd;
+                    double *w = want + (t * nh + h) * hd;
+                    for (int64_t i = 0; i < hd / 2; i++) {
+                        int64_t i0 = l == TRI_ROPE_LAYOUT_ADJACENT ? 2 * i : i;
+                        int64_t i1 = l == TRI_ROPE_LAYOUT_ADJACENT ? 2 * i + 1 : i + hd / 2;
+                        double ang = (double)((float)pos[t] * r.inv_freq[i]);
+                        double cs = cos(ang) * r.attn_factor, sn = sin(ang) * r.attn_factor;
+                        w[i0] = a[i0] * cs - a[i1] * sn;
+                        w[i1] = a[i0] * sn + a[i1] * cs;
+                    }
+                }
+            FOR_EACH_LEVEL({
+                memcpy(x, x0, sizeof(float) * (size_t)(m * nh * hd));
+                cr_assert_eq(be->ops->rope(be, x, m, nh, pos, &r), TRI_STATUS_OK);
+                for (int64_t i = 0; i < m * nh * hd; i++)
+                    cr_assert(fabs(x[i] - want[i]) <= 1e-5 * (1 + fabs(want[i])),
+                              "head_dim %lld layout %d level %d [%lld] (position %d): %g vs naive %g", (long long)hd, l,
+                              lvl, (long long)i, pos[i / (nh * hd)], (double)x[i], want[i]);
+            });
+        }
+        free(x0);
+        free(x);
+        free(want);
+        tri__rope_free(&r);
+    }
 }
 
 // ---- attention ----

@@ -162,6 +162,24 @@ Test(llama, yarn_scaling) {
     free_case(&rc);
 }
 
+// Dynamic NTK past the original context: a model trained on 16 positions, a prompt of 24. The
+// reference (as HF's dynamic_rope_update) computes the base once per forward call from its last
+// position: one pass for the prompt (base for 24 positions, all 24 rotated with it), then one per
+// greedy token (base for its position + 1, the cached keys keeping theirs). One prefill step and
+// tri_generate's one-token steps do the same. HF checkpoints only: GGUF has no dynamic rule
+// (llama.cpp has none; the file the generator writes is refused as unsupported).
+Test(llama, dynamic_ntk_past_the_original_context) {
+    ref_case rc;
+    make_case(&rc, "dynamic",
+              "--dtype f32 --rope-scaling dynamic --rope-factor 2 --ctx 16 --rope-orig-ctx 16 --theta 10000");
+    check_logits(&rc, rc.hf, TRI_DTYPE_F32, 128, TOL_F32);
+    check_logits(&rc, rc.hf, TRI_DTYPE_F16, 128, TOL_F16_KV);
+    check_greedy(&rc, rc.hf);
+    tri_model *m;
+    cr_assert_eq(tri_model_load(rc.gguf, NULL, &m), TRI_STATUS_UNSUPPORTED);
+    free_case(&rc);
+}
+
 Test(llama, linear_and_llama3_scaling_tied) {
     ref_case rc;
     make_case(&rc, "linear", "--dtype f32 --rope-scaling linear --rope-factor 4 --tied");

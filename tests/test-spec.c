@@ -618,6 +618,22 @@ Test(spec, refuses_bad_cache_parameters) {
     tri_spec *s = NULL;
     cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(tri_last_error(), "chunk size 8 must divide the budget 36"), "%s", tri_last_error());
+    // given values are checked, not turned into the full cache: a budget past the context, or one
+    // of the whole context that the chunk does not divide
+    p.budget = 200;
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "budget 200 is larger than the context (128"), "%s", tri_last_error());
+    p.budget = 128;
+    p.chunk = 3;
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "chunk size 3 must divide the budget 128"), "%s", tri_last_error());
+    // left to the default, the budget of a context of 100 (not whole chunks) is the full cache
+    p.budget = 0;
+    tri_session_params sp100 = small_session(100);
+    cr_assert_eq(tri_spec_create(target, &sp100, &p, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__spec_level(s, 2)->pol.p.kind, TRI_KV_POLICY_FULL);
+    tri_spec_free(s);
+    s = NULL;
     p = params_of(TRI_SPEC_MODE_DRAFT, &(drafter_case){"n", TRI_SPEC_DRAFTER_NGRAM, NULL, NULL, 0, 2}, 2, 4);
     p.drafter = TRI_SPEC_DRAFTER_LAYERS;
     p.draft_layers = (const int32_t[]){0};
@@ -627,10 +643,33 @@ Test(spec, refuses_bad_cache_parameters) {
     cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(tri_last_error(), "draft_sink 16 must be < draft_window 16"), "%s", tri_last_error());
     p.draft_sink = 4;
+    p.draft_window = 129;  // past the context of 128
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "draft_window 129 is larger than the context (128"), "%s", tri_last_error());
+    p.draft_window = 16;
     p.refresh_accept = 1.5f;
     cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(tri_last_error(), "refresh_accept"), "%s", tri_last_error());
     cr_assert_null(s);
+    tri_model_free(target);
+}
+
+// L2's chunk index is the session parameters' kv_index (FAISS where the build has it).
+Test(spec, l2_uses_the_session_chunk_index) {
+    tri_model *target = load(gen_model("index", "--seed 72 --layers 1"));
+    tri_spec_params p = params_of(TRI_SPEC_MODE_RETRIEVAL, &(drafter_case){0}, 2, 4);
+    tri_session_params sp = small_session(128);
+    sp.kv_index = TRI_KV_INDEX_FAISS_FLAT;
+    tri_spec *s = NULL;
+    if (!tri__chunk_index_have_faiss()) {
+        cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_UNSUPPORTED);
+        tri_model_free(target);
+        cr_skip_test("no FAISS in this build");
+    }
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__spec_level(s, 2)->pol.p.kind, TRI_KV_POLICY_RETRIEVAL);
+    cr_assert_eq(tri__spec_level(s, 2)->pol.p.index, TRI_CHUNK_INDEX_FAISS_FLAT);
+    tri_spec_free(s);
     tri_model_free(target);
 }
 
