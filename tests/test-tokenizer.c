@@ -446,6 +446,13 @@ Test(tokenizer, public_api) {
     cr_assert(plen == 12 && memcmp(piece, "<|im_start|>", 12) == 0);
     cr_assert_eq(tri_token_text(&m, tri_token_count(&m), &piece, &plen),
                  TRI_STATUS_INVALID_ARGUMENT);
+    // Decoded bytes of one token: "Ġ" is the space byte, a special token its text.
+    cr_assert_eq(tri_token_piece(&m, tri__tokenizer_find(m.tokenizer, "\xc4\xa0", 2), &piece,
+                                 &plen), TRI_STATUS_OK);
+    cr_assert(plen == 1 && piece[0] == ' ');
+    cr_assert_eq(tri_token_piece(&m, ids[1], &piece, &plen), TRI_STATUS_OK);
+    cr_assert(plen == 12 && memcmp(piece, "<|im_start|>", 12) == 0);
+    cr_assert_eq(tri_token_piece(&m, -1, &piece, &plen), TRI_STATUS_INVALID_ARGUMENT);
     char buf[128];
     size_t len;
     cr_assert_eq(tri_detokenize(&m, ids, n, false, buf, sizeof buf, &len), TRI_STATUS_OK);
