@@ -423,6 +423,13 @@ TRI_API bool tri_token_is_special(const tri_model *model, int32_t id);
 // *len (not NUL-terminated; owned by the model). INVALID_ARGUMENT for an id out of range.
 TRI_API tri_status tri_token_text(const tri_model *model, int32_t id, const char **text,
                                   size_t *len);
+// The bytes a token decodes to on its own ("▁the" and "Ġthe" -> " the", "<0x0A>" -> "\n", a
+// special token its text), in *text and *len (not NUL-terminated; owned by the model): what
+// tri_detokenize writes for it with render_special, except that a leading space is always kept
+// (tri_detokenize removes the one SentencePiece puts in front of the text). INVALID_ARGUMENT for
+// an id out of range.
+TRI_API tri_status tri_token_piece(const tri_model *model, int32_t id, const char **text,
+                                   size_t *len);
 
 // Encodes len bytes of text. add_special: add BOS/EOS as the model's tokenizer metadata says
 // (SentencePiece models: BOS; SmolLM2: none). parse_special: control-token strings in the text

@@ -1,4 +1,5 @@
 // cli-tokenize.c - `offload-run tokenize`: text to token ids (and pieces) with a model's tokenizer.
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -17,7 +18,7 @@ static void usage(FILE *f) {
           "  -p, --prompt TEXT  the text\n"
           "  -f, --file PATH    read the text from a file (bytes as they are, no newline removed)\n"
           "      --ids          print only the ids, space-separated on one line\n"
-          "      --pieces       print one token per line: id, vocabulary text, decoded text\n"
+          "      --pieces       print one token per line: id, vocabulary text, decoded bytes\n"
           "      --special      split control-token strings such as <|im_start|> out of the text\n"
           "                     (otherwise they are tokenized as plain text)\n"
           "      --no-bos       do not add the BOS/EOS tokens the model's metadata asks for\n"
@@ -25,11 +26,11 @@ static void usage(FILE *f) {
           f);
 }
 
-// Reads a whole file into a malloc'ed buffer; NULL after printing the error.
+// Reads a whole file into a malloc'ed buffer; NULL after printing the error (one line).
 static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        perror(path);
+        fprintf(stderr, "offload-run tokenize: %s: %s\n", path, strerror(errno));
         return NULL;
     }
     size_t cap = 1 << 16, n = 0;
@@ -147,11 +148,10 @@ int tri_cli_tokenize(int argc, char **argv) {
     }
     if (pieces) {
         for (int64_t i = 0; i < n; i++) {
-            const char *piece;
+            const char *piece, *dec;
             size_t plen, dlen;
-            char dec[1024];
             if ((st = tri_token_text(model, ids[i], &piece, &plen)) ||
-                (st = tri_detokenize(model, &ids[i], 1, true, dec, sizeof dec, &dlen))) {
+                (st = tri_token_piece(model, ids[i], &dec, &dlen))) {
                 rc = tri_cli_fail("token piece", st);
                 goto done;
             }

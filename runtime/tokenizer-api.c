@@ -46,6 +46,18 @@ tri_status tri_token_text(const tri_model *model, int32_t id, const char **text,
     return TRI_STATUS_OK;
 }
 
+tri_status tri_token_piece(const tri_model *model, int32_t id, const char **text, size_t *len) {
+    if (!model || !model->tokenizer) return no_tokenizer(model);
+    if (!text || !len)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_token_piece: NULL output");
+    const char *s = tri__tokenizer_piece(model->tokenizer, id, len, NULL);
+    if (!s)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_token_piece: id %d out of range [0, %d)",
+                         id, tri__tokenizer_n_vocab(model->tokenizer));
+    *text = s;
+    return TRI_STATUS_OK;
+}
+
 tri_status tri_tokenize(const tri_model *model, const char *text, size_t len, bool add_special,
                         bool parse_special, int32_t *ids, int64_t cap, int64_t *n_out) {
     if (n_out) *n_out = 0;

@@ -133,6 +133,7 @@ tri_status tri__tokenizer_from_gguf(const tri__gguf *g, tri__tokenizer **out) {
         t->merge_by_score = true;
         t->add_bos = true;
         t->add_space_prefix = true;
+        t->fuse_unk = true;  // as SentencePiece, which made the vocabulary
     } else {
         uint64_t nm = merges->arr.n;
         if (nm > INT32_MAX) {
@@ -155,6 +156,8 @@ tri_status tri__tokenizer_from_gguf(const tri__gguf *g, tri__tokenizer **out) {
                 goto fail;
         }
     }
+    // unknown_token_id is only a label for byte-level BPE (SmolLM2 names <|endoftext|>):
+    // unk_bytes stays false, so a byte missing from the vocabulary is dropped, as in llama.cpp.
     if ((st = opt_id(g, "tokenizer.ggml.bos_token_id", &t->bos)) ||
         (st = opt_id(g, "tokenizer.ggml.eos_token_id", &t->eos)) ||
         (st = opt_id(g, "tokenizer.ggml.unknown_token_id", &t->unk)) ||

@@ -44,6 +44,10 @@ struct tri__tokenizer {
     bool remove_extra_ws;        // SPM normalizer: trim and collapse runs of spaces
     bool byte_fallback;          // SPM: unknown characters become <0xXX> tokens
     bool ignore_merges;          // BPE: a word that is a token is emitted whole (Llama-3)
+    bool unk_bytes;              // BPE: a byte missing from the vocabulary becomes unk (HF with
+                                 // unk_token), instead of being dropped (HF without, llama.cpp)
+    bool fuse_unk;               // a run of unknown symbols gives one unk (SentencePiece always;
+                                 // HF's fuse_unk, which fuses within a pre-tokenized word)
 
     int32_t byte_tok[256];  // SPM: id of <0xXX>; BPE: id of the byte's mapped character; or -1
 

@@ -304,9 +304,15 @@ static tri_status load_json(json_object *root, const char *name, tri__tokenizer 
                 id = i;
         if (id >= 0) {
             t->unk = id;
-            t->type[id] = TRI__TOKEN_UNKNOWN;
+            // An added special token ("<unk>" in Llama-2 files) stays one: HF splits it out of
+            // the text like any other.
+            if (t->type[id] != TRI__TOKEN_CONTROL) t->type[id] = TRI__TOKEN_UNKNOWN;
         }
     }
+    // HF's BPE model gives unk for a character (a byte, for byte-level) missing from the
+    // vocabulary only when unk_token is set, and fuses a run of them only with fuse_unk.
+    t->unk_bytes = kind == TRI_TOKENIZER_BPE && t->unk >= 0;
+    t->fuse_unk = get_bool(model, "fuse_unk", false);
     if ((st = tri__tok_index(t))) goto fail;
 
     // Merges: "a b" strings, or [a, b] pairs (tokenizers >= 0.20).

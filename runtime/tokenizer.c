@@ -699,9 +699,10 @@ static bool run_merges(const tri__tokenizer *t, scratch *sc, const char *word, i
 // ---- encoding ----
 
 // SPM: escape spaces as "▁" (with the dummy prefix), split into characters, merge, and map
-// each symbol to its id, its <0xXX> bytes, or unk.
+// each symbol to its id, its <0xXX> bytes, or unk (one unk for a run, with fuse_unk).
 static bool encode_spm(const tri__tokenizer *t, scratch *sc, const uint8_t *s, size_t len,
                        bool prefix) {
+    int64_t first = sc->n_ids;  // where this fragment's ids start: runs of unk end before it
     size_t a = 0, b = len;
     if (t->remove_extra_ws) {
         while (a < b && s[a] == ' ') a++;
@@ -748,14 +749,16 @@ static bool encode_spm(const tri__tokenizer *t, scratch *sc, const uint8_t *s, s
             if (!push_id(sc, id)) return false;
             continue;
         }
-        if (t->byte_fallback) {
-            for (uint32_t j = 0; j < y->len; j++) {
-                int32_t bt = t->byte_tok[(uint8_t)sc->buf[y->start + j]];
-                if (bt < 0) bt = t->unk;
-                if (bt >= 0 && !push_id(sc, bt)) return false;
+        for (uint32_t j = 0; j < (t->byte_fallback ? y->len : 1); j++) {
+            int32_t bt = t->byte_fallback ? t->byte_tok[(uint8_t)sc->buf[y->start + j]] : -1;
+            if (bt < 0) {
+                // SentencePiece fuses consecutive unknown pieces ("日本" -> one unk), so that
+                // decoding can copy the unknown text back as one span.
+                bool run = t->fuse_unk && sc->n_ids > first && sc->ids[sc->n_ids - 1] == t->unk;
+                if (run || t->unk < 0) continue;  // no unk at all: dropped, as HF does
+                bt = t->unk;
             }
-        } else if (t->unk >= 0 && !push_id(sc, t->unk)) {
-            return false;
+            if (!push_id(sc, bt)) return false;
         }
     }
     return true;
@@ -774,10 +777,22 @@ static bool encode_bpe_word(const tri__tokenizer *t, scratch *sc, const uint8_t 
     if (len > UINT32_MAX || !grow((void **)&sc->syms, &sc->syms_cap, len, sizeof(sym)))
         return false;
     int32_t ns = 0;
+    bool prev_unk = false;
     for (size_t i = 0; i < len; i++) {
         int32_t id = t->byte_tok[w[i]];
-        if (id < 0) id = t->unk;
-        if (id < 0) continue;  // a byte with no token and no unk is dropped, as HF does
+        bool unknown = id < 0;
+        if (unknown) {
+            // A byte missing from the vocabulary is dropped (HF without unk_token, llama.cpp,
+            // which ignores the unknown_token_id GGUF files carry) or becomes unk (HF with
+            // unk_token; fuse_unk makes a run of them one unk, within the word).
+            if (!t->unk_bytes) continue;
+            if (t->fuse_unk && prev_unk) {
+                sc->syms[ns - 1].len++;
+                continue;
+            }
+            id = t->unk;
+        }
+        prev_unk = unknown;
         sym *y = &sc->syms[ns];
         y->id = id;
         y->start = (uint32_t)i;

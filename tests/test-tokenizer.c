@@ -82,7 +82,11 @@ static void check_cases(const tri__tokenizer *t, const char *cases, bool hf, boo
             expect_ids(t, c, "ids_special", false, true);
             expect_ids(t, c, "ids_add", true, true);
         }
-        if (roundtrip) {
+        // The reference's own decode tells where a round trip is possible: not where a
+        // character is missing from the vocabulary (unk, or a dropped byte).
+        json_object *jr;
+        if (roundtrip && (!json_object_object_get_ex(c, "roundtrip", &jr) ||
+                          json_object_get_boolean(jr))) {
             json_object *jt;
             json_object_object_get_ex(c, "text", &jt);
             expect_roundtrip(t, json_object_get_string(jt), (size_t)json_object_get_string_len(jt));
@@ -155,10 +159,61 @@ Test(tokenizer, spm_gguf_matches_sentencepiece) {
     tri__gguf_close(g);
 }
 
+// BOS and EOS as SentencePiece adds them (encode(add_bos=True, add_eos=True)), for every text:
+// a GGUF with tokenizer.ggml.add_eos_token true.
+Test(tokenizer, spm_gguf_add_eos_matches_sentencepiece) {
+    tri__gguf *g;
+    tri__tokenizer *t = load_gguf_fixture("spm-eos.gguf", &g);
+    cr_assert(tri__tokenizer_add_bos(t) && tri__tokenizer_add_eos(t));
+    json_object *j = load_cases(tt_fixture("tokenizer", "spm-cases.json"));
+    for (size_t i = 0; i < json_object_array_length(j); i++) {
+        json_object *c = json_object_array_get_idx(j, i);
+        expect_ids(t, c, "ids_add", true, false);
+        expect_ids(t, c, "ids", false, false);
+    }
+    json_object_put(j);
+    tri__tokenizer_free(t);
+    tri__gguf_close(g);
+}
+
+// Without byte fallback a character no piece covers is <unk>, and SentencePiece gives one <unk>
+// for a run of them ("☃☃☃" -> one id).
+Test(tokenizer, spm_without_byte_fallback_fuses_unknowns_as_sentencepiece) {
+    tri__tokenizer *t = NULL;
+    cr_assert_eq(tri__tokenizer_from_spm_file(tt_fixture("tokenizer", "spm-nobf.model"), &t),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert(!t->byte_fallback && t->fuse_unk);
+    check_cases(t, "spm-nobf-cases.json", false, true);
+    tri__tokenizer_free(t);
+    tri__gguf *g;
+    t = load_gguf_fixture("spm-nobf.gguf", &g);
+    cr_assert(!t->byte_fallback);
+    check_cases(t, "spm-nobf-cases.json", false, true);
+    tri__tokenizer_free(t);
+    tri__gguf_close(g);
+}
+
+// HF fuses a run of unknowns only with the model's fuse_unk.
+Test(tokenizer, spm_tokenizer_json_fuse_unk_matches_hf_tokenizers) {
+    tri__tokenizer *t = load_json_fixture("spm-nobf-hf.json");
+    cr_assert(t->fuse_unk);
+    check_cases(t, "spm-nobf-hf-cases.json", true, true);
+    check_cases(t, "spm-nobf-cases.json", false, false);  // and SentencePiece's ids
+    tri__tokenizer_free(t);
+    t = load_json_fixture("spm-nobf-hf-nofuse.json");
+    cr_assert(!t->fuse_unk);
+    check_cases(t, "spm-nobf-hf-nofuse-cases.json", true, true);
+    tri__tokenizer_free(t);
+}
+
 Test(tokenizer, spm_tokenizer_json_matches_hf_tokenizers) {
     tri__tokenizer *t = load_json_fixture("spm-hf.json");
     cr_assert_eq(tri__tokenizer_kind(t), TRI_TOKENIZER_SPM);
     cr_assert(!t->merge_by_score, "converted tokenizers merge by rank");
+    // BOS from the "<s> $A" post-processor, as a real Llama-2 tokenizer.json; no EOS. The cases'
+    // ids_add are HF's encode(add_special_tokens=True).
+    cr_assert(tri__tokenizer_add_bos(t) && !tri__tokenizer_add_eos(t));
+    cr_assert_eq(tri__tokenizer_bos(t), 1);
     check_cases(t, "spm-hf-cases.json", true, true);
     // The same vocabulary from tokenizer.model gives SentencePiece's ids too.
     check_cases(t, "spm-cases.json", false, false);
@@ -194,6 +249,27 @@ Test(tokenizer, bpe_gpt2_matches_hf_tokenizers) {
     // No round trip: bytes never seen in training are not in this vocabulary and are dropped.
     check_cases(t, "bpe-gpt2-cases.json", true, false);
     tri__tokenizer_free(t);
+}
+
+// A byte missing from the vocabulary: unk when tokenizer.json sets unk_token (one unk per run
+// within a word with fuse_unk), dropped otherwise; a GGUF's unknown_token_id does not make it
+// unk (llama.cpp drops it, as HF without unk_token does, so the gpt2 cases apply).
+Test(tokenizer, bpe_missing_bytes_match_hf_tokenizers) {
+    tri__tokenizer *t = load_json_fixture("bpe-gpt2-unk.json");
+    cr_assert(t->unk_bytes && !t->fuse_unk);
+    check_cases(t, "bpe-gpt2-unk-cases.json", true, false);
+    tri__tokenizer_free(t);
+    t = load_json_fixture("bpe-gpt2-unkfuse.json");
+    cr_assert(t->unk_bytes && t->fuse_unk);
+    check_cases(t, "bpe-gpt2-unkfuse-cases.json", true, false);
+    tri__tokenizer_free(t);
+    tri__gguf *g;
+    t = load_gguf_fixture("bpe-gpt2-unk.gguf", &g);
+    cr_assert_geq(tri__tokenizer_unk(t), 0);
+    cr_assert(!t->unk_bytes);
+    check_cases(t, "bpe-gpt2-cases.json", true, false);
+    tri__tokenizer_free(t);
+    tri__gguf_close(g);
 }
 
 Test(tokenizer, bpe_merges_as_strings_and_as_pairs_agree) {
@@ -370,6 +446,13 @@ Test(tokenizer, public_api) {
     cr_assert(plen == 12 && memcmp(piece, "<|im_start|>", 12) == 0);
     cr_assert_eq(tri_token_text(&m, tri_token_count(&m), &piece, &plen),
                  TRI_STATUS_INVALID_ARGUMENT);
+    // Decoded bytes of one token: "Ġ" is the space byte, a special token its text.
+    cr_assert_eq(tri_token_piece(&m, tri__tokenizer_find(m.tokenizer, "\xc4\xa0", 2), &piece,
+                                 &plen), TRI_STATUS_OK);
+    cr_assert(plen == 1 && piece[0] == ' ');
+    cr_assert_eq(tri_token_piece(&m, ids[1], &piece, &plen), TRI_STATUS_OK);
+    cr_assert(plen == 12 && memcmp(piece, "<|im_start|>", 12) == 0);
+    cr_assert_eq(tri_token_piece(&m, -1, &piece, &plen), TRI_STATUS_INVALID_ARGUMENT);
     char buf[128];
     size_t len;
     cr_assert_eq(tri_detokenize(&m, ids, n, false, buf, sizeof buf, &len), TRI_STATUS_OK);
@@ -545,13 +628,28 @@ Test(tokenizer, smollm2_gguf_matches_hf_tokenizers) {
     cr_assert(!tri__tokenizer_add_bos(t), "SmolLM2 adds no BOS");
     json_object *j = load_cases(cases);
     for (size_t i = 0; i < json_object_array_length(j); i++) {
-        json_object *c = json_object_array_get_idx(j, i), *jt;
+        json_object *c = json_object_array_get_idx(j, i), *jt, *jr;
         expect_ids(t, c, "ids", false, false);
         expect_ids(t, c, "ids_special", false, true);
         json_object_object_get_ex(c, "text", &jt);
-        expect_roundtrip(t, json_object_get_string(jt), (size_t)json_object_get_string_len(jt));
+        // Not where the text has a byte the vocabulary lacks (control bytes 0x04, 0x13 ...).
+        if (json_object_object_get_ex(c, "roundtrip", &jr) && json_object_get_boolean(jr))
+            expect_roundtrip(t, json_object_get_string(jt),
+                             (size_t)json_object_get_string_len(jt));
     }
     json_object_put(j);
+    // Invalid UTF-8 has no HF reference; 0xff is missing from this vocabulary and dropped (the
+    // GGUF's unknown_token_id 0 is <|endoftext|>, not an unk to insert), 0xc3 is "Ã".
+    int32_t *ids;
+    int64_t n;
+    cr_assert_eq(tri__tokenizer_encode(t, "a\xff" "b\xc3", 4, false, false, &ids, &n),
+                 TRI_STATUS_OK);
+    int32_t want[] = {tri__tokenizer_find(t, "a", 1), tri__tokenizer_find(t, "b", 1),
+                      tri__tokenizer_find(t, "\xc3\x83", 2)};
+    cr_assert(n == 3 && ids[0] == want[0] && ids[1] == want[1] && ids[2] == want[2],
+              "got %lld ids: %d %d %d ...", (long long)n, ids[0], n > 1 ? ids[1] : -1,
+              n > 2 ? ids[2] : -1);
+    free(ids);
     tri__tokenizer_free(t);
     tri__gguf_close(g);
 }
