@@ -215,6 +215,12 @@ static tri_status check_all_bound(const tri_model *m) {
     return TRI_STATUS_OK;
 }
 
+// The weights of one block, in the order they are bound.
+#define N_LAYER_TENSORS 9
+static const char *const layer_suffixes[N_LAYER_TENSORS] = {
+    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
+};
+
 static tri_status bind_all(tri_model *m) {
     const tri_model_config *c = &m->config;
     tri_status st;
@@ -242,29 +248,41 @@ static tri_status bind_all(tri_model *m) {
                              tri_dtype_name(m->rope_freqs->type));
     }
 
-    m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
+    // Every layer takes N_LAYER_TENSORS tensors, so a layer count the file cannot hold (the
+    // config is as untrusted as the file) fails, naming the first absent tensor, before it sizes
+    // the table; that search stops within n_tensors / N_LAYER_TENSORS + 1 layers.
+    if ((int64_t)c->n_layer * N_LAYER_TENSORS > m->n_tensors) {
+        for (int32_t il = 0; il < c->n_layer; il++) {
+            for (size_t i = 0; i < N_LAYER_TENSORS; i++) {
+                char name[64];
+                snprintf(name, sizeof name, "blk.%d.%s.weight", il, layer_suffixes[i]);
+                if (!find_tensor(m, name)) return missing(m, name);
+            }
+        }
+    }
+    m->layers = calloc(c->n_layer > 0 ? (size_t)c->n_layer : 1, sizeof *m->layers);
     if (!m->layers) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: layer table", m->path);
     for (int32_t il = 0; il < c->n_layer; il++) {
         tri__layer *L = &m->layers[il];
+        // shapes in layer_suffixes' order
         const struct {
-            const char *suffix;
             int32_t n_dims;
             cfg_dim d0, d1;
             const tri__tensor **slot;
-        } want[] = {
-            {"attn_norm", 1, CFG_DIM_EMBD, 0, &L->attn_norm},
-            {"attn_q", 2, CFG_DIM_Q, CFG_DIM_EMBD, &L->wq},
-            {"attn_k", 2, CFG_DIM_KV, CFG_DIM_EMBD, &L->wk},
-            {"attn_v", 2, CFG_DIM_KV, CFG_DIM_EMBD, &L->wv},
-            {"attn_output", 2, CFG_DIM_EMBD, CFG_DIM_Q, &L->wo},
-            {"ffn_norm", 1, CFG_DIM_EMBD, 0, &L->ffn_norm},
-            {"ffn_gate", 2, CFG_DIM_FF, CFG_DIM_EMBD, &L->w_gate},
-            {"ffn_up", 2, CFG_DIM_FF, CFG_DIM_EMBD, &L->w_up},
-            {"ffn_down", 2, CFG_DIM_EMBD, CFG_DIM_FF, &L->w_down},
+        } want[N_LAYER_TENSORS] = {
+            {1, CFG_DIM_EMBD, 0, &L->attn_norm},
+            {2, CFG_DIM_Q, CFG_DIM_EMBD, &L->wq},
+            {2, CFG_DIM_KV, CFG_DIM_EMBD, &L->wk},
+            {2, CFG_DIM_KV, CFG_DIM_EMBD, &L->wv},
+            {2, CFG_DIM_EMBD, CFG_DIM_Q, &L->wo},
+            {1, CFG_DIM_EMBD, 0, &L->ffn_norm},
+            {2, CFG_DIM_FF, CFG_DIM_EMBD, &L->w_gate},
+            {2, CFG_DIM_FF, CFG_DIM_EMBD, &L->w_up},
+            {2, CFG_DIM_EMBD, CFG_DIM_FF, &L->w_down},
         };
-        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        for (size_t i = 0; i < N_LAYER_TENSORS; i++) {
             char name[64];
-            snprintf(name, sizeof name, "blk.%d.%s.weight", il, want[i].suffix);
+            snprintf(name, sizeof name, "blk.%d.%s.weight", il, layer_suffixes[i]);
             if ((st = bind(m, name, want[i].n_dims, want[i].d0, want[i].d1, want[i].slot))) return st;
         }
     }

@@ -135,6 +135,12 @@ Test(model, more_layers_in_config_than_in_file) {
     edit(args);
     const char *hf[] = {"tensor 'model.layers.2.input_layernorm.weight' is missing", "num_hidden_layers = 3", NULL};
     load_fails(mp.hf, TRI_STATUS_NOT_FOUND, hf);
+    // a count no file could hold fails the same way, before anything is sized by it
+    snprintf(args, sizeof args, "config '%s' num_hidden_layers=2000000000", mp.hf);
+    edit(args);
+    const char *huge[] = {"tensor 'model.layers.2.input_layernorm.weight' is missing",
+                          "num_hidden_layers = 2000000000", NULL};
+    load_fails(mp.hf, TRI_STATUS_NOT_FOUND, huge);
 
     char bad[4200];
     snprintf(bad, sizeof bad, "%s.drop.gguf", mp.gguf);
