@@ -1,6 +1,7 @@
 // cli-info.c - `offload-run info`: what a model file holds, or (--system) what the machine offers.
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -142,8 +143,22 @@ int tri_cli_info(int argc, char **argv) {
     printf("%-18s theta %g, %s pairs, scaling %s", "rope", (double)k->rope_theta,
            k->rope_layout == TRI_ROPE_LAYOUT_ADJACENT ? "adjacent" : "half-split",
            scaling_name(k->rope_scaling));
-    if (k->rope_scaling != TRI_ROPE_SCALING_NONE)
-        printf(" (factor %g, original context %d)", (double)k->rope_factor, k->rope_orig_ctx);
+    if (k->rope_scaling != TRI_ROPE_SCALING_NONE) {
+        printf(" (factor %g, original context %d", (double)k->rope_factor, k->rope_orig_ctx);
+        if (k->rope_scaling == TRI_ROPE_SCALING_YARN) {
+            // yarn_mscale 0 stands for get_mscale(factor), as the rope tables compute it
+            double f = (double)k->rope_factor;
+            printf(", beta_fast %g, beta_slow %g, mscale %g%s", (double)k->yarn_beta_fast,
+                   (double)k->yarn_beta_slow,
+                   k->yarn_mscale > 0 ? (double)k->yarn_mscale : f <= 1 ? 1.0 : 0.1 * log(f) + 1.0,
+                   k->yarn_mscale > 0 ? "" : " = 0.1 ln(factor) + 1");
+        }
+        // GGUF carries the Llama-3 rule as rope_freqs divisors only, without the factors
+        if (k->rope_scaling == TRI_ROPE_SCALING_LLAMA3 && k->llama3_high_freq_factor > 0)
+            printf(", low_freq_factor %g, high_freq_factor %g", (double)k->llama3_low_freq_factor,
+                   (double)k->llama3_high_freq_factor);
+        printf(")");
+    }
     if (k->has_rope_freqs) printf(", frequency factors from rope_freqs");
     printf("\n");
     printf("%-18s %s\n", "tied embeddings", k->tied_embeddings ? "yes" : "no");

@@ -180,13 +180,38 @@ static tri_status read_rope_scaling(llama_keys *k, tri_model_config *cfg) {
 
     if ((st = get_f32(k, factor_suffix, true, 1.0f, &cfg->rope_factor))) return st;
     if ((st = require_positive(k, cfg->rope_factor))) return st;
-    if (tri__gguf_find(g, key_of(k, "rope.scaling.original_context_length")) &&
-        (st = get_pos_i32(k, "rope.scaling.original_context_length", 0, &cfg->rope_orig_ctx))) {
-        return st;
+    // Absent: llama.cpp's default (n_ctx_orig_yarn = n_ctx_train) for YaRN, which needs it for
+    // its ramp; linear scaling does not use it and keeps 0, as config.json's does.
+    if (cfg->rope_scaling == TRI_ROPE_SCALING_YARN ||
+        tri__gguf_find(g, key_of(k, "rope.scaling.original_context_length"))) {
+        if ((st = get_pos_i32(k, "rope.scaling.original_context_length", cfg->n_ctx_train,
+                              &cfg->rope_orig_ctx))) {
+            return st;
+        }
     }
-    if (cfg->rope_scaling != TRI_ROPE_SCALING_YARN) return TRI_STATUS_OK;
-    if ((st = get_f32(k, "rope.scaling.attn_factor", false, 0.0f, &cfg->yarn_mscale))) return st;
-    if (cfg->yarn_mscale < 0) return require_positive(k, cfg->yarn_mscale);
+
+    // rope.scaling.attn_factor (llama.cpp: hparams.rope_attn_factor, default 1) multiplies cos
+    // and sin. With YaRN, ggml's rope multiplies them by 0.1 ln(factor) + 1 as well (rope_yarn's
+    // mscale; for factor <= 1 llama.cpp cancels it), so the whole YaRN attention factor is
+    // attn_factor * get_mscale(factor) -- unlike transformers' attention_factor, which replaces
+    // get_mscale. Absent, yarn_mscale stays 0, which stands for get_mscale(factor).
+    bool has_attn = tri__gguf_find(g, key_of(k, "rope.scaling.attn_factor")) != NULL;
+    float attn = 1.0f;
+    if ((st = get_f32(k, "rope.scaling.attn_factor", false, 1.0f, &attn))) return st;
+    if ((st = require_positive(k, attn))) return st;
+    if (cfg->rope_scaling != TRI_ROPE_SCALING_YARN) {
+        // nothing in the config carries a factor for other scalings
+        if (attn == 1.0f) return TRI_STATUS_OK;
+        return tri__fail(TRI_STATUS_UNSUPPORTED,
+                         "%s: key 'llama.rope.scaling.attn_factor': %g with linear scaling is not "
+                         "supported (1 is)",
+                         tri__gguf_path(g), (double)attn);
+    }
+    if (has_attn) {
+        double factor = (double)cfg->rope_factor;
+        double mscale = factor <= 1 ? 1.0 : 0.1 * log(factor) + 1.0;
+        cfg->yarn_mscale = (float)((double)attn * mscale);
+    }
     if ((st = get_f32(k, "rope.scaling.yarn_beta_fast", false, 32.0f, &cfg->yarn_beta_fast))) return st;
     if ((st = require_positive(k, cfg->yarn_beta_fast))) return st;
     if ((st = get_f32(k, "rope.scaling.yarn_beta_slow", false, 1.0f, &cfg->yarn_beta_slow))) return st;

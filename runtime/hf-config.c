@@ -389,6 +389,15 @@ static const name_map layer_names[] = {
     {"mlp.gate_proj.weight", "ffn_gate.weight"},
     {"mlp.up_proj.weight", "ffn_up.weight"},
     {"mlp.down_proj.weight", "ffn_down.weight"},
+    // Llama has none, but some checkpoints carry them (attention_bias, mlp_bias): they are mapped
+    // under llama.cpp's names so that the loader can refuse them by name instead of losing them.
+    {"self_attn.q_proj.bias", "attn_q.bias"},
+    {"self_attn.k_proj.bias", "attn_k.bias"},
+    {"self_attn.v_proj.bias", "attn_v.bias"},
+    {"self_attn.o_proj.bias", "attn_output.bias"},
+    {"mlp.gate_proj.bias", "ffn_gate.bias"},
+    {"mlp.up_proj.bias", "ffn_up.bias"},
+    {"mlp.down_proj.bias", "ffn_down.bias"},
 };
 
 static bool put_name(char *out, size_t out_size, const char *a, const char *b, const char *c) {
@@ -422,6 +431,29 @@ bool tri__hf_tensor_name_to_gguf(const char *hf, char *out, size_t out_size) {
             char prefix[32];
             snprintf(prefix, sizeof prefix, "blk.%s.", num);
             return put_name(out, out_size, prefix, layer_names[i].gguf, "");
+        }
+    }
+    return false;
+}
+
+bool tri__hf_tensor_name_from_gguf(const char *gguf, char *out, size_t out_size) {
+    if (out_size > 0) out[0] = '\0';
+    for (size_t i = 0; i < sizeof global_names / sizeof global_names[0]; i++) {
+        if (strcmp(gguf, global_names[i].gguf) == 0) {
+            return put_name(out, out_size, global_names[i].hf, "", "");
+        }
+    }
+    static const char blk[] = "blk.";
+    if (strncmp(gguf, blk, sizeof blk - 1) != 0) return false;
+    const char *p = gguf + sizeof blk - 1;
+    size_t digits = strspn(p, "0123456789");
+    if (digits == 0 || digits > 9 || p[digits] != '.' || (p[0] == '0' && digits > 1)) return false;
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "model.layers.%.*s.", (int)digits, p);
+    const char *rest = p + digits + 1;
+    for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++) {
+        if (strcmp(rest, layer_names[i].gguf) == 0) {
+            return put_name(out, out_size, prefix, layer_names[i].hf, "");
         }
     }
     return false;

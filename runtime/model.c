@@ -44,90 +44,269 @@ const tri__tensor *tri__model_find_tensor(const tri_model *model, const char *na
 }
 
 // ---- binding tensors to the config ----
+//
+// Every message names the file that holds the tensor, the tensor by the name it has there, and
+// the config key a wanted size comes from, as the file's format spells it: "intermediate_size" in
+// an HF config.json, "llama.feed_forward_length" in GGUF.
 
-// Looks up a required tensor and checks its shape (outermost first; n_dims entries) and that its
-// type is one the kernels take: any type for matrices, a float type for vectors.
-static tri_status bind(tri_model *m, const char *name, int32_t n_dims, int64_t d0, int64_t d1,
+// The config values a tensor's shape is checked against.
+typedef enum cfg_dim {
+    CFG_DIM_VOCAB,  // n_vocab
+    CFG_DIM_EMBD,   // n_embd
+    CFG_DIM_FF,     // n_ff
+    CFG_DIM_Q,      // n_head * head_dim
+    CFG_DIM_KV,     // n_head_kv * head_dim
+    CFG_DIM_ROT,    // head_dim / 2
+} cfg_dim;
+
+static int64_t dim_value(const tri_model_config *c, cfg_dim d) {
+    switch (d) {
+    case CFG_DIM_VOCAB: return c->n_vocab;
+    case CFG_DIM_EMBD: return c->n_embd;
+    case CFG_DIM_FF: return c->n_ff;
+    case CFG_DIM_Q: return (int64_t)c->n_head * c->head_dim;
+    case CFG_DIM_KV: return (int64_t)c->n_head_kv * c->head_dim;
+    case CFG_DIM_ROT: return c->head_dim / 2;
+    }
+    return 0;
+}
+
+// The GGUF key the head size came from, in tri__gguf_llama_config's order.
+static const char *gguf_head_key(const tri_model *m) {
+    if (tri__gguf_find(m->gguf, "llama.attention.key_length")) return "llama.attention.key_length";
+    if (tri__gguf_find(m->gguf, "llama.rope.dimension_count")) return "llama.rope.dimension_count";
+    return "(llama.embedding_length / llama.attention.head_count)";
+}
+
+// Writes "intermediate_size = 170" or "num_attention_heads x head_dim = 4 x 16" for d into buf.
+static void describe_dim(const tri_model *m, cfg_dim d, char *buf, size_t size) {
+    const tri_model_config *c = &m->config;
+    bool hf = m->config_path != NULL;
+    switch (d) {
+    case CFG_DIM_VOCAB:
+        // GGUF: read_vocab takes the key, else the token list (the embedding agrees with itself)
+        snprintf(buf, size, "%s = %d",
+                 hf                                             ? "vocab_size"
+                 : tri__gguf_find(m->gguf, "llama.vocab_size") ? "llama.vocab_size"
+                                                                : "the length of tokenizer.ggml.tokens",
+                 c->n_vocab);
+        break;
+    case CFG_DIM_EMBD:
+        snprintf(buf, size, "%s = %d", hf ? "hidden_size" : "llama.embedding_length", c->n_embd);
+        break;
+    case CFG_DIM_FF:
+        snprintf(buf, size, "%s = %d", hf ? "intermediate_size" : "llama.feed_forward_length", c->n_ff);
+        break;
+    case CFG_DIM_Q:
+    case CFG_DIM_KV:
+        snprintf(buf, size, "%s x %s = %d x %d",
+                 d == CFG_DIM_Q ? (hf ? "num_attention_heads" : "llama.attention.head_count")
+                                : (hf ? "num_key_value_heads" : "llama.attention.head_count_kv"),
+                 hf ? "head_dim" : gguf_head_key(m), d == CFG_DIM_Q ? c->n_head : c->n_head_kv,
+                 c->head_dim);
+        break;
+    case CFG_DIM_ROT:
+        snprintf(buf, size, "%s / 2 = %d / 2", hf ? "head_dim" : gguf_head_key(m), c->head_dim);
+        break;
+    }
+}
+
+// " in DIR/config.json" for an HF checkpoint, "" for GGUF, whose keys are in the file named first.
+static const char *config_where(const tri_model *m, char *buf, size_t size) {
+    if (!m->config_path) return "";
+    snprintf(buf, size, " in %s", m->config_path);
+    return buf;
+}
+
+static const char *layers_key(const tri_model *m) {
+    return m->config_path ? "num_hidden_layers" : "llama.block_count";
+}
+
+static tri__tensor *find_tensor(tri_model *m, const char *name) {
+    for (int64_t i = 0; i < m->n_tensors; i++)
+        if (strcmp(m->tensors[i].name, name) == 0) return &m->tensors[i];
+    return NULL;
+}
+
+// NOT_FOUND for the tensor `name` (canonical), named as the model's format names it.
+static tri_status missing(const tri_model *m, const char *name) {
+    char hf[160], where[4200];
+    const char *shown = name;
+    if (m->config_path && tri__hf_tensor_name_from_gguf(name, hf, sizeof hf)) shown = hf;
+    if (strncmp(name, "blk.", 4) != 0)
+        return tri__fail(TRI_STATUS_NOT_FOUND, "%s: tensor '%s' is missing", m->path, shown);
+    return tri__fail(TRI_STATUS_NOT_FOUND, "%s: tensor '%s' is missing (%s = %d%s)", m->path, shown,
+                     layers_key(m), m->config.n_layer, config_where(m, where, sizeof where));
+}
+
+// Looks up a required tensor and checks its shape (outermost first; n_dims entries, d1 unused for
+// a vector) and that its type is one the kernels take: any type for matrices, a float type for
+// vectors. The tensor is marked bound.
+static tri_status bind(tri_model *m, const char *name, int32_t n_dims, cfg_dim d0, cfg_dim d1,
                        const tri__tensor **out) {
-    const tri__tensor *t = tri__model_find_tensor(m, name);
-    if (!t) return tri__fail(TRI_STATUS_NOT_FOUND, "%s: tensor '%s' is missing", m->path, name);
+    tri__tensor *t = find_tensor(m, name);
+    if (!t) return missing(m, name);
+    int64_t want0 = dim_value(&m->config, d0), want1 = n_dims == 2 ? dim_value(&m->config, d1) : 0;
     // A vector may be stored as (1, n) by some writers; a matrix must be 2-D.
-    int64_t want[2] = {d0, d1};
     bool ok;
     if (n_dims == 1)
-        ok = (t->n_dims == 1 && t->shape[0] == d0) ||
-             (t->n_dims == 2 && t->shape[0] == 1 && t->shape[1] == d0);
+        ok = (t->n_dims == 1 && t->shape[0] == want0) ||
+             (t->n_dims == 2 && t->shape[0] == 1 && t->shape[1] == want0);
     else
-        ok = t->n_dims == 2 && t->shape[0] == want[0] && t->shape[1] == want[1];
+        ok = t->n_dims == 2 && t->shape[0] == want0 && t->shape[1] == want1;
     if (!ok) {
-        char got[96];
+        char got[96], want[64], keys[256], where[4200];
         int len = snprintf(got, sizeof got, "(");
         for (int i = 0; i < t->n_dims && len < (int)sizeof got - 24; i++)
             len += snprintf(got + len, sizeof got - (size_t)len, "%s%lld", i ? ", " : "",
                             (long long)t->shape[i]);
         snprintf(got + len, sizeof got - (size_t)len, ")");
+        // name the key behind each size that disagrees, every key when the rank does
+        bool same_rank = t->n_dims == n_dims;
+        const bool bad[2] = {n_dims == 1 || !same_rank || t->shape[0] != want0,
+                             n_dims == 2 && (!same_rank || t->shape[1] != want1)};
+        const cfg_dim dims[2] = {d0, d1};
+        len = 0;
+        keys[0] = 0;
+        for (int i = 0; i < n_dims; i++) {
+            if (!bad[i]) continue;
+            if (len) len += snprintf(keys + len, sizeof keys - (size_t)len, ", ");
+            describe_dim(m, dims[i], keys + len, sizeof keys - (size_t)len);
+            len = (int)strlen(keys);
+        }
         if (n_dims == 1)
-            return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: tensor '%s': shape %s, config wants (%lld)",
-                             m->path, name, got, (long long)d0);
-        return tri__fail(TRI_STATUS_BAD_FORMAT,
-                         "%s: tensor '%s': shape %s, config wants (%lld, %lld)", m->path, name, got,
-                         (long long)d0, (long long)d1);
+            snprintf(want, sizeof want, "(%lld)", (long long)want0);
+        else
+            snprintf(want, sizeof want, "(%lld, %lld)", (long long)want0, (long long)want1);
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: tensor '%s': shape %s, config wants %s (%s%s)",
+                         t->file, t->source, got, want, keys, config_where(m, where, sizeof where));
     }
     if (n_dims == 1 && tri__dtype_is_quantized(t->type))
         return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor '%s': type %s for a vector, want f32/f16/bf16",
-                         m->path, name, tri_dtype_name(t->type));
+                         t->file, t->source, tri_dtype_name(t->type));
+    t->bound = true;
     *out = t;
     return TRI_STATUS_OK;
 }
 
+// Every tensor must have been taken by a slot: a weight the forward pass would skip (a bias, a
+// block beyond the config's count, a tensor of another architecture) means that the file is not
+// the model its config describes, or not a model this runtime computes.
+static tri_status check_all_bound(const tri_model *m) {
+    char where[4200];
+    for (int64_t i = 0; i < m->n_tensors; i++) {
+        const tri__tensor *t = &m->tensors[i];
+        if (t->bound) continue;
+        if (strncmp(t->name, "blk.", 4) == 0) {
+            char *end;
+            long long layer = strtoll(t->name + 4, &end, 10);
+            if (end != t->name + 4 && *end == '.' && layer >= m->config.n_layer)
+                return tri__fail(TRI_STATUS_BAD_FORMAT,
+                                 "%s: tensor '%s': layer %lld is beyond %s = %d%s", t->file,
+                                 t->source, layer, layers_key(m), m->config.n_layer,
+                                 config_where(m, where, sizeof where));
+        }
+        if (has_suffix(t->name, ".bias"))
+            return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor '%s': biases are unsupported (Llama has none)",
+                             t->file, t->source);
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor '%s': not a weight of the Llama architecture",
+                         t->file, t->source);
+    }
+    return TRI_STATUS_OK;
+}
+
+// The weights of one block, in the order they are bound.
+#define N_LAYER_TENSORS 9
+static const char *const layer_suffixes[N_LAYER_TENSORS] = {
+    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
+};
+
 static tri_status bind_all(tri_model *m) {
     const tri_model_config *c = &m->config;
-    int64_t q_rows = (int64_t)c->n_head * c->head_dim;
-    int64_t kv_rows = (int64_t)c->n_head_kv * c->head_dim;
     tri_status st;
 
-    if ((st = bind(m, "token_embd.weight", 2, c->n_vocab, c->n_embd, &m->tok_embd))) return st;
-    if ((st = bind(m, "output_norm.weight", 1, c->n_embd, 0, &m->output_norm))) return st;
+    if ((st = bind(m, "token_embd.weight", 2, CFG_DIM_VOCAB, CFG_DIM_EMBD, &m->tok_embd))) return st;
+    if ((st = bind(m, "output_norm.weight", 1, CFG_DIM_EMBD, 0, &m->output_norm))) return st;
     if (c->tied_embeddings) {
         m->output = m->tok_embd;
-    } else if ((st = bind(m, "output.weight", 2, c->n_vocab, c->n_embd, &m->output))) {
+        // transformers ties such a copy to the embedding on load, so it is never read either
+        tri__tensor *out = find_tensor(m, "output.weight");
+        if (out) {
+            tri__log(TRI_LOG_LEVEL_WARN, "%s: ignoring tensor '%s': the config ties the embeddings",
+                     out->file, out->source);
+            out->bound = true;
+        }
+    } else if ((st = bind(m, "output.weight", 2, CFG_DIM_VOCAB, CFG_DIM_EMBD, &m->output))) {
         return st;
     }
     m->rope_freqs = NULL;
     if (c->has_rope_freqs) {
-        if ((st = bind(m, "rope_freqs.weight", 1, c->head_dim / 2, 0, &m->rope_freqs))) return st;
+        if ((st = bind(m, "rope_freqs.weight", 1, CFG_DIM_ROT, 0, &m->rope_freqs))) return st;
         if (m->rope_freqs->type != TRI_DTYPE_F32)
-            return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor 'rope_freqs.weight': type %s, want f32",
-                             m->path, tri_dtype_name(m->rope_freqs->type));
+            return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor '%s': type %s, want f32",
+                             m->rope_freqs->file, m->rope_freqs->source,
+                             tri_dtype_name(m->rope_freqs->type));
     }
 
-    m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
+    // Every layer takes N_LAYER_TENSORS tensors, so a layer count the file cannot hold (the
+    // config is as untrusted as the file) fails, naming the first absent tensor, before it sizes
+    // the table; that search stops within n_tensors / N_LAYER_TENSORS + 1 layers.
+    if ((int64_t)c->n_layer * N_LAYER_TENSORS > m->n_tensors) {
+        for (int32_t il = 0; il < c->n_layer; il++) {
+            for (size_t i = 0; i < N_LAYER_TENSORS; i++) {
+                char name[64];
+                snprintf(name, sizeof name, "blk.%d.%s.weight", il, layer_suffixes[i]);
+                if (!find_tensor(m, name)) return missing(m, name);
+            }
+        }
+    }
+    m->layers = calloc(c->n_layer > 0 ? (size_t)c->n_layer : 1, sizeof *m->layers);
     if (!m->layers) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: layer table", m->path);
     for (int32_t il = 0; il < c->n_layer; il++) {
         tri__layer *L = &m->layers[il];
+        // shapes in layer_suffixes' order
         const struct {
-            const char *suffix;
             int32_t n_dims;
-            int64_t d0, d1;
+            cfg_dim d0, d1;
             const tri__tensor **slot;
-        } want[] = {
-            {"attn_norm", 1, c->n_embd, 0, &L->attn_norm},
-            {"attn_q", 2, q_rows, c->n_embd, &L->wq},
-            {"attn_k", 2, kv_rows, c->n_embd, &L->wk},
-            {"attn_v", 2, kv_rows, c->n_embd, &L->wv},
-            {"attn_output", 2, c->n_embd, q_rows, &L->wo},
-            {"ffn_norm", 1, c->n_embd, 0, &L->ffn_norm},
-            {"ffn_gate", 2, c->n_ff, c->n_embd, &L->w_gate},
-            {"ffn_up", 2, c->n_ff, c->n_embd, &L->w_up},
-            {"ffn_down", 2, c->n_embd, c->n_ff, &L->w_down},
+        } want[N_LAYER_TENSORS] = {
+            {1, CFG_DIM_EMBD, 0, &L->attn_norm},
+            {2, CFG_DIM_Q, CFG_DIM_EMBD, &L->wq},
+            {2, CFG_DIM_KV, CFG_DIM_EMBD, &L->wk},
+            {2, CFG_DIM_KV, CFG_DIM_EMBD, &L->wv},
+            {2, CFG_DIM_EMBD, CFG_DIM_Q, &L->wo},
+            {1, CFG_DIM_EMBD, 0, &L->ffn_norm},
+            {2, CFG_DIM_FF, CFG_DIM_EMBD, &L->w_gate},
+            {2, CFG_DIM_FF, CFG_DIM_EMBD, &L->w_up},
+            {2, CFG_DIM_EMBD, CFG_DIM_FF, &L->w_down},
         };
-        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        for (size_t i = 0; i < N_LAYER_TENSORS; i++) {
             char name[64];
-            snprintf(name, sizeof name, "blk.%d.%s.weight", il, want[i].suffix);
+            snprintf(name, sizeof name, "blk.%d.%s.weight", il, layer_suffixes[i]);
             if ((st = bind(m, name, want[i].n_dims, want[i].d0, want[i].d1, want[i].slot))) return st;
         }
     }
-    return TRI_STATUS_OK;
+    return check_all_bound(m);
+}
+
+// A tokenizer with more tokens than the embedding has rows would hand the forward pass ids it
+// cannot look up.
+static tri_status check_vocab(const tri_model *m) {
+    int32_t n_tok = tri__tokenizer_n_vocab(m->tokenizer);
+    if (n_tok <= m->config.n_vocab) return TRI_STATUS_OK;
+    char vocab[160];
+    describe_dim(m, CFG_DIM_VOCAB, vocab, sizeof vocab);
+    if (!m->config_path)
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: key 'tokenizer.ggml.tokens': %d tokens, more than %s",
+                         m->path, n_tok, vocab);
+    // the file tri__tokenizer_from_dir read: tokenizer.json, else tokenizer.model
+    const char *dir = tri__st_model_dir(m->st);
+    char tok_path[4200];
+    struct stat sb;
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
+    if (stat(tok_path, &sb) != 0) snprintf(tok_path, sizeof tok_path, "%s/tokenizer.model", dir);
+    return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: %d tokens, more than %s in %s", tok_path, n_tok, vocab,
+                     m->config_path);
 }
 
 // ---- GGUF ----
@@ -170,6 +349,8 @@ static tri_status load_gguf(tri_model *m, const tri_model_params *params) {
         memcpy(t->shape, gt->shape, sizeof t->shape);
         t->n_bytes = gt->n_bytes;
         t->data = gt->data;
+        t->source = t->name;
+        t->file = m->path;
         m->n_tensors = i + 1;
         if ((i & 63) == 0 && !progress(params, 0.5f * (float)i / (float)n))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "%s: loading cancelled", m->path);
@@ -190,6 +371,8 @@ static tri_status load_hf(tri_model *m, const tri_model_params *params) {
     char cfg_path[4096];
     if (snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir) >= (int)sizeof cfg_path)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "%s: path too long", dir);
+    m->config_path = dup_str(cfg_path, strlen(cfg_path));
+    if (!m->config_path) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: names", m->path);
     if ((st = tri__hf_config_load(cfg_path, &m->config, &m->arch))) return st;
     // the directory's last component names the model
     const char *base = strrchr(dir, '/');
@@ -202,15 +385,21 @@ static tri_status load_hf(tri_model *m, const tri_model_params *params) {
     if (!m->tensors) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: tensor table", m->path);
     for (int64_t i = 0; i < n; i++) {
         const tri__st_tensor *t = tri__st_model_tensor_at(m->st, i);
+        const char *file = tri__st_file_path(tri__st_model_file_at(m->st, t->file));
         char name[128];
-        // tensors that are not Llama weights (rotary_emb.inv_freq, ...) are not the model's
         if (!tri__hf_tensor_name_to_gguf(t->name, name, sizeof name)) {
-            tri__log(TRI_LOG_LEVEL_DEBUG, "%s: ignoring tensor '%s'", m->path, t->name);
-            continue;
+            // older checkpoints store the rotary table, which is computed, not a weight
+            if (has_suffix(t->name, "rotary_emb.inv_freq")) {
+                tri__log(TRI_LOG_LEVEL_DEBUG, "%s: ignoring tensor '%s'", file, t->name);
+                continue;
+            }
+            return tri__fail(TRI_STATUS_UNSUPPORTED,
+                             "%s: tensor '%s': not a weight of the Llama architecture", file, t->name);
         }
-        if (tri__model_find_tensor(m, name))
-            return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: tensor '%s' appears twice (as '%s')", m->path,
-                             name, t->name);
+        const tri__tensor *dup = tri__model_find_tensor(m, name);
+        if (dup)
+            return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: tensor '%s': the same weight as '%s' in %s",
+                             file, t->name, dup->source, dup->file);
         tri__tensor *d = &m->tensors[m->n_tensors];
         d->name = dup_str(name, strlen(name));
         if (!d->name) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: tensor names", m->path);
@@ -219,6 +408,8 @@ static tri_status load_hf(tri_model *m, const tri_model_params *params) {
         memcpy(d->shape, t->shape, sizeof d->shape);
         d->n_bytes = t->n_bytes;
         d->data = t->data;
+        d->source = t->name;
+        d->file = file;
         m->n_tensors++;
         if ((i & 63) == 0 && !progress(params, 0.5f * (float)i / (float)n))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "%s: loading cancelled", m->path);
@@ -251,6 +442,7 @@ void tri_model_free(tri_model *model) {
     free(model->arch);
     free(model->name);
     free(model->path);
+    free(model->config_path);
     free(model);
 }
 
@@ -278,11 +470,7 @@ tri_status tri_model_load(const char *path, const tri_model_params *params, tri_
     if ((st = hf ? load_hf(m, params) : load_gguf(m, params))) goto fail;
     if ((st = bind_all(m))) goto fail;
 
-    if (m->tokenizer && tri__tokenizer_n_vocab(m->tokenizer) > m->config.n_vocab) {
-        st = tri__fail(TRI_STATUS_BAD_FORMAT, "%s: tokenizer has %d tokens, the model's vocabulary only %d",
-                       path, tri__tokenizer_n_vocab(m->tokenizer), m->config.n_vocab);
-        goto fail;
-    }
+    if (m->tokenizer && (st = check_vocab(m))) goto fail;
 
     m->info.architecture = m->arch;
     m->info.name = m->name;

@@ -2,6 +2,7 @@
 #ifndef TRI_MODEL_H
 #define TRI_MODEL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "triforce.h"
@@ -18,6 +19,10 @@ typedef struct tri__tensor {
     int64_t shape[4];   // outermost first: a weight matrix is (n_out rows, n_in cols), row-major
     uint64_t n_bytes;
     const void *data;   // inside a read-only mapping owned by the model
+    const char *source; // its name in the file ("model.layers.3.self_attn.q_proj.weight" in an HF
+                        // checkpoint; == name for GGUF), for messages; owned by the model
+    const char *file;   // the file that holds it (the shard of a sharded checkpoint), for messages
+    bool bound;         // taken by a slot of the model; loading fails on a tensor left unbound
 } tri__tensor;
 
 // The weights of one transformer block; every pointer is into tri_model.tensors.
@@ -36,6 +41,7 @@ typedef struct tri__layer {
 struct tri_model {
     tri_model_info info;
     char *path;
+    char *config_path;             // an HF checkpoint's config.json; NULL for GGUF (keys in path)
     char *arch;
     char *name;
     tri_model_config config;       // == info.config

@@ -2,6 +2,7 @@
 // mode prints the same greedy tokens as plain decoding, and that tokenize prints HF tokenizers'
 // ids (fixtures from tests/fixtures/make-tokenizer.py).
 #include <json-c/json.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +91,77 @@ Test(cli, info_describes_the_model) {
     cr_assert(strstr(out, "layers             4"), "%s", out);
     cr_assert(strstr(out, "byte-level-bpe"), "%s", out);
     cr_assert(strstr(out, "blk.3.ffn_down.weight"), "%s", out);
+}
+
+// Whether text has a line that starts with line and ends there or goes on after a space.
+static bool has_line(const char *text, const char *line) {
+    size_t n = strlen(line);
+    for (const char *p = text; p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (strncmp(p, line, n) == 0 && (p[n] == '\n' || p[n] == ' ' || p[n] == 0)) return true;
+    return false;
+}
+
+// A sharded checkpoint as transformers lays it out (3 shards, model.safetensors.index.json),
+// given as the directory and as the index file; YaRN and Llama-3 parameters on the rope line.
+Test(cli, info_on_a_sharded_checkpoint) {
+    const char *gen = getenv("TRI_GEN_MODEL");
+    cr_assert(gen);
+    char name[64], gguf[4096], hf[4096], cmd[16384], args[8192];
+    snprintf(name, sizeof name, "cli-shards-%d.gguf", (int)getpid());
+    snprintf(gguf, sizeof gguf, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "cli-shards-%d.hf", (int)getpid());
+    snprintf(hf, sizeof hf, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd,
+             "rm -rf '%s' && '%s' --shards 3 --rope-scaling yarn --rope-factor 8 --out-gguf '%s' --out-hf '%s' >/dev/null",
+             hf, gen, gguf, hf);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "info -m '%s%s'", hf, i ? "/model.safetensors.index.json" : "");
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", args, err);
+        // the generator's tiny shape (docs/test-models.md), orig context 512 / 8, and
+        // 0.1 ln 8 + 1 = 1.2079441...
+        static const char *const lines[] = {
+            "format             safetensors (3 files)", "architecture       llama", "vocab              384",
+            "hidden             64", "feed-forward       160", "layers             2",
+            "heads              4 query, 2 key/value (GQA)", "head dim           16",
+            "rope               theta 10000, half-split pairs, scaling yarn (factor 8, original context 64, "
+            "beta_fast 32, beta_slow 1, mscale 1.20794 = 0.1 ln(factor) + 1)",
+            "tied embeddings    no", "tokenizer          byte-level-bpe", "tensors            21",
+            "types              f16: 21"};
+        for (size_t j = 0; j < sizeof lines / sizeof lines[0]; j++)
+            cr_assert(has_line(out, lines[j]), "%s: no line '%s' in:\n%s", args, lines[j], out);
+    }
+    snprintf(cmd, sizeof cmd,
+             "rm -rf '%s' && '%s' --shards 2 --rope-scaling llama3 --rope-factor 8 --rope-orig-ctx 16 --out-gguf '%s' "
+             "--out-hf '%s' >/dev/null",
+             hf, gen, gguf, hf);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(args, sizeof args, "info -m '%s'", hf);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    const char *rope = "rope               theta 10000, half-split pairs, scaling llama3 (factor 8, original context 16, "
+                       "low_freq_factor 1, high_freq_factor 4)";
+    cr_assert(has_line(out, rope), "no line '%s' in:\n%s", rope, out);
+    cr_assert(has_line(out, "format             safetensors (2 files)"), "%s", out);
+}
+
+// The real model: every fact that the gguf package reads in the file (tests/fixtures/info-lines.py).
+Test(cli, info_on_the_real_gguf) {
+    const char *model = getenv("TRI_TEST_MODEL"), *py = getenv("TRI_TEST_PYTHON");
+    if (!model || !*model || !py) cr_skip_test("TRI_TEST_MODEL or TRI_TEST_PYTHON is not set");
+    char name[64], want_path[4096], cmd[16384], args[8192];
+    snprintf(name, sizeof name, "cli-real-%d.lines", (int)getpid());
+    snprintf(want_path, sizeof want_path, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd, "'%s' '%s/fixtures/info-lines.py' '%s' >'%s'", py, getenv("TRI_TEST_SRC"), model,
+             want_path);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(args, sizeof args, "info -m '%s'", model);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    char *want = tt_read_file(want_path, NULL);
+    int n = 0;
+    for (char *line = strtok(want, "\n"); line; line = strtok(NULL, "\n"), n++)
+        cr_assert(has_line(out, line), "no line '%s' in:\n%s", line, out);
+    cr_assert_geq(n, 10, "info-lines.py printed %d lines", n);
+    free(want);
 }
 
 Test(cli, every_spec_mode_prints_the_plain_greedy_tokens) {

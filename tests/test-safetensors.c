@@ -553,15 +553,26 @@ Test(safetensors, hf_names_map_to_gguf_names) {
         {"model.layers.4.mlp.gate_proj.weight", "blk.4.ffn_gate.weight"},
         {"model.layers.5.mlp.up_proj.weight", "blk.5.ffn_up.weight"},
         {"model.layers.123456789.mlp.down_proj.weight", "blk.123456789.ffn_down.weight"},
+        // biases: mapped so that the loader can refuse them by name
+        {"model.layers.0.self_attn.q_proj.bias", "blk.0.attn_q.bias"},
+        {"model.layers.1.self_attn.o_proj.bias", "blk.1.attn_output.bias"},
+        {"model.layers.2.mlp.down_proj.bias", "blk.2.ffn_down.bias"},
     };
     char out[64];
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
         cr_assert(tri__hf_tensor_name_to_gguf(pairs[i][0], out, sizeof out), "%s", pairs[i][0]);
         cr_assert_str_eq(out, pairs[i][1]);
+        // and back, for messages about a tensor a checkpoint lacks
+        cr_assert(tri__hf_tensor_name_from_gguf(pairs[i][1], out, sizeof out), "%s", pairs[i][1]);
+        cr_assert_str_eq(out, pairs[i][0]);
     }
+    static const char *const not_gguf[] = {"blk.01.attn_q.weight", "blk.0.attn_rot_embd", "blk..attn_q.weight",
+                                           "rope_freqs.weight", "token_embd", ""};
+    for (size_t i = 0; i < sizeof not_gguf / sizeof not_gguf[0]; i++)
+        cr_assert(!tri__hf_tensor_name_from_gguf(not_gguf[i], out, sizeof out), "%s", not_gguf[i]);
     static const char *const others[] = {
         "model.layers.0.self_attn.rotary_emb.inv_freq", "rotary_emb.inv_freq",
-        "model.layers.0.self_attn.q_proj.bias", "model.layers.01.mlp.up_proj.weight",
+        "model.layers.0.self_attn.q_norm.weight", "model.layers.01.mlp.up_proj.weight",
         "model.layers.1234567890.mlp.up_proj.weight", "model.layers..mlp.up_proj.weight",
         "model.layers.x.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight.x",
         "model.layers.0", "model.layers.", "", "lm_head.weightx", "model.embed_tokens",

@@ -1,5 +1,8 @@
 // fuzz-gguf.c - libFuzzer target for the GGUF reader: the input becomes a file (a memfd, reached
 // through /proc/self/fd so the real open/fstat/mmap path runs), then every accessor is touched.
+// A file that parses also goes through what reads it next: the llama config reader, the GGUF
+// tokenizer loader (whose tokenizer is then exercised like the other tokenizer targets'), and
+// tri_model_load, which binds the tensors to the config.
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -7,9 +10,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "error.h"
+#include "fuzz-tokenizer.h"
 #include "gguf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void quiet(tri_log_level level, const char *msg, void *user) {
+    (void)level, (void)msg, (void)user;
+}
 
 // Reads every byte of a value so that ASan sees any pointer that escapes the mapping.
 static uint64_t touch_value(const tri__gguf_value *v) {
@@ -36,6 +45,7 @@ static uint64_t touch_value(const tri__gguf_value *v) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    tri_log_set(quiet, NULL, TRI_LOG_LEVEL_ERROR);
     int fd = memfd_create("fuzz-gguf", MFD_CLOEXEC);
     if (fd < 0) return 0;
     if (size && write(fd, data, size) != (ssize_t)size) {
@@ -80,9 +90,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
         }
         tri_model_config cfg;
-        sink += (uint64_t)tri__gguf_llama_config(g, &cfg);
+        if (tri__gguf_llama_config(g, &cfg) == TRI_STATUS_OK) {
+            // what every consumer of the config relies on
+            TRI_ASSERT(cfg.n_vocab > 0 && cfg.n_embd > 0 && cfg.n_ff > 0 && cfg.n_layer > 0);
+            TRI_ASSERT(cfg.n_head > 0 && cfg.n_head_kv > 0 && cfg.n_head % cfg.n_head_kv == 0);
+            TRI_ASSERT(cfg.head_dim > 0 && cfg.head_dim % 2 == 0 && cfg.n_ctx_train > 0);
+            TRI_ASSERT(cfg.rms_eps > 0 && cfg.rope_theta > 0 && cfg.rope_factor > 0);
+            TRI_ASSERT(cfg.rope_scaling != TRI_ROPE_SCALING_YARN || cfg.rope_orig_ctx > 0);
+        }
+        tri__tokenizer *tok = NULL;
+        if (tri__tokenizer_from_gguf(g, &tok) == TRI_STATUS_OK) {
+            TRI_ASSERT(tok != NULL);
+            fuzz_tokenizer_exercise(tok, data, size);
+        } else {
+            TRI_ASSERT(tok == NULL);
+        }
         (void)sink;
         tri__gguf_close(g);
+
+        // the whole load: config, tensor table, tokenizer, binding to the config
+        tri_model *model = NULL;
+        if (tri_model_load(path, NULL, &model) == TRI_STATUS_OK) {
+            tri_model_info info;
+            tri_model_get_info(model, &info);
+            TRI_ASSERT(info.n_tensors > 0 && info.config.n_layer > 0);
+            tri_model_free(model);
+        } else {
+            TRI_ASSERT(model == NULL);
+        }
     }
     close(fd);
     return 0;
