@@ -301,3 +301,24 @@ const tri__kv_view *tri__kv_store_view(tri__kv_store *kv, int32_t il, int32_t n_
     };
     return view;
 }
+
+tri_status tri__kv_store_load_rows(tri__kv_store *kv, int32_t il, int32_t pos, int32_t n, const void *k_host,
+                                   const void *v_host) {
+    if (il < 0 || il >= kv->n_layer || pos < 0 || n < 0 || pos > kv->capacity - n)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv cache: load of %d positions at %d (layer %d) exceeds %d",
+                         n, pos, il, kv->capacity);
+    int64_t row = tri__kv_store_row_bytes(kv);
+    size_t bytes = (size_t)(n * row);
+    if (offloaded(kv, il)) {
+        tri__kv_offload *o = kv->off;
+        if (o->async) TRY(kv->be->ops->synchronize(kv->be));  // no copy in flight may read the rows
+        memcpy((char *)o->host_k[il] + pos * row, k_host, bytes);
+        memcpy((char *)o->host_v[il] + pos * row, v_host, bytes);
+        for (int s = 0; s < 2; s++)  // a buffer holding the layer is stale now
+            if (o->slot_layer[s] == il) o->slot_layer[s] = -1;
+        return TRI_STATUS_OK;
+    }
+    TRY(kv->be->ops->copy_to_backend(kv->be, (char *)kv->k[il] + pos * row, k_host, bytes));
+    TRY(kv->be->ops->copy_to_backend(kv->be, (char *)kv->v[il] + pos * row, v_host, bytes));
+    return kv->be->ops->synchronize(kv->be);
+}

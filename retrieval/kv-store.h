@@ -79,6 +79,13 @@ tri_status tri__kv_store_set_len(tri__kv_store *kv, int32_t n);
 const tri__kv_view *tri__kv_store_view(tri__kv_store *kv, int32_t il, int32_t n_pos,
                                        tri__kv_view *view);
 
+// Writes n rows at pos of layer il from host memory (k_host and v_host: (n, n_head_kv, head_dim)
+// of the store's type), wherever the layer lives: an offloaded layer's host region directly, a
+// layer in backend memory by a copy. For loading a cache (benchmarks fill synthetic ones); the
+// caller sets the length. Waits for the copies (synchronize) on a backend with a transfer stream.
+tri_status tri__kv_store_load_rows(tri__kv_store *kv, int32_t il, int32_t pos, int32_t n, const void *k_host,
+                                   const void *v_host);
+
 // Bytes of one position of one layer (K or V alone).
 int64_t tri__kv_store_row_bytes(const tri__kv_store *kv);
 

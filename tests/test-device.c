@@ -325,3 +325,43 @@ Test(device, streamed_weights_compute_the_same) {
     tri__backend_free(host);
     tri_model_free(m);
 }
+
+// Rows loaded from host memory reach the view of an offloaded layer and of one on chip alike.
+Test(device, kv_store_load_rows) {
+    tri__backend *be;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
+    tri__kv_store kv;
+    enum { CAP = 40, KVH = 2, HD = 8, N = 30 };
+    cr_assert_eq(tri__kv_store_init_offload(&kv, be, TRI_DTYPE_F32, 3, KVH, HD, CAP, 1), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    float k[N][KVH * HD], v[N][KVH * HD], newk[KVH * HD], newv[KVH * HD];
+    for (int il = 0; il < 3; il++) {
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < KVH * HD; j++) {
+                k[i][j] = (float)(il * 1000 + i * 10 + j);
+                v[i][j] = -k[i][j];
+            }
+        cr_assert_eq(tri__kv_store_load_rows(&kv, il, 0, N, k, v), TRI_STATUS_OK);
+    }
+    cr_assert_eq(tri__kv_store_load_rows(&kv, 1, CAP - 2, 3, k, v), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri__kv_store_set_len(&kv, N), TRI_STATUS_OK);
+    for (int j = 0; j < KVH * HD; j++) newk[j] = newv[j] = 0.5f;
+    for (int il = 0; il < 3; il++) {  // a step's write makes the layer's rows current, then its view
+        cr_assert_eq(tri__kv_store_write(&kv, il, N, 1, newk, newv), TRI_STATUS_OK, "%s", tri_last_error());
+        tri__kv_view view;
+        const tri__kv_view *vw = tri__kv_store_view(&kv, il, N + 1, &view);
+        for (int h = 0; h < KVH; h++) {
+            const tri__kv_span *sp = &vw->spans[vw->head_span[h]];
+            cr_assert_eq(sp->n, N + 1);
+            for (int i = 0; i < N; i++)
+                for (int j = 0; j < HD; j++) {
+                    float want = (float)(il * 1000 + i * 10 + h * HD + j);
+                    cr_assert_eq(((const float *)sp->k)[i * sp->stride + j], want, "layer %d row %d", il, i);
+                    cr_assert_eq(((const float *)sp->v)[i * sp->stride + j], -want, "layer %d row %d", il, i);
+                }
+            cr_assert_eq(((const float *)sp->k)[N * sp->stride], 0.5f);
+        }
+    }
+    tri__kv_store_free(&kv);
+    tri__backend_free(be);
+}
