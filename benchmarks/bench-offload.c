@@ -1,0 +1,360 @@
+// bench-offload.c - the TriForce paper's offloading experiment in shape: time per token of
+// autoregressive decoding over an offloaded KV cache and of the three-level hierarchy, against
+// the PCIe floor.
+//
+// usage: bench-offload [--shape llama2-7b|tiny] [--ctx N] [--gpu-mem SIZE] [--device D]
+//                      [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]
+//                      [--accept-l1 0.7] [--passes N] [--weights f16|q8_0|q4_0] [--reserve SIZE]
+//
+// What is real and what is not:
+//   - weights are synthetic (tri__model_synthetic) in the model's shape, and the KV cache is
+//     filled with synthetic rows up to --ctx tokens (no 127K-token prefill): the forward passes do
+//     exactly the work and move exactly the bytes of the real model, their outputs are noise;
+//   - placement is the planner's under --gpu-mem (default 24G: an RTX 4090): which blocks stay
+//     resident, how many layers keep their KV on the device; the runtime then streams the rest
+//     (kv-store.h, backend-select.h) and the bytes it moved are counted, not modelled;
+//   - L3 is measured as a pass of gamma2 + 1 tokens over the full offloaded cache; L2 as a pass of
+//     gamma1 + 1 tokens over a device cache holding `budget` tokens (what the retrieval cache
+//     attends to; selection costs are not included); L1 as a one-token pass of a llama-68m-shaped
+//     draft over a 256-token cache;
+//   - acceptance cannot come from synthetic weights: per-token rates alpha (L3 accepts an L2
+//     token) and beta (L2 accepts an L1 token) are forced (defaults: the planner's 0.9 and 0.7,
+//     stated in the output) and combined as the planner does (docs/offload.md):
+//       E(a, g) = (1 - a^(g+1)) / (1 - a),  L2 passes = gamma2 / E(beta, gamma1),
+//       t_token = (t_L3 + L2 passes x t_L2 + gamma1 x L2 passes x t_L1) / E(alpha, gamma2).
+// The host-to-device peak is a raw copy of pinned memory on the same link (the backend's transfer
+// path), so "floor" = bytes moved per token / peak.
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "backend-select.h"
+#include "bench-util.h"
+#include "dtype.h"
+#include "kv-policy.h"
+#include "kv-store.h"
+#include "llama.h"
+#include "model-synthetic.h"
+#include "model.h"
+
+#define MAX_LIST 8
+
+typedef struct opts {
+    const char *shape, *device;
+    int32_t ctx, passes, gamma1;
+    uint64_t gpu_mem, reserve;
+    bool reserve_set;
+    int32_t budgets[MAX_LIST], n_budgets;
+    int32_t gamma2s[MAX_LIST], n_gamma2;
+    double alpha, beta;
+    tri_dtype weights;
+} opts;
+
+static void usage(void) {
+    fprintf(stderr, "usage: bench-offload [--shape llama2-7b|tiny] [--ctx N] [--gpu-mem SIZE] [--device cpu|cuda[:N]]\n"
+                    "                     [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]\n"
+                    "                     [--accept-l1 0.7] [--passes N] [--weights f16|q8_0|q4_0]\n"
+                    "                     [--reserve SIZE]   (device memory kept out of the plan; default 1G)\n");
+}
+
+static int parse_list(const char *s, int32_t *out) {
+    int n = 0;
+    while (*s && n < MAX_LIST) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v <= 0 || v > INT32_MAX) return -1;
+        out[n++] = (int32_t)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+static bool parse_size(const char *s, uint64_t *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || !(v > 0)) return false;
+    double mul = *end == 'G' || *end == 'g' ? 1 << 30 : *end == 'M' || *end == 'm' ? 1 << 20 : 1;
+    *out = (uint64_t)(v * mul);
+    return true;
+}
+
+static tri_model_config shape_config(const char *shape, bool draft) {
+    tri_model_config c = {0};
+    if (draft) {  // JackFram/llama-68m
+        c = (tri_model_config){.n_vocab = 32000, .n_embd = 768, .n_ff = 3072, .n_layer = 2, .n_head = 12,
+                               .n_head_kv = 12, .head_dim = 64, .n_ctx_train = 2048};
+    } else if (!strcmp(shape, "tiny")) {
+        c = (tri_model_config){.n_vocab = 512, .n_embd = 128, .n_ff = 352, .n_layer = 6, .n_head = 4,
+                               .n_head_kv = 4, .head_dim = 32, .n_ctx_train = 131072};
+    } else {  // Llama2-7B-128K (Yarn-Llama-2-7b-128k): rope scaling does not change the work
+        c = (tri_model_config){.n_vocab = 32000, .n_embd = 4096, .n_ff = 11008, .n_layer = 32, .n_head = 32,
+                               .n_head_kv = 32, .head_dim = 128, .n_ctx_train = 131072};
+    }
+    c.rms_eps = 1e-5f;
+    c.rope_theta = 10000.0f;
+    c.rope_factor = 1.0f;
+    return c;
+}
+
+// A store over model with capacity positions and on_chip layers in backend memory, filled with
+// synthetic rows up to n (F16).
+static tri_status filled_store(tri__kv_store *kv, tri__backend *be, const tri_model_config *c, int32_t capacity,
+                               int32_t on_chip, int32_t n) {
+    tri_status st = tri__kv_store_init_offload(kv, be, TRI_DTYPE_F16, c->n_layer, c->n_head_kv, c->head_dim,
+                                               capacity, on_chip);
+    if (st) return st;
+    enum { ROWS = 1024 };
+    int64_t width = (int64_t)c->n_head_kv * c->head_dim;
+    uint16_t *k = malloc(sizeof *k * ROWS * (size_t)width), *v = malloc(sizeof *v * ROWS * (size_t)width);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return TRI_STATUS_OUT_OF_MEMORY;
+    }
+    uint64_t s = 0x243f6a8885a308d3ull;
+    for (int64_t i = 0; i < ROWS * width; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        k[i] = tri__f32_to_f16((float)((s >> 40) & 0xffff) / 32768.0f - 1.0f);
+        v[i] = tri__f32_to_f16((float)((s >> 20) & 0xffff) / 32768.0f - 1.0f);
+    }
+    for (int32_t il = 0; !st && il < c->n_layer; il++)
+        for (int32_t p = 0; !st && p < n; p += ROWS)
+            st = tri__kv_store_load_rows(kv, il, p, n - p < ROWS ? n - p : ROWS, k, v);
+    free(k);
+    free(v);
+    if (!st) st = tri__kv_store_set_len(kv, n);
+    return st;
+}
+
+typedef struct pass_time {
+    double seconds;        // mean over the timed passes
+    double kv_bytes_up;    // per pass
+    double weight_bytes_up;
+} pass_time;
+
+// Times passes of m tokens after the store's n positions (rolled back after each), one warm-up first.
+static tri_status time_pass(const tri_model *model, tri__backend *be, tri__kv_store *kv, int32_t m, int32_t passes,
+                            pass_time *out) {
+    tri__llama ll;
+    tri__kv_policy pol;
+    tri_status st = tri__llama_init(&ll, model, be, m);
+    if (st) return st;
+    if ((st = tri__kv_policy_wrap_full(&pol, kv, model->config.n_head, m))) {
+        tri__llama_free(&ll);
+        return st;
+    }
+    int32_t n0 = kv->n;
+    int32_t *tok = malloc(sizeof *tok * (size_t)m);
+    float *logits = malloc(sizeof(float) * (size_t)m * (size_t)model->config.n_vocab);
+    if (!tok || !logits) st = TRI_STATUS_OUT_OF_MEMORY;
+    for (int32_t i = 0; !st && i < m; i++) tok[i] = (7 * i + 3) % model->config.n_vocab;
+    tri__kv_offload_stats k0, k1;
+    tri__weight_stream_stats w0, w1;
+    double t = 0;
+    for (int32_t rep = 0; !st && rep <= passes; rep++) {
+        if (rep == 1) {  // the warm-up is not counted
+            tri__kv_store_offload_stats(kv, &k0);
+            tri__model_stream_stats(model, &w0);
+        }
+        double t0 = bench_now();
+        st = tri__llama_forward_policy(&ll, &pol, tok, m, m > 1 ? TRI_LOGITS_ALL : TRI_LOGITS_LAST, logits);
+        if (rep > 0) t += bench_now() - t0;
+        if (!st) st = tri__kv_policy_truncate(&pol, n0);
+    }
+    if (!st) {
+        tri__kv_store_offload_stats(kv, &k1);
+        tri__model_stream_stats(model, &w1);
+        out->seconds = t / passes;
+        out->kv_bytes_up = (double)(k1.bytes_up - k0.bytes_up) / passes;
+        out->weight_bytes_up = (double)(w1.bytes_up - w0.bytes_up) / passes;
+    }
+    free(tok);
+    free(logits);
+    tri__kv_policy_free(&pol);
+    tri__llama_free(&ll);
+    return st;
+}
+
+// Host-to-device GB/s of a raw copy of pinned memory through the backend's transfer path.
+static double h2d_peak(tri__backend *be) {
+    const size_t bytes = (size_t)256 << 20;
+    tri__arena_params ap = tri__arena_default_params();
+    tri__arena *a = NULL;
+    void *host = NULL, *dev = NULL;
+    double best = 0;
+    if (tri__arena_create(&ap, &a) || tri__arena_alloc(a, bytes, "h2d peak", &host)) goto done;
+    if (be->ops->host_register && be->ops->host_register(be, host, bytes)) goto done;
+    if (be->ops->alloc(be, bytes, &dev)) goto done;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = bench_now();
+        tri_status st = be->ops->transfer_to_backend ? be->ops->transfer_to_backend(be, dev, host, bytes)
+                                                     : be->ops->copy_to_backend(be, dev, host, bytes);
+        if (st || be->ops->synchronize(be)) break;
+        double bw = (double)bytes / (bench_now() - t0);
+        if (bw > best) best = bw;
+    }
+    if (be->ops->host_unregister) be->ops->host_unregister(be, host);
+done:
+    if (dev) be->ops->free(be, dev);
+    tri__arena_free(a);
+    return best;
+}
+
+static double expected(double a, int32_t g) { return a >= 1.0 ? g + 1 : (1.0 - pow(a, g + 1)) / (1.0 - a); }
+
+int main(int argc, char **argv) {
+    opts o = {.shape = "llama2-7b", .device = NULL, .ctx = 130048, .passes = 3, .gamma1 = 2,
+              .gpu_mem = (uint64_t)24 << 30, .budgets = {8192, 12288}, .n_budgets = 2, .gamma2s = {12, 16},
+              .n_gamma2 = 2, .alpha = 0.9, .beta = 0.7, .weights = TRI_DTYPE_F16};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = v != NULL;
+        if (!strcmp(a, "--shape") && v) o.shape = v;
+        else if (!strcmp(a, "--device") && v) o.device = v;
+        else if (!strcmp(a, "--ctx") && v) ok = (o.ctx = atoi(v)) > 0;
+        else if (!strcmp(a, "--passes") && v) ok = (o.passes = atoi(v)) > 0;
+        else if (!strcmp(a, "--gamma1") && v) ok = (o.gamma1 = atoi(v)) > 0;
+        else if (!strcmp(a, "--gpu-mem") && v) ok = parse_size(v, &o.gpu_mem);
+        else if (!strcmp(a, "--reserve") && v) ok = o.reserve_set = parse_size(v, &o.reserve) || !strcmp(v, "0");
+        else if (!strcmp(a, "--budgets") && v) ok = (o.n_budgets = parse_list(v, o.budgets)) > 0;
+        else if (!strcmp(a, "--gamma2") && v) ok = (o.n_gamma2 = parse_list(v, o.gamma2s)) > 0;
+        else if (!strcmp(a, "--accept") && v) ok = (o.alpha = atof(v)) > 0 && o.alpha <= 1;
+        else if (!strcmp(a, "--accept-l1") && v) ok = (o.beta = atof(v)) > 0 && o.beta <= 1;
+        else if (!strcmp(a, "--weights") && v) {
+            o.weights = !strcmp(v, "q8_0") ? TRI_DTYPE_Q8_0 : !strcmp(v, "q4_0") ? TRI_DTYPE_Q4_0 : TRI_DTYPE_F16;
+            ok = !strcmp(v, "f16") || o.weights != TRI_DTYPE_F16;
+        } else ok = false;
+        if (!ok) {
+            usage();
+            return 2;
+        }
+        i++;
+    }
+    if (strcmp(o.shape, "llama2-7b") && strcmp(o.shape, "tiny")) {
+        usage();
+        return 2;
+    }
+    tri_device_kind kind = TRI_DEVICE_AUTO;
+    int32_t dev = 0;
+    if (o.device && !strcmp(o.device, "cpu")) kind = TRI_DEVICE_CPU;
+    else if (o.device && !strncmp(o.device, "cuda", 4)) {
+        kind = TRI_DEVICE_CUDA;
+        dev = o.device[4] == ':' ? atoi(o.device + 5) : 0;
+    }
+    tri__backend *be;
+    char be_name[16];
+    if (tri__backend_select(kind, dev, 0, &be, be_name)) {
+        fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+        return 1;
+    }
+    bench_print_machine();
+    if (!strncmp(be_name, "cuda", 4)) {
+        tri_device_info di;
+        if (tri_device_get_info(dev, &di) == TRI_STATUS_OK)
+            printf("device: %s (%s), %.1f GiB, PCIe gen %d x%d\n", be_name, di.name,
+                   (double)di.total_bytes / (1 << 30), di.pcie_gen, di.pcie_width);
+    } else {
+        printf("device: cpu (no GPU: copies are memcpy, figures show the mechanics only)\n");
+    }
+
+    tri_model_config tc = shape_config(o.shape, false), dc = shape_config(o.shape, true);
+    if (!strcmp(o.shape, "tiny")) dc = tc, dc.n_layer = 1;
+    tri_model *target = NULL, *draft = NULL;
+    double t_build = bench_now();
+    if (tri__model_synthetic(&tc, o.weights, 1, &target) || tri__model_synthetic(&dc, TRI_DTYPE_F16, 2, &draft)) {
+        fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+        return 1;
+    }
+    printf("model: %s shape, synthetic %s weights (built in %.1f s), context %d tokens of synthetic KV (f16)\n",
+           o.shape, tri_dtype_name(o.weights), bench_now() - t_build, o.ctx);
+    double peak = h2d_peak(be);
+    printf("host -> device peak (pinned, raw copy): %.2f GB/s\n", peak / 1e9);
+    printf("forced acceptance: alpha %.2f (L3 accepts an L2 token), beta %.2f (L2 accepts an L1 token), gamma1 %d\n",
+           o.alpha, o.beta, o.gamma1);
+    printf("\n| mode | budget | gamma2 | resident blocks | KV layers on device | L3 pass ms | L2 pass ms | L1 pass ms "
+           "| tokens/round | ms/token | MB over PCIe/token | floor ms/token | time/floor |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+
+    int rc = 0;
+    // mode 0: autoregressive; then TriForce per budget
+    for (int run = 0; run <= o.n_budgets && !rc; run++) {
+        bool ar = run == 0;
+        int32_t budget = ar ? 0 : o.budgets[run - 1];
+        int32_t g2max = 1;
+        for (int i = 0; i < o.n_gamma2; i++) g2max = o.gamma2s[i] > g2max ? o.gamma2s[i] : g2max;
+        tri_plan_params pp = tri_plan_default_params();
+        pp.mode = ar ? TRI_PLAN_MODE_AUTOREGRESSIVE : TRI_PLAN_MODE_TRIFORCE;
+        pp.n_ctx = o.ctx + g2max + 1;
+        pp.gpu_mem_bytes = o.gpu_mem;
+        pp.retrieval_budget = budget;
+        pp.gamma1 = o.gamma1;
+        pp.gamma2 = g2max;
+        if (o.reserve_set) pp.gpu_reserve_bytes = o.reserve ? o.reserve : 1;  // 0 would mean the default
+        tri_plan_model pm, dm;
+        tri_plan_model_from_model(target, &pm);
+        tri_plan_model_from_model(draft, &dm);
+        pp.draft_bytes = (uint64_t)dc.n_layer * dm.layer_bytes + dm.other_bytes;
+        pp.draft_n_layer = dc.n_layer;
+        tri_plan plan;
+        if (tri_plan_compute(&pm, &pp, &plan)) {
+            printf("| %s | %d | | cannot place: %s |\n", ar ? "autoregressive" : "TriForce", budget, tri_last_error());
+            continue;
+        }
+        int32_t streamed = plan.n_weights_host + plan.n_weights_disk;
+        tri_model *tv = NULL, *dv = NULL;
+        tri__kv_store l3 = {0}, l2 = {0}, l1 = {0};
+        tri_status st = tri__model_on_backend(target, be, streamed, &tv);
+        if (!st) st = filled_store(&l3, be, &tc, pp.n_ctx, plan.on_chip, o.ctx);
+        if (!st && !ar) {
+            st = filled_store(&l2, be, &tc, budget + 256, tc.n_layer, budget);
+            if (!st) st = tri__model_on_backend(draft, be, 0, &dv);
+            if (!st) st = filled_store(&l1, be, &dc, 256 + 64, dc.n_layer, 256);
+        }
+        pass_time p2 = {0}, p1 = {0};
+        if (!st && !ar) st = time_pass(tv, be, &l2, o.gamma1 + 1, o.passes, &p2);
+        if (!st && !ar) st = time_pass(dv, be, &l1, 1, o.passes, &p1);
+        for (int gi = 0; !st && gi < (ar ? 1 : o.n_gamma2); gi++) {
+            int32_t g2 = ar ? 0 : o.gamma2s[gi];
+            pass_time p3;
+            if ((st = time_pass(tv, be, &l3, g2 + 1, o.passes, &p3))) break;
+            double per_round = ar ? 1.0 : expected(o.alpha, g2);
+            double l2_passes = ar ? 0 : g2 / expected(o.beta, o.gamma1);
+            double l1_passes = l2_passes * o.gamma1;
+            double t_round = p3.seconds + l2_passes * p2.seconds + l1_passes * p1.seconds;
+            double bytes = (p3.kv_bytes_up + p3.weight_bytes_up + l2_passes * p2.weight_bytes_up) / per_round;
+            double floor_s = peak > 0 ? bytes / peak : 0;
+            double t_tok = t_round / per_round;
+            char b2[16] = "-", g2s[16] = "-", t2[16] = "-", t1[16] = "-";
+            if (!ar) {
+                snprintf(b2, sizeof b2, "%d", budget);
+                snprintf(g2s, sizeof g2s, "%d", g2);
+                snprintf(t2, sizeof t2, "%.2f", 1e3 * p2.seconds);
+                snprintf(t1, sizeof t1, "%.2f", 1e3 * p1.seconds);
+            }
+            printf("| %s | %s | %s | %d of %d | %d of %d | %.1f | %s | %s | %.2f | %.1f | %.1f | %.1f | %.2f |\n",
+                   ar ? "autoregressive" : "TriForce", b2, g2s, tc.n_layer - streamed, tc.n_layer, plan.on_chip,
+                   tc.n_layer, 1e3 * p3.seconds, t2, t1, per_round, 1e3 * t_tok, bytes / 1e6, 1e3 * floor_s,
+                   floor_s > 0 ? t_tok / floor_s : 0.0);
+            fflush(stdout);
+        }
+        if (st) {
+            fprintf(stderr, "bench-offload: %s: %s\n", ar ? "autoregressive" : "TriForce", tri_last_error());
+            rc = 1;
+        }
+        tri__kv_store_free(&l1);
+        tri__kv_store_free(&l2);
+        tri__kv_store_free(&l3);
+        tri__model_backend_free(dv);
+        tri__model_backend_free(tv);
+    }
+    printf("\npaper (Llama2-7B-128K, 127K-token prompt): autoregressive 1516 ms/token on one RTX 4090 and 840 on "
+           "two; TriForce 312 ms/token on one, 108 on two\n");
+    tri__model_synthetic_free(draft);
+    tri__model_synthetic_free(target);
+    tri__backend_free(be);
+    return rc;
+}
