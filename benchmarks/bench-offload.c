@@ -183,11 +183,11 @@ static tri_status time_pass(const tri_model *model, tri__backend *be, tri__kv_st
 static double h2d_peak(tri__backend *be) {
     const size_t bytes = (size_t)256 << 20;
     tri__arena_params ap = tri__arena_default_params();
+    tri__arena_params_pin_for(&ap, be);
     tri__arena *a = NULL;
     void *host = NULL, *dev = NULL;
     double best = 0;
     if (tri__arena_create(&ap, &a) || tri__arena_alloc(a, bytes, "h2d peak", &host)) goto done;
-    if (be->ops->host_register && be->ops->host_register(be, host, bytes)) goto done;
     if (be->ops->alloc(be, bytes, &dev)) goto done;
     for (int rep = 0; rep < 5; rep++) {
         double t0 = bench_now();
@@ -197,7 +197,6 @@ static double h2d_peak(tri__backend *be) {
         double bw = (double)bytes / (bench_now() - t0);
         if (bw > best) best = bw;
     }
-    if (be->ops->host_unregister) be->ops->host_unregister(be, host);
 done:
     if (dev) be->ops->free(be, dev);
     tri__arena_free(a);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "arena.h"
+#include "backend-select.h"
 #include "dtype.h"
 #include "error.h"
 
@@ -31,17 +32,6 @@ struct tri__kv_offload {
     tri__event *written;        // COMPUTE: a layer's new rows are in its buffer
     tri__kv_offload_stats stats;
 };
-
-static tri_status pin_region(void *ptr, size_t bytes, void *user) {
-    tri__backend *be = user;
-    return be->ops->host_register(be, ptr, bytes);
-}
-
-static void unpin_region(void *ptr, size_t bytes, void *user) {
-    (void)bytes;
-    tri__backend *be = user;
-    be->ops->host_unregister(be, ptr);
-}
 
 static void offload_free(tri__kv_store *kv) {
     tri__kv_offload *o = kv->off;
@@ -80,11 +70,7 @@ static tri_status offload_init(tri__kv_store *kv, int32_t on_chip) {
     o->host_v = calloc((size_t)kv->n_layer, sizeof *o->host_v);
     if (!o->host_k || !o->host_v) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv cache: offload tables");
     tri__arena_params ap = tri__arena_default_params();
-    if (op->host_register && op->host_unregister) {
-        ap.pin = pin_region;
-        ap.unpin = unpin_region;
-        ap.pin_user = be;
-    }
+    tri__arena_params_pin_for(&ap, be);
     TRY(tri__arena_create(&ap, &o->arena));
     size_t bytes = (size_t)tri__kv_store_row_bytes(kv) * (size_t)kv->capacity;
     for (int32_t il = on_chip; il < kv->n_layer; il++) {

@@ -106,6 +106,13 @@ static void unpin_region(void *ptr, size_t bytes, void *user) {
     be->ops->host_unregister(be, ptr);
 }
 
+void tri__arena_params_pin_for(tri__arena_params *ap, tri__backend *be) {
+    if (!be->ops->host_register || !be->ops->host_unregister) return;
+    ap->pin = pin_region;
+    ap->unpin = unpin_region;
+    ap->pin_user = be;
+}
+
 // Packs layers first .. n_layer - 1 of model into host regions and points the view's block
 // tensors of those layers at the two device buffers.
 static tri_status stream_init(const tri_model *model, tri_model *v, tri__backend *be, int32_t first,
@@ -125,11 +132,7 @@ static tri_status stream_init(const tri_model *model, tri_model *v, tri__backend
     ws->bytes = calloc((size_t)n_layer, sizeof *ws->bytes);
     if (!ws->host || !ws->bytes) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: weight stream tables", model->path);
     tri__arena_params ap = tri__arena_default_params();
-    if (op->host_register && op->host_unregister) {
-        ap.pin = pin_region;
-        ap.unpin = unpin_region;
-        ap.pin_user = be;
-    }
+    tri__arena_params_pin_for(&ap, be);
     TRY(tri__arena_create(&ap, &ws->arena));
     uint64_t largest = 0;
     for (int32_t il = first; il < n_layer; il++) {

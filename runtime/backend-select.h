@@ -11,6 +11,7 @@
 
 #include <stdint.h>
 
+#include "arena.h"
 #include "backend.h"
 #include "triforce.h"
 
@@ -54,5 +55,10 @@ typedef struct tri__weight_stream_stats {
     int64_t n_uploads, n_reused;
 } tri__weight_stream_stats;
 void tri__model_stream_stats(const tri_model *m, tri__weight_stream_stats *out);
+
+// Sets ap's pin hooks to be's host_register / host_unregister when it has them, so the arena's
+// regions are pinned for asynchronous copies; leaves them unset otherwise. be must outlive the
+// arena.
+void tri__arena_params_pin_for(tri__arena_params *ap, tri__backend *be);
 
 #endif  // TRI_BACKEND_SELECT_H
