@@ -833,9 +833,10 @@ static void write_gguf(const model *m, const vocab *v, const char *path, float *
     kv_u32(&k, "llama.rope.dimension_count", (uint32_t)o->head_dim);
     kv_f32(&k, "llama.rope.freq_base", o->theta);
     kv_f32(&k, "llama.attention.layer_norm_rms_epsilon", o->eps);
-    if (o->scaling != RS_NONE) {
-        // llama.cpp names linear and yarn; "dynamic" and "llama3" are ours (llama.cpp expresses
-        // llama3 through the rope_freqs tensor alone, which is written too)
+    if (o->scaling != RS_NONE && o->scaling != RS_LLAMA3) {
+        // llama.cpp names linear and yarn; "dynamic" is ours (a loader that does not know it
+        // refuses the file); llama3 is expressed, as llama.cpp's converter does, by the
+        // rope_freqs tensor alone
         kv_str(&k, "llama.rope.scaling.type", rope_scaling_names[o->scaling]);
         kv_f32(&k, "llama.rope.scaling.factor", o->rope_factor);
         kv_u32(&k, "llama.rope.scaling.original_context_length", (uint32_t)o->rope_orig_ctx);
