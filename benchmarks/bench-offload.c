@@ -32,6 +32,7 @@
 
 #include "arena.h"
 #include "backend-select.h"
+#include "bench-model.h"
 #include "bench-util.h"
 #include "dtype.h"
 #include "kv-policy.h"
@@ -80,103 +81,6 @@ static bool parse_size(const char *s, uint64_t *out) {
     double mul = *end == 'G' || *end == 'g' ? 1 << 30 : *end == 'M' || *end == 'm' ? 1 << 20 : 1;
     *out = (uint64_t)(v * mul);
     return true;
-}
-
-static tri_model_config shape_config(const char *shape, bool draft) {
-    tri_model_config c = {0};
-    if (draft) {  // JackFram/llama-68m
-        c = (tri_model_config){.n_vocab = 32000, .n_embd = 768, .n_ff = 3072, .n_layer = 2, .n_head = 12,
-                               .n_head_kv = 12, .head_dim = 64, .n_ctx_train = 2048};
-    } else if (!strcmp(shape, "tiny")) {
-        c = (tri_model_config){.n_vocab = 512, .n_embd = 128, .n_ff = 352, .n_layer = 6, .n_head = 4,
-                               .n_head_kv = 4, .head_dim = 32, .n_ctx_train = 131072};
-    } else {  // Llama2-7B-128K (Yarn-Llama-2-7b-128k): rope scaling does not change the work
-        c = (tri_model_config){.n_vocab = 32000, .n_embd = 4096, .n_ff = 11008, .n_layer = 32, .n_head = 32,
-                               .n_head_kv = 32, .head_dim = 128, .n_ctx_train = 131072};
-    }
-    c.rms_eps = 1e-5f;
-    c.rope_theta = 10000.0f;
-    c.rope_factor = 1.0f;
-    return c;
-}
-
-// A store over model with capacity positions and on_chip layers in backend memory, filled with
-// synthetic rows up to n (F16).
-static tri_status filled_store(tri__kv_store *kv, tri__backend *be, const tri_model_config *c, int32_t capacity,
-                               int32_t on_chip, int32_t n) {
-    tri_status st = tri__kv_store_init_offload(kv, be, TRI_DTYPE_F16, c->n_layer, c->n_head_kv, c->head_dim,
-                                               capacity, on_chip);
-    if (st) return st;
-    enum { ROWS = 1024 };
-    int64_t width = (int64_t)c->n_head_kv * c->head_dim;
-    uint16_t *k = malloc(sizeof *k * ROWS * (size_t)width), *v = malloc(sizeof *v * ROWS * (size_t)width);
-    if (!k || !v) {
-        free(k);
-        free(v);
-        return TRI_STATUS_OUT_OF_MEMORY;
-    }
-    uint64_t s = 0x243f6a8885a308d3ull;
-    for (int64_t i = 0; i < ROWS * width; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        k[i] = tri__f32_to_f16((float)((s >> 40) & 0xffff) / 32768.0f - 1.0f);
-        v[i] = tri__f32_to_f16((float)((s >> 20) & 0xffff) / 32768.0f - 1.0f);
-    }
-    for (int32_t il = 0; !st && il < c->n_layer; il++)
-        for (int32_t p = 0; !st && p < n; p += ROWS)
-            st = tri__kv_store_load_rows(kv, il, p, n - p < ROWS ? n - p : ROWS, k, v);
-    free(k);
-    free(v);
-    if (!st) st = tri__kv_store_set_len(kv, n);
-    return st;
-}
-
-typedef struct pass_time {
-    double seconds;        // mean over the timed passes
-    double kv_bytes_up;    // per pass
-    double weight_bytes_up;
-} pass_time;
-
-// Times passes of m tokens after the store's n positions (rolled back after each), one warm-up first.
-static tri_status time_pass(const tri_model *model, tri__backend *be, tri__kv_store *kv, int32_t m, int32_t passes,
-                            pass_time *out) {
-    tri__llama ll;
-    tri__kv_policy pol;
-    tri_status st = tri__llama_init(&ll, model, be, m);
-    if (st) return st;
-    if ((st = tri__kv_policy_wrap_full(&pol, kv, model->config.n_head, m))) {
-        tri__llama_free(&ll);
-        return st;
-    }
-    int32_t n0 = kv->n;
-    int32_t *tok = malloc(sizeof *tok * (size_t)m);
-    float *logits = malloc(sizeof(float) * (size_t)m * (size_t)model->config.n_vocab);
-    if (!tok || !logits) st = TRI_STATUS_OUT_OF_MEMORY;
-    for (int32_t i = 0; !st && i < m; i++) tok[i] = (7 * i + 3) % model->config.n_vocab;
-    tri__kv_offload_stats k0, k1;
-    tri__weight_stream_stats w0, w1;
-    double t = 0;
-    for (int32_t rep = 0; !st && rep <= passes; rep++) {
-        if (rep == 1) {  // the warm-up is not counted
-            tri__kv_store_offload_stats(kv, &k0);
-            tri__model_stream_stats(model, &w0);
-        }
-        double t0 = bench_now();
-        st = tri__llama_forward_policy(&ll, &pol, tok, m, m > 1 ? TRI_LOGITS_ALL : TRI_LOGITS_LAST, logits);
-        if (rep > 0) t += bench_now() - t0;
-        if (!st) st = tri__kv_policy_truncate(&pol, n0);
-    }
-    if (!st) {
-        tri__kv_store_offload_stats(kv, &k1);
-        tri__model_stream_stats(model, &w1);
-        out->seconds = t / passes;
-        out->kv_bytes_up = (double)(k1.bytes_up - k0.bytes_up) / passes;
-        out->weight_bytes_up = (double)(w1.bytes_up - w0.bytes_up) / passes;
-    }
-    free(tok);
-    free(logits);
-    tri__kv_policy_free(&pol);
-    tri__llama_free(&ll);
-    return st;
 }
 
 // Host-to-device GB/s of a raw copy of pinned memory through the backend's transfer path.
@@ -233,10 +137,14 @@ int main(int argc, char **argv) {
         }
         i++;
     }
+    tri_model_config tc, dc;
     if (strcmp(o.shape, "llama2-7b") && strcmp(o.shape, "tiny")) {
         usage();
         return 2;
     }
+    bench_shape(o.shape, &tc);
+    bench_shape("llama-68m", &dc);
+    if (!strcmp(o.shape, "tiny")) dc = tc, dc.n_layer = 1;
     tri_device_kind kind = TRI_DEVICE_AUTO;
     int32_t dev = 0;
     if (o.device && !strcmp(o.device, "cpu")) kind = TRI_DEVICE_CPU;
@@ -260,8 +168,6 @@ int main(int argc, char **argv) {
         printf("device: cpu (no GPU: copies are memcpy, figures show the mechanics only)\n");
     }
 
-    tri_model_config tc = shape_config(o.shape, false), dc = shape_config(o.shape, true);
-    if (!strcmp(o.shape, "tiny")) dc = tc, dc.n_layer = 1;
     tri_model *target = NULL, *draft = NULL;
     double t_build = bench_now();
     if (tri__model_synthetic(&tc, o.weights, 1, &target) || tri__model_synthetic(&dc, TRI_DTYPE_F16, 2, &draft)) {
@@ -307,19 +213,19 @@ int main(int argc, char **argv) {
         tri_model *tv = NULL, *dv = NULL;
         tri__kv_store l3 = {0}, l2 = {0}, l1 = {0};
         tri_status st = tri__model_on_backend(target, be, streamed, &tv);
-        if (!st) st = filled_store(&l3, be, &tc, pp.n_ctx, plan.on_chip, o.ctx);
+        if (!st) st = bench_filled_store(&l3, be, &tc, pp.n_ctx, plan.on_chip, o.ctx);
         if (!st && !ar) {
-            st = filled_store(&l2, be, &tc, budget + 256, tc.n_layer, budget);
+            st = bench_filled_store(&l2, be, &tc, budget + 256, tc.n_layer, budget);
             if (!st) st = tri__model_on_backend(draft, be, 0, &dv);
-            if (!st) st = filled_store(&l1, be, &dc, 256 + 64, dc.n_layer, 256);
+            if (!st) st = bench_filled_store(&l1, be, &dc, 256 + 64, dc.n_layer, 256);
         }
         pass_time p2 = {0}, p1 = {0};
-        if (!st && !ar) st = time_pass(tv, be, &l2, o.gamma1 + 1, o.passes, &p2);
-        if (!st && !ar) st = time_pass(dv, be, &l1, 1, o.passes, &p1);
+        if (!st && !ar) st = bench_time_pass(tv, be, &l2, o.gamma1 + 1, o.passes, &p2);
+        if (!st && !ar) st = bench_time_pass(dv, be, &l1, 1, o.passes, &p1);
         for (int gi = 0; !st && gi < (ar ? 1 : o.n_gamma2); gi++) {
             int32_t g2 = ar ? 0 : o.gamma2s[gi];
             pass_time p3;
-            if ((st = time_pass(tv, be, &l3, g2 + 1, o.passes, &p3))) break;
+            if ((st = bench_time_pass(tv, be, &l3, g2 + 1, o.passes, &p3))) break;
             double per_round = ar ? 1.0 : expected(o.alpha, g2);
             double l2_passes = ar ? 0 : g2 / expected(o.beta, o.gamma1);
             double l1_passes = l2_passes * o.gamma1;
