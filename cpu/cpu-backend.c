@@ -526,7 +526,7 @@ static tri_status cpu_top_k(tri__backend *be, float *values, int32_t *indices, c
 
 #define ATTN_TILE 128      // keys per block: bounds the scratch whatever the context length
 #define ATTN_ROWS 64       // (query, head) rows per task at most: the block of queries is 64 / g
-#define ATTN_CHUNK 512     // keys per chunk: each chunk is a task of its own when a head's keys are split
+#define ATTN_CHUNK 1024    // keys per chunk: each chunk is a task of its own when a head's keys are split
 #define ATTN_TASKS 8       // split the chunks into tasks below this many (KV head, query block) pairs
 
 static int32_t attn_key_pos(const tri__kv_span *sp, int64_t j) { return sp->pos ? sp->pos[j] : sp->pos0 + (int32_t)j; }
@@ -619,8 +619,8 @@ static void attn_chunk(const attn_job *jb, int64_t h, int64_t c, int64_t i0, int
                                     nk, hd);
             if (kp_max > qmin) attn_mask(jb, sp, j0, nk, kp_max, i0, nq, w->s);
             for (int64_t r = 0; r < rows; r++) {
-                float f = kr->attn_softmax(w->s + r * ATTN_TILE, nk, &w->mx[r], &w->sum[r]);
-                if (f != 1.0f)
+                float old = w->mx[r], f = kr->attn_softmax(w->s + r * ATTN_TILE, nk, &w->mx[r], &w->sum[r]);
+                if (f != 1.0f && old != -INFINITY)  // (while the max is -inf, acc holds zeros)
                     for (int64_t e = 0; e < hd; e++) w->acc[r * hd + e] *= f;
             }
             if (kv->type == TRI_DTYPE_F16)
@@ -637,6 +637,11 @@ static void attn_chunk(const attn_job *jb, int64_t h, int64_t c, int64_t i0, int
 // *sum), which start as (0, -inf, 0). The one fold both paths use, so they agree to the bit.
 static void attn_fold(float *acc, float *mx, float *sum, const float *pacc, float pmx, float psum, int64_t hd) {
     if (pmx == -INFINITY) return;  // the row sees no key of the chunk
+    if (*mx == -INFINITY) {         // the first chunk it sees a key of
+        memcpy(acc, pacc, sizeof(float) * (size_t)hd);
+        *mx = pmx, *sum = psum;
+        return;
+    }
     float m = fmaxf(*mx, pmx), fa = expf(*mx - m), fc = expf(pmx - m);
     *sum = *sum * fa + psum * fc;
     for (int64_t e = 0; e < hd; e++) acc[e] = acc[e] * fa + pacc[e] * fc;
