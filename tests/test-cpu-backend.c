@@ -850,14 +850,17 @@ Test(cpu_backend, attention_rows_batch_invariant_every_level) {
     FOR_EACH_LEVEL_1_2_THREADS({
         for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_F16; t++) {
             check_attention_rows_alone(be, lvl, t, 6, 2, 40, 60, 0, false);
-            // SmolLM2's shape; the batches cross key 512, where a long head's keys are split
-            check_attention_rows_alone(be, lvl, t, 9, 3, 64, 530, 0, false);
+            // SmolLM2's shape; the batches cross key 1024, where a head's second chunk of keys starts
+            check_attention_rows_alone(be, lvl, t, 9, 3, 64, 1050, 0, false);
             check_attention_rows_alone(be, lvl, t, 9, 3, 64, 1100, 2, true);
+            // 4 KV heads: alone, a task per chunk; 40 queries make 8 (KV head, query block) pairs,
+            // whose tasks walk their chunks
+            check_attention_rows_alone(be, lvl, t, 8, 4, 32, 1100, 0, false);
             // few KV heads (decode splits a head's keys over the threads), one group of 4, odd hd;
             // the last span has explicit positions
             check_attention_rows_alone(be, lvl, t, 4, 1, 36, 1300, 1, true);
             // no grouping, wide rows: 1 row per query alone, tiles of 4 in a batch
-            check_attention_rows_alone(be, lvl, t, 2, 2, 128, 700, 0, false);
+            check_attention_rows_alone(be, lvl, t, 2, 2, 128, 1100, 0, false);
         }
     });
 }

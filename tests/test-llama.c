@@ -277,7 +277,7 @@ Test(llama, one_pass_equals_one_token_at_a_time) {
     make_model(path, "batch-f32", "--dtype f32 --heads 8 --kv-heads 2 --head-dim 16 --layers 3");
     check_one_pass_equals_one_by_one(path, TRI_DTYPE_F32, 48);
     check_one_pass_equals_one_by_one(path, TRI_DTYPE_F16, 48);
-    // quantized weights (x quantized per row) and 1100 tokens: past 512 keys decoding gives each
+    // quantized weights (x quantized per row) and 1100 tokens: past 1024 keys decoding gives each
     // chunk of a head's keys a task of its own, while the one pass walks them in one task
     make_model(path, "batch-q4_1", "--dtype f32 --gguf-dtype q4_1 --heads 6 --kv-heads 2 --head-dim 32 --ctx 2048");
     check_one_pass_equals_one_by_one(path, TRI_DTYPE_F16, 1100);
