@@ -1,7 +1,7 @@
 // cpu-backend.c - the CPU backend: the reference implementation of every op in backend.h.
 //
 // Threads: a persistent pool (cpu-pool.h) over tasks of rows of W (matmul), rows (norms, RoPE)
-// and (KV head, query block, key range) triples (attention); ops too small to pay for waking the
+// and (KV head, query block[, chunk of keys]) tasks (attention); ops too small to pay for waking the
 // workers run on the calling thread.
 #include <float.h>
 #include <math.h>
@@ -503,18 +503,31 @@ static tri_status cpu_top_k(tri__backend *be, float *values, int32_t *indices, c
 
 // ---- attention ----
 //
-// Flash-attention style. A task is (KV head h, block of queries, range of the head's keys in span
-// order): its rows are the block's queries times the g query heads of the group, so every key and
-// value row loaded serves all of them (the kernels' tiles). It walks its keys in blocks of
-// ATTN_TILE: scores of all rows against the block, the causal mask, an online-softmax step per row,
-// then the values. When a head's keys are split over several tasks (decode: few KV heads, many
-// keys, several threads), each task leaves its rows' partial (max, sum, accumulator) and a merge
-// combines them: out = sum_c acc_c e^(max_c - M) / sum_c sum_c e^(max_c - M), M = max_c max_c.
+// Flash-attention style. A KV head's keys, in span order, are cut into chunks of ATTN_CHUNK keys
+// at fixed offsets (0, ATTN_CHUNK, 2 ATTN_CHUNK, ...), and a chunk into blocks of ATTN_TILE keys
+// (restarting at each span). A task is (KV head h, block of queries) or, when there are few such
+// pairs (decode), (KV head h, block of queries, chunk): its rows are the block's queries times the
+// g query heads of the group, so every key and value row loaded serves all of them (the kernels'
+// tiles). Per chunk a task runs, block by block, the scores of all rows against the block, the
+// causal mask, an online-softmax step per row and the values, which leaves each row a partial
+// (max m_c, sum s_c, accumulator a_c). The partials are folded in chunk order, by the task that
+// walks all of a head's chunks or by attn_merge after the chunk tasks:
+//   M' = max(M, m_c), S' = S e^(M - M') + s_c e^(m_c - M'), A' = A e^(M - M') + a_c e^(m_c - M'),
+// and out = A / S.
+//
+// Batch invariance: a (query, head) row gets the same bits whatever the other queries of the call
+// (m, its place among them, who shares its tile), the thread count, and whatever keys the view holds
+// after the last one it sees. Its chunks and blocks start at offsets fixed by the view, not by the
+// tasks; the kernels treat each row alone; a key it does not see is masked to -inf and adds exactly
+// 0 (every level adds trailing masked lanes as zeros); a chunk in which it sees nothing is skipped
+// by the fold; tasks only decide where a chunk is computed, never how. So a step that verifies a
+// draft in one pass gives each token the row decoding it alone would (speculative decoding's
+// greedy equality).
 
 #define ATTN_TILE 128      // keys per block: bounds the scratch whatever the context length
 #define ATTN_ROWS 64       // (query, head) rows per task at most: the block of queries is 64 / g
-#define ATTN_MIN_SPLIT 512 // keys per task at least when a head's keys are split
-#define ATTN_TASKS 8       // tasks wanted at least (for up to 2-8 threads)
+#define ATTN_CHUNK 1024    // keys per chunk: each chunk is a task of its own when a head's keys are split
+#define ATTN_TASKS 8       // split the chunks into tasks below this many (KV head, query block) pairs
 
 static int32_t attn_key_pos(const tri__kv_span *sp, int64_t j) { return sp->pos ? sp->pos[j] : sp->pos0 + (int32_t)j; }
 
@@ -535,17 +548,17 @@ typedef struct attn_job {
     float *stats;  // NULL, or (m, n_head, 2) each row's final max and sum (for the weight sums)
     float scale;
     int64_t qb, n_qb;         // queries per block, blocks
-    int64_t n_split;          // key ranges per (KV head, query block)
+    int64_t n_chunk;          // chunks of the longest head
     const int64_t *head_keys; // (n_head_kv) keys of each head
-    float *part;              // n_split > 1: (n_head_kv, n_qb, n_split, qb * g, hd + 2) partial
-                              // accumulator, max, sum of each row
+    float *part;              // NULL, or a task per chunk: (n_head_kv, n_qb, n_chunk, qb * g, hd + 2)
+                              // each row's partial accumulator, max, sum
     bool oom;                 // a range could not allocate its scratch
 } attn_job;
 
-// Scratch of one thread: packed scaled queries (rows, hd), scores (rows, ATTN_TILE), accumulators
-// (rows, hd), running max and sum (rows).
+// Scratch of one thread: packed scaled queries (rows, hd), scores (rows, ATTN_TILE), the chunk's
+// accumulators (rows, hd), running max and sum (rows), and the fold's (rows, hd), (rows), (rows).
 typedef struct attn_scratch {
-    float *q, *s, *acc, *mx, *sum;
+    float *q, *s, *acc, *mx, *sum, *facc, *fmx, *fsum;
 } attn_scratch;
 
 // Masks block scores s (rows, ATTN_TILE) of keys j0 .. j0 + nk of span sp for the queries i0 ..
@@ -568,24 +581,19 @@ static void attn_mask(const attn_job *jb, const tri__kv_span *sp, int64_t j0, in
     }
 }
 
-static void attn_task(attn_job *jb, int64_t t, attn_scratch *w) {
+// Chunk c of KV head h for the rows of queries i0 .. i0 + nq (positions qmin .. qmax), whose
+// packed queries are in w->q: leaves each row's partial in w->acc, w->mx, w->sum (max -inf: the
+// row sees no key of the chunk).
+static void attn_chunk(const attn_job *jb, int64_t h, int64_t c, int64_t i0, int64_t nq, int32_t qmin, int32_t qmax,
+                       attn_scratch *w) {
     const tri__kv_view *kv = jb->kv;
     const tri__cpu_kernels *kr = jb->kr;
-    int64_t c = t % jb->n_split, qbi = t / jb->n_split % jb->n_qb, h = t / jb->n_split / jb->n_qb;
-    int64_t g = jb->g, hd = jb->hd, i0 = qbi * jb->qb, nq = jb->m - i0 < jb->qb ? jb->m - i0 : jb->qb, rows = nq * g;
-    int32_t qmin = INT32_MAX, qmax = INT32_MIN;
-    for (int64_t qi = 0; qi < nq; qi++) {
-        int32_t qp = jb->q_pos[i0 + qi];
-        qmin = qp < qmin ? qp : qmin;
-        qmax = qp > qmax ? qp : qmax;
-        const float *src = jb->q + ((i0 + qi) * jb->n_head + h * g) * hd;  // the group's g heads, contiguous
-        for (int64_t e = 0; e < g * hd; e++) w->q[qi * g * hd + e] = src[e] * jb->scale;
-    }
+    int64_t hd = jb->hd, rows = nq * jb->g;
     for (int64_t r = 0; r < rows; r++) w->mx[r] = -INFINITY, w->sum[r] = 0;
     memset(w->acc, 0, sizeof(float) * (size_t)(rows * hd));
 
-    // this task's keys: [k0, k1) of the head's keys in span order
-    int64_t nh = jb->head_keys[h], k0 = nh * c / jb->n_split, k1 = nh * (c + 1) / jb->n_split, off = 0;
+    // the chunk's keys: [k0, k1) of the head's keys in span order
+    int64_t nh = jb->head_keys[h], k0 = c * ATTN_CHUNK, k1 = k0 + ATTN_CHUNK < nh ? k0 + ATTN_CHUNK : nh, off = 0;
     for (int32_t si = kv->head_span[h]; si < kv->head_span[h + 1] && off < k1; si++) {
         const tri__kv_span *sp = &kv->spans[si];
         int64_t a = k0 - off > 0 ? k0 - off : 0, b = k1 - off < sp->n ? k1 - off : sp->n;
@@ -611,8 +619,8 @@ static void attn_task(attn_job *jb, int64_t t, attn_scratch *w) {
                                     nk, hd);
             if (kp_max > qmin) attn_mask(jb, sp, j0, nk, kp_max, i0, nq, w->s);
             for (int64_t r = 0; r < rows; r++) {
-                float f = kr->attn_softmax(w->s + r * ATTN_TILE, nk, &w->mx[r], &w->sum[r]);
-                if (f != 1.0f)
+                float old = w->mx[r], f = kr->attn_softmax(w->s + r * ATTN_TILE, nk, &w->mx[r], &w->sum[r]);
+                if (f != 1.0f && old != -INFINITY)  // (while the max is -inf, acc holds zeros)
                     for (int64_t e = 0; e < hd; e++) w->acc[r * hd + e] *= f;
             }
             if (kv->type == TRI_DTYPE_F16)
@@ -623,8 +631,45 @@ static void attn_task(attn_job *jb, int64_t t, attn_scratch *w) {
                                    nk, hd);
         }
     }
+}
 
-    if (jb->n_split > 1) {  // leave the partial for attn_merge
+// Folds a chunk's partial (pacc (hd), pmx, psum) of a row into the row's running (acc (hd), *mx,
+// *sum), which start as (0, -inf, 0). The one fold both paths use, so they agree to the bit.
+static void attn_fold(float *acc, float *mx, float *sum, const float *pacc, float pmx, float psum, int64_t hd) {
+    if (pmx == -INFINITY) return;  // the row sees no key of the chunk
+    if (*mx == -INFINITY) {         // the first chunk it sees a key of
+        memcpy(acc, pacc, sizeof(float) * (size_t)hd);
+        *mx = pmx, *sum = psum;
+        return;
+    }
+    float m = fmaxf(*mx, pmx), fa = expf(*mx - m), fc = expf(pmx - m);
+    *sum = *sum * fa + psum * fc;
+    for (int64_t e = 0; e < hd; e++) acc[e] = acc[e] * fa + pacc[e] * fc;
+    *mx = m;
+}
+
+// Writes row `row` of the output from its folded (acc (hd), mx, sum); acc may be the output row.
+static void attn_finish(const attn_job *jb, int64_t row, const float *acc, float mx, float sum) {
+    float inv = sum > 0 ? 1.0f / sum : 0.0f;  // a query that sees no key: zeros
+    for (int64_t e = 0; e < jb->hd; e++) jb->out[row * jb->hd + e] = acc[e] * inv;
+    if (jb->stats) jb->stats[2 * row] = mx, jb->stats[2 * row + 1] = sum;
+}
+
+static void attn_task(attn_job *jb, int64_t t, attn_scratch *w) {
+    int64_t u = jb->part ? t / jb->n_chunk : t;  // the (KV head, query block) pair
+    int64_t qbi = u % jb->n_qb, h = u / jb->n_qb;
+    int64_t g = jb->g, hd = jb->hd, i0 = qbi * jb->qb, nq = jb->m - i0 < jb->qb ? jb->m - i0 : jb->qb, rows = nq * g;
+    int32_t qmin = INT32_MAX, qmax = INT32_MIN;
+    for (int64_t qi = 0; qi < nq; qi++) {
+        int32_t qp = jb->q_pos[i0 + qi];
+        qmin = qp < qmin ? qp : qmin;
+        qmax = qp > qmax ? qp : qmax;
+        const float *src = jb->q + ((i0 + qi) * jb->n_head + h * g) * hd;  // the group's g heads, contiguous
+        for (int64_t e = 0; e < g * hd; e++) w->q[qi * g * hd + e] = src[e] * jb->scale;
+    }
+
+    if (jb->part) {  // one chunk: leave the partial for attn_merge
+        attn_chunk(jb, h, t % jb->n_chunk, i0, nq, qmin, qmax, w);
         float *p = jb->part + t * jb->qb * g * (hd + 2);
         for (int64_t r = 0; r < rows; r++) {
             memcpy(p + r * (hd + 2), w->acc + r * hd, sizeof(float) * (size_t)hd);
@@ -633,53 +678,57 @@ static void attn_task(attn_job *jb, int64_t t, attn_scratch *w) {
         }
         return;
     }
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t row = (i0 + r / g) * jb->n_head + h * g + r % g;  // (query, head) of the output
-        float inv = w->sum[r] > 0 ? 1.0f / w->sum[r] : 0.0f;      // a query that sees no key: zeros
-        for (int64_t e = 0; e < hd; e++) jb->out[row * hd + e] = w->acc[r * hd + e] * inv;
-        if (jb->stats) jb->stats[2 * row] = w->mx[r], jb->stats[2 * row + 1] = w->sum[r];
+    for (int64_t r = 0; r < rows; r++) w->fmx[r] = -INFINITY, w->fsum[r] = 0;
+    memset(w->facc, 0, sizeof(float) * (size_t)(rows * hd));
+    for (int64_t c = 0; c * ATTN_CHUNK < jb->head_keys[h]; c++) {
+        attn_chunk(jb, h, c, i0, nq, qmin, qmax, w);
+        for (int64_t r = 0; r < rows; r++)
+            attn_fold(w->facc + r * hd, &w->fmx[r], &w->fsum[r], w->acc + r * hd, w->mx[r], w->sum[r], hd);
     }
+    for (int64_t r = 0; r < rows; r++)
+        attn_finish(jb, (i0 + r / g) * jb->n_head + h * g + r % g, w->facc + r * hd, w->fmx[r], w->fsum[r]);
 }
 
 // Tasks t0 .. t1 - 1 with one scratch.
 static void attn_tasks(void *arg, int64_t t0, int64_t t1) {
     attn_job *jb = arg;
     int64_t rows = jb->qb * jb->g, hd = jb->hd;
-    float *base = malloc(sizeof(float) * (size_t)(rows * (2 * hd + ATTN_TILE + 2)));
+    float *base = malloc(sizeof(float) * (size_t)(rows * (3 * hd + ATTN_TILE + 4)));
     if (!base) {
         jb->oom = true;  // benign race: every writer stores true
         return;
     }
-    attn_scratch w = {base, base + rows * hd, base + rows * (hd + ATTN_TILE), base + rows * (2 * hd + ATTN_TILE),
-                      base + rows * (2 * hd + ATTN_TILE + 1)};
+    float *p = base;
+    attn_scratch w;
+    w.q = p, p += rows * hd;
+    w.s = p, p += rows * ATTN_TILE;
+    w.acc = p, p += rows * hd;
+    w.mx = p, p += rows;
+    w.sum = p, p += rows;
+    w.facc = p, p += rows * hd;
+    w.fmx = p, p += rows;
+    w.fsum = p;
     for (int64_t t = t0; t < t1; t++) attn_task(jb, t, &w);
     free(base);
 }
 
-// Combines the n_split partials of (KV head, query block) pairs u0 .. u1 - 1.
+// Folds the chunk partials of (KV head, query block) pairs u0 .. u1 - 1 in chunk order.
 static void attn_merge(void *arg, int64_t u0, int64_t u1) {
     const attn_job *jb = arg;
-    int64_t g = jb->g, hd = jb->hd, ns = jb->n_split, prow = jb->qb * g * (hd + 2);
+    int64_t g = jb->g, hd = jb->hd, nc = jb->n_chunk, prow = jb->qb * g * (hd + 2);
     for (int64_t u = u0; u < u1; u++) {
         int64_t qbi = u % jb->n_qb, h = u / jb->n_qb, i0 = qbi * jb->qb;
         int64_t nq = jb->m - i0 < jb->qb ? jb->m - i0 : jb->qb;
-        const float *part = jb->part + u * ns * prow;
+        const float *part = jb->part + u * nc * prow;
         for (int64_t r = 0; r < nq * g; r++) {
-            float mx = -INFINITY, sum = 0;
-            for (int64_t c = 0; c < ns; c++) mx = fmaxf(mx, part[c * prow + r * (hd + 2) + hd]);
             int64_t row = (i0 + r / g) * jb->n_head + h * g + r % g;
-            float *o = jb->out + row * hd;
+            float *o = jb->out + row * hd, mx = -INFINITY, sum = 0;
             memset(o, 0, sizeof(float) * (size_t)hd);
-            for (int64_t c = 0; c < ns && mx > -INFINITY; c++) {
+            for (int64_t c = 0; c * ATTN_CHUNK < jb->head_keys[h]; c++) {
                 const float *p = part + c * prow + r * (hd + 2);
-                if (p[hd] == -INFINITY) continue;  // this range held no visible key
-                float f = expf(p[hd] - mx);
-                sum += p[hd + 1] * f;
-                for (int64_t e = 0; e < hd; e++) o[e] += p[e] * f;
+                attn_fold(o, &mx, &sum, p, p[hd], p[hd + 1], hd);
             }
-            float inv = sum > 0 ? 1.0f / sum : 0.0f;
-            for (int64_t e = 0; e < hd; e++) o[e] *= inv;
-            if (jb->stats) jb->stats[2 * row] = mx, jb->stats[2 * row + 1] = sum;
+            attn_finish(jb, row, o, mx, sum);
         }
     }
 }
@@ -747,21 +796,18 @@ static tri_status cpu_attention(tri__backend *be, float *out, const float *q, co
     int64_t n_qb = (m + qb - 1) / qb;
     // work: scores and value rows touched, n_keys counting every KV head's keys
     int64_t work = m * g * (n_keys + 1) * hd;
-    // split the keys when there are fewer than ATTN_TASKS (KV head, query block) pairs. Not
-    // from the thread count: the result must not depend on it (greedy decoding is compared
-    // across thread counts), and the merge costs little on one thread.
-    int64_t n_split = 1;
-    if (nkv * n_qb < ATTN_TASKS) {
-        n_split = ATTN_TASKS / (nkv * n_qb);
-        if (n_split > max_keys / ATTN_MIN_SPLIT) n_split = max_keys / ATTN_MIN_SPLIT;
-        if (n_split < 1) n_split = 1;
-    }
-    float *part = n_split > 1 ? malloc(sizeof(float) * (size_t)(nkv * n_qb * n_split * qb * g * (hd + 2))) : NULL;
-    if (n_split > 1 && !part) n_split = 1;  // the unsplit path needs no partials
+    // a task per chunk when there are fewer than ATTN_TASKS (KV head, query block) pairs, so that
+    // decoding (few KV heads, many keys) keeps the threads busy. Either way gives the same bits
+    // (see above), so neither the thread count nor m changes a result, and a failed allocation of
+    // the partials may fall back to a task per pair.
+    int64_t n_chunk = (max_keys + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    float *part = NULL;
+    if (nkv * n_qb < ATTN_TASKS && n_chunk > 1)
+        part = malloc(sizeof(float) * (size_t)(nkv * n_qb * n_chunk * qb * g * (hd + 2)));
     attn_job j = {st->kr, out, q, q_pos, m, n_head, hd, g, kv, weight_sums, stats, 1.0f / sqrtf((float)hd),
-                  qb, n_qb, n_split, head_keys, part, false};
-    if (m > 0) cpu_parallel(be, nkv * n_qb * n_split, 1, work, attn_tasks, &j);
-    if (!j.oom && n_split > 1) attn_merge(&j, 0, nkv * n_qb);
+                  qb, n_qb, n_chunk, head_keys, part, false};
+    if (m > 0) cpu_parallel(be, nkv * n_qb * (part ? n_chunk : 1), 1, work, attn_tasks, &j);
+    if (!j.oom && part) attn_merge(&j, 0, nkv * n_qb);
     if (!j.oom && weight_sums) cpu_parallel(be, nkv, 1, work, attn_weight_sums, &j);
     free(stats), free(part), free(head_keys);
     if (j.oom) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu attention: scratch");

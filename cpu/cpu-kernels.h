@@ -4,6 +4,12 @@
 // creation. The functions are compiled with __attribute__((target(...))) so the build needs no
 // -march flag and runs on any x86-64 (or non-x86) machine; a level is only used when the CPU
 // reports it.
+//
+// Batch invariance (see cpu_attention): within a level, a row's result must not depend on the
+// other rows of the call. A tile computes each (row of x, row of W) output with the same
+// operations for every mr and nr, the quantizer works row by row, and the attention kernels treat
+// each row of q alone; attn_softmax must give a row the same sum whether or not masked (-inf)
+// scores follow its last live one (they add zeros to the same lanes).
 #ifndef TRI_CPU_KERNELS_H
 #define TRI_CPU_KERNELS_H
 

@@ -307,10 +307,18 @@ AVX2 static float attn_softmax(float *s, int64_t n, float *mx, float *sum) {
         _mm256_storeu_ps(s + j, e);
         vs = _mm256_add_ps(vs, e);
     }
-    float t = hsum(vs);
-    for (; j < n; j++) t += s[j] = expf(s[j] - m);
+    if (j < n) {
+        // the tail as one vector padded with -inf (exp 0): a row's sum then does not depend on
+        // whether masked keys follow (lanes of zeros), which batch invariance needs
+        __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + j, live),
+                                    _mm256_castsi256_ps(live));
+        __m256 e = exp_neg(_mm256_sub_ps(x, vmax));
+        _mm256_maskstore_ps(s + j, live, e);
+        vs = _mm256_add_ps(vs, e);
+    }
     float c = expf(*mx - m);
-    *sum = *sum * c + t;
+    *sum = *sum * c + hsum(vs);
     *mx = m;
     return c;
 }

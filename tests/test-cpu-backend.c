@@ -144,6 +144,61 @@ Test(cpu_backend, matmul_q8_0_extreme_weights) {
     });
 }
 
+// ---- batch invariance ----
+//
+// Speculative decoding verifies a draft in one batched pass and promises plain decoding's greedy
+// tokens, so a token's row must come out bit for bit the same whether it is computed alone (m = 1)
+// or anywhere in a batch, at 1 thread or 2. Each level is compared with itself only.
+
+// Runs body once per SIMD level the machine has, with be[0] (1 thread), be[1] (2 threads) and
+// `lvl` in scope.
+#define FOR_EACH_LEVEL_1_2_THREADS(body)                                                                     \
+    for (int lvl = TRI_CPU_SIMD_SCALAR; lvl <= (int)tri__cpu_simd_detect(); lvl++) {                        \
+        tri__backend *be[2] = {NULL, NULL};                                                                  \
+        for (int nt = 0; nt < 2; nt++)                                                                       \
+            cr_assert_eq(tri__backend_cpu_create(nt + 1, (tri__cpu_simd)lvl, &be[nt]), TRI_STATUS_OK, "%s", \
+                         tri_last_error());                                                                  \
+        body;                                                                                                \
+        tri__backend_free(be[0]);                                                                            \
+        tri__backend_free(be[1]);                                                                            \
+    }
+
+// Batches of m = 1 .. 17 and 70 rows (more than one pass of 64 rows of x), taken at different
+// offsets of 70 rows of x, against each row multiplied alone on 1 thread.
+static void check_matmul_rows_alone(tri__backend *const be[2], int lvl, tri_dtype t, int64_t n, int64_t k) {
+    enum { M = 70 };
+    float *x = malloc(sizeof(float) * (size_t)(M * k)), *w = malloc(sizeof(float) * (size_t)(n * k));
+    float *ref = malloc(sizeof(float) * (size_t)(M * n)), *y = malloc(sizeof(float) * (size_t)(M * n));
+    fill(x, M * k, 2.0f);
+    fill(w, n * k, 0.5f);
+    for (int64_t i = 0; i < M * k; i += 13) x[i] *= 20;
+    void *wq = encode(w, n, k, t);
+    for (int64_t i = 0; i < M; i++)
+        cr_assert_eq(be[0]->ops->matmul(be[0], ref + i * n, x + i * k, wq, t, 1, n, k), TRI_STATUS_OK);
+    for (int nt = 0; nt < 2; nt++)
+        for (int64_t m = 1; m <= M; m = m < 17 ? m + 1 : m == 17 ? M : M + 1) {
+            int64_t o = 3 * m % (M - m + 1);  // the batch is rows o .. o + m - 1
+            cr_assert_eq(be[nt]->ops->matmul(be[nt], y, x + o * k, wq, t, m, n, k), TRI_STATUS_OK);
+            for (int64_t i = 0; i < m; i++)
+                cr_assert(memcmp(y + i * n, ref + (o + i) * n, sizeof(float) * (size_t)n) == 0,
+                          "%s %s, %d threads, n %lld k %lld: row %lld of a batch of %lld differs from the row alone",
+                          tri__cpu_simd_name((tri__cpu_simd)lvl), tri_dtype_name(t), nt + 1, (long long)n,
+                          (long long)k, (long long)i, (long long)m);
+        }
+    free(x), free(w), free(ref), free(y), free(wq);
+}
+
+Test(cpu_backend, matmul_rows_batch_invariant_every_level) {
+    FOR_EACH_LEVEL_1_2_THREADS({
+        for (tri_dtype t = TRI_DTYPE_F32; t < TRI_DTYPE_COUNT; t++) {
+            bool quant = tri__dtype_is_quantized(t);
+            // serial; then n split over the threads even for m = 1 (n k / 8 >= 32768)
+            check_matmul_rows_alone(be, lvl, t, 37, quant ? 96 : 67);
+            check_matmul_rows_alone(be, lvl, t, 300, quant ? 1056 : 1003);
+        }
+    });
+}
+
 Test(cpu_backend, matmul_rejects_partial_blocks) {
     tri__backend *be = make_backend(TRI_CPU_SIMD_SCALAR);
     float x[40] = {0}, y[1];
@@ -592,15 +647,16 @@ static void cache_free(test_cache *c) {
     free(c->k), free(c->v), free(c->ks), free(c->vs), free(c->kpos);
 }
 
-// Spans for every head: cut at the given row indices; the second piece carries explicit positions.
-static void cache_view(const test_cache *c, const int64_t *cuts, int n_cuts, tri__kv_span *spans, int32_t *head_span,
-                       tri__kv_view *view) {
+// Spans of the first n rows for every head: cut at the given row indices (each < n); the second
+// piece carries explicit positions.
+static void cache_view_n(const test_cache *c, int64_t n, const int64_t *cuts, int n_cuts, tri__kv_span *spans,
+                         int32_t *head_span, tri__kv_view *view) {
     size_t es = c->type == TRI_DTYPE_F16 ? 2 : 4;
     int32_t ns = 0;
     for (int64_t h = 0; h < c->nkv; h++) {
         head_span[h] = ns;
         for (int p = 0; p <= n_cuts; p++) {
-            int64_t a = p == 0 ? 0 : cuts[p - 1], b = p == n_cuts ? c->nk : cuts[p];
+            int64_t a = p == 0 ? 0 : cuts[p - 1], b = p == n_cuts ? n : cuts[p];
             const uint8_t *kb = (const uint8_t *)c->ks + (size_t)((h * c->nk + a) * c->stride) * es;
             const uint8_t *vb = (const uint8_t *)c->vs + (size_t)((h * c->nk + a) * c->stride) * es;
             // positions are consecutive within a piece except across nk/2; give explicit ones then
@@ -611,6 +667,12 @@ static void cache_view(const test_cache *c, const int64_t *cuts, int n_cuts, tri
     }
     head_span[c->nkv] = ns;
     *view = (tri__kv_view){.type = c->type, .n_head_kv = (int32_t)c->nkv, .spans = spans, .head_span = head_span};
+}
+
+// The same over all rows.
+static void cache_view(const test_cache *c, const int64_t *cuts, int n_cuts, tri__kv_span *spans, int32_t *head_span,
+                       tri__kv_view *view) {
+    cache_view_n(c, c->nk, cuts, n_cuts, spans, head_span, view);
 }
 
 static void check_attention(tri__backend *be, int lvl, tri_dtype type, int64_t nk, float kscale) {
@@ -787,6 +849,69 @@ Test(cpu_backend, attention_prefill_tiles_every_level) {
             check_attention_case(be, lvl, t, (attn_case){6, 2, 64, 150, 400, 0, false, true, false});
             check_attention_case(be, lvl, t, (attn_case){2, 2, 48, 130, 900, 5, true, true, true});
             check_attention_case(be, lvl, t, (attn_case){3, 1, 36, 70, 70, 0, false, true, false});
+        }
+    });
+}
+
+// ---- attention: batch invariance (see matmul_rows_batch_invariant_every_level) ----
+
+// The query at key row j, alone and seeing the view of rows 0 .. j (decode: the cache ends at its
+// own key), on 1 thread, against batches of the last m = 1 .. 17 and 40 rows' queries over the view
+// of all nk rows (verification: later queries' keys are in the view, masked), at 1 and 2 threads.
+// Cuts fall before the batches, so every view has the same spans up to its end.
+static void check_attention_rows_alone(tri__backend *const be[2], int lvl, tri_dtype type, int64_t nh, int64_t nkv,
+                                       int64_t hd, int64_t nk, int n_cuts, bool gap) {
+    enum { M = 40 };
+    int64_t row = nh * hd, j0 = nk - M;  // the queries belong to key rows j0 .. nk - 1
+    test_cache c;
+    cache_make(&c, nkv, nk, hd, type, 2.0f);
+    if (!gap)
+        for (int64_t j = 0; j < nk; j++) c.kpos[j] = (int32_t)j;
+    float *q = malloc(sizeof(float) * (size_t)(M * row)), *ref = malloc(sizeof(float) * (size_t)(M * row));
+    float *out = malloc(sizeof(float) * (size_t)(M * row));
+    fill(q, M * row, 1.0f);
+    int64_t cuts[4];
+    for (int p = 0; p < n_cuts; p++) cuts[p] = 1 + (j0 - 2) * (p + 1) / (n_cuts + 1);
+    tri__kv_span *spans = malloc(sizeof(tri__kv_span) * (size_t)(nkv * (n_cuts + 1)));
+    int32_t *head_span = malloc(sizeof(int32_t) * (size_t)(nkv + 1));
+    tri__kv_view view;
+    for (int64_t i = 0; i < M; i++) {
+        cache_view_n(&c, j0 + i + 1, cuts, n_cuts, spans, head_span, &view);
+        cr_assert_eq(be[0]->ops->attention(be[0], ref + i * row, q + i * row, c.kpos + j0 + i, 1, nh, hd, &view, NULL),
+                     TRI_STATUS_OK, "%s", tri_last_error());
+    }
+    cache_view(&c, cuts, n_cuts, spans, head_span, &view);
+    for (int nt = 0; nt < 2; nt++)
+        for (int64_t m = 1; m <= M; m = m < 17 ? m + 1 : m == 17 ? M : M + 1) {
+            int64_t o = M - m;
+            cr_assert_eq(be[nt]->ops->attention(be[nt], out, q + o * row, c.kpos + j0 + o, m, nh, hd, &view, NULL),
+                         TRI_STATUS_OK);
+            for (int64_t i = 0; i < m; i++)
+                cr_assert(memcmp(out + i * row, ref + (o + i) * row, sizeof(float) * (size_t)row) == 0,
+                          "%s %s, %d threads, heads %lld/%lld hd %lld, %lld keys, %d spans: query %lld of %lld "
+                          "differs from the query alone",
+                          tri__cpu_simd_name((tri__cpu_simd)lvl), tri_dtype_name(type), nt + 1, (long long)nh,
+                          (long long)nkv, (long long)hd, (long long)nk, n_cuts + 1, (long long)i, (long long)m);
+        }
+    free(q), free(ref), free(out), free(spans), free(head_span);
+    cache_free(&c);
+}
+
+Test(cpu_backend, attention_rows_batch_invariant_every_level) {
+    FOR_EACH_LEVEL_1_2_THREADS({
+        for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_F16; t++) {
+            check_attention_rows_alone(be, lvl, t, 6, 2, 40, 60, 0, false);
+            // SmolLM2's shape; the batches cross key 1024, where a head's second chunk of keys starts
+            check_attention_rows_alone(be, lvl, t, 9, 3, 64, 1050, 0, false);
+            check_attention_rows_alone(be, lvl, t, 9, 3, 64, 1100, 2, true);
+            // 4 KV heads: alone, a task per chunk; 40 queries make 8 (KV head, query block) pairs,
+            // whose tasks walk their chunks
+            check_attention_rows_alone(be, lvl, t, 8, 4, 32, 1100, 0, false);
+            // few KV heads (decode splits a head's keys over the threads), one group of 4, odd hd;
+            // the last span has explicit positions
+            check_attention_rows_alone(be, lvl, t, 4, 1, 36, 1300, 1, true);
+            // no grouping, wide rows: 1 row per query alone, tiles of 4 in a batch
+            check_attention_rows_alone(be, lvl, t, 2, 2, 128, 1100, 0, false);
         }
     });
 }
