@@ -3,12 +3,13 @@
 // of TriForce's Table 2.
 //
 // usage: bench-spec MODEL IDS [--n-prompt N] [--n-gen N] [--threads N] [--draft-layers LIST]
-//                   [--ngram N] [--gamma1 N] [--gamma2 N] [--budget N] [--budgets LIST]
-//                   [--window N] [--temps 0|0.6|both]
+//                   [--ngram N] [--gamma1 N] [--gamma2 N] [--budget LIST] [--budgets LIST]
+//                   [--window N] [--temps 0|0.6|both] [--draft MODEL]
 // IDS: the prompt's token ids, as text (one per line, scripts/tokenize-gguf.py) or little-endian
 // int32 (benchmarks/tokenize-gguf.py). --budgets: the retrieval -> full rows (default
-// 256,512,1024); --budget: TRIFORCE's L2 (default 512); --window: L1's StreamingLLM cache
-// (default 256, 16 sinks).
+// 256,512,1024); --budget: TRIFORCE's L2, one or a list (default 512); --window: L1's
+// StreamingLLM cache (default 256, 16 sinks); --draft: a separate draft model (same vocabulary)
+// adds draft -> full and TRIFORCE rows with it as L1.
 //
 // Checks first: at temperature 0 every mode must emit exactly the tokens plain decoding emits.
 #include <stdio.h>
@@ -98,11 +99,13 @@ static void machine(void) {
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s MODEL IDS [--n-prompt N] [--n-gen N] [--threads N] [--draft-layers LIST] "
-                        "[--ngram N] [--gamma1 N] [--gamma2 N] [--budget N]\n", argv[0]);
+                        "[--ngram N] [--gamma1 N] [--gamma2 N] [--budget LIST] [--budgets LIST] [--window N] "
+                        "[--temps 0|0.6|both] [--draft MODEL]\n", argv[0]);
         return 2;
     }
-    int32_t n_prompt = 3000, n_gen = 64, threads = 2, ngram = 3, gamma1 = 2, gamma2 = 6, budget = 512, window = 256;
+    int32_t n_prompt = 3000, n_gen = 64, threads = 2, ngram = 3, gamma1 = 2, gamma2 = 6, window = 256;
     const char *layers_arg = "0-11,13,15,17,19,21,23,25,27-29", *budgets_arg = "256,512,1024", *temps_arg = "both";
+    const char *tf_budgets_arg = "512", *draft_path = NULL;
     for (int i = 3; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--n-prompt")) n_prompt = atoi(v);
@@ -112,7 +115,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--ngram")) ngram = atoi(v);
         else if (!strcmp(k, "--gamma1")) gamma1 = atoi(v);
         else if (!strcmp(k, "--gamma2")) gamma2 = atoi(v);
-        else if (!strcmp(k, "--budget")) budget = atoi(v);
+        else if (!strcmp(k, "--budget")) tf_budgets_arg = v;
+        else if (!strcmp(k, "--draft")) draft_path = v;
         else if (!strcmp(k, "--budgets")) budgets_arg = v;
         else if (!strcmp(k, "--window")) window = atoi(v);
         else if (!strcmp(k, "--temps")) temps_arg = v;
@@ -134,9 +138,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", tri_last_error());
         return 1;
     }
-    int32_t layers[256], budgets[8];
+    tri_model *draft = NULL;
+    if (draft_path && tri_model_load(draft_path, NULL, &draft)) {
+        fprintf(stderr, "%s\n", tri_last_error());
+        return 1;
+    }
+    int32_t layers[256], budgets[8], tf_budgets[8];
     int32_t n_layers = parse_layers(layers_arg, layers, 256);
     int32_t n_budgets = parse_layers(budgets_arg, budgets, 8);
+    int32_t n_tf_budgets = parse_layers(tf_budgets_arg, tf_budgets, 8);
 
     machine();
     printf("model: %s, prompt %d tokens, %d generated per run, %d threads, gamma1 %d, gamma2 %d, "
@@ -153,15 +163,22 @@ int main(int argc, char **argv) {
         const char *name, *drafter_name;
         int32_t budget;
     } config;
-    config configs[16];
+    config configs[32];
     size_t n_configs = 0;
     configs[n_configs++] = (config){TRI_SPEC_MODE_NONE, TRI_SPEC_DRAFTER_NGRAM, "none", "-", 0};
     configs[n_configs++] = (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS, "draft -> full", "self (layers)", 0};
     configs[n_configs++] = (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_NGRAM, "draft -> full", "n-gram", 0};
     for (int32_t b = 0; b < n_budgets; b++)
         configs[n_configs++] = (config){TRI_SPEC_MODE_RETRIEVAL, TRI_SPEC_DRAFTER_NGRAM, "retrieval -> full", "-", budgets[b]};
-    configs[n_configs++] = (config){TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS, "triforce", "self (layers)", budget};
-    configs[n_configs++] = (config){TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_NGRAM, "triforce", "n-gram", budget};
+    if (draft) configs[n_configs++] = (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_MODEL, "draft -> full", "model", 0};
+    for (int32_t b = 0; b < n_tf_budgets; b++) {
+        if (draft)
+            configs[n_configs++] = (config){TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_MODEL, "triforce", "model",
+                                            tf_budgets[b]};
+        configs[n_configs++] = (config){TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS, "triforce", "self (layers)",
+                                        tf_budgets[b]};
+        configs[n_configs++] = (config){TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_NGRAM, "triforce", "n-gram", tf_budgets[b]};
+    }
     run_out greedy_ref = {.n = 0};
     int bad = 0;
     tri_session_params sp = tri_session_default_params();
@@ -172,6 +189,7 @@ int main(int argc, char **argv) {
         p.mode = configs[c].mode;
         p.drafter = configs[c].drafter;
         p.draft_layers = layers;
+        p.draft_model = draft;
         p.n_draft_layers = n_layers;
         p.ngram_n = ngram;
         p.gamma1 = gamma1;
@@ -224,6 +242,7 @@ int main(int argc, char **argv) {
         tri_spec_free(s);
     }
     tri_model_free(m);
+    tri_model_free(draft);
     free(ids);
     if (bad) return 1;
     printf("\ncheck: every mode's greedy output equals plain decoding's (%d tokens)\n", greedy_ref.n);
