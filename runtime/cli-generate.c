@@ -654,6 +654,8 @@ int tri_cli_generate(int argc, char **argv) {
         stats.n_generated = sstats.n_generated;
         stats.prefill_seconds = sstats.prefill_seconds;
         stats.decode_seconds = sstats.decode_seconds;
+        stats.kv_bytes_up = sstats.kv_bytes_up;
+        stats.kv_bytes_down = sstats.kv_bytes_down;
     } else {
         st = tri_generate(session, ids, n_ids, &gp, on_token, &out, &stats);
     }
@@ -671,11 +673,11 @@ int tri_cli_generate(int argc, char **argv) {
     fflush(stdout);
     print_figures(&stats);
     if (stats.kv_bytes_up || stats.kv_bytes_down) {
-        // decoding runs n_generated - 1 passes (the last token is not run)
-        int32_t passes = stats.n_generated > 1 ? stats.n_generated - 1 : 1;
-        fprintf(stderr, "offloaded KV while decoding: %.1f MiB host -> device, %.2f MiB back (%.2f MiB per token)\n",
+        int32_t n = stats.n_generated > 0 ? stats.n_generated : 1;
+        fprintf(stderr,
+                "offloaded KV while decoding: %.1f MiB host -> device, %.2f MiB back (%.2f MiB per generated token)\n",
                 (double)stats.kv_bytes_up / (1 << 20), (double)stats.kv_bytes_down / (1 << 20),
-                (double)(stats.kv_bytes_up + stats.kv_bytes_down) / (1 << 20) / passes);
+                (double)(stats.kv_bytes_up + stats.kv_bytes_down) / (1 << 20) / n);
     }
     if (print_stats) {
         if (spec)

@@ -452,6 +452,8 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
     if (n_prompt > 0) s->refresh_next = s->lv2 && s->lv2->pol.p.kind == TRI_KV_POLICY_RETRIEVAL;
     double t1 = now_seconds();
     stats->prefill_seconds = t1 - t0;
+    tri__kv_offload_stats kv0, kv1;  // L3's offloaded cache, counted while decoding
+    tri__kv_store_offload_stats(s->l3.pol.kv, &kv0);
 
     const tri_spec_mode mode = s->params.mode;
     const int32_t eos = p.stop_at_eos ? tri_token_eos(s->target) : -1;
@@ -517,6 +519,9 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
         TRY(cut_at(s, s->n_seq));
     }
     stats->decode_seconds = now_seconds() - t1;
+    tri__kv_store_offload_stats(s->l3.pol.kv, &kv1);
+    stats->kv_bytes_up = kv1.bytes_up - kv0.bytes_up;
+    stats->kv_bytes_down = kv1.bytes_down - kv0.bytes_down;
     s->stats = NULL;
     return TRI_STATUS_OK;
 }

@@ -251,6 +251,10 @@ Test(cli, devices_offload_and_placement) {
     snprintf(args, sizeof args, "generate -m '%s' -p hi -n 4 --kv-offload 3", m);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
     cr_assert(strstr(err, "offloaded KV while decoding:"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 8 --kv-offload 3 --spec triforce "
+             "--draft-ngram 2 --budget 8 --chunk 4", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "offloaded KV while decoding:"), "the engine counts L3's streaming: %s", err);
 
     snprintf(args, sizeof args, "generate -m '%s' -p hi --device gpu", m);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2);
