@@ -75,13 +75,10 @@ int main(int argc, char **argv) {
         }
         i++;
     }
-    tri_device_kind kind = TRI_DEVICE_AUTO;
-    int32_t dev = 0;
-    if (device && !strcmp(device, "cpu")) kind = TRI_DEVICE_CPU;
-    else if (device && !strncmp(device, "cuda", 4)) kind = TRI_DEVICE_CUDA, dev = device[4] == ':' ? atoi(device + 5) : 0;
     tri__backend *be;
     char name[16];
-    if (tri__backend_select(kind, dev, 0, &be, name)) {
+    int32_t dev;
+    if (bench_open_backend(device, &be, name, &dev)) {
         fprintf(stderr, "bench-decode: %s\n", tri_last_error());
         return 1;
     }

@@ -39,6 +39,20 @@ static inline bool bench_shape(const char *name, tri_model_config *out) {
     return true;
 }
 
+// Opens the backend --device names: "cpu", "cuda", "cuda:N", or NULL for the default (the first
+// GPU when there is one). *dev receives the CUDA device index, name "cpu" or "cuda:N".
+static inline tri_status bench_open_backend(const char *device, tri__backend **be, char name[16], int32_t *dev) {
+    tri_device_kind kind = TRI_DEVICE_AUTO;
+    *dev = 0;
+    if (device && !strcmp(device, "cpu")) {
+        kind = TRI_DEVICE_CPU;
+    } else if (device && !strncmp(device, "cuda", 4)) {
+        kind = TRI_DEVICE_CUDA;
+        *dev = device[4] == ':' ? atoi(device + 5) : 0;
+    }
+    return tri__backend_select(kind, *dev, 0, be, name);
+}
+
 // A store over model with capacity positions and on_chip layers in backend memory, filled with
 // synthetic rows up to n (F16).
 static inline tri_status bench_filled_store(tri__kv_store *kv, tri__backend *be, const tri_model_config *c, int32_t capacity,

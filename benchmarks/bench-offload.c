@@ -145,16 +145,10 @@ int main(int argc, char **argv) {
     bench_shape(o.shape, &tc);
     bench_shape("llama-68m", &dc);
     if (!strcmp(o.shape, "tiny")) dc = tc, dc.n_layer = 1;
-    tri_device_kind kind = TRI_DEVICE_AUTO;
-    int32_t dev = 0;
-    if (o.device && !strcmp(o.device, "cpu")) kind = TRI_DEVICE_CPU;
-    else if (o.device && !strncmp(o.device, "cuda", 4)) {
-        kind = TRI_DEVICE_CUDA;
-        dev = o.device[4] == ':' ? atoi(o.device + 5) : 0;
-    }
     tri__backend *be;
     char be_name[16];
-    if (tri__backend_select(kind, dev, 0, &be, be_name)) {
+    int32_t dev;
+    if (bench_open_backend(o.device, &be, be_name, &dev)) {
         fprintf(stderr, "bench-offload: %s\n", tri_last_error());
         return 1;
     }

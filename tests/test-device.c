@@ -21,21 +21,11 @@
 
 static const int32_t tokens[N_TOK] = {5, 200, 17, 3, 99, 42, 42, 301, 7, 150, 5, 77, 270, 8, 64, 1, 33, 90, 4, 11};
 
-// Writes a seeded model with tri-gen-model (opts) and returns its GGUF path (static buffer).
+// A seeded model from tri-gen-model; its GGUF's path.
 static const char *gen_model(const char *tag, const char *opts) {
-    const char *gen = getenv("TRI_GEN_MODEL");
-    cr_assert(gen, "TRI_GEN_MODEL: run through meson test");
-    static char gguf[4096];
-    char name[128], hf[4096], cmd[32768];
-    snprintf(name, sizeof name, "device-%s.gguf", tag);
-    snprintf(gguf, sizeof gguf, "%s", tt_tmp(name));
-    snprintf(name, sizeof name, "device-%s.hf", tag);
-    snprintf(hf, sizeof hf, "%s", tt_tmp(name));
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s' && '%s' %s --out-gguf '%s' --out-hf '%s' >/dev/null", gguf, hf, gen,
-             opts, gguf, hf);
-    int rc = system(cmd);
-    cr_assert(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "generator failed: %s", cmd);
-    return gguf;
+    char name[128];
+    snprintf(name, sizeof name, "device-%s", tag);
+    return tt_gen_model(name, opts);
 }
 
 // Runs tokens through model on be with a fresh full cache; logits (N_TOK, n_vocab) of every one.

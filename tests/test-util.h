@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 // The path of a fixture written by tests/fixtures/make-<group>.py: $TRI_TEST_FIXTURES/group/name.
 // Returns a static buffer, overwritten by the next call.
@@ -36,6 +37,26 @@ static inline const char *tt_tmp(const char *name) {
     cr_assert(system(cmd) == 0);
     snprintf(path, sizeof path, "%s/%s", root, name);
     return path;
+}
+
+// Writes a seeded model with tri-gen-model ($TRI_GEN_MODEL) and options opts as
+// <tag>.gguf and the HF directory <tag>.hf under $TRI_TEST_TMP; returns the GGUF's path (a
+// static buffer, overwritten by the next call). Aborts the test if the generator fails.
+static inline const char *tt_gen_model(const char *tag, const char *opts) {
+    static char gguf[4096];
+    const char *gen = getenv("TRI_GEN_MODEL");
+    cr_assert(gen, "TRI_GEN_MODEL is not set: run the suites through meson test");
+    char name[160], hf[4096], cmd[16384];
+    snprintf(name, sizeof name, "%s.gguf", tag);
+    snprintf(gguf, sizeof gguf, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "%s.hf", tag);
+    snprintf(hf, sizeof hf, "%s", tt_tmp(name));
+    int n = snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s' && '%s' %s --out-gguf '%s' --out-hf '%s' >/dev/null", gguf, hf,
+                     gen, opts, gguf, hf);
+    cr_assert(n > 0 && (size_t)n < sizeof cmd, "generator command too long");
+    int rc = system(cmd);
+    cr_assert(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "generator failed: %s", cmd);
+    return gguf;
 }
 
 // Reads a whole file; aborts the test if it cannot. The caller frees.
