@@ -30,7 +30,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena.h"
 #include "backend-select.h"
 #include "bench-model.h"
 #include "bench-util.h"
@@ -81,30 +80,6 @@ static bool parse_size(const char *s, uint64_t *out) {
     double mul = *end == 'G' || *end == 'g' ? 1 << 30 : *end == 'M' || *end == 'm' ? 1 << 20 : 1;
     *out = (uint64_t)(v * mul);
     return true;
-}
-
-// Host-to-device GB/s of a raw copy of pinned memory through the backend's transfer path.
-static double h2d_peak(tri__backend *be) {
-    const size_t bytes = (size_t)256 << 20;
-    tri__arena_params ap = tri__arena_default_params();
-    tri__arena_params_pin_for(&ap, be);
-    tri__arena *a = NULL;
-    void *host = NULL, *dev = NULL;
-    double best = 0;
-    if (tri__arena_create(&ap, &a) || tri__arena_alloc(a, bytes, "h2d peak", &host)) goto done;
-    if (be->ops->alloc(be, bytes, &dev)) goto done;
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = bench_now();
-        tri_status st = be->ops->transfer_to_backend ? be->ops->transfer_to_backend(be, dev, host, bytes)
-                                                     : be->ops->copy_to_backend(be, dev, host, bytes);
-        if (st || be->ops->synchronize(be)) break;
-        double bw = (double)bytes / (bench_now() - t0);
-        if (bw > best) best = bw;
-    }
-done:
-    if (dev) be->ops->free(be, dev);
-    tri__arena_free(a);
-    return best;
 }
 
 static double expected(double a, int32_t g) { return a >= 1.0 ? g + 1 : (1.0 - pow(a, g + 1)) / (1.0 - a); }
@@ -170,7 +145,9 @@ int main(int argc, char **argv) {
     }
     printf("model: %s shape, synthetic %s weights (built in %.1f s), context %d tokens of synthetic KV (f16)\n",
            o.shape, tri_dtype_name(o.weights), bench_now() - t_build, o.ctx);
-    double peak = h2d_peak(be);
+    double peak_gbps = 0;
+    if (tri__backend_measure_h2d(be, 0, &peak_gbps)) fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+    double peak = 1e9 * peak_gbps;
     printf("host -> device peak (pinned, raw copy): %.2f GB/s\n", peak / 1e9);
     printf("forced acceptance: alpha %.2f (L3 accepts an L2 token), beta %.2f (L2 accepts an L1 token), gamma1 %d\n",
            o.alpha, o.beta, o.gamma1);

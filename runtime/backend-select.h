@@ -56,6 +56,10 @@ typedef struct tri__weight_stream_stats {
 } tri__weight_stream_stats;
 void tri__model_stream_stats(const tri_model *m, tri__weight_stream_stats *out);
 
+// Host-to-device GB/s of be: the best of three timed copies of bytes (0: 256 MiB) of pinned (when
+// be can pin) host memory on its transfer stream, after one warm-up copy.
+tri_status tri__backend_measure_h2d(tri__backend *be, uint64_t bytes, double *gbps);
+
 // Sets ap's pin hooks to be's host_register / host_unregister when it has them, so the arena's
 // regions are pinned for asynchronous copies; leaves them unset otherwise. be must outlive the
 // arena.

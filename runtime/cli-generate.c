@@ -300,6 +300,8 @@ static bool place(const tri_model *model, tri_session_params *sp, const tri_spec
     int32_t dev = sp->device_kind == TRI_DEVICE_CUDA ? sp->device : 0;
     if (gpu_mem) pp.gpu_mem_bytes = gpu_mem;
     else if (tri_device_get_info(dev, &di) == TRI_STATUS_OK) pp.gpu_mem_bytes = di.free_bytes;
+    double gbps = 0;  // the link as it is, not the planner's PCIe 4.0 x16 default
+    if (on_gpu && tri_device_measure_h2d(dev, 0, &gbps) == TRI_STATUS_OK && gbps > 0) pp.pcie_gbps = gbps;
     tri_plan_model pm;
     tri_plan_model_from_model(model, &pm);
     tri_plan plan;
@@ -311,10 +313,11 @@ static bool place(const tri_model *model, tri_session_params *sp, const tri_spec
     if (!kv_set) sp->kv_layers_offloaded = plan.n_kv_host;
     if (!weights_set) sp->weight_layers_streamed = plan.n_weights_host + plan.n_weights_disk;
     fprintf(stderr,
-            "plan: %.1f GiB device budget: weights of %d of %d blocks resident, KV of %d layers on the device, "
-            "%d streamed (predicted %.3f s/token)\n",
-            (double)plan.params.gpu_mem_bytes / (1 << 30), plan.n_layer - sp->weight_layers_streamed, plan.n_layer,
-            plan.n_layer - sp->kv_layers_offloaded, sp->kv_layers_offloaded, plan.t_token);
+            "plan: %.1f GiB device budget, host -> device %.1f GB/s%s: weights of %d of %d blocks resident, KV of "
+            "%d layers on the device, %d streamed (predicted %.3f s/token)\n",
+            (double)plan.params.gpu_mem_bytes / (1 << 30), plan.params.pcie_gbps, gbps > 0 ? " measured" : " assumed",
+            plan.n_layer - sp->weight_layers_streamed, plan.n_layer, plan.n_layer - sp->kv_layers_offloaded,
+            sp->kv_layers_offloaded, plan.t_token);
     return true;
 }
 

@@ -81,6 +81,8 @@ static int print_system(void) {
         if (d.pcie_gen) printf(", gen %d x%d now", d.pcie_gen, d.pcie_width);
         if (d.pcie_max_gen) printf(", gen %d x%d at most", d.pcie_max_gen, d.pcie_max_width);
         if (!d.pcie_gen && !d.pcie_max_gen) printf(", link unknown");
+        double gbps;
+        if (tri_device_measure_h2d(i, 0, &gbps) == TRI_STATUS_OK) printf(", %.1f GB/s host -> device measured", gbps);
         printf("\n");
     }
     return 0;

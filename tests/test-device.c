@@ -355,3 +355,18 @@ Test(device, kv_store_load_rows) {
     tri__kv_store_free(&kv);
     tri__backend_free(be);
 }
+
+// Bandwidth probe: on a CPU backend it times memcpy (a positive figure); a CUDA device that is not
+// there is a clear error.
+Test(device, host_to_device_bandwidth) {
+    tri__backend *be;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
+    double gbps = -1;
+    cr_assert_eq(tri__backend_measure_h2d(be, (uint64_t)8 << 20, &gbps), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert(gbps > 0.01 && gbps < 10000, "%g GB/s", gbps);
+    tri__backend_free(be);
+    int32_t n = tri_device_count();
+    cr_assert_eq(tri_device_measure_h2d(n, 0, &gbps), TRI_STATUS_DEVICE);
+    cr_assert_eq(gbps, 0.0);
+    cr_assert_eq(tri_device_measure_h2d(0, 0, NULL), TRI_STATUS_INVALID_ARGUMENT);
+}
