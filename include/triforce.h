@@ -177,7 +177,8 @@ typedef struct tri_model_config {
     tri_rope_layout rope_layout;
     tri_rope_scaling rope_scaling;
     float rope_factor;          // scaling factor; 1 for none
-    int32_t rope_orig_ctx;      // context before scaling (YaRN, dynamic, Llama-3); 0 if unknown
+    int32_t rope_orig_ctx;      // context before scaling (YaRN, dynamic, Llama-3); 0 if unknown.
+                                // (dynamic NTK from config.json: n_ctx_train, as in transformers)
     float yarn_beta_fast;       // YaRN ramp bounds, in rotations over orig_ctx (32 and 1 by default)
     float yarn_beta_slow;
     float yarn_mscale;          // YaRN attention factor on cos/sin; 0 = 0.1 ln(factor) + 1

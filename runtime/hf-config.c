@@ -188,7 +188,18 @@ static tri_status parse_rope_scaling(const char *path, json_object *rs, const ch
     } else if (strcmp(type, "dynamic") == 0) {
         cfg->rope_scaling = TRI_ROPE_SCALING_DYNAMIC;
         TRY(cfg_float(&c, "factor", true, 1, true, &cfg->rope_factor));
-        TRY(cfg_int(&c, "original_max_position_embeddings", false, max_pos, 1, &cfg->rope_orig_ctx));
+        // transformers (4.4x to 5.x) scales from max_position_embeddings: it is what
+        // _compute_dynamic_ntk_parameters reads, and the rotary embedding's original_max_seq_len,
+        // below which dynamic_rope_update restores the unscaled table. original_max_position_embeddings,
+        // in rope_scaling or at the top level, is accepted but unused. We do the same, and warn when
+        // it names another context.
+        cfg->rope_orig_ctx = max_pos;
+        json_object *orig = cfg_get(&c, "original_max_position_embeddings");
+        if (orig && json_object_is_type(orig, json_type_int) && json_object_get_int64(orig) != max_pos) {
+            tri__log(TRI_LOG_LEVEL_WARN,
+                     "%s: field '%soriginal_max_position_embeddings': %lld ignored for dynamic scaling, as transformers does; the original context is max_position_embeddings = %d",
+                     path, prefix, (long long)json_object_get_int64(orig), (int)max_pos);
+        }
     } else if (strcmp(type, "yarn") == 0) {
         cfg->rope_scaling = TRI_ROPE_SCALING_YARN;
         TRY(cfg_float(&c, "factor", true, 1, true, &cfg->rope_factor));

@@ -24,7 +24,8 @@ typedef struct tri__rope {
     tri_rope_scaling scaling;
     float theta;          // the configured base
     float factor;
-    int32_t orig_ctx;     // original context; the dynamic rule starts past it
+    int32_t orig_ctx;     // original context; the dynamic rule starts past it (for HF
+                          // checkpoints max_position_embeddings, transformers' original_max_seq_len)
     int64_t seq_len;      // the sequence length inv_freq was computed for (dynamic); 0 otherwise
     float *freq_div;      // (head_dim / 2) per-pair divisors (GGUF rope_freqs), owned, or NULL
 } tri__rope;

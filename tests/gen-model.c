@@ -1004,6 +1004,9 @@ static void write_hf(const model *m, const vocab *v, const char *dir, float *scr
     } else {
         const char *t = rope_scaling_names[o->scaling];
         buf_printf(&c, "  \"rope_scaling\": {\"rope_type\": \"%s\", \"type\": \"%s\", \"factor\": %.17g", t, t, o->rope_factor);
+        // For dynamic the key is written but transformers ignores it (it scales from
+        // max_position_embeddings); with the default ctx / factor the two differ, so a reader that
+        // took this one would compute other logits than the reference.
         if (o->scaling == RS_YARN || o->scaling == RS_LLAMA3 || o->scaling == RS_DYNAMIC)
             buf_printf(&c, ", \"original_max_position_embeddings\": %" PRId64, o->rope_orig_ctx);
         if (o->scaling == RS_YARN) buf_printf(&c, ", \"beta_fast\": 32.0, \"beta_slow\": 1.0");

@@ -166,12 +166,15 @@ Test(llama, yarn_scaling) {
 // reference (as HF's dynamic_rope_update) computes the base once per forward call from its last
 // position: one pass for the prompt (base for 24 positions, all 24 rotated with it), then one per
 // greedy token (base for its position + 1, the cached keys keeping theirs). One prefill step and
-// tri_generate's one-token steps do the same. HF checkpoints only: GGUF has no dynamic rule
+// tri_generate's one-token steps do the same. The config also says
+// rope_scaling.original_max_position_embeddings = 8, which transformers ignores for dynamic (it
+// scales from max_position_embeddings, 16): reading 8 would grow the base from position 8 on, with
+// another formula, and the logits would differ. HF checkpoints only: GGUF has no dynamic rule
 // (llama.cpp has none; the file the generator writes is refused as unsupported).
 Test(llama, dynamic_ntk_past_the_original_context) {
     ref_case rc;
     make_case(&rc, "dynamic",
-              "--dtype f32 --rope-scaling dynamic --rope-factor 2 --ctx 16 --rope-orig-ctx 16 --theta 10000");
+              "--dtype f32 --rope-scaling dynamic --rope-factor 2 --ctx 16 --rope-orig-ctx 8 --theta 10000");
     check_logits(&rc, rc.hf, TRI_DTYPE_F32, 128, TOL_F32);
     check_logits(&rc, rc.hf, TRI_DTYPE_F16, 128, TOL_F16_KV);
     check_greedy(&rc, rc.hf);

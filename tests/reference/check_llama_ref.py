@@ -111,7 +111,8 @@ def check_rope_formulas(cfg):
     elif rope_type == "linear":
         check(close(inv, theta / rs["factor"], 1e-12), "linear rope: theta / factor")
     elif rope_type == "dynamic":
-        check(close(inv, theta, 1e-12), "dynamic rope within max_position_embeddings must be the default")
+        check(close(inv, theta, 1e-12), "dynamic rope within max_position_embeddings must be the default"
+              " (whatever original_max_position_embeddings says)")
         L = 3 * max_pos
         inv_l, _ = llama_ref.rope_inv_freq(cfg, L)
         a = rs["factor"]

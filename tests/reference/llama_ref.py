@@ -97,6 +97,9 @@ def rope_inv_freq(cfg, seq_len=None):
     if rope_type == "linear":
         return _default_inv_freq(base, dim) / rs["factor"], 1.0
     if rope_type == "dynamic":
+        # transformers scales from max_position_embeddings and ignores original_max_position_embeddings
+        # (in rope_scaling or top level): _compute_dynamic_ntk_parameters reads
+        # config.max_position_embeddings, and so does the rotary embedding's original_max_seq_len
         factor = rs["factor"]
         s = max(seq_len or max_pos, max_pos)
         if s > max_pos:
