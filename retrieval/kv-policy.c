@@ -908,6 +908,30 @@ void tri__kv_policy_abort(tri__kv_policy *p) {
     }
 }
 
+tri_status tri__kv_policy_adopt(tri__kv_policy *p, tri__kv_store *src, int32_t n) {
+    TRI_ASSERT(!p->in_step);
+    const int32_t len = p->kv->n;
+    if (n < len || n > src->n || n > p->kv->capacity)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: adopt to %d from %d (source holds %d)", n, len,
+                         src->n);
+    bool full_attention = p->p.kind == TRI_KV_POLICY_FULL ||
+                          (p->p.kind == TRI_KV_POLICY_RETRIEVAL && !ret_current(p) && !ret_due(p, n, p->ret->armed));
+    if (!full_attention)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy %s: rows computed over its own view cannot be adopted",
+                         tri__kv_policy_name(p->p.kind));
+    tri_status st = tri__kv_store_copy_rows(p->kv, src, len, n - len);
+    if (!st && p->ret) {
+        // summarise now, as a step's commit would (a later commit would catch up, but the state
+        // should not depend on one coming)
+        if ((st = ret_summarise(p, n))) {
+            (void)ret_truncate(p, len);  // drop the summaries made before the failure
+        } else {
+            p->ret->step_m = 0;  // no step to replay: nothing was due in these positions
+        }
+    }
+    return st ? st : tri__kv_store_set_len(p->kv, n);
+}
+
 tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n) {
     TRI_ASSERT(!p->in_step);
     if (n < 0 || n > p->kv->n)

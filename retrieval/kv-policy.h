@@ -133,6 +133,14 @@ tri_status tri__kv_policy_commit(tri__kv_policy *p);
 // Abandons the step in progress, leaving the policy as before tri__kv_policy_begin.
 void tri__kv_policy_abort(tri__kv_policy *p);
 
+// Appends positions len .. n - 1 by copying their keys and values from src, a store of the same
+// shape that holds them (a full-cache level that ran the same tokens), instead of running them.
+// Exact only where this policy would have computed the same rows: while it attends fully to
+// everything before them, which is FULL always and RETRIEVAL before its first selection (with none
+// due by the end); UNSUPPORTED for STREAMING, H2O and a RETRIEVAL cache with a selection, so the
+// caller runs the tokens instead. Chunk summaries are made as a step's commit makes them.
+tri_status tri__kv_policy_adopt(tri__kv_policy *p, tri__kv_store *src, int32_t n);
+
 // Rolls back to the first n positions: the state becomes what it would be had the dropped tokens
 // never been appended. H2O remembers `history` steps: INVALID_ARGUMENT before those.
 tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n);

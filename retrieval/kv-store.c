@@ -308,3 +308,37 @@ tri_status tri__kv_store_load_rows(tri__kv_store *kv, int32_t il, int32_t pos, i
     TRY(kv->be->ops->copy_to_backend(kv->be, (char *)kv->v[il] + pos * row, v_host, bytes));
     return kv->be->ops->synchronize(kv->be);
 }
+
+tri_status tri__kv_store_copy_rows(tri__kv_store *dst, tri__kv_store *src, int32_t pos, int32_t n) {
+    if (dst->type != src->type || dst->n_layer != src->n_layer || dst->n_head_kv != src->n_head_kv ||
+        dst->head_dim != src->head_dim || dst->be != src->be)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv cache: copy between stores of different shapes");
+    if (pos < 0 || n < 0 || pos > src->n - n || pos > dst->capacity - n)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv cache: copy of rows %d .. %d (source holds %d, capacity %d)",
+                         pos, pos + n, src->n, dst->capacity);
+    if (n == 0) return TRI_STATUS_OK;
+    const tri__backend_ops *op = dst->be->ops;
+    // an offloaded source's new rows may still be on their way back to its host regions
+    if (src->off && src->off->async) TRY(op->synchronize(src->be));
+    const int64_t row = tri__kv_store_row_bytes(dst);
+    const size_t bytes = (size_t)(n * row);
+    for (int32_t il = 0; il < dst->n_layer; il++) {
+        for (int kv = 0; kv < 2; kv++) {
+            const char *from = offloaded(src, il) ? (const char *)(kv ? src->off->host_v : src->off->host_k)[il]
+                                                  : (const char *)(kv ? src->v : src->k)[il];
+            char *to = offloaded(dst, il) ? (char *)(kv ? dst->off->host_v : dst->off->host_k)[il]
+                                          : (char *)(kv ? dst->v : dst->k)[il];
+            from += pos * row;
+            to += pos * row;
+            if (offloaded(dst, il) && offloaded(src, il)) memcpy(to, from, bytes);
+            else if (offloaded(dst, il)) TRY(op->copy_to_host(dst->be, to, from, bytes));
+            else if (offloaded(src, il)) TRY(op->copy_to_backend(dst->be, to, from, bytes));
+            else if (op->copy) TRY(op->copy(dst->be, to, from, bytes));
+            else return tri__fail(TRI_STATUS_UNSUPPORTED, "kv cache: backend %s copies no rows", op->name);
+        }
+        if (offloaded(dst, il))  // a buffer holding the layer is stale now
+            for (int s = 0; s < 2; s++)
+                if (dst->off->slot_layer[s] == il) dst->off->slot_layer[s] = -1;
+    }
+    return op->synchronize(dst->be);  // the host side of the copies is the caller's to reuse
+}

@@ -86,6 +86,11 @@ const tri__kv_view *tri__kv_store_view(tri__kv_store *kv, int32_t il, int32_t n_
 tri_status tri__kv_store_load_rows(tri__kv_store *kv, int32_t il, int32_t pos, int32_t n, const void *k_host,
                                    const void *v_host);
 
+// Copies rows pos .. pos + n - 1 of every layer from src into dst, wherever either keeps a layer
+// (backend memory or, offloaded, host memory). Same shape and type required (INVALID_ARGUMENT
+// otherwise); src must hold the rows (src->n >= pos + n). dst's length is the caller's to set.
+tri_status tri__kv_store_copy_rows(tri__kv_store *dst, tri__kv_store *src, int32_t pos, int32_t n);
+
 // Bytes of one position of one layer (K or V alone).
 int64_t tri__kv_store_row_bytes(const tri__kv_store *kv);
 

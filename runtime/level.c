@@ -180,6 +180,15 @@ tri_status tri__level_prefill(tri__level *lv, const int32_t *tokens, int32_t n) 
     return run(lv, tokens, n, false, -1);
 }
 
+tri_status tri__level_adopt(tri__level *lv, tri__level *from, int32_t n) {
+    if (lv->model != from->model) return tri__fail(TRI_STATUS_UNSUPPORTED, "level adopt: another model's cache");
+    double t0 = now_seconds();
+    lv->n_logits = 0;
+    tri_status st = tri__kv_policy_adopt(&lv->pol, from->pol.kv, n);
+    lv->seconds += now_seconds() - t0;
+    return st;
+}
+
 const float *tri__level_logits(const tri__level *lv, int32_t i) {
     if (i < 0 || i >= lv->n_logits) return NULL;
     return lv->logits + (int64_t)i * lv->model->config.n_vocab;

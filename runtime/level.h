@@ -75,6 +75,11 @@ tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_
 // level steps as in tri__level_eval, so a prefill builds the same cache as evals of one token.
 tri_status tri__level_prefill(tri__level *lv, const int32_t *tokens, int32_t n);
 
+// Caches positions n_past .. n - 1 by copying them from `from`'s cache (which holds them, for
+// the same model and tokens) instead of running them, where that is exact (tri__kv_policy_adopt);
+// UNSUPPORTED otherwise, and the caller runs the tokens.
+tri_status tri__level_adopt(tri__level *lv, tri__level *from, int32_t n);
+
 // Row i (n_vocab floats) of the last eval's logits, i in [0, n_logits); NULL otherwise.
 const float *tri__level_logits(const tri__level *lv, int32_t i);
 

@@ -421,7 +421,9 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
         s->seeded = true;
         s->seed = p.sampler.seed;
     }
-    tri__level *levels[3] = {s->lv1, s->lv2, &s->l3};
+    // L3 first: L2 then copies the rows L3 computed, which are the rows its own full attention
+    // before a selection would compute, instead of running the prompt a second time
+    tri__level *levels[3] = {&s->l3, s->lv2, s->lv1};
 
     // prefill every level with all but the last token, which the first round runs
     double t0 = now_seconds();
@@ -437,6 +439,11 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
             tri__level *lv = levels[k];
             if (!lv || tri__level_n_past(lv) >= done + step) continue;
             int32_t np = tri__level_n_past(lv);
+            if (lv == s->lv2 && tri__level_n_past(&s->l3) >= done + step) {
+                tri_status st = tri__level_adopt(lv, &s->l3, done + step);
+                if (st == TRI_STATUS_OK) continue;
+                if (st != TRI_STATUS_UNSUPPORTED) return st;  // else L2 runs the tokens itself
+            }
             TRY(tri__level_prefill(lv, s->seq + np, done + step - np));
         }
         done += step;

@@ -234,6 +234,64 @@ Test(retrieval, refresh_count_waits_for_the_first_selection) {
     rig_free(&r);
 }
 
+// Adopting a prompt's rows from a full store equals running them: the same rows, the same chunk
+// summaries (so the same selection), and no adoption once the policy selects over its own view.
+Test(retrieval, adopted_rows_equal_run_rows) {
+    tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 64);
+    pp.budget = 8;
+    pp.chunk = 2;
+    rig a, b;
+    rig_init(&a, &pp, 2, 1, 4, 64, 8);
+    rig_init(&b, &pp, 2, 1, 4, 64, 8);
+    static float k[64][4], v[64][4], q[64][8];
+    for (int t = 0; t < 64; t++) {
+        for (int d = 0; d < 4; d++) k[t][d] = frand(), v[t][d] = frand();
+        for (int d = 0; d < 8; d++) q[t][d] = frand();
+    }
+    // b runs 23 prompt tokens; a copies them from a full store on its backend that holds them
+    for (int t = 0; t < 23; t += 8) rig_step(&b, t + 8 <= 23 ? 8 : 23 - t, q[t], k[t], v[t], NULL);
+    tri__kv_store src;
+    cr_assert_eq(tri__kv_store_init(&src, a.be, TRI_DTYPE_F32, 1, 1, 4, 64), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_store_load_rows(&src, 0, 0, 23, k, v), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_store_set_len(&src, 23), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_policy_adopt(&a.pol, &src, 10), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__kv_policy_adopt(&a.pol, &src, 23), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__kv_policy_len(&a.pol), 23);
+    cr_assert_eq(memcmp(a.pol.kv->k[0], b.pol.kv->k[0], sizeof(float) * 23 * 4), 0);
+    cr_assert_eq(memcmp(a.pol.kv->v[0], b.pol.kv->v[0], sizeof(float) * 23 * 4), 0);
+    // the last prompt token with the request: both select, the same chunks
+    tri__kv_policy_request_refresh(&a.pol);
+    tri__kv_policy_request_refresh(&b.pol);
+    rig_step(&a, 1, q[23], k[23], v[23], NULL);
+    rig_step(&b, 1, q[23], k[23], v[23], NULL);
+    int32_t ia[8], ib[8], na, nb;
+    int32_t ca = tri__kv_policy_selection(&a.pol, 0, 0, ia, &na), cb = tri__kv_policy_selection(&b.pol, 0, 0, ib, &nb);
+    cr_assert(ca == 4 && cb == 4 && na == 24 && nb == 24, "selections: %d at %d, %d at %d", ca, na, cb, nb);
+    cr_assert_eq(memcmp(ia, ib, sizeof(int32_t) * 4), 0);
+    // now a's own rows come from its selected view: adopting more would not be what it computes
+    cr_assert_eq(tri__kv_store_load_rows(&src, 0, 23, 8, k[23], v[23]), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_store_set_len(&src, 31), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_policy_adopt(&a.pol, &src, 30), TRI_STATUS_UNSUPPORTED);
+    cr_assert_eq(tri__kv_policy_len(&a.pol), 24, "a refused adoption changes nothing");
+    cr_assert_eq(tri__kv_policy_adopt(&a.pol, &src, 40), TRI_STATUS_INVALID_ARGUMENT, "past what the source holds");
+    tri__kv_store_free(&src);
+    rig_free(&a);
+    rig_free(&b);
+
+    // a StreamingLLM cache keeps raw keys rotated in its own way: never adopted
+    tri__kv_policy_params sp = tri__kv_policy_default_params(TRI_KV_POLICY_STREAMING, 64);
+    sp.budget = 8;
+    sp.sink = 2;
+    rig st;
+    rig_init(&st, &sp, 2, 1, 4, 64, 8);
+    cr_assert_eq(tri__kv_store_init(&src, st.be, TRI_DTYPE_F32, 1, 1, 4, 64), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_store_load_rows(&src, 0, 0, 4, k, v), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_store_set_len(&src, 4), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_policy_adopt(&st.pol, &src, 4), TRI_STATUS_UNSUPPORTED);
+    tri__kv_store_free(&src);
+    rig_free(&st);
+}
+
 // A naive double-precision RoPE of one head (ADJACENT layout, theta 10000, no scaling): pair i of
 // x (hd) turned by pos * 10000^(-2i / hd).
 static void naive_rope(double *out, const float *x, int32_t hd, int32_t pos) {

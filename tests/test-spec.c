@@ -1071,3 +1071,39 @@ Test(spec, smollm2_greedy_self_draft_and_ngram, .timeout = 300) {
     }
     tri_model_free(target);
 }
+
+// L2 takes the prompt's rows from L3 instead of running the prompt a second time: it runs only the
+// prompt's last token (to select from its query), and its rows are L3's, bit for bit.
+Test(spec, l2_adopts_the_prompt_from_l3) {
+    tri_model *target = load(gen_model("adopt", "--seed 31 --layers 2"));
+    static const int32_t layer0[] = {0};
+    drafter_case d = {"l", TRI_SPEC_DRAFTER_LAYERS, NULL, layer0, 1, 0};
+    for (int mode = TRI_SPEC_MODE_RETRIEVAL; mode <= TRI_SPEC_MODE_TRIFORCE; mode++) {
+        tri_spec_params p = params_of((tri_spec_mode)mode, &d, 2, 4);
+        p.budget = 16;
+        p.chunk = 4;
+        tri_session_params sp = small_session(64);
+        sp.n_batch = 8;
+        tri_spec *s;
+        cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        int32_t prompt[40];
+        for (int i = 0; i < 40; i++) prompt[i] = (i * 53 + 7) % 250 + 3;
+        tri_generate_params gp = tri_generate_default_params();
+        gp.n_predict = 1;  // the first token comes from L3's last prompt step: no round runs
+        gp.stop_at_eos = false;
+        cr_assert_eq(tri_generate_spec(s, prompt, 40, &gp, NULL, NULL, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+        tri__level *l2 = tri__spec_level(s, 2), *l3 = tri__spec_level(s, 3);
+        cr_assert_eq(l2->pol.p.kind, TRI_KV_POLICY_RETRIEVAL);
+        cr_assert(l3->n_evals >= 5, "L3 prefilled 39 tokens in steps of 8: %lld passes", (long long)l3->n_evals);
+        cr_assert(l2->n_evals <= 1, "L2 ran %lld passes of the prompt", (long long)l2->n_evals);
+        int32_t n = tri__level_n_past(l2);
+        cr_assert(n >= 39 && tri__level_n_past(l3) >= n);
+        int64_t bytes = tri__kv_store_row_bytes(l2->pol.kv) * 39;
+        for (int32_t il = 0; il < 2; il++) {
+            cr_assert_eq(memcmp(l2->pol.kv->k[il], l3->pol.kv->k[il], (size_t)bytes), 0, "layer %d keys", il);
+            cr_assert_eq(memcmp(l2->pol.kv->v[il], l3->pol.kv->v[il], (size_t)bytes), 0, "layer %d values", il);
+        }
+        tri_spec_free(s);
+    }
+    tri_model_free(target);
+}
