@@ -584,6 +584,13 @@ static tri_status cuda_stream_wait(tri__backend *be, tri__stream s, tri__event *
     return TRI_STATUS_OK;
 }
 
+static tri_status cuda_event_synchronize(tri__backend *be, tri__event *ev) {
+    cuda_state *st = priv(be);
+    USE_DEVICE(st);
+    CUDA_TRY(cudaEventSynchronize((cudaEvent_t)ev));
+    return TRI_STATUS_OK;
+}
+
 static tri_status cuda_transfer_to_backend(tri__backend *be, void *dst, const void *src, size_t bytes) {
     cuda_state *st = priv(be);
     if (bytes == 0) return TRI_STATUS_OK;
@@ -642,6 +649,7 @@ static const tri__backend_ops cuda_ops = {
     /* .transfer_to_host = */ cuda_transfer_to_host,
     /* .host_register = */ cuda_host_register,
     /* .host_unregister = */ cuda_host_unregister,
+    /* .event_synchronize = */ cuda_event_synchronize,
 };
 
 static tri_status create(int device, tri__backend *be, cuda_state *st) {

@@ -179,6 +179,9 @@ typedef struct tri__backend_ops {
     // Optional on their own: NULL leaves host memory pageable.
     tri_status (*host_register)(tri__backend *be, void *ptr, size_t bytes);
     void (*host_unregister)(tri__backend *be, void *ptr);
+    // Blocks the host until ev's point is reached (cudaEventSynchronize): a host buffer a transfer
+    // read can be refilled without waiting for every stream. Optional: NULL means synchronize.
+    tri_status (*event_synchronize)(tri__backend *be, tri__event *ev);
 } tri__backend_ops;
 
 // One backend instance. Create it with the backend's own constructor (tri__backend_cpu_create),

@@ -351,6 +351,7 @@ static tri_status load_gguf(tri_model *m, const tri_model_params *params) {
         t->data = gt->data;
         t->source = t->name;
         t->file = m->path;
+        t->offset = tri__gguf_data_start(g) + gt->offset;
         m->n_tensors = i + 1;
         if ((i & 63) == 0 && !progress(params, 0.5f * (float)i / (float)n))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "%s: loading cancelled", m->path);
@@ -385,7 +386,8 @@ static tri_status load_hf(tri_model *m, const tri_model_params *params) {
     if (!m->tensors) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: tensor table", m->path);
     for (int64_t i = 0; i < n; i++) {
         const tri__st_tensor *t = tri__st_model_tensor_at(m->st, i);
-        const char *file = tri__st_file_path(tri__st_model_file_at(m->st, t->file));
+        const tri__st_file *sf = tri__st_model_file_at(m->st, t->file);
+        const char *file = tri__st_file_path(sf);
         char name[128];
         if (!tri__hf_tensor_name_to_gguf(t->name, name, sizeof name)) {
             // older checkpoints store the rotary table, which is computed, not a weight
@@ -410,6 +412,7 @@ static tri_status load_hf(tri_model *m, const tri_model_params *params) {
         d->data = t->data;
         d->source = t->name;
         d->file = file;
+        d->offset = tri__st_file_data_start(sf) + t->offset;
         m->n_tensors++;
         if ((i & 63) == 0 && !progress(params, 0.5f * (float)i / (float)n))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "%s: loading cancelled", m->path);

@@ -22,6 +22,8 @@ typedef struct tri__tensor {
     const char *source; // its name in the file ("model.layers.3.self_attn.q_proj.weight" in an HF
                         // checkpoint; == name for GGUF), for messages; owned by the model
     const char *file;   // the file that holds it (the shard of a sharded checkpoint), for messages
+                        // and for reading it without the mapping (the disk tier of streamed weights)
+    uint64_t offset;    // bytes from the start of `file` to its first byte
     bool bound;         // taken by a slot of the model; loading fails on a tensor left unbound
 } tri__tensor;
 

@@ -413,6 +413,7 @@ void tri__st_file_close(tri__st_file *f) {
 const char *tri__st_file_path(const tri__st_file *f) { return f->path; }
 uint64_t tri__st_file_size(const tri__st_file *f) { return f->size; }
 uint64_t tri__st_file_data_size(const tri__st_file *f) { return f->data_size; }
+uint64_t tri__st_file_data_start(const tri__st_file *f) { return 8 + f->header_len; }
 int64_t tri__st_file_n_tensors(const tri__st_file *f) { return f->n_tensors; }
 
 const tri__st_tensor *tri__st_file_tensor_at(const tri__st_file *f, int64_t i) {

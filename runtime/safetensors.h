@@ -53,6 +53,9 @@ void tri__st_file_close(tri__st_file *f);
 const char *tri__st_file_path(const tri__st_file *f);
 uint64_t tri__st_file_size(const tri__st_file *f);      // bytes of the whole file
 uint64_t tri__st_file_data_size(const tri__st_file *f); // bytes of the data buffer
+// File offset of the data buffer (8 + the header's length): tensor t lies at file offset
+// data_start + t->offset, for readers that bypass the mapping.
+uint64_t tri__st_file_data_start(const tri__st_file *f);
 int64_t tri__st_file_n_tensors(const tri__st_file *f);
 // Tensor i in file order (increasing offset), 0 <= i < n_tensors; NULL otherwise.
 const tri__st_tensor *tri__st_file_tensor_at(const tri__st_file *f, int64_t i);
