@@ -113,7 +113,7 @@ int main(int argc, char **argv) {
         tri__kv_store kv = {0};
         pass_time pt;
         tri_status st = tri__model_synthetic(&c, wtype, 1, &m);
-        if (!st) st = tri__model_on_backend(m, be, 0, &v);
+        if (!st) st = tri__model_on_backend(m, be, 0, 0, &v);
         if (!st) st = bench_filled_store(&kv, be, &c, ctx + 1, c.n_layer, ctx);
         if (!st) st = bench_time_pass(v, be, &kv, 1, passes, &pt);
         if (st) {

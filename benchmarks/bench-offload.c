@@ -183,11 +183,11 @@ int main(int argc, char **argv) {
         int32_t streamed = plan.n_weights_host + plan.n_weights_disk;
         tri_model *tv = NULL, *dv = NULL;
         tri__kv_store l3 = {0}, l2 = {0}, l1 = {0};
-        tri_status st = tri__model_on_backend(target, be, streamed, &tv);
+        tri_status st = tri__model_on_backend(target, be, streamed, plan.n_weights_disk, &tv);
         if (!st) st = bench_filled_store(&l3, be, &tc, pp.n_ctx, plan.on_chip, o.ctx);
         if (!st && !ar) {
             st = bench_filled_store(&l2, be, &tc, budget + 256, tc.n_layer, budget);
-            if (!st) st = tri__model_on_backend(draft, be, 0, &dv);
+            if (!st) st = tri__model_on_backend(draft, be, 0, 0, &dv);
             if (!st) st = bench_filled_store(&l1, be, &dc, 256 + 64, dc.n_layer, 256);
         }
         pass_time p2 = {0}, p1 = {0};

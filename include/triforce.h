@@ -319,6 +319,12 @@ typedef struct tri_session_params {
                                   // stream through two device buffers per pass, overlapped with
                                   // compute (docs/offload.md); 0: every layer resident. Ignored on
                                   // the CPU, whose memory is the host's
+    int32_t weight_layers_from_disk; // layers (the last ones of the streamed) whose weights are not
+                                  // held in host memory but read from the model file each pass,
+                                  // two blocks ahead, through three pinned staging slots
+                                  // (docs/offload.md); 0: none. At most weight_layers_streamed; a
+                                  // model in one file only (a sharded checkpoint is UNSUPPORTED).
+                                  // Ignored on the CPU
 } tri_session_params;
 
 TRI_API tri_session_params tri_session_default_params(void);

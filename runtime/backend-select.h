@@ -41,18 +41,36 @@ tri_status tri__backend_select(tri_device_kind kind, int32_t device, int32_t n_t
 // compute still reading the other buffer, so it overlaps with this block's compute (the same
 // double buffering as the offloaded KV cache, kv-store.h). A buffer already holding its block
 // (one or two streamed layers) is not uploaded again. Quantized blocks travel as stored.
-tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, int32_t n_streamed, tri_model **out);
+//
+// Disk tier (0 < n_disk <= n_streamed): the last n_disk of the streamed blocks are not held in
+// host memory; each pass reads them from the model file (prefetch.h) into three staging slots of
+// one block each (pinned, from the stream's arena), disk layer d into slot d % 3. When block il
+// starts, the read of the disk block two ahead is submitted, so reads overlap with the compute and
+// uploads of the blocks before; the upload of a disk block waits for its slot's read and copies
+// each tensor from where the reader put it to its fixed place in the device buffer. A slot is
+// refilled only after its last upload is done (the host waits for an event on the transfer
+// stream); a slot still holding its block (three or fewer disk layers) is not read again. Only a
+// model in one file (GGUF or a single safetensors file): UNSUPPORTED for a sharded checkpoint.
+// INVALID_ARGUMENT for n_disk outside [0, n_streamed], whatever the backend.
+tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, int32_t n_streamed, int32_t n_disk,
+                                 tri_model **out);
 // Frees a view from tri__model_on_backend and its device copy; NULL is a no-op.
 void tri__model_backend_free(tri_model *view);
 
 // Before block il of a forward pass over m: see above. A no-op for a model without streamed layers.
 tri_status tri__model_stream_layer(const tri_model *m, int32_t il);
 
-// Bytes of streamed blocks uploaded so far, and the uploads a buffer made unnecessary.
+// Bytes of streamed blocks uploaded so far, and the uploads a buffer made unnecessary; reads of
+// the disk tier.
 typedef struct tri__weight_stream_stats {
     int32_t n_streamed;
     uint64_t bytes_up;
     int64_t n_uploads, n_reused;
+    int32_t n_disk;       // of the streamed layers, those read from the model file
+    int64_t n_reads;      // disk blocks read (started)
+    uint64_t bytes_disk;  // bytes of their tensors
+    uint64_t bytes_read;  // bytes the reader got from the file for them, alignment padding included
+                          // (reads finished)
 } tri__weight_stream_stats;
 void tri__model_stream_stats(const tri_model *m, tri__weight_stream_stats *out);
 

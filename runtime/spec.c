@@ -675,7 +675,7 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     s->n_batch = sp.n_batch;
     tri_status st;
     if ((st = tri__backend_select(sp.device_kind, sp.device, sp.n_threads, &s->be, s->device))) goto fail;
-    if ((st = tri__model_on_backend(target, s->be, sp.weight_layers_streamed, &s->tw))) goto fail;
+    if ((st = tri__model_on_backend(target, s->be, sp.weight_layers_streamed, sp.weight_layers_from_disk, &s->tw))) goto fail;
     if (has_l1 && p.drafter == TRI_SPEC_DRAFTER_LAYERS) {
         if ((st = tri__model_layer_view(s->tw, p.draft_layers, p.n_draft_layers, &s->view))) goto fail;
         s->layers = malloc((size_t)p.n_draft_layers * sizeof *s->layers);
@@ -690,7 +690,7 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         p.n_draft_layers = 0;
     }
     if (!(has_l1 && p.drafter == TRI_SPEC_DRAFTER_MODEL)) p.draft_model = NULL;
-    if (p.draft_model && (st = tri__model_on_backend(p.draft_model, s->be, 0, &s->dw))) goto fail;
+    if (p.draft_model && (st = tri__model_on_backend(p.draft_model, s->be, 0, 0, &s->dw))) goto fail;
     s->params = p;
 
     tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = sp.n_ctx, .n_batch = sp.n_batch,

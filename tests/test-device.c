@@ -58,7 +58,7 @@ Test(device, host_backend_uses_the_mapping_in_place) {
     cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
     cr_assert(be->host_memory);
     tri_model *v;
-    cr_assert_eq(tri__model_on_backend(m, be, 0, &v), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__model_on_backend(m, be, 0, 0, &v), TRI_STATUS_OK, "%s", tri_last_error());
     cr_assert_eq(v->n_tensors, m->n_tensors);
     for (int64_t i = 0; i < m->n_tensors; i++) cr_assert_eq(v->tensors[i].data, m->tensors[i].data);
     cr_assert_eq(v->layers[1].w_down->data, m->layers[1].w_down->data);
@@ -79,7 +79,7 @@ static void check_copied_model(const char *tag, const char *opts) {
     cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &dev), TRI_STATUS_OK);
     dev->host_memory = false;
     tri_model *v;
-    cr_assert_eq(tri__model_on_backend(m, dev, 0, &v), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__model_on_backend(m, dev, 0, 0, &v), TRI_STATUS_OK, "%s", tri_last_error());
 
     const tri__tensor *read[] = {m->tok_embd, m->output_norm, m->output};
     for (size_t i = 0; i < sizeof read / sizeof read[0]; i++) {
@@ -129,7 +129,7 @@ Test(device, layer_view_over_copied_weights) {
     cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &dev), TRI_STATUS_OK);
     dev->host_memory = false;
     tri_model *v, *lv;
-    cr_assert_eq(tri__model_on_backend(m, dev, 0, &v), TRI_STATUS_OK);
+    cr_assert_eq(tri__model_on_backend(m, dev, 0, 0, &v), TRI_STATUS_OK);
     const int32_t keep[2] = {0, 3};
     cr_assert_eq(tri__model_layer_view(v, keep, 2, &lv), TRI_STATUS_OK);
     cr_assert_eq(lv->config.n_layer, 2);
@@ -285,7 +285,7 @@ Test(device, streamed_weights_compute_the_same) {
     size_t n = sizeof(float) * N_TOK * (size_t)m->config.n_vocab;
     for (int32_t k = 1; k <= 5; k++) {
         tri_model *v;
-        cr_assert_eq(tri__model_on_backend(m, dev, k, &v), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri__model_on_backend(m, dev, k, 0, &v), TRI_STATUS_OK, "%s", tri_last_error());
         // a streamed layer's tensors sit in one of two buffers, the same ones for every layer of
         // its parity
         const tri__tensor *a = v->layers[5 - k].wq, *b = k >= 3 ? v->layers[5 - k + 2].wq : NULL;
@@ -309,7 +309,7 @@ Test(device, streamed_weights_compute_the_same) {
         tri__model_backend_free(v);
     }
     tri_model *v;
-    cr_assert_eq(tri__model_on_backend(m, dev, 6, &v), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri__model_on_backend(m, dev, 6, 0, &v), TRI_STATUS_INVALID_ARGUMENT);
     free(want);
     tri__backend_free(dev);
     tri__backend_free(host);
