@@ -36,9 +36,13 @@ static void usage(FILE *f) {
           "                       stream it through the device every pass (default 0)\n"
           "      --stream-weights N  keep the weights of the last N layers in host memory and\n"
           "                       stream them through the device every pass (default 0; a GPU only)\n"
+          "      --weights-from-disk N  of the streamed layers, read the last N from the model file\n"
+          "                       every pass instead of keeping them in host memory (default 0; a\n"
+          "                       GPU and a model in one file only; without --stream-weights at\n"
+          "                       least N layers stream)\n"
           "      --gpu-mem SIZE   device memory budget (e.g. 24G): the placement planner then sets\n"
-          "                       --kv-offload and --stream-weights (on a GPU by default, with its\n"
-          "                       free memory; see offload-run plan)\n"
+          "                       --kv-offload, --stream-weights and --weights-from-disk (on a\n"
+          "                       GPU by default, with its free memory; see offload-run plan)\n"
           "      --host-mem SIZE  host memory budget for the planner (default: no limit)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
           "      --kv-type T      f16 (default) or f32 KV cache\n"
@@ -282,10 +286,11 @@ static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
 }
 
 // Placement: on a GPU, or when --gpu-mem gives a budget, the planner decides how many layers keep
-// their weights and their KV cache in host memory (explicit --kv-offload / --stream-weights win).
+// their weights and their KV cache in host memory, and how many of those blocks are read from
+// the model file (explicit --kv-offload / --stream-weights / --weights-from-disk win).
 // Prints the plan's line; false after printing an error.
 static bool place(const tri_model *model, tri_session_params *sp, const tri_spec_params *spec, uint64_t gpu_mem,
-                  uint64_t host_mem, bool kv_set, bool weights_set) {
+                  uint64_t host_mem, bool kv_set, bool weights_set, bool disk_set) {
     bool on_gpu = sp->device_kind == TRI_DEVICE_CUDA || (sp->device_kind == TRI_DEVICE_AUTO && tri_device_count() > 0);
     if (!gpu_mem && !on_gpu) return true;  // the CPU: nothing to place
     tri_plan_params pp = tri_plan_default_params();
@@ -312,12 +317,16 @@ static bool place(const tri_model *model, tri_session_params *sp, const tri_spec
     }
     if (!kv_set) sp->kv_layers_offloaded = plan.n_kv_host;
     if (!weights_set) sp->weight_layers_streamed = plan.n_weights_host + plan.n_weights_disk;
+    // the disk blocks are the last of the streamed ones: never more than an explicit --stream-weights
+    if (!disk_set)
+        sp->weight_layers_from_disk = plan.n_weights_disk < sp->weight_layers_streamed ? plan.n_weights_disk
+                                                                                         : sp->weight_layers_streamed;
     fprintf(stderr,
-            "plan: %.1f GiB device budget, host -> device %.1f GB/s%s: weights of %d of %d blocks resident, KV of "
-            "%d layers on the device, %d streamed (predicted %.3f s/token)\n",
+            "plan: %.1f GiB device budget, host -> device %.1f GB/s%s: weights of %d of %d blocks resident (%d read "
+            "from disk), KV of %d layers on the device, %d streamed (predicted %.3f s/token)\n",
             (double)plan.params.gpu_mem_bytes / (1 << 30), plan.params.pcie_gbps, gbps > 0 ? " measured" : " assumed",
-            plan.n_layer - sp->weight_layers_streamed, plan.n_layer, plan.n_layer - sp->kv_layers_offloaded,
-            sp->kv_layers_offloaded, plan.t_token);
+            plan.n_layer - sp->weight_layers_streamed, plan.n_layer, sp->weight_layers_from_disk,
+            plan.n_layer - sp->kv_layers_offloaded, sp->kv_layers_offloaded, plan.t_token);
     return true;
 }
 
@@ -334,7 +343,7 @@ int tri_cli_generate(int argc, char **argv) {
            OPT_KV, OPT_IGNORE_EOS, OPT_IDS, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
            OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
-           OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS, OPT_GPU_MEM, OPT_HOST_MEM,
+           OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS, OPT_WEIGHTS_FROM_DISK, OPT_GPU_MEM, OPT_HOST_MEM,
            OPT_KV_INDEX };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
@@ -360,6 +369,7 @@ int tri_cli_generate(int argc, char **argv) {
         {"device", required_argument, NULL, OPT_DEVICE},
         {"kv-offload", required_argument, NULL, OPT_KV_OFFLOAD},
         {"stream-weights", required_argument, NULL, OPT_STREAM_WEIGHTS},
+        {"weights-from-disk", required_argument, NULL, OPT_WEIGHTS_FROM_DISK},
         {"gpu-mem", required_argument, NULL, OPT_GPU_MEM}, {"host-mem", required_argument, NULL, OPT_HOST_MEM},
         {"kv-index", required_argument, NULL, OPT_KV_INDEX},
         {"help", no_argument, NULL, 'h'},          {0},
@@ -374,7 +384,8 @@ int tri_cli_generate(int argc, char **argv) {
     tri_spec_params spec_params = tri_spec_default_params();
     spec_params.mode = TRI_SPEC_MODE_NONE;
     long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0, kv_offload = 0, stream_weights = 0;
-    bool kv_offload_set = false, stream_weights_set = false;
+    long weights_from_disk = 0;
+    bool kv_offload_set = false, stream_weights_set = false, weights_from_disk_set = false;
     uint64_t gpu_mem = 0, host_mem = 0;
     tri_generate_params gp = tri_generate_default_params();
     tri_session_params sp = tri_session_default_params();
@@ -454,6 +465,10 @@ int tri_cli_generate(int argc, char **argv) {
         case OPT_STREAM_WEIGHTS:
             stream_weights_set = true;
             ok = parse_long("--stream-weights", optarg, 0, 65536, &stream_weights);
+            break;
+        case OPT_WEIGHTS_FROM_DISK:
+            weights_from_disk_set = true;
+            ok = parse_long("--weights-from-disk", optarg, 0, 65536, &weights_from_disk);
             break;
         case OPT_GPU_MEM:
         case OPT_HOST_MEM:
@@ -618,7 +633,13 @@ int tri_cli_generate(int argc, char **argv) {
     sp.n_batch = (int32_t)batch;
     sp.kv_layers_offloaded = (int32_t)kv_offload;
     sp.weight_layers_streamed = (int32_t)stream_weights;
-    if (!place(model, &sp, &spec_params, gpu_mem, host_mem, kv_offload_set, stream_weights_set)) goto done;
+    sp.weight_layers_from_disk = (int32_t)weights_from_disk;
+    if (!place(model, &sp, &spec_params, gpu_mem, host_mem, kv_offload_set, stream_weights_set,
+               weights_from_disk_set))
+        goto done;
+    // layers read from disk stream: they count among the streamed unless those were given
+    if (!stream_weights_set && sp.weight_layers_from_disk > sp.weight_layers_streamed)
+        sp.weight_layers_streamed = sp.weight_layers_from_disk;
     if (spec_params.mode == TRI_SPEC_MODE_NONE) {
         if ((st = tri_session_create(model, &sp, &session))) {
             rc = tri_cli_fail("cannot create a session", st);

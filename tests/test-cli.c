@@ -239,6 +239,7 @@ Test(cli, devices_offload_and_placement) {
     snprintf(plain, sizeof plain, "%s", out);
     const char *ways[] = {"--kv-offload 1", "--kv-offload 3", "--kv-offload 4 --batch 3",
                           "--kv-offload 3 --stream-weights 2",  // streaming is ignored on the CPU
+                          "--weights-from-disk 1", "--stream-weights 3 --weights-from-disk 2",  // so is the disk
                           "--spec triforce --draft-layers 0,2 --kv-offload 3 --budget 8 --chunk 4",
                           "--gpu-mem 2G --ctx 64"};
     for (size_t i = 0; i < sizeof ways / sizeof ways[0]; i++) {
@@ -265,6 +266,9 @@ Test(cli, devices_offload_and_placement) {
     snprintf(args, sizeof args, "generate -m '%s' -p hi --kv-offload 5", m);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
     cr_assert(strstr(err, "kv_layers_offloaded 5 outside [0, 4]"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --stream-weights 1 --weights-from-disk 2", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "weight_layers_from_disk 2 outside [0, 1]"), "%s", err);
     snprintf(args, sizeof args, "generate -m '%s' -p hi --kv-offload 2 --kv retrieval --kv-budget 8", m);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
     cr_assert(strstr(err, "streams the full cache"), "%s", err);

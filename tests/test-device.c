@@ -370,3 +370,118 @@ Test(device, host_to_device_bandwidth) {
     cr_assert_eq(gbps, 0.0);
     cr_assert_eq(tri_device_measure_h2d(0, 0, NULL), TRI_STATUS_INVALID_ARGUMENT);
 }
+
+// ---- the disk tier (backend-select.h): the last streamed blocks read from the model file ----
+
+// Bytes of the nine tensors of layer il's block.
+static uint64_t block_bytes(const tri_model *m, int32_t il) {
+    const tri__layer *L = &m->layers[il];
+    const tri__tensor *t[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+    uint64_t n = 0;
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) n += t[i]->n_bytes;
+    return n;
+}
+
+// Views of m with n_streamed streamed blocks, the last n_disk of them read from the file, compute
+// the logits of the resident model bit for bit, and read what the three slots make necessary: a
+// slot that only one disk layer uses keeps it after the first pass; the layers of a shared slot
+// are read in each of forward_all's three passes.
+static void check_disk_tier(tri_model *m, int32_t n_streamed, int32_t n_disk) {
+    tri__backend *host, *dev;
+    cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &host), TRI_STATUS_OK);
+    cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &dev), TRI_STATUS_OK);
+    dev->host_memory = false;
+    const int32_t n_layer = m->config.n_layer, first_disk = n_layer - n_disk;
+    float *want = forward_all(m, host);
+    tri_model *v;
+    cr_assert_eq(tri__model_on_backend(m, dev, n_streamed, n_disk, &v), TRI_STATUS_OK, "%s", tri_last_error());
+    float *got = forward_all(v, dev);
+    size_t n = sizeof(float) * N_TOK * (size_t)m->config.n_vocab;
+    cr_assert_eq(memcmp(got, want, n), 0, "%d streamed, %d from disk: logits differ", n_streamed, n_disk);
+    int64_t reads = 0;
+    uint64_t bytes = 0;
+    for (int32_t il = first_disk; il < n_layer; il++) {
+        int32_t sharing = 0;  // disk layers in il's slot
+        for (int32_t j = first_disk; j < n_layer; j++) sharing += (j - first_disk) % 3 == (il - first_disk) % 3;
+        int32_t passes = sharing == 1 ? 1 : 3;
+        reads += passes;
+        bytes += (uint64_t)passes * block_bytes(m, il);
+    }
+    tri__weight_stream_stats ws;
+    tri__model_stream_stats(v, &ws);
+    cr_assert_eq(ws.n_streamed, n_streamed);
+    cr_assert_eq(ws.n_disk, n_disk);
+    cr_assert_eq(ws.n_reads, reads, "%d from disk: %lld block reads, want %lld", n_disk, (long long)ws.n_reads,
+                 (long long)reads);
+    cr_assert_eq(ws.bytes_disk, bytes, "%d from disk: %llu bytes, want %llu", n_disk, (unsigned long long)ws.bytes_disk,
+                 (unsigned long long)bytes);
+    // the reader reads whole pages around each block's tensors (merged when they touch)
+    cr_assert(ws.bytes_read >= bytes && ws.bytes_read <= bytes + (uint64_t)reads * 9 * 2 * 4096, "%llu bytes read",
+              (unsigned long long)ws.bytes_read);
+    // a second run of the same view reads again what shared slots hold, and computes the same
+    float *again = forward_all(v, dev);
+    cr_assert_eq(memcmp(again, want, n), 0, "%d streamed, %d from disk: second run differs", n_streamed, n_disk);
+    free(again);
+    free(got);
+    free(want);
+    tri__model_backend_free(v);
+    tri__backend_free(dev);
+    tri__backend_free(host);
+}
+
+Test(device, disk_tier_computes_the_same_q8_0) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("disk-q8", "--layers 5 --heads 4 --kv-heads 2 --head-dim 16 --gguf-dtype q8_0"),
+                                NULL, &m),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    for (int32_t d = 1; d <= 3; d++) check_disk_tier(m, 3, d);
+    check_disk_tier(m, 5, 4);  // two disk layers share a slot: it is refilled every pass
+    check_disk_tier(m, 5, 5);  // from the first block on
+    tri_model_free(m);
+}
+
+Test(device, disk_tier_computes_the_same_f16) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("disk-f16", "--layers 5 --heads 4 --kv-heads 2 --head-dim 16 --dtype f16"),
+                                NULL, &m),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    for (int32_t d = 1; d <= 3; d++) check_disk_tier(m, 3, d);
+    tri_model_free(m);
+}
+
+// A single-file safetensors checkpoint: its tensors' offsets count from the file's start.
+Test(device, disk_tier_safetensors) {
+    char hf[4096];
+    const char *gguf = gen_model("disk-st", "--layers 4 --heads 4 --kv-heads 2 --head-dim 16");
+    snprintf(hf, sizeof hf, "%.*s.hf", (int)(strlen(gguf) - 5), gguf);
+    tri_model *m;
+    cr_assert_eq(tri_model_load(hf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(m->info.n_files, 1);
+    check_disk_tier(m, 4, 4);
+    tri_model_free(m);
+}
+
+Test(device, disk_tier_refused) {
+    char hf[4096];
+    const char *gguf = gen_model("disk-shards", "--layers 3 --shards 2");
+    snprintf(hf, sizeof hf, "%.*s.hf", (int)(strlen(gguf) - 5), gguf);
+    tri_model *m, *v;
+    cr_assert_eq(tri_model_load(hf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__backend *host, *dev;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &host), TRI_STATUS_OK);
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &dev), TRI_STATUS_OK);
+    dev->host_memory = false;
+    cr_assert_eq(tri__model_on_backend(m, dev, 2, 1, &v), TRI_STATUS_UNSUPPORTED);
+    cr_assert(strstr(tri_last_error(), "2 shards"), "%s", tri_last_error());
+    cr_assert_eq(tri__model_on_backend(m, dev, 2, 0, &v), TRI_STATUS_OK, "%s", tri_last_error());  // host blocks
+    tri__model_backend_free(v);
+    cr_assert_eq(tri__model_on_backend(m, host, 2, 1, &v), TRI_STATUS_OK, "ignored on host memory: %s",
+                 tri_last_error());
+    tri__model_backend_free(v);
+    cr_assert_eq(tri__model_on_backend(m, dev, 2, 3, &v), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "3 layers read from disk"), "%s", tri_last_error());
+    cr_assert_eq(tri__model_on_backend(m, host, 2, -1, &v), TRI_STATUS_INVALID_ARGUMENT);
+    tri__backend_free(dev);
+    tri__backend_free(host);
+    tri_model_free(m);
+}
