@@ -379,8 +379,9 @@ tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, int32
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "%s: %d streamed layers, the model has %d", model->path,
                          n_streamed, n_layer);
     if (n_disk < 0 || n_disk > n_streamed)
-        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "%s: %d layers read from disk, outside [0, %d] (the streamed layers)",
-                         model->path, n_disk, n_streamed);
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "%s: %d layers read from disk, outside [0, %d] (the streamed layers)", model->path, n_disk,
+                         n_streamed);
     // the reader reads one file by byte offsets; a tensor's offset is within its own shard
     if (n_disk > 0 && !be->host_memory && model->info.n_files != 1)
         return tri__fail(TRI_STATUS_UNSUPPORTED,

@@ -108,7 +108,8 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "session");
     s->model = model;
     if ((st = tri__backend_select(p.device_kind, p.device, p.n_threads, &s->be, s->device))) goto fail;
-    if ((st = tri__model_on_backend(model, s->be, p.weight_layers_streamed, p.weight_layers_from_disk, &s->weights))) goto fail;
+    if ((st = tri__model_on_backend(model, s->be, p.weight_layers_streamed, p.weight_layers_from_disk, &s->weights)))
+        goto fail;
     if ((st = tri__llama_init(&s->ll, s->weights, s->be, p.n_batch))) goto fail;
     if (p.kv_layers_offloaded > 0) {  // the full cache, its last layers in host memory
         if ((st = tri__kv_store_init_offload(&s->store, s->be, p.kv_type, c->n_layer, c->n_head_kv, c->head_dim,

@@ -431,9 +431,8 @@ static void check_disk_tier(tri_model *m, int32_t n_streamed, int32_t n_disk) {
 
 Test(device, disk_tier_computes_the_same_q8_0) {
     tri_model *m;
-    cr_assert_eq(tri_model_load(gen_model("disk-q8", "--layers 5 --heads 4 --kv-heads 2 --head-dim 16 --gguf-dtype q8_0"),
-                                NULL, &m),
-                 TRI_STATUS_OK, "%s", tri_last_error());
+    const char *path = gen_model("disk-q8", "--layers 5 --heads 4 --kv-heads 2 --head-dim 16 --gguf-dtype q8_0");
+    cr_assert_eq(tri_model_load(path, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
     for (int32_t d = 1; d <= 3; d++) check_disk_tier(m, 3, d);
     check_disk_tier(m, 5, 4);  // two disk layers share a slot: it is refilled every pass
     check_disk_tier(m, 5, 5);  // from the first block on
