@@ -118,6 +118,21 @@ static tri_status cpu_copy(tri__backend *be, void *dst, const void *src, size_t 
     return TRI_STATUS_OK;
 }
 
+static tri_status cpu_gather(tri__backend *be, void *dst, const void *src, const int64_t *offsets, int64_t n,
+                             int64_t row_bytes) {
+    (void)be;
+    if (n < 0 || row_bytes <= 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu gather: %lld rows of %lld bytes", (long long)n,
+                         (long long)row_bytes);
+    for (int64_t i = 0; i < n; i++) {
+        if (offsets[i] < 0)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu gather: offset %lld of row %lld",
+                             (long long)offsets[i], (long long)i);
+        memcpy((char *)dst + i * row_bytes, (const char *)src + offsets[i], (size_t)row_bytes);
+    }
+    return TRI_STATUS_OK;
+}
+
 static tri_status cpu_synchronize(tri__backend *be) {
     (void)be;
     return TRI_STATUS_OK;
@@ -835,6 +850,7 @@ static const tri__backend_ops cpu_ops = {
     .softmax = cpu_softmax,
     .top_k = cpu_top_k,
     .attention = cpu_attention,
+    .gather = cpu_gather,
 };
 
 tri_status tri__backend_cpu_create(int32_t n_threads, tri__cpu_simd simd, tri__backend **out) {

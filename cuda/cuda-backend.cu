@@ -550,6 +550,32 @@ static tri_status cuda_attention(tri__backend *be, float *out, const float *q, c
     return TRI_STATUS_OK;
 }
 
+// ---- gathering ----
+
+static tri_status cuda_gather(tri__backend *be, void *dst, const void *src, const int64_t *offsets, int64_t n,
+                              int64_t row_bytes) {
+    cuda_state *st = priv(be);
+    if (n < 0 || row_bytes <= 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda gather: %lld rows of %lld bytes", (long long)n,
+                         (long long)row_bytes);
+    bool words = row_bytes % 4 == 0 && aligned(dst, 4) && aligned(src, 4);
+    for (int64_t i = 0; i < n; i++) {
+        if (offsets[i] < 0)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda gather: offset %lld of row %lld",
+                             (long long)offsets[i], (long long)i);
+        words = words && offsets[i] % 4 == 0;
+    }
+    if (n == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    size_t bytes = sizeof(int64_t) * (size_t)n;
+    unsigned char *h, *d;
+    TRY(upload_begin(st, bytes, &h));
+    memcpy(h, offsets, bytes);
+    TRY(upload_finish(st, bytes, &d));
+    LAUNCH(tri__cuda_gather(dst, src, (const int64_t *)d, n, row_bytes, words, st->stream));
+    return TRI_STATUS_OK;
+}
+
 // ---- the transfer stream ----
 
 static cudaStream_t stream_of(cuda_state *st, tri__stream s) { return s == TRI_STREAM_TRANSFER ? st->xfer : st->stream; }
@@ -650,6 +676,7 @@ static const tri__backend_ops cuda_ops = {
     /* .host_register = */ cuda_host_register,
     /* .host_unregister = */ cuda_host_unregister,
     /* .event_synchronize = */ cuda_event_synchronize,
+    /* .gather = */ cuda_gather,
 };
 
 static tri_status create(int device, tri__backend *be, cuda_state *st) {

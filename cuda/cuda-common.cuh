@@ -87,6 +87,9 @@ __device__ __forceinline__ uint16_t tri_dev_f32_to_bf16(float f) {
 // dst (n) of dst_type (F16 or BF16) = src (n) f32, rounded to nearest even.
 cudaError_t tri__cuda_convert(void *dst, tri_dtype dst_type, const float *src, int64_t n, cudaStream_t s);
 // out (m, n) f32: row i = row ids[i] of table, rows of row_bytes bytes of type t. ids (m) device.
+// dst row i (row_bytes) = src + offsets[i]; words: row_bytes, offsets and pointers 4-aligned.
+cudaError_t tri__cuda_gather(void *dst, const void *src, const int64_t *offsets, int64_t n, int64_t row_bytes,
+                             bool words, cudaStream_t s);
 cudaError_t tri__cuda_get_rows(float *out, const void *table, tri_dtype t, int64_t row_bytes, int64_t n,
                                const int32_t *ids, int64_t m, cudaStream_t s);
 // out (rows, k) of half type out_type (F16) = rows of w (type t, row_bytes each), dequantized.

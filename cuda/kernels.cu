@@ -70,6 +70,31 @@ cudaError_t tri__cuda_get_rows(float *out, const void *table, tri_dtype t, int64
     return cudaGetLastError();
 }
 
+// One thread per 4-byte word (or byte) of the output: consecutive threads read consecutive words
+// of a row, so each row is one coalesced read.
+template <typename T>
+__global__ void k_gather(T *dst, const uint8_t *src, const int64_t *offsets, int64_t n, int64_t row_elems) {
+    int64_t total = n * row_elems;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = e / row_elems, j = e % row_elems;
+        dst[e] = ((const T *)(src + offsets[i]))[j];
+    }
+}
+
+cudaError_t tri__cuda_gather(void *dst, const void *src, const int64_t *offsets, int64_t n, int64_t row_bytes,
+                             bool words, cudaStream_t s) {
+    if (n <= 0 || row_bytes <= 0) return cudaSuccess;
+    if (words) {
+        int64_t elems = row_bytes / 4;
+        k_gather<uint32_t><<<grid_for(n * elems), THREADS, 0, s>>>((uint32_t *)dst, (const uint8_t *)src, offsets, n,
+                                                                   elems);
+    } else {
+        k_gather<uint8_t><<<grid_for(n * row_bytes), THREADS, 0, s>>>((uint8_t *)dst, (const uint8_t *)src, offsets,
+                                                                      n, row_bytes);
+    }
+    return cudaGetLastError();
+}
+
 __global__ void k_dequant_f16(uint16_t *out, const uint8_t *w, tri_dtype t, int64_t row_bytes, int64_t rows,
                               int64_t k) {
     int64_t total = rows * k;

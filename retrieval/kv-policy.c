@@ -43,6 +43,7 @@ struct tri__h2o_state {
 // Retrieval: one selection of chunks per (layer, KV head).
 typedef struct sel_entry {
     int32_t n_sel;   // cache length when it was made
+    int32_t bound;   // chunks below it were candidates; the tokens from it on are attended to
     int32_t *cnt;    // (n_layer * n_head_kv) chunks selected
     int32_t *ids;    // (n_layer * n_head_kv, kmax) ascending chunk ids
 } sel_entry;
@@ -60,9 +61,19 @@ struct tri__retrieval_state {
     int32_t step_n0, step_m;  // the step (step_m 0: none remembered)
     bool step_armed;          // armed when the step began
     float *qrow;              // (max_step, n_head * head_dim) host scratch
-    void *rows;               // (chunk, n_head_kv * head_dim) host scratch of the store's type
+    void *rows;               // (rows_chunks * chunk, n_head_kv * head_dim) host scratch of the
+    int32_t rows_chunks;      //   store's type: keys of that many chunks read at once
     float *summ;              // (n_head_kv, head_dim) host scratch
     int32_t *found;           // (kmax) host scratch
+    // borrowed rows (p->src; kv-policy.h): positions below tail0 are src's, tail0 .. len - 1 the
+    // policy's own, in the ring p->own (position i in row i % ring)
+    int32_t ring;
+    int32_t tail0;
+    void **gk, **gv;          // (n_layer) -> (n_head_kv, budget, head_dim) backend: the current
+                              // selection's rows, head h's chunks from row h * budget, in chunk order
+    int64_t *offs;            // (n_head_kv * budget) host: where each of those rows is in a layer
+    void *stage;              // (n_head_kv * budget, head_dim) host: an offloaded layer's gather
+    bool stage_pinned;
 };
 
 const char *tri__kv_policy_name(tri_kv_policy kind) {
@@ -183,6 +194,15 @@ static void retrieval_free(tri__kv_policy *p) {
     free(s->rows);
     free(s->summ);
     free(s->found);
+    for (int32_t il = 0; il < p->n_layer; il++) {
+        if (s->gk) p->be->ops->free(p->be, s->gk[il]);
+        if (s->gv) p->be->ops->free(p->be, s->gv[il]);
+    }
+    free(s->gk);
+    free(s->gv);
+    free(s->offs);
+    if (s->stage_pinned) p->be->ops->host_unregister(p->be, s->stage);
+    free(s->stage);
     free(s);
     p->ret = NULL;
 }
@@ -273,7 +293,8 @@ static tri_status retrieval_init(tri__kv_policy *p) {
     for (int64_t i = 0; i < heads; i++) TRY(tri__chunk_index_create(p->p.index, p->head_dim, &s->ix[i]));
     ALLOC(s->stepq, (int64_t)p->max_step * heads * p->head_dim);
     ALLOC(s->qrow, (int64_t)p->max_step * p->n_head * p->head_dim);
-    s->rows = calloc((size_t)p->p.chunk * (size_t)kv_dim(p), (size_t)esize(p));
+    s->rows_chunks = p->p.chunk < 2048 ? 2048 / p->p.chunk : 1;  // ~2K rows per read
+    s->rows = calloc((size_t)s->rows_chunks * (size_t)p->p.chunk * (size_t)kv_dim(p), (size_t)esize(p));
     if (!s->rows) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: chunk rows");
     ALLOC(s->summ, kv_dim(p));
     ALLOC(s->found, s->kmax);
@@ -334,6 +355,73 @@ tri_status tri__kv_policy_init(tri__kv_policy *p, const tri__kv_policy_params *p
 fail:
     tri__kv_policy_free(p);
     return st;
+}
+
+tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_params *params, tri__kv_store *src,
+                                        int32_t n_head, int32_t ring, int32_t max_step) {
+    memset(p, 0, sizeof *p);
+    if (params->kind != TRI_KV_POLICY_RETRIEVAL)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy %s: only retrieval borrows another cache's rows",
+                         tri__kv_policy_name(params->kind));
+    tri_status st = tri__kv_policy_check(params, src->capacity);
+    if (st) return st;
+    if (n_head <= 0 || n_head % src->n_head_kv != 0 || max_step <= 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: %d heads over %d KV heads, steps of %d", n_head,
+                         src->n_head_kv, max_step);
+    if (ring < params->chunk + max_step)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "kv policy retrieval: a ring of %d own rows is smaller than a chunk (%d) and a step (%d)",
+                         ring, params->chunk, max_step);
+    p->p = *params;
+    p->be = src->be;
+    p->src = src;
+    p->n_layer = src->n_layer;
+    p->n_head = n_head;
+    p->n_head_kv = src->n_head_kv;
+    p->head_dim = src->head_dim;
+    p->max_step = max_step;
+    if ((st = tri__kv_store_init(&p->own, p->be, src->type, p->n_layer, p->n_head_kv, p->head_dim, ring))) goto fail;
+    p->kv = &p->own;
+    // per head: one span per selected chunk and two for the ring (it may wrap), or, before a
+    // selection, src's rows and the ring
+    if ((st = common_init(p, p->p.budget / p->p.chunk + 2))) goto fail;
+    if ((st = retrieval_init(p))) goto fail;
+    tri__retrieval_state *s = p->ret;
+    s->ring = ring;
+    const int64_t rows = (int64_t)p->n_head_kv * p->p.budget, row_bytes = (int64_t)p->head_dim * esize(p);
+    ALLOC(s->gk, p->n_layer);
+    ALLOC(s->gv, p->n_layer);
+    for (int32_t il = 0; il < p->n_layer; il++) {
+        if ((st = p->be->ops->alloc(p->be, (size_t)(rows * row_bytes), &s->gk[il]))) goto fail;
+        if ((st = p->be->ops->alloc(p->be, (size_t)(rows * row_bytes), &s->gv[il]))) goto fail;
+    }
+    ALLOC(s->offs, rows);
+    bool offloaded = false;
+    for (int32_t il = 0; il < p->n_layer; il++) {
+        bool host;
+        (void)tri__kv_store_rows(src, il, 0, &host);
+        offloaded = offloaded || host;
+    }
+    if (offloaded) {  // an offloaded layer's chunks are gathered on the host and uploaded at once
+        s->stage = malloc((size_t)(rows * row_bytes));
+        if (!s->stage) {
+            st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: %lld bytes of gather staging",
+                           (long long)(rows * row_bytes));
+            goto fail;
+        }
+        if (p->be->ops->host_register && p->be->ops->host_unregister &&
+            p->be->ops->host_register(p->be, s->stage, (size_t)(rows * row_bytes)) == TRI_STATUS_OK)
+            s->stage_pinned = true;
+    }
+    return TRI_STATUS_OK;
+fail:
+    tri__kv_policy_free(p);
+    return st;
+}
+
+int32_t tri__kv_policy_room(const tri__kv_policy *p) {
+    if (p->src) return p->ret->ring - (p->len - p->ret->tail0);
+    return p->kv->capacity - p->kv->n;
 }
 
 tri_status tri__kv_policy_wrap_full(tri__kv_policy *p, tri__kv_store *kv, int32_t n_head, int32_t max_step) {
@@ -527,39 +615,195 @@ static sel_entry *ret_current(const tri__kv_policy *p) {
     return s->n_sel ? &s->sel[s->n_sel - 1] : NULL;
 }
 
-// Summarises the chunks completed by a length of len: mean of each chunk's stored keys per head.
+// Summarises the chunks completed by a length of len: mean of each chunk's stored keys per head
+// (the keys are src's when borrowing).
 static tri_status ret_summarise(tri__kv_policy *p, int32_t len) {
     tri__retrieval_state *s = p->ret;
-    const int32_t C = p->p.chunk, kd = kv_dim(p), hd = p->head_dim;
-    const int64_t es = esize(p);
-    for (; s->n_chunks < len / C; s->n_chunks++) {
-        for (int32_t il = 0; il < p->n_layer; il++) {
-            const char *src = (const char *)p->kv->k[il] + (int64_t)s->n_chunks * C * kd * es;
-            TRY(p->be->ops->copy_to_host(p->be, s->rows, src, (size_t)((int64_t)C * kd * es)));
-            TRY(p->be->ops->synchronize(p->be));
-            for (int32_t h = 0; h < p->n_head_kv; h++) {
-                float *sm = s->summ + (int64_t)h * hd;
-                for (int32_t d = 0; d < hd; d++) {
-                    double acc = 0;
-                    for (int32_t r = 0; r < C; r++) {
-                        int64_t e = (int64_t)r * kd + (int64_t)h * hd + d;
-                        acc += p->kv->type == TRI_DTYPE_F16 ? (double)tri__f16_to_f32(((const uint16_t *)s->rows)[e])
-                                                            : (double)((const float *)s->rows)[e];
+    const int32_t C = p->p.chunk, kd = kv_dim(p), hd = p->head_dim, first = s->n_chunks, last = len / C;
+    if (last <= first) return TRI_STATUS_OK;
+    tri__kv_store *kv = p->src ? p->src : p->kv;
+    tri_status st = TRI_STATUS_OK;
+    for (int32_t il = 0; !st && il < p->n_layer; il++) {
+        for (int32_t c0 = first; !st && c0 < last; c0 += s->rows_chunks) {
+            int32_t nc = last - c0 < s->rows_chunks ? last - c0 : s->rows_chunks;
+            if ((st = tri__kv_store_read_rows(kv, il, 0, c0 * C, nc * C, s->rows))) break;
+            for (int32_t c = 0; !st && c < nc; c++)
+                for (int32_t h = 0; !st && h < p->n_head_kv; h++) {
+                    float *sm = s->summ + (int64_t)h * hd;
+                    for (int32_t d = 0; d < hd; d++) {
+                        double acc = 0;
+                        for (int32_t r = 0; r < C; r++) {
+                            int64_t e = ((int64_t)c * C + r) * kd + (int64_t)h * hd + d;
+                            acc += p->kv->type == TRI_DTYPE_F16
+                                       ? (double)tri__f16_to_f32(((const uint16_t *)s->rows)[e])
+                                       : (double)((const float *)s->rows)[e];
+                        }
+                        sm[d] = (float)(acc / C);
                     }
-                    sm[d] = (float)(acc / C);
+                    st = tri__chunk_index_add(s->ix[il * p->n_head_kv + h], sm, 1);
                 }
-                TRY(tri__chunk_index_add(s->ix[il * p->n_head_kv + h], sm, 1));
-            }
+        }
+    }
+    if (st) {  // every index back to the chunks summarised before
+        for (int32_t i = 0; i < p->n_layer * p->n_head_kv; i++) (void)tri__chunk_index_truncate(s->ix[i], first);
+        return st;
+    }
+    s->n_chunks = last;
+    return TRI_STATUS_OK;
+}
+
+// ---- retrieval over borrowed rows ----
+
+// The first position a selection at length len does not choose chunks from: whole chunks only,
+// and, borrowing, only rows src holds.
+static int32_t ret_bound(const tri__kv_policy *p, int32_t len) {
+    int32_t upto = p->src && p->src->n < len ? p->src->n : len;
+    return upto / p->p.chunk * p->p.chunk;
+}
+
+// Copies n rows at pos of src's layer il (both keys and values) into the ring.
+static tri_status ring_fill(tri__kv_policy *p, int32_t il, int32_t pos, int32_t n) {
+    const tri__backend_ops *op = p->be->ops;
+    const int32_t R = p->ret->ring;
+    const int64_t row = tri__kv_store_row_bytes(p->src);
+    for (int which = 0; which < 2; which++) {
+        bool host;
+        const char *from = tri__kv_store_rows(p->src, il, which, &host);
+        char *ring = which ? p->own.v[il] : p->own.k[il];
+        for (int32_t i = pos; i < pos + n;) {
+            int32_t slot = i % R, cnt = pos + n - i < R - slot ? pos + n - i : R - slot;
+            size_t bytes = (size_t)(cnt * row);
+            if (host) TRY(op->copy_to_backend(p->be, ring + slot * row, from + i * row, bytes));
+            else if (op->copy) TRY(op->copy(p->be, ring + slot * row, from + i * row, bytes));
+            else return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: backend %s copies no rows", op->name);
+            i += cnt;
         }
     }
     return TRI_STATUS_OK;
 }
 
+// Makes selection e current over borrowed rows: gathers its chunks out of src into gk/gv and moves
+// the tail to its bound (rows bound .. tail0 - 1 come from src). The policy is unchanged on failure
+// except for gk/gv, which only a current selection reads.
+static tri_status ret_install(tri__kv_policy *p, const sel_entry *e, int32_t len) {
+    tri__retrieval_state *s = p->ret;
+    const tri__backend_ops *op = p->be->ops;
+    const int32_t C = p->p.chunk, budget = p->p.budget, hd = p->head_dim, kd = kv_dim(p);
+    const int64_t es = esize(p), row_bytes = hd * es, rows = (int64_t)p->n_head_kv * budget;
+    if (len - e->bound > s->ring)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "kv policy retrieval: %d tokens from the selection's bound %d exceed the ring of %d rows",
+                         len - e->bound, e->bound, s->ring);
+    // src's newest rows of offloaded layers may still be on their way to its host regions
+    TRY(op->synchronize(p->be));
+    for (int32_t il = 0; il < p->n_layer; il++) {
+        for (int32_t h = 0; h < p->n_head_kv; h++) {
+            int64_t i = (int64_t)il * p->n_head_kv + h, r = (int64_t)h * budget;
+            const int32_t *ids = e->ids + i * s->kmax;
+            for (int32_t a = 0; a < e->cnt[i]; a++)
+                for (int32_t t = 0; t < C; t++)
+                    s->offs[r++] = (((int64_t)ids[a] * C + t) * kd + (int64_t)h * hd) * es;
+            for (; r < (int64_t)(h + 1) * budget; r++) s->offs[r] = 0;  // unused rows
+        }
+        for (int which = 0; which < 2; which++) {
+            bool host;
+            const char *from = tri__kv_store_rows(p->src, il, which, &host);
+            void *to = which ? s->gv[il] : s->gk[il];
+            if (!host) {
+                TRY(op->gather(p->be, to, from, s->offs, rows, row_bytes));
+                continue;
+            }
+            for (int64_t r = 0; r < rows; r++)
+                memcpy((char *)s->stage + r * row_bytes, from + s->offs[r], (size_t)row_bytes);
+            TRY(op->copy_to_backend(p->be, to, s->stage, (size_t)(rows * row_bytes)));
+            TRY(op->synchronize(p->be));  // the staging is refilled next
+        }
+        if (e->bound < s->tail0) TRY(ring_fill(p, il, e->bound, s->tail0 - e->bound));
+    }
+    TRY(op->synchronize(p->be));
+    s->tail0 = e->bound;
+    return TRI_STATUS_OK;
+}
+
+// Adds head h's spans over the ring for positions from .. end - 1 (two where the ring wraps).
+static void ring_spans(tri__kv_policy *p, int32_t il, int32_t h, int32_t from, int32_t end, int32_t *ns) {
+    const int32_t R = p->ret->ring;
+    const int64_t es = esize(p), kd = kv_dim(p);
+    while (from < end) {
+        int32_t slot = from % R, n = end - from < R - slot ? end - from : R - slot;
+        int64_t off = ((int64_t)slot * kd + (int64_t)h * p->head_dim) * es;
+        p->spans[(*ns)++] = (tri__kv_span){.pos0 = from, .n = n, .k = (const char *)p->own.k[il] + off,
+                                           .v = (const char *)p->own.v[il] + off, .stride = kd};
+        from += n;
+    }
+}
+
+// Layer il's view over borrowed rows: before a selection src's rows below the tail and the ring;
+// with one, the gathered chunks and the ring from the selection's bound.
+static tri_status ret_view_borrowed(tri__kv_policy *p, int32_t il, int32_t end) {
+    tri__retrieval_state *s = p->ret;
+    const sel_entry *e = ret_current(p);
+    const int64_t es = esize(p), hd = p->head_dim, C = p->p.chunk;
+    const tri__kv_view *full = NULL;
+    tri__kv_view storage;
+    if (!e && s->tail0 > 0) TRY(tri__kv_store_view_read(p->src, il, s->tail0, &full, &storage));
+    int32_t ns = 0;
+    for (int32_t h = 0; h < p->n_head_kv; h++) {
+        p->head_span[h] = ns;
+        if (!e) {
+            if (full) p->spans[ns++] = full->spans[full->head_span[h]];
+            ring_spans(p, il, h, s->tail0, end, &ns);
+            continue;
+        }
+        int64_t i = (int64_t)il * p->n_head_kv + h;
+        const int32_t *ids = e->ids + i * s->kmax;
+        int32_t first = ns;
+        for (int32_t a = 0; a < e->cnt[i]; a++) {
+            int32_t start = ids[a] * (int32_t)C;
+            if (ns > first && p->spans[ns - 1].pos0 + p->spans[ns - 1].n == start) {
+                p->spans[ns - 1].n += (int32_t)C;  // adjacent chunks are adjacent rows
+                continue;
+            }
+            int64_t off = (((int64_t)h * p->p.budget + a * C) * hd) * es;
+            p->spans[ns++] = (tri__kv_span){.pos0 = start, .n = (int32_t)C, .k = (const char *)s->gk[il] + off,
+                                            .v = (const char *)s->gv[il] + off, .stride = hd};
+        }
+        ring_spans(p, il, h, e->bound, end, &ns);
+    }
+    p->head_span[p->n_head_kv] = ns;
+    TRI_ASSERT(ns <= p->spans_cap);
+    return TRI_STATUS_OK;
+}
+
+// Writes the step's new rows into the ring (two writes where it wraps).
+static tri_status ring_write(tri__kv_policy *p, int32_t il, int32_t pos, int32_t m, const float *k, const float *v) {
+    const int32_t R = p->ret->ring;
+    const int64_t kd = kv_dim(p);
+    for (int32_t done = 0; done < m;) {
+        int32_t slot = (pos + done) % R, n = m - done < R - slot ? m - done : R - slot;
+        TRY(tri__kv_store_write(&p->own, il, slot, n, k + done * kd, v + done * kd));
+        done += n;
+    }
+    return TRI_STATUS_OK;
+}
+
+// Forgets every selection.
+static void ret_drop_selections(tri__retrieval_state *s) {
+    while (s->n_sel > 0) {
+        s->n_sel--;
+        free(s->sel[s->n_sel].cnt);
+        free(s->sel[s->n_sel].ids);
+    }
+}
+
 // Selects, for every (layer, KV head), chunk 0 and the best kmax - 1 other complete chunks by the
 // summed group query of the token at len - 1 (row `row` of the last step), at cache length len.
+// Borrowing, the selection replaces the previous one (its rows are gathered over the old ones).
 static tri_status ret_select(tri__kv_policy *p, int32_t len, int32_t row) {
     tri__retrieval_state *s = p->ret;
     int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
+    const int32_t bound = ret_bound(p, len);
+    TRY(ret_summarise(p, bound));
     if (s->n_sel == s->sel_cap) {
         int32_t cap = s->sel_cap ? 2 * s->sel_cap : 8;
         sel_entry *e = realloc(s->sel, sizeof *e * (size_t)cap);
@@ -567,7 +811,7 @@ static tri_status ret_select(tri__kv_policy *p, int32_t len, int32_t row) {
         s->sel = e;
         s->sel_cap = cap;
     }
-    sel_entry e = {.n_sel = len};
+    sel_entry e = {.n_sel = len, .bound = bound};
     e.cnt = malloc(sizeof *e.cnt * (size_t)heads);
     e.ids = malloc(sizeof *e.ids * (size_t)(heads * s->kmax));
     if (!e.cnt || !e.ids) {
@@ -575,7 +819,7 @@ static tri_status ret_select(tri__kv_policy *p, int32_t len, int32_t row) {
         free(e.ids);
         return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: selection");
     }
-    int32_t n_chunks = len / p->p.chunk;
+    int32_t n_chunks = bound / p->p.chunk;
     for (int64_t i = 0; i < heads; i++) {
         int32_t *ids = e.ids + i * s->kmax;
         int32_t cnt = 0;
@@ -605,6 +849,15 @@ static tri_status ret_select(tri__kv_policy *p, int32_t len, int32_t row) {
         }
         e.cnt[i] = cnt;
     }
+    if (p->src) {
+        ret_drop_selections(s);  // the gather overwrites the old selection's rows
+        tri_status st = ret_install(p, &e, len);
+        if (st) {
+            free(e.cnt);
+            free(e.ids);
+            return st;
+        }
+    }
     s->sel[s->n_sel++] = e;
     s->armed = false;
     return TRI_STATUS_OK;
@@ -615,7 +868,7 @@ static void ret_view(tri__kv_policy *p, int32_t il, int32_t end) {
     const sel_entry *e = ret_current(p);
     const int64_t es = esize(p), kd = kv_dim(p);
     const int32_t C = p->p.chunk;
-    int32_t recent = (e->n_sel / C) * C;
+    int32_t recent = e->bound;
     int32_t ns = 0;
     for (int32_t h = 0; h < p->n_head_kv; h++) {
         p->head_span[h] = ns;
@@ -671,6 +924,10 @@ static bool ret_due(const tri__kv_policy *p, int32_t len, bool armed) {
 
 static tri_status ret_truncate(tri__kv_policy *p, int32_t n) {
     tri__retrieval_state *s = p->ret;
+    if (p->src) {  // rows below n stay src's or the ring's; the ring holds from the tail on
+        if (s->tail0 > n) s->tail0 = n;
+        p->len = n;
+    }
     while (s->n_sel > 0 && s->sel[s->n_sel - 1].n_sel > n) {
         s->n_sel--;
         free(s->sel[s->n_sel].cnt);
@@ -697,10 +954,14 @@ static tri_status ret_truncate(tri__kv_policy *p, int32_t n) {
 
 tri_status tri__kv_policy_begin(tri__kv_policy *p, int32_t m, const tri__rope *rope, int32_t *q_pos) {
     TRI_ASSERT(!p->in_step);
-    int32_t n0 = p->kv->n;
-    if (m <= 0 || m > p->max_step || n0 > p->kv->capacity - m)
+    int32_t n0 = tri__kv_policy_len(p), cap = tri__kv_policy_capacity(p);
+    if (m <= 0 || m > p->max_step || n0 > cap - m)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: step of %d tokens after %d (steps of at most %d, capacity %d)",
-                         m, n0, p->max_step, p->kv->capacity);
+                         m, n0, p->max_step, cap);
+    if (p->src && m > tri__kv_policy_room(p))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "kv policy retrieval: %d more tokens do not fit the ring of %d own rows (%d since the tail at "
+                         "%d): select again first", m, p->ret->ring, n0 - p->ret->tail0, p->ret->tail0);
     p->step_n0 = n0;
     p->step_m = m;
     p->rope = rope;
@@ -740,6 +1001,15 @@ static tri_status policy_layer(tri__kv_policy *p, int32_t il, const float *q, co
     TRI_ASSERT(p->in_step && il >= 0 && il < p->n_layer);
     const int32_t n0 = p->step_n0, m = p->step_m, end = n0 + m;
     *weight_sums = NULL;
+    if (p->src) {
+        TRY(ring_write(p, il, n0, m, k, v));
+        TRY(ret_keep_query(p, il, q));
+        TRY(ret_view_borrowed(p, il, end));
+        p->view = (tri__kv_view){.type = p->kv->type, .n_head_kv = p->n_head_kv, .spans = p->spans,
+                                 .head_span = p->head_span};
+        *view = &p->view;
+        return TRI_STATUS_OK;
+    }
     TRY(tri__kv_store_write(p->kv, il, n0, m, k, v));
     switch (p->p.kind) {
     case TRI_KV_POLICY_FULL:
@@ -788,6 +1058,7 @@ static tri_status policy_layer(tri__kv_policy *p, int32_t il, const float *q, co
 // ---- measurement ----
 
 tri_status tri__kv_policy_measure(tri__kv_policy *p) {
+    if (p->src) return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy: measuring a policy over borrowed rows");
     tri__backend *be = p->be;
     int64_t cap = p->kv->capacity, kd = kv_dim(p);
     TRY(be->ops->alloc(be, sizeof(float) * (size_t)(p->n_head_kv * cap), (void **)&p->m_ws));
@@ -876,7 +1147,8 @@ tri_status tri__kv_policy_commit(tri__kv_policy *p) {
     if (p->h2o)
         for (int32_t il = 0; il < p->n_layer; il++) h2o_evict(p, il, end);
     if (p->ret) {
-        if ((st = ret_summarise(p, end))) goto fail;
+        // borrowing, chunks are summarised from src's rows when a selection needs them
+        if (!p->src && (st = ret_summarise(p, end))) goto fail;
         p->ret->step_n0 = p->step_n0;
         p->ret->step_m = p->step_m;
         p->ret->step_armed = p->ret->armed;
@@ -884,6 +1156,10 @@ tri_status tri__kv_policy_commit(tri__kv_policy *p) {
             if ((st = ret_select(p, end, p->step_m - 1))) goto fail;
     }
     p->in_step = false;
+    if (p->src) {
+        p->len = end;
+        return TRI_STATUS_OK;
+    }
     return tri__kv_store_set_len(p->kv, end);
 fail:
     tri__kv_policy_abort(p);
@@ -910,6 +1186,17 @@ void tri__kv_policy_abort(tri__kv_policy *p) {
 
 tri_status tri__kv_policy_adopt(tri__kv_policy *p, tri__kv_store *src, int32_t n) {
     TRI_ASSERT(!p->in_step);
+    if (p->src) {
+        if (src != p->src || n < p->len || n > src->n)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "kv policy retrieval: adopt to %d from %d out of %s store (holding %d)", n, p->len,
+                             src == p->src ? "its source" : "another", src->n);
+        ret_drop_selections(p->ret);
+        p->ret->tail0 = n;
+        p->ret->step_m = 0;
+        p->len = n;
+        return TRI_STATUS_OK;
+    }
     const int32_t len = p->kv->n;
     if (n < len || n > src->n || n > p->kv->capacity)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: adopt to %d from %d (source holds %d)", n, len,
@@ -934,11 +1221,12 @@ tri_status tri__kv_policy_adopt(tri__kv_policy *p, tri__kv_store *src, int32_t n
 
 tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n) {
     TRI_ASSERT(!p->in_step);
-    if (n < 0 || n > p->kv->n)
-        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: truncate to %d outside [0, %d]", n, p->kv->n);
+    int32_t len = tri__kv_policy_len(p);
+    if (n < 0 || n > len)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: truncate to %d outside [0, %d]", n, len);
     if (p->h2o) TRY(h2o_truncate(p, n));
     if (p->ret) TRY(ret_truncate(p, n));
-    return tri__kv_store_set_len(p->kv, n);
+    return p->src ? TRI_STATUS_OK : tri__kv_store_set_len(p->kv, n);
 }
 
 void tri__kv_policy_reset(tri__kv_policy *p) {
@@ -953,6 +1241,7 @@ void tri__kv_policy_reset(tri__kv_policy *p) {
         p->ret->armed = false;
     }
     p->kv->n = 0;
+    p->len = 0;
 }
 
 void tri__kv_policy_request_refresh(tri__kv_policy *p) {
@@ -961,6 +1250,11 @@ void tri__kv_policy_request_refresh(tri__kv_policy *p) {
 
 void tri__kv_policy_cancel_refresh(tri__kv_policy *p) {
     if (p->ret) p->ret->armed = false;
+}
+
+int32_t tri__kv_policy_selected_at(const tri__kv_policy *p) {
+    const sel_entry *e = p->ret ? ret_current(p) : NULL;
+    return e ? e->n_sel : -1;
 }
 
 int32_t tri__kv_policy_selection(const tri__kv_policy *p, int32_t il, int32_t h, int32_t *ids, int32_t *n_sel) {
@@ -973,6 +1267,46 @@ int32_t tri__kv_policy_selection(const tri__kv_policy *p, int32_t il, int32_t h,
     memcpy(ids, e->ids + i * p->ret->kmax, sizeof *ids * (size_t)e->cnt[i]);
     if (n_sel) *n_sel = e->n_sel;
     return e->cnt[i];
+}
+
+// Head h's row of position pos in a store, wherever it keeps layer il.
+static bool peek_store(tri__kv_store *kv, int32_t il, int32_t h, int32_t pos, int which, void *out) {
+    const int64_t row = tri__kv_store_row_bytes(kv) / kv->n_head_kv;
+    void *tmp = malloc((size_t)tri__kv_store_row_bytes(kv));
+    bool ok = tmp && tri__kv_store_read_rows(kv, il, which, pos, 1, tmp) == TRI_STATUS_OK;
+    if (ok) memcpy(out, (char *)tmp + h * row, (size_t)row);
+    free(tmp);
+    return ok;
+}
+
+bool tri__kv_policy_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out) {
+    if (il < 0 || il >= p->n_layer || h < 0 || h >= p->n_head_kv || pos < 0 || pos >= tri__kv_policy_len(p) ||
+        (p->p.kind != TRI_KV_POLICY_FULL && p->p.kind != TRI_KV_POLICY_RETRIEVAL))
+        return false;
+    const int64_t es = esize(p), hd = p->head_dim, kd = kv_dim(p), row = hd * es;
+    const sel_entry *e = p->ret ? ret_current(p) : NULL;
+    int32_t from_chunk = -1;  // the row of the selection's rows (own store: the position) holding pos
+    if (e && pos < e->bound) {
+        const int64_t i = (int64_t)il * p->n_head_kv + h;
+        const int32_t *ids = e->ids + i * p->ret->kmax, C = p->p.chunk;
+        for (int32_t a = 0; a < e->cnt[i]; a++)
+            if (ids[a] == pos / C) from_chunk = a * C + pos % C;
+        if (from_chunk < 0) return false;
+    }
+    const tri__backend_ops *op = p->be->ops;
+    if (!p->src) {  // the own store, wherever it keeps the layer
+        return peek_store(p->kv, il, h, pos, which, out);
+    }
+    tri__retrieval_state *s = p->ret;
+    const char *src;
+    if (from_chunk >= 0) {
+        src = (const char *)(which ? s->gv : s->gk)[il] + ((int64_t)h * p->p.budget + from_chunk) * row;
+    } else if (pos >= s->tail0) {
+        src = (const char *)(which ? p->own.v : p->own.k)[il] + ((int64_t)(pos % s->ring) * kd + h * hd) * es;
+    } else {  // below the tail with no selection: src's row
+        return peek_store(p->src, il, h, pos, which, out);
+    }
+    return op->copy_to_host(p->be, out, src, (size_t)row) == TRI_STATUS_OK && op->synchronize(p->be) == TRI_STATUS_OK;
 }
 
 int32_t tri__kv_policy_h2o_kept(const tri__kv_policy *p, int32_t il, int32_t h, int32_t *pos) {

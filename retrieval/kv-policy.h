@@ -87,6 +87,10 @@ typedef struct tri__kv_policy {
     tri__h2o_state *h2o;
     tri__retrieval_state *ret;
 
+    // ---- RETRIEVAL over borrowed rows (tri__kv_policy_init_borrowed) ----
+    tri__kv_store *src;       // the full cache whose rows the policy reads; NULL: its own store
+    int32_t len;              // with src: positions covered (kv is then the ring of its own rows)
+
     // ---- measurement (tri__kv_policy_measure) ----
     bool measure;
     float *m_ws;              // (n_head_kv * capacity) backend: full attention's weight sums
@@ -106,13 +110,38 @@ typedef struct tri__kv_policy {
 tri_status tri__kv_policy_init(tri__kv_policy *p, const tri__kv_policy_params *params, tri__backend *be,
                                tri_dtype kv_type, int32_t n_layer, int32_t n_head, int32_t n_head_kv,
                                int32_t head_dim, int32_t capacity, int32_t max_step);
+// A RETRIEVAL policy that keeps no full cache of its own: it borrows src's rows (the full-cache
+// level's store, same model, possibly with offloaded layers) read-only, and owns only
+//   - per layer, a backend buffer of `budget` rows per KV head, into which a selection gathers
+//     its chunks out of src (from backend memory with the gather op, from an offloaded layer's
+//     host region through a host staging buffer and one upload), and
+//   - a ring of `ring` rows for the tokens it ran itself since its selection.
+// Positions below its tail (tail0) are src's rows; positions tail0 .. len - 1 are its own, in the
+// ring. Before a selection it attends fully: to src's rows [0, tail0) (an offloaded layer streams
+// through src's buffers, tri__kv_store_view_read) and to the ring. A selection at length len
+// (always from the query of the step's last token, as the own-store policy selects) chooses among
+// the chunks complete in both (below bound = min(len, src->n) rounded down to whole chunks), with
+// summaries made from src's keys; its view is the gathered chunks and the ring from bound on (rows
+// bound .. tail0 - 1 are copied into the ring from src first). Only the current selection is kept:
+// a rollback below it leaves the policy attending fully again until the next one. Adopting
+// positions (tri__kv_policy_adopt, src only) drops the selection and moves the tail. The caller
+// selects again before the ring fills (tri__kv_policy_room). src must hold every position below
+// the tail whenever the policy runs a step: roll both back together, as the speculative engine
+// does. ring >= chunk + max_step. Free with tri__kv_policy_free; src must outlive it.
+tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_params *params, tri__kv_store *src,
+                                        int32_t n_head, int32_t ring, int32_t max_step);
 // A FULL policy over an existing store (not owned; kv->n is the policy's length).
 tri_status tri__kv_policy_wrap_full(tri__kv_policy *p, tri__kv_store *kv, int32_t n_head, int32_t max_step);
 void tri__kv_policy_free(tri__kv_policy *p);
 
 // Positions appended so far, and the most the store holds.
-static inline int32_t tri__kv_policy_len(const tri__kv_policy *p) { return p->kv->n; }
-static inline int32_t tri__kv_policy_capacity(const tri__kv_policy *p) { return p->kv->capacity; }
+static inline int32_t tri__kv_policy_len(const tri__kv_policy *p) { return p->src ? p->len : p->kv->n; }
+static inline int32_t tri__kv_policy_capacity(const tri__kv_policy *p) {
+    return p->src ? p->src->capacity : p->kv->capacity;
+}
+// Tokens the policy can still append: up to the capacity, or, borrowing, until its ring of own
+// rows is full (a selection frees it: its rows then start at the selection's bound).
+int32_t tri__kv_policy_room(const tri__kv_policy *p);
 
 // Starts a step of m tokens at absolute positions len .. len + m - 1 (1 <= m <= max_step, fits
 // the capacity). Fills q_pos (m, host) with the positions at which the step's queries are rotated
@@ -139,6 +168,8 @@ void tri__kv_policy_abort(tri__kv_policy *p);
 // everything before them, which is FULL always and RETRIEVAL before its first selection (with none
 // due by the end); UNSUPPORTED for STREAMING, H2O and a RETRIEVAL cache with a selection, so the
 // caller runs the tokens instead. Chunk summaries are made as a step's commit makes them.
+// A policy borrowing src (tri__kv_policy_init_borrowed) copies nothing: it drops its selection and
+// reads positions below n from src from now on; any other store is INVALID_ARGUMENT.
 tri_status tri__kv_policy_adopt(tri__kv_policy *p, tri__kv_store *src, int32_t n);
 
 // Rolls back to the first n positions: the state becomes what it would be had the dropped tokens
@@ -153,10 +184,18 @@ void tri__kv_policy_cancel_refresh(tri__kv_policy *p);
 
 // ---- inspection (tests, benchmarks) ----
 
+// RETRIEVAL: the cache length the current selection was made at; -1 when there is none.
+int32_t tri__kv_policy_selected_at(const tri__kv_policy *p);
 // RETRIEVAL: the chunks layer il, KV head h attends to in the current selection, ascending, into
 // ids (capacity budget / chunk); returns their count, and -1 when there is no selection yet (full
 // attention). *n_sel receives the length the selection was made at.
 int32_t tri__kv_policy_selection(const tri__kv_policy *p, int32_t il, int32_t h, int32_t *ids, int32_t *n_sel);
+// FULL and RETRIEVAL: copies the keys (which 0) or values (which 1) of position pos that layer il,
+// KV head h attends to now (from a selected chunk, the tokens since, the own store or, borrowing,
+// src, its gathered rows or its ring) into out (head_dim values of the cache type). Returns false
+// when the position is not in the current view (an unselected chunk, past the length) or on a
+// copy failure. Synchronizes the backend.
+bool tri__kv_policy_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out);
 // H2O: the positions layer il, KV head h keeps, ascending, into pos (capacity budget + max_step);
 // returns their count.
 int32_t tri__kv_policy_h2o_kept(const tri__kv_policy *p, int32_t il, int32_t h, int32_t *pos);

@@ -288,6 +288,41 @@ const tri__kv_view *tri__kv_store_view(tri__kv_store *kv, int32_t il, int32_t n_
     return view;
 }
 
+tri_status tri__kv_store_view_read(tri__kv_store *kv, int32_t il, int32_t n_pos, const tri__kv_view **view,
+                                   tri__kv_view *storage) {
+    if (il < 0 || il >= kv->n_layer || n_pos < 0 || n_pos > kv->n)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv cache: read of %d positions of layer %d (%d held)", n_pos,
+                         il, kv->n);
+    if (offloaded(kv, il)) {
+        TRY(offload_load(kv, il, n_pos));
+        if (kv->off->async) TRY(kv->be->ops->stream_wait(kv->be, TRI_STREAM_COMPUTE, kv->off->loaded[slot_of(kv, il)]));
+    }
+    if (il + 1 < kv->n_layer && offloaded(kv, il + 1)) TRY(offload_load(kv, il + 1, n_pos));
+    *view = tri__kv_store_view(kv, il, n_pos, storage);
+    return TRI_STATUS_OK;
+}
+
+const void *tri__kv_store_rows(const tri__kv_store *kv, int32_t il, int which, bool *host) {
+    *host = offloaded(kv, il);
+    if (*host) return which ? kv->off->host_v[il] : kv->off->host_k[il];
+    return which ? kv->v[il] : kv->k[il];
+}
+
+tri_status tri__kv_store_read_rows(tri__kv_store *kv, int32_t il, int which, int32_t pos, int32_t n, void *host) {
+    if (il < 0 || il >= kv->n_layer || pos < 0 || n < 0 || pos > kv->capacity - n)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv cache: read of %d positions at %d (layer %d) exceeds %d", n,
+                         pos, il, kv->capacity);
+    bool on_host;
+    const char *rows = tri__kv_store_rows(kv, il, which, &on_host);
+    int64_t row = tri__kv_store_row_bytes(kv);
+    // an offloaded layer's new rows may still be on their way back; a copy out of backend memory
+    // completes at the synchronize
+    if (!on_host) TRY(kv->be->ops->copy_to_host(kv->be, host, rows + pos * row, (size_t)(n * row)));
+    if (!on_host || kv->off->async) TRY(kv->be->ops->synchronize(kv->be));
+    if (on_host) memcpy(host, rows + pos * row, (size_t)(n * row));
+    return TRI_STATUS_OK;
+}
+
 tri_status tri__kv_store_load_rows(tri__kv_store *kv, int32_t il, int32_t pos, int32_t n, const void *k_host,
                                    const void *v_host) {
     if (il < 0 || il >= kv->n_layer || pos < 0 || n < 0 || pos > kv->capacity - n)

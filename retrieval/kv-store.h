@@ -6,6 +6,7 @@
 #ifndef TRI_KV_STORE_H
 #define TRI_KV_STORE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "backend.h"
@@ -78,6 +79,23 @@ tri_status tri__kv_store_set_len(tri__kv_store *kv, int32_t n);
 // spans live in kv and are valid until the next call.
 const tri__kv_view *tri__kv_store_view(tri__kv_store *kv, int32_t il, int32_t n_pos,
                                        tri__kv_view *view);
+
+// ---- readers that borrow a store (the retrieval level over the full cache's rows) ----
+
+// As tri__kv_store_view, for a reader that did not write layer il in this step: an offloaded
+// layer is first uploaded (rows [0, n_pos)) unless a buffer holds them, and the next offloaded
+// layer starts uploading behind it, as a write does. The view is valid until the next call on kv.
+tri_status tri__kv_store_view_read(tri__kv_store *kv, int32_t il, int32_t n_pos, const tri__kv_view **view,
+                                   tri__kv_view *storage);
+
+// Where layer il's keys (which 0) or values (which 1) live: *host is true for an offloaded layer
+// (its host region; rows written by the last steps are current there once the backend is
+// synchronized), false for backend memory. Row pos starts tri__kv_store_row_bytes(kv) * pos bytes in.
+const void *tri__kv_store_rows(const tri__kv_store *kv, int32_t il, int which, bool *host);
+
+// Copies rows pos .. pos + n - 1 of layer il's keys (which 0) or values (1) into host memory
+// (n, n_head_kv, head_dim) of the store's type, wherever the layer lives; waits for the copies.
+tri_status tri__kv_store_read_rows(tri__kv_store *kv, int32_t il, int which, int32_t pos, int32_t n, void *host);
 
 // Writes n rows at pos of layer il from host memory (k_host and v_host: (n, n_head_kv, head_dim)
 // of the store's type), wherever the layer lives: an offloaded layer's host region directly, a

@@ -182,6 +182,16 @@ typedef struct tri__backend_ops {
     // Blocks the host until ev's point is reached (cudaEventSynchronize): a host buffer a transfer
     // read can be refilled without waiting for every stream. Optional: NULL means synchronize.
     tri_status (*event_synchronize)(tri__backend *be, tri__event *ev);
+
+    // ---- gathering ----
+
+    // Row i of dst (n rows of row_bytes bytes, contiguous) = the row_bytes at src + offsets[i]
+    // bytes (host, n int64, each >= 0): the retrieval cache copies a selection's chunks out of a
+    // layer of the full cache in one call. dst and src are backend memory and do not overlap.
+    // row_bytes > 0; a multiple of 4 with 4-aligned src, dst and offsets takes the fast path on
+    // CUDA. Required.
+    tri_status (*gather)(tri__backend *be, void *dst, const void *src, const int64_t *offsets, int64_t n,
+                         int64_t row_bytes);
 } tri__backend_ops;
 
 // One backend instance. Create it with the backend's own constructor (tri__backend_cpu_create),

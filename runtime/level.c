@@ -77,6 +77,16 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
                                              params->n_ctx, c->n_layer - params->kv_offloaded)))
             goto fail;
         if ((st = tri__kv_policy_wrap_full(&lv->pol, &lv->store, c->n_head, params->n_batch))) goto fail;
+    } else if (kp.kind == TRI_KV_POLICY_RETRIEVAL && params->kv_source) {
+        const tri__kv_store *src = params->kv_source;
+        if (src->n_layer != c->n_layer || src->n_head_kv != c->n_head_kv || src->head_dim != c->head_dim ||
+            src->capacity != params->n_ctx || src->be != be) {
+            st = tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level: the store to borrow has another shape or backend");
+            goto fail;
+        }
+        if ((st = tri__kv_policy_init_borrowed(&lv->pol, &kp, params->kv_source, c->n_head, params->ring,
+                                               params->n_batch)))
+            goto fail;
     } else if ((st = tri__kv_policy_init(&lv->pol, &kp, be, params->kv_type, c->n_layer, c->n_head, c->n_head_kv,
                                          c->head_dim, params->n_ctx, params->n_batch))) {
         goto fail;
@@ -185,6 +195,7 @@ tri_status tri__level_adopt(tri__level *lv, tri__level *from, int32_t n) {
     double t0 = now_seconds();
     lv->n_logits = 0;
     tri_status st = tri__kv_policy_adopt(&lv->pol, from->pol.kv, n);
+    if (!st && tri__kv_policy_selected_at(&lv->pol) < 0) lv->n_refresh = 0;  // borrowing: dropped
     lv->seconds += now_seconds() - t0;
     return st;
 }
@@ -205,11 +216,13 @@ tri_status tri__level_truncate(tri__level *lv, int32_t n_past) {
     // only when told to
     tri__kv_policy_cancel_refresh(&lv->pol);
     while (lv->n_refresh > 0 && lv->refresh_at[lv->n_refresh - 1] > n_past) lv->n_refresh--;
+    if (tri__kv_policy_selected_at(&lv->pol) < 0) lv->n_refresh = 0;  // borrowing keeps the current one only
     return TRI_STATUS_OK;
 }
 
 int32_t tri__level_n_past(const tri__level *lv) { return tri__kv_policy_len(&lv->pol); }
 int32_t tri__level_n_ctx(const tri__level *lv) { return tri__kv_policy_capacity(&lv->pol); }
+int32_t tri__level_room(const tri__level *lv) { return tri__kv_policy_room(&lv->pol); }
 int32_t tri__level_last_refresh(const tri__level *lv) {
     return lv->n_refresh > 0 ? lv->refresh_at[lv->n_refresh - 1] : -1;
 }

@@ -31,6 +31,10 @@ typedef struct tri__level_params {
     tri__chunk_index_kind index;  // RETRIEVAL: the chunk index (0: exact scan)
     int32_t kv_offloaded;  // FULL: layers (the last ones) whose cache lives in host memory and
                            // streams through the device per pass (kv-store.h); 0: none
+    tri__kv_store *kv_source;  // RETRIEVAL: the full-cache level's store, whose rows the level
+                           // borrows instead of keeping a full cache (tri__kv_policy_init_borrowed);
+                           // NULL: a cache of its own. Same model; must outlive the level.
+    int32_t ring;          // with kv_source: rows of its own tokens since a selection (>= chunk + n_batch)
 } tri__level_params;
 
 typedef struct tri__level {
@@ -92,9 +96,14 @@ tri_status tri__level_truncate(tri__level *lv, int32_t n_past);
 
 // Positions cached.
 int32_t tri__level_n_past(const tri__level *lv);
+// Tokens the level can still run before it must select again (a retrieval level over borrowed
+// rows, whose ring of own rows fills) or its context is full.
+int32_t tri__level_room(const tri__level *lv);
 // Positions the level can hold.
 int32_t tri__level_n_ctx(const tri__level *lv);
-// The length of the last selection (tri__level_eval_refresh), -1 when none.
+// The length the current selection was made at (tri__level_eval_refresh), -1 when none: never
+// selected, or rolled back below it with no earlier one kept (a level over borrowed rows keeps
+// only the current selection), or positions adopted since (which drops it, borrowing).
 int32_t tri__level_last_refresh(const tri__level *lv);
 
 // ---- layer-skipping self-draft ----

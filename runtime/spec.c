@@ -190,6 +190,9 @@ int32_t tri__ngram_draft(const int32_t *ctx, int32_t n_ctx, int32_t ngram_n, int
 
 // L3 passes over which L2's acceptance is judged for a refresh (tri_spec_params.refresh_accept).
 #define ACC_ROUNDS 4
+// Tokens L2 may run past its selection before it selects again because its ring of own rows is
+// full (besides the room for a round); a refresh then gathers budget rows per layer again.
+#define L2_RING 512
 
 struct tri_spec {
     const tri_model *target;
@@ -372,12 +375,15 @@ static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
 }
 
 // Whether L2 (a retrieval level) should select its chunks afresh before the round at context
-// length n: it has no selection yet (after the prefill), `refresh` tokens came since its last
-// one, or L3 accepted less than refresh_accept of L2's tokens over the last ACC_ROUNDS passes.
-static bool l2_refresh_due(const tri_spec *s, int32_t n) {
+// length n, which runs it up to n + g2: it has no selection (after a prompt or a rollback below
+// it), `refresh` tokens came since its last one, L3 accepted less than refresh_accept of L2's
+// tokens over the last ACC_ROUNDS passes, or its ring of own rows would overflow in the round (with
+// one row to spare, so that the next round's refresh step still fits).
+static bool l2_refresh_due(const tri_spec *s, int32_t n, int32_t g2) {
     if (!s->lv2 || s->lv2->pol.p.kind != TRI_KV_POLICY_RETRIEVAL) return false;
     int32_t last = tri__level_last_refresh(s->lv2);
     if (last < 0) return true;
+    if (tri__level_room(s->lv2) < n + g2 + 1 - tri__level_n_past(s->lv2)) return true;
     if (s->params.refresh > 0 && n - last >= s->params.refresh) return true;
     if (s->params.refresh_accept > 0.0f && s->n_acc >= ACC_ROUNDS) {
         int64_t prop = 0, acc = 0;
@@ -479,7 +485,7 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
         if (mode == TRI_SPEC_MODE_NONE) g2 = 0;
         d3->tokens = s->seq + n;
         d3->n = 0;
-        if (l2_refresh_due(s, n)) s->refresh_next = true;
+        if (l2_refresh_due(s, n, g2)) s->refresh_next = true;
         if (g2 > 0) {
             if (mode == TRI_SPEC_MODE_DRAFT) {
                 TRY(l1_draft(s, n, g2, d3));
@@ -710,6 +716,11 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         l2p.budget = kp.budget;
         l2p.chunk = kp.chunk;
         l2p.index = (tri__chunk_index_kind)sp.kv_index;
+        // no full cache of its own: L2 reads L3's rows (gathering its chunks out of them) and keeps
+        // only the rows of the tokens it ran since its selection, in a ring it selects again before
+        // filling (l2_refresh_due)
+        l2p.kv_source = s->l3.pol.kv;
+        l2p.ring = L2_RING + p.chunk + p.gamma2 + p.gamma1 + sp.n_batch;
         if ((st = tri__level_init(&s->l2, s->tw, s->be, &l2p))) goto fail;
         s->lv2 = &s->l2;
     }

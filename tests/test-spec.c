@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "dtype.h"
 #include "level.h"
 #include "model.h"
 #include "sampler.h"
@@ -353,7 +354,14 @@ Test(spec, seed_continues_across_calls) {
 // policy builds when fed the same tokens directly: the prompt's first n_prompt - 1 tokens as one
 // prefill (as the engine prefills), then one token at a time, selecting its chunks afresh exactly
 // where lv did (lv->refresh_at). For a retrieval level the selections must match too.
-static void check_cache(tri__level *lv, const int32_t *tokens, int32_t n_prompt, const char *what) {
+static void check_borrowed(tri__level *lv, tri__level *l3, const int32_t *tokens, int32_t n_prompt,
+                           const char *what);
+
+static void check_cache(tri__level *lv, const int32_t *tokens, int32_t n_prompt, const char *what, tri__level *l3) {
+    if (lv->params.kv_source) {
+        check_borrowed(lv, l3, tokens, n_prompt, what);
+        return;
+    }
     int32_t n = tri__level_n_past(lv);
     cr_assert(n > 0);
     tri__backend *be;
@@ -400,6 +408,67 @@ static void check_cache(tri__level *lv, const int32_t *tokens, int32_t n_prompt,
     tri__backend_free(be);
 }
 
+// The retrieval level over L3's rows (level.h kv_source). Every row it attends to now equals the
+// row a fresh pair of levels holds when fed the same tokens directly: a full-cache level (L3)
+// that always holds the tokens before L2's selections, as the engine's does, and a level
+// borrowing its rows that runs one token at a time, selecting where lv did (lv->refresh_at). The
+// rows of selected chunks must also be exactly L3's: they are gathered out of its store.
+static void check_borrowed(tri__level *lv, tri__level *l3, const int32_t *tokens, int32_t n_prompt,
+                           const char *what) {
+    int32_t n = tri__level_n_past(lv);
+    cr_assert(n > 0 && l3);
+    tri__backend *be;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
+    tri__level f3, f2;
+    tri__level_params p3 = l3->params, p2 = lv->params;
+    p3.kv_offloaded = 0;
+    cr_assert_eq(tri__level_init(&f3, l3->model, be, &p3), TRI_STATUS_OK, "%s", tri_last_error());
+    p2.kv_source = f3.pol.kv;
+    cr_assert_eq(tri__level_init(&f2, lv->model, be, &p2), TRI_STATUS_OK, "%s", tri_last_error());
+    int32_t pre = n_prompt - 1 < n ? n_prompt - 1 : n;
+    cr_assert_eq(tri__level_prefill(&f3, tokens, pre), TRI_STATUS_OK);
+    cr_assert_eq(tri__level_adopt(&f2, &f3, pre), TRI_STATUS_OK);
+    int32_t r = 0;
+    for (int32_t i = pre; i < n; i++) {
+        if (r < lv->n_refresh && lv->refresh_at[r] == i + 1) {
+            int32_t n3 = tri__level_n_past(&f3);  // L3 holds the context before the selecting token
+            if (n3 < i) cr_assert_eq(tri__level_prefill(&f3, tokens + n3, i - n3), TRI_STATUS_OK);
+            cr_assert_eq(tri__level_eval_refresh(&f2, tokens + i, 1), TRI_STATUS_OK, "%s", tri_last_error());
+            r++;
+        } else {
+            cr_assert_eq(tri__level_eval(&f2, tokens + i, 1, false), TRI_STATUS_OK, "%s", tri_last_error());
+        }
+    }
+    cr_assert_eq(r, lv->n_refresh, "%s: refresh records %d of %d replayed", what, r, lv->n_refresh);
+    cr_assert_eq(tri__level_last_refresh(&f2), tri__level_last_refresh(lv));
+    const int32_t hd = lv->model->config.head_dim;
+    float a[256], b[256], c[256];
+    cr_assert(hd <= 256 && lv->params.kv_type == TRI_DTYPE_F32);
+    int32_t sel = tri__level_last_refresh(lv);
+    for (int32_t il = 0; il < lv->model->config.n_layer; il++)
+        for (int32_t h = 0; h < lv->model->config.n_head_kv; h++)
+            for (int which = 0; which < 2; which++)
+                for (int32_t pos = 0; pos < n; pos++) {
+                    bool in_a = tri__kv_policy_peek(&lv->pol, il, h, pos, which, a);
+                    bool in_b = tri__kv_policy_peek(&f2.pol, il, h, pos, which, b);
+                    cr_assert_eq(in_a, in_b, "%s: layer %d head %d position %d in one view only", what, il, h, pos);
+                    if (!in_a) continue;
+                    for (int32_t d = 0; d < hd; d++)
+                        cr_assert(fabsf(a[d] - b[d]) <= 1e-4f * (1.0f + fabsf(b[d])),
+                                  "%s: layer %d head %d %s position %d: %g vs direct %g", what, il, h,
+                                  which ? "V" : "K", pos, (double)a[d], (double)b[d]);
+                    // a selected chunk's rows are L3's (positions below the selection's chunks)
+                    if (sel >= 0 && pos < sel / lv->pol.p.chunk * lv->pol.p.chunk - lv->pol.p.chunk) {
+                        cr_assert(tri__kv_policy_peek(&l3->pol, il, h, pos, which, c));
+                        cr_assert_eq(memcmp(a, c, sizeof(float) * (size_t)hd), 0,
+                                     "%s: gathered row of position %d (layer %d head %d) is not L3's", what, pos, il, h);
+                    }
+                }
+    tri__level_free(&f2);
+    tri__level_free(&f3);
+    tri__backend_free(be);
+}
+
 Test(spec, caches_equal_plain_decoding_after_rollbacks) {
     // drafts of 2 layers, so that layer 1's K/V depend on what layer 0 attended to (layer 0's
     // depend on the token alone: the store holds keys before RoPE)
@@ -439,7 +508,7 @@ Test(spec, caches_equal_plain_decoding_after_rollbacks) {
                     if (lvl < 3) cr_assert_neq(lv->pol.p.kind, TRI_KV_POLICY_FULL);
                     char what[64];
                     snprintf(what, sizeof what, "%s/%s L%d call %d", mode_name(mode), drafters[di].name, lvl, call);
-                    check_cache(lv, tri__spec_tokens(s), 12, what);
+                    check_cache(lv, tri__spec_tokens(s), 12, what, tri__spec_level(s, 3));
                 }
             }
             tri_spec_free(s);
@@ -521,7 +590,7 @@ Test(spec, small_budgets_exact_output_and_caches, .timeout = 120) {
                             snprintf(what, sizeof what, "T %d %s/%s refresh %d/%.1f L%d call %d", temp,
                                      mode_name(mode), drafters[di].name, p.refresh, (double)p.refresh_accept, lvl,
                                      call);
-                            check_cache(lv, tri__spec_tokens(s), SMALL_PROMPT, what);
+                            check_cache(lv, tri__spec_tokens(s), SMALL_PROMPT, what, tri__spec_level(s, 3));
                         }
                     }
                     cr_assert_eq(c.n, SMALL_GEN);
@@ -597,7 +666,7 @@ Test(spec, l1_catch_up_across_calls_equals_one_token_steps, .timeout = 120) {
                         char what[96];
                         snprintf(what, sizeof what, "%s/%s seed %llu L%d call %d", mode_name(mode),
                                  drafters[di].name, (unsigned long long)seed, lvl, call);
-                        check_cache(lv, tri__spec_tokens(s), 1, what);  // no prefill: one token at a time
+                        check_cache(lv, tri__spec_tokens(s), 1, what, tri__spec_level(s, 3));  // no prefill: one token at a time
                     }
                 }
                 tri_spec_free(s);
@@ -1072,8 +1141,8 @@ Test(spec, smollm2_greedy_self_draft_and_ngram, .timeout = 300) {
     tri_model_free(target);
 }
 
-// L2 takes the prompt's rows from L3 instead of running the prompt a second time: it runs only the
-// prompt's last token (to select from its query), and its rows are L3's, bit for bit.
+// L2 keeps no cache of the prompt: it reads L3's rows (level.h kv_source), runs no pass of the
+// prompt, and every row it attends to before its first selection is L3's, bit for bit.
 Test(spec, l2_adopts_the_prompt_from_l3) {
     tri_model *target = load(gen_model("adopt", "--seed 31 --layers 2"));
     static const int32_t layer0[] = {0};
@@ -1095,15 +1164,158 @@ Test(spec, l2_adopts_the_prompt_from_l3) {
         tri__level *l2 = tri__spec_level(s, 2), *l3 = tri__spec_level(s, 3);
         cr_assert_eq(l2->pol.p.kind, TRI_KV_POLICY_RETRIEVAL);
         cr_assert(l3->n_evals >= 5, "L3 prefilled 39 tokens in steps of 8: %lld passes", (long long)l3->n_evals);
-        cr_assert(l2->n_evals <= 1, "L2 ran %lld passes of the prompt", (long long)l2->n_evals);
+        cr_assert_eq(l2->n_evals, 0, "L2 ran %lld passes of the prompt", (long long)l2->n_evals);
+        cr_assert_eq(l2->pol.src, l3->pol.kv, "L2 borrows L3's store");
         int32_t n = tri__level_n_past(l2);
         cr_assert(n >= 39 && tri__level_n_past(l3) >= n);
-        int64_t bytes = tri__kv_store_row_bytes(l2->pol.kv) * 39;
-        for (int32_t il = 0; il < 2; il++) {
-            cr_assert_eq(memcmp(l2->pol.kv->k[il], l3->pol.kv->k[il], (size_t)bytes), 0, "layer %d keys", il);
-            cr_assert_eq(memcmp(l2->pol.kv->v[il], l3->pol.kv->v[il], (size_t)bytes), 0, "layer %d values", il);
-        }
+        cr_assert_eq(tri__level_last_refresh(l2), -1);
+        float a[64], b[64];
+        int32_t hd = target->config.head_dim;
+        cr_assert(hd <= 64);
+        for (int32_t il = 0; il < 2; il++)
+            for (int32_t h = 0; h < target->config.n_head_kv; h++)
+                for (int which = 0; which < 2; which++)
+                    for (int32_t pos = 0; pos < 39; pos++) {
+                        cr_assert(tri__kv_policy_peek(&l2->pol, il, h, pos, which, a));
+                        cr_assert(tri__kv_policy_peek(&l3->pol, il, h, pos, which, b));
+                        cr_assert_eq(memcmp(a, b, sizeof(float) * (size_t)hd), 0, "layer %d head %d position %d %s",
+                                     il, h, pos, which ? "V" : "K");
+                    }
         tri_spec_free(s);
     }
     tri_model_free(target);
+}
+
+// ---- L2 over L3's rows (level.h kv_source) against L2 with a cache of its own ----
+//
+// Until a second selection the two compute the same: both attend fully before selecting (L3's
+// rows are what the own cache computes: the CPU backend is batch-invariant), select among the same
+// chunks (the prompt's length is not a multiple of the chunk, so the selection's bound is below
+// the rows L3 holds in both) from the same query, and attend to the same rows afterwards (gathered
+// copies of L3's, or the own cache's equal ones). The views cut the same keys into other spans
+// (L3's rows and the ring; gathered chunks and the ring), and the attention op's key blocks start
+// at each span, so results agree to f32 rounding, not to the bit; the gathered rows are L3's bit
+// for bit. Through decoding, a ring that wraps, and a rollback; with L3's last two layers
+// offloaded too (their rows stream through L3's buffers before the selection and are gathered on
+// the host), in f32 and f16.
+static void compare_logits(tri__level *a, tri__level *b, int32_t V, const char *what, int32_t i) {
+    const float *x = tri__level_logits(a, 0), *y = tri__level_logits(b, 0);
+    for (int32_t j = 0; j < V; j++)
+        cr_assert(fabsf(x[j] - y[j]) <= 1e-4f * (1.0f + fabsf(x[j])), "%s: logit %d of token %d: %g vs %g", what, j, i,
+                  (double)x[j], (double)y[j]);
+}
+
+// Row values of a cache row (head_dim values of type f16 or f32) as f32.
+static float row_value(const void *row, bool f16, int32_t d) {
+    return f16 ? tri__f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+}
+
+Test(spec, l2_over_l3_rows_equals_own_cache) {
+    tri_model *m = load(gen_model("borrow", "--seed 41 --vocab 270 --layers 3"));
+    const tri_model_config *c = &m->config;
+    const int32_t V = c->n_vocab, P = 47, C = 4;
+    int32_t toks[160];
+    for (int i = 0; i < 160; i++) toks[i] = (int32_t)((i * 61 + 5) % 260) + 3;
+    tri__backend *be;
+    cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
+    for (int f16 = 0; f16 < 2; f16++)
+        for (int off = 0; off <= 2; off += 2) {
+            char what[64];
+            snprintf(what, sizeof what, "%s, %d layers offloaded", f16 ? "f16" : "f32", off);
+            tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = 128, .n_batch = 8,
+                                    .kv_type = f16 ? TRI_DTYPE_F16 : TRI_DTYPE_F32, .kv_offloaded = off};
+            tri__level l3, own, bor;
+            cr_assert_eq(tri__level_init(&l3, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+            lp.kv_offloaded = 0;
+            lp.policy = TRI_KV_POLICY_RETRIEVAL;
+            lp.budget = 16;
+            lp.chunk = C;
+            cr_assert_eq(tri__level_init(&own, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+            lp.kv_source = l3.pol.kv;
+            lp.ring = 24;  // wraps within the 20 tokens decoded below
+            cr_assert_eq(tri__level_init(&bor, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+            cr_assert_eq(tri__level_room(&bor), 24);
+
+            cr_assert_eq(tri__level_prefill(&l3, toks, P - 1), TRI_STATUS_OK);
+            cr_assert_eq(tri__level_prefill(&own, toks, P - 1), TRI_STATUS_OK);
+            cr_assert_eq(tri__level_adopt(&bor, &l3, P - 1), TRI_STATUS_OK, "%s", tri_last_error());
+            cr_assert_eq(bor.n_evals, 0);
+            cr_assert_eq(tri__level_eval_refresh(&own, toks + P - 1, 1), TRI_STATUS_OK);
+            cr_assert_eq(tri__level_eval_refresh(&bor, toks + P - 1, 1), TRI_STATUS_OK, "%s", tri_last_error());
+            compare_logits(&own, &bor, V, what, P - 1);
+            cr_assert_eq(tri__level_last_refresh(&bor), P);
+            // the selection's bound is 44: rows 44 and 45 were copied from L3 into the ring, 46 is its own
+            cr_assert_eq(tri__level_room(&bor), 24 - (P - 44));
+            for (int32_t il = 0; il < c->n_layer; il++)
+                for (int32_t h = 0; h < c->n_head_kv; h++) {
+                    int32_t ia[8], ib[8], na, nb;
+                    int32_t ca = tri__kv_policy_selection(&own.pol, il, h, ia, &na);
+                    int32_t cb = tri__kv_policy_selection(&bor.pol, il, h, ib, &nb);
+                    cr_assert(ca == 4 && cb == ca && na == nb, "%s: %d and %d chunks", what, ca, cb);
+                    cr_assert_eq(memcmp(ia, ib, sizeof(int32_t) * 4), 0, "%s: layer %d head %d selections", what, il, h);
+                }
+            for (int32_t i = P; i < P + 20; i++) {
+                cr_assert_eq(tri__level_eval(&own, toks + i, 1, false), TRI_STATUS_OK);
+                cr_assert_eq(tri__level_eval(&bor, toks + i, 1, false), TRI_STATUS_OK, "%s", tri_last_error());
+                compare_logits(&own, &bor, V, what, i);
+            }
+            // every row in view equal, the gathered ones L3's; unselected chunks are in neither view
+            uint16_t a[256], b[256], g[256];
+            int32_t hd = c->head_dim, n_in = 0;
+            for (int32_t il = 0; il < c->n_layer; il++)
+                for (int32_t h = 0; h < c->n_head_kv; h++)
+                    for (int which = 0; which < 2; which++)
+                        for (int32_t pos = 0; pos < P + 20; pos++) {
+                            bool in_a = tri__kv_policy_peek(&own.pol, il, h, pos, which, a);
+                            bool in_b = tri__kv_policy_peek(&bor.pol, il, h, pos, which, b);
+                            cr_assert_eq(in_a, in_b, "%s: position %d in one view only", what, pos);
+                            if (!in_a) continue;
+                            n_in++;
+                            size_t bytes = (size_t)hd * (f16 ? 2 : 4);
+                            for (int32_t d = 0; d < hd; d++) {
+                                float x = row_value(a, f16, d), y = row_value(b, f16, d);
+                                cr_assert(fabsf(x - y) <= (f16 ? 2e-3f : 1e-4f) * (1.0f + fabsf(x)),
+                                          "%s: layer %d head %d position %d: %g vs %g", what, il, h, pos, (double)x,
+                                          (double)y);
+                            }
+                            if (pos < 44) {
+                                cr_assert(tri__kv_policy_peek(&l3.pol, il, h, pos, which, g));
+                                cr_assert_eq(memcmp(b, g, bytes), 0, "%s: gathered position %d is not L3's", what, pos);
+                            }
+                        }
+            cr_assert_eq(n_in, c->n_layer * c->n_head_kv * 2 * (16 + P + 20 - 44), "%s: rows in view", what);
+            // rollback into the ring and a different continuation
+            cr_assert_eq(tri__level_truncate(&own, P + 12), TRI_STATUS_OK);
+            cr_assert_eq(tri__level_truncate(&bor, P + 12), TRI_STATUS_OK);
+            cr_assert_eq(tri__level_last_refresh(&bor), P);
+            for (int32_t i = P + 12; i < P + 20; i++) {
+                cr_assert_eq(tri__level_eval(&own, toks + i + 80, 1, false), TRI_STATUS_OK);
+                cr_assert_eq(tri__level_eval(&bor, toks + i + 80, 1, false), TRI_STATUS_OK);
+                compare_logits(&own, &bor, V, what, i);
+            }
+            // the ring holds 20 tokens since the bound at 44 + 3: four more fit, then a step is refused
+            cr_assert_eq(tri__level_room(&bor), 24 - (P + 20 - 44));
+            cr_assert_eq(tri__level_eval(&bor, toks, 1, false), TRI_STATUS_OK);
+            cr_assert_eq(tri__level_room(&bor), 0);
+            cr_assert_eq(tri__level_eval(&bor, toks, 1, false), TRI_STATUS_INVALID_ARGUMENT);
+            cr_assert(strstr(tri_last_error(), "ring"), "%s", tri_last_error());
+            cr_assert_eq(tri__level_n_past(&bor), P + 21);
+            // L3 catches up and a new selection frees the ring: its bound is L3's last whole chunk
+            cr_assert_eq(tri__level_prefill(&l3, toks + P - 1, 8), TRI_STATUS_OK);  // L3 at P + 7 = 54
+            cr_assert_eq(tri__level_truncate(&bor, P + 8), TRI_STATUS_OK);
+            cr_assert_eq(tri__level_eval_refresh(&bor, toks + P + 8, 1), TRI_STATUS_OK, "%s", tri_last_error());
+            cr_assert_eq(tri__level_last_refresh(&bor), P + 9);
+            cr_assert_eq(tri__level_room(&bor), 24 - (P + 9 - 52));
+            // a rollback below the selection: no selection, full attention over L3's rows and the ring
+            cr_assert_eq(tri__level_truncate(&bor, P + 2), TRI_STATUS_OK);
+            cr_assert_eq(tri__level_last_refresh(&bor), -1);
+            cr_assert(tri__kv_policy_peek(&bor.pol, 0, 0, 3, 0, a), "%s: rows below the tail are L3's again", what);
+            // adopting rows out of another store is refused
+            cr_assert_eq(tri__kv_policy_adopt(&bor.pol, own.pol.kv, P + 2), TRI_STATUS_INVALID_ARGUMENT);
+            tri__level_free(&bor);
+            tri__level_free(&own);
+            tri__level_free(&l3);
+        }
+    tri__backend_free(be);
+    tri_model_free(m);
 }
