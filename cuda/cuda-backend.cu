@@ -720,3 +720,14 @@ extern "C" tri_status tri__backend_cuda_create(int device, tri__backend **out) {
     *out = be;
     return TRI_STATUS_OK;
 }
+
+extern "C" tri_status tri__backend_cuda_pci_bus_id(const tri__backend *be, char *out, size_t n) {
+    if (n > 0) out[0] = 0;
+    if (!be || be->ops != &cuda_ops) return tri__fail(TRI_STATUS_NOT_FOUND, "backend '%s' is not a CUDA device",
+                                                      be ? be->ops->name : "(null)");
+    if (n < 13 || n > INT_MAX)  // "dddd:bb:dd.f" and its terminator
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda: PCI bus id buffer of %zu bytes", n);
+    const cuda_state *st = (const cuda_state *)be->priv;
+    CUDA_TRY(cudaDeviceGetPCIBusId(out, (int)n, st->device));
+    return TRI_STATUS_OK;
+}

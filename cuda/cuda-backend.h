@@ -39,6 +39,12 @@ tri_status tri__cuda_device_info_get(int device, tri__cuda_device_info *out);
 // exist or this build has no CUDA support.
 tri_status tri__backend_cuda_create(int device, tri__backend **out);
 
+// Writes the PCI bus id of be's device ("0000:01:00.0", cudaDeviceGetPCIBusId) into out, n bytes
+// (at least 13; 32 suffice). NOT_FOUND when be is not a CUDA backend (every backend in a build
+// without CUDA); DEVICE when CUDA cannot say; INVALID_ARGUMENT for a smaller buffer. out is ""
+// on failure (n > 0).
+tri_status tri__backend_cuda_pci_bus_id(const tri__backend *be, char *out, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -199,6 +199,19 @@ static int32_t node_of_nodeset(const tri__topology *t, hwloc_const_nodeset_t set
 }
 #endif
 
+#if TRI_HAVE_HWLOC
+// The node of the PCI device's closest non-I/O ancestor: >= 0; -1 when hwloc does not know the
+// device, -2 when it knows it but no node is local to it.
+static int32_t pci_node(const tri__topology *t, unsigned domain, unsigned bus, unsigned dev,
+                        unsigned func) {
+    hwloc_obj_t pci = hwloc_get_pcidev_by_busid(t->topo, domain, bus, dev, func);
+    if (!pci) return -1;
+    hwloc_obj_t anc = hwloc_get_non_io_ancestor_obj(t->topo, pci);
+    int32_t i = anc && anc->nodeset ? node_of_nodeset(t, anc->nodeset) : -1;
+    return i >= 0 ? i : -2;
+}
+#endif
+
 tri_status tri__topology_node_of_pci(const tri__topology *t, const char *busid, int32_t *node) {
     *node = 0;
     unsigned domain, bus, dev, func;
@@ -208,12 +221,10 @@ tri_status tri__topology_node_of_pci(const tri__topology *t, const char *busid, 
                          busid ? busid : "(null)");
 #if TRI_HAVE_HWLOC
     if (t->topo) {
-        hwloc_obj_t pci = hwloc_get_pcidev_by_busid(t->topo, domain, bus, dev, func);
-        if (!pci)
+        int32_t i = pci_node(t, domain, bus, dev, func);
+        if (i == -1)
             return tri__fail(TRI_STATUS_NOT_FOUND, "topology: no PCI device %04x:%02x:%02x.%x",
                              domain, bus, dev, func);
-        hwloc_obj_t anc = hwloc_get_non_io_ancestor_obj(t->topo, pci);
-        int32_t i = anc && anc->nodeset ? node_of_nodeset(t, anc->nodeset) : -1;
         if (i < 0)
             return tri__fail(TRI_STATUS_NOT_FOUND,
                              "topology: PCI device %04x:%02x:%02x.%x has no local NUMA node",
@@ -226,6 +237,20 @@ tri_status tri__topology_node_of_pci(const tri__topology *t, const char *busid, 
     return tri__fail(TRI_STATUS_NOT_FOUND,
                      "topology: PCI device %04x:%02x:%02x.%x unknown (no hwloc topology)", domain,
                      bus, dev, func);
+}
+
+int32_t tri__topology_node_for_device(const tri__topology *t, const char *busid) {
+    if (t->n_nodes < 2 || !busid || !busid[0]) return -1;
+    unsigned domain, bus, dev, func;
+    if (!parse_busid(busid, &domain, &bus, &dev, &func)) return -1;
+#if TRI_HAVE_HWLOC
+    // Not through node_of_pci: "unknown" is an ordinary answer here, not an error to record.
+    if (t->topo) {
+        int32_t i = pci_node(t, domain, bus, dev, func);
+        return i >= 0 ? i : -1;
+    }
+#endif
+    return -1;
 }
 
 int32_t tri__topology_current_node(const tri__topology *t) {

@@ -40,6 +40,13 @@ const tri__numa_node *tri__topology_node(const tri__topology *t, int32_t i);
 // fallback, where callers use node 0); INVALID_ARGUMENT for an unparsable id.
 tri_status tri__topology_node_of_pci(const tri__topology *t, const char *busid, int32_t *node);
 
+// The node whose memory and CPUs should serve the PCI device busid (a GPU's pinned host buffers
+// and the threads that feed it): node_of_pci's answer on a machine of two or more nodes. -1, for
+// "leave placement to the kernel", when there is nothing to choose (one node, busid NULL or "")
+// or nothing to choose by: a device the topology does not know (the fallback topology, a virtual
+// machine that hides the PCI tree) or an unparsable id. Logs nothing and records no error.
+int32_t tri__topology_node_for_device(const tri__topology *t, const char *busid);
+
 // The node of the CPU the calling thread last ran on; 0 when unknown or in the fallback.
 int32_t tri__topology_current_node(const tri__topology *t);
 

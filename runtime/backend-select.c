@@ -1,6 +1,8 @@
 // backend-select.c - the backend a session asks for, and a model's weights in its memory.
 #include "backend-select.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,7 @@
 #include "error.h"
 #include "model.h"
 #include "prefetch.h"
+#include "topology.h"
 
 // Device copies of tensors start at this alignment (cuBLAS and 16-byte vector loads want 16;
 // 256 is what cudaMalloc itself guarantees).
@@ -45,12 +48,75 @@ tri_status tri__backend_select(tri_device_kind kind, int32_t device, int32_t n_t
     tri_status st;
     if (kind == TRI_DEVICE_CUDA) {
         if ((st = tri__backend_cuda_create(device, out))) return st;
-        if (name_out) snprintf(name_out, 16, "cuda:%d", (int)device);
+        char name[16];
+        snprintf(name, sizeof name, "cuda:%d", (int)device);
+        if (name_out) snprintf(name_out, 16, "%s", name);
+        tri__backend_bind_host_threads(*out, name);
     } else {
         if ((st = tri__backend_cpu_create(n_threads, TRI_CPU_SIMD_AUTO, out))) return st;
         if (name_out) snprintf(name_out, 16, "cpu");
     }
     return TRI_STATUS_OK;
+}
+
+// ---- host memory and threads near the device ----
+
+static pthread_once_t host_topo_once = PTHREAD_ONCE_INIT;
+static tri__topology *host_topo;  // NULL when it could not be loaded (out of memory)
+
+static void host_topo_open(void) {
+    if (tri__topology_open(&host_topo) != TRI_STATUS_OK) host_topo = NULL;
+}
+
+// The process's topology: loaded on first use (with its PCI devices, which takes hwloc some
+// milliseconds) and kept until exit, since arenas of any session may point at it.
+static const tri__topology *host_topology(void) {
+    pthread_once(&host_topo_once, host_topo_open);
+    return host_topo;
+}
+
+tri_status tri__backend_pci_bus_id(const tri__backend *be, char *out, size_t n) {
+    if (n > 0) out[0] = 0;
+    if (be->host_memory)
+        return tri__fail(TRI_STATUS_NOT_FOUND, "backend '%s' works in host memory: no PCI device", be->ops->name);
+    return tri__backend_cuda_pci_bus_id(be, out, n);
+}
+
+int32_t tri__host_node_near(const char *pci_bus_id, const tri__topology **topo) {
+    const tri__topology *t = host_topology();
+    if (topo) *topo = t;
+    return t ? tri__topology_node_for_device(t, pci_bus_id) : -1;
+}
+
+void tri__arena_params_place_near(tri__arena_params *ap, const char *pci_bus_id) {
+    const tri__topology *t;
+    int32_t node = tri__host_node_near(pci_bus_id, &t);
+    if (node < 0) return;  // one node, or a device hwloc does not know: the kernel's first touch
+    // The node, not the bus id: resolved once here, and the caller's string need not live until
+    // tri__arena_create.
+    ap->topo = t;
+    ap->node = node;
+}
+
+void tri__backend_bind_host_threads(const tri__backend *be, const char *name) {
+    static atomic_bool reported;
+    char busid[32];
+    if (tri__backend_pci_bus_id(be, busid, sizeof busid) != TRI_STATUS_OK) return;  // the CPU
+    const tri__topology *t;
+    int32_t node = tri__host_node_near(busid, &t);
+    if (node < 0) return;  // one node: nothing to choose; unknown device: nothing to choose by
+    // The calling thread issues the device's work and later creates the weight reader's threads,
+    // which inherit its binding; OpenMP's workers (the FAISS index) are bound in a region of
+    // their own. A container's cgroup may refuse CPUs of the node: the run goes on unbound.
+    tri_status st = tri__topology_bind_thread(t, node);
+    if (st == TRI_STATUS_OK) st = tri__topology_bind_omp(t, node, 0);
+    const tri__numa_node *nd = tri__topology_node(t, node);
+    if (st == TRI_STATUS_OK)
+        tri__log(TRI_LOG_LEVEL_INFO, "%s (%s): host threads bound to NUMA node %d (%d PUs)", name ? name : "device",
+                 busid, (int)nd->os_index, (int)nd->n_pus);
+    else if (!atomic_exchange(&reported, true))
+        tri__log(TRI_LOG_LEVEL_INFO, "%s (%s): host threads left unbound: %s", name ? name : "device", busid,
+                 tri_last_error());
 }
 
 // ---- weights on a backend ----
@@ -128,6 +194,9 @@ static void unpin_region(void *ptr, size_t bytes, void *user) {
 }
 
 void tri__arena_params_pin_for(tri__arena_params *ap, tri__backend *be) {
+    char busid[32];
+    if (tri__backend_pci_bus_id(be, busid, sizeof busid) == TRI_STATUS_OK)
+        tri__arena_params_place_near(ap, busid);
     if (!be->ops->host_register || !be->ops->host_unregister) return;
     ap->pin = pin_region;
     ap->unpin = unpin_region;

@@ -3,11 +3,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "arena.h"
+#include "backend-select.h"
+#include "cuda-backend.h"
 #include "planner.h"
 #include "prefetch.h"
 #include "test-util.h"
@@ -413,6 +416,228 @@ Test(offload, topology_summary_and_binding) {
     cr_assert_eq(tri__topology_node_of_pci(t, "0000:ff:1f.7", &node), TRI_STATUS_NOT_FOUND);
     tri__topology_free(t);
     tri__topology_free(NULL);
+}
+
+// ---- host placement near the GPU ----
+
+// Points hwloc at a two-socket machine for the rest of the calling test: node 0 holds PUs 0-1 and
+// the GPU at 0000:01:00.0, node 1 PUs 2-3 and the GPU at 0000:41:00.0, written as hwloc's XML.
+// hwloc loads it in place of the real machine when HWLOC_XMLFILE names it (each Criterion test
+// runs in a process of its own, so the variable stays in the test that sets it), and binding
+// against such a topology succeeds without asking the OS: the two-node decisions run on a
+// one-node CI machine. false in a build without hwloc.
+static bool use_two_node_topology(void) {
+    if (!TRI_HAVE_HWLOC) return false;
+    const char *path = tt_tmp("topology-two-nodes.xml");
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+#define SETS(cpus, nodes) \
+    "cpuset=\"" cpus "\" complete_cpuset=\"" cpus "\" nodeset=\"" nodes "\" complete_nodeset=\"" nodes "\""
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE topology SYSTEM \"hwloc2.dtd\">\n"
+               "<topology version=\"2.0\">\n<object type=\"Machine\" os_index=\"0\" " SETS("0xf", "0x3") ">\n");
+    static const char *const pkg_cpus[2] = {"0x3", "0xc"}, *const pkg_nodes[2] = {"0x1", "0x2"};
+    static const char *const pkg_bus[2] = {"01", "41"};
+    for (int p = 0; p < 2; p++) {
+        const char *cpus = pkg_cpus[p], *nodes = pkg_nodes[p];
+        fprintf(f, "<object type=\"Package\" os_index=\"%d\" " SETS("%s", "%s") ">\n", p, cpus, cpus, nodes, nodes);
+        fprintf(f, "<object type=\"NUMANode\" os_index=\"%d\" " SETS("%s", "%s") " local_memory=\"1073741824\"/>\n",
+                p, cpus, cpus, nodes, nodes);
+        for (int pu = 2 * p; pu < 2 * p + 2; pu++)
+            fprintf(f, "<object type=\"PU\" os_index=\"%d\" " SETS("0x%x", "%s") "/>\n", pu, 1u << pu, 1u << pu, nodes,
+                    nodes);
+        fprintf(f,
+                "<object type=\"Bridge\" bridge_type=\"0-1\" depth=\"0\" bridge_pci=\"0000:[%s-%s]\">\n"
+                "<object type=\"PCIDev\" pci_busid=\"0000:%s:00.0\" pci_type=\"0300 [10de:2684] [10de:0000] a1\"/>\n"
+                "</object>\n</object>\n",
+                pkg_bus[p], pkg_bus[p], pkg_bus[p]);
+    }
+#undef SETS
+    fprintf(f, "</object>\n</topology>\n");
+    cr_assert_eq(fclose(f), 0);
+    cr_assert_eq(setenv("HWLOC_XMLFILE", path, 1), 0);
+    return true;
+}
+
+Test(offload, node_for_device_two_nodes) {
+    if (!use_two_node_topology()) cr_skip_test("built without hwloc");
+    tri__topology *t;
+    cr_assert_eq(tri__topology_open(&t), TRI_STATUS_OK);
+    cr_assert(tri__topology_is_hwloc(t));
+    cr_assert_eq(tri__topology_n_nodes(t), 2);
+    cr_assert_eq(tri__topology_node(t, 1)->os_index, 1);
+    cr_assert_eq(tri__topology_node(t, 1)->n_pus, 2);
+    // each GPU maps to the node of its own socket, in both spellings of the bus id
+    cr_assert_eq(tri__topology_node_for_device(t, "0000:41:00.0"), 1);
+    cr_assert_eq(tri__topology_node_for_device(t, "41:00.0"), 1);
+    cr_assert_eq(tri__topology_node_for_device(t, "0000:01:00.0"), 0);
+    int32_t node = -1;
+    cr_assert_eq(tri__topology_node_of_pci(t, "0000:41:00.0", &node), TRI_STATUS_OK);
+    cr_assert_eq(node, 1);
+    // nothing to choose by: -1 (leave it to the kernel), and the caller's last error survives
+    (void)tri__topology_node_of_pci(t, "zz", &node);  // records an error of its own
+    char before[256];
+    snprintf(before, sizeof before, "%s", tri_last_error());
+    cr_assert_eq(tri__topology_node_for_device(t, "0000:ff:1f.7"), -1, "a device hwloc does not know");
+    cr_assert_eq(tri__topology_node_for_device(t, "not a bus id"), -1);
+    cr_assert_eq(tri__topology_node_for_device(t, ""), -1);
+    cr_assert_eq(tri__topology_node_for_device(t, NULL), -1);
+    cr_assert_str_eq(tri_last_error(), before);
+    // binding to the GPU's node: against an XML topology hwloc accepts it without asking the OS
+    cr_assert_eq(tri__topology_bind_thread(t, 1), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__topology_bind_omp(t, 1, 2), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__topology_free(t);
+}
+
+Test(offload, node_for_device_one_node_is_no_choice) {
+    tri__topology *t;
+    cr_assert_eq(tri__topology_open(&t), TRI_STATUS_OK);
+    if (tri__topology_n_nodes(t) > 1) cr_skip_test("this machine has %d NUMA nodes", tri__topology_n_nodes(t));
+    // every PCI device of this machine, known to hwloc or not: one node leaves nothing to place
+    int n_seen = 0;
+    FILE *ls = popen("ls /sys/bus/pci/devices 2>/dev/null", "r");
+    cr_assert_not_null(ls);
+    char busid[64];
+    while (fscanf(ls, "%63s", busid) == 1) {
+        cr_assert_eq(tri__topology_node_for_device(t, busid), -1, "%s", busid);
+        n_seen++;
+    }
+    pclose(ls);
+    cr_assert_eq(tri__topology_node_for_device(t, "0000:01:00.0"), -1);
+    cr_log_info("one node: %d PCI devices, none placed", n_seen);
+    tri__topology_free(t);
+}
+
+Test(offload, arena_params_place_near_gpu) {
+    if (!use_two_node_topology()) cr_skip_test("built without hwloc");
+    tri__arena_params ap = tri__arena_default_params();
+    char busid[32] = "0000:41:00.0";
+    tri__arena_params_place_near(&ap, busid);
+    memset(busid, 0, sizeof busid);  // the string need not outlive the call
+    cr_assert_not_null(ap.topo);
+    cr_assert_eq(ap.node, 1);
+    const tri__topology *t = NULL;
+    cr_assert_eq(tri__host_node_near("0000:01:00.0", &t), 0);
+    cr_assert_eq(t, ap.topo, "one topology per process");
+    tri__arena *a;
+    cr_assert_eq(tri__arena_create(&ap, &a), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__arena_stats s;
+    tri__arena_stats_get(a, &s);
+    cr_assert_eq(s.node, 1, "the arena targets the GPU's node, not the creating thread's");
+    void *p;
+    cr_assert_eq(tri__arena_alloc(a, (size_t)3 << 20, "kv", &p), TRI_STATUS_OK);
+    tri__arena_region_info info;
+    cr_assert_eq(tri__arena_region_info_get(a, p, &info), TRI_STATUS_OK);
+    if (info.bound) cr_assert_eq(info.node, 1);
+    tri__arena_free(a);
+    // a device hwloc does not know: the params stay unplaced (first touch)
+    tri__arena_params un = tri__arena_default_params();
+    tri__arena_params_place_near(&un, "0000:ff:1f.7");
+    cr_assert_null(un.topo);
+    cr_assert_eq(un.node, -1);
+    tri__arena_params_place_near(&un, NULL);
+    cr_assert_null(un.topo);
+}
+
+// A device backend that is no PCI device (host_memory false, not CUDA) with pinning hooks.
+static tri_status fake_register(tri__backend *be, void *ptr, size_t bytes) {
+    (void)be, (void)ptr, (void)bytes;
+    return TRI_STATUS_OK;
+}
+static void fake_unregister(tri__backend *be, void *ptr) { (void)be, (void)ptr; }
+static const tri__backend_ops fake_device_ops = {
+    .name = "fake-device",
+    .host_register = fake_register,
+    .host_unregister = fake_unregister,
+};
+
+Test(offload, arena_params_pin_for_backends) {
+    (void)use_two_node_topology();  // with hwloc: even where a GPU's node would be chosen
+    char busid[32] = "x";
+    // the CPU: host memory, no bus id, nothing pinned or placed
+    tri__backend *cpu;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &cpu), TRI_STATUS_OK);
+    cr_assert_eq(tri__backend_pci_bus_id(cpu, busid, sizeof busid), TRI_STATUS_NOT_FOUND);
+    cr_assert_str_eq(busid, "");
+    tri__arena_params ap = tri__arena_default_params();
+    tri__arena_params_pin_for(&ap, cpu);
+    cr_assert_null(ap.pin);
+    cr_assert_null(ap.topo);
+    cr_assert_eq(ap.node, -1);
+    // no thread binding either: the calling thread keeps its CPUs
+    cpu_set_t before, after;
+    cr_assert_eq(sched_getaffinity(0, sizeof before, &before), 0);
+    tri__backend_bind_host_threads(cpu, "cpu");
+    cr_assert_eq(sched_getaffinity(0, sizeof after, &after), 0);
+    cr_assert(CPU_EQUAL(&before, &after));
+    tri__backend_free(cpu);
+    // a device without a PCI bus id (not CUDA): pinned through its hooks, placement left alone
+    tri__backend fake = {.ops = &fake_device_ops, .n_threads = 1, .host_memory = false};
+    snprintf(busid, sizeof busid, "x");
+    cr_assert_eq(tri__backend_pci_bus_id(&fake, busid, sizeof busid), TRI_STATUS_NOT_FOUND);
+    cr_assert_str_eq(busid, "");
+    ap = tri__arena_default_params();
+    tri__arena_params_pin_for(&ap, &fake);
+    cr_assert_not_null(ap.pin);
+    cr_assert_eq(ap.pin_user, &fake);
+    cr_assert_null(ap.topo);
+    tri__backend_bind_host_threads(&fake, "fake");
+    cr_assert_eq(sched_getaffinity(0, sizeof after, &after), 0);
+    cr_assert(CPU_EQUAL(&before, &after));
+}
+
+Test(offload, bind_host_threads_one_node_keeps_affinity) {
+    tri__topology *t;
+    cr_assert_eq(tri__topology_open(&t), TRI_STATUS_OK);
+    int32_t n = tri__topology_n_nodes(t);
+    tri__topology_free(t);
+    if (n > 1) cr_skip_test("this machine has %d NUMA nodes", n);
+    // A narrower binding than the node's (taskset -c 0) must survive: on one node there is
+    // nothing to bind to, so the runtime leaves the threads alone.
+    cpu_set_t one, after;
+    CPU_ZERO(&one);
+    CPU_SET(0, &one);
+    cr_assert_eq(sched_setaffinity(0, sizeof one, &one), 0, "%s", strerror(errno));
+    const tri__topology *pt = NULL;
+    cr_assert_eq(tri__host_node_near("0000:01:00.0", &pt), -1);
+    cr_assert_not_null(pt);
+    if (tri__cuda_device_count() > 0) {
+        tri__backend *gpu;
+        char name[16];
+        cr_assert_eq(tri__backend_select(TRI_DEVICE_CUDA, 0, 0, &gpu, name), TRI_STATUS_OK, "%s", tri_last_error());
+        tri__backend_free(gpu);
+    }
+    cr_assert_eq(sched_getaffinity(0, sizeof after, &after), 0);
+    cr_assert(CPU_EQUAL(&one, &after));
+}
+
+Test(offload, cuda_backend_reports_its_bus_id) {
+    if (tri__cuda_device_count() == 0) cr_skip_test("no CUDA device");
+    tri__backend *gpu;
+    char name[16];
+    cr_assert_eq(tri__backend_select(TRI_DEVICE_CUDA, 0, 0, &gpu, name), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__cuda_device_info ci;
+    cr_assert_eq(tri__cuda_device_info_get(0, &ci), TRI_STATUS_OK, "%s", tri_last_error());
+    char busid[32];
+    cr_assert_eq(tri__backend_pci_bus_id(gpu, busid, sizeof busid), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_str_eq(busid, ci.pci_bus_id);
+    cr_assert_eq(tri__backend_cuda_pci_bus_id(gpu, busid, 8), TRI_STATUS_INVALID_ARGUMENT);
+    tri__arena_params ap = tri__arena_default_params();
+    tri__arena_params_pin_for(&ap, gpu);
+    cr_assert_not_null(ap.pin);
+    int32_t node = tri__host_node_near(ci.pci_bus_id, NULL);
+    cr_assert_eq(ap.node, node);
+    cr_assert(node < 0 ? ap.topo == NULL : ap.topo != NULL);
+    tri__arena *a;
+    cr_assert_eq(tri__arena_create(&ap, &a), TRI_STATUS_OK, "%s", tri_last_error());
+    void *p;
+    cr_assert_eq(tri__arena_alloc(a, (size_t)4 << 20, "probe", &p), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__arena_region_info info;
+    cr_assert_eq(tri__arena_region_info_get(a, p, &info), TRI_STATUS_OK);
+    cr_assert(info.pinned);
+    if (info.bound) cr_assert_eq(info.node, node);
+    cr_log_info("%s at %s: NUMA node %d, region bound %d", name, busid, node, info.bound);
+    tri__arena_free(a);
+    tri__backend_free(gpu);
 }
 
 // ---- planner ----
