@@ -22,6 +22,7 @@ extern "C" {
 
 static tri_status cublas_status(cublasStatus_t err, const char *file, int line, const char *expr) {
     if (err == CUBLAS_STATUS_SUCCESS) return TRI_STATUS_OK;
+    (void)cudaGetLastError();  // a CUDA error inside cuBLAS is not left for the next launch check
     return tri__fail(err == CUBLAS_STATUS_ALLOC_FAILED ? TRI_STATUS_DEVICE_OUT_OF_MEMORY : TRI_STATUS_DEVICE,
                      "%s:%d: %s: %s", file, line, expr, cublasGetStatusString(err));
 }

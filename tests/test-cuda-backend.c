@@ -113,6 +113,35 @@ Test(cuda_backend, memory_copies_and_out_of_memory) {
     DONE();
 }
 
+// A runtime call that fails leaves its error as the thread's last error; the backend clears it, or
+// the cudaGetLastError() after the next launch would report it and fail an op that ran fine.
+Test(cuda_backend, failed_call_does_not_fail_later_ops) {
+    NEED_GPU();
+    float a[300], b[300], o[300];
+    fill(a, 300, 1.0f);
+    fill(b, 300, 1.0f);
+    float *da = up(gpu, a, sizeof a), *db = up(gpu, b, sizeof b);
+    // pinning a range twice (cudaErrorHostMemoryAlreadyRegistered), an unknown device's info
+    // (cudaErrorInvalidDevice): recoverable failures, each a status
+    void *page = aligned_alloc(4096, 4096);
+    cr_assert_eq(gpu->ops->host_register(gpu, page, 4096), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(gpu->ops->host_register(gpu, page, 4096), TRI_STATUS_DEVICE);
+    cr_assert_eq(gpu->ops->add(gpu, da, da, db, 300), TRI_STATUS_OK, "stale error: %s", tri_last_error());
+    tri__cuda_device_info info;
+    cr_assert_neq(tri__cuda_device_info_get(tri__cuda_device_count(), &info), TRI_STATUS_OK);
+    cr_assert_eq(gpu->ops->swiglu(gpu, db, da, db, 300), TRI_STATUS_OK, "stale error: %s", tri_last_error());
+    down(gpu, o, db, sizeof o);
+    for (int i = 0; i < 300; i++) {
+        float s = a[i] + b[i];
+        cr_assert(fabsf(o[i] - s / (1.0f + expf(-s)) * b[i]) <= 1e-6f * (1 + fabsf(o[i])), "[%d] %g", i, (double)o[i]);
+    }
+    gpu->ops->host_unregister(gpu, page);
+    free(page);
+    gpu->ops->free(gpu, da);
+    gpu->ops->free(gpu, db);
+    DONE();
+}
+
 // ---- matmul ----
 
 // y = x @ W^T on the GPU, against the double reference on the decoded weights and against the CPU
