@@ -22,6 +22,7 @@ extern "C" {
 
 static tri_status cublas_status(cublasStatus_t err, const char *file, int line, const char *expr) {
     if (err == CUBLAS_STATUS_SUCCESS) return TRI_STATUS_OK;
+    (void)cudaGetLastError();  // a CUDA error inside cuBLAS is not left for the next launch check
     return tri__fail(err == CUBLAS_STATUS_ALLOC_FAILED ? TRI_STATUS_DEVICE_OUT_OF_MEMORY : TRI_STATUS_DEVICE,
                      "%s:%d: %s: %s", file, line, expr, cublasGetStatusString(err));
 }
@@ -440,7 +441,8 @@ static tri_status cuda_attention(tri__backend *be, float *out, const float *q, c
     int64_t nkv = kv->n_head_kv;
     if (kv->type != TRI_DTYPE_F16 && kv->type != TRI_DTYPE_F32)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %s keys", tri_dtype_name(kv->type));
-    if (nkv <= 0 || n_head % nkv != 0 || hd <= 0 || m < 0)
+    // n_head 0 would make a group of 0 heads (a division by zero sizing the partials below)
+    if (nkv <= 0 || n_head <= 0 || n_head % nkv != 0 || hd <= 0 || m < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda attention: %lld heads over %lld KV heads, head_dim %lld",
                          (long long)n_head, (long long)nkv, (long long)hd);
     if (kv->head_span[0] != 0)

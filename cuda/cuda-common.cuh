@@ -20,8 +20,11 @@ extern "C" {
 static inline tri_status tri__cuda_status(cudaError_t err, const char *file, int line, const char *expr) {
     if (err == cudaSuccess) return TRI_STATUS_OK;
     tri_status st = err == cudaErrorMemoryAllocation ? TRI_STATUS_DEVICE_OUT_OF_MEMORY : TRI_STATUS_DEVICE;
-    // Allocation failures are not sticky; clear them so the next call does not report them again.
-    if (err == cudaErrorMemoryAllocation) (void)cudaGetLastError();
+    // A failed runtime call also leaves its error as the thread's last error. Clear it (a sticky
+    // error stays anyway): else the cudaGetLastError() after the next kernel launch would report
+    // this error again, as if that launch had failed (an allocation, a host_register of memory
+    // already pinned, an invalid argument are all recoverable).
+    (void)cudaGetLastError();
     return tri__fail(st, "%s:%d: %s: %s (%s)", file, line, expr, cudaGetErrorString(err), cudaGetErrorName(err));
 }
 

@@ -8,14 +8,18 @@ extern "C" {
 #include "error.h"
 }
 
+// A failed call's error is also cleared from the thread's last error, so that the cudaGetLastError()
+// after a later kernel launch does not report it again.
 #define CUDA_CHECK_STATUS(call)                                                              \
     do {                                                                                     \
         cudaError_t err_ = (call);                                                           \
-        if (err_ != cudaSuccess)                                                             \
+        if (err_ != cudaSuccess) {                                                           \
+            (void)cudaGetLastError();                                                        \
             return tri__fail(err_ == cudaErrorMemoryAllocation ? TRI_STATUS_DEVICE_OUT_OF_MEMORY \
                                                                : TRI_STATUS_DEVICE,          \
                              "%s:%d: %s: %s", __FILE__, __LINE__, #call,                     \
                              cudaGetErrorString(err_));                                      \
+        }                                                                                    \
     } while (0)
 
 extern "C" int tri__cuda_device_count(void) {
@@ -46,8 +50,11 @@ extern "C" tri_status tri__cuda_device_info_get(int device, tri__cuda_device_inf
     CUDA_CHECK_STATUS(cudaSetDevice(device));
     size_t free_b = 0, total_b = 0;
     cudaError_t err = cudaMemGetInfo(&free_b, &total_b);
-    cudaSetDevice(prev);
-    if (err != cudaSuccess) return tri__fail(TRI_STATUS_DEVICE, "cudaMemGetInfo: %s", cudaGetErrorString(err));
+    (void)cudaSetDevice(prev);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();  // not left for the next launch check
+        return tri__fail(TRI_STATUS_DEVICE, "cudaMemGetInfo: %s", cudaGetErrorString(err));
+    }
     out->free_bytes = free_b;
     return TRI_STATUS_OK;
 }

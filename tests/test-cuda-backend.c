@@ -113,6 +113,79 @@ Test(cuda_backend, memory_copies_and_out_of_memory) {
     DONE();
 }
 
+// A runtime call that fails leaves its error as the thread's last error; the backend clears it, or
+// the cudaGetLastError() after the next launch would report it and fail an op that ran fine.
+Test(cuda_backend, failed_call_does_not_fail_later_ops) {
+    NEED_GPU();
+    float a[300], b[300], o[300];
+    fill(a, 300, 1.0f);
+    fill(b, 300, 1.0f);
+    float *da = up(gpu, a, sizeof a), *db = up(gpu, b, sizeof b);
+    // pinning a range twice (cudaErrorHostMemoryAlreadyRegistered), an unknown device's info
+    // (cudaErrorInvalidDevice): recoverable failures, each a status
+    void *page = aligned_alloc(4096, 4096);
+    cr_assert_eq(gpu->ops->host_register(gpu, page, 4096), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(gpu->ops->host_register(gpu, page, 4096), TRI_STATUS_DEVICE);
+    cr_assert_eq(gpu->ops->add(gpu, da, da, db, 300), TRI_STATUS_OK, "stale error: %s", tri_last_error());
+    tri__cuda_device_info info;
+    cr_assert_neq(tri__cuda_device_info_get(tri__cuda_device_count(), &info), TRI_STATUS_OK);
+    cr_assert_eq(gpu->ops->swiglu(gpu, db, da, db, 300), TRI_STATUS_OK, "stale error: %s", tri_last_error());
+    down(gpu, o, db, sizeof o);
+    for (int i = 0; i < 300; i++) {
+        float s = a[i] + b[i];
+        cr_assert(fabsf(o[i] - s / (1.0f + expf(-s)) * b[i]) <= 1e-6f * (1 + fabsf(o[i])), "[%d] %g", i, (double)o[i]);
+    }
+    gpu->ops->host_unregister(gpu, page);
+    free(page);
+    gpu->ops->free(gpu, da);
+    gpu->ops->free(gpu, db);
+    DONE();
+}
+
+// The transfer stream: pinned host rows copied up on TRANSFER, an op on COMPUTE that waits for them
+// through an event, its result copied back on TRANSFER after an event of COMPUTE, and
+// event_synchronize before the host reads it.
+Test(cuda_backend, transfer_stream_and_events) {
+    NEED_GPU();
+    const int64_t n = 1 << 20;  // 4 MiB: long enough for a missing wait to show
+    size_t bytes = sizeof(float) * (size_t)n;
+    float *a = aligned_alloc(4096, bytes), *r = aligned_alloc(4096, bytes), *b = malloc(bytes);
+    fill(a, n, 2.0f);
+    fill(b, n, 2.0f);
+    cr_assert_eq(gpu->ops->host_register(gpu, a, bytes), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(gpu->ops->host_register(gpu, r, bytes), TRI_STATUS_OK, "%s", tri_last_error());
+    float *da = dalloc(gpu, bytes), *db = up(gpu, b, bytes), *dout = dalloc(gpu, bytes);
+    tri__event *loaded = NULL, *done = NULL, *back = NULL;
+    cr_assert_eq(gpu->ops->event_create(gpu, &loaded), TRI_STATUS_OK);
+    cr_assert_eq(gpu->ops->event_create(gpu, &done), TRI_STATUS_OK);
+    cr_assert_eq(gpu->ops->event_create(gpu, &back), TRI_STATUS_OK);
+    for (int round = 0; round < 3; round++) {
+        for (int64_t i = 0; i < n; i++) a[i] += 1.0f;  // a refilled: the last round's copy is done
+        cr_assert_eq(gpu->ops->transfer_to_backend(gpu, da, a, bytes), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->event_record(gpu, loaded, TRI_STREAM_TRANSFER), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->stream_wait(gpu, TRI_STREAM_COMPUTE, loaded), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->add(gpu, dout, da, db, n), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->event_record(gpu, done, TRI_STREAM_COMPUTE), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->stream_wait(gpu, TRI_STREAM_TRANSFER, done), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->transfer_to_host(gpu, r, dout, bytes), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->event_record(gpu, back, TRI_STREAM_TRANSFER), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->event_synchronize(gpu, back), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int64_t i = 0; i < n; i++) cr_assert_eq(r[i], a[i] + b[i], "round %d [%lld]", round, (long long)i);
+    }
+    cr_assert_eq(gpu->ops->synchronize(gpu), TRI_STATUS_OK);
+    gpu->ops->event_destroy(gpu, loaded);
+    gpu->ops->event_destroy(gpu, done);
+    gpu->ops->event_destroy(gpu, back);
+    gpu->ops->event_destroy(gpu, NULL);
+    gpu->ops->host_unregister(gpu, a);
+    gpu->ops->host_unregister(gpu, r);
+    gpu->ops->free(gpu, da);
+    gpu->ops->free(gpu, db);
+    gpu->ops->free(gpu, dout);
+    free(a), free(r), free(b);
+    DONE();
+}
+
 // ---- matmul ----
 
 // y = x @ W^T on the GPU, against the double reference on the decoded weights and against the CPU
