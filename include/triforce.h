@@ -290,7 +290,8 @@ typedef struct tri_session_params {
     int32_t n_ctx;      // positions the KV cache holds (prompt + generated tokens);
                         // 0: the model's trained context, at most 8192
     int32_t n_threads;  // CPU worker threads; 0: one per core
-    int32_t n_batch;    // tokens per step of a long prefill; 0: 128
+    int32_t n_batch;    // tokens per step of a long prefill; 0: 128 (a STREAMING cache steps one
+                        // token at a time past its window, so batching never changes its contents)
     tri_dtype kv_type;  // TRI_DTYPE_F16 (the default) or TRI_DTYPE_F32
     // ---- KV policy (ignored for TRI_KV_POLICY_FULL) ----
     tri_kv_policy kv_policy;  // default TRI_KV_POLICY_FULL
