@@ -446,7 +446,8 @@ TRI_API tri_status tri_token_piece(const tri_model *model, int32_t id, const cha
 
 // Encodes len bytes of text. add_special: add BOS/EOS as the model's tokenizer metadata says
 // (SentencePiece models: BOS; SmolLM2: none). parse_special: control-token strings in the text
-// such as "<|im_start|>" become their ids; when false they are tokenized as plain text.
+// such as "<|im_start|>" (and, from a GGUF or tokenizer.model, the unknown token "<unk>", as in
+// llama.cpp) become their ids; when false they are tokenized as plain text.
 // On return *n_out holds the number of ids the text needs. ids may be NULL when cap == 0: a size
 // query that succeeds. With 0 < cap < *n_out nothing useful is written and the call fails with
 // TRI_STATUS_INVALID_ARGUMENT.
