@@ -290,7 +290,8 @@ typedef struct tri_session_params {
     int32_t n_ctx;      // positions the KV cache holds (prompt + generated tokens);
                         // 0: the model's trained context, at most 8192
     int32_t n_threads;  // CPU worker threads; 0: one per core
-    int32_t n_batch;    // tokens per step of a long prefill; 0: 128
+    int32_t n_batch;    // tokens per step of a long prefill; 0: 128 (a STREAMING cache steps one
+                        // token at a time past its window, so batching never changes its contents)
     tri_dtype kv_type;  // TRI_DTYPE_F16 (the default) or TRI_DTYPE_F32
     // ---- KV policy (ignored for TRI_KV_POLICY_FULL) ----
     tri_kv_policy kv_policy;  // default TRI_KV_POLICY_FULL
@@ -445,7 +446,8 @@ TRI_API tri_status tri_token_piece(const tri_model *model, int32_t id, const cha
 
 // Encodes len bytes of text. add_special: add BOS/EOS as the model's tokenizer metadata says
 // (SentencePiece models: BOS; SmolLM2: none). parse_special: control-token strings in the text
-// such as "<|im_start|>" become their ids; when false they are tokenized as plain text.
+// such as "<|im_start|>" (and, from a GGUF or tokenizer.model, the unknown token "<unk>", as in
+// llama.cpp) become their ids; when false they are tokenized as plain text.
 // On return *n_out holds the number of ids the text needs. ids may be NULL when cap == 0: a size
 // query that succeeds. With 0 < cap < *n_out nothing useful is written and the call fails with
 // TRI_STATUS_INVALID_ARGUMENT.

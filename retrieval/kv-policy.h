@@ -143,6 +143,17 @@ static inline int32_t tri__kv_policy_capacity(const tri__kv_policy *p) {
 // rows is full (a selection frees it: its rows then start at the selection's bound).
 int32_t tri__kv_policy_room(const tri__kv_policy *p);
 
+// The most tokens the next step may hold for the cache to be what one-token steps build, however
+// the caller batches: a StreamingLLM step attends to the window before it plus its own tokens, so
+// its token i sees what it would alone only while nothing has been evicted by then (len + i <=
+// budget); past that, one token per step (docs/kv-policies.md). No limit (INT32_MAX) for the
+// other policies. tri__llama_forward_policy keeps to it.
+static inline int32_t tri__kv_policy_step_limit(const tri__kv_policy *p) {
+    if (p->p.kind != TRI_KV_POLICY_STREAMING) return INT32_MAX;
+    int32_t n0 = tri__kv_policy_len(p);
+    return n0 <= p->p.budget ? p->p.budget - n0 + 1 : 1;
+}
+
 // Starts a step of m tokens at absolute positions len .. len + m - 1 (1 <= m <= max_step, fits
 // the capacity). Fills q_pos (m, host) with the positions at which the step's queries are rotated
 // and masked: the absolute ones, except STREAMING (positions inside the cache). rope is kept for

@@ -109,16 +109,6 @@ static tri_status ensure_rows(tri__level *lv, int32_t rows) {
     return TRI_STATUS_OK;
 }
 
-// The most tokens a step starting at cache length n0 may hold. A StreamingLLM step attends to
-// the window before it plus its own tokens, so token i of a step sees what a step of its own would
-// see only while nothing has been evicted by then (n0 + i <= budget): past that point, one token
-// per step. Then the cache is what one-token steps build, however the engine batched its evals
-// and prefills (docs/speculative.md, "Caches and rollback"). Other policies: no limit.
-static int32_t step_limit(const tri__level *lv, int32_t n0) {
-    if (lv->pol.p.kind != TRI_KV_POLICY_STREAMING) return INT32_MAX;
-    return n0 <= lv->pol.p.budget ? lv->pol.p.budget - n0 + 1 : 1;
-}
-
 // Runs tokens and writes their logits from row `row` on: one per token (all) or the last only
 // (none when row < 0: a prefill).
 static tri_status run(tri__level *lv, const int32_t *tokens, int32_t n, bool all, int32_t row) {
@@ -126,7 +116,10 @@ static tri_status run(tri__level *lv, const int32_t *tokens, int32_t n, bool all
     double t0 = now_seconds();
     tri_status st = TRI_STATUS_OK;
     for (int32_t done = 0; !st && done < n;) {
-        int32_t lim = step_limit(lv, tri__kv_policy_len(&lv->pol));
+        // StreamingLLM past its window: one token per step, so the cache is what one-token steps
+        // build however the engine batched its evals and prefills (docs/speculative.md, "Caches
+        // and rollback"); split here too, so n_evals counts each such step as a pass
+        int32_t lim = tri__kv_policy_step_limit(&lv->pol);
         int32_t m = n - done < lim ? n - done : lim;
         bool last = done + m == n;
         tri__logits_mode mode = row < 0 ? TRI_LOGITS_NONE

@@ -164,12 +164,17 @@ tri_status tri__llama_forward_policy(tri__llama *ll, tri__kv_policy *pol, const 
                          pol->max_step, ll->n_batch);
     const int64_t V = ll->model->config.n_vocab;
     tri_status st = TRI_STATUS_OK;
-    for (int32_t done = 0; !st && done < n; done += ll->n_batch) {
+    for (int32_t done = 0; !st && done < n;) {
+        // steps of n_batch, or fewer where the policy asks (StreamingLLM past its window), so the
+        // cache is the same however the caller batched the tokens
         int32_t nb = n - done < ll->n_batch ? n - done : ll->n_batch;
+        int32_t lim = tri__kv_policy_step_limit(pol);
+        if (nb > lim) nb = lim;
         bool last = done + nb == n;
         bool want = mode == TRI_LOGITS_ALL || (mode == TRI_LOGITS_LAST && last);
         float *dst = mode == TRI_LOGITS_ALL ? logits + (int64_t)done * V : logits;
         st = forward_step(ll, pol, tokens + done, nb, want, mode, dst);
+        done += nb;
     }
     if (!st) st = ll->be->ops->synchronize(ll->be);
     if (st && tri__kv_policy_len(pol) != n0) {

@@ -47,8 +47,10 @@ typedef enum tri__logits_mode {
 
 // Runs tokens (n, host) at positions len .. len + n - 1 of the cache policy pol (len =
 // tri__kv_policy_len), hands their keys and values to pol layer by layer, attends over the views
-// pol returns, and commits them (the policy's length advances by n). pol's steps must hold
-// n_batch tokens (its max_step >= ll->n_batch). logits (host): (1, n_vocab) for LAST, (n,
+// pol returns, and commits them (the policy's length advances by n), in steps of n_batch tokens
+// or fewer where tri__kv_policy_step_limit says (StreamingLLM past its window: one token per step,
+// so pol's cache does not depend on how the caller split the tokens into calls). pol's steps must
+// hold n_batch tokens (its max_step >= ll->n_batch). logits (host): (1, n_vocab) for LAST, (n,
 // n_vocab) for ALL, unused for NONE. The caller checks that the tokens fit pol's capacity
 // (INVALID_ARGUMENT otherwise) and that every id is in [0, n_vocab). On failure pol is rolled back
 // to len.

@@ -129,6 +129,7 @@ tri_status tri__tokenizer_from_gguf(const tri__gguf *g, tri__tokenizer **out) {
         if (type == TRI__TOKEN_BYTE) t->byte_fallback = true;
     }
     if ((st = tri__tok_index(t))) goto fail;
+    t->split_unk = true;  // llama.cpp's parse_special splits out UNKNOWN tokens too
     if (kind == TRI_TOKENIZER_SPM) {
         t->merge_by_score = true;
         t->add_bos = true;

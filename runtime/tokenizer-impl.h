@@ -48,10 +48,14 @@ struct tri__tokenizer {
                                  // unk_token), instead of being dropped (HF without, llama.cpp)
     bool fuse_unk;               // a run of unknown symbols gives one unk (SentencePiece always;
                                  // HF's fuse_unk, which fuses within a pre-tokenized word)
+    bool split_unk;              // parse_special also splits UNKNOWN tokens ("<unk>") out of the
+                                 // text, as llama.cpp does (GGUF, tokenizer.model); not from a
+                                 // tokenizer.json, where HF splits out added tokens only
 
     int32_t byte_tok[256];  // SPM: id of <0xXX>; BPE: id of the byte's mapped character; or -1
 
-    // CONTROL and USER_DEFINED tokens, sorted by first byte then longest first;
+    // CONTROL and USER_DEFINED tokens (and UNKNOWN with split_unk), sorted by first byte then
+    // longest first;
     // special[special_first[b], special_first[b + 1]) start with byte b.
     int32_t *special;
     int32_t n_special;

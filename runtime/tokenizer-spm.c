@@ -205,6 +205,7 @@ tri_status tri__tokenizer_from_spm_buf(const uint8_t *buf, size_t len, const cha
     t->remove_extra_ws = spec.remove_extra_ws;
     t->byte_fallback = spec.byte_fallback;
     t->fuse_unk = true;  // SentencePiece always merges a run of unknown pieces into one
+    t->split_unk = true;  // parse_special as for the GGUF made from this file (llama.cpp's rule)
     int64_t ids[4] = {spec.bos, spec.eos, spec.unk, spec.pad};
     int32_t *dst[4] = {&t->bos, &t->eos, &t->unk, &t->pad};
     for (int i = 0; i < 4; i++) {

@@ -304,6 +304,14 @@ static int cmp_special(const void *pa, const void *pb) {
     return a < b ? -1 : a > b;
 }
 
+// Whether token i is split out of the text before the model sees it: user-defined tokens always,
+// control tokens (and, with split_unk, the unknown token) with parse_special. Empty texts never.
+static bool splits_out(const tri__tokenizer *t, int32_t i) {
+    int type = t->type[i];
+    return t->tok_len[i] > 0 && (type == TRI__TOKEN_CONTROL || type == TRI__TOKEN_USER_DEFINED ||
+                                 (type == TRI__TOKEN_UNKNOWN && t->split_unk));
+}
+
 tri_status tri__tok_finish(tri__tokenizer *t) {
     int32_t *ids[] = {&t->bos, &t->eos, &t->unk, &t->pad};
     static const char *const names[] = {"bos", "eos", "unknown", "padding"};
@@ -348,17 +356,13 @@ tri_status tri__tok_finish(tri__tokenizer *t) {
 
     t->n_special = 0;
     for (int32_t i = 0; i < t->n_vocab; i++)
-        if ((t->type[i] == TRI__TOKEN_CONTROL || t->type[i] == TRI__TOKEN_USER_DEFINED) &&
-            t->tok_len[i] > 0)
-            t->n_special++;
+        if (splits_out(t, i)) t->n_special++;
     if (t->n_special) {
         if (!(t->special = malloc((size_t)t->n_special * sizeof *t->special)))
             return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: out of memory", t->name);
         int32_t k = 0;
         for (int32_t i = 0; i < t->n_vocab; i++)
-            if ((t->type[i] == TRI__TOKEN_CONTROL || t->type[i] == TRI__TOKEN_USER_DEFINED) &&
-                t->tok_len[i] > 0)
-                t->special[k++] = i;
+            if (splits_out(t, i)) t->special[k++] = i;
         sort_ctx = t;
         qsort(t->special, (size_t)t->n_special, sizeof *t->special, cmp_special);
         sort_ctx = NULL;
@@ -826,7 +830,7 @@ static int32_t match_special(const tri__tokenizer *t, const uint8_t *s, size_t l
     int32_t lo = t->special_first[s[0]], hi = t->special_first[s[0] + 1];
     for (int32_t k = lo; k < hi; k++) {
         int32_t id = t->special[k];
-        if (t->type[id] == TRI__TOKEN_CONTROL && !parse_special) continue;
+        if (t->type[id] != TRI__TOKEN_USER_DEFINED && !parse_special) continue;
         size_t n = t->tok_len[id];
         if (n <= len && memcmp(s, t->text + t->tok_off[id], n) == 0) return id;
     }

@@ -753,6 +753,63 @@ Test(streaming, runs_past_trained_context) {
     tri_model_free(m);
 }
 
+typedef struct token_log {
+    int32_t ids[16];
+    int n;
+} token_log;
+
+static bool log_token(int32_t token, void *user) {
+    token_log *l = user;
+    if (l->n < 16) l->ids[l->n++] = token;
+    return true;
+}
+
+// A StreamingLLM session's cache does not depend on how its tokens were batched: a step attends
+// to the window before it plus its own tokens, so past the window (8 here) the forward pass runs
+// one token per step, and a 40-token prompt given in one call (tri_session_eval, or tri_generate's
+// prefill in steps of n_batch = 16) gives bit for bit the logits of feeding it token by token
+// (the CPU backend is batch-invariant). Generation from both then emits the same tokens.
+Test(streaming, prompt_in_one_call_equals_token_by_token) {
+    enum { N = 40, BUDGET = 8, SINK = 2, GEN = 6 };
+    tri_model *m = gen_model("stream-batch", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    int32_t V = info.config.n_vocab;
+    int32_t t[N];
+    for (int i = 0; i < N; i++) t[i] = tok(i);
+    tri_session *one = session(m, TRI_KV_POLICY_STREAMING, 64, BUDGET, 0, SINK, 0);
+    tri_session *each = session(m, TRI_KV_POLICY_STREAMING, 64, BUDGET, 0, SINK, 0);
+    cr_assert_eq(tri_session_eval(one, t, N, true), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(tri_session_eval(each, t + i, 1, false), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert(memcmp(tri_session_logits(one, i), tri_session_logits(each, -1), sizeof(float) * (size_t)V) == 0,
+                  "token %d: logits of the prompt in one call differ from token by token", i);
+    }
+
+    // tri_generate: the whole prompt in one call, against all but its last token fed one by one
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = GEN;
+    gp.stop_at_eos = false;
+    token_log got[2] = {{{0}, 0}, {{0}, 0}};
+    tri_session *gen[2] = {one, each};
+    for (int k = 0; k < 2; k++) {
+        tri_session_reset(gen[k]);
+        if (k == 1)
+            for (int i = 0; i < N - 1; i++) cr_assert_eq(tri_session_eval(each, t + i, 1, false), TRI_STATUS_OK);
+        tri_generate_stats stats;
+        cr_assert_eq(tri_generate(gen[k], k ? t + N - 1 : t, k ? 1 : N, &gp, log_token, &got[k], &stats),
+                     TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert(stats.n_generated == GEN && got[k].n == GEN);
+        cr_assert_eq(tri_session_n_past(gen[k]), N + GEN - 1);
+    }
+    cr_assert(memcmp(tri_session_logits(one, -1), tri_session_logits(each, -1), sizeof(float) * (size_t)V) == 0,
+              "after tri_generate: last logits differ");
+    cr_assert(memcmp(got[0].ids, got[1].ids, sizeof(int32_t) * GEN) == 0, "generated tokens differ");
+    tri_session_free(each);
+    tri_session_free(one);
+    tri_model_free(m);
+}
+
 // Bad parameters: a clear error naming the field, before anything is allocated.
 Test(policy, bad_parameters) {
     tri_model *m = gen_model("bad", "--dtype f32");

@@ -220,6 +220,52 @@ Test(tokenizer, spm_tokenizer_json_matches_hf_tokenizers) {
     tri__tokenizer_free(t);
 }
 
+// With parse_special, llama.cpp splits out of the text the tokens of type CONTROL, USER_DEFINED
+// and UNKNOWN (its special-token cache; without parse_special only USER_DEFINED). So a Llama-2
+// GGUF (and tokenizer.model, the same vocabulary) splits out "<unk>" as well as "<s>" and "</s>",
+// which is what HF does with the converted tokenizer.json, where all three are added special
+// tokens: HF's ids_special and ids_add (BOS in front) are the independent reference. Texts with
+// "<unk>" ("a<unk>b <unk>") are among the cases.
+Test(tokenizer, spm_parse_special_splits_unknown_as_llama_cpp) {
+    const char *text = "a<unk>b <unk>";
+    json_object *want = NULL;
+    json_object *j = load_cases(tt_fixture("tokenizer", "spm-hf-cases.json"));
+    for (size_t i = 0; i < json_object_array_length(j); i++) {
+        json_object *c = json_object_array_get_idx(j, i), *jt;
+        if (json_object_object_get_ex(c, "text", &jt) && strcmp(json_object_get_string(jt), text) == 0)
+            want = c;
+    }
+    cr_assert(want, "the cases hold '%s'", text);
+    tri__gguf *g;
+    tri__tokenizer *t = load_gguf_fixture("spm.gguf", &g);
+    cr_assert(t->split_unk);
+    expect_ids(t, want, "ids_special", false, true);  // <unk> split out: id 0 twice
+    expect_ids(t, want, "ids", false, false);         // as text
+    check_cases(t, "spm-hf-cases.json", true, false);
+    tri__tokenizer_free(t);
+    tri__gguf_close(g);
+    t = load_spm_fixture();
+    check_cases(t, "spm-hf-cases.json", true, false);
+    tri__tokenizer_free(t);
+    t = load_gguf_fixture("spm-nobf.gguf", &g);
+    check_cases(t, "spm-nobf-hf-cases.json", true, false);
+    tri__tokenizer_free(t);
+    tri__gguf_close(g);
+    json_object_put(j);
+}
+
+// From a tokenizer.json, HF splits out added tokens only: an unk_token that is not one stays
+// text even with special parsing (cases from HF tokenizers), while the converted file that adds
+// "<unk>" splits it out (spm_tokenizer_json_matches_hf_tokenizers).
+Test(tokenizer, tokenizer_json_unk_not_added_stays_text_as_hf) {
+    tri__tokenizer *t = load_json_fixture("spm-hf-unkplain.json");
+    cr_assert(!t->split_unk);
+    cr_assert_eq(tri__tokenizer_unk(t), 0);
+    cr_assert_eq(tri__tokenizer_type(t, 0), TRI__TOKEN_UNKNOWN);
+    check_cases(t, "spm-hf-unkplain-cases.json", true, true);
+    tri__tokenizer_free(t);
+}
+
 // ---- byte-level BPE ----
 
 Test(tokenizer, bpe_llama3_gguf_matches_hf_tokenizers) {
