@@ -784,7 +784,7 @@ static tri_status cpu_attention(tri__backend *be, float *out, const float *q, co
     int64_t nkv = kv->n_head_kv;
     if (kv->type != TRI_DTYPE_F16 && kv->type != TRI_DTYPE_F32)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys", tri_dtype_name(kv->type));
-    if (nkv <= 0 || n_head % nkv != 0 || hd <= 0 || m < 0)
+    if (nkv <= 0 || n_head <= 0 || n_head % nkv != 0 || hd <= 0 || m < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu attention: %lld heads over %lld KV heads, head_dim %lld",
                          (long long)n_head, (long long)nkv, (long long)hd);
     int64_t n_keys = 0;

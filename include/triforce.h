@@ -549,8 +549,9 @@ typedef struct tri_spec_stats {
     double decode_seconds;    // from the first generated token to the last
     int64_t n_l2_refresh;     // L2 chunk selections made (after the prefill, by count, by
                               // falling acceptance)
-    uint64_t kv_bytes_up;     // L3's offloaded KV (kv_layers_offloaded) copied host -> device
-    uint64_t kv_bytes_down;   // while decoding, and new rows copied back; 0 without offload
+    uint64_t kv_bytes_up;     // while decoding: offloaded KV (kv_layers_offloaded) copied host ->
+                              // device (L3's passes, L2's reads of it before a selection, its gathers)
+    uint64_t kv_bytes_down;   // and new rows copied back; 0 without offload
 } tri_spec_stats;
 
 typedef struct tri_spec tri_spec;

@@ -9,11 +9,13 @@
 
 #include "dtype.h"
 #include "error.h"
+#include "level.h"
 #include "model.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
-// Slots of the retrieval cache for tokens generated since the last refresh.
-#define RETRIEVAL_SLACK 256
+// Rows of the retrieval cache besides its budget: the ring of tokens since its selection
+// (level.h), with the engine's default batch of 128.
+#define RETRIEVAL_SLACK(p) tri__level_l2_ring((p)->chunk_size, (p)->gamma1, (p)->gamma2, 128)
 // The draft's StreamingLLM cache and activations, beside its weights.
 #define DRAFT_EXTRA_BYTES ((uint64_t)16 << 20)
 // Staging buffers for weights read from disk: layer i being uploaded, i + 1 and i + 2 being read.
@@ -184,7 +186,7 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
                                             (uint64_t)c->n_vocab) * 4 +
                          ((uint64_t)16 << 20);  // attention tiles, small buffers
     out->gpu_retrieval_bytes =
-        tf ? div_up(((uint64_t)p->retrieval_budget + RETRIEVAL_SLACK) * x->kv_tok * (uint64_t)L, G)
+        tf ? div_up(((uint64_t)p->retrieval_budget + (uint64_t)RETRIEVAL_SLACK(p)) * x->kv_tok * (uint64_t)L, G)
            : 0;
     out->gpu_draft_bytes = tf ? p->draft_bytes + DRAFT_EXTRA_BYTES : 0;
     uint64_t other_g = div_up(x->other, G);
@@ -271,7 +273,7 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
 
     // ---- time ----
     if (tf) {
-        int64_t c_l2 = (int64_t)p->retrieval_budget + RETRIEVAL_SLACK;
+        int64_t c_l2 = (int64_t)p->retrieval_budget + RETRIEVAL_SLACK(p);
         if (c_l2 > p->n_ctx) c_l2 = p->n_ctx;
         out->t_l3 = pass_time(x, out, (int64_t)p->gamma2 + 1, p->n_ctx, true, &out->pcie_bytes_l3);
         out->t_l2 = pass_time(x, out, (int64_t)p->gamma1 + 1, c_l2, false, &out->pcie_bytes_l2);

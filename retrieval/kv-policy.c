@@ -74,6 +74,7 @@ struct tri__retrieval_state {
     int64_t *offs;            // (n_head_kv * budget) host: where each of those rows is in a layer
     void *stage;              // (n_head_kv * budget, head_dim) host: an offloaded layer's gather
     bool stage_pinned;
+    uint64_t bytes_up;        // host -> backend: offloaded layers' gathers and ring fills
 };
 
 const char *tri__kv_policy_name(tri_kv_policy kind) {
@@ -419,6 +420,8 @@ fail:
     return st;
 }
 
+uint64_t tri__kv_policy_bytes_up(const tri__kv_policy *p) { return p->src ? p->ret->bytes_up : 0; }
+
 int32_t tri__kv_policy_room(const tri__kv_policy *p) {
     if (p->src) return p->ret->ring - (p->len - p->ret->tail0);
     return p->kv->capacity - p->kv->n;
@@ -673,7 +676,10 @@ static tri_status ring_fill(tri__kv_policy *p, int32_t il, int32_t pos, int32_t 
         for (int32_t i = pos; i < pos + n;) {
             int32_t slot = i % R, cnt = pos + n - i < R - slot ? pos + n - i : R - slot;
             size_t bytes = (size_t)(cnt * row);
-            if (host) TRY(op->copy_to_backend(p->be, ring + slot * row, from + i * row, bytes));
+            if (host) {
+                TRY(op->copy_to_backend(p->be, ring + slot * row, from + i * row, bytes));
+                p->ret->bytes_up += bytes;
+            }
             else if (op->copy) TRY(op->copy(p->be, ring + slot * row, from + i * row, bytes));
             else return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: backend %s copies no rows", op->name);
             i += cnt;
@@ -717,6 +723,7 @@ static tri_status ret_install(tri__kv_policy *p, const sel_entry *e, int32_t len
                 memcpy((char *)s->stage + r * row_bytes, from + s->offs[r], (size_t)row_bytes);
             TRY(op->copy_to_backend(p->be, to, s->stage, (size_t)(rows * row_bytes)));
             TRY(op->synchronize(p->be));  // the staging is refilled next
+            s->bytes_up += (uint64_t)(rows * row_bytes);
         }
         if (e->bound < s->tail0) TRY(ring_fill(p, il, e->bound, s->tail0 - e->bound));
     }

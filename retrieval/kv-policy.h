@@ -142,6 +142,9 @@ static inline int32_t tri__kv_policy_capacity(const tri__kv_policy *p) {
 // Tokens the policy can still append: up to the capacity, or, borrowing, until its ring of own
 // rows is full (a selection frees it: its rows then start at the selection's bound).
 int32_t tri__kv_policy_room(const tri__kv_policy *p);
+// Borrowing: bytes copied host -> backend so far by its own copies (chunks gathered out of src's
+// offloaded layers, rows of them put into the ring); src's own streaming is src's count. 0 else.
+uint64_t tri__kv_policy_bytes_up(const tri__kv_policy *p);
 
 // The most tokens the next step may hold for the cache to be what one-token steps build, however
 // the caller batches: a StreamingLLM step attends to the window before it plus its own tokens, so

@@ -54,6 +54,13 @@ typedef struct tri__level {
     int64_t n_evals;         // forward passes run
 } tri__level;
 
+// The ring the speculative engine gives its retrieval level over L3's rows: 512 tokens past a
+// selection before it selects again for want of room, plus a round's drafts and a step of n_batch.
+// The planner sizes L2 with it.
+static inline int32_t tri__level_l2_ring(int32_t chunk, int32_t gamma1, int32_t gamma2, int32_t n_batch) {
+    return 512 + chunk + gamma1 + gamma2 + n_batch;
+}
+
 // Allocates the level's cache and buffers on be. model and be must outlive the level.
 // INVALID_ARGUMENT for parameters the policy refuses (kv-policy.h).
 tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend *be,

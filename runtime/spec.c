@@ -190,9 +190,6 @@ int32_t tri__ngram_draft(const int32_t *ctx, int32_t n_ctx, int32_t ngram_n, int
 
 // L3 passes over which L2's acceptance is judged for a refresh (tri_spec_params.refresh_accept).
 #define ACC_ROUNDS 4
-// Tokens L2 may run past its selection before it selects again because its ring of own rows is
-// full (besides the room for a round); a refresh then gathers budget rows per layer again.
-#define L2_RING 512
 
 struct tri_spec {
     const tri_model *target;
@@ -467,6 +464,7 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
     stats->prefill_seconds = t1 - t0;
     tri__kv_offload_stats kv0, kv1;  // L3's offloaded cache, counted while decoding
     tri__kv_store_offload_stats(s->l3.pol.kv, &kv0);
+    uint64_t l2_up0 = s->lv2 ? tri__kv_policy_bytes_up(&s->lv2->pol) : 0;
 
     const tri_spec_mode mode = s->params.mode;
     const int32_t eos = p.stop_at_eos ? tri_token_eos(s->target) : -1;
@@ -533,7 +531,8 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
     }
     stats->decode_seconds = now_seconds() - t1;
     tri__kv_store_offload_stats(s->l3.pol.kv, &kv1);
-    stats->kv_bytes_up = kv1.bytes_up - kv0.bytes_up;
+    // L3's rows streaming (for L2 too, before its selections), and L2's gathers of offloaded chunks
+    stats->kv_bytes_up = kv1.bytes_up - kv0.bytes_up + (s->lv2 ? tri__kv_policy_bytes_up(&s->lv2->pol) : 0) - l2_up0;
     stats->kv_bytes_down = kv1.bytes_down - kv0.bytes_down;
     s->stats = NULL;
     return TRI_STATUS_OK;
@@ -720,7 +719,7 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         // only the rows of the tokens it ran since its selection, in a ring it selects again before
         // filling (l2_refresh_due)
         l2p.kv_source = s->l3.pol.kv;
-        l2p.ring = L2_RING + p.chunk + p.gamma2 + p.gamma1 + sp.n_batch;
+        l2p.ring = tri__level_l2_ring(p.chunk, p.gamma1, p.gamma2, sp.n_batch);
         if ((st = tri__level_init(&s->l2, s->tw, s->be, &l2p))) goto fail;
         s->lv2 = &s->l2;
     }

@@ -256,6 +256,23 @@ Test(cpu_backend, get_rows_every_type) {
     tri__backend_free(be);
 }
 
+Test(cpu_backend, gather_rows_by_byte_offsets) {
+    // 6 source rows of 12 bytes; dst row i is the 12 bytes at offsets[i] (unaligned ones too)
+    unsigned char src[80], dst[5 * 12];
+    for (int i = 0; i < 80; i++) src[i] = (unsigned char)(i * 7 + 1);
+    const int64_t off[5] = {60, 0, 13, 60, 36};
+    tri__backend *be = make_backend(TRI_CPU_SIMD_AUTO);
+    cr_assert_eq(be->ops->gather(be, dst, src, off, 5, 12), TRI_STATUS_OK);
+    for (int i = 0; i < 5; i++)
+        for (int b = 0; b < 12; b++)
+            cr_assert_eq(dst[i * 12 + b], (unsigned char)((off[i] + b) * 7 + 1), "row %d byte %d", i, b);
+    const int64_t bad = -4;
+    cr_assert_eq(be->ops->gather(be, dst, src, &bad, 1, 12), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(be->ops->gather(be, dst, src, off, 1, 0), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(be->ops->gather(be, dst, src, off, 0, 12), TRI_STATUS_OK);
+    tri__backend_free(be);
+}
+
 Test(cpu_backend, convert_to_half) {
     float x[5] = {1.0f, -2.5f, 65504.0f, 1e-8f, 3.14159f};
     uint16_t h[5], b[5];

@@ -330,6 +330,29 @@ Test(cuda_backend, get_rows_every_type) {
     DONE();
 }
 
+Test(cuda_backend, gather_rows_words_and_bytes) {
+    NEED_GPU();
+    // 4-byte rows at 4-aligned offsets take the word path; 6-byte rows at odd offsets the byte path
+    enum { SRC = 4096 };
+    unsigned char src[SRC], got[300 * 8], want[300 * 8];
+    for (int i = 0; i < SRC; i++) src[i] = (unsigned char)(i * 13 + 5);
+    unsigned char *dsrc = up(gpu, src, SRC), *ddst = dalloc(gpu, sizeof got);
+    int64_t off[300];
+    for (int aligned = 1; aligned >= 0; aligned--) {
+        int64_t row = aligned ? 8 : 6;
+        for (int i = 0; i < 300; i++) off[i] = aligned ? (int64_t)((i * 37) % 500) * 8 : (int64_t)(i * 29 % 4000) + 1;
+        cr_assert_eq(gpu->ops->gather(gpu, ddst, dsrc, off, 300, row), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(cpu->ops->gather(cpu, want, src, off, 300, row), TRI_STATUS_OK);
+        down(gpu, got, ddst, (size_t)(300 * row));
+        cr_assert_eq(memcmp(got, want, (size_t)(300 * row)), 0, "%s rows", aligned ? "word" : "byte");
+    }
+    const int64_t bad = -1;
+    cr_assert_eq(gpu->ops->gather(gpu, ddst, dsrc, &bad, 1, 8), TRI_STATUS_INVALID_ARGUMENT);
+    gpu->ops->free(gpu, dsrc);
+    gpu->ops->free(gpu, ddst);
+    DONE();
+}
+
 Test(cuda_backend, convert_bit_exact) {
     NEED_GPU();
     // specials and rounding edges: ties, subnormal halves, overflow to inf, nan, -0
