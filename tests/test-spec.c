@@ -1319,3 +1319,50 @@ Test(spec, l2_over_l3_rows_equals_own_cache) {
     tri__backend_free(be);
     tri_model_free(m);
 }
+
+// The whole engine with L3's cache partly or wholly offloaded and L2 over it: greedy output equals
+// plain decoding, L2 selects several times (so it gathers chunks out of host regions), and the
+// bytes it moves are counted.
+Test(spec, l2_over_offloaded_l3_exact_greedy, .timeout = 120) {
+    tri_model *target = load(gen_model("off-t", "--seed 71 --vocab 270 --layers 3"));
+    tri_model *draft = load(gen_model("off-d", "--seed 72 --vocab 270 --layers 2"));
+    enum { NP = 90, NG = 36 };
+    int32_t prompt[NP], want[NG];
+    for (int i = 0; i < NP; i++) prompt[i] = i % 19 < 12 ? (i % 19) * 13 + 5 : (i * 41) % 260 + 3;
+    plain_greedy(target, prompt, NP, NG, 160, want);
+    drafter_case d = {"model", TRI_SPEC_DRAFTER_MODEL, draft, NULL, 0, 0};
+    for (int mode = TRI_SPEC_MODE_RETRIEVAL; mode <= TRI_SPEC_MODE_TRIFORCE; mode++)
+        for (int off = 1; off <= 3; off += 2) {
+            tri_spec_params p = params_of((tri_spec_mode)mode, &d, 2, 5);
+            p.budget = 32;
+            p.refresh = 12;
+            tri_session_params sp = small_session(160);
+            sp.kv_layers_offloaded = off;
+            tri_spec *s;
+            cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_OK, "%s", tri_last_error());
+            int32_t got[NG];
+            collect c = {got, 0, NG};
+            tri_generate_params gp = tri_generate_default_params();
+            gp.n_predict = NG;
+            gp.stop_at_eos = false;
+            gp.sampler.temperature = 0.0f;
+            tri_spec_stats st;
+            cr_assert_eq(tri_generate_spec(s, prompt, NP, &gp, on_token, &c, &st), TRI_STATUS_OK, "%s",
+                         tri_last_error());
+            cr_assert_eq(c.n, NG);
+            for (int i = 0; i < NG; i++)
+                cr_assert_eq(got[i], want[i], "%s, %d layers offloaded: token %d: %d vs plain %d", mode_name(mode), off,
+                             i, got[i], want[i]);
+            cr_assert(st.n_l2_refresh >= 2, "%s: %lld selections", mode_name(mode), (long long)st.n_l2_refresh);
+            tri__level *l2 = tri__spec_level(s, 2);
+            cr_assert_eq(l2->pol.src, tri__spec_level(s, 3)->pol.kv);
+            uint64_t gathered = tri__kv_policy_bytes_up(&l2->pol);
+            // one offloaded layer stays in its buffer; three stream through two
+            cr_assert(gathered > 0 && st.kv_bytes_up >= gathered && (off == 1 || st.kv_bytes_up > gathered),
+                      "%s, %d offloaded: %llu bytes up, %llu gathered",
+                      mode_name(mode), off, (unsigned long long)st.kv_bytes_up, (unsigned long long)gathered);
+            tri_spec_free(s);
+        }
+    tri_model_free(draft);
+    tri_model_free(target);
+}
