@@ -66,7 +66,7 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
     lv->model = model;
     lv->be = be;
     lv->params = *params;
-    if ((st = tri__llama_init(&lv->ll, model, be, params->n_batch))) goto fail;
+    if ((st = tri__llama_init_pooled(&lv->ll, model, be, params->n_batch, params->acts))) goto fail;
     if (params->kv_offloaded > 0) {
         if (kp.kind != TRI_KV_POLICY_FULL || params->kv_offloaded > c->n_layer) {
             st = tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level: %d offloaded layers of %d with policy %s (full only)",

@@ -35,6 +35,8 @@ typedef struct tri__level_params {
                            // borrows instead of keeping a full cache (tri__kv_policy_init_borrowed);
                            // NULL: a cache of its own. Same model; must outlive the level.
     int32_t ring;          // with kv_source: rows of its own tokens since a selection (>= chunk + n_batch)
+    tri__act_pool *acts;   // activations shared with the other levels (llama.h; the caller binds
+                           // the pool once every level joined); NULL: the level's own
 } tri__level_params;
 
 typedef struct tri__level {

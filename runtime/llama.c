@@ -13,22 +13,51 @@
         if (st_ != TRI_STATUS_OK) return st_;  \
     } while (0)
 
+// The activation buffers of a pass, in the pool's order, with their sizes in floats.
+#define ACT_BUFS 9
+static void act_table(tri__llama *ll, float ***bufs, int64_t *elems) {
+    const tri_model_config *c = &ll->model->config;
+    int64_t nb = ll->n_batch;
+    int64_t q_dim = (int64_t)c->n_head * c->head_dim, kv_dim = (int64_t)c->n_head_kv * c->head_dim;
+    float **b[ACT_BUFS] = {&ll->x, &ll->xb, &ll->q, &ll->k, &ll->v, &ll->att, &ll->proj, &ll->gate, &ll->up};
+    int64_t e[ACT_BUFS] = {nb * c->n_embd, nb * c->n_embd, nb * q_dim, nb * kv_dim, nb * kv_dim,
+                           nb * q_dim, nb * c->n_embd, nb * c->n_ff, nb * c->n_ff};
+    for (int i = 0; i < ACT_BUFS; i++) bufs[i] = b[i], elems[i] = e[i];
+}
+
+struct tri__act_pool {
+    tri__backend *be;
+    void *block;              // one backend allocation holding every buffer, once bound
+    uint64_t bytes;
+    int64_t elems[ACT_BUFS];  // floats per buffer: the most any pass needs
+    tri__llama **users;
+    int32_t n_users, cap;
+};
+
 void tri__llama_free(tri__llama *ll) {
     if (ll->be) {
-        float **bufs[] = {&ll->x, &ll->xb, &ll->q, &ll->k, &ll->v, &ll->att, &ll->proj,
-                          &ll->gate, &ll->up, &ll->logits};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ll->be->ops->free(ll->be, *bufs[i]);
+        float **bufs[ACT_BUFS];
+        int64_t elems[ACT_BUFS];
+        act_table(ll, bufs, elems);
+        if (!ll->pool)
+            for (int i = 0; i < ACT_BUFS; i++) ll->be->ops->free(ll->be, *bufs[i]);
+        ll->be->ops->free(ll->be, ll->logits);
     }
+    if (ll->pool)  // leave the pool
+        for (int32_t i = 0; i < ll->pool->n_users; i++)
+            if (ll->pool->users[i] == ll) ll->pool->users[i] = ll->pool->users[--ll->pool->n_users];
     free(ll->pos);
     free(ll->q_pos);
     tri__rope_free(&ll->rope);
     memset(ll, 0, sizeof *ll);
 }
 
-tri_status tri__llama_init(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch) {
+static tri_status llama_init(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch,
+                             tri__act_pool *pool) {
     memset(ll, 0, sizeof *ll);
     const tri_model_config *c = &model->config;
     if (n_batch <= 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "batch size %d must be positive", n_batch);
+    if (pool && pool->be != be) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "forward pass: a pool of another backend");
     ll->model = model;
     ll->be = be;
     ll->n_batch = n_batch;
@@ -38,21 +67,30 @@ tri_status tri__llama_init(tri__llama *ll, const tri_model *model, tri__backend 
         memset(ll, 0, sizeof *ll);
         return st;
     }
-    int64_t nb = n_batch;
-    int64_t q_dim = (int64_t)c->n_head * c->head_dim, kv_dim = (int64_t)c->n_head_kv * c->head_dim;
-    struct {
-        float **buf;
-        int64_t elems;
-    } bufs[] = {
-        {&ll->x, nb * c->n_embd},   {&ll->xb, nb * c->n_embd}, {&ll->q, nb * q_dim},
-        {&ll->k, nb * kv_dim},      {&ll->v, nb * kv_dim},     {&ll->att, nb * q_dim},
-        {&ll->proj, nb * c->n_embd}, {&ll->gate, nb * c->n_ff}, {&ll->up, nb * c->n_ff},
-    };
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if ((st = be->ops->alloc(be, (size_t)bufs[i].elems * sizeof(float), (void **)bufs[i].buf)))
-            goto fail;
-    ll->pos = malloc((size_t)nb * sizeof *ll->pos);
-    ll->q_pos = malloc((size_t)nb * sizeof *ll->q_pos);
+    float **bufs[ACT_BUFS];
+    int64_t elems[ACT_BUFS];
+    act_table(ll, bufs, elems);
+    if (pool) {
+        if (pool->n_users == pool->cap) {
+            int32_t cap = pool->cap ? 2 * pool->cap : 4;
+            tri__llama **u = realloc(pool->users, sizeof *u * (size_t)cap);
+            if (!u) {
+                st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "activation pool: %d users", cap);
+                goto fail;
+            }
+            pool->users = u;
+            pool->cap = cap;
+        }
+        pool->users[pool->n_users++] = ll;
+        ll->pool = pool;
+        for (int i = 0; i < ACT_BUFS; i++)
+            if (elems[i] > pool->elems[i]) pool->elems[i] = elems[i];
+    } else {
+        for (int i = 0; i < ACT_BUFS; i++)
+            if ((st = be->ops->alloc(be, (size_t)elems[i] * sizeof(float), (void **)bufs[i]))) goto fail;
+    }
+    ll->pos = malloc((size_t)n_batch * sizeof *ll->pos);
+    ll->q_pos = malloc((size_t)n_batch * sizeof *ll->q_pos);
     if (!ll->pos || !ll->q_pos) {
         st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "forward pass: positions");
         goto fail;
@@ -63,6 +101,60 @@ fail:
     tri__llama_free(ll);
     return st;
 }
+
+tri_status tri__llama_init(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch) {
+    return llama_init(ll, model, be, n_batch, NULL);
+}
+
+tri_status tri__llama_init_pooled(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch,
+                                  tri__act_pool *pool) {
+    return llama_init(ll, model, be, n_batch, pool);  // pool NULL: tri__llama_init
+}
+
+tri_status tri__act_pool_create(tri__backend *be, tri__act_pool **out) {
+    *out = calloc(1, sizeof **out);
+    if (!*out) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "activation pool");
+    (*out)->be = be;
+    return TRI_STATUS_OK;
+}
+
+void tri__act_pool_free(tri__act_pool *pool) {
+    if (!pool) return;
+    for (int32_t i = 0; i < pool->n_users; i++) pool->users[i]->pool = NULL;  // own nothing now
+    for (int32_t i = 0; i < pool->n_users; i++) {
+        float **bufs[ACT_BUFS];
+        int64_t elems[ACT_BUFS];
+        act_table(pool->users[i], bufs, elems);
+        for (int b = 0; b < ACT_BUFS; b++) *bufs[b] = NULL;
+    }
+    pool->be->ops->free(pool->be, pool->block);
+    free(pool->users);
+    free(pool);
+}
+
+tri_status tri__act_pool_bind(tri__act_pool *pool) {
+    size_t off[ACT_BUFS], total = 0;
+    for (int i = 0; i < ACT_BUFS; i++) {
+        off[i] = total;
+        total += ((size_t)pool->elems[i] * sizeof(float) + 255) / 256 * 256;
+    }
+    if (total != pool->bytes) {
+        pool->be->ops->free(pool->be, pool->block);  // waits for the work still using it
+        pool->block = NULL;
+        pool->bytes = 0;
+        TRY(pool->be->ops->alloc(pool->be, total, &pool->block));
+        pool->bytes = total;
+    }
+    for (int32_t u = 0; u < pool->n_users; u++) {
+        float **bufs[ACT_BUFS];
+        int64_t elems[ACT_BUFS];
+        act_table(pool->users[u], bufs, elems);
+        for (int i = 0; i < ACT_BUFS; i++) *bufs[i] = (float *)((char *)pool->block + off[i]);
+    }
+    return TRI_STATUS_OK;
+}
+
+uint64_t tri__act_pool_bytes(const tri__act_pool *pool) { return pool ? pool->bytes : 0; }
 
 // Grows the logits buffer to rows rows.
 static tri_status ensure_logits(tri__llama *ll, int32_t rows) {
@@ -159,6 +251,8 @@ tri_status tri__llama_forward_policy(tri__llama *ll, tri__kv_policy *pol, const 
     if (n0 > cap - n)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "context full: %d tokens in the cache + %d new > capacity %d", n0,
                          n, cap);
+    if (!ll->x)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "forward pass: its activation pool is not bound");
     if (pol->max_step < ll->n_batch)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "forward pass: policy steps of %d tokens < batch %d",
                          pol->max_step, ll->n_batch);

@@ -200,6 +200,7 @@ struct tri_spec {
     tri_model *tw, *dw;      // the target's and the draft model's views on be (backend-select.h)
     char device[16];         // "cpu", "cuda:N"
     tri__level l1, l2, l3;
+    tri__act_pool *acts;     // the levels' activations: they run one after another
     tri__level *lv1, *lv2;   // NULL when absent (lv1 is NULL for the n-gram drafter too)
     int32_t n_vocab;
     int32_t n_ctx;           // positions every level holds
@@ -610,6 +611,7 @@ void tri_spec_free(tri_spec *s) {
     tri__level_free(&s->l1);
     tri__level_free(&s->l2);
     tri__level_free(&s->l3);
+    tri__act_pool_free(s->acts);
     tri__model_view_free(s->view);
     tri__model_backend_free(s->tw);
     tri__model_backend_free(s->dw);
@@ -698,8 +700,9 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     if (p.draft_model && (st = tri__model_on_backend(p.draft_model, s->be, 0, 0, &s->dw))) goto fail;
     s->params = p;
 
+    if ((st = tri__act_pool_create(s->be, &s->acts))) goto fail;
     tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = sp.n_ctx, .n_batch = sp.n_batch,
-                            .kv_type = sp.kv_type};
+                            .kv_type = sp.kv_type, .acts = s->acts};
     tri__level_params l3p = lp;
     l3p.kv_offloaded = sp.kv_layers_offloaded;  // L3's full cache may stream from host memory
     if ((st = tri__level_init(&s->l3, s->tw, s->be, &l3p))) goto fail;
@@ -732,6 +735,7 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         if ((st = tri__level_init(&s->l1, m, s->be, &l1p))) goto fail;
         s->lv1 = &s->l1;
     }
+    if ((st = tri__act_pool_bind(s->acts))) goto fail;
     if (has_l1 && (st = tri__spec_draft_init(&s->d1, p.mode == TRI_SPEC_MODE_DRAFT ? p.gamma2 : p.gamma1,
                                               c->n_vocab)))
         goto fail;

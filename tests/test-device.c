@@ -484,3 +484,72 @@ Test(device, disk_tier_refused) {
     tri__backend_free(host);
     tri_model_free(m);
 }
+
+// ---- activation pools (llama.h) ----
+
+// Runs tokens through ll with a fresh full cache of its model; logits of every token.
+static float *forward_with(tri__llama *ll, tri__backend *be) {
+    const tri_model_config *c = &ll->model->config;
+    tri__kv_store kv;
+    cr_assert_eq(tri__kv_store_init(&kv, be, TRI_DTYPE_F16, c->n_layer, c->n_head_kv, c->head_dim, 64),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    float *logits = malloc(sizeof(float) * N_TOK * (size_t)c->n_vocab);
+    cr_assert(logits);
+    cr_assert_eq(tri__llama_forward(ll, &kv, tokens, N_TOK, TRI_LOGITS_ALL, logits), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    tri__kv_store_free(&kv);
+    return logits;
+}
+
+// Two passes of different shapes share one set of buffers, each sized for the larger; each still
+// computes exactly what it computes with buffers of its own, however their calls interleave.
+Test(device, activation_pool_shared_exactly) {
+    tri_model *big, *small;
+    cr_assert_eq(tri_model_load(gen_model("pool-big", "--layers 2 --embd 96 --ff 160 --heads 6 --kv-heads 2"), NULL,
+                                &big),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_model_load(gen_model("pool-small", "--layers 1 --embd 64 --ff 224 --heads 4 --kv-heads 4"),
+                                NULL, &small),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    tri__backend *be;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
+    float *want_big = forward_all(big, be), *want_small = forward_all(small, be);
+    tri__act_pool *pool;
+    cr_assert_eq(tri__act_pool_create(be, &pool), TRI_STATUS_OK);
+    tri__llama a, b;
+    cr_assert_eq(tri__llama_init_pooled(&a, big, be, 8, pool), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__llama_init_pooled(&b, small, be, 8, pool), TRI_STATUS_OK, "%s", tri_last_error());
+    // not bound yet: no buffers to run in
+    tri__kv_store kv;
+    cr_assert_eq(tri__kv_store_init(&kv, be, TRI_DTYPE_F16, 2, 2, 16, 64), TRI_STATUS_OK);
+    float dummy[1];
+    cr_assert_eq(tri__llama_forward(&a, &kv, tokens, 1, TRI_LOGITS_NONE, dummy), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "not bound"), "%s", tri_last_error());
+    tri__kv_store_free(&kv);
+    cr_assert_eq(tri__act_pool_bind(pool), TRI_STATUS_OK);
+    cr_assert(a.x == b.x && a.gate == b.gate && a.att == b.att, "buffers shared");
+    // per buffer the larger need, 8 tokens: x, xb, proj 96; q, att 6 x 16 = 96 (big) vs 4 x 16 = 64;
+    // k, v 2 x 16 = 32 vs 64; gate, up 224 (small)
+    const int64_t want_floats[9] = {96, 96, 96, 64, 64, 96, 96, 224, 224};
+    uint64_t want_bytes = 0;
+    for (int i = 0; i < 9; i++) want_bytes += ((uint64_t)want_floats[i] * 8 * 4 + 255) / 256 * 256;
+    cr_assert_eq(big->config.head_dim, 16);
+    cr_assert_eq(small->config.head_dim, 16);
+    cr_assert_eq(tri__act_pool_bytes(pool), want_bytes, "%llu bytes, want %llu",
+                 (unsigned long long)tri__act_pool_bytes(pool), (unsigned long long)want_bytes);
+    for (int round = 0; round < 2; round++) {
+        float *got_big = forward_with(&a, be), *got_small = forward_with(&b, be);
+        cr_assert_eq(memcmp(got_big, want_big, sizeof(float) * N_TOK * (size_t)big->config.n_vocab), 0);
+        cr_assert_eq(memcmp(got_small, want_small, sizeof(float) * N_TOK * (size_t)small->config.n_vocab), 0);
+        free(got_big);
+        free(got_small);
+    }
+    tri__llama_free(&b);  // a pass may leave before the pool goes, or after
+    tri__act_pool_free(pool);
+    tri__llama_free(&a);
+    free(want_big);
+    free(want_small);
+    tri__backend_free(be);
+    tri_model_free(small);
+    tri_model_free(big);
+}

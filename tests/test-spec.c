@@ -368,6 +368,7 @@ static void check_cache(tri__level *lv, const int32_t *tokens, int32_t n_prompt,
     cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
     tri__level fresh;
     tri__level_params lp = lv->params;
+    lp.acts = NULL;  // the engine's pool is on its backend
     cr_assert_eq(tri__level_init(&fresh, lv->model, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
     cr_assert_eq(fresh.pol.p.kind, lv->pol.p.kind);
     int32_t pre = n_prompt - 1 < n ? n_prompt - 1 : n;
@@ -422,6 +423,7 @@ static void check_borrowed(tri__level *lv, tri__level *l3, const int32_t *tokens
     tri__level f3, f2;
     tri__level_params p3 = l3->params, p2 = lv->params;
     p3.kv_offloaded = 0;
+    p3.acts = p2.acts = NULL;
     cr_assert_eq(tri__level_init(&f3, l3->model, be, &p3), TRI_STATUS_OK, "%s", tri_last_error());
     p2.kv_source = f3.pol.kv;
     cr_assert_eq(tri__level_init(&f2, lv->model, be, &p2), TRI_STATUS_OK, "%s", tri_last_error());
