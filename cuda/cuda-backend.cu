@@ -147,6 +147,14 @@ static tri_status upload_finish(cuda_state *st, size_t bytes, unsigned char **de
     return TRI_STATUS_OK;
 }
 
+// One host array uploaded as it is: *dev is its device copy for the next launch.
+static tri_status upload_array(cuda_state *st, const void *src, size_t bytes, unsigned char **dev) {
+    unsigned char *h;
+    TRY(upload_begin(st, bytes, &h));
+    memcpy(h, src, bytes);
+    return upload_finish(st, bytes, dev);
+}
+
 #define LAUNCH(call) CUDA_TRY(call)
 
 // ---- memory ----
@@ -314,11 +322,8 @@ static tri_status cuda_get_rows(tri__backend *be, float *out, const void *table,
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda get_rows: misaligned table");
     if (m == 0) return TRI_STATUS_OK;
     USE_DEVICE(st);
-    size_t bytes = sizeof(int32_t) * (size_t)m;
-    unsigned char *h, *d;
-    TRY(upload_begin(st, bytes, &h));
-    memcpy(h, ids, bytes);
-    TRY(upload_finish(st, bytes, &d));
+    unsigned char *d;
+    TRY(upload_array(st, ids, sizeof(int32_t) * (size_t)m, &d));
     LAUNCH(tri__cuda_get_rows(out, table, type, row_bytes, n, (const int32_t *)d, m, st->stream));
     return TRI_STATUS_OK;
 }
@@ -569,11 +574,8 @@ static tri_status cuda_gather(tri__backend *be, void *dst, const void *src, cons
     }
     if (n == 0) return TRI_STATUS_OK;
     USE_DEVICE(st);
-    size_t bytes = sizeof(int64_t) * (size_t)n;
-    unsigned char *h, *d;
-    TRY(upload_begin(st, bytes, &h));
-    memcpy(h, offsets, bytes);
-    TRY(upload_finish(st, bytes, &d));
+    unsigned char *d;
+    TRY(upload_array(st, offsets, sizeof(int64_t) * (size_t)n, &d));
     LAUNCH(tri__cuda_gather(dst, src, (const int64_t *)d, n, row_bytes, words, st->stream));
     return TRI_STATUS_OK;
 }
