@@ -236,7 +236,7 @@ tri_status tri__kv_store_write(tri__kv_store *kv, int32_t il, int32_t pos, int32
     if (offloaded(kv, il)) TRY(offload_write(kv, il, pos, n, k, v));
     // double buffering: the next offloaded layer's rows before this step upload while this layer
     // computes (the last layer on chip starts the first one)
-    if (il + 1 < kv->n_layer && offloaded(kv, il + 1)) TRY(offload_load(kv, il + 1, pos));
+    if (!kv->no_prefetch && il + 1 < kv->n_layer && offloaded(kv, il + 1)) TRY(offload_load(kv, il + 1, pos));
     if (offloaded(kv, il)) return TRI_STATUS_OK;
     int64_t row = tri__kv_store_row_bytes(kv);
     int64_t elems = (int64_t)n * kv->n_head_kv * kv->head_dim;
@@ -286,6 +286,11 @@ const tri__kv_view *tri__kv_store_view(tri__kv_store *kv, int32_t il, int32_t n_
         .head_span = kv->head_span,
     };
     return view;
+}
+
+tri_status tri__kv_store_prefetch(tri__kv_store *kv, int32_t il, int32_t len) {
+    if (il < 0 || il >= kv->n_layer || !offloaded(kv, il)) return TRI_STATUS_OK;
+    return offload_load(kv, il, len);
 }
 
 tri_status tri__kv_store_view_read(tri__kv_store *kv, int32_t il, int32_t n_pos, const tri__kv_view **view,

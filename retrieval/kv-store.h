@@ -24,6 +24,8 @@ typedef struct tri__kv_store {
     void **k;             // (n_layer) -> (capacity, n_head_kv, head_dim) backend memory; NULL
     void **v;             //   for an offloaded layer, whose rows live in host memory (below)
     tri__kv_offload *off; // NULL: every layer in backend memory
+    bool no_prefetch;     // writes do not start the next offloaded layer's upload (a layer-major
+                          // pass starts it itself, tri__kv_store_prefetch)
     // host descriptors for the full view of one layer, rebuilt by tri__kv_store_view
     tri__kv_span *spans;  // (n_head_kv)
     int32_t *head_span;   // (n_head_kv + 1)
@@ -55,6 +57,10 @@ tri_status tri__kv_store_init(tri__kv_store *kv, tri__backend *be, tri_dtype typ
 // on_chip == n_layer is tri__kv_store_init). OUT_OF_MEMORY names the host regions that did not fit.
 tri_status tri__kv_store_init_offload(tri__kv_store *kv, tri__backend *be, tri_dtype type, int32_t n_layer,
                                       int32_t n_head_kv, int32_t head_dim, int32_t capacity, int32_t on_chip);
+
+// Starts making layer il's buffer hold its rows [0, len), as the write of layer il - 1 does unless
+// no_prefetch: a no-op for a layer in backend memory or one whose buffer holds them already.
+tri_status tri__kv_store_prefetch(tri__kv_store *kv, int32_t il, int32_t len);
 
 // Bytes the offloaded layers moved so far: host -> backend (uploads) and back (new rows).
 typedef struct tri__kv_offload_stats {

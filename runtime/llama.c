@@ -203,6 +203,18 @@ static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t
     return TRI_STATUS_OK;
 }
 
+// Logits (n_rows, n_vocab) into dst (host) of the hidden states rows (n_rows <= n_batch).
+static tri_status output(tri__llama *ll, const float *rows, int32_t n_rows, float *dst) {
+    const tri_model *m = ll->model;
+    const tri_model_config *c = &m->config;
+    const tri__backend_ops *op = ll->be->ops;
+    tri__backend *be = ll->be;
+    TRY(ensure_logits(ll, n_rows));
+    TRY(op->rmsnorm(be, ll->xb, rows, m->output_norm->data, m->output_norm->type, n_rows, c->n_embd, c->rms_eps));
+    TRY(op->matmul(be, ll->logits, ll->xb, m->output->data, m->output->type, n_rows, c->n_vocab, c->n_embd));
+    return op->copy_to_host(be, dst, ll->logits, (size_t)n_rows * (size_t)c->n_vocab * sizeof(float));
+}
+
 // One step of nb tokens (tokens, host) at the policy's end: every layer, then the logits asked for.
 static tri_status forward_step(tri__llama *ll, tri__kv_policy *pol, const int32_t *tokens, int32_t nb,
                                bool want_logits, tri__logits_mode mode, float *dst) {
@@ -231,17 +243,69 @@ static tri_status forward_step(tri__llama *ll, tri__kv_policy *pol, const int32_
     TRY(tri__kv_policy_commit(pol));
     if (!want_logits) return TRI_STATUS_OK;
     // only the rows we need go through the output norm and head
-    const float *rows = ll->x;
-    int32_t n_rows = nb;
-    if (mode == TRI_LOGITS_LAST) {
-        rows = ll->x + (int64_t)(nb - 1) * E;
-        n_rows = 1;
+    return mode == TRI_LOGITS_LAST ? output(ll, ll->x + (int64_t)(nb - 1) * E, 1, dst) : output(ll, ll->x, nb, dst);
+}
+
+// ---- layer-major passes ----
+
+// Tokens per layer-major pass of a prefill: their hidden states, (span, n_embd) f32, stay in
+// backend memory (128 MiB at n_embd 4096) while they run through one layer after another.
+#define PREFILL_SPAN 8192
+
+// Whether tri__llama_forward_policy runs n tokens layer by layer: a full cache (its own or one it
+// wraps), something that streams per pass (offloaded KV layers, weight blocks), which the
+// token-major order moves once per step, and a rotary table that does not depend on the order of
+// the steps (dynamic NTK's follows the longest length seen, so it does).
+static bool layer_major(const tri__llama *ll, const tri__kv_policy *pol, int32_t n, tri__logits_mode mode) {
+    return pol->p.kind == TRI_KV_POLICY_FULL && !pol->src && !pol->measure && mode != TRI_LOGITS_ALL &&
+           n > ll->n_batch && (pol->kv->off || ll->model->stream) && ll->rope.scaling != TRI_ROPE_SCALING_DYNAMIC;
+}
+
+int32_t tri__llama_prefill_step(const tri__llama *ll, const tri__kv_policy *pol) {
+    return layer_major(ll, pol, INT32_MAX, TRI_LOGITS_LAST) ? PREFILL_SPAN : ll->n_batch;
+}
+
+// n tokens (n <= PREFILL_SPAN) through every layer in turn, each layer in steps of n_batch: a step
+// of layer il attends to the rows layer il holds before it, which are the same rows in the same
+// order as in the token-major pass, so the results are the same. Each offloaded KV layer's rows
+// before the tokens upload once (the next layer's behind this one's steps), each streamed block
+// once; the new rows go back to the host step by step as usual.
+static tri_status forward_layers(tri__llama *ll, tri__kv_policy *pol, const int32_t *tokens, int32_t n,
+                                 tri__logits_mode mode, float *dst) {
+    const tri_model *m = ll->model;
+    const tri_model_config *c = &m->config;
+    const tri__backend_ops *op = ll->be->ops;
+    tri__backend *be = ll->be;
+    tri__kv_store *kv = pol->kv;
+    const int64_t E = c->n_embd, V = c->n_vocab;
+    const int32_t n0 = kv->n;
+    float *xs = NULL, *x_step = ll->x;
+    TRY(op->alloc(be, sizeof(float) * (size_t)n * (size_t)E, (void **)&xs));
+    tri_status st = op->get_rows(be, xs, m->tok_embd->data, m->tok_embd->type, V, E, tokens, n);
+    kv->no_prefetch = true;
+    for (int32_t il = 0; !st && il < c->n_layer; il++) {
+        st = tri__model_stream_layer(m, il);
+        // the next layer's rows before these tokens upload while this layer runs all of them
+        if (!st) st = tri__kv_store_prefetch(kv, il + 1, n0);
+        for (int32_t done = 0; !st && done < n; done += ll->n_batch) {
+            int32_t nb = n - done < ll->n_batch ? n - done : ll->n_batch;
+            for (int32_t i = 0; i < nb; i++) ll->pos[i] = ll->q_pos[i] = n0 + done + i;
+            // the full policy's step, one layer of it: rows written at n0 + done, attended to up to
+            // n0 + done + nb (tri__kv_policy_begin without the length, which the pass sets at the end)
+            pol->in_step = true;
+            pol->step_n0 = n0 + done;
+            pol->step_m = nb;
+            ll->x = xs + (int64_t)done * E;
+            st = block(ll, pol, il, nb);
+            pol->in_step = false;
+        }
     }
-    TRY(ensure_logits(ll, n_rows));
-    TRY(op->rmsnorm(be, ll->xb, rows, m->output_norm->data, m->output_norm->type, n_rows, E, c->rms_eps));
-    TRY(op->matmul(be, ll->logits, ll->xb, m->output->data, m->output->type, n_rows, V, E));
-    TRY(op->copy_to_host(be, dst, ll->logits, (size_t)n_rows * (size_t)V * sizeof(float)));
-    return TRI_STATUS_OK;
+    ll->x = x_step;
+    kv->no_prefetch = false;
+    if (!st) st = tri__kv_store_set_len(kv, n0 + n);
+    if (!st && mode == TRI_LOGITS_LAST) st = output(ll, xs + (int64_t)(n - 1) * E, 1, dst);
+    op->free(be, xs);  // after the work that uses it
+    return st;
 }
 
 tri_status tri__llama_forward_policy(tri__llama *ll, tri__kv_policy *pol, const int32_t *tokens, int32_t n,
@@ -258,7 +322,12 @@ tri_status tri__llama_forward_policy(tri__llama *ll, tri__kv_policy *pol, const 
                          pol->max_step, ll->n_batch);
     const int64_t V = ll->model->config.n_vocab;
     tri_status st = TRI_STATUS_OK;
-    for (int32_t done = 0; !st && done < n;) {
+    const bool by_layer = layer_major(ll, pol, n, mode);
+    for (int32_t done = 0; by_layer && !st && done < n; done += PREFILL_SPAN) {
+        int32_t nb = n - done < PREFILL_SPAN ? n - done : PREFILL_SPAN;
+        st = forward_layers(ll, pol, tokens + done, nb, done + nb == n ? mode : TRI_LOGITS_NONE, logits);
+    }
+    for (int32_t done = by_layer ? n : 0; !st && done < n;) {
         // steps of n_batch, or fewer where the policy asks (StreamingLLM past its window), so the
         // cache is the same however the caller batched the tokens
         int32_t nb = n - done < ll->n_batch ? n - done : ll->n_batch;

@@ -82,6 +82,18 @@ typedef enum tri__logits_mode {
 tri_status tri__llama_forward_policy(tri__llama *ll, tri__kv_policy *pol, const int32_t *tokens, int32_t n,
                                      tri__logits_mode mode, float *logits);
 
+// Layer-major prefill. With a full cache (FULL, not H2O or a window) and something that streams
+// once per pass (offloaded KV layers of the store, streamed weight blocks of the model), a call
+// of more than n_batch tokens with no or the last logits runs in spans of 8,192 tokens, each span
+// through layer 0 in steps of n_batch, then through layer 1, and so on, its hidden states held in
+// backend memory: every offloaded layer's earlier rows and every streamed block move once per
+// span instead of once per step (n_batch 128: 64 times fewer). Same cache and logits as the
+// token-major order, bit for bit on the CPU backend (a step attends to the same rows in the same
+// order). Not with dynamic NTK rope, whose table follows the longest length seen so far.
+// Callers that prefill in pieces for progress reports take pieces of this many tokens: the span
+// where the pass is layer-major, else n_batch.
+int32_t tri__llama_prefill_step(const tri__llama *ll, const tri__kv_policy *pol);
+
 // The same over a plain store with full attention: runs tokens at kv->n .. kv->n + n - 1, appends
 // their keys and values to kv and advances kv->n. On failure kv->n is unchanged (the partial
 // writes past it are garbage).

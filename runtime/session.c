@@ -269,8 +269,8 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
         }
     }
     for (int32_t done = 0; done < n_prompt;) {
-        int32_t step = n_prompt - done;
-        if (step > s->ll.n_batch) step = s->ll.n_batch;
+        int32_t step = n_prompt - done, piece = tri__llama_prefill_step(&s->ll, &s->kv);
+        if (step > piece) step = piece;
         // the retrieval policy selects its chunks from the prompt's last query
         if (done + step == n_prompt) tri__kv_policy_request_refresh(&s->kv);
         tri_status st = eval(s, prompt + done, step, false);

@@ -437,8 +437,10 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
     int32_t from = end;
     for (int k = 0; k < 3; k++)
         if (levels[k] && tri__level_n_past(levels[k]) < from) from = tri__level_n_past(levels[k]);
+    // pieces of n_batch tokens, or of a layer-major span when L3 streams (llama.h)
+    const int32_t piece = tri__llama_prefill_step(&s->l3.ll, &s->l3.pol);
     for (int32_t done = from; done < end;) {
-        int32_t step = end - done < s->n_batch ? end - done : s->n_batch;
+        int32_t step = end - done < piece ? end - done : piece;
         for (int k = 0; k < 3; k++) {
             tri__level *lv = levels[k];
             if (!lv || tri__level_n_past(lv) >= done + step) continue;

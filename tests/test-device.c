@@ -553,3 +553,56 @@ Test(device, activation_pool_shared_exactly) {
     tri_model_free(small);
     tri_model_free(big);
 }
+
+// ---- layer-major prefill (llama.h) ----
+
+// A prompt of two spans (8,192 + 108 tokens) prefilled into a cache with 3 of 4 layers offloaded
+// runs layer by layer: the same rows and logits as a cache in memory, bit for bit, and offloaded
+// rows move once per span: nothing for the first span (no earlier rows), for the second the 8,192
+// rows of each offloaded layer whose buffer does not hold them already (layers 1 and 3: layer 2's
+// buffer kept its rows from the first span).
+Test(device, layer_major_prefill_exact_and_moves_rows_once_per_span, .timeout = 120) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("span", "--layers 4 --ctx 16384"), NULL, &m), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    const tri_model_config *c = &m->config;
+    enum { NP = 8300 };
+    int32_t *toks = malloc(sizeof(int32_t) * (NP + 1));
+    for (int i = 0; i <= NP; i++) toks[i] = (int32_t)((i * 7919 + i / 13) % 380) + 3;
+    tri__backend *be;
+    cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
+    tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = 8400, .n_batch = 64, .kv_type = TRI_DTYPE_F16};
+    tri__level mem, off;
+    cr_assert_eq(tri__level_init(&mem, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+    lp.kv_offloaded = 3;
+    cr_assert_eq(tri__level_init(&off, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__llama_prefill_step(&mem.ll, &mem.pol), 64, "nothing streams: steps of n_batch");
+    cr_assert_eq(tri__llama_prefill_step(&off.ll, &off.pol), 8192);
+    cr_assert_eq(tri__level_prefill(&mem, toks, NP), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__level_prefill(&off, toks, NP), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__kv_offload_stats st;
+    tri__kv_store_offload_stats(off.pol.kv, &st);
+    const int64_t row = tri__kv_store_row_bytes(off.pol.kv);
+    cr_assert_eq(st.bytes_up, (uint64_t)(2 * 2 * 8192 * row), "%llu bytes up", (unsigned long long)st.bytes_up);
+    cr_assert_eq(st.bytes_down, (uint64_t)(3 * 2 * NP * row), "every new row goes back once");
+    // the rows, in memory and offloaded, bit for bit
+    size_t bytes = (size_t)(NP * row);
+    void *a = malloc(bytes), *b = malloc(bytes);
+    for (int32_t il = 0; il < c->n_layer; il++)
+        for (int which = 0; which < 2; which++) {
+            cr_assert_eq(tri__kv_store_read_rows(mem.pol.kv, il, which, 0, NP, a), TRI_STATUS_OK);
+            cr_assert_eq(tri__kv_store_read_rows(off.pol.kv, il, which, 0, NP, b), TRI_STATUS_OK);
+            cr_assert_eq(memcmp(a, b, bytes), 0, "layer %d %s", il, which ? "V" : "K");
+        }
+    // and a decode step after it
+    cr_assert_eq(tri__level_eval(&mem, toks + NP, 1, false), TRI_STATUS_OK);
+    cr_assert_eq(tri__level_eval(&off, toks + NP, 1, false), TRI_STATUS_OK);
+    cr_assert_eq(memcmp(tri__level_logits(&mem, 0), tri__level_logits(&off, 0), sizeof(float) * (size_t)c->n_vocab), 0);
+    free(a);
+    free(b);
+    tri__level_free(&off);
+    tri__level_free(&mem);
+    tri__backend_free(be);
+    free(toks);
+    tri_model_free(m);
+}

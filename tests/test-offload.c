@@ -428,7 +428,11 @@ Test(offload, topology_summary_and_binding) {
 // one-node CI machine. false in a build without hwloc.
 static bool use_two_node_topology(void) {
     if (!TRI_HAVE_HWLOC) return false;
-    const char *path = tt_tmp("topology-two-nodes.xml");
+    // one file per test process: Criterion runs the tests side by side, and a file truncated by
+    // another test's write would read as no topology
+    char name[64];
+    snprintf(name, sizeof name, "topology-two-nodes-%ld.xml", (long)getpid());
+    const char *path = tt_tmp(name);
     FILE *f = fopen(path, "w");
     cr_assert_not_null(f);
 #define SETS(cpus, nodes) \
