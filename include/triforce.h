@@ -387,7 +387,9 @@ typedef struct tri_generate_params {
     int32_t n_predict;          // tokens to generate at most; 0: until the context is full
     tri_sampler_params sampler;
     bool stop_at_eos;           // stop after the model's end-of-sequence token; default true
-    tri_progress_fn on_prefill; // NULL: no progress reports
+    tri_progress_fn on_prefill; // NULL: no progress reports; called after each piece of n_batch
+                                // tokens, or of 8,192 where offloaded KV layers or streamed
+                                // weights make the prefill layer-major (docs/offload.md)
     void *user;                 // passed to on_prefill
 } tri_generate_params;
 
