@@ -180,11 +180,14 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
     out->retrieval_budget = tf ? p->retrieval_budget : 0;
 
     // ---- device: what must be there ----
+    // activations: a step of the default batch of 128 (the prefill; a verification pass has
+    // gamma2 + 1 rows of logits), the hidden states of a layer-major prefill span (llama.h: 8,192
+    // tokens) and the attention tiles
     int64_t m_max = tf ? (int64_t)p->gamma2 + 1 : 1;
     const tri_model_config *c = x->c;
-    out->gpu_act_bytes = (uint64_t)m_max * ((uint64_t)6 * c->n_embd + 3 * (uint64_t)c->n_ff +
-                                            (uint64_t)c->n_vocab) * 4 +
-                         ((uint64_t)16 << 20);  // attention tiles, small buffers
+    out->gpu_act_bytes = ((uint64_t)128 * ((uint64_t)6 * c->n_embd + 3 * (uint64_t)c->n_ff) +
+                          (uint64_t)m_max * (uint64_t)c->n_vocab + (uint64_t)8192 * c->n_embd) * 4 +
+                         ((uint64_t)16 << 20);
     out->gpu_retrieval_bytes =
         tf ? div_up(((uint64_t)p->retrieval_budget + (uint64_t)RETRIEVAL_SLACK(p)) * x->kv_tok * (uint64_t)L, G)
            : 0;
