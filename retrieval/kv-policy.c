@@ -730,8 +730,9 @@ static tri_status ring_fill(tri__kv_policy *p, int32_t il, int32_t pos, int32_t 
 }
 
 // Makes selection e current over borrowed rows: gathers its chunks out of src into gk/gv and moves
-// the tail to its bound (rows bound .. tail0 - 1 come from src). The policy is unchanged on failure
-// except for gk/gv, which only a current selection reads.
+// the tail to its bound (rows bound .. tail0 - 1 come from src). The caller dropped the previous
+// selection (its rows are overwritten here), so on failure the policy has none and attends fully;
+// the tail moves only on success.
 static tri_status ret_install(tri__kv_policy *p, const sel_entry *e, int32_t len) {
     tri__retrieval_state *s = p->ret;
     const tri__backend_ops *op = p->be->ops;

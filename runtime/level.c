@@ -170,6 +170,8 @@ tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_
     tri__kv_policy_request_refresh(&lv->pol);
     tri_status st = run(lv, tokens + n - 1, 1, false, 0);
     tri__kv_policy_cancel_refresh(&lv->pol);  // already consumed, unless the step failed
+    // a selection that failed over borrowed rows dropped the one before it
+    if (st && tri__kv_policy_selected_at(&lv->pol) < 0) lv->n_refresh = 0;
     TRY(st);
     lv->refresh_at[lv->n_refresh++] = tri__kv_policy_len(&lv->pol);
     lv->n_logits = 1;

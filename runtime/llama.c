@@ -138,11 +138,11 @@ tri_status tri__act_pool_bind(tri__act_pool *pool) {
         off[i] = total;
         total += ((size_t)pool->elems[i] * sizeof(float) + 255) / 256 * 256;
     }
-    if (total != pool->bytes) {
+    if (total != pool->bytes) {  // the new block first: on failure the passes keep the old one
+        void *block;
+        TRY(pool->be->ops->alloc(pool->be, total, &block));
         pool->be->ops->free(pool->be, pool->block);  // waits for the work still using it
-        pool->block = NULL;
-        pool->bytes = 0;
-        TRY(pool->be->ops->alloc(pool->be, total, &pool->block));
+        pool->block = block;
         pool->bytes = total;
     }
     for (int32_t u = 0; u < pool->n_users; u++) {
