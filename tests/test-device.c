@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "async-backend.h"
 #include "backend-select.h"
 #include "kv-store.h"
 #include "level.h"
@@ -604,5 +605,115 @@ Test(device, layer_major_prefill_exact_and_moves_rows_once_per_span, .timeout = 
     tri__level_free(&mem);
     tri__backend_free(be);
     free(toks);
+    tri_model_free(m);
+}
+
+// ---- the asynchronous paths, on a CPU backend with a transfer stream (async-backend.h) ----
+
+// L3 with 3 of 4 layers offloaded and L2 over its rows, driven the way the speculative engine
+// drives them (prefill, L2 selecting and drafting, L3 verifying, rollbacks, a second selection),
+// every logits row appended to out; returns the rows written.
+static int64_t drive_levels(const tri_model *m, tri__backend *be, float *out) {
+    const int64_t V = m->config.n_vocab;
+    enum { P = 150 };
+    int32_t t[P + 64];
+    for (int i = 0; i < P + 64; i++) t[i] = (int32_t)((i * 97 + i / 7) % 380) + 3;
+    tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = 256, .n_batch = 16, .kv_type = TRI_DTYPE_F16,
+                            .kv_offloaded = 3};
+    tri__level l3, l2;
+    cr_assert_eq(tri__level_init(&l3, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+    lp.kv_offloaded = 0;
+    lp.policy = TRI_KV_POLICY_RETRIEVAL;
+    lp.budget = 32;
+    lp.chunk = 8;
+    lp.kv_source = l3.pol.kv;
+    lp.ring = 64;
+    cr_assert_eq(tri__level_init(&l2, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+    int64_t rows = 0;
+#define KEEP(lv, n)                                                                                \
+    do {                                                                                           \
+        for (int32_t r_ = 0; r_ < (n); r_++)                                                       \
+            memcpy(out + (rows++) * V, tri__level_logits((lv), r_), sizeof(float) * (size_t)V);    \
+    } while (0)
+    cr_assert_eq(tri__level_prefill(&l3, t, P - 1), TRI_STATUS_OK, "%s", tri_last_error());  // layer-major
+    cr_assert_eq(tri__level_adopt(&l2, &l3, P - 1), TRI_STATUS_OK);
+    // three rounds: L2 selects (full attention over L3's streamed rows the first time), drafts 4,
+    // L3 verifies 5 and keeps 2 of them
+    int32_t n = P;
+    for (int round = 0; round < 3; round++) {
+        cr_assert_eq(tri__level_eval_refresh(&l2, t + tri__level_n_past(&l2), n - tri__level_n_past(&l2)),
+                     TRI_STATUS_OK, "%s", tri_last_error());
+        KEEP(&l2, 1);
+        cr_assert_eq(tri__level_eval(&l2, t + n, 4, true), TRI_STATUS_OK, "%s", tri_last_error());
+        KEEP(&l2, 4);
+        cr_assert_eq(tri__level_eval(&l3, t + n - 1, 5, true), TRI_STATUS_OK, "%s", tri_last_error());
+        KEEP(&l3, 5);
+        cr_assert_eq(tri__level_truncate(&l3, n + 2), TRI_STATUS_OK);
+        cr_assert_eq(tri__level_truncate(&l2, n + 2), TRI_STATUS_OK);
+        n += 3;
+    }
+#undef KEEP
+    tri__level_free(&l2);
+    tri__level_free(&l3);
+    return rows;
+}
+
+// Every logits row bit for bit as on the plain CPU backend, with transfers run as late and as early
+// as a GPU may run them: the events order every copy the offloaded cache and L2's reads of it need.
+Test(device, async_transfers_offloaded_kv_and_l2_exact) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("async-kv", "--layers 4"), NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    size_t cap = sizeof(float) * 64 * (size_t)m->config.n_vocab;
+    float *want = malloc(cap), *got = malloc(cap);
+    tri__backend *be;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
+    int64_t rows = drive_levels(m, be, want);
+    tri__backend_free(be);
+    for (int mode = ASYNC_LATE; mode <= ASYNC_EARLY; mode++) {
+        cr_assert_eq(async_backend_create(1, (async_mode)mode, &be), TRI_STATUS_OK);
+        cr_assert_eq(drive_levels(m, be, got), rows);
+        cr_assert(async_emu.n_transfers > 0, "the transfer stream was used");
+        for (int64_t r = 0; r < rows; r++)
+            cr_assert_eq(memcmp(got + r * m->config.n_vocab, want + r * m->config.n_vocab,
+                                sizeof(float) * (size_t)m->config.n_vocab),
+                         0, "%s: logits row %lld differs", be->ops->name, (long long)r);
+        tri__backend_free(be);
+    }
+    free(want);
+    free(got);
+    tri_model_free(m);
+}
+
+// Streamed weight blocks and the disk tier through the transfer stream, late and early.
+Test(device, async_transfers_streamed_and_disk_weights_exact) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("async-w", "--layers 5 --heads 4 --kv-heads 2 --head-dim 16 --gguf-dtype q8_0"),
+                                NULL, &m),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    tri__backend *host;
+    cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &host), TRI_STATUS_OK);
+    float *want = forward_all(m, host);
+    size_t n = sizeof(float) * N_TOK * (size_t)m->config.n_vocab;
+    static const int32_t cases[][2] = {{1, 0}, {3, 0}, {5, 0}, {4, 2}, {5, 5}};
+    for (int mode = ASYNC_LATE; mode <= ASYNC_EARLY; mode++)
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            tri__backend *dev;
+            cr_assert_eq(async_backend_create(2, (async_mode)mode, &dev), TRI_STATUS_OK);
+            dev->host_memory = false;
+            tri_model *v;
+            cr_assert_eq(tri__model_on_backend(m, dev, cases[c][0], cases[c][1], &v), TRI_STATUS_OK, "%s",
+                         tri_last_error());
+            for (int pass = 0; pass < 2; pass++) {
+                float *got = forward_all(v, dev);
+                cr_assert_eq(memcmp(got, want, n), 0, "%s, %d streamed, %d from disk, pass %d: logits differ",
+                             dev->ops->name, cases[c][0], cases[c][1], pass);
+                free(got);
+            }
+            cr_assert(async_emu.n_transfers > 0);
+            tri__model_backend_free(v);
+            tri__backend_free(dev);
+        }
+    free(want);
+    tri__backend_free(host);
     tri_model_free(m);
 }
