@@ -133,6 +133,18 @@ static tri_status cpu_gather(tri__backend *be, void *dst, const void *src, const
     return TRI_STATUS_OK;
 }
 
+static tri_status cpu_chunk_mean(tri__backend *be, float *out, const void *x, tri_dtype type, int64_t n_chunks,
+                                 int64_t chunk, int64_t width, int64_t stride) {
+    (void)be;
+    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu chunk_mean: %s rows", tri_dtype_name(type));
+    if (n_chunks < 0 || chunk <= 0 || width < 0 || stride < width)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu chunk_mean: %lld chunks of %lld rows, width %lld, stride %lld",
+                         (long long)n_chunks, (long long)chunk, (long long)width, (long long)stride);
+    tri__chunk_mean(out, x, type, n_chunks, chunk, width, stride);
+    return TRI_STATUS_OK;
+}
+
 static tri_status cpu_synchronize(tri__backend *be) {
     (void)be;
     return TRI_STATUS_OK;
@@ -851,6 +863,7 @@ static const tri__backend_ops cpu_ops = {
     .top_k = cpu_top_k,
     .attention = cpu_attention,
     .gather = cpu_gather,
+    .chunk_mean = cpu_chunk_mean,
 };
 
 tri_status tri__backend_cpu_create(int32_t n_threads, tri__cpu_simd simd, tri__backend **out) {

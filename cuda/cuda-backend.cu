@@ -580,6 +580,22 @@ static tri_status cuda_gather(tri__backend *be, void *dst, const void *src, cons
     return TRI_STATUS_OK;
 }
 
+static tri_status cuda_chunk_mean(tri__backend *be, float *out, const void *x, tri_dtype type, int64_t n_chunks,
+                                  int64_t chunk, int64_t width, int64_t stride) {
+    cuda_state *st = priv(be);
+    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda chunk_mean: %s rows", tri_dtype_name(type));
+    if (n_chunks < 0 || chunk <= 0 || width < 0 || stride < width)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "cuda chunk_mean: %lld chunks of %lld rows, width %lld, stride %lld", (long long)n_chunks,
+                         (long long)chunk, (long long)width, (long long)stride);
+    if (!aligned(x, elem_align(type))) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda chunk_mean: misaligned rows");
+    if (n_chunks == 0 || width == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    LAUNCH(tri__cuda_chunk_mean(out, x, type == TRI_DTYPE_F16, n_chunks, chunk, width, stride, st->stream));
+    return TRI_STATUS_OK;
+}
+
 // ---- the transfer stream ----
 
 static cudaStream_t stream_of(cuda_state *st, tri__stream s) { return s == TRI_STREAM_TRANSFER ? st->xfer : st->stream; }
@@ -681,6 +697,7 @@ static const tri__backend_ops cuda_ops = {
     /* .host_unregister = */ cuda_host_unregister,
     /* .event_synchronize = */ cuda_event_synchronize,
     /* .gather = */ cuda_gather,
+    /* .chunk_mean = */ cuda_chunk_mean,
 };
 
 static tri_status create(int device, tri__backend *be, cuda_state *st) {

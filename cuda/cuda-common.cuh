@@ -90,6 +90,9 @@ __device__ __forceinline__ uint16_t tri_dev_f32_to_bf16(float f) {
 // dst (n) of dst_type (F16 or BF16) = src (n) f32, rounded to nearest even.
 cudaError_t tri__cuda_convert(void *dst, tri_dtype dst_type, const float *src, int64_t n, cudaStream_t s);
 // out (m, n) f32: row i = row ids[i] of table, rows of row_bytes bytes of type t. ids (m) device.
+// out (n_chunks, width) = means over chunk rows of x (stride elements apart), summed in double.
+cudaError_t tri__cuda_chunk_mean(float *out, const void *x, bool f16, int64_t n_chunks, int64_t chunk, int64_t width,
+                                 int64_t stride, cudaStream_t s);
 // dst row i (row_bytes) = src + offsets[i]; words: row_bytes, offsets and pointers 4-aligned.
 cudaError_t tri__cuda_gather(void *dst, const void *src, const int64_t *offsets, int64_t n, int64_t row_bytes,
                              bool words, cudaStream_t s);

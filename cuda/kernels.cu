@@ -70,6 +70,29 @@ cudaError_t tri__cuda_get_rows(float *out, const void *table, tri_dtype t, int64
     return cudaGetLastError();
 }
 
+// One thread per output value: consecutive threads read consecutive elements of a row; the sum runs
+// over the chunk's rows in order, in double, as cpu_chunk_mean does.
+__global__ void k_chunk_mean(float *out, const void *x, bool f16, int64_t n_chunks, int64_t chunk, int64_t width,
+                             int64_t stride) {
+    int64_t total = n_chunks * width;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t c = e / width, j = e % width;
+        double acc = 0;
+        for (int64_t r = 0; r < chunk; r++) {
+            int64_t i = (c * chunk + r) * stride + j;
+            acc += f16 ? (double)tri_dev_f16_to_f32(((const uint16_t *)x)[i]) : (double)((const float *)x)[i];
+        }
+        out[e] = (float)(acc / (double)chunk);
+    }
+}
+
+cudaError_t tri__cuda_chunk_mean(float *out, const void *x, bool f16, int64_t n_chunks, int64_t chunk, int64_t width,
+                                 int64_t stride, cudaStream_t s) {
+    if (n_chunks <= 0 || width <= 0) return cudaSuccess;
+    k_chunk_mean<<<grid_for(n_chunks * width), THREADS, 0, s>>>(out, x, f16, n_chunks, chunk, width, stride);
+    return cudaGetLastError();
+}
+
 // One thread per 4-byte word (or byte) of the output: consecutive threads read consecutive words
 // of a row, so each row is one coalesced read.
 template <typename T>

@@ -6,7 +6,6 @@
 
 #include "dtype.h"
 #include "error.h"
-#include "tri-config.h"
 
 #define TRY(call)                              \
     do {                                       \
@@ -62,9 +61,10 @@ struct tri__retrieval_state {
     int32_t step_n0, step_m;  // the step (step_m 0: none remembered)
     bool step_armed;          // armed when the step began
     float *qrow;              // (max_step, n_head * head_dim) host scratch
-    void *rows;               // (rows_chunks * chunk, n_head_kv * head_dim) host scratch of the
-    int32_t rows_chunks;      //   store's type: keys of that many chunks read at once
-    float *summ;              // (n_head_kv, rows_chunks, head_dim) host scratch: summaries of a read
+    int32_t rows_chunks;      // chunks summarised per read
+    float *means;             // (rows_chunks, n_head_kv * head_dim) host: a read's chunk means
+    float *means_dev;         // the same in backend memory, for keys there (allocated when needed)
+    float *summ;              // (n_head_kv, rows_chunks, head_dim) host: the means by head
     int32_t *found;           // (kmax) host scratch
     // borrowed rows (p->src; kv-policy.h): positions below tail0 are src's, tail0 .. len - 1 the
     // policy's own, in the ring p->own (position i in row i % ring)
@@ -153,20 +153,6 @@ tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity
 
 static int32_t kv_dim(const tri__kv_policy *p) { return p->n_head_kv * p->head_dim; }
 
-// tri__f16_to_f32, inline for the summaries' inner loop: the 15 bits below the sign shifted into
-// place and scaled by 2^112 is the value for every finite half (subnormals included, exactly);
-// infinities and NaNs then get the all-ones exponent back.
-static inline float f16_value(uint16_t h) {
-    uint32_t u = (uint32_t)(h & 0x7fff) << 13;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    f *= 0x1p112f;
-    memcpy(&u, &f, sizeof u);
-    if ((h & 0x7c00) == 0x7c00) u |= 0x7f800000u;
-    u |= (uint32_t)(h & 0x8000) << 16;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 static int64_t esize(const tri__kv_policy *p) { return p->kv->type == TRI_DTYPE_F16 ? 2 : 4; }
 
 // ---- life cycle ----
@@ -208,7 +194,8 @@ static void retrieval_free(tri__kv_policy *p) {
     free(s->sel);
     free(s->stepq);
     free(s->qrow);
-    free(s->rows);
+    free(s->means);
+    p->be->ops->free(p->be, s->means_dev);
     free(s->summ);
     free(s->found);
     for (int32_t il = 0; il < p->n_layer; il++) {
@@ -311,8 +298,7 @@ static tri_status retrieval_init(tri__kv_policy *p) {
     ALLOC(s->stepq, (int64_t)p->max_step * heads * p->head_dim);
     ALLOC(s->qrow, (int64_t)p->max_step * p->n_head * p->head_dim);
     s->rows_chunks = p->p.chunk < 2048 ? 2048 / p->p.chunk : 1;  // ~2K rows per read
-    s->rows = calloc((size_t)s->rows_chunks * (size_t)p->p.chunk * (size_t)kv_dim(p), (size_t)esize(p));
-    if (!s->rows) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: chunk rows");
+    ALLOC(s->means, (int64_t)s->rows_chunks * kv_dim(p));
     ALLOC(s->summ, (int64_t)s->rows_chunks * kv_dim(p));
     ALLOC(s->found, s->kmax);
     return TRI_STATUS_OK;
@@ -634,56 +620,44 @@ static sel_entry *ret_current(const tri__kv_policy *p) {
     return s->n_sel ? &s->sel[s->n_sel - 1] : NULL;
 }
 
-// Summarises the chunks completed by a length of len: mean of each chunk's stored keys per head
-// (the keys are src's when borrowing), in double precision, each summary on its own (OpenMP
-// threads share the chunks of a read; 127K tokens are 16K chunks x layers x KV heads), then added
-// to the heads' indexes in chunk order.
+// Summarises the chunks completed by a length of len: the mean of each chunk's stored keys per head
+// (src's when borrowing; tri__chunk_mean: double-precision sums, the same bits everywhere). Keys in
+// host memory (an offloaded layer's region, a host backend's memory) are summarised in place by
+// the host once the copies that write them are done; keys in device memory by the backend's
+// chunk_mean op, so only the means cross to the host. A read covers rows_chunks chunks; the means
+// go to each head's index in chunk order.
 static tri_status ret_summarise(tri__kv_policy *p, int32_t len) {
     tri__retrieval_state *s = p->ret;
     const int32_t C = p->p.chunk, kd = kv_dim(p), hd = p->head_dim, nkv = p->n_head_kv, first = s->n_chunks,
                   last = len / C;
     if (last <= first) return TRI_STATUS_OK;
     tri__kv_store *kv = p->src ? p->src : p->kv;
-    const bool f16 = p->kv->type == TRI_DTYPE_F16;
+    const tri__backend_ops *op = p->be->ops;
     const int64_t row = tri__kv_store_row_bytes(kv);
-    // keys in host memory (an offloaded layer's region, a host backend's memory) are read in
-    // place, once the copies that write them are done; others are copied out a batch at a time
-    tri_status st = p->be->ops->synchronize(p->be);
+    tri_status st = op->synchronize(p->be);
     for (int32_t il = 0; !st && il < p->n_layer; il++) {
         bool host;
         const char *keys = tri__kv_store_rows(kv, il, 0, &host);
         host = host || p->be->host_memory;
         for (int32_t c0 = first; !st && c0 < last; c0 += s->rows_chunks) {
             const int32_t nc = last - c0 < s->rows_chunks ? last - c0 : s->rows_chunks;
-            const void *rows = keys + (int64_t)c0 * C * row;
-            if (!host) {
-                if ((st = tri__kv_store_read_rows(kv, il, 0, c0 * C, nc * C, s->rows))) break;
-                rows = s->rows;
+            const char *rows = keys + (int64_t)c0 * C * row;
+            if (host) {
+                tri__chunk_mean(s->means, rows, kv->type, nc, C, kd, kd);
+            } else {
+                if (!s->means_dev &&
+                    (st = op->alloc(p->be, sizeof(float) * (size_t)s->rows_chunks * (size_t)kd, (void **)&s->means_dev)))
+                    break;
+                if ((st = op->chunk_mean(p->be, s->means_dev, rows, kv->type, nc, C, kd, kd))) break;
+                if ((st = op->copy_to_host(p->be, s->means, s->means_dev, sizeof(float) * (size_t)nc * (size_t)kd)))
+                    break;
+                if ((st = op->synchronize(p->be))) break;
             }
-            // summ: (n_head_kv, nc, head_dim), so each head's summaries are one add
-#if TRI_HAVE_OPENMP
-#pragma omp parallel for schedule(static) if ((int64_t)nc * nkv * C * hd >= 65536)
-#endif
-            for (int32_t t = 0; t < nc * nkv; t++) {
-                const int32_t c = t / nkv, h = t % nkv;
-                float *sm = s->summ + ((int64_t)h * s->rows_chunks + c) * hd;
-                // rows outer, dimensions inner (contiguous, vectorised), 64 dimensions at a time
-                for (int32_t d0 = 0; d0 < hd; d0 += 64) {
-                    const int32_t nd = hd - d0 < 64 ? hd - d0 : 64;
-                    double acc[64] = {0};
-                    for (int32_t r = 0; r < C; r++) {
-                        int64_t e = ((int64_t)c * C + r) * kd + (int64_t)h * hd + d0;
-                        if (f16) {
-                            const uint16_t *x = (const uint16_t *)rows + e;
-                            for (int32_t d = 0; d < nd; d++) acc[d] += (double)f16_value(x[d]);
-                        } else {
-                            const float *x = (const float *)rows + e;
-                            for (int32_t d = 0; d < nd; d++) acc[d] += (double)x[d];
-                        }
-                    }
-                    for (int32_t d = 0; d < nd; d++) sm[d0 + d] = (float)(acc[d] / C);
-                }
-            }
+            // (chunk, head, dim) -> (head, chunk, dim): each head's summaries are one add
+            for (int32_t h = 0; h < nkv; h++)
+                for (int32_t c = 0; c < nc; c++)
+                    memcpy(s->summ + ((int64_t)h * s->rows_chunks + c) * hd, s->means + (int64_t)c * kd + (int64_t)h * hd,
+                           sizeof(float) * (size_t)hd);
             for (int32_t h = 0; !st && h < nkv; h++)
                 st = tri__chunk_index_add(s->ix[il * nkv + h], s->summ + (int64_t)h * s->rows_chunks * hd, nc);
         }

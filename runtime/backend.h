@@ -192,6 +192,14 @@ typedef struct tri__backend_ops {
     // CUDA. Required.
     tri_status (*gather)(tri__backend *be, void *dst, const void *src, const int64_t *offsets, int64_t n,
                          int64_t row_bytes);
+
+    // Chunk summaries: out (n_chunks, width) f32, out[c][j] = the mean of x[(c * chunk + r) * stride
+    // + j] over r < chunk, summed in double in order of r and divided by chunk in double (so every
+    // backend gives the same bits). x is rows of type F16 or F32 (UNSUPPORTED otherwise) with
+    // stride elements between rows, width <= stride; the retrieval cache summarises a layer's keys
+    // where they are instead of copying them out. Required.
+    tri_status (*chunk_mean)(tri__backend *be, float *out, const void *x, tri_dtype type, int64_t n_chunks,
+                             int64_t chunk, int64_t width, int64_t stride);
 } tri__backend_ops;
 
 // One backend instance. Create it with the backend's own constructor (tri__backend_cpu_create),

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "tri-config.h"
+
 static const struct {
     const char *name;
     int64_t block_elems;
@@ -98,4 +100,41 @@ uint16_t tri__f32_to_bf16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet nan
     u += 0x7fff + ((u >> 16) & 1);
     return (uint16_t)(u >> 16);
+}
+
+// tri__f16_to_f32 inline, branch-free but for infinities and NaNs: the 15 bits below the sign
+// shifted into place and scaled by 2^112 are the value of every finite half (subnormals exactly).
+static inline float f16_value(uint16_t h) {
+    uint32_t u = (uint32_t)(h & 0x7fff) << 13;
+    float f = bits_f32(u) * 0x1p112f;
+    u = f32_bits(f);
+    if ((h & 0x7c00) == 0x7c00) u |= 0x7f800000u;
+    return bits_f32(u | (uint32_t)(h & 0x8000) << 16);
+}
+
+void tri__chunk_mean(float *out, const void *x, tri_dtype type, int64_t n_chunks, int64_t chunk, int64_t width,
+                     int64_t stride) {
+    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32) return;
+    const bool f16 = type == TRI_DTYPE_F16;
+    // rows outer, 64 columns at a time inner (contiguous, vectorised)
+#if TRI_HAVE_OPENMP
+#pragma omp parallel for schedule(static) if (n_chunks * chunk * width >= 65536)
+#endif
+    for (int64_t c = 0; c < n_chunks; c++) {
+        for (int64_t j0 = 0; j0 < width; j0 += 64) {
+            const int64_t nj = width - j0 < 64 ? width - j0 : 64;
+            double acc[64] = {0};
+            for (int64_t r = 0; r < chunk; r++) {
+                int64_t e = (c * chunk + r) * stride + j0;
+                if (f16) {
+                    const uint16_t *p = (const uint16_t *)x + e;
+                    for (int64_t j = 0; j < nj; j++) acc[j] += (double)f16_value(p[j]);
+                } else {
+                    const float *p = (const float *)x + e;
+                    for (int64_t j = 0; j < nj; j++) acc[j] += (double)p[j];
+                }
+            }
+            for (int64_t j = 0; j < nj; j++) out[c * width + j0 + j] = (float)(acc[j] / (double)chunk);
+        }
+    }
 }

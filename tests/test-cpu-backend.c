@@ -273,6 +273,47 @@ Test(cpu_backend, gather_rows_by_byte_offsets) {
     tri__backend_free(be);
 }
 
+// The mean of each chunk of rows, against the definition summed here: f16 and f32 rows, a width
+// below the stride, a chunk of 1, extreme halves (subnormal, the largest, infinities, NaN).
+Test(cpu_backend, chunk_mean_of_rows) {
+    enum { CH = 3, NC = 5, W = 70, STRIDE = 75 };
+    static float xf[CH * NC * STRIDE];
+    static uint16_t xh[CH * NC * STRIDE];
+    for (int i = 0; i < CH * NC * STRIDE; i++) {
+        xf[i] = (float)((i * 7919) % 2001 - 1000) / 37.0f;
+        xh[i] = tri__f32_to_f16(xf[i]);
+    }
+    xh[0] = 0x0001, xh[STRIDE] = 0x0003, xh[2 * STRIDE] = 0x7bff;  // chunk 0, column 0
+    xh[1] = 0x7c00;                                                  // +inf in column 1
+    xh[2] = 0x7c01;                                                  // NaN in column 2
+    tri__backend *be = make_backend(TRI_CPU_SIMD_AUTO);
+    float out[NC * W];
+    for (int f16 = 0; f16 < 2; f16++)
+        for (int chunk = 1; chunk <= CH; chunk += CH - 1) {
+            int nc = CH * NC / chunk < NC ? CH * NC / chunk : NC;
+            cr_assert_eq(be->ops->chunk_mean(be, out, f16 ? (const void *)xh : (const void *)xf,
+                                             f16 ? TRI_DTYPE_F16 : TRI_DTYPE_F32, nc, chunk, W, STRIDE),
+                         TRI_STATUS_OK);
+            for (int c = 0; c < nc; c++)
+                for (int j = 0; j < W; j++) {
+                    double acc = 0;
+                    for (int r = 0; r < chunk; r++) {
+                        int e = (c * chunk + r) * STRIDE + j;
+                        acc += f16 ? (double)tri__f16_to_f32(xh[e]) : (double)xf[e];
+                    }
+                    float want = (float)(acc / chunk), got = out[c * W + j];
+                    if (isnan(want)) cr_assert(isnan(got), "f16 %d chunk %d [%d][%d]: %g, want NaN", f16, chunk, c, j, (double)got);
+                    else cr_assert(memcmp(&got, &want, sizeof got) == 0, "f16 %d chunk %d [%d][%d]: %g, want %g", f16,
+                                   chunk, c, j, (double)got, (double)want);
+                }
+        }
+    cr_assert(isinf(out[1]) && out[1] > 0 && isnan(out[2]));  // the f16 rows, chunk 3
+    cr_assert_eq(be->ops->chunk_mean(be, out, xf, TRI_DTYPE_Q8_0, 1, 1, 1, 1), TRI_STATUS_UNSUPPORTED);
+    cr_assert_eq(be->ops->chunk_mean(be, out, xf, TRI_DTYPE_F32, 1, 1, 10, 5), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(be->ops->chunk_mean(be, out, xf, TRI_DTYPE_F32, 1, 0, 1, 1), TRI_STATUS_INVALID_ARGUMENT);
+    tri__backend_free(be);
+}
+
 Test(cpu_backend, convert_to_half) {
     float x[5] = {1.0f, -2.5f, 65504.0f, 1e-8f, 3.14159f};
     uint16_t h[5], b[5];

@@ -353,6 +353,33 @@ Test(cuda_backend, gather_rows_words_and_bytes) {
     DONE();
 }
 
+Test(cuda_backend, chunk_mean_bit_exact) {
+    NEED_GPU();
+    enum { CH = 8, NC = 300, W = 384, STRIDE = 384 };
+    size_t n = (size_t)CH * NC * STRIDE;
+    float *xf = malloc(n * sizeof *xf), *got = malloc(sizeof(float) * NC * W), *want = malloc(sizeof(float) * NC * W);
+    uint16_t *xh = malloc(n * sizeof *xh);
+    for (size_t i = 0; i < n; i++) {
+        xf[i] = (float)((int64_t)(i * 7919) % 2001 - 1000) / 37.0f;
+        xh[i] = tri__f32_to_f16(xf[i]);
+    }
+    xh[0] = 0x0001, xh[1] = 0x7c00, xh[2] = 0x7c01, xh[3] = 0x8400;
+    float *dout = dalloc(gpu, sizeof(float) * NC * W);
+    for (int f16 = 0; f16 < 2; f16++) {
+        const void *x = f16 ? (const void *)xh : (const void *)xf;
+        void *dx = up(gpu, x, n * (f16 ? 2 : 4));
+        tri_dtype t = f16 ? TRI_DTYPE_F16 : TRI_DTYPE_F32;
+        cr_assert_eq(gpu->ops->chunk_mean(gpu, dout, dx, t, NC, CH, W, STRIDE), TRI_STATUS_OK, "%s", tri_last_error());
+        down(gpu, got, dout, sizeof(float) * NC * W);
+        cr_assert_eq(cpu->ops->chunk_mean(cpu, want, x, t, NC, CH, W, STRIDE), TRI_STATUS_OK);
+        cr_assert_eq(memcmp(got, want, sizeof(float) * NC * W), 0, "%s means differ from the CPU's", tri_dtype_name(t));
+        gpu->ops->free(gpu, dx);
+    }
+    gpu->ops->free(gpu, dout);
+    free(xf), free(xh), free(got), free(want);
+    DONE();
+}
+
 Test(cuda_backend, convert_bit_exact) {
     NEED_GPU();
     // specials and rounding edges: ties, subnormal halves, overflow to inf, nan, -0
