@@ -25,6 +25,8 @@
         if (st_ != TRI_STATUS_OK) return st_;  \
     } while (0)
 
+tri_status (*tri__backend_cpu_factory)(int32_t n_threads, tri__backend **out);
+
 tri_status tri__backend_select(tri_device_kind kind, int32_t device, int32_t n_threads,
                                tri__backend **out, char *name_out) {
     *out = NULL;
@@ -53,7 +55,9 @@ tri_status tri__backend_select(tri_device_kind kind, int32_t device, int32_t n_t
         if (name_out) snprintf(name_out, 16, "%s", name);
         tri__backend_bind_host_threads(*out, name);
     } else {
-        if ((st = tri__backend_cpu_create(n_threads, TRI_CPU_SIMD_AUTO, out))) return st;
+        if ((st = tri__backend_cpu_factory ? tri__backend_cpu_factory(n_threads, out)
+                                           : tri__backend_cpu_create(n_threads, TRI_CPU_SIMD_AUTO, out)))
+            return st;
         if (name_out) snprintf(name_out, 16, "cpu");
     }
     return TRI_STATUS_OK;

@@ -25,6 +25,10 @@ typedef struct tri__weight_stream tri__weight_stream;
 // thread and OpenMP's workers to the device's NUMA node (tri__backend_bind_host_threads).
 tri_status tri__backend_select(tri_device_kind kind, int32_t device, int32_t n_threads,
                                tri__backend **out, char *name_out);
+// Tests only: when set, the CPU backends tri__backend_select opens come from here (the test suite
+// runs whole sessions on a CPU backend with a transfer stream, tests/async-backend.h). NULL: the
+// CPU backend.
+extern tri_status (*tri__backend_cpu_factory)(int32_t n_threads, tri__backend **out);
 
 // Makes *out, a view of model for be: the same config, tokenizer and tensor names, with every
 // tensor the forward pass reads (embeddings, output norm and head, the blocks' weights) in be's

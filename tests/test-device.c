@@ -720,3 +720,62 @@ Test(device, async_transfers_streamed_and_disk_weights_exact) {
     tri__backend_free(host);
     tri_model_free(m);
 }
+
+// The whole speculative engine on the emulated transfer stream: L3's cache with 2 of 3 layers
+// offloaded (prefilled layer by layer), L2 over it, and 2 of 3 weight blocks streamed (the backend
+// is a "device": host_memory cleared). Greedy output must equal plain decoding's, transfers run
+// late or early.
+static async_mode factory_mode;
+static tri_status async_factory(int32_t n_threads, tri__backend **out) {
+    tri_status st = async_backend_create(n_threads, factory_mode, out);
+    if (!st) (*out)->host_memory = false;
+    return st;
+}
+
+Test(device, async_transfers_whole_engine_greedy) {
+    tri_model *m, *d;
+    cr_assert_eq(tri_model_load(gen_model("async-e", "--layers 3 --vocab 300 --seed 9"), NULL, &m), TRI_STATUS_OK);
+    cr_assert_eq(tri_model_load(gen_model("async-ed", "--layers 1 --vocab 300 --seed 10"), NULL, &d), TRI_STATUS_OK);
+    enum { NP = 120, NG = 24 };
+    int32_t prompt[NP], want[NG], got[NG];
+    for (int i = 0; i < NP; i++) prompt[i] = i % 17 < 11 ? (i % 17) * 9 + 4 : (i * 29) % 290 + 3;
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 200;
+    sp.n_batch = 16;
+    sp.n_threads = 1;
+    sp.kv_type = TRI_DTYPE_F32;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = NG;
+    gp.stop_at_eos = false;
+    gp.sampler.temperature = 0.0f;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    int32_t *w = want;
+    cr_assert_eq(tri_generate(s, prompt, NP, &gp, collect, &w, NULL), TRI_STATUS_OK);
+    cr_assert_eq(w - want, NG);
+    tri_session_free(s);
+    sp.kv_layers_offloaded = 2;
+    sp.weight_layers_streamed = 2;
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_TRIFORCE;
+    p.draft_model = d;
+    p.budget = 32;
+    p.refresh = 10;
+    for (int mode = ASYNC_LATE; mode <= ASYNC_EARLY; mode++) {
+        factory_mode = (async_mode)mode;
+        tri__backend_cpu_factory = async_factory;
+        tri_spec *e;
+        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+        int32_t *g = got;
+        tri_spec_stats st;
+        cr_assert_eq(tri_generate_spec(e, prompt, NP, &gp, collect, &g, &st), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(g - got, NG);
+        for (int i = 0; i < NG; i++)
+            cr_assert_eq(got[i], want[i], "%s: token %d: %d vs plain %d", mode ? "early" : "late", i, got[i], want[i]);
+        cr_assert(st.n_l2_refresh >= 2 && async_emu.n_transfers > 0);
+        tri_spec_free(e);
+        tri__backend_cpu_factory = NULL;
+    }
+    tri_model_free(d);
+    tri_model_free(m);
+}
