@@ -626,44 +626,63 @@ static sel_entry *ret_current(const tri__kv_policy *p) {
 // the host once the copies that write them are done; keys in device memory by the backend's
 // chunk_mean op, so only the means cross to the host. A read covers rows_chunks chunks; the means
 // go to each head's index in chunk order.
+// Where a layer's keys and values are for a reader: row pos starts pos * row bytes in.
+typedef struct layer_rows {
+    const char *k, *v;
+    bool region;  // an offloaded layer's host region; else backend memory
+} layer_rows;
+
+static layer_rows store_layer(tri__kv_store *kv, int32_t il) {
+    layer_rows L;
+    bool hv;
+    L.k = tri__kv_store_rows(kv, il, 0, &L.region);
+    L.v = tri__kv_store_rows(kv, il, 1, &hv);
+    return L;
+}
+
+// Adds the summaries of chunks first .. last - 1 of layer il (keys L->k) to its heads' indexes. The
+// caller waited for the copies that write the keys.
+static tri_status summarise_layer(tri__kv_policy *p, int32_t il, const layer_rows *L, int32_t first, int32_t last) {
+    tri__retrieval_state *s = p->ret;
+    const tri__backend_ops *op = p->be->ops;
+    const int32_t C = p->p.chunk, kd = kv_dim(p), hd = p->head_dim, nkv = p->n_head_kv;
+    const int64_t row = (int64_t)kd * esize(p);
+    const bool host = L->region || p->be->host_memory;
+    for (int32_t c0 = first; c0 < last; c0 += s->rows_chunks) {
+        const int32_t nc = last - c0 < s->rows_chunks ? last - c0 : s->rows_chunks;
+        const char *rows = L->k + (int64_t)c0 * C * row;
+        if (host) {
+            tri__chunk_mean(s->means, rows, p->kv->type, nc, C, kd, kd);
+        } else {
+            if (!s->means_dev)
+                TRY(op->alloc(p->be, sizeof(float) * (size_t)s->rows_chunks * (size_t)kd, (void **)&s->means_dev));
+            TRY(op->chunk_mean(p->be, s->means_dev, rows, p->kv->type, nc, C, kd, kd));
+            TRY(op->copy_to_host(p->be, s->means, s->means_dev, sizeof(float) * (size_t)nc * (size_t)kd));
+            TRY(op->synchronize(p->be));
+        }
+        // (chunk, head, dim) -> (head, chunk, dim): each head's summaries are one add
+        for (int32_t h = 0; h < nkv; h++)
+            for (int32_t c = 0; c < nc; c++)
+                memcpy(s->summ + ((int64_t)h * s->rows_chunks + c) * hd, s->means + (int64_t)c * kd + (int64_t)h * hd,
+                       sizeof(float) * (size_t)hd);
+        for (int32_t h = 0; h < nkv; h++)
+            TRY(tri__chunk_index_add(s->ix[il * nkv + h], s->summ + (int64_t)h * s->rows_chunks * hd, nc));
+    }
+    return TRI_STATUS_OK;
+}
+
 static tri_status ret_summarise(tri__kv_policy *p, int32_t len) {
     tri__retrieval_state *s = p->ret;
-    const int32_t C = p->p.chunk, kd = kv_dim(p), hd = p->head_dim, nkv = p->n_head_kv, first = s->n_chunks,
-                  last = len / C;
+    const int32_t first = s->n_chunks, last = len / p->p.chunk;
     if (last <= first) return TRI_STATUS_OK;
     tri__kv_store *kv = p->src ? p->src : p->kv;
-    const tri__backend_ops *op = p->be->ops;
-    const int64_t row = tri__kv_store_row_bytes(kv);
-    tri_status st = op->synchronize(p->be);
+    tri_status st = p->be->ops->synchronize(p->be);
     for (int32_t il = 0; !st && il < p->n_layer; il++) {
-        bool host;
-        const char *keys = tri__kv_store_rows(kv, il, 0, &host);
-        host = host || p->be->host_memory;
-        for (int32_t c0 = first; !st && c0 < last; c0 += s->rows_chunks) {
-            const int32_t nc = last - c0 < s->rows_chunks ? last - c0 : s->rows_chunks;
-            const char *rows = keys + (int64_t)c0 * C * row;
-            if (host) {
-                tri__chunk_mean(s->means, rows, kv->type, nc, C, kd, kd);
-            } else {
-                if (!s->means_dev &&
-                    (st = op->alloc(p->be, sizeof(float) * (size_t)s->rows_chunks * (size_t)kd, (void **)&s->means_dev)))
-                    break;
-                if ((st = op->chunk_mean(p->be, s->means_dev, rows, kv->type, nc, C, kd, kd))) break;
-                if ((st = op->copy_to_host(p->be, s->means, s->means_dev, sizeof(float) * (size_t)nc * (size_t)kd)))
-                    break;
-                if ((st = op->synchronize(p->be))) break;
-            }
-            // (chunk, head, dim) -> (head, chunk, dim): each head's summaries are one add
-            for (int32_t h = 0; h < nkv; h++)
-                for (int32_t c = 0; c < nc; c++)
-                    memcpy(s->summ + ((int64_t)h * s->rows_chunks + c) * hd, s->means + (int64_t)c * kd + (int64_t)h * hd,
-                           sizeof(float) * (size_t)hd);
-            for (int32_t h = 0; !st && h < nkv; h++)
-                st = tri__chunk_index_add(s->ix[il * nkv + h], s->summ + (int64_t)h * s->rows_chunks * hd, nc);
-        }
+        layer_rows L = store_layer(kv, il);
+        st = summarise_layer(p, il, &L, first, last);
     }
     if (st) {  // every index back to the chunks summarised before
-        for (int32_t i = 0; i < p->n_layer * nkv; i++) (void)tri__chunk_index_truncate(s->ix[i], first);
+        for (int32_t i = 0; i < p->n_layer * p->n_head_kv; i++) (void)tri__chunk_index_truncate(s->ix[i], first);
         return st;
     }
     s->n_chunks = last;
@@ -679,24 +698,25 @@ static int32_t ret_bound(const tri__kv_policy *p, int32_t len) {
     return upto / p->p.chunk * p->p.chunk;
 }
 
-// Copies n rows at pos of src's layer il (both keys and values) into the ring.
-static tri_status ring_fill(tri__kv_policy *p, int32_t il, int32_t pos, int32_t n) {
+// Copies n rows at pos of a layer's keys and values (L) into the ring.
+static tri_status ring_fill(tri__kv_policy *p, int32_t il, const layer_rows *L, int32_t pos, int32_t n) {
     const tri__backend_ops *op = p->be->ops;
     const int32_t R = p->ret->ring;
-    const int64_t row = tri__kv_store_row_bytes(p->src);
+    const int64_t row = (int64_t)kv_dim(p) * esize(p);
     for (int which = 0; which < 2; which++) {
-        bool host;
-        const char *from = tri__kv_store_rows(p->src, il, which, &host);
+        const char *from = which ? L->v : L->k;
         char *ring = which ? p->own.v[il] : p->own.k[il];
         for (int32_t i = pos; i < pos + n;) {
             int32_t slot = i % R, cnt = pos + n - i < R - slot ? pos + n - i : R - slot;
             size_t bytes = (size_t)(cnt * row);
-            if (host) {
+            if (L->region) {
                 TRY(op->copy_to_backend(p->be, ring + slot * row, from + i * row, bytes));
                 p->ret->bytes_up += bytes;
+            } else if (op->copy) {
+                TRY(op->copy(p->be, ring + slot * row, from + i * row, bytes));
+            } else {
+                return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: backend %s copies no rows", op->name);
             }
-            else if (op->copy) TRY(op->copy(p->be, ring + slot * row, from + i * row, bytes));
-            else return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: backend %s copies no rows", op->name);
             i += cnt;
         }
     }
@@ -707,43 +727,48 @@ static tri_status ring_fill(tri__kv_policy *p, int32_t il, int32_t pos, int32_t 
 // the tail to its bound (rows bound .. tail0 - 1 come from src). The caller dropped the previous
 // selection (its rows are overwritten here), so on failure the policy has none and attends fully;
 // the tail moves only on success.
-static tri_status ret_install(tri__kv_policy *p, const sel_entry *e, int32_t len) {
+// Gathers layer il's chunks of selection e out of L into gk/gv.
+static tri_status gather_layer(tri__kv_policy *p, const sel_entry *e, int32_t il, const layer_rows *L) {
     tri__retrieval_state *s = p->ret;
     const tri__backend_ops *op = p->be->ops;
     const int32_t C = p->p.chunk, budget = p->p.budget, hd = p->head_dim, kd = kv_dim(p);
     const int64_t es = esize(p), row_bytes = hd * es, rows = (int64_t)p->n_head_kv * budget;
+    for (int32_t h = 0; h < p->n_head_kv; h++) {
+        int64_t i = (int64_t)il * p->n_head_kv + h, r = (int64_t)h * budget;
+        const int32_t *ids = e->ids + i * s->kmax;
+        for (int32_t a = 0; a < e->cnt[i]; a++)
+            for (int32_t t = 0; t < C; t++) s->offs[r++] = (((int64_t)ids[a] * C + t) * kd + (int64_t)h * hd) * es;
+        for (; r < (int64_t)(h + 1) * budget; r++) s->offs[r] = 0;  // unused rows
+    }
+    for (int which = 0; which < 2; which++) {
+        const char *from = which ? L->v : L->k;
+        void *to = which ? s->gv[il] : s->gk[il];
+        if (!L->region) {
+            TRY(op->gather(p->be, to, from, s->offs, rows, row_bytes));
+            continue;
+        }
+        for (int64_t r = 0; r < rows; r++) memcpy((char *)s->stage + r * row_bytes, from + s->offs[r], (size_t)row_bytes);
+        TRY(op->copy_to_backend(p->be, to, s->stage, (size_t)(rows * row_bytes)));
+        TRY(op->synchronize(p->be));  // the staging is refilled next
+        s->bytes_up += (uint64_t)(rows * row_bytes);
+    }
+    return TRI_STATUS_OK;
+}
+
+static tri_status ret_install(tri__kv_policy *p, const sel_entry *e, int32_t len) {
+    tri__retrieval_state *s = p->ret;
     if (len - e->bound > s->ring)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "kv policy retrieval: %d tokens from the selection's bound %d exceed the ring of %d rows",
                          len - e->bound, e->bound, s->ring);
     // src's newest rows of offloaded layers may still be on their way to its host regions
-    TRY(op->synchronize(p->be));
+    TRY(p->be->ops->synchronize(p->be));
     for (int32_t il = 0; il < p->n_layer; il++) {
-        for (int32_t h = 0; h < p->n_head_kv; h++) {
-            int64_t i = (int64_t)il * p->n_head_kv + h, r = (int64_t)h * budget;
-            const int32_t *ids = e->ids + i * s->kmax;
-            for (int32_t a = 0; a < e->cnt[i]; a++)
-                for (int32_t t = 0; t < C; t++)
-                    s->offs[r++] = (((int64_t)ids[a] * C + t) * kd + (int64_t)h * hd) * es;
-            for (; r < (int64_t)(h + 1) * budget; r++) s->offs[r] = 0;  // unused rows
-        }
-        for (int which = 0; which < 2; which++) {
-            bool host;
-            const char *from = tri__kv_store_rows(p->src, il, which, &host);
-            void *to = which ? s->gv[il] : s->gk[il];
-            if (!host) {
-                TRY(op->gather(p->be, to, from, s->offs, rows, row_bytes));
-                continue;
-            }
-            for (int64_t r = 0; r < rows; r++)
-                memcpy((char *)s->stage + r * row_bytes, from + s->offs[r], (size_t)row_bytes);
-            TRY(op->copy_to_backend(p->be, to, s->stage, (size_t)(rows * row_bytes)));
-            TRY(op->synchronize(p->be));  // the staging is refilled next
-            s->bytes_up += (uint64_t)(rows * row_bytes);
-        }
-        if (e->bound < s->tail0) TRY(ring_fill(p, il, e->bound, s->tail0 - e->bound));
+        layer_rows L = store_layer(p->src, il);
+        TRY(gather_layer(p, e, il, &L));
+        if (e->bound < s->tail0) TRY(ring_fill(p, il, &L, e->bound, s->tail0 - e->bound));
     }
-    TRY(op->synchronize(p->be));
+    TRY(p->be->ops->synchronize(p->be));
     s->tail0 = e->bound;
     return TRI_STATUS_OK;
 }
@@ -822,64 +847,77 @@ static void ret_drop_selections(tri__retrieval_state *s) {
 // Selects, for every (layer, KV head), chunk 0 and the best kmax - 1 other complete chunks by the
 // summed group query of the token at len - 1 (row `row` of the last step), at cache length len.
 // Borrowing, the selection replaces the previous one (its rows are gathered over the old ones).
+// Chooses head i's chunks (i = layer * n_head_kv + KV head) among the first n_chunks by the summed
+// group query q: chunk 0 and the best kmax - 1 others, ascending; all when they fit.
+static tri_status select_head(tri__kv_policy *p, int64_t i, int32_t n_chunks, const float *q, int32_t *ids,
+                              int32_t *cnt_out) {
+    tri__retrieval_state *s = p->ret;
+    int32_t cnt = 0;
+    if (n_chunks <= s->kmax) {
+        for (int32_t c = 0; c < n_chunks; c++) ids[cnt++] = c;
+    } else {
+        ids[cnt++] = 0;  // the attention sink
+        int32_t found = 0;
+        TRY(tri__chunk_index_search(s->ix[i], q, 1, s->kmax - 1, s->found, NULL, &found));
+        // ascending chunk order: spans in position order, adjacent chunks merge
+        for (int32_t a = 0; a < found; a++) {
+            int32_t c = s->found[a], b = cnt;
+            while (b > 1 && ids[b - 1] > c) {
+                ids[b] = ids[b - 1];
+                b--;
+            }
+            ids[b] = c;
+            cnt++;
+        }
+    }
+    *cnt_out = cnt;
+    return TRI_STATUS_OK;
+}
+
+// A selection entry with room for every head's chunks; false when out of memory.
+static bool sel_alloc(const tri__kv_policy *p, sel_entry *e) {
+    int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
+    e->cnt = malloc(sizeof *e->cnt * (size_t)heads);
+    e->ids = malloc(sizeof *e->ids * (size_t)(heads * p->ret->kmax));
+    if (e->cnt && e->ids) return true;
+    free(e->cnt);
+    free(e->ids);
+    e->cnt = NULL;
+    e->ids = NULL;
+    return false;
+}
+
+// Room for one more selection in the list.
+static tri_status sel_reserve(tri__retrieval_state *s) {
+    if (s->n_sel < s->sel_cap) return TRI_STATUS_OK;
+    int32_t cap = s->sel_cap ? 2 * s->sel_cap : 8;
+    sel_entry *e = realloc(s->sel, sizeof *e * (size_t)cap);
+    if (!e) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: %d selections", cap);
+    s->sel = e;
+    s->sel_cap = cap;
+    return TRI_STATUS_OK;
+}
+
 static tri_status ret_select(tri__kv_policy *p, int32_t len, int32_t row) {
     tri__retrieval_state *s = p->ret;
     int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
     const int32_t bound = ret_bound(p, len);
     TRY(ret_summarise(p, bound));
-    if (s->n_sel == s->sel_cap) {
-        int32_t cap = s->sel_cap ? 2 * s->sel_cap : 8;
-        sel_entry *e = realloc(s->sel, sizeof *e * (size_t)cap);
-        if (!e) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: %d selections", cap);
-        s->sel = e;
-        s->sel_cap = cap;
-    }
+    TRY(sel_reserve(s));
     sel_entry e = {.n_sel = len, .bound = bound};
-    e.cnt = malloc(sizeof *e.cnt * (size_t)heads);
-    e.ids = malloc(sizeof *e.ids * (size_t)(heads * s->kmax));
-    if (!e.cnt || !e.ids) {
+    if (!sel_alloc(p, &e)) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: selection");
+    tri_status st = TRI_STATUS_OK;
+    for (int64_t i = 0; !st && i < heads; i++)
+        st = select_head(p, i, bound / p->p.chunk, s->stepq + ((int64_t)row * heads + i) * p->head_dim,
+                         e.ids + i * s->kmax, &e.cnt[i]);
+    if (!st && p->src) {
+        ret_drop_selections(s);  // the gather overwrites the old selection's rows
+        st = ret_install(p, &e, len);
+    }
+    if (st) {
         free(e.cnt);
         free(e.ids);
-        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: selection");
-    }
-    int32_t n_chunks = bound / p->p.chunk;
-    for (int64_t i = 0; i < heads; i++) {
-        int32_t *ids = e.ids + i * s->kmax;
-        int32_t cnt = 0;
-        if (n_chunks <= s->kmax) {
-            for (int32_t c = 0; c < n_chunks; c++) ids[cnt++] = c;
-        } else {
-            ids[cnt++] = 0;  // the attention sink
-            int32_t found = 0;
-            const float *q = s->stepq + ((int64_t)row * heads + i) * p->head_dim;
-            tri_status st = tri__chunk_index_search(s->ix[i], q, 1, s->kmax - 1, s->found,
-                                                    NULL, &found);
-            if (st) {
-                free(e.cnt);
-                free(e.ids);
-                return st;
-            }
-            // ascending chunk order: spans in position order, adjacent chunks merge
-            for (int32_t a = 0; a < found; a++) {
-                int32_t c = s->found[a], b = cnt;
-                while (b > 1 && ids[b - 1] > c) {
-                    ids[b] = ids[b - 1];
-                    b--;
-                }
-                ids[b] = c;
-                cnt++;
-            }
-        }
-        e.cnt[i] = cnt;
-    }
-    if (p->src) {
-        ret_drop_selections(s);  // the gather overwrites the old selection's rows
-        tri_status st = ret_install(p, &e, len);
-        if (st) {
-            free(e.cnt);
-            free(e.ids);
-            return st;
-        }
+        return st;
     }
     s->sel[s->n_sel++] = e;
     s->armed = false;
