@@ -76,6 +76,10 @@ struct tri__retrieval_state {
     void *stage;              // (n_head_kv * budget, head_dim) host: an offloaded layer's gather
     bool stage_pinned;
     uint64_t bytes_up;        // host -> backend: offloaded layers' gathers and ring fills
+    // a selection being made during the full cache's step (tri__kv_policy_tap)
+    sel_entry tap;            // cnt/ids allocated while armed
+    int32_t tap_layers;       // layers done
+    int32_t tap_first;        // chunks summarised before it
 };
 
 const char *tri__kv_policy_name(tri_kv_policy kind) {
@@ -205,6 +209,8 @@ static void retrieval_free(tri__kv_policy *p) {
     free(s->gk);
     free(s->gv);
     free(s->offs);
+    free(s->tap.cnt);
+    free(s->tap.ids);
     if (s->stage_pinned) p->be->ops->host_unregister(p->be, s->stage);
     free(s->stage);
     free(s);
@@ -1011,6 +1017,93 @@ static tri_status ret_truncate(tri__kv_policy *p, int32_t n) {
     return TRI_STATUS_OK;
 }
 
+// ---- selecting during the full cache's step ----
+
+tri_status tri__kv_policy_tap(tri__kv_policy *full, tri__kv_policy *ret, int32_t at) {
+    TRI_ASSERT(!full->in_step && !ret->in_step);
+    if (full->p.kind != TRI_KV_POLICY_FULL || !ret->src || ret->src != full->kv || at <= full->kv->n ||
+        at > full->kv->capacity)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: a selection at %d during a pass of the full cache "
+                         "(length %d) that the retrieval policy does not borrow", at, full->kv->n);
+    tri__retrieval_state *s = ret->ret;
+    const int32_t bound = at / ret->p.chunk * ret->p.chunk;
+    if (at - bound > s->ring)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: ring of %d rows for %d rows from the bound",
+                         s->ring, at - bound);
+    free(s->tap.cnt);
+    free(s->tap.ids);
+    s->tap = (sel_entry){.n_sel = at, .bound = bound};
+    if (!sel_alloc(ret, &s->tap)) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: selection");
+    // its rows are about to be overwritten; the tail stays where it is until the step commits; the
+    // remembered step's queries are scratch now (no replay of a selection into it)
+    ret_drop_selections(s);
+    s->step_m = 0;
+    s->tap_layers = 0;
+    s->tap_first = s->n_chunks;
+    full->tap = ret;
+    full->tap_at = at;
+    return TRI_STATUS_OK;
+}
+
+// Layer il of the full cache's step that ends at the tap's length: ret selects that layer's chunks
+// from row `row` of the step's queries q and the layer's rows in view (backend memory).
+static tri_status tap_layer(tri__kv_policy *ret, int32_t il, const float *q, int32_t row, int32_t n_head,
+                            const tri__kv_view *view) {
+    tri__retrieval_state *s = ret->ret;
+    sel_entry *e = &s->tap;
+    const tri__backend_ops *op = ret->be->ops;
+    const int32_t nkv = ret->n_head_kv, hd = ret->head_dim, g = n_head / nkv;
+    const int64_t qd = (int64_t)n_head * hd;
+    TRI_ASSERT(il == s->tap_layers && n_head == ret->n_head);
+    // the query, summed over each KV head's group
+    TRY(op->copy_to_host(ret->be, s->qrow, q + row * qd, sizeof(float) * (size_t)qd));
+    TRY(op->synchronize(ret->be));
+    float *gq = s->stepq;  // row 0 of the remembered step, layer 0's place: this layer's query
+    for (int32_t h = 0; h < nkv; h++)
+        for (int32_t d = 0; d < hd; d++) {
+            float acc = 0;
+            for (int32_t a = 0; a < g; a++) acc += s->qrow[(int64_t)(h * g + a) * hd + d];
+            gq[(int64_t)h * hd + d] = acc;
+        }
+    // the layer's rows: head 0's span starts at row 0 of the layer
+    const tri__kv_span *sp = &view->spans[view->head_span[0]];
+    layer_rows L = {.k = sp->k, .v = sp->v, .region = false};
+    TRY(summarise_layer(ret, il, &L, s->tap_first, e->bound / ret->p.chunk));
+    for (int32_t h = 0; h < nkv; h++) {
+        int64_t i = (int64_t)il * nkv + h;
+        TRY(select_head(ret, i, e->bound / ret->p.chunk, gq + (int64_t)h * hd, e->ids + i * s->kmax, &e->cnt[i]));
+    }
+    TRY(gather_layer(ret, e, il, &L));
+    if (e->bound < e->n_sel) TRY(ring_fill(ret, il, &L, e->bound, e->n_sel - e->bound));
+    s->tap_layers++;
+    return TRI_STATUS_OK;
+}
+
+// After the full cache's step: ret takes the selection when every layer made it and the step
+// committed (ok), else forgets it.
+static void tap_finish(tri__kv_policy *full, bool ok) {
+    tri__kv_policy *ret = full->tap;
+    full->tap = NULL;
+    if (!ret) return;
+    tri__retrieval_state *s = ret->ret;
+    ok = ok && s->tap_layers == ret->n_layer && sel_reserve(s) == TRI_STATUS_OK;
+    if (!ok) {  // the indexes back to the chunks before the step
+        for (int32_t i = 0; i < ret->n_layer * ret->n_head_kv; i++) (void)tri__chunk_index_truncate(s->ix[i], s->tap_first);
+        s->n_chunks = s->tap_first;
+        free(s->tap.cnt);
+        free(s->tap.ids);
+        s->tap = (sel_entry){0};
+        return;
+    }
+    s->n_chunks = s->tap.bound / ret->p.chunk;
+    s->sel[s->n_sel++] = s->tap;
+    s->tap = (sel_entry){0};
+    s->tail0 = s->sel[s->n_sel - 1].bound;
+    ret->len = s->sel[s->n_sel - 1].n_sel;
+    s->step_m = 0;
+    s->armed = false;
+}
+
 // ---- the step ----
 
 tri_status tri__kv_policy_begin(tri__kv_policy *p, int32_t m, const tri__rope *rope, int32_t *q_pos) {
@@ -1075,6 +1168,7 @@ static tri_status policy_layer(tri__kv_policy *p, int32_t il, const float *q, co
     switch (p->p.kind) {
     case TRI_KV_POLICY_FULL:
         *view = tri__kv_store_view(p->kv, il, end, &p->view);
+        if (p->tap && end == p->tap_at) TRY(tap_layer(p->tap, il, q, m - 1, p->n_head, *view));
         return TRI_STATUS_OK;
     case TRI_KV_POLICY_STREAMING: {
         const tri__backend_ops *op = p->be->ops;
@@ -1221,13 +1315,23 @@ tri_status tri__kv_policy_commit(tri__kv_policy *p) {
         p->len = end;
         return TRI_STATUS_OK;
     }
-    return tri__kv_store_set_len(p->kv, end);
+    st = tri__kv_store_set_len(p->kv, end);
+    if (p->tap && (st || end >= p->tap_at)) tap_finish(p, !st);
+    return st;
 fail:
     tri__kv_policy_abort(p);
     return st;
 }
 
+tri_status tri__kv_policy_commit_rows(tri__kv_policy *p, int32_t n) {
+    TRI_ASSERT(p->p.kind == TRI_KV_POLICY_FULL && !p->in_step);
+    tri_status st = tri__kv_store_set_len(p->kv, n);
+    if (p->tap && (st || n >= p->tap_at)) tap_finish(p, !st);
+    return st;
+}
+
 void tri__kv_policy_abort(tri__kv_policy *p) {
+    if (p->tap) tap_finish(p, false);
     if (!p->in_step) return;
     p->in_step = false;
     if (p->h2o && p->h2o->n_rec > 0) {

@@ -90,6 +90,10 @@ typedef struct tri__kv_policy {
     // ---- RETRIEVAL over borrowed rows (tri__kv_policy_init_borrowed) ----
     tri__kv_store *src;       // the full cache whose rows the policy reads; NULL: its own store
     int32_t len;              // with src: positions covered (kv is then the ring of its own rows)
+    // FULL: a policy borrowing this one's rows that selects from the step ending at tap_at
+    // (tri__kv_policy_tap); NULL: none
+    struct tri__kv_policy *tap;
+    int32_t tap_at;
 
     // ---- measurement (tri__kv_policy_measure) ----
     bool measure;
@@ -173,7 +177,12 @@ tri_status tri__kv_policy_layer(tri__kv_policy *p, int32_t il, const float *q, c
 tri_status tri__kv_policy_observe(tri__kv_policy *p, int32_t il);
 // Ends the step: the m tokens become part of the cache (evictions, chunk summaries, selection).
 tri_status tri__kv_policy_commit(tri__kv_policy *p);
-// Abandons the step in progress, leaving the policy as before tri__kv_policy_begin.
+// FULL, after a pass that wrote every layer's rows up to n itself (layer-major, llama.c): commits
+// them as tri__kv_policy_commit commits a step (the length, a selection armed with
+// tri__kv_policy_tap).
+tri_status tri__kv_policy_commit_rows(tri__kv_policy *p, int32_t n);
+// Abandons the step in progress, leaving the policy as before tri__kv_policy_begin (and a
+// selection armed with tri__kv_policy_tap forgotten).
 void tri__kv_policy_abort(tri__kv_policy *p);
 
 // Appends positions len .. n - 1 by copying their keys and values from src, a store of the same
@@ -191,6 +200,17 @@ tri_status tri__kv_policy_adopt(tri__kv_policy *p, tri__kv_store *src, int32_t n
 tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n);
 // Empties the cache.
 void tri__kv_policy_reset(tri__kv_policy *p);
+// Selecting during the full cache's pass. Arms full (FULL, the store ret borrows) so that the step
+// of full that ends at length `at` (the last token of a prefill) also selects ret's chunks: per
+// layer, from full's query of the token at - 1 and out of the rows full has just written (the
+// streamed buffer of an offloaded layer: no upload), the summaries of the chunks below
+// floor(at / chunk) * chunk made from the same rows, then the chunks gathered and the rows from
+// that bound copied into ret's ring. When the step commits, ret holds `at` positions with that
+// selection, as if it had adopted them and selected at `at`; until then ret has no selection (it
+// must not run meanwhile). A failed step leaves ret with none. INVALID_ARGUMENT unless ret borrows
+// full's store, at is past full's length and the ring holds the rows from the bound.
+tri_status tri__kv_policy_tap(tri__kv_policy *full, tri__kv_policy *ret, int32_t at);
+
 // RETRIEVAL: select again at the end of the next step, from its last token's query. No-op otherwise.
 void tri__kv_policy_request_refresh(tri__kv_policy *p);
 // RETRIEVAL: withdraws a request not yet served. No-op otherwise.

@@ -154,16 +154,21 @@ tri_status tri__level_eval_more(tri__level *lv, const int32_t *tokens, int32_t n
     return TRI_STATUS_OK;
 }
 
+// Room for one more refresh record.
+static tri_status refresh_reserve(tri__level *lv) {
+    if (lv->n_refresh < lv->refresh_cap) return TRI_STATUS_OK;
+    int32_t cap = lv->refresh_cap ? 2 * lv->refresh_cap : 16;
+    int32_t *r = realloc(lv->refresh_at, (size_t)cap * sizeof *r);
+    if (!r) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "level: %d refresh records", cap);
+    lv->refresh_at = r;
+    lv->refresh_cap = cap;
+    return TRI_STATUS_OK;
+}
+
 tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_t n) {
     if (n <= 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level eval: %d tokens", n);
     if (lv->pol.p.kind != TRI_KV_POLICY_RETRIEVAL) return tri__level_eval(lv, tokens, n, false);
-    if (lv->n_refresh == lv->refresh_cap) {
-        int32_t cap = lv->refresh_cap ? 2 * lv->refresh_cap : 16;
-        int32_t *r = realloc(lv->refresh_at, (size_t)cap * sizeof *r);
-        if (!r) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "level: %d refresh records", cap);
-        lv->refresh_at = r;
-        lv->refresh_cap = cap;
-    }
+    TRY(refresh_reserve(lv));
     TRY(ensure_rows(lv, 1));
     lv->n_logits = 0;
     if (n > 1) TRY(tri__level_prefill(lv, tokens, n - 1));
@@ -176,6 +181,21 @@ tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_
     lv->refresh_at[lv->n_refresh++] = tri__kv_policy_len(&lv->pol);
     lv->n_logits = 1;
     return TRI_STATUS_OK;
+}
+
+tri_status tri__level_select_during(tri__level *lv, tri__level *full, int32_t at) {
+    TRY(refresh_reserve(lv));
+    TRY(tri__kv_policy_tap(&full->pol, &lv->pol, at));
+    lv->n_refresh = 0;  // the policy dropped its selection
+    lv->n_logits = 0;
+    return TRI_STATUS_OK;
+}
+
+bool tri__level_took_selection(tri__level *lv) {
+    int32_t at = tri__kv_policy_selected_at(&lv->pol);
+    if (at < 0) return false;
+    lv->refresh_at[lv->n_refresh++] = at;  // room reserved when armed
+    return true;
 }
 
 tri_status tri__level_prefill(tri__level *lv, const int32_t *tokens, int32_t n) {

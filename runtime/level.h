@@ -84,6 +84,14 @@ tri_status tri__level_eval_more(tri__level *lv, const int32_t *tokens, int32_t n
 // its own, so the selection does not depend on how the tokens were batched. The length is
 // appended to refresh_at. Other policies: a plain eval.
 tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_t n);
+// Arms full (a FULL level, the store lv borrows) so that its pass ending at length `at` also
+// selects lv's chunks, from full's query and the rows it has just written (tri__kv_policy_tap: no
+// extra pass, no upload of offloaded rows). lv must not run before that pass; then
+// tri__level_took_selection records it.
+tri_status tri__level_select_during(tri__level *lv, tri__level *full, int32_t at);
+// After the pass armed by tri__level_select_during: whether lv took its selection (recorded in
+// refresh_at); false when the pass did not reach it or failed.
+bool tri__level_took_selection(tri__level *lv);
 // Runs tokens only to fill the cache (a prefill), in steps of n_batch; no logits. A STREAMING
 // level steps as in tri__level_eval, so a prefill builds the same cache as evals of one token.
 tri_status tri__level_prefill(tri__level *lv, const int32_t *tokens, int32_t n);

@@ -302,7 +302,8 @@ static tri_status forward_layers(tri__llama *ll, tri__kv_policy *pol, const int3
     }
     ll->x = x_step;
     kv->no_prefetch = false;
-    if (!st) st = tri__kv_store_set_len(kv, n0 + n);
+    if (!st) st = tri__kv_policy_commit_rows(pol, n0 + n);
+    else tri__kv_policy_abort(pol);
     if (!st && mode == TRI_LOGITS_LAST) st = output(ll, xs + (int64_t)(n - 1) * E, 1, dst);
     op->free(be, xs);  // after the work that uses it
     return st;

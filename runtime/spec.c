@@ -439,12 +439,23 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
         if (levels[k] && tri__level_n_past(levels[k]) < from) from = tri__level_n_past(levels[k]);
     // pieces of n_batch tokens, or of a layer-major span when L3 streams (llama.h)
     const int32_t piece = tri__llama_prefill_step(&s->l3.ll, &s->l3.pol);
+    // L2 over L3's rows selects during L3's last prefill step, from L3's query of the last token
+    // it prefills and the rows it has just written (no pass of its own over the whole context, no
+    // upload of offloaded rows); otherwise, as TriForce does, in a step of its own after the prefill
+    const bool l2_borrows = s->lv2 && s->lv2->pol.src == s->l3.pol.kv;
+    bool selected = false;
     for (int32_t done = from; done < end;) {
         int32_t step = end - done < piece ? end - done : piece;
         for (int k = 0; k < 3; k++) {
             tri__level *lv = levels[k];
             if (!lv || tri__level_n_past(lv) >= done + step) continue;
             int32_t np = tri__level_n_past(lv);
+            if (lv == &s->l3 && l2_borrows && done + step == end) {
+                TRY(tri__level_select_during(s->lv2, &s->l3, end));
+                TRY(tri__level_prefill(lv, s->seq + np, done + step - np));
+                selected = tri__level_took_selection(s->lv2);
+                continue;
+            }
             if (lv == s->lv2 && tri__level_n_past(&s->l3) >= done + step) {
                 tri_status st = tri__level_adopt(lv, &s->l3, done + step);
                 if (st == TRI_STATUS_OK) continue;
@@ -461,8 +472,9 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
     }
     s->n_seq += n_prompt;
     stats->n_prompt = n_prompt;
-    // a new prompt: L2 selects from its last token's query, as TriForce does after the prefill
-    if (n_prompt > 0) s->refresh_next = s->lv2 && s->lv2->pol.p.kind == TRI_KV_POLICY_RETRIEVAL;
+    stats->n_l2_refresh += selected;
+    // a new prompt: L2 selects from its last token's query (unless it did during L3's prefill)
+    if (n_prompt > 0) s->refresh_next = s->lv2 && s->lv2->pol.p.kind == TRI_KV_POLICY_RETRIEVAL && !selected;
     double t1 = now_seconds();
     stats->prefill_seconds = t1 - t0;
     tri__kv_offload_stats kv0, kv1;  // L3's offloaded cache, counted while decoding

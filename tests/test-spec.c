@@ -429,9 +429,17 @@ static void check_borrowed(tri__level *lv, tri__level *l3, const int32_t *tokens
     p2.kv_source = f3.pol.kv;
     cr_assert_eq(tri__level_init(&f2, lv->model, be, &p2), TRI_STATUS_OK, "%s", tri_last_error());
     int32_t pre = n_prompt - 1 < n ? n_prompt - 1 : n;
-    cr_assert_eq(tri__level_prefill(&f3, tokens, pre), TRI_STATUS_OK);
-    cr_assert_eq(tri__level_adopt(&f2, &f3, pre), TRI_STATUS_OK);
     int32_t r = 0;
+    if (lv->n_refresh > 0 && lv->refresh_at[0] == pre) {
+        // selected during L3's prefill, from its last step (tri__level_select_during)
+        cr_assert_eq(tri__level_select_during(&f2, &f3, pre), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri__level_prefill(&f3, tokens, pre), TRI_STATUS_OK);
+        cr_assert(tri__level_took_selection(&f2));
+        r++;
+    } else {
+        cr_assert_eq(tri__level_prefill(&f3, tokens, pre), TRI_STATUS_OK);
+        cr_assert_eq(tri__level_adopt(&f2, &f3, pre), TRI_STATUS_OK);
+    }
     for (int32_t i = pre; i < n; i++) {
         if (r < lv->n_refresh && lv->refresh_at[r] == i + 1) {
             int32_t n3 = tri__level_n_past(&f3);  // L3 holds the context before the selecting token
@@ -1144,8 +1152,9 @@ Test(spec, smollm2_greedy_self_draft_and_ngram, .timeout = 300) {
     tri_model_free(target);
 }
 
-// L2 keeps no cache of the prompt: it reads L3's rows (level.h kv_source), runs no pass of the
-// prompt, and every row it attends to before its first selection is L3's, bit for bit.
+// L2 keeps no cache of the prompt: it reads L3's rows (level.h kv_source) and runs no pass of the
+// prompt; it selects during L3's last prefill step, and every row it attends to then (the gathered
+// chunks and the ring from the selection's bound) is L3's, bit for bit.
 Test(spec, l2_adopts_the_prompt_from_l3) {
     tri_model *target = load(gen_model("adopt", "--seed 31 --layers 2"));
     static const int32_t layer0[] = {0};
@@ -1171,19 +1180,23 @@ Test(spec, l2_adopts_the_prompt_from_l3) {
         cr_assert_eq(l2->pol.src, l3->pol.kv, "L2 borrows L3's store");
         int32_t n = tri__level_n_past(l2);
         cr_assert(n >= 39 && tri__level_n_past(l3) >= n);
-        cr_assert_eq(tri__level_last_refresh(l2), -1);
+        cr_assert_eq(tri__level_last_refresh(l2), 39, "selected during L3's prefill");
+        cr_assert_eq(tri__kv_policy_bytes_up(&l2->pol), 0);
         float a[64], b[64];
-        int32_t hd = target->config.head_dim;
+        int32_t hd = target->config.head_dim, n_in = 0;
         cr_assert(hd <= 64);
         for (int32_t il = 0; il < 2; il++)
             for (int32_t h = 0; h < target->config.n_head_kv; h++)
                 for (int which = 0; which < 2; which++)
                     for (int32_t pos = 0; pos < 39; pos++) {
-                        cr_assert(tri__kv_policy_peek(&l2->pol, il, h, pos, which, a));
+                        if (!tri__kv_policy_peek(&l2->pol, il, h, pos, which, a)) continue;  // not selected
+                        n_in++;
                         cr_assert(tri__kv_policy_peek(&l3->pol, il, h, pos, which, b));
                         cr_assert_eq(memcmp(a, b, sizeof(float) * (size_t)hd), 0, "layer %d head %d position %d %s",
                                      il, h, pos, which ? "V" : "K");
                     }
+        // 4 chunks of 4 out of the 9 complete ones, and positions 36 .. 38 after them
+        cr_assert_eq(n_in, 2 * target->config.n_head_kv * 2 * (16 + 3), "%d rows in view", n_in);
         tri_spec_free(s);
     }
     tri_model_free(target);
@@ -1334,11 +1347,19 @@ Test(spec, l2_over_offloaded_l3_exact_greedy, .timeout = 120) {
     for (int i = 0; i < NP; i++) prompt[i] = i % 19 < 12 ? (i % 19) * 13 + 5 : (i * 41) % 260 + 3;
     plain_greedy(target, prompt, NP, NG, 160, want);
     drafter_case d = {"model", TRI_SPEC_DRAFTER_MODEL, draft, NULL, 0, 0};
+    // layers offloaded; once: a single selection (during L3's prefill), else one every 12 tokens
+    static const struct {
+        int32_t off;
+        bool once;
+    } cases[] = {{3, true}, {1, false}, {2, false}, {3, false}};
     for (int mode = TRI_SPEC_MODE_RETRIEVAL; mode <= TRI_SPEC_MODE_TRIFORCE; mode++)
-        for (int off = 1; off <= 3; off += 2) {
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const int32_t off = cases[ci].off;
+            const bool once = cases[ci].once;
             tri_spec_params p = params_of((tri_spec_mode)mode, &d, 2, 5);
             p.budget = 32;
-            p.refresh = 12;
+            p.refresh = once ? 0 : 12;
+            p.refresh_accept = once ? 0.0f : p.refresh_accept;
             tri_session_params sp = small_session(160);
             sp.kv_layers_offloaded = off;
             tri_spec *s;
@@ -1356,12 +1377,20 @@ Test(spec, l2_over_offloaded_l3_exact_greedy, .timeout = 120) {
             for (int i = 0; i < NG; i++)
                 cr_assert_eq(got[i], want[i], "%s, %d layers offloaded: token %d: %d vs plain %d", mode_name(mode), off,
                              i, got[i], want[i]);
-            cr_assert(st.n_l2_refresh >= 2, "%s: %lld selections", mode_name(mode), (long long)st.n_l2_refresh);
             tri__level *l2 = tri__spec_level(s, 2);
             cr_assert_eq(l2->pol.src, tri__spec_level(s, 3)->pol.kv);
             uint64_t gathered = tri__kv_policy_bytes_up(&l2->pol);
-            // one offloaded layer stays in its buffer; three stream through two
-            cr_assert(gathered > 0 && st.kv_bytes_up >= gathered && (off == 1 || st.kv_bytes_up > gathered),
+            if (once) {
+                // the selection during L3's prefill gathered from the rows L3 had on the device
+                cr_assert_eq(st.n_l2_refresh, 1);
+                cr_assert_eq(gathered, 0, "%s: %llu bytes gathered from host", mode_name(mode), (unsigned long long)gathered);
+                cr_assert_eq(tri__level_last_refresh(l2), NP - 1);
+                tri_spec_free(s);
+                continue;
+            }
+            cr_assert(st.n_l2_refresh >= 2, "%s: %lld selections", mode_name(mode), (long long)st.n_l2_refresh);
+            // one or two offloaded layers stay in their buffers; three stream through two
+            cr_assert(gathered > 0 && st.kv_bytes_up >= gathered && (off < 3 || st.kv_bytes_up > gathered),
                       "%s, %d offloaded: %llu bytes up, %llu gathered",
                       mode_name(mode), off, (unsigned long long)st.kv_bytes_up, (unsigned long long)gathered);
             tri_spec_free(s);
