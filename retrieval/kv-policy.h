@@ -150,15 +150,18 @@ int32_t tri__kv_policy_room(const tri__kv_policy *p);
 // offloaded layers, rows of them put into the ring); src's own streaming is src's count. 0 else.
 uint64_t tri__kv_policy_bytes_up(const tri__kv_policy *p);
 
-// The most tokens the next step may hold for the cache to be what one-token steps build, however
-// the caller batches: a StreamingLLM step attends to the window before it plus its own tokens, so
-// its token i sees what it would alone only while nothing has been evicted by then (len + i <=
-// budget); past that, one token per step (docs/kv-policies.md). No limit (INT32_MAX) for the
-// other policies. tri__llama_forward_policy keeps to it.
-static inline int32_t tri__kv_policy_step_limit(const tri__kv_policy *p) {
+// The most tokens a step at cache length len may hold for the cache to be what one-token steps
+// build, however the caller batches: a StreamingLLM step attends to the window before it plus its
+// own tokens, so its token i sees what it would alone only while nothing has been evicted by then
+// (len + i <= budget); past that, one token per step (docs/kv-policies.md). No limit (INT32_MAX)
+// for the other policies. tri__llama_forward_policy keeps to it.
+static inline int32_t tri__kv_policy_step_limit_at(const tri__kv_policy *p, int32_t len) {
     if (p->p.kind != TRI_KV_POLICY_STREAMING) return INT32_MAX;
-    int32_t n0 = tri__kv_policy_len(p);
-    return n0 <= p->p.budget ? p->p.budget - n0 + 1 : 1;
+    return len <= p->p.budget ? p->p.budget - len + 1 : 1;
+}
+// The same at the policy's length.
+static inline int32_t tri__kv_policy_step_limit(const tri__kv_policy *p) {
+    return tri__kv_policy_step_limit_at(p, tri__kv_policy_len(p));
 }
 
 // Starts a step of m tokens at absolute positions len .. len + m - 1 (1 <= m <= max_step, fits

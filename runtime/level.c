@@ -114,23 +114,19 @@ static tri_status ensure_rows(tri__level *lv, int32_t rows) {
 static tri_status run(tri__level *lv, const int32_t *tokens, int32_t n, bool all, int32_t row) {
     const int64_t V = lv->model->config.n_vocab;
     double t0 = now_seconds();
-    tri_status st = TRI_STATUS_OK;
-    for (int32_t done = 0; !st && done < n;) {
-        // StreamingLLM past its window: one token per step, so the cache is what one-token steps
-        // build however the engine batched its evals and prefills (docs/speculative.md, "Caches
-        // and rollback"); split here too, so n_evals counts each such step as a pass
-        int32_t lim = tri__kv_policy_step_limit(&lv->pol);
-        int32_t m = n - done < lim ? n - done : lim;
-        bool last = done + m == n;
-        tri__logits_mode mode = row < 0 ? TRI_LOGITS_NONE
-                                : all   ? TRI_LOGITS_ALL
-                                : last  ? TRI_LOGITS_LAST
-                                        : TRI_LOGITS_NONE;
-        float *dst = mode == TRI_LOGITS_NONE ? NULL : lv->logits + (int64_t)(all ? row + done : row) * V;
-        st = tri__llama_forward_policy(&lv->ll, &lv->pol, tokens + done, m, mode, dst);
-        lv->n_evals++;
-        done += m;
-    }
+    // one call: the forward pass splits the tokens into steps itself (StreamingLLM past its window
+    // one token per step, so the cache is what one-token steps build however the engine batched
+    // its evals and prefills, docs/speculative.md "Caches and rollback"), and on a device queues
+    // them back to back with one synchronize at the end
+    tri__logits_mode mode = row < 0 ? TRI_LOGITS_NONE : all ? TRI_LOGITS_ALL : TRI_LOGITS_LAST;
+    float *dst = mode == TRI_LOGITS_NONE ? NULL : lv->logits + (int64_t)row * V;
+    int32_t len = tri__kv_policy_len(&lv->pol);
+    tri_status st = tri__llama_forward_policy(&lv->ll, &lv->pol, tokens, n, mode, dst);
+    if (!st)  // n_evals counts those steps as passes
+        for (int32_t done = 0; done < n; lv->n_evals++) {
+            int32_t lim = tri__kv_policy_step_limit_at(&lv->pol, len + done);
+            done += n - done < lim ? n - done : lim;
+        }
     lv->seconds += now_seconds() - t0;
     return st;
 }
