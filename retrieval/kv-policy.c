@@ -80,6 +80,9 @@ struct tri__retrieval_state {
     sel_entry tap;            // cnt/ids allocated while armed
     int32_t tap_layers;       // layers done
     int32_t tap_first;        // chunks summarised before it
+    struct tri__kv_policy *tap_owner;  // the full policy armed to make it; NULL: none armed
+    void *tap_rows;           // (n_layer, K/V, chunk rows) backend: each layer's rows from the
+                              // bound to the tap's length, put into the ring once it is taken
 };
 
 const char *tri__kv_policy_name(tri_kv_policy kind) {
@@ -211,6 +214,7 @@ static void retrieval_free(tri__kv_policy *p) {
     free(s->offs);
     free(s->tap.cnt);
     free(s->tap.ids);
+    p->be->ops->free(p->be, s->tap_rows);
     if (s->stage_pinned) p->be->ops->host_unregister(p->be, s->stage);
     free(s->stage);
     free(s);
@@ -704,18 +708,20 @@ static int32_t ret_bound(const tri__kv_policy *p, int32_t len) {
     return upto / p->p.chunk * p->p.chunk;
 }
 
-// Copies n rows at pos of a layer's keys and values (L) into the ring.
-static tri_status ring_fill(tri__kv_policy *p, int32_t il, const layer_rows *L, int32_t pos, int32_t n) {
+// Copies n rows of keys (k) and values (v), positions pos .. pos + n - 1, into layer il's ring
+// slots; from an offloaded layer's host region (uploads, counted) or from backend memory.
+static tri_status ring_put(tri__kv_policy *p, int32_t il, int32_t pos, int32_t n, const char *k, const char *v,
+                           bool region) {
     const tri__backend_ops *op = p->be->ops;
     const int32_t R = p->ret->ring;
     const int64_t row = (int64_t)kv_dim(p) * esize(p);
     for (int which = 0; which < 2; which++) {
-        const char *from = which ? L->v : L->k;
+        const char *from = which ? v : k;
         char *ring = which ? p->own.v[il] : p->own.k[il];
-        for (int32_t i = pos; i < pos + n;) {
-            int32_t slot = i % R, cnt = pos + n - i < R - slot ? pos + n - i : R - slot;
+        for (int32_t i = 0; i < n;) {
+            int32_t slot = (pos + i) % R, cnt = n - i < R - slot ? n - i : R - slot;
             size_t bytes = (size_t)(cnt * row);
-            if (L->region) {
+            if (region) {
                 TRY(op->copy_to_backend(p->be, ring + slot * row, from + i * row, bytes));
                 p->ret->bytes_up += bytes;
             } else if (op->copy) {
@@ -727,6 +733,12 @@ static tri_status ring_fill(tri__kv_policy *p, int32_t il, const layer_rows *L, 
         }
     }
     return TRI_STATUS_OK;
+}
+
+// Copies rows pos .. pos + n - 1 of a layer's keys and values (L) into the ring.
+static tri_status ring_fill(tri__kv_policy *p, int32_t il, const layer_rows *L, int32_t pos, int32_t n) {
+    const int64_t row = (int64_t)kv_dim(p) * esize(p);
+    return ring_put(p, il, pos, n, L->k + pos * row, L->v + pos * row, L->region);
 }
 
 // Makes selection e current over borrowed rows: gathers its chunks out of src into gk/gv and moves
@@ -1019,6 +1031,8 @@ static tri_status ret_truncate(tri__kv_policy *p, int32_t n) {
 
 // ---- selecting during the full cache's step ----
 
+static void tap_finish(tri__kv_policy *full, bool ok);
+
 tri_status tri__kv_policy_tap(tri__kv_policy *full, tri__kv_policy *ret, int32_t at) {
     TRI_ASSERT(!full->in_step && !ret->in_step);
     if (full->p.kind != TRI_KV_POLICY_FULL || !ret->src || ret->src != full->kv || at <= full->kv->n ||
@@ -1030,6 +1044,10 @@ tri_status tri__kv_policy_tap(tri__kv_policy *full, tri__kv_policy *ret, int32_t
     if (at - bound > s->ring)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: ring of %d rows for %d rows from the bound",
                          s->ring, at - bound);
+    if (s->tap_owner) tap_finish(s->tap_owner, false);  // armed before and never made
+    const int64_t row = (int64_t)kv_dim(ret) * esize(ret);
+    if (!s->tap_rows)
+        TRY(ret->be->ops->alloc(ret->be, (size_t)(2 * (int64_t)ret->n_layer * ret->p.chunk * row), &s->tap_rows));
     free(s->tap.cnt);
     free(s->tap.ids);
     s->tap = (sel_entry){.n_sel = at, .bound = bound};
@@ -1040,9 +1058,16 @@ tri_status tri__kv_policy_tap(tri__kv_policy *full, tri__kv_policy *ret, int32_t
     s->step_m = 0;
     s->tap_layers = 0;
     s->tap_first = s->n_chunks;
+    s->tap_owner = full;
     full->tap = ret;
     full->tap_at = at;
     return TRI_STATUS_OK;
+}
+
+// Where layer il's staged rows (keys: which 0, values 1) of a tap are.
+static char *tap_rows(tri__kv_policy *ret, int32_t il, int which) {
+    const int64_t rows = ret->p.chunk * (int64_t)kv_dim(ret) * esize(ret);
+    return (char *)ret->ret->tap_rows + (2 * (int64_t)il + which) * rows;
 }
 
 // Layer il of the full cache's step that ends at the tap's length: ret selects that layer's chunks
@@ -1074,19 +1099,36 @@ static tri_status tap_layer(tri__kv_policy *ret, int32_t il, const float *q, int
         TRY(select_head(ret, i, e->bound / ret->p.chunk, gq + (int64_t)h * hd, e->ids + i * s->kmax, &e->cnt[i]));
     }
     TRY(gather_layer(ret, e, il, &L));
-    if (e->bound < e->n_sel) TRY(ring_fill(ret, il, &L, e->bound, e->n_sel - e->bound));
+    // the rows from the bound: staged, the ring still holds the policy's own until it is taken
+    if (e->bound < e->n_sel) {
+        const int64_t rb = (int64_t)kv_dim(ret) * esize(ret);
+        size_t bytes = (size_t)((e->n_sel - e->bound) * rb);
+        if (!op->copy) return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: backend %s copies no rows", op->name);
+        TRY(op->copy(ret->be, tap_rows(ret, il, 0), L.k + e->bound * rb, bytes));
+        TRY(op->copy(ret->be, tap_rows(ret, il, 1), L.v + e->bound * rb, bytes));
+    }
     s->tap_layers++;
     return TRI_STATUS_OK;
 }
 
-// After the full cache's step: ret takes the selection when every layer made it and the step
-// committed (ok), else forgets it.
+// After the full cache's pass: ret takes the selection when every layer made it and the pass
+// succeeded (ok), else forgets it; either way the full policy is disarmed.
 static void tap_finish(tri__kv_policy *full, bool ok) {
     tri__kv_policy *ret = full->tap;
     full->tap = NULL;
     if (!ret) return;
     tri__retrieval_state *s = ret->ret;
+    s->tap_owner = NULL;
     ok = ok && s->tap_layers == ret->n_layer && sel_reserve(s) == TRI_STATUS_OK;
+    const sel_entry *e = &s->tap;
+    for (int32_t il = 0; ok && il < ret->n_layer && e->bound < e->n_sel; il++)
+        ok = ring_put(ret, il, e->bound, e->n_sel - e->bound, tap_rows(ret, il, 0), tap_rows(ret, il, 1), false) ==
+             TRI_STATUS_OK;
+    if (!ok && s->tap_layers == ret->n_layer && e->bound < e->n_sel) {
+        // a device failure while putting the rows into the ring: the policy's own rows from
+        // the tail may be overwritten; it keeps none
+        if (ret->len > s->tail0) ret->len = s->tail0;
+    }
     if (!ok) {  // the indexes back to the chunks before the step
         for (int32_t i = 0; i < ret->n_layer * ret->n_head_kv; i++) (void)tri__chunk_index_truncate(s->ix[i], s->tap_first);
         s->n_chunks = s->tap_first;
@@ -1315,9 +1357,7 @@ tri_status tri__kv_policy_commit(tri__kv_policy *p) {
         p->len = end;
         return TRI_STATUS_OK;
     }
-    st = tri__kv_store_set_len(p->kv, end);
-    if (p->tap && (st || end >= p->tap_at)) tap_finish(p, !st);
-    return st;
+    return tri__kv_store_set_len(p->kv, end);
 fail:
     tri__kv_policy_abort(p);
     return st;
@@ -1325,9 +1365,15 @@ fail:
 
 tri_status tri__kv_policy_commit_rows(tri__kv_policy *p, int32_t n) {
     TRI_ASSERT(p->p.kind == TRI_KV_POLICY_FULL && !p->in_step);
-    tri_status st = tri__kv_store_set_len(p->kv, n);
-    if (p->tap && (st || n >= p->tap_at)) tap_finish(p, !st);
-    return st;
+    return tri__kv_store_set_len(p->kv, n);
+}
+
+void tri__kv_policy_tap_settle(tri__kv_policy *p, bool ok) {
+    if (p->tap && (!ok || p->kv->n >= p->tap_at)) tap_finish(p, ok);
+}
+
+void tri__kv_policy_untap(tri__kv_policy *ret) {
+    if (ret->ret && ret->ret->tap_owner) tap_finish(ret->ret->tap_owner, false);
 }
 
 void tri__kv_policy_abort(tri__kv_policy *p) {

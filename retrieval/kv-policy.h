@@ -181,9 +181,15 @@ tri_status tri__kv_policy_observe(tri__kv_policy *p, int32_t il);
 // Ends the step: the m tokens become part of the cache (evictions, chunk summaries, selection).
 tri_status tri__kv_policy_commit(tri__kv_policy *p);
 // FULL, after a pass that wrote every layer's rows up to n itself (layer-major, llama.c): commits
-// them as tri__kv_policy_commit commits a step (the length, a selection armed with
-// tri__kv_policy_tap).
+// them as tri__kv_policy_commit commits a step.
 tri_status tri__kv_policy_commit_rows(tri__kv_policy *p, int32_t n);
+// At the end of a whole forward call over p (llama.c): a selection armed with tri__kv_policy_tap
+// is taken when the call succeeded (ok) and reached its length, forgotten when it failed; taken
+// only then, so a call that fails after the tap's step (and rolls p back) leaves ret as it was.
+void tri__kv_policy_tap_settle(tri__kv_policy *p, bool ok);
+// Forgets a selection armed for ret (tri__kv_policy_tap) that was not made, disarming the full
+// policy; a no-op when none is armed.
+void tri__kv_policy_untap(tri__kv_policy *ret);
 // Abandons the step in progress, leaving the policy as before tri__kv_policy_begin (and a
 // selection armed with tri__kv_policy_tap forgotten).
 void tri__kv_policy_abort(tri__kv_policy *p);
@@ -210,7 +216,9 @@ void tri__kv_policy_reset(tri__kv_policy *p);
 // floor(at / chunk) * chunk made from the same rows, then the chunks gathered and the rows from
 // that bound copied into ret's ring. When the step commits, ret holds `at` positions with that
 // selection, as if it had adopted them and selected at `at`; until then ret has no selection (it
-// must not run meanwhile). A failed step leaves ret with none. INVALID_ARGUMENT unless ret borrows
+// must not run meanwhile). A failed pass leaves ret with none, its own rows as they were (the rows
+// from the bound are staged and go into the ring only when the selection is taken). Arming again
+// forgets one armed before. INVALID_ARGUMENT unless ret borrows
 // full's store, at is past full's length and the ring holds the rows from the bound.
 tri_status tri__kv_policy_tap(tri__kv_policy *full, tri__kv_policy *ret, int32_t at);
 

@@ -188,6 +188,7 @@ tri_status tri__level_select_during(tri__level *lv, tri__level *full, int32_t at
 }
 
 bool tri__level_took_selection(tri__level *lv) {
+    tri__kv_policy_untap(&lv->pol);  // a pass that did not reach it: the full level is disarmed
     int32_t at = tri__kv_policy_selected_at(&lv->pol);
     if (at < 0) return false;
     lv->refresh_at[lv->n_refresh++] = at;  // room reserved when armed

@@ -341,6 +341,8 @@ tri_status tri__llama_forward_policy(tri__llama *ll, tri__kv_policy *pol, const 
         done += nb;
     }
     if (!st) st = ll->be->ops->synchronize(ll->be);
+    if (st) tri__kv_policy_abort(pol);  // a step in progress, a selection armed for another level
+    tri__kv_policy_tap_settle(pol, !st);
     if (st && tri__kv_policy_len(pol) != n0) {
         // a failed pass leaves the cache as it was
         tri_status st2 = tri__kv_policy_truncate(pol, n0);

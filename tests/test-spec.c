@@ -1451,3 +1451,116 @@ Test(spec, l2_failed_selection_leaves_no_stale_one) {
     tri__backend_free(be);
     tri_model_free(m);
 }
+
+// ---- a selection armed during L3's pass (tri__level_select_during) that fails ----
+
+static tri__backend_ops flaky_ops;
+static bool flaky_alloc;
+static int flaky_gathers = -1;  // gathers that still succeed; -1: all
+static tri_status (*flaky_real_alloc)(tri__backend *, size_t, void **);
+static tri_status (*flaky_real_gather)(tri__backend *, void *, const void *, const int64_t *, int64_t, int64_t);
+static tri_status flaky_alloc_fn(tri__backend *be, size_t bytes, void **out) {
+    if (flaky_alloc) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "test: alloc fails");
+    return flaky_real_alloc(be, bytes, out);
+}
+static tri_status flaky_gather_fn(tri__backend *be, void *dst, const void *src, const int64_t *offs, int64_t n,
+                                  int64_t rb) {
+    if (flaky_gathers == 0) return tri__fail(TRI_STATUS_DEVICE, "test: gather fails");
+    if (flaky_gathers > 0) flaky_gathers--;
+    return flaky_real_gather(be, dst, src, offs, n, rb);
+}
+static tri__backend *flaky_backend(void) {
+    tri__backend *be;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
+    flaky_ops = *be->ops;
+    flaky_real_alloc = flaky_ops.alloc;
+    flaky_real_gather = flaky_ops.gather;
+    flaky_ops.alloc = flaky_alloc_fn;
+    flaky_ops.gather = flaky_gather_fn;
+    be->ops = &flaky_ops;
+    return be;
+}
+
+// A pass of L3 that fails before it reaches the armed length disarms it: a later pass of L3 does not
+// change L2 behind its back.
+Test(spec, failed_pass_leaves_no_armed_selection) {
+    tri_model *m = load(gen_model("tap-fail", "--seed 41 --vocab 270 --layers 3"));
+    int32_t toks[128];
+    for (int i = 0; i < 128; i++) toks[i] = (int32_t)((i * 61 + 5) % 260) + 3;
+    tri__backend *be = flaky_backend();
+    tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = 128, .n_batch = 8, .kv_type = TRI_DTYPE_F32,
+                            .kv_offloaded = 1};
+    tri__level l3, l2;
+    cr_assert_eq(tri__level_init(&l3, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+    lp.kv_offloaded = 0;
+    lp.policy = TRI_KV_POLICY_RETRIEVAL;
+    lp.budget = 16;
+    lp.chunk = 4;
+    lp.kv_source = l3.pol.kv;
+    lp.ring = 40;
+    cr_assert_eq(tri__level_init(&l2, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__level_prefill(&l3, toks, 40), TRI_STATUS_OK);
+    cr_assert_eq(tri__level_select_during(&l2, &l3, 100), TRI_STATUS_OK);
+    flaky_alloc = true;  // layer-major (60 tokens, an offloaded layer): its hidden states are allocated first
+    tri_status st = tri__level_prefill(&l3, toks + 40, 60);
+    flaky_alloc = false;
+    cr_assert_neq(st, TRI_STATUS_OK);
+    cr_assert_eq(tri__level_n_past(&l3), 40);
+    cr_assert_null(l3.pol.tap, "the failed pass left L3 armed at %d", l3.pol.tap_at);
+    cr_assert_not(tri__level_took_selection(&l2));
+    cr_assert_eq(tri__level_adopt(&l2, &l3, 40), TRI_STATUS_OK);
+    cr_assert_eq(tri__level_eval_refresh(&l2, toks + 40, 1), TRI_STATUS_OK);
+    cr_assert_eq(tri__level_prefill(&l3, toks + 40, 60), TRI_STATUS_OK);
+    cr_assert_eq(tri__level_n_past(&l2), 41, "L2 at %d after a pass of L3", tri__level_n_past(&l2));
+    cr_assert_eq(tri__kv_policy_selected_at(&l2.pol), 41);
+    // a pass that ends short of the armed length: the level disarms L3 when it asks
+    cr_assert_eq(tri__level_select_during(&l2, &l3, 110), TRI_STATUS_OK);
+    cr_assert_eq(tri__level_prefill(&l3, toks + 100, 5), TRI_STATUS_OK);
+    cr_assert_not(tri__level_took_selection(&l2));
+    cr_assert_null(l3.pol.tap);
+    tri__level_free(&l2);
+    tri__level_free(&l3);
+    tri__backend_free(be);
+    tri_model_free(m);
+}
+
+// A selection that fails in its second layer leaves L2's own rows (the ring) as they were.
+Test(spec, failed_tap_keeps_l2_own_rows) {
+    tri_model *m = load(gen_model("tap-ring", "--seed 41 --vocab 270 --layers 3"));
+    int32_t toks[128];
+    for (int i = 0; i < 128; i++) toks[i] = (int32_t)((i * 61 + 5) % 260) + 3;
+    tri__backend *be = flaky_backend();
+    tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = 128, .n_batch = 8, .kv_type = TRI_DTYPE_F32};
+    tri__level l3, l2;
+    cr_assert_eq(tri__level_init(&l3, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+    lp.policy = TRI_KV_POLICY_RETRIEVAL;
+    lp.budget = 16;
+    lp.chunk = 4;
+    lp.kv_source = l3.pol.kv;
+    lp.ring = 40;
+    cr_assert_eq(tri__level_init(&l2, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__level_prefill(&l3, toks, 60), TRI_STATUS_OK);
+    cr_assert_eq(tri__level_adopt(&l2, &l3, 20), TRI_STATUS_OK);
+    cr_assert_eq(tri__level_eval_refresh(&l2, toks + 20, 1), TRI_STATUS_OK);
+    for (int i = 21; i < 28; i++) cr_assert_eq(tri__level_eval(&l2, toks + i, 1, false), TRI_STATUS_OK);
+    float before[8][64], after[64];
+    const int32_t hd = m->config.head_dim;
+    cr_assert(hd <= 64);
+    for (int p = 0; p < 8; p++) cr_assert(tri__kv_policy_peek(&l2.pol, 0, 0, 20 + p, 0, before[p]));
+    cr_assert_eq(tri__level_select_during(&l2, &l3, 62), TRI_STATUS_OK);  // bound 60: ring slots 20, 21
+    flaky_gathers = 2;  // layer 0's K and V gathers succeed, layer 1's fails
+    tri_status st = tri__level_prefill(&l3, toks + 60, 2);
+    flaky_gathers = -1;
+    cr_assert_eq(st, TRI_STATUS_DEVICE);
+    cr_assert_not(tri__level_took_selection(&l2));
+    cr_assert_eq(tri__kv_policy_selected_at(&l2.pol), -1);
+    cr_assert_eq(tri__level_n_past(&l2), 28);
+    for (int p = 0; p < 8; p++) {
+        cr_assert(tri__kv_policy_peek(&l2.pol, 0, 0, 20 + p, 0, after));
+        cr_assert_eq(memcmp(before[p], after, sizeof(float) * (size_t)hd), 0, "L2's own row at %d changed", 20 + p);
+    }
+    tri__level_free(&l2);
+    tri__level_free(&l3);
+    tri__backend_free(be);
+    tri_model_free(m);
+}
