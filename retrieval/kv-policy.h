@@ -214,12 +214,12 @@ void tri__kv_policy_reset(tri__kv_policy *p);
 // layer, from full's query of the token at - 1 and out of the rows full has just written (the
 // streamed buffer of an offloaded layer: no upload), the summaries of the chunks below
 // floor(at / chunk) * chunk made from the same rows, then the chunks gathered and the rows from
-// that bound copied into ret's ring. When the step commits, ret holds `at` positions with that
-// selection, as if it had adopted them and selected at `at`; until then ret has no selection (it
-// must not run meanwhile). A failed pass leaves ret with none, its own rows as they were (the rows
-// from the bound are staged and go into the ring only when the selection is taken). Arming again
-// forgets one armed before. INVALID_ARGUMENT unless ret borrows
-// full's store, at is past full's length and the ring holds the rows from the bound.
+// that bound staged. When full's whole forward call has succeeded (tri__kv_policy_tap_settle), ret
+// holds `at` positions with that selection and the staged rows in its ring, as if it had adopted
+// them and selected at `at`; until then ret has no selection (it must not run meanwhile). A failed
+// call leaves ret with none and its own rows as they were, and disarms full; so does
+// tri__kv_policy_untap. Arming again forgets one armed before. INVALID_ARGUMENT unless ret
+// borrows full's store, at is past full's length and the ring holds the rows from the bound.
 tri_status tri__kv_policy_tap(tri__kv_policy *full, tri__kv_policy *ret, int32_t at);
 
 // RETRIEVAL: select again at the end of the next step, from its last token's query. No-op otherwise.
