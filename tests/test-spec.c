@@ -1399,61 +1399,7 @@ Test(spec, l2_over_offloaded_l3_exact_greedy, .timeout = 120) {
     tri_model_free(target);
 }
 
-// A selection over L3's rows that fails halfway (here the gather) leaves L2 consistent: no
-// selection (the previous one's rows were being overwritten), full attention, the length as before
-// the step, and the level reporting no selection, so the engine selects again.
-static tri__backend_ops failing_ops;
-static bool fail_gather;
-static tri_status (*real_gather)(tri__backend *, void *, const void *, const int64_t *, int64_t, int64_t);
-static tri_status gather_or_fail(tri__backend *be, void *dst, const void *src, const int64_t *offs, int64_t n,
-                                 int64_t row_bytes) {
-    if (fail_gather) return tri__fail(TRI_STATUS_DEVICE, "test: gather fails");
-    return real_gather(be, dst, src, offs, n, row_bytes);
-}
-
-Test(spec, l2_failed_selection_leaves_no_stale_one) {
-    tri_model *m = load(gen_model("fail-sel", "--seed 41 --vocab 270 --layers 3"));
-    const int32_t P = 47;
-    int32_t toks[80];
-    for (int i = 0; i < 80; i++) toks[i] = (int32_t)((i * 61 + 5) % 260) + 3;
-    tri__backend *be;
-    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
-    failing_ops = *be->ops;
-    real_gather = failing_ops.gather;
-    failing_ops.gather = gather_or_fail;
-    be->ops = &failing_ops;
-    tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = 128, .n_batch = 8, .kv_type = TRI_DTYPE_F32};
-    tri__level l3, l2;
-    cr_assert_eq(tri__level_init(&l3, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
-    lp.policy = TRI_KV_POLICY_RETRIEVAL;
-    lp.budget = 16;
-    lp.chunk = 4;
-    lp.kv_source = l3.pol.kv;
-    lp.ring = 40;
-    cr_assert_eq(tri__level_init(&l2, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(tri__level_prefill(&l3, toks, P + 10), TRI_STATUS_OK);
-    cr_assert_eq(tri__level_adopt(&l2, &l3, P - 1), TRI_STATUS_OK);
-    cr_assert_eq(tri__level_eval_refresh(&l2, toks + P - 1, 1), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(tri__level_last_refresh(&l2), P);
-    fail_gather = true;
-    cr_assert_eq(tri__level_eval_refresh(&l2, toks + P, 1), TRI_STATUS_DEVICE);
-    fail_gather = false;
-    cr_assert_eq(tri__level_n_past(&l2), P);
-    cr_assert_eq(tri__kv_policy_selected_at(&l2.pol), -1);
-    cr_assert_eq(tri__level_last_refresh(&l2), -1);
-    // full attention again: L3's rows below the tail are in view; and a new selection works
-    float row[64];
-    cr_assert(tri__kv_policy_peek(&l2.pol, 0, 0, 5, 0, row));
-    cr_assert_eq(tri__level_eval_refresh(&l2, toks + P, 1), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(tri__level_last_refresh(&l2), P + 1);
-    tri__level_free(&l2);
-    tri__level_free(&l3);
-    tri__backend_free(be);
-    tri_model_free(m);
-}
-
-// ---- a selection armed during L3's pass (tri__level_select_during) that fails ----
-
+// A backend whose allocations or gathers fail on demand.
 static tri__backend_ops flaky_ops;
 static bool flaky_alloc;
 static int flaky_gathers = -1;  // gathers that still succeed; -1: all
@@ -1481,6 +1427,56 @@ static tri__backend *flaky_backend(void) {
     return be;
 }
 
+
+// L3 (a full cache of 128 positions, f32, steps of 8, `off` layers offloaded) and L2 over its rows
+// (budget 16, chunks of 4, a ring of 40).
+static void level_pair(tri_model *m, tri__backend *be, int32_t off, tri__level *l3, tri__level *l2) {
+    tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = 128, .n_batch = 8, .kv_type = TRI_DTYPE_F32,
+                            .kv_offloaded = off};
+    cr_assert_eq(tri__level_init(l3, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+    lp.kv_offloaded = 0;
+    lp.policy = TRI_KV_POLICY_RETRIEVAL;
+    lp.budget = 16;
+    lp.chunk = 4;
+    lp.kv_source = l3->pol.kv;
+    lp.ring = 40;
+    cr_assert_eq(tri__level_init(l2, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+}
+
+// A selection over L3's rows that fails halfway (here the gather) leaves L2 consistent: no
+// selection (the previous one's rows were being overwritten), full attention, the length as before
+// the step, and the level reporting no selection, so the engine selects again.
+Test(spec, l2_failed_selection_leaves_no_stale_one) {
+    tri_model *m = load(gen_model("fail-sel", "--seed 41 --vocab 270 --layers 3"));
+    const int32_t P = 47;
+    int32_t toks[80];
+    for (int i = 0; i < 80; i++) toks[i] = (int32_t)((i * 61 + 5) % 260) + 3;
+    tri__backend *be = flaky_backend();
+    tri__level l3, l2;
+    level_pair(m, be, 0, &l3, &l2);
+    cr_assert_eq(tri__level_prefill(&l3, toks, P + 10), TRI_STATUS_OK);
+    cr_assert_eq(tri__level_adopt(&l2, &l3, P - 1), TRI_STATUS_OK);
+    cr_assert_eq(tri__level_eval_refresh(&l2, toks + P - 1, 1), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__level_last_refresh(&l2), P);
+    flaky_gathers = 0;
+    cr_assert_eq(tri__level_eval_refresh(&l2, toks + P, 1), TRI_STATUS_DEVICE);
+    flaky_gathers = -1;
+    cr_assert_eq(tri__level_n_past(&l2), P);
+    cr_assert_eq(tri__kv_policy_selected_at(&l2.pol), -1);
+    cr_assert_eq(tri__level_last_refresh(&l2), -1);
+    // full attention again: L3's rows below the tail are in view; and a new selection works
+    float row[64];
+    cr_assert(tri__kv_policy_peek(&l2.pol, 0, 0, 5, 0, row));
+    cr_assert_eq(tri__level_eval_refresh(&l2, toks + P, 1), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__level_last_refresh(&l2), P + 1);
+    tri__level_free(&l2);
+    tri__level_free(&l3);
+    tri__backend_free(be);
+    tri_model_free(m);
+}
+
+// ---- a selection armed during L3's pass (tri__level_select_during) that fails ----
+
 // A pass of L3 that fails before it reaches the armed length disarms it: a later pass of L3 does not
 // change L2 behind its back.
 Test(spec, failed_pass_leaves_no_armed_selection) {
@@ -1488,17 +1484,8 @@ Test(spec, failed_pass_leaves_no_armed_selection) {
     int32_t toks[128];
     for (int i = 0; i < 128; i++) toks[i] = (int32_t)((i * 61 + 5) % 260) + 3;
     tri__backend *be = flaky_backend();
-    tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = 128, .n_batch = 8, .kv_type = TRI_DTYPE_F32,
-                            .kv_offloaded = 1};
     tri__level l3, l2;
-    cr_assert_eq(tri__level_init(&l3, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
-    lp.kv_offloaded = 0;
-    lp.policy = TRI_KV_POLICY_RETRIEVAL;
-    lp.budget = 16;
-    lp.chunk = 4;
-    lp.kv_source = l3.pol.kv;
-    lp.ring = 40;
-    cr_assert_eq(tri__level_init(&l2, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+    level_pair(m, be, 1, &l3, &l2);
     cr_assert_eq(tri__level_prefill(&l3, toks, 40), TRI_STATUS_OK);
     cr_assert_eq(tri__level_select_during(&l2, &l3, 100), TRI_STATUS_OK);
     flaky_alloc = true;  // layer-major (60 tokens, an offloaded layer): its hidden states are allocated first
@@ -1530,15 +1517,8 @@ Test(spec, failed_tap_keeps_l2_own_rows) {
     int32_t toks[128];
     for (int i = 0; i < 128; i++) toks[i] = (int32_t)((i * 61 + 5) % 260) + 3;
     tri__backend *be = flaky_backend();
-    tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = 128, .n_batch = 8, .kv_type = TRI_DTYPE_F32};
     tri__level l3, l2;
-    cr_assert_eq(tri__level_init(&l3, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
-    lp.policy = TRI_KV_POLICY_RETRIEVAL;
-    lp.budget = 16;
-    lp.chunk = 4;
-    lp.kv_source = l3.pol.kv;
-    lp.ring = 40;
-    cr_assert_eq(tri__level_init(&l2, m, be, &lp), TRI_STATUS_OK, "%s", tri_last_error());
+    level_pair(m, be, 0, &l3, &l2);
     cr_assert_eq(tri__level_prefill(&l3, toks, 60), TRI_STATUS_OK);
     cr_assert_eq(tri__level_adopt(&l2, &l3, 20), TRI_STATUS_OK);
     cr_assert_eq(tri__level_eval_refresh(&l2, toks + 20, 1), TRI_STATUS_OK);
