@@ -159,8 +159,9 @@ tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity
 }
 
 static int32_t kv_dim(const tri__kv_policy *p) { return p->n_head_kv * p->head_dim; }
-
 static int64_t esize(const tri__kv_policy *p) { return p->kv->type == TRI_DTYPE_F16 ? 2 : 4; }
+// Bytes of one position of one layer (every KV head), keys or values.
+static int64_t row_bytes(const tri__kv_policy *p) { return kv_dim(p) * esize(p); }
 
 // ---- life cycle ----
 
@@ -409,13 +410,7 @@ tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_
         if ((st = p->be->ops->alloc(p->be, (size_t)(rows * row_bytes), &s->gv[il]))) goto fail;
     }
     ALLOC(s->offs, rows);
-    bool offloaded = false;
-    for (int32_t il = 0; il < p->n_layer; il++) {
-        bool host;
-        (void)tri__kv_store_rows(src, il, 0, &host);
-        offloaded = offloaded || host;
-    }
-    if (offloaded) {  // an offloaded layer's chunks are gathered on the host and uploaded at once
+    if (src->off) {  // an offloaded layer's chunks are gathered on the host and uploaded at once
         s->stage = malloc((size_t)(rows * row_bytes));
         if (!s->stage) {
             st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: %lld bytes of gather staging",
@@ -630,12 +625,6 @@ static sel_entry *ret_current(const tri__kv_policy *p) {
     return s->n_sel ? &s->sel[s->n_sel - 1] : NULL;
 }
 
-// Summarises the chunks completed by a length of len: the mean of each chunk's stored keys per head
-// (src's when borrowing; tri__chunk_mean: double-precision sums, the same bits everywhere). Keys in
-// host memory (an offloaded layer's region, a host backend's memory) are summarised in place by
-// the host once the copies that write them are done; keys in device memory by the backend's
-// chunk_mean op, so only the means cross to the host. A read covers rows_chunks chunks; the means
-// go to each head's index in chunk order.
 // Where a layer's keys and values are for a reader: row pos starts pos * row bytes in.
 typedef struct layer_rows {
     const char *k, *v;
@@ -650,13 +639,17 @@ static layer_rows store_layer(tri__kv_store *kv, int32_t il) {
     return L;
 }
 
-// Adds the summaries of chunks first .. last - 1 of layer il (keys L->k) to its heads' indexes. The
-// caller waited for the copies that write the keys.
+// Adds the summaries of chunks first .. last - 1 of layer il (keys L->k) to its heads' indexes: the
+// mean of each chunk's keys per head (tri__chunk_mean: double-precision sums, the same bits
+// everywhere). Keys in host memory (an offloaded layer's region, a host backend's memory) are
+// summarised in place by the host; keys in device memory by the backend's chunk_mean op, so only
+// the means cross to the host. A read covers rows_chunks chunks; the means go to each head's index
+// in chunk order. The caller waited for the copies that write the keys.
 static tri_status summarise_layer(tri__kv_policy *p, int32_t il, const layer_rows *L, int32_t first, int32_t last) {
     tri__retrieval_state *s = p->ret;
     const tri__backend_ops *op = p->be->ops;
     const int32_t C = p->p.chunk, kd = kv_dim(p), hd = p->head_dim, nkv = p->n_head_kv;
-    const int64_t row = (int64_t)kd * esize(p);
+    const int64_t row = row_bytes(p);
     const bool host = L->region || p->be->host_memory;
     for (int32_t c0 = first; c0 < last; c0 += s->rows_chunks) {
         const int32_t nc = last - c0 < s->rows_chunks ? last - c0 : s->rows_chunks;
@@ -681,6 +674,7 @@ static tri_status summarise_layer(tri__kv_policy *p, int32_t il, const layer_row
     return TRI_STATUS_OK;
 }
 
+// Summarises the chunks completed by a length of len (src's keys when borrowing) in every layer.
 static tri_status ret_summarise(tri__kv_policy *p, int32_t len) {
     tri__retrieval_state *s = p->ret;
     const int32_t first = s->n_chunks, last = len / p->p.chunk;
@@ -714,7 +708,7 @@ static tri_status ring_put(tri__kv_policy *p, int32_t il, int32_t pos, int32_t n
                            bool region) {
     const tri__backend_ops *op = p->be->ops;
     const int32_t R = p->ret->ring;
-    const int64_t row = (int64_t)kv_dim(p) * esize(p);
+    const int64_t row = row_bytes(p);
     for (int which = 0; which < 2; which++) {
         const char *from = which ? v : k;
         char *ring = which ? p->own.v[il] : p->own.k[il];
@@ -737,14 +731,9 @@ static tri_status ring_put(tri__kv_policy *p, int32_t il, int32_t pos, int32_t n
 
 // Copies rows pos .. pos + n - 1 of a layer's keys and values (L) into the ring.
 static tri_status ring_fill(tri__kv_policy *p, int32_t il, const layer_rows *L, int32_t pos, int32_t n) {
-    const int64_t row = (int64_t)kv_dim(p) * esize(p);
-    return ring_put(p, il, pos, n, L->k + pos * row, L->v + pos * row, L->region);
+    return ring_put(p, il, pos, n, L->k + pos * row_bytes(p), L->v + pos * row_bytes(p), L->region);
 }
 
-// Makes selection e current over borrowed rows: gathers its chunks out of src into gk/gv and moves
-// the tail to its bound (rows bound .. tail0 - 1 come from src). The caller dropped the previous
-// selection (its rows are overwritten here), so on failure the policy has none and attends fully;
-// the tail moves only on success.
 // Gathers layer il's chunks of selection e out of L into gk/gv.
 static tri_status gather_layer(tri__kv_policy *p, const sel_entry *e, int32_t il, const layer_rows *L) {
     tri__retrieval_state *s = p->ret;
@@ -773,6 +762,10 @@ static tri_status gather_layer(tri__kv_policy *p, const sel_entry *e, int32_t il
     return TRI_STATUS_OK;
 }
 
+// Makes selection e current over borrowed rows: gathers its chunks out of src into gk/gv and moves
+// the tail to its bound (rows bound .. tail0 - 1 come from src). The caller dropped the previous
+// selection (its rows are overwritten here), so on failure the policy has none and attends fully;
+// the tail moves only on success.
 static tri_status ret_install(tri__kv_policy *p, const sel_entry *e, int32_t len) {
     tri__retrieval_state *s = p->ret;
     if (len - e->bound > s->ring)
@@ -862,9 +855,6 @@ static void ret_drop_selections(tri__retrieval_state *s) {
     }
 }
 
-// Selects, for every (layer, KV head), chunk 0 and the best kmax - 1 other complete chunks by the
-// summed group query of the token at len - 1 (row `row` of the last step), at cache length len.
-// Borrowing, the selection replaces the previous one (its rows are gathered over the old ones).
 // Chooses head i's chunks (i = layer * n_head_kv + KV head) among the first n_chunks by the summed
 // group query q: chunk 0 and the best kmax - 1 others, ascending; all when they fit.
 static tri_status select_head(tri__kv_policy *p, int64_t i, int32_t n_chunks, const float *q, int32_t *ids,
@@ -916,6 +906,9 @@ static tri_status sel_reserve(tri__retrieval_state *s) {
     return TRI_STATUS_OK;
 }
 
+// Selects, for every (layer, KV head), chunk 0 and the best kmax - 1 other complete chunks by the
+// summed group query of the token at len - 1 (row `row` of the last step), at cache length len.
+// Borrowing, the selection replaces the previous one (its rows are gathered over the old ones).
 static tri_status ret_select(tri__kv_policy *p, int32_t len, int32_t row) {
     tri__retrieval_state *s = p->ret;
     int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
@@ -1045,9 +1038,9 @@ tri_status tri__kv_policy_tap(tri__kv_policy *full, tri__kv_policy *ret, int32_t
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: ring of %d rows for %d rows from the bound",
                          s->ring, at - bound);
     if (s->tap_owner) tap_finish(s->tap_owner, false);  // armed before and never made
-    const int64_t row = (int64_t)kv_dim(ret) * esize(ret);
     if (!s->tap_rows)
-        TRY(ret->be->ops->alloc(ret->be, (size_t)(2 * (int64_t)ret->n_layer * ret->p.chunk * row), &s->tap_rows));
+        TRY(ret->be->ops->alloc(ret->be, (size_t)(2 * (int64_t)ret->n_layer * ret->p.chunk * row_bytes(ret)),
+                                &s->tap_rows));
     free(s->tap.cnt);
     free(s->tap.ids);
     s->tap = (sel_entry){.n_sel = at, .bound = bound};
@@ -1066,8 +1059,7 @@ tri_status tri__kv_policy_tap(tri__kv_policy *full, tri__kv_policy *ret, int32_t
 
 // Where layer il's staged rows (keys: which 0, values 1) of a tap are.
 static char *tap_rows(tri__kv_policy *ret, int32_t il, int which) {
-    const int64_t rows = ret->p.chunk * (int64_t)kv_dim(ret) * esize(ret);
-    return (char *)ret->ret->tap_rows + (2 * (int64_t)il + which) * rows;
+    return (char *)ret->ret->tap_rows + (2 * (int64_t)il + which) * ret->p.chunk * row_bytes(ret);
 }
 
 // Layer il of the full cache's step that ends at the tap's length: ret selects that layer's chunks
@@ -1101,7 +1093,7 @@ static tri_status tap_layer(tri__kv_policy *ret, int32_t il, const float *q, int
     TRY(gather_layer(ret, e, il, &L));
     // the rows from the bound: staged, the ring still holds the policy's own until it is taken
     if (e->bound < e->n_sel) {
-        const int64_t rb = (int64_t)kv_dim(ret) * esize(ret);
+        const int64_t rb = row_bytes(ret);
         size_t bytes = (size_t)((e->n_sel - e->bound) * rb);
         if (!op->copy) return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: backend %s copies no rows", op->name);
         TRY(op->copy(ret->be, tap_rows(ret, il, 0), L.k + e->bound * rb, bytes));
@@ -1361,11 +1353,6 @@ tri_status tri__kv_policy_commit(tri__kv_policy *p) {
 fail:
     tri__kv_policy_abort(p);
     return st;
-}
-
-tri_status tri__kv_policy_commit_rows(tri__kv_policy *p, int32_t n) {
-    TRI_ASSERT(p->p.kind == TRI_KV_POLICY_FULL && !p->in_step);
-    return tri__kv_store_set_len(p->kv, n);
 }
 
 void tri__kv_policy_tap_settle(tri__kv_policy *p, bool ok) {

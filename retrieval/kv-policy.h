@@ -180,9 +180,6 @@ tri_status tri__kv_policy_layer(tri__kv_policy *p, int32_t il, const float *q, c
 tri_status tri__kv_policy_observe(tri__kv_policy *p, int32_t il);
 // Ends the step: the m tokens become part of the cache (evictions, chunk summaries, selection).
 tri_status tri__kv_policy_commit(tri__kv_policy *p);
-// FULL, after a pass that wrote every layer's rows up to n itself (layer-major, llama.c): commits
-// them as tri__kv_policy_commit commits a step.
-tri_status tri__kv_policy_commit_rows(tri__kv_policy *p, int32_t n);
 // At the end of a whole forward call over p (llama.c): a selection armed with tri__kv_policy_tap
 // is taken when the call succeeded (ok) and reached its length, forgotten when it failed; taken
 // only then, so a call that fails after the tap's step (and rolls p back) leaves ret as it was.

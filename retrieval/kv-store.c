@@ -236,7 +236,7 @@ tri_status tri__kv_store_write(tri__kv_store *kv, int32_t il, int32_t pos, int32
     if (offloaded(kv, il)) TRY(offload_write(kv, il, pos, n, k, v));
     // double buffering: the next offloaded layer's rows before this step upload while this layer
     // computes (the last layer on chip starts the first one)
-    if (!kv->no_prefetch && il + 1 < kv->n_layer && offloaded(kv, il + 1)) TRY(offload_load(kv, il + 1, pos));
+    if (!kv->no_prefetch) TRY(tri__kv_store_prefetch(kv, il + 1, pos));
     if (offloaded(kv, il)) return TRI_STATUS_OK;
     int64_t row = tri__kv_store_row_bytes(kv);
     int64_t elems = (int64_t)n * kv->n_head_kv * kv->head_dim;
@@ -302,7 +302,7 @@ tri_status tri__kv_store_view_read(tri__kv_store *kv, int32_t il, int32_t n_pos,
         TRY(offload_load(kv, il, n_pos));
         if (kv->off->async) TRY(kv->be->ops->stream_wait(kv->be, TRI_STREAM_COMPUTE, kv->off->loaded[slot_of(kv, il)]));
     }
-    if (il + 1 < kv->n_layer && offloaded(kv, il + 1)) TRY(offload_load(kv, il + 1, n_pos));
+    TRY(tri__kv_store_prefetch(kv, il + 1, n_pos));
     *view = tri__kv_store_view(kv, il, n_pos, storage);
     return TRI_STATUS_OK;
 }
@@ -364,15 +364,12 @@ tri_status tri__kv_store_copy_rows(tri__kv_store *dst, tri__kv_store *src, int32
     const size_t bytes = (size_t)(n * row);
     for (int32_t il = 0; il < dst->n_layer; il++) {
         for (int kv = 0; kv < 2; kv++) {
-            const char *from = offloaded(src, il) ? (const char *)(kv ? src->off->host_v : src->off->host_k)[il]
-                                                  : (const char *)(kv ? src->v : src->k)[il];
-            char *to = offloaded(dst, il) ? (char *)(kv ? dst->off->host_v : dst->off->host_k)[il]
-                                          : (char *)(kv ? dst->v : dst->k)[il];
-            from += pos * row;
-            to += pos * row;
-            if (offloaded(dst, il) && offloaded(src, il)) memcpy(to, from, bytes);
-            else if (offloaded(dst, il)) TRY(op->copy_to_host(dst->be, to, from, bytes));
-            else if (offloaded(src, il)) TRY(op->copy_to_backend(dst->be, to, from, bytes));
+            bool src_host, dst_host;
+            const char *from = (const char *)tri__kv_store_rows(src, il, kv, &src_host) + pos * row;
+            char *to = (char *)tri__kv_store_rows(dst, il, kv, &dst_host) + pos * row;
+            if (dst_host && src_host) memcpy(to, from, bytes);
+            else if (dst_host) TRY(op->copy_to_host(dst->be, to, from, bytes));
+            else if (src_host) TRY(op->copy_to_backend(dst->be, to, from, bytes));
             else if (op->copy) TRY(op->copy(dst->be, to, from, bytes));
             else return tri__fail(TRI_STATUS_UNSUPPORTED, "kv cache: backend %s copies no rows", op->name);
         }

@@ -150,6 +150,13 @@ tri_status tri__level_eval_more(tri__level *lv, const int32_t *tokens, int32_t n
     return TRI_STATUS_OK;
 }
 
+// Drops the refresh records of selections the policy no longer has: rolled back, or (borrowing,
+// where only the current one is kept) replaced, adopted over or failed.
+static void refresh_sync(tri__level *lv) {
+    int32_t at = tri__kv_policy_selected_at(&lv->pol);
+    while (lv->n_refresh > 0 && (at < 0 || lv->refresh_at[lv->n_refresh - 1] > at)) lv->n_refresh--;
+}
+
 // Room for one more refresh record.
 static tri_status refresh_reserve(tri__level *lv) {
     if (lv->n_refresh < lv->refresh_cap) return TRI_STATUS_OK;
@@ -171,8 +178,7 @@ tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_
     tri__kv_policy_request_refresh(&lv->pol);
     tri_status st = run(lv, tokens + n - 1, 1, false, 0);
     tri__kv_policy_cancel_refresh(&lv->pol);  // already consumed, unless the step failed
-    // a selection that failed over borrowed rows dropped the one before it
-    if (st && tri__kv_policy_selected_at(&lv->pol) < 0) lv->n_refresh = 0;
+    refresh_sync(lv);  // a selection that failed over borrowed rows dropped the one before it
     TRY(st);
     lv->refresh_at[lv->n_refresh++] = tri__kv_policy_len(&lv->pol);
     lv->n_logits = 1;
@@ -182,7 +188,7 @@ tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_
 tri_status tri__level_select_during(tri__level *lv, tri__level *full, int32_t at) {
     TRY(refresh_reserve(lv));
     TRY(tri__kv_policy_tap(&full->pol, &lv->pol, at));
-    lv->n_refresh = 0;  // the policy dropped its selection
+    refresh_sync(lv);  // the policy dropped its selection
     lv->n_logits = 0;
     return TRI_STATUS_OK;
 }
@@ -207,7 +213,7 @@ tri_status tri__level_adopt(tri__level *lv, tri__level *from, int32_t n) {
     double t0 = now_seconds();
     lv->n_logits = 0;
     tri_status st = tri__kv_policy_adopt(&lv->pol, from->pol.kv, n);
-    if (!st && tri__kv_policy_selected_at(&lv->pol) < 0) lv->n_refresh = 0;  // borrowing: dropped
+    refresh_sync(lv);  // borrowing: adopting drops the selection
     lv->seconds += now_seconds() - t0;
     return st;
 }
@@ -227,8 +233,7 @@ tri_status tri__level_truncate(tri__level *lv, int32_t n_past) {
     // a rollback to the start of a selecting step would re-arm its request: the level selects
     // only when told to
     tri__kv_policy_cancel_refresh(&lv->pol);
-    while (lv->n_refresh > 0 && lv->refresh_at[lv->n_refresh - 1] > n_past) lv->n_refresh--;
-    if (tri__kv_policy_selected_at(&lv->pol) < 0) lv->n_refresh = 0;  // borrowing keeps the current one only
+    refresh_sync(lv);
     return TRI_STATUS_OK;
 }
 

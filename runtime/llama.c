@@ -52,8 +52,8 @@ void tri__llama_free(tri__llama *ll) {
     memset(ll, 0, sizeof *ll);
 }
 
-static tri_status llama_init(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch,
-                             tri__act_pool *pool) {
+tri_status tri__llama_init_pooled(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch,
+                                  tri__act_pool *pool) {
     memset(ll, 0, sizeof *ll);
     const tri_model_config *c = &model->config;
     if (n_batch <= 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "batch size %d must be positive", n_batch);
@@ -103,12 +103,7 @@ fail:
 }
 
 tri_status tri__llama_init(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch) {
-    return llama_init(ll, model, be, n_batch, NULL);
-}
-
-tri_status tri__llama_init_pooled(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch,
-                                  tri__act_pool *pool) {
-    return llama_init(ll, model, be, n_batch, pool);  // pool NULL: tri__llama_init
+    return tri__llama_init_pooled(ll, model, be, n_batch, NULL);
 }
 
 tri_status tri__act_pool_create(tri__backend *be, tri__act_pool **out) {
@@ -120,12 +115,12 @@ tri_status tri__act_pool_create(tri__backend *be, tri__act_pool **out) {
 
 void tri__act_pool_free(tri__act_pool *pool) {
     if (!pool) return;
-    for (int32_t i = 0; i < pool->n_users; i++) pool->users[i]->pool = NULL;  // own nothing now
-    for (int32_t i = 0; i < pool->n_users; i++) {
+    for (int32_t i = 0; i < pool->n_users; i++) {  // the passes own nothing now
         float **bufs[ACT_BUFS];
         int64_t elems[ACT_BUFS];
         act_table(pool->users[i], bufs, elems);
         for (int b = 0; b < ACT_BUFS; b++) *bufs[b] = NULL;
+        pool->users[i]->pool = NULL;
     }
     pool->be->ops->free(pool->be, pool->block);
     free(pool->users);
@@ -302,8 +297,7 @@ static tri_status forward_layers(tri__llama *ll, tri__kv_policy *pol, const int3
     }
     ll->x = x_step;
     kv->no_prefetch = false;
-    if (!st) st = tri__kv_policy_commit_rows(pol, n0 + n);
-    else tri__kv_policy_abort(pol);
+    if (!st) st = tri__kv_store_set_len(kv, n0 + n);  // (a failure: the caller aborts the policy)
     if (!st && mode == TRI_LOGITS_LAST) st = output(ll, xs + (int64_t)(n - 1) * E, 1, dst);
     op->free(be, xs);  // after the work that uses it
     return st;

@@ -53,8 +53,8 @@ void tri__llama_free(tri__llama *ll);
 tri_status tri__act_pool_create(tri__backend *be, tri__act_pool **out);
 // Frees the pool's buffers; the passes using it must not run again. NULL is a no-op.
 void tri__act_pool_free(tri__act_pool *pool);
-// As tri__llama_init, with its activations in pool (same backend). They exist only once the pool
-// is bound: tri__act_pool_bind after the last pass joined.
+// As tri__llama_init, with its activations in pool (same backend; NULL: its own). They exist only
+// once the pool is bound: tri__act_pool_bind after the last pass joined.
 tri_status tri__llama_init_pooled(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch,
                                   tri__act_pool *pool);
 // Allocates the pool's buffers for every pass that joined (again, larger, if one joined since) and

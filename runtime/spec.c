@@ -425,8 +425,8 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
         s->seeded = true;
         s->seed = p.sampler.seed;
     }
-    // L3 first: L2 then copies the rows L3 computed, which are the rows its own full attention
-    // before a selection would compute, instead of running the prompt a second time
+    // L3 first: L2 reads L3's rows (adopting their length, or selecting during L3's last step)
+    // instead of running the prompt a second time
     tri__level *levels[3] = {&s->l3, s->lv2, s->lv1};
 
     // prefill every level with all but the last token, which the first round runs
@@ -456,10 +456,9 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
                 selected = tri__level_took_selection(s->lv2);
                 continue;
             }
-            if (lv == s->lv2 && tri__level_n_past(&s->l3) >= done + step) {
-                tri_status st = tri__level_adopt(lv, &s->l3, done + step);
-                if (st == TRI_STATUS_OK) continue;
-                if (st != TRI_STATUS_UNSUPPORTED) return st;  // else L2 runs the tokens itself
+            if (lv == s->lv2) {  // over L3's rows, or a full cache that copies them (level.h)
+                TRY(tri__level_adopt(lv, &s->l3, done + step));
+                continue;
             }
             TRY(tri__level_prefill(lv, s->seq + np, done + step - np));
         }
