@@ -42,9 +42,11 @@ static tri_status cublas_status(cublasStatus_t err, const char *file, int line, 
 // ---- state ----
 
 #define UPLOAD_SLOTS 8  // uploads in flight before the host waits for the oldest one
-#define PARTIAL_BUDGET ((size_t)256 << 20)  // bytes of attention partials per launch, at most
-#define TOPK_BUDGET ((size_t)256 << 20)     // bytes of top-k sort keys per launch, at most
-#define DEQUANT_CHUNK ((int64_t)16 << 20)   // f16 elements of dequantized W per cuBLAS call (m > 16)
+// Default limits (tri__cuda_limits): attention partials and top-k sort keys of one launch at most
+// 256 MiB each, dequantized weights of one GEMM 16M f16 elements.
+#define PARTIAL_BUDGET ((size_t)256 << 20)
+#define TOPK_BUDGET ((size_t)256 << 20)
+#define DEQUANT_CHUNK ((int64_t)16 << 20)
 
 typedef struct upload_slot {
     unsigned char *host;  // pinned
@@ -67,6 +69,7 @@ typedef struct cuda_state {
     size_t args_cap;
     unsigned char *scratch;  // device scratch of the current op
     size_t scratch_cap;
+    tri__cuda_limits limits;
 } cuda_state;
 
 static cuda_state *priv(tri__backend *be) { return (cuda_state *)be->priv; }
@@ -290,7 +293,7 @@ static tri_status cuda_matmul(tri__backend *be, float *y, const float *x, const 
     // the product keeps ~f32 precision of x (one half alone would round x to 11 or 8 bits).
     tri_dtype ht = type == TRI_DTYPE_BF16 ? TRI_DTYPE_BF16 : TRI_DTYPE_F16;
     bool quant = tri__dtype_is_quantized(type);
-    int64_t rows = quant ? (DEQUANT_CHUNK / k < 1 ? 1 : DEQUANT_CHUNK / k) : 0;
+    int64_t rows = quant ? (st->limits.dequant_elems / k < 1 ? 1 : st->limits.dequant_elems / k) : 0;
     if (rows > n) rows = n;
     size_t xs = align16((size_t)(m * k) * 2);
     unsigned char *scr;
@@ -424,7 +427,7 @@ static tri_status cuda_top_k(tri__backend *be, float *values, int32_t *indices, 
     int64_t rows = m;  // rows per launch
     if (np2 > 4096) {  // sorted in global memory: bounded scratch, rows in batches
         size_t row_bytes = sizeof(uint64_t) * (size_t)np2;
-        rows = (int64_t)(TOPK_BUDGET / row_bytes);
+        rows = (int64_t)(st->limits.topk_key_bytes / row_bytes);
         if (rows < 1) rows = 1;
         if (rows > m) rows = m;
         unsigned char *scr;
@@ -538,9 +541,9 @@ static tri_status cuda_attention(tri__backend *be, float *out, const float *q, c
     a.scale = 1.0f / sqrtf((float)hd);
     a.f16 = kv->type == TRI_DTYPE_F16;
 
-    // Scratch: stats (m, n_head, 2) | partials of a tile of mt queries, sized to PARTIAL_BUDGET.
+    // Scratch: stats (m, n_head, 2) | partials of a tile of mt queries, sized to limits.attn_partial_bytes.
     size_t per_query = sizeof(float) * (size_t)(n_chunks > 0 ? n_chunks : 1) * (size_t)(g * (hd + 2));
-    int64_t mt = (int64_t)(PARTIAL_BUDGET / per_query);
+    int64_t mt = (int64_t)(st->limits.attn_partial_bytes / per_query);
     if (mt < 1) mt = 1;
     if (mt > m) mt = m;
     size_t s_stats = align16(sizeof(float) * 2 * (size_t)(m * n_head));
@@ -702,6 +705,9 @@ static const tri__backend_ops cuda_ops = {
 
 static tri_status create(int device, tri__backend *be, cuda_state *st) {
     st->device = device;
+    st->limits.attn_partial_bytes = PARTIAL_BUDGET;
+    st->limits.topk_key_bytes = TOPK_BUDGET;
+    st->limits.dequant_elems = DEQUANT_CHUNK;
     CUDA_TRY(cudaSetDevice(device));
     CUDA_TRY(cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, device));
     CUDA_TRY(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
@@ -750,5 +756,16 @@ extern "C" tri_status tri__backend_cuda_pci_bus_id(const tri__backend *be, char 
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda: PCI bus id buffer of %zu bytes", n);
     const cuda_state *st = (const cuda_state *)be->priv;
     CUDA_TRY(cudaDeviceGetPCIBusId(out, (int)n, st->device));
+    return TRI_STATUS_OK;
+}
+
+extern "C" tri_status tri__backend_cuda_set_limits(tri__backend *be, const tri__cuda_limits *limits) {
+    if (!be || be->ops != &cuda_ops)
+        return tri__fail(TRI_STATUS_NOT_FOUND, "backend '%s' is not a CUDA device", be ? be->ops->name : "(null)");
+    if (!limits) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda: NULL limits");
+    cuda_state *st = priv(be);
+    if (limits->attn_partial_bytes) st->limits.attn_partial_bytes = limits->attn_partial_bytes;
+    if (limits->topk_key_bytes) st->limits.topk_key_bytes = limits->topk_key_bytes;
+    if (limits->dequant_elems > 0) st->limits.dequant_elems = limits->dequant_elems;
     return TRI_STATUS_OK;
 }

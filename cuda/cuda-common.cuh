@@ -15,6 +15,25 @@ extern "C" {
 #include "triforce.h"
 }
 
+// ---- kernel launches ----
+//
+// Every launch is written TRI_LAUNCH((kernel), grid, block, smem, stream, args...) and every
+// dynamic shared array TRI_DYN_SMEM(type, name), so that the same sources build for a GPU with
+// nvcc and for the CPU emulator of tests/cudaemu with a C++ compiler (TRI_CUDA_EMULATED, meson's
+// -Dcudaemu=true), which runs each thread of a block as a fiber. The kernel is in parentheses
+// because a template's arguments may hold commas.
+#define TRI_UNPAREN(...) __VA_ARGS__
+#ifdef TRI_CUDA_EMULATED
+#define TRI_LAUNCH(kernel, grid, block, smem, stream, ...)                                            \
+    ::cudaemu::launch(#kernel, __FILE__, __LINE__, dim3(grid), dim3(block), (smem), (stream),          \
+                      TRI_UNPAREN kernel, __VA_ARGS__)
+#define TRI_DYN_SMEM(type, name) type *name = (type *)::cudaemu::dyn_smem()
+#else
+#define TRI_LAUNCH(kernel, grid, block, smem, stream, ...) \
+    TRI_UNPAREN kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#define TRI_DYN_SMEM(type, name) extern __shared__ __align__(16) type name[]
+#endif
+
 // ---- checks: every CUDA and cuBLAS call, with its call site ----
 
 static inline tri_status tri__cuda_status(cudaError_t err, const char *file, int line, const char *expr) {

@@ -22,13 +22,40 @@ extern "C" {
         }                                                                                    \
     } while (0)
 
+// CUDA's version numbers, 13000 for 13.0.
+static void version_str(int v, char *out, size_t n) { snprintf(out, n, "%d.%d", v / 1000, v % 1000 / 10); }
+
+// Devices usable in this process, and why there are none. cudaGetDeviceCount reports a missing
+// driver and a driver older than the runtime alike (cudaErrorInsufficientDriver); the driver's
+// version tells them apart.
+extern "C" int tri__cuda_module_device_count(char *why, size_t n) {
+    if (n > 0) why[0] = 0;
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err == cudaSuccess && count > 0) return count;
+    (void)cudaGetLastError();  // not left for the next launch check
+    int drv = 0, rt = 0;
+    (void)cudaDriverGetVersion(&drv);
+    (void)cudaRuntimeGetVersion(&rt);
+    (void)cudaGetLastError();
+    char d[16], r[16];
+    version_str(drv, d, sizeof d);
+    version_str(rt, r, sizeof r);
+    if (err == cudaSuccess || err == cudaErrorNoDevice)
+        snprintf(why, n, "no CUDA device (NVIDIA driver for CUDA %s present)", d);
+    else if (err == cudaErrorInsufficientDriver && drv == 0)
+        snprintf(why, n, "no NVIDIA driver (libcuda.so.1 not found)");
+    else if (err == cudaErrorInsufficientDriver)
+        snprintf(why, n, "the NVIDIA driver supports CUDA %s, older than this build's CUDA runtime %s: update the driver",
+                 d, r);
+    else
+        snprintf(why, n, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err), cudaGetErrorName(err));
+    return 0;
+}
+
 extern "C" int tri__cuda_device_count(void) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError();  // clear the sticky "no device" error
-        return 0;
-    }
-    return n;
+    char why[256];
+    return tri__cuda_module_device_count(why, sizeof why);
 }
 
 extern "C" tri_status tri__cuda_device_info_get(int device, tri__cuda_device_info *out) {

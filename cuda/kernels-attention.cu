@@ -26,6 +26,9 @@ __device__ __forceinline__ float kv_elem(const void *row, int64_t d) {
 template <bool F16>
 __device__ __forceinline__ float warp_score(const float *q, const void *krow, int64_t hd, float scale, int lane) {
     float s = 0.0f;
+    // Unrolled by 2: the compiler's own choice made sm_80's ptxas spill in k_attn_weight_sums<true>
+    // (scripts/check-cuda.py fails on any spill).
+#pragma unroll 2
     for (int64_t d = lane; d < hd; d += 32) s = fmaf(q[d], kv_elem<F16>(krow, d), s);
     for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
     return __fmul_rn(s, scale);
@@ -60,7 +63,7 @@ size_t tri__cuda_attn_smem(int64_t group, int64_t hd, int32_t chunk_keys) {
 
 template <bool F16>
 __global__ void __launch_bounds__(ATTN_THREADS) k_attn_partial(tri__cuda_attn_args a, int64_t i0, int64_t mt) {
-    extern __shared__ __align__(16) unsigned char smem[];
+    TRI_DYN_SMEM(unsigned char, smem);
     const int64_t g = a.group, hd = a.hd, C = a.chunk_keys;
     float *qs = (float *)smem;
     float *sc = (float *)(smem + align8(sizeof(float) * (size_t)(g * hd)));
@@ -200,13 +203,13 @@ cudaError_t tri__cuda_attention(float *out, const tri__cuda_attn_args *a, int64_
     if (smem == 0 || blocks1 > 0x7fffffff || blocks2 > 0x7fffffff) return cudaErrorInvalidValue;
     if (blocks1 > 0) {
         if (a->f16)
-            k_attn_partial<true><<<(unsigned int)blocks1, ATTN_THREADS, smem, s>>>(*a, i0, mt);
+            TRI_LAUNCH((k_attn_partial<true>), (unsigned int)blocks1, ATTN_THREADS, smem, s, *a, i0, mt);
         else
-            k_attn_partial<false><<<(unsigned int)blocks1, ATTN_THREADS, smem, s>>>(*a, i0, mt);
+            TRI_LAUNCH((k_attn_partial<false>), (unsigned int)blocks1, ATTN_THREADS, smem, s, *a, i0, mt);
         cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return err;
     }
-    k_attn_combine<<<(unsigned int)blocks2, ATTN_THREADS, 0, s>>>(out, *a, i0, mt);
+    TRI_LAUNCH((k_attn_combine), (unsigned int)blocks2, ATTN_THREADS, 0, s, out, *a, i0, mt);
     return cudaGetLastError();
 }
 
@@ -214,8 +217,8 @@ cudaError_t tri__cuda_attn_weight_sums(float *weight_sums, const tri__cuda_attn_
     if (a->n_chunks <= 0) return cudaSuccess;
     if (a->n_chunks > 0x7fffffff) return cudaErrorInvalidValue;
     if (a->f16)
-        k_attn_weight_sums<true><<<(unsigned int)a->n_chunks, ATTN_THREADS, 0, s>>>(weight_sums, *a);
+        TRI_LAUNCH((k_attn_weight_sums<true>), (unsigned int)a->n_chunks, ATTN_THREADS, 0, s, weight_sums, *a);
     else
-        k_attn_weight_sums<false><<<(unsigned int)a->n_chunks, ATTN_THREADS, 0, s>>>(weight_sums, *a);
+        TRI_LAUNCH((k_attn_weight_sums<false>), (unsigned int)a->n_chunks, ATTN_THREADS, 0, s, weight_sums, *a);
     return cudaGetLastError();
 }

@@ -163,11 +163,11 @@ static cudaError_t launch(float *y, const float *x, const void *w, int64_t row_b
     bool wvec = ((uintptr_t)w % 16) == 0 && row_bytes % 16 == 0 && k % 8 == 0;
     int mi = (int)m;
     if (m == 1)
-        k_matvec<T, 1><<<grid, WARPS * 32, 0, s>>>(y, x, wb, row_bytes, mi, n, k, wvec, xvec);
+        TRI_LAUNCH((k_matvec<T, 1>), grid, WARPS * 32, 0, s, y, x, wb, row_bytes, mi, n, k, wvec, xvec);
     else if (m <= 4)
-        k_matvec<T, 4><<<grid, WARPS * 32, 0, s>>>(y, x, wb, row_bytes, mi, n, k, wvec, xvec);
+        TRI_LAUNCH((k_matvec<T, 4>), grid, WARPS * 32, 0, s, y, x, wb, row_bytes, mi, n, k, wvec, xvec);
     else
-        k_matvec<T, TRI_CUDA_MATVEC_MAX_M><<<grid, WARPS * 32, 0, s>>>(y, x, wb, row_bytes, mi, n, k, wvec, xvec);
+        TRI_LAUNCH((k_matvec<T, TRI_CUDA_MATVEC_MAX_M>), grid, WARPS * 32, 0, s, y, x, wb, row_bytes, mi, n, k, wvec, xvec);
     return cudaGetLastError();
 }
 

@@ -43,18 +43,18 @@ __device__ __forceinline__ float row_elem(const uint8_t *row, tri_dtype t, int64
 
 // ---- conversions ----
 
-__global__ void k_convert(uint16_t *dst, bool bf16, const float *src, int64_t n) {
+__global__ void __launch_bounds__(THREADS) k_convert(uint16_t *dst, bool bf16, const float *src, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         dst[i] = bf16 ? tri_dev_f32_to_bf16(src[i]) : tri_dev_f32_to_f16(src[i]);
 }
 
 cudaError_t tri__cuda_convert(void *dst, tri_dtype dst_type, const float *src, int64_t n, cudaStream_t s) {
     if (n <= 0) return cudaSuccess;
-    k_convert<<<grid_for(n), THREADS, 0, s>>>((uint16_t *)dst, dst_type == TRI_DTYPE_BF16, src, n);
+    TRI_LAUNCH((k_convert), grid_for(n), THREADS, 0, s, (uint16_t *)dst, dst_type == TRI_DTYPE_BF16, src, n);
     return cudaGetLastError();
 }
 
-__global__ void k_get_rows(float *out, const uint8_t *table, tri_dtype t, int64_t row_bytes, int64_t n,
+__global__ void __launch_bounds__(THREADS) k_get_rows(float *out, const uint8_t *table, tri_dtype t, int64_t row_bytes, int64_t n,
                            const int32_t *ids, int64_t m) {
     int64_t total = m * n;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
@@ -66,13 +66,13 @@ __global__ void k_get_rows(float *out, const uint8_t *table, tri_dtype t, int64_
 cudaError_t tri__cuda_get_rows(float *out, const void *table, tri_dtype t, int64_t row_bytes, int64_t n,
                                const int32_t *ids, int64_t m, cudaStream_t s) {
     if (m <= 0 || n <= 0) return cudaSuccess;
-    k_get_rows<<<grid_for(m * n), THREADS, 0, s>>>(out, (const uint8_t *)table, t, row_bytes, n, ids, m);
+    TRI_LAUNCH((k_get_rows), grid_for(m * n), THREADS, 0, s, out, (const uint8_t *)table, t, row_bytes, n, ids, m);
     return cudaGetLastError();
 }
 
 // One thread per output value: consecutive threads read consecutive elements of a row; the sum runs
 // over the chunk's rows in order, in double, as cpu_chunk_mean does.
-__global__ void k_chunk_mean(float *out, const void *x, bool f16, int64_t n_chunks, int64_t chunk, int64_t width,
+__global__ void __launch_bounds__(THREADS) k_chunk_mean(float *out, const void *x, bool f16, int64_t n_chunks, int64_t chunk, int64_t width,
                              int64_t stride) {
     int64_t total = n_chunks * width;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
@@ -89,14 +89,14 @@ __global__ void k_chunk_mean(float *out, const void *x, bool f16, int64_t n_chun
 cudaError_t tri__cuda_chunk_mean(float *out, const void *x, bool f16, int64_t n_chunks, int64_t chunk, int64_t width,
                                  int64_t stride, cudaStream_t s) {
     if (n_chunks <= 0 || width <= 0) return cudaSuccess;
-    k_chunk_mean<<<grid_for(n_chunks * width), THREADS, 0, s>>>(out, x, f16, n_chunks, chunk, width, stride);
+    TRI_LAUNCH((k_chunk_mean), grid_for(n_chunks * width), THREADS, 0, s, out, x, f16, n_chunks, chunk, width, stride);
     return cudaGetLastError();
 }
 
 // One thread per 4-byte word (or byte) of the output: consecutive threads read consecutive words
 // of a row, so each row is one coalesced read.
 template <typename T>
-__global__ void k_gather(T *dst, const uint8_t *src, const int64_t *offsets, int64_t n, int64_t row_elems) {
+__global__ void __launch_bounds__(THREADS) k_gather(T *dst, const uint8_t *src, const int64_t *offsets, int64_t n, int64_t row_elems) {
     int64_t total = n * row_elems;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         int64_t i = e / row_elems, j = e % row_elems;
@@ -109,16 +109,16 @@ cudaError_t tri__cuda_gather(void *dst, const void *src, const int64_t *offsets,
     if (n <= 0 || row_bytes <= 0) return cudaSuccess;
     if (words) {
         int64_t elems = row_bytes / 4;
-        k_gather<uint32_t><<<grid_for(n * elems), THREADS, 0, s>>>((uint32_t *)dst, (const uint8_t *)src, offsets, n,
+        TRI_LAUNCH((k_gather<uint32_t>), grid_for(n * elems), THREADS, 0, s, (uint32_t *)dst, (const uint8_t *)src, offsets, n,
                                                                    elems);
     } else {
-        k_gather<uint8_t><<<grid_for(n * row_bytes), THREADS, 0, s>>>((uint8_t *)dst, (const uint8_t *)src, offsets,
+        TRI_LAUNCH((k_gather<uint8_t>), grid_for(n * row_bytes), THREADS, 0, s, (uint8_t *)dst, (const uint8_t *)src, offsets,
                                                                       n, row_bytes);
     }
     return cudaGetLastError();
 }
 
-__global__ void k_dequant_f16(uint16_t *out, const uint8_t *w, tri_dtype t, int64_t row_bytes, int64_t rows,
+__global__ void __launch_bounds__(THREADS) k_dequant_f16(uint16_t *out, const uint8_t *w, tri_dtype t, int64_t row_bytes, int64_t rows,
                               int64_t k) {
     int64_t total = rows * k;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x)
@@ -128,11 +128,11 @@ __global__ void k_dequant_f16(uint16_t *out, const uint8_t *w, tri_dtype t, int6
 cudaError_t tri__cuda_dequant_f16(uint16_t *out, const void *w, tri_dtype t, int64_t row_bytes, int64_t rows,
                                   int64_t k, cudaStream_t s) {
     if (rows <= 0 || k <= 0) return cudaSuccess;
-    k_dequant_f16<<<grid_for(rows * k), THREADS, 0, s>>>(out, (const uint8_t *)w, t, row_bytes, rows, k);
+    TRI_LAUNCH((k_dequant_f16), grid_for(rows * k), THREADS, 0, s, out, (const uint8_t *)w, t, row_bytes, rows, k);
     return cudaGetLastError();
 }
 
-__global__ void k_split_half(uint16_t *hi, uint16_t *lo, bool bf16, const float *x, int64_t n) {
+__global__ void __launch_bounds__(THREADS) k_split_half(uint16_t *hi, uint16_t *lo, bool bf16, const float *x, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float v = x[i];
         if (bf16) {
@@ -151,7 +151,7 @@ __global__ void k_split_half(uint16_t *hi, uint16_t *lo, bool bf16, const float 
 cudaError_t tri__cuda_split_half(uint16_t *hi, uint16_t *lo, tri_dtype t, const float *x, int64_t n,
                                  cudaStream_t s) {
     if (n <= 0) return cudaSuccess;
-    k_split_half<<<grid_for(n), THREADS, 0, s>>>(hi, lo, t == TRI_DTYPE_BF16, x, n);
+    TRI_LAUNCH((k_split_half), grid_for(n), THREADS, 0, s, hi, lo, t == TRI_DTYPE_BF16, x, n);
     return cudaGetLastError();
 }
 
@@ -183,7 +183,7 @@ __device__ float block_max_f(float v, float *sh) {
 
 // ---- rmsnorm: one block per row ----
 
-__global__ void k_rmsnorm(float *y, const float *x, const void *w, tri_dtype wt, int64_t m, int64_t n, float eps) {
+__global__ void __launch_bounds__(THREADS) k_rmsnorm(float *y, const float *x, const void *w, tri_dtype wt, int64_t m, int64_t n, float eps) {
     __shared__ double sh[THREADS];
     for (int64_t i = blockIdx.x; i < m; i += gridDim.x) {
         const float *xr = x + i * n;
@@ -205,13 +205,13 @@ cudaError_t tri__cuda_rmsnorm(float *y, const float *x, const void *w, tri_dtype
                               cudaStream_t s) {
     if (m <= 0) return cudaSuccess;
     unsigned int g = (unsigned int)(m > TRI_CUDA_MAX_BLOCKS ? TRI_CUDA_MAX_BLOCKS : m);
-    k_rmsnorm<<<g, THREADS, 0, s>>>(y, x, w, wt, m, n, eps);
+    TRI_LAUNCH((k_rmsnorm), g, THREADS, 0, s, y, x, w, wt, m, n, eps);
     return cudaGetLastError();
 }
 
 // ---- rope: one thread per (row, head, pair) ----
 
-__global__ void k_rope(float *x, int64_t m, int64_t nh, int64_t hd, bool adjacent, const int32_t *pos,
+__global__ void __launch_bounds__(THREADS) k_rope(float *x, int64_t m, int64_t nh, int64_t hd, bool adjacent, const int32_t *pos,
                        const float *inv_freq, float attn_factor) {
     int64_t half = hd / 2, total = m * nh * half;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
@@ -233,13 +233,13 @@ cudaError_t tri__cuda_rope(float *x, int64_t m, int64_t n_heads, int64_t head_di
                            const float *inv_freq, float attn_factor, cudaStream_t s) {
     int64_t total = m * n_heads * (head_dim / 2);
     if (total <= 0) return cudaSuccess;
-    k_rope<<<grid_for(total), THREADS, 0, s>>>(x, m, n_heads, head_dim, adjacent, pos, inv_freq, attn_factor);
+    TRI_LAUNCH((k_rope), grid_for(total), THREADS, 0, s, x, m, n_heads, head_dim, adjacent, pos, inv_freq, attn_factor);
     return cudaGetLastError();
 }
 
 // ---- swiglu, add ----
 
-__global__ void k_swiglu(float *out, const float *gate, const float *up, int64_t n) {
+__global__ void __launch_bounds__(THREADS) k_swiglu(float *out, const float *gate, const float *up, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
@@ -248,24 +248,24 @@ __global__ void k_swiglu(float *out, const float *gate, const float *up, int64_t
 
 cudaError_t tri__cuda_swiglu(float *out, const float *gate, const float *up, int64_t n, cudaStream_t s) {
     if (n <= 0) return cudaSuccess;
-    k_swiglu<<<grid_for(n), THREADS, 0, s>>>(out, gate, up, n);
+    TRI_LAUNCH((k_swiglu), grid_for(n), THREADS, 0, s, out, gate, up, n);
     return cudaGetLastError();
 }
 
-__global__ void k_add(float *out, const float *a, const float *b, int64_t n) {
+__global__ void __launch_bounds__(THREADS) k_add(float *out, const float *a, const float *b, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = a[i] + b[i];
 }
 
 cudaError_t tri__cuda_add(float *out, const float *a, const float *b, int64_t n, cudaStream_t s) {
     if (n <= 0) return cudaSuccess;
-    k_add<<<grid_for(n), THREADS, 0, s>>>(out, a, b, n);
+    TRI_LAUNCH((k_add), grid_for(n), THREADS, 0, s, out, a, b, n);
     return cudaGetLastError();
 }
 
 // ---- softmax: one block per row ----
 
-__global__ void k_softmax(float *x, int64_t m, int64_t n, float it, int *err_flag) {
+__global__ void __launch_bounds__(THREADS) k_softmax(float *x, int64_t m, int64_t n, float it, int *err_flag) {
     __shared__ double shd[THREADS];
     __shared__ float shf[THREADS];
     for (int64_t i = blockIdx.x; i < m; i += gridDim.x) {
@@ -292,7 +292,7 @@ __global__ void k_softmax(float *x, int64_t m, int64_t n, float it, int *err_fla
 cudaError_t tri__cuda_softmax(float *x, int64_t m, int64_t n, float temperature, int *err_flag, cudaStream_t s) {
     if (m <= 0) return cudaSuccess;
     unsigned int g = (unsigned int)(m > TRI_CUDA_MAX_BLOCKS ? TRI_CUDA_MAX_BLOCKS : m);
-    k_softmax<<<g, THREADS, 0, s>>>(x, m, n, 1.0f / temperature, err_flag);
+    TRI_LAUNCH((k_softmax), g, THREADS, 0, s, x, m, n, 1.0f / temperature, err_flag);
     return cudaGetLastError();
 }
 
@@ -320,7 +320,7 @@ __device__ __forceinline__ uint64_t topk_key(float v, int64_t j) {
 
 __global__ void __launch_bounds__(TOPK_THREADS) k_top_k(float *values, int32_t *indices, const float *x, int64_t m, int64_t n, int64_t k,
                         uint64_t *keys, int64_t np2) {
-    extern __shared__ uint64_t sk[];
+    TRI_DYN_SMEM(uint64_t, sk);
     bool in_smem = np2 <= TOPK_SMEM_KEYS;
     for (int64_t row = blockIdx.x; row < m; row += gridDim.x) {
         uint64_t *K = in_smem ? sk : keys + row * np2;
@@ -354,6 +354,6 @@ cudaError_t tri__cuda_top_k(float *values, int32_t *indices, const float *x, int
     if (m <= 0) return cudaSuccess;
     unsigned int g = (unsigned int)(m > TRI_CUDA_MAX_BLOCKS ? TRI_CUDA_MAX_BLOCKS : m);
     size_t smem = n_pow2 <= TOPK_SMEM_KEYS ? (size_t)n_pow2 * sizeof(uint64_t) : 0;
-    k_top_k<<<g, TOPK_THREADS, smem, s>>>(values, indices, x, m, n, k, keys, n_pow2);
+    TRI_LAUNCH((k_top_k), g, TOPK_THREADS, smem, s, values, indices, x, m, n, k, keys, n_pow2);
     return cudaGetLastError();
 }

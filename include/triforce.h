@@ -121,6 +121,14 @@ typedef struct tri_host_info {
 // Describes the host; fails only if out is NULL.
 TRI_API tri_status tri_host_get_info(tri_host_info *out);
 
+// The CUDA backend in one line: what it was built for when it is usable ("CUDA runtime 13.0, SASS
+// sm_80 sm_86 sm_89 sm_90 sm_120, PTX compute_120"), else why there is no device ("no NVIDIA
+// driver (no /dev/nvidiactl)", "the NVIDIA driver supports CUDA 12.2, older than this build's
+// CUDA runtime 13.0: update the driver", "this build has no CUDA support"). The CUDA backend is
+// a module the library loads on first use (libtriforce-cuda.so, installed in libdir/triforce/);
+// this call loads it if that has not been tried yet. Static string, valid until exit.
+TRI_API const char *tri_cuda_status(void);
+
 // ---- tensors and models ----
 
 typedef enum tri_dtype {

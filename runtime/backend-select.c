@@ -40,9 +40,9 @@ tri_status tri__backend_select(tri_device_kind kind, int32_t device, int32_t n_t
     case TRI_DEVICE_CUDA: {
         int n = tri__cuda_device_count();
         if (device < 0 || device >= n)
-            return tri__fail(TRI_STATUS_DEVICE, "device cuda:%d: %s", device,
-                             n == 0 ? "no CUDA device (or no CUDA support in this build)"
-                                    : "no such device");
+            return n == 0 ? tri__fail(TRI_STATUS_DEVICE, "device cuda:%d: %s", device, tri__cuda_unavailable())
+                          : tri__fail(TRI_STATUS_DEVICE, "device cuda:%d: no such device (%d CUDA device%s)", device,
+                                      n, n == 1 ? "" : "s");
         break;
     }
     default: return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "device kind %d unknown", (int)kind);

@@ -288,9 +288,12 @@ static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
 // Placement: on a GPU, or when --gpu-mem gives a budget, the planner decides how many layers keep
 // their weights and their KV cache in host memory, and how many of those blocks are read from
 // the model file (explicit --kv-offload / --stream-weights / --weights-from-disk win).
-// Prints the plan's line; false after printing an error.
+// Writes the plan's line into line (n bytes; "" when there is nothing to place), printed once the
+// session exists: an option the session refuses is then the run's one line of output. False after
+// printing an error.
 static bool place(const tri_model *model, tri_session_params *sp, const tri_spec_params *spec, uint64_t gpu_mem,
-                  uint64_t host_mem, bool kv_set, bool weights_set, bool disk_set) {
+                  uint64_t host_mem, bool kv_set, bool weights_set, bool disk_set, char *line, size_t n) {
+    line[0] = 0;
     bool on_gpu = sp->device_kind == TRI_DEVICE_CUDA || (sp->device_kind == TRI_DEVICE_AUTO && tri_device_count() > 0);
     if (!gpu_mem && !on_gpu) return true;  // the CPU: nothing to place
     tri_plan_params pp = tri_plan_default_params();
@@ -321,7 +324,7 @@ static bool place(const tri_model *model, tri_session_params *sp, const tri_spec
     if (!disk_set)
         sp->weight_layers_from_disk = plan.n_weights_disk < sp->weight_layers_streamed ? plan.n_weights_disk
                                                                                          : sp->weight_layers_streamed;
-    fprintf(stderr,
+    snprintf(line, n,
             "plan: %.1f GiB device budget, host -> device %.1f GB/s%s: weights of %d of %d blocks resident (%d read "
             "from disk), KV of %d layers on the device, %d streamed (predicted %.3f s/token)\n",
             (double)plan.params.gpu_mem_bytes / (1 << 30), plan.params.pcie_gbps, gbps > 0 ? " measured" : " assumed",
@@ -634,8 +637,9 @@ int tri_cli_generate(int argc, char **argv) {
     sp.kv_layers_offloaded = (int32_t)kv_offload;
     sp.weight_layers_streamed = (int32_t)stream_weights;
     sp.weight_layers_from_disk = (int32_t)weights_from_disk;
+    char plan_line[512];
     if (!place(model, &sp, &spec_params, gpu_mem, host_mem, kv_offload_set, stream_weights_set,
-               weights_from_disk_set))
+               weights_from_disk_set, plan_line, sizeof plan_line))
         goto done;
     // layers read from disk stream: they count among the streamed unless those were given
     if (!stream_weights_set && sp.weight_layers_from_disk > sp.weight_layers_streamed)
@@ -658,6 +662,7 @@ int tri_cli_generate(int argc, char **argv) {
             goto done;
         }
     }
+    fputs(plan_line, stderr);
     fprintf(stderr, "device: %s\n", spec ? tri_spec_device(spec) : tri_session_device(session));
     if (!print_ids && (st = tri_detokenizer_create(model, false, &out.detok))) {
         rc = tri_cli_fail("the model has no tokenizer (use --ids)", st);

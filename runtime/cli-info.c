@@ -56,16 +56,12 @@ static int print_system(void) {
     printf("%-18s %.1f GiB", "memory", gib(h.total_bytes));
     if (h.available_bytes) printf(" (%.1f GiB available)", gib(h.available_bytes));
     printf("\n");
-    if (!h.cuda_support) {
-        printf("%-18s none: this build has no CUDA support\n", "gpus");
-        return 0;
-    }
     int32_t n = tri_device_count();
     if (n == 0) {
-        printf("%-18s none: no CUDA device found (no GPU, or no driver)\n", "gpus");
+        printf("%-18s none: %s\n", "gpus", tri_cuda_status());
         return 0;
     }
-    printf("%-18s %d\n", "gpus", n);
+    printf("%-18s %d (%s)\n", "gpus", n, tri_cuda_status());
     for (int32_t i = 0; i < n; i++) {
         tri_device_info d;
         tri_status st = tri_device_get_info(i, &d);

@@ -46,25 +46,34 @@ static void log_emit(tri_log_level level, const char *msg) {
     fprintf(stderr, "triforce: %s: %s\n", tags[level], msg);
 }
 
-void tri__log(tri_log_level level, const char *fmt, ...) {
+void tri__vlog(tri_log_level level, const char *fmt, va_list ap) {
     if (level > log_max) return;
     char buf[1024];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    log_emit(level, buf);
+}
+
+void tri__log(tri_log_level level, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    tri__vlog(level, fmt, ap);
     va_end(ap);
-    log_emit(level, buf);
+}
+
+tri_status tri__vfail(tri_status status, const char *fmt, va_list ap) {
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    // Errors reach the caller through the status and tri_last_error(); the log sees them at
+    // debug level only, so a caller that reports errors itself does not print them twice.
+    if (log_max >= TRI_LOG_LEVEL_DEBUG) log_emit(TRI_LOG_LEVEL_DEBUG, last_error);
+    return status;
 }
 
 tri_status tri__fail(tri_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    tri_status st = tri__vfail(status, fmt, ap);
     va_end(ap);
-    // Errors reach the caller through the status and tri_last_error(); the log sees them at
-    // debug level only, so a caller that reports errors itself does not print them twice.
-    if (log_max >= TRI_LOG_LEVEL_DEBUG) log_emit(TRI_LOG_LEVEL_DEBUG, last_error);
-    return status;
+    return st;
 }
 
 void tri__assert_fail(const char *file, int line, const char *expr) {

@@ -2,6 +2,8 @@
 #ifndef TRI_ERROR_H
 #define TRI_ERROR_H
 
+#include <stdarg.h>
+
 #include "triforce.h"
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -23,6 +25,10 @@ tri_status tri__fail(tri_status status, const char *fmt, ...) TRI__PRINTF(2, 3);
 
 // Logs one line; cheap when the level is filtered out.
 void tri__log(tri_log_level level, const char *fmt, ...) TRI__PRINTF(2, 3);
+
+// The same with a va_list (the CUDA module reaches the library's through these).
+tri_status tri__vfail(tri_status status, const char *fmt, va_list ap) TRI__PRINTF(2, 0);
+void tri__vlog(tri_log_level level, const char *fmt, va_list ap) TRI__PRINTF(2, 0);
 
 // Aborts with file and line for a broken internal invariant; never for bad input.
 #define TRI_ASSERT(cond)                                                                   \

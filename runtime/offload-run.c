@@ -40,7 +40,10 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (strcmp(cmd, "--version") == 0) {
+        tri_host_info h;
+        tri_host_get_info(&h);
         printf("offload-run %s\n", tri_version());
+        printf("backends: cpu (SIMD %s), cuda: %s\n", h.simd, tri_cuda_status());
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

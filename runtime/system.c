@@ -43,6 +43,11 @@ static void pcie_link(const char *bus_id, const char *which, int32_t *gen, int32
 
 int32_t tri_device_count(void) { return tri__cuda_device_count(); }
 
+const char *tri_cuda_status(void) {
+    const char *build = tri__cuda_module_build();
+    return build ? build : tri__cuda_unavailable();
+}
+
 tri_status tri_device_get_info(int32_t device, tri_device_info *out) {
     if (!out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_device_get_info: out is NULL");
     memset(out, 0, sizeof *out);

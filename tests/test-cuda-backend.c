@@ -12,6 +12,7 @@
 #include "rope.h"
 #include "test-blocks.h"
 #include "test-util.h"
+#include "tri-config.h"
 
 #pragma GCC diagnostic ignored "-Wdouble-promotion"
 
@@ -19,7 +20,7 @@
 
 // Declares `gpu` (the CUDA backend on device 0) and `cpu` (the reference), or skips the test.
 #define NEED_GPU()                                                                                  \
-    if (tri__cuda_device_count() == 0) cr_skip_test("no CUDA device");                              \
+    if (tri__cuda_device_count() == 0) cr_skip_test("no CUDA device: %s", tri__cuda_unavailable());  \
     tri__backend *gpu = NULL, *cpu = NULL;                                                          \
     cr_assert_eq(tri__backend_cuda_create(0, &gpu), TRI_STATUS_OK, "%s", tri_last_error());        \
     cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &cpu), TRI_STATUS_OK, "%s", tri_last_error())
@@ -884,4 +885,74 @@ Test(cuda_backend, attention_128k_keys) {
     gpu->ops->free(gpu, dws);
     free(ks), free(vs), free(kf), free(vf), free(kpos), free(ws), free(wref);
     DONE();
+}
+
+// ---- uploads and per-launch limits ----
+
+// Host descriptors (here token ids) are staged in pinned upload slots and copied with the op, so
+// the caller may overwrite them as soon as the op returns. Forty ops are queued without a
+// synchronize, five times the backend's eight slots: a slot refilled before the copy out of it
+// ran would send a later op's ids, and the rows gathered by an earlier op would be wrong.
+Test(cuda_backend, uploads_past_the_slots_without_synchronize) {
+    NEED_GPU();
+    enum { ROWS = 50, N = 64, OPS = 40, M = 3 };
+    float *w = malloc(sizeof(float) * ROWS * N), *out = malloc(sizeof(float) * OPS * M * N);
+    fill(w, ROWS * N, 1.0f);
+    float *dw = up(gpu, w, sizeof(float) * ROWS * N), *dout = dalloc(gpu, sizeof(float) * OPS * M * N);
+    int32_t ids[M];
+    for (int op = 0; op < OPS; op++) {
+        for (int j = 0; j < M; j++) ids[j] = (op * 7 + j * 13) % ROWS;
+        cr_assert_eq(gpu->ops->get_rows(gpu, dout + op * M * N, dw, TRI_DTYPE_F32, ROWS, N, ids, M), TRI_STATUS_OK,
+                     "%s", tri_last_error());
+        for (int j = 0; j < M; j++) ids[j] = -1;  // reused at once, as a caller may
+    }
+    down(gpu, out, dout, sizeof(float) * OPS * M * N);
+    for (int op = 0; op < OPS; op++)
+        for (int j = 0; j < M; j++)
+            for (int e = 0; e < N; e++)
+                cr_assert_eq(out[(op * M + j) * N + e], w[((op * 7 + j * 13) % ROWS) * N + e], "op %d row %d [%d]",
+                             op, j, e);
+    gpu->ops->free(gpu, dw);
+    gpu->ops->free(gpu, dout);
+    free(w), free(out);
+    DONE();
+}
+
+// The tiled and batched paths, reached at test sizes by making each launch's limit tiny: attention
+// one query per tile (its partials over a limit of 1 byte), top-k one row per launch over 4,096
+// columns (sorted in global memory), and quantized weights dequantized one row per GEMM (m > 16).
+// Each against the CPU and the naive references as the untiled tests check them.
+Test(cuda_backend, tiles_and_batches_at_small_limits) {
+    NEED_GPU();
+    cr_assert_eq(tri__backend_cuda_set_limits(cpu, &(tri__cuda_limits){1, 1, 1}), TRI_STATUS_NOT_FOUND);
+    cr_assert_eq(tri__backend_cuda_set_limits(gpu, &(tri__cuda_limits){1, 1, 1}), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    static const int64_t cuts[] = {7, 300, 301};
+    check_attention(gpu, cpu, TRI_DTYPE_F16, 6, 2, 40, 601, cuts, 3, 2.0f);
+    check_attention(gpu, cpu, TRI_DTYPE_F32, 9, 3, 64, 20, NULL, 0, 1.0f);
+    int64_t m = 3, n = 5000;
+    float *x = malloc(sizeof(float) * (size_t)(m * n));
+    fill(x, m * n, 4.0f);
+    check_top_k(gpu, cpu, x, m, n, 37);
+    free(x);
+    check_matmul(gpu, cpu, TRI_DTYPE_Q4_1, 20, 9, 64);
+    check_matmul(gpu, cpu, TRI_DTYPE_Q8_0, 17, 5, 96);
+    // 0 keeps a limit: back to the defaults' paths, same results
+    cr_assert_eq(tri__backend_cuda_set_limits(gpu, &(tri__cuda_limits){0, 0, 0}), TRI_STATUS_OK);
+    check_matmul(gpu, cpu, TRI_DTYPE_Q4_1, 20, 9, 64);
+    DONE();
+}
+
+// A driver older than the runtime is named as such, not as "no device". The emulator plays such a
+// driver (CUDAEMU_DRIVER, read before the module is loaded: each test runs in a process of its own).
+Test(cuda_backend, driver_too_old_is_named) {
+    if (!TRI_CUDA_EMULATED) cr_skip_test("needs the emulated CUDA runtime (-Dcudaemu=true) to play an old driver");
+    setenv("CUDAEMU_DRIVER", "11080", 1);
+    cr_assert_eq(tri__cuda_device_count(), 0);
+    cr_assert(strstr(tri__cuda_unavailable(), "the NVIDIA driver supports CUDA 11.8, older than this build's CUDA "
+                                              "runtime 13.0: update the driver"),
+              "%s", tri__cuda_unavailable());
+    tri__backend *be = NULL;
+    cr_assert_eq(tri__backend_cuda_create(0, &be), TRI_STATUS_DEVICE);
+    cr_assert(strstr(tri_last_error(), "older than this build's CUDA runtime"), "%s", tri_last_error());
 }

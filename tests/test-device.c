@@ -562,7 +562,7 @@ Test(device, activation_pool_shared_exactly) {
 // rows move once per span: nothing for the first span (no earlier rows), for the second the 8,192
 // rows of each offloaded layer whose buffer does not hold them already (layers 1 and 3: layer 2's
 // buffer kept its rows from the first span).
-Test(device, layer_major_prefill_exact_and_moves_rows_once_per_span, .timeout = 120) {
+Test(device, layer_major_prefill_exact_and_moves_rows_once_per_span, .timeout = TT_TIMEOUT(120)) {
     tri_model *m;
     cr_assert_eq(tri_model_load(gen_model("span", "--layers 4 --ctx 16384"), NULL, &m), TRI_STATUS_OK, "%s",
                  tri_last_error());
@@ -740,6 +740,7 @@ Test(device, async_transfers_whole_engine_greedy) {
     int32_t prompt[NP], want[NG], got[NG];
     for (int i = 0; i < NP; i++) prompt[i] = i % 17 < 11 ? (i % 17) * 9 + 4 : (i * 29) % 290 + 3;
     tri_session_params sp = tri_session_default_params();
+    sp.device_kind = TRI_DEVICE_CPU;  // the asynchronous CPU backend below, also where a GPU exists
     sp.n_ctx = 200;
     sp.n_batch = 16;
     sp.n_threads = 1;

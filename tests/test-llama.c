@@ -229,10 +229,15 @@ Test(llama, truncate_then_decode_equals_fresh) {
     cr_assert_eq(tri_session_n_past(a), 10);
     cr_assert_eq(tri_session_eval(a, prompt + 10, N_PROMPT - 10, true), TRI_STATUS_OK);
     cr_assert_eq(tri_session_eval(b, prompt, N_PROMPT, true), TRI_STATUS_OK);
+    // On the CPU the two differ only in summation order. On a GPU the fresh session's batch of
+    // N_PROMPT rows goes through cuBLAS (x split into two halves) and the others through the
+    // matvec kernels: 2e-4 of sum |x w| apart at most (tests/test-cuda-backend.c), some 1e-4 here.
+    float tol = strncmp(tri_session_device(a), "cuda", 4) == 0 ? 5e-4f : 1e-5f;
     for (int i = 0; i < N_PROMPT - 10; i++) {
         const float *x = tri_session_logits(a, i), *y = tri_session_logits(b, 10 + i);
         for (int j = 0; j < rc.n_vocab; j++)
-            cr_assert(fabsf(x[j] - y[j]) <= 1e-5f, "pos %d token %d: %g vs %g", 10 + i, j, (double)x[j], (double)y[j]);
+            cr_assert(fabsf(x[j] - y[j]) <= tol, "%s: pos %d token %d: %g vs %g", tri_session_device(a), 10 + i, j,
+                      (double)x[j], (double)y[j]);
     }
     // and the bad cases are refused without damage
     cr_assert_eq(tri_session_truncate(a, 100), TRI_STATUS_INVALID_ARGUMENT);

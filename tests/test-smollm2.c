@@ -220,7 +220,7 @@ static void check_perplexity(tri_dtype kv_type) {
     tri_model_free(m);
 }
 
-Test(smollm2, genesis_perplexity_matches_reference, .timeout = 300) { check_perplexity(TRI_DTYPE_F16); }
+Test(smollm2, genesis_perplexity_matches_reference, .timeout = TT_TIMEOUT(300)) { check_perplexity(TRI_DTYPE_F16); }
 
 // ---- greedy answer to a chat prompt ----
 
@@ -230,7 +230,7 @@ static bool collect(int32_t tok, void *user) {
     return true;
 }
 
-Test(smollm2, greedy_answer_matches_reference, .timeout = 300) {
+Test(smollm2, greedy_answer_matches_reference, .timeout = TT_TIMEOUT(300)) {
     const char *model = model_path();
     static ref_data r;
     load_ref(&r, model);
@@ -277,7 +277,7 @@ Test(smollm2, greedy_answer_matches_reference, .timeout = 300) {
 
 // ---- the dequantized model in f32: every logit ----
 
-Test(smollm2, dequantized_f32_every_logit_matches_reference, .timeout = 300) {
+Test(smollm2, dequantized_f32_every_logit_matches_reference, .timeout = TT_TIMEOUT(300)) {
     const char *model = model_path();
     static ref_data r;
     load_ref(&r, model);

@@ -541,7 +541,7 @@ Test(spec, caches_equal_plain_decoding_after_rollbacks) {
 #define SMALL_PROMPT 100
 #define SMALL_GEN 60
 
-Test(spec, small_budgets_exact_output_and_caches, .timeout = 120) {
+Test(spec, small_budgets_exact_output_and_caches, .timeout = TT_TIMEOUT(120)) {
     tri_model *target = load(gen_model("small-t", "--seed 61 --vocab 270 --layers 3"));
     tri_model *draft = load(gen_model("small-d", "--seed 62 --vocab 270 --layers 2"));
     int32_t prompt[SMALL_PROMPT];
@@ -637,7 +637,7 @@ Test(spec, small_budgets_exact_output_and_caches, .timeout = 120) {
 // 2-layer draft (accepted often; layer 1's K/V depend on the window layer 0 attended to), window
 // 24 / sink 4 so that L1 evicts; the seeds include the auditor's 37, and the test asserts that L1
 // was caught up on two or more tokens at least once.
-Test(spec, l1_catch_up_across_calls_equals_one_token_steps, .timeout = 120) {
+Test(spec, l1_catch_up_across_calls_equals_one_token_steps, .timeout = TT_TIMEOUT(120)) {
     tri_model *target = load(gen_model("lag-t", "--seed 61 --vocab 270 --layers 2"));
     int32_t prompt[SMALL_PROMPT];
     for (int i = 0; i < SMALL_PROMPT; i++) prompt[i] = i % 23 < 15 ? (i % 23) * 11 + 7 : (i * 37) % 260;
@@ -1059,14 +1059,14 @@ static void chi_exact_cases(const char *tag, const tri_sampler_params *sp_in) {
     tri_model_free(f.target);
 }
 
-Test(spec, sampling_follows_the_target_distribution_t06, .timeout = 300) {
+Test(spec, sampling_follows_the_target_distribution_t06, .timeout = TT_TIMEOUT(300)) {
     tri_sampler_params sp = tri_sampler_default_params();
     sp.temperature = 0.6f;
     sp.top_p = 0.9f;
     chi_exact_cases("chi-t06", &sp);
 }
 
-Test(spec, sampling_follows_the_target_distribution_t10, .timeout = 300) {
+Test(spec, sampling_follows_the_target_distribution_t10, .timeout = TT_TIMEOUT(300)) {
     tri_sampler_params sp = tri_sampler_default_params();
     sp.temperature = 1.0f;
     sp.top_p = 0.95f;
@@ -1078,7 +1078,7 @@ Test(spec, sampling_follows_the_target_distribution_t10, .timeout = 300) {
 // (TriForce's reference code), at L3 directly (DRAFT, RETRIEVAL) and at L2 inside the hierarchy,
 // and handing L3 the law of L2's token conditional on L2's branch (the residual after an L2
 // rejection, p_L2 otherwise: the "the residual when L2 resampled" read literally).
-Test(spec, sampling_test_catches_broken_rules, .timeout = 300) {
+Test(spec, sampling_test_catches_broken_rules, .timeout = TT_TIMEOUT(300)) {
     chi_fixture f = chi_models("chi-broken");
     tri_sampler_params sp = tri_sampler_default_params();
     sp.temperature = 1.0f;
@@ -1113,7 +1113,7 @@ Test(spec, sampling_test_catches_broken_rules, .timeout = 300) {
 
 // ---- SmolLM2, when installed ----
 
-Test(spec, smollm2_greedy_self_draft_and_ngram, .timeout = 300) {
+Test(spec, smollm2_greedy_self_draft_and_ngram, .timeout = TT_TIMEOUT(300)) {
     const char *path = getenv("TRI_TEST_MODEL");
     if (!path || !*path) cr_skip_test("TRI_TEST_MODEL is not set");
     tri_model *target = load(path);
@@ -1339,7 +1339,7 @@ Test(spec, l2_over_l3_rows_equals_own_cache) {
 // The whole engine with L3's cache partly or wholly offloaded and L2 over it: greedy output equals
 // plain decoding, L2 selects several times (so it gathers chunks out of host regions), and the
 // bytes it moves are counted.
-Test(spec, l2_over_offloaded_l3_exact_greedy, .timeout = 120) {
+Test(spec, l2_over_offloaded_l3_exact_greedy, .timeout = TT_TIMEOUT(120)) {
     tri_model *target = load(gen_model("off-t", "--seed 71 --vocab 270 --layers 3"));
     tri_model *draft = load(gen_model("off-d", "--seed 72 --vocab 270 --layers 2"));
     enum { NP = 90, NG = 36 };

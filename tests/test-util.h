@@ -8,6 +8,13 @@
 #include <string.h>
 #include <sys/wait.h>
 
+// A test's Criterion timeout of s seconds, scaled for builds that run slower by design: tests/
+// meson.build sets TT_TIME_SCALE under sanitizers (x4) and on the CPU-emulated GPU (x8).
+#ifndef TT_TIME_SCALE
+#define TT_TIME_SCALE 1
+#endif
+#define TT_TIMEOUT(s) ((s) * TT_TIME_SCALE)
+
 // The path of a fixture written by tests/fixtures/make-<group>.py: $TRI_TEST_FIXTURES/group/name.
 // Returns a static buffer, overwritten by the next call.
 static inline const char *tt_fixture(const char *group, const char *name) {
