@@ -326,6 +326,13 @@ typedef struct tri_session_params {
                                   // (docs/offload.md); 0: none. At most weight_layers_streamed; a
                                   // model in one file only (a sharded checkpoint is UNSUPPORTED).
                                   // Ignored on the CPU
+    double kv_host_fraction;      // of each offloaded layer's rows (kv_layers_offloaded), the
+                                  // fraction attended by host threads where they lie while the rest
+                                  // streams and is attended on the device, in steps of up to 32
+                                  // tokens (docs/offload.md, "Attending where the KV lives"); in
+                                  // [0, 1], 0: every row streams. Same results (bit for bit on the CPU)
+    int32_t kv_host_threads;      // threads of that host attention; 0: the cores of the device's
+                                  // NUMA node less one
 } tri_session_params;
 
 TRI_API tri_session_params tri_session_default_params(void);

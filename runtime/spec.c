@@ -718,6 +718,8 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
                             .kv_type = sp.kv_type, .acts = s->acts};
     tri__level_params l3p = lp;
     l3p.kv_offloaded = sp.kv_layers_offloaded;  // L3's full cache may stream from host memory
+    l3p.kv_host_fraction = sp.kv_host_fraction;  // and be attended in part on the host
+    l3p.kv_host_threads = sp.kv_host_threads;
     if ((st = tri__level_init(&s->l3, s->tw, s->be, &l3p))) goto fail;
     if (has_l2) {
         // a budget left to the default is 4096 in whole chunks, or the full cache when the context
