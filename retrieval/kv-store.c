@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "arena.h"
@@ -429,7 +430,7 @@ tri_status tri__kv_store_copy_rows(tri__kv_store *dst, tri__kv_store *src, int32
 static int32_t split_default_threads(const tri__backend *be) {
     int32_t n = 0;
     char busid[32];
-    if (tri__backend_pci_bus_id(be, busid, sizeof busid) == TRI_STATUS_OK) {
+    if (be && tri__backend_pci_bus_id(be, busid, sizeof busid) == TRI_STATUS_OK) {
         const tri__topology *t;
         int32_t node = tri__host_node_near(busid, &t);
         for (int32_t i = 0; node >= 0 && i < tri__topology_n_nodes(t); i++)
@@ -593,4 +594,63 @@ tri_status tri__kv_store_attend_split(tri__kv_store *kv, int32_t il, float *out,
     o->stats.bytes_partial += sizeof(float) * (uint64_t)rows * (uint64_t)(hd + (S > 0 ? hd + 2 : 0) + hd);
     o->stats.n_split++;
     return TRI_STATUS_OK;
+}
+
+tri_status tri__kv_host_attention_gbps(int32_t n_threads, int32_t m, int32_t n_head, int32_t n_head_kv,
+                                       int32_t head_dim, int32_t rows, int32_t reps, double *gbps) {
+    *gbps = 0;
+    if (m <= 0 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || head_dim <= 0 || rows <= 0 || reps <= 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "host attention probe: %d queries, %d/%d heads of %d, %d rows",
+                         m, n_head, n_head_kv, head_dim, rows);
+    const int64_t kd = (int64_t)n_head_kv * head_dim, rows_bytes = (int64_t)rows * kd * 2;
+    tri__backend *be = NULL;
+    uint16_t *k = malloc((size_t)rows_bytes), *v = malloc((size_t)rows_bytes);
+    float *q = malloc(sizeof(float) * (size_t)((int64_t)m * n_head * head_dim));
+    int32_t *q_pos = malloc(sizeof(int32_t) * (size_t)m);
+    tri__kv_span *spans = calloc((size_t)n_head_kv, sizeof *spans);
+    int32_t *head_span = calloc((size_t)n_head_kv + 1, sizeof *head_span);
+    float *chunks = NULL;
+    tri_status st = TRI_STATUS_OK;
+    if (!k || !v || !q || !q_pos || !spans || !head_span) {
+        st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "host attention probe: %lld bytes of rows", (long long)rows_bytes);
+        goto done;
+    }
+    // small f16 values (exponent of 2^-4 .. 2^-1, varying mantissas): scores stay finite
+    for (int64_t i = 0; i < rows_bytes / 2; i++) {
+        k[i] = (uint16_t)(0x2c00 | ((i * 2654435761u) >> 7 & 0x3ff) | (i & 1) << 15);
+        v[i] = (uint16_t)(0x3000 | ((i * 40503u) >> 3 & 0x3ff));
+    }
+    for (int64_t i = 0; i < (int64_t)m * n_head * head_dim; i++) q[i] = (float)((i * 37) % 17) / 17.0f - 0.5f;
+    for (int32_t i = 0; i < m; i++) q_pos[i] = rows + i;  // every key visible
+    for (int32_t h = 0; h < n_head_kv; h++) {
+        spans[h] = (tri__kv_span){.pos0 = 0, .n = rows, .k = k + (int64_t)h * head_dim, .v = v + (int64_t)h * head_dim,
+                                  .stride = kd};
+        head_span[h] = h;
+    }
+    head_span[n_head_kv] = n_head_kv;
+    tri__kv_view view = {TRI_DTYPE_F16, n_head_kv, spans, head_span};
+    if (n_threads <= 0) n_threads = split_default_threads(NULL);  // the machine's cores less one
+    if ((st = tri__backend_cpu_create(n_threads, TRI_CPU_SIMD_AUTO, &be))) goto done;
+    int64_t n_chunk;
+    if ((st = tri__cpu_attention_chunks(be, NULL, &n_chunk, q, q_pos, m, n_head, head_dim, &view))) goto done;
+    chunks = malloc(sizeof(float) * (size_t)(n_chunk * m * n_head * (head_dim + 2)));
+    if (!chunks) {
+        st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "host attention probe: partials");
+        goto done;
+    }
+    double best = 0;
+    for (int32_t r = 0; r <= reps; r++) {  // the first is the warm-up
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        if ((st = tri__cpu_attention_chunks(be, chunks, &n_chunk, q, q_pos, m, n_head, head_dim, &view))) goto done;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        if (r > 0 && (best == 0 || s < best)) best = s;
+    }
+    *gbps = best > 0 ? 2.0 * (double)rows_bytes / best / 1e9 : 0;
+
+done:
+    tri__backend_free(be);
+    free(k), free(v), free(q), free(q_pos), free(spans), free(head_span), free(chunks);
+    return st;
 }

@@ -128,6 +128,13 @@ bool tri__kv_store_splits(const tri__kv_store *kv, int32_t il);
 tri_status tri__kv_store_attend_split(tri__kv_store *kv, int32_t il, float *out, const float *q, const int32_t *q_pos,
                                       int32_t m, int32_t n_head, int32_t end);
 
+// Measures the host half's speed on this machine: KV bytes (K and V, f16) per second that
+// tri__cpu_attention_chunks reads over rows keys of n_head_kv heads of head_dim for m queries of
+// n_head heads, on a CPU backend of n_threads (<= 0: as tri__kv_store_set_split), best of reps
+// after a warm-up. The figure the planner's host_attn_gbps wants at the pass's query count.
+tri_status tri__kv_host_attention_gbps(int32_t n_threads, int32_t m, int32_t n_head, int32_t n_head_kv,
+                                       int32_t head_dim, int32_t rows, int32_t reps, double *gbps);
+
 // ---- readers that borrow a store (the retrieval level over the full cache's rows) ----
 
 // As tri__kv_store_view, for a reader that did not write layer il in this step: an offloaded
