@@ -418,6 +418,8 @@ typedef struct tri_generate_stats {
                              // decoding (after the prefill), and new rows copied back; 0
                              // without offloaded layers
     uint64_t kv_bytes_down;
+    uint64_t kv_bytes_host;  // offloaded KV rows read in place by the host's attention while
+                             // decoding (kv_host_fraction); 0 when nothing is split
 } tri_generate_stats;
 
 TRI_API tri_generate_params tri_generate_default_params(void);
@@ -570,6 +572,8 @@ typedef struct tri_spec_stats {
     uint64_t kv_bytes_up;     // while decoding: offloaded KV (kv_layers_offloaded) copied host ->
                               // device (L3's passes, L2's reads of it before a selection, its gathers)
     uint64_t kv_bytes_down;   // and new rows copied back; 0 without offload
+    uint64_t kv_bytes_host;   // while decoding: L3's offloaded KV read in place by the host's
+                              // attention (kv_host_fraction); 0 when nothing is split
 } tri_spec_stats;
 
 typedef struct tri_spec tri_spec;

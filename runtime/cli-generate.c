@@ -709,6 +709,7 @@ int tri_cli_generate(int argc, char **argv) {
         stats.decode_seconds = sstats.decode_seconds;
         stats.kv_bytes_up = sstats.kv_bytes_up;
         stats.kv_bytes_down = sstats.kv_bytes_down;
+        stats.kv_bytes_host = sstats.kv_bytes_host;
     } else {
         st = tri_generate(session, ids, n_ids, &gp, on_token, &out, &stats);
     }
@@ -731,6 +732,9 @@ int tri_cli_generate(int argc, char **argv) {
                 "offloaded KV while decoding: %.1f MiB host -> device, %.2f MiB back (%.2f MiB per generated token)\n",
                 (double)stats.kv_bytes_up / (1 << 20), (double)stats.kv_bytes_down / (1 << 20),
                 (double)(stats.kv_bytes_up + stats.kv_bytes_down) / (1 << 20) / n);
+        if (stats.kv_bytes_host)
+            fprintf(stderr, "offloaded KV attended on the host: %.1f MiB read in place (%.2f MiB per generated token)\n",
+                    (double)stats.kv_bytes_host / (1 << 20), (double)stats.kv_bytes_host / (1 << 20) / n);
     }
     if (print_stats) {
         if (spec)

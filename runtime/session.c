@@ -239,6 +239,7 @@ tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
     tri__kv_store_offload_stats(s->kv.kv, &b);
     stats->kv_bytes_up = b.bytes_up - a.bytes_up;
     stats->kv_bytes_down = b.bytes_down - a.bytes_down;
+    stats->kv_bytes_host = b.bytes_host - a.bytes_host;
     return st;
 }
 

@@ -548,6 +548,7 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
     // L3's rows streaming (for L2 too, before its selections), and L2's gathers of offloaded chunks
     stats->kv_bytes_up = kv1.bytes_up - kv0.bytes_up + (s->lv2 ? tri__kv_policy_bytes_up(&s->lv2->pol) : 0) - l2_up0;
     stats->kv_bytes_down = kv1.bytes_down - kv0.bytes_down;
+    stats->kv_bytes_host = kv1.bytes_host - kv0.bytes_host;
     s->stats = NULL;
     return TRI_STATUS_OK;
 }

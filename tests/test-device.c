@@ -860,6 +860,12 @@ Test(device, split_attention_equals_the_full_cache_bit_for_bit) {
                          (unsigned long long)st_all.kv_bytes_up, (unsigned long long)all);
             cr_assert_eq(st.kv_bytes_up, split, "host %.1f: %llu bytes up, want %llu", fracs[f],
                          (unsigned long long)st.kv_bytes_up, (unsigned long long)split);
+            // the host reads the rest of each of the 3 offloaded layers, the step's new row included
+            uint64_t host = 0;
+            for (int i = 0; i < NG - 1; i++) host += 3 * 2 * row * (2601 + (uint64_t)i - (fracs[f] < 1 ? 1024 : 0));
+            cr_assert_eq(st.kv_bytes_host, host, "host %.1f: %llu bytes read on the host, want %llu", fracs[f],
+                         (unsigned long long)st.kv_bytes_host, (unsigned long long)host);
+            cr_assert_eq(st_all.kv_bytes_host, 0);
             cr_assert(fracs[f] < 1 || st.kv_bytes_up == 0, "all on the host: %llu bytes up",
                       (unsigned long long)st.kv_bytes_up);
         }
