@@ -918,6 +918,9 @@ Test(device, split_attention_speculative_greedy) {
         cr_assert_eq(g - got, NG);
         for (int i = 0; i < NG; i++)
             cr_assert_eq(got[i], want[i], "%s: token %d: %d vs plain %d", mode ? "early" : "late", i, got[i], want[i]);
+        // L3's passes split: from 2,200 rows on, 1,024 stream and the rest are read on the host
+        cr_assert(st.kv_bytes_host > 0 && st.n_l2_refresh >= 1, "%llu bytes on the host",
+                  (unsigned long long)st.kv_bytes_host);
         tri_spec_free(e);
         tri__backend_cpu_factory = NULL;
     }
