@@ -455,8 +455,8 @@ tri_status tri__kv_store_set_split(tri__kv_store *kv, double host_frac, int32_t 
     const tri__backend_ops *op = be->ops;
     if (!op->attention_state) {
         if (!o->split_refused)
-            tri__log(TRI_LOG_LEVEL_INFO, "kv cache: backend %s has no partial attention; offloaded layers stream every row",
-                     op->name);
+            tri__log(TRI_LOG_LEVEL_INFO,
+                     "kv cache: backend %s has no partial attention; offloaded layers stream every row", op->name);
         o->split_refused = true;
         return TRI_STATUS_OK;
     }
@@ -487,8 +487,6 @@ fail:
     split_free(kv);
     return st;
 }
-
-double tri__kv_store_split_frac(const tri__kv_store *kv) { return kv->off && kv->off->host_be ? kv->off->host_frac : 0; }
 
 void tri__kv_store_split_begin(tri__kv_store *kv, int32_t n0, int32_t m) {
     kv->split_step = false;
@@ -523,7 +521,8 @@ static tri_status split_reserve(tri__kv_store *kv, int64_t rows, int64_t chunk_f
         o->h_state = malloc(sizeof(float) * (size_t)(rows * (hd + 2)));
         o->rows_cap = 0;
         if (!o->h_q || !o->h_out || !o->h_state)
-            return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv cache: split attention buffers of %lld rows", (long long)rows);
+            return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv cache: split attention buffers of %lld rows",
+                             (long long)rows);
         TRY(kv->be->ops->alloc(kv->be, sizeof(float) * (size_t)(rows * (hd + 2)), (void **)&o->d_state));
         o->rows_cap = rows;
     }

@@ -112,8 +112,6 @@ const tri__kv_view *tri__kv_store_view(tri__kv_store *kv, int32_t il, int32_t n_
 // backend without attention_state, or a store without offloaded layers, keeps streaming every row
 // (logged once). INVALID_ARGUMENT for a fraction outside [0, 1].
 tri_status tri__kv_store_set_split(tri__kv_store *kv, double host_frac, int32_t n_threads);
-// The fraction set (0 when nothing splits).
-double tri__kv_store_split_frac(const tri__kv_store *kv);
 // Starts a step of m tokens after n0 rows: it splits when the store has a host fraction, m <=
 // TRI_KV_SPLIT_MAX_STEP and no layer-major pass runs; sets split_step and split_dev. Before the
 // step's first write.
