@@ -40,6 +40,8 @@ struct tri__kv_offload {
     tri__event *down;           // TRANSFER: the last write-back of new rows is done
     tri__event *q_ev, *state_ev; // COMPUTE: the queries, the device half's state have reached the host
     float *d_state;             // (rows_cap, head_dim + 2) backend: the device half's state
+    void *h_block;              // one pinned arena region holding the three below: copies to and
+                                // from pageable memory would block the host until they are done
     float *h_q, *h_out;         // (rows_cap, head_dim) host: queries down, output up
     float *h_state;             // (rows_cap, head_dim + 2) host
     float *h_chunks;            // (chunks_cap) floats host: the host half's chunk partials
@@ -63,7 +65,9 @@ static void split_free(tri__kv_store *kv) {
     o->d_state = NULL;
     tri__backend_free(o->host_be);
     o->host_be = NULL;
-    free(o->h_q), free(o->h_out), free(o->h_state), free(o->h_chunks);
+    if (o->h_block) tri__arena_release(o->arena, o->h_block);
+    o->h_block = NULL;
+    free(o->h_chunks);
     free(o->dev_spans), free(o->host_spans), free(o->split_head_span);
     o->h_q = o->h_out = o->h_state = o->h_chunks = NULL;
     o->dev_spans = o->host_spans = NULL;
@@ -515,14 +519,15 @@ static tri_status split_reserve(tri__kv_store *kv, int64_t rows, int64_t chunk_f
         if (o->async) TRY(kv->be->ops->synchronize(kv->be));
         kv->be->ops->free(kv->be, o->d_state);
         o->d_state = NULL;
-        free(o->h_q), free(o->h_out), free(o->h_state);
-        o->h_q = malloc(sizeof(float) * (size_t)(rows * hd));
-        o->h_out = malloc(sizeof(float) * (size_t)(rows * hd));
-        o->h_state = malloc(sizeof(float) * (size_t)(rows * (hd + 2)));
+        if (o->h_block) tri__arena_release(o->arena, o->h_block);
+        o->h_block = NULL;
         o->rows_cap = 0;
-        if (!o->h_q || !o->h_out || !o->h_state)
-            return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv cache: split attention buffers of %lld rows",
-                             (long long)rows);
+        // pinned (the arena pins through the backend) and on the device's NUMA node
+        TRY(tri__arena_alloc(o->arena, sizeof(float) * (size_t)(rows * (3 * hd + 2)),
+                             "split attention queries, state and output", &o->h_block));
+        o->h_q = o->h_block;
+        o->h_out = o->h_q + rows * hd;
+        o->h_state = o->h_out + rows * hd;
         TRY(kv->be->ops->alloc(kv->be, sizeof(float) * (size_t)(rows * (hd + 2)), (void **)&o->d_state));
         o->rows_cap = rows;
     }
