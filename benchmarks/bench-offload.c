@@ -5,6 +5,12 @@
 // usage: bench-offload [--shape llama2-7b|tiny] [--ctx N] [--gpu-mem SIZE] [--device D]
 //                      [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]
 //                      [--accept-l1 0.7] [--passes N] [--weights f16|q8_0|q4_0] [--reserve SIZE]
+//                      [--host-gbps 60,100]
+//
+// Attending where the KV lives (docs/offload.md): the host attention's KV GB/s is measured on this
+// machine at each pass's query count (1 and gamma2 + 1), for the 7B-128K shape the planner predicts
+// ms/token all streamed and split at that figure and at the stated ones of --host-gbps (desktop,
+// workstation), and each measured L3 pass is timed again split at the planner's fraction.
 //
 // What is real and what is not:
 //   - weights are synthetic (tri__model_synthetic) in the model's shape, and the KV cache is
@@ -51,13 +57,16 @@ typedef struct opts {
     int32_t gamma2s[MAX_LIST], n_gamma2;
     double alpha, beta;
     tri_dtype weights;
+    double host_gbps[MAX_LIST];  // stated host attention figures (GB/s) to predict with
+    int n_host_gbps;
 } opts;
 
 static void usage(void) {
     fprintf(stderr, "usage: bench-offload [--shape llama2-7b|tiny] [--ctx N] [--gpu-mem SIZE] [--device cpu|cuda[:N]]\n"
                     "                     [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]\n"
                     "                     [--accept-l1 0.7] [--passes N] [--weights f16|q8_0|q4_0]\n"
-                    "                     [--reserve SIZE]   (device memory kept out of the plan; default 1G)\n");
+                    "                     [--reserve SIZE]   (device memory kept out of the plan; default 1G)\n"
+                    "                     [--host-gbps 60,100]  (stated host attention GB/s: desktop, workstation)\n");
 }
 
 static int parse_list(const char *s, int32_t *out) {
@@ -84,10 +93,97 @@ static bool parse_size(const char *s, uint64_t *out) {
 
 static double expected(double a, int32_t g) { return a >= 1.0 ? g + 1 : (1.0 - pow(a, g + 1)) / (1.0 - a); }
 
+// ---- attending where the KV lives: the split of offloaded layers between PCIe and host ----
+
+static int parse_reals(const char *s, double *out) {
+    int n = 0;
+    while (*s && n < MAX_LIST) {
+        char *end;
+        double v = strtod(s, &end);
+        if (end == s || !(v > 0) || (*end && *end != ',')) return -1;
+        out[n++] = v;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
+// Host attention's KV GB/s on this machine for a layer of c at m queries (16,384 rows of f16 K and
+// V, beyond any cache), with the split's default threads; 0 if it could not be measured.
+static double split_host_gbps(const tri_model_config *c, int32_t m) {
+    double gbps = 0;
+    if (tri__kv_host_attention_gbps(0, m, c->n_head, c->n_head_kv, c->head_dim, 16384, 3, &gbps))
+        fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+    return gbps;
+}
+
+// The planner's prediction for Llama2-7B-128K (130,048 tokens, one 24 GiB GPU, PCIe pcie_gbps)
+// all streamed and split at host_gbps: one table row.
+static void split_predict_row(const char *mode, int32_t g2, double pcie_gbps, double host_gbps, const char *source) {
+    tri_model_config c;
+    bench_shape("llama2-7b", &c);
+    tri_plan_model pm = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    tri_plan_params pp = tri_plan_default_params();
+    pp.mode = g2 ? TRI_PLAN_MODE_TRIFORCE : TRI_PLAN_MODE_AUTOREGRESSIVE;
+    pp.n_ctx = 130048;
+    if (g2) pp.gamma2 = g2;
+    pp.pcie_gbps = pcie_gbps;
+    pp.host_attn_gbps = host_gbps;
+    tri_plan pl;
+    if (tri_plan_compute(&pm, &pp, &pl)) {
+        printf("| %s | %d | %.1f (%s) | cannot place: %s |\n", mode, g2, host_gbps, source, tri_last_error());
+        return;
+    }
+    char g2s[16] = "-";
+    if (g2) snprintf(g2s, sizeof g2s, "%d", g2);
+    printf("| %s | %s | %.1f (%s) | %.1f%% | %.0f | %.0f | %.1f | %.1f | %.2fx |\n", mode, g2s, host_gbps,
+           source, 100 * pl.kv_host_fraction, pl.pcie_bytes_token / 1e6, pl.host_kv_read_bytes_token / 1e6,
+           1e3 * pl.t_token_streamed, 1e3 * pl.t_token, pl.t_token_streamed / pl.t_token);
+}
+
+// Predictions for the 7B-128K shape at the host attention measured here and the stated figures.
+static void split_report(const opts *o, double pcie_gbps) {
+    tri_model_config c;
+    bench_shape("llama2-7b", &c);
+    printf("\nattending where the KV lives: Llama2-7B-128K (130,048 tokens), one 24 GiB GPU, PCIe %.1f GB/s; "
+           "host attention measured here over 16,384 rows of one layer (%d KV heads x %d, f16) with the split's "
+           "default threads (predictions, not measurements)\n",
+           pcie_gbps, c.n_head_kv, c.head_dim);
+    printf("\n| mode | gamma2 | host attention GB/s | rows on host | MB over PCIe/token | host KV MB read/token "
+           "| predicted ms/token all streamed | split | speedup |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
+    for (int r = 0; r <= o->n_gamma2; r++) {
+        int32_t g2 = r == 0 ? 0 : o->gamma2s[r - 1];
+        double here = split_host_gbps(&c, g2 + 1);
+        char mode[64];
+        snprintf(mode, sizeof mode, "%s, %d quer%s", g2 ? "TriForce L3" : "autoregressive", g2 + 1, g2 ? "ies" : "y");
+        if (here > 0) split_predict_row(mode, g2, pcie_gbps, here, "this machine");
+        for (int i = 0; i < o->n_host_gbps; i++)
+            split_predict_row(mode, g2, pcie_gbps, o->host_gbps[i], i == 0 ? "stated: desktop" : "stated: workstation");
+        fflush(stdout);
+    }
+}
+
+// Times the L3 pass of m tokens over kv again with a host fraction of frac (the planner's at the
+// host attention measured here) and prints it beside the all-streamed figure; restores kv.
+static tri_status split_measured_pass(const tri_model *tv, tri__backend *be, tri__kv_store *kv, int32_t m,
+                                      int32_t passes, double frac, const pass_time *streamed) {
+    if (frac <= 0 || !kv->off) return TRI_STATUS_OK;
+    tri_status st = tri__kv_store_set_split(kv, frac, 0);
+    pass_time p;
+    if (!st) st = bench_time_pass(tv, be, kv, m, passes, &p);
+    tri_status st2 = tri__kv_store_set_split(kv, 0, 0);
+    if (st) return st;
+    printf("|   split, %.1f%% of each offloaded layer on the host | | | | | %.1f (all streamed %.1f) | | | | | %.1f MB "
+           "over PCIe/pass | | |\n",
+           100 * frac, 1e3 * p.seconds, 1e3 * streamed->seconds, p.kv_bytes_up / 1e6);
+    return st2;
+}
+
 int main(int argc, char **argv) {
     opts o = {.shape = "llama2-7b", .device = NULL, .ctx = 130048, .passes = 3, .gamma1 = 2,
               .gpu_mem = (uint64_t)24 << 30, .budgets = {8192, 12288}, .n_budgets = 2, .gamma2s = {12, 16},
-              .n_gamma2 = 2, .alpha = 0.9, .beta = 0.7, .weights = TRI_DTYPE_F16};
+              .n_gamma2 = 2, .alpha = 0.9, .beta = 0.7, .weights = TRI_DTYPE_F16, .host_gbps = {60, 100},
+              .n_host_gbps = 2};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
@@ -102,6 +198,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--gamma2") && v) ok = (o.n_gamma2 = parse_list(v, o.gamma2s)) > 0;
         else if (!strcmp(a, "--accept") && v) ok = (o.alpha = atof(v)) > 0 && o.alpha <= 1;
         else if (!strcmp(a, "--accept-l1") && v) ok = (o.beta = atof(v)) > 0 && o.beta <= 1;
+        else if (!strcmp(a, "--host-gbps") && v) ok = (o.n_host_gbps = parse_reals(v, o.host_gbps)) > 0;
         else if (!strcmp(a, "--weights") && v) {
             o.weights = !strcmp(v, "q8_0") ? TRI_DTYPE_Q8_0 : !strcmp(v, "q4_0") ? TRI_DTYPE_Q4_0 : TRI_DTYPE_F16;
             ok = !strcmp(v, "f16") || o.weights != TRI_DTYPE_F16;
@@ -216,6 +313,10 @@ int main(int argc, char **argv) {
                    tc.n_layer, 1e3 * p3.seconds, t2, t1, per_round, 1e3 * t_tok, bytes / 1e6, 1e3 * floor_s,
                    floor_s > 0 ? t_tok / floor_s : 0.0);
             fflush(stdout);
+            pp.host_attn_gbps = split_host_gbps(&tc, ar ? 1 : g2 + 1);
+            tri_plan sp_plan;
+            if (pp.host_attn_gbps > 0 && !tri_plan_compute(&pm, &pp, &sp_plan))
+                st = split_measured_pass(tv, be, &l3, ar ? 1 : g2 + 1, o.passes, sp_plan.kv_host_fraction, &p3);
         }
         if (st) {
             fprintf(stderr, "bench-offload: %s: %s\n", ar ? "autoregressive" : "TriForce", tri_last_error());
@@ -227,6 +328,7 @@ int main(int argc, char **argv) {
         tri__model_backend_free(dv);
         tri__model_backend_free(tv);
     }
+    split_report(&o, peak_gbps > 0 && !strncmp(be_name, "cuda", 4) ? peak_gbps : 25.0);
     printf("\npaper (Llama2-7B-128K, 127K-token prompt): autoregressive 1516 ms/token on one RTX 4090 and 840 on "
            "two; TriForce 312 ms/token on one, 108 on two\n");
     tri__model_synthetic_free(draft);

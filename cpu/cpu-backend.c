@@ -553,7 +553,7 @@ static tri_status cpu_top_k(tri__backend *be, float *values, int32_t *indices, c
 
 #define ATTN_TILE 128      // keys per block: bounds the scratch whatever the context length
 #define ATTN_ROWS 64       // (query, head) rows per task at most: the block of queries is 64 / g
-#define ATTN_CHUNK 1024    // keys per chunk: each chunk is a task of its own when a head's keys are split
+#define ATTN_CHUNK TRI_ATTN_CHUNK  // keys per chunk: each chunk is a task of its own when a head's keys are split
 #define ATTN_TASKS 8       // split the chunks into tasks below this many (KV head, query block) pairs
 
 static int32_t attn_key_pos(const tri__kv_span *sp, int64_t j) { return sp->pos ? sp->pos[j] : sp->pos0 + (int32_t)j; }
@@ -573,6 +573,8 @@ typedef struct attn_job {
     const tri__kv_view *kv;
     float *weight_sums;
     float *stats;  // NULL, or (m, n_head, 2) each row's final max and sum (for the weight sums)
+    float *state;  // NULL, or (m, n_head, hd + 2): each row's folded accumulator, max and sum
+                   // instead of out (attention_state)
     float scale;
     int64_t qb, n_qb;         // queries per block, blocks
     int64_t n_chunk;          // chunks of the longest head
@@ -677,6 +679,12 @@ static void attn_fold(float *acc, float *mx, float *sum, const float *pacc, floa
 
 // Writes row `row` of the output from its folded (acc (hd), mx, sum); acc may be the output row.
 static void attn_finish(const attn_job *jb, int64_t row, const float *acc, float mx, float sum) {
+    if (jb->state) {  // the state before the division, for a merge with more chunks
+        float *st = jb->state + row * (jb->hd + 2);
+        memmove(st, acc, sizeof(float) * (size_t)jb->hd);  // (acc may be out, never state)
+        st[jb->hd] = mx, st[jb->hd + 1] = sum;
+        return;
+    }
     float inv = sum > 0 ? 1.0f / sum : 0.0f;  // a query that sees no key: zeros
     for (int64_t e = 0; e < jb->hd; e++) jb->out[row * jb->hd + e] = acc[e] * inv;
     if (jb->stats) jb->stats[2 * row] = mx, jb->stats[2 * row + 1] = sum;
@@ -790,8 +798,13 @@ static void attn_weight_sums(void *arg, int64_t h0, int64_t h1) {
     }
 }
 
-static tri_status cpu_attention(tri__backend *be, float *out, const float *q, const int32_t *q_pos, int64_t m,
-                                int64_t n_head, int64_t hd, const tri__kv_view *kv, float *weight_sums) {
+// The attention op and its two partial forms. out (m, n_head, hd) as the op; or state (m, n_head,
+// hd + 2): each row's folded (accumulator, max, sum) without the division; or chunks (n_chunk, m,
+// n_head, hd + 2): each chunk's own partial, n_chunk = ceil(longest head's keys / ATTN_CHUNK), with
+// (0, -inf, 0) where a row sees no key of the chunk. Exactly one of out, state, chunks is set.
+static tri_status attn_run(tri__backend *be, float *out, float *state, float *chunks, const float *q,
+                           const int32_t *q_pos, int64_t m, int64_t n_head, int64_t hd, const tri__kv_view *kv,
+                           float *weight_sums) {
     cpu_state *st = cpu_priv(be);
     int64_t nkv = kv->n_head_kv;
     if (kv->type != TRI_DTYPE_F16 && kv->type != TRI_DTYPE_F32)
@@ -826,19 +839,78 @@ static tri_status cpu_attention(tri__backend *be, float *out, const float *q, co
     // a task per chunk when there are fewer than ATTN_TASKS (KV head, query block) pairs, so that
     // decoding (few KV heads, many keys) keeps the threads busy. Either way gives the same bits
     // (see above), so neither the thread count nor m changes a result, and a failed allocation of
-    // the partials may fall back to a task per pair.
+    // the partials may fall back to a task per pair. The chunks' form always takes a task per chunk.
     int64_t n_chunk = (max_keys + ATTN_CHUNK - 1) / ATTN_CHUNK;
     float *part = NULL;
-    if (nkv * n_qb < ATTN_TASKS && n_chunk > 1)
-        part = malloc(sizeof(float) * (size_t)(nkv * n_qb * n_chunk * qb * g * (hd + 2)));
-    attn_job j = {st->kr, out, q, q_pos, m, n_head, hd, g, kv, weight_sums, stats, 1.0f / sqrtf((float)hd),
+    if (chunks || (nkv * n_qb < ATTN_TASKS && n_chunk > 1))
+        part = malloc(sizeof(float) * (size_t)(nkv * n_qb * (n_chunk > 0 ? n_chunk : 1) * qb * g * (hd + 2)));
+    if (chunks && !part) {
+        free(stats), free(head_keys);
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu attention: partials of %lld chunks", (long long)n_chunk);
+    }
+    attn_job j = {st->kr, out, q, q_pos, m, n_head, hd, g, kv, weight_sums, stats, state, 1.0f / sqrtf((float)hd),
                   qb, n_qb, n_chunk, head_keys, part, false};
-    if (m > 0) cpu_parallel(be, nkv * n_qb * (part ? n_chunk : 1), 1, work, attn_tasks, &j);
-    if (!j.oom && part) attn_merge(&j, 0, nkv * n_qb);
+    if (m > 0 && (!chunks || n_chunk > 0)) cpu_parallel(be, nkv * n_qb * (part ? n_chunk : 1), 1, work, attn_tasks, &j);
+    if (!j.oom && part && !chunks) attn_merge(&j, 0, nkv * n_qb);
+    if (!j.oom && chunks) {  // from the tasks' (KV head, query block, chunk, row) order to (chunk, query, head)
+        int64_t prow = qb * g * (hd + 2);
+        for (int64_t u = 0; u < nkv * n_qb; u++) {
+            int64_t qbi = u % n_qb, h = u / n_qb, i0 = qbi * qb, nq = m - i0 < qb ? m - i0 : qb;
+            for (int64_t c = 0; c < n_chunk; c++)
+                for (int64_t r = 0; r < nq * g; r++) {
+                    int64_t row = (i0 + r / g) * n_head + h * g + r % g;
+                    memcpy(chunks + (c * m * n_head + row) * (hd + 2), part + (u * n_chunk + c) * prow + r * (hd + 2),
+                           sizeof(float) * (size_t)(hd + 2));
+                }
+        }
+    }
     if (!j.oom && weight_sums) cpu_parallel(be, nkv, 1, work, attn_weight_sums, &j);
     free(stats), free(part), free(head_keys);
     if (j.oom) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu attention: scratch");
     return TRI_STATUS_OK;
+}
+
+static tri_status cpu_attention(tri__backend *be, float *out, const float *q, const int32_t *q_pos, int64_t m,
+                                int64_t n_head, int64_t hd, const tri__kv_view *kv, float *weight_sums) {
+    return attn_run(be, out, NULL, NULL, q, q_pos, m, n_head, hd, kv, weight_sums);
+}
+
+static tri_status cpu_attention_state(tri__backend *be, float *state, const float *q, const int32_t *q_pos, int64_t m,
+                                      int64_t n_head, int64_t hd, const tri__kv_view *kv) {
+    // the state is written where out would be, one row of hd + 2 per (query, head): attn_merge
+    // folds into out's rows, so it gets a scratch out of its own
+    float *o = malloc(sizeof(float) * (size_t)(m * n_head * hd + 1));
+    if (!o) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cpu attention: state of %lld queries", (long long)m);
+    tri_status s = attn_run(be, o, state, NULL, q, q_pos, m, n_head, hd, kv, NULL);
+    free(o);
+    return s;
+}
+
+tri_status tri__cpu_attention_chunks(tri__backend *be, float *chunks, int64_t *n_chunk, const float *q,
+                                     const int32_t *q_pos, int64_t m, int64_t n_head, int64_t hd,
+                                     const tri__kv_view *kv) {
+    int64_t max_keys = 0;
+    for (int32_t h = 0; h < kv->n_head_kv; h++) {
+        int64_t nh = 0;
+        for (int32_t si = kv->head_span[h]; si < kv->head_span[h + 1]; si++) nh += kv->spans[si].n;
+        max_keys = nh > max_keys ? nh : max_keys;
+    }
+    *n_chunk = (max_keys + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    if (!chunks) return TRI_STATUS_OK;
+    return attn_run(be, NULL, NULL, chunks, q, q_pos, m, n_head, hd, kv, NULL);
+}
+
+void tri__cpu_attention_merge(float *out, float *state, const float *chunks, int64_t n_chunk, int64_t rows,
+                              int64_t hd) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *s = state + r * (hd + 2);
+        for (int64_t c = 0; c < n_chunk; c++) {
+            const float *p = chunks + (c * rows + r) * (hd + 2);
+            attn_fold(s, &s[hd], &s[hd + 1], p, p[hd], p[hd + 1], hd);
+        }
+        float inv = s[hd + 1] > 0 ? 1.0f / s[hd + 1] : 0.0f;  // attn_finish's division
+        for (int64_t e = 0; e < hd; e++) out[r * hd + e] = s[e] * inv;
+    }
 }
 
 // ---- the table ----
@@ -862,6 +934,7 @@ static const tri__backend_ops cpu_ops = {
     .softmax = cpu_softmax,
     .top_k = cpu_top_k,
     .attention = cpu_attention,
+    .attention_state = cpu_attention_state,
     .gather = cpu_gather,
     .chunk_mean = cpu_chunk_mean,
 };

@@ -443,8 +443,9 @@ static tri_status cuda_top_k(tri__backend *be, float *values, int32_t *indices, 
 
 // ---- attention ----
 
-static tri_status cuda_attention(tri__backend *be, float *out, const float *q, const int32_t *q_pos, int64_t m,
-                                 int64_t n_head, int64_t hd, const tri__kv_view *kv, float *weight_sums) {
+// out (m, n_head, hd), or with state set (m, n_head, hd + 2) the state before the division.
+static tri_status attention_run(tri__backend *be, float *out, float *state, const float *q, const int32_t *q_pos,
+                                int64_t m, int64_t n_head, int64_t hd, const tri__kv_view *kv, float *weight_sums) {
     cuda_state *st = priv(be);
     int64_t nkv = kv->n_head_kv;
     if (kv->type != TRI_DTYPE_F16 && kv->type != TRI_DTYPE_F32)
@@ -540,6 +541,7 @@ static tri_status cuda_attention(tri__backend *be, float *out, const float *q, c
     a.chunk_keys = C;
     a.scale = 1.0f / sqrtf((float)hd);
     a.f16 = kv->type == TRI_DTYPE_F16;
+    a.state = state;
 
     // Scratch: stats (m, n_head, 2) | partials of a tile of mt queries, sized to limits.attn_partial_bytes.
     size_t per_query = sizeof(float) * (size_t)(n_chunks > 0 ? n_chunks : 1) * (size_t)(g * (hd + 2));
@@ -558,6 +560,19 @@ static tri_status cuda_attention(tri__backend *be, float *out, const float *q, c
         LAUNCH(tri__cuda_attention(out, &a, i0, m - i0 < mt ? m - i0 : mt, st->stream));
     if (weight_sums) LAUNCH(tri__cuda_attn_weight_sums(weight_sums, &a, st->stream));
     return TRI_STATUS_OK;
+}
+
+static tri_status cuda_attention(tri__backend *be, float *out, const float *q, const int32_t *q_pos, int64_t m,
+                                 int64_t n_head, int64_t hd, const tri__kv_view *kv, float *weight_sums) {
+    return attention_run(be, out, NULL, q, q_pos, m, n_head, hd, kv, weight_sums);
+}
+
+// The state of the first chunks of a split attention (backend.h): the combine's max, sum and
+// unnormalised accumulator. Its fold (one max over the chunks) differs from the CPU's in rounding
+// only; the host folds its own chunks after it.
+static tri_status cuda_attention_state(tri__backend *be, float *state, const float *q, const int32_t *q_pos, int64_t m,
+                                       int64_t n_head, int64_t hd, const tri__kv_view *kv) {
+    return attention_run(be, NULL, state, q, q_pos, m, n_head, hd, kv, NULL);
 }
 
 // ---- gathering ----
@@ -701,6 +716,7 @@ static const tri__backend_ops cuda_ops = {
     /* .event_synchronize = */ cuda_event_synchronize,
     /* .gather = */ cuda_gather,
     /* .chunk_mean = */ cuda_chunk_mean,
+    /* .attention_state = */ cuda_attention_state,
 };
 
 static tri_status create(int device, tri__backend *be, cuda_state *st) {

@@ -180,6 +180,8 @@ typedef struct tri__cuda_attn_args {
     float *part_o;  // (n_chunks, mt, group, hd)
     float *part_ml; // (n_chunks, mt, group, 2): chunk max and sum
     float *stats;   // (m, n_head, 2): final max and sum per query head
+    float *state;   // NULL, or (m, n_head, hd + 2) instead of out: accumulator, max, sum before the
+                    // division (attention_state)
 } tri__cuda_attn_args;
 
 // Shared memory a partial block needs; 0 if it exceeds what a block can have.

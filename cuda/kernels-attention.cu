@@ -163,7 +163,12 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_combine(float *out, tri__
             const float *ml = a.part_ml + ((c * mt + iq) * g + aa) * 2;
             if (ml[1] > 0) acc += expf(ml[0] - M) * a.part_o[((c * mt + iq) * g + aa) * hd + d];
         }
-        dst[d] = L > 0 ? acc / L : 0.0f;  // a query that sees no key gets zeros
+        if (a.state) a.state[(i * a.n_head + hq) * (hd + 2) + d] = acc;  // the state: no division
+        else dst[d] = L > 0 ? acc / L : 0.0f;  // a query that sees no key gets zeros
+    }
+    if (a.state && threadIdx.x == 0) {
+        a.state[(i * a.n_head + hq) * (hd + 2) + hd] = M;
+        a.state[(i * a.n_head + hq) * (hd + 2) + hd + 1] = L;
     }
     if (threadIdx.x == 0) {
         a.stats[(i * a.n_head + hq) * 2] = M;

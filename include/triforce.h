@@ -240,6 +240,15 @@ TRI_API void tri_model_free(tri_model *model);
 // Fills *out with a description of the model; its strings live as long as the model.
 TRI_API void tri_model_get_info(const tri_model *model, tri_model_info *out);
 
+// Measures how fast this machine's host threads attend to KV where it lies (the host half of an
+// offloaded layer split between PCIe and the host, tri_session_params.kv_host_fraction): KV bytes
+// (K and V, f16) read per second, in GB/s, by n_queries queries of config's heads over 16,384 rows
+// of one layer, with n_threads threads (0: as the session's default), best of three. Takes a
+// fraction of a second to a few seconds; needs no device. The figure tri_plan_params.host_attn_gbps
+// wants at the pass's query count.
+TRI_API tri_status tri_measure_host_attention(const tri_model_config *config, int32_t n_queries, int32_t n_threads,
+                                              double *gbps);
+
 // Describes tensor i, 0 <= i < n_tensors, in file order; TRI_STATUS_NOT_FOUND past the end.
 TRI_API tri_status tri_model_tensor_info(const tri_model *model, int64_t i, tri_tensor_info *out);
 
@@ -334,6 +343,13 @@ typedef struct tri_session_params {
                                   // (docs/offload.md); 0: none. At most weight_layers_streamed; a
                                   // model in one file only (a sharded checkpoint is UNSUPPORTED).
                                   // Ignored on the CPU
+    double kv_host_fraction;      // of each offloaded layer's rows (kv_layers_offloaded), the
+                                  // fraction attended by host threads where they lie while the rest
+                                  // streams and is attended on the device, in steps of up to 32
+                                  // tokens (docs/offload.md, "Attending where the KV lives"); in
+                                  // [0, 1], 0: every row streams. Same results (bit for bit on the CPU)
+    int32_t kv_host_threads;      // threads of that host attention; 0: the cores of the device's
+                                  // NUMA node less one
 } tri_session_params;
 
 TRI_API tri_session_params tri_session_default_params(void);
@@ -410,6 +426,8 @@ typedef struct tri_generate_stats {
                              // decoding (after the prefill), and new rows copied back; 0
                              // without offloaded layers
     uint64_t kv_bytes_down;
+    uint64_t kv_bytes_host;  // offloaded KV rows read in place by the host's attention while
+                             // decoding (kv_host_fraction); 0 when nothing is split
 } tri_generate_stats;
 
 TRI_API tri_generate_params tri_generate_default_params(void);
@@ -562,6 +580,8 @@ typedef struct tri_spec_stats {
     uint64_t kv_bytes_up;     // while decoding: offloaded KV (kv_layers_offloaded) copied host ->
                               // device (L3's passes, L2's reads of it before a selection, its gathers)
     uint64_t kv_bytes_down;   // and new rows copied back; 0 without offload
+    uint64_t kv_bytes_host;   // while decoding: L3's offloaded KV read in place by the host's
+                              // attention (kv_host_fraction); 0 when nothing is split
 } tri_spec_stats;
 
 typedef struct tri_spec tri_spec;
@@ -662,6 +682,12 @@ typedef struct tri_plan_params {
     double accept_l2;            // probability that L3 accepts an L2 token; 0: 0.9 (assumed)
     uint64_t draft_bytes;        // L1 draft model weights; 0: 136 MB (llama-68m in f16)
     int32_t draft_n_layer;       // its layers; 0: 2
+    double host_attn_gbps;       // KV GB/s (1e9 bytes, K and V) the host's attention reads where the
+                                 // offloaded KV lies, at the query count of a pass over it
+                                 // (gamma2 + 1 for TriForce's L3, 1 autoregressive); with it each
+                                 // offloaded layer is split so that its streamed part and its host
+                                 // part take the same time (docs/offload.md); 0: every offloaded
+                                 // row streams (TriForce's way)
 } tri_plan_params;
 
 TRI_API tri_plan_params tri_plan_default_params(void);
@@ -709,6 +735,13 @@ typedef struct tri_plan {
     double t_token_pcie_floor;       // pcie_bytes_token over the aggregate PCIe bandwidth
     double t_token_ar;               // AUTOREGRESSIVE mode under the same budgets (its own
                                      // placement); equals t_token in that mode
+    // attending where the KV lives (params.host_attn_gbps > 0)
+    double kv_host_fraction;         // of each offloaded layer's rows, attended on the host (the
+                                     // session's kv_host_fraction); 0: all stream
+    uint64_t host_kv_read_bytes_l3;  // KV bytes the host's attention reads in one L3 pass
+    double host_kv_read_bytes_token; // per emitted token
+    double t_token_streamed;         // t_token of the same placement with every offloaded row
+                                     // streamed
 } tri_plan;
 
 // Plans model under params (NULL: defaults). INVALID_ARGUMENT for impossible parameters;

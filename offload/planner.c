@@ -130,28 +130,54 @@ typedef struct ctx {
     uint64_t other;
     double params_layer;  // weight elements of one block
     double B, D, H, F;    // aggregate PCIe, disk, device memory bytes/s; FLOP/s
+    double Hh;            // host attention's KV bytes/s; 0: no split
 } ctx;
+
+// Per layer and pass, for an offloaded layer split between the device and the host: queries down,
+// the device half's state down and the output up are three small copies the host waits for.
+#define SPLIT_LATENCY_US 30.0
+
+// The fraction of an offloaded layer's kv_bytes attended on the host so that the streamed rest
+// (behind w_bytes of streamed weights on the same link) and the host part take the same time:
+// (w + (1 - f) kv) / B = f kv / Hh.
+static double split_fraction(const ctx *x, double kv_bytes, double w_bytes) {
+    if (x->Hh <= 0 || kv_bytes <= 0) return 0;
+    double f = (w_bytes + kv_bytes) / x->B / (kv_bytes * (1.0 / x->B + 1.0 / x->Hh));
+    return f < 1 ? f : 1;
+}
 
 // The time of one forward pass of m tokens attending to c keys per layer, with the placement in
 // plan; kv_streams: the KV of layers >= on_chip comes over PCIe. *pcie receives the bytes moved.
+// With split (x->Hh > 0), each offloaded layer streams only part of its KV and the host attends the
+// rest at the same time: *host_read receives the host's KV bytes, *frac the mean fraction.
 static double pass_time(const ctx *x, const tri_plan *plan, int64_t m, int64_t c, bool kv_streams,
-                        uint64_t *pcie) {
+                        uint64_t *pcie, bool split, uint64_t *host_read, double *frac) {
     const tri_model_config *cf = x->c;
     double ovh = x->p.layer_overhead_us * 1e-6;
-    double t = 0, computed = 0, fill = -1;
-    uint64_t bytes = 0;
+    double t = 0, computed = 0, fill = -1, f_sum = 0;
+    uint64_t bytes = 0, host = 0;
+    int32_t n_split = 0;
     for (int32_t i = 0; i < x->L; i++) {
         bool w_gpu = i < plan->n_weights_gpu;
         bool w_disk = i >= plan->n_weights_gpu + plan->n_weights_host;
         bool kv = kv_streams && i >= plan->on_chip;
-        uint64_t layer_pcie = (kv ? x->K * (uint64_t)c / (uint64_t)plan->params.n_ctx : 0) +
-                              (w_gpu ? 0 : x->W);
+        uint64_t kv_bytes = kv ? x->K * (uint64_t)c / (uint64_t)plan->params.n_ctx : 0;
+        double f = split ? split_fraction(x, (double)kv_bytes, w_gpu ? 0 : (double)x->W) : 0;
+        uint64_t kv_host = (uint64_t)((double)kv_bytes * f);
+        int64_t c_dev = c - (int64_t)((double)c * f);  // the keys the device attends to
+        uint64_t layer_pcie = kv_bytes - kv_host + (w_gpu ? 0 : x->W);
         double t_x = (double)layer_pcie / x->B;
         double t_d = w_disk ? (double)x->W / x->D : 0;
         double flops = 2.0 * x->params_layer * (double)m +
-                       4.0 * (double)m * (double)c * cf->n_head * cf->head_dim;
-        double rd = (double)x->W + (double)c * (double)x->kv_tok;
+                       4.0 * (double)m * (double)c_dev * cf->n_head * cf->head_dim;
+        double rd = (double)x->W + (double)c_dev * (double)x->kv_tok;
         double t_c = fmax(rd / x->H, flops / x->F) + ovh;
+        if (kv_host > 0) {  // the host's part runs beside the device's; the merge waits for both
+            t_c = fmax(t_c, (double)kv_host / x->Hh + ovh) + SPLIT_LATENCY_US * 1e-6;
+            host += kv_host;
+            f_sum += f;
+            n_split++;
+        }
         double t_in = fmax(t_x, t_d);
         // The first streamed layer cannot hide behind a previous layer of this pass beyond what
         // the layers before it compute; later ones overlap with their predecessor (double
@@ -164,6 +190,8 @@ static double pass_time(const ctx *x, const tri_plan *plan, int64_t m, int64_t c
     // output norm and head: read once per pass
     t += (double)x->other / (x->c->tied_embeddings ? 1.0 : 2.0) / x->H + ovh;
     if (pcie) *pcie = bytes;
+    if (host_read) *host_read = host;
+    if (frac) *frac = n_split ? f_sum / n_split : 0;
     return t + (fill > 0 ? fill : 0);
 }
 
@@ -275,11 +303,14 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
     out->host_total_bytes = must + out->host_weight_bytes + out->host_staging_bytes;
 
     // ---- time ----
+    double t_l3_streamed;
     if (tf) {
         int64_t c_l2 = (int64_t)p->retrieval_budget + RETRIEVAL_SLACK(p);
         if (c_l2 > p->n_ctx) c_l2 = p->n_ctx;
-        out->t_l3 = pass_time(x, out, (int64_t)p->gamma2 + 1, p->n_ctx, true, &out->pcie_bytes_l3);
-        out->t_l2 = pass_time(x, out, (int64_t)p->gamma1 + 1, c_l2, false, &out->pcie_bytes_l2);
+        out->t_l3 = pass_time(x, out, (int64_t)p->gamma2 + 1, p->n_ctx, true, &out->pcie_bytes_l3, true,
+                              &out->host_kv_read_bytes_l3, &out->kv_host_fraction);
+        t_l3_streamed = pass_time(x, out, (int64_t)p->gamma2 + 1, p->n_ctx, true, NULL, false, NULL, NULL);
+        out->t_l2 = pass_time(x, out, (int64_t)p->gamma1 + 1, c_l2, false, &out->pcie_bytes_l2, false, NULL, NULL);
         out->t_l1 = (double)out->gpu_draft_bytes / (p->gpu_mem_gbps * 1e9) +
                     (p->draft_n_layer + 1) * p->layer_overhead_us * 1e-6;
         double e1 = tri__plan_expected_tokens(p->accept_l1, p->gamma1);
@@ -288,12 +319,16 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
         out->tokens_per_round = tri__plan_expected_tokens(p->accept_l2, p->gamma2);
         out->t_round = out->t_l3 + out->l2_passes * out->t_l2 + out->l1_passes * out->t_l1;
     } else {
-        out->t_l3 = pass_time(x, out, 1, p->n_ctx, true, &out->pcie_bytes_l3);
+        out->t_l3 = pass_time(x, out, 1, p->n_ctx, true, &out->pcie_bytes_l3, true, &out->host_kv_read_bytes_l3,
+                              &out->kv_host_fraction);
+        t_l3_streamed = pass_time(x, out, 1, p->n_ctx, true, NULL, false, NULL, NULL);
         out->pcie_bytes_l2 = 0;
         out->tokens_per_round = 1;
         out->t_round = out->t_l3;
     }
     out->t_token = out->t_round / out->tokens_per_round;
+    out->t_token_streamed = (out->t_round - out->t_l3 + t_l3_streamed) / out->tokens_per_round;
+    out->host_kv_read_bytes_token = (double)out->host_kv_read_bytes_l3 / out->tokens_per_round;
     out->pcie_bytes_token =
         ((double)out->pcie_bytes_l3 + out->l2_passes * (double)out->pcie_bytes_l2) /
         out->tokens_per_round;
@@ -334,7 +369,7 @@ tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *
         p.gpu_mem_gbps < 0 || p.gpu_tflops < 0 || p.layer_overhead_us < 0 ||
         (p.kv_type != TRI_DTYPE_F16 && p.kv_type != TRI_DTYPE_F32) || p.retrieval_budget < 1 ||
         p.chunk_size < 1 || p.gamma1 < 1 || p.gamma2 < 1 || p.accept_l1 < 0 || p.accept_l1 > 1 ||
-        p.accept_l2 < 0 || p.accept_l2 > 1 || p.draft_n_layer < 1 ||
+        p.accept_l2 < 0 || p.accept_l2 > 1 || p.draft_n_layer < 1 || !(p.host_attn_gbps >= 0) ||
         (p.mode != TRI_PLAN_MODE_TRIFORCE && p.mode != TRI_PLAN_MODE_AUTOREGRESSIVE) ||
         c->n_head % p.n_gpu != 0 || c->n_head_kv % p.n_gpu != 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
@@ -362,6 +397,7 @@ tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *
     x.D = p.disk_gbps > 0 ? p.disk_gbps * 1e9 : inf;
     x.H = p.gpu_mem_gbps > 0 ? p.gpu_mem_gbps * 1e9 * p.n_gpu : inf;
     x.F = p.gpu_tflops > 0 ? p.gpu_tflops * 1e12 * p.n_gpu : inf;
+    x.Hh = p.host_attn_gbps * 1e9;  // one host feeds every GPU
 
     out->params = p;
     out->model = m;
@@ -469,6 +505,11 @@ tri_status tri_plan_format(const tri_plan *pl, char *buf, size_t cap, size_t *n_
     }
     put(&s, "  %-32s %9.1f ms   PCIe floor %.1f ms (%.2f GB per token)\n", "per token",
         pl->t_token * 1e3, pl->t_token_pcie_floor * 1e3, pl->pcie_bytes_token / 1e9);
+    if (pl->kv_host_fraction > 0)
+        put(&s, "  %-32s %9.1f ms   host attention %.1f GB/s reads %.1f%% of each offloaded layer "
+                "(%.2f GB per token)\n",
+            "  all offloaded KV streamed", pl->t_token_streamed * 1e3, p->host_attn_gbps,
+            pl->kv_host_fraction * 100, pl->host_kv_read_bytes_token / 1e9);
     if (tf) {
         if (pl->t_token_ar > 0)
             put(&s, "  %-32s %9.1f ms   (its own placement; speedup %.2fx)\n",

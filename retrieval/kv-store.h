@@ -26,6 +26,8 @@ typedef struct tri__kv_store {
     tri__kv_offload *off; // NULL: every layer in backend memory
     bool no_prefetch;     // writes do not start the next offloaded layer's upload (a layer-major
                           // pass starts it itself, tri__kv_store_prefetch)
+    bool split_step;      // this step splits offloaded layers (tri__kv_store_split_begin): only
+    int32_t split_dev;    //   rows [0, split_dev) stream; the rest are attended on the host
     // host descriptors for the full view of one layer, rebuilt by tri__kv_store_view
     tri__kv_span *spans;  // (n_head_kv)
     int32_t *head_span;   // (n_head_kv + 1)
@@ -68,6 +70,10 @@ typedef struct tri__kv_offload_stats {
     uint64_t bytes_up, bytes_down;
     int64_t n_uploads;    // layer uploads (K and V together count once)
     int64_t n_reused;     // times a buffer already held the layer's rows
+    // split attention (tri__kv_store_attend_split)
+    uint64_t bytes_host;  // K and V rows the host half read in place
+    uint64_t bytes_partial; // q down, the device half's state down, the output up
+    int64_t n_split;      // layer attentions split between the device and the host
 } tri__kv_offload_stats;
 void tri__kv_store_offload_stats(const tri__kv_store *kv, tri__kv_offload_stats *out);
 void tri__kv_store_free(tri__kv_store *kv);
@@ -85,6 +91,47 @@ tri_status tri__kv_store_set_len(tri__kv_store *kv, int32_t n);
 // spans live in kv and are valid until the next call.
 const tri__kv_view *tri__kv_store_view(tri__kv_store *kv, int32_t il, int32_t n_pos,
                                        tri__kv_view *view);
+
+// ---- split attention: attending where the KV lives (docs/offload.md) ----
+//
+// In a step that splits, offloaded layer il streams only its rows [0, split_dev) (a multiple of
+// TRI_ATTN_CHUNK, at most the rows before the step) and attends to them on the device
+// (attention_state), while a CPU backend of the store's own attends to rows [split_dev, end) where
+// they lie in host memory, the step's new rows among them once written back; the host folds the
+// device's state and its own chunk partials in chunk order (tri__cpu_attention_merge), which is
+// the unsplit attention's order, and uploads the output. Queries go down and the (m, n_head,
+// head_dim + 2) state comes back: a few KB per token and head.
+
+// The most tokens a step may have and split (verification passes carry gamma2 + 1; longer steps,
+// prefill's, stream every row).
+#define TRI_KV_SPLIT_MAX_STEP 32
+
+// Makes offloaded layers attend host_frac of their rows (0 <= host_frac <= 1; 0: all stream, as
+// before) on the host in the steps that split, with n_threads host threads (<= 0: the cores of
+// the device's NUMA node, or of the machine, less one for the threads that feed the device). A
+// backend without attention_state, or a store without offloaded layers, keeps streaming every row
+// (logged once). INVALID_ARGUMENT for a fraction outside [0, 1].
+tri_status tri__kv_store_set_split(tri__kv_store *kv, double host_frac, int32_t n_threads);
+// Starts a step of m tokens after n0 rows: it splits when the store has a host fraction, m <=
+// TRI_KV_SPLIT_MAX_STEP and no layer-major pass runs; sets split_step and split_dev. Before the
+// step's first write.
+void tri__kv_store_split_begin(tri__kv_store *kv, int32_t n0, int32_t m);
+// Ends the step (after its last layer): later reads stream as before.
+void tri__kv_store_split_end(tri__kv_store *kv);
+// Whether layer il's attention is split in this step.
+bool tri__kv_store_splits(const tri__kv_store *kv, int32_t il);
+// Layer il's attention for the step's m queries q (m, n_head, head_dim) f32 backend memory at
+// q_pos (host) over rows [0, end): out (m, n_head, head_dim) backend memory, as attention over the
+// layer's full view gives (the same bits on the CPU backend). After the layer's write.
+tri_status tri__kv_store_attend_split(tri__kv_store *kv, int32_t il, float *out, const float *q, const int32_t *q_pos,
+                                      int32_t m, int32_t n_head, int32_t end);
+
+// Measures the host half's speed on this machine: KV bytes (K and V, f16) per second that
+// tri__cpu_attention_chunks reads over rows keys of n_head_kv heads of head_dim for m queries of
+// n_head heads, on a CPU backend of n_threads (<= 0: as tri__kv_store_set_split), best of reps
+// after a warm-up. The figure the planner's host_attn_gbps wants at the pass's query count.
+tri_status tri__kv_host_attention_gbps(int32_t n_threads, int32_t m, int32_t n_head, int32_t n_head_kv,
+                                       int32_t head_dim, int32_t rows, int32_t reps, double *gbps);
 
 // ---- readers that borrow a store (the retrieval level over the full cache's rows) ----
 

@@ -11,6 +11,7 @@
 #include "arena.h"
 #include "cuda-backend.h"
 #include "error.h"
+#include "kv-store.h"
 #include "model.h"
 #include "prefetch.h"
 #include "topology.h"
@@ -588,4 +589,11 @@ tri_status tri_device_measure_h2d(int32_t device, uint64_t bytes, double *gbps) 
     tri_status st = tri__backend_measure_h2d(be, bytes, gbps);
     tri__backend_free(be);
     return st;
+}
+
+tri_status tri_measure_host_attention(const tri_model_config *config, int32_t n_queries, int32_t n_threads,
+                                      double *gbps) {
+    if (!config || !gbps) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_measure_host_attention: NULL argument");
+    return tri__kv_host_attention_gbps(n_threads, n_queries, config->n_head, config->n_head_kv, config->head_dim, 16384,
+                                       3, gbps);
 }

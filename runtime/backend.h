@@ -180,7 +180,8 @@ typedef struct tri__backend_ops {
     tri_status (*host_register)(tri__backend *be, void *ptr, size_t bytes);
     void (*host_unregister)(tri__backend *be, void *ptr);
     // Blocks the host until ev's point is reached (cudaEventSynchronize): a host buffer a transfer
-    // read can be refilled without waiting for every stream. Optional: NULL means synchronize.
+    // read can be refilled without waiting for every stream. For an event recorded on COMPUTE the
+    // copy_to_host calls queued before it have landed too. Optional: NULL means synchronize.
     tri_status (*event_synchronize)(tri__backend *be, tri__event *ev);
 
     // ---- gathering ----
@@ -200,6 +201,20 @@ typedef struct tri__backend_ops {
     // where they are instead of copying them out. Required.
     tri_status (*chunk_mean)(tri__backend *be, float *out, const void *x, tri_dtype type, int64_t n_chunks,
                              int64_t chunk, int64_t width, int64_t stride);
+
+    // ---- split attention (docs/offload.md, "Attending where the KV lives") ----
+
+    // Attention's state before its last division: state (m, n_head, head_dim + 2) f32, per
+    // (query, head) row its accumulator (head_dim), running max and sum, so that out = acc / sum
+    // (zeros where sum is 0: the row saw no key). The keys of each KV head are taken in chunks of
+    // TRI_ATTN_CHUNK keys in span order, and the chunks folded in order with attention's fold
+    // (M' = max(M, m_c), S' = S e^(M - M') + s_c e^(m_c - M'), A' likewise), so that folding more
+    // chunks into the state (tri__cpu_attention_merge) gives what attention over the longer view
+    // gives: the same bits on the CPU, within the kernels' tolerance on a device. Arguments as
+    // attention's, no weight sums. Optional: NULL means the backend cannot attend to part of an
+    // offloaded layer, whose rows then all stream.
+    tri_status (*attention_state)(tri__backend *be, float *state, const float *q, const int32_t *q_pos, int64_t m,
+                                  int64_t n_head, int64_t head_dim, const tri__kv_view *kv);
 } tri__backend_ops;
 
 // One backend instance. Create it with the backend's own constructor (tri__backend_cpu_create),
@@ -233,6 +248,24 @@ typedef enum tri__cpu_simd {
 tri__cpu_simd tri__cpu_simd_detect(void);
 // "scalar", "avx2", "avx512", "avx512vnni".
 const char *tri__cpu_simd_name(tri__cpu_simd simd);
+
+// Keys per chunk of attention's fold (cpu_attention): a split of a view at a multiple of it,
+// folded in chunk order, gives the unsplit result bit for bit.
+#define TRI_ATTN_CHUNK 1024
+
+// The host half of a split attention, on a CPU backend: chunks (n_chunk, m, n_head, head_dim + 2)
+// f32 host, each chunk's own partial (accumulator, max, sum; (0, -inf, 0) where a row sees none
+// of its keys), n_chunk = ceil(the longest head's keys / TRI_ATTN_CHUNK). With chunks NULL only
+// *n_chunk is set (to size the buffer). Arguments otherwise as attention's; be must be a CPU
+// backend (its memory is host memory: q, q_pos and the view's rows are host memory).
+tri_status tri__cpu_attention_chunks(tri__backend *be, float *chunks, int64_t *n_chunk, const float *q,
+                                     const int32_t *q_pos, int64_t m, int64_t n_head, int64_t head_dim,
+                                     const tri__kv_view *kv);
+// Folds chunks (n_chunk, rows, head_dim + 2) in order into state (rows, head_dim + 2), both host,
+// and writes out (rows, head_dim) = acc / sum: attention's fold and division, so state from
+// attention_state over the first keys and chunks over the rest give attention over all of them.
+void tri__cpu_attention_merge(float *out, float *state, const float *chunks, int64_t n_chunk, int64_t rows,
+                              int64_t head_dim);
 
 // Creates a CPU backend with n_threads threads, the caller included (<= 0: all cores)
 // using SIMD level simd (TRI_CPU_SIMD_AUTO: detect). A level the CPU lacks is UNSUPPORTED, so

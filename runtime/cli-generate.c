@@ -44,6 +44,11 @@ static void usage(FILE *f) {
           "                       --kv-offload, --stream-weights and --weights-from-disk (on a\n"
           "                       GPU by default, with its free memory; see offload-run plan)\n"
           "      --host-mem SIZE  host memory budget for the planner (default: no limit)\n"
+          "      --kv-host F      of each offloaded layer's rows, attend the fraction F (0 .. 1) on\n"
+          "                       the host where they lie while the rest streams (default: the\n"
+          "                       planner's split when it plans, else 0)\n"
+          "      --host-attn-gbps X  host attention GB/s for the planner's split (default: measured\n"
+          "                       at start-up when the planner runs on a GPU)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
           "      --kv-type T      f16 (default) or f32 KV cache\n"
           "      --ignore-eos     keep generating after the end-of-sequence token\n"
@@ -292,7 +297,8 @@ static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
 // session exists: an option the session refuses is then the run's one line of output. False after
 // printing an error.
 static bool place(const tri_model *model, tri_session_params *sp, const tri_spec_params *spec, uint64_t gpu_mem,
-                  uint64_t host_mem, bool kv_set, bool weights_set, bool disk_set, char *line, size_t n) {
+                  uint64_t host_mem, bool kv_set, bool weights_set, bool disk_set, bool kv_host_set,
+                  double host_attn_gbps, char *line, size_t n) {
     line[0] = 0;
     bool on_gpu = sp->device_kind == TRI_DEVICE_CUDA || (sp->device_kind == TRI_DEVICE_AUTO && tri_device_count() > 0);
     if (!gpu_mem && !on_gpu) return true;  // the CPU: nothing to place
@@ -312,6 +318,13 @@ static bool place(const tri_model *model, tri_session_params *sp, const tri_spec
     if (on_gpu && tri_device_measure_h2d(dev, 0, &gbps) == TRI_STATUS_OK && gbps > 0) pp.pcie_gbps = gbps;
     tri_plan_model pm;
     tri_plan_model_from_model(model, &pm);
+    // the host's attention at the pass's query count, for the split of offloaded layers
+    bool host_measured = false;
+    if (host_attn_gbps == 0 && on_gpu && !kv_host_set) {
+        int32_t m = pp.mode == TRI_PLAN_MODE_TRIFORCE ? (pp.gamma2 > 0 ? pp.gamma2 : 12) + 1 : 1;
+        host_measured = tri_measure_host_attention(&pm.config, m, sp->kv_host_threads, &host_attn_gbps) == TRI_STATUS_OK;
+    }
+    pp.host_attn_gbps = host_attn_gbps;
     tri_plan plan;
     tri_status st = tri_plan_compute(&pm, &pp, &plan);
     if (st) {
@@ -330,6 +343,14 @@ static bool place(const tri_model *model, tri_session_params *sp, const tri_spec
             (double)plan.params.gpu_mem_bytes / (1 << 30), plan.params.pcie_gbps, gbps > 0 ? " measured" : " assumed",
             plan.n_layer - sp->weight_layers_streamed, plan.n_layer, sp->weight_layers_from_disk,
             plan.n_layer - sp->kv_layers_offloaded, sp->kv_layers_offloaded, plan.t_token);
+    if (!kv_host_set) sp->kv_host_fraction = plan.kv_host_fraction;
+    size_t used = strlen(line);
+    if (plan.kv_host_fraction > 0)
+        snprintf(line + used, n - used,
+                "plan: host attention %.1f GB/s%s: %.1f%% of each offloaded layer's rows attended on the host%s "
+                "(all streamed: predicted %.3f s/token)\n",
+                pp.host_attn_gbps, host_measured ? " measured" : " given", 100 * plan.kv_host_fraction,
+                kv_host_set ? ", --kv-host overrides it" : "", plan.t_token_streamed);
     return true;
 }
 
@@ -347,7 +368,7 @@ int tri_cli_generate(int argc, char **argv) {
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
            OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
            OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS, OPT_WEIGHTS_FROM_DISK, OPT_GPU_MEM, OPT_HOST_MEM,
-           OPT_KV_INDEX };
+           OPT_KV_INDEX, OPT_KV_HOST, OPT_HOST_ATTN };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -375,6 +396,8 @@ int tri_cli_generate(int argc, char **argv) {
         {"weights-from-disk", required_argument, NULL, OPT_WEIGHTS_FROM_DISK},
         {"gpu-mem", required_argument, NULL, OPT_GPU_MEM}, {"host-mem", required_argument, NULL, OPT_HOST_MEM},
         {"kv-index", required_argument, NULL, OPT_KV_INDEX},
+        {"kv-host", required_argument, NULL, OPT_KV_HOST},
+        {"host-attn-gbps", required_argument, NULL, OPT_HOST_ATTN},
         {"help", no_argument, NULL, 'h'},          {0},
     };
     const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
@@ -383,7 +406,8 @@ int tri_cli_generate(int argc, char **argv) {
     // 0: not given (every one of these options wants a positive number)
     long ngram = 0, gamma1 = 0, gamma2 = 0, budget = 0, chunk = 0;
     long sink = 0, refresh = 0, draft_window = 0, draft_sink = 0;
-    bool kv_set = false, refresh_accept_set = false, index_set = false;
+    bool kv_set = false, refresh_accept_set = false, index_set = false, kv_host_set = false;
+    float kv_host = 0, host_attn_gbps = 0;
     tri_spec_params spec_params = tri_spec_default_params();
     spec_params.mode = TRI_SPEC_MODE_NONE;
     long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0, kv_offload = 0, stream_weights = 0;
@@ -473,6 +497,11 @@ int tri_cli_generate(int argc, char **argv) {
             weights_from_disk_set = true;
             ok = parse_long("--weights-from-disk", optarg, 0, 65536, &weights_from_disk);
             break;
+        case OPT_KV_HOST:
+            kv_host_set = true;
+            ok = parse_float("--kv-host", optarg, 0.0, 1.0, &kv_host);
+            break;
+        case OPT_HOST_ATTN: ok = parse_float("--host-attn-gbps", optarg, 0.0, 1e6, &host_attn_gbps); break;
         case OPT_GPU_MEM:
         case OPT_HOST_MEM:
             if (!tri_cli_parse_size(optarg, c == OPT_GPU_MEM ? &gpu_mem : &host_mem)) {
@@ -637,9 +666,10 @@ int tri_cli_generate(int argc, char **argv) {
     sp.kv_layers_offloaded = (int32_t)kv_offload;
     sp.weight_layers_streamed = (int32_t)stream_weights;
     sp.weight_layers_from_disk = (int32_t)weights_from_disk;
-    char plan_line[512];
+    sp.kv_host_fraction = kv_host;
+    char plan_line[1024];
     if (!place(model, &sp, &spec_params, gpu_mem, host_mem, kv_offload_set, stream_weights_set,
-               weights_from_disk_set, plan_line, sizeof plan_line))
+               weights_from_disk_set, kv_host_set, host_attn_gbps, plan_line, sizeof plan_line))
         goto done;
     // layers read from disk stream: they count among the streamed unless those were given
     if (!stream_weights_set && sp.weight_layers_from_disk > sp.weight_layers_streamed)
@@ -685,6 +715,7 @@ int tri_cli_generate(int argc, char **argv) {
         stats.decode_seconds = sstats.decode_seconds;
         stats.kv_bytes_up = sstats.kv_bytes_up;
         stats.kv_bytes_down = sstats.kv_bytes_down;
+        stats.kv_bytes_host = sstats.kv_bytes_host;
     } else {
         st = tri_generate(session, ids, n_ids, &gp, on_token, &out, &stats);
     }
@@ -707,6 +738,9 @@ int tri_cli_generate(int argc, char **argv) {
                 "offloaded KV while decoding: %.1f MiB host -> device, %.2f MiB back (%.2f MiB per generated token)\n",
                 (double)stats.kv_bytes_up / (1 << 20), (double)stats.kv_bytes_down / (1 << 20),
                 (double)(stats.kv_bytes_up + stats.kv_bytes_down) / (1 << 20) / n);
+        if (stats.kv_bytes_host)
+            fprintf(stderr, "offloaded KV attended on the host: %.1f MiB read in place (%.2f MiB per generated token)\n",
+                    (double)stats.kv_bytes_host / (1 << 20), (double)stats.kv_bytes_host / (1 << 20) / n);
     }
     if (print_stats) {
         if (spec)

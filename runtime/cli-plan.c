@@ -32,6 +32,9 @@ static void usage(FILE *f) {
           "      --accept-l1 P    L2's acceptance rate of L1 tokens (default 0.7, assumed)\n"
           "      --accept-l2 P    L3's acceptance rate of L2 tokens (default 0.9, assumed)\n"
           "      --kv-type T      f16 (default) or f32\n"
+          "      --host-attn-gbps X  KV GB/s the host's attention reads at the pass's query count:\n"
+          "                       split each offloaded layer between PCIe and host attention\n"
+          "                       (default 0: every offloaded row streams; see bench-offload)\n"
           "      --ar             plan plain autoregressive decoding instead\n"
           "  -h, --help           this help\n"
           "\n"
@@ -60,7 +63,7 @@ static bool parse_real(const char *s, double *out) {
 int tri_cli_plan(int argc, char **argv) {
     enum {
         O_CTX = 256, O_GPU_MEM, O_GPUS, O_HOST_MEM, O_RESERVE, O_PCIE, O_DISK, O_GPU_GBPS,
-        O_TFLOPS, O_BUDGET, O_GAMMA1, O_GAMMA2, O_ACC1, O_ACC2, O_KV, O_AR,
+        O_TFLOPS, O_BUDGET, O_GAMMA1, O_GAMMA2, O_ACC1, O_ACC2, O_KV, O_AR, O_HOST_ATTN,
     };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
@@ -80,6 +83,7 @@ int tri_cli_plan(int argc, char **argv) {
         {"accept-l2", required_argument, NULL, O_ACC2},
         {"kv-type", required_argument, NULL, O_KV},
         {"ar", no_argument, NULL, O_AR},
+        {"host-attn-gbps", required_argument, NULL, O_HOST_ATTN},
         {"help", no_argument, NULL, 'h'},
         {0},
     };
@@ -112,6 +116,7 @@ int tri_cli_plan(int argc, char **argv) {
             else ok = false;
             break;
         case O_AR: p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE; break;
+        case O_HOST_ATTN: ok = parse_real(optarg, &p.host_attn_gbps); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

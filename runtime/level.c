@@ -76,6 +76,7 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
         if ((st = tri__kv_store_init_offload(&lv->store, be, params->kv_type, c->n_layer, c->n_head_kv, c->head_dim,
                                              params->n_ctx, c->n_layer - params->kv_offloaded)))
             goto fail;
+        if ((st = tri__kv_store_set_split(&lv->store, params->kv_host_fraction, params->kv_host_threads))) goto fail;
         if ((st = tri__kv_policy_wrap_full(&lv->pol, &lv->store, c->n_head, params->n_batch))) goto fail;
     } else if (kp.kind == TRI_KV_POLICY_RETRIEVAL && params->kv_source) {
         const tri__kv_store *src = params->kv_source;

@@ -37,6 +37,8 @@ typedef struct tri__level_params {
     int32_t ring;          // with kv_source: rows of its own tokens since a selection (>= chunk + n_batch)
     tri__act_pool *acts;   // activations shared with the other levels (llama.h; the caller binds
                            // the pool once every level joined); NULL: the level's own
+    double kv_host_fraction; // with kv_offloaded: of each offloaded layer's rows, the fraction the
+    int32_t kv_host_threads; //   host attends where they lie, with these threads (kv-store.h)
 } tri__level_params;
 
 typedef struct tri__level {

@@ -183,7 +183,10 @@ static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t
     const tri__kv_view *view;
     float *weight_sums;
     TRY(tri__kv_policy_layer(pol, il, ll->q, ll->k, ll->v, &view, &weight_sums));
-    TRY(op->attention(be, ll->att, ll->q, ll->q_pos, n, c->n_head, hd, view, weight_sums));
+    if (tri__kv_store_splits(pol->kv, il))  // an offloaded layer, part attended where it lies on the host
+        TRY(tri__kv_store_attend_split(pol->kv, il, ll->att, ll->q, ll->q_pos, n, c->n_head, pol->step_n0 + n));
+    else
+        TRY(op->attention(be, ll->att, ll->q, ll->q_pos, n, c->n_head, hd, view, weight_sums));
     TRY(tri__kv_policy_observe(pol, il));
     TRY(op->matmul(be, ll->proj, ll->att, L->wo->data, L->wo->type, n, E, q_dim));
     TRY(op->add(be, ll->x, ll->x, ll->proj, n * E));
@@ -224,11 +227,16 @@ static tri_status forward_step(tri__llama *ll, tri__kv_policy *pol, const int32_
     // the dynamic rule follows the positions the queries see
     tri__rope_update(&ll->rope, (int64_t)ll->q_pos[nb - 1] + 1);
 
+    // the full cache's offloaded layers split between the device and the host (a level over it
+    // whose view is its own, a measurement or a selection taken from its rows streams them whole)
+    if (pol->p.kind == TRI_KV_POLICY_FULL && !pol->src && !pol->measure && !pol->tap)
+        tri__kv_store_split_begin(pol->kv, pos0, nb);
     tri_status st = op->get_rows(be, ll->x, m->tok_embd->data, m->tok_embd->type, V, E, tokens, nb);
     for (int32_t il = 0; !st && il < c->n_layer; il++) {
         st = tri__model_stream_layer(m, il);  // streamed weights: this block's in, the next's coming
         if (!st) st = block(ll, pol, il, nb);
     }
+    tri__kv_store_split_end(pol->kv);
     if (st) {
         tri__kv_policy_abort(pol);
         return st;

@@ -99,6 +99,8 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "session: weight_layers_from_disk %d outside [0, %d] (weight_layers_streamed)",
                          p.weight_layers_from_disk, p.weight_layers_streamed);
+    if (!(p.kv_host_fraction >= 0 && p.kv_host_fraction <= 1))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: kv_host_fraction %g outside [0, 1]", p.kv_host_fraction);
     if (p.kv_layers_offloaded > 0 && p.kv_policy != TRI_KV_POLICY_FULL)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "session: kv_layers_offloaded streams the full cache; policy %s keeps its cache on the device",
@@ -115,6 +117,7 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
         if ((st = tri__kv_store_init_offload(&s->store, s->be, p.kv_type, c->n_layer, c->n_head_kv, c->head_dim,
                                              p.n_ctx, c->n_layer - p.kv_layers_offloaded)))
             goto fail;
+        if ((st = tri__kv_store_set_split(&s->store, p.kv_host_fraction, p.kv_host_threads))) goto fail;
         if ((st = tri__kv_policy_wrap_full(&s->kv, &s->store, c->n_head, p.n_batch))) goto fail;
     } else if ((st = tri__kv_policy_init(&s->kv, &kp, s->be, p.kv_type, c->n_layer, c->n_head, c->n_head_kv,
                                          c->head_dim, p.n_ctx, p.n_batch))) {
@@ -236,6 +239,7 @@ tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
     tri__kv_store_offload_stats(s->kv.kv, &b);
     stats->kv_bytes_up = b.bytes_up - a.bytes_up;
     stats->kv_bytes_down = b.bytes_down - a.bytes_down;
+    stats->kv_bytes_host = b.bytes_host - a.bytes_host;
     return st;
 }
 

@@ -548,6 +548,7 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
     // L3's rows streaming (for L2 too, before its selections), and L2's gathers of offloaded chunks
     stats->kv_bytes_up = kv1.bytes_up - kv0.bytes_up + (s->lv2 ? tri__kv_policy_bytes_up(&s->lv2->pol) : 0) - l2_up0;
     stats->kv_bytes_down = kv1.bytes_down - kv0.bytes_down;
+    stats->kv_bytes_host = kv1.bytes_host - kv0.bytes_host;
     s->stats = NULL;
     return TRI_STATUS_OK;
 }
@@ -718,6 +719,8 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
                             .kv_type = sp.kv_type, .acts = s->acts};
     tri__level_params l3p = lp;
     l3p.kv_offloaded = sp.kv_layers_offloaded;  // L3's full cache may stream from host memory
+    l3p.kv_host_fraction = sp.kv_host_fraction;  // and be attended in part on the host
+    l3p.kv_host_threads = sp.kv_host_threads;
     if ((st = tri__level_init(&s->l3, s->tw, s->be, &l3p))) goto fail;
     if (has_l2) {
         // a budget left to the default is 4096 in whole chunks, or the full cache when the context

@@ -7,8 +7,9 @@
 //
 //   LATE   a copy queued on TRANSFER runs only when something forces it: COMPUTE waiting for an
 //          event recorded after it (stream_wait), event_synchronize, synchronize. copy_to_host on
-//          COMPUTE reaches host memory only at synchronize (the source is taken at the call, as
-//          the stream order says). Code that reads a buffer before waiting for the copy that
+//          COMPUTE reaches host memory only at synchronize or at event_synchronize of an event
+//          recorded on COMPUTE after it (the source is taken at the call, as the stream order
+//          says). Code that reads a buffer before waiting for the copy that
 //          fills it, or host memory before the copy back is known to be done, reads stale data.
 //   EARLY  a transfer runs when it is queued, before any compute queued after it. Code that
 //          refills a buffer that compute queued later still expects to hold its old contents
@@ -41,14 +42,16 @@ static struct {
     tri_status (*cpu_sync)(tri__backend *be);
     async_copy *q;                    // transfers in queue order; q[0 .. done) have run
     size_t n, done, cap;
-    async_copy *host;                 // LATE: compute-stream copies to host, until synchronize
-    size_t n_host, cap_host;
+    async_copy *host;                 // LATE: compute-stream copies to host, until synchronize (or
+    size_t n_host, cap_host;          //   event_synchronize of an event recorded on COMPUTE after them)
+    size_t host_queued, host_landed;  // compute-stream copies to host ever queued, ever landed
     long n_transfers, n_deferred;     // copies queued on TRANSFER; of them, run later than queued
 } async_emu;
 
 typedef struct async_event {
     bool transfer;  // recorded on TRANSFER: complete once the first `upto` transfers ran
     size_t upto;
+    size_t host_upto;  // recorded on COMPUTE: complete once the first host_upto copies to host landed
 } async_event;
 
 static void async_push(async_copy **q, size_t *n, size_t *cap, async_copy c) {
@@ -67,13 +70,18 @@ static void async_run_transfers(size_t upto) {
     }
 }
 
-static void async_run_host_copies(void) {
-    for (size_t i = 0; i < async_emu.n_host; i++) {
-        memcpy(async_emu.host[i].dst, async_emu.host[i].src, async_emu.host[i].bytes);
-        free((void *)async_emu.host[i].src);
+// Lands the pending compute-stream copies to host until host_upto have landed in all.
+static void async_land_host_copies(size_t host_upto) {
+    size_t k = 0;
+    for (; k < async_emu.n_host && async_emu.host_landed < host_upto; k++, async_emu.host_landed++) {
+        memcpy(async_emu.host[k].dst, async_emu.host[k].src, async_emu.host[k].bytes);
+        free((void *)async_emu.host[k].src);
     }
-    async_emu.n_host = 0;
+    memmove(async_emu.host, async_emu.host + k, sizeof *async_emu.host * (async_emu.n_host - k));
+    async_emu.n_host -= k;
 }
+
+static void async_run_host_copies(void) { async_land_host_copies(async_emu.host_queued); }
 
 static tri_status async_event_create(tri__backend *be, tri__event **out) {
     (void)be;
@@ -93,6 +101,7 @@ static tri_status async_event_record(tri__backend *be, tri__event *e, tri__strea
     async_event *ev = (async_event *)e;
     ev->transfer = stream == TRI_STREAM_TRANSFER;
     ev->upto = async_emu.n;
+    ev->host_upto = async_emu.host_queued;
     return TRI_STATUS_OK;
 }
 
@@ -109,6 +118,7 @@ static tri_status async_event_synchronize(tri__backend *be, tri__event *e) {
     (void)be;
     async_event *ev = (async_event *)e;
     if (ev->transfer) async_run_transfers(ev->upto);
+    else async_land_host_copies(ev->host_upto);
     return TRI_STATUS_OK;
 }
 
@@ -125,12 +135,14 @@ static tri_status async_copy_to_host(tri__backend *be, void *dst, const void *sr
     (void)be;
     if (async_emu.mode == ASYNC_EARLY || bytes == 0) {
         memcpy(dst, src, bytes);
+        async_emu.host_queued++, async_emu.host_landed++;
         return TRI_STATUS_OK;
     }
     void *snap = malloc(bytes);
     if (!snap) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "async copy");
     memcpy(snap, src, bytes);
     async_push(&async_emu.host, &async_emu.n_host, &async_emu.cap_host, (async_copy){dst, snap, bytes});
+    async_emu.host_queued++;
     return TRI_STATUS_OK;
 }
 

@@ -624,3 +624,32 @@ Test(cli, tokenize_usage_and_file_errors) {
     cr_assert(strstr(err, "offload-run: tokenize: ") && strstr(err, "no tokenizer"), "%s", err);
     cr_assert(strchr(err, '\n') == strrchr(err, '\n'), "one line: %s", err);
 }
+
+// Split attention from the CLI: --kv-host attends part (here, under 1,024 rows, all) of each
+// offloaded layer on the host with the same tokens and says how much it read; bad values are
+// named; the planner splits with --host-attn-gbps.
+Test(cli, kv_host_split_and_plan) {
+    const char *m = tiny_model();
+    static char args[8192], plain[1 << 16];
+    snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 16 --ids --ignore-eos --device cpu", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(plain, sizeof plain, "%s", out);
+    const char *ways[] = {"--kv-offload 3 --kv-host 1", "--kv-offload 4 --kv-host 0.5",
+                          "--spec triforce --draft-ngram 2 --kv-offload 3 --kv-host 1 --budget 8 --chunk 4"};
+    for (size_t i = 0; i < sizeof ways / sizeof ways[0]; i++) {
+        snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 16 --ids --ignore-eos --device cpu %s",
+                 m, ways[i]);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", ways[i], err);
+        cr_assert_str_eq(out, plain, "%s", ways[i]);
+        cr_assert(strstr(err, "offloaded KV attended on the host:"), "%s: %s", ways[i], err);
+    }
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --kv-offload 2 --kv-host 1.5", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--kv-host '1.5'"), "%s", err);
+    // a context of a million tokens and a budget that leaves only the double buffers: all KV offloaded
+    snprintf(args, sizeof args, "plan -m '%s' --ctx 1000000 --gpu-mem 1500M --host-mem 0 --host-attn-gbps 60", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(out, "host attention 60.0 GB/s reads 70.6% of each offloaded layer"), "%s", out);
+    snprintf(args, sizeof args, "plan -m '%s' --host-attn-gbps fast", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2);
+}

@@ -973,3 +973,65 @@ Test(cpu_backend, attention_rows_batch_invariant_every_level) {
         }
     });
 }
+
+// ---- split attention: a state over the first chunks, the rest's chunk partials, the merge ----
+
+// Views of rows [a, b) of every head of c, one span each with explicit positions.
+static void cache_rows_view(const test_cache *c, int64_t a, int64_t b, tri__kv_span *spans, int32_t *head_span,
+                            tri__kv_view *view) {
+    size_t es = c->type == TRI_DTYPE_F16 ? 2 : 4;
+    for (int64_t h = 0; h < c->nkv; h++) {
+        spans[h] = (tri__kv_span){.n = (int32_t)(b - a),
+                                  .k = (const uint8_t *)c->ks + (size_t)((h * c->nk + a) * c->stride) * es,
+                                  .v = (const uint8_t *)c->vs + (size_t)((h * c->nk + a) * c->stride) * es,
+                                  .stride = c->stride, .pos = c->kpos + a};
+        head_span[h] = (int32_t)h;
+    }
+    head_span[c->nkv] = (int32_t)c->nkv;
+    *view = (tri__kv_view){.type = c->type, .n_head_kv = (int32_t)c->nkv, .spans = spans, .head_span = head_span};
+}
+
+// attention_state over the first S keys (S a multiple of TRI_ATTN_CHUNK, 0 included) merged with
+// tri__cpu_attention_chunks over the rest gives attention over all of them bit for bit, at every
+// level, for queries that see nothing, part of either side, or everything.
+static void check_split(tri__backend *be, int lvl) {
+    for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_F16; t++) {
+        int64_t nh = 8, nkv = 2, hd = 64, nk = 3000, m = 13, rows = m * nh;
+        test_cache c;
+        cache_make(&c, nkv, nk, hd, t, 2.0f);  // positions 0 .. 1499, then 2500 ..
+        float *q = malloc(sizeof(float) * (size_t)(rows * hd)), *want = malloc(sizeof(float) * (size_t)(rows * hd));
+        float *got = malloc(sizeof(float) * (size_t)(rows * hd));
+        float *state = malloc(sizeof(float) * (size_t)(rows * (hd + 2)));
+        float *chunks = malloc(sizeof(float) * 3 * (size_t)(rows * (hd + 2)));
+        fill(q, rows * hd, 1.0f);
+        int32_t qpos[13];
+        for (int i = 0; i < 13; i++) {
+            int32_t mix[5] = {-1, 700 + i, 1499, 2500 + 600 + 37 * i, 1 << 20};
+            qpos[i] = mix[i % 5];
+        }
+        tri__kv_span all[2], dev[2], host[2];
+        int32_t hs_all[3], hs_dev[3], hs_host[3];
+        tri__kv_view vall, vdev, vhost;
+        cache_rows_view(&c, 0, nk, all, hs_all, &vall);
+        cr_assert_eq(be->ops->attention(be, want, q, qpos, m, nh, hd, &vall, NULL), TRI_STATUS_OK);
+        for (int64_t S = 0; S < nk; S += TRI_ATTN_CHUNK) {
+            cache_rows_view(&c, 0, S, dev, hs_dev, &vdev);
+            cache_rows_view(&c, S, nk, host, hs_host, &vhost);
+            cr_assert_eq(be->ops->attention_state(be, state, q, qpos, m, nh, hd, &vdev), TRI_STATUS_OK, "%s",
+                         tri_last_error());
+            int64_t nc;
+            cr_assert_eq(tri__cpu_attention_chunks(be, NULL, &nc, q, qpos, m, nh, hd, &vhost), TRI_STATUS_OK);
+            cr_assert_eq(nc, (nk - S + TRI_ATTN_CHUNK - 1) / TRI_ATTN_CHUNK);
+            cr_assert_eq(tri__cpu_attention_chunks(be, chunks, &nc, q, qpos, m, nh, hd, &vhost), TRI_STATUS_OK);
+            tri__cpu_attention_merge(got, state, chunks, nc, rows, hd);
+            cr_assert_eq(memcmp(got, want, sizeof(float) * (size_t)(rows * hd)), 0, "%s %s: split at %lld differs",
+                         tri__cpu_simd_name((tri__cpu_simd)lvl), tri_dtype_name(t), (long long)S);
+        }
+        free(q), free(want), free(got), free(state), free(chunks);
+        cache_free(&c);
+    }
+}
+
+Test(cpu_backend, attention_split_state_chunks_merge_bit_exact) {
+    FOR_EACH_LEVEL({ check_split(be, lvl); });
+}

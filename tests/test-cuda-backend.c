@@ -956,3 +956,54 @@ Test(cuda_backend, driver_too_old_is_named) {
     cr_assert_eq(tri__backend_cuda_create(0, &be), TRI_STATUS_DEVICE);
     cr_assert(strstr(tri_last_error(), "older than this build's CUDA runtime"), "%s", tri_last_error());
 }
+
+// ---- split attention (backend.h attention_state, kv-store.h) ----
+
+// The device's state over the first 1024 keys of each head, folded with the CPU's chunk partials
+// of the rest (tri__cpu_attention_merge), gives the CPU's attention over all of them within the
+// attention tolerance (the device's fold rounds differently from the CPU's).
+Test(cuda_backend, attention_state_merges_with_host_chunks) {
+    NEED_GPU();
+    for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_F16; t++) {
+        int64_t nh = 8, nkv = 2, hd = 64, nk = 2600, m = 3, S = 1024, rows = m * nh;
+        test_cache c;
+        cache_make(gpu, &c, nkv, nk, hd, t, 2.0f);
+        size_t es = t == TRI_DTYPE_F16 ? 2 : 4;
+        tri__kv_span all[2], dev[2], host[2];
+        int32_t hs[3] = {0, 1, 2};
+        for (int64_t h = 0; h < nkv; h++) {
+            size_t at = (size_t)(h * nk * c.stride) * es, at_s = (size_t)((h * nk + S) * c.stride) * es;
+            all[h] = (tri__kv_span){.n = (int32_t)nk, .k = (uint8_t *)c.ks + at, .v = (uint8_t *)c.vs + at,
+                                    .stride = c.stride, .pos = c.kpos};
+            dev[h] = (tri__kv_span){.n = (int32_t)S, .k = (uint8_t *)c.dks + at, .v = (uint8_t *)c.dvs + at,
+                                    .stride = c.stride, .pos = c.kpos};
+            host[h] = (tri__kv_span){.n = (int32_t)(nk - S), .k = (uint8_t *)c.ks + at_s, .v = (uint8_t *)c.vs + at_s,
+                                     .stride = c.stride, .pos = c.kpos + S};
+        }
+        tri__kv_view vall = {t, (int32_t)nkv, all, hs}, vdev = {t, (int32_t)nkv, dev, hs};
+        tri__kv_view vhost = {t, (int32_t)nkv, host, hs};
+        float *q = malloc(sizeof(float) * (size_t)(rows * hd)), *want = malloc(sizeof(float) * (size_t)(rows * hd));
+        float *got = malloc(sizeof(float) * (size_t)(rows * hd)), *state = malloc(sizeof(float) * (size_t)(rows * (hd + 2)));
+        fill(q, rows * hd, 1.0f);
+        int32_t qpos[3] = {500, 1000 + 1500, 1 << 20};  // sees only device keys, part of the host's, all
+        cr_assert_eq(cpu->ops->attention(cpu, want, q, qpos, m, nh, hd, &vall, NULL), TRI_STATUS_OK);
+        float *dq = up(gpu, q, sizeof(float) * (size_t)(rows * hd));
+        float *dstate = dalloc(gpu, sizeof(float) * (size_t)(rows * (hd + 2)));
+        cr_assert_eq(gpu->ops->attention_state(gpu, dstate, dq, qpos, m, nh, hd, &vdev), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        down(gpu, state, dstate, sizeof(float) * (size_t)(rows * (hd + 2)));
+        int64_t nc;
+        cr_assert_eq(tri__cpu_attention_chunks(cpu, NULL, &nc, q, qpos, m, nh, hd, &vhost), TRI_STATUS_OK);
+        float *chunks = malloc(sizeof(float) * (size_t)(nc * rows * (hd + 2)));
+        cr_assert_eq(tri__cpu_attention_chunks(cpu, chunks, &nc, q, qpos, m, nh, hd, &vhost), TRI_STATUS_OK);
+        tri__cpu_attention_merge(got, state, chunks, nc, rows, hd);
+        for (int64_t i = 0; i < rows * hd; i++)
+            cr_assert(fabsf(got[i] - want[i]) <= 4e-5f * (1 + fabsf(want[i])), "%s [%lld] %g vs %g", tri_dtype_name(t),
+                      (long long)i, (double)got[i], (double)want[i]);
+        gpu->ops->free(gpu, dq);
+        gpu->ops->free(gpu, dstate);
+        free(q), free(want), free(got), free(state), free(chunks);
+        cache_free(gpu, &c);
+    }
+    DONE();
+}

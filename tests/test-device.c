@@ -780,3 +780,165 @@ Test(device, async_transfers_whole_engine_greedy) {
     tri_model_free(d);
     tri_model_free(m);
 }
+
+// ---- split attention: part of each offloaded layer attended on the host (kv-store.h) ----
+
+// A prompt of n tokens over a vocabulary of 300, repetitive enough for drafts to be accepted.
+static void long_prompt(int32_t *p, int32_t n) {
+    for (int32_t i = 0; i < n; i++) p[i] = i % 23 < 15 ? (i % 23) * 11 + 5 : (i * 37) % 290 + 3;
+}
+
+// Greedy tokens after the prompt, then the logits of every token of a 13-token step (a
+// verification pass's shape) after a rollback into the prompt, from a session with sp.
+static void split_session_run(const tri_model *m, const tri_session_params *sp, const int32_t *prompt, int32_t np,
+                              int32_t *gen, int32_t ng, float *step_logits, tri_generate_stats *stats) {
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = ng;
+    gp.stop_at_eos = false;
+    gp.sampler.temperature = 0.0f;
+    int32_t *w = gen;
+    cr_assert_eq(tri_generate(s, prompt, np, &gp, collect, &w, stats), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(w - gen, ng);
+    // other tokens than the rows rolled back held, so that stale rows cannot pass for new ones
+    int32_t step[13];
+    for (int i = 0; i < 13; i++) step[i] = (prompt[np - 13 + i] * 7 + i) % 290 + 3;
+    cr_assert_eq(tri_session_truncate(s, np - 13), TRI_STATUS_OK);
+    cr_assert_eq(tri_session_eval(s, step, 13, true), TRI_STATUS_OK, "%s", tri_last_error());
+    const int32_t V = tri_token_count(m);
+    for (int i = 0; i < 13; i++)
+        memcpy(step_logits + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * (size_t)V);
+    tri_session_free(s);
+}
+
+// Offloaded layers split at whole 1024-key chunks, the host's part merged in chunk order, give the
+// unsplit cache's tokens and logits bit for bit, with every fraction (0.3: part streamed; 1: all on
+// the host) and with the transfers late or early; the streamed bytes shrink with the fraction.
+Test(device, split_attention_equals_the_full_cache_bit_for_bit) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("split", "--layers 4 --heads 4 --kv-heads 2 --head-dim 16 --vocab 300 --ctx 4096"),
+                                NULL, &m),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    enum { NP = 2600, NG = 6 };
+    static int32_t prompt[NP];
+    long_prompt(prompt, NP);
+    const int32_t V = tri_token_count(m);
+    int32_t want_gen[NG], got_gen[NG];
+    float *want = malloc(sizeof(float) * 13 * (size_t)V), *got = malloc(sizeof(float) * 13 * (size_t)V);
+    cr_assert(want && got);
+    tri_session_params sp = tri_session_default_params();
+    sp.device_kind = TRI_DEVICE_CPU;
+    sp.n_ctx = 2700;
+    sp.n_threads = 2;
+    tri_generate_stats st, st_all;
+    split_session_run(m, &sp, prompt, NP, want_gen, NG, want, &st);
+    sp.kv_layers_offloaded = 3;
+    sp.kv_host_threads = 2;
+    for (int mode = ASYNC_LATE; mode <= ASYNC_EARLY; mode++) {
+        factory_mode = (async_mode)mode;
+        tri__backend_cpu_factory = async_factory;
+        sp.kv_host_fraction = 0;
+        split_session_run(m, &sp, prompt, NP, got_gen, NG, got, &st_all);
+        const double fracs[] = {0.3, 0.6, 1.0};
+        for (size_t f = 0; f < sizeof fracs / sizeof fracs[0]; f++) {
+            sp.kv_host_fraction = fracs[f];
+            split_session_run(m, &sp, prompt, NP, got_gen, NG, got, &st);
+            for (int i = 0; i < NG; i++)
+                cr_assert_eq(got_gen[i], want_gen[i], "%s, host %.1f: token %d: %d vs %d", mode ? "early" : "late",
+                             fracs[f], i, got_gen[i], want_gen[i]);
+            cr_assert_eq(memcmp(got, want, sizeof(float) * 13 * (size_t)V), 0,
+                         "%s, host %.1f: logits of the 13-token step differ", mode ? "early" : "late", fracs[f]);
+            // decoding: NG - 1 one-token steps after 2600 .. 2604 rows; offloaded layers 0 and 2
+            // share a buffer and upload every step, layer 1 keeps its own. All streamed they upload
+            // every row before the step; split, whole chunks of 1 - f of them: 2600 x 0.7 and
+            // 2600 x 0.4 both round down to 1024 rows, 0 rows with everything on the host
+            const uint64_t row = 2 * 16 * 2;  // 2 KV heads x 16 dims of f16
+            uint64_t all = 0;
+            for (int i = 0; i < NG - 1; i++) all += 2 * 2 * row * (2600 + (uint64_t)i);
+            uint64_t split = fracs[f] < 1 ? (NG - 1) * 2 * 2 * row * 1024 : 0;
+            cr_assert_eq(st_all.kv_bytes_up, all, "all streamed: %llu bytes up, want %llu",
+                         (unsigned long long)st_all.kv_bytes_up, (unsigned long long)all);
+            cr_assert_eq(st.kv_bytes_up, split, "host %.1f: %llu bytes up, want %llu", fracs[f],
+                         (unsigned long long)st.kv_bytes_up, (unsigned long long)split);
+            // the host reads the rest of each of the 3 offloaded layers, the step's new row included
+            uint64_t host = 0;
+            for (int i = 0; i < NG - 1; i++) host += 3 * 2 * row * (2601 + (uint64_t)i - (fracs[f] < 1 ? 1024 : 0));
+            cr_assert_eq(st.kv_bytes_host, host, "host %.1f: %llu bytes read on the host, want %llu", fracs[f],
+                         (unsigned long long)st.kv_bytes_host, (unsigned long long)host);
+            cr_assert_eq(st_all.kv_bytes_host, 0);
+            cr_assert(fracs[f] < 1 || st.kv_bytes_up == 0, "all on the host: %llu bytes up",
+                      (unsigned long long)st.kv_bytes_up);
+        }
+        tri__backend_cpu_factory = NULL;
+    }
+    free(want);
+    free(got);
+    tri_model_free(m);
+}
+
+// The speculative engine with L3's offloaded layers split: greedy output equals plain decoding's.
+Test(device, split_attention_speculative_greedy) {
+    tri_model *m, *d;
+    cr_assert_eq(tri_model_load(gen_model("split-e", "--layers 3 --vocab 300 --seed 9 --ctx 4096"), NULL, &m),
+                 TRI_STATUS_OK);
+    cr_assert_eq(tri_model_load(gen_model("split-ed", "--layers 1 --vocab 300 --seed 10 --ctx 4096"), NULL, &d),
+                 TRI_STATUS_OK);
+    enum { NP = 2200, NG = 20 };
+    static int32_t prompt[NP];
+    int32_t want[NG], got[NG];
+    long_prompt(prompt, NP);
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 2300;
+    sp.n_threads = 2;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = NG;
+    gp.stop_at_eos = false;
+    gp.sampler.temperature = 0.0f;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    int32_t *w = want;
+    cr_assert_eq(tri_generate(s, prompt, NP, &gp, collect, &w, NULL), TRI_STATUS_OK);
+    tri_session_free(s);
+    sp.kv_layers_offloaded = 2;
+    sp.kv_host_fraction = 0.4;
+    sp.kv_host_threads = 1;
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_TRIFORCE;
+    p.draft_model = d;
+    p.budget = 256;
+    p.refresh = 12;
+    for (int mode = ASYNC_LATE; mode <= ASYNC_EARLY; mode++) {
+        factory_mode = (async_mode)mode;
+        tri__backend_cpu_factory = async_factory;
+        tri_spec *e;
+        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+        int32_t *g = got;
+        tri_spec_stats st;
+        cr_assert_eq(tri_generate_spec(e, prompt, NP, &gp, collect, &g, &st), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(g - got, NG);
+        for (int i = 0; i < NG; i++)
+            cr_assert_eq(got[i], want[i], "%s: token %d: %d vs plain %d", mode ? "early" : "late", i, got[i], want[i]);
+        // L3's passes split: from 2,200 rows on, 1,024 stream and the rest are read on the host
+        cr_assert(st.kv_bytes_host > 0 && st.n_l2_refresh >= 1, "%llu bytes on the host",
+                  (unsigned long long)st.kv_bytes_host);
+        tri_spec_free(e);
+        tri__backend_cpu_factory = NULL;
+    }
+    tri_model_free(d);
+    tri_model_free(m);
+}
+
+// A fraction outside [0, 1] names the field.
+Test(device, split_attention_bad_fraction) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("splitbad", "--layers 2"), NULL, &m), TRI_STATUS_OK);
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 32;
+    sp.kv_layers_offloaded = 1;
+    sp.kv_host_fraction = 1.5;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "kv_host_fraction"), "%s", tri_last_error());
+    tri_model_free(m);
+}

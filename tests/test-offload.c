@@ -828,3 +828,59 @@ Test(offload, plan_autoregressive_and_gqa) {
     cr_assert_eq(gqa.kv_layer_bytes * 4, tf.kv_layer_bytes);
     cr_assert(gqa.on_chip > tf.on_chip);
 }
+
+// ---- planner: attending where the KV lives ----
+
+// With host attention at 60 GB/s beside 25 GB/s of PCIe, each offloaded layer is split so both
+// parts take the same time: 60 / 85 of its rows on the host. The one-GPU TriForce prediction for
+// Llama2-7B-128K drops below half the paper's 0.312 s/token, the streamed-only figure stays.
+Test(offload, plan_split_attention_7b_127k_one_gpu) {
+    tri_model_config c = llama2_7b_128k();
+    tri_plan_model m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    tri_plan_params p = tri_plan_default_params();
+    p.n_ctx = CTX_127K;
+    p.pcie_gbps = 25;
+    tri_plan all, split;
+    cr_assert_eq(tri_plan_compute(&m, &p, &all), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(all.kv_host_fraction, 0);
+    cr_assert_eq(all.host_kv_read_bytes_l3, 0);
+    cr_assert(fabs(all.t_token_streamed - all.t_token) < 1e-12);
+    p.host_attn_gbps = 60;
+    cr_assert_eq(tri_plan_compute(&m, &p, &split), TRI_STATUS_OK, "%s", tri_last_error());
+    check_consistent(&split);
+    cr_assert_eq(split.on_chip, all.on_chip);
+    cr_assert(fabs(split.kv_host_fraction - 60.0 / 85.0) < 1e-9, "%g", split.kv_host_fraction);
+    // the host reads its fraction of every offloaded layer; PCIe carries the rest
+    double kv_off = (double)split.n_kv_host * (double)split.kv_layer_bytes;
+    cr_assert(fabs((double)split.host_kv_read_bytes_l3 - kv_off * 60 / 85) < 1e-6 * kv_off);
+    cr_assert(fabs((double)split.pcie_bytes_l3 - kv_off * 25 / 85) < 1e-6 * kv_off + split.n_kv_host);
+    cr_assert(fabs(split.t_token_streamed - all.t_token) < 1e-12, "%g vs %g", split.t_token_streamed, all.t_token);
+    cr_assert(split.t_token < 0.5 * 0.312, "split %g s/token, all streamed %g", split.t_token, all.t_token);
+    cr_assert(split.t_token > kv_off * 25 / 85 / 25e9 / split.tokens_per_round, "above its PCIe floor");
+    size_t need;
+    char text[8192];
+    cr_assert_eq(tri_plan_format(&split, text, sizeof text, &need), TRI_STATUS_OK);
+    cr_assert(strstr(text, "host attention 60.0 GB/s") != NULL, "%s", text);
+    // autoregressive: one query per pass, the same balance
+    p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE;
+    cr_assert_eq(tri_plan_compute(&m, &p, &split), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert(split.kv_host_fraction > 0.7 && split.t_token < split.t_token_streamed);
+    p.host_attn_gbps = -1;
+    cr_assert_eq(tri_plan_compute(&m, &p, &split), TRI_STATUS_INVALID_ARGUMENT);
+}
+
+// Streamed weights share the link: the host takes a larger part of each layer whose block streams.
+Test(offload, plan_split_attention_with_streamed_weights) {
+    tri_model_config c = llama2_7b_128k();
+    tri_plan_model m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    tri_plan_params p = tri_plan_default_params();
+    p.n_ctx = CTX_127K;
+    p.gpu_mem_bytes = (uint64_t)12 << 30;
+    p.host_attn_gbps = 60;
+    tri_plan pl;
+    cr_assert_eq(tri_plan_compute(&m, &p, &pl), TRI_STATUS_OK, "%s", tri_last_error());
+    check_consistent(&pl);
+    cr_assert(pl.n_weights_host > 0);
+    cr_assert(pl.kv_host_fraction > 60.0 / 85.0 && pl.kv_host_fraction <= 1, "%g", pl.kv_host_fraction);
+    cr_assert(pl.t_token < pl.t_token_streamed);
+}
