@@ -210,6 +210,9 @@ struct tri__backend {
     bool host_memory;   // backend memory is host memory, so host data (a model's mapped weights)
                         // can be passed to ops as it is; false on a device. Tests clear it on a
                         // CPU instance to run the device path (copies into backend memory) on CPU.
+    bool simulated;     // a simulated device (sim/sim-backend.h): backend memory is fake handles and
+                        // host buffers handed to transfer_to_* are never read or written, so host
+                        // regions for them need not exist (arenas map them without touching them)
     void *priv;         // the backend's own state
 };
 
