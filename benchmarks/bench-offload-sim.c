@@ -4,7 +4,8 @@
 // usage: bench-offload --device sim:PROFILE [--gpus 1|2] [--shape llama2-7b|tiny] [--ctx N]
 //                      [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]
 //                      [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0]
-//        bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]
+//        bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N] [--threads N]
+//                      [--rounds N]
 //
 // The passes are bench-offload's (bench-offload.c's header says what they are): real forward
 // passes of the real runtime over the planner's placement, the offloaded KV streaming through
@@ -47,7 +48,7 @@ int bench_offload_sim(int argc, char **argv);
 
 typedef struct sim_opts {
     const char *shape, *profile, *self_check;
-    int32_t ctx, gamma1, gpus, prompt, tokens;
+    int32_t ctx, gamma1, gpus, prompt, tokens, threads, rounds;
     uint64_t gpu_mem;
     int32_t budgets[MAX_LIST], n_budgets;
     int32_t gamma2s[MAX_LIST], n_gamma2;
@@ -62,6 +63,7 @@ static void sim_usage(void) {
                     "                     [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]\n"
                     "                     [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0]\n"
                     "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
+                    "                     [--threads N] [--rounds N]\n"
                     "profiles:");
     for (int i = 0; i < n; i++) fprintf(stderr, " %s", p[i].name);
     fprintf(stderr, " (and cpu, measured here, for --self-check)\n");
@@ -375,108 +377,143 @@ static tri_status decode_time(const tri_model *model, tri__backend *be, int32_t 
     return st;
 }
 
-// The largest matmul weight of each type in model (its blocks' and its head's).
-static const tri__tensor *largest_of(const tri_model *m, tri_dtype type) {
-    const tri__tensor *best = NULL;
-    for (int64_t i = 0; i < m->n_tensors; i++) {
-        const tri__tensor *t = &m->tensors[i];
-        if (t->type != type || t->n_dims != 2 || !t->data) continue;
-        if (!best || t->n_bytes > best->n_bytes) best = t;
+// The profile of this machine's CPU backend: each rate from single ops timed now (best of three
+// batches), printed when verbose. 1 on failure.
+static int calibrate(tri__backend *cpu, const tri_model *model, const sim_opts *o, bool verbose, tri__sim_profile *out) {
+    const tri_model_config *c = &model->config;
+    tri__sim_profile p = {.name = "cpu", .desc = "this machine's CPU backend, rates measured by single ops",
+                          .h2d_gbps = 1e3, .d2h_gbps = 1e3, .launch_us = 0, .mem_bytes = (uint64_t)64 << 30};
+    const tri__backend_ops *op = cpu->ops;
+    int64_t big = (int64_t)1 << 22, n_buf = big > c->n_vocab ? big : c->n_vocab;
+    float *x = calloc((size_t)n_buf, sizeof *x), *y = calloc((size_t)n_buf, sizeof *y);
+    float *z = calloc((size_t)big, sizeof *z);
+    float *xm = calloc((size_t)64 * (size_t)c->n_ff, sizeof *xm), *ym = calloc((size_t)64 * (size_t)c->n_ff, sizeof *ym);
+    tri__kv_store kv = {0};
+    int rc = 1;
+    if (!x || !y || !z || !xm || !ym) goto done;
+    for (int64_t i = 0; i < big; i++) x[i] = (float)(i % 17) * 0.01f;
+    // memory: a residual add over 16 MiB (reads two, writes one)
+    double t_add;
+    TIME_BEST(t_add, 20, op->add(cpu, z, x, y, big));
+    p.mem_gbps = 12.0 * (double)big / t_add / 1e9;
+    // the least time of an op: an rmsnorm of one row (the smallest op of a decode step)
+    const tri__layer *L0 = &model->layers[0];
+    double t_small;
+    TIME_BEST(t_small, 2000, op->rmsnorm(cpu, y, x, L0->attn_norm->data, L0->attn_norm->type, 1, c->n_embd, 1e-5f));
+    p.kernel_us = 1e6 * t_small;
+    if (verbose)
+        printf("calibration: add over 4M floats %.2f GB/s (memory rate); rmsnorm of one row %.2f us (least op)\n",
+               p.mem_gbps, p.kernel_us);
+    // matmuls at m = 1: weight bytes per second per weight type, over every weight of the type in
+    // turn (as a decode step reads them: from memory, not from a cache that one matrix fits in)
+    for (int t = 0; t < 8; t++) {
+        double best = 1e30, bytes = 0;
+        int64_t count = 0;
+        for (int b = 0; b < 3; b++) {
+            double t0 = bench_now();
+            bytes = 0;
+            count = 0;
+            for (int64_t i = 0; i < model->n_tensors; i++) {
+                const tri__tensor *w = &model->tensors[i];
+                if (w->type != (tri_dtype)t || w->n_dims != 2 || !w->data) continue;
+                (void)op->matmul(cpu, y, x, w->data, w->type, 1, w->shape[0], w->shape[1]);
+                bytes += (double)w->n_bytes;
+                count++;
+            }
+            double d = bench_now() - t0;
+            if (d < best) best = d;
+        }
+        if (count == 0) continue;
+        p.matmul_gbps[t] = bytes / best / 1e9;
+        if (verbose)
+            printf("calibration: matmul m=1 over the %lld %s weights (%.1f MB): %.3f ms, %.2f GB/s of weights\n",
+                   (long long)count, tri_dtype_name((tri_dtype)t), bytes / 1e6, 1e3 * best, p.matmul_gbps[t]);
     }
-    return best;
+    // matmuls at m = 64: FLOP/s (prefill; a decode step never reaches it)
+    const tri__tensor *w = L0->w_gate;
+    double tm;
+    TIME_BEST(tm, 3, op->matmul(cpu, ym, xm, w->data, w->type, 64, w->shape[0], w->shape[1]));
+    p.matmul_tflops = 2.0 * 64 * (double)w->shape[0] * (double)w->shape[1] / tm / 1e12;
+    // attention of one token over the decode's mean context: FLOP/s of the other ops
+    int32_t n = o->prompt + o->tokens / 2;
+    if (tri__kv_store_init(&kv, cpu, TRI_DTYPE_F16, 1, c->n_head_kv, c->head_dim, n)) goto done;
+    (void)tri__kv_store_set_len(&kv, n);
+    tri__kv_view view;
+    const tri__kv_view *v = tri__kv_store_view(&kv, 0, n, &view);
+    int32_t pos = n - 1;
+    double ta;
+    TIME_BEST(ta, 50, op->attention(cpu, y, x, &pos, 1, c->n_head, c->head_dim, v, NULL));
+    p.vector_tflops = 4.0 * (double)c->n_head * (double)n * (double)c->head_dim / ta / 1e12;
+    if (verbose)
+        printf("calibration: attention of one token over %d keys %.3f ms: %.1f GFLOP/s (other ops); matmul m=64 "
+               "%.1f GFLOP/s\n",
+               n, 1e3 * ta, 1e3 * p.vector_tflops, 1e3 * p.matmul_tflops);
+    *out = p;
+    rc = 0;
+done:
+    tri__kv_store_free(&kv);
+    free(x);
+    free(y);
+    free(z);
+    free(xm);
+    free(ym);
+    return rc;
 }
 
+// Rounds of calibrate, simulate, measure, back to back, so that each round's prediction and
+// measurement see the same load on this shared machine.
 static int run_self_check(const sim_opts *o) {
     tri_model *model = NULL;
-    tri__backend *cpu = NULL, *be = NULL;
-    if (tri_model_load(o->self_check, NULL, &model) || tri__backend_cpu_create(0, TRI_CPU_SIMD_AUTO, &cpu)) {
+    tri__backend *cpu = NULL;
+    if (tri_model_load(o->self_check, NULL, &model) || tri__backend_cpu_create(o->threads, TRI_CPU_SIMD_AUTO, &cpu)) {
         fprintf(stderr, "bench-offload: %s\n", tri_last_error());
         tri_model_free(model);
         return 1;
     }
     bench_print_machine();
-    const tri_model_config *c = &model->config;
-    printf("self-check: %s on the CPU backend (%d threads), prompt %d, %d decoded tokens\n", o->self_check,
-           cpu->n_threads, o->prompt, o->tokens);
-    // ---- calibration: the op rates of this CPU, from single ops ----
-    tri__sim_profile p = {.name = "cpu", .desc = "this machine's CPU backend, rates measured by single ops",
-                          .h2d_gbps = 1e3, .d2h_gbps = 1e3, .launch_us = 0, .mem_bytes = (uint64_t)64 << 30};
-    const tri__backend_ops *op = cpu->ops;
-    int64_t E = c->n_embd, big = (int64_t)1 << 22;
-    float *x = calloc((size_t)(big > c->n_vocab ? big : c->n_vocab), sizeof *x);
-    float *y = calloc((size_t)(big > c->n_vocab ? big : c->n_vocab), sizeof *y);
-    float *z = calloc((size_t)big, sizeof *z);
-    if (!x || !y || !z) return 1;
-    for (int64_t i = 0; i < big; i++) x[i] = (float)(i % 17) * 0.01f;
-    double t_add; TIME_BEST(t_add, 20, op->add(cpu, z, x, y, big));
-    p.mem_gbps = 12.0 * (double)big / t_add / 1e9;
-    double t_small; TIME_BEST(t_small, 2000, op->add(cpu, z, x, y, 64));
-    p.kernel_us = 1e6 * t_small;
-    printf("calibration: add over 4M floats %.2f GB/s (memory rate); smallest op %.2f us (least kernel)\n", p.mem_gbps,
-           p.kernel_us);
-    for (int t = 0; t < 8; t++) {
-        const tri__tensor *w = largest_of(model, (tri_dtype)t);
-        if (!w) continue;
-        int64_t n = w->shape[0], k = w->shape[1];
-        double tm; TIME_BEST(tm, 10, op->matmul(cpu, y, x, w->data, w->type, 1, n, k));
-        p.matmul_gbps[t] = (double)w->n_bytes / tm / 1e9;
-        printf("calibration: matmul m=1 over %s (%s, %lld x %lld): %.3f ms, %.2f GB/s of weights\n", w->name,
-               tri_dtype_name(w->type), (long long)n, (long long)k, 1e3 * tm, p.matmul_gbps[t]);
+    printf("self-check: %s on the CPU backend (%d threads), prompt %d, %d decoded tokens, %d rounds\n", o->self_check,
+           cpu->n_threads, o->prompt, o->tokens, o->rounds);
+    int rc = 0;
+    double err_sum = 0, err_max = 0;
+    for (int r = 0; r < o->rounds && !rc; r++) {
+        tri__sim_profile p;
+        tri__backend *be = NULL;
+        tri_model *sv = NULL;
+        double t_sim = 0, t_cpu = 0;
+        if (calibrate(cpu, model, o, r == 0, &p)) {
+            rc = 1;
+            break;
+        }
+        if (r == 0) printf("\n| round | simulated ms/token | measured ms/token | error | ops/token |\n|---|---|---|---|---|\n");
+        tri_status st = tri__backend_sim_create(&p, &be);
+        if (!st) st = tri__model_on_backend(model, be, 0, 0, &sv);
+        if (!st) st = decode_time(sv, be, o->prompt, o->tokens, &t_sim);
+        if (!st) st = decode_time(model, cpu, o->prompt, o->tokens, &t_cpu);
+        if (st) {
+            fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+            rc = 1;
+        } else {
+            tri__sim_stats s;
+            tri__sim_stats_get(be, &s);
+            double err = (t_sim - t_cpu) / t_cpu;
+            err_sum += fabs(err);
+            if (fabs(err) > err_max) err_max = fabs(err);
+            printf("| %d | %.2f | %.2f | %+.1f%% | %" PRId64 " |\n", r + 1, 1e3 * t_sim, 1e3 * t_cpu, 100.0 * err,
+                   s.n_ops / o->tokens);
+            fflush(stdout);
+        }
+        tri__model_backend_free(sv);
+        tri__backend_free(be);
     }
-    {  // prefill-shaped matmuls: FLOP rate of the largest block weight at m = 64
-        const tri__tensor *w = model->layers[0].w_gate;
-        float *xm = calloc((size_t)(64 * w->shape[1]), sizeof *xm), *ym = calloc((size_t)(64 * w->shape[0]), sizeof *ym);
-        if (!xm || !ym) return 1;
-        double tm; TIME_BEST(tm, 3, op->matmul(cpu, ym, xm, w->data, w->type, 64, w->shape[0], w->shape[1]));
-        p.matmul_tflops = 2.0 * 64 * (double)w->shape[0] * (double)w->shape[1] / tm / 1e12;
-        free(xm);
-        free(ym);
-    }
-    {  // attention over the decode's context: the FLOP rate of the other ops
-        tri__kv_store kv;
-        int32_t n = o->prompt + o->tokens / 2;
-        if (tri__kv_store_init(&kv, cpu, TRI_DTYPE_F16, 1, c->n_head_kv, c->head_dim, n)) return 1;
-        (void)tri__kv_store_set_len(&kv, n);
-        tri__kv_view view;
-        const tri__kv_view *v = tri__kv_store_view(&kv, 0, n, &view);
-        int32_t pos = n - 1;
-        double ta; TIME_BEST(ta, 50, op->attention(cpu, y, x, &pos, 1, c->n_head, c->head_dim, v, NULL));
-        p.vector_tflops = 4.0 * (double)c->n_head * (double)n * (double)c->head_dim / ta / 1e12;
-        printf("calibration: attention of one token over %d keys %.3f ms: %.1f GFLOP/s (other ops); matmul m=64 %.1f "
-               "GFLOP/s\n",
-               n, 1e3 * ta, 1e3 * p.vector_tflops, 1e3 * p.matmul_tflops);
-        tri__kv_store_free(&kv);
-    }
-    (void)E;
-    free(x);
-    free(y);
-    free(z);
-    // ---- prediction and measurement ----
-    tri_model *sv = NULL;
-    double t_sim = 0, t_cpu = 0;
-    tri_status st = tri__backend_sim_create(&p, &be);
-    if (!st) st = tri__model_on_backend(model, be, 0, 0, &sv);
-    if (!st) st = decode_time(sv, be, o->prompt, o->tokens, &t_sim);
-    if (!st) st = decode_time(model, cpu, o->prompt, o->tokens, &t_cpu);
-    if (st) {
-        fprintf(stderr, "bench-offload: %s\n", tri_last_error());
-    } else {
-        tri__sim_stats s;
-        tri__sim_stats_get(be, &s);
-        printf("\n| | ms/token |\n|---|---|\n| simulated (sim:cpu profile above) | %.2f |\n| measured (CPU backend) | "
-               "%.2f |\n| error of the simulation | %+.1f%% |\n",
-               1e3 * t_sim, 1e3 * t_cpu, 100.0 * (t_sim - t_cpu) / t_cpu);
-        printf("(%" PRId64 " ops per token on the timeline)\n", s.n_ops / o->tokens);
-    }
-    tri__model_backend_free(sv);
-    tri__backend_free(be);
+    if (!rc) printf("\nmean |error| %.1f%%, largest %.1f%% over %d rounds\n", 100.0 * err_sum / o->rounds,
+                    100.0 * err_max, o->rounds);
     tri__backend_free(cpu);
     tri_model_free(model);
-    return st ? 1 : 0;
+    return rc;
 }
 
 int bench_offload_sim(int argc, char **argv) {
-    sim_opts o = {.shape = "llama2-7b", .ctx = 130048, .gamma1 = 2, .gpus = 1, .prompt = 256, .tokens = 32,
+    sim_opts o = {.shape = "llama2-7b", .ctx = 130048, .gamma1 = 2, .gpus = 1, .prompt = 256, .tokens = 32, .threads = 0, .rounds = 3,
                   .budgets = {8192, 12288}, .n_budgets = 2, .gamma2s = {12, 16}, .n_gamma2 = 2, .alpha = 0.9,
                   .beta = 0.7, .weights = TRI_DTYPE_F16};
     for (int i = 1; i < argc; i++) {
@@ -489,6 +526,8 @@ int bench_offload_sim(int argc, char **argv) {
         else if (!strcmp(a, "--gpus") && v) ok = (o.gpus = atoi(v)) == 1 || o.gpus == 2;
         else if (!strcmp(a, "--prompt") && v) ok = (o.prompt = atoi(v)) > 0;
         else if (!strcmp(a, "--tokens") && v) ok = (o.tokens = atoi(v)) > 0;
+        else if (!strcmp(a, "--threads") && v) ok = (o.threads = atoi(v)) > 0;
+        else if (!strcmp(a, "--rounds") && v) ok = (o.rounds = atoi(v)) > 0;
         else if (!strcmp(a, "--gamma1") && v) ok = (o.gamma1 = atoi(v)) > 0;
         else if (!strcmp(a, "--gpu-mem") && v) ok = (o.gpu_mem = (uint64_t)(atof(v) * (1 << 30))) > 0;
         else if (!strcmp(a, "--budgets") && v) ok = (o.n_budgets = sim_list(v, o.budgets)) > 0;
