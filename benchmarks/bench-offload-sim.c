@@ -3,7 +3,7 @@
 //
 // usage: bench-offload --device sim:PROFILE [--gpus 1|2] [--shape llama2-7b|tiny] [--ctx N]
 //                      [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]
-//                      [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0]
+//                      [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]
 //        bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N] [--threads N]
 //                      [--rounds N]
 //
@@ -20,6 +20,13 @@
 //   - per-token time combines the passes as bench-offload does, with forced acceptance alpha (L3
 //     accepts an L2 token) and beta (L2 accepts an L1 token): the speculative engine's own loop is
 //     not run here, and L2's selection (chunk summaries, top-k, gathers) is not included;
+//   - --engine N runs the engine itself instead (tri_generate_spec, TRIFORCE, one GPU, the first
+//     budget and gamma2): the prompt's prefill, L1 drafts, L2 verifications, L3 passes, rollbacks,
+//     L2's selections and refreshes, with acceptance forced inside its loop at the same rates
+//     (tri__spec_force_accept), timed on the sim from the end of the prefill. Host-side work the
+//     engine does (sampling over the vocabulary, the chunk index's top-k) runs on this machine and
+//     is not on the simulated clock; the chunk summaries of the whole context live in host memory
+//     (n_ctx / 8 x n_embd floats per layer: 8.5 GB at 127K), so keep --ctx moderate here;
 //   - --gpus 2: tensor parallelism does not exist in the runtime yet (issue 15). One device is
 //     simulated with one GPU's share of the work as the planner assumes it (half the heads, half
 //     the feed-forward width, the full vocabulary; the KV of its heads over its own link), plus
@@ -42,6 +49,7 @@
 #include "model.h"
 #include "planner.h"
 #include "sim-backend.h"
+#include "spec.h"
 
 #define MAX_LIST 8
 
@@ -49,6 +57,7 @@ int bench_offload_sim(int argc, char **argv);
 
 typedef struct sim_opts {
     const char *shape, *profile, *self_check;
+    int32_t engine;  // > 0: run the speculative engine for this many tokens (run_engine)
     int32_t ctx, gamma1, gpus, prompt, tokens, threads, rounds;
     uint64_t gpu_mem;
     int32_t budgets[MAX_LIST], n_budgets;
@@ -62,7 +71,7 @@ static void sim_usage(void) {
     const tri__sim_profile *p = tri__sim_profiles(&n);
     fprintf(stderr, "usage: bench-offload --device sim:PROFILE [--gpus 1|2] [--shape llama2-7b|tiny] [--ctx N]\n"
                     "                     [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]\n"
-                    "                     [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0]\n"
+                    "                     [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]\n"
                     "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
                     "                     [--threads N] [--rounds N]\n"
                     "profiles:");
@@ -515,6 +524,133 @@ static int run_self_check(const sim_opts *o) {
     return rc;
 }
 
+// ---- the speculative engine itself on the simulated device ----
+
+// tri_spec_create opens its backend through tri__backend_select; with this factory set its "CPU"
+// is a simulated device of engine_profile, and engine_be remembers it for the clock.
+static const tri__sim_profile *engine_profile;
+static tri__backend *engine_be;
+
+static tri_status engine_factory(int32_t n_threads, tri__backend **out) {
+    (void)n_threads;
+    tri_status st = tri__backend_sim_create(engine_profile, out);
+    if (!st) engine_be = *out;
+    return st;
+}
+
+// At the end of the prefill, the timeline restarts: what follows is decoding.
+static bool engine_on_prefill(int64_t done, int64_t total, void *user) {
+    (void)user;
+    if (done == total && engine_be) tri__sim_reset(engine_be);
+    return true;
+}
+
+// Runs the real engine (tri_generate_spec, TRIFORCE, L1 the llama-68m shape) for o->engine tokens
+// after a prompt of o->ctx tokens, with acceptance forced inside its loop (tri__spec_force_accept),
+// budget and gamma2 the first of the lists, on the planner's placement; prints simulated ms/token
+// of the decode and what the engine counted.
+static int run_engine(const sim_opts *o) {
+    const tri__sim_profile *prof = tri__sim_profile_find(o->profile);
+    if (!prof || o->gpus != 1) {
+        fprintf(stderr, "bench-offload: --engine needs a GPU profile and one GPU\n");
+        return 2;
+    }
+    tri__sim_profile p = *prof;
+    if (o->gpu_mem) p.mem_bytes = o->gpu_mem;
+    engine_profile = &p;
+    tri_model_config tc, dc;
+    bench_shape(o->shape, &tc);
+    bench_shape("llama-68m", &dc);
+    if (!strcmp(o->shape, "tiny")) dc = tc, dc.n_layer = 1;
+    tri_model *target = NULL, *draft = NULL;
+    if (tri__model_synthetic_shape(&tc, o->weights, &target) || tri__model_synthetic_shape(&dc, TRI_DTYPE_F16, &draft)) {
+        fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+        tri__model_synthetic_free(target);
+        return 1;
+    }
+    int32_t budget = o->budgets[0], g2 = o->gamma2s[0];
+    int32_t n_ctx = o->ctx + o->engine + g2 + 2;
+    tri_plan_params pp = tri_plan_default_params();
+    pp.mode = TRI_PLAN_MODE_TRIFORCE;
+    pp.n_ctx = n_ctx;
+    pp.gpu_mem_bytes = p.mem_bytes;
+    pp.pcie_gbps = p.h2d_gbps;
+    pp.gpu_mem_gbps = p.mem_gbps;
+    pp.gpu_tflops = p.matmul_tflops;
+    pp.layer_overhead_us = 0;
+    pp.retrieval_budget = budget;
+    pp.gamma1 = o->gamma1;
+    pp.gamma2 = g2;
+    pp.accept_l1 = o->beta;
+    pp.accept_l2 = o->alpha;
+    tri_plan_model pm, dm;
+    tri_plan_model_from_model(target, &pm);
+    tri_plan_model_from_model(draft, &dm);
+    pp.draft_bytes = (uint64_t)dc.n_layer * dm.layer_bytes + dm.other_bytes;
+    pp.draft_n_layer = dc.n_layer;
+    tri_plan plan;
+    int rc = 1;
+    tri_spec *spec = NULL;
+    int32_t *prompt = NULL;
+    if (tri_plan_compute(&pm, &pp, &plan)) goto fail;
+    tri_session_params sp = tri_session_default_params();
+    sp.device_kind = TRI_DEVICE_CPU;  // the factory makes it the simulated device
+    sp.n_ctx = n_ctx;
+    sp.kv_layers_offloaded = tc.n_layer - plan.on_chip;
+    sp.weight_layers_streamed = plan.n_weights_host + plan.n_weights_disk;
+    tri_spec_params spp = tri_spec_default_params();
+    spp.mode = TRI_SPEC_MODE_TRIFORCE;
+    spp.drafter = TRI_SPEC_DRAFTER_MODEL;
+    spp.draft_model = draft;
+    spp.gamma1 = o->gamma1;
+    spp.gamma2 = g2;
+    spp.budget = budget;
+    tri__backend_cpu_factory = engine_factory;
+    tri_status st = tri_spec_create(target, &sp, &spp, &spec);
+    tri__backend_cpu_factory = NULL;
+    if (st) goto fail;
+    tri__spec_force_accept(spec, o->beta, o->alpha, 42);
+    prompt = malloc(sizeof *prompt * (size_t)o->ctx);
+    if (!prompt) goto fail;
+    for (int32_t i = 0; i < o->ctx; i++) prompt[i] = (int32_t)((7u * (uint32_t)i + 3u) % (uint32_t)tc.n_vocab);
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = o->engine;
+    gp.sampler.temperature = 0;
+    gp.stop_at_eos = false;
+    gp.on_prefill = engine_on_prefill;
+    tri_spec_stats ss;
+    double t0 = bench_now();
+    if (tri_generate_spec(spec, prompt, o->ctx, &gp, NULL, NULL, &ss)) goto fail;
+    double wall = bench_now() - t0;
+    tri__sim_stats s;
+    tri__sim_stats_get(engine_be, &s);
+    bench_print_machine();
+    printf("device: SIMULATED sim:%s: %s\n", p.name, p.desc);
+    printf("engine: tri_generate_spec, TRIFORCE, llama-68m-shaped L1, %s-shaped target, prompt %d, budget %d, gamma1 "
+           "%d, gamma2 %d; plan: %d of %d blocks resident, %d KV layers on the device\n",
+           o->shape, o->ctx, budget, o->gamma1, g2, tc.n_layer - sp.weight_layers_streamed, tc.n_layer, plan.on_chip);
+    printf("acceptance forced inside the engine's loop: L2 keeps an L1 token with probability %.2f, L3 an L2 token with "
+           "%.2f\n",
+           o->beta, o->alpha);
+    printf("\n| tokens | L3 passes | tokens / L3 pass | L2 verifications | L1 accepted / proposed | L2 accepted / proposed "
+           "| L2 selections | ms/token (simulated) | planner ms/token | MB up/token | transfer hidden | run on this "
+           "machine s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| %d | %lld | %.2f | %lld | %lld / %lld | %lld / %lld | %lld | %.1f | %.1f | %.1f | %.0f%% | %.1f |\n",
+           ss.n_generated, (long long)ss.n_l3_verify, (double)ss.n_generated / (double)ss.n_l3_verify,
+           (long long)ss.n_l2_verify, (long long)ss.l1_accepted, (long long)ss.l1_proposed, (long long)ss.l2_accepted,
+           (long long)ss.l2_proposed, (long long)ss.n_l2_refresh, 1e3 * s.end / ss.n_generated, 1e3 * plan.t_token,
+           (double)s.h2d_bytes / 1e6 / ss.n_generated,
+           s.transfer_busy > 0 ? 100.0 * s.transfer_hidden / s.transfer_busy : 0.0, wall);
+    rc = 0;
+fail:
+    if (rc) fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+    free(prompt);
+    tri_spec_free(spec);
+    tri__model_synthetic_free(draft);
+    tri__model_synthetic_free(target);
+    return rc;
+}
+
 int bench_offload_sim(int argc, char **argv) {
     sim_opts o = {.shape = "llama2-7b", .ctx = 130048, .gamma1 = 2, .gpus = 1, .prompt = 256, .tokens = 32, .threads = 0, .rounds = 3,
                   .budgets = {8192, 12288}, .n_budgets = 2, .gamma2s = {12, 16}, .n_gamma2 = 2, .alpha = 0.9,
@@ -525,6 +661,7 @@ int bench_offload_sim(int argc, char **argv) {
         if (!strcmp(a, "--device") && v) ok = !strncmp(v, "sim:", 4) && (o.profile = v + 4)[0];
         else if (!strcmp(a, "--shape") && v) ok = !strcmp((o.shape = v), "llama2-7b") || !strcmp(v, "tiny");
         else if (!strcmp(a, "--self-check") && v) o.self_check = v;
+        else if (!strcmp(a, "--engine") && v) ok = (o.engine = atoi(v)) > 0;
         else if (!strcmp(a, "--ctx") && v) ok = (o.ctx = atoi(v)) > 0;
         else if (!strcmp(a, "--gpus") && v) ok = (o.gpus = atoi(v)) == 1 || o.gpus == 2;
         else if (!strcmp(a, "--prompt") && v) ok = (o.prompt = atoi(v)) > 0;
@@ -554,5 +691,5 @@ int bench_offload_sim(int argc, char **argv) {
         }
         return run_self_check(&o);
     }
-    return run_paper(&o);
+    return o.engine > 0 ? run_engine(&o) : run_paper(&o);
 }
