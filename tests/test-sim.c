@@ -15,6 +15,7 @@
 #include "model-synthetic.h"
 #include "model.h"
 #include "sim-backend.h"
+#include "spec.h"
 
 // Round rates, no launch cost: every duration below is exact by hand.
 static tri__sim_profile plain_profile(void) {
@@ -288,4 +289,82 @@ Test(sim, a_long_offloaded_context_takes_no_host_memory) {
     cr_assert_eq(s.mem_used, (uint64_t)(2 * 2 + 2 * 2) * 65536 * 32 * 128 * 2);
     tri__kv_store_free(&kv);
     tri__backend_free(be);
+}
+
+// ---- the speculative engine on the simulated device, acceptance forced ----
+
+static tri__sim_profile engine_profile;
+static tri__backend *engine_be;
+
+static tri_status sim_factory(int32_t n_threads, tri__backend **out) {
+    (void)n_threads;
+    tri_status st = tri__backend_sim_create(&engine_profile, out);
+    if (!st) engine_be = *out;
+    return st;
+}
+
+// Runs TRIFORCE for n tokens after a 600-token prompt with L3 accepting L2's tokens at rate
+// alpha and L2 accepting L1's at beta; *st_out gets the engine's counts, *sim_out the timeline.
+static void forced_run(double alpha, double beta, int32_t n, tri_spec_stats *st_out, tri__sim_stats *sim_out) {
+    tri_model_config c = small_shape(), dc = small_shape();
+    dc.n_layer = 1;
+    tri_model *target, *draft;
+    cr_assert_eq(tri__model_synthetic_shape(&c, TRI_DTYPE_F16, &target), TRI_STATUS_OK);
+    cr_assert_eq(tri__model_synthetic_shape(&dc, TRI_DTYPE_F16, &draft), TRI_STATUS_OK);
+    engine_profile = *tri__sim_profile_find("rtx4090");
+    tri_session_params sp = tri_session_default_params();
+    sp.device_kind = TRI_DEVICE_CPU;
+    sp.n_ctx = 1024;
+    sp.kv_layers_offloaded = 4;
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_TRIFORCE;
+    p.drafter = TRI_SPEC_DRAFTER_MODEL;
+    p.draft_model = draft;
+    p.gamma1 = 2;
+    p.gamma2 = 6;
+    p.budget = 128;
+    tri_spec *spec;
+    tri__backend_cpu_factory = sim_factory;
+    tri_status st = tri_spec_create(target, &sp, &p, &spec);
+    tri__backend_cpu_factory = NULL;
+    cr_assert_eq(st, TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert(tri__backend_is_sim(engine_be));
+    tri__spec_force_accept(spec, beta, alpha, 7);
+    int32_t prompt[600];
+    for (int i = 0; i < 600; i++) prompt[i] = (3 * i + 1) % c.n_vocab;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = n;
+    gp.sampler.temperature = 0;
+    gp.stop_at_eos = false;
+    cr_assert_eq(tri_generate_spec(spec, prompt, 600, &gp, NULL, NULL, st_out), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__sim_stats_get(engine_be, sim_out);
+    tri_spec_free(spec);
+    tri__model_synthetic_free(draft);
+    tri__model_synthetic_free(target);
+}
+
+Test(sim, engine_runs_with_forced_acceptance) {
+    tri_spec_stats all, none, some;
+    tri__sim_stats s_all, s_none, s_some;
+    // every token kept: each L3 pass emits gamma2 + 1, L2 verifies gamma2 / gamma1 drafts of L1
+    forced_run(1.0, 1.0, 70, &all, &s_all);
+    cr_assert_eq(all.n_generated, 70);
+    cr_assert_eq(all.n_l3_verify, 10, "%lld L3 passes", (long long)all.n_l3_verify);
+    cr_assert_eq(all.l2_accepted, all.l2_proposed);
+    cr_assert_eq(all.l1_accepted, all.l1_proposed);
+    // none kept: one token per L3 pass, one per L2 verification
+    forced_run(1e-9, 1e-9, 20, &none, &s_none);
+    cr_assert_eq(none.n_generated, 20);
+    cr_assert_eq(none.n_l3_verify, 20);
+    cr_assert_eq(none.l2_accepted, 0);
+    cr_assert_eq(none.l1_accepted, 0);
+    // in between: the rates the engine saw are near those forced
+    forced_run(0.8, 0.6, 400, &some, &s_some);
+    double a = (double)some.l2_accepted / (double)some.l2_proposed, b = (double)some.l1_accepted / some.l1_proposed;
+    cr_assert(a > 0.5 && a < 0.95, "L3 kept %.3f of L2's tokens", a);
+    cr_assert(b > 0.4 && b < 0.8, "L2 kept %.3f of L1's tokens", b);
+    // the timeline: more passes per token cost more simulated time per token, and the offloaded
+    // layers' rows went up once per L3 pass at least
+    cr_assert_gt(s_none.end / none.n_generated, s_all.end / all.n_generated);
+    cr_assert_gt(s_all.transfer_h2d_bytes, 0);
 }
