@@ -200,7 +200,18 @@ typedef struct tri__backend_ops {
     // where they are instead of copying them out. Required.
     tri_status (*chunk_mean)(tri__backend *be, float *out, const void *x, tri_dtype type, int64_t n_chunks,
                              int64_t chunk, int64_t width, int64_t stride);
+
+    // ---- simulated devices ----
+
+    // Host-side work on host rows that a simulated device never materialised (be->simulated): the
+    // caller calls this instead of doing the work, which the backend puts on its clock. kind
+    // TRI_HOST_WORK_COPY: bytes copied row by row (a gather out of offloaded rows);
+    // TRI_HOST_WORK_REDUCE: bytes read and summed (chunk summaries of offloaded keys). Optional:
+    // NULL on every real backend, where the caller does the work.
+    void (*host_work)(tri__backend *be, int kind, double bytes);
 } tri__backend_ops;
+
+enum { TRI_HOST_WORK_COPY = 0, TRI_HOST_WORK_REDUCE = 1 };
 
 // One backend instance. Create it with the backend's own constructor (tri__backend_cpu_create),
 // free it with tri__backend_free.

@@ -376,6 +376,15 @@ static tri_status sim_event_synchronize(tri__backend *be, tri__event *ev) {
     return TRI_STATUS_OK;
 }
 
+static void sim_host_work(tri__backend *be, int kind, double bytes) {
+    sim *s = S(be);
+    double rate = kind == TRI_HOST_WORK_COPY ? s->p.host_copy_gbps : s->p.host_reduce_gbps;
+    double t = rate > 0 ? bytes / (rate * 1e9) : 0;
+    s->host += t;
+    s->st.host_work += t;
+    s->st.host_work_bytes += bytes;
+}
+
 static void sim_destroy(tri__backend *be) {
     sim *s = S(be);
     if (s) {
@@ -418,12 +427,14 @@ static const tri__backend_ops sim_ops = {
     .event_synchronize = sim_event_synchronize,
     .gather = sim_gather,
     .chunk_mean = sim_chunk_mean,
+    .host_work = sim_host_work,
 };
 
 tri_status tri__backend_sim_create(const tri__sim_profile *p, tri__backend **out) {
     *out = NULL;
     if (!p || !(p->matmul_tflops > 0) || !(p->vector_tflops > 0) || !(p->mem_gbps > 0) || !(p->h2d_gbps > 0) ||
-        !(p->d2h_gbps > 0) || p->launch_us < 0 || p->kernel_us < 0 || p->mem_bytes == 0)
+        !(p->d2h_gbps > 0) || p->launch_us < 0 || p->kernel_us < 0 || p->mem_bytes == 0 ||
+        !(p->host_copy_gbps >= 0) || !(p->host_reduce_gbps >= 0))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "sim backend: profile '%s' needs positive rates and memory",
                          p && p->name ? p->name : "(null)");
     tri__backend *be = calloc(1, sizeof *be);

@@ -11,6 +11,10 @@
 //   COMPUTE   every op and the plain copies (copy_to_backend / copy_to_host / copy), in order.
 //   TRANSFER  the offload engine's copies (transfer_to_backend / transfer_to_host), in order.
 //
+// Host-side work on offloaded rows (a gather of a selection's chunks, summaries of host-resident
+// keys) is not done, since the rows do not exist: the caller calls ops->host_work instead, which
+// advances the host's clock by the bytes at the profile's host rates (this machine's, measured).
+//
 // An item starts when its queue is free, the host has issued it, and every event its queue was
 // told to wait for has been reached; it lasts kernel_us plus its work at the profile's rates: an op
 // costs max(FLOPs / flop rate, bytes / memory rate), a copy bytes / the PCIe rate of its direction
@@ -47,6 +51,10 @@ typedef struct tri__sim_profile {
     double launch_us;        // host time to issue one call (µs)
     double kernel_us;        // least time of one item on a queue (µs)
     uint64_t mem_bytes;      // device memory; alloc beyond it is DEVICE_OUT_OF_MEMORY
+    // host-side work on offloaded rows (ops->host_work), at this machine's rates, measured by the
+    // caller (bench-offload does at start); 0: such work costs no time
+    double host_copy_gbps;   // bytes/s of a gather of rows out of host memory (GB/s)
+    double host_reduce_gbps; // bytes/s of chunk summaries of host-resident keys (GB/s)
 } tri__sim_profile;
 
 // The built-in profiles: "rtx4090" (PCIe 4.0 x16), "rtx4090-x8", "rtx5090", "h100-pcie". NULL
@@ -92,6 +100,8 @@ typedef struct tri__sim_stats {
     double compute_busy;        // seconds COMPUTE ran items
     double transfer_busy;       // seconds TRANSFER ran items
     double transfer_hidden;     // seconds of transfer_busy during which COMPUTE ran too
+    double host_work;           // seconds of host-side work on offloaded rows (ops->host_work)
+    double host_work_bytes;     // bytes it handled
     uint64_t h2d_bytes, d2h_bytes, d2d_bytes;  // copies, any queue
     uint64_t transfer_h2d_bytes, transfer_d2h_bytes;  // of them, on TRANSFER
     int64_t n_ops, n_copies, n_waits;

@@ -312,6 +312,8 @@ static void forced_run(double alpha, double beta, int32_t n, tri_spec_stats *st_
     cr_assert_eq(tri__model_synthetic_shape(&c, TRI_DTYPE_F16, &target), TRI_STATUS_OK);
     cr_assert_eq(tri__model_synthetic_shape(&dc, TRI_DTYPE_F16, &draft), TRI_STATUS_OK);
     engine_profile = *tri__sim_profile_find("rtx4090");
+    engine_profile.host_copy_gbps = 2.0;
+    engine_profile.host_reduce_gbps = 4.0;
     tri_session_params sp = tri_session_default_params();
     sp.device_kind = TRI_DEVICE_CPU;
     sp.n_ctx = 1024;
@@ -358,6 +360,14 @@ Test(sim, engine_runs_with_forced_acceptance) {
     cr_assert_eq(none.n_l3_verify, 20);
     cr_assert_eq(none.l2_accepted, 0);
     cr_assert_eq(none.l1_accepted, 0);
+    // L3 rejecting everything makes L2 select again (refresh_accept), gathering its chunks of the
+    // offloaded layers out of host rows that do not exist (and summarising new chunks of their
+    // keys): on the host's clock, at 2 GB/s for gathers and 4 GB/s for summaries
+    cr_assert_gt(none.n_l2_refresh, 1);
+    cr_assert_gt(s_none.host_work_bytes, 0);
+    cr_assert(s_none.host_work >= s_none.host_work_bytes / 4e9 * (1 - 1e-9) &&
+                  s_none.host_work <= s_none.host_work_bytes / 2e9 * (1 + 1e-9),
+              "%g s for %g bytes", s_none.host_work, s_none.host_work_bytes);
     // in between: tokens per L3 pass near (1 - a^(g + 1)) / (1 - a) = 3.95 for a 0.8 and gamma2 6
     // (about 95 passes, a standard error near 0.2), and L2 keeping (0.6 + 0.36) / 2 = 0.48 of
     // L1's pairs of tokens
