@@ -38,8 +38,9 @@ static void assert_near(double got, double want, const char *what) {
 
 Test(sim, profiles_are_complete) {
     int n;
-    const tri__sim_profile *p = tri__sim_profiles(&n);
+    const tri__sim_profile *all = tri__sim_profiles(&n);
     cr_assert_geq(n, 4);
+    for (int i = 0; i < n; i++) cr_assert_eq(tri__sim_profile_find(all[i].name), &all[i], "%s", all[i].name);
     const char *want[] = {"rtx4090", "rtx4090-x8", "rtx5090", "h100-pcie"};
     for (int i = 0; i < 4; i++) {
         const tri__sim_profile *q = tri__sim_profile_find(want[i]);
@@ -53,7 +54,6 @@ Test(sim, profiles_are_complete) {
     // x8 has half the link of x16 and the same card
     cr_assert_float_eq(tri__sim_profile_find("rtx4090-x8")->h2d_gbps * 2, tri__sim_profile_find("rtx4090")->h2d_gbps,
                        1e-12);
-    (void)p;
     tri__sim_profile bad = plain_profile();
     bad.mem_gbps = 0;
     tri__backend *be;
