@@ -179,7 +179,16 @@ static tri_status split_measured_pass(const tri_model *tv, tri__backend *be, tri
     return st2;
 }
 
+// --device sim:PROFILE: the simulated device (bench-offload-sim.c).
+int bench_offload_sim(int argc, char **argv);
+static bool wants_sim(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--device") && !strncmp(argv[i + 1], "sim:", 4)) return true;
+    return false;
+}
+
 int main(int argc, char **argv) {
+    if (wants_sim(argc, argv)) return bench_offload_sim(argc, argv);
     opts o = {.shape = "llama2-7b", .device = NULL, .ctx = 130048, .passes = 3, .gamma1 = 2,
               .gpu_mem = (uint64_t)24 << 30, .budgets = {8192, 12288}, .n_budgets = 2, .gamma2s = {12, 16},
               .n_gamma2 = 2, .alpha = 0.9, .beta = 0.7, .weights = TRI_DTYPE_F16, .host_gbps = {60, 100},

@@ -717,6 +717,7 @@ static const tri__backend_ops cuda_ops = {
     /* .gather = */ cuda_gather,
     /* .chunk_mean = */ cuda_chunk_mean,
     /* .attention_state = */ cuda_attention_state,
+    /* .host_work = */ NULL,
 };
 
 static tri_status create(int device, tri__backend *be, cuda_state *st) {

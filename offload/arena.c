@@ -38,6 +38,7 @@ tri__arena_params tri__arena_default_params(void) {
         .huge_pages = true,
         .populate = true,
         .limit_bytes = 0,
+        .noreserve = false,
         .pin = NULL,
         .unpin = NULL,
         .pin_user = NULL,
@@ -148,7 +149,7 @@ tri_status tri__arena_alloc(tri__arena *a, size_t bytes, const char *what, void 
     // Explicit huge pages exist only where the administrator reserved them (vm.nr_hugepages);
     // elsewhere mmap fails with ENOMEM and ordinary pages, with a transparent-huge-page hint,
     // serve as well for streaming.
-    if (a->p.huge_pages && bytes >= HUGE_PAGE) {
+    if (a->p.huge_pages && !a->p.noreserve && bytes >= HUGE_PAGE) {
         size_t hlen = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
         if (!a->p.limit_bytes || a->mapped + hlen <= a->p.limit_bytes) {
             ptr = mmap(NULL, hlen, PROT_READ | PROT_WRITE,
@@ -163,7 +164,8 @@ tri_status tri__arena_alloc(tri__arena *a, size_t bytes, const char *what, void 
         }
     }
     if (ptr == MAP_FAILED) {
-        ptr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        ptr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | (a->p.noreserve ? MAP_NORESERVE : 0),
+                   -1, 0);
         if (ptr == MAP_FAILED)
             return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "arena: %s: mmap(%zu bytes): %s", what, len,
                              strerror(errno));

@@ -38,6 +38,9 @@ typedef struct tri__arena_params {
     bool huge_pages;            // try MAP_HUGETLB (2 MiB) first for regions >= 2 MiB; default true
     bool populate;              // touch every page at allocation (after binding); default true
     uint64_t limit_bytes;       // most bytes mapped at once (the host budget); 0: no limit
+    bool noreserve;             // map with MAP_NORESERVE and no huge pages, for regions that are
+                                // never touched (a simulated device's host KV, sim-backend.h); use
+                                // with populate false; default false
     tri__arena_pin_fn pin;      // NULL (default): regions are not pinned
     tri__arena_unpin_fn unpin;  // required when pin is set
     void *pin_user;

@@ -654,7 +654,10 @@ static tri_status summarise_layer(tri__kv_policy *p, int32_t il, const layer_row
     for (int32_t c0 = first; c0 < last; c0 += s->rows_chunks) {
         const int32_t nc = last - c0 < s->rows_chunks ? last - c0 : s->rows_chunks;
         const char *rows = L->k + (int64_t)c0 * C * row;
-        if (host) {
+        if (host && op->host_work) {  // a simulated device: rows that do not exist, work on its clock
+            memset(s->means, 0, sizeof(float) * (size_t)nc * (size_t)kd);
+            op->host_work(p->be, TRI_HOST_WORK_REDUCE, (double)nc * C * (double)row);
+        } else if (host) {
             tri__chunk_mean(s->means, rows, p->kv->type, nc, C, kd, kd);
         } else {
             if (!s->means_dev)
@@ -754,7 +757,11 @@ static tri_status gather_layer(tri__kv_policy *p, const sel_entry *e, int32_t il
             TRY(op->gather(p->be, to, from, s->offs, rows, row_bytes));
             continue;
         }
-        for (int64_t r = 0; r < rows; r++) memcpy((char *)s->stage + r * row_bytes, from + s->offs[r], (size_t)row_bytes);
+        if (op->host_work)  // a simulated device: rows that do not exist, work on its clock
+            op->host_work(p->be, TRI_HOST_WORK_COPY, (double)(rows * row_bytes));
+        else
+            for (int64_t r = 0; r < rows; r++)
+                memcpy((char *)s->stage + r * row_bytes, from + s->offs[r], (size_t)row_bytes);
         TRY(op->copy_to_backend(p->be, to, s->stage, (size_t)(rows * row_bytes)));
         TRY(op->synchronize(p->be));  // the staging is refilled next
         s->bytes_up += (uint64_t)(rows * row_bytes);

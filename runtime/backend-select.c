@@ -199,6 +199,10 @@ static void unpin_region(void *ptr, size_t bytes, void *user) {
 }
 
 void tri__arena_params_pin_for(tri__arena_params *ap, tri__backend *be) {
+    if (be->simulated) {  // host regions a simulated device never reads: address space only
+        ap->populate = false;
+        ap->noreserve = true;
+    }
     char busid[32];
     if (tri__backend_pci_bus_id(be, busid, sizeof busid) == TRI_STATUS_OK)
         tri__arena_params_place_near(ap, busid);
@@ -279,6 +283,7 @@ static tri_status stream_init(const tri_model *model, tri_model *v, tri__backend
         char what[64];
         snprintf(what, sizeof what, "weights of layer %d", il);
         TRY(tri__arena_alloc(ws->arena, (size_t)total, what, &ws->host[il]));
+        if (be->simulated) continue;  // a simulated device never reads the packed blocks
         uint64_t off = 0;
         for (int i = 0; i < BLOCK_TENSORS; i++) {
             memcpy((char *)ws->host[il] + off, t[i]->data, (size_t)t[i]->n_bytes);

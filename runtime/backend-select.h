@@ -87,7 +87,9 @@ tri_status tri__backend_measure_h2d(tri__backend *be, uint64_t bytes, double *gb
 // Sets ap's pin hooks to be's host_register / host_unregister when it has them, so the arena's
 // regions are pinned for asynchronous copies; leaves them unset otherwise. For a backend on a PCI
 // device (CUDA) it also places the regions on the NUMA node nearest the device
-// (tri__arena_params_place_near with tri__backend_pci_bus_id). be must outlive the arena.
+// (tri__arena_params_place_near with tri__backend_pci_bus_id). For a simulated device
+// (be->simulated) it also clears populate and sets noreserve: the regions are address space that
+// nothing reads. be must outlive the arena.
 void tri__arena_params_pin_for(tri__arena_params *ap, tri__backend *be);
 
 // ---- host memory and threads near the device ----

@@ -215,7 +215,18 @@ typedef struct tri__backend_ops {
     // offloaded layer, whose rows then all stream.
     tri_status (*attention_state)(tri__backend *be, float *state, const float *q, const int32_t *q_pos, int64_t m,
                                   int64_t n_head, int64_t head_dim, const tri__kv_view *kv);
+
+    // ---- simulated devices ----
+
+    // Host-side work on host rows that a simulated device never materialised (be->simulated): the
+    // caller calls this instead of doing the work, which the backend puts on its clock. kind
+    // TRI_HOST_WORK_COPY: bytes copied row by row (a gather out of offloaded rows);
+    // TRI_HOST_WORK_REDUCE: bytes read and summed (chunk summaries of offloaded keys). Optional:
+    // NULL on every real backend, where the caller does the work.
+    void (*host_work)(tri__backend *be, int kind, double bytes);
 } tri__backend_ops;
+
+enum { TRI_HOST_WORK_COPY = 0, TRI_HOST_WORK_REDUCE = 1 };
 
 // One backend instance. Create it with the backend's own constructor (tri__backend_cpu_create),
 // free it with tri__backend_free.
@@ -225,6 +236,9 @@ struct tri__backend {
     bool host_memory;   // backend memory is host memory, so host data (a model's mapped weights)
                         // can be passed to ops as it is; false on a device. Tests clear it on a
                         // CPU instance to run the device path (copies into backend memory) on CPU.
+    bool simulated;     // a simulated device (sim/sim-backend.h): backend memory is fake handles and
+                        // host buffers handed to transfer_to_* are never read or written, so host
+                        // regions for them need not exist (arenas map them without touching them)
     void *priv;         // the backend's own state
 };
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "dtype.h"
 #include "error.h"
@@ -16,6 +17,7 @@
 typedef struct synthetic_model {
     tri_model m;  // first: a tri_model * to it is a synthetic_model *
     void *data;
+    size_t mapped;  // shape-only: data is an untouched mapping of this many bytes; 0: malloc'd
 } synthetic_model;
 
 // splitmix64: a fast, well-mixed sequence from a seed.
@@ -81,12 +83,15 @@ void tri__model_synthetic_free(tri_model *model) {
     free(model->path);
     free(model->name);
     free(model->arch);
-    free(sm->data);
+    if (sm->mapped) munmap(sm->data, sm->mapped);
+    else free(sm->data);
     free(sm);
 }
 
-tri_status tri__model_synthetic(const tri_model_config *config, tri_dtype weight_type, uint64_t seed,
-                                tri_model **out) {
+// Builds the model; shape_only: the weights are a read-only mapping never written (zeros, no
+// memory behind them until read).
+static tri_status build(const tri_model_config *config, tri_dtype weight_type, uint64_t seed, bool shape_only,
+                        tri_model **out) {
     *out = NULL;
     const tri_model_config *c = config;
     if (c->n_layer <= 0 || c->n_embd <= 0 || c->n_ff <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 ||
@@ -166,7 +171,15 @@ tri_status tri__model_synthetic(const tri_model_config *config, tri_dtype weight
         }
     }
     m->n_tensors = n_tensors;
-    sm->data = malloc((size_t)total);
+    if (shape_only) {
+        void *p = mmap(NULL, (size_t)total, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p != MAP_FAILED) {
+            sm->data = p;
+            sm->mapped = (size_t)total;
+        }
+    } else {
+        sm->data = malloc((size_t)total);
+    }
     if (!sm->data) {
         st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "synthetic model: %.1f GiB of weights", (double)total / (1 << 30));
         goto fail;
@@ -177,7 +190,7 @@ tri_status tri__model_synthetic(const tri_model_config *config, tri_dtype weight
         t->data = (char *)sm->data + off;
         int64_t cols = t->n_dims == 2 ? t->shape[1] : t->shape[0];
         int64_t elems = t->n_dims == 2 ? t->shape[0] * t->shape[1] : t->shape[0];
-        fill((void *)t->data, t->type, elems, t->n_bytes, 1.0f / (float)cols, seed + (uint64_t)i);
+        if (!shape_only) fill((void *)t->data, t->type, elems, t->n_bytes, 1.0f / (float)cols, seed + (uint64_t)i);
         off += (t->n_bytes + 63) / 64 * 64;
     }
     for (int32_t il = 0; il < c->n_layer; il++) {
@@ -194,4 +207,13 @@ tri_status tri__model_synthetic(const tri_model_config *config, tri_dtype weight
 fail:
     tri__model_synthetic_free(m);
     return st;
+}
+
+tri_status tri__model_synthetic(const tri_model_config *config, tri_dtype weight_type, uint64_t seed,
+                                tri_model **out) {
+    return build(config, weight_type, seed, false, out);
+}
+
+tri_status tri__model_synthetic_shape(const tri_model_config *config, tri_dtype weight_type, tri_model **out) {
+    return build(config, weight_type, 0, true, out);
 }

@@ -13,6 +13,11 @@
 // tri__model_synthetic_free, never tri_model_free.
 tri_status tri__model_synthetic(const tri_model_config *config, tri_dtype weight_type, uint64_t seed,
                                 tri_model **out);
+// As tri__model_synthetic with every weight zero and no memory behind them: the data is a
+// read-only mapping that is never written, so a 13.5 GB shape costs address space only. For a
+// simulated device (sim-backend.h), which never reads weights; on a real backend the forward pass
+// computes zeros. Free with tri__model_synthetic_free.
+tri_status tri__model_synthetic_shape(const tri_model_config *config, tri_dtype weight_type, tri_model **out);
 void tri__model_synthetic_free(tri_model *model);
 
 #endif  // TRI_MODEL_SYNTHETIC_H

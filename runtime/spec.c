@@ -215,6 +215,11 @@ struct tri_spec {
     bool seeded;             // rng was seeded (from `seed`) since create or the last reset
     uint64_t seed;
     tri__spec_rule rule;
+    // forced acceptance (tri__spec_force_accept): rate[0] L2 accepting L1's tokens, rate[1] L3
+    // accepting L2's (or the drafter's); used instead of the logits when forced
+    bool forced;
+    double force_rate[2];
+    tri__rng force_rng;
     // L2's refreshes: the next L2 run selects its chunks afresh (see l2_refresh_due); the L2 -> L3
     // acceptance of the L3 passes since the last selection, the last ACC_ROUNDS of them
     bool refresh_next;
@@ -235,6 +240,36 @@ tri_spec_params tri_spec_default_params(void) {
 }
 
 void tri__spec_set_rule(tri_spec *s, tri__spec_rule rule) { s->rule = rule; }
+
+void tri__spec_force_accept(tri_spec *s, double l2_accept, double l3_accept, uint64_t seed) {
+    s->forced = l2_accept > 0 || l3_accept > 0;
+    s->force_rate[0] = l2_accept;
+    s->force_rate[1] = l3_accept;
+    tri__rng_seed(&s->force_rng, seed);
+}
+
+// tri__spec_verify with the decision forced: each drafted token is kept with probability rate
+// until the first that is not; that one is replaced by another token, or a bonus follows when all
+// were kept and want_bonus. The distributions handed up (out) are one-hot, as at temperature 0.
+static tri_status forced_verify(tri_spec *s, double rate, const tri__spec_draft *d, bool want_bonus,
+                                tri__spec_draft *out, int32_t *n_accepted, int32_t *next) {
+    const int32_t V = s->n_vocab;
+    *n_accepted = 0;
+    *next = -1;
+    if (out && out->n + d->n + (want_bonus ? 1 : 0) > out->cap)
+        return tri__fail(TRI_STATUS_INTERNAL, "verify: %d + %d tokens may not fit a draft of %d", out->n,
+                         d->n + (want_bonus ? 1 : 0), out->cap);
+    int32_t k = 0;
+    while (k < d->n && tri__rng_uniform(&s->force_rng) < rate) k++;
+    int32_t z = -1;
+    if (k < d->n) z = (d->tokens[k] + 1) % V;  // a token other than the rejected one
+    else if (want_bonus) z = d->n > 0 ? (d->tokens[d->n - 1] + 1) % V : 1;
+    if (out)
+        for (int32_t i = 0; i < k + (z >= 0); i++) out->onehot[out->n + i] = true;
+    *n_accepted = k;
+    *next = z;
+    return TRI_STATUS_OK;
+}
 
 tri__level *tri__spec_level(tri_spec *s, int level) {
     switch (level) {
@@ -357,8 +392,9 @@ static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
         TRY(level_run(s, s->lv2, b, d1->n, &row0));
         // no bonus when it would overfill d2: L3 verifies exactly g2 tokens
         bool want_bonus = d2->n + d1->n < g2;
-        TRY(tri__spec_verify(&s->sampler, s->rule, tri__level_logits(s->lv2, row0), d1, want_bonus,
-                             &s->rng, &s->work, d2, &k, &z));
+        if (s->forced) TRY(forced_verify(s, s->force_rate[0], d1, want_bonus, d2, &k, &z));
+        else TRY(tri__spec_verify(&s->sampler, s->rule, tri__level_logits(s->lv2, row0), d1, want_bonus,
+                                  &s->rng, &s->work, d2, &k, &z));
         s->stats->n_l2_verify++;
         s->stats->l1_accepted += k;
         d2->n += k;
@@ -513,8 +549,9 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
         double t3 = now_seconds();
         int32_t row0, k, z;
         TRY(level_run(s, &s->l3, n, d3->n, &row0));
-        TRY(tri__spec_verify(&s->sampler, s->rule, tri__level_logits(&s->l3, row0), d3, true, &s->rng,
-                             &s->work, NULL, &k, &z));
+        if (s->forced) TRY(forced_verify(s, s->force_rate[1], d3, true, NULL, &k, &z));
+        else TRY(tri__spec_verify(&s->sampler, s->rule, tri__level_logits(&s->l3, row0), d3, true, &s->rng,
+                                  &s->work, NULL, &k, &z));
         stats->n_l3_verify++;
         if (mode == TRI_SPEC_MODE_DRAFT) {
             stats->l1_accepted += k;

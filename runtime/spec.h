@@ -68,6 +68,12 @@ tri_status tri__spec_verify(const tri_sampler_params *sampler, tri__spec_rule ru
 // Test hooks: the acceptance rule the handle uses (EXACT by default), and its levels (1, 2 or 3;
 // NULL when the mode has none; level 1 is NULL for the n-gram drafter).
 void tri__spec_set_rule(tri_spec *spec, tri__spec_rule rule);
+// Benchmark hook for a simulated device (sim-backend.h), whose logits mean nothing: every
+// verification keeps each drafted token with a fixed probability (l2_accept when L2 verifies L1's
+// tokens, l3_accept when L3 verifies, drawn from seed's stream) until the first it rejects, which
+// it replaces by another token; a bonus follows when all were kept. The rest of the engine (drafts,
+// passes, rollbacks, L2's selections and refreshes) runs as it is. Both rates 0: off (the default).
+void tri__spec_force_accept(tri_spec *spec, double l2_accept, double l3_accept, uint64_t seed);
 tri__level *tri__spec_level(tri_spec *spec, int level);
 // The context: tri_spec_n_past tokens, valid until the next call on spec.
 const int32_t *tri__spec_tokens(const tri_spec *spec);

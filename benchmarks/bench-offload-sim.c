@@ -1,0 +1,737 @@
+// bench-offload-sim.c - bench-offload on a simulated device (--device sim:PROFILE): the paper's
+// offloading experiment timed from the engine's own schedule instead of a GPU.
+//
+// usage: bench-offload --device sim:PROFILE [--gpus 1|2] [--shape llama2-7b|tiny] [--ctx N]
+//                      [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]
+//                      [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]
+//        bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N] [--threads N]
+//                      [--rounds N]
+//
+// The passes are bench-offload's (bench-offload.c's header says what they are): real forward
+// passes of the real runtime over the planner's placement, the offloaded KV streaming through
+// kv-store.h's double buffers with its events, on the sim backend (sim/sim-backend.h), which does
+// no arithmetic and holds no memory: the weights are a shape (tri__model_synthetic_shape), the
+// 127K-token host KV is address space never touched. A pass's time is the simulated timeline's,
+// from the first call to the synchronize that ends it; "transfer hidden" is the share of the
+// transfer queue's busy time during which the compute queue was busy too, "compute overlapped"
+// the share of the compute queue's busy time during which transfers ran (both for the L3 pass).
+//
+// What is simulated and what is forced:
+//   - per-token time combines the passes as bench-offload does, with forced acceptance alpha (L3
+//     accepts an L2 token) and beta (L2 accepts an L1 token): the speculative engine's own loop is
+//     not run here, and L2's selection (chunk summaries, top-k, gathers) is not included;
+//   - --engine N runs the engine itself instead (tri_generate_spec, TRIFORCE, one GPU, the first
+//     budget and gamma2): the prompt's prefill, L1 drafts, L2 verifications, L3 passes, rollbacks,
+//     L2's selections and refreshes, with acceptance forced inside its loop at the same rates
+//     (tri__spec_force_accept), timed on the sim from the end of the prefill. Host-side work on
+//     offloaded rows (gathers of a selection's chunks, summaries of host-resident keys) is not
+//     done but put on the host's clock at this machine's rates, measured at start; the engine's
+//     other host work (sampling over the vocabulary, the chunk index's top-k) runs on this machine
+//     and is not on the simulated clock; the chunk summaries of the whole context live in host memory
+//     (n_ctx / 8 x n_embd floats per layer: 8.5 GB at 127K), so keep --ctx moderate here;
+//   - --gpus 2: tensor parallelism does not exist in the runtime yet (issue 15). One device is
+//     simulated with one GPU's share of the work as the planner assumes it (half the heads, half
+//     the feed-forward width, the full vocabulary; the KV of its heads over its own link), plus
+//     two all-reduces of the activations per layer over PCIe, added to each pass: a prediction
+//     of a split that is not built.
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend-select.h"
+#include "bench-model.h"
+#include "bench-util.h"
+#include "dtype.h"
+#include "kv-policy.h"
+#include "kv-store.h"
+#include "llama.h"
+#include "model-synthetic.h"
+#include "model.h"
+#include "planner.h"
+#include "sim-backend.h"
+#include "spec.h"
+
+#define MAX_LIST 8
+
+int bench_offload_sim(int argc, char **argv);
+
+typedef struct sim_opts {
+    const char *shape, *profile, *self_check;
+    int32_t engine;  // > 0: run the speculative engine for this many tokens (run_engine)
+    int32_t ctx, gamma1, gpus, prompt, tokens, threads, rounds;
+    uint64_t gpu_mem;
+    int32_t budgets[MAX_LIST], n_budgets;
+    int32_t gamma2s[MAX_LIST], n_gamma2;
+    double alpha, beta;
+    tri_dtype weights;
+} sim_opts;
+
+static void sim_usage(void) {
+    int n;
+    const tri__sim_profile *p = tri__sim_profiles(&n);
+    fprintf(stderr, "usage: bench-offload --device sim:PROFILE [--gpus 1|2] [--shape llama2-7b|tiny] [--ctx N]\n"
+                    "                     [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]\n"
+                    "                     [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]\n"
+                    "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
+                    "                     [--threads N] [--rounds N]\n"
+                    "profiles:");
+    for (int i = 0; i < n; i++) fprintf(stderr, " %s", p[i].name);
+    fprintf(stderr, " (and cpu, measured here, for --self-check)\n");
+}
+
+static int sim_list(const char *s, int32_t *out) {
+    int n = 0;
+    while (*s && n < MAX_LIST) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v <= 0 || v > INT32_MAX || (*end && *end != ',')) return -1;
+        out[n++] = (int32_t)v;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
+static double sim_expected(double a, int32_t g) { return a >= 1.0 ? g + 1 : (1.0 - pow(a, g + 1)) / (1.0 - a); }
+
+// ---- one pass on the timeline ----
+
+typedef struct sim_pass {
+    double seconds;          // the pass, issue to synchronize
+    double transfer_busy;    // seconds the transfer queue copied
+    double compute_busy;     // seconds the compute queue ran
+    double hidden;           // of them, while compute ran
+    double h2d_bytes;        // every host -> device byte (transfer queue and compute queue)
+    double kv_up, w_up;      // the runtime's own counters: offloaded KV and streamed weights uploaded
+} sim_pass;
+
+// One pass of m tokens after the store's positions (rolled back after it), timed on the sim after
+// a warm-up pass; the runtime's byte counters are read around the same pass.
+static tri_status sim_time_pass(const tri_model *model, tri__backend *be, tri__kv_store *kv, int32_t m, sim_pass *out) {
+    tri__llama ll;
+    tri__kv_policy pol;
+    tri_status st = tri__llama_init(&ll, model, be, m);
+    if (st) return st;
+    if ((st = tri__kv_policy_wrap_full(&pol, kv, model->config.n_head, m))) {
+        tri__llama_free(&ll);
+        return st;
+    }
+    int32_t n0 = kv->n;
+    int32_t *tok = malloc(sizeof *tok * (size_t)m);
+    float *logits = malloc(sizeof(float) * (size_t)m * (size_t)model->config.n_vocab);
+    if (!tok || !logits) st = TRI_STATUS_OUT_OF_MEMORY;
+    for (int32_t i = 0; !st && i < m; i++) tok[i] = (7 * i + 3) % model->config.n_vocab;
+    tri__kv_offload_stats k0, k1;
+    tri__weight_stream_stats w0, w1;
+    for (int rep = 0; !st && rep < 2; rep++) {
+        if (rep == 1) {
+            tri__kv_store_offload_stats(kv, &k0);
+            tri__model_stream_stats(model, &w0);
+            tri__sim_reset(be);
+        }
+        st = tri__llama_forward_policy(&ll, &pol, tok, m, m > 1 ? TRI_LOGITS_ALL : TRI_LOGITS_LAST, logits);
+        if (!st) st = tri__kv_policy_truncate(&pol, n0);
+    }
+    if (!st) {
+        tri__sim_stats s;
+        tri__sim_stats_get(be, &s);
+        tri__kv_store_offload_stats(kv, &k1);
+        tri__model_stream_stats(model, &w1);
+        *out = (sim_pass){.seconds = s.end, .transfer_busy = s.transfer_busy, .compute_busy = s.compute_busy, .hidden = s.transfer_hidden,
+                          .h2d_bytes = (double)s.h2d_bytes, .kv_up = (double)(k1.bytes_up - k0.bytes_up),
+                          .w_up = (double)(w1.bytes_up - w0.bytes_up)};
+    }
+    free(tok);
+    free(logits);
+    tri__kv_policy_free(&pol);
+    tri__llama_free(&ll);
+    return st;
+}
+
+// A store over c with capacity positions, on_chip layers on the device, holding n positions of
+// rows that are never written (a simulated device reads none of them).
+static tri_status sim_store(tri__kv_store *kv, tri__backend *be, const tri_model_config *c, int32_t capacity,
+                            int32_t on_chip, int32_t n) {
+    tri_status st = tri__kv_store_init_offload(kv, be, TRI_DTYPE_F16, c->n_layer, c->n_head_kv, c->head_dim, capacity,
+                                               on_chip);
+    if (!st) st = tri__kv_store_set_len(kv, n);
+    return st;
+}
+
+// The two all-reduces of a layer's activations (m tokens) between two GPUs over PCIe: each moves
+// m x n_embd f16 values each way (ring of two), plus a latency of 15 µs per collective (an
+// assumption: NCCL over PCIe without NVLink, small messages).
+static double allreduce_seconds(const tri_model_config *c, const tri__sim_profile *p, int32_t m) {
+    double bytes = 2.0 * (double)m * (double)c->n_embd;
+    return 2.0 * c->n_layer * (15e-6 + bytes / (p->h2d_gbps * 1e9));
+}
+
+// ---- the experiment ----
+
+static int run_paper(const sim_opts *o) {
+    const tri__sim_profile *prof = tri__sim_profile_find(o->profile);
+    if (!prof) {
+        sim_usage();
+        return 2;
+    }
+    tri_model_config full, tc, dc;
+    bench_shape(o->shape, &full);
+    bench_shape("llama-68m", &dc);
+    if (!strcmp(o->shape, "tiny")) dc = full, dc.n_layer = 1;
+    tc = full;
+    if (o->gpus == 2) {  // one GPU's shard of a tensor-parallel split
+        tc.n_head /= 2;
+        tc.n_head_kv /= 2;
+        tc.n_ff /= 2;
+    }
+    tri__sim_profile p = *prof;
+    p.mem_bytes = o->gpu_mem ? o->gpu_mem : prof->mem_bytes;
+    tri__backend *be = NULL;
+    tri_model *target = NULL, *draft = NULL;
+    if (tri__backend_sim_create(&p, &be) || tri__model_synthetic_shape(&tc, o->weights, &target) ||
+        tri__model_synthetic_shape(&dc, TRI_DTYPE_F16, &draft)) {
+        fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+        tri__backend_free(be);
+        tri__model_synthetic_free(target);
+        return 1;
+    }
+    bench_print_machine();
+    printf("device: SIMULATED sim:%s x %d: %s\n", p.name, o->gpus, p.desc);
+    printf("profile rates reached: matmul %.1f TFLOP/s, other ops %.1f TFLOP/s, memory %.0f GB/s, PCIe %.1f GB/s "
+           "each way, launch %.1f us, least kernel %.1f us, memory %.1f GiB\n",
+           p.matmul_tflops, p.vector_tflops, p.mem_gbps, p.h2d_gbps, p.launch_us, p.kernel_us,
+           (double)p.mem_bytes / (1 << 30));
+    if (o->gpus == 2)
+        printf("two GPUs: tensor parallelism is NOT built (issue 15); one GPU's shard is simulated (%d of %d heads, "
+               "n_ff %d of %d) plus two all-reduces per layer over PCIe (15 us + bytes / PCIe rate each)\n",
+               tc.n_head, full.n_head, tc.n_ff, full.n_ff);
+    printf("model: %s shape, %s weights (shape only: no memory), context %d tokens (KV never materialised)\n",
+           o->shape, tri_dtype_name(o->weights), o->ctx);
+    printf("forced acceptance: alpha %.2f (L3 accepts an L2 token), beta %.2f (L2 accepts an L1 token), gamma1 %d\n",
+           o->alpha, o->beta, o->gamma1);
+    printf("\n| mode | budget | gamma2 | resident blocks | KV layers on device | L3 pass ms | L2 pass ms | L1 pass ms | tokens/round "
+           "| ms/token (simulated) | planner ms/token | MB over PCIe/token | PCIe floor ms/token | transfer hidden "
+           "| compute overlapped | paper ms/token |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    double paper_ar = o->gpus == 2 ? 840 : 1516, paper_tf = o->gpus == 2 ? 108 : 312;
+    int rc = 0;
+    for (int run = 0; run <= o->n_budgets && !rc; run++) {
+        bool ar = run == 0;
+        int32_t budget = ar ? 0 : o->budgets[run - 1];
+        int32_t g2max = 1;
+        for (int i = 0; i < o->n_gamma2; i++) g2max = o->gamma2s[i] > g2max ? o->gamma2s[i] : g2max;
+        // the planner, on the whole model and both GPUs, with the profile's rates
+        tri_plan_params pp = tri_plan_default_params();
+        pp.mode = ar ? TRI_PLAN_MODE_AUTOREGRESSIVE : TRI_PLAN_MODE_TRIFORCE;
+        pp.n_ctx = o->ctx + g2max + 1;
+        pp.n_gpu = o->gpus;
+        pp.gpu_mem_bytes = p.mem_bytes;
+        pp.pcie_gbps = p.h2d_gbps;
+        pp.gpu_mem_gbps = p.mem_gbps;
+        pp.gpu_tflops = p.matmul_tflops;
+        pp.layer_overhead_us = 0;
+        pp.retrieval_budget = budget;
+        pp.gamma1 = o->gamma1;
+        pp.accept_l1 = o->beta;
+        pp.accept_l2 = o->alpha;
+        tri_plan_model pm, dm;
+        tri_model *whole = NULL;
+        if (tri__model_synthetic_shape(&full, o->weights, &whole)) {
+            rc = 1;
+            break;
+        }
+        tri_plan_model_from_model(whole, &pm);
+        tri__model_synthetic_free(whole);
+        tri_plan_model_from_model(draft, &dm);
+        pp.draft_bytes = (uint64_t)dc.n_layer * dm.layer_bytes + dm.other_bytes;
+        pp.draft_n_layer = dc.n_layer;
+        pp.gamma2 = g2max;
+        tri_plan plan;
+        if (tri_plan_compute(&pm, &pp, &plan)) {
+            printf("| %s | %d | | cannot place: %s |\n", ar ? "autoregressive" : "TriForce", budget, tri_last_error());
+            continue;
+        }
+        if (plan.n_weights_disk > 0) {
+            printf("| %s | %d | | the plan reads weights from disk, which the simulation does not model |\n",
+                   ar ? "autoregressive" : "TriForce", budget);
+            continue;
+        }
+        int32_t streamed = plan.n_weights_host;
+        tri_model *tv = NULL, *dv = NULL;
+        tri__kv_store l3 = {0}, l2 = {0}, l1 = {0};
+        tri_status st = tri__model_on_backend(target, be, streamed, 0, &tv);
+        if (!st) st = sim_store(&l3, be, &tc, pp.n_ctx, plan.on_chip, o->ctx);
+        if (!st && !ar) {
+            st = sim_store(&l2, be, &tc, budget + 256, tc.n_layer, budget);
+            if (!st) st = tri__model_on_backend(draft, be, 0, 0, &dv);
+            if (!st) st = sim_store(&l1, be, &dc, 256 + 64, dc.n_layer, 256);
+        }
+        sim_pass p2 = {0}, p1 = {0};
+        if (!st && !ar) st = sim_time_pass(tv, be, &l2, o->gamma1 + 1, &p2);
+        if (!st && !ar) st = sim_time_pass(dv, be, &l1, 1, &p1);
+        if (o->gpus == 2 && !ar) p2.seconds += allreduce_seconds(&tc, &p, o->gamma1 + 1);
+        for (int gi = 0; !st && gi < (ar ? 1 : o->n_gamma2); gi++) {
+            int32_t g2 = ar ? 0 : o->gamma2s[gi];
+            sim_pass p3;
+            if ((st = sim_time_pass(tv, be, &l3, g2 + 1, &p3))) break;
+            if (o->gpus == 2) p3.seconds += allreduce_seconds(&tc, &p, g2 + 1);
+            double per_round = ar ? 1.0 : sim_expected(o->alpha, g2);
+            double l2_passes = ar ? 0 : g2 / sim_expected(o->beta, o->gamma1);
+            double l1_passes = l2_passes * o->gamma1;
+            double t_round = p3.seconds + l2_passes * p2.seconds + l1_passes * p1.seconds;
+            // bytes over one GPU's link per token (each GPU moves its shard over its own link)
+            double bytes = (p3.kv_up + p3.w_up + l2_passes * p2.w_up) / per_round;
+            double floor_s = bytes / (p.h2d_gbps * 1e9);
+            double t_tok = t_round / per_round;
+            // the planner for this gamma2
+            tri_plan_params pg = pp;
+            pg.gamma2 = ar ? pp.gamma2 : g2;
+            tri_plan pl;
+            double plan_ms = tri_plan_compute(&pm, &pg, &pl) ? NAN : 1e3 * pl.t_token;
+            char b2[16] = "-", g2s[16] = "-", t2[16] = "-", t1[16] = "-";
+            if (!ar) {
+                snprintf(b2, sizeof b2, "%d", budget);
+                snprintf(g2s, sizeof g2s, "%d", g2);
+                snprintf(t2, sizeof t2, "%.2f", 1e3 * p2.seconds);
+                snprintf(t1, sizeof t1, "%.3f", 1e3 * p1.seconds);
+            }
+            printf("| %s | %s | %s | %d of %d | %d of %d | %.1f | %s | %s | %.2f | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.0f |\n",
+                   ar ? "autoregressive" : "TriForce", b2, g2s, tc.n_layer - streamed, tc.n_layer, plan.on_chip,
+                   tc.n_layer, 1e3 * p3.seconds, t2, t1,
+                   per_round, 1e3 * t_tok, plan_ms, bytes / 1e6, 1e3 * floor_s,
+                   p3.transfer_busy > 0 ? 100.0 * p3.hidden / p3.transfer_busy : 0.0,
+                   p3.compute_busy > 0 ? 100.0 * p3.hidden / p3.compute_busy : 0.0, ar ? paper_ar : paper_tf);
+            fflush(stdout);
+            // the simulator's bytes are the runtime's: every upload of a decode pass is counted by both
+            if (fabs(p3.h2d_bytes - (p3.kv_up + p3.w_up)) > 0.5 + 0.001 * p3.h2d_bytes)
+                fprintf(stderr, "bench-offload: note: the timeline moved %.0f bytes host -> device, the runtime "
+                                "counted %.0f (KV and weights; the rest are small copies)\n",
+                        p3.h2d_bytes, p3.kv_up + p3.w_up);
+        }
+        if (st) {
+            fprintf(stderr, "bench-offload: %s: %s\n", ar ? "autoregressive" : "TriForce", tri_last_error());
+            rc = 1;
+        }
+        tri__kv_store_free(&l1);
+        tri__kv_store_free(&l2);
+        tri__kv_store_free(&l3);
+        tri__model_backend_free(dv);
+        tri__model_backend_free(tv);
+    }
+    tri__sim_stats s;
+    tri__sim_stats_get(be, &s);
+    printf("\npaper (Llama2-7B-128K, 127K-token prompt): autoregressive 1516 ms/token on one RTX 4090 and 840 on "
+           "two; TriForce 312 ms/token on one, 108 on two. Simulated device memory at most %.2f GiB.\n",
+           (double)s.mem_peak / (1 << 30));
+    tri__model_synthetic_free(draft);
+    tri__model_synthetic_free(target);
+    tri__backend_free(be);
+    return rc;
+}
+
+// ---- self-check: this machine's CPU as a profile ----
+
+// out = seconds per execution of stmt over reps executions (the best of three batches).
+#define TIME_BEST(out, reps, stmt)                                \
+    do {                                                          \
+        double best_ = 1e30;                                      \
+        for (int b_ = 0; b_ < 3; b_++) {                          \
+            double t0_ = bench_now();                             \
+            for (int r_ = 0; r_ < (reps); r_++) (void)(stmt);     \
+            double d_ = (bench_now() - t0_) / (reps);             \
+            if (d_ < best_) best_ = d_;                           \
+        }                                                         \
+        (out) = best_;                                            \
+    } while (0)
+
+// Runs `tokens` one-token passes after `prompt` positions on be and returns the mean seconds per
+// pass: wall time on a real backend, the timeline on the sim.
+static tri_status decode_time(const tri_model *model, tri__backend *be, int32_t prompt, int32_t tokens, double *out) {
+    tri__kv_store kv;
+    const tri_model_config *c = &model->config;
+    tri_status st = tri__kv_store_init(&kv, be, TRI_DTYPE_F16, c->n_layer, c->n_head_kv, c->head_dim, prompt + tokens);
+    if (st) return st;
+    tri__llama ll;
+    tri__kv_policy pol;
+    if ((st = tri__llama_init(&ll, model, be, 128))) {
+        tri__kv_store_free(&kv);
+        return st;
+    }
+    if ((st = tri__kv_policy_wrap_full(&pol, &kv, c->n_head, 128))) {
+        tri__llama_free(&ll);
+        tri__kv_store_free(&kv);
+        return st;
+    }
+    int32_t *tok = malloc(sizeof *tok * (size_t)(prompt + tokens));
+    float *logits = malloc(sizeof(float) * (size_t)c->n_vocab);
+    if (!tok || !logits) st = TRI_STATUS_OUT_OF_MEMORY;
+    for (int32_t i = 0; !st && i < prompt + tokens; i++) tok[i] = (int32_t)((7u * (uint32_t)i + 3u) % (uint32_t)c->n_vocab);
+    for (int32_t i = 0; !st && i < prompt; i += 128)
+        st = tri__llama_forward_policy(&ll, &pol, tok + i, prompt - i < 128 ? prompt - i : 128, TRI_LOGITS_LAST, logits);
+    bool sim = tri__backend_is_sim(be);
+    if (sim) tri__sim_reset(be);
+    double t0 = bench_now();
+    for (int32_t i = 0; !st && i < tokens; i++)
+        st = tri__llama_forward_policy(&ll, &pol, tok + prompt + i, 1, TRI_LOGITS_LAST, logits);
+    if (!st) {
+        if (sim) {
+            tri__sim_stats s;
+            tri__sim_stats_get(be, &s);
+            *out = s.end / tokens;
+        } else {
+            *out = (bench_now() - t0) / tokens;
+        }
+    }
+    free(tok);
+    free(logits);
+    tri__kv_policy_free(&pol);
+    tri__llama_free(&ll);
+    tri__kv_store_free(&kv);
+    return st;
+}
+
+// The profile of this machine's CPU backend: each rate from single ops timed now (best of three
+// batches), printed when verbose. 1 on failure.
+static int calibrate(tri__backend *cpu, const tri_model *model, const sim_opts *o, bool verbose, tri__sim_profile *out) {
+    const tri_model_config *c = &model->config;
+    tri__sim_profile p = {.name = "cpu", .desc = "this machine's CPU backend, rates measured by single ops",
+                          .h2d_gbps = 1e3, .d2h_gbps = 1e3, .launch_us = 0, .mem_bytes = (uint64_t)64 << 30};
+    const tri__backend_ops *op = cpu->ops;
+    int64_t big = (int64_t)1 << 22, n_buf = big > c->n_vocab ? big : c->n_vocab;
+    float *x = calloc((size_t)n_buf, sizeof *x), *y = calloc((size_t)n_buf, sizeof *y);
+    float *z = calloc((size_t)big, sizeof *z);
+    float *xm = calloc((size_t)64 * (size_t)c->n_ff, sizeof *xm), *ym = calloc((size_t)64 * (size_t)c->n_ff, sizeof *ym);
+    tri__kv_store kv = {0};
+    int rc = 1;
+    if (!x || !y || !z || !xm || !ym) goto done;
+    for (int64_t i = 0; i < big; i++) x[i] = (float)(i % 17) * 0.01f;
+    // memory: a residual add over 16 MiB (reads two, writes one)
+    double t_add;
+    TIME_BEST(t_add, 20, op->add(cpu, z, x, y, big));
+    p.mem_gbps = 12.0 * (double)big / t_add / 1e9;
+    // the least time of an op: an rmsnorm of one row (the smallest op of a decode step)
+    const tri__layer *L0 = &model->layers[0];
+    double t_small;
+    TIME_BEST(t_small, 2000, op->rmsnorm(cpu, y, x, L0->attn_norm->data, L0->attn_norm->type, 1, c->n_embd, 1e-5f));
+    p.kernel_us = 1e6 * t_small;
+    if (verbose)
+        printf("calibration: add over 4M floats %.2f GB/s (memory rate); rmsnorm of one row %.2f us (least op)\n",
+               p.mem_gbps, p.kernel_us);
+    // matmuls at m = 1: weight bytes per second per weight type, over every weight of the type in
+    // turn (as a decode step reads them: from memory, not from a cache that one matrix fits in)
+    for (int t = 0; t < 8; t++) {
+        double best = 1e30, bytes = 0;
+        int64_t count = 0;
+        for (int b = 0; b < 3; b++) {
+            double t0 = bench_now();
+            bytes = 0;
+            count = 0;
+            for (int64_t i = 0; i < model->n_tensors; i++) {
+                const tri__tensor *w = &model->tensors[i];
+                if (w->type != (tri_dtype)t || w->n_dims != 2 || !w->data) continue;
+                (void)op->matmul(cpu, y, x, w->data, w->type, 1, w->shape[0], w->shape[1]);
+                bytes += (double)w->n_bytes;
+                count++;
+            }
+            double d = bench_now() - t0;
+            if (d < best) best = d;
+        }
+        if (count == 0) continue;
+        p.matmul_gbps[t] = bytes / best / 1e9;
+        if (verbose)
+            printf("calibration: matmul m=1 over the %lld %s weights (%.1f MB): %.3f ms, %.2f GB/s of weights\n",
+                   (long long)count, tri_dtype_name((tri_dtype)t), bytes / 1e6, 1e3 * best, p.matmul_gbps[t]);
+    }
+    // matmuls at m = 64: FLOP/s (prefill; a decode step never reaches it)
+    const tri__tensor *w = L0->w_gate;
+    double tm;
+    TIME_BEST(tm, 3, op->matmul(cpu, ym, xm, w->data, w->type, 64, w->shape[0], w->shape[1]));
+    p.matmul_tflops = 2.0 * 64 * (double)w->shape[0] * (double)w->shape[1] / tm / 1e12;
+    // attention of one token over the decode's mean context: FLOP/s of the other ops
+    int32_t n = o->prompt + o->tokens / 2;
+    if (tri__kv_store_init(&kv, cpu, TRI_DTYPE_F16, 1, c->n_head_kv, c->head_dim, n)) goto done;
+    (void)tri__kv_store_set_len(&kv, n);
+    tri__kv_view view;
+    const tri__kv_view *v = tri__kv_store_view(&kv, 0, n, &view);
+    int32_t pos = n - 1;
+    double ta;
+    TIME_BEST(ta, 50, op->attention(cpu, y, x, &pos, 1, c->n_head, c->head_dim, v, NULL));
+    p.vector_tflops = 4.0 * (double)c->n_head * (double)n * (double)c->head_dim / ta / 1e12;
+    if (verbose)
+        printf("calibration: attention of one token over %d keys %.3f ms: %.1f GFLOP/s (other ops); matmul m=64 "
+               "%.1f GFLOP/s\n",
+               n, 1e3 * ta, 1e3 * p.vector_tflops, 1e3 * p.matmul_tflops);
+    *out = p;
+    rc = 0;
+done:
+    tri__kv_store_free(&kv);
+    free(x);
+    free(y);
+    free(z);
+    free(xm);
+    free(ym);
+    return rc;
+}
+
+// Rounds of calibrate, simulate, measure, back to back, so that each round's prediction and
+// measurement see the same load on this shared machine.
+static int run_self_check(const sim_opts *o) {
+    tri_model *model = NULL;
+    tri__backend *cpu = NULL;
+    if (tri_model_load(o->self_check, NULL, &model) || tri__backend_cpu_create(o->threads, TRI_CPU_SIMD_AUTO, &cpu)) {
+        fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+        tri_model_free(model);
+        return 1;
+    }
+    bench_print_machine();
+    printf("self-check: %s on the CPU backend (%d threads), prompt %d, %d decoded tokens, %d rounds\n", o->self_check,
+           cpu->n_threads, o->prompt, o->tokens, o->rounds);
+    int rc = 0;
+    double err_sum = 0, err_max = 0;
+    for (int r = 0; r < o->rounds && !rc; r++) {
+        tri__sim_profile p;
+        tri__backend *be = NULL;
+        tri_model *sv = NULL;
+        double t_sim = 0, t_cpu = 0;
+        if (calibrate(cpu, model, o, r == 0, &p)) {
+            rc = 1;
+            break;
+        }
+        if (r == 0) printf("\n| round | simulated ms/token | measured ms/token | error | ops/token |\n|---|---|---|---|---|\n");
+        tri_status st = tri__backend_sim_create(&p, &be);
+        if (!st) st = tri__model_on_backend(model, be, 0, 0, &sv);
+        if (!st) st = decode_time(sv, be, o->prompt, o->tokens, &t_sim);
+        if (!st) st = decode_time(model, cpu, o->prompt, o->tokens, &t_cpu);
+        if (st) {
+            fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+            rc = 1;
+        } else {
+            tri__sim_stats s;
+            tri__sim_stats_get(be, &s);
+            double err = (t_sim - t_cpu) / t_cpu;
+            err_sum += fabs(err);
+            if (fabs(err) > err_max) err_max = fabs(err);
+            printf("| %d | %.2f | %.2f | %+.1f%% | %" PRId64 " |\n", r + 1, 1e3 * t_sim, 1e3 * t_cpu, 100.0 * err,
+                   s.n_ops / o->tokens);
+            fflush(stdout);
+        }
+        tri__model_backend_free(sv);
+        tri__backend_free(be);
+    }
+    if (!rc) printf("\nmean |error| %.1f%%, largest %.1f%% over %d rounds\n", 100.0 * err_sum / o->rounds,
+                    100.0 * err_max, o->rounds);
+    tri__backend_free(cpu);
+    tri_model_free(model);
+    return rc;
+}
+
+// ---- the speculative engine itself on the simulated device ----
+
+// This machine's rates for host-side work on offloaded rows (ops->host_work): a gather of 256-byte
+// rows (a head's key of head_dim 128 in f16) at scattered offsets of a 256 MiB region, and chunk
+// summaries (tri__chunk_mean) over 64 MiB of f16 keys; best of three each.
+static void measure_host_rates(tri__sim_profile *p) {
+    const size_t region = (size_t)256 << 20, row = 256, n_rows = 65536;
+    char *src = malloc(region), *dst = malloc(n_rows * row);
+    float *means = malloc(sizeof(float) * 4096 * 2048);
+    if (!src || !dst || !means) goto done;
+    memset(src, 0x3c, region);  // f16 0x3c3c: 1.06, a normal number (subnormals would be slow)
+    uint64_t x = 88172645463325252ull;
+    double best = 1e30;
+    for (int b = 0; b < 3; b++) {
+        double t0 = bench_now();
+        for (size_t r = 0; r < n_rows; r++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            memcpy(dst + r * row, src + (x % (region / row)) * row, row);
+        }
+        double d = bench_now() - t0;
+        if (d < best) best = d;
+    }
+    p->host_copy_gbps = (double)(n_rows * row) / best / 1e9;
+    best = 1e30;
+    const int64_t chunks = 2048, width = 4096;  // 2048 chunks of 8 rows of 4096 f16: 128 MiB
+    for (int b = 0; b < 3; b++) {
+        double t0 = bench_now();
+        tri__chunk_mean(means, src, TRI_DTYPE_F16, chunks / 4, 8, width, width);  // 32 MiB
+        double d = bench_now() - t0;
+        if (d < best) best = d;
+    }
+    p->host_reduce_gbps = (double)(chunks / 4 * 8 * width * 2) / best / 1e9;
+done:
+    free(src);
+    free(dst);
+    free(means);
+}
+
+
+// tri_spec_create opens its backend through tri__backend_select; with this factory set its "CPU"
+// is a simulated device of engine_profile, and engine_be remembers it for the clock.
+static const tri__sim_profile *engine_profile;
+static tri__backend *engine_be;
+
+static tri_status engine_factory(int32_t n_threads, tri__backend **out) {
+    (void)n_threads;
+    tri_status st = tri__backend_sim_create(engine_profile, out);
+    if (!st) engine_be = *out;
+    return st;
+}
+
+// At the end of the prefill, the timeline restarts: what follows is decoding.
+static bool engine_on_prefill(int64_t done, int64_t total, void *user) {
+    (void)user;
+    if (done == total && engine_be) tri__sim_reset(engine_be);
+    return true;
+}
+
+// Runs the real engine (tri_generate_spec, TRIFORCE, L1 the llama-68m shape) for o->engine tokens
+// after a prompt of o->ctx tokens, with acceptance forced inside its loop (tri__spec_force_accept),
+// budget and gamma2 the first of the lists, on the planner's placement; prints simulated ms/token
+// of the decode and what the engine counted.
+static int run_engine(const sim_opts *o) {
+    const tri__sim_profile *prof = tri__sim_profile_find(o->profile);
+    if (!prof || o->gpus != 1) {
+        fprintf(stderr, "bench-offload: --engine needs a GPU profile and one GPU\n");
+        return 2;
+    }
+    tri__sim_profile p = *prof;
+    if (o->gpu_mem) p.mem_bytes = o->gpu_mem;
+    measure_host_rates(&p);
+    engine_profile = &p;
+    tri_model_config tc, dc;
+    bench_shape(o->shape, &tc);
+    bench_shape("llama-68m", &dc);
+    if (!strcmp(o->shape, "tiny")) dc = tc, dc.n_layer = 1;
+    tri_model *target = NULL, *draft = NULL;
+    if (tri__model_synthetic_shape(&tc, o->weights, &target) || tri__model_synthetic_shape(&dc, TRI_DTYPE_F16, &draft)) {
+        fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+        tri__model_synthetic_free(target);
+        return 1;
+    }
+    int32_t budget = o->budgets[0], g2 = o->gamma2s[0];
+    int32_t n_ctx = o->ctx + o->engine + g2 + 2;
+    tri_plan_params pp = tri_plan_default_params();
+    pp.mode = TRI_PLAN_MODE_TRIFORCE;
+    pp.n_ctx = n_ctx;
+    pp.gpu_mem_bytes = p.mem_bytes;
+    pp.pcie_gbps = p.h2d_gbps;
+    pp.gpu_mem_gbps = p.mem_gbps;
+    pp.gpu_tflops = p.matmul_tflops;
+    pp.layer_overhead_us = 0;
+    pp.retrieval_budget = budget;
+    pp.gamma1 = o->gamma1;
+    pp.gamma2 = g2;
+    pp.accept_l1 = o->beta;
+    pp.accept_l2 = o->alpha;
+    tri_plan_model pm, dm;
+    tri_plan_model_from_model(target, &pm);
+    tri_plan_model_from_model(draft, &dm);
+    pp.draft_bytes = (uint64_t)dc.n_layer * dm.layer_bytes + dm.other_bytes;
+    pp.draft_n_layer = dc.n_layer;
+    tri_plan plan;
+    int rc = 1;
+    tri_spec *spec = NULL;
+    int32_t *prompt = NULL;
+    if (tri_plan_compute(&pm, &pp, &plan)) goto fail;
+    tri_session_params sp = tri_session_default_params();
+    sp.device_kind = TRI_DEVICE_CPU;  // the factory makes it the simulated device
+    sp.n_ctx = n_ctx;
+    sp.kv_layers_offloaded = tc.n_layer - plan.on_chip;
+    sp.weight_layers_streamed = plan.n_weights_host + plan.n_weights_disk;
+    tri_spec_params spp = tri_spec_default_params();
+    spp.mode = TRI_SPEC_MODE_TRIFORCE;
+    spp.drafter = TRI_SPEC_DRAFTER_MODEL;
+    spp.draft_model = draft;
+    spp.gamma1 = o->gamma1;
+    spp.gamma2 = g2;
+    spp.budget = budget;
+    tri__backend_cpu_factory = engine_factory;
+    tri_status st = tri_spec_create(target, &sp, &spp, &spec);
+    tri__backend_cpu_factory = NULL;
+    if (st) goto fail;
+    tri__spec_force_accept(spec, o->beta, o->alpha, 42);
+    prompt = malloc(sizeof *prompt * (size_t)o->ctx);
+    if (!prompt) goto fail;
+    for (int32_t i = 0; i < o->ctx; i++) prompt[i] = (int32_t)((7u * (uint32_t)i + 3u) % (uint32_t)tc.n_vocab);
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = o->engine;
+    gp.sampler.temperature = 0;
+    gp.stop_at_eos = false;
+    gp.on_prefill = engine_on_prefill;
+    tri_spec_stats ss;
+    double t0 = bench_now();
+    if (tri_generate_spec(spec, prompt, o->ctx, &gp, NULL, NULL, &ss)) goto fail;
+    double wall = bench_now() - t0;
+    tri__sim_stats s;
+    tri__sim_stats_get(engine_be, &s);
+    bench_print_machine();
+    printf("device: SIMULATED sim:%s: %s\n", p.name, p.desc);
+    printf("engine: tri_generate_spec, TRIFORCE, llama-68m-shaped L1, %s-shaped target, prompt %d, budget %d, gamma1 "
+           "%d, gamma2 %d; plan: %d of %d blocks resident, %d KV layers on the device\n",
+           o->shape, o->ctx, budget, o->gamma1, g2, tc.n_layer - sp.weight_layers_streamed, tc.n_layer, plan.on_chip);
+    printf("host-side work on offloaded rows at this machine's rates: gathers %.2f GB/s, chunk summaries %.2f GB/s\n",
+           p.host_copy_gbps, p.host_reduce_gbps);
+    printf("acceptance forced inside the engine's loop: L2 keeps an L1 token with probability %.2f, L3 an L2 token with "
+           "%.2f\n",
+           o->beta, o->alpha);
+    printf("\n| tokens | L3 passes | tokens / L3 pass | L2 verifications | L1 accepted / proposed | L2 accepted / proposed "
+           "| L2 selections | ms/token (simulated) | planner ms/token | MB up/token | host work ms/token | transfer hidden "
+           "| run on this machine s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| %d | %lld | %.2f | %lld | %lld / %lld | %lld / %lld | %lld | %.1f | %.1f | %.1f | %.2f | %.0f%% | %.1f |\n",
+           ss.n_generated, (long long)ss.n_l3_verify, (double)ss.n_generated / (double)ss.n_l3_verify,
+           (long long)ss.n_l2_verify, (long long)ss.l1_accepted, (long long)ss.l1_proposed, (long long)ss.l2_accepted,
+           (long long)ss.l2_proposed, (long long)ss.n_l2_refresh, 1e3 * s.end / ss.n_generated, 1e3 * plan.t_token,
+           (double)s.h2d_bytes / 1e6 / ss.n_generated, 1e3 * s.host_work / ss.n_generated,
+           s.transfer_busy > 0 ? 100.0 * s.transfer_hidden / s.transfer_busy : 0.0, wall);
+    rc = 0;
+fail:
+    if (rc) fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+    free(prompt);
+    tri_spec_free(spec);
+    tri__model_synthetic_free(draft);
+    tri__model_synthetic_free(target);
+    return rc;
+}
+
+int bench_offload_sim(int argc, char **argv) {
+    sim_opts o = {.shape = "llama2-7b", .ctx = 130048, .gamma1 = 2, .gpus = 1, .prompt = 256, .tokens = 32, .threads = 0, .rounds = 3,
+                  .budgets = {8192, 12288}, .n_budgets = 2, .gamma2s = {12, 16}, .n_gamma2 = 2, .alpha = 0.9,
+                  .beta = 0.7, .weights = TRI_DTYPE_F16};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = v != NULL;
+        if (!strcmp(a, "--device") && v) ok = !strncmp(v, "sim:", 4) && (o.profile = v + 4)[0];
+        else if (!strcmp(a, "--shape") && v) ok = !strcmp((o.shape = v), "llama2-7b") || !strcmp(v, "tiny");
+        else if (!strcmp(a, "--self-check") && v) o.self_check = v;
+        else if (!strcmp(a, "--engine") && v) ok = (o.engine = atoi(v)) > 0;
+        else if (!strcmp(a, "--ctx") && v) ok = (o.ctx = atoi(v)) > 0;
+        else if (!strcmp(a, "--gpus") && v) ok = (o.gpus = atoi(v)) == 1 || o.gpus == 2;
+        else if (!strcmp(a, "--prompt") && v) ok = (o.prompt = atoi(v)) > 0;
+        else if (!strcmp(a, "--tokens") && v) ok = (o.tokens = atoi(v)) > 0;
+        else if (!strcmp(a, "--threads") && v) ok = (o.threads = atoi(v)) > 0;
+        else if (!strcmp(a, "--rounds") && v) ok = (o.rounds = atoi(v)) > 0;
+        else if (!strcmp(a, "--gamma1") && v) ok = (o.gamma1 = atoi(v)) > 0;
+        else if (!strcmp(a, "--gpu-mem") && v) ok = (o.gpu_mem = (uint64_t)(atof(v) * (1 << 30))) > 0;
+        else if (!strcmp(a, "--budgets") && v) ok = (o.n_budgets = sim_list(v, o.budgets)) > 0;
+        else if (!strcmp(a, "--gamma2") && v) ok = (o.n_gamma2 = sim_list(v, o.gamma2s)) > 0;
+        else if (!strcmp(a, "--accept") && v) ok = (o.alpha = atof(v)) > 0 && o.alpha <= 1;
+        else if (!strcmp(a, "--accept-l1") && v) ok = (o.beta = atof(v)) > 0 && o.beta <= 1;
+        else if (!strcmp(a, "--weights") && v) {
+            o.weights = !strcmp(v, "q8_0") ? TRI_DTYPE_Q8_0 : !strcmp(v, "q4_0") ? TRI_DTYPE_Q4_0 : TRI_DTYPE_F16;
+            ok = !strcmp(v, "f16") || o.weights != TRI_DTYPE_F16;
+        } else ok = false;
+        if (!ok) {
+            sim_usage();
+            return 2;
+        }
+        i++;
+    }
+    if (o.self_check) {
+        if (strcmp(o.profile, "cpu")) {
+            sim_usage();
+            return 2;
+        }
+        return run_self_check(&o);
+    }
+    return o.engine > 0 ? run_engine(&o) : run_paper(&o);
+}

@@ -1,0 +1,383 @@
+// test-sim.c - the simulated device (sim/sim-backend.h): its timeline keeps the stream rules
+// (order on a queue, events, waits), the engine's double buffering shows as overlap on it, the
+// bytes it moves are the bytes the runtime counts, and nothing it simulates takes memory.
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend-select.h"
+#include "backend.h"
+#include "kv-policy.h"
+#include "kv-store.h"
+#include "llama.h"
+#include "model-synthetic.h"
+#include "model.h"
+#include "sim-backend.h"
+#include "spec.h"
+
+// Round rates, no launch cost: every duration below is exact by hand.
+static tri__sim_profile plain_profile(void) {
+    return (tri__sim_profile){.name = "test", .desc = "test", .matmul_tflops = 1.0, .vector_tflops = 1.0,
+                              .mem_gbps = 100.0, .h2d_gbps = 10.0, .d2h_gbps = 5.0, .launch_us = 0, .kernel_us = 0,
+                              .mem_bytes = (uint64_t)1 << 30};
+}
+
+static tri__backend *sim_open(const tri__sim_profile *p) {
+    tri__backend *be;
+    cr_assert_eq(tri__backend_sim_create(p, &be), TRI_STATUS_OK);
+    tri__sim_trace(be, true);
+    return be;
+}
+
+static void assert_near(double got, double want, const char *what) {
+    cr_assert(got > want * (1 - 1e-9) - 1e-15 && got < want * (1 + 1e-9) + 1e-15, "%s: %.12g, want %.12g", what, got,
+              want);
+}
+
+Test(sim, profiles_are_complete) {
+    int n;
+    const tri__sim_profile *all = tri__sim_profiles(&n);
+    cr_assert_geq(n, 4);
+    for (int i = 0; i < n; i++) cr_assert_eq(tri__sim_profile_find(all[i].name), &all[i], "%s", all[i].name);
+    const char *want[] = {"rtx4090", "rtx4090-x8", "rtx5090", "h100-pcie"};
+    for (int i = 0; i < 4; i++) {
+        const tri__sim_profile *q = tri__sim_profile_find(want[i]);
+        cr_assert_not_null(q, "%s", want[i]);
+        tri__backend *be;
+        cr_assert_eq(tri__backend_sim_create(q, &be), TRI_STATUS_OK, "%s", want[i]);
+        cr_assert(be->simulated && !be->host_memory);
+        tri__backend_free(be);
+    }
+    cr_assert_null(tri__sim_profile_find("rtx3090"));
+    // x8 has half the link of x16 and the same card
+    cr_assert_float_eq(tri__sim_profile_find("rtx4090-x8")->h2d_gbps * 2, tri__sim_profile_find("rtx4090")->h2d_gbps,
+                       1e-12);
+    tri__sim_profile bad = plain_profile();
+    bad.mem_gbps = 0;
+    tri__backend *be;
+    cr_assert_eq(tri__backend_sim_create(&bad, &be), TRI_STATUS_INVALID_ARGUMENT);
+}
+
+Test(sim, costs_follow_the_profile) {
+    tri__sim_profile p = plain_profile();
+    tri__backend *be = sim_open(&p);
+    const tri__backend_ops *op = be->ops;
+    void *w, *x, *y;
+    cr_assert_eq(op->alloc(be, 2000000, &w), TRI_STATUS_OK);
+    cr_assert_eq(op->alloc(be, 4096, &x), TRI_STATUS_OK);
+    cr_assert_eq(op->alloc(be, 4096, &y), TRI_STATUS_OK);
+    // m = 1: memory-bound, 1000 x 1000 f16 weights + x and y in f32 at 100 GB/s
+    cr_assert_eq(op->matmul(be, y, x, w, TRI_DTYPE_F16, 1, 1000, 1000), TRI_STATUS_OK);
+    // m = 1000 (pretend): 2e9 FLOPs at 1 TFLOP/s beats 2e6 + 8e6 bytes at 100 GB/s
+    cr_assert_eq(op->matmul(be, y, x, w, TRI_DTYPE_F16, 1000, 1000, 1000), TRI_STATUS_OK);
+    char host[64];
+    memset(host, 0x5a, sizeof host);
+    cr_assert_eq(op->copy_to_host(be, host, y, sizeof host), TRI_STATUS_OK);
+    for (size_t i = 0; i < sizeof host; i++) cr_assert_eq(host[i], 0, "what the host reads back is zeros");
+    cr_assert_eq(op->synchronize(be), TRI_STATUS_OK);
+    int64_t n;
+    const tri__sim_item *it = tri__sim_trace_items(be, &n);
+    cr_assert_eq(n, 3);
+    assert_near(it[0].end - it[0].start, (2e6 + 4.0 * 2000) / 100e9, "matvec");
+    assert_near(it[1].end - it[1].start, 2e9 / 1e12, "matmul");
+    assert_near(it[1].start, it[0].end, "ops on a queue run in order");
+    cr_assert_eq(it[2].kind, TRI_SIM_KIND_D2H);
+    assert_near(it[2].end - it[2].start, 64 / 5e9, "device -> host at the D2H rate");
+    tri__sim_stats s;
+    tri__sim_stats_get(be, &s);
+    assert_near(s.host, it[2].end, "synchronize waits for the last item");
+    cr_assert_eq(s.n_ops, 2);
+    cr_assert_eq(s.d2h_bytes, 64);
+    op->free(be, w);
+    op->free(be, x);
+    op->free(be, y);
+    tri__backend_free(be);
+}
+
+Test(sim, events_and_waits_are_honoured) {
+    tri__sim_profile p = plain_profile();
+    tri__backend *be = sim_open(&p);
+    const tri__backend_ops *op = be->ops;
+    void *w, *buf;
+    char host[16];
+    cr_assert_eq(op->alloc(be, 200000000, &w), TRI_STATUS_OK);  // a 2 ms matvec
+    cr_assert_eq(op->alloc(be, 10000000, &buf), TRI_STATUS_OK);
+    tri__event *ev;
+    cr_assert_eq(op->event_create(be, &ev), TRI_STATUS_OK);
+    cr_assert_eq(op->matmul(be, buf, buf, w, TRI_DTYPE_F16, 1, 10000, 10000), TRI_STATUS_OK);
+    // without a wait the upload starts at once, beside the compute
+    cr_assert_eq(op->transfer_to_backend(be, buf, host, 10000000), TRI_STATUS_OK);
+    // with one, after the event compute recorded behind the matvec
+    cr_assert_eq(op->event_record(be, ev, TRI_STREAM_COMPUTE), TRI_STATUS_OK);
+    cr_assert_eq(op->stream_wait(be, TRI_STREAM_TRANSFER, ev), TRI_STATUS_OK);
+    cr_assert_eq(op->transfer_to_backend(be, buf, host, 10000000), TRI_STATUS_OK);
+    // and compute that waits for that upload starts after it
+    cr_assert_eq(op->event_record(be, ev, TRI_STREAM_TRANSFER), TRI_STATUS_OK);
+    cr_assert_eq(op->stream_wait(be, TRI_STREAM_COMPUTE, ev), TRI_STATUS_OK);
+    cr_assert_eq(op->add(be, buf, buf, buf, 16), TRI_STATUS_OK);
+    // event_synchronize brings the host to the event only
+    cr_assert_eq(op->event_synchronize(be, ev), TRI_STATUS_OK);
+    int64_t n;
+    const tri__sim_item *it = tri__sim_trace_items(be, &n);
+    cr_assert_eq(n, 4);
+    double mv_end = it[0].end;
+    assert_near(mv_end, (2e8 + 8e4) / 100e9, "matvec");
+    assert_near(it[1].start, 0, "an upload with no wait starts at once");
+    cr_assert_lt(it[1].end, mv_end, "and overlaps the matvec");
+    cr_assert_geq(it[2].start, mv_end, "an upload waits for the event recorded after the matvec");
+    assert_near(it[2].start, mv_end, "and starts as soon as it is reached");
+    assert_near(it[2].end - it[2].start, 1e7 / 10e9, "host -> device at the H2D rate");
+    cr_assert_geq(it[3].start, it[2].end, "compute waits for the upload");
+    tri__sim_stats s;
+    tri__sim_stats_get(be, &s);
+    assert_near(s.host, it[2].end, "event_synchronize: the host reaches the event");
+    assert_near(s.transfer_hidden, it[1].end - it[1].start, "only the first upload ran beside compute");
+    cr_assert_eq(s.transfer_h2d_bytes, 20000000);
+    cr_assert_eq(s.n_waits, 2);
+    op->event_destroy(be, ev);
+    op->free(be, w);
+    op->free(be, buf);
+    tri__backend_free(be);
+}
+
+Test(sim, memory_is_accounted_not_allocated) {
+    tri__sim_profile p = plain_profile();
+    tri__backend *be = sim_open(&p);
+    const tri__backend_ops *op = be->ops;
+    void *a, *b, *c;
+    cr_assert_eq(op->alloc(be, (size_t)600 << 20, &a), TRI_STATUS_OK);
+    cr_assert_eq(op->alloc(be, (size_t)600 << 20, &b), TRI_STATUS_DEVICE_OUT_OF_MEMORY, "1.2 GiB of a 1 GiB device");
+    cr_assert_eq(op->alloc(be, (size_t)400 << 20, &b), TRI_STATUS_OK);
+    cr_assert_neq(a, b);
+    cr_assert((char *)b >= (char *)a + ((size_t)600 << 20) || (char *)a >= (char *)b + ((size_t)400 << 20),
+              "allocations do not overlap");
+    op->free(be, a);
+    cr_assert_eq(op->alloc(be, (size_t)600 << 20, &c), TRI_STATUS_OK, "freed memory counts as free again");
+    tri__sim_stats s;
+    tri__sim_stats_get(be, &s);
+    cr_assert_eq(s.mem_used, (uint64_t)1000 << 20);
+    cr_assert_eq(s.mem_peak, (uint64_t)1000 << 20);
+    op->free(be, b);
+    op->free(be, c);
+    tri__backend_free(be);
+}
+
+// Resident set size of this process in bytes.
+static uint64_t rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    cr_assert_not_null(f);
+    unsigned long size, res;
+    cr_assert_eq(fscanf(f, "%lu %lu", &size, &res), 2);
+    fclose(f);
+    return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+// A llama shape with 8 layers (6 of them offloaded below), small enough to run in a test.
+static tri_model_config small_shape(void) {
+    return (tri_model_config){.n_vocab = 512, .n_embd = 256, .n_ff = 704, .n_layer = 8, .n_head = 8, .n_head_kv = 4,
+                              .head_dim = 32, .n_ctx_train = 65536, .rms_eps = 1e-5f, .rope_theta = 10000.0f,
+                              .rope_factor = 1.0f};
+}
+
+// One pass of m tokens over n cached positions of a store with on_chip layers on the device.
+typedef struct pass_out {
+    tri__sim_stats s;
+    tri__kv_offload_stats k0, k1;
+} pass_out;
+
+static void run_pass(tri__backend *be, const tri_model *tv, tri__kv_store *kv, int32_t m, pass_out *out) {
+    tri__llama ll;
+    tri__kv_policy pol;
+    cr_assert_eq(tri__llama_init(&ll, tv, be, m), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_policy_wrap_full(&pol, kv, tv->config.n_head, m), TRI_STATUS_OK);
+    int32_t tok[16];
+    float *logits = malloc(sizeof(float) * 16 * (size_t)tv->config.n_vocab);
+    cr_assert_not_null(logits);
+    for (int32_t i = 0; i < m; i++) tok[i] = (5 * i + 1) % tv->config.n_vocab;
+    int32_t n0 = kv->n;
+    tri__kv_store_offload_stats(kv, &out->k0);
+    tri__sim_reset(be);
+    cr_assert_eq(tri__llama_forward_policy(&ll, &pol, tok, m, TRI_LOGITS_ALL, logits), TRI_STATUS_OK);
+    tri__sim_stats_get(be, &out->s);
+    tri__kv_store_offload_stats(kv, &out->k1);
+    cr_assert_eq(tri__kv_policy_truncate(&pol, n0), TRI_STATUS_OK);
+    free(logits);
+    tri__kv_policy_free(&pol);
+    tri__llama_free(&ll);
+}
+
+// A pass over offloaded layers on a device of memory rate mem_gbps and link h2d_gbps.
+static void offloaded_pass(double mem_gbps, double h2d_gbps) {
+    tri__sim_profile p = plain_profile();
+    p.launch_us = 4;
+    p.kernel_us = 2;
+    p.mem_gbps = mem_gbps;
+    p.h2d_gbps = h2d_gbps;
+    tri__backend *be = sim_open(&p);
+    tri_model_config c = small_shape();
+    tri_model *model, *tv;
+    cr_assert_eq(tri__model_synthetic_shape(&c, TRI_DTYPE_F16, &model), TRI_STATUS_OK);
+    cr_assert_eq(tri__model_on_backend(model, be, 0, 0, &tv), TRI_STATUS_OK);
+    const int32_t ctx = 16384, on_chip = 2, m = 5;
+    tri__kv_store kv;
+    cr_assert_eq(tri__kv_store_init_offload(&kv, be, TRI_DTYPE_F16, c.n_layer, c.n_head_kv, c.head_dim, ctx + 64,
+                                            on_chip),
+                 TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_store_set_len(&kv, ctx), TRI_STATUS_OK);
+    pass_out warm, o;
+    run_pass(be, tv, &kv, m, &warm);
+    run_pass(be, tv, &kv, m, &o);
+    // the bytes on the timeline are the runtime's: every offloaded layer's rows up, the new rows down
+    uint64_t up = o.k1.bytes_up - o.k0.bytes_up, down = o.k1.bytes_down - o.k0.bytes_down;
+    int64_t row = tri__kv_store_row_bytes(&kv);
+    cr_assert_eq(up, (uint64_t)(c.n_layer - on_chip) * 2 * (uint64_t)(ctx * row), "runtime: %llu bytes up",
+                 (unsigned long long)up);
+    cr_assert_eq(o.s.transfer_h2d_bytes, up);
+    cr_assert_eq(o.s.transfer_d2h_bytes, down);
+    cr_assert_eq(down, (uint64_t)(c.n_layer - on_chip) * 2 * (uint64_t)(m * row));
+    // double buffering: uploads run while layers compute, so the pass is shorter than compute and
+    // transfers one after the other, and the share hidden is what the busy intervals say
+    double shorter = o.s.transfer_busy < o.s.compute_busy ? o.s.transfer_busy : o.s.compute_busy;
+    cr_assert_gt(o.s.transfer_hidden, 0.5 * shorter, "overlap %g s of transfers %g s and compute %g s",
+                 o.s.transfer_hidden, o.s.transfer_busy, o.s.compute_busy);
+    cr_assert_lt(o.s.end, o.s.compute_busy + o.s.transfer_busy - 0.5 * o.s.transfer_hidden);
+    cr_assert_geq(o.s.end, o.s.transfer_busy, "the pass lasts at least its transfers");
+    // every attention of an offloaded layer starts after an upload of that size ended (its layer's)
+    int64_t n;
+    const tri__sim_item *it = tri__sim_trace_items(be, &n);
+    int32_t n_attn = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (strcmp(it[i].what, "attention") != 0) continue;
+        if (n_attn++ < on_chip) continue;
+        int32_t uploads_done = 0;
+        for (int64_t j = 0; j < n; j++)
+            if (it[j].queue == TRI_SIM_QUEUE_TRANSFER && it[j].kind == TRI_SIM_KIND_H2D && it[j].end <= it[i].start)
+                uploads_done++;
+        // K and V of each offloaded layer up to this one
+        cr_assert_geq(uploads_done, 2 * (n_attn - on_chip), "attention %d started before its rows arrived", n_attn);
+    }
+    cr_assert_eq(n_attn, c.n_layer);
+    tri__kv_store_free(&kv);
+    tri__model_backend_free(tv);
+    tri__model_synthetic_free(model);
+    tri__backend_free(be);
+}
+
+// Compute-bound: a slow device hides most of each upload behind the layer before.
+Test(sim, offloaded_pass_compute_bound) { offloaded_pass(0.5, 10.0); }
+// Transfer-bound: a slow link, so attention must wait for its rows (the events order it).
+Test(sim, offloaded_pass_transfer_bound) { offloaded_pass(100.0, 0.2); }
+
+Test(sim, a_long_offloaded_context_takes_no_host_memory) {
+    // Llama2-7B's KV shape at 64K positions: 32 GiB of host regions for 30 offloaded layers,
+    // mapped and never touched (this machine has less memory than that)
+    const tri__sim_profile *p = tri__sim_profile_find("rtx4090");
+    tri__backend *be;
+    cr_assert_eq(tri__backend_sim_create(p, &be), TRI_STATUS_OK);
+    uint64_t rss0 = rss_bytes();
+    tri__kv_store kv;
+    cr_assert_eq(tri__kv_store_init_offload(&kv, be, TRI_DTYPE_F16, 32, 32, 128, 65536, 2), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_store_set_len(&kv, 65536), TRI_STATUS_OK);
+    uint64_t rss1 = rss_bytes();
+    cr_assert_lt(rss1, rss0 + ((uint64_t)64 << 20), "rss grew by %llu bytes",
+                 (unsigned long long)(rss1 - rss0));
+    tri__sim_stats s;
+    tri__sim_stats_get(be, &s);
+    // on the device: two layers' K and V and the two double buffers of K and V
+    cr_assert_eq(s.mem_used, (uint64_t)(2 * 2 + 2 * 2) * 65536 * 32 * 128 * 2);
+    tri__kv_store_free(&kv);
+    tri__backend_free(be);
+}
+
+// ---- the speculative engine on the simulated device, acceptance forced ----
+
+static tri__sim_profile engine_profile;
+static tri__backend *engine_be;
+
+static tri_status sim_factory(int32_t n_threads, tri__backend **out) {
+    (void)n_threads;
+    tri_status st = tri__backend_sim_create(&engine_profile, out);
+    if (!st) engine_be = *out;
+    return st;
+}
+
+// Runs TRIFORCE for n tokens after a 600-token prompt with L3 accepting L2's tokens at rate
+// alpha and L2 accepting L1's at beta; *st_out gets the engine's counts, *sim_out the timeline.
+static void forced_run(double alpha, double beta, int32_t n, tri_spec_stats *st_out, tri__sim_stats *sim_out) {
+    tri_model_config c = small_shape(), dc = small_shape();
+    dc.n_layer = 1;
+    tri_model *target, *draft;
+    cr_assert_eq(tri__model_synthetic_shape(&c, TRI_DTYPE_F16, &target), TRI_STATUS_OK);
+    cr_assert_eq(tri__model_synthetic_shape(&dc, TRI_DTYPE_F16, &draft), TRI_STATUS_OK);
+    engine_profile = *tri__sim_profile_find("rtx4090");
+    engine_profile.host_copy_gbps = 2.0;
+    engine_profile.host_reduce_gbps = 4.0;
+    tri_session_params sp = tri_session_default_params();
+    sp.device_kind = TRI_DEVICE_CPU;
+    sp.n_ctx = 1024;
+    sp.kv_layers_offloaded = 4;
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_TRIFORCE;
+    p.drafter = TRI_SPEC_DRAFTER_MODEL;
+    p.draft_model = draft;
+    p.gamma1 = 2;
+    p.gamma2 = 6;
+    p.budget = 128;
+    tri_spec *spec;
+    tri__backend_cpu_factory = sim_factory;
+    tri_status st = tri_spec_create(target, &sp, &p, &spec);
+    tri__backend_cpu_factory = NULL;
+    cr_assert_eq(st, TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert(tri__backend_is_sim(engine_be));
+    tri__spec_force_accept(spec, beta, alpha, 7);
+    int32_t prompt[600];
+    for (int i = 0; i < 600; i++) prompt[i] = (3 * i + 1) % c.n_vocab;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = n;
+    gp.sampler.temperature = 0;
+    gp.stop_at_eos = false;
+    cr_assert_eq(tri_generate_spec(spec, prompt, 600, &gp, NULL, NULL, st_out), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__sim_stats_get(engine_be, sim_out);
+    tri_spec_free(spec);
+    tri__model_synthetic_free(draft);
+    tri__model_synthetic_free(target);
+}
+
+Test(sim, engine_runs_with_forced_acceptance) {
+    tri_spec_stats all, none, some;
+    tri__sim_stats s_all, s_none, s_some;
+    // every token kept: each L3 pass emits gamma2 + 1, L2 verifies gamma2 / gamma1 drafts of L1
+    forced_run(1.0, 1.0, 70, &all, &s_all);
+    cr_assert_eq(all.n_generated, 70);
+    cr_assert_eq(all.n_l3_verify, 10, "%lld L3 passes", (long long)all.n_l3_verify);
+    cr_assert_eq(all.l2_accepted, all.l2_proposed);
+    cr_assert_eq(all.l1_accepted, all.l1_proposed);
+    // none kept: one token per L3 pass, one per L2 verification
+    forced_run(1e-9, 1e-9, 20, &none, &s_none);
+    cr_assert_eq(none.n_generated, 20);
+    cr_assert_eq(none.n_l3_verify, 20);
+    cr_assert_eq(none.l2_accepted, 0);
+    cr_assert_eq(none.l1_accepted, 0);
+    // L3 rejecting everything makes L2 select again (refresh_accept), gathering its chunks of the
+    // offloaded layers out of host rows that do not exist (and summarising new chunks of their
+    // keys): on the host's clock, at 2 GB/s for gathers and 4 GB/s for summaries
+    cr_assert_gt(none.n_l2_refresh, 1);
+    cr_assert_gt(s_none.host_work_bytes, 0);
+    cr_assert(s_none.host_work >= s_none.host_work_bytes / 4e9 * (1 - 1e-9) &&
+                  s_none.host_work <= s_none.host_work_bytes / 2e9 * (1 + 1e-9),
+              "%g s for %g bytes", s_none.host_work, s_none.host_work_bytes);
+    // in between: tokens per L3 pass near (1 - a^(g + 1)) / (1 - a) = 3.95 for a 0.8 and gamma2 6
+    // (about 95 passes, a standard error near 0.2), and L2 keeping (0.6 + 0.36) / 2 = 0.48 of
+    // L1's pairs of tokens
+    forced_run(0.8, 0.6, 400, &some, &s_some);
+    double per_pass = (double)some.n_generated / (double)some.n_l3_verify;
+    double b = (double)some.l1_accepted / (double)some.l1_proposed;
+    cr_assert(per_pass > 3.2 && per_pass < 4.7, "%.2f tokens per L3 pass", per_pass);
+    cr_assert(b > 0.35 && b < 0.6, "L2 kept %.3f of L1's tokens", b);
+    // the timeline: more passes per token cost more simulated time per token, and the offloaded
+    // layers' rows went up once per L3 pass at least
+    cr_assert_gt(s_none.end / none.n_generated, s_all.end / all.n_generated);
+    cr_assert_gt(s_all.transfer_h2d_bytes, 0);
+}
