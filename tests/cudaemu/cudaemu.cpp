@@ -77,9 +77,9 @@ struct Thread {
     void *fake;
 };
 
-thread_local Thread *cur_thread;
-thread_local Block *cur_block;
-thread_local uint3 cur_tid;
+CUDAEMU_TLS Thread *cur_thread;
+CUDAEMU_TLS Block *cur_block;
+CUDAEMU_TLS uint3 cur_tid;
 
 static const size_t STACK = 128 * 1024;
 static std::vector<Thread> threads;
@@ -97,11 +97,16 @@ static int env_int(const char *name, int dflt) {
     const char *v = getenv(name);
     return v && *v ? atoi(v) : dflt;
 }
-static int order_mode(const char *name) {
+static int order_mode_read(const char *name) {
     const char *v = getenv(name);
     if (!v || !strcmp(v, "fwd")) return 0;
     if (!strcmp(v, "rev")) return 1;
     return 2;
+}
+// Read once: run_block asks at every block.
+static int order_mode(const char *name) {
+    static const int sched = order_mode_read("CUDAEMU_SCHED"), blocks = order_mode_read("CUDAEMU_BLOCKS");
+    return strcmp(name, "CUDAEMU_SCHED") == 0 ? sched : blocks;
 }
 static std::mt19937_64 &rng() {
     static std::mt19937_64 r((uint64_t)env_int("CUDAEMU_SEED", 1));
@@ -246,11 +251,14 @@ static void run_block(unsigned n) {
             bool any = false;
             for (unsigned i = w0; i < w1; i++) any |= threads[i].st == SHFL;
             if (!any) continue;
+            // Every lane named in a waiting lane's mask must wait at the same shuffle (site, mask,
+            // mode, width). Lanes with the same mask form one group, checked once: O(32) per group.
             bool ok = true;
+            unsigned checked = 0;  // masks already checked
             for (unsigned i = w0; i < w1 && ok; i++) {
                 Thread &a = threads[i];
-                if (a.st != SHFL) continue;
-                for (unsigned l = 0; l < 32; l++) {
+                if (a.st != SHFL || (checked & (1u << (i - w0)))) continue;
+                for (unsigned l = 0; l < 32 && ok; l++) {
                     if (!(a.mask & (1u << l))) continue;
                     unsigned j = w0 + l;
                     if (j >= n) {
@@ -275,6 +283,7 @@ static void run_block(unsigned n) {
                         ok = false;
                         break;
                     }
+                    checked |= 1u << l;
                 }
             }
             if (!ok) {  // (only with CUDAEMU_KEEPGOING) release them with their own values

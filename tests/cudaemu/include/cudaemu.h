@@ -144,9 +144,12 @@ struct Block {
     dim3 dim, grid;
     unsigned char *dyn_smem;
 };
-extern thread_local Thread *cur_thread;
-extern thread_local Block *cur_block;
-extern thread_local uint3 cur_tid;
+// Read at every threadIdx / blockIdx: initial-exec TLS, a plain load instead of a __tls_get_addr
+// call per access (the emulated module is dlopen'd, whose default TLS model is the slow one).
+#define CUDAEMU_TLS __attribute__((tls_model("initial-exec"))) thread_local
+extern CUDAEMU_TLS Thread *cur_thread;
+extern CUDAEMU_TLS Block *cur_block;
+extern CUDAEMU_TLS uint3 cur_tid;
 
 void syncthreads(const void *site);
 uint64_t shfl(unsigned mask, uint64_t v, int mode, int arg, int width, const void *site);
