@@ -86,13 +86,13 @@ static tri_status grow_device(unsigned char **buf, size_t *cap, size_t bytes, co
     CUDA_TRY(cudaFree(*buf));
     *buf = NULL;
     *cap = 0;
-    cudaError_t err = cudaMalloc((void **)buf, want);
+    cudaError_t err = tri__cuda_malloc((void **)buf, want);
     if (err != cudaSuccess) {
         *buf = NULL;
         if (want > bytes && err == cudaErrorMemoryAllocation) {  // retry without the headroom
             (void)cudaGetLastError();
             want = bytes;
-            err = cudaMalloc((void **)buf, want);
+            err = tri__cuda_malloc((void **)buf, want);
         }
         if (err != cudaSuccess) {
             *buf = NULL;
@@ -126,7 +126,7 @@ static tri_status upload_begin(cuda_state *st, size_t bytes, unsigned char **hos
         CUDA_TRY(cudaFreeHost(sl->host));
         sl->host = NULL;
         sl->cap = 0;
-        cudaError_t err = cudaHostAlloc((void **)&sl->host, want, cudaHostAllocDefault);
+        cudaError_t err = tri__cuda_host_alloc((void **)&sl->host, want, cudaHostAllocDefault);
         if (err != cudaSuccess) {
             sl->host = NULL;
             (void)cudaGetLastError();
@@ -167,7 +167,7 @@ static tri_status cuda_alloc(tri__backend *be, size_t bytes, void **out) {
     *out = NULL;
     if (bytes == 0) return TRI_STATUS_OK;
     USE_DEVICE(st);
-    cudaError_t err = cudaMalloc(out, bytes);  // 256-byte aligned
+    cudaError_t err = tri__cuda_malloc(out, bytes);  // 256-byte aligned
     if (err != cudaSuccess) {
         *out = NULL;
         tri_status s = tri__cuda_status(err, __FILE__, __LINE__, "cudaMalloc");
@@ -674,7 +674,7 @@ static tri_status cuda_transfer_to_host(tri__backend *be, void *dst, const void 
 static tri_status cuda_host_register(tri__backend *be, void *ptr, size_t bytes) {
     cuda_state *st = priv(be);
     USE_DEVICE(st);
-    CUDA_TRY(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable));
+    CUDA_TRY(tri__cuda_host_register(ptr, bytes, cudaHostRegisterPortable));
     return TRI_STATUS_OK;
 }
 
@@ -731,7 +731,7 @@ static tri_status create(int device, tri__backend *be, cuda_state *st) {
     CUDA_TRY(cudaStreamCreateWithFlags(&st->xfer, cudaStreamNonBlocking));
     CUBLAS_TRY(cublasCreate(&st->cublas));
     CUBLAS_TRY(cublasSetStream(st->cublas, st->stream));
-    CUDA_TRY(cudaHostAlloc((void **)&st->err_host, sizeof(int), cudaHostAllocMapped));
+    CUDA_TRY(tri__cuda_host_alloc((void **)&st->err_host, sizeof(int), cudaHostAllocMapped));
     *st->err_host = 0;
     CUDA_TRY(cudaHostGetDevicePointer((void **)&st->err_dev, st->err_host, 0));
     for (int i = 0; i < UPLOAD_SLOTS; i++) CUDA_TRY(cudaEventCreateWithFlags(&st->slots[i].done, cudaEventDisableTiming));

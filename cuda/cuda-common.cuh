@@ -14,6 +14,26 @@ extern "C" {
 #include "error.h"
 #include "triforce.h"
 }
+#include "fault.h"  // extern "C" itself
+
+// ---- allocations, through the fault-injection countdown (runtime/fault.h) ----
+// Device and pinned host allocations ask the countdown first, so that a fault sweep
+// (tests/test-faults.c) fails each as the driver does when memory runs out. Unarmed: one load.
+
+static inline cudaError_t tri__cuda_malloc(void **ptr, size_t bytes) {
+    if (tri__fault_hit(TRI__FAULT_DEVICE)) return cudaErrorMemoryAllocation;
+    return cudaMalloc(ptr, bytes);
+}
+
+static inline cudaError_t tri__cuda_host_alloc(void **ptr, size_t bytes, unsigned int flags) {
+    if (tri__fault_hit(TRI__FAULT_DEVICE)) return cudaErrorMemoryAllocation;
+    return cudaHostAlloc(ptr, bytes, flags);
+}
+
+static inline cudaError_t tri__cuda_host_register(void *ptr, size_t bytes, unsigned int flags) {
+    if (tri__fault_hit(TRI__FAULT_DEVICE)) return cudaErrorMemoryAllocation;
+    return cudaHostRegister(ptr, bytes, flags);
+}
 
 // ---- kernel launches ----
 //

@@ -20,6 +20,7 @@
 #include "cuda-module.h"
 #include "dtype.h"
 #include "error.h"
+#include "fault.h"
 #include "tri-config.h"
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
@@ -39,6 +40,7 @@ static const tri__cuda_host host = {
     .dtype_row_bytes = tri__dtype_row_bytes,
     .dtype_is_quantized = tri__dtype_is_quantized,
     .dtype_name = tri_dtype_name,
+    .fault_hit = tri__fault_hit,
 };
 
 // Tries one path: 1 loaded, 0 no such file, -1 a file that would not load (why says why).

@@ -9,6 +9,7 @@ extern "C" {
 #include "cuda-module.h"
 #include "dtype.h"
 #include "error.h"
+#include "fault.h"
 #include "tri-config.h"
 }
 
@@ -46,6 +47,8 @@ extern "C" int64_t tri__dtype_row_bytes(tri_dtype type, int64_t n) { return host
 extern "C" bool tri__dtype_is_quantized(tri_dtype type) { return host->dtype_is_quantized(type); }
 
 extern "C" const char *tri_dtype_name(tri_dtype type) { return host->dtype_name(type); }
+
+extern "C" bool tri__fault_hit(unsigned kind) { return host->fault_hit(kind); }
 
 // ---- the entry point ----
 

@@ -38,6 +38,7 @@ typedef struct tri__cuda_host {
     int64_t (*dtype_row_bytes)(tri_dtype type, int64_t n);
     bool (*dtype_is_quantized)(tri_dtype type);
     const char *(*dtype_name)(tri_dtype type);
+    bool (*fault_hit)(unsigned kind);  // the fault-injection countdown (runtime/fault.h)
 } tri__cuda_host;
 
 // What the module gives back: cuda-backend.h's functions, and a line that says what it is.

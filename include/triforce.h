@@ -5,7 +5,14 @@
  * of the API and may change without notice.
  *
  * Conventions
- *   - Every handle is opaque and comes with a create/free pair; free(NULL) is a no-op.
+ *   - Every handle is opaque and comes with a create/free pair; free(NULL) is a no-op. A create
+ *     that fails leaves its out-pointer NULL.
+ *   - A NULL handle or a NULL required pointer is refused, never dereferenced: a function returning
+ *     a tri_status fails with TRI_STATUS_INVALID_ARGUMENT, one returning a count returns 0 (-1
+ *     for token ids), a string or pointer NULL ("" for tri_last_error), a bool false, and a void
+ *     function does nothing (tests/test-api-misuse.c calls each). A handle used after its free is
+ *     undefined behaviour, as with free() itself: telling a freed handle from a live one would
+ *     need a registry of live handles consulted on every call, hot paths included.
  *   - Functions that can fail return a tri_status (0 ok, negative error). When one fails, a
  *     one-line message naming the file, the field and the problem is available from
  *     tri_last_error() on the same thread until that thread's next failing call.

@@ -63,13 +63,15 @@ uint64_t tri__plan_other_bytes(const tri_model_config *c, tri_dtype t) {
 tri_plan_model tri_plan_model_from_config(const tri_model_config *config, tri_dtype weight_type) {
     tri_plan_model m;
     memset(&m, 0, sizeof m);
-    m.config = *config;
+    if (config) m.config = *config;
     m.weight_type = weight_type;
     return m;
 }
 
 void tri_plan_model_from_model(const tri_model *model, tri_plan_model *out) {
+    if (!out) return;
     memset(out, 0, sizeof *out);
+    if (!model) return;
     out->config = model->config;
     out->weight_type = model->layers && model->n_tensors > 0 && model->layers[0].wq
                            ? model->layers[0].wq->type
@@ -339,6 +341,7 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
 
 tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *params,
                             tri_plan *out) {
+    if (!model || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_plan_compute: NULL argument");
     memset(out, 0, sizeof *out);
     tri_plan_params p = params ? *params : tri_plan_default_params();
     tri_plan_model m = *model;
@@ -435,6 +438,8 @@ static void put(sbuf *s, const char *fmt, ...) {
 }
 
 tri_status tri_plan_format(const tri_plan *pl, char *buf, size_t cap, size_t *n_out) {
+    if (n_out) *n_out = 0;
+    if (!pl || (cap > 0 && !buf)) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_plan_format: NULL argument");
     sbuf s = {buf, cap, 0};
     if (buf && cap) buf[0] = 0;
     const tri_plan_params *p = &pl->params;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "fault.h"
 #include "tri-config.h"
 
 #if TRI_HAVE_URING
@@ -216,6 +217,10 @@ typedef enum { READ_DONE, READ_AGAIN, READ_FAILED } read_outcome;
 static read_outcome account(tri__prefetch *pf, request *q, long long res) {
     slot *s = &pf->slots[q->slot];
     uint64_t at = q->file_off + q->done;
+    if (res >= 0) {  // an armed read fault (fault.h) makes this read fail with EIO or come up short
+        ssize_t f = tri__fault_read_result((ssize_t)res, q->len - q->done, pf->direct ? ALIGN : 1);
+        res = f < 0 ? -EIO : f;
+    }
     if (res < 0) {
         if (res == -EINTR || res == -EAGAIN) return READ_AGAIN;
         slot_fail(s, TRI_STATUS_IO, "%s: %s read of %u bytes at offset %llu: %s", pf->path,
@@ -479,7 +484,8 @@ tri_status tri__prefetch_open(const char *path, const tri__prefetch_params *para
             st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: prefetch: out of memory", path);
             goto fail_fd;
         }
-        int r = io_uring_queue_init((unsigned)p.queue_depth, &pf->ring, 0);
+        int r = tri__fault_hit(TRI__FAULT_URING) ? -ENOSYS
+                                                 : io_uring_queue_init((unsigned)p.queue_depth, &pf->ring, 0);
         if (r == 0) {
             pf->uring = true;
             int rf = io_uring_register_files(&pf->ring, &pf->fd, 1);

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,8 +179,30 @@ typedef struct out_state {
     int32_t n;
 } out_state;
 
+// ---- interruption ----
+// SIGINT (Ctrl-C) sets a flag that the token and prefill callbacks read: the library returns after
+// the token or prefill piece in progress (n_batch tokens, a fraction of a second on the CPU;
+// 8,192 when offloading makes the prefill layer-major), and the command frees what it holds and
+// exits with 130, as a shell reports a process killed by SIGINT. A second SIGINT kills at once.
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+}
+
+static void catch_sigint(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sa.sa_flags = SA_RESETHAND;  // the next SIGINT takes the default action
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+}
+
 static bool on_token(int32_t token, void *user) {
     out_state *o = user;
+    if (interrupted) return false;
     if (!o->detok) {
         printf(o->n ? " %d" : "%d", token);
     } else {
@@ -199,6 +222,7 @@ typedef struct prefill_state {
 
 static bool on_prefill(int64_t done, int64_t total, void *user) {
     prefill_state *p = user;
+    if (interrupted) return false;
     if (p->tty) {
         fprintf(stderr, "\rprefill: %" PRId64 " / %" PRId64 " tokens (%d%%)", done, total,
                 (int)(100 * done / total));
@@ -246,12 +270,12 @@ static int32_t *parse_layers(const char *s, int32_t *n_out) {
     while (v) {
         char *end;
         long lo = strtol(p, &end, 10), hi;
-        if (end == p || lo < 0) goto bad;
+        if (end == p || lo < 0 || lo > INT32_MAX) goto bad;
         hi = lo;
         if (*end == '-') {
             p = end + 1;
             hi = strtol(p, &end, 10);
-            if (end == p || hi < lo) goto bad;
+            if (end == p || hi < lo || hi > INT32_MAX) goto bad;
         }
         for (long l = lo; l <= hi; l++) {
             if (n == cap) {
@@ -707,6 +731,7 @@ int tri_cli_generate(int argc, char **argv) {
 
     tri_generate_stats stats = {0};
     tri_spec_stats sstats = {0};
+    catch_sigint();
     if (spec) {
         st = tri_generate_spec(spec, ids, n_ids, &gp, on_token, &out, &sstats);
         stats.n_prompt = sstats.n_prompt;
@@ -722,6 +747,13 @@ int tri_cli_generate(int argc, char **argv) {
     if (st) {
         fputc('\n', stdout);
         rc = tri_cli_fail("generation failed", st);
+        goto done;
+    }
+    if (interrupted) {
+        fputc('\n', stdout);
+        fflush(stdout);
+        fprintf(stderr, "offload-run generate: interrupted after %d generated tokens\n", out.n);
+        rc = 130;
         goto done;
     }
     if (out.detok) {

@@ -450,8 +450,8 @@ void tri_model_free(tri_model *model) {
 }
 
 tri_status tri_model_load(const char *path, const tri_model_params *params, tri_model **out_model) {
+    if (out_model) *out_model = NULL;
     if (!path || !out_model) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_model_load: NULL argument");
-    *out_model = NULL;
     tri_model_params defaults = tri_model_default_params();
     if (!params) params = &defaults;
 
@@ -498,9 +498,14 @@ fail:
     return st;
 }
 
-void tri_model_get_info(const tri_model *model, tri_model_info *out) { *out = model->info; }
+void tri_model_get_info(const tri_model *model, tri_model_info *out) {
+    if (!out) return;
+    if (model) *out = model->info;
+    else memset(out, 0, sizeof *out);
+}
 
 tri_status tri_model_tensor_info(const tri_model *model, int64_t i, tri_tensor_info *out) {
+    if (!model || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_model_tensor_info: NULL argument");
     if (i < 0 || i >= model->n_tensors)
         return tri__fail(TRI_STATUS_NOT_FOUND, "%s: tensor %lld: index out of range (%lld tensors)",
                          model->path, (long long)i, (long long)model->n_tensors);

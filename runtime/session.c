@@ -59,8 +59,8 @@ void tri_session_free(tri_session *s) {
 
 tri_status tri_session_create(const tri_model *model, const tri_session_params *params,
                               tri_session **out) {
+    if (out) *out = NULL;
     if (!model || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_session_create: NULL argument");
-    *out = NULL;
     tri_session_params p = params ? *params : tri_session_default_params();
     const tri_model_config *c = &model->config;
     if (p.n_ctx < 0 || p.n_batch < 0)
@@ -141,6 +141,7 @@ fail:
 static tri_status eval(tri_session *s, const int32_t *tokens, int32_t n, bool all_logits);
 
 tri_status tri_session_eval(tri_session *s, const int32_t *tokens, int32_t n, bool all_logits) {
+    if (!s) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_session_eval: session is NULL");
     s->pending = -1;  // the caller runs the cache by hand from here
     return eval(s, tokens, n, all_logits);
 }
@@ -169,16 +170,17 @@ static tri_status eval(tri_session *s, const int32_t *tokens, int32_t n, bool al
 }
 
 const float *tri_session_logits(const tri_session *s, int32_t i) {
-    if (s->n_logits == 0) return NULL;
+    if (!s || s->n_logits == 0) return NULL;
     if (i == -1) i = s->n_logits - 1;
     if (i < 0 || i >= s->n_logits) return NULL;
     return s->logits + (int64_t)i * s->model->config.n_vocab;
 }
 
-int32_t tri_session_n_past(const tri_session *s) { return tri__kv_policy_len(&s->kv); }
-int32_t tri_session_n_ctx(const tri_session *s) { return tri__kv_policy_capacity(&s->kv); }
+int32_t tri_session_n_past(const tri_session *s) { return s ? tri__kv_policy_len(&s->kv) : 0; }
+int32_t tri_session_n_ctx(const tri_session *s) { return s ? tri__kv_policy_capacity(&s->kv) : 0; }
 
 tri_status tri_session_truncate(tri_session *s, int32_t n_past) {
+    if (!s) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_session_truncate: session is NULL");
     int32_t len = tri__kv_policy_len(&s->kv);
     if (n_past < 0 || n_past > len)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "truncate: %d outside [0, %d]", n_past, len);
@@ -188,21 +190,26 @@ tri_status tri_session_truncate(tri_session *s, int32_t n_past) {
 }
 
 void tri_session_reset(tri_session *s) {
+    if (!s) return;
     tri__kv_policy_reset(&s->kv);
     s->n_logits = 0;
     s->pending = -1;
     s->seeded = false;  // the next tri_generate starts its seed's stream afresh
 }
 
-void tri_session_kv_refresh(tri_session *s) { tri__kv_policy_request_refresh(&s->kv); }
+void tri_session_kv_refresh(tri_session *s) {
+    if (s) tri__kv_policy_request_refresh(&s->kv);
+}
 
 void tri_session_seed(tri_session *s, uint64_t seed) {
+    if (!s) return;
     tri__rng_seed(&s->rng, seed);
     s->seeded = true;
     s->seed = seed;
 }
 
 tri_status tri_session_sample(tri_session *s, const tri_sampler_params *params, int32_t *out) {
+    if (!s || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_session_sample: NULL argument");
     const float *logits = tri_session_logits(s, -1);
     if (!logits) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "sample: no logits (run tokens first)");
     tri_sampler_params greedy = tri_sampler_default_params();
@@ -233,6 +240,7 @@ tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
     tri_generate_stats local = {0};
     if (!stats) stats = &local;
     memset(stats, 0, sizeof *stats);
+    if (!s) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_generate: session is NULL");
     tri__kv_offload_stats a, b;
     tri__kv_store_offload_stats(s->kv.kv, &a);  // moved to the start of decoding by generate
     tri_status st = generate(s, prompt, n_prompt, params, on_token, user, stats, &a);
@@ -309,4 +317,4 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
     return TRI_STATUS_OK;
 }
 
-const char *tri_session_device(const tri_session *s) { return s->device; }
+const char *tri_session_device(const tri_session *s) { return s ? s->device : NULL; }

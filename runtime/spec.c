@@ -281,7 +281,7 @@ tri__level *tri__spec_level(tri_spec *s, int level) {
 }
 
 const int32_t *tri__spec_tokens(const tri_spec *s) { return s->seq; }
-int32_t tri_spec_n_past(const tri_spec *s) { return s->n_seq; }
+int32_t tri_spec_n_past(const tri_spec *s) { return s ? s->n_seq : 0; }
 
 // Every level forgets what it cached at or after index i of seq (which is about to change).
 static tri_status cut_at(tri_spec *s, int32_t i) {
@@ -300,6 +300,7 @@ void tri_spec_reset(tri_spec *s) {
 }
 
 tri_status tri_spec_truncate(tri_spec *s, int32_t n_past) {
+    if (!s) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_spec_truncate: engine is NULL");
     if (n_past < 0 || n_past > s->n_seq)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative truncate: %d outside [0, %d]", n_past, s->n_seq);
     s->n_seq = n_past;
@@ -433,11 +434,11 @@ static bool l2_refresh_due(const tri_spec *s, int32_t n, int32_t g2) {
 tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_prompt,
                              const tri_generate_params *params, tri_token_fn on_token, void *user,
                              tri_spec_stats *stats) {
-    if (!s) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate (speculative): NULL handle");
-    tri_generate_params p = params ? *params : tri_generate_default_params();
     tri_spec_stats local;
     if (!stats) stats = &local;
     memset(stats, 0, sizeof *stats);
+    if (!s) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate (speculative): NULL handle");
+    tri_generate_params p = params ? *params : tri_generate_default_params();
     if (n_prompt < 0 || (n_prompt > 0 && !prompt))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate (speculative): bad prompt of %d tokens",
                          n_prompt);
@@ -467,7 +468,7 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
 
     // prefill every level with all but the last token, which the first round runs
     double t0 = now_seconds();
-    memcpy(s->seq + s->n_seq, prompt, (size_t)n_prompt * sizeof *prompt);
+    if (n_prompt > 0) memcpy(s->seq + s->n_seq, prompt, (size_t)n_prompt * sizeof *prompt);  // prompt may be NULL
     int32_t end = s->n_seq + n_prompt - 1;
     TRY(cut_at(s, end));
     int32_t from = end;
@@ -677,8 +678,8 @@ void tri_spec_free(tri_spec *s) {
 
 tri_status tri_spec_create(const tri_model *target, const tri_session_params *session_params,
                            const tri_spec_params *params, tri_spec **out) {
+    if (out) *out = NULL;
     if (!target || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_spec_create: NULL argument");
-    *out = NULL;
     tri_session_params sp = session_params ? *session_params : tri_session_default_params();
     tri_spec_params p = params ? *params : tri_spec_default_params();
     const tri_model_config *c = &target->config;
@@ -809,4 +810,4 @@ fail:
     return st;
 }
 
-const char *tri_spec_device(const tri_spec *s) { return s->device; }
+const char *tri_spec_device(const tri_spec *s) { return s ? s->device : NULL; }

@@ -1053,6 +1053,7 @@ int main(int argc, char **argv) {
                    t->rows, t->cols, tri_dtype_name(gguf_type(&m, t)));
         }
         printf("params %" PRIu64 "\ngguf tensor bytes %" PRIu64 "\nhf tensor bytes %" PRIu64 "\n", n_params, gguf_bytes, hf_bytes);
+        free(m.t);
         return 0;
     }
 
