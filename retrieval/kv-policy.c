@@ -337,7 +337,25 @@ tri_status tri__kv_policy_init(tri__kv_policy *p, const tri__kv_policy_params *p
     p->n_head_kv = n_head_kv;
     p->head_dim = head_dim;
     p->max_step = max_step;
-    if ((st = tri__kv_store_init(&p->own, be, kv_type, n_layer, n_head_kv, head_dim, capacity))) goto fail;
+    int32_t store_rows = capacity;
+    if (p->p.kind == TRI_KV_POLICY_STREAMING) {
+        if (p->p.evict_every < 0 || p->p.evict_every > max_step || p->p.rollback < 0) {
+            st = tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                           "kv policy streaming: evict_every %d must be in [0, %d] (a step) and rollback %d >= 0",
+                           p->p.evict_every, max_step, p->p.rollback);
+            goto fail;
+        }
+        if (p->p.rollback == 0) p->p.rollback = max_step;
+        // the sinks, the window before a step, the step and the rows a rollback may need again; a
+        // store of every position where that is no less
+        int64_t ring = (int64_t)(p->p.budget - p->p.sink) + max_step + p->p.rollback;
+        if (!p->p.keep_all && p->p.sink + ring < capacity) {
+            p->ring_rows = (int32_t)ring;
+            p->cap = capacity;
+            store_rows = p->p.sink + p->ring_rows;
+        }
+    }
+    if ((st = tri__kv_store_init(&p->own, be, kv_type, n_layer, n_head_kv, head_dim, store_rows))) goto fail;
     p->kv = &p->own;
     switch (p->p.kind) {
     case TRI_KV_POLICY_FULL:
@@ -431,7 +449,7 @@ uint64_t tri__kv_policy_bytes_up(const tri__kv_policy *p) { return p->src ? p->r
 
 int32_t tri__kv_policy_room(const tri__kv_policy *p) {
     if (p->src) return p->ret->ring - (p->len - p->ret->tail0);
-    return p->kv->capacity - p->kv->n;
+    return tri__kv_policy_capacity(p) - tri__kv_policy_len(p);
 }
 
 tri_status tri__kv_policy_wrap_full(tri__kv_policy *p, tri__kv_store *kv, int32_t n_head, int32_t max_step) {
@@ -1138,6 +1156,47 @@ static void tap_finish(tri__kv_policy *full, bool ok) {
     s->armed = false;
 }
 
+// ---- StreamingLLM over a bounded store ----
+
+// The store row of position pos (kv-policy.h, ring_rows).
+static int32_t stream_row(const tri__kv_policy *p, int32_t pos) {
+    if (!p->ring_rows || pos < p->p.sink) return pos;
+    return p->p.sink + (pos - p->p.sink) % p->ring_rows;
+}
+
+// Writes the step's rows k and v (m, n_head_kv * head_dim) f32 at positions n0 .. n0 + m - 1 of
+// layer il into their rows: the sinks in place, the rest into the ring, in two writes where it
+// wraps.
+static tri_status stream_write(tri__kv_policy *p, int32_t il, int32_t n0, int32_t m, const float *k, const float *v) {
+    const int64_t kd = kv_dim(p);
+    for (int32_t done = 0; done < m;) {
+        int32_t pos = n0 + done, row = stream_row(p, pos), n = m - done;
+        if (pos < p->p.sink) {
+            if (n > p->p.sink - pos) n = p->p.sink - pos;
+        } else if (n > p->p.sink + p->ring_rows - row) {
+            n = p->p.sink + p->ring_rows - row;
+        }
+        TRY(tri__kv_store_write(p->kv, il, row, n, k + done * kd, v + done * kd));
+        done += n;
+    }
+    return TRI_STATUS_OK;
+}
+
+// Whether the rows a step at length n attends to are all still in the store: the sinks, and the
+// window from budget - sink positions before n's eviction interval (everything before n up to
+// the budget). Rows of positions below hw - ring_rows may have been overwritten.
+static tri_status stream_check_rollback(const tri__kv_policy *p, int32_t n) {
+    int32_t start = tri__kv_policy_evict_start(p, n);
+    int32_t need = start == 0 ? p->p.sink : start - (p->p.budget - p->p.sink);
+    int32_t have = p->hw - p->ring_rows;
+    if (need < p->p.sink) need = p->p.sink;
+    if (have <= p->p.sink || need >= have) return TRI_STATUS_OK;
+    return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                     "kv policy streaming: cannot roll back to %d of %d positions: the store keeps %d rows past the "
+                     "window (rollback), the window of %d starts at %d, position %d is overwritten",
+                     n, p->len, p->p.rollback, n, need, have - 1);
+}
+
 // ---- the step ----
 
 tri_status tri__kv_policy_begin(tri__kv_policy *p, int32_t m, const tri__rope *rope, int32_t *q_pos) {
@@ -1155,17 +1214,25 @@ tri_status tri__kv_policy_begin(tri__kv_policy *p, int32_t m, const tri__rope *r
     p->rope = rope;
     int32_t base = n0;
     if (p->p.kind == TRI_KV_POLICY_STREAMING) {
-        // sinks and the most recent tokens, rotated by their rank in the cache
-        int32_t kept = 0;
-        if (n0 <= p->p.budget) {
-            for (int32_t i = 0; i < n0; i++) p->gather[kept++] = i;
+        // sinks and the most recent tokens before the step's eviction interval, then the tokens of
+        // the interval before the step: the rows holding them, rotated by their rank in the cache
+        int32_t kept = 0, start = tri__kv_policy_evict_start(p, n0);
+        if (start == 0) {
+            for (int32_t i = 0; i < n0; i++) p->gather[kept++] = stream_row(p, i);
         } else {
             for (int32_t i = 0; i < p->p.sink; i++) p->gather[kept++] = i;
-            for (int32_t i = n0 - (p->p.budget - p->p.sink); i < n0; i++) p->gather[kept++] = i;
+            for (int32_t i = start - (p->p.budget - p->p.sink); i < n0; i++) p->gather[kept++] = stream_row(p, i);
         }
-        for (int32_t i = 0; i < m; i++) p->gather[kept + i] = n0 + i;
+        // a step past its interval attends to the interval's window (tri__kv_policy_step_limit_at
+        // keeps the forward pass within one); the view and the ring hold budget + max_step rows
+        if (kept + m > p->p.budget + p->max_step)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "kv policy streaming: a step of %d tokens at %d, %d into its eviction interval, exceeds "
+                             "the %d rows of a step's view", m, n0, n0 - start, p->p.budget + p->max_step);
+        for (int32_t i = 0; i < m; i++) p->gather[kept + i] = stream_row(p, n0 + i);
         p->step_kept = kept;
         base = kept;
+        if (p->ring_rows && n0 + m > p->hw) p->hw = n0 + m;  // the step's rows overwrite older ones
     }
     if (p->h2o) h2o_push(p, n0, m);
     for (int32_t i = 0; i < m; i++) q_pos[i] = base + i;
@@ -1198,7 +1265,8 @@ static tri_status policy_layer(tri__kv_policy *p, int32_t il, const float *q, co
         *view = &p->view;
         return TRI_STATUS_OK;
     }
-    TRY(tri__kv_store_write(p->kv, il, n0, m, k, v));
+    if (p->ring_rows) TRY(stream_write(p, il, n0, m, k, v));
+    else TRY(tri__kv_store_write(p->kv, il, n0, m, k, v));
     switch (p->p.kind) {
     case TRI_KV_POLICY_FULL:
         *view = tri__kv_store_view(p->kv, il, end, &p->view);
@@ -1248,6 +1316,8 @@ static tri_status policy_layer(tri__kv_policy *p, int32_t il, const float *q, co
 
 tri_status tri__kv_policy_measure(tri__kv_policy *p) {
     if (p->src) return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy: measuring a policy over borrowed rows");
+    if (p->ring_rows)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy streaming: measuring needs every position (keep_all)");
     tri__backend *be = p->be;
     int64_t cap = p->kv->capacity, kd = kv_dim(p);
     TRY(be->ops->alloc(be, sizeof(float) * (size_t)(p->n_head_kv * cap), (void **)&p->m_ws));
@@ -1345,7 +1415,7 @@ tri_status tri__kv_policy_commit(tri__kv_policy *p) {
             if ((st = ret_select(p, end, p->step_m - 1))) goto fail;
     }
     p->in_step = false;
-    if (p->src) {
+    if (p->src || p->ring_rows) {
         p->len = end;
         return TRI_STATUS_OK;
     }
@@ -1395,6 +1465,8 @@ tri_status tri__kv_policy_adopt(tri__kv_policy *p, tri__kv_store *src, int32_t n
         p->len = n;
         return TRI_STATUS_OK;
     }
+    if (p->ring_rows)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy streaming: rows computed over its own view cannot be adopted");
     const int32_t len = p->kv->n;
     if (n < len || n > src->n || n > p->kv->capacity)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: adopt to %d from %d (source holds %d)", n, len,
@@ -1422,6 +1494,11 @@ tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n) {
     int32_t len = tri__kv_policy_len(p);
     if (n < 0 || n > len)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: truncate to %d outside [0, %d]", n, len);
+    if (p->ring_rows) {
+        TRY(stream_check_rollback(p, n));
+        p->len = n;
+        return TRI_STATUS_OK;
+    }
     if (p->h2o) TRY(h2o_truncate(p, n));
     if (p->ret) TRY(ret_truncate(p, n));
     return p->src ? TRI_STATUS_OK : tri__kv_store_set_len(p->kv, n);
@@ -1440,6 +1517,7 @@ void tri__kv_policy_reset(tri__kv_policy *p) {
     }
     p->kv->n = 0;
     p->len = 0;
+    p->hw = 0;
 }
 
 void tri__kv_policy_request_refresh(tri__kv_policy *p) {

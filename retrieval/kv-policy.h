@@ -37,6 +37,13 @@ typedef struct tri__kv_policy_params {
     int32_t recent;   // H2O: recent tokens always kept, < budget; 0: budget / 2
     int32_t history;  // H2O: steps remembered for rollback; 0: 8
     tri__chunk_index_kind index;  // RETRIEVAL: chunk index backend
+    int32_t rollback;     // STREAMING: tokens a rollback may drop beyond the step in progress
+                          // (the store keeps them); 0: max_step
+    int32_t evict_every;  // STREAMING: past the window, tokens between evictions (a step of that
+                          // many attends to the window before it and to itself, TriForce's draft
+                          // prefill); 0 or 1: every token, StreamingLLM's own cache; <= max_step
+    bool keep_all;        // STREAMING: the store keeps every position instead of sink + window +
+                          // rollback rows (tri__kv_policy_measure needs them)
 } tri__kv_policy_params;
 
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index), the budget clipped to
@@ -89,7 +96,14 @@ typedef struct tri__kv_policy {
 
     // ---- RETRIEVAL over borrowed rows (tri__kv_policy_init_borrowed) ----
     tri__kv_store *src;       // the full cache whose rows the policy reads; NULL: its own store
-    int32_t len;              // with src: positions covered (kv is then the ring of its own rows)
+    int32_t len;              // with src or ring_rows: positions covered (kv is then the ring of its
+                              // own rows)
+    // ---- STREAMING with a bounded store: positions 0 .. sink - 1 in rows 0 .. sink - 1, position
+    // i >= sink in row sink + (i - sink) % ring_rows; 0: the store holds every position at its row ----
+    int32_t ring_rows;        // window + max_step + rollback
+    int32_t cap;              // positions the policy may reach (the capacity it was made for)
+    int32_t hw;               // the highest length written since the last reset: rows of positions
+                              // below hw - ring_rows may be overwritten
     // FULL: a policy borrowing this one's rows that selects from the step ending at tap_at
     // (tri__kv_policy_tap); NULL: none
     struct tri__kv_policy *tap;
@@ -139,9 +153,9 @@ tri_status tri__kv_policy_wrap_full(tri__kv_policy *p, tri__kv_store *kv, int32_
 void tri__kv_policy_free(tri__kv_policy *p);
 
 // Positions appended so far, and the most the store holds.
-static inline int32_t tri__kv_policy_len(const tri__kv_policy *p) { return p->src ? p->len : p->kv->n; }
+static inline int32_t tri__kv_policy_len(const tri__kv_policy *p) { return p->src || p->ring_rows ? p->len : p->kv->n; }
 static inline int32_t tri__kv_policy_capacity(const tri__kv_policy *p) {
-    return p->src ? p->src->capacity : p->kv->capacity;
+    return p->src ? p->src->capacity : p->ring_rows ? p->cap : p->kv->capacity;
 }
 // Tokens the policy can still append: up to the capacity, or, borrowing, until its ring of own
 // rows is full (a selection frees it: its rows then start at the selection's bound).
@@ -150,14 +164,27 @@ int32_t tri__kv_policy_room(const tri__kv_policy *p);
 // offloaded layers, rows of them put into the ring); src's own streaming is src's count. 0 else.
 uint64_t tri__kv_policy_bytes_up(const tri__kv_policy *p);
 
-// The most tokens a step at cache length len may hold for the cache to be what one-token steps
-// build, however the caller batches: a StreamingLLM step attends to the window before it plus its
-// own tokens, so its token i sees what it would alone only while nothing has been evicted by then
-// (len + i <= budget); past that, one token per step (docs/kv-policies.md). No limit (INT32_MAX)
-// for the other policies. tri__llama_forward_policy keeps to it.
+// STREAMING: the first position of the eviction interval holding position pos. Up to the budget
+// nothing is evicted (one interval); past it, intervals of evict_every tokens from budget + 1 on.
+// A token at pos attends to the sinks, the budget - sink positions before that start, and the
+// positions from the start to itself (evict_every 1: StreamingLLM's window before the token).
+static inline int32_t tri__kv_policy_evict_start(const tri__kv_policy *p, int32_t pos) {
+    if (pos <= p->p.budget) return 0;
+    int32_t e = p->p.evict_every > 1 ? p->p.evict_every : 1;
+    return p->p.budget + 1 + (pos - p->p.budget - 1) / e * e;
+}
+
+// The most tokens a step at cache length len may hold for the cache to be the same however the
+// caller batches: a StreamingLLM step attends to one window plus its own tokens, so all of them
+// must lie in one eviction interval (tri__kv_policy_evict_start): up to the budget while nothing is
+// evicted, then to the end of the interval (evict_every 1: one token per step,
+// docs/kv-policies.md). No limit (INT32_MAX) for the other policies. tri__llama_forward_policy
+// keeps to it.
 static inline int32_t tri__kv_policy_step_limit_at(const tri__kv_policy *p, int32_t len) {
     if (p->p.kind != TRI_KV_POLICY_STREAMING) return INT32_MAX;
-    return len <= p->p.budget ? p->p.budget - len + 1 : 1;
+    if (len <= p->p.budget) return p->p.budget - len + 1;
+    int32_t e = p->p.evict_every > 1 ? p->p.evict_every : 1;
+    return tri__kv_policy_evict_start(p, len) + e - len;
 }
 // The same at the policy's length.
 static inline int32_t tri__kv_policy_step_limit(const tri__kv_policy *p) {

@@ -37,6 +37,10 @@ typedef struct tri__level_params {
     int32_t ring;          // with kv_source: rows of its own tokens since a selection (>= chunk + n_batch)
     tri__act_pool *acts;   // activations shared with the other levels (llama.h; the caller binds
                            // the pool once every level joined); NULL: the level's own
+    int32_t rollback;      // STREAMING: tokens a rollback may drop (the store keeps sink + window +
+                           // n_batch + rollback rows, not the context); 0: n_batch
+    int32_t evict_every;   // STREAMING: past the window, tokens between evictions (kv-policy.h);
+                           // 0 or 1: every token; at most n_batch
 } tri__level_params;
 
 typedef struct tri__level {
@@ -108,7 +112,9 @@ const float *tri__level_logits(const tri__level *lv, int32_t i);
 // as if the dropped tokens had never been run: selections made after n_past are dropped too.
 // Exact for every policy a level serves, however far back: FULL and STREAMING hold nothing but
 // the store, and a RETRIEVAL level selects only inside tri__level_eval_refresh, so no rollback
-// can land in a step that would have selected (docs/speculative.md, "Caches and rollback").
+// can land in a step that would have selected (docs/speculative.md, "Caches and rollback"). A
+// STREAMING level keeps only `rollback` tokens past its window: asked to go further back, it
+// empties itself (n_past 0), and the caller runs the tokens again.
 tri_status tri__level_truncate(tri__level *lv, int32_t n_past);
 
 // Positions cached.

@@ -283,7 +283,7 @@ static tri_status level_run(tri_spec *s, tri__level *lv, int32_t m, int32_t extr
     int32_t np = tri__level_n_past(lv);
     if (np > m - 1) {
         TRY(tri__level_truncate(lv, m - 1));
-        np = m - 1;
+        np = tri__level_n_past(lv);  // m - 1, or 0 where a draft level started again (level.h)
     }
     if (lv == s->lv2 && s->refresh_next) {
         TRY(tri__level_eval_refresh(lv, seq + np, m - np));
@@ -745,6 +745,10 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         l1p.policy = p.draft_window == 0 && window >= sp.n_ctx ? TRI_KV_POLICY_FULL : TRI_KV_POLICY_STREAMING;
         l1p.budget = window;
         l1p.sink = p.draft_sink;
+        // a round rolls L1 back by at most the drafts of a round (and a catch-up token); its
+        // prefill evicts every 64 tokens, as TriForce's does (L1 only proposes: exactness holds)
+        l1p.rollback = p.gamma1 + p.gamma2 + 2;
+        l1p.evict_every = sp.n_batch < 64 ? sp.n_batch : 64;
         if ((st = tri__level_init(&s->l1, m, s->be, &l1p))) goto fail;
         s->lv1 = &s->l1;
     }
