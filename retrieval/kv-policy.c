@@ -113,6 +113,10 @@ void tri__kv_policy_default_budget(tri__kv_policy_params *p, int32_t capacity) {
     p->budget = budget;
 }
 
+void tri__kv_policy_cover(tri__kv_policy_params *p, int32_t capacity) {
+    if (p->kind != TRI_KV_POLICY_FULL && p->budget > capacity) *p = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, capacity);
+}
+
 tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity) {
     const char *name = tri__kv_policy_name(p->kind);
     if (p->kind < TRI_KV_POLICY_FULL || p->kind > TRI_KV_POLICY_RETRIEVAL)

@@ -57,6 +57,12 @@ tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t 
 // (tri__kv_policy_check).
 void tri__kv_policy_default_budget(tri__kv_policy_params *params, int32_t capacity);
 
+// A budget the caller gave past the context (capacity): nothing would ever be evicted, so the
+// policy becomes FULL, which computes the same, as with a default budget that covers the context
+// (the chunk then need not divide anything). A budget of the whole context is kept (retrieval then
+// selects every chunk). No-op otherwise.
+void tri__kv_policy_cover(tri__kv_policy_params *params, int32_t capacity);
+
 // Checks params against the cache capacity; INVALID_ARGUMENT with a message naming the field.
 tri_status tri__kv_policy_check(const tri__kv_policy_params *params, int32_t capacity);
 

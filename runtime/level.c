@@ -58,8 +58,9 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level: policy %s is not one a level serves",
                          tri__kv_policy_name(params->policy));
     }
-    // the values as given are checked (a budget past the context, a chunk that does not divide
-    // it): the caller resolved the defaults
+    // a budget past the context is the full cache (tri__kv_policy_cover); the values as given are
+    // checked otherwise (a chunk that does not divide the budget): the caller resolved the defaults
+    tri__kv_policy_cover(&kp, params->n_ctx);
     tri_status st;
     if ((st = tri__kv_policy_check(&kp, params->n_ctx))) return st;
     // a budget of the whole context evicts nothing: the full policy computes the same, exactly

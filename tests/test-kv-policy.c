@@ -656,7 +656,25 @@ Test(policy, default_budget_whole_chunks_or_full) {
                       "policy %d: logits of token %d differ from the full cache", kinds[k], i);
         tri_session_free(s);
     }
-    // an explicit budget is checked, not adjusted
+    // an explicit budget past the context is the full cache too, for every policy (the chunk then
+    // divides nothing)
+    for (int k = 0; k < 3; k++) {
+        tri_session_params sp = tri_session_default_params();
+        sp.n_ctx = 13;
+        sp.n_batch = 16;
+        sp.kv_type = TRI_DTYPE_F32;
+        sp.kv_policy = kinds[k];
+        sp.kv_budget = 100;
+        sp.kv_chunk = 3;
+        tri_session *s = NULL;
+        cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "policy %d: %s", kinds[k], tri_last_error());
+        cr_assert_eq(tri_session_eval(s, t, 13, true), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int i = 0; i < 13; i++)
+            cr_assert(memcmp(tri_session_logits(s, i), tri_session_logits(full, i), sizeof(float) * (size_t)V) == 0,
+                      "policy %d, budget 100: logits of token %d differ from the full cache", kinds[k], i);
+        tri_session_free(s);
+    }
+    // an explicit budget within the context is checked, not adjusted
     tri_session_params sp = tri_session_default_params();
     sp.n_ctx = 13;
     sp.kv_policy = TRI_KV_POLICY_RETRIEVAL;
@@ -986,8 +1004,7 @@ Test(policy, bad_parameters) {
         int32_t budget, chunk, sink, refresh;
         const char *needle;
     } cases[] = {
-        {TRI_KV_POLICY_RETRIEVAL, 128, 8, 0, 0, "larger than the context"},
-        {TRI_KV_POLICY_STREAMING, 100, 0, 0, 0, "larger than the context"},
+        {TRI_KV_POLICY_STREAMING, 100, 0, 100, 0, "sink 100"},
         {TRI_KV_POLICY_RETRIEVAL, 16, 3, 0, 0, "must divide the budget"},
         {TRI_KV_POLICY_RETRIEVAL, 16, 32, 0, 0, "must divide the budget"},
         {TRI_KV_POLICY_STREAMING, 16, 0, 16, 0, "sink 16"},

@@ -186,6 +186,20 @@ Test(spec, ngram_lookup) {
     int32_t ctx3[] = {3, 4, 3, 4};
     cr_assert_eq(tri__ngram_draft(ctx3, 4, 2, 3, out), 3);
     cr_assert(out[0] == 3 && out[1] == 4 && out[2] == 3);
+    // the engine's drafter wants the whole n-gram: "... 1 5 6" recurs as a 2-gram "5 6" only
+    int32_t ctx4[] = {5, 6, 7, 8, 1, 5, 6};
+    cr_assert_eq(tri__ngram_draft(ctx4, 7, 3, 4, out), 4, "a 2-gram match");
+    cr_assert_eq(tri__ngram_draft_min(ctx4, 7, 3, 3, 4, out), 0, "no 3-gram match: nothing proposed");
+    cr_assert_eq(tri__ngram_draft_min(ctx4, 7, 3, 2, 4, out), 4);
+    cr_assert(out[0] == 7 && out[1] == 8 && out[2] == 1 && out[3] == 5);
+    cr_assert_eq(tri__ngram_draft_min(ctx, 9, 3, 3, 2, out), 2, "the 3-gram matches, 2 tokens asked");
+    // the draft length: doubled on full acceptance up to the cap, accepted + 1 otherwise
+    cr_assert_eq(tri__ngram_next_len(2, 2, 2, 6), 4);
+    cr_assert_eq(tri__ngram_next_len(4, 4, 4, 6), 6);
+    cr_assert_eq(tri__ngram_next_len(6, 6, 6, 6), 6);
+    cr_assert_eq(tri__ngram_next_len(6, 6, 0, 6), 1);
+    cr_assert_eq(tri__ngram_next_len(6, 6, 3, 6), 4);
+    cr_assert_eq(tri__ngram_next_len(3, 0, 0, 6), 3, "nothing proposed: unchanged");
 }
 
 // ---- greedy: token for token equal to plain decoding ----
@@ -698,11 +712,14 @@ Test(spec, refuses_bad_cache_parameters) {
     tri_spec *s = NULL;
     cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(tri_last_error(), "chunk size 8 must divide the budget 36"), "%s", tri_last_error());
-    // given values are checked, not turned into the full cache: a budget past the context, or one
-    // of the whole context that the chunk does not divide
+    // a budget past the context is the full cache, as the default is (the chunk then divides
+    // nothing); one of the whole context is checked: the chunk must divide it
     p.budget = 200;
-    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
-    cr_assert(strstr(tri_last_error(), "budget 200 is larger than the context (128"), "%s", tri_last_error());
+    p.chunk = 3;
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__spec_level(s, 2)->pol.p.kind, TRI_KV_POLICY_FULL);
+    tri_spec_free(s);
+    s = NULL;
     p.budget = 128;
     p.chunk = 3;
     cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
