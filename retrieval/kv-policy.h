@@ -102,12 +102,13 @@ typedef struct tri__kv_policy {
 
     // ---- RETRIEVAL over borrowed rows (tri__kv_policy_init_borrowed) ----
     tri__kv_store *src;       // the full cache whose rows the policy reads; NULL: its own store
-    int32_t len;              // with src or ring_rows: positions covered (kv is then the ring of its
-                              // own rows)
+    int32_t len;              // with src or cap: positions covered (kv is then the ring of its own
+                              // rows, or the bounded store)
     // ---- STREAMING with a bounded store: positions 0 .. sink - 1 in rows 0 .. sink - 1, position
     // i >= sink in row sink + (i - sink) % ring_rows; 0: the store holds every position at its row ----
     int32_t ring_rows;        // window + max_step + rollback
-    int32_t cap;              // positions the policy may reach (the capacity it was made for)
+    int32_t cap;              // STREAMING, H2O over a bounded store (fewer rows than positions): the
+                              // positions the policy may reach (the capacity it was made for); 0: none
     int32_t hw;               // the highest length written since the last reset: rows of positions
                               // below hw - ring_rows may be overwritten
     // FULL: a policy borrowing this one's rows that selects from the step ending at tap_at
@@ -159,9 +160,9 @@ tri_status tri__kv_policy_wrap_full(tri__kv_policy *p, tri__kv_store *kv, int32_
 void tri__kv_policy_free(tri__kv_policy *p);
 
 // Positions appended so far, and the most the store holds.
-static inline int32_t tri__kv_policy_len(const tri__kv_policy *p) { return p->src || p->ring_rows ? p->len : p->kv->n; }
+static inline int32_t tri__kv_policy_len(const tri__kv_policy *p) { return p->src || p->cap ? p->len : p->kv->n; }
 static inline int32_t tri__kv_policy_capacity(const tri__kv_policy *p) {
-    return p->src ? p->src->capacity : p->ring_rows ? p->cap : p->kv->capacity;
+    return p->src ? p->src->capacity : p->cap ? p->cap : p->kv->capacity;
 }
 // Tokens the policy can still append: up to the capacity, or, borrowing, until its ring of own
 // rows is full (a selection frees it: its rows then start at the selection's bound).

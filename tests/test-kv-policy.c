@@ -376,13 +376,23 @@ Test(streaming, view_keeps_sinks_and_window_rotated_by_rank) {
 // H2O against a naive simulation in double precision: softmax of each query over what it sees,
 // probabilities summed over the group's heads and the step's queries, lowest accumulated score
 // outside the recent window evicted first.
+static void h2o_naive(int bounded);
+
+// Twice: with a store of every position, and with a bounded one (history 1: 2 * budget + 2 steps
+// of rows) whose rows move down when a step does not fit.
 Test(h2o, heavy_hitters_match_naive_simulation) {
+    for (int bounded = 0; bounded < 2; bounded++) h2o_naive(bounded);
+}
+
+static void h2o_naive(int bounded) {
     enum { T = 40, HD = 8, NH = 2, BUDGET = 10, RECENT = 4 };
     tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_H2O, 64);
     pp.budget = BUDGET;
     pp.recent = RECENT;
+    pp.history = bounded ? 1 : 0;
     rig r;
     rig_init(&r, &pp, NH, 1, HD, 64, 8);
+    cr_assert_eq(r.pol.own.capacity, bounded ? 2 * BUDGET + 2 * 8 : 64, "store rows %d", r.pol.own.capacity);
     static float k[T][HD], v[T][HD], q[T][NH * HD];
     for (int t = 0; t < T; t++) {
         for (int d = 0; d < HD; d++) k[t][d] = frand() * (t % 7 == 3 ? 3.0f : 1.0f);  // some keys stand out
@@ -845,6 +855,20 @@ typedef struct stream_rig {
     int32_t V;
 } stream_rig;
 
+static void policy_rig_init(stream_rig *r, tri_model *m, const tri__kv_policy_params *pp, int32_t capacity) {
+    memset(r, 0, sizeof *r);
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    const tri_model_config *c = &info.config;
+    r->V = c->n_vocab;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &r->be), TRI_STATUS_OK);
+    cr_assert_eq(tri__model_on_backend(m, r->be, 0, 0, &r->w), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__llama_init(&r->ll, r->w, r->be, 16), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__kv_policy_init(&r->pol, pp, r->be, TRI_DTYPE_F16, c->n_layer, c->n_head, c->n_head_kv,
+                                     c->head_dim, capacity, 16),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+}
+
 static void stream_rig_init(stream_rig *r, tri_model *m, int32_t capacity, bool keep_all, int32_t rollback,
                             int32_t evict_every) {
     memset(r, 0, sizeof *r);
@@ -993,6 +1017,75 @@ Test(streaming, evict_every_interval_same_however_batched) {
     free(lb);
     stream_rig_free(&one);
     stream_rig_free(&each);
+    tri_model_free(m);
+}
+
+// H2O over a bounded store (budget 8, history 2, steps of 16: 64 rows for any length) keeps the
+// positions a store of every position keeps and computes the same logits (to f32 rounding: its
+// rows move, so its spans are cut elsewhere), through rollbacks after its rows moved.
+Test(h2o, bounded_store_keeps_what_every_position_keeps) {
+    enum { N = 300, BACK = 2 };
+    tri_model *m = gen_model("h2o-bound", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    int32_t t[N];
+    for (int i = 0; i < N; i++) t[i] = tok(i) ^ (i % 7);
+    tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_H2O, 4096);
+    pp.budget = 8;
+    pp.history = 2;
+    stream_rig all, small;
+    pp.keep_all = true;
+    policy_rig_init(&all, m, &pp, 4096);
+    pp.keep_all = false;
+    policy_rig_init(&small, m, &pp, 4096);
+    cr_assert_eq(all.pol.own.capacity, 4096);
+    cr_assert_eq(small.pol.own.capacity, 2 * 8 + 3 * 16, "store rows %d", small.pol.own.capacity);
+    cr_assert_eq(tri__kv_policy_capacity(&small.pol), 4096);
+    const int32_t V = all.V;
+    float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V);
+    float *back = malloc(sizeof(float) * (size_t)BACK * (size_t)V);
+    cr_assert(la && lb && back);
+    int32_t pa[64], pb[64];
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(tri__llama_forward_policy(&all.ll, &all.pol, t + i, 1, TRI_LOGITS_LAST, la), TRI_STATUS_OK);
+        cr_assert_eq(tri__llama_forward_policy(&small.ll, &small.pol, t + i, 1, TRI_LOGITS_LAST, lb), TRI_STATUS_OK,
+                     "token %d: %s", i, tri_last_error());
+        float mx = 0, diff = 0;
+        for (int32_t x = 0; x < V; x++) {
+            mx = fmaxf(mx, fabsf(la[x]));
+            diff = fmaxf(diff, fabsf(la[x] - lb[x]));
+        }
+        cr_assert(diff <= 1e-4f * mx, "token %d: logits differ by %g (largest %g)", i, (double)diff, (double)mx);
+        for (int32_t il = 0; il < 2; il++)
+            for (int32_t h = 0; h < 2; h++) {
+                int32_t na = tri__kv_policy_h2o_kept(&all.pol, il, h, pa), nb = tri__kv_policy_h2o_kept(&small.pol, il, h, pb);
+                cr_assert(na == nb && memcmp(pa, pb, sizeof(int32_t) * (size_t)na) == 0,
+                          "token %d, layer %d, head %d: kept positions differ", i, il, h);
+            }
+        if (i >= N - BACK) memcpy(back + (int64_t)(i - (N - BACK)) * V, lb, sizeof(float) * (size_t)V);
+    }
+    // back two steps (the history), after the rows moved many times, and the same tokens again
+    cr_assert_eq(tri__kv_policy_truncate(&small.pol, N - BACK), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__kv_policy_len(&small.pol), N - BACK);
+    for (int i = N - BACK; i < N; i++) {
+        cr_assert_eq(tri__llama_forward_policy(&small.ll, &small.pol, t + i, 1, TRI_LOGITS_LAST, lb), TRI_STATUS_OK,
+                     "%s", tri_last_error());
+        float mx = 0, diff = 0;
+        const float *want = back + (int64_t)(i - (N - BACK)) * V;
+        for (int32_t x = 0; x < V; x++) {
+            mx = fmaxf(mx, fabsf(want[x]));
+            diff = fmaxf(diff, fabsf(want[x] - lb[x]));
+        }
+        cr_assert(diff <= 1e-4f * mx, "token %d after the rollback: logits differ by %g", i, (double)diff);
+    }
+    for (int32_t il = 0; il < 2; il++)
+        for (int32_t h = 0; h < 2; h++) {
+            int32_t na = tri__kv_policy_h2o_kept(&all.pol, il, h, pa), nb = tri__kv_policy_h2o_kept(&small.pol, il, h, pb);
+            cr_assert(na == nb && memcmp(pa, pb, sizeof(int32_t) * (size_t)na) == 0, "after the rollback: kept differ");
+        }
+    free(la);
+    free(lb);
+    free(back);
+    stream_rig_free(&all);
+    stream_rig_free(&small);
     tri_model_free(m);
 }
 
