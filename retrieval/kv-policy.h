@@ -1,8 +1,9 @@
 // kv-policy.h - KV cache policies: which past tokens each layer and KV head attends to (internal).
 //
-// A policy owns the keys and values of every position (a tri__kv_store, so that rollback is exact
-// for every policy) and, per step of the forward pass, hands back the tri__kv_view the step
-// attends to. docs/kv-policies.md describes each policy.
+// A policy owns the keys and values it may attend to (a tri__kv_store: every position for FULL and
+// RETRIEVAL; for STREAMING and H2O only what their budget, a step and a rollback need, whatever the
+// length) and, per step of the forward pass, hands back the tri__kv_view the step attends to.
+// docs/kv-policies.md describes each policy.
 //
 // One step of m tokens (the forward pass does exactly this, for every chunk of a prefill):
 //   tri__kv_policy_begin(p, m, rope, q_pos)   -> positions to rotate the queries at and mask with
@@ -35,15 +36,16 @@ typedef struct tri__kv_policy_params {
     int32_t refresh;  // RETRIEVAL: re-select once this many tokens came since the last selection
                       // (none before the first, requested one); 0: only on request
     int32_t recent;   // H2O: recent tokens always kept, < budget; 0: budget / 2
-    int32_t history;  // H2O: steps remembered for rollback; 0: 8
+    int32_t history;  // H2O: steps remembered for rollback; 0: 8. The store then keeps
+                      // 2 * budget + (history + 1) * max_step rows (fewer than the capacity)
     tri__chunk_index_kind index;  // RETRIEVAL: chunk index backend
     int32_t rollback;     // STREAMING: tokens a rollback may drop beyond the step in progress
                           // (the store keeps them); 0: max_step
     int32_t evict_every;  // STREAMING: past the window, tokens between evictions (a step of that
                           // many attends to the window before it and to itself, TriForce's draft
                           // prefill); 0 or 1: every token, StreamingLLM's own cache; <= max_step
-    bool keep_all;        // STREAMING: the store keeps every position instead of sink + window +
-                          // rollback rows (tri__kv_policy_measure needs them)
+    bool keep_all;        // STREAMING, H2O: the store keeps every position instead of the rows the
+                          // policy needs (tri__kv_policy_measure needs them)
 } tri__kv_policy_params;
 
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index), the budget clipped to
@@ -236,7 +238,8 @@ void tri__kv_policy_abort(tri__kv_policy *p);
 tri_status tri__kv_policy_adopt(tri__kv_policy *p, tri__kv_store *src, int32_t n);
 
 // Rolls back to the first n positions: the state becomes what it would be had the dropped tokens
-// never been appended. H2O remembers `history` steps: INVALID_ARGUMENT before those.
+// never been appended. H2O remembers `history` steps, a bounded STREAMING store the rows of
+// max_step + rollback tokens past the window: INVALID_ARGUMENT before those.
 tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n);
 // Empties the cache.
 void tri__kv_policy_reset(tri__kv_policy *p);

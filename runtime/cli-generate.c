@@ -54,7 +54,7 @@ static void usage(FILE *f) {
           "      --kv POLICY      which past tokens each step attends to: full (default),\n"
           "                       streaming (sinks + recent), h2o (heavy hitters + recent) or\n"
           "                       retrieval (top chunks by query . mean key)\n"
-          "      --budget N       past tokens the policy keeps, at most the context (default\n"
+          "      --budget N       past tokens the policy keeps; past the context: all (default\n"
           "                       4096 in whole chunks; a context no longer is kept whole)\n"
           "      --chunk N        retrieval: chunk size in tokens, divides the budget (default 8)\n"
           "      --sink N         streaming: attention sinks, fewer than the budget (default 16)\n"
