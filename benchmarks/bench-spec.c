@@ -160,7 +160,8 @@ int main(int argc, char **argv) {
     printf("L1 cache: StreamingLLM, %d tokens (16 sinks); L2: retrieval, chunks of 8, selected after the "
            "prefill and again when L3 accepts under half of L2's tokens over 4 passes\n\n", window);
     printf("| mode | L1 drafter | L2 budget | T | L1 accept | L2 accept | tokens / L3 pass | L3 passes | "
-           "L2 refreshes | ms / token | L1 / L2 / L3 s | x plain |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "L2 refreshes | ms / token | L1 / L2 / L3 s | x plain |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 
     typedef struct config {
         tri_spec_mode mode;
@@ -173,8 +174,10 @@ int main(int argc, char **argv) {
     const bool want_layers = strstr(modes_arg, "layers") != NULL, want_ngram = strstr(modes_arg, "ngram") != NULL;
     configs[n_configs++] = (config){TRI_SPEC_MODE_NONE, TRI_SPEC_DRAFTER_NGRAM, "none", "-", 0};
     if (want_layers)
-        configs[n_configs++] = (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS, "draft -> full", "self (layers)", 0};
-    if (want_ngram) configs[n_configs++] = (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_NGRAM, "draft -> full", "n-gram", 0};
+        configs[n_configs++] =
+            (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS, "draft -> full", "self (layers)", 0};
+    if (want_ngram)
+        configs[n_configs++] = (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_NGRAM, "draft -> full", "n-gram", 0};
     for (int32_t b = 0; strstr(modes_arg, "retrieval") && b < n_budgets; b++)
         configs[n_configs++] = (config){TRI_SPEC_MODE_RETRIEVAL, TRI_SPEC_DRAFTER_NGRAM, "retrieval -> full", "-", budgets[b]};
     if (draft) configs[n_configs++] = (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_MODEL, "draft -> full", "model", 0};

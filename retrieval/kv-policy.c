@@ -129,7 +129,8 @@ void tri__kv_policy_default_budget(tri__kv_policy_params *p, int32_t capacity) {
 }
 
 void tri__kv_policy_cover(tri__kv_policy_params *p, int32_t capacity) {
-    if (p->kind != TRI_KV_POLICY_FULL && p->budget > capacity) *p = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, capacity);
+    if (p->kind != TRI_KV_POLICY_FULL && p->budget > capacity)
+        *p = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, capacity);
 }
 
 tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity) {
@@ -718,7 +719,8 @@ static tri_status h2o_compact(tri__kv_policy *p) {
             for (int32_t j = 0; j < s->cnt[hi]; j++) s->slot[hi * s->cap + j] = s->remap[s->slot[hi * s->cap + j]];
             for (int32_t r = 0; r < s->n_rec; r++) {
                 h2o_record *rc = &s->rec[r];
-                for (int32_t j = 0; j < rc->cnt[hi]; j++) rc->slot[hi * s->cap + j] = s->remap[rc->slot[hi * s->cap + j]];
+                int32_t *rs = rc->slot + hi * s->cap;
+                for (int32_t j = 0; j < rc->cnt[hi]; j++) rs[j] = s->remap[rs[j]];
                 if (rc->m > 0) rc->row0[hi] = s->remap[rc->row0[hi]];
             }
         }

@@ -295,8 +295,8 @@ static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
         if (st->n_l2_verify > 0) {
             double l2 = st->l2_seconds / (double)st->n_l2_verify;
             if (l2 > 0.5 * pass)
-                fprintf(stderr, "  L2 checks cost %.1f ms, %.2f of an L3 pass: a level that costs about what the pass it "
-                        "saves cannot win (on the CPU every level sweeps the same weights)\n",
+                fprintf(stderr, "  L2 checks cost %.1f ms, %.2f of an L3 pass: a level that costs about what the "
+                        "pass it saves cannot win (on the CPU every level sweeps the same weights)\n",
                         1e3 * l2, l2 / pass);
         }
     }

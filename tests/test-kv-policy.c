@@ -923,7 +923,8 @@ Test(streaming, bounded_store_equals_every_position) {
         cr_assert_eq(r->pol.own.capacity, 2 + 6 + 16 + 16, "store rows %d", r->pol.own.capacity);
     }
     cr_assert_eq(tri__kv_policy_capacity(&huge.pol), 1 << 30);
-    float *la = malloc(sizeof(float) * (size_t)N * (size_t)all.V), *lb = malloc(sizeof(float) * (size_t)N * (size_t)all.V);
+    const size_t bytes = sizeof(float) * (size_t)N * (size_t)all.V;
+    float *la = malloc(bytes), *lb = malloc(bytes);
     cr_assert(la && lb);
     stream_run(&all, t, N, la);
     for (stream_rig *r = &small; r; r = r == &small ? &huge : NULL) {
@@ -991,7 +992,8 @@ Test(streaming, evict_every_interval_same_however_batched) {
         if (len > 8) cr_assert((len - 9) % E == 0 || len == N, "a step ends at %d, inside an interval", len);
     }
     cr_assert_eq(steps, 1 + (N - 9 + E - 1) / E);
-    float *la = malloc(sizeof(float) * (size_t)N * (size_t)one.V), *lb = malloc(sizeof(float) * (size_t)N * (size_t)one.V);
+    const size_t bytes = sizeof(float) * (size_t)N * (size_t)one.V;
+    float *la = malloc(bytes), *lb = malloc(bytes);
     cr_assert(la && lb);
     cr_assert_eq(tri__llama_forward_policy(&one.ll, &one.pol, t, N, TRI_LOGITS_ALL, la), TRI_STATUS_OK, "%s",
                  tri_last_error());
@@ -1056,7 +1058,8 @@ Test(h2o, bounded_store_keeps_what_every_position_keeps) {
         cr_assert(diff <= 1e-4f * mx, "token %d: logits differ by %g (largest %g)", i, (double)diff, (double)mx);
         for (int32_t il = 0; il < 2; il++)
             for (int32_t h = 0; h < 2; h++) {
-                int32_t na = tri__kv_policy_h2o_kept(&all.pol, il, h, pa), nb = tri__kv_policy_h2o_kept(&small.pol, il, h, pb);
+                int32_t na = tri__kv_policy_h2o_kept(&all.pol, il, h, pa);
+                int32_t nb = tri__kv_policy_h2o_kept(&small.pol, il, h, pb);
                 cr_assert(na == nb && memcmp(pa, pb, sizeof(int32_t) * (size_t)na) == 0,
                           "token %d, layer %d, head %d: kept positions differ", i, il, h);
             }
@@ -1078,7 +1081,8 @@ Test(h2o, bounded_store_keeps_what_every_position_keeps) {
     }
     for (int32_t il = 0; il < 2; il++)
         for (int32_t h = 0; h < 2; h++) {
-            int32_t na = tri__kv_policy_h2o_kept(&all.pol, il, h, pa), nb = tri__kv_policy_h2o_kept(&small.pol, il, h, pb);
+            int32_t na = tri__kv_policy_h2o_kept(&all.pol, il, h, pa);
+            int32_t nb = tri__kv_policy_h2o_kept(&small.pol, il, h, pb);
             cr_assert(na == nb && memcmp(pa, pb, sizeof(int32_t) * (size_t)na) == 0, "after the rollback: kept differ");
         }
     free(la);
