@@ -703,6 +703,44 @@ Test(spec, l1_catch_up_across_calls_equals_one_token_steps, .timeout = 120) {
     tri_model_free(target);
 }
 
+// L1 evicts in intervals of 64 past its window, so a long prompt prefills it in about P / 64
+// steps (plus the engine's pieces of n_batch), not one per token; its store is bounded; greedy
+// output is plain decoding's.
+Test(spec, l1_prefills_an_interval_per_step) {
+    enum { P = 700, GEN = 24 };
+    tri_model *target = load(gen_model("l1every", "--seed 73 --layers 2"));
+    static const int32_t layer0[] = {0};
+    tri_spec_params p = params_of(TRI_SPEC_MODE_DRAFT, &(drafter_case){"l", TRI_SPEC_DRAFTER_LAYERS, NULL, layer0, 1, 0},
+                                  2, 4);
+    p.draft_window = 16;
+    p.draft_sink = 4;
+    int32_t prompt[P], want[GEN], got[GEN];
+    for (int i = 0; i < P; i++) prompt[i] = (int32_t)((i * 53 + 7) % 200) + 3;
+    tri_spec *s = spec_new(target, &p, 1024);
+    tri__level *l1 = tri__spec_level(s, 1);
+    cr_assert_eq(l1->pol.p.evict_every, 64);
+    cr_assert_eq(l1->pol.p.rollback, 2 + 4 + 2);
+    cr_assert_eq(l1->pol.own.capacity, 4 + (16 - 4) + 128 + 8, "L1 store rows %d", l1->pol.own.capacity);
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = 1;  // no draft: L1 has run the prefill only
+    gp.stop_at_eos = false;
+    collect c = {got, 0, GEN};
+    cr_assert_eq(tri_generate_spec(s, prompt, P, &gp, on_token, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    // P - 1 tokens: to the window in one step, then intervals of 64, split where the engine's
+    // pieces of 128 end
+    int64_t bound = (P - 1) / 64 + 1 + (P - 1) / 128 + 1;
+    cr_assert(l1->n_evals <= bound, "L1 prefill took %lld steps, want at most %lld (one per token: %d)",
+              (long long)l1->n_evals, (long long)bound, P - 1 - 16);
+    tri_spec_reset(s);
+    gp.n_predict = GEN;
+    c.n = 0;
+    cr_assert_eq(tri_generate_spec(s, prompt, P, &gp, on_token, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    plain_greedy(target, prompt, P, GEN, 1024, want);
+    for (int i = 0; i < GEN; i++) cr_assert_eq(got[i], want[i], "token %d: %d, plain %d", i, got[i], want[i]);
+    tri_spec_free(s);
+    tri_model_free(target);
+}
+
 // Budgets and windows the policies refuse are refused at create, with the field named.
 Test(spec, refuses_bad_cache_parameters) {
     tri_model *target = load(gen_model("badp", "--seed 71 --layers 1"));
