@@ -129,6 +129,7 @@ int main(int argc, char **argv) {
             tri__kv_policy_params pp = tri__kv_policy_default_params(kinds[k], cap);
             pp.budget = budget;
             pp.sink = 16;
+            pp.keep_all = true;  // the measurement attends to every position besides the view
             run(&ll, m, &pp, ids, ctx, npos, got, &mass, &secs);
             double kl = 0, acc = 0, top1 = 0, nll = 0;
             for (int32_t i = 0; i < npos; i++) {

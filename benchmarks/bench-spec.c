@@ -4,14 +4,18 @@
 //
 // usage: bench-spec MODEL IDS [--n-prompt N] [--n-gen N] [--threads N] [--draft-layers LIST]
 //                   [--ngram N] [--gamma1 N] [--gamma2 N] [--budget LIST] [--budgets LIST]
-//                   [--window N] [--temps 0|0.6|both] [--draft MODEL]
+//                   [--window N] [--temps 0|0.6|both] [--draft MODEL] [--modes LIST]
 // IDS: the prompt's token ids, as text (one per line, scripts/tokenize-gguf.py) or little-endian
 // int32 (benchmarks/tokenize-gguf.py). --budgets: the retrieval -> full rows (default
 // 256,512,1024); --budget: TRIFORCE's L2, one or a list (default 512); --window: L1's
 // StreamingLLM cache (default 256, 16 sinks); --draft: a separate draft model (same vocabulary)
-// adds draft -> full and TRIFORCE rows with it as L1.
+// adds draft -> full and TRIFORCE rows with it as L1. --modes: a comma-separated subset of
+// layers, ngram, retrieval, triforce (default all; plain decoding always runs first).
 //
 // Checks first: at temperature 0 every mode must emit exactly the tokens plain decoding emits.
+// Then, per row, the speed against plain decoding at the same temperature (x plain: plain's
+// ms/token over the row's) and whether the mode pays on this machine; the modes that do not are
+// listed at the end.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,12 +104,12 @@ int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s MODEL IDS [--n-prompt N] [--n-gen N] [--threads N] [--draft-layers LIST] "
                         "[--ngram N] [--gamma1 N] [--gamma2 N] [--budget LIST] [--budgets LIST] [--window N] "
-                        "[--temps 0|0.6|both] [--draft MODEL]\n", argv[0]);
+                        "[--temps 0|0.6|both] [--draft MODEL] [--modes LIST]\n", argv[0]);
         return 2;
     }
     int32_t n_prompt = 3000, n_gen = 64, threads = 2, ngram = 3, gamma1 = 2, gamma2 = 6, window = 256;
     const char *layers_arg = "0-11,13,15,17,19,21,23,25,27-29", *budgets_arg = "256,512,1024", *temps_arg = "both";
-    const char *tf_budgets_arg = "512", *draft_path = NULL;
+    const char *tf_budgets_arg = "512", *draft_path = NULL, *modes_arg = "layers,ngram,retrieval,triforce";
     for (int i = 3; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--n-prompt")) n_prompt = atoi(v);
@@ -120,6 +124,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--budgets")) budgets_arg = v;
         else if (!strcmp(k, "--window")) window = atoi(v);
         else if (!strcmp(k, "--temps")) temps_arg = v;
+        else if (!strcmp(k, "--modes")) modes_arg = v;
         else {
             fprintf(stderr, "unknown option %s\n", k);
             return 2;
@@ -155,7 +160,8 @@ int main(int argc, char **argv) {
     printf("L1 cache: StreamingLLM, %d tokens (16 sinks); L2: retrieval, chunks of 8, selected after the "
            "prefill and again when L3 accepts under half of L2's tokens over 4 passes\n\n", window);
     printf("| mode | L1 drafter | L2 budget | T | L1 accept | L2 accept | tokens / L3 pass | L3 passes | "
-           "L2 refreshes | ms / token | L1 / L2 / L3 s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "L2 refreshes | ms / token | L1 / L2 / L3 s | x plain |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 
     typedef struct config {
         tri_spec_mode mode;
@@ -165,21 +171,30 @@ int main(int argc, char **argv) {
     } config;
     config configs[32];
     size_t n_configs = 0;
+    const bool want_layers = strstr(modes_arg, "layers") != NULL, want_ngram = strstr(modes_arg, "ngram") != NULL;
     configs[n_configs++] = (config){TRI_SPEC_MODE_NONE, TRI_SPEC_DRAFTER_NGRAM, "none", "-", 0};
-    configs[n_configs++] = (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS, "draft -> full", "self (layers)", 0};
-    configs[n_configs++] = (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_NGRAM, "draft -> full", "n-gram", 0};
-    for (int32_t b = 0; b < n_budgets; b++)
+    if (want_layers)
+        configs[n_configs++] =
+            (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS, "draft -> full", "self (layers)", 0};
+    if (want_ngram)
+        configs[n_configs++] = (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_NGRAM, "draft -> full", "n-gram", 0};
+    for (int32_t b = 0; strstr(modes_arg, "retrieval") && b < n_budgets; b++)
         configs[n_configs++] = (config){TRI_SPEC_MODE_RETRIEVAL, TRI_SPEC_DRAFTER_NGRAM, "retrieval -> full", "-", budgets[b]};
     if (draft) configs[n_configs++] = (config){TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_MODEL, "draft -> full", "model", 0};
-    for (int32_t b = 0; b < n_tf_budgets; b++) {
+    for (int32_t b = 0; strstr(modes_arg, "triforce") && b < n_tf_budgets; b++) {
         if (draft)
             configs[n_configs++] = (config){TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_MODEL, "triforce", "model",
                                             tf_budgets[b]};
-        configs[n_configs++] = (config){TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS, "triforce", "self (layers)",
-                                        tf_budgets[b]};
-        configs[n_configs++] = (config){TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_NGRAM, "triforce", "n-gram", tf_budgets[b]};
+        if (want_layers)
+            configs[n_configs++] = (config){TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS, "triforce",
+                                            "self (layers)", tf_budgets[b]};
+        if (want_ngram)
+            configs[n_configs++] = (config){TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_NGRAM, "triforce", "n-gram",
+                                            tf_budgets[b]};
     }
     run_out greedy_ref = {.n = 0};
+    double plain_ms[2] = {0, 0};  // plain decoding's ms/token at each temperature
+    char losing[2048] = "";
     int bad = 0;
     tri_session_params sp = tri_session_default_params();
     sp.n_ctx = n_prompt + n_gen + 16;
@@ -232,11 +247,20 @@ int main(int argc, char **argv) {
             if (configs[c].budget > 0) snprintf(bud, sizeof bud, "%d", configs[c].budget);
             if (st.l1_proposed) snprintf(l1, sizeof l1, "%.3f", (double)st.l1_accepted / (double)st.l1_proposed);
             if (st.l2_proposed) snprintf(l2, sizeof l2, "%.3f", (double)st.l2_accepted / (double)st.l2_proposed);
-            printf("| %s | %s | %s | %.1f | %s | %s | %.2f | %lld | %lld | %.1f | %.2f / %.2f / %.2f |\n",
+            double ms = 1e3 * st.decode_seconds / st.n_generated;
+            if (c == 0) plain_ms[t] = ms;
+            char vs[48] = "1.00";
+            if (c > 0) {
+                double x = plain_ms[t] / ms;
+                snprintf(vs, sizeof vs, "%.2f%s", x, x < 0.95 ? " (loses)" : x > 1.05 ? " (wins)" : "");
+                if (x < 0.95 && strlen(losing) + 128 < sizeof losing)
+                    snprintf(losing + strlen(losing), sizeof losing - strlen(losing), "%s%s/%s/%s at T %.1f (%.2f)",
+                             losing[0] ? ", " : "", configs[c].name, configs[c].drafter_name, bud, (double)temps[t], x);
+            }
+            printf("| %s | %s | %s | %.1f | %s | %s | %.2f | %lld | %lld | %.1f | %.2f / %.2f / %.2f | %s |\n",
                    configs[c].name, configs[c].drafter_name, bud, (double)temps[t], l1, l2,
                    (double)st.n_generated / (double)st.n_l3_verify, (long long)st.n_l3_verify,
-                   (long long)st.n_l2_refresh, 1e3 * st.decode_seconds / st.n_generated, st.l1_seconds,
-                   st.l2_seconds, st.l3_seconds);
+                   (long long)st.n_l2_refresh, ms, st.l1_seconds, st.l2_seconds, st.l3_seconds, vs);
             fflush(stdout);
         }
         tri_spec_free(s);
@@ -246,5 +270,6 @@ int main(int argc, char **argv) {
     free(ids);
     if (bad) return 1;
     printf("\ncheck: every mode's greedy output equals plain decoding's (%d tokens)\n", greedy_ref.n);
+    printf("slower than plain decoding on this machine (x plain < 0.95): %s\n", losing[0] ? losing : "none");
     return 0;
 }

@@ -320,9 +320,12 @@ typedef struct tri_session_params {
     // ---- KV policy (ignored for TRI_KV_POLICY_FULL) ----
     tri_kv_policy kv_policy;  // default TRI_KV_POLICY_FULL
     int32_t kv_budget;        // past tokens a step attends to besides its own (and, for retrieval,
-                              // those since the last selection); 1 <= budget <= n_ctx; 0: 4096,
-                              // rounded down to whole chunks for retrieval, and when n_ctx is no
-                              // longer than that, nothing is evicted: the session runs as FULL
+                              // those since the last selection); >= 1; 0: 4096, rounded down to
+                              // whole chunks for retrieval; when n_ctx is no longer than the
+                              // budget, nothing is evicted: the session runs as FULL. Streaming and
+                              // h2o hold only the budget's rows (plus a step's and a rollback's:
+                              // docs/kv-policies.md), whatever n_ctx, which then only caps the
+                              // length of the stream
     int32_t kv_chunk;         // retrieval: tokens per chunk, divides kv_budget; 0: 8
     int32_t kv_sink;          // streaming: attention-sink tokens, < kv_budget; 0: 16 (TriForce's draft
                               // cache), or kv_budget / 2 for budgets under 32
@@ -547,9 +550,10 @@ typedef struct tri_spec_params {
     int32_t gamma1;                 // tokens L1 drafts per L2 verification (TRIFORCE); 0: 2
     int32_t gamma2;                 // tokens the full-cache target verifies per pass (every mode
                                     // but NONE); 0: 6
-    int32_t budget;                 // retrieval cache size in tokens, <= n_ctx, a multiple of
-                                    // chunk; 0: 4096 in whole chunks, or, when the context is no
-                                    // longer, the full cache (L2 then computes what L3 does)
+    int32_t budget;                 // retrieval cache size in tokens, a multiple of chunk (past
+                                    // n_ctx: the full cache); 0: 4096 in whole chunks, or, when the
+                                    // context is no longer, the full cache (L2 then computes what
+                                    // L3 does)
     int32_t chunk;                  // retrieval chunk size in tokens; 0: 8
     // ---- cache policies of the levels (appended after the fields above) ----
     int32_t draft_window;           // L1's StreamingLLM cache: sink + recent tokens it attends

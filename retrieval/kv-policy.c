@@ -18,6 +18,8 @@
 // H2O: what one step changed, to undo it exactly.
 typedef struct h2o_record {
     int32_t n0, m;    // the step's first position and length
+    int32_t *row0;    // (n_layer * n_head_kv) the store row of the step's first token per head
+    int32_t *slot;    // (n_layer * n_head_kv, cap) snapshot before the step
     int32_t *cnt;     // (n_layer * n_head_kv) snapshot before the step
     int32_t *pos;     // (n_layer * n_head_kv, cap)
     float *score;     // (n_layer * n_head_kv, cap)
@@ -30,6 +32,19 @@ struct tri__h2o_state {
     int32_t *cnt;      // (n_layer * n_head_kv) rows kept
     int32_t *pos;      // (n_layer * n_head_kv, cap) kept positions, ascending
     float *score;      // (n_layer * n_head_kv, cap) accumulated attention of each kept position
+    int32_t *slot;     // (n_layer * n_head_kv, cap) the store row holding each kept position, ascending
+    // the store: a head's kept rows in position order with holes where positions were evicted; a
+    // step's tokens go to rows top .. top + m - 1 (every head). Bounded (rows < the capacity), the
+    // rows still needed (kept now or by a remembered step) move down when the next step does not
+    // fit; else row = position, as a full cache.
+    bool bounded;
+    int32_t rows;      // store rows per layer
+    int32_t top;       // bounded: rows in use
+    int32_t *step_row0;  // (n_layer * n_head_kv) the step's first row per head (top, or n0)
+    int32_t *row_pos;  // bounded: (n_layer * n_head_kv, rows) the position each row holds
+    int32_t *remap;    // bounded: (rows) compaction scratch
+    int64_t *offs;     // bounded: (rows * n_head_kv) compaction gather offsets
+    void *moved;       // bounded: (rows, n_head_kv * head_dim) backend, the cache type: compacted rows
     unsigned char *drop;  // (cap) eviction scratch
     float *ws_dev;     // (n_head_kv * cap) backend: the attention op's weight sums
     float *ws;         // (n_head_kv * cap) host copy
@@ -113,6 +128,11 @@ void tri__kv_policy_default_budget(tri__kv_policy_params *p, int32_t capacity) {
     p->budget = budget;
 }
 
+void tri__kv_policy_cover(tri__kv_policy_params *p, int32_t capacity) {
+    if (p->kind != TRI_KV_POLICY_FULL && p->budget > capacity)
+        *p = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, capacity);
+}
+
 tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity) {
     const char *name = tri__kv_policy_name(p->kind);
     if (p->kind < TRI_KV_POLICY_FULL || p->kind > TRI_KV_POLICY_RETRIEVAL)
@@ -174,6 +194,12 @@ static void h2o_free(tri__kv_policy *p) {
     free(s->drop);
     free(s->ws);
     free(s->q_pos);
+    free(s->slot);
+    free(s->step_row0);
+    free(s->row_pos);
+    free(s->remap);
+    free(s->offs);
+    p->be->ops->free(p->be, s->moved);
     p->be->ops->free(p->be, s->ws_dev);
     p->be->ops->free(p->be, s->q_dev);
     p->be->ops->free(p->be, s->out_dev);
@@ -183,6 +209,8 @@ static void h2o_free(tri__kv_policy *p) {
             free(s->rec[i].pos);
             free(s->rec[i].score);
             free(s->rec[i].q);
+            free(s->rec[i].slot);
+            free(s->rec[i].row0);
         }
     free(s->rec);
     free(s);
@@ -279,7 +307,17 @@ static tri_status h2o_init(tri__kv_policy *p) {
     ALLOC(s->cnt, heads);
     ALLOC(s->pos, heads * s->cap);
     ALLOC(s->score, heads * s->cap);
+    ALLOC(s->slot, heads * s->cap);
+    ALLOC(s->step_row0, heads);
     ALLOC(s->drop, s->cap);
+    s->rows = p->kv->capacity;
+    s->bounded = p->cap > 0;
+    if (s->bounded) {
+        ALLOC(s->row_pos, heads * s->rows);
+        ALLOC(s->remap, s->rows);
+        ALLOC(s->offs, (int64_t)s->rows * p->n_head_kv);
+        TRY(p->be->ops->alloc(p->be, (size_t)(s->rows * row_bytes(p)), &s->moved));
+    }
     ALLOC(s->ws, (int64_t)p->n_head_kv * s->cap);
     ALLOC(s->q_pos, p->max_step);
     ALLOC(s->rec, p->p.history);
@@ -287,6 +325,8 @@ static tri_status h2o_init(tri__kv_policy *p) {
         ALLOC(s->rec[i].cnt, heads);
         ALLOC(s->rec[i].pos, heads * s->cap);
         ALLOC(s->rec[i].score, heads * s->cap);
+        ALLOC(s->rec[i].slot, heads * s->cap);
+        ALLOC(s->rec[i].row0, heads);
         ALLOC(s->rec[i].q, (int64_t)p->n_layer * p->max_step * qd);
     }
     TRY(p->be->ops->alloc(p->be, sizeof(float) * (size_t)p->n_head_kv * (size_t)s->cap, (void **)&s->ws_dev));
@@ -337,7 +377,34 @@ tri_status tri__kv_policy_init(tri__kv_policy *p, const tri__kv_policy_params *p
     p->n_head_kv = n_head_kv;
     p->head_dim = head_dim;
     p->max_step = max_step;
-    if ((st = tri__kv_store_init(&p->own, be, kv_type, n_layer, n_head_kv, head_dim, capacity))) goto fail;
+    int32_t store_rows = capacity;
+    if (p->p.kind == TRI_KV_POLICY_STREAMING) {
+        if (p->p.evict_every < 0 || p->p.evict_every > max_step || p->p.rollback < 0) {
+            st = tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                           "kv policy streaming: evict_every %d must be in [0, %d] (a step) and rollback %d >= 0",
+                           p->p.evict_every, max_step, p->p.rollback);
+            goto fail;
+        }
+        if (p->p.rollback == 0) p->p.rollback = max_step;
+        // the sinks, the window before a step, the step and the rows a rollback may need again; a
+        // store of every position where that is no less
+        int64_t ring = (int64_t)(p->p.budget - p->p.sink) + max_step + p->p.rollback;
+        if (!p->p.keep_all && p->p.sink + ring < capacity) {
+            p->ring_rows = (int32_t)ring;
+            p->cap = capacity;
+            store_rows = p->p.sink + p->ring_rows;
+        }
+    }
+    if (p->p.kind == TRI_KV_POLICY_H2O && !p->p.keep_all) {
+        // the kept rows, the rows of the remembered steps (their evictions and tokens, which a
+        // rollback replays), a step, and as many again so that rows move once per budget tokens
+        int64_t rows = 2 * (int64_t)p->p.budget + (int64_t)(p->p.history + 1) * max_step;
+        if (rows < capacity) {
+            p->cap = capacity;
+            store_rows = (int32_t)rows;
+        }
+    }
+    if ((st = tri__kv_store_init(&p->own, be, kv_type, n_layer, n_head_kv, head_dim, store_rows))) goto fail;
     p->kv = &p->own;
     switch (p->p.kind) {
     case TRI_KV_POLICY_FULL:
@@ -431,7 +498,7 @@ uint64_t tri__kv_policy_bytes_up(const tri__kv_policy *p) { return p->src ? p->r
 
 int32_t tri__kv_policy_room(const tri__kv_policy *p) {
     if (p->src) return p->ret->ring - (p->len - p->ret->tail0);
-    return p->kv->capacity - p->kv->n;
+    return tri__kv_policy_capacity(p) - tri__kv_policy_len(p);
 }
 
 tri_status tri__kv_policy_wrap_full(tri__kv_policy *p, tri__kv_store *kv, int32_t n_head, int32_t max_step) {
@@ -458,34 +525,46 @@ static float *h2o_score(const tri__kv_policy *p, int32_t il, int32_t h) {
     return p->h2o->score + ((int64_t)il * p->n_head_kv + h) * p->h2o->cap;
 }
 
-// Layer il's view: runs of kept positions, then the step's tokens [n0, n0 + m).
-static void h2o_view(tri__kv_policy *p, int32_t il, int32_t n0, int32_t m) {
+// Layer il's view: runs of kept positions in consecutive rows, then the step's tokens [n0, n0 + m)
+// from row row0[h] of each head (row0: (n_layer * n_head_kv)). Rows are positions unless bounded,
+// where each span reads its rows' positions from row_pos.
+static void h2o_view(tri__kv_policy *p, int32_t il, int32_t n0, int32_t m, const int32_t *row0) {
+    tri__h2o_state *s = p->h2o;
     const int64_t es = esize(p), kd = kv_dim(p);
     int32_t ns = 0;
     for (int32_t h = 0; h < p->n_head_kv; h++) {
         p->head_span[h] = ns;
-        const int32_t *pos = h2o_pos(p, il, h);
-        int32_t cnt = p->h2o->cnt[il * p->n_head_kv + h];
+        const int64_t hi = (int64_t)il * p->n_head_kv + h;
+        const int32_t *pos = h2o_pos(p, il, h), *slot = s->slot + hi * s->cap;
+        int32_t cnt = s->cnt[hi];
         for (int32_t i = 0; i <= cnt;) {
-            int32_t start, len;
+            int32_t start, row, len;
             if (i == cnt) {  // the step's tokens
                 start = n0;
+                row = row0[hi];
                 len = m;
                 i++;
             } else {
                 start = pos[i];
+                row = slot[i];
                 len = 1;
-                while (i + len < cnt && pos[i + len] == start + len) len++;
+                while (i + len < cnt && slot[i + len] == row + len && (s->bounded || pos[i + len] == start + len))
+                    len++;
                 i += len;
             }
             if (len == 0) continue;
-            if (ns > p->head_span[h] && p->spans[ns - 1].pos0 + p->spans[ns - 1].n == start) {
-                p->spans[ns - 1].n += len;  // contiguous with the step: one span, as the full view has
-                continue;
+            if (ns > p->head_span[h]) {
+                tri__kv_span *last = &p->spans[ns - 1];
+                int64_t last_row = ((const char *)last->k - (const char *)p->kv->k[il]) / es / kd + last->n;
+                if (last_row == row && (s->bounded || last->pos0 + last->n == start)) {
+                    last->n += len;  // contiguous with the step: one span, as the full view has
+                    continue;
+                }
             }
-            int64_t off = ((int64_t)start * kd + (int64_t)h * p->head_dim) * es;
+            int64_t off = ((int64_t)row * kd + (int64_t)h * p->head_dim) * es;
             p->spans[ns++] = (tri__kv_span){.pos0 = start, .n = len, .k = (const char *)p->kv->k[il] + off,
-                                            .v = (const char *)p->kv->v[il] + off, .stride = kd};
+                                            .v = (const char *)p->kv->v[il] + off, .stride = kd,
+                                            .pos = s->bounded ? s->row_pos + hi * s->rows + row : NULL};
         }
     }
     p->head_span[p->n_head_kv] = ns;
@@ -493,15 +572,17 @@ static void h2o_view(tri__kv_policy *p, int32_t il, int32_t n0, int32_t m) {
 }
 
 // Adds the weight sums (host, in view order) to the kept scores and appends the step's tokens.
-static void h2o_accumulate(tri__kv_policy *p, int32_t il, int32_t n0, int32_t m) {
+static void h2o_accumulate(tri__kv_policy *p, int32_t il, int32_t n0, int32_t m, const int32_t *row0) {
     const float *ws = p->h2o->ws;
     for (int32_t h = 0; h < p->n_head_kv; h++) {
-        int32_t *cnt = &p->h2o->cnt[il * p->n_head_kv + h];
-        int32_t *pos = h2o_pos(p, il, h);
+        const int64_t hi = (int64_t)il * p->n_head_kv + h;
+        int32_t *cnt = &p->h2o->cnt[hi];
+        int32_t *pos = h2o_pos(p, il, h), *slot = p->h2o->slot + hi * p->h2o->cap;
         float *sc = h2o_score(p, il, h);
         for (int32_t j = 0; j < *cnt; j++) sc[j] += ws[j];
         for (int32_t j = 0; j < m; j++) {
             pos[*cnt + j] = n0 + j;
+            slot[*cnt + j] = row0[hi] + j;
             sc[*cnt + j] = ws[*cnt + j];
         }
         ws += *cnt + m;
@@ -529,9 +610,11 @@ static void h2o_evict(tri__kv_policy *p, int32_t il, int32_t len) {
             s->drop[w] = 1;
         }
         int32_t o = 0;
+        int32_t *slot = s->slot + ((int64_t)il * p->n_head_kv + h) * s->cap;
         for (int32_t j = 0; j < *cnt; j++)
             if (!s->drop[j]) {
                 pos[o] = pos[j];
+                slot[o] = slot[j];
                 sc[o] = sc[j];
                 o++;
             }
@@ -544,6 +627,7 @@ static void h2o_snapshot(tri__kv_policy *p, h2o_record *r) {
     int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
     memcpy(r->cnt, s->cnt, sizeof *r->cnt * (size_t)heads);
     memcpy(r->pos, s->pos, sizeof *r->pos * (size_t)(heads * s->cap));
+    memcpy(r->slot, s->slot, sizeof *r->slot * (size_t)(heads * s->cap));
     memcpy(r->score, s->score, sizeof *r->score * (size_t)(heads * s->cap));
 }
 
@@ -552,6 +636,7 @@ static void h2o_restore(tri__kv_policy *p, const h2o_record *r) {
     int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
     memcpy(s->cnt, r->cnt, sizeof *r->cnt * (size_t)heads);
     memcpy(s->pos, r->pos, sizeof *r->pos * (size_t)(heads * s->cap));
+    memcpy(s->slot, r->slot, sizeof *r->slot * (size_t)(heads * s->cap));
     memcpy(s->score, r->score, sizeof *r->score * (size_t)(heads * s->cap));
 }
 
@@ -566,6 +651,7 @@ static h2o_record *h2o_push(tri__kv_policy *p, int32_t n0, int32_t m) {
     h2o_record *r = &s->rec[s->n_rec++];
     r->n0 = n0;
     r->m = m;
+    memcpy(r->row0, s->step_row0, sizeof *r->row0 * (size_t)(p->n_layer * p->n_head_kv));
     h2o_snapshot(p, r);
     return r;
 }
@@ -579,7 +665,7 @@ static tri_status h2o_replay(tri__kv_policy *p, h2o_record *r, int32_t k) {
     int64_t qd = (int64_t)p->n_head * p->head_dim;
     for (int32_t i = 0; i < k; i++) s->q_pos[i] = r->n0 + i;
     for (int32_t il = 0; il < p->n_layer; il++) {
-        h2o_view(p, il, r->n0, k);
+        h2o_view(p, il, r->n0, k, r->row0);
         p->view = (tri__kv_view){.type = p->kv->type, .n_head_kv = p->n_head_kv, .spans = p->spans,
                                  .head_span = p->head_span};
         const float *q = r->q + (int64_t)il * p->max_step * qd;
@@ -589,16 +675,94 @@ static tri_status h2o_replay(tri__kv_policy *p, h2o_record *r, int32_t k) {
         for (int32_t si = 0; si < p->head_span[p->n_head_kv]; si++) n_keys += p->spans[si].n;
         TRY(op->copy_to_host(p->be, s->ws, s->ws_dev, sizeof(float) * (size_t)n_keys));
         TRY(op->synchronize(p->be));
-        h2o_accumulate(p, il, r->n0, k);
+        h2o_accumulate(p, il, r->n0, k, r->row0);
         h2o_evict(p, il, r->n0 + k);
     }
     r->m = k;
     return TRI_STATUS_OK;
 }
 
+// Bounded: moves each head's rows still needed (kept now, kept before a remembered step, or a
+// remembered step's tokens) down to rows 0, 1, ... in order, one gather per layer for K and one
+// for V, and renumbers the slots.
+static tri_status h2o_compact(tri__kv_policy *p) {
+    tri__h2o_state *s = p->h2o;
+    const tri__backend_ops *op = p->be->ops;
+    const int32_t nkv = p->n_head_kv, hd = p->head_dim;
+    const int64_t es = esize(p), kd = kv_dim(p);
+    if (!op->copy) return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy h2o: backend %s copies no rows", op->name);
+    int32_t new_top = 0;
+    for (int32_t il = 0; il < p->n_layer; il++) {
+        for (int32_t h = 0; h < nkv; h++) {
+            const int64_t hi = (int64_t)il * nkv + h;
+            // mark (remap 1) the rows needed, then number them in order
+            memset(s->remap, 0, sizeof *s->remap * (size_t)s->rows);
+            for (int32_t j = 0; j < s->cnt[hi]; j++) s->remap[s->slot[hi * s->cap + j]] = 1;
+            for (int32_t r = 0; r < s->n_rec; r++) {
+                const h2o_record *rc = &s->rec[r];
+                for (int32_t j = 0; j < rc->cnt[hi]; j++) s->remap[rc->slot[hi * s->cap + j]] = 1;
+                for (int32_t j = 0; j < rc->m; j++) s->remap[rc->row0[hi] + j] = 1;
+            }
+            int32_t n = 0;
+            int32_t *rp = s->row_pos + hi * s->rows;
+            for (int32_t row = 0; row < s->top; row++) {
+                if (!s->remap[row]) {
+                    s->remap[row] = -1;
+                    continue;
+                }
+                s->offs[(int64_t)n * nkv + h] = ((int64_t)row * kd + (int64_t)h * hd) * es;
+                rp[n] = rp[row];  // n <= row: in place
+                s->remap[row] = n++;
+            }
+            for (int32_t r = n; r < s->rows; r++) s->offs[(int64_t)r * nkv + h] = (int64_t)h * hd * es;
+            if (n > new_top) new_top = n;
+            for (int32_t j = 0; j < s->cnt[hi]; j++) s->slot[hi * s->cap + j] = s->remap[s->slot[hi * s->cap + j]];
+            for (int32_t r = 0; r < s->n_rec; r++) {
+                h2o_record *rc = &s->rec[r];
+                int32_t *rs = rc->slot + hi * s->cap;
+                for (int32_t j = 0; j < rc->cnt[hi]; j++) rs[j] = s->remap[rs[j]];
+                if (rc->m > 0) rc->row0[hi] = s->remap[rc->row0[hi]];
+            }
+        }
+        // every head of the layer numbered: move its K and V rows
+        int64_t n_rows = (int64_t)new_top;
+        for (int which = 0; which < 2; which++) {
+            void *base = which ? p->kv->v[il] : p->kv->k[il];
+            if (n_rows == 0) break;
+            TRY(op->gather(p->be, s->moved, base, s->offs, n_rows * nkv, hd * es));
+            TRY(op->copy(p->be, base, s->moved, (size_t)(n_rows * kd * es)));
+        }
+    }
+    s->top = new_top;
+    return TRI_STATUS_OK;
+}
+
+// Chooses the rows of a step of m tokens at n0 (step_row0) and records their positions: the
+// position's own row, or, bounded, the next rows free (after moving the rows still needed down
+// when the step would not fit).
+static tri_status h2o_place(tri__kv_policy *p, int32_t n0, int32_t m) {
+    tri__h2o_state *s = p->h2o;
+    const int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
+    if (!s->bounded) {
+        for (int64_t i = 0; i < heads; i++) s->step_row0[i] = n0;
+        return TRI_STATUS_OK;
+    }
+    if (s->top + m > s->rows) TRY(h2o_compact(p));
+    if (s->top + m > s->rows)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "kv policy h2o: %d rows still needed and a step of %d exceed the store's %d rows", s->top, m,
+                         s->rows);
+    for (int64_t i = 0; i < heads; i++) {
+        s->step_row0[i] = s->top;
+        for (int32_t j = 0; j < m; j++) s->row_pos[i * s->rows + s->top + j] = n0 + j;
+    }
+    s->top += m;
+    return TRI_STATUS_OK;
+}
+
 static tri_status h2o_truncate(tri__kv_policy *p, int32_t n) {
     tri__h2o_state *s = p->h2o;
-    int32_t len = p->kv->n;
+    int32_t len = tri__kv_policy_len(p);
     if (n == len) return TRI_STATUS_OK;
     if (s->n_rec == 0 || n < s->rec[0].n0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
@@ -1145,6 +1309,47 @@ static void tap_finish(tri__kv_policy *full, bool ok) {
     s->armed = false;
 }
 
+// ---- StreamingLLM over a bounded store ----
+
+// The store row of position pos (kv-policy.h, ring_rows).
+static int32_t stream_row(const tri__kv_policy *p, int32_t pos) {
+    if (!p->ring_rows || pos < p->p.sink) return pos;
+    return p->p.sink + (pos - p->p.sink) % p->ring_rows;
+}
+
+// Writes the step's rows k and v (m, n_head_kv * head_dim) f32 at positions n0 .. n0 + m - 1 of
+// layer il into their rows: the sinks in place, the rest into the ring, in two writes where it
+// wraps.
+static tri_status stream_write(tri__kv_policy *p, int32_t il, int32_t n0, int32_t m, const float *k, const float *v) {
+    const int64_t kd = kv_dim(p);
+    for (int32_t done = 0; done < m;) {
+        int32_t pos = n0 + done, row = stream_row(p, pos), n = m - done;
+        if (pos < p->p.sink) {
+            if (n > p->p.sink - pos) n = p->p.sink - pos;
+        } else if (n > p->p.sink + p->ring_rows - row) {
+            n = p->p.sink + p->ring_rows - row;
+        }
+        TRY(tri__kv_store_write(p->kv, il, row, n, k + done * kd, v + done * kd));
+        done += n;
+    }
+    return TRI_STATUS_OK;
+}
+
+// Whether the rows a step at length n attends to are all still in the store: the sinks, and the
+// window from budget - sink positions before n's eviction interval (everything before n up to
+// the budget). Rows of positions below hw - ring_rows may have been overwritten.
+static tri_status stream_check_rollback(const tri__kv_policy *p, int32_t n) {
+    int32_t start = tri__kv_policy_evict_start(p, n);
+    int32_t need = start == 0 ? p->p.sink : start - (p->p.budget - p->p.sink);
+    int32_t have = p->hw - p->ring_rows;
+    if (need < p->p.sink) need = p->p.sink;
+    if (have <= p->p.sink || need >= have) return TRI_STATUS_OK;
+    return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                     "kv policy streaming: cannot roll back to %d of %d positions: the store keeps %d rows past the "
+                     "window (rollback), the window of %d starts at %d, position %d is overwritten",
+                     n, p->len, p->p.rollback, n, need, have - 1);
+}
+
 // ---- the step ----
 
 tri_status tri__kv_policy_begin(tri__kv_policy *p, int32_t m, const tri__rope *rope, int32_t *q_pos) {
@@ -1162,19 +1367,30 @@ tri_status tri__kv_policy_begin(tri__kv_policy *p, int32_t m, const tri__rope *r
     p->rope = rope;
     int32_t base = n0;
     if (p->p.kind == TRI_KV_POLICY_STREAMING) {
-        // sinks and the most recent tokens, rotated by their rank in the cache
-        int32_t kept = 0;
-        if (n0 <= p->p.budget) {
-            for (int32_t i = 0; i < n0; i++) p->gather[kept++] = i;
+        // sinks and the most recent tokens before the step's eviction interval, then the tokens of
+        // the interval before the step: the rows holding them, rotated by their rank in the cache
+        int32_t kept = 0, start = tri__kv_policy_evict_start(p, n0);
+        if (start == 0) {
+            for (int32_t i = 0; i < n0; i++) p->gather[kept++] = stream_row(p, i);
         } else {
             for (int32_t i = 0; i < p->p.sink; i++) p->gather[kept++] = i;
-            for (int32_t i = n0 - (p->p.budget - p->p.sink); i < n0; i++) p->gather[kept++] = i;
+            for (int32_t i = start - (p->p.budget - p->p.sink); i < n0; i++) p->gather[kept++] = stream_row(p, i);
         }
-        for (int32_t i = 0; i < m; i++) p->gather[kept + i] = n0 + i;
+        // a step past its interval attends to the interval's window (tri__kv_policy_step_limit_at
+        // keeps the forward pass within one); the view and the ring hold budget + max_step rows
+        if (kept + m > p->p.budget + p->max_step)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "kv policy streaming: a step of %d tokens at %d, %d into its eviction interval, exceeds "
+                             "the %d rows of a step's view", m, n0, n0 - start, p->p.budget + p->max_step);
+        for (int32_t i = 0; i < m; i++) p->gather[kept + i] = stream_row(p, n0 + i);
         p->step_kept = kept;
         base = kept;
+        if (p->ring_rows && n0 + m > p->hw) p->hw = n0 + m;  // the step's rows overwrite older ones
     }
-    if (p->h2o) h2o_push(p, n0, m);
+    if (p->h2o) {
+        TRY(h2o_place(p, n0, m));
+        h2o_push(p, n0, m);
+    }
     for (int32_t i = 0; i < m; i++) q_pos[i] = base + i;
     p->in_step = true;
     return TRI_STATUS_OK;
@@ -1205,7 +1421,9 @@ static tri_status policy_layer(tri__kv_policy *p, int32_t il, const float *q, co
         *view = &p->view;
         return TRI_STATUS_OK;
     }
-    TRY(tri__kv_store_write(p->kv, il, n0, m, k, v));
+    if (p->ring_rows) TRY(stream_write(p, il, n0, m, k, v));
+    else if (p->h2o && p->h2o->bounded) TRY(tri__kv_store_write(p->kv, il, p->h2o->step_row0[0], m, k, v));
+    else TRY(tri__kv_store_write(p->kv, il, n0, m, k, v));
     switch (p->p.kind) {
     case TRI_KV_POLICY_FULL:
         *view = tri__kv_store_view(p->kv, il, end, &p->view);
@@ -1232,7 +1450,7 @@ static tri_status policy_layer(tri__kv_policy *p, int32_t il, const float *q, co
         h2o_record *r = &p->h2o->rec[p->h2o->n_rec - 1];
         int64_t qd = (int64_t)p->n_head * p->head_dim;
         TRY(p->be->ops->copy_to_host(p->be, r->q + (int64_t)il * p->max_step * qd, q, sizeof(float) * (size_t)(m * qd)));
-        h2o_view(p, il, n0, m);
+        h2o_view(p, il, n0, m, p->h2o->step_row0);
         *weight_sums = p->h2o->ws_dev;
         break;
     }
@@ -1255,6 +1473,9 @@ static tri_status policy_layer(tri__kv_policy *p, int32_t il, const float *q, co
 
 tri_status tri__kv_policy_measure(tri__kv_policy *p) {
     if (p->src) return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy: measuring a policy over borrowed rows");
+    if (p->cap)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy %s: measuring needs every position (keep_all)",
+                         tri__kv_policy_name(p->p.kind));
     tri__backend *be = p->be;
     int64_t cap = p->kv->capacity, kd = kv_dim(p);
     TRY(be->ops->alloc(be, sizeof(float) * (size_t)(p->n_head_kv * cap), (void **)&p->m_ws));
@@ -1332,7 +1553,7 @@ tri_status tri__kv_policy_observe(tri__kv_policy *p, int32_t il) {
     for (int32_t si = 0; si < p->head_span[p->n_head_kv]; si++) n_keys += p->spans[si].n;
     TRY(p->be->ops->copy_to_host(p->be, p->h2o->ws, p->h2o->ws_dev, sizeof(float) * (size_t)n_keys));
     TRY(p->be->ops->synchronize(p->be));
-    h2o_accumulate(p, il, p->step_n0, p->step_m);
+    h2o_accumulate(p, il, p->step_n0, p->step_m, p->h2o->step_row0);
     return TRI_STATUS_OK;
 }
 
@@ -1352,7 +1573,7 @@ tri_status tri__kv_policy_commit(tri__kv_policy *p) {
             if ((st = ret_select(p, end, p->step_m - 1))) goto fail;
     }
     p->in_step = false;
-    if (p->src) {
+    if (p->src || p->cap) {
         p->len = end;
         return TRI_STATUS_OK;
     }
@@ -1402,6 +1623,9 @@ tri_status tri__kv_policy_adopt(tri__kv_policy *p, tri__kv_store *src, int32_t n
         p->len = n;
         return TRI_STATUS_OK;
     }
+    if (p->cap)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy %s: rows computed over its own view cannot be adopted",
+                         tri__kv_policy_name(p->p.kind));
     const int32_t len = p->kv->n;
     if (n < len || n > src->n || n > p->kv->capacity)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: adopt to %d from %d (source holds %d)", n, len,
@@ -1429,8 +1653,17 @@ tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n) {
     int32_t len = tri__kv_policy_len(p);
     if (n < 0 || n > len)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: truncate to %d outside [0, %d]", n, len);
+    if (p->ring_rows) {
+        TRY(stream_check_rollback(p, n));
+        p->len = n;
+        return TRI_STATUS_OK;
+    }
     if (p->h2o) TRY(h2o_truncate(p, n));
     if (p->ret) TRY(ret_truncate(p, n));
+    if (p->cap) {
+        p->len = n;
+        return TRI_STATUS_OK;
+    }
     return p->src ? TRI_STATUS_OK : tri__kv_store_set_len(p->kv, n);
 }
 
@@ -1439,6 +1672,7 @@ void tri__kv_policy_reset(tri__kv_policy *p) {
     if (p->h2o) {
         memset(p->h2o->cnt, 0, sizeof *p->h2o->cnt * (size_t)(p->n_layer * p->n_head_kv));
         p->h2o->n_rec = 0;
+        p->h2o->top = 0;
     }
     if (p->ret) {
         p->ret->step_m = 0;
@@ -1447,6 +1681,7 @@ void tri__kv_policy_reset(tri__kv_policy *p) {
     }
     p->kv->n = 0;
     p->len = 0;
+    p->hw = 0;
 }
 
 void tri__kv_policy_request_refresh(tri__kv_policy *p) {

@@ -1,8 +1,9 @@
 // kv-policy.h - KV cache policies: which past tokens each layer and KV head attends to (internal).
 //
-// A policy owns the keys and values of every position (a tri__kv_store, so that rollback is exact
-// for every policy) and, per step of the forward pass, hands back the tri__kv_view the step
-// attends to. docs/kv-policies.md describes each policy.
+// A policy owns the keys and values it may attend to (a tri__kv_store: every position for FULL and
+// RETRIEVAL; for STREAMING and H2O only what their budget, a step and a rollback need, whatever the
+// length) and, per step of the forward pass, hands back the tri__kv_view the step attends to.
+// docs/kv-policies.md describes each policy.
 //
 // One step of m tokens (the forward pass does exactly this, for every chunk of a prefill):
 //   tri__kv_policy_begin(p, m, rope, q_pos)   -> positions to rotate the queries at and mask with
@@ -35,8 +36,16 @@ typedef struct tri__kv_policy_params {
     int32_t refresh;  // RETRIEVAL: re-select once this many tokens came since the last selection
                       // (none before the first, requested one); 0: only on request
     int32_t recent;   // H2O: recent tokens always kept, < budget; 0: budget / 2
-    int32_t history;  // H2O: steps remembered for rollback; 0: 8
+    int32_t history;  // H2O: steps remembered for rollback; 0: 8. The store then keeps
+                      // 2 * budget + (history + 1) * max_step rows (fewer than the capacity)
     tri__chunk_index_kind index;  // RETRIEVAL: chunk index backend
+    int32_t rollback;     // STREAMING: tokens a rollback may drop beyond the step in progress
+                          // (the store keeps them); 0: max_step
+    int32_t evict_every;  // STREAMING: past the window, tokens between evictions (a step of that
+                          // many attends to the window before it and to itself, TriForce's draft
+                          // prefill); 0 or 1: every token, StreamingLLM's own cache; <= max_step
+    bool keep_all;        // STREAMING, H2O: the store keeps every position instead of the rows the
+                          // policy needs (tri__kv_policy_measure needs them)
 } tri__kv_policy_params;
 
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index), the budget clipped to
@@ -49,6 +58,12 @@ tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t 
 // chunk then need not divide anything. A budget the caller gave is never adjusted: it is checked
 // (tri__kv_policy_check).
 void tri__kv_policy_default_budget(tri__kv_policy_params *params, int32_t capacity);
+
+// A budget the caller gave past the context (capacity): nothing would ever be evicted, so the
+// policy becomes FULL, which computes the same, as with a default budget that covers the context
+// (the chunk then need not divide anything). A budget of the whole context is kept (retrieval then
+// selects every chunk). No-op otherwise.
+void tri__kv_policy_cover(tri__kv_policy_params *params, int32_t capacity);
 
 // Checks params against the cache capacity; INVALID_ARGUMENT with a message naming the field.
 tri_status tri__kv_policy_check(const tri__kv_policy_params *params, int32_t capacity);
@@ -89,7 +104,15 @@ typedef struct tri__kv_policy {
 
     // ---- RETRIEVAL over borrowed rows (tri__kv_policy_init_borrowed) ----
     tri__kv_store *src;       // the full cache whose rows the policy reads; NULL: its own store
-    int32_t len;              // with src: positions covered (kv is then the ring of its own rows)
+    int32_t len;              // with src or cap: positions covered (kv is then the ring of its own
+                              // rows, or the bounded store)
+    // ---- STREAMING with a bounded store: positions 0 .. sink - 1 in rows 0 .. sink - 1, position
+    // i >= sink in row sink + (i - sink) % ring_rows; 0: the store holds every position at its row ----
+    int32_t ring_rows;        // window + max_step + rollback
+    int32_t cap;              // STREAMING, H2O over a bounded store (fewer rows than positions): the
+                              // positions the policy may reach (the capacity it was made for); 0: none
+    int32_t hw;               // the highest length written since the last reset: rows of positions
+                              // below hw - ring_rows may be overwritten
     // FULL: a policy borrowing this one's rows that selects from the step ending at tap_at
     // (tri__kv_policy_tap); NULL: none
     struct tri__kv_policy *tap;
@@ -139,9 +162,9 @@ tri_status tri__kv_policy_wrap_full(tri__kv_policy *p, tri__kv_store *kv, int32_
 void tri__kv_policy_free(tri__kv_policy *p);
 
 // Positions appended so far, and the most the store holds.
-static inline int32_t tri__kv_policy_len(const tri__kv_policy *p) { return p->src ? p->len : p->kv->n; }
+static inline int32_t tri__kv_policy_len(const tri__kv_policy *p) { return p->src || p->cap ? p->len : p->kv->n; }
 static inline int32_t tri__kv_policy_capacity(const tri__kv_policy *p) {
-    return p->src ? p->src->capacity : p->kv->capacity;
+    return p->src ? p->src->capacity : p->cap ? p->cap : p->kv->capacity;
 }
 // Tokens the policy can still append: up to the capacity, or, borrowing, until its ring of own
 // rows is full (a selection frees it: its rows then start at the selection's bound).
@@ -150,14 +173,27 @@ int32_t tri__kv_policy_room(const tri__kv_policy *p);
 // offloaded layers, rows of them put into the ring); src's own streaming is src's count. 0 else.
 uint64_t tri__kv_policy_bytes_up(const tri__kv_policy *p);
 
-// The most tokens a step at cache length len may hold for the cache to be what one-token steps
-// build, however the caller batches: a StreamingLLM step attends to the window before it plus its
-// own tokens, so its token i sees what it would alone only while nothing has been evicted by then
-// (len + i <= budget); past that, one token per step (docs/kv-policies.md). No limit (INT32_MAX)
-// for the other policies. tri__llama_forward_policy keeps to it.
+// STREAMING: the first position of the eviction interval holding position pos. Up to the budget
+// nothing is evicted (one interval); past it, intervals of evict_every tokens from budget + 1 on.
+// A token at pos attends to the sinks, the budget - sink positions before that start, and the
+// positions from the start to itself (evict_every 1: StreamingLLM's window before the token).
+static inline int32_t tri__kv_policy_evict_start(const tri__kv_policy *p, int32_t pos) {
+    if (pos <= p->p.budget) return 0;
+    int32_t e = p->p.evict_every > 1 ? p->p.evict_every : 1;
+    return p->p.budget + 1 + (pos - p->p.budget - 1) / e * e;
+}
+
+// The most tokens a step at cache length len may hold for the cache to be the same however the
+// caller batches: a StreamingLLM step attends to one window plus its own tokens, so all of them
+// must lie in one eviction interval (tri__kv_policy_evict_start): up to the budget while nothing is
+// evicted, then to the end of the interval (evict_every 1: one token per step,
+// docs/kv-policies.md). No limit (INT32_MAX) for the other policies. tri__llama_forward_policy
+// keeps to it.
 static inline int32_t tri__kv_policy_step_limit_at(const tri__kv_policy *p, int32_t len) {
     if (p->p.kind != TRI_KV_POLICY_STREAMING) return INT32_MAX;
-    return len <= p->p.budget ? p->p.budget - len + 1 : 1;
+    if (len <= p->p.budget) return p->p.budget - len + 1;
+    int32_t e = p->p.evict_every > 1 ? p->p.evict_every : 1;
+    return tri__kv_policy_evict_start(p, len) + e - len;
 }
 // The same at the policy's length.
 static inline int32_t tri__kv_policy_step_limit(const tri__kv_policy *p) {
@@ -202,7 +238,8 @@ void tri__kv_policy_abort(tri__kv_policy *p);
 tri_status tri__kv_policy_adopt(tri__kv_policy *p, tri__kv_store *src, int32_t n);
 
 // Rolls back to the first n positions: the state becomes what it would be had the dropped tokens
-// never been appended. H2O remembers `history` steps: INVALID_ARGUMENT before those.
+// never been appended. H2O remembers `history` steps, a bounded STREAMING store the rows of
+// max_step + rollback tokens past the window: INVALID_ARGUMENT before those.
 tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n);
 // Empties the cache.
 void tri__kv_policy_reset(tri__kv_policy *p);

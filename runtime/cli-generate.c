@@ -60,7 +60,7 @@ static void usage(FILE *f) {
           "      --kv POLICY      which past tokens each step attends to: full (default),\n"
           "                       streaming (sinks + recent), h2o (heavy hitters + recent) or\n"
           "                       retrieval (top chunks by query . mean key)\n"
-          "      --budget N       past tokens the policy keeps, at most the context (default\n"
+          "      --budget N       past tokens the policy keeps; past the context: all (default\n"
           "                       4096 in whole chunks; a context no longer is kept whole)\n"
           "      --chunk N        retrieval: chunk size in tokens, divides the budget (default 8)\n"
           "      --sink N         streaming: attention sinks, fewer than the budget (default 16)\n"
@@ -312,6 +312,23 @@ static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
                 (long long)st->n_l2_verify, (long long)st->n_l2_refresh);
     fprintf(stderr, "  time: L1 %.3f s, L2 %.3f s, L3 %.3f s, prefill %.3f s\n", st->l1_seconds, st->l2_seconds,
             st->l3_seconds, st->prefill_seconds);
+    // whether it paid: plain decoding runs one full-cache pass per token, and one of those costs at
+    // most what a verification pass of several tokens costs, so n_generated verification-pass times
+    // bound plain decoding's time from above (an estimate: the passes of this run, not a plain run)
+    if (st->n_l3_verify > 0 && st->n_generated > 0) {
+        double pass = st->l3_seconds / (double)st->n_l3_verify, plain = pass * (double)st->n_generated;
+        double spent = st->l1_seconds + st->l2_seconds + st->l3_seconds;
+        fprintf(stderr, "  per token: %.1f ms; plain decoding at most %.1f ms (one L3 pass each, estimated)%s\n",
+                1e3 * spent / st->n_generated, 1e3 * pass,
+                spent > plain ? ": speculation did not pay here, plain decoding (--spec none) is faster" : "");
+        if (st->n_l2_verify > 0) {
+            double l2 = st->l2_seconds / (double)st->n_l2_verify;
+            if (l2 > 0.5 * pass)
+                fprintf(stderr, "  L2 checks cost %.1f ms, %.2f of an L3 pass: a level that costs about what the "
+                        "pass it saves cannot win (on the CPU every level sweeps the same weights)\n",
+                        1e3 * l2, l2 / pass);
+        }
+    }
 }
 
 // Placement: on a GPU, or when --gpu-mem gives a budget, the planner decides how many layers keep

@@ -45,6 +45,8 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
     case TRI_KV_POLICY_STREAMING:
         kp.budget = params->budget;
         kp.sink = params->sink;
+        kp.rollback = params->rollback;
+        kp.evict_every = params->evict_every;
         break;
     case TRI_KV_POLICY_RETRIEVAL:
         kp.budget = params->budget;
@@ -56,8 +58,9 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level: policy %s is not one a level serves",
                          tri__kv_policy_name(params->policy));
     }
-    // the values as given are checked (a budget past the context, a chunk that does not divide
-    // it): the caller resolved the defaults
+    // a budget past the context is the full cache (tri__kv_policy_cover); the values as given are
+    // checked otherwise (a chunk that does not divide the budget): the caller resolved the defaults
+    tri__kv_policy_cover(&kp, params->n_ctx);
     tri_status st;
     if ((st = tri__kv_policy_check(&kp, params->n_ctx))) return st;
     // a budget of the whole context evicts nothing: the full policy computes the same, exactly
@@ -230,7 +233,12 @@ tri_status tri__level_truncate(tri__level *lv, int32_t n_past) {
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level truncate: %d outside [0, %d]", n_past, len);
     if (n_past == len) return TRI_STATUS_OK;
     lv->n_logits = 0;
-    TRY(tri__kv_policy_truncate(&lv->pol, n_past));
+    tri_status st = tri__kv_policy_truncate(&lv->pol, n_past);
+    if (st && lv->pol.ring_rows) {  // past what its store keeps: a draft level starts again
+        tri__kv_policy_reset(&lv->pol);
+        st = TRI_STATUS_OK;
+    }
+    TRY(st);
     // a rollback to the start of a selecting step would re-arm its request: the level selects
     // only when told to
     tri__kv_policy_cancel_refresh(&lv->pol);

@@ -39,6 +39,10 @@ typedef struct tri__level_params {
                            // the pool once every level joined); NULL: the level's own
     double kv_host_fraction; // with kv_offloaded: of each offloaded layer's rows, the fraction the
     int32_t kv_host_threads; //   host attends where they lie, with these threads (kv-store.h)
+    int32_t rollback;      // STREAMING: tokens a rollback may drop (the store keeps sink + window +
+                           // n_batch + rollback rows, not the context); 0: n_batch
+    int32_t evict_every;   // STREAMING: past the window, tokens between evictions (kv-policy.h);
+                           // 0 or 1: every token; at most n_batch
 } tri__level_params;
 
 typedef struct tri__level {
@@ -110,7 +114,9 @@ const float *tri__level_logits(const tri__level *lv, int32_t i);
 // as if the dropped tokens had never been run: selections made after n_past are dropped too.
 // Exact for every policy a level serves, however far back: FULL and STREAMING hold nothing but
 // the store, and a RETRIEVAL level selects only inside tri__level_eval_refresh, so no rollback
-// can land in a step that would have selected (docs/speculative.md, "Caches and rollback").
+// can land in a step that would have selected (docs/speculative.md, "Caches and rollback"). A
+// STREAMING level keeps only `rollback` tokens past its window: asked to go further back, it
+// empties itself (n_past 0), and the caller runs the tokens again.
 tri_status tri__level_truncate(tri__level *lv, int32_t n_past);
 
 // Positions cached.

@@ -87,6 +87,13 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
         // a sink given must fit the budget left to the default even where nothing will be evicted
         if (kp.kind == TRI_KV_POLICY_STREAMING && (st = tri__kv_policy_check(&kp, p.n_ctx))) return st;
         tri__kv_policy_default_budget(&kp, p.n_ctx);  // whole chunks, or FULL if it covers n_ctx
+    } else if (kp.budget > p.n_ctx) {
+        // past the context: FULL, as the default is; a sink given must still fit the budget
+        if (kp.kind == TRI_KV_POLICY_STREAMING && (kp.sink < 0 || kp.sink >= kp.budget))
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "kv policy streaming: sink %d must be in [0, budget %d) to leave room for recent tokens",
+                             kp.sink, kp.budget);
+        tri__kv_policy_cover(&kp, p.n_ctx);
     }
     if ((st = tri__kv_policy_check(&kp, p.n_ctx))) return st;
     if (p.kv_layers_offloaded < 0 || p.kv_layers_offloaded > c->n_layer)

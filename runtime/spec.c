@@ -169,7 +169,13 @@ tri_status tri__spec_verify(const tri_sampler_params *sampler, tri__spec_rule ru
 
 int32_t tri__ngram_draft(const int32_t *ctx, int32_t n_ctx, int32_t ngram_n, int32_t max_tokens,
                          int32_t *out) {
-    for (int32_t m = ngram_n < n_ctx - 1 ? ngram_n : n_ctx - 1; m >= 1; m--) {
+    return tri__ngram_draft_min(ctx, n_ctx, ngram_n, 1, max_tokens, out);
+}
+
+int32_t tri__ngram_draft_min(const int32_t *ctx, int32_t n_ctx, int32_t ngram_n, int32_t min_n, int32_t max_tokens,
+                             int32_t *out) {
+    if (min_n < 1) min_n = 1;
+    for (int32_t m = ngram_n < n_ctx - 1 ? ngram_n : n_ctx - 1; m >= min_n; m--) {
         const int32_t *tail = ctx + n_ctx - m;
         // latest start j < n_ctx - m whose m tokens equal the tail
         for (int32_t j = n_ctx - m - 1; j >= 0; j--) {
@@ -220,6 +226,7 @@ struct tri_spec {
     bool forced;
     double force_rate[2];
     tri__rng force_rng;
+    int32_t ngram_len;       // the prompt-lookup drafter's current draft length (tri__ngram_next_len)
     // L2's refreshes: the next L2 run selects its chunks afresh (see l2_refresh_due); the L2 -> L3
     // acceptance of the L3 passes since the last selection, the last ACC_ROUNDS of them
     bool refresh_next;
@@ -295,6 +302,7 @@ void tri_spec_reset(tri_spec *s) {
     if (!s) return;
     s->n_seq = 0;
     s->n_acc = 0;
+    s->ngram_len = s->params.mode == TRI_SPEC_MODE_DRAFT ? s->params.gamma2 : s->params.gamma1;
     s->seeded = false;  // the next call starts its seed's stream afresh
     (void)cut_at(s, 0);
 }
@@ -319,7 +327,7 @@ static tri_status level_run(tri_spec *s, tri__level *lv, int32_t m, int32_t extr
     int32_t np = tri__level_n_past(lv);
     if (np > m - 1) {
         TRY(tri__level_truncate(lv, m - 1));
-        np = m - 1;
+        np = tri__level_n_past(lv);  // m - 1, or 0 where a draft level started again (level.h)
     }
     if (lv == s->lv2 && s->refresh_next) {
         TRY(tri__level_eval_refresh(lv, seq + np, m - np));
@@ -370,7 +378,9 @@ static tri_status l1_draft(tri_spec *s, int32_t m, int32_t n_max, tri__spec_draf
         st = model_draft(s, s->lv1, m, n_max, d);
     } else {
         d->tokens = s->seq + m;
-        d->n = tri__ngram_draft(s->seq, m, s->params.ngram_n, n_max, d->tokens);
+        // only where the whole n-gram recurs, and as far as recent drafts were accepted
+        if (n_max > s->ngram_len) n_max = s->ngram_len;
+        d->n = tri__ngram_draft_min(s->seq, m, s->params.ngram_n, s->params.ngram_n, n_max, d->tokens);
         for (int32_t i = 0; i < d->n; i++) d->onehot[i] = true;
     }
     s->stats->l1_proposed += d->n;
@@ -398,6 +408,7 @@ static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
                                   &s->rng, &s->work, d2, &k, &z));
         s->stats->n_l2_verify++;
         s->stats->l1_accepted += k;
+        if (!s->lv1) s->ngram_len = tri__ngram_next_len(s->ngram_len, d1->n, k, s->params.gamma1);
         d2->n += k;
         if (z >= 0) {
             TRY(cut_at(s, b + k));
@@ -556,6 +567,7 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
         stats->n_l3_verify++;
         if (mode == TRI_SPEC_MODE_DRAFT) {
             stats->l1_accepted += k;
+            if (!s->lv1) s->ngram_len = tri__ngram_next_len(s->ngram_len, d3->n, k, s->params.gamma2);
         } else if (mode != TRI_SPEC_MODE_NONE) {
             stats->l2_proposed += d3->n;
             stats->l2_accepted += k;
@@ -751,6 +763,7 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     if (!(has_l1 && p.drafter == TRI_SPEC_DRAFTER_MODEL)) p.draft_model = NULL;
     if (p.draft_model && (st = tri__model_on_backend(p.draft_model, s->be, 0, 0, &s->dw))) goto fail;
     s->params = p;
+    s->ngram_len = p.mode == TRI_SPEC_MODE_DRAFT ? p.gamma2 : p.gamma1;
 
     if ((st = tri__act_pool_create(s->be, &s->acts))) goto fail;
     tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = sp.n_ctx, .n_batch = sp.n_batch,
@@ -786,6 +799,10 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         l1p.policy = p.draft_window == 0 && window >= sp.n_ctx ? TRI_KV_POLICY_FULL : TRI_KV_POLICY_STREAMING;
         l1p.budget = window;
         l1p.sink = p.draft_sink;
+        // a round rolls L1 back by at most the drafts of a round (and a catch-up token); its
+        // prefill evicts every 64 tokens, as TriForce's does (L1 only proposes: exactness holds)
+        l1p.rollback = p.gamma1 + p.gamma2 + 2;
+        l1p.evict_every = sp.n_batch < 64 ? sp.n_batch : 64;
         if ((st = tri__level_init(&s->l1, m, s->be, &l1p))) goto fail;
         s->lv1 = &s->l1;
     }

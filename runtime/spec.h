@@ -83,5 +83,19 @@ const int32_t *tri__spec_tokens(const tri_spec *spec);
 // out. Returns how many it proposed (0 when nothing matched).
 int32_t tri__ngram_draft(const int32_t *ctx, int32_t n_ctx, int32_t ngram_n, int32_t max_tokens,
                          int32_t *out);
+// The same, trying match lengths ngram_n down to min_n only (1 <= min_n <= ngram_n): the engine's
+// drafter proposes nothing unless the whole n-gram recurs, since a shorter match proposes mostly
+// what the target rejects and each rejected token costs a verification row.
+int32_t tri__ngram_draft_min(const int32_t *ctx, int32_t n_ctx, int32_t ngram_n, int32_t min_n, int32_t max_tokens,
+                             int32_t *out);
+
+// The prompt-lookup drafter's next draft length after one of n tokens had k accepted: doubled
+// (up to cap) when all were, else k + 1, so that it proposes as far as the text has been
+// repeating and little where it has not. n == 0 (nothing proposed) keeps len.
+static inline int32_t tri__ngram_next_len(int32_t len, int32_t n, int32_t k, int32_t cap) {
+    if (n == 0) return len;
+    if (k == n) return 2 * len < cap ? 2 * len : cap;
+    return k + 1 < cap ? k + 1 : cap;
+}
 
 #endif  // TRI_SPEC_H

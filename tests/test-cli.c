@@ -430,14 +430,14 @@ Test(cli, cache_options_that_do_not_apply_are_refused) {
         {"--spec draft --draft-ngram 2 --gamma1 2", 2, "--gamma1 applies only to --spec triforce"},
         {"--gamma2 4", 2, "--gamma2 applies only"},
         // values the policy refuses: budget past the context, chunk not dividing, sink >= budget
-        {"--spec retrieval --budget 100000 --chunk 3 --ctx 256", 1, "budget 100000 is larger than the context (256"},
+        {"--spec retrieval --budget 128 --chunk 3 --ctx 256", 1, "chunk size 3 must divide the budget 128"},
         {"--spec retrieval --budget 256 --chunk 3 --ctx 256", 1, "chunk size 3 must divide the budget 256"},
         {"--spec draft --draft-layers 0 --draft-window 100 --ctx 64", 1, "draft_window 100 is larger than the context"},
-        {"--kv retrieval --budget 100 --ctx 64", 1, "budget 100 is larger than the context (64"},
+        {"--kv retrieval --budget 48 --chunk 5 --ctx 64", 1, "chunk size 5 must divide the budget 48"},
         {"--kv retrieval --budget 64 --chunk 3 --ctx 64", 1, "chunk size 3 must divide the budget 64"},
         {"--kv streaming --budget 8 --sink 8", 1, "sink 8 must be in [0, budget 8)"},
         {"--kv streaming --sink 40 --ctx 40", 1, "sink 40 must be in [0, budget 40)"},
-        {"--kv h2o --budget 41", 1, "budget 41 is larger than the context (40"},
+        {"--kv streaming --budget 41 --sink 41", 1, "sink 41 must be in [0, budget 41)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids %s", m, cases[i].opts);

@@ -11,9 +11,11 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "backend-select.h"
 #include "backend.h"
 #include "chunk-index.h"
 #include "kv-policy.h"
+#include "llama.h"
 #include "test-util.h"
 #include "triforce.h"
 
@@ -346,8 +348,11 @@ Test(streaming, view_keeps_sinks_and_window_rotated_by_rank) {
             const tri__kv_span *sp = &vw->spans[vw->head_span[h]];
             cr_assert(sp->pos0 == 0 && sp->n == n_want, "after %d, head %d: %d rows, want %d", t0, h, sp->n, n_want);
             for (int row = 0; row < n_want; row++) {
-                cr_assert_eq(r.pol.gather[row], want[row], "after %d: row %d holds %d, want %d", t0, row,
-                             r.pol.gather[row], want[row]);
+                // the store keeps the sinks and a ring of window + step + rollback rows
+                int ring = BUDGET - SINK + 4 + 4, at = want[row] < SINK ? want[row] : SINK + (want[row] - SINK) % ring;
+                cr_assert_eq(r.pol.ring_rows, ring);
+                cr_assert_eq(r.pol.gather[row], at, "after %d: row %d holds store row %d, want %d (position %d)", t0,
+                             row, r.pol.gather[row], at, want[row]);
                 double rot[HD];
                 naive_rope(rot, &k[want[row]][h * HD], HD, row);
                 const float *got = (const float *)sp->k + (int64_t)row * sp->stride;
@@ -371,13 +376,23 @@ Test(streaming, view_keeps_sinks_and_window_rotated_by_rank) {
 // H2O against a naive simulation in double precision: softmax of each query over what it sees,
 // probabilities summed over the group's heads and the step's queries, lowest accumulated score
 // outside the recent window evicted first.
+static void h2o_naive(int bounded);
+
+// Twice: with a store of every position, and with a bounded one (history 1: 2 * budget + 2 steps
+// of rows) whose rows move down when a step does not fit.
 Test(h2o, heavy_hitters_match_naive_simulation) {
+    for (int bounded = 0; bounded < 2; bounded++) h2o_naive(bounded);
+}
+
+static void h2o_naive(int bounded) {
     enum { T = 40, HD = 8, NH = 2, BUDGET = 10, RECENT = 4 };
     tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_H2O, 64);
     pp.budget = BUDGET;
     pp.recent = RECENT;
+    pp.history = bounded ? 1 : 0;
     rig r;
     rig_init(&r, &pp, NH, 1, HD, 64, 8);
+    cr_assert_eq(r.pol.own.capacity, bounded ? 2 * BUDGET + 2 * 8 : 64, "store rows %d", r.pol.own.capacity);
     static float k[T][HD], v[T][HD], q[T][NH * HD];
     for (int t = 0; t < T; t++) {
         for (int d = 0; d < HD; d++) k[t][d] = frand() * (t % 7 == 3 ? 3.0f : 1.0f);  // some keys stand out
@@ -651,7 +666,25 @@ Test(policy, default_budget_whole_chunks_or_full) {
                       "policy %d: logits of token %d differ from the full cache", kinds[k], i);
         tri_session_free(s);
     }
-    // an explicit budget is checked, not adjusted
+    // an explicit budget past the context is the full cache too, for every policy (the chunk then
+    // divides nothing)
+    for (int k = 0; k < 3; k++) {
+        tri_session_params sp = tri_session_default_params();
+        sp.n_ctx = 13;
+        sp.n_batch = 16;
+        sp.kv_type = TRI_DTYPE_F32;
+        sp.kv_policy = kinds[k];
+        sp.kv_budget = 100;
+        sp.kv_chunk = 3;
+        tri_session *s = NULL;
+        cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "policy %d: %s", kinds[k], tri_last_error());
+        cr_assert_eq(tri_session_eval(s, t, 13, true), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int i = 0; i < 13; i++)
+            cr_assert(memcmp(tri_session_logits(s, i), tri_session_logits(full, i), sizeof(float) * (size_t)V) == 0,
+                      "policy %d, budget 100: logits of token %d differ from the full cache", kinds[k], i);
+        tri_session_free(s);
+    }
+    // an explicit budget within the context is checked, not adjusted
     tri_session_params sp = tri_session_default_params();
     sp.n_ctx = 13;
     sp.kv_policy = TRI_KV_POLICY_RETRIEVAL;
@@ -810,6 +843,256 @@ Test(streaming, prompt_in_one_call_equals_token_by_token) {
     tri_model_free(m);
 }
 
+// ---- StreamingLLM over a bounded store ----
+
+// A forward pass over a StreamingLLM policy built by hand (budget 8, sink 2, steps of 16), so that
+// the store's bound, its rollback rows and its eviction interval can be set.
+typedef struct stream_rig {
+    tri__backend *be;
+    tri_model *w;
+    tri__llama ll;
+    tri__kv_policy pol;
+    int32_t V;
+} stream_rig;
+
+static void policy_rig_init(stream_rig *r, tri_model *m, const tri__kv_policy_params *pp, int32_t capacity) {
+    memset(r, 0, sizeof *r);
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    const tri_model_config *c = &info.config;
+    r->V = c->n_vocab;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &r->be), TRI_STATUS_OK);
+    cr_assert_eq(tri__model_on_backend(m, r->be, 0, 0, &r->w), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__llama_init(&r->ll, r->w, r->be, 16), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__kv_policy_init(&r->pol, pp, r->be, TRI_DTYPE_F16, c->n_layer, c->n_head, c->n_head_kv,
+                                     c->head_dim, capacity, 16),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+}
+
+static void stream_rig_init(stream_rig *r, tri_model *m, int32_t capacity, bool keep_all, int32_t rollback,
+                            int32_t evict_every) {
+    memset(r, 0, sizeof *r);
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    const tri_model_config *c = &info.config;
+    r->V = c->n_vocab;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &r->be), TRI_STATUS_OK);
+    cr_assert_eq(tri__model_on_backend(m, r->be, 0, 0, &r->w), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__llama_init(&r->ll, r->w, r->be, 16), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_STREAMING, capacity);
+    pp.budget = 8;
+    pp.sink = 2;
+    pp.keep_all = keep_all;
+    pp.rollback = rollback;
+    pp.evict_every = evict_every;
+    cr_assert_eq(tri__kv_policy_init(&r->pol, &pp, r->be, TRI_DTYPE_F16, c->n_layer, c->n_head, c->n_head_kv,
+                                     c->head_dim, capacity, 16),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+}
+
+static void stream_rig_free(stream_rig *r) {
+    tri__kv_policy_free(&r->pol);
+    tri__llama_free(&r->ll);
+    tri__model_backend_free(r->w);
+    tri__backend_free(r->be);
+}
+
+// Runs t[0 .. n) one call per token, the logits of each into l (n, V).
+static void stream_run(stream_rig *r, const int32_t *t, int32_t n, float *l) {
+    for (int32_t i = 0; i < n; i++)
+        cr_assert_eq(tri__llama_forward_policy(&r->ll, &r->pol, t + i, 1, TRI_LOGITS_LAST, l + (int64_t)i * r->V),
+                     TRI_STATUS_OK, "token %d: %s", i, tri_last_error());
+}
+
+// The store keeps the sinks and a ring of window + step + rollback rows, whatever the length the
+// policy may reach, and computes bit for bit what a store of every position computes.
+Test(streaming, bounded_store_equals_every_position) {
+    enum { N = 300 };
+    tri_model *m = gen_model("stream-bound", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    int32_t t[N];
+    for (int i = 0; i < N; i++) t[i] = tok(i);
+    stream_rig all, small, huge;
+    stream_rig_init(&all, m, 512, true, 0, 0);
+    stream_rig_init(&small, m, 512, false, 0, 0);
+    stream_rig_init(&huge, m, 1 << 30, false, 0, 0);
+    cr_assert_eq(all.pol.ring_rows, 0);
+    cr_assert_eq(all.pol.own.capacity, 512, "keep_all: every position");
+    // sink 2 + (window 6 + step 16 + rollback 16 by default): the same for any capacity
+    for (stream_rig *r = &small; r; r = r == &small ? &huge : NULL) {
+        cr_assert_eq(r->pol.ring_rows, 6 + 16 + 16);
+        cr_assert_eq(r->pol.own.capacity, 2 + 6 + 16 + 16, "store rows %d", r->pol.own.capacity);
+    }
+    cr_assert_eq(tri__kv_policy_capacity(&huge.pol), 1 << 30);
+    const size_t bytes = sizeof(float) * (size_t)N * (size_t)all.V;
+    float *la = malloc(bytes), *lb = malloc(bytes);
+    cr_assert(la && lb);
+    stream_run(&all, t, N, la);
+    for (stream_rig *r = &small; r; r = r == &small ? &huge : NULL) {
+        stream_run(r, t, N, lb);
+        for (int i = 0; i < N; i++)
+            cr_assert(memcmp(la + (int64_t)i * all.V, lb + (int64_t)i * all.V, sizeof(float) * (size_t)all.V) == 0,
+                      "token %d: the bounded store's logits differ from those over every position", i);
+        cr_assert_eq(tri__kv_policy_len(&r->pol), N);
+    }
+    free(la);
+    free(lb);
+    stream_rig_free(&all);
+    stream_rig_free(&small);
+    stream_rig_free(&huge);
+    tri_model_free(m);
+}
+
+// A rollback within the rows kept (a step of 16 and rollback 5 past the window: 21 tokens back
+// from the highest length reached) is exact; one further is refused with the position overwritten.
+Test(streaming, bounded_rollback_within_its_rows) {
+    enum { N = 100, DEPTH = 16 + 5 };
+    tri_model *m = gen_model("stream-rollback", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    int32_t t[N];
+    for (int i = 0; i < N; i++) t[i] = tok(i);
+    stream_rig r;
+    stream_rig_init(&r, m, 4096, false, 5, 0);
+    float *la = malloc(sizeof(float) * (size_t)N * (size_t)r.V), *lb = malloc(sizeof(float) * (size_t)N * (size_t)r.V);
+    cr_assert(la && lb);
+    stream_run(&r, t, N, la);
+    cr_assert_eq(tri__kv_policy_truncate(&r.pol, N - DEPTH - 1), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "cannot roll back to 78 of 100 positions"), "%s", tri_last_error());
+    cr_assert_eq(tri__kv_policy_len(&r.pol), N, "a refused rollback changes nothing");
+    cr_assert_eq(tri__kv_policy_truncate(&r.pol, N - DEPTH), TRI_STATUS_OK, "%s", tri_last_error());
+    stream_run(&r, t + N - DEPTH, DEPTH, lb);
+    for (int i = 0; i < DEPTH; i++)
+        cr_assert(memcmp(la + (int64_t)(N - DEPTH + i) * r.V, lb + (int64_t)i * r.V, sizeof(float) * (size_t)r.V) == 0,
+                  "token %d after the rollback differs", N - DEPTH + i);
+    // the whole stream once more from a reset
+    tri__kv_policy_reset(&r.pol);
+    stream_run(&r, t, N, lb);
+    cr_assert(memcmp(la, lb, sizeof(float) * (size_t)N * (size_t)r.V) == 0, "after a reset");
+    free(la);
+    free(lb);
+    stream_rig_free(&r);
+    tri_model_free(m);
+}
+
+// Evicting every 5 tokens past the window (TriForce's draft prefill, in intervals of 64): a token
+// attends to the sinks, the window before its interval and the interval up to itself, which is
+// the same whether the prompt comes in one call (steps of whole intervals) or token by token.
+Test(streaming, evict_every_interval_same_however_batched) {
+    enum { N = 90, E = 5 };
+    tri_model *m = gen_model("stream-every", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    int32_t t[N];
+    for (int i = 0; i < N; i++) t[i] = tok(i);
+    stream_rig one, each;
+    stream_rig_init(&one, m, 4096, false, 0, E);
+    stream_rig_init(&each, m, 4096, false, 0, E);
+    // the steps one call takes: to the budget (8) in one, then one per interval [9, 14), [14, 19) ...
+    int32_t len = 0, steps = 0;
+    while (len < N) {
+        int32_t lim = tri__kv_policy_step_limit_at(&one.pol, len), n = N - len < 16 ? N - len : 16;
+        len += n < lim ? n : lim;
+        steps++;
+        if (len > 8) cr_assert((len - 9) % E == 0 || len == N, "a step ends at %d, inside an interval", len);
+    }
+    cr_assert_eq(steps, 1 + (N - 9 + E - 1) / E);
+    const size_t bytes = sizeof(float) * (size_t)N * (size_t)one.V;
+    float *la = malloc(bytes), *lb = malloc(bytes);
+    cr_assert(la && lb);
+    cr_assert_eq(tri__llama_forward_policy(&one.ll, &one.pol, t, N, TRI_LOGITS_ALL, la), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    stream_run(&each, t, N, lb);
+    for (int i = 0; i < N; i++)
+        cr_assert(memcmp(la + (int64_t)i * one.V, lb + (int64_t)i * one.V, sizeof(float) * (size_t)one.V) == 0,
+                  "token %d: one call and token by token differ", i);
+    // what a token attends to: for position 30 (interval [29, 34)) the sinks, 23 .. 28 and 29, 30
+    tri__kv_policy_reset(&each.pol);
+    stream_run(&each, t, 30, lb);
+    int32_t qpos[1];
+    cr_assert_eq(tri__kv_policy_begin(&each.pol, 1, &each.ll.rope, qpos), TRI_STATUS_OK, "%s", tri_last_error());
+    const int32_t want[] = {0, 1, 23, 24, 25, 26, 27, 28, 29, 30};
+    cr_assert_eq(each.pol.step_kept + 1, 10);
+    cr_assert_eq(qpos[0], 9);
+    for (int i = 0; i < 10; i++) {
+        int32_t row = want[i] < 2 ? want[i] : 2 + (want[i] - 2) % each.pol.ring_rows;
+        cr_assert_eq(each.pol.gather[i], row, "view row %d: store row %d, want %d (position %d)", i,
+                     each.pol.gather[i], row, want[i]);
+    }
+    tri__kv_policy_abort(&each.pol);
+    free(la);
+    free(lb);
+    stream_rig_free(&one);
+    stream_rig_free(&each);
+    tri_model_free(m);
+}
+
+// H2O over a bounded store (budget 8, history 2, steps of 16: 64 rows for any length) keeps the
+// positions a store of every position keeps and computes the same logits (to f32 rounding: its
+// rows move, so its spans are cut elsewhere), through rollbacks after its rows moved.
+Test(h2o, bounded_store_keeps_what_every_position_keeps) {
+    enum { N = 300, BACK = 2 };
+    tri_model *m = gen_model("h2o-bound", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    int32_t t[N];
+    for (int i = 0; i < N; i++) t[i] = tok(i) ^ (i % 7);
+    tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_H2O, 4096);
+    pp.budget = 8;
+    pp.history = 2;
+    stream_rig all, small;
+    pp.keep_all = true;
+    policy_rig_init(&all, m, &pp, 4096);
+    pp.keep_all = false;
+    policy_rig_init(&small, m, &pp, 4096);
+    cr_assert_eq(all.pol.own.capacity, 4096);
+    cr_assert_eq(small.pol.own.capacity, 2 * 8 + 3 * 16, "store rows %d", small.pol.own.capacity);
+    cr_assert_eq(tri__kv_policy_capacity(&small.pol), 4096);
+    const int32_t V = all.V;
+    float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V);
+    float *back = malloc(sizeof(float) * (size_t)BACK * (size_t)V);
+    cr_assert(la && lb && back);
+    int32_t pa[64], pb[64];
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(tri__llama_forward_policy(&all.ll, &all.pol, t + i, 1, TRI_LOGITS_LAST, la), TRI_STATUS_OK);
+        cr_assert_eq(tri__llama_forward_policy(&small.ll, &small.pol, t + i, 1, TRI_LOGITS_LAST, lb), TRI_STATUS_OK,
+                     "token %d: %s", i, tri_last_error());
+        float mx = 0, diff = 0;
+        for (int32_t x = 0; x < V; x++) {
+            mx = fmaxf(mx, fabsf(la[x]));
+            diff = fmaxf(diff, fabsf(la[x] - lb[x]));
+        }
+        cr_assert(diff <= 1e-4f * mx, "token %d: logits differ by %g (largest %g)", i, (double)diff, (double)mx);
+        for (int32_t il = 0; il < 2; il++)
+            for (int32_t h = 0; h < 2; h++) {
+                int32_t na = tri__kv_policy_h2o_kept(&all.pol, il, h, pa);
+                int32_t nb = tri__kv_policy_h2o_kept(&small.pol, il, h, pb);
+                cr_assert(na == nb && memcmp(pa, pb, sizeof(int32_t) * (size_t)na) == 0,
+                          "token %d, layer %d, head %d: kept positions differ", i, il, h);
+            }
+        if (i >= N - BACK) memcpy(back + (int64_t)(i - (N - BACK)) * V, lb, sizeof(float) * (size_t)V);
+    }
+    // back two steps (the history), after the rows moved many times, and the same tokens again
+    cr_assert_eq(tri__kv_policy_truncate(&small.pol, N - BACK), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__kv_policy_len(&small.pol), N - BACK);
+    for (int i = N - BACK; i < N; i++) {
+        cr_assert_eq(tri__llama_forward_policy(&small.ll, &small.pol, t + i, 1, TRI_LOGITS_LAST, lb), TRI_STATUS_OK,
+                     "%s", tri_last_error());
+        float mx = 0, diff = 0;
+        const float *want = back + (int64_t)(i - (N - BACK)) * V;
+        for (int32_t x = 0; x < V; x++) {
+            mx = fmaxf(mx, fabsf(want[x]));
+            diff = fmaxf(diff, fabsf(want[x] - lb[x]));
+        }
+        cr_assert(diff <= 1e-4f * mx, "token %d after the rollback: logits differ by %g", i, (double)diff);
+    }
+    for (int32_t il = 0; il < 2; il++)
+        for (int32_t h = 0; h < 2; h++) {
+            int32_t na = tri__kv_policy_h2o_kept(&all.pol, il, h, pa);
+            int32_t nb = tri__kv_policy_h2o_kept(&small.pol, il, h, pb);
+            cr_assert(na == nb && memcmp(pa, pb, sizeof(int32_t) * (size_t)na) == 0, "after the rollback: kept differ");
+        }
+    free(la);
+    free(lb);
+    free(back);
+    stream_rig_free(&all);
+    stream_rig_free(&small);
+    tri_model_free(m);
+}
+
 // Bad parameters: a clear error naming the field, before anything is allocated.
 Test(policy, bad_parameters) {
     tri_model *m = gen_model("bad", "--dtype f32");
@@ -818,8 +1101,7 @@ Test(policy, bad_parameters) {
         int32_t budget, chunk, sink, refresh;
         const char *needle;
     } cases[] = {
-        {TRI_KV_POLICY_RETRIEVAL, 128, 8, 0, 0, "larger than the context"},
-        {TRI_KV_POLICY_STREAMING, 100, 0, 0, 0, "larger than the context"},
+        {TRI_KV_POLICY_STREAMING, 100, 0, 100, 0, "sink 100"},
         {TRI_KV_POLICY_RETRIEVAL, 16, 3, 0, 0, "must divide the budget"},
         {TRI_KV_POLICY_RETRIEVAL, 16, 32, 0, 0, "must divide the budget"},
         {TRI_KV_POLICY_STREAMING, 16, 0, 16, 0, "sink 16"},

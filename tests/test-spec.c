@@ -186,6 +186,20 @@ Test(spec, ngram_lookup) {
     int32_t ctx3[] = {3, 4, 3, 4};
     cr_assert_eq(tri__ngram_draft(ctx3, 4, 2, 3, out), 3);
     cr_assert(out[0] == 3 && out[1] == 4 && out[2] == 3);
+    // the engine's drafter wants the whole n-gram: "... 1 5 6" recurs as a 2-gram "5 6" only
+    int32_t ctx4[] = {5, 6, 7, 8, 1, 5, 6};
+    cr_assert_eq(tri__ngram_draft(ctx4, 7, 3, 4, out), 4, "a 2-gram match");
+    cr_assert_eq(tri__ngram_draft_min(ctx4, 7, 3, 3, 4, out), 0, "no 3-gram match: nothing proposed");
+    cr_assert_eq(tri__ngram_draft_min(ctx4, 7, 3, 2, 4, out), 4);
+    cr_assert(out[0] == 7 && out[1] == 8 && out[2] == 1 && out[3] == 5);
+    cr_assert_eq(tri__ngram_draft_min(ctx, 9, 3, 3, 2, out), 2, "the 3-gram matches, 2 tokens asked");
+    // the draft length: doubled on full acceptance up to the cap, accepted + 1 otherwise
+    cr_assert_eq(tri__ngram_next_len(2, 2, 2, 6), 4);
+    cr_assert_eq(tri__ngram_next_len(4, 4, 4, 6), 6);
+    cr_assert_eq(tri__ngram_next_len(6, 6, 6, 6), 6);
+    cr_assert_eq(tri__ngram_next_len(6, 6, 0, 6), 1);
+    cr_assert_eq(tri__ngram_next_len(6, 6, 3, 6), 4);
+    cr_assert_eq(tri__ngram_next_len(3, 0, 0, 6), 3, "nothing proposed: unchanged");
 }
 
 // ---- greedy: token for token equal to plain decoding ----
@@ -689,6 +703,44 @@ Test(spec, l1_catch_up_across_calls_equals_one_token_steps, .timeout = TT_TIMEOU
     tri_model_free(target);
 }
 
+// L1 evicts in intervals of 64 past its window, so a long prompt prefills it in about P / 64
+// steps (plus the engine's pieces of n_batch), not one per token; its store is bounded; greedy
+// output is plain decoding's.
+Test(spec, l1_prefills_an_interval_per_step) {
+    enum { P = 700, GEN = 24 };
+    tri_model *target = load(gen_model("l1every", "--seed 73 --layers 2"));
+    static const int32_t layer0[] = {0};
+    tri_spec_params p = params_of(TRI_SPEC_MODE_DRAFT, &(drafter_case){"l", TRI_SPEC_DRAFTER_LAYERS, NULL, layer0, 1, 0},
+                                  2, 4);
+    p.draft_window = 16;
+    p.draft_sink = 4;
+    int32_t prompt[P], want[GEN], got[GEN];
+    for (int i = 0; i < P; i++) prompt[i] = (int32_t)((i * 53 + 7) % 200) + 3;
+    tri_spec *s = spec_new(target, &p, 1024);
+    tri__level *l1 = tri__spec_level(s, 1);
+    cr_assert_eq(l1->pol.p.evict_every, 64);
+    cr_assert_eq(l1->pol.p.rollback, 2 + 4 + 2);
+    cr_assert_eq(l1->pol.own.capacity, 4 + (16 - 4) + 128 + 8, "L1 store rows %d", l1->pol.own.capacity);
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = 1;  // no draft: L1 has run the prefill only
+    gp.stop_at_eos = false;
+    collect c = {got, 0, GEN};
+    cr_assert_eq(tri_generate_spec(s, prompt, P, &gp, on_token, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    // P - 1 tokens: to the window in one step, then intervals of 64, split where the engine's
+    // pieces of 128 end
+    int64_t bound = (P - 1) / 64 + 1 + (P - 1) / 128 + 1;
+    cr_assert(l1->n_evals <= bound, "L1 prefill took %lld steps, want at most %lld (one per token: %d)",
+              (long long)l1->n_evals, (long long)bound, P - 1 - 16);
+    tri_spec_reset(s);
+    gp.n_predict = GEN;
+    c.n = 0;
+    cr_assert_eq(tri_generate_spec(s, prompt, P, &gp, on_token, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    plain_greedy(target, prompt, P, GEN, 1024, want);
+    for (int i = 0; i < GEN; i++) cr_assert_eq(got[i], want[i], "token %d: %d, plain %d", i, got[i], want[i]);
+    tri_spec_free(s);
+    tri_model_free(target);
+}
+
 // Budgets and windows the policies refuse are refused at create, with the field named.
 Test(spec, refuses_bad_cache_parameters) {
     tri_model *target = load(gen_model("badp", "--seed 71 --layers 1"));
@@ -698,11 +750,14 @@ Test(spec, refuses_bad_cache_parameters) {
     tri_spec *s = NULL;
     cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(tri_last_error(), "chunk size 8 must divide the budget 36"), "%s", tri_last_error());
-    // given values are checked, not turned into the full cache: a budget past the context, or one
-    // of the whole context that the chunk does not divide
+    // a budget past the context is the full cache, as the default is (the chunk then divides
+    // nothing); one of the whole context is checked: the chunk must divide it
     p.budget = 200;
-    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
-    cr_assert(strstr(tri_last_error(), "budget 200 is larger than the context (128"), "%s", tri_last_error());
+    p.chunk = 3;
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__spec_level(s, 2)->pol.p.kind, TRI_KV_POLICY_FULL);
+    tri_spec_free(s);
+    s = NULL;
     p.budget = 128;
     p.chunk = 3;
     cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
