@@ -162,6 +162,51 @@ int tri__qblock_unpack(tri__qblock *o, const void *blk, tri_dtype type) {
     }
 }
 
+int tri__qblock_scales(float *dh, float *mh, const void *blk, tri_dtype type) {
+    tri__qblock qb;
+    int ne;
+    switch (type) {
+    case TRI_DTYPE_Q2_K: {
+        const tri__block_q2_k *b = blk;
+        float d = tri__f16_to_f32(b->d), dmin = tri__f16_to_f32(b->dmin);
+        for (int g = 0; g < 16; g++) {
+            dh[g] = d * (float)(b->scales[g] & 15);
+            mh[g] = -(dmin * (float)(b->scales[g] >> 4));
+        }
+        return 16;
+    }
+    case TRI_DTYPE_Q3_K: {
+        const tri__block_q3_k *b = blk;
+        float d = tri__f16_to_f32(b->d);
+        for (int g = 0; g < 16; g++) dh[g] = d * (float)tri__q3k_scale(b->scales, g), mh[g] = 0.0f;
+        return 16;
+    }
+    case TRI_DTYPE_Q4_K: {
+        const tri__block_q4_k *b = blk;
+        float d = tri__f16_to_f32(b->d), dmin = tri__f16_to_f32(b->dmin);
+        for (int g = 0; g < 8; g++) {
+            int sc, m;
+            tri__kq_scale_min(b->scales, g, &sc, &m);
+            dh[2 * g] = dh[2 * g + 1] = d * (float)sc;
+            mh[2 * g] = mh[2 * g + 1] = -(dmin * (float)m);
+        }
+        return 16;
+    }
+    case TRI_DTYPE_Q6_K: {
+        const tri__block_q6_k *b = blk;
+        float d = tri__f16_to_f32(b->d);
+        for (int g = 0; g < 16; g++) dh[g] = d * (float)b->scales[g], mh[g] = 0.0f;
+        return 16;
+    }
+    default:  // the rest through the unpacking (Q5_K's header is Q4_K's)
+        if (type == TRI_DTYPE_Q5_K) return tri__qblock_scales(dh, mh, blk, TRI_DTYPE_Q4_K);
+        ne = tri__qblock_unpack(&qb, blk, type);
+        memcpy(dh, qb.dh, sizeof(float) * (size_t)(ne / 16));
+        memcpy(mh, qb.mh, sizeof(float) * (size_t)(ne / 16));
+        return ne / 16;
+    }
+}
+
 void tri__dequantize_row(float *out, const void *row, tri_dtype type, int64_t n) {
     const int64_t be = tri__dtype_block_elems(type), bb = tri__dtype_block_bytes(type);
     if (!tri__dtype_is_quantized(type)) return;

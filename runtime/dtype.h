@@ -140,6 +140,10 @@ typedef struct tri__qblock {
 // of elements (0 for a type that is not quantized).
 int tri__qblock_unpack(tri__qblock *out, const void *blk, tri_dtype type);
 
+// The dh and mh of every group of the block at blk (as tri__qblock_unpack, without the codes):
+// for the SIMD kernels, which unpack the codes themselves. Returns the number of groups (2 or 16).
+int tri__qblock_scales(float *dh, float *mh, const void *blk, tri_dtype type);
+
 // out (n) f32 = the row of n elements of a quantized type (n a multiple of its block).
 void tri__dequantize_row(float *out, const void *row, tri_dtype type, int64_t n);
 
