@@ -308,8 +308,17 @@ AVX2 static inline __attribute__((always_inline)) void g_tile(float *y, int64_t 
         for (int r = 0; r < NR; r++) acc[i][r] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < k / be; sb++) {
         float dh[2][16], mh[2][16];
-        for (int r = 0; r < NR; r++)
-            tri__qblock_scales(dh[r], mh[r], (const uint8_t *)w + r * ws + sb * bsz, (tri_dtype)kind);
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = (const uint8_t *)w + r * ws + sb * bsz;
+            if (per == 1) {  // Q5_0, Q5_1: the f16 scale and minimum in place, no call
+                uint16_t h[2] = {0, 0};
+                memcpy(h, blk, kind == TRI_DTYPE_Q5_1 ? 4 : 2);
+                dh[r][0] = dh[r][1] = _cvtsh_ss(h[0]);
+                mh[r][0] = mh[r][1] = _cvtsh_ss(h[1]);
+            } else {
+                tri__qblock_scales(dh[r], mh[r], blk, (tri_dtype)kind);
+            }
+        }
         for (int j = 0; j < per; j++) {
             const int64_t b = sb * per + j;  // x's block
             for (int r = 0; r < NR; r++) {

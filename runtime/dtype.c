@@ -198,8 +198,20 @@ int tri__qblock_scales(float *dh, float *mh, const void *blk, tri_dtype type) {
         for (int g = 0; g < 16; g++) dh[g] = d * (float)b->scales[g], mh[g] = 0.0f;
         return 16;
     }
-    default:  // the rest through the unpacking (Q5_K's header is Q4_K's)
-        if (type == TRI_DTYPE_Q5_K) return tri__qblock_scales(dh, mh, blk, TRI_DTYPE_Q4_K);
+    case TRI_DTYPE_Q5_K: return tri__qblock_scales(dh, mh, blk, TRI_DTYPE_Q4_K);  // the same header
+    case TRI_DTYPE_Q5_0: {
+        const tri__block_q5_0 *b = blk;
+        dh[0] = dh[1] = tri__f16_to_f32(b->d);
+        mh[0] = mh[1] = 0.0f;
+        return 2;
+    }
+    case TRI_DTYPE_Q5_1: {
+        const tri__block_q5_1 *b = blk;
+        dh[0] = dh[1] = tri__f16_to_f32(b->d);
+        mh[0] = mh[1] = tri__f16_to_f32(b->m);
+        return 2;
+    }
+    default:  // the rest through the unpacking
         ne = tri__qblock_unpack(&qb, blk, type);
         memcpy(dh, qb.dh, sizeof(float) * (size_t)(ne / 16));
         memcpy(mh, qb.mh, sizeof(float) * (size_t)(ne / 16));
