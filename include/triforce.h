@@ -630,8 +630,9 @@ typedef struct tri_plan_model {
     tri_dtype weight_type;    // type of the weight matrices, for the computed sizes (norms f32)
 } tri_plan_model;
 
-// The shapes of config with weights of weight_type (F32, F16, BF16, Q8_0, Q4_0, Q4_1), sizes
-// left 0 (computed).
+// The shapes of config with weights of weight_type (any tri_dtype; a quantized matrix whose rows
+// are not whole blocks, 32 elements or 256 for the K-quants, counts 0 bytes), sizes left 0
+// (computed).
 TRI_API tri_plan_model tri_plan_model_from_config(const tri_model_config *config,
                                                   tri_dtype weight_type);
 // The shapes of a loaded model with the stored sizes of its tensors.
