@@ -260,6 +260,12 @@ AVX2 static inline __m256i crumbs(const uint8_t *p, int j) {
 // Signed codes of block of 32 number j of the block at blk (type kind).
 AVX2 static inline __attribute__((always_inline)) __m256i g_codes(const uint8_t *blk, int j, const int kind) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
+    if (kind == TRI_DTYPE_IQ4_NL) {
+        static const int8_t levels[16] = TRI__IQ4NL_VALUES;
+        __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
+        __m256i v = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), m4);
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels)), v);
+    }
     if (kind == TRI_DTYPE_Q5_0 || kind == TRI_DTYPE_Q5_1) {
         const int off = kind == TRI_DTYPE_Q5_0 ? 2 : 4;
         __m128i q = _mm_loadu_si128((const __m128i *)(blk + off + 4));
@@ -310,7 +316,7 @@ AVX2 static inline __attribute__((always_inline)) void g_tile(float *y, int64_t 
         float dh[2][16], mh[2][16];
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = (const uint8_t *)w + r * ws + sb * bsz;
-            if (per == 1) {  // Q5_0, Q5_1: the f16 scale and minimum in place, no call
+            if (per == 1) {  // Q5_0, Q5_1, IQ4_NL: the f16 scale and minimum in place, no call
                 uint16_t h[2] = {0, 0};
                 memcpy(h, blk, kind == TRI_DTYPE_Q5_1 ? 4 : 2);
                 dh[r][0] = dh[r][1] = _cvtsh_ss(h[0]);
@@ -373,6 +379,7 @@ G_TILE(q3_k, TRI_DTYPE_Q3_K)
 G_TILE(q4_k, TRI_DTYPE_Q4_K)
 G_TILE(q5_k, TRI_DTYPE_Q5_K)
 G_TILE(q6_k, TRI_DTYPE_Q6_K)
+G_TILE(iq4_nl, TRI_DTYPE_IQ4_NL)
 #undef G_TILE
 #undef G_BODY
 
@@ -529,6 +536,7 @@ const tri__cpu_kernels tri__cpu_kernels_avx2 = {
     .tile_q4_k = tile_q4_k,
     .tile_q5_k = tile_q5_k,
     .tile_q6_k = tile_q6_k,
+    .tile_iq4_nl = tile_iq4_nl,
     .tile_n = 2,
     .quantize = quantize,
     .dot_f32 = dot_f32,

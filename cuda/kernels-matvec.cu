@@ -224,6 +224,7 @@ cudaError_t tri__cuda_matvec(float *y, const float *x, const void *w, tri_dtype 
     case TRI_DTYPE_Q4_K: return launch<TRI_DTYPE_Q4_K>(y, x, w, row_bytes, m, n, k, s);
     case TRI_DTYPE_Q5_K: return launch<TRI_DTYPE_Q5_K>(y, x, w, row_bytes, m, n, k, s);
     case TRI_DTYPE_Q6_K: return launch<TRI_DTYPE_Q6_K>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_IQ4_NL: return launch<TRI_DTYPE_IQ4_NL>(y, x, w, row_bytes, m, n, k, s);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -1,4 +1,4 @@
-// kernels-quant.cuh - the blocks of Q5_0, Q5_1 and the K-quants on the device: integer codes and
+// kernels-quant.cuh - the blocks of Q5_0, Q5_1, the K-quants and IQ4_NL on the device: integer codes and
 // group scales with runtime/dtype.c's tri__qblock_unpack semantics (element e of a block is
 // dh[e / 16] * q[e] + mh[e / 16], scales computed in f32 in the same order), for get_rows and
 // the f16 dequantization (kernels.cu) and the matvec (kernels-matvec.cu). Blocks are read byte
@@ -8,19 +8,29 @@
 
 #include "cuda-common.cuh"
 
+extern "C" {
+#include "dtype.h"  // TRI__IQ4NL_VALUES
+}
+
 __device__ __forceinline__ uint16_t tri_dev_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 __device__ __forceinline__ float tri_dev_f16_at(const uint8_t *p) { return tri_dev_f16_to_f32(tri_dev_u16(p)); }
 
 // Elements per block and bytes per block of the types this header handles.
-__host__ __device__ constexpr int tri_dev_qk(int t) { return t == TRI_DTYPE_Q5_0 || t == TRI_DTYPE_Q5_1 ? 32 : 256; }
+__host__ __device__ constexpr int tri_dev_qk(int t) {
+    return t == TRI_DTYPE_Q5_0 || t == TRI_DTYPE_Q5_1 || t == TRI_DTYPE_IQ4_NL ? 32 : 256;
+}
 __host__ __device__ constexpr int tri_dev_qbytes(int t) {
-    return t == TRI_DTYPE_Q5_0 ? 22 : t == TRI_DTYPE_Q5_1 ? 24 : t == TRI_DTYPE_Q2_K ? 84 : t == TRI_DTYPE_Q3_K ? 110
+    return t == TRI_DTYPE_Q5_0 ? 22 : t == TRI_DTYPE_Q5_1 ? 24 : t == TRI_DTYPE_IQ4_NL ? 18 : t == TRI_DTYPE_Q2_K ? 84 : t == TRI_DTYPE_Q3_K ? 110
          : t == TRI_DTYPE_Q4_K ? 144 : t == TRI_DTYPE_Q5_K ? 176 : 210;
 }
 
 // The signed code of element e of the block at blk (tri__qblock's q).
 template <int T>
 __device__ __forceinline__ int tri_dev_q_code(const uint8_t *blk, int e) {
+    if (T == TRI_DTYPE_IQ4_NL) {
+        const int8_t levels[16] = TRI__IQ4NL_VALUES;
+        return levels[e < 16 ? blk[2 + e] & 15 : blk[2 + e - 16] >> 4];
+    }
     if (T == TRI_DTYPE_Q5_0 || T == TRI_DTYPE_Q5_1) {
         const uint8_t *qh = blk + (T == TRI_DTYPE_Q5_0 ? 2 : 4), *qs = qh + 4;
         int lo = e < 16 ? qs[e] & 15 : qs[e - 16] >> 4;
@@ -50,7 +60,7 @@ __device__ __forceinline__ int tri_dev_q_code(const uint8_t *blk, int e) {
 template <int T>
 __device__ __forceinline__ void tri_dev_q_group(const uint8_t *blk, int g, float *dh, float *mh) {
     *mh = 0.0f;
-    if (T == TRI_DTYPE_Q5_0) {
+    if (T == TRI_DTYPE_Q5_0 || T == TRI_DTYPE_IQ4_NL) {
         *dh = tri_dev_f16_at(blk);
     } else if (T == TRI_DTYPE_Q5_1) {
         *dh = tri_dev_f16_at(blk), *mh = tri_dev_f16_at(blk + 2);

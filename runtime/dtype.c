@@ -23,6 +23,7 @@ static const struct {
     [TRI_DTYPE_Q4_K] = {"q4_K", TRI_QK_K, sizeof(tri__block_q4_k)},
     [TRI_DTYPE_Q5_K] = {"q5_K", TRI_QK_K, sizeof(tri__block_q5_k)},
     [TRI_DTYPE_Q6_K] = {"q6_K", TRI_QK_K, sizeof(tri__block_q6_k)},
+    [TRI_DTYPE_IQ4_NL] = {"iq4_nl", TRI_QK, sizeof(tri__block_iq4_nl)},
 };
 
 static bool dtype_valid(tri_dtype type) { return (unsigned)type < TRI_DTYPE_COUNT; }
@@ -146,6 +147,16 @@ int tri__qblock_unpack(tri__qblock *o, const void *blk, tri_dtype type) {
         }
         return TRI_QK_K;
     }
+    case TRI_DTYPE_IQ4_NL: {
+        static const int8_t levels[16] = TRI__IQ4NL_VALUES;
+        const tri__block_iq4_nl *b = blk;
+        for (int i = 0; i < TRI_QK / 2; i++) {
+            o->q[i] = levels[b->qs[i] & 15];
+            o->q[i + 16] = levels[b->qs[i] >> 4];
+        }
+        set_groups(o, 2, tri__f16_to_f32(b->d), 0.0f);
+        return TRI_QK;
+    }
     case TRI_DTYPE_Q6_K: {
         const tri__block_q6_k *b = blk;
         float d = tri__f16_to_f32(b->d);
@@ -209,6 +220,12 @@ int tri__qblock_scales(float *dh, float *mh, const void *blk, tri_dtype type) {
         const tri__block_q5_1 *b = blk;
         dh[0] = dh[1] = tri__f16_to_f32(b->d);
         mh[0] = mh[1] = tri__f16_to_f32(b->m);
+        return 2;
+    }
+    case TRI_DTYPE_IQ4_NL: {
+        const tri__block_iq4_nl *b = blk;
+        dh[0] = dh[1] = tri__f16_to_f32(b->d);
+        mh[0] = mh[1] = 0.0f;
         return 2;
     }
     default:  // the rest through the unpacking

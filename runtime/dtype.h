@@ -78,6 +78,14 @@ typedef struct tri__block_q6_k {
     uint16_t d;                // f16; value = d * scale * (q - 32)
 } tri__block_q6_k;
 
+typedef struct tri__block_iq4_nl {
+    uint16_t d;                // f16 scale
+    uint8_t qs[TRI_QK / 2];    // nibbles as q4_0; value = d * tri__iq4nl_values[nibble]
+} tri__block_iq4_nl;
+
+// IQ4_NL's 16 levels (GGML's kvalues_iq4nl).
+#define TRI__IQ4NL_VALUES {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
+
 #ifdef __cplusplus  // included from the .cu files of cuda/
 #define TRI__STATIC_ASSERT(cond, msg) static_assert(cond, msg)
 #else
@@ -93,6 +101,7 @@ TRI__STATIC_ASSERT(sizeof(tri__block_q3_k) == 110, "q3_K block layout");
 TRI__STATIC_ASSERT(sizeof(tri__block_q4_k) == 144, "q4_K block layout");
 TRI__STATIC_ASSERT(sizeof(tri__block_q5_k) == 176, "q5_K block layout");
 TRI__STATIC_ASSERT(sizeof(tri__block_q6_k) == 210, "q6_K block layout");
+TRI__STATIC_ASSERT(sizeof(tri__block_iq4_nl) == 18, "iq4_nl block layout");
 
 // Scale and minimum of group g (0..7) of a Q4_K / Q5_K super-block's 12 packed bytes: groups 0..3
 // in the low 6 bits of bytes g (scale) and g + 4 (minimum); groups 4..7 take their low 4 bits
@@ -115,7 +124,7 @@ static inline int tri__q3k_scale(const uint8_t *s, int g) {
     return (lo | hi << 4) - 32;
 }
 
-// Elements per block: 1 for float types, 32 for Q8_0 .. Q5_1, 256 for the K-quants.
+// Elements per block: 1 for float types, 32 for Q8_0 .. Q5_1 and IQ4_NL, 256 for the K-quants.
 int64_t tri__dtype_block_elems(tri_dtype type);
 // Bytes per block.
 int64_t tri__dtype_block_bytes(tri_dtype type);
@@ -129,7 +138,7 @@ int64_t tri__dtype_row_bytes(tri_dtype type, int64_t n);
 // in that order (GGML's dequantization gives the same values). 32 elements (2 groups) for the
 // types with blocks of 32, 256 (16 groups) for the K-quants. Offsets that are whole numbers of
 // steps are folded into q (Q4_0's 8, Q5_0's 16, Q3_K's 4, Q6_K's 32), so mh is 0 for them; the
-// minima of Q4_1, Q5_1, Q2_K, Q4_K, Q5_K are in mh. |q| <= 63.
+// minima of Q4_1, Q5_1, Q2_K, Q4_K, Q5_K are in mh. |q| <= 127 (IQ4_NL's levels; 63 for the others).
 typedef struct tri__qblock {
     int8_t q[TRI_QK_K];
     float dh[TRI_QK_K / 16];

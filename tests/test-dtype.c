@@ -120,4 +120,6 @@ Test(dtype, quantized_sizes) {
     cr_assert_eq(tri__dtype_block_elems(TRI_DTYPE_Q6_K), 256);
     cr_assert_str_eq(tri_dtype_name(TRI_DTYPE_Q4_K), "q4_K");
     cr_assert_str_eq(tri_dtype_name(TRI_DTYPE_Q5_1), "q5_1");
+    cr_assert_eq(tri__dtype_row_bytes(TRI_DTYPE_IQ4_NL, 64), 36);
+    cr_assert_str_eq(tri_dtype_name(TRI_DTYPE_IQ4_NL), "iq4_nl");
 }
