@@ -20,8 +20,14 @@ __host__ __device__ constexpr int tri_dev_qk(int t) {
     return t == TRI_DTYPE_Q5_0 || t == TRI_DTYPE_Q5_1 || t == TRI_DTYPE_IQ4_NL ? 32 : 256;
 }
 __host__ __device__ constexpr int tri_dev_qbytes(int t) {
-    return t == TRI_DTYPE_Q5_0 ? 22 : t == TRI_DTYPE_Q5_1 ? 24 : t == TRI_DTYPE_IQ4_NL ? 18 : t == TRI_DTYPE_Q2_K ? 84 : t == TRI_DTYPE_Q3_K ? 110
-         : t == TRI_DTYPE_Q4_K ? 144 : t == TRI_DTYPE_Q5_K ? 176 : 210;
+    return t == TRI_DTYPE_Q5_0     ? 22
+         : t == TRI_DTYPE_Q5_1   ? 24
+         : t == TRI_DTYPE_IQ4_NL ? 18
+         : t == TRI_DTYPE_Q2_K   ? 84
+         : t == TRI_DTYPE_Q3_K   ? 110
+         : t == TRI_DTYPE_Q4_K   ? 144
+         : t == TRI_DTYPE_Q5_K   ? 176
+                                 : 210;  // Q6_K
 }
 
 // The signed code of element e of the block at blk (tri__qblock's q).
