@@ -18,8 +18,9 @@
 #include <omp.h>
 #endif
 
-// Weights (n, k) of type t from f32 values: float types converted, quantized ones with d = amax/127
-// (Q8_0) or a plain min/max (Q4): the benchmark measures speed, the tests measure accuracy.
+// Weights (n, k) of type t (F32 .. Q4_1) from f32 values: float types converted, quantized ones
+// with d = amax/127 (Q8_0) or a plain min/max (Q4): the benchmark measures speed, the tests
+// measure accuracy.
 static void *make_weights(const float *w, int64_t n, int64_t k, tri_dtype t) {
     int64_t rb = tri__dtype_row_bytes(t, k);
     uint8_t *out = malloc((size_t)(rb * n));
@@ -63,6 +64,37 @@ static void *make_weights(const float *w, int64_t n, int64_t k, tri_dtype t) {
     return out;
 }
 
+// Weights (n, k) of the types without a quantizer here (Q5_0, Q5_1, the K-quants): random codes
+// and scale bytes, the f16 scales (at their offsets in dtype.h's layouts) chosen so values are
+// about 0.5 in magnitude; *deq gets their values (f32), the reference the check uses.
+static void *random_weights(int64_t n, int64_t k, tri_dtype t, float **deq) {
+    int64_t rb = tri__dtype_row_bytes(t, k), bb = tri__dtype_block_bytes(t);
+    uint8_t *out = malloc((size_t)(rb * n));
+    *deq = malloc(sizeof(float) * (size_t)(n * k));
+    int d_at = 0, m_at = -1;
+    float d = 0.5f / 16;
+    switch (t) {
+    case TRI_DTYPE_Q5_1: m_at = 2, d = 1.0f / 32; break;
+    case TRI_DTYPE_Q2_K: d_at = 80, m_at = 82, d = 0.5f / 45; break;
+    case TRI_DTYPE_Q3_K: d_at = 108, d = 0.5f / 128; break;
+    case TRI_DTYPE_Q4_K: m_at = 2, d = 0.5f / 945; break;
+    case TRI_DTYPE_Q5_K: m_at = 2, d = 0.5f / 1953; break;
+    case TRI_DTYPE_Q6_K: d_at = 208, d = 0.5f / 4064; break;
+    case TRI_DTYPE_IQ4_NL: d = 0.5f / 127; break;
+    default: break;
+    }
+    unsigned s = 777;
+    for (int64_t b = 0; b < rb * n / bb; b++) {
+        uint8_t *blk = out + b * bb;
+        for (int64_t i = 0; i < bb; i++) blk[i] = (uint8_t)((s = s * 1103515245u + 12345u) >> 16);
+        uint16_t h = tri__f32_to_f16(d), mn = tri__f32_to_f16(t == TRI_DTYPE_Q5_1 ? -0.5f : d * 8);
+        memcpy(blk + d_at, &h, 2);
+        if (m_at >= 0) memcpy(blk + m_at, &mn, 2);
+    }
+    for (int64_t r = 0; r < n; r++) tri__dequantize_row(*deq + r * k, out + r * rb, t, k);
+    return out;
+}
+
 int main(int argc, char **argv) {
     int nt = argc > 1 ? atoi(argv[1]) : 0;
     tri__cpu_simd simd = TRI_CPU_SIMD_AUTO;
@@ -91,9 +123,12 @@ int main(int argc, char **argv) {
 
     printf("%-5s %10s %10s %8s %12s\n", "dtype", "m=1 ms", "GB/s", "of peak", "m=128 GFLOP/s");
     for (tri_dtype t = TRI_DTYPE_F32; t < TRI_DTYPE_COUNT; t++) {
-        void *wt = make_weights(w, n, k, t);
+        float *wdq = NULL;
+        void *wt = t < TRI_DTYPE_Q5_0 ? make_weights(w, n, k, t) : random_weights(n, k, t, &wdq);
         double bytes = (double)tri__dtype_row_bytes(t, k) * (double)n;
-        // check first: against the f32 result, loosely (quantization of W and x)
+        // check first: against the f32 result, loosely (quantization of W and x); random weights
+        // against their dequantized values (quantization of x alone)
+        if (wdq) be->ops->matmul(be, yref, x, wdq, TRI_DTYPE_F32, 1, n, k);
         be->ops->matmul(be, y, x, wt, t, 1, n, k);
         double err = 0, mag = 0;
         for (int64_t r = 0; r < n; r++) err += fabs((double)(y[r] - yref[r])), mag += fabs((double)yref[r]);
@@ -119,6 +154,7 @@ int main(int argc, char **argv) {
         printf("%-5s %10.3f %10.2f %7.0f%% %12.1f\n", tri_dtype_name(t), best * 1e3, bytes / best / 1e9,
                100 * bytes / best / peak, 2.0 * (double)m_big * (double)n * (double)k / best_big / 1e9);
         free(wt);
+        if (wdq) free(wdq), be->ops->matmul(be, yref, x, w, TRI_DTYPE_F32, 1, n, k);
     }
     free(w), free(x), free(y), free(yref);
     tri__backend_free(be);

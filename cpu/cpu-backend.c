@@ -160,7 +160,7 @@ static void cpu_destroy(tri__backend *be) {
 
 // ---- conversions ----
 
-// Row r of a (rows, n) table of type t, converted to f32 (n a multiple of 32 when quantized).
+// Row r of a (rows, n) table of type t, converted to f32 (n a multiple of t's block when quantized).
 static void cpu_row_to_f32(float *out, const void *table, tri_dtype t, int64_t r, int64_t n) {
     const uint8_t *row = (const uint8_t *)table + r * tri__dtype_row_bytes(t, n);
     switch (t) {
@@ -198,7 +198,7 @@ static void cpu_row_to_f32(float *out, const void *table, tri_dtype t, int64_t r
             }
         }
         break;
-    default: break;
+    default: tri__dequantize_row(out, row, t, n); break;  // the other quantized types
     }
 }
 
@@ -326,6 +326,14 @@ static tri_status cpu_matmul(tri__backend *be, float *y, const float *x, const v
     case TRI_DTYPE_Q8_0: tq = kr->tile_q8_0; break;
     case TRI_DTYPE_Q4_0: tq = kr->tile_q4_0; break;
     case TRI_DTYPE_Q4_1: tq = kr->tile_q4_1; break;
+    case TRI_DTYPE_Q5_0: tq = kr->tile_q5_0; break;
+    case TRI_DTYPE_Q5_1: tq = kr->tile_q5_1; break;
+    case TRI_DTYPE_Q2_K: tq = kr->tile_q2_k; break;
+    case TRI_DTYPE_Q3_K: tq = kr->tile_q3_k; break;
+    case TRI_DTYPE_Q4_K: tq = kr->tile_q4_k; break;
+    case TRI_DTYPE_Q5_K: tq = kr->tile_q5_k; break;
+    case TRI_DTYPE_Q6_K: tq = kr->tile_q6_k; break;
+    case TRI_DTYPE_IQ4_NL: tq = kr->tile_iq4_nl; break;
     default: return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu matmul: %s weights", tri_dtype_name(type));
     }
     tri__cpu_xq xq = {0};

@@ -45,6 +45,10 @@ typedef struct tri__cpu_kernels {
     // registers); mr is always up to TRI_CPU_TILE_M.
     tri__cpu_tile_f tile_f32, tile_f16, tile_bf16;
     tri__cpu_tile_q tile_q8_0, tile_q4_0, tile_q4_1;
+    // Q5_0, Q5_1 (blocks of 32, as above) and the K-quants Q2_K .. Q6_K (super-blocks of 256:
+    // k a multiple of 256; each block of 32 of x still has its own scale).
+    tri__cpu_tile_q tile_q5_0, tile_q5_1, tile_q2_k, tile_q3_k, tile_q4_k, tile_q5_k, tile_q6_k;
+    tri__cpu_tile_q tile_iq4_nl;  // blocks of 32, 16 fixed levels
     int tile_n;
     // Quantizes row i of x (m rows of k f32, k a multiple of 32) into row i of out (whose buffers
     // the caller owns): d = max|x| / 127, qs = x / d rounded to nearest even; identical results at
@@ -90,6 +94,24 @@ extern const tri__cpu_kernels tri__cpu_kernels_avx512_vnni;
 
 // The scalar quantizer (the reference for the SIMD ones).
 void tri__cpu_quantize_row(int8_t *qs, float *d8, float *s8, const float *x, int64_t k);
+
+// The scalar tiles of the types a level has no SIMD tiles for (tri__qblock_unpack per block).
+void tri__cpu_tile_q5_0_scalar(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w,
+                               int64_t ws, int64_t nr);
+void tri__cpu_tile_q5_1_scalar(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w,
+                               int64_t ws, int64_t nr);
+void tri__cpu_tile_q2_k_scalar(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w,
+                               int64_t ws, int64_t nr);
+void tri__cpu_tile_q3_k_scalar(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w,
+                               int64_t ws, int64_t nr);
+void tri__cpu_tile_q4_k_scalar(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w,
+                               int64_t ws, int64_t nr);
+void tri__cpu_tile_q5_k_scalar(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w,
+                               int64_t ws, int64_t nr);
+void tri__cpu_tile_q6_k_scalar(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w,
+                               int64_t ws, int64_t nr);
+void tri__cpu_tile_iq4_nl_scalar(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w,
+                                 int64_t ws, int64_t nr);
 
 // Calls body(MR, NR) with compile-time constants for the run-time mr, nr (1..4 each), so an
 // always-inline tile body is specialised and keeps its accumulators in registers.

@@ -1,5 +1,6 @@
 // kernels-avx2.c - AVX2 + FMA + F16C inner loops (8 floats per register).
 #include <math.h>
+#include <string.h>
 
 #include "cpu-kernels.h"
 
@@ -233,6 +234,155 @@ AVX2 static void tile_q4_1(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t 
     Q_BODY(2)
 }
 
+// ---- Q5_0, Q5_1 and the K-quants: one block of 32 per register ----
+//
+// Per block of the type (32, or a super-block of 256) and row of W, the group scales come from
+// tri__qblock_scales (element e is dh[e / 16] * q[e] + mh[e / 16]); per block of 32 the codes are
+// unpacked into 32 signed bytes (offsets that are whole codes folded in), the sign moved onto x as
+// for Q8_0. Lanes 0-3 of the products are the first group of 16, lanes 4-7 the second. Minima
+// (mh) multiply each lane's sum of x, one more dot product.
+
+// 32 bytes: 16 where bit i of the 32 bits of qh is set (element i), else 0.
+AVX2 static inline __m256i fifth_bits(uint32_t qh) {
+    const __m256i pick = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick);
+    b = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+    return _mm256_and_si256(b, _mm256_set1_epi8(16));
+}
+
+// 2-bit field j (0..3) of 32 bytes at p.
+AVX2 static inline __m256i crumbs(const uint8_t *p, int j) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    return _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), _mm256_set1_epi8(3));
+}
+
+// Signed codes of block of 32 number j of the block at blk (type kind).
+AVX2 static inline __attribute__((always_inline)) __m256i g_codes(const uint8_t *blk, int j, const int kind) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    if (kind == TRI_DTYPE_IQ4_NL) {
+        static const int8_t levels[16] = TRI__IQ4NL_VALUES;
+        __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
+        __m256i v = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), m4);
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels)), v);
+    }
+    if (kind == TRI_DTYPE_Q5_0 || kind == TRI_DTYPE_Q5_1) {
+        const int off = kind == TRI_DTYPE_Q5_0 ? 2 : 4;
+        __m128i q = _mm_loadu_si128((const __m128i *)(blk + off + 4));
+        __m256i v = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), m4);
+        uint32_t qh;
+        memcpy(&qh, blk + off, 4);
+        v = _mm256_add_epi8(v, fifth_bits(qh));
+        return kind == TRI_DTYPE_Q5_0 ? _mm256_sub_epi8(v, _mm256_set1_epi8(16)) : v;
+    }
+    const int h = j / 4, jj = j % 4;  // half of 128 and group of 32 in it
+    if (kind == TRI_DTYPE_Q4_K || kind == TRI_DTYPE_Q5_K) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(blk + (kind == TRI_DTYPE_Q4_K ? 16 : 48) + 32 * (j / 2)));
+        if (j % 2) q = _mm256_srli_epi16(q, 4);
+        q = _mm256_and_si256(q, m4);
+        if (kind == TRI_DTYPE_Q5_K) {
+            const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+            __m256i hb = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(blk + 16)), bit), bit);
+            q = _mm256_add_epi8(q, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
+        }
+        return q;
+    }
+    if (kind == TRI_DTYPE_Q2_K) return crumbs(blk + 16 + 32 * h, jj);
+    if (kind == TRI_DTYPE_Q3_K) {
+        const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + jj)));
+        __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)blk), bit),
+                                          _mm256_setzero_si256());
+        return _mm256_sub_epi8(crumbs(blk + 32 + 32 * h, jj), _mm256_and_si256(clear, _mm256_set1_epi8(4)));
+    }
+    // Q6_K
+    __m256i lo = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (jj % 2)));
+    if (jj / 2) lo = _mm256_srli_epi16(lo, 4);
+    lo = _mm256_and_si256(lo, m4);
+    __m256i hi = crumbs(blk + 128 + 32 * h, jj);
+    return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+}
+
+AVX2 static inline __attribute__((always_inline)) void g_tile(float *y, int64_t ldy, const tri__cpu_xq *x,
+                                                              const void *w, int64_t ws, const int MR, const int NR,
+                                                              const int kind) {
+    const int64_t k = x->k, nb = k / TRI_QK, be = tri__dtype_block_elems((tri_dtype)kind);
+    const int64_t bsz = tri__dtype_block_bytes((tri_dtype)kind), per = be / TRI_QK;
+    const bool has_min = kind == TRI_DTYPE_Q5_1 || kind == TRI_DTYPE_Q2_K || kind == TRI_DTYPE_Q4_K ||
+                         kind == TRI_DTYPE_Q5_K;
+    __m256 acc[TRI_CPU_TILE_M][2];
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) acc[i][r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < k / be; sb++) {
+        float dh[2][16], mh[2][16];
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = (const uint8_t *)w + r * ws + sb * bsz;
+            if (per == 1) {  // Q5_0, Q5_1, IQ4_NL: the f16 scale and minimum in place, no call
+                uint16_t h[2] = {0, 0};
+                memcpy(h, blk, kind == TRI_DTYPE_Q5_1 ? 4 : 2);
+                dh[r][0] = dh[r][1] = _cvtsh_ss(h[0]);
+                mh[r][0] = mh[r][1] = _cvtsh_ss(h[1]);
+            } else {
+                tri__qblock_scales(dh[r], mh[r], blk, (tri_dtype)kind);
+            }
+        }
+        for (int j = 0; j < per; j++) {
+            const int64_t b = sb * per + j;  // x's block
+            for (int r = 0; r < NR; r++) {
+                __m256i wq = g_codes((const uint8_t *)w + r * ws + sb * bsz, j, kind);
+                __m256i wu = _mm256_sign_epi8(wq, wq);
+                __m256 dv = _mm256_set_m128(_mm_set1_ps(dh[r][2 * j + 1]), _mm_set1_ps(dh[r][2 * j]));
+                __m256 mv = has_min ? _mm256_set_m128(_mm_set1_ps(mh[r][2 * j + 1]), _mm_set1_ps(mh[r][2 * j]))
+                                    : _mm256_setzero_ps();
+                for (int i = 0; i < MR; i++) {
+                    __m256i x0 = _mm256_loadu_si256((const __m256i *)(x->qs + i * k + b * TRI_QK));
+                    __m256 p = _mm256_cvtepi32_ps(dot_u8_i8(wu, _mm256_sign_epi8(x0, wq)));
+                    __m256 xd = _mm256_loadu_ps(x->d8 + (i * nb + b) * 8);
+                    acc[i][r] = _mm256_fmadd_ps(p, _mm256_mul_ps(dv, xd), acc[i][r]);
+                    if (has_min) {
+                        __m256 sx = _mm256_cvtepi32_ps(dot_u8_i8(_mm256_set1_epi8(1), x0));
+                        acc[i][r] = _mm256_fmadd_ps(_mm256_mul_ps(mv, xd), sx, acc[i][r]);
+                    }
+                }
+            }
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) y[i * ldy + r] = hsum(acc[i][r]);
+}
+
+#define G_BODY(kind)                                       \
+    if (nr == 1) {                                         \
+        switch (mr) {                                      \
+        case 1: g_tile(y, ldy, x, w, ws, 1, 1, kind); break; \
+        case 2: g_tile(y, ldy, x, w, ws, 2, 1, kind); break; \
+        case 3: g_tile(y, ldy, x, w, ws, 3, 1, kind); break; \
+        default: g_tile(y, ldy, x, w, ws, 4, 1, kind); break; \
+        }                                                  \
+    } else {                                               \
+        switch (mr) {                                      \
+        case 1: g_tile(y, ldy, x, w, ws, 1, 2, kind); break; \
+        case 2: g_tile(y, ldy, x, w, ws, 2, 2, kind); break; \
+        case 3: g_tile(y, ldy, x, w, ws, 3, 2, kind); break; \
+        default: g_tile(y, ldy, x, w, ws, 4, 2, kind); break; \
+        }                                                  \
+    }
+
+#define G_TILE(name, kind)                                                                                     \
+    AVX2 static void tile_##name(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w, int64_t ws, \
+                                 int64_t nr) {                                                                \
+        G_BODY(kind)                                                                                           \
+    }
+G_TILE(q5_0, TRI_DTYPE_Q5_0)
+G_TILE(q5_1, TRI_DTYPE_Q5_1)
+G_TILE(q2_k, TRI_DTYPE_Q2_K)
+G_TILE(q3_k, TRI_DTYPE_Q3_K)
+G_TILE(q4_k, TRI_DTYPE_Q4_K)
+G_TILE(q5_k, TRI_DTYPE_Q5_K)
+G_TILE(q6_k, TRI_DTYPE_Q6_K)
+G_TILE(iq4_nl, TRI_DTYPE_IQ4_NL)
+#undef G_TILE
+#undef G_BODY
+
 AVX2 static void axpby_f32(float *y, float c, float a, const float *v, int64_t n) {
     __m256 vc = _mm256_set1_ps(c), va = _mm256_set1_ps(a);
     int64_t i = 0;
@@ -379,6 +529,14 @@ const tri__cpu_kernels tri__cpu_kernels_avx2 = {
     .tile_q8_0 = tile_q8_0,
     .tile_q4_0 = tile_q4_0,
     .tile_q4_1 = tile_q4_1,
+    .tile_q5_0 = tile_q5_0,
+    .tile_q5_1 = tile_q5_1,
+    .tile_q2_k = tile_q2_k,
+    .tile_q3_k = tile_q3_k,
+    .tile_q4_k = tile_q4_k,
+    .tile_q5_k = tile_q5_k,
+    .tile_q6_k = tile_q6_k,
+    .tile_iq4_nl = tile_iq4_nl,
     .tile_n = 2,
     .quantize = quantize,
     .dot_f32 = dot_f32,

@@ -129,6 +129,50 @@ static void tile_q4_1(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, c
         for (int64_t r = 0; r < nr; r++) y[i * ldy + r] = dot_q4_1(x, i, (const void *)((const char *)w + r * ws));
 }
 
+// Any quantized type through tri__qblock_unpack: per group of 16 elements, the integer dot
+// product with x and the integer sum of x, scaled by the group's dh and mh and the scale of x's
+// block of 32. W's blocks are unpacked once and used for every row of x in the tile.
+static void tile_qblocks(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w, int64_t ws,
+                         int64_t nr, tri_dtype type) {
+    const int64_t be = tri__dtype_block_elems(type), bb = tri__dtype_block_bytes(type), k = x->k;
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t r = 0; r < nr; r++) y[i * ldy + r] = 0;
+    tri__qblock qb;
+    for (int64_t r = 0; r < nr; r++) {
+        for (int64_t b = 0; b < k / be; b++) {
+            tri__qblock_unpack(&qb, (const char *)w + r * ws + b * bb, type);
+            for (int64_t i = 0; i < mr; i++) {
+                const int8_t *xq = xq_row(x, i) + b * be;
+                float acc = 0;
+                for (int64_t g = 0; g < be / 16; g++) {
+                    int32_t isum = 0, xsum = 0;
+                    for (int e = 0; e < 16; e++) {
+                        isum += (int32_t)qb.q[16 * g + e] * xq[16 * g + e];
+                        xsum += xq[16 * g + e];
+                    }
+                    acc += xq_d(x, i, (b * be + 16 * g) / TRI_QK) * (qb.dh[g] * (float)isum + qb.mh[g] * (float)xsum);
+                }
+                y[i * ldy + r] += acc;
+            }
+        }
+    }
+}
+
+#define TILE_QBLOCKS(name, type)                                                                              \
+    void tri__cpu_tile_##name##_scalar(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w, \
+                                       int64_t ws, int64_t nr) {                                              \
+        tile_qblocks(y, ldy, x, mr, w, ws, nr, type);                                                         \
+    }
+TILE_QBLOCKS(q5_0, TRI_DTYPE_Q5_0)
+TILE_QBLOCKS(q5_1, TRI_DTYPE_Q5_1)
+TILE_QBLOCKS(q2_k, TRI_DTYPE_Q2_K)
+TILE_QBLOCKS(q3_k, TRI_DTYPE_Q3_K)
+TILE_QBLOCKS(q4_k, TRI_DTYPE_Q4_K)
+TILE_QBLOCKS(q5_k, TRI_DTYPE_Q5_K)
+TILE_QBLOCKS(q6_k, TRI_DTYPE_Q6_K)
+TILE_QBLOCKS(iq4_nl, TRI_DTYPE_IQ4_NL)
+#undef TILE_QBLOCKS
+
 static void axpby_f32(float *y, float c, float a, const float *v, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = y[i] * c + a * v[i];
 }
@@ -186,6 +230,14 @@ const tri__cpu_kernels tri__cpu_kernels_scalar = {
     .tile_q8_0 = tile_q8_0,
     .tile_q4_0 = tile_q4_0,
     .tile_q4_1 = tile_q4_1,
+    .tile_q5_0 = tri__cpu_tile_q5_0_scalar,
+    .tile_q5_1 = tri__cpu_tile_q5_1_scalar,
+    .tile_q2_k = tri__cpu_tile_q2_k_scalar,
+    .tile_q3_k = tri__cpu_tile_q3_k_scalar,
+    .tile_q4_k = tri__cpu_tile_q4_k_scalar,
+    .tile_q5_k = tri__cpu_tile_q5_k_scalar,
+    .tile_q6_k = tri__cpu_tile_q6_k_scalar,
+    .tile_iq4_nl = tri__cpu_tile_iq4_nl_scalar,
     .tile_n = 1,
     .quantize = tri__cpu_quantize_row,
     .dot_f32 = dot_f32,

@@ -6,8 +6,10 @@
 // One warp per row of W, 4 warps per block. Float types: lanes take 8 consecutive elements (16-byte
 // loads) when W, x and k allow, else single elements. Quantized types: lanes take whole blocks of
 // 32 (blocks are 34, 18 or 20 bytes, so only 2-byte aligned: 16-bit loads; a warp's 32 blocks are
-// one contiguous stretch, so DRAM traffic stays sequential).
+// one contiguous stretch, so DRAM traffic stays sequential). Q5_0, Q5_1 and the K-quants: lanes
+// take blocks of 32 too (a K-quant super-block's 8 go to 8 neighbouring lanes), read by bytes.
 #include "cuda-common.cuh"
+#include "kernels-quant.cuh"
 
 #define WARPS 4
 
@@ -119,6 +121,39 @@ __global__ void __launch_bounds__(WARPS * 32)
                 }
             }
         }
+    } else if (T >= TRI_DTYPE_Q5_0) {
+        // Q5_0, Q5_1, K-quants: a lane takes a block of 32 (of a super-block of 256 for the
+        // K-quants), two groups of 16 with their own dh and mh (kernels-quant.cuh)
+        int64_t nb = k / 32;
+        for (int64_t b = lane; b < nb; b += 32) {
+            const int per = tri_dev_qk(T) / 32;  // blocks of 32 per block of the type
+            const uint8_t *blk = row + (b / per) * tri_dev_qbytes(T);
+            const int e0 = (int)(b % per) * 32;
+            float q[32], dh[2], mh[2];
+#pragma unroll
+            for (int t = 0; t < 32; t++) q[t] = (float)tri_dev_q_code<T>(blk, e0 + t);
+            tri_dev_q_group<T>(blk, e0 / 16, &dh[0], &mh[0]);
+            tri_dev_q_group<T>(blk, e0 / 16 + 1, &dh[1], &mh[1]);
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                if (i < m) {
+                    float xv[32];
+                    load32(xv, x + (int64_t)i * k + b * 32, xvec);
+                    float a = acc[i];
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        float s = 0.0f, sx = 0.0f;
+#pragma unroll
+                        for (int t = 16 * h; t < 16 * h + 16; t++) {
+                            s = fmaf(q[t], xv[t], s);
+                            sx += xv[t];
+                        }
+                        a += dh[h] * s + mh[h] * sx;
+                    }
+                    acc[i] = a;
+                }
+            }
+        }
     } else if (wvec && xvec) {  // k % 8 == 0, W rows and x 16-byte aligned
         int64_t nu = k / 8;
         for (int64_t u = lane; u < nu; u += 32) {
@@ -182,6 +217,14 @@ cudaError_t tri__cuda_matvec(float *y, const float *x, const void *w, tri_dtype 
     case TRI_DTYPE_Q8_0: return launch<TRI_DTYPE_Q8_0>(y, x, w, row_bytes, m, n, k, s);
     case TRI_DTYPE_Q4_0: return launch<TRI_DTYPE_Q4_0>(y, x, w, row_bytes, m, n, k, s);
     case TRI_DTYPE_Q4_1: return launch<TRI_DTYPE_Q4_1>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_Q5_0: return launch<TRI_DTYPE_Q5_0>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_Q5_1: return launch<TRI_DTYPE_Q5_1>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_Q2_K: return launch<TRI_DTYPE_Q2_K>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_Q3_K: return launch<TRI_DTYPE_Q3_K>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_Q4_K: return launch<TRI_DTYPE_Q4_K>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_Q5_K: return launch<TRI_DTYPE_Q5_K>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_Q6_K: return launch<TRI_DTYPE_Q6_K>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_IQ4_NL: return launch<TRI_DTYPE_IQ4_NL>(y, x, w, row_bytes, m, n, k, s);
     default: return cudaErrorInvalidValue;
     }
 }

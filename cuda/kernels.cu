@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "cuda-common.cuh"
+#include "kernels-quant.cuh"
 
 #define THREADS 256
 
@@ -14,7 +15,7 @@ static unsigned int grid_for(int64_t n) {
 }
 
 // Element j of a row of type t (the row's first byte at row; 2-byte alignment suffices for every
-// type but F32, which needs 4).
+// type but F32, which needs 4; the types of kernels-quant.cuh are read byte by byte).
 __device__ __forceinline__ float row_elem(const uint8_t *row, tri_dtype t, int64_t j) {
     switch (t) {
     case TRI_DTYPE_F32: return ((const float *)row)[j];
@@ -37,6 +38,14 @@ __device__ __forceinline__ float row_elem(const uint8_t *row, tri_dtype t, int64
         int e = (int)(j % 32), q = e < 16 ? blk[4 + e] & 0x0f : blk[4 + e - 16] >> 4;
         return __fadd_rn(__fmul_rn(d, (float)q), mn);  // never fused: bit-identical to the CPU
     }
+    case TRI_DTYPE_Q5_0: return tri_dev_q_elem<TRI_DTYPE_Q5_0>(row, j);
+    case TRI_DTYPE_Q5_1: return tri_dev_q_elem<TRI_DTYPE_Q5_1>(row, j);
+    case TRI_DTYPE_Q2_K: return tri_dev_q_elem<TRI_DTYPE_Q2_K>(row, j);
+    case TRI_DTYPE_Q3_K: return tri_dev_q_elem<TRI_DTYPE_Q3_K>(row, j);
+    case TRI_DTYPE_Q4_K: return tri_dev_q_elem<TRI_DTYPE_Q4_K>(row, j);
+    case TRI_DTYPE_Q5_K: return tri_dev_q_elem<TRI_DTYPE_Q5_K>(row, j);
+    case TRI_DTYPE_Q6_K: return tri_dev_q_elem<TRI_DTYPE_Q6_K>(row, j);
+    case TRI_DTYPE_IQ4_NL: return tri_dev_q_elem<TRI_DTYPE_IQ4_NL>(row, j);
     default: return 0.0f;
     }
 }

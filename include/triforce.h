@@ -145,10 +145,22 @@ typedef enum tri_dtype {
     TRI_DTYPE_Q8_0 = 3,  // blocks of 32: f16 scale + 32 x int8
     TRI_DTYPE_Q4_0 = 4,  // blocks of 32: f16 scale + 16 bytes of 4-bit values, offset 8
     TRI_DTYPE_Q4_1 = 5,  // blocks of 32: f16 scale + f16 min + 16 bytes of 4-bit values
+    TRI_DTYPE_Q5_0 = 6,  // blocks of 32: f16 scale + 32 high bits + 16 bytes of low nibbles, offset 16
+    TRI_DTYPE_Q5_1 = 7,  // blocks of 32: f16 scale + f16 min + 32 high bits + 16 bytes of low nibbles
+    // GGML's "K-quants": super-blocks of 256 with an f16 scale (and f16 minimum) for the whole
+    // super-block and quantized scales for each 16 or 32 of its elements
+    TRI_DTYPE_Q2_K = 8,   // 2.625 bits per weight: 2-bit values, 4-bit scales and minima per 16
+    TRI_DTYPE_Q3_K = 9,   // 3.4375 bits: 3-bit values, 6-bit scales per 16
+    TRI_DTYPE_Q4_K = 10,  // 4.5 bits: 4-bit values, 6-bit scales and minima per 32
+    TRI_DTYPE_Q5_K = 11,  // 5.5 bits: 5-bit values, 6-bit scales and minima per 32
+    TRI_DTYPE_Q6_K = 12,  // 6.5625 bits: 6-bit values, 8-bit scales per 16
+    TRI_DTYPE_IQ4_NL = 13, // blocks of 32: f16 scale + 16 bytes of 4-bit indices into a fixed table
+                           // of 16 non-uniform levels
     TRI_DTYPE_COUNT
 } tri_dtype;
 
-// "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", or "?"; static storage.
+// "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_K", "q3_K", "q4_K", "q5_K",
+// "q6_K", "iq4_nl" (GGML's names), or "?"; static storage.
 TRI_API const char *tri_dtype_name(tri_dtype type);
 
 typedef enum tri_file_format {
@@ -659,8 +671,9 @@ typedef struct tri_plan_model {
     tri_dtype weight_type;    // type of the weight matrices, for the computed sizes (norms f32)
 } tri_plan_model;
 
-// The shapes of config with weights of weight_type (F32, F16, BF16, Q8_0, Q4_0, Q4_1), sizes
-// left 0 (computed).
+// The shapes of config with weights of weight_type (any tri_dtype; a quantized matrix whose rows
+// are not whole blocks, 32 elements or 256 for the K-quants, counts 0 bytes), sizes left 0
+// (computed).
 TRI_API tri_plan_model tri_plan_model_from_config(const tri_model_config *config,
                                                   tri_dtype weight_type);
 // The shapes of a loaded model with the stored sizes of its tensors.

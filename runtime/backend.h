@@ -93,7 +93,7 @@ typedef struct tri__backend_ops {
     // ---- linear algebra ----
 
     // y (m, n) f32 = x (m, k) f32 @ W^T, W (n, k) row-major of type w_type, any of F32, F16,
-    // BF16, Q8_0, Q4_0, Q4_1 (k a multiple of 32 for the quantized ones). Quantized rows are
+    // BF16 and the quantized types (k a multiple of their block: 32, 256 for the K-quants). Quantized rows are
     // dequantized block by block on the fly; for them a backend may first quantize x to 8-bit
     // blocks of 32 (as GGML does), which adds a relative error of about 2^-8 per element of x.
     // Each row of W is read once per call whatever m is.

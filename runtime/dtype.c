@@ -16,6 +16,14 @@ static const struct {
     [TRI_DTYPE_Q8_0] = {"q8_0", TRI_QK, sizeof(tri__block_q8_0)},
     [TRI_DTYPE_Q4_0] = {"q4_0", TRI_QK, sizeof(tri__block_q4_0)},
     [TRI_DTYPE_Q4_1] = {"q4_1", TRI_QK, sizeof(tri__block_q4_1)},
+    [TRI_DTYPE_Q5_0] = {"q5_0", TRI_QK, sizeof(tri__block_q5_0)},
+    [TRI_DTYPE_Q5_1] = {"q5_1", TRI_QK, sizeof(tri__block_q5_1)},
+    [TRI_DTYPE_Q2_K] = {"q2_K", TRI_QK_K, sizeof(tri__block_q2_k)},
+    [TRI_DTYPE_Q3_K] = {"q3_K", TRI_QK_K, sizeof(tri__block_q3_k)},
+    [TRI_DTYPE_Q4_K] = {"q4_K", TRI_QK_K, sizeof(tri__block_q4_k)},
+    [TRI_DTYPE_Q5_K] = {"q5_K", TRI_QK_K, sizeof(tri__block_q5_k)},
+    [TRI_DTYPE_Q6_K] = {"q6_K", TRI_QK_K, sizeof(tri__block_q6_k)},
+    [TRI_DTYPE_IQ4_NL] = {"iq4_nl", TRI_QK, sizeof(tri__block_iq4_nl)},
 };
 
 static bool dtype_valid(tri_dtype type) { return (unsigned)type < TRI_DTYPE_COUNT; }
@@ -40,6 +48,202 @@ int64_t tri__dtype_row_bytes(tri_dtype type, int64_t n) {
     int64_t blocks = n / be;
     if (blocks > INT64_MAX / tri__dtype_block_bytes(type)) return -1;
     return blocks * tri__dtype_block_bytes(type);
+}
+
+// ---- quantized blocks ----
+
+// The 32 nibbles of a block of 32 (element i low nibble of qs[i], i + 16 high) plus fifth bits.
+static void unpack_nibbles(int8_t *q, const uint8_t *qs, uint32_t qh, int offset) {
+    for (int i = 0; i < TRI_QK / 2; i++) {
+        q[i] = (int8_t)((qs[i] & 15) + (int)((qh >> i) & 1) * 16 - offset);
+        q[i + 16] = (int8_t)((qs[i] >> 4) + (int)((qh >> (i + 16)) & 1) * 16 - offset);
+    }
+}
+
+static void set_groups(tri__qblock *o, int n_groups, float dh, float mh) {
+    for (int g = 0; g < n_groups; g++) o->dh[g] = dh, o->mh[g] = mh;
+}
+
+int tri__qblock_unpack(tri__qblock *o, const void *blk, tri_dtype type) {
+    switch (type) {
+    case TRI_DTYPE_Q8_0: {
+        const tri__block_q8_0 *b = blk;
+        memcpy(o->q, b->qs, TRI_QK);
+        set_groups(o, 2, tri__f16_to_f32(b->d), 0.0f);
+        return TRI_QK;
+    }
+    case TRI_DTYPE_Q4_0: {
+        const tri__block_q4_0 *b = blk;
+        unpack_nibbles(o->q, b->qs, 0, 8);
+        set_groups(o, 2, tri__f16_to_f32(b->d), 0.0f);
+        return TRI_QK;
+    }
+    case TRI_DTYPE_Q4_1: {
+        const tri__block_q4_1 *b = blk;
+        unpack_nibbles(o->q, b->qs, 0, 0);
+        set_groups(o, 2, tri__f16_to_f32(b->d), tri__f16_to_f32(b->m));
+        return TRI_QK;
+    }
+    case TRI_DTYPE_Q5_0: {
+        const tri__block_q5_0 *b = blk;
+        uint32_t qh;
+        memcpy(&qh, b->qh, 4);
+        unpack_nibbles(o->q, b->qs, qh, 16);
+        set_groups(o, 2, tri__f16_to_f32(b->d), 0.0f);
+        return TRI_QK;
+    }
+    case TRI_DTYPE_Q5_1: {
+        const tri__block_q5_1 *b = blk;
+        uint32_t qh;
+        memcpy(&qh, b->qh, 4);
+        unpack_nibbles(o->q, b->qs, qh, 0);
+        set_groups(o, 2, tri__f16_to_f32(b->d), tri__f16_to_f32(b->m));
+        return TRI_QK;
+    }
+    case TRI_DTYPE_Q2_K: {
+        const tri__block_q2_k *b = blk;
+        float d = tri__f16_to_f32(b->d), dmin = tri__f16_to_f32(b->dmin);
+        for (int e = 0; e < TRI_QK_K; e++) {
+            int h = e / 128, j = (e / 32) % 4, l = e % 32;
+            o->q[e] = (int8_t)((b->qs[32 * h + l] >> (2 * j)) & 3);
+        }
+        for (int g = 0; g < 16; g++) {
+            o->dh[g] = d * (float)(b->scales[g] & 15);
+            o->mh[g] = -(dmin * (float)(b->scales[g] >> 4));
+        }
+        return TRI_QK_K;
+    }
+    case TRI_DTYPE_Q3_K: {
+        const tri__block_q3_k *b = blk;
+        float d = tri__f16_to_f32(b->d);
+        for (int e = 0; e < TRI_QK_K; e++) {
+            int h = e / 128, j = (e / 32) % 4, l = e % 32;
+            int q = (b->qs[32 * h + l] >> (2 * j)) & 3;
+            o->q[e] = (int8_t)(q - ((b->hmask[l] >> (4 * h + j)) & 1 ? 0 : 4));
+        }
+        for (int g = 0; g < 16; g++) o->dh[g] = d * (float)tri__q3k_scale(b->scales, g), o->mh[g] = 0.0f;
+        return TRI_QK_K;
+    }
+    case TRI_DTYPE_Q4_K:
+    case TRI_DTYPE_Q5_K: {
+        // the two share the header and the low nibbles; Q5_K adds a fifth bit
+        const bool five = type == TRI_DTYPE_Q5_K;
+        const tri__block_q4_k *b4 = blk;
+        const tri__block_q5_k *b5 = blk;
+        uint16_t dh16 = five ? b5->d : b4->d, dm16 = five ? b5->dmin : b4->dmin;
+        const uint8_t *sc = five ? b5->scales : b4->scales, *qs = five ? b5->qs : b4->qs;
+        float d = tri__f16_to_f32(dh16), dmin = tri__f16_to_f32(dm16);
+        for (int e = 0; e < TRI_QK_K; e++) {
+            int g = e / 32, l = e % 32;
+            int q = (qs[32 * (g / 2) + l] >> (4 * (g % 2))) & 15;
+            if (five) q += ((b5->qh[l] >> g) & 1) * 16;
+            o->q[e] = (int8_t)q;
+        }
+        for (int g = 0; g < 8; g++) {
+            int s, m;
+            tri__kq_scale_min(sc, g, &s, &m);
+            o->dh[2 * g] = o->dh[2 * g + 1] = d * (float)s;
+            o->mh[2 * g] = o->mh[2 * g + 1] = -(dmin * (float)m);
+        }
+        return TRI_QK_K;
+    }
+    case TRI_DTYPE_IQ4_NL: {
+        static const int8_t levels[16] = TRI__IQ4NL_VALUES;
+        const tri__block_iq4_nl *b = blk;
+        for (int i = 0; i < TRI_QK / 2; i++) {
+            o->q[i] = levels[b->qs[i] & 15];
+            o->q[i + 16] = levels[b->qs[i] >> 4];
+        }
+        set_groups(o, 2, tri__f16_to_f32(b->d), 0.0f);
+        return TRI_QK;
+    }
+    case TRI_DTYPE_Q6_K: {
+        const tri__block_q6_k *b = blk;
+        float d = tri__f16_to_f32(b->d);
+        for (int e = 0; e < TRI_QK_K; e++) {
+            int h = e / 128, j = (e / 32) % 4, l = e % 32;
+            int lo = (b->ql[64 * h + 32 * (j % 2) + l] >> (4 * (j / 2))) & 15;
+            int hi = (b->qh[32 * h + l] >> (2 * j)) & 3;
+            o->q[e] = (int8_t)((lo | hi << 4) - 32);
+        }
+        for (int g = 0; g < 16; g++) o->dh[g] = d * (float)b->scales[g], o->mh[g] = 0.0f;
+        return TRI_QK_K;
+    }
+    default: return 0;
+    }
+}
+
+int tri__qblock_scales(float *dh, float *mh, const void *blk, tri_dtype type) {
+    tri__qblock qb;
+    int ne;
+    switch (type) {
+    case TRI_DTYPE_Q2_K: {
+        const tri__block_q2_k *b = blk;
+        float d = tri__f16_to_f32(b->d), dmin = tri__f16_to_f32(b->dmin);
+        for (int g = 0; g < 16; g++) {
+            dh[g] = d * (float)(b->scales[g] & 15);
+            mh[g] = -(dmin * (float)(b->scales[g] >> 4));
+        }
+        return 16;
+    }
+    case TRI_DTYPE_Q3_K: {
+        const tri__block_q3_k *b = blk;
+        float d = tri__f16_to_f32(b->d);
+        for (int g = 0; g < 16; g++) dh[g] = d * (float)tri__q3k_scale(b->scales, g), mh[g] = 0.0f;
+        return 16;
+    }
+    case TRI_DTYPE_Q4_K: {
+        const tri__block_q4_k *b = blk;
+        float d = tri__f16_to_f32(b->d), dmin = tri__f16_to_f32(b->dmin);
+        for (int g = 0; g < 8; g++) {
+            int sc, m;
+            tri__kq_scale_min(b->scales, g, &sc, &m);
+            dh[2 * g] = dh[2 * g + 1] = d * (float)sc;
+            mh[2 * g] = mh[2 * g + 1] = -(dmin * (float)m);
+        }
+        return 16;
+    }
+    case TRI_DTYPE_Q6_K: {
+        const tri__block_q6_k *b = blk;
+        float d = tri__f16_to_f32(b->d);
+        for (int g = 0; g < 16; g++) dh[g] = d * (float)b->scales[g], mh[g] = 0.0f;
+        return 16;
+    }
+    case TRI_DTYPE_Q5_K: return tri__qblock_scales(dh, mh, blk, TRI_DTYPE_Q4_K);  // the same header
+    case TRI_DTYPE_Q5_0: {
+        const tri__block_q5_0 *b = blk;
+        dh[0] = dh[1] = tri__f16_to_f32(b->d);
+        mh[0] = mh[1] = 0.0f;
+        return 2;
+    }
+    case TRI_DTYPE_Q5_1: {
+        const tri__block_q5_1 *b = blk;
+        dh[0] = dh[1] = tri__f16_to_f32(b->d);
+        mh[0] = mh[1] = tri__f16_to_f32(b->m);
+        return 2;
+    }
+    case TRI_DTYPE_IQ4_NL: {
+        const tri__block_iq4_nl *b = blk;
+        dh[0] = dh[1] = tri__f16_to_f32(b->d);
+        mh[0] = mh[1] = 0.0f;
+        return 2;
+    }
+    default:  // the rest through the unpacking
+        ne = tri__qblock_unpack(&qb, blk, type);
+        memcpy(dh, qb.dh, sizeof(float) * (size_t)(ne / 16));
+        memcpy(mh, qb.mh, sizeof(float) * (size_t)(ne / 16));
+        return ne / 16;
+    }
+}
+
+void tri__dequantize_row(float *out, const void *row, tri_dtype type, int64_t n) {
+    const int64_t be = tri__dtype_block_elems(type), bb = tri__dtype_block_bytes(type);
+    if (!tri__dtype_is_quantized(type)) return;
+    tri__qblock qb;
+    for (int64_t b = 0; b < n / be; b++) {
+        int ne = tri__qblock_unpack(&qb, (const uint8_t *)row + b * bb, type);
+        for (int e = 0; e < ne; e++) out[b * be + e] = qb.dh[e / 16] * (float)qb.q[e] + qb.mh[e / 16];
+    }
 }
 
 static uint32_t f32_bits(float f) {

@@ -134,7 +134,15 @@ static int ggml_to_dtype(uint32_t ggml_type) {
     case 1: return TRI_DTYPE_F16;
     case 2: return TRI_DTYPE_Q4_0;
     case 3: return TRI_DTYPE_Q4_1;
+    case 6: return TRI_DTYPE_Q5_0;
+    case 7: return TRI_DTYPE_Q5_1;
     case 8: return TRI_DTYPE_Q8_0;
+    case 10: return TRI_DTYPE_Q2_K;
+    case 11: return TRI_DTYPE_Q3_K;
+    case 12: return TRI_DTYPE_Q4_K;
+    case 13: return TRI_DTYPE_Q5_K;
+    case 14: return TRI_DTYPE_Q6_K;
+    case 20: return TRI_DTYPE_IQ4_NL;
     case 30: return TRI_DTYPE_BF16;
     default: return -1;
     }
@@ -652,7 +660,8 @@ static tri_status parse_tensor_info(tri__gguf *g, cursor *c, uint64_t i, tri__gg
     if (dtype < 0) {
         return tri__fail(TRI_STATUS_UNSUPPORTED,
                          "%s: %s: type: ggml type %s (%" PRIu32
-                         ") is not supported (f32, f16, bf16, q8_0, q4_0, q4_1 are)",
+                         ") is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
+                         "q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl are)",
                          g->path, c->what, tri__gguf_ggml_type_name(ggml_type), ggml_type);
     }
     t->type = (tri_dtype)dtype;

@@ -57,12 +57,24 @@ static void fill(void *dst, tri_dtype type, int64_t n_elems, uint64_t n_bytes, f
         size_t bb = (size_t)tri__dtype_block_bytes(type);
         plen = plen / bb * bb;
         for (size_t i = 0; i < plen; i++) period[i] = (unsigned char)mix(&s);
+        // where the f16 scale and minimum (or a second f16 scale) sit in a block, -1 none
+        int d_at = 0, m_at = type == TRI_DTYPE_Q4_1 || type == TRI_DTYPE_Q5_1 ? 2 : -1;
+        float d_val = a / 64.0f;
+        switch (type) {
+        case TRI_DTYPE_Q2_K: d_at = 80, m_at = 82; break;
+        case TRI_DTYPE_Q3_K: d_at = 108; break;
+        case TRI_DTYPE_Q4_K:
+        case TRI_DTYPE_Q5_K: m_at = 2, d_val = a / 1024.0f; break;
+        case TRI_DTYPE_Q6_K: d_at = 208, d_val = a / 4096.0f; break;
+        case TRI_DTYPE_IQ4_NL: d_val = a / 128.0f; break;
+        default: break;
+        }
         for (size_t b = 0; b < plen; b += bb) {
-            uint16_t d = tri__f32_to_f16(a / 64.0f);
-            memcpy(period + b, &d, 2);
-            if (type == TRI_DTYPE_Q4_1) {
-                uint16_t mn = tri__f32_to_f16(-a / 2.0f);
-                memcpy(period + b + 2, &mn, 2);
+            uint16_t d = tri__f32_to_f16(d_val);
+            memcpy(period + b + d_at, &d, 2);
+            if (m_at >= 0) {
+                uint16_t mn = tri__f32_to_f16(type >= TRI_DTYPE_Q2_K ? d_val * 16.0f : -a / 2.0f);
+                memcpy(period + b + m_at, &mn, 2);
             }
         }
         break;

@@ -7,7 +7,7 @@
 #include "triforce.h"
 
 // A model of config's shape (untied head, no tokenizer, no rope_freqs) whose matrices are of
-// weight_type (F32, F16, BF16, Q8_0, Q4_0, Q4_1) and norms F32, filled from seed: matrices with
+// weight_type (F32, F16, BF16 or any quantized type) and norms F32, filled from seed: matrices with
 // values of about 1/sqrt(cols) in a short repeating pattern, quantized blocks with random codes
 // and small scales. For timing the forward pass on shapes we have no weights for. Free with
 // tri__model_synthetic_free, never tri_model_free.

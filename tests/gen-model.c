@@ -10,7 +10,7 @@
 //   - 1-D norms: values rounded to --dtype; the HF file stores them in --dtype, the GGUF in f32
 //     (as llama.cpp's converter does), so both hold the same numbers exactly.
 //   - matrices, --gguf-dtype unset: values rounded to --dtype in both files.
-//   - matrices, --gguf-dtype q8_0|q4_0|q4_1: the GGUF holds the quantized blocks; the HF file holds
+//   - matrices, --gguf-dtype q8_0|q4_0|q4_1|q4_K|q6_K: the GGUF holds the quantized blocks; the HF file holds
 //     their dequantized values, rounded to --dtype (exact for f32; one storage rounding for f16/bf16).
 //   - attn_q/attn_k: GGUF rows are the HF rows permuted as llama.cpp's convert_hf_to_gguf does, so
 //     the GGUF uses the adjacent-pair rope layout and the HF file the rotate_half layout.
@@ -227,7 +227,7 @@ static void usage(FILE *f) {
         "  --rope-factor X     scaling factor (default 4 when scaling)\n"
         "  --rope-orig-ctx N   pre-scaling context (default ctx / factor)\n"
         "  --dtype T           f32, f16 (default), bf16: storage type of both files\n"
-        "  --gguf-dtype T      q8_0, q4_0, q4_1: quantize GGUF matrices (HF holds dequantized values)\n"
+        "  --gguf-dtype T      q8_0, q4_0, q4_1, q4_K, q6_K: quantize GGUF matrices (HF holds dequantized values)\n"
         "  --shards N          number of safetensors shards (default 1)\n"
         "  --seed N            PRNG seed (default 1)\n"
         "  --out-gguf FILE     GGUF output\n"
@@ -259,10 +259,11 @@ static tri_dtype parse_dtype(const char *opt, const char *s, bool quantized) {
         {"f32", TRI_DTYPE_F32, false},   {"f16", TRI_DTYPE_F16, false},
         {"bf16", TRI_DTYPE_BF16, false}, {"q8_0", TRI_DTYPE_Q8_0, true},
         {"q4_0", TRI_DTYPE_Q4_0, true},  {"q4_1", TRI_DTYPE_Q4_1, true},
+        {"q4_K", TRI_DTYPE_Q4_K, true},  {"q6_K", TRI_DTYPE_Q6_K, true},
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (!strcmp(s, types[i].name) && types[i].q == quantized) return types[i].t;
-    die("%s: unknown type '%s' (%s)", opt, s, quantized ? "q8_0, q4_0, q4_1" : "f32, f16, bf16");
+    die("%s: unknown type '%s' (%s)", opt, s, quantized ? "q8_0, q4_0, q4_1, q4_K, q6_K" : "f32, f16, bf16");
 }
 
 static void parse_args(opts *o, int argc, char **argv) {
@@ -326,9 +327,10 @@ static void parse_args(opts *o, int argc, char **argv) {
     if (o->head_dim % 2) die("--head-dim %" PRId64 " must be even (rope rotates pairs)", o->head_dim);
     if (o->n_vocab < 259) die("--vocab %" PRId64 ": must be >= 259 (3 specials + 256 byte tokens)", o->n_vocab);
     if (tri__dtype_is_quantized(o->gguf_dtype)) {
-        if (o->n_embd % TRI_QK || o->n_ff % TRI_QK || (o->n_head * o->head_dim) % TRI_QK)
-            die("--gguf-dtype %s: --embd, --ff and --heads x --head-dim must be multiples of %d",
-                tri_dtype_name(o->gguf_dtype), TRI_QK);
+        const int64_t be = tri__dtype_block_elems(o->gguf_dtype);
+        if (o->n_embd % be || o->n_ff % be || (o->n_head * o->head_dim) % be)
+            die("--gguf-dtype %s: --embd, --ff and --heads x --head-dim must be multiples of %" PRId64,
+                tri_dtype_name(o->gguf_dtype), be);
     }
     int64_t n_hf_tensors = 2 + (o->tied ? 0 : 1) + 9 * o->n_layer;
     if (o->n_shards > n_hf_tensors)
@@ -514,8 +516,70 @@ static void quantize_q4_1(const float *x, tri__block_q4_1 *b) {
     }
 }
 
-// Quantizes n values (a multiple of 32) into out; returns bytes written.
+// K-quants (written for this generator), plainly: per group a min/max (Q4_K) or absolute-max (Q6_K) scale, the group scales
+// rounded to 6 / 8 bits against the super-block's f16 scale, codes rounded to nearest.
+static void quantize_q4_k(const float *x, tri__block_q4_k *b) {
+    float scale[8], mins[8], smax = 0, mmax = 0;
+    for (int g = 0; g < 8; g++) {
+        float lo = 0, hi = x[32 * g];
+        for (int i = 0; i < 32; i++) { lo = fminf(lo, x[32 * g + i]); hi = fmaxf(hi, x[32 * g + i]); }
+        scale[g] = (hi - lo) / 15.0f, mins[g] = -lo;
+        smax = fmaxf(smax, scale[g]), mmax = fmaxf(mmax, mins[g]);
+    }
+    b->d = tri__f32_to_f16(smax / 63.0f), b->dmin = tri__f32_to_f16(mmax / 63.0f);
+    float d = tri__f16_to_f32(b->d), dmin = tri__f16_to_f32(b->dmin);
+    int sc[8], mn[8];
+    for (int g = 0; g < 8; g++) {
+        sc[g] = d > 0 ? (int)fminf(63.0f, roundf(scale[g] / d)) : 0;
+        mn[g] = dmin > 0 ? (int)fminf(63.0f, roundf(mins[g] / dmin)) : 0;
+    }
+    for (int g = 0; g < 4; g++) {
+        b->scales[g] = (uint8_t)(sc[g] | (sc[g + 4] >> 4) << 6);
+        b->scales[g + 4] = (uint8_t)(mn[g] | (mn[g + 4] >> 4) << 6);
+        b->scales[g + 8] = (uint8_t)((sc[g + 4] & 15) | (mn[g + 4] & 15) << 4);
+    }
+    memset(b->qs, 0, sizeof b->qs);
+    for (int g = 0; g < 8; g++) {
+        float s = d * (float)sc[g], m = dmin * (float)mn[g];
+        for (int l = 0; l < 32; l++) {
+            int q = s > 0 ? (int)roundf((x[32 * g + l] + m) / s) : 0;
+            q = q < 0 ? 0 : q > 15 ? 15 : q;
+            b->qs[32 * (g / 2) + l] |= (uint8_t)(q << (4 * (g % 2)));
+        }
+    }
+}
+
+static void quantize_q6_k(const float *x, tri__block_q6_k *b) {
+    float scale[16], smax = 0;
+    for (int g = 0; g < 16; g++) {
+        float amax = 0;
+        for (int i = 0; i < 16; i++) amax = fmaxf(amax, fabsf(x[16 * g + i]));
+        scale[g] = amax / 31.0f, smax = fmaxf(smax, scale[g]);
+    }
+    b->d = tri__f32_to_f16(smax / 127.0f);
+    float d = tri__f16_to_f32(b->d);
+    memset(b->ql, 0, sizeof b->ql);
+    memset(b->qh, 0, sizeof b->qh);
+    for (int g = 0; g < 16; g++) b->scales[g] = (int8_t)(d > 0 ? fminf(127.0f, roundf(scale[g] / d)) : 0);
+    for (int e = 0; e < 256; e++) {
+        float s = d * (float)b->scales[e / 16];
+        int q = s > 0 ? (int)roundf(x[e] / s) : 0;
+        q = (q < -32 ? -32 : q > 31 ? 31 : q) + 32;
+        int h = e / 128, j = (e / 32) % 4, l = e % 32;
+        b->ql[64 * h + 32 * (j % 2) + l] |= (uint8_t)((q & 15) << (4 * (j / 2)));
+        b->qh[32 * h + l] |= (uint8_t)((q >> 4) << (2 * j));
+    }
+}
+
+// Quantizes n values (a multiple of the type's block) into out; returns bytes written.
 static size_t quantize_row(tri_dtype type, const float *x, int64_t n, void *out) {
+    if (type == TRI_DTYPE_Q4_K || type == TRI_DTYPE_Q6_K) {
+        for (int64_t b = 0; b < n / TRI_QK_K; b++) {
+            if (type == TRI_DTYPE_Q4_K) quantize_q4_k(x + b * TRI_QK_K, (tri__block_q4_k *)out + b);
+            else quantize_q6_k(x + b * TRI_QK_K, (tri__block_q6_k *)out + b);
+        }
+        return (size_t)tri__dtype_row_bytes(type, n);
+    }
     for (int64_t b = 0; b < n / TRI_QK; b++) {
         const float *xb = x + b * TRI_QK;
         switch (type) {
@@ -528,8 +592,14 @@ static size_t quantize_row(tri_dtype type, const float *x, int64_t n, void *out)
     return (size_t)tri__dtype_row_bytes(type, n);
 }
 
-// The inverse of quantize_row: value = d * q (q8_0), d * (q - 8) (q4_0), d * q + m (q4_1).
+// The inverse of quantize_row: value = d * q (q8_0), d * (q - 8) (q4_0), d * q + m (q4_1); the
+// K-quants through the runtime's tri__dequantize_row (the checker compares the HF values with
+// the gguf package's dequantization of the GGUF, so this is checked independently).
 static void dequantize_row(tri_dtype type, const void *in, int64_t n, float *x) {
+    if (type == TRI_DTYPE_Q4_K || type == TRI_DTYPE_Q6_K) {
+        tri__dequantize_row(x, in, type, n);
+        return;
+    }
     for (int64_t b = 0; b < n / TRI_QK; b++) {
         float *xb = x + b * TRI_QK;
         if (type == TRI_DTYPE_Q8_0) {
@@ -753,6 +823,8 @@ static uint32_t ggml_type(tri_dtype t) {
     case TRI_DTYPE_Q4_0: return 2;
     case TRI_DTYPE_Q4_1: return 3;
     case TRI_DTYPE_Q8_0: return 8;
+    case TRI_DTYPE_Q4_K: return 12;
+    case TRI_DTYPE_Q6_K: return 14;
     case TRI_DTYPE_BF16: return 30;
     default: die("internal: ggml_type(%d)", (int)t);
     }
@@ -766,6 +838,8 @@ static uint32_t gguf_file_type(tri_dtype t) {
     case TRI_DTYPE_Q4_0: return 2;
     case TRI_DTYPE_Q4_1: return 3;
     case TRI_DTYPE_Q8_0: return 7;
+    case TRI_DTYPE_Q4_K: return 15;  // MOSTLY_Q4_K_M
+    case TRI_DTYPE_Q6_K: return 18;
     default: return 32;  // bf16
     }
 }

@@ -85,8 +85,20 @@ Test(cpu_backend, matmul_quantized_weights) {
     static const int64_t ks[] = {32, 96, 160, 4096};  // odd block counts hit the AVX-512 tails
     static const int64_t ms[] = {1, 5, 70};
     FOR_EACH_LEVEL({
-        for (tri_dtype t = TRI_DTYPE_Q8_0; t <= TRI_DTYPE_Q4_1; t++)
+        for (tri_dtype t = TRI_DTYPE_Q8_0; t < TRI_DTYPE_COUNT; t++)
             for (size_t a = 0; a < 4; a++)
+                for (size_t b = 0; b < 3; b++)
+                    if (ks[a] % tri__dtype_block_elems(t) == 0) check_matmul(be, lvl, t, ms[b], 37, ks[a]);
+    });
+}
+
+// The K-quants: one super-block, three (their pairs of blocks of 32 cross no super-block), eight.
+Test(cpu_backend, matmul_k_quant_weights) {
+    static const int64_t ks[] = {256, 768, 2048};
+    static const int64_t ms[] = {1, 5, 70};
+    FOR_EACH_LEVEL({
+        for (tri_dtype t = TRI_DTYPE_Q2_K; t <= TRI_DTYPE_Q6_K; t++)
+            for (size_t a = 0; a < 3; a++)
                 for (size_t b = 0; b < 3; b++) check_matmul(be, lvl, t, ms[b], 37, ks[a]);
     });
 }
@@ -99,7 +111,8 @@ Test(cpu_backend, matmul_tile_edges) {
         for (tri_dtype t = TRI_DTYPE_F32; t < TRI_DTYPE_COUNT; t++)
             for (int64_t m = 1; m <= 9; m++)
                 for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
-                    check_matmul(be, lvl, t, m, ns[a], tri__dtype_is_quantized(t) ? 96 : 67);
+                    check_matmul(be, lvl, t, m, ns[a],
+                                 !tri__dtype_is_quantized(t) ? 67 : tri__dtype_block_elems(t) == 32 ? 96 : 256);
     });
 }
 
@@ -192,9 +205,10 @@ Test(cpu_backend, matmul_rows_batch_invariant_every_level) {
     FOR_EACH_LEVEL_1_2_THREADS({
         for (tri_dtype t = TRI_DTYPE_F32; t < TRI_DTYPE_COUNT; t++) {
             bool quant = tri__dtype_is_quantized(t);
+            bool kq = tri__dtype_block_elems(t) == 256;
             // serial; then n split over the threads even for m = 1 (n k / 8 >= 32768)
-            check_matmul_rows_alone(be, lvl, t, 37, quant ? 96 : 67);
-            check_matmul_rows_alone(be, lvl, t, 300, quant ? 1056 : 1003);
+            check_matmul_rows_alone(be, lvl, t, 37, kq ? 256 : quant ? 96 : 67);
+            check_matmul_rows_alone(be, lvl, t, 300, kq ? 1024 : quant ? 1056 : 1003);
         }
     });
 }
@@ -204,6 +218,8 @@ Test(cpu_backend, matmul_rejects_partial_blocks) {
     float x[40] = {0}, y[1];
     uint8_t w[64] = {0};
     cr_assert_eq(be->ops->matmul(be, y, x, w, TRI_DTYPE_Q4_0, 1, 1, 40), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(be->ops->matmul(be, y, x, w, TRI_DTYPE_Q4_K, 1, 1, 32), TRI_STATUS_INVALID_ARGUMENT,
+                 "a block of 32 is not a super-block");
     tri__backend_free(be);
 }
 
@@ -235,8 +251,8 @@ Test(cpu_backend, pool_runs_every_chunk_once) {
 // ---- get_rows, convert, rmsnorm, swiglu, add ----
 
 Test(cpu_backend, get_rows_every_type) {
-    int64_t rows = 9, n = 96;
-    float w[9 * 96], out[4 * 96];
+    int64_t rows = 9, n = 256;  // one super-block of the K-quants, 8 blocks of the others
+    float w[9 * 256], out[4 * 256];
     fill(w, rows * n, 3.0f);
     int32_t ids[4] = {8, 0, 3, 3};
     tri__backend *be = make_backend(TRI_CPU_SIMD_AUTO);

@@ -263,9 +263,21 @@ Test(cuda_backend, matmul_quantized_weights) {
     NEED_GPU();
     static const int64_t ks[] = {32, 96, 160, 4096};  // 1, 3, 5 and 128 blocks per row
     static const int64_t ms[] = {1, 2, 4, 5, 16, 17, 70};
-    for (tri_dtype t = TRI_DTYPE_Q8_0; t <= TRI_DTYPE_Q4_1; t++)
+    for (tri_dtype t = TRI_DTYPE_Q8_0; t < TRI_DTYPE_COUNT; t++)
         for (size_t a = 0; a < 4; a++)
-            for (size_t b = 0; b < 7; b++) check_matmul(gpu, cpu, t, ms[b], 37, ks[a]);
+            for (size_t b = 0; b < 7; b++)
+                if (ks[a] % tri__dtype_block_elems(t) == 0) check_matmul(gpu, cpu, t, ms[b], 37, ks[a]);
+    DONE();
+}
+
+// The K-quants: 1, 3 and 8 super-blocks per row (m past the matvec's limit dequantizes to f16).
+Test(cuda_backend, matmul_k_quant_weights) {
+    NEED_GPU();
+    static const int64_t ks[] = {256, 768, 2048};
+    static const int64_t ms[] = {1, 4, 5, 17, 70};
+    for (tri_dtype t = TRI_DTYPE_Q2_K; t <= TRI_DTYPE_Q6_K; t++)
+        for (size_t a = 0; a < 3; a++)
+            for (size_t b = 0; b < 5; b++) check_matmul(gpu, cpu, t, ms[b], 37, ks[a]);
     DONE();
 }
 
@@ -307,8 +319,8 @@ Test(cuda_backend, matmul_q8_0_extreme_weights) {
 
 Test(cuda_backend, get_rows_every_type) {
     NEED_GPU();
-    int64_t rows = 9, n = 96;
-    float w[9 * 96], out[4 * 96], outc[4 * 96];
+    int64_t rows = 9, n = 256;  // one super-block of the K-quants
+    float w[9 * 256], out[4 * 256], outc[4 * 256];
     fill(w, rows * n, 3.0f);
     int32_t ids[4] = {8, 0, 3, 3};
     float *dout = dalloc(gpu, sizeof out);

@@ -64,3 +64,62 @@ Test(dtype, bf16_round_trip_and_rounding) {
     cr_assert_eq(tri__f32_to_bf16(1.0f + 0x1p-8f + 0x1p-12f), 0x3f81);
     cr_assert(isnan(tri__bf16_to_f32(tri__f32_to_bf16(NAN))));
 }
+
+// ---- quantized blocks ----
+
+// Our dequantization of random blocks (every code and scale byte drawn) against the gguf
+// package's (tests/fixtures/make-dtype.py). Both compute each value in f32 from the same terms,
+// so they agree to the last bit, but for a sum whose terms the package may order differently:
+// bound 1 ulp of the block's largest magnitude.
+static void check_dequant(tri_dtype t) {
+    char blocks_name[32], vals_name[32];
+    snprintf(blocks_name, sizeof blocks_name, "%s.blocks", tri_dtype_name(t));
+    snprintf(vals_name, sizeof vals_name, "%s.f32", tri_dtype_name(t));
+    size_t nb, nv;
+    uint8_t *blocks = tt_read_file(tt_fixture("dtype", blocks_name), &nb);
+    float *want = tt_read_file(tt_fixture("dtype", vals_name), &nv);
+    int64_t be = tri__dtype_block_elems(t), bb = tri__dtype_block_bytes(t);
+    cr_assert_eq(nb % (size_t)bb, 0);
+    int64_t n = (int64_t)(nb / (size_t)bb) * be;
+    cr_assert_eq((int64_t)(nv / 4), n, "%s: %zu values for %lld elements", tri_dtype_name(t), nv / 4, (long long)n);
+    cr_assert_eq(tri__dtype_row_bytes(t, n), (int64_t)nb);
+    float *got = malloc(sizeof(float) * (size_t)n);
+    tri__dequantize_row(got, blocks, t, n);
+    int64_t exact = 0;
+    for (int64_t b = 0; b < n / be; b++) {
+        float amax = 0;
+        for (int64_t e = 0; e < be; e++) amax = fmaxf(amax, fabsf(want[b * be + e]));
+        float tol = amax * 0x1p-23f;
+        for (int64_t e = 0; e < be; e++) {
+            int64_t i = b * be + e;
+            exact += got[i] == want[i];
+            cr_assert(fabsf(got[i] - want[i]) <= tol, "%s: element %lld (block %lld): %.9g, gguf %.9g",
+                      tri_dtype_name(t), (long long)i, (long long)b, (double)got[i], (double)want[i]);
+        }
+    }
+    cr_assert_geq(exact, n * 99 / 100, "%s: only %lld of %lld values bit-identical", tri_dtype_name(t),
+                  (long long)exact, (long long)n);
+    free(got);
+    free(blocks);
+    free(want);
+}
+
+Test(dtype, dequantize_matches_gguf_package) {
+    for (tri_dtype t = TRI_DTYPE_Q8_0; t < TRI_DTYPE_COUNT; t++) check_dequant(t);
+}
+
+Test(dtype, quantized_sizes) {
+    cr_assert_eq(tri__dtype_row_bytes(TRI_DTYPE_Q5_0, 64), 44);
+    cr_assert_eq(tri__dtype_row_bytes(TRI_DTYPE_Q5_1, 32), 24);
+    cr_assert_eq(tri__dtype_row_bytes(TRI_DTYPE_Q2_K, 512), 168);
+    cr_assert_eq(tri__dtype_row_bytes(TRI_DTYPE_Q3_K, 256), 110);
+    cr_assert_eq(tri__dtype_row_bytes(TRI_DTYPE_Q4_K, 1536), 864);
+    cr_assert_eq(tri__dtype_row_bytes(TRI_DTYPE_Q5_K, 256), 176);
+    cr_assert_eq(tri__dtype_row_bytes(TRI_DTYPE_Q6_K, 256), 210);
+    cr_assert_eq(tri__dtype_row_bytes(TRI_DTYPE_Q4_K, 576), -1, "576 is not a whole number of super-blocks");
+    cr_assert_eq(tri__dtype_block_elems(TRI_DTYPE_Q6_K), 256);
+    cr_assert_str_eq(tri_dtype_name(TRI_DTYPE_Q4_K), "q4_K");
+    cr_assert_str_eq(tri_dtype_name(TRI_DTYPE_Q5_1), "q5_1");
+    cr_assert_eq(tri__dtype_row_bytes(TRI_DTYPE_IQ4_NL, 64), 36);
+    cr_assert_str_eq(tri_dtype_name(TRI_DTYPE_IQ4_NL), "iq4_nl");
+}

@@ -41,6 +41,12 @@ static void gen_and_check(const char *tag, const char *opts) {
 
 Test(gen_model, tiny_defaults) { gen_and_check("tiny", ""); }
 Test(gen_model, gqa_q4_1_f32) { gen_and_check("gqa", "--heads 8 --kv-heads 2 --head-dim 8 --dtype f32 --gguf-dtype q4_1"); }
+// K-quants: the HF values are our dequantization of the GGUF's blocks, which the checker compares
+// with the gguf package's
+Test(gen_model, k_quants_f32) {
+    gen_and_check("q4k", "--heads 4 --kv-heads 2 --head-dim 64 --embd 256 --ff 512 --dtype f32 --gguf-dtype q4_K");
+    gen_and_check("q6k", "--heads 4 --kv-heads 2 --head-dim 64 --embd 256 --ff 512 --dtype f32 --gguf-dtype q6_K");
+}
 Test(gen_model, tied_yarn_bf16_3_shards) {
     gen_and_check("yarn", "--tied --rope-scaling yarn --rope-factor 8 --ctx 2048 --dtype bf16 --shards 3");
 }

@@ -201,10 +201,12 @@ Test(llama, bf16_and_quantized_weights) {
     make_case(&rc, "bf16", "--dtype bf16 --heads 4 --kv-heads 2 --head-dim 16");
     check_logits(&rc, rc.hf, TRI_DTYPE_F32, 128, TOL_F32);
     free_case(&rc);
-    const char *quants[] = {"q8_0", "q4_0", "q4_1"};
-    for (int i = 0; i < 3; i++) {
+    const char *quants[] = {"q8_0", "q4_0", "q4_1", "q4_K", "q6_K"};
+    for (int i = 0; i < 5; i++) {
         char opts[256];
-        snprintf(opts, sizeof opts, "--dtype f32 --gguf-dtype %s --embd 128 --ff 256", quants[i]);
+        // the K-quants need rows of whole super-blocks of 256
+        snprintf(opts, sizeof opts, "--dtype f32 --gguf-dtype %s %s", quants[i],
+                 i < 3 ? "--embd 128 --ff 256" : "--embd 256 --ff 512 --heads 4 --head-dim 64");
         make_case(&rc, quants[i], opts);
         check_logits(&rc, rc.gguf, TRI_DTYPE_F32, 128, TOL_QUANT);
         free_case(&rc);
