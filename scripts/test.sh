@@ -28,17 +28,21 @@ meson test -C build-test --print-errorlogs --num-processes "$(nproc)" || rc=$?
 python3 scripts/check-cuda.py build-test > build-test/check-cuda.log || { tail -20 build-test/check-cuda.log; rc=1; }
 tail -1 build-test/check-cuda.log
 
-# The CUDA code executed: the CUDA backend compiled for the CPU emulator (tests/cudaemu), and the
-# whole suite under AddressSanitizer and UndefinedBehaviorSanitizer with it as the GPU, so that
-# every test that takes a device runs on the emulated one. Then the CUDA backend's own suite
-# again with each block's threads, and the grid's blocks, run in reverse and in random order:
-# a missing barrier shows up as a wrong result in some order (docs/cuda.md).
+# The sanitizer build: ASan + UBSan (+ LeakSanitizer), with the CUDA backend compiled for the CPU
+# emulator in tests/cudaemu (docs/cuda.md, docs/reliability.md).
 setup_build build-emu -Dcudaemu=true -Db_sanitize=address,undefined -Db_lundef=false -Dwerror=true \
   -Dbuildtype=debugoptimized -Dbenchmarks=false -Dreference=enabled -Dpython="$PWD/.venv/bin/python3"
 ninja -C build-emu
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-meson test -C build-emu --print-errorlogs --num-processes "$(nproc)" \
-  --logbase emu || rc=$?
+# 1. The whole suite under the sanitizers, on the CPU (the emulator reports no device), with the
+#    fault-injection sweeps that a sanitizer build arms.
+CUDAEMU_DEVICES=0 meson test -C build-emu --print-errorlogs --num-processes "$(nproc)" \
+  --logbase asan || rc=$?
+# 2. The CUDA code executed on the emulated GPU: the CUDA backend's own suite with every block's
+#    threads, and the grid's blocks, in forward, reverse and random order (a missing barrier shows
+#    up as a wrong result in some order), then the suites that take a device end to end (device:
+#    offloaded KV, streamed weights and the speculative engine on the device against the CPU).
+meson test -C build-emu --print-errorlogs cuda-backend device --logbase emu || rc=$?
 CUDAEMU_SCHED=rev CUDAEMU_BLOCKS=rev meson test -C build-emu --print-errorlogs cuda-backend \
   --logbase emu-rev || rc=$?
 seed=${CUDAEMU_SEED:-$RANDOM}
@@ -50,7 +54,8 @@ CUDAEMU_SCHED=rand CUDAEMU_BLOCKS=rand CUDAEMU_SEED=$seed \
 awk '/Synthesis: Tested:/ { for (i = 1; i <= NF; i++) { if ($i == "Passing:") p += $(i + 1);
        if ($i == "Failing:" || $i == "Crashing:") f += $(i + 1) } }
      END { printf "tests: %d passed, %d failed\n", p, f }' build-test/meson-logs/testlog.txt \
-  build-emu/meson-logs/emu.txt build-emu/meson-logs/emu-rev.txt build-emu/meson-logs/emu-rand.txt
+  build-emu/meson-logs/asan.txt build-emu/meson-logs/emu.txt build-emu/meson-logs/emu-rev.txt \
+  build-emu/meson-logs/emu-rand.txt
 [ "$rc" = 0 ] || exit "$rc"
 
 # Fuzz targets: clang with libFuzzer, ASan and UBSan, FUZZ_SECONDS each (default 60).

@@ -889,6 +889,7 @@ Test(device, split_attention_speculative_greedy) {
     int32_t want[NG], got[NG];
     long_prompt(prompt, NP);
     tri_session_params sp = tri_session_default_params();
+    sp.device_kind = TRI_DEVICE_CPU;  // the asynchronous CPU backend below, also where a GPU exists
     sp.n_ctx = 2300;
     sp.n_threads = 2;
     tri_generate_params gp = tri_generate_default_params();
@@ -940,5 +941,67 @@ Test(device, split_attention_bad_fraction) {
     tri_session *s;
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(tri_last_error(), "kv_host_fraction"), "%s", tri_last_error());
+    tri_model_free(m);
+}
+
+// ---- the whole engine on a CUDA device (a GPU, or the emulator in CI) ----
+
+// Greedy decoding on the CUDA device gives the CPU's tokens, plainly, with KV layers offloaded and
+// weights streamed, and through the speculative engine (retrieval and full-cache levels over the
+// offloaded store; greedy output is plain decoding's by construction on any device). Logits on the
+// device are within the matmul kernels' tolerance of the CPU's (tests/test-cuda-backend.c), so a
+// tie within it could change a token; this seeded model has no such near tie over its 12 tokens.
+Test(device, cuda_engine_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
+    if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("gpu-e2e", "--layers 2 --vocab 300 --seed 21"), NULL, &m), TRI_STATUS_OK);
+    enum { NP = 40, NG = 12 };
+    int32_t prompt[NP], want[NG], got[NG];
+    for (int i = 0; i < NP; i++) prompt[i] = i % 13 < 9 ? (i % 13) * 11 + 5 : (i * 31) % 290 + 3;
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 64;
+    sp.n_batch = 16;
+    sp.n_threads = 1;
+    sp.kv_type = TRI_DTYPE_F16;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = NG;
+    gp.stop_at_eos = false;
+    gp.sampler.temperature = 0.0f;
+    struct {
+        tri_device_kind kind;
+        int32_t kv_off, streamed;
+    } runs[] = {{TRI_DEVICE_CPU, 0, 0}, {TRI_DEVICE_CUDA, 0, 0}, {TRI_DEVICE_CUDA, 1, 1}};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        sp.device_kind = runs[r].kind;
+        sp.kv_layers_offloaded = runs[r].kv_off;
+        sp.weight_layers_streamed = runs[r].streamed;
+        tri_session *s;
+        cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        int32_t *w = r == 0 ? want : got;
+        cr_assert_eq(tri_generate(s, prompt, NP, &gp, collect, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(w - (r == 0 ? want : got), NG);
+        if (r > 0)
+            for (int i = 0; i < NG; i++)
+                cr_assert_eq(got[i], want[i], "%s, %d KV layers offloaded: token %d: %d vs the CPU's %d",
+                             tri_session_device(s), runs[r].kv_off, i, got[i], want[i]);
+        tri_session_free(s);
+    }
+    sp.device_kind = TRI_DEVICE_CUDA;
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_TRIFORCE;
+    p.drafter = TRI_SPEC_DRAFTER_NGRAM;
+    p.ngram_n = 2;
+    p.budget = 16;
+    p.chunk = 4;
+    tri_spec *e;
+    cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+    int32_t *g = got;
+    tri_spec_stats st;
+    cr_assert_eq(tri_generate_spec(e, prompt, NP, &gp, collect, &g, &st), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(g - got, NG);
+    for (int i = 0; i < NG; i++)
+        cr_assert_eq(got[i], want[i], "%s speculative: token %d: %d vs the CPU's %d", tri_spec_device(e), i, got[i],
+                     want[i]);
+    tri_spec_free(e);
     tri_model_free(m);
 }
