@@ -26,9 +26,10 @@ __device__ __forceinline__ float kv_elem(const void *row, int64_t d) {
 template <bool F16>
 __device__ __forceinline__ float warp_score(const float *q, const void *krow, int64_t hd, float scale, int lane) {
     float s = 0.0f;
-    // Unrolled by 2: the compiler's own choice made sm_80's ptxas spill in k_attn_weight_sums<true>
-    // (scripts/check-cuda.py fails on any spill).
-#pragma unroll 2
+    // Unrolled by 2 for f16 rows and 4 for f32: other choices (the compiler's own among them) make
+    // ptxas spill in k_attn_weight_sums, f16 on sm_80 or f32 on sm_120 (scripts/check-cuda.py fails
+    // on any spill).
+#pragma unroll (F16 ? 2 : 4)
     for (int64_t d = lane; d < hd; d += 32) s = fmaf(q[d], kv_elem<F16>(krow, d), s);
     for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
     return __fmul_rn(s, scale);

@@ -34,6 +34,7 @@ setup_build build-emu -Dcudaemu=true -Db_sanitize=address,undefined -Db_lundef=f
   -Dbuildtype=debugoptimized -Dbenchmarks=false -Dreference=enabled -Dpython="$PWD/.venv/bin/python3"
 ninja -C build-emu
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export LSAN_OPTIONS=suppressions="$PWD/tests/lsan.supp"  # third-party leaks only, each justified there
 # 1. The whole suite under the sanitizers, on the CPU (the emulator reports no device), with the
 #    fault-injection sweeps that a sanitizer build arms.
 CUDAEMU_DEVICES=0 meson test -C build-emu --print-errorlogs --num-processes "$(nproc)" \

@@ -77,6 +77,7 @@ static void async_land_host_copies(size_t host_upto) {
         memcpy(async_emu.host[k].dst, async_emu.host[k].src, async_emu.host[k].bytes);
         free((void *)async_emu.host[k].src);
     }
+    if (k == 0) return;  // (the array may still be NULL: no memmove of it)
     memmove(async_emu.host, async_emu.host + k, sizeof *async_emu.host * (async_emu.n_host - k));
     async_emu.n_host -= k;
 }
