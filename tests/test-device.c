@@ -732,12 +732,35 @@ static tri_status async_factory(int32_t n_threads, tri__backend **out) {
     return st;
 }
 
+// A speculative engine of m on the asynchronous CPU backend (transfers late or early) generates
+// plain decoding's greedy tokens want (n_gen after prompt); its figures in *st, and the copies it
+// queued on the transfer stream in *n_transfers (read before the engine's backend goes).
+static void spec_async_greedy(const tri_model *m, const tri_session_params *sp, const tri_spec_params *p,
+                              async_mode mode, const int32_t *prompt, int32_t n_prompt,
+                              const tri_generate_params *gp, const int32_t *want, int32_t n_gen, tri_spec_stats *st,
+                              long *n_transfers) {
+    factory_mode = mode;
+    tri__backend_cpu_factory = async_factory;
+    tri_spec *e;
+    cr_assert_eq(tri_spec_create(m, sp, p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+    int32_t *got = malloc(sizeof *got * (size_t)n_gen), *g = got;
+    cr_assert_eq(tri_generate_spec(e, prompt, n_prompt, gp, collect, &g, st), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(g - got, n_gen);
+    for (int i = 0; i < n_gen; i++)
+        cr_assert_eq(got[i], want[i], "%s: token %d: %d vs plain %d", mode == ASYNC_EARLY ? "early" : "late", i,
+                     got[i], want[i]);
+    free(got);
+    *n_transfers = async_emu.n_transfers;
+    tri_spec_free(e);
+    tri__backend_cpu_factory = NULL;
+}
+
 Test(device, async_transfers_whole_engine_greedy) {
     tri_model *m, *d;
     cr_assert_eq(tri_model_load(gen_model("async-e", "--layers 3 --vocab 300 --seed 9"), NULL, &m), TRI_STATUS_OK);
     cr_assert_eq(tri_model_load(gen_model("async-ed", "--layers 1 --vocab 300 --seed 10"), NULL, &d), TRI_STATUS_OK);
     enum { NP = 120, NG = 24 };
-    int32_t prompt[NP], want[NG], got[NG];
+    int32_t prompt[NP], want[NG];
     for (int i = 0; i < NP; i++) prompt[i] = i % 17 < 11 ? (i % 17) * 9 + 4 : (i * 29) % 290 + 3;
     tri_session_params sp = tri_session_default_params();
     sp.device_kind = TRI_DEVICE_CPU;  // the asynchronous CPU backend below, also where a GPU exists
@@ -763,19 +786,10 @@ Test(device, async_transfers_whole_engine_greedy) {
     p.budget = 32;
     p.refresh = 10;
     for (int mode = ASYNC_LATE; mode <= ASYNC_EARLY; mode++) {
-        factory_mode = (async_mode)mode;
-        tri__backend_cpu_factory = async_factory;
-        tri_spec *e;
-        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
-        int32_t *g = got;
         tri_spec_stats st;
-        cr_assert_eq(tri_generate_spec(e, prompt, NP, &gp, collect, &g, &st), TRI_STATUS_OK, "%s", tri_last_error());
-        cr_assert_eq(g - got, NG);
-        for (int i = 0; i < NG; i++)
-            cr_assert_eq(got[i], want[i], "%s: token %d: %d vs plain %d", mode ? "early" : "late", i, got[i], want[i]);
-        cr_assert(st.n_l2_refresh >= 2 && async_emu.n_transfers > 0);
-        tri_spec_free(e);
-        tri__backend_cpu_factory = NULL;
+        long n_transfers;
+        spec_async_greedy(m, &sp, &p, (async_mode)mode, prompt, NP, &gp, want, NG, &st, &n_transfers);
+        cr_assert(st.n_l2_refresh >= 2 && n_transfers > 0);
     }
     tri_model_free(d);
     tri_model_free(m);
@@ -886,7 +900,7 @@ Test(device, split_attention_speculative_greedy) {
                  TRI_STATUS_OK);
     enum { NP = 2200, NG = 20 };
     static int32_t prompt[NP];
-    int32_t want[NG], got[NG];
+    int32_t want[NG];
     long_prompt(prompt, NP);
     tri_session_params sp = tri_session_default_params();
     sp.device_kind = TRI_DEVICE_CPU;  // the asynchronous CPU backend below, also where a GPU exists
@@ -910,21 +924,12 @@ Test(device, split_attention_speculative_greedy) {
     p.budget = 256;
     p.refresh = 12;
     for (int mode = ASYNC_LATE; mode <= ASYNC_EARLY; mode++) {
-        factory_mode = (async_mode)mode;
-        tri__backend_cpu_factory = async_factory;
-        tri_spec *e;
-        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
-        int32_t *g = got;
         tri_spec_stats st;
-        cr_assert_eq(tri_generate_spec(e, prompt, NP, &gp, collect, &g, &st), TRI_STATUS_OK, "%s", tri_last_error());
-        cr_assert_eq(g - got, NG);
-        for (int i = 0; i < NG; i++)
-            cr_assert_eq(got[i], want[i], "%s: token %d: %d vs plain %d", mode ? "early" : "late", i, got[i], want[i]);
+        long n_transfers;
+        spec_async_greedy(m, &sp, &p, (async_mode)mode, prompt, NP, &gp, want, NG, &st, &n_transfers);
         // L3's passes split: from 2,200 rows on, 1,024 stream and the rest are read on the host
         cr_assert(st.kv_bytes_host > 0 && st.n_l2_refresh >= 1, "%llu bytes on the host",
                   (unsigned long long)st.kv_bytes_host);
-        tri_spec_free(e);
-        tri__backend_cpu_factory = NULL;
     }
     tri_model_free(d);
     tri_model_free(m);
