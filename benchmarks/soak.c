@@ -192,8 +192,10 @@ int main(int argc, char **argv) {
         if (action == 2 && n_past > 1) {  // roll back, then generate with a short prompt
             int32_t keep = 1 + (int32_t)rnd((uint32_t)n_past - 1);
             st = x->spec ? tri_spec_truncate(x->e, keep) : tri_session_truncate(x->s, keep);
-            if (st == TRI_STATUS_INVALID_ARGUMENT && !x->spec && x->policy == TRI_KV_POLICY_H2O) {
-                // H2O rolls back only over its last steps (docs/kv-policies.md): start over
+            if (st == TRI_STATUS_INVALID_ARGUMENT && !x->spec &&
+                (x->policy == TRI_KV_POLICY_H2O || x->policy == TRI_KV_POLICY_STREAMING)) {
+                // H2O rolls back only over its last steps, StreamingLLM's bounded store over the rows
+                // its ring keeps past the window (docs/kv-policies.md): start over
                 tri_session_reset(x->s);
                 keep = 0;
                 refused++;
@@ -268,7 +270,7 @@ int main(int argc, char **argv) {
     tri_model_free(target);
     double growth = rss_warm ? ((double)rss - (double)rss_warm) / 1048576.0 : 0;
     printf("soak done: %.0f s, %" PRId64 " rounds, %" PRId64 " tokens, %" PRId64 " greedy checks equal to plain "
-           "decoding, %" PRId64 " rollbacks (+%" PRId64 " refused by H2O), %" PRId64 " handles recreated; RSS after warm-up %.1f MiB, at the "
+           "decoding, %" PRId64 " rollbacks (+%" PRId64 " refused by H2O or StreamingLLM), %" PRId64 " handles recreated; RSS after warm-up %.1f MiB, at the "
            "end %.1f MiB (%+.1f), max %.1f MiB\n",
            now() - t0, rounds, tokens, checks, rollbacks, refused, recreated, rss_warm / 1048576.0, rss / 1048576.0, growth,
            rss_max / 1048576.0);
