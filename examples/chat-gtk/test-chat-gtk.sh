@@ -7,7 +7,9 @@
 #   1. the answer it streamed is the text `offload-run generate --chat` (CLI) gives for the same
 #      prompt, model and length;
 #   2. the screenshot shows it: OCR (tesseract) finds the prompt, at least 80% of the answer's
-#      words, and the tokens-per-second figure.
+#      words, and the tokens-per-second figure;
+#   3. Stop, pressed (--stop-after) once 8 tokens arrived, ends the answer early: a shorter prefix
+#      of the same answer, and the window says it stopped.
 # Exit 77 (skipped), saying why, without GTK 4 (the build found none), Xvfb, tesseract or the model.
 set -euo pipefail
 app=$1 cli=$2 shot_out=$3 kind=$4
@@ -57,4 +59,17 @@ echo "answer words found by OCR: $found of $total"
 [ $((found * 100)) -ge $((total * 80)) ] || fail "OCR finds $found of the answer's $total words in the screenshot"
 grep -qi "poem about the sea" "$tmp/ocr.txt" || fail "OCR does not find the prompt"
 grep -Eq "[0-9]+ tokens, [0-9.]+ tok/s" "$tmp/ocr.txt" || fail "OCR does not find the tokens/s figure"
+
+# ---- 3. Stop ----
+GSK_RENDERER=cairo GDK_BACKEND=x11 NO_AT_BRIDGE=1 \
+  timeout 240 xvfb-run -a -s "-screen 0 1024x768x24" \
+  "$app" --prompt "$prompt" -n "$n" --print --stop-after 8 --screenshot "$tmp/stop.png" "$model" \
+  >"$tmp/stop.txt" 2>"$tmp/stop.err" || { cat "$tmp/stop.err"; fail "the chat window (Stop) exited with status $?"; }
+echo "stopped answer:"; cat "$tmp/stop.txt"
+full=$(norm "$tmp/cli.txt") part=$(norm "$tmp/stop.txt")
+[ -n "$part" ] && [ "${#part}" -lt "${#full}" ] && [ "${full:0:${#part}}" = "$part" ] ||
+  fail "the stopped answer is not a shorter prefix of the whole one"
+tesseract "$tmp/stop.png" "$tmp/stop-ocr" >/dev/null 2>&1 || fail "tesseract"
+grep -Eq "[0-9]+ tokens, [0-9.]+ tok/s \(stopped\)" "$tmp/stop-ocr.txt" ||
+  { cat "$tmp/stop-ocr.txt"; fail "the window does not say the answer stopped"; }
 echo "PASS"

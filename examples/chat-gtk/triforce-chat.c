@@ -8,10 +8,11 @@
 //   cc triforce-chat.c $(pkg-config --cflags --libs triforce gtk4) -o triforce-chat
 //
 // usage: triforce-chat [--ctx N] [--n-predict N] [--temperature T] [--prompt TEXT]
-//                      [--screenshot FILE.png] [--print] MODEL
+//                      [--screenshot FILE.png] [--print] [--stop-after N] MODEL
 // --prompt sends TEXT as soon as the model is loaded; with --screenshot the window is saved as a
 // PNG once that answer is complete, and the program exits (how the test under Xvfb drives it);
-// --print writes each answer to stdout as well.
+// --print writes each answer to stdout as well; --stop-after N presses Stop once N tokens of an
+// answer have arrived.
 #include <gtk/gtk.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@ typedef struct chat {
     char *auto_prompt;
     char *screenshot;
     int ctx, n_predict;
+    int stop_after;              // --stop-after: press Stop when this many tokens have arrived
     double temperature;
     gboolean print;
     int exit_code;
@@ -143,6 +145,8 @@ static gboolean on_text(gpointer data) {
         g_string_append(c->answer, m->text);
     }
     show_rate(c, "");
+    if (c->stop_after > 0 && c->n_tokens >= c->stop_after && gtk_widget_get_sensitive(c->stop_button))
+        gtk_widget_activate(c->stop_button);  // as a click would
     msg_free(m);
     return G_SOURCE_REMOVE;
 }
@@ -426,6 +430,8 @@ int main(int argc, char **argv) {
         {"screenshot", 0, 0, G_OPTION_ARG_FILENAME, &c.screenshot,
          "With --prompt: save the window as a PNG after the answer, then exit", "FILE"},
         {"print", 0, 0, G_OPTION_ARG_NONE, &c.print, "Write each answer to stdout too", NULL},
+        {"stop-after", 0, 0, G_OPTION_ARG_INT, &c.stop_after, "Press Stop once N tokens of an answer arrived (tests)",
+         "N"},
         {G_OPTION_REMAINING, 0, 0, G_OPTION_ARG_FILENAME_ARRAY, &rest, NULL, "MODEL"},
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
