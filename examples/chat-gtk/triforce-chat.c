@@ -344,6 +344,7 @@ static void send_turn(chat *c, const char *text) {
 }
 
 static void on_send(GtkWidget *w, gpointer data) {
+    (void)w;
     chat *c = data;
     GtkEntryBuffer *eb = gtk_entry_get_buffer(GTK_ENTRY(c->entry));
     char *text = g_strdup(gtk_entry_buffer_get_text(eb));
@@ -353,6 +354,7 @@ static void on_send(GtkWidget *w, gpointer data) {
 }
 
 static void on_stop(GtkWidget *w, gpointer data) {
+    (void)w;
     chat *c = data;
     atomic_store(&c->stop, true);        // an answer not yet started never starts
     if (c->session) tri_session_abort(c->session);  // one in progress stops after its token

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# test-package.sh BUILD_DIR APP_C GEN_MODEL plain|sanitized
+# test-package.sh BUILD_DIR APP_C GEN_MODEL plain|sanitized [CHAT_C]
 #
 # Installs the build into a temporary DESTDIR, then checks what an application developer gets:
 #   1. triforce.pc, triforce.h and libtriforce.so (with its versioned soname) are installed;
 #   2. `cc app.c $(pkg-config --cflags --libs triforce)` builds against the installed copy (and
 #      nothing in the source or build tree), and the program runs and generates;
 #   3. the library exports exactly the functions triforce.h declares, all tri_, none tri__;
-#   4. it needs no CUDA library (the CUDA backend is a module loaded at run time).
+#   4. it needs no CUDA library (the CUDA backend is a module loaded at run time);
+#   5. where GTK 4 is installed, the example chat window (CHAT_C) builds against the installed copy
+#      too: it uses nothing but the public API.
 # Exit 77 (skipped) in a sanitizer build.
 set -euo pipefail
-build=$1 app_c=$2 gen=$3 kind=$4
+build=$1 app_c=$2 gen=$3 kind=$4 chat_c=${5:-}
 if [ "$kind" = sanitized ]; then
   echo "SKIP: a sanitizer build's library needs the sanitizer runtime in every program that links it"
   exit 77
@@ -72,4 +74,16 @@ echo "exports: $n_exp symbols, all tri_, exactly the $(wc -l <"$tmp/declared") f
 needed=$(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
 echo "needs: $needed"
 if grep -Eq 'libcuda|libcudart|libcublas|libnvidia' <<<"$needed"; then fail "the library links a CUDA library"; fi
+
+# ---- 5. the example application against the installed copy ----
+if [ -n "$chat_c" ] && env -u PKG_CONFIG_LIBDIR -u PKG_CONFIG_SYSROOT_DIR pkg-config --exists gtk4; then
+  gtk=$(env -u PKG_CONFIG_LIBDIR -u PKG_CONFIG_SYSROOT_DIR pkg-config --cflags --libs gtk4)
+  # shellcheck disable=SC2086
+  cc -std=c11 -Wall -Wextra -Werror "$chat_c" $flags $gtk -o "$tmp/triforce-chat" ||
+    fail "examples/chat-gtk does not build against the installed library"
+  "$tmp/triforce-chat" --help >/dev/null || fail "triforce-chat --help"
+  echo "examples/chat-gtk builds against the installed library"
+else
+  echo "examples/chat-gtk: GTK 4 not installed, not built"
+fi
 echo "PASS"
