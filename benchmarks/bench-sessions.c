@@ -129,7 +129,8 @@ int main(int argc, char **argv) {
     double tn = run_all(jobs, n_sessions);
     int threads_n = atomic_load(&max_threads);
     for (int i = 0; i < n_sessions; i++)
-        if (jobs[i].st || jobs[i].n_out != n_tokens || memcmp(jobs[i].out, solo.out, sizeof(int32_t) * (size_t)n_tokens)) {
+        if (jobs[i].st || jobs[i].n_out != n_tokens ||
+            memcmp(jobs[i].out, solo.out, sizeof(int32_t) * (size_t)n_tokens)) {
             fprintf(stderr, "bench-sessions: session %d does not give the solo session's tokens\n", i);
             return 1;
         }

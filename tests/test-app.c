@@ -108,7 +108,8 @@ Test(app, sessions_share_one_thread_pool, .timeout = TT_TIMEOUT(300)) {
     for (int i = 0; i < 4; i++) {
         cr_assert_eq(jobs[i].st, TRI_STATUS_OK);
         cr_assert_eq(jobs[i].out.n, 12);
-        cr_assert_arr_eq(jobs[i].out.tok, solo.out.tok, 12 * sizeof(int32_t), "session %d differs from the solo run", i);
+        cr_assert_arr_eq(jobs[i].out.tok, solo.out.tok, 12 * sizeof(int32_t), "session %d differs from the solo run",
+                         i);
     }
     for (int i = 0; i < 4; i++) tri_session_free(jobs[i].s);
     cr_assert_eq(count_threads(), base);
