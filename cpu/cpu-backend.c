@@ -5,6 +5,7 @@
 // workers run on the calling thread.
 #include <float.h>
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -18,14 +19,18 @@
 typedef struct cpu_state {
     tri__cpu_simd simd;
     const tri__cpu_kernels *kr;
-    tri__cpu_pool *pool;  // be->n_threads threads, remade when n_threads changes
+    tri__cpu_pool *pool;  // the process-wide pool of the CPUs of the thread that ran the first
+                          // parallel op (cpu-pool.h); jobs take up to be->n_threads of its threads
     void *xq;             // quantized activations of the current matmul, see cpu_quantize_x
     size_t xq_bytes;      // allocated in xq
 } cpu_state;
 
 static cpu_state *cpu_priv(tri__backend *be) { return be->priv; }
 
+// The CPUs this thread may run on (taskset, a cgroup's cpuset), else every online one.
 static int cpu_max_threads(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : (int)n;
 }
@@ -54,10 +59,8 @@ static void cpu_parallel(tri__backend *be, int64_t n, int64_t grain, int64_t wor
     cpu_state *st = cpu_priv(be);
     int nt = be->n_threads < 1 ? 1 : be->n_threads;
     if (n <= 0) return;
-    if (nt > 1 && work >= CPU_MIN_PARALLEL_WORK && (!st->pool || tri__cpu_pool_threads(st->pool) != nt)) {
-        tri__cpu_pool_free(st->pool);
-        st->pool = NULL;
-        if (tri__cpu_pool_create(nt, &st->pool)) st->pool = NULL;  // serial below
+    if (nt > 1 && work >= CPU_MIN_PARALLEL_WORK && !st->pool) {
+        if (tri__cpu_pool_acquire(&st->pool)) st->pool = NULL;  // serial below
     }
     if (nt == 1 || work < CPU_MIN_PARALLEL_WORK || !st->pool) {
         fn(arg, 0, n);
@@ -67,7 +70,7 @@ static void cpu_parallel(tri__backend *be, int64_t n, int64_t grain, int64_t wor
     int64_t per = (n + 4 * nt - 1) / (4 * nt);
     if (per < grain) per = grain;
     cpu_range_job j = {fn, arg, n, per};
-    tri__cpu_pool_run(st->pool, cpu_range_chunk, &j, (n + per - 1) / per);
+    tri__cpu_pool_run_max(st->pool, nt, cpu_range_chunk, &j, (n + per - 1) / per);
 }
 
 // ---- SIMD level ----
@@ -152,7 +155,7 @@ static tri_status cpu_synchronize(tri__backend *be) {
 
 static void cpu_destroy(tri__backend *be) {
     cpu_state *st = cpu_priv(be);
-    tri__cpu_pool_free(st->pool);
+    tri__cpu_pool_release(st->pool);
     free(st->xq);
     free(st);
     free(be);

@@ -323,9 +323,13 @@ typedef enum tri_device_kind {
 } tri_device_kind;
 
 typedef struct tri_session_params {
-    int32_t n_ctx;      // positions the KV cache holds (prompt + generated tokens);
-                        // 0: the model's trained context, at most 8192
-    int32_t n_threads;  // CPU worker threads; 0: one per core
+    int32_t n_ctx;      // positions the KV cache holds (prompt + generated tokens); 0: the
+                        // model's trained context (n_ctx_train; 8192 when the file does not
+                        // say). Past n_ctx_train the session is made, with a warning logged:
+                        // the model was not trained for positions there. The cache is allocated
+                        // for all n_ctx: a 128K model's trained context is a large cache
+    int32_t n_threads;  // CPU threads one op uses at most, the caller's included, taken from the
+                        // process-wide pool (one thread per CPU the caller may run on); 0: all
     int32_t n_batch;    // tokens per step of a long prefill; 0: 128 (a STREAMING cache steps one
                         // token at a time past its window, so batching never changes its contents)
     tri_dtype kv_type;  // TRI_DTYPE_F16 (the default) or TRI_DTYPE_F32
@@ -422,6 +426,44 @@ TRI_API void tri_session_seed(tri_session *session, uint64_t seed);
 TRI_API tri_status tri_session_sample(tri_session *session, const tri_sampler_params *params,
                                       int32_t *out_token);
 
+// ---- applications: threads, aborting, why a generation stopped ----
+//
+// CPU threads: every CPU backend of the process (each session's, each tri_spec engine's) runs its
+// parallel work on one shared pool per set of CPUs: the CPUs the thread that first computes may
+// run on (its affinity mask; the whole machine unless the application or a device's NUMA binding
+// restricted it), one thread per CPU. Sessions computing at the same time on different threads
+// take turns op by op, each op on the whole pool, so N sessions never start N threads per core;
+// the pool's threads stop when the last backend that used it is freed. tri_session_params.n_threads
+// caps how many of the pool's threads one session's ops use. docs/api.md, "Threads".
+
+// Why a generation call stopped (tri_generate_stats.stop_reason, tri_spec_stats.stop_reason).
+typedef enum tri_stop_reason {
+    TRI_STOP_NONE = 0,      // no generation ran (a call refused before starting sets ERROR)
+    TRI_STOP_EOS = 1,       // the model's end-of-sequence token (emitted, counted in n_generated)
+    TRI_STOP_LENGTH = 2,    // n_predict tokens were generated
+    TRI_STOP_CONTEXT = 3,   // the context is full
+    TRI_STOP_CALLBACK = 4,  // on_token or on_prefill returned false
+    TRI_STOP_ABORT = 5,     // tri_session_abort / tri_spec_abort from another thread
+    TRI_STOP_ERROR = 6,     // the call failed: its tri_status and tri_last_error() say why
+} tri_stop_reason;
+
+// "none", "eos", "length", "context", "callback", "abort", "error", or "?"; static storage.
+TRI_API const char *tri_stop_reason_str(tri_stop_reason reason);
+
+// Asks the tri_generate call running on session to stop: it returns TRI_STATUS_OK with what it
+// generated so far, the stats' stop_reason TRI_STOP_ABORT, after the token (or prefill piece of
+// n_batch tokens) in progress; the session stays usable, as after a callback's stop. Safe to call
+// at any time from any thread, and from a signal handler (one lock-free atomic operation); the
+// session must be alive. Returns true when a generation was running and will stop; false when
+// none is running (nothing is remembered for a later call: an application that may ask to stop
+// before its generation has started also returns false from its on_token callback).
+TRI_API bool tri_session_abort(tri_session *session);
+
+typedef struct tri_spec tri_spec;
+// The same for a tri_generate_spec call running on spec: it stops after the round in progress (or
+// prefill piece).
+TRI_API bool tri_spec_abort(tri_spec *spec);
+
 // ---- generation ----
 
 // Called with each generated token as soon as it is chosen; return false to stop.
@@ -450,6 +492,7 @@ typedef struct tri_generate_stats {
     uint64_t kv_bytes_down;
     uint64_t kv_bytes_host;  // offloaded KV rows read in place by the host's attention while
                              // decoding (kv_host_fraction); 0 when nothing is split
+    tri_stop_reason stop_reason;  // why the call stopped
 } tri_generate_stats;
 
 TRI_API tri_generate_params tri_generate_default_params(void);
@@ -605,6 +648,7 @@ typedef struct tri_spec_stats {
     uint64_t kv_bytes_down;   // and new rows copied back; 0 without offload
     uint64_t kv_bytes_host;   // while decoding: L3's offloaded KV read in place by the host's
                               // attention (kv_host_fraction); 0 when nothing is split
+    tri_stop_reason stop_reason;  // why the call stopped
 } tri_spec_stats;
 
 typedef struct tri_spec tri_spec;

@@ -1,4 +1,5 @@
 // session.c - the session API: a model, a backend, a KV cache; plain autoregressive decoding.
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -10,6 +11,7 @@
 #include "llama.h"
 #include "model.h"
 #include "sampler.h"
+#include "session.h"
 
 struct tri_session {
     const tri_model *model;
@@ -30,6 +32,7 @@ struct tri_session {
     int32_t n_logits;     // rows valid: 0 (none), 1 (last only) or the eval's token count
     bool all_logits;
     float *probs;         // (n_vocab) host
+    _Atomic int run;      // TRI__RUN_IDLE, _GENERATING or _ABORT (tri_session_abort)
 };
 
 tri_session_params tri_session_default_params(void) {
@@ -66,7 +69,7 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     if (p.n_ctx < 0 || p.n_batch < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: n_ctx %d and n_batch %d must be >= 0",
                          p.n_ctx, p.n_batch);
-    if (p.n_ctx == 0) p.n_ctx = c->n_ctx_train > 0 && c->n_ctx_train < 8192 ? c->n_ctx_train : 8192;
+    p.n_ctx = tri__session_n_ctx(c, p.n_ctx, "session");
     if (p.n_batch == 0) p.n_batch = 128;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     // the cache policy: 0 picks the default of each field; what is left is checked before anything
@@ -137,6 +140,7 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     }
     tri__rng_seed(&s->rng, 0);
     s->pending = -1;
+    atomic_init(&s->run, TRI__RUN_IDLE);
     *out = s;
     return TRI_STATUS_OK;
 
@@ -250,7 +254,10 @@ tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
     if (!s) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_generate: session is NULL");
     tri__kv_offload_stats a, b;
     tri__kv_store_offload_stats(s->kv.kv, &a);  // moved to the start of decoding by generate
+    atomic_store(&s->run, TRI__RUN_GENERATING);
     tri_status st = generate(s, prompt, n_prompt, params, on_token, user, stats, &a);
+    atomic_store(&s->run, TRI__RUN_IDLE);
+    if (st) stats->stop_reason = TRI_STOP_ERROR;
     tri__kv_store_offload_stats(s->kv.kv, &b);
     stats->kv_bytes_up = b.bytes_up - a.bytes_up;
     stats->kv_bytes_down = b.bytes_down - a.bytes_down;
@@ -296,8 +303,11 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
         if (st) return st;
         done += step;
         stats->n_prompt = done;
-        if (p.on_prefill && !p.on_prefill(done, n_prompt, p.user)) {
+        bool go = !p.on_prefill || p.on_prefill(done, n_prompt, p.user);
+        bool aborted = atomic_load_explicit(&s->run, memory_order_relaxed) == TRI__RUN_ABORT;
+        if (!go || aborted) {
             stats->prefill_seconds = now_seconds() - t0;
+            stats->stop_reason = aborted ? TRI_STOP_ABORT : TRI_STOP_CALLBACK;
             return TRI_STATUS_OK;
         }
     }
@@ -309,6 +319,11 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
     int32_t room = cap - tri__kv_policy_len(&s->kv) + 1;  // the last token need not be run
     int32_t n_max = p.n_predict > 0 && p.n_predict < room ? p.n_predict : room;
     for (int32_t i = 0; i < n_max; i++) {
+        // an abort lands between tokens: what was emitted is in the cache or pending
+        if (atomic_load_explicit(&s->run, memory_order_relaxed) == TRI__RUN_ABORT) {
+            stats->stop_reason = TRI_STOP_ABORT;
+            break;
+        }
         int32_t tok;
         tri_status st = tri_session_sample(s, &p.sampler, &tok);
         if (st) return st;
@@ -316,6 +331,10 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
         bool go = !on_token || on_token(tok, user);
         if (!go || tok == eos || i + 1 == n_max) {
             s->pending = tok;  // emitted, not run: a later call runs it first
+            stats->stop_reason = !go ? TRI_STOP_CALLBACK
+                                 : tok == eos ? TRI_STOP_EOS
+                                 : p.n_predict > 0 && i + 1 == p.n_predict ? TRI_STOP_LENGTH
+                                                                           : TRI_STOP_CONTEXT;
             break;
         }
         if ((st = eval(s, &tok, 1, false))) return st;
@@ -325,3 +344,38 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
 }
 
 const char *tri_session_device(const tri_session *s) { return s ? s->device : NULL; }
+
+// ---- applications: n_ctx, aborting, stop reasons ----
+
+int32_t tri__session_n_ctx(const tri_model_config *c, int32_t n_ctx, const char *who) {
+    if (n_ctx == 0) {
+        if (c->n_ctx_train > 0) return c->n_ctx_train;
+        tri__log(TRI_LOG_LEVEL_WARN, "%s: the model does not say its trained context: n_ctx 0 is 8192", who);
+        return 8192;
+    }
+    if (c->n_ctx_train > 0 && n_ctx > c->n_ctx_train)
+        tri__log(TRI_LOG_LEVEL_WARN,
+                 "%s: n_ctx %d is beyond the model's trained context of %d tokens: positions past it were "
+                 "never trained, and output there may degrade",
+                 who, n_ctx, c->n_ctx_train);
+    return n_ctx;
+}
+
+bool tri_session_abort(tri_session *s) {
+    if (!s) return false;
+    int expected = TRI__RUN_GENERATING;
+    return atomic_compare_exchange_strong(&s->run, &expected, TRI__RUN_ABORT);
+}
+
+const char *tri_stop_reason_str(tri_stop_reason reason) {
+    switch (reason) {
+    case TRI_STOP_NONE: return "none";
+    case TRI_STOP_EOS: return "eos";
+    case TRI_STOP_LENGTH: return "length";
+    case TRI_STOP_CONTEXT: return "context";
+    case TRI_STOP_CALLBACK: return "callback";
+    case TRI_STOP_ABORT: return "abort";
+    case TRI_STOP_ERROR: return "error";
+    }
+    return "?";
+}

@@ -8,6 +8,7 @@
 // has not run yet in the same batched forward that scores new tokens (level_run).
 #include "spec.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -16,6 +17,7 @@
 #include "error.h"
 #include "gguf.h"
 #include "model.h"
+#include "session.h"
 #include "tokenizer.h"
 
 #define TRY(call)                              \
@@ -235,6 +237,7 @@ struct tri_spec {
     // of the current tri_generate_spec call
     tri_sampler_params sampler;
     tri_spec_stats *stats;
+    _Atomic int run;          // TRI__RUN_IDLE, _GENERATING or _ABORT (tri_spec_abort)
 };
 
 tri_spec_params tri_spec_default_params(void) {
@@ -442,13 +445,41 @@ static bool l2_refresh_due(const tri_spec *s, int32_t n, int32_t g2) {
     return false;
 }
 
+static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_prompt,
+                                const tri_generate_params *params, tri_token_fn on_token, void *user,
+                                tri_spec_stats *stats);
+
 tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_prompt,
                              const tri_generate_params *params, tri_token_fn on_token, void *user,
                              tri_spec_stats *stats) {
     tri_spec_stats local;
     if (!stats) stats = &local;
     memset(stats, 0, sizeof *stats);
-    if (!s) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate (speculative): NULL handle");
+    if (!s) {
+        stats->stop_reason = TRI_STOP_ERROR;
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate (speculative): NULL handle");
+    }
+    atomic_store(&s->run, TRI__RUN_GENERATING);
+    tri_status st = spec_generate(s, prompt, n_prompt, params, on_token, user, stats);
+    atomic_store(&s->run, TRI__RUN_IDLE);
+    s->stats = NULL;
+    if (st) stats->stop_reason = TRI_STOP_ERROR;
+    return st;
+}
+
+bool tri_spec_abort(tri_spec *s) {
+    if (!s) return false;
+    int expected = TRI__RUN_GENERATING;
+    return atomic_compare_exchange_strong(&s->run, &expected, TRI__RUN_ABORT);
+}
+
+static bool spec_aborted(tri_spec *s) {
+    return atomic_load_explicit(&s->run, memory_order_relaxed) == TRI__RUN_ABORT;
+}
+
+static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_prompt,
+                                const tri_generate_params *params, tri_token_fn on_token, void *user,
+                                tri_spec_stats *stats) {
     tri_generate_params p = params ? *params : tri_generate_default_params();
     if (n_prompt < 0 || (n_prompt > 0 && !prompt))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate (speculative): bad prompt of %d tokens",
@@ -511,9 +542,12 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
             TRY(tri__level_prefill(lv, s->seq + np, done + step - np));
         }
         done += step;
-        if (p.on_prefill && !p.on_prefill(done - s->n_seq + 1, n_prompt, p.user)) {
+        bool go = !p.on_prefill || p.on_prefill(done - s->n_seq + 1, n_prompt, p.user);
+        bool aborted = spec_aborted(s);
+        if (!go || aborted) {
             s->n_seq = done;  // what every level holds; the rest of the prompt is dropped
             stats->prefill_seconds = now_seconds() - t0;
+            stats->stop_reason = aborted ? TRI_STOP_ABORT : TRI_STOP_CALLBACK;
             return TRI_STATUS_OK;
         }
     }
@@ -538,6 +572,10 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
                                                        : &s->d2;
     bool go = true;
     while (go && stats->n_generated < n_max) {
+        if (spec_aborted(s)) {  // between rounds: what was emitted is in the context
+            stats->stop_reason = TRI_STOP_ABORT;
+            break;
+        }
         const int32_t n = s->n_seq;
         int32_t g2 = s->params.gamma2;
         if (g2 > s->n_ctx - n) g2 = s->n_ctx - n;                       // L3 runs seq[.. n + g2)
@@ -586,6 +624,10 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
             stats->n_generated++;
             go = !on_token || on_token(tok, user);
             if (!go || tok == eos || stats->n_generated == n_max) {
+                stats->stop_reason = !go ? TRI_STOP_CALLBACK
+                                     : tok == eos ? TRI_STOP_EOS
+                                     : p.n_predict > 0 && stats->n_generated == p.n_predict ? TRI_STOP_LENGTH
+                                                                                          : TRI_STOP_CONTEXT;
                 go = false;
                 break;
             }
@@ -723,7 +765,7 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "speculative: draft_sink %d must be < draft_window %d to leave room for recent tokens",
                          p.draft_sink, window);
-    if (sp.n_ctx == 0) sp.n_ctx = c->n_ctx_train > 0 && c->n_ctx_train < 8192 ? c->n_ctx_train : 8192;
+    sp.n_ctx = tri__session_n_ctx(c, sp.n_ctx, "speculative");
     if (p.draft_window > sp.n_ctx)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "speculative: draft_window %d is larger than the context (%d positions)", p.draft_window,

@@ -3,6 +3,7 @@
 // HF transformers (tests/fixtures/make-rope.py; those tests skip in a build without the reference
 // Python packages).
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -246,6 +247,56 @@ Test(cpu_backend, pool_runs_every_chunk_once) {
         tri__cpu_pool_free(p);
     }
     tri__cpu_pool_free(NULL);
+}
+
+// Callers on several threads share one acquired pool: each job still runs each of its chunks
+// exactly once (the callers take turns); the same CPUs give the same pool.
+typedef struct pool_caller {
+    tri__cpu_pool *p;
+    int counts[257];
+    int bad;
+} pool_caller;
+
+static void *pool_caller_run(void *arg) {
+    pool_caller *c = arg;
+    for (int job = 0; job < 800; job++) {
+        int64_t n = (job * 7) % 257;
+        memset(c->counts, 0, sizeof c->counts);
+        tri__cpu_pool_run(c->p, pool_count, c->counts, n);
+        for (int64_t k = 0; k < 257; k++) c->bad += c->counts[k] != (k < n ? 1 : 0);
+    }
+    return NULL;
+}
+
+Test(cpu_backend, shared_pool_serves_concurrent_callers) {
+    tri__cpu_pool *a, *b;
+    cr_assert_eq(tri__cpu_pool_acquire(&a), TRI_STATUS_OK);
+    cr_assert_eq(tri__cpu_pool_acquire(&b), TRI_STATUS_OK);
+    cr_assert_eq(a, b, "the same CPUs must give the same pool");
+    static pool_caller callers[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        callers[i].p = a;
+        cr_assert_eq(pthread_create(&th[i], NULL, pool_caller_run, &callers[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(callers[i].bad, 0, "caller %d: %d chunks run other than once", i, callers[i].bad);
+    tri__cpu_pool_release(b);
+    tri__cpu_pool_release(a);
+    tri__cpu_pool_release(NULL);
+}
+
+// run_max(1) runs every chunk on the calling thread.
+static void pool_note_thread(void *arg, int64_t c) { ((pthread_t *)arg)[c] = pthread_self(); }
+
+Test(cpu_backend, pool_run_max_one_is_the_caller) {
+    tri__cpu_pool *p;
+    cr_assert_eq(tri__cpu_pool_create(4, &p), TRI_STATUS_OK);
+    pthread_t who[64];
+    tri__cpu_pool_run_max(p, 1, pool_note_thread, who, 64);
+    for (int c = 0; c < 64; c++) cr_assert(pthread_equal(who[c], pthread_self()), "chunk %d on a worker", c);
+    tri__cpu_pool_free(p);
 }
 
 // ---- get_rows, convert, rmsnorm, swiglu, add ----
