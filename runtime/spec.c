@@ -16,6 +16,7 @@
 #include "error.h"
 #include "gguf.h"
 #include "model.h"
+#include "textgen.h"
 #include "tokenizer.h"
 
 #define TRY(call)                              \
@@ -449,6 +450,8 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
     if (!stats) stats = &local;
     memset(stats, 0, sizeof *stats);
     if (!s) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate (speculative): NULL handle");
+    if (tri__textgen_wanted(params))  // stop strings, stop tokens, text: wrapped, then back here
+        return tri__textgen_generate(s->target, NULL, s, prompt, n_prompt, params, on_token, user, stats);
     tri_generate_params p = params ? *params : tri_generate_default_params();
     if (n_prompt < 0 || (n_prompt > 0 && !prompt))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate (speculative): bad prompt of %d tokens",
