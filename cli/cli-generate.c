@@ -20,9 +20,17 @@ static void usage(FILE *f) {
           "  -p, --prompt TEXT    the prompt\n"
           "  -f, --file FILE      read the prompt from FILE ('-' for stdin)\n"
           "      --tokens IDS     the prompt as comma-separated token ids\n"
-          "      --chat           wrap the prompt as one user turn of a ChatML conversation\n"
-          "                       (<|im_start|>user ... <|im_start|>assistant), as SmolLM2-Instruct\n"
-          "                       expects\n"
+          "      --chat           the prompt is one user turn of a conversation, rendered with the\n"
+          "                       model's own chat template (GGUF tokenizer.chat_template or\n"
+          "                       tokenizer_config.json); generation ends at the model's end-of-turn\n"
+          "                       tokens\n"
+          "      --chat-format F  render the conversation as F instead of recognising the template:\n"
+          "                       chatml, llama2, llama3, mistral, phi3, gemma (implies --chat)\n"
+          "      --system TEXT    a system message before the prompt (implies --chat)\n"
+          "      --stop STR       stop once the text contains STR, which is not printed\n"
+          "                       (repeatable)\n"
+          "      --json FILE      closing figures as one JSON object to FILE ('-': stdout, after\n"
+          "                       the text)\n"
           "  -n, --n-predict N    tokens to generate at most (default 128; 0: until the context\n"
           "                       is full or the model ends)\n"
           "      --temp T         sampling temperature; 0 is greedy (default 0)\n"
@@ -175,8 +183,11 @@ static int32_t *parse_ids(const char *s, int32_t n_vocab, int32_t *n_out) {
 // ---- streaming output ----
 
 typedef struct out_state {
-    tri_detokenizer *detok;  // NULL: print ids
-    int32_t n;
+    bool ids;           // print ids (else on_text prints the text)
+    int32_t n;          // tokens generated
+    int32_t last;       // the last one
+    char *text;         // the text printed, for --json; NULL when not kept
+    size_t n_text, cap_text;
 } out_state;
 
 // ---- interruption ----
@@ -203,15 +214,32 @@ static void catch_sigint(void) {
 static bool on_token(int32_t token, void *user) {
     out_state *o = user;
     if (interrupted) return false;
-    if (!o->detok) {
+    if (o->ids) {
         printf(o->n ? " %d" : "%d", token);
-    } else {
-        const char *text;
-        size_t len;
-        if (tri_detokenizer_push(o->detok, token, &text, &len) == TRI_STATUS_OK) fwrite(text, 1, len, stdout);
+        fflush(stdout);
     }
     o->n++;
-    fflush(stdout);
+    o->last = token;
+    return true;
+}
+
+static bool on_text(const char *text, size_t len, void *user) {
+    out_state *o = user;
+    if (!o->ids) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    if (o->cap_text) {
+        if (o->n_text + len + 1 > o->cap_text) {
+            size_t cap = 2 * (o->n_text + len + 1);
+            char *t = realloc(o->text, cap);
+            if (!t) return true;  // the JSON then lacks the tail; the run goes on
+            o->text = t;
+            o->cap_text = cap;
+        }
+        memcpy(o->text + o->n_text, text, len);
+        o->n_text += len;
+    }
     return true;
 }
 
@@ -403,8 +431,50 @@ static void print_plain_stats(const tri_generate_stats *st) {
     fprintf(stderr, "  time: decode %.3f s, prefill %.3f s\n", st->decode_seconds, st->prefill_seconds);
 }
 
+// ---- --json ----
+
+// The closing figures as one JSON object: what print_figures and the --stats lines say, plus the
+// load time, the reason generation ended and the peak resident memory.
+static void write_json(FILE *f, const char *model_path, const char *device, const char *reason, double load_s,
+                       double total_s, const tri_generate_stats *st, const tri_spec_stats *sst, tri_spec_mode mode,
+                       const out_state *out) {
+    fputs("{\"command\": \"generate\", \"model\": ", f);
+    tri_cli_json_str(f, model_path, strlen(model_path));
+    fprintf(f, ", \"device\": \"%s\", \"stop_reason\": \"%s\", \"load_seconds\": %.6f", device, reason, load_s);
+    fprintf(f, ", \"prompt_tokens\": %d, \"generated_tokens\": %d", st->n_prompt, st->n_generated);
+    fprintf(f, ", \"prefill_seconds\": %.6f, \"prefill_tokens_per_second\": %.3f", st->prefill_seconds,
+            st->prefill_seconds > 0 ? st->n_prompt / st->prefill_seconds : 0.0);
+    fprintf(f, ", \"decode_seconds\": %.6f, \"decode_tokens_per_second\": %.3f", st->decode_seconds,
+            st->n_generated > 1 && st->decode_seconds > 0 ? (st->n_generated - 1) / st->decode_seconds : 0.0);
+    fprintf(f, ", \"total_seconds\": %.6f", total_s);
+    fprintf(f, ", \"kv_bytes_up\": %llu, \"kv_bytes_down\": %llu, \"kv_bytes_host\": %llu",
+            (unsigned long long)st->kv_bytes_up, (unsigned long long)st->kv_bytes_down,
+            (unsigned long long)st->kv_bytes_host);
+    if (sst) {
+        static const char *const modes[] = {"none", "draft", "retrieval", "triforce"};
+        fprintf(f, ", \"speculative\": {\"mode\": \"%s\", \"full_cache_passes\": %lld, \"tokens_per_pass\": %.4f",
+                modes[mode], (long long)sst->n_l3_verify,
+                sst->n_l3_verify ? (double)sst->n_generated / (double)sst->n_l3_verify : 0.0);
+        fprintf(f, ", \"l1_proposed\": %lld, \"l1_accepted\": %lld, \"l2_proposed\": %lld, \"l2_accepted\": %lld",
+                (long long)sst->l1_proposed, (long long)sst->l1_accepted, (long long)sst->l2_proposed,
+                (long long)sst->l2_accepted);
+        fprintf(f, ", \"l2_checks\": %lld, \"l2_selections\": %lld", (long long)sst->n_l2_verify,
+                (long long)sst->n_l2_refresh);
+        fprintf(f, ", \"l1_seconds\": %.6f, \"l2_seconds\": %.6f, \"l3_seconds\": %.6f}", sst->l1_seconds,
+                sst->l2_seconds, sst->l3_seconds);
+    } else {
+        fputs(", \"speculative\": null", f);
+    }
+    fprintf(f, ", \"peak_rss_bytes\": %llu", (unsigned long long)tri_cli_peak_rss());
+    if (out->cap_text) {
+        fputs(", \"text\": ", f);
+        tri_cli_json_str(f, out->text ? out->text : "", out->n_text);
+    }
+    fputs("}\n", f);
+}
+
 int tri_cli_generate(int argc, char **argv) {
-    enum { OPT_TOKENS = 256, OPT_CHAT, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CTX, OPT_BATCH,
+    enum { OPT_TOKENS = 256, OPT_CHAT, OPT_CHAT_FORMAT, OPT_SYSTEM, OPT_STOP, OPT_JSON, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CTX, OPT_BATCH,
            OPT_KV, OPT_IGNORE_EOS, OPT_IDS, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
            OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
@@ -414,6 +484,9 @@ int tri_cli_generate(int argc, char **argv) {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
         {"chat", no_argument, NULL, OPT_CHAT},     {"n-predict", required_argument, NULL, 'n'},
+        {"chat-format", required_argument, NULL, OPT_CHAT_FORMAT},
+        {"system", required_argument, NULL, OPT_SYSTEM}, {"stop", required_argument, NULL, OPT_STOP},
+        {"json", required_argument, NULL, OPT_JSON},
         {"temp", required_argument, NULL, OPT_TEMP}, {"top-k", required_argument, NULL, OPT_TOPK},
         {"top-p", required_argument, NULL, OPT_TOPP}, {"seed", required_argument, NULL, OPT_SEED},
         {"ctx", required_argument, NULL, OPT_CTX}, {"threads", required_argument, NULL, 't'},
@@ -443,6 +516,10 @@ int tri_cli_generate(int argc, char **argv) {
     };
     const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
     bool chat = false, print_ids = false, print_stats = false;
+    tri_chat_format chat_format = TRI_CHAT_FORMAT_AUTO;
+    const char *system_msg = NULL, *json_path = NULL;
+    const char *stops[16];  // --stop, at most 16
+    int32_t n_stops = 0;
     const char *draft_path = NULL, *draft_layers = NULL;
     // 0: not given (every one of these options wants a positive number)
     long ngram = 0, gamma1 = 0, gamma2 = 0, budget = 0, chunk = 0;
@@ -466,6 +543,25 @@ int tri_cli_generate(int argc, char **argv) {
         case 'f': file = optarg; break;
         case OPT_TOKENS: tokens = optarg; break;
         case OPT_CHAT: chat = true; break;
+        case OPT_CHAT_FORMAT:
+            chat = true;
+            if (tri_chat_format_from_name(optarg, &chat_format) != TRI_STATUS_OK) {
+                fprintf(stderr, "offload-run generate: --chat-format '%s': want chatml, llama2, llama3, mistral, phi3 "
+                        "or gemma\n", optarg);
+                ok = false;
+            }
+            break;
+        case OPT_SYSTEM: chat = true, system_msg = optarg; break;
+        case OPT_JSON: json_path = optarg; break;
+        case OPT_STOP:
+            if (!optarg[0] || n_stops == 16) {
+                fprintf(stderr, "offload-run generate: --stop '%s': %s\n", optarg,
+                        optarg[0] ? "at most 16 stop strings" : "want a non-empty string");
+                ok = false;
+                break;
+            }
+            stops[n_stops++] = optarg;
+            break;
         case 'n': ok = parse_long("--n-predict", optarg, 0, INT32_MAX, &n_predict); break;
         case OPT_TEMP: ok = parse_float("--temp", optarg, 0.0, 100.0, &gp.sampler.temperature); break;
         case OPT_TOPK: ok = parse_long("--top-k", optarg, 0, INT32_MAX, &top_k); break;
@@ -630,14 +726,18 @@ int tri_cli_generate(int argc, char **argv) {
     if (draft_layers) spec_params.drafter = TRI_SPEC_DRAFTER_LAYERS;
     if (ngram) spec_params.drafter = TRI_SPEC_DRAFTER_NGRAM;
 
+    double t_start = tri_cli_now();
     tri_model *model = tri_cli_load_model(model_path);
     if (!model) return 1;
+    double load_s = tri_cli_now() - t_start;
+    int32_t stop_ids[16];
     int rc = 1;
     tri_session *session = NULL;
     tri_spec *spec = NULL;
     tri_model *draft = NULL;
     int32_t *layers = NULL;
     out_state out = {0};
+    FILE *json_file = NULL;
     int32_t *ids = NULL;
     char *text = NULL, *wrapped = NULL;
     tri_model_info info;
@@ -657,35 +757,15 @@ int tri_cli_generate(int argc, char **argv) {
         }
         const char *body = text ? text : prompt;
         if (chat) {
-            static const char pre[] = "<|im_start|>user\n", post[] = "<|im_end|>\n<|im_start|>assistant\n";
-            wrapped = malloc(len + sizeof pre + sizeof post);
-            if (!wrapped) {
-                fprintf(stderr, "offload-run generate: out of memory\n");
+            tri_chat_message msgs[2] = {{"system", system_msg}, {"user", body}};
+            size_t n_msgs = system_msg ? 2 : 1;
+            if (!(wrapped = tri_cli_render_chat("offload-run generate", model, chat_format,
+                                                system_msg ? msgs : msgs + 1, n_msgs, &len)))
                 goto done;
-            }
-            memcpy(wrapped, pre, sizeof pre - 1);
-            memcpy(wrapped + sizeof pre - 1, body, len);
-            memcpy(wrapped + sizeof pre - 1 + len, post, sizeof post);
-            len += sizeof pre - 1 + sizeof post - 1;
             body = wrapped;
         }
-        int64_t need = 0;
-        if ((st = tri_tokenize(model, body, len, true, chat, NULL, 0, &need))) {
-            rc = tri_cli_fail("cannot tokenize the prompt", st);
-            goto done;
-        }
-        if (need > INT32_MAX / 2) {
-            fprintf(stderr, "offload-run generate: prompt of %" PRId64 " tokens is too long\n", need);
-            goto done;
-        }
-        ids = malloc((size_t)(need > 0 ? need : 1) * sizeof *ids);
-        if (!ids) goto done;
-        int64_t got = 0;
-        if ((st = tri_tokenize(model, body, len, true, chat, ids, need, &got))) {
-            rc = tri_cli_fail("cannot tokenize the prompt", st);
-            goto done;
-        }
-        n_ids = (int32_t)got;
+        // a rendered conversation carries its BOS as text
+        if (!(ids = tri_cli_text_ids("offload-run generate", model, body, len, !chat, chat, &n_ids))) goto done;
     }
     if (n_ids == 0) {
         fprintf(stderr, "offload-run generate: the prompt is empty\n");
@@ -735,9 +815,25 @@ int tri_cli_generate(int argc, char **argv) {
     }
     fputs(plan_line, stderr);
     fprintf(stderr, "device: %s\n", spec ? tri_spec_device(spec) : tri_session_device(session));
-    if (!print_ids && (st = tri_detokenizer_create(model, false, &out.detok))) {
-        rc = tri_cli_fail("the model has no tokenizer (use --ids)", st);
+    out.ids = print_ids;
+    if ((!print_ids || n_stops) && tri_token_count(model) == 0) {
+        fprintf(stderr, "offload-run generate: %s: the model has no tokenizer (use --ids%s)\n", model_path,
+                n_stops ? ", without --stop" : "");
         goto done;
+    }
+    if (json_path) {
+        out.cap_text = 1;  // keep the text for the JSON
+        if (!(json_file = tri_cli_json_open("offload-run generate", json_path))) goto done;
+    }
+    gp.on_text = print_ids && !json_path && !n_stops ? NULL : on_text;
+    gp.text_user = &out;
+    gp.stop = stops;
+    gp.n_stop = n_stops;
+    int32_t n_stop_ids = 0;
+    // a chat's answer ends at the model's end-of-turn tokens (ChatML's <|im_end|>, ...)
+    if (chat && gp.stop_at_eos && tri_chat_stop_tokens(model, stop_ids, 16, &n_stop_ids) == TRI_STATUS_OK) {
+        gp.stop_tokens = stop_ids;
+        gp.n_stop_tokens = n_stop_ids < 16 ? n_stop_ids : 16;
     }
     gp.n_predict = (int32_t)n_predict;
     gp.sampler.top_k = (int32_t)top_k;
@@ -773,11 +869,6 @@ int tri_cli_generate(int argc, char **argv) {
         rc = 130;
         goto done;
     }
-    if (out.detok) {
-        const char *rest;
-        size_t len;
-        if (tri_detokenizer_flush(out.detok, &rest, &len) == TRI_STATUS_OK) fwrite(rest, 1, len, stdout);
-    }
     fputc('\n', stdout);
     fflush(stdout);
     print_figures(&stats);
@@ -798,9 +889,25 @@ int tri_cli_generate(int argc, char **argv) {
             print_plain_stats(&stats);
     }
     rc = 0;
+    if (json_file) {
+        // why it ended: the end-of-sequence or an end-of-turn token, n_predict, a stop string, or
+        // the context
+        const char *reason = "context";
+        bool end_token = out.n > 0 && gp.stop_at_eos && out.last == tri_token_eos(model);
+        for (int32_t i = 0; i < gp.n_stop_tokens; i++) end_token |= out.n > 0 && out.last == gp.stop_tokens[i];
+        if (end_token) reason = "end_token";
+        else if (n_predict > 0 && out.n >= n_predict) reason = "length";
+        else if (n_stops) reason = "stop_string";
+        write_json(json_file, model_path, spec ? tri_spec_device(spec) : tri_session_device(session), reason, load_s,
+                   tri_cli_now() - t_start, &stats, spec ? &sstats : NULL, spec_params.mode, &out);
+        FILE *f = json_file;
+        json_file = NULL;
+        if (!tri_cli_json_close("offload-run generate", json_path, f)) rc = 1;
+    }
 
 done:
-    tri_detokenizer_free(out.detok);
+    if (json_file && json_file != stdout) fclose(json_file);
+    free(out.text);
     tri_session_free(session);
     tri_spec_free(spec);
     tri_model_free(draft);

@@ -9,6 +9,7 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *summary;
 } commands[] = {
+    {"chat", tri_cli_chat, "talk with a model: multi-turn, its cache kept between turns"},
     {"generate", tri_cli_generate, "generate text after a prompt, streamed as it is produced"},
     {"info", tri_cli_info, "describe a model: architecture, config, tokenizer, tensors"},
     {"plan", tri_cli_plan, "place weights and KV on GPU, host and disk; predict time per token"},

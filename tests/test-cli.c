@@ -332,7 +332,8 @@ Test(cli, prefill_progress_and_closing_figures) {
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
     // progress: the first multiple of 8 at or past 60, 120, ..., 540 (after the device line)
     const char *line = err;
-    while (!strncmp(line, "device: ", 8) || !strncmp(line, "plan: ", 6)) line = strchr(line, '\n') + 1;
+    while (!strncmp(line, "loading model: ", 15) || !strncmp(line, "device: ", 8) || !strncmp(line, "plan: ", 6))
+        line = strchr(line, '\n') + 1;
     for (int k = 1; k <= 9; k++) {
         int done, total, want = (60 * k + 7) / 8 * 8;
         cr_assert(sscanf(line, "prefill: %d / %d tokens\n", &done, &total) == 2, "progress line %d: %s", k, line);
