@@ -32,6 +32,8 @@ static void usage(FILE *f) {
           "                       its turn or the context is full)\n"
           "      --stop STR       end an answer once it contains STR, which is not printed\n"
           "                       (repeatable, at most 16)\n"
+          "      --ignore-eos     do not end an answer at the model's end-of-sequence and\n"
+          "                       end-of-turn tokens\n"
           "      --temp T         sampling temperature; 0 is greedy (default 0)\n"
           "      --top-k K        keep the K most likely tokens (default 0: all)\n"
           "      --top-p P        keep the smallest set of tokens with mass P (default 1: all)\n"
@@ -202,7 +204,7 @@ static void write_json(FILE *f, const char *model_path, const char *device, doub
 
 int tri_cli_chat(int argc, char **argv) {
     enum { OPT_SYSTEM = 256, OPT_CHAT_FORMAT, OPT_STOP, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CTX,
-           OPT_DEVICE, OPT_BATCH, OPT_KV, OPT_JSON };
+           OPT_DEVICE, OPT_BATCH, OPT_KV, OPT_JSON, OPT_IGNORE_EOS };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},        {"system", required_argument, NULL, OPT_SYSTEM},
         {"chat-format", required_argument, NULL, OPT_CHAT_FORMAT},
@@ -212,6 +214,7 @@ int tri_cli_chat(int argc, char **argv) {
         {"ctx", required_argument, NULL, OPT_CTX},     {"threads", required_argument, NULL, 't'},
         {"device", required_argument, NULL, OPT_DEVICE}, {"batch", required_argument, NULL, OPT_BATCH},
         {"kv-type", required_argument, NULL, OPT_KV},  {"json", required_argument, NULL, OPT_JSON},
+        {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
         {"help", no_argument, NULL, 'h'},              {0},
     };
     const char *model_path = NULL, *system_msg = NULL, *json_path = NULL;
@@ -261,6 +264,7 @@ int tri_cli_chat(int argc, char **argv) {
             }
             break;
         case OPT_JSON: json_path = optarg; break;
+        case OPT_IGNORE_EOS: gp.stop_at_eos = false; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -297,7 +301,8 @@ int tri_cli_chat(int argc, char **argv) {
     if (format == TRI_CHAT_FORMAT_AUTO) {
         tri_chat_format f;
         if ((st = tri_chat_model_format(model, &f))) {
-            tri_cli_fail("cannot chat with this model", st);
+            fprintf(stderr, "offload-run chat: cannot chat with this model: %s%s\n", tri_last_error(),
+                    st == TRI_STATUS_NOT_FOUND ? "; name a format with --chat-format" : "");
             goto done;
         }
         fprintf(stderr, "chat format: %s (the model's template)\n", tri_chat_format_name(f));
@@ -316,7 +321,7 @@ int tri_cli_chat(int argc, char **argv) {
     if (system_msg && !conv_add(&cv, "system", system_msg, strlen(system_msg))) goto oom;
 
     int32_t stop_ids[16], n_stop_ids = 0;
-    if (tri_chat_stop_tokens(model, stop_ids, 16, &n_stop_ids) == TRI_STATUS_OK) {
+    if (gp.stop_at_eos && tri_chat_stop_tokens(model, stop_ids, 16, &n_stop_ids) == TRI_STATUS_OK) {
         gp.stop_tokens = stop_ids;
         gp.n_stop_tokens = n_stop_ids < 16 ? n_stop_ids : 16;
     }
