@@ -133,7 +133,8 @@ static bool on_prefill(int64_t done, int64_t total, void *user) {
     int *last = user;
     if (interrupted) return false;
     int decile = (int)(10 * done / total);
-    if (decile > *last && done < total) fprintf(stderr, "prefill: %lld / %lld tokens\n", (long long)done, (long long)total);
+    if (decile > *last && done < total)
+        fprintf(stderr, "prefill: %lld / %lld tokens\n", (long long)done, (long long)total);
     *last = decile;
     return true;
 }

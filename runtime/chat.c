@@ -503,7 +503,8 @@ static tri_status model_template_read(const tri_model *model, model_template *ou
         tri_status st = tri__gguf_get_str(model->gguf, "tokenizer.chat_template", &s);
         if (st == TRI_STATUS_NOT_FOUND) return TRI_STATUS_OK;
         if (st) return st;
-        if (!(out->text = malloc(s.len + 1))) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: out of memory", model->path);
+        if (!(out->text = malloc(s.len + 1)))
+            return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: out of memory", model->path);
         memcpy(out->text, s.ptr, s.len);
         out->text[s.len] = 0;
         out->len = s.len;

@@ -239,7 +239,8 @@ Test(chat, tokenizer_config_string_list_and_tokens) {
     cr_assert_str_eq(e, "</s>");
     free(t), free(b), free(e);
     static const char s2[] = "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"},"
-                             " {\"name\": \"default\", \"template\": \"D\"}, {\"name\": \"rag\", \"template\": \"R\"}]}";
+                             " {\"name\": \"default\", \"template\": \"D\"},"
+                             " {\"name\": \"rag\", \"template\": \"R\"}]}";
     cr_assert_eq(tri__chat_from_tokenizer_config("c.json", s2, strlen(s2), &t, &b, &e), TRI_STATUS_OK);
     cr_assert_str_eq(t, "D");
     cr_assert_null(b);

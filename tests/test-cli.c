@@ -901,8 +901,8 @@ Test(cli, chat_sigint_stops_the_answer_not_the_program, .timeout = TT_TIMEOUT(12
         int devnull = open("/dev/null", O_WRONLY), e = open(errf, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(devnull, 1);
         dup2(e, 2);
-        execl(bin, bin, "chat", "-m", m, "--chat-format", "chatml", "-n", "3000", "--ctx", "8192", "-t", "1", "--ignore-eos",
-              "--json", json, (char *)NULL);
+        execl(bin, bin, "chat", "-m", m, "--chat-format", "chatml", "-n", "3000", "--ctx", "8192", "-t", "1",
+              "--ignore-eos", "--json", json, (char *)NULL);
         _exit(127);
     }
     close(in[0]);
