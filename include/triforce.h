@@ -468,6 +468,9 @@ TRI_API bool tri_spec_abort(tri_spec *spec);
 
 // Called with each generated token as soon as it is chosen; return false to stop.
 typedef bool (*tri_token_fn)(int32_t token, void *user);
+// Called with generated text (len bytes of UTF-8, NUL-terminated; valid during the call);
+// return false to stop.
+typedef bool (*tri_text_fn)(const char *text, size_t len, void *user);
 // Called during a prompt's prefill with tokens done and total; return false to cancel.
 typedef bool (*tri_progress_fn)(int64_t done, int64_t total, void *user);
 
@@ -479,6 +482,25 @@ typedef struct tri_generate_params {
                                 // tokens, or of 8,192 where offloaded KV layers or streamed
                                 // weights make the prefill layer-major (docs/offload.md)
     void *user;                 // passed to on_prefill
+    // ---- text and stop strings (appended after the fields above) ----
+    const char *const *stop;    // n_stop strings (NUL-terminated, not empty): generation ends as
+                                // soon as the decoded text (special tokens not rendered) contains
+                                // one, wherever the token boundaries fall; on_text never sees it
+                                // or anything after it; NULL / 0: none
+    int32_t n_stop;
+    const int32_t *stop_tokens; // n_stop_tokens ids that end generation as EOS does (the model's
+                                // end-of-turn tokens: tri_chat_stop_tokens), even when stop_at_eos
+                                // is false; the token is emitted (on_token, counted), its text is
+                                // not; NULL / 0: none
+    int32_t n_stop_tokens;
+    tri_text_fn on_text;        // the generated text, decoded (special tokens not rendered),
+                                // called whenever some is final. Text that could be the start of a
+                                // stop string is held back until the next tokens decide: it comes
+                                // out once they do not complete one, or at the end of the call
+                                // unless a stop string claims it. Return false to stop. NULL:
+                                // none. Stop strings and on_text work with tri_generate and
+                                // tri_generate_spec alike and need the model's tokenizer
+    void *text_user;            // passed to on_text
 } tri_generate_params;
 
 typedef struct tri_generate_stats {
@@ -822,6 +844,73 @@ TRI_API tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_
 // be NULL) receives the length it needs without the NUL. buf may be NULL with cap 0 to ask the
 // size; a smaller cap truncates and fails with INVALID_ARGUMENT.
 TRI_API tri_status tri_plan_format(const tri_plan *plan, char *buf, size_t cap, size_t *n_out);
+
+// ---- chat templates ----
+//
+// A conversation is rendered with the model's own chat template (GGUF tokenizer.chat_template, or
+// "chat_template" of an HF checkpoint's tokenizer_config.json). Templates are Jinja programs; the
+// runtime does not interpret Jinja but recognises the format a template writes by its markers and
+// renders that format in C, byte for byte as jinja2 renders the template (docs/formats.md lists
+// the formats, their variants and what each does with whitespace, BOS and system messages). A
+// template of no known format is refused (UNSUPPORTED, the message says so); the caller can then
+// name the format.
+
+typedef enum tri_chat_format {
+    TRI_CHAT_FORMAT_AUTO = 0,     // recognise the template
+    TRI_CHAT_FORMAT_CHATML = 1,   // <|im_start|>role\n...<|im_end|>\n (SmolLM2, Qwen2, OpenHermes)
+    TRI_CHAT_FORMAT_LLAMA2 = 2,   // <s>[INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST] ... </s>
+    TRI_CHAT_FORMAT_LLAMA3 = 3,   // <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
+    TRI_CHAT_FORMAT_MISTRAL = 4,  // <s>[INST] ... [/INST]...</s> (v0.1, v0.2: no system role)
+    TRI_CHAT_FORMAT_PHI3 = 5,     // <|user|>\n...<|end|>\n (Phi-3, Phi-3.5)
+    TRI_CHAT_FORMAT_GEMMA = 6,    // <start_of_turn>user\n...<end_of_turn>\n (no system role)
+    TRI_CHAT_FORMAT_COUNT
+} tri_chat_format;
+
+// One message: role is "system", "user" or "assistant" (other roles are written where the format
+// writes roles by name: ChatML, Llama-3); content is UTF-8. Both NUL-terminated, not NULL.
+typedef struct tri_chat_message {
+    const char *role;
+    const char *content;
+} tri_chat_message;
+
+// "auto", "chatml", "llama2", "llama3", "mistral", "phi3", "gemma"; NULL for other values.
+TRI_API const char *tri_chat_format_name(tri_chat_format format);
+// The format of one of those names (as --chat-format takes them); INVALID_ARGUMENT otherwise.
+TRI_API tri_status tri_chat_format_from_name(const char *name, tri_chat_format *out);
+
+// The format template text (len bytes) writes; UNSUPPORTED when it is none of the known ones.
+TRI_API tri_status tri_chat_template_format(const char *tmpl, size_t len, tri_chat_format *out);
+// The format of the model's own template; NOT_FOUND when the model carries no template,
+// UNSUPPORTED when it is of no known format (the message names the file and says so).
+TRI_API tri_status tri_chat_model_format(const tri_model *model, tri_chat_format *out);
+
+// Renders n >= 1 messages with template text tmpl (NUL-terminated; may be NULL when format is not
+// AUTO): format AUTO recognises it; a named format is rendered as named, with the variant tmpl
+// shows when it is of that format, else the format's first published variant. bos_token and
+// eos_token are the texts the template's bos_token and eos_token stand for (NULL: ""). The text
+// goes into buf (cap bytes, NUL-terminated when cap > 0; may be NULL with cap 0 to ask the size);
+// *n_out gets its length without the NUL. add_generation_prompt ends the text with the header of
+// an assistant turn. INVALID_ARGUMENT when the template would refuse the conversation (roles that
+// do not alternate user/assistant where the format needs it, a system message in Gemma or
+// Mistral), or when cap is too small (with *n_out set). The text carries BOS and other special
+// tokens as text: tokenize it with parse_special and without add_special.
+TRI_API tri_status tri_chat_render(const char *tmpl, tri_chat_format format, const char *bos_token,
+                                   const char *eos_token, const tri_chat_message *msgs, size_t n,
+                                   bool add_generation_prompt, char *buf, size_t cap, size_t *n_out);
+
+// tri_chat_render with the model's template (format AUTO) and its BOS and EOS token texts (an HF
+// checkpoint's tokenizer_config.json bos_token and eos_token when it has them). With a named
+// format the model needs no template. Errors as tri_chat_model_format and tri_chat_render.
+TRI_API tri_status tri_chat_apply(const tri_model *model, tri_chat_format format,
+                                  const tri_chat_message *msgs, size_t n, bool add_generation_prompt,
+                                  char *buf, size_t cap, size_t *n_out);
+
+// The tokens that end an assistant's turn in the model's vocabulary: EOS and each of <|im_end|>,
+// <|eot_id|>, <|eom_id|>, <end_of_turn>, <|end|>, <|endoftext|>, </s>, <|end_of_text|> that is a
+// special token of the vocabulary, for tri_generate_params.stop_tokens. Writes at most cap ids
+// (ids may be NULL with cap 0) and sets *n_out to the count; NOT_FOUND without a tokenizer.
+TRI_API tri_status tri_chat_stop_tokens(const tri_model *model, int32_t *ids, int32_t cap,
+                                        int32_t *n_out);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,7 @@
 #include "model.h"
 #include "sampler.h"
 #include "session.h"
+#include "textgen.h"
 
 struct tri_session {
     const tri_model *model;
@@ -252,6 +253,8 @@ tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
     if (!stats) stats = &local;
     memset(stats, 0, sizeof *stats);
     if (!s) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_generate: session is NULL");
+    if (tri__textgen_wanted(params))  // stop strings, stop tokens, text: wrapped, then back here
+        return tri__textgen_generate(s->model, s, NULL, prompt, n_prompt, params, on_token, user, stats);
     tri__kv_offload_stats a, b;
     tri__kv_store_offload_stats(s->kv.kv, &a);  // moved to the start of decoding by generate
     atomic_store(&s->run, TRI__RUN_GENERATING);

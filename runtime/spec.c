@@ -18,6 +18,7 @@
 #include "gguf.h"
 #include "model.h"
 #include "session.h"
+#include "textgen.h"
 #include "tokenizer.h"
 
 #define TRY(call)                              \
@@ -459,6 +460,8 @@ tri_status tri_generate_spec(tri_spec *s, const int32_t *prompt, int32_t n_promp
         stats->stop_reason = TRI_STOP_ERROR;
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate (speculative): NULL handle");
     }
+    if (tri__textgen_wanted(params))  // stop strings, stop tokens, text: wrapped, then back here
+        return tri__textgen_generate(s->target, NULL, s, prompt, n_prompt, params, on_token, user, stats);
     atomic_store(&s->run, TRI__RUN_GENERATING);
     tri_status st = spec_generate(s, prompt, n_prompt, params, on_token, user, stats);
     atomic_store(&s->run, TRI__RUN_IDLE);

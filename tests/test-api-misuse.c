@@ -221,3 +221,32 @@ Test(api_misuse, planner_functions) {
     cr_assert_eq(n, 0);
     REFUSES(tri_plan_format(&plan, NULL, sizeof buf, &n));
 }
+
+Test(api_misuse, chat_functions) {
+    tri_chat_format f;
+    cr_assert_null(tri_chat_format_name((tri_chat_format)-1));
+    REFUSES(tri_chat_format_from_name(NULL, &f));
+    REFUSES(tri_chat_format_from_name("chatml", NULL));
+    REFUSES(tri_chat_template_format(NULL, 0, &f));
+    REFUSES(tri_chat_template_format("x", 1, NULL));
+    REFUSES(tri_chat_model_format(NULL, &f));
+    tri_chat_message msg = {"user", "hi"}, bad = {NULL, "hi"};
+    char buf[64];
+    size_t n = 99;
+    REFUSES(tri_chat_render(NULL, TRI_CHAT_FORMAT_AUTO, NULL, NULL, &msg, 1, true, buf, sizeof buf, &n));
+    REFUSES(tri_chat_render(NULL, TRI_CHAT_FORMAT_CHATML, NULL, NULL, NULL, 1, true, buf, sizeof buf, &n));
+    REFUSES(tri_chat_render(NULL, TRI_CHAT_FORMAT_CHATML, NULL, NULL, &msg, 1, true, NULL, sizeof buf, &n));
+    REFUSES(tri_chat_render(NULL, TRI_CHAT_FORMAT_CHATML, NULL, NULL, &msg, 1, true, buf, sizeof buf, NULL));
+    REFUSES(tri_chat_render(NULL, TRI_CHAT_FORMAT_CHATML, NULL, NULL, &bad, 1, true, buf, sizeof buf, &n));
+    REFUSES(tri_chat_render(NULL, (tri_chat_format)99, NULL, NULL, &msg, 1, true, buf, sizeof buf, &n));
+    REFUSES(tri_chat_apply(NULL, TRI_CHAT_FORMAT_CHATML, &msg, 1, true, buf, sizeof buf, &n));
+    int32_t ids[4], k;
+    REFUSES(tri_chat_stop_tokens(NULL, ids, 4, &k));
+    tri_model *m;
+    cr_assert_eq(tri_model_load(small_model(), NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    REFUSES(tri_chat_apply(m, TRI_CHAT_FORMAT_CHATML, NULL, 1, true, buf, sizeof buf, &n));
+    REFUSES(tri_chat_apply(m, TRI_CHAT_FORMAT_CHATML, &msg, 1, true, buf, sizeof buf, NULL));
+    REFUSES(tri_chat_stop_tokens(m, NULL, 4, &k));
+    REFUSES(tri_chat_stop_tokens(m, ids, 4, NULL));
+    tri_model_free(m);
+}

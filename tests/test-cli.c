@@ -333,7 +333,8 @@ Test(cli, prefill_progress_and_closing_figures) {
     // progress: the first multiple of 8 at or past 60, 120, ..., 540 (after the device line)
     const char *line = err;
     // (and the library's warning that 616 positions are past this model's trained 512)
-    while (!strncmp(line, "device: ", 8) || !strncmp(line, "plan: ", 6) || !strncmp(line, "triforce: warning: ", 19))
+    while (!strncmp(line, "loading model: ", 15) || !strncmp(line, "device: ", 8) || !strncmp(line, "plan: ", 6) ||
+           !strncmp(line, "triforce: warning: ", 19))
         line = strchr(line, '\n') + 1;
     for (int k = 1; k <= 9; k++) {
         int done, total, want = (60 * k + 7) / 8 * 8;
@@ -715,4 +716,230 @@ Test(cli, sigint_during_prefill_stops_within_a_second, .timeout = TT_TIMEOUT(300
     cr_assert(strstr(all, "interrupted after 0 generated tokens"), "%s", all);
     cr_assert_lt(secs, 1.0, "exited %.2f s after SIGINT", secs);
     printf("cli: SIGINT during prefill: exited %.3f s after the signal\n", secs);
+}
+
+// ---- chat, stop strings, --json ----
+
+// Runs `offload-run ARGS` with input on stdin; as cli() otherwise.
+static int cli_in(const char *args, const char *input, char *o_buf, size_t o_size, char *e_buf, size_t e_size) {
+    const char *bin = getenv("TRI_OFFLOAD_RUN");
+    cr_assert(bin);
+    char in[4096], o[4096], e[4096], cmd[16384], name[64];
+    snprintf(name, sizeof name, "cli-%d.in", (int)getpid());
+    snprintf(in, sizeof in, "%s", tt_tmp(name));
+    tt_write_file(in, input, strlen(input));
+    snprintf(name, sizeof name, "cli-%d.out", (int)getpid());
+    snprintf(o, sizeof o, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "cli-%d.err", (int)getpid());
+    snprintf(e, sizeof e, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>'%s' <'%s'", bin, args, o, e, in);
+    int rc = system(cmd);
+    cr_assert(rc != -1 && WIFEXITED(rc), "%s", cmd);
+    char *so = tt_read_file(o, NULL), *se = tt_read_file(e, NULL);
+    snprintf(o_buf, o_size, "%s", so);
+    snprintf(e_buf, e_size, "%s", se);
+    free(so);
+    free(se);
+    return WEXITSTATUS(rc);
+}
+
+static int64_t jint(struct json_object *o, const char *key) {
+    struct json_object *v;
+    cr_assert(json_object_object_get_ex(o, key, &v), "no '%s' in %s", key, json_object_to_json_string(o));
+    return json_object_get_int64(v);
+}
+
+// A scripted conversation (stdin not a terminal): one answer per line, and from the second turn
+// on only the new turn's tokens are prefilled, the rest coming from the session's cache.
+Test(cli, chat_scripted_keeps_the_cache_between_turns, .timeout = TT_TIMEOUT(120)) {
+    const char *m = tiny_model();
+    char json[4096], name[64], args[8192];
+    snprintf(name, sizeof name, "chat-%d.json", (int)getpid());
+    snprintf(json, sizeof json, "%s", tt_tmp(name));
+    snprintf(args, sizeof args, "chat -m '%s' --chat-format chatml --system 'be brief' -n 6 --json '%s'", m, json);
+    cr_assert_eq(cli_in(args, "hello there\n\nwhat next\nand then\n", out, sizeof out, err, sizeof err), 0, "%s", err);
+    // three answers, one line each (empty input lines are not turns)
+    int lines = 0;
+    for (const char *p = out; *p; p++) lines += *p == '\n';
+    cr_assert_geq(lines, 3, "%s", out);
+    cr_assert(strstr(err, "chat format: chatml (--chat-format)"), "%s", err);
+    cr_assert(strstr(err, "turn 3: prefill "), "%s", err);
+    char *text = tt_read_file(json, NULL);
+    struct json_object *root = json_tokener_parse(text);
+    cr_assert(root, "--json wrote no JSON: %s", text);
+    free(text);
+    struct json_object *turns;
+    cr_assert(json_object_object_get_ex(root, "turns", &turns));
+    cr_assert_eq(json_object_array_length(turns), 3);
+    int64_t prev_prompt = 0, prefilled = 0, generated = 0;
+    for (size_t i = 0; i < 3; i++) {
+        struct json_object *t = json_object_array_get_idx(turns, i);
+        int64_t prompt = jint(t, "prompt_tokens"), cached = jint(t, "cached_tokens"), pre = jint(t, "prefilled_tokens");
+        cr_assert_eq(cached + pre, prompt);
+        cr_assert_gt(pre, 0);
+        if (i == 0) cr_assert_eq(cached, 0);
+        // everything the last turn rendered is still there, bar a token or two where the
+        // answer's text tokenizes differently from the tokens generated
+        else cr_assert_geq(cached, prev_prompt - 2, "turn %zu: %lld cached of the previous %lld", i, (long long)cached,
+                           (long long)prev_prompt);
+        cr_assert_lt(pre, prompt - prev_prompt + 8, "turn %zu prefilled %lld of %lld", i, (long long)pre,
+                     (long long)prompt);
+        prev_prompt = prompt;
+        prefilled += pre;
+        generated += jint(t, "generated_tokens");
+        cr_assert_leq(jint(t, "generated_tokens"), 6);
+    }
+    cr_assert_eq(jint(root, "prefilled_tokens"), prefilled);
+    cr_assert_eq(jint(root, "generated_tokens"), generated);
+    cr_assert_gt(jint(root, "peak_rss_bytes"), 1 << 20);
+    json_object_put(root);
+    // the end of the input at once: no turn, exit 0
+    snprintf(args, sizeof args, "chat -m '%s' --chat-format chatml", m);
+    cr_assert_eq(cli_in(args, "", out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(out, "");
+}
+
+Test(cli, chat_needs_a_template_or_a_format) {
+    const char *m = tiny_model();
+    char args[8192];
+    snprintf(args, sizeof args, "chat -m '%s'", m);
+    cr_assert_eq(cli_in(args, "hi\n", out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "no chat template") && strstr(err, "--chat-format"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' --chat -p hi", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "no chat template"), "%s", err);
+    snprintf(args, sizeof args, "chat -m '%s' --chat-format vicuna", m);
+    cr_assert_eq(cli_in(args, "hi\n", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--chat-format 'vicuna'"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --stop ''", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--stop ''"), "%s", err);
+    // Gemma's template takes no system message: the renderer's refusal is the error
+    snprintf(args, sizeof args, "generate -m '%s' --chat-format gemma --system s -p hi", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "system role not supported"), "%s", err);
+}
+
+// --json on generate: one object with the figures the closing line gives, and why it ended.
+Test(cli, generate_json_figures) {
+    const char *m = tiny_model();
+    char args[8192];
+    snprintf(args, sizeof args, "generate -m '%s' --tokens 5,6,7,8 -n 8 --ignore-eos --json - --spec draft "
+             "--draft-ngram 2", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    const char *brace = strchr(out, '{');
+    cr_assert(brace, "%s", out);
+    struct json_object *root = json_tokener_parse(brace);
+    cr_assert(root, "%s", out);
+    cr_assert_eq(jint(root, "prompt_tokens"), 4);
+    cr_assert_eq(jint(root, "generated_tokens"), 8);
+    struct json_object *v, *spec;
+    cr_assert(json_object_object_get_ex(root, "stop_reason", &v));
+    cr_assert_str_eq(json_object_get_string(v), "length");
+    cr_assert(json_object_object_get_ex(root, "speculative", &spec) && spec);
+    cr_assert_eq(jint(spec, "full_cache_passes") > 0, 1);
+    cr_assert(json_object_object_get_ex(root, "text", &v));
+    // the text in the JSON is the text printed before it
+    const char *t = json_object_get_string(v);
+    cr_assert(strncmp(out, t, strlen(t)) == 0, "printed [%s], JSON [%s]", out, t);
+    json_object_put(root);
+}
+
+// Stop strings on the real model: the text ends right before the first occurrence of the stop
+// string in the unstopped run, and fewer tokens are generated.
+Test(cli, stop_string_on_smollm2, .timeout = TT_TIMEOUT(120)) {
+    const char *m = getenv("TRI_TEST_MODEL");
+    if (!m || !*m) cr_skip_test("TRI_TEST_MODEL is not set");
+    char args[8192];
+    snprintf(args, sizeof args, "generate -m '%s' --chat -p 'Name three colours.' -n 24 -t 2 --json -", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    struct json_object *root = json_tokener_parse(strrchr(out, '{')), *v;
+    cr_assert(root);
+    cr_assert(json_object_object_get_ex(root, "text", &v));
+    char full[4096];
+    snprintf(full, sizeof full, "%s", json_object_get_string(v));
+    int64_t n_full = jint(root, "generated_tokens");
+    json_object_put(root);
+    // a stop string of two letters and what follows, from the middle of the text
+    size_t at = strlen(full) / 2;
+    while (full[at] && !(full[at] >= 'a' && full[at] <= 'z')) at++;
+    cr_assert(full[at] && full[at + 1] && full[at + 2], "%s", full);
+    char stop[4] = {full[at], full[at + 1], full[at + 2], 0};
+    cr_assert(!strchr(stop, '\''), "%s", stop);
+    size_t first = (size_t)(strstr(full, stop) - full);
+    snprintf(args, sizeof args, "generate -m '%s' --chat -p 'Name three colours.' -n 24 -t 2 --stop '%s' --json -", m,
+             stop);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    root = json_tokener_parse(strrchr(out, '{'));
+    cr_assert(root);
+    cr_assert(json_object_object_get_ex(root, "text", &v));
+    cr_assert_eq(strlen(json_object_get_string(v)), first, "stop '%s': [%s] of [%s]", stop, json_object_get_string(v),
+                 full);
+    cr_assert(strncmp(json_object_get_string(v), full, first) == 0);
+    cr_assert(strncmp(out, full, first) == 0 && out[first] == '\n', "printed [%s]", out);
+    cr_assert_lt(jint(root, "generated_tokens"), n_full);
+    cr_assert(json_object_object_get_ex(root, "stop_reason", &v));
+    cr_assert_str_eq(json_object_get_string(v), "stop_string");
+    json_object_put(root);
+}
+
+// Ctrl-C during an answer stops that answer, not the program: the next line is answered, and the
+// end of the input then ends it cleanly.
+Test(cli, chat_sigint_stops_the_answer_not_the_program, .timeout = TT_TIMEOUT(120)) {
+    const char *bin = getenv("TRI_OFFLOAD_RUN");
+    const char *m = tiny_model();
+    char json[4096], name[64], errf[4096], outf[4096];
+    snprintf(name, sizeof name, "chat-int-%d.json", (int)getpid());
+    snprintf(json, sizeof json, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "chat-int-%d.err", (int)getpid());
+    snprintf(errf, sizeof errf, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "chat-int-%d.out", (int)getpid());
+    snprintf(outf, sizeof outf, "%s", tt_tmp(name));
+    tt_write_file(outf, "", 0);
+    int in[2];
+    cr_assert_eq(pipe(in), 0);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        dup2(in[0], 0);
+        close(in[1]);
+        int o = open(outf, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(errf, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(o, 1);
+        dup2(e, 2);
+        execl(bin, bin, "chat", "-m", m, "--chat-format", "chatml", "-n", "20000", "--ctx", "45000", "-t", "1",
+              "--ignore-eos", "--json", json, (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    signal(SIGPIPE, SIG_IGN);  // a child that died is reported by its status, not by a write
+    cr_assert_eq(write(in[1], "tell me a long story\n", 21), 21);
+    // wait for the answer to start streaming, then interrupt it (20,000 tokens take seconds)
+    struct timespec ms10 = {0, 10 * 1000 * 1000}, ms100 = {0, 100 * 1000 * 1000};
+    for (int i = 0; i < 3000; i++) {
+        nanosleep(&ms10, NULL);
+        size_t len = 0;
+        free(tt_read_file(outf, &len));
+        if (len > 0) break;
+    }
+    cr_assert_eq(kill(pid, SIGINT), 0);
+    nanosleep(&ms100, NULL);
+    (void)!write(in[1], "and another\n", 12);
+    close(in[1]);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    char *e = tt_read_file(errf, NULL);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d: %s", status, e);
+    cr_assert(strstr(e, "turn 2: "), "the second line was not answered: %s", e);
+    free(e);
+    char *text = tt_read_file(json, NULL);
+    struct json_object *root = json_tokener_parse(text), *turns, *v;
+    free(text);
+    cr_assert(root && json_object_object_get_ex(root, "turns", &turns));
+    cr_assert_eq(json_object_array_length(turns), 2);
+    struct json_object *t0 = json_object_array_get_idx(turns, 0);
+    cr_assert(json_object_object_get_ex(t0, "interrupted", &v));
+    cr_assert(json_object_get_boolean(v), "the first answer was not interrupted");
+    cr_assert_lt(jint(t0, "generated_tokens"), 20000);
+    json_object_put(root);
 }

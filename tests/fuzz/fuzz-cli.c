@@ -10,10 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../runtime/cli-common.c"
-#include "../../runtime/cli-generate.c"
+#include "../../cli/cli-common.c"
+#include "../../cli/cli-generate.c"
 #define usage plan_usage  // cli-plan.c's statics beside cli-generate.c's
-#include "../../runtime/cli-plan.c"
+#include "../../cli/cli-plan.c"
 #undef usage
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -1,0 +1,193 @@
+// cli-common.c - what every offload-run subcommand shares: model loading and error reports.
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+int tri_cli_fail(const char *what, tri_status status) {
+    const char *msg = tri_last_error();
+    fprintf(stderr, "offload-run: %s: %s\n", what, msg[0] ? msg : tri_status_str(status));
+    return 1;
+}
+
+// On a terminal: one line rewritten in place. Otherwise (a log, a pipe) a line at each tenth once
+// the load has taken a second, so that scripts see a long load progress without carriage returns
+// and a quick one prints nothing.
+typedef struct load_state {
+    bool tty;
+    int last;      // the last tenth printed
+    double start;  // monotonic seconds
+} load_state;
+
+static bool load_progress(float fraction, void *user) {
+    load_state *ls = user;
+    int pct = (int)(fraction * 100.0f + 0.5f);
+    if (ls->tty) {
+        fprintf(stderr, "\rloading model: %3d%%", pct);
+        if (fraction >= 1.0f) fputc('\n', stderr);
+        return true;
+    }
+    if (pct / 10 > ls->last && tri_cli_now() - ls->start >= 1.0) {
+        ls->last = pct / 10;
+        fprintf(stderr, "loading model: %d%%\n", pct);
+    }
+    return true;
+}
+
+tri_model *tri_cli_load_model(const char *path) {
+    tri_model_params params = tri_model_default_params();
+    load_state ls = {.tty = isatty(STDERR_FILENO), .last = 0, .start = tri_cli_now()};
+    params.progress = load_progress;
+    params.progress_user = &ls;
+    tri_model *model = NULL;
+    tri_status st = tri_model_load(path, &params, &model);
+    if (st) {
+        if (ls.tty) fputc('\n', stderr);
+        tri_cli_fail("cannot load model", st);
+        return NULL;
+    }
+    return model;
+}
+
+double tri_cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+uint64_t tri_cli_peak_rss(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (uint64_t)ru.ru_maxrss * 1024;  // Linux reports KiB
+}
+
+void tri_cli_json_str(FILE *f, const char *s, size_t len) {
+    fputc('"', f);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        switch (c) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        default:
+            if (c < 0x20 || c == 0x7f) fprintf(f, "\\u%04x", c);
+            else fputc(c, f);
+        }
+    }
+    fputc('"', f);
+}
+
+FILE *tri_cli_json_open(const char *cmd, const char *path) {
+    if (strcmp(path, "-") == 0) return stdout;
+    FILE *f = fopen(path, "w");
+    if (!f) fprintf(stderr, "%s: --json %s: %s\n", cmd, path, strerror(errno));
+    return f;
+}
+
+bool tri_cli_json_close(const char *cmd, const char *path, FILE *f) {
+    bool ok = !ferror(f);
+    if (f == stdout) ok = fflush(f) == 0 && ok;
+    else ok = fclose(f) == 0 && ok;
+    if (!ok) fprintf(stderr, "%s: --json %s: write error\n", cmd, path);
+    return ok;
+}
+
+char *tri_cli_render_chat(const char *cmd, const tri_model *model, tri_chat_format format,
+                          const tri_chat_message *msgs, size_t n, size_t *len) {
+    size_t need = 0;
+    tri_status st = tri_chat_apply(model, format, msgs, n, true, NULL, 0, &need);
+    char *text = st ? NULL : malloc(need + 1);
+    if (!st && !text) {
+        fprintf(stderr, "%s: out of memory\n", cmd);
+        return NULL;
+    }
+    if (!st) st = tri_chat_apply(model, format, msgs, n, true, text, need + 1, len);
+    if (st) {
+        const char *msg = tri_last_error();
+        fprintf(stderr, "%s: cannot render the conversation with the model's chat template: %s\n", cmd,
+                msg[0] ? msg : tri_status_str(st));
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+int32_t *tri_cli_text_ids(const char *cmd, const tri_model *model, const char *text, size_t len, bool add_special,
+                          bool parse_special, int32_t *n_out) {
+    int64_t need = 0;
+    tri_status st = tri_tokenize(model, text, len, add_special, parse_special, NULL, 0, &need);
+    if (st) {
+        tri_cli_fail("cannot tokenize the prompt", st);
+        return NULL;
+    }
+    if (need > INT32_MAX / 2) {
+        fprintf(stderr, "%s: prompt of %lld tokens is too long\n", cmd, (long long)need);
+        return NULL;
+    }
+    int32_t *ids = malloc((size_t)(need > 0 ? need : 1) * sizeof *ids);
+    if (!ids) {
+        fprintf(stderr, "%s: out of memory\n", cmd);
+        return NULL;
+    }
+    int64_t got = 0;
+    if ((st = tri_tokenize(model, text, len, add_special, parse_special, ids, need, &got))) {
+        tri_cli_fail("cannot tokenize the prompt", st);
+        free(ids);
+        return NULL;
+    }
+    *n_out = (int32_t)got;
+    return ids;
+}
+
+bool tri_cli_parse_device(const char *cmd, const char *arg, tri_session_params *sp) {
+    if (strcmp(arg, "cpu") == 0) {
+        sp->device_kind = TRI_DEVICE_CPU;
+        return true;
+    }
+    if (strcmp(arg, "cuda") == 0) {
+        sp->device_kind = TRI_DEVICE_CUDA;
+        sp->device = 0;
+        return true;
+    }
+    if (strncmp(arg, "cuda:", 5) == 0 && arg[5] >= '0' && arg[5] <= '9') {
+        char *end;
+        errno = 0;
+        long n = strtol(arg + 5, &end, 10);
+        if (errno == 0 && *end == '\0' && n <= 1024) {
+            sp->device_kind = TRI_DEVICE_CUDA;
+            sp->device = (int32_t)n;
+            return true;
+        }
+    }
+    fprintf(stderr, "%s: --device '%s': want cpu, cuda or cuda:N\n", cmd, arg);
+    return false;
+}
+
+bool tri_cli_parse_size(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v >= 0)) return false;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0, end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024, end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024, end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024, end++; break;
+    default: break;
+    }
+    if (mul > 1 && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0)) end += strlen(end);
+    if (*end) return false;
+    double b = v * mul;
+    if (b > 1.8e19) return false;
+    *out = (uint64_t)(b + 0.5);
+    return true;
+}

@@ -1,0 +1,920 @@
+// cli-generate.c - `offload-run generate`: stream a model's continuation of a prompt.
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static void usage(FILE *f) {
+    fputs("usage: offload-run generate -m MODEL (-p TEXT | -f FILE | --tokens IDS) [options]\n"
+          "\n"
+          "Generates text after a prompt and streams it to stdout. Progress and figures go to\n"
+          "stderr.\n"
+          "\n"
+          "  -m, --model PATH     .gguf file or HF checkpoint directory\n"
+          "  -p, --prompt TEXT    the prompt\n"
+          "  -f, --file FILE      read the prompt from FILE ('-' for stdin)\n"
+          "      --tokens IDS     the prompt as comma-separated token ids\n"
+          "      --chat           the prompt is one user turn of a conversation, rendered with the\n"
+          "                       model's own chat template (GGUF tokenizer.chat_template or\n"
+          "                       tokenizer_config.json); generation ends at the model's end-of-turn\n"
+          "                       tokens\n"
+          "      --chat-format F  render the conversation as F instead of recognising the template:\n"
+          "                       chatml, llama2, llama3, mistral, phi3, gemma (implies --chat)\n"
+          "      --system TEXT    a system message before the prompt (implies --chat)\n"
+          "      --stop STR       stop once the text contains STR, which is not printed\n"
+          "                       (repeatable)\n"
+          "      --json FILE      closing figures as one JSON object to FILE ('-': stdout, after\n"
+          "                       the text)\n"
+          "  -n, --n-predict N    tokens to generate at most (default 128; 0: until the context\n"
+          "                       is full or the model ends)\n"
+          "      --temp T         sampling temperature; 0 is greedy (default 0)\n"
+          "      --top-k K        keep the K most likely tokens (default 0: all)\n"
+          "      --top-p P        keep the smallest set of tokens with mass P (default 1: all)\n"
+          "      --seed S         random seed (default 0)\n"
+          "      --ctx N          context length in tokens (default: prompt + n-predict)\n"
+          "  -t, --threads N      CPU threads (default: one per core)\n"
+          "      --device D       cpu, cuda or cuda:N (default: the first GPU when there is one,\n"
+          "                       else the CPU)\n"
+          "      --kv-offload N   keep the full KV cache of the last N layers in host memory and\n"
+          "                       stream it through the device every pass (default 0)\n"
+          "      --stream-weights N  keep the weights of the last N layers in host memory and\n"
+          "                       stream them through the device every pass (default 0; a GPU only)\n"
+          "      --weights-from-disk N  of the streamed layers, read the last N from the model file\n"
+          "                       every pass instead of keeping them in host memory (default 0; a\n"
+          "                       GPU and a model in one file only; without --stream-weights at\n"
+          "                       least N layers stream)\n"
+          "      --gpu-mem SIZE   device memory budget (e.g. 24G): the placement planner then sets\n"
+          "                       --kv-offload, --stream-weights and --weights-from-disk (on a\n"
+          "                       GPU by default, with its free memory; see offload-run plan)\n"
+          "      --host-mem SIZE  host memory budget for the planner (default: no limit)\n"
+          "      --kv-host F      of each offloaded layer's rows, attend the fraction F (0 .. 1) on\n"
+          "                       the host where they lie while the rest streams (default: the\n"
+          "                       planner's split when it plans, else 0)\n"
+          "      --host-attn-gbps X  host attention GB/s for the planner's split (default: measured\n"
+          "                       at start-up when the planner runs on a GPU)\n"
+          "      --batch N        prompt tokens per prefill step (default 128)\n"
+          "      --kv-type T      f16 (default) or f32 KV cache\n"
+          "      --ignore-eos     keep generating after the end-of-sequence token\n"
+          "      --ids            print token ids instead of text\n"
+          "\n"
+          "KV cache policy of plain decoding (an option that does not apply to the chosen\n"
+          "policy is refused):\n"
+          "      --kv POLICY      which past tokens each step attends to: full (default),\n"
+          "                       streaming (sinks + recent), h2o (heavy hitters + recent) or\n"
+          "                       retrieval (top chunks by query . mean key)\n"
+          "      --budget N       past tokens the policy keeps; past the context: all (default\n"
+          "                       4096 in whole chunks; a context no longer is kept whole)\n"
+          "      --chunk N        retrieval: chunk size in tokens, divides the budget (default 8)\n"
+          "      --sink N         streaming: attention sinks, fewer than the budget (default 16)\n"
+          "      --refresh N      retrieval: select chunks again every N generated tokens\n"
+          "                       (default: only after the prompt)\n"
+          "      --kv-index I     retrieval: exact (default), faiss (FAISS flat index, the same\n"
+          "                       chunks as exact) or faiss-ivf (approximate, for very long\n"
+          "                       contexts); FAISS needs a build with it\n"
+          "      --kv-budget N, --kv-chunk N  the same as --budget, --chunk\n"
+          "\n"
+          "speculative decoding (exact: the output has the target's distribution):\n"
+          "      --spec MODE      none (default), draft (L1 -> full cache), retrieval (retrieval\n"
+          "                       cache -> full cache) or triforce (L1 -> retrieval -> full)\n"
+          "      --draft MODEL    L1 is a separate small model with the same vocabulary\n"
+          "      --draft-layers L L1 is the target itself running only layers L (e.g. 0-7,20)\n"
+          "      --draft-ngram N  L1 is prompt lookup of n-grams up to N tokens (no model)\n"
+          "      --gamma1 N       tokens L1 drafts per retrieval-level check (default 2)\n"
+          "      --gamma2 N       tokens the full-cache level checks per pass (default 6)\n"
+          "      --budget N, --chunk N, --refresh N, --kv-index I  L2's retrieval cache, as for\n"
+          "                       --kv retrieval\n"
+          "      --draft-window N L1's StreamingLLM cache in tokens, sinks included (default 256)\n"
+          "      --draft-sink N   L1's attention sinks (default 16)\n"
+          "      --refresh-accept X  L2 selects again when L3 accepts less than X of its tokens over\n"
+          "                       4 passes (default 0.5; 0: never)\n"
+          "      --stats          print acceptance rates, tokens per full-cache pass and time\n"
+          "                       per level\n"
+          "  -h, --help           this help\n",
+          f);
+}
+
+// Parses a whole decimal number in [lo, hi]; prints an error naming the option otherwise.
+static bool parse_long(const char *opt, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "offload-run generate: %s '%s': want a whole number in [%ld, %ld]\n", opt, s, lo, hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool parse_float(const char *opt, const char *s, double lo, double hi, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "offload-run generate: %s '%s': want a number in [%g, %g]\n", opt, s, lo, hi);
+        return false;
+    }
+    *out = (float)v;
+    return true;
+}
+
+// Reads a whole file or stdin into a NUL-terminated buffer; NULL after printing the error.
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "offload-run generate: %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n + 1 >= cap) {
+            char *b = realloc(buf, cap *= 2);
+            if (!b) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = b;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    bool err = ferror(f);
+    if (f != stdin) fclose(f);
+    if (!buf || err) {
+        fprintf(stderr, "offload-run generate: %s: %s\n", path, buf ? "read error" : "out of memory");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static int32_t *parse_ids(const char *s, int32_t n_vocab, int32_t *n_out) {
+    int32_t n = 1;
+    for (const char *p = s; *p; p++) n += *p == ',';
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    if (!ids) return NULL;
+    const char *p = s;
+    for (int32_t i = 0; i < n; i++) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v >= n_vocab || (*end != ',' && *end != 0)) {
+            fprintf(stderr, "offload-run generate: --tokens: item %d is not an id in [0, %d)\n", i, n_vocab);
+            free(ids);
+            return NULL;
+        }
+        ids[i] = (int32_t)v;
+        p = end + (*end == ',');
+    }
+    *n_out = n;
+    return ids;
+}
+
+// ---- streaming output ----
+
+typedef struct out_state {
+    bool ids;           // print ids (else on_text prints the text)
+    int32_t n;          // tokens generated
+    int32_t last;       // the last one
+    char *text;         // the text printed, for --json; NULL when not kept
+    size_t n_text, cap_text;
+} out_state;
+
+// ---- interruption ----
+// SIGINT (Ctrl-C) sets a flag that the token and prefill callbacks read: the library returns after
+// the token or prefill piece in progress (n_batch tokens, a fraction of a second on the CPU;
+// 8,192 when offloading makes the prefill layer-major), and the command frees what it holds and
+// exits with 130, as a shell reports a process killed by SIGINT. A second SIGINT kills at once.
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+}
+
+static void catch_sigint(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sa.sa_flags = SA_RESETHAND;  // the next SIGINT takes the default action
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+static bool on_token(int32_t token, void *user) {
+    out_state *o = user;
+    if (interrupted) return false;
+    if (o->ids) {
+        printf(o->n ? " %d" : "%d", token);
+        fflush(stdout);
+    }
+    o->n++;
+    o->last = token;
+    return true;
+}
+
+static bool on_text(const char *text, size_t len, void *user) {
+    out_state *o = user;
+    if (!o->ids) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    if (o->cap_text) {
+        if (o->n_text + len + 1 > o->cap_text) {
+            size_t cap = 2 * (o->n_text + len + 1);
+            char *t = realloc(o->text, cap);
+            if (!t) return true;  // the JSON then lacks the tail; the run goes on
+            o->text = t;
+            o->cap_text = cap;
+        }
+        memcpy(o->text + o->n_text, text, len);
+        o->n_text += len;
+    }
+    return true;
+}
+
+typedef struct prefill_state {
+    bool tty;
+    int last_decile;
+} prefill_state;
+
+static bool on_prefill(int64_t done, int64_t total, void *user) {
+    prefill_state *p = user;
+    if (interrupted) return false;
+    if (p->tty) {
+        fprintf(stderr, "\rprefill: %" PRId64 " / %" PRId64 " tokens (%d%%)", done, total,
+                (int)(100 * done / total));
+        if (done == total) fputs("\r\033[K", stderr);
+    } else {
+        int decile = (int)(10 * done / total);
+        if (decile > p->last_decile && done < total)
+            fprintf(stderr, "prefill: %" PRId64 " / %" PRId64 " tokens\n", done, total);
+        p->last_decile = decile;
+    }
+    return true;
+}
+
+// Whether an option given (set) applies (ok); prints why not otherwise.
+static bool applies(const char *opt, bool set, bool ok, const char *where) {
+    if (set && !ok) fprintf(stderr, "offload-run generate: %s applies only to %s\n", opt, where);
+    return !set || ok;
+}
+
+// The closing line on stderr: tokens, and rates where there is something to time. A prefill of
+// under a millisecond (a prompt of a token or two, which speculation prefills not at all) would
+// give a rate that measures the clock more than the work: it is reported as short instead. The
+// decode rate counts the tokens after the first, which the prefill's logits give.
+static void print_figures(const tri_generate_stats *st) {
+    fprintf(stderr, "prompt: %d tokens, ", st->n_prompt);
+    if (st->prefill_seconds >= 1e-3) {
+        double s = st->prefill_seconds;
+        fprintf(stderr, "prefill %.1f tok/s (", st->n_prompt / s);
+        fprintf(stderr, s >= 1 ? "%.2f s)" : "%.1f ms)", s >= 1 ? s : 1e3 * s);
+    } else {
+        fputs("prefill under 1 ms", stderr);
+    }
+    fprintf(stderr, " | generated: %d tokens", st->n_generated);
+    if (st->n_generated > 1 && st->decode_seconds > 0)
+        fprintf(stderr, ", decode %.1f tok/s (%.3g ms/token)", (st->n_generated - 1) / st->decode_seconds,
+                1e3 * st->decode_seconds / (st->n_generated - 1));
+    fputc('\n', stderr);
+}
+
+// Parses "0-7,20,22" into strictly increasing layer indices; NULL after printing the error.
+static int32_t *parse_layers(const char *s, int32_t *n_out) {
+    int32_t cap = 16, n = 0;
+    int32_t *v = malloc((size_t)cap * sizeof *v);
+    const char *p = s;
+    while (v) {
+        char *end;
+        long lo = strtol(p, &end, 10), hi;
+        if (end == p || lo < 0 || lo > INT32_MAX) goto bad;
+        hi = lo;
+        if (*end == '-') {
+            p = end + 1;
+            hi = strtol(p, &end, 10);
+            if (end == p || hi < lo || hi > INT32_MAX) goto bad;
+        }
+        for (long l = lo; l <= hi; l++) {
+            if (n == cap) {
+                int32_t *w = realloc(v, (size_t)(cap *= 2) * sizeof *w);
+                if (!w) goto bad;
+                v = w;
+            }
+            if (n > 0 && l <= v[n - 1]) goto bad;
+            v[n++] = (int32_t)l;
+            if (n > 100000) goto bad;
+        }
+        if (*end == 0) break;
+        if (*end != ',') goto bad;
+        p = end + 1;
+    }
+    *n_out = n;
+    return v;
+bad:
+    fprintf(stderr, "offload-run generate: --draft-layers '%s': want increasing layer numbers like 0-7,20\n", s);
+    free(v);
+    return NULL;
+}
+
+static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
+    fprintf(stderr, "speculation: %d tokens in %lld full-cache passes (%.2f tokens per pass)\n", st->n_generated,
+            (long long)st->n_l3_verify, st->n_l3_verify ? (double)st->n_generated / (double)st->n_l3_verify : 0.0);
+    if (mode == TRI_SPEC_MODE_DRAFT || mode == TRI_SPEC_MODE_TRIFORCE)
+        fprintf(stderr, "  L1 drafter:        %lld of %lld accepted (%.3f)\n", (long long)st->l1_accepted,
+                (long long)st->l1_proposed, st->l1_proposed ? (double)st->l1_accepted / (double)st->l1_proposed : 0.0);
+    if (mode == TRI_SPEC_MODE_RETRIEVAL || mode == TRI_SPEC_MODE_TRIFORCE)
+        fprintf(stderr, "  L2 retrieval:      %lld of %lld accepted (%.3f), %lld checks, %lld selections\n",
+                (long long)st->l2_accepted, (long long)st->l2_proposed,
+                st->l2_proposed ? (double)st->l2_accepted / (double)st->l2_proposed : 0.0,
+                (long long)st->n_l2_verify, (long long)st->n_l2_refresh);
+    fprintf(stderr, "  time: L1 %.3f s, L2 %.3f s, L3 %.3f s, prefill %.3f s\n", st->l1_seconds, st->l2_seconds,
+            st->l3_seconds, st->prefill_seconds);
+    // whether it paid: plain decoding runs one full-cache pass per token, and one of those costs at
+    // most what a verification pass of several tokens costs, so n_generated verification-pass times
+    // bound plain decoding's time from above (an estimate: the passes of this run, not a plain run)
+    if (st->n_l3_verify > 0 && st->n_generated > 0) {
+        double pass = st->l3_seconds / (double)st->n_l3_verify, plain = pass * (double)st->n_generated;
+        double spent = st->l1_seconds + st->l2_seconds + st->l3_seconds;
+        fprintf(stderr, "  per token: %.1f ms; plain decoding at most %.1f ms (one L3 pass each, estimated)%s\n",
+                1e3 * spent / st->n_generated, 1e3 * pass,
+                spent > plain ? ": speculation did not pay here, plain decoding (--spec none) is faster" : "");
+        if (st->n_l2_verify > 0) {
+            double l2 = st->l2_seconds / (double)st->n_l2_verify;
+            if (l2 > 0.5 * pass)
+                fprintf(stderr, "  L2 checks cost %.1f ms, %.2f of an L3 pass: a level that costs about what the "
+                        "pass it saves cannot win (on the CPU every level sweeps the same weights)\n",
+                        1e3 * l2, l2 / pass);
+        }
+    }
+}
+
+// Placement: on a GPU, or when --gpu-mem gives a budget, the planner decides how many layers keep
+// their weights and their KV cache in host memory, and how many of those blocks are read from
+// the model file (explicit --kv-offload / --stream-weights / --weights-from-disk win).
+// Writes the plan's line into line (n bytes; "" when there is nothing to place), printed once the
+// session exists: an option the session refuses is then the run's one line of output. False after
+// printing an error.
+static bool place(const tri_model *model, tri_session_params *sp, const tri_spec_params *spec, uint64_t gpu_mem,
+                  uint64_t host_mem, bool kv_set, bool weights_set, bool disk_set, bool kv_host_set,
+                  double host_attn_gbps, char *line, size_t n) {
+    line[0] = 0;
+    bool on_gpu = sp->device_kind == TRI_DEVICE_CUDA || (sp->device_kind == TRI_DEVICE_AUTO && tri_device_count() > 0);
+    if (!gpu_mem && !on_gpu) return true;  // the CPU: nothing to place
+    tri_plan_params pp = tri_plan_default_params();
+    pp.mode = spec->mode == TRI_SPEC_MODE_NONE ? TRI_PLAN_MODE_AUTOREGRESSIVE : TRI_PLAN_MODE_TRIFORCE;
+    pp.n_ctx = sp->n_ctx;
+    pp.kv_type = sp->kv_type;
+    pp.host_mem_bytes = host_mem;
+    if (spec->budget > 0) pp.retrieval_budget = spec->budget;
+    if (spec->gamma1 > 0) pp.gamma1 = spec->gamma1;
+    if (spec->gamma2 > 0) pp.gamma2 = spec->gamma2;
+    tri_device_info di;
+    int32_t dev = sp->device_kind == TRI_DEVICE_CUDA ? sp->device : 0;
+    if (gpu_mem) pp.gpu_mem_bytes = gpu_mem;
+    else if (tri_device_get_info(dev, &di) == TRI_STATUS_OK) pp.gpu_mem_bytes = di.free_bytes;
+    double gbps = 0;  // the link as it is, not the planner's PCIe 4.0 x16 default
+    if (on_gpu && tri_device_measure_h2d(dev, 0, &gbps) == TRI_STATUS_OK && gbps > 0) pp.pcie_gbps = gbps;
+    tri_plan_model pm;
+    tri_plan_model_from_model(model, &pm);
+    // the host's attention at the pass's query count, for the split of offloaded layers
+    bool host_measured = false;
+    if (host_attn_gbps == 0 && on_gpu && !kv_host_set) {
+        int32_t m = pp.mode == TRI_PLAN_MODE_TRIFORCE ? (pp.gamma2 > 0 ? pp.gamma2 : 12) + 1 : 1;
+        host_measured = tri_measure_host_attention(&pm.config, m, sp->kv_host_threads, &host_attn_gbps) == TRI_STATUS_OK;
+    }
+    pp.host_attn_gbps = host_attn_gbps;
+    tri_plan plan;
+    tri_status st = tri_plan_compute(&pm, &pp, &plan);
+    if (st) {
+        tri_cli_fail("cannot place the model in the memory budget", st);
+        return false;
+    }
+    if (!kv_set) sp->kv_layers_offloaded = plan.n_kv_host;
+    if (!weights_set) sp->weight_layers_streamed = plan.n_weights_host + plan.n_weights_disk;
+    // the disk blocks are the last of the streamed ones: never more than an explicit --stream-weights
+    if (!disk_set)
+        sp->weight_layers_from_disk = plan.n_weights_disk < sp->weight_layers_streamed ? plan.n_weights_disk
+                                                                                         : sp->weight_layers_streamed;
+    snprintf(line, n,
+            "plan: %.1f GiB device budget, host -> device %.1f GB/s%s: weights of %d of %d blocks resident (%d read "
+            "from disk), KV of %d layers on the device, %d streamed (predicted %.3f s/token)\n",
+            (double)plan.params.gpu_mem_bytes / (1 << 30), plan.params.pcie_gbps, gbps > 0 ? " measured" : " assumed",
+            plan.n_layer - sp->weight_layers_streamed, plan.n_layer, sp->weight_layers_from_disk,
+            plan.n_layer - sp->kv_layers_offloaded, sp->kv_layers_offloaded, plan.t_token);
+    if (!kv_host_set) sp->kv_host_fraction = plan.kv_host_fraction;
+    size_t used = strlen(line);
+    if (plan.kv_host_fraction > 0)
+        snprintf(line + used, n - used,
+                "plan: host attention %.1f GB/s%s: %.1f%% of each offloaded layer's rows attended on the host%s "
+                "(all streamed: predicted %.3f s/token)\n",
+                pp.host_attn_gbps, host_measured ? " measured" : " given", 100 * plan.kv_host_fraction,
+                kv_host_set ? ", --kv-host overrides it" : "", plan.t_token_streamed);
+    return true;
+}
+
+// --spec none: plain decoding runs one full-cache pass per token (the prompt's last step gives the
+// first), so the figures are the tokens, the passes and the time.
+static void print_plain_stats(const tri_generate_stats *st) {
+    fprintf(stderr, "plain decoding: %d tokens in %d full-cache passes (%.2f tokens per pass)\n", st->n_generated,
+            st->n_generated, st->n_generated ? 1.0 : 0.0);
+    fprintf(stderr, "  time: decode %.3f s, prefill %.3f s\n", st->decode_seconds, st->prefill_seconds);
+}
+
+// ---- --json ----
+
+// The closing figures as one JSON object: what print_figures and the --stats lines say, plus the
+// load time, the reason generation ended and the peak resident memory.
+static void write_json(FILE *f, const char *model_path, const char *device, const char *reason, double load_s,
+                       double total_s, const tri_generate_stats *st, const tri_spec_stats *sst, tri_spec_mode mode,
+                       const out_state *out) {
+    fputs("{\"command\": \"generate\", \"model\": ", f);
+    tri_cli_json_str(f, model_path, strlen(model_path));
+    fprintf(f, ", \"device\": \"%s\", \"stop_reason\": \"%s\", \"load_seconds\": %.6f", device, reason, load_s);
+    fprintf(f, ", \"prompt_tokens\": %d, \"generated_tokens\": %d", st->n_prompt, st->n_generated);
+    fprintf(f, ", \"prefill_seconds\": %.6f, \"prefill_tokens_per_second\": %.3f", st->prefill_seconds,
+            st->prefill_seconds > 0 ? st->n_prompt / st->prefill_seconds : 0.0);
+    fprintf(f, ", \"decode_seconds\": %.6f, \"decode_tokens_per_second\": %.3f", st->decode_seconds,
+            st->n_generated > 1 && st->decode_seconds > 0 ? (st->n_generated - 1) / st->decode_seconds : 0.0);
+    fprintf(f, ", \"total_seconds\": %.6f", total_s);
+    fprintf(f, ", \"kv_bytes_up\": %llu, \"kv_bytes_down\": %llu, \"kv_bytes_host\": %llu",
+            (unsigned long long)st->kv_bytes_up, (unsigned long long)st->kv_bytes_down,
+            (unsigned long long)st->kv_bytes_host);
+    if (sst) {
+        static const char *const modes[] = {"none", "draft", "retrieval", "triforce"};
+        fprintf(f, ", \"speculative\": {\"mode\": \"%s\", \"full_cache_passes\": %lld, \"tokens_per_pass\": %.4f",
+                modes[mode], (long long)sst->n_l3_verify,
+                sst->n_l3_verify ? (double)sst->n_generated / (double)sst->n_l3_verify : 0.0);
+        fprintf(f, ", \"l1_proposed\": %lld, \"l1_accepted\": %lld, \"l2_proposed\": %lld, \"l2_accepted\": %lld",
+                (long long)sst->l1_proposed, (long long)sst->l1_accepted, (long long)sst->l2_proposed,
+                (long long)sst->l2_accepted);
+        fprintf(f, ", \"l2_checks\": %lld, \"l2_selections\": %lld", (long long)sst->n_l2_verify,
+                (long long)sst->n_l2_refresh);
+        fprintf(f, ", \"l1_seconds\": %.6f, \"l2_seconds\": %.6f, \"l3_seconds\": %.6f}", sst->l1_seconds,
+                sst->l2_seconds, sst->l3_seconds);
+    } else {
+        fputs(", \"speculative\": null", f);
+    }
+    fprintf(f, ", \"peak_rss_bytes\": %llu", (unsigned long long)tri_cli_peak_rss());
+    if (out->cap_text) {
+        fputs(", \"text\": ", f);
+        tri_cli_json_str(f, out->text ? out->text : "", out->n_text);
+    }
+    fputs("}\n", f);
+}
+
+int tri_cli_generate(int argc, char **argv) {
+    enum { OPT_TOKENS = 256, OPT_CHAT, OPT_CHAT_FORMAT, OPT_SYSTEM, OPT_STOP, OPT_JSON, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CTX, OPT_BATCH,
+           OPT_KV, OPT_IGNORE_EOS, OPT_IDS, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
+           OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
+           OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
+           OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS, OPT_WEIGHTS_FROM_DISK, OPT_GPU_MEM, OPT_HOST_MEM,
+           OPT_KV_INDEX, OPT_KV_HOST, OPT_HOST_ATTN };
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
+        {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
+        {"chat", no_argument, NULL, OPT_CHAT},     {"n-predict", required_argument, NULL, 'n'},
+        {"chat-format", required_argument, NULL, OPT_CHAT_FORMAT},
+        {"system", required_argument, NULL, OPT_SYSTEM}, {"stop", required_argument, NULL, OPT_STOP},
+        {"json", required_argument, NULL, OPT_JSON},
+        {"temp", required_argument, NULL, OPT_TEMP}, {"top-k", required_argument, NULL, OPT_TOPK},
+        {"top-p", required_argument, NULL, OPT_TOPP}, {"seed", required_argument, NULL, OPT_SEED},
+        {"ctx", required_argument, NULL, OPT_CTX}, {"threads", required_argument, NULL, 't'},
+        {"batch", required_argument, NULL, OPT_BATCH}, {"kv-type", required_argument, NULL, OPT_KV},
+        {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS}, {"ids", no_argument, NULL, OPT_IDS},
+        {"spec", required_argument, NULL, OPT_SPEC}, {"draft", required_argument, NULL, OPT_DRAFT},
+        {"draft-layers", required_argument, NULL, OPT_DRAFT_LAYERS},
+        {"draft-ngram", required_argument, NULL, OPT_DRAFT_NGRAM},
+        {"gamma1", required_argument, NULL, OPT_GAMMA1}, {"gamma2", required_argument, NULL, OPT_GAMMA2},
+        {"budget", required_argument, NULL, OPT_BUDGET}, {"chunk", required_argument, NULL, OPT_CHUNK},
+        {"stats", no_argument, NULL, OPT_STATS},
+        {"kv", required_argument, NULL, OPT_KV_POLICY}, {"kv-budget", required_argument, NULL, OPT_KV_BUDGET},
+        {"kv-chunk", required_argument, NULL, OPT_KV_CHUNK}, {"sink", required_argument, NULL, OPT_SINK},
+        {"refresh", required_argument, NULL, OPT_REFRESH},
+        {"draft-window", required_argument, NULL, OPT_DRAFT_WINDOW},
+        {"draft-sink", required_argument, NULL, OPT_DRAFT_SINK},
+        {"refresh-accept", required_argument, NULL, OPT_REFRESH_ACCEPT},
+        {"device", required_argument, NULL, OPT_DEVICE},
+        {"kv-offload", required_argument, NULL, OPT_KV_OFFLOAD},
+        {"stream-weights", required_argument, NULL, OPT_STREAM_WEIGHTS},
+        {"weights-from-disk", required_argument, NULL, OPT_WEIGHTS_FROM_DISK},
+        {"gpu-mem", required_argument, NULL, OPT_GPU_MEM}, {"host-mem", required_argument, NULL, OPT_HOST_MEM},
+        {"kv-index", required_argument, NULL, OPT_KV_INDEX},
+        {"kv-host", required_argument, NULL, OPT_KV_HOST},
+        {"host-attn-gbps", required_argument, NULL, OPT_HOST_ATTN},
+        {"help", no_argument, NULL, 'h'},          {0},
+    };
+    const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
+    bool chat = false, print_ids = false, print_stats = false;
+    tri_chat_format chat_format = TRI_CHAT_FORMAT_AUTO;
+    const char *system_msg = NULL, *json_path = NULL;
+    const char *stops[16];  // --stop, at most 16
+    int32_t n_stops = 0;
+    const char *draft_path = NULL, *draft_layers = NULL;
+    // 0: not given (every one of these options wants a positive number)
+    long ngram = 0, gamma1 = 0, gamma2 = 0, budget = 0, chunk = 0;
+    long sink = 0, refresh = 0, draft_window = 0, draft_sink = 0;
+    bool kv_set = false, refresh_accept_set = false, index_set = false, kv_host_set = false;
+    float kv_host = 0, host_attn_gbps = 0;
+    tri_spec_params spec_params = tri_spec_default_params();
+    spec_params.mode = TRI_SPEC_MODE_NONE;
+    long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0, kv_offload = 0, stream_weights = 0;
+    long weights_from_disk = 0;
+    bool kv_offload_set = false, stream_weights_set = false, weights_from_disk_set = false;
+    uint64_t gpu_mem = 0, host_mem = 0;
+    tri_generate_params gp = tri_generate_default_params();
+    tri_session_params sp = tri_session_default_params();
+    int c;
+    while ((c = getopt_long(argc, argv, "m:p:f:n:t:h", opts, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case 'p': prompt = optarg; break;
+        case 'f': file = optarg; break;
+        case OPT_TOKENS: tokens = optarg; break;
+        case OPT_CHAT: chat = true; break;
+        case OPT_CHAT_FORMAT:
+            chat = true;
+            if (tri_chat_format_from_name(optarg, &chat_format) != TRI_STATUS_OK) {
+                fprintf(stderr, "offload-run generate: --chat-format '%s': want chatml, llama2, llama3, mistral, phi3 "
+                        "or gemma\n", optarg);
+                ok = false;
+            }
+            break;
+        case OPT_SYSTEM: chat = true, system_msg = optarg; break;
+        case OPT_JSON: json_path = optarg; break;
+        case OPT_STOP:
+            if (!optarg[0] || n_stops == 16) {
+                fprintf(stderr, "offload-run generate: --stop '%s': %s\n", optarg,
+                        optarg[0] ? "at most 16 stop strings" : "want a non-empty string");
+                ok = false;
+                break;
+            }
+            stops[n_stops++] = optarg;
+            break;
+        case 'n': ok = parse_long("--n-predict", optarg, 0, INT32_MAX, &n_predict); break;
+        case OPT_TEMP: ok = parse_float("--temp", optarg, 0.0, 100.0, &gp.sampler.temperature); break;
+        case OPT_TOPK: ok = parse_long("--top-k", optarg, 0, INT32_MAX, &top_k); break;
+        case OPT_TOPP: ok = parse_float("--top-p", optarg, 1e-6, 1.0, &gp.sampler.top_p); break;
+        case OPT_SEED: ok = parse_long("--seed", optarg, 0, INT64_MAX, &seed); break;
+        case OPT_CTX: ok = parse_long("--ctx", optarg, 1, INT32_MAX, &ctx); break;
+        case 't': ok = parse_long("--threads", optarg, 1, 4096, &threads); break;
+        case OPT_BATCH: ok = parse_long("--batch", optarg, 1, 65536, &batch); break;
+        case OPT_KV:
+            if (strcmp(optarg, "f16") == 0) sp.kv_type = TRI_DTYPE_F16;
+            else if (strcmp(optarg, "f32") == 0) sp.kv_type = TRI_DTYPE_F32;
+            else {
+                fprintf(stderr, "offload-run generate: --kv-type '%s': want f16 or f32\n", optarg);
+                ok = false;
+            }
+            break;
+        case OPT_IGNORE_EOS: gp.stop_at_eos = false; break;
+        case OPT_IDS: print_ids = true; break;
+        case OPT_SPEC:
+            if (strcmp(optarg, "none") == 0) spec_params.mode = TRI_SPEC_MODE_NONE;
+            else if (strcmp(optarg, "draft") == 0) spec_params.mode = TRI_SPEC_MODE_DRAFT;
+            else if (strcmp(optarg, "retrieval") == 0) spec_params.mode = TRI_SPEC_MODE_RETRIEVAL;
+            else if (strcmp(optarg, "triforce") == 0) spec_params.mode = TRI_SPEC_MODE_TRIFORCE;
+            else {
+                fprintf(stderr, "offload-run generate: --spec '%s': want none, draft, retrieval or triforce\n", optarg);
+                ok = false;
+            }
+            break;
+        case OPT_DRAFT: draft_path = optarg; break;
+        case OPT_DRAFT_LAYERS: draft_layers = optarg; break;
+        case OPT_DRAFT_NGRAM: ok = parse_long("--draft-ngram", optarg, 1, 64, &ngram); break;
+        case OPT_GAMMA1: ok = parse_long("--gamma1", optarg, 1, 64, &gamma1); break;
+        case OPT_GAMMA2: ok = parse_long("--gamma2", optarg, 1, 256, &gamma2); break;
+        case OPT_BUDGET:
+        case OPT_KV_BUDGET:
+            ok = parse_long(c == OPT_BUDGET ? "--budget" : "--kv-budget", optarg, 1, INT32_MAX, &budget);
+            break;
+        case OPT_CHUNK:
+        case OPT_KV_CHUNK: ok = parse_long(c == OPT_CHUNK ? "--chunk" : "--kv-chunk", optarg, 1, 4096, &chunk); break;
+        case OPT_STATS: print_stats = true; break;
+        case OPT_KV_POLICY:
+            kv_set = true;
+            if (strcmp(optarg, "full") == 0) sp.kv_policy = TRI_KV_POLICY_FULL;
+            else if (strcmp(optarg, "streaming") == 0) sp.kv_policy = TRI_KV_POLICY_STREAMING;
+            else if (strcmp(optarg, "h2o") == 0) sp.kv_policy = TRI_KV_POLICY_H2O;
+            else if (strcmp(optarg, "retrieval") == 0) sp.kv_policy = TRI_KV_POLICY_RETRIEVAL;
+            else {
+                fprintf(stderr, "offload-run generate: --kv '%s': want full, streaming, h2o or retrieval\n", optarg);
+                ok = false;
+            }
+            break;
+        case OPT_SINK: ok = parse_long("--sink", optarg, 1, INT32_MAX, &sink); break;
+        case OPT_REFRESH: ok = parse_long("--refresh", optarg, 1, INT32_MAX, &refresh); break;
+        case OPT_DRAFT_WINDOW: ok = parse_long("--draft-window", optarg, 2, INT32_MAX, &draft_window); break;
+        case OPT_DRAFT_SINK: ok = parse_long("--draft-sink", optarg, 1, INT32_MAX, &draft_sink); break;
+        case OPT_REFRESH_ACCEPT:
+            refresh_accept_set = true;
+            ok = parse_float("--refresh-accept", optarg, 0.0, 1.0, &spec_params.refresh_accept);
+            break;
+        case OPT_DEVICE: ok = tri_cli_parse_device("offload-run generate", optarg, &sp); break;
+        case OPT_KV_OFFLOAD:
+            kv_offload_set = true;
+            ok = parse_long("--kv-offload", optarg, 0, 65536, &kv_offload);
+            break;
+        case OPT_STREAM_WEIGHTS:
+            stream_weights_set = true;
+            ok = parse_long("--stream-weights", optarg, 0, 65536, &stream_weights);
+            break;
+        case OPT_WEIGHTS_FROM_DISK:
+            weights_from_disk_set = true;
+            ok = parse_long("--weights-from-disk", optarg, 0, 65536, &weights_from_disk);
+            break;
+        case OPT_KV_HOST:
+            kv_host_set = true;
+            ok = parse_float("--kv-host", optarg, 0.0, 1.0, &kv_host);
+            break;
+        case OPT_HOST_ATTN: ok = parse_float("--host-attn-gbps", optarg, 0.0, 1e6, &host_attn_gbps); break;
+        case OPT_GPU_MEM:
+        case OPT_HOST_MEM:
+            if (!tri_cli_parse_size(optarg, c == OPT_GPU_MEM ? &gpu_mem : &host_mem)) {
+                fprintf(stderr, "offload-run generate: %s '%s': want a size like 24G or 512M\n",
+                        c == OPT_GPU_MEM ? "--gpu-mem" : "--host-mem", optarg);
+                ok = false;
+            }
+            break;
+        case OPT_KV_INDEX:
+            index_set = true;
+            if (strcmp(optarg, "exact") == 0) sp.kv_index = TRI_KV_INDEX_EXACT;
+            else if (strcmp(optarg, "faiss") == 0) sp.kv_index = TRI_KV_INDEX_FAISS_FLAT;
+            else if (strcmp(optarg, "faiss-ivf") == 0) sp.kv_index = TRI_KV_INDEX_FAISS_IVF;
+            else {
+                fprintf(stderr, "offload-run generate: --kv-index '%s': want exact, faiss or faiss-ivf\n", optarg);
+                ok = false;
+            }
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (!ok) return 2;
+    }
+    int n_sources = (prompt != NULL) + (file != NULL) + (tokens != NULL);
+    if (!model_path || n_sources != 1 || optind != argc) {
+        fprintf(stderr, "offload-run generate: %s\n",
+                !model_path ? "-m MODEL is required"
+                : n_sources != 1 ? "give exactly one of -p TEXT, -f FILE, --tokens IDS"
+                                 : "unexpected argument");
+        usage(stderr);
+        return 2;
+    }
+    if (chat && tokens) {
+        fprintf(stderr, "offload-run generate: --chat applies to text prompts, not --tokens\n");
+        return 2;
+    }
+    int n_drafters = (draft_path != NULL) + (draft_layers != NULL) + (ngram != 0);
+    bool needs_drafter = spec_params.mode == TRI_SPEC_MODE_DRAFT || spec_params.mode == TRI_SPEC_MODE_TRIFORCE;
+    if (n_drafters > 1 || (needs_drafter && n_drafters == 0) || (!needs_drafter && n_drafters == 1)) {
+        fprintf(stderr, "offload-run generate: %s\n",
+                n_drafters > 1 ? "give at most one of --draft, --draft-layers, --draft-ngram"
+                : needs_drafter ? "--spec draft and --spec triforce need one of --draft, --draft-layers, --draft-ngram"
+                                : "a drafter needs --spec draft or --spec triforce");
+        return 2;
+    }
+    // every cache option must do something under the chosen policy or mode
+    const tri_spec_mode mode = spec_params.mode;
+    const bool plain = mode == TRI_SPEC_MODE_NONE;
+    const bool has_l2 = mode == TRI_SPEC_MODE_RETRIEVAL || mode == TRI_SPEC_MODE_TRIFORCE;
+    const bool l1_cache = needs_drafter && ngram == 0;  // the n-gram drafter has no cache
+    const tri_kv_policy pol = sp.kv_policy;
+    if (!applies("--kv", kv_set, plain, "plain decoding; the levels of --spec have their own caches") ||
+        !applies("--budget", budget, plain ? pol != TRI_KV_POLICY_FULL : has_l2,
+                 plain ? "--kv streaming, h2o or retrieval (the cache policy is full)"
+                       : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !applies("--chunk", chunk, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                 plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !applies("--kv-index", index_set, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                 plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !applies("--refresh", refresh, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                 plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !applies("--sink", sink, plain && pol == TRI_KV_POLICY_STREAMING,
+                 plain ? "--kv streaming" : "--kv streaming (L1's sinks are --draft-sink)") ||
+        !applies("--draft-window", draft_window, l1_cache, "an L1 model or layers (--spec draft or triforce)") ||
+        !applies("--draft-sink", draft_sink, l1_cache, "an L1 model or layers (--spec draft or triforce)") ||
+        !applies("--gamma1", gamma1, mode == TRI_SPEC_MODE_TRIFORCE, "--spec triforce") ||
+        !applies("--gamma2", gamma2, !plain, "--spec draft, retrieval or triforce") ||
+        !applies("--refresh-accept", refresh_accept_set, has_l2, "--spec retrieval or triforce"))
+        return 2;
+    if (plain) {
+        sp.kv_budget = (int32_t)budget;
+        sp.kv_chunk = (int32_t)chunk;
+        sp.kv_sink = (int32_t)sink;
+        sp.kv_refresh = (int32_t)refresh;
+    }
+    spec_params.refresh = (int32_t)refresh;
+    spec_params.draft_window = (int32_t)draft_window;
+    spec_params.draft_sink = (int32_t)draft_sink;
+    spec_params.ngram_n = (int32_t)ngram;
+    spec_params.gamma1 = (int32_t)gamma1;
+    spec_params.gamma2 = (int32_t)gamma2;
+    spec_params.budget = (int32_t)budget;
+    spec_params.chunk = (int32_t)chunk;
+    if (draft_path) spec_params.drafter = TRI_SPEC_DRAFTER_MODEL;
+    if (draft_layers) spec_params.drafter = TRI_SPEC_DRAFTER_LAYERS;
+    if (ngram) spec_params.drafter = TRI_SPEC_DRAFTER_NGRAM;
+
+    double t_start = tri_cli_now();
+    tri_model *model = tri_cli_load_model(model_path);
+    if (!model) return 1;
+    double load_s = tri_cli_now() - t_start;
+    int32_t stop_ids[16];
+    int rc = 1;
+    tri_session *session = NULL;
+    tri_spec *spec = NULL;
+    tri_model *draft = NULL;
+    int32_t *layers = NULL;
+    out_state out = {0};
+    FILE *json_file = NULL;
+    int32_t *ids = NULL;
+    char *text = NULL, *wrapped = NULL;
+    tri_model_info info;
+    tri_model_get_info(model, &info);
+    tri_status st;
+
+    // ---- the prompt as token ids ----
+    int32_t n_ids = 0;
+    if (tokens) {
+        if (!(ids = parse_ids(tokens, info.config.n_vocab, &n_ids))) goto done;
+    } else {
+        size_t len = 0;
+        if (file) {
+            if (!(text = read_all(file, &len))) goto done;
+        } else {
+            len = strlen(prompt);
+        }
+        const char *body = text ? text : prompt;
+        if (chat) {
+            tri_chat_message msgs[2] = {{"system", system_msg}, {"user", body}};
+            size_t n_msgs = system_msg ? 2 : 1;
+            if (!(wrapped = tri_cli_render_chat("offload-run generate", model, chat_format,
+                                                system_msg ? msgs : msgs + 1, n_msgs, &len)))
+                goto done;
+            body = wrapped;
+        }
+        // a rendered conversation carries its BOS as text
+        if (!(ids = tri_cli_text_ids("offload-run generate", model, body, len, !chat, chat, &n_ids))) goto done;
+    }
+    if (n_ids == 0) {
+        fprintf(stderr, "offload-run generate: the prompt is empty\n");
+        goto done;
+    }
+
+    // ---- session ----
+    if (ctx == 0) {
+        int64_t want = (int64_t)n_ids + (n_predict > 0 ? n_predict : 4096);
+        ctx = want > INT32_MAX ? INT32_MAX : want;
+    }
+    if (ctx < n_ids) {
+        fprintf(stderr, "offload-run generate: --ctx %ld is shorter than the prompt (%d tokens)\n", ctx, n_ids);
+        goto done;
+    }
+    sp.n_ctx = (int32_t)ctx;
+    sp.n_threads = (int32_t)threads;
+    sp.n_batch = (int32_t)batch;
+    sp.kv_layers_offloaded = (int32_t)kv_offload;
+    sp.weight_layers_streamed = (int32_t)stream_weights;
+    sp.weight_layers_from_disk = (int32_t)weights_from_disk;
+    sp.kv_host_fraction = kv_host;
+    char plan_line[1024];
+    if (!place(model, &sp, &spec_params, gpu_mem, host_mem, kv_offload_set, stream_weights_set,
+               weights_from_disk_set, kv_host_set, host_attn_gbps, plan_line, sizeof plan_line))
+        goto done;
+    // layers read from disk stream: they count among the streamed unless those were given
+    if (!stream_weights_set && sp.weight_layers_from_disk > sp.weight_layers_streamed)
+        sp.weight_layers_streamed = sp.weight_layers_from_disk;
+    if (spec_params.mode == TRI_SPEC_MODE_NONE) {
+        if ((st = tri_session_create(model, &sp, &session))) {
+            rc = tri_cli_fail("cannot create a session", st);
+            goto done;
+        }
+    } else {
+        if (draft_path && !(draft = tri_cli_load_model(draft_path))) goto done;
+        if (draft_layers && !(layers = parse_layers(draft_layers, &spec_params.n_draft_layers))) {
+            rc = 2;
+            goto done;
+        }
+        spec_params.draft_model = draft;
+        spec_params.draft_layers = layers;
+        if ((st = tri_spec_create(model, &sp, &spec_params, &spec))) {
+            rc = tri_cli_fail("cannot set up speculative decoding", st);
+            goto done;
+        }
+    }
+    fputs(plan_line, stderr);
+    fprintf(stderr, "device: %s\n", spec ? tri_spec_device(spec) : tri_session_device(session));
+    out.ids = print_ids;
+    if ((!print_ids || n_stops) && tri_token_count(model) == 0) {
+        fprintf(stderr, "offload-run generate: %s: the model has no tokenizer (use --ids%s)\n", model_path,
+                n_stops ? ", without --stop" : "");
+        goto done;
+    }
+    if (json_path) {
+        out.cap_text = 1;  // keep the text for the JSON
+        if (!(json_file = tri_cli_json_open("offload-run generate", json_path))) goto done;
+    }
+    gp.on_text = print_ids && !json_path && !n_stops ? NULL : on_text;
+    gp.text_user = &out;
+    gp.stop = stops;
+    gp.n_stop = n_stops;
+    int32_t n_stop_ids = 0;
+    // a chat's answer ends at the model's end-of-turn tokens (ChatML's <|im_end|>, ...)
+    if (chat && gp.stop_at_eos && tri_chat_stop_tokens(model, stop_ids, 16, &n_stop_ids) == TRI_STATUS_OK) {
+        gp.stop_tokens = stop_ids;
+        gp.n_stop_tokens = n_stop_ids < 16 ? n_stop_ids : 16;
+    }
+    gp.n_predict = (int32_t)n_predict;
+    gp.sampler.top_k = (int32_t)top_k;
+    gp.sampler.seed = (uint64_t)seed;
+    prefill_state ps = {.tty = isatty(STDERR_FILENO), .last_decile = 0};
+    gp.on_prefill = on_prefill;
+    gp.user = &ps;
+
+    tri_generate_stats stats = {0};
+    tri_spec_stats sstats = {0};
+    catch_sigint();
+    if (spec) {
+        st = tri_generate_spec(spec, ids, n_ids, &gp, on_token, &out, &sstats);
+        stats.n_prompt = sstats.n_prompt;
+        stats.n_generated = sstats.n_generated;
+        stats.prefill_seconds = sstats.prefill_seconds;
+        stats.decode_seconds = sstats.decode_seconds;
+        stats.kv_bytes_up = sstats.kv_bytes_up;
+        stats.kv_bytes_down = sstats.kv_bytes_down;
+        stats.kv_bytes_host = sstats.kv_bytes_host;
+    } else {
+        st = tri_generate(session, ids, n_ids, &gp, on_token, &out, &stats);
+    }
+    if (st) {
+        fputc('\n', stdout);
+        rc = tri_cli_fail("generation failed", st);
+        goto done;
+    }
+    if (interrupted) {
+        fputc('\n', stdout);
+        fflush(stdout);
+        fprintf(stderr, "offload-run generate: interrupted after %d generated tokens\n", out.n);
+        rc = 130;
+        goto done;
+    }
+    fputc('\n', stdout);
+    fflush(stdout);
+    print_figures(&stats);
+    if (stats.kv_bytes_up || stats.kv_bytes_down) {
+        int32_t n = stats.n_generated > 0 ? stats.n_generated : 1;
+        fprintf(stderr,
+                "offloaded KV while decoding: %.1f MiB host -> device, %.2f MiB back (%.2f MiB per generated token)\n",
+                (double)stats.kv_bytes_up / (1 << 20), (double)stats.kv_bytes_down / (1 << 20),
+                (double)(stats.kv_bytes_up + stats.kv_bytes_down) / (1 << 20) / n);
+        if (stats.kv_bytes_host)
+            fprintf(stderr, "offloaded KV attended on the host: %.1f MiB read in place (%.2f MiB per generated token)\n",
+                    (double)stats.kv_bytes_host / (1 << 20), (double)stats.kv_bytes_host / (1 << 20) / n);
+    }
+    if (print_stats) {
+        if (spec)
+            print_spec_stats(&sstats, spec_params.mode);
+        else
+            print_plain_stats(&stats);
+    }
+    rc = 0;
+    if (json_file) {
+        // why it ended: the end-of-sequence or an end-of-turn token, n_predict, a stop string, or
+        // the context
+        const char *reason = "context";
+        bool end_token = out.n > 0 && gp.stop_at_eos && out.last == tri_token_eos(model);
+        for (int32_t i = 0; i < gp.n_stop_tokens; i++) end_token |= out.n > 0 && out.last == gp.stop_tokens[i];
+        if (end_token) reason = "end_token";
+        else if (n_predict > 0 && out.n >= n_predict) reason = "length";
+        else if (n_stops) reason = "stop_string";
+        write_json(json_file, model_path, spec ? tri_spec_device(spec) : tri_session_device(session), reason, load_s,
+                   tri_cli_now() - t_start, &stats, spec ? &sstats : NULL, spec_params.mode, &out);
+        FILE *f = json_file;
+        json_file = NULL;
+        if (!tri_cli_json_close("offload-run generate", json_path, f)) rc = 1;
+    }
+
+done:
+    if (json_file && json_file != stdout) fclose(json_file);
+    free(out.text);
+    tri_session_free(session);
+    tri_spec_free(spec);
+    tri_model_free(draft);
+    free(layers);
+    free(ids);
+    free(text);
+    free(wrapped);
+    tri_model_free(model);
+    return rc;
+}

@@ -1,0 +1,52 @@
+// cli.h - the subcommands of offload-run. The CLI is a client of triforce.h and nothing else.
+#ifndef TRI_CLI_H
+#define TRI_CLI_H
+
+#include <stdio.h>
+
+#include "triforce.h"
+
+// Each takes the arguments after "offload-run" (argv[0] is the subcommand's name) and returns
+// the process exit status: 0 ok, 1 failure, 2 bad usage.
+int tri_cli_info(int argc, char **argv);
+int tri_cli_plan(int argc, char **argv);
+int tri_cli_generate(int argc, char **argv);
+int tri_cli_tokenize(int argc, char **argv);
+int tri_cli_chat(int argc, char **argv);
+
+// Prints "offload-run: <what>: <last error>" to stderr; returns 1.
+int tri_cli_fail(const char *what, tri_status status);
+
+// Loads a model with progress on stderr: a line rewritten in place on a terminal, else a line at
+// each tenth ("loading model: 40%"). Returns NULL after printing the error.
+tri_model *tri_cli_load_model(const char *path);
+
+// "24G", "512M", "100GiB", "1.5T", "123456" (powers of 1024): bytes. false on anything else.
+bool tri_cli_parse_size(const char *s, uint64_t *out);
+
+// Parses --device: "cpu", "cuda" (device 0) or "cuda:N" into sp's device fields. Prints
+// "<cmd>: --device '<arg>': ..." and returns false for anything else.
+bool tri_cli_parse_device(const char *cmd, const char *arg, tri_session_params *sp);
+
+// Monotonic seconds.
+double tri_cli_now(void);
+// The process's peak resident memory in bytes (getrusage), 0 if unknown.
+uint64_t tri_cli_peak_rss(void);
+
+// --json: "-" is stdout, else a file created; NULL after printing the error. Close reports a
+// write error (and returns false).
+FILE *tri_cli_json_open(const char *cmd, const char *path);
+bool tri_cli_json_close(const char *cmd, const char *path, FILE *f);
+// Writes len bytes as a JSON string, quotes included (control bytes escaped).
+void tri_cli_json_str(FILE *f, const char *s, size_t len);
+
+// The conversation rendered with the model's chat template (format AUTO) or the named format,
+// ending with the assistant's header: malloc'd, *len bytes. NULL after printing the error.
+char *tri_cli_render_chat(const char *cmd, const tri_model *model, tri_chat_format format,
+                          const tri_chat_message *msgs, size_t n, size_t *len);
+
+// Token ids of text, malloc'd (*n_out of them); NULL after printing the error.
+int32_t *tri_cli_text_ids(const char *cmd, const tri_model *model, const char *text, size_t len, bool add_special,
+                          bool parse_special, int32_t *n_out);
+
+#endif  // TRI_CLI_H
