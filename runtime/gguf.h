@@ -120,9 +120,10 @@ const char *tri__gguf_ggml_type_name(uint32_t ggml_type);
 
 // ---- llama (gguf-llama.c) ----
 
-// Fills *cfg from general.architecture == "llama" and the llama.* keys (see docs/formats.md).
-// UNSUPPORTED for another architecture or rope scaling type, BAD_FORMAT naming the key when a
-// required key is missing, has the wrong type or an impossible value. rope_layout is ADJACENT.
+// Fills *cfg from general.architecture (llama, qwen2, phi3, gemma: model/family.h) and its keys,
+// "llama.embedding_length" and so on (see docs/formats.md). UNSUPPORTED for another architecture
+// or rope scaling type, BAD_FORMAT naming the key when a required key is missing, has the wrong
+// type or an impossible value. rope_layout is the family's (ADJACENT for llama).
 tri_status tri__gguf_llama_config(const tri__gguf *g, tri_model_config *cfg);
 
 struct tri__family;

@@ -441,6 +441,11 @@ tri_status tri__hf_key_str(const tri__hf_keys *k, const char *key, const char **
 
 bool tri__hf_key_present(const tri__hf_keys *k, const char *key) { return cfg_get(k, key) != NULL; }
 
+bool tri__hf_key_written(const tri__hf_keys *k, const char *key) {
+    json_object *v;
+    return json_object_object_get_ex(k->obj, key, &v);
+}
+
 tri_status tri__hf_key_object(const tri__hf_keys *k, const char *key, const char *prefix, tri__hf_keys *out) {
     json_object *v = cfg_get(k, key);
     if (!v) return cfg_missing(k, key);

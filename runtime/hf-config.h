@@ -7,15 +7,17 @@
 
 #include "triforce.h"
 
-// Reads a transformers config.json of a Llama-family model into *cfg (every field set;
-// rope_layout = HALF, has_rope_freqs = false). The model is accepted when "architectures"
-// contains "LlamaForCausalLM" or "model_type" is "llama"; anything else is UNSUPPORTED, named.
+// Reads a transformers config.json into *cfg (every field set; rope_layout = HALF,
+// has_rope_freqs = false). The model is accepted when an entry of "architectures", or else
+// "model_type", names a family of model/family.h (LlamaForCausalLM / llama, Qwen2ForCausalLM /
+// qwen2, ...); anything else is UNSUPPORTED, named, and so are the features no family computes
+// (soft-capping, experts, partial rotary). The family's own keys are read by its hook.
 // Also UNSUPPORTED: hidden_act other than "silu", attention_bias or mlp_bias true, an unknown
 // rope_scaling type. BAD_FORMAT, naming the file and the key: malformed JSON (json-c's reason and
 // the position), a missing required key, a wrong JSON type, a size <= 0 or > INT32_MAX, hidden
 // not divisible by heads when head_dim is absent, an odd head_dim, KV heads not dividing heads,
 // a non-finite or non-positive eps, theta or factor. docs/formats.md lists the keys and defaults.
-// When arch_out is not NULL, *arch_out receives "llama" (malloc'd; the caller frees) on success
+// When arch_out is not NULL, *arch_out receives the family's name (malloc'd; the caller frees) on success
 // and NULL on failure.
 tri_status tri__hf_config_load(const char *config_json_path, tri_model_config *cfg, char **arch_out);
 
@@ -48,7 +50,8 @@ tri_status tri__hf_key_float(const tri__hf_keys *k, const char *key, bool requir
                              float *out);
 tri_status tri__hf_key_bool(const tri__hf_keys *k, const char *key, bool def, bool *out);
 tri_status tri__hf_key_str(const tri__hf_keys *k, const char *key, const char **out);
-bool tri__hf_key_present(const tri__hf_keys *k, const char *key);
+bool tri__hf_key_present(const tri__hf_keys *k, const char *key);  // there and not null
+bool tri__hf_key_written(const tri__hf_keys *k, const char *key);  // there, null or not
 // The object under key (required), its keys named with prefix ("rope_scaling.").
 tri_status tri__hf_key_object(const tri__hf_keys *k, const char *key, const char *prefix, tri__hf_keys *out);
 // An array of n positive finite numbers, malloc'd into *out.

@@ -71,42 +71,53 @@ static int64_t dim_value(const tri_model_config *c, cfg_dim d) {
     return 0;
 }
 
-// The GGUF key the head size came from, in tri__gguf_llama_config's order.
-static const char *gguf_head_key(const tri_model *m) {
-    if (tri__gguf_find(m->gguf, "llama.attention.key_length")) return "llama.attention.key_length";
-    if (tri__gguf_find(m->gguf, "llama.rope.dimension_count")) return "llama.rope.dimension_count";
-    return "(llama.embedding_length / llama.attention.head_count)";
+// A GGUF key of the model's architecture: "<arch>.<suffix>" in buf.
+static const char *gkey(const tri_model *m, const char *suffix, char *buf, size_t size) {
+    const char *arch = m->family && m->family->gguf_arch ? m->family->gguf_arch : "llama";
+    snprintf(buf, size, "%s.%s", arch, suffix);
+    return buf;
+}
+
+// The GGUF key the head size came from, in tri__gguf_family_config's order, in buf.
+static const char *gguf_head_key(const tri_model *m, char *buf, size_t size) {
+    if (tri__gguf_find(m->gguf, gkey(m, "attention.key_length", buf, size))) return buf;
+    if (tri__gguf_find(m->gguf, gkey(m, "rope.dimension_count", buf, size))) return buf;
+    char a[96], b[96];
+    snprintf(buf, size, "(%s / %s)", gkey(m, "embedding_length", a, sizeof a), gkey(m, "attention.head_count", b, sizeof b));
+    return buf;
 }
 
 // Writes "intermediate_size = 170" or "num_attention_heads x head_dim = 4 x 16" for d into buf.
 static void describe_dim(const tri_model *m, cfg_dim d, char *buf, size_t size) {
     const tri_model_config *c = &m->config;
     bool hf = m->config_path != NULL;
+    char k1[96], k2[200];
     switch (d) {
     case CFG_DIM_VOCAB:
         // GGUF: read_vocab takes the key, else the token list (the embedding agrees with itself)
         snprintf(buf, size, "%s = %d",
-                 hf                                             ? "vocab_size"
-                 : tri__gguf_find(m->gguf, "llama.vocab_size") ? "llama.vocab_size"
-                                                                : "the length of tokenizer.ggml.tokens",
+                 hf ? "vocab_size"
+                 : tri__gguf_find(m->gguf, gkey(m, "vocab_size", k1, sizeof k1)) ? k1
+                                                                                  : "the length of tokenizer.ggml.tokens",
                  c->n_vocab);
         break;
     case CFG_DIM_EMBD:
-        snprintf(buf, size, "%s = %d", hf ? "hidden_size" : "llama.embedding_length", c->n_embd);
+        snprintf(buf, size, "%s = %d", hf ? "hidden_size" : gkey(m, "embedding_length", k1, sizeof k1), c->n_embd);
         break;
     case CFG_DIM_FF:
-        snprintf(buf, size, "%s = %d", hf ? "intermediate_size" : "llama.feed_forward_length", c->n_ff);
+        snprintf(buf, size, "%s = %d", hf ? "intermediate_size" : gkey(m, "feed_forward_length", k1, sizeof k1),
+                 c->n_ff);
         break;
     case CFG_DIM_Q:
     case CFG_DIM_KV:
         snprintf(buf, size, "%s x %s = %d x %d",
-                 d == CFG_DIM_Q ? (hf ? "num_attention_heads" : "llama.attention.head_count")
-                                : (hf ? "num_key_value_heads" : "llama.attention.head_count_kv"),
-                 hf ? "head_dim" : gguf_head_key(m), d == CFG_DIM_Q ? c->n_head : c->n_head_kv,
+                 d == CFG_DIM_Q ? (hf ? "num_attention_heads" : gkey(m, "attention.head_count", k1, sizeof k1))
+                                : (hf ? "num_key_value_heads" : gkey(m, "attention.head_count_kv", k1, sizeof k1)),
+                 hf ? "head_dim" : gguf_head_key(m, k2, sizeof k2), d == CFG_DIM_Q ? c->n_head : c->n_head_kv,
                  c->head_dim);
         break;
     case CFG_DIM_ROT:
-        snprintf(buf, size, "%s / 2 = %d / 2", hf ? "head_dim" : gguf_head_key(m), c->head_dim);
+        snprintf(buf, size, "%s / 2 = %d / 2", hf ? "head_dim" : gguf_head_key(m, k2, sizeof k2), c->head_dim);
         break;
     }
 }
@@ -118,8 +129,10 @@ static const char *config_where(const tri_model *m, char *buf, size_t size) {
     return buf;
 }
 
+// num_hidden_layers, or <arch>.block_count (in a buffer of the calling thread, valid until its next call).
 static const char *layers_key(const tri_model *m) {
-    return m->config_path ? "num_hidden_layers" : "llama.block_count";
+    static _Thread_local char buf[96];
+    return m->config_path ? "num_hidden_layers" : gkey(m, "block_count", buf, sizeof buf);
 }
 
 static tri__tensor *find_tensor(tri_model *m, const char *name) {

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hf-config.h"
 #include "test-util.h"
 #include "triforce.h"
 
@@ -292,4 +293,30 @@ Test(families, gguf_unknown_arch) {
     cr_assert(strstr(tri_last_error(), "general.architecture") && strstr(tri_last_error(), "gemmb") &&
                   strstr(tri_last_error(), "qwen2"),
               "%s", tri_last_error());
+}
+
+// transformers' defaults where config.json says nothing: Mistral's window 4096 (null: none),
+// Gemma's head_dim 256; and the families' names.
+Test(families, config_defaults) {
+    tri_model_config c;
+    char *arch;
+    const char *mistral = "{\"model_type\": \"mistral\", " BASE "}";
+    cr_assert_eq(tri__hf_config_parse("m.json", mistral, strlen(mistral), &c, &arch), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    cr_assert_eq(c.sliding_window, 4096);
+    cr_assert_str_eq(arch, "mistral");
+    free(arch);
+    const char *none = "{\"model_type\": \"mistral\", \"sliding_window\": null, " BASE "}";
+    cr_assert_eq(tri__hf_config_parse("m.json", none, strlen(none), &c, NULL), TRI_STATUS_OK);
+    cr_assert_eq(c.sliding_window, 0);
+    const char *gemma = "{\"model_type\": \"gemma\", " BASE "}";
+    cr_assert_eq(tri__hf_config_parse("g.json", gemma, strlen(gemma), &c, &arch), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    cr_assert_eq(c.head_dim, 256);
+    cr_assert(c.tied_embeddings);
+    cr_assert_str_eq(arch, "gemma");
+    free(arch);
+    const char *llama = "{\"model_type\": \"llama\", " BASE "}";
+    cr_assert_eq(tri__hf_config_parse("l.json", llama, strlen(llama), &c, NULL), TRI_STATUS_OK);
+    cr_assert_eq(c.sliding_window, 0);
 }

@@ -11,9 +11,12 @@
 #include "family.h"
 #include "hf-config.h"
 
+// transformers' GemmaConfig: head_dim 256 when config.json does not say (both published sizes).
+#define GEMMA_DEFAULT_HEAD_DIM 256
+
 static tri_status gemma_hf(const tri__hf_keys *k, tri_model_config *cfg, tri__family_data *data) {
-    (void)cfg;
     (void)data;
+    if (!tri__hf_key_present(k, "head_dim")) cfg->head_dim = GEMMA_DEFAULT_HEAD_DIM;
     // transformers 4.44: hidden_activation, or gelu_pytorch_tanh when it is null (hidden_act is
     // ignored with a warning)
     const char *act;

@@ -8,8 +8,16 @@
 #include "family-window.h"
 #include "hf-config.h"
 
+// transformers' MistralConfig: a config.json without the key gets 4096 (Mistral-7B-v0.1's window);
+// null means none (v0.2 and later).
+#define MISTRAL_DEFAULT_WINDOW 4096
+
 static tri_status mistral_hf(const tri__hf_keys *k, tri_model_config *cfg, tri__family_data *data) {
     (void)data;
+    if (!tri__hf_key_written(k, "sliding_window")) {
+        cfg->sliding_window = MISTRAL_DEFAULT_WINDOW;
+        return TRI_STATUS_OK;
+    }
     return tri__family_hf_window(k, cfg);
 }
 
