@@ -29,6 +29,7 @@ static const char *scaling_name(tri_rope_scaling s) {
     case TRI_ROPE_SCALING_DYNAMIC: return "dynamic-ntk";
     case TRI_ROPE_SCALING_YARN: return "yarn";
     case TRI_ROPE_SCALING_LLAMA3: return "llama3";
+    case TRI_ROPE_SCALING_LONGROPE: return "longrope";
     }
     return "?";
 }

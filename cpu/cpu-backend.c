@@ -454,6 +454,34 @@ static tri_status cpu_add(tri__backend *be, float *out, const float *a, const fl
     return TRI_STATUS_OK;
 }
 
+static void geglu_range(void *arg, int64_t i0, int64_t i1) {
+    const swiglu_job *j = arg;
+    const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+    for (int64_t i = i0; i < i1; i++) {
+        float g = j->gate[i];
+        j->out[i] = 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * j->up[i];
+    }
+}
+
+static tri_status cpu_geglu(tri__backend *be, float *out, const float *gate, const float *up, int64_t n) {
+    swiglu_job j = {out, gate, up};
+    cpu_parallel(be, n, 4096, n * 8, geglu_range, &j);
+    return TRI_STATUS_OK;
+}
+
+static tri_status cpu_scale(tri__backend *be, float *x, int64_t n, float s) {
+    (void)be;
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+    return TRI_STATUS_OK;
+}
+
+static tri_status cpu_add_rows(tri__backend *be, float *x, const float *b, int64_t m, int64_t n) {
+    (void)be;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) x[i * n + j] += b[j];
+    return TRI_STATUS_OK;
+}
+
 // ---- sampling helpers ----
 
 static tri_status cpu_softmax(tri__backend *be, float *x, int64_t m, int64_t n, float temperature) {
@@ -948,6 +976,9 @@ static const tri__backend_ops cpu_ops = {
     .attention_state = cpu_attention_state,
     .gather = cpu_gather,
     .chunk_mean = cpu_chunk_mean,
+    .geglu = cpu_geglu,
+    .scale = cpu_scale,
+    .add_rows = cpu_add_rows,
 };
 
 tri_status tri__backend_cpu_create(int32_t n_threads, tri__cpu_simd simd, tri__backend **out) {

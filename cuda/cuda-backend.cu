@@ -402,6 +402,31 @@ static tri_status cuda_add(tri__backend *be, float *out, const float *a, const f
     return TRI_STATUS_OK;
 }
 
+static tri_status cuda_geglu(tri__backend *be, float *out, const float *gate, const float *up, int64_t n) {
+    cuda_state *st = priv(be);
+    if (n < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda geglu: n = %lld", (long long)n);
+    USE_DEVICE(st);
+    LAUNCH(tri__cuda_geglu(out, gate, up, n, st->stream));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_scale(tri__backend *be, float *x, int64_t n, float f) {
+    cuda_state *st = priv(be);
+    if (n < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda scale: n = %lld", (long long)n);
+    USE_DEVICE(st);
+    LAUNCH(tri__cuda_scale(x, n, f, st->stream));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_add_rows(tri__backend *be, float *x, const float *b, int64_t m, int64_t n) {
+    cuda_state *st = priv(be);
+    if (m < 0 || n < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda add_rows: %lld x %lld", (long long)m, (long long)n);
+    USE_DEVICE(st);
+    LAUNCH(tri__cuda_add_rows(x, b, m, n, st->stream));
+    return TRI_STATUS_OK;
+}
+
 // ---- sampling helpers ----
 
 static tri_status cuda_softmax(tri__backend *be, float *x, int64_t m, int64_t n, float temperature) {
@@ -718,6 +743,9 @@ static const tri__backend_ops cuda_ops = {
     /* .chunk_mean = */ cuda_chunk_mean,
     /* .attention_state = */ cuda_attention_state,
     /* .host_work = */ NULL,
+    /* .geglu = */ cuda_geglu,
+    /* .scale = */ cuda_scale,
+    /* .add_rows = */ cuda_add_rows,
 };
 
 static tri_status create(int device, tri__backend *be, cuda_state *st) {

@@ -150,6 +150,10 @@ cudaError_t tri__cuda_rope(float *x, int64_t m, int64_t n_heads, int64_t head_di
                            const float *inv_freq, float attn_factor, cudaStream_t s);
 cudaError_t tri__cuda_swiglu(float *out, const float *gate, const float *up, int64_t n, cudaStream_t s);
 cudaError_t tri__cuda_add(float *out, const float *a, const float *b, int64_t n, cudaStream_t s);
+cudaError_t tri__cuda_geglu(float *out, const float *gate, const float *up, int64_t n, cudaStream_t s);
+cudaError_t tri__cuda_scale(float *x, int64_t n, float f, cudaStream_t s);
+// x (m, n) += b (n) per row.
+cudaError_t tri__cuda_add_rows(float *x, const float *b, int64_t m, int64_t n, cudaStream_t s);
 // Rows that are all -inf are left as they are and set *err_flag (device-visible) to 1.
 cudaError_t tri__cuda_softmax(float *x, int64_t m, int64_t n, float temperature, int *err_flag, cudaStream_t s);
 // keys: scratch of (m, n_pow2) uint64, n_pow2 the power of two >= n.

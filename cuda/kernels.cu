@@ -272,6 +272,43 @@ cudaError_t tri__cuda_add(float *out, const float *a, const float *b, int64_t n,
     return cudaGetLastError();
 }
 
+// ---- what some families need: GeGLU, scale, row biases ----
+
+__global__ void __launch_bounds__(THREADS) k_geglu(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
+cudaError_t tri__cuda_geglu(float *out, const float *gate, const float *up, int64_t n, cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    TRI_LAUNCH((k_geglu), grid_for(n), THREADS, 0, s, out, gate, up, n);
+    return cudaGetLastError();
+}
+
+__global__ void __launch_bounds__(THREADS) k_scale(float *x, int64_t n, float f) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= f;
+}
+
+cudaError_t tri__cuda_scale(float *x, int64_t n, float f, cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    TRI_LAUNCH((k_scale), grid_for(n), THREADS, 0, s, x, n, f);
+    return cudaGetLastError();
+}
+
+__global__ void __launch_bounds__(THREADS) k_add_rows(float *x, const float *b, int64_t m, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < m * n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] += b[i % n];
+}
+
+cudaError_t tri__cuda_add_rows(float *x, const float *b, int64_t m, int64_t n, cudaStream_t s) {
+    if (m <= 0 || n <= 0) return cudaSuccess;
+    TRI_LAUNCH((k_add_rows), grid_for(m * n), THREADS, 0, s, x, b, m, n);
+    return cudaGetLastError();
+}
+
 // ---- softmax: one block per row ----
 
 __global__ void __launch_bounds__(THREADS) k_softmax(float *x, int64_t m, int64_t n, float it, int *err_flag) {

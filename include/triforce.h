@@ -180,6 +180,8 @@ typedef enum tri_rope_scaling {
     TRI_ROPE_SCALING_DYNAMIC = 2,  // dynamic NTK: base grows once the sequence passes orig_ctx
     TRI_ROPE_SCALING_YARN = 3,     // YaRN: per-frequency ramp between beta_fast and beta_slow
     TRI_ROPE_SCALING_LLAMA3 = 4,   // Llama-3.1: low/high frequency factors
+    TRI_ROPE_SCALING_LONGROPE = 5, // Phi-3 LongRoPE ("longrope", "su"): per-pair divisors, the short
+                                   // ones up to orig_ctx, the long ones past it (per forward call)
 } tri_rope_scaling;
 
 typedef enum tri_tokenizer_kind {
@@ -212,11 +214,16 @@ typedef struct tri_model_config {
     float llama3_low_freq_factor;
     float llama3_high_freq_factor;
     bool has_rope_freqs;        // per-dimension frequency divisors come from a tensor (GGUF)
+    int32_t sliding_window;     // a query at position p sees keys at p - sliding_window + 1 .. p
+                                // (Mistral, Phi-3); 0: every earlier key
+    float rope_attn_factor;     // LONGROPE: multiplies cos and sin, sqrt(1 + ln(s) / ln(orig_ctx))
+                                // for s = n_ctx_train / orig_ctx > 1; 0 stands for 1
 } tri_model_config;
 
 typedef struct tri_model_info {
     tri_file_format format;
-    const char *architecture;   // "llama"; owned by the model
+    const char *architecture;   // the family: "llama", "qwen2", "mistral", "phi3", "gemma"; owned by
+                                // the model
     const char *name;           // general.name or the directory name; owned by the model, may be ""
     tri_model_config config;
     tri_tokenizer_kind tokenizer;

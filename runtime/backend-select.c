@@ -501,6 +501,21 @@ tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, int32
         b->w_gate = remap(model, v, a->w_gate);
         b->w_up = remap(model, v, a->w_up);
         b->w_down = remap(model, v, a->w_down);
+        b->bq = remap(model, v, a->bq);
+        b->bk = remap(model, v, a->bk);
+        b->bv = remap(model, v, a->bv);
+    }
+    // the disk tier reads a block's tensors by their file offsets: none may be computed at load
+    for (int32_t il = n_layer - n_disk; il < n_layer && !be->host_memory; il++) {
+        const tri__tensor *w[BLOCK_TENSORS];
+        block_tensors(&model->layers[il], w);
+        for (int i = 0; i < BLOCK_TENSORS; i++)
+            if (w[i]->computed) {
+                st = tri__fail(TRI_STATUS_UNSUPPORTED,
+                               "%s: tensor '%s' is computed at load (the %s family), so it cannot be read from disk",
+                               model->path, w[i]->source, tri__model_family(model)->name);
+                goto done;
+            }
     }
     if (be->host_memory) goto done;  // the mapping is backend memory already
 
@@ -512,6 +527,12 @@ tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, int32
         const tri__tensor *w[BLOCK_TENSORS];
         block_tensors(&model->layers[il], w);
         for (int i = 0; i < BLOCK_TENSORS; i++) used[w[i] - model->tensors] = true;
+    }
+    for (int32_t il = 0; il < n_layer; il++) {  // biases stay resident, streamed layer or not
+        const tri__layer *L = &model->layers[il];
+        const tri__tensor *b[3] = {L->bq, L->bk, L->bv};
+        for (int i = 0; i < 3; i++)
+            if (b[i]) used[b[i] - model->tensors] = true;
     }
     uint64_t total = 0;
     for (int64_t i = 0; i < model->n_tensors; i++)

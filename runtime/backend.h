@@ -224,6 +224,17 @@ typedef struct tri__backend_ops {
     // TRI_HOST_WORK_REDUCE: bytes read and summed (chunk summaries of offloaded keys). Optional:
     // NULL on every real backend, where the caller does the work.
     void (*host_work)(tri__backend *be, int kind, double bytes);
+
+    // ---- what some model families need (model/family.h); optional: NULL, the forward pass of
+    // such a family fails with UNSUPPORTED naming the op (add_rows falls back on add per row) ----
+
+    // out (n) = gelu_tanh(gate) * up, gelu_tanh(g) = g / 2 (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3)))
+    // (Gemma's GeGLU). out may equal gate or up.
+    tri_status (*geglu)(tri__backend *be, float *out, const float *gate, const float *up, int64_t n);
+    // x (n) *= s in place (Gemma's embedding scale).
+    tri_status (*scale)(tri__backend *be, float *x, int64_t n, float s);
+    // x (m, n): every row += b (n) (Qwen2's q, k, v biases).
+    tri_status (*add_rows)(tri__backend *be, float *x, const float *b, int64_t m, int64_t n);
 } tri__backend_ops;
 
 enum { TRI_HOST_WORK_COPY = 0, TRI_HOST_WORK_REDUCE = 1 };

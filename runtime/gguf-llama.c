@@ -9,14 +9,16 @@
 
 #include "error.h"
 #include "gguf.h"
+#include "model/family.h"
 
 typedef struct llama_keys {
     const tri__gguf *g;
-    char key[96];  // the key being read, "llama." + suffix
+    const char *arch;  // the key prefix without its dot: "llama", "qwen2", ...
+    char key[96];      // the key being read, arch + "." + suffix
 } llama_keys;
 
 static const char *key_of(llama_keys *k, const char *suffix) {
-    snprintf(k->key, sizeof k->key, "llama.%s", suffix);
+    snprintf(k->key, sizeof k->key, "%s.%s", k->arch, suffix);
     return k->key;
 }
 
@@ -29,8 +31,8 @@ static tri_status get_pos_i32(llama_keys *k, const char *suffix, int32_t def, in
             *out = def;
             return TRI_STATUS_OK;
         }
-        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: key '%s': missing, required for llama",
-                         tri__gguf_path(k->g), key);
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: key '%s': missing, required for %s",
+                         tri__gguf_path(k->g), key, k->arch);
     }
     uint32_t v;
     tri_status st = tri__gguf_get_u32(k->g, key, &v);
@@ -51,8 +53,8 @@ static tri_status get_f32(llama_keys *k, const char *suffix, bool required, floa
             *out = def;
             return TRI_STATUS_OK;
         }
-        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: key '%s': missing, required for llama",
-                         tri__gguf_path(k->g), key);
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: key '%s': missing, required for %s",
+                         tri__gguf_path(k->g), key, k->arch);
     }
     tri_status st = tri__gguf_get_f32(k->g, key, out);
     if (st) return st;
@@ -88,9 +90,9 @@ static tri_status read_vocab(llama_keys *k, int32_t *n_vocab) {
         return TRI_STATUS_OK;
     }
     return tri__fail(TRI_STATUS_BAD_FORMAT,
-                     "%s: key 'llama.vocab_size': missing, and neither tokenizer.ggml.tokens nor a "
+                     "%s: key '%s.vocab_size': missing, and neither tokenizer.ggml.tokens nor a "
                      "2-d token_embd.weight gives the vocabulary size",
-                     tri__gguf_path(g));
+                     tri__gguf_path(g), k->arch);
 }
 
 static tri_status read_head_dim(llama_keys *k, tri_model_config *cfg) {
@@ -111,28 +113,28 @@ static tri_status read_head_dim(llama_keys *k, tri_model_config *cfg) {
     } else {
         if (cfg->n_embd % cfg->n_head != 0) {
             return tri__fail(TRI_STATUS_BAD_FORMAT,
-                             "%s: key 'llama.embedding_length': %" PRId32
-                             " is not divisible by llama.attention.head_count %" PRId32,
-                             tri__gguf_path(g), cfg->n_embd, cfg->n_head);
+                             "%s: key '%s.embedding_length': %" PRId32
+                             " is not divisible by %s.attention.head_count %" PRId32,
+                             tri__gguf_path(g), k->arch, cfg->n_embd, k->arch, cfg->n_head);
         }
         cfg->head_dim = cfg->n_embd / cfg->n_head;
     }
     // Llama rotates the whole head and uses one head size for keys and values.
     if (has_rot && rot != cfg->head_dim) {
         return tri__fail(TRI_STATUS_UNSUPPORTED,
-                         "%s: key 'llama.rope.dimension_count': partial rotary (%" PRId32
+                         "%s: key '%s.rope.dimension_count': partial rotary (%" PRId32
                          " of %" PRId32 " dimensions) is not supported",
-                         tri__gguf_path(g), rot, cfg->head_dim);
+                         tri__gguf_path(g), k->arch, rot, cfg->head_dim);
     }
     if (has_val_len && val_len != cfg->head_dim) {
         return tri__fail(TRI_STATUS_UNSUPPORTED,
-                         "%s: key 'llama.attention.value_length': %" PRId32
+                         "%s: key '%s.attention.value_length': %" PRId32
                          " differs from the key length %" PRId32,
-                         tri__gguf_path(g), val_len, cfg->head_dim);
+                         tri__gguf_path(g), k->arch, val_len, cfg->head_dim);
     }
     if (cfg->head_dim % 2 != 0) {
-        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: key 'llama.attention.key_length': head size %"
-                         PRId32 " is odd, rope needs pairs", tri__gguf_path(g), cfg->head_dim);
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: key '%s.attention.key_length': head size %"
+                         PRId32 " is odd, rope needs pairs", tri__gguf_path(g), k->arch, cfg->head_dim);
     }
     return TRI_STATUS_OK;
 }
@@ -166,9 +168,9 @@ static tri_status read_rope_scaling(llama_keys *k, tri_model_config *cfg) {
                 if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f) *p = '?';
             }
             return tri__fail(TRI_STATUS_UNSUPPORTED,
-                             "%s: key 'llama.rope.scaling.type': '%s' is not supported (none, "
+                             "%s: key '%s.rope.scaling.type': '%s' is not supported (none, "
                              "linear, yarn are)",
-                             tri__gguf_path(g), shown);
+                             tri__gguf_path(g), k->arch, shown);
         }
     } else if (tri__gguf_find(g, key_of(k, "rope.scale_linear"))) {
         // Files from before rope.scaling.type carry only this linear factor.
@@ -203,9 +205,9 @@ static tri_status read_rope_scaling(llama_keys *k, tri_model_config *cfg) {
         // nothing in the config carries a factor for other scalings
         if (attn == 1.0f) return TRI_STATUS_OK;
         return tri__fail(TRI_STATUS_UNSUPPORTED,
-                         "%s: key 'llama.rope.scaling.attn_factor': %g with linear scaling is not "
+                         "%s: key '%s.rope.scaling.attn_factor': %g with linear scaling is not "
                          "supported (1 is)",
-                         tri__gguf_path(g), (double)attn);
+                         tri__gguf_path(g), k->arch, (double)attn);
     }
     if (has_attn) {
         double factor = (double)cfg->rope_factor;
@@ -220,14 +222,23 @@ static tri_status read_rope_scaling(llama_keys *k, tri_model_config *cfg) {
 }
 
 tri_status tri__gguf_llama_config(const tri__gguf *g, tri_model_config *cfg) {
+    tri__family_data data = {0};
+    tri_status st = tri__gguf_family_config(g, cfg, NULL, &data);
+    tri__family_data_free(&data);
+    return st;
+}
+
+tri_status tri__gguf_family_config(const tri__gguf *g, tri_model_config *cfg, const tri__family **fam_out,
+                                   tri__family_data *data) {
     const char *path = tri__gguf_path(g);
+    const tri__family *fam;
     tri__gguf_str arch;
     tri_status st;
     if (!tri__gguf_find(g, "general.architecture")) {
         return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: key 'general.architecture': missing", path);
     }
     if ((st = tri__gguf_get_str(g, "general.architecture", &arch))) return st;
-    if (!tri__gguf_str_eq(arch, "llama")) {
+    if (!(fam = tri__family_by_gguf_arch(arch.ptr, arch.len))) {
         char shown[64];
         int n = arch.len < 48 ? (int)arch.len : 48;
         snprintf(shown, sizeof shown, "%.*s%s", n, arch.ptr, arch.len > 48 ? "..." : "");
@@ -235,13 +246,13 @@ tri_status tri__gguf_llama_config(const tri__gguf *g, tri_model_config *cfg) {
             if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f) *p = '?';
         }
         return tri__fail(TRI_STATUS_UNSUPPORTED,
-                         "%s: key 'general.architecture': architecture '%s' is not supported (llama is)",
-                         path, shown);
+                         "%s: key 'general.architecture': architecture '%s' is not supported (%s are)",
+                         path, shown, tri__family_list(true));
     }
 
     tri_model_config c;
     memset(&c, 0, sizeof c);
-    llama_keys k = {.g = g};
+    llama_keys k = {.g = g, .arch = fam->gguf_arch};
     if ((st = get_pos_i32(&k, "embedding_length", 0, &c.n_embd))) return st;
     if ((st = get_pos_i32(&k, "feed_forward_length", 0, &c.n_ff))) return st;
     if ((st = get_pos_i32(&k, "block_count", 0, &c.n_layer))) return st;
@@ -249,9 +260,9 @@ tri_status tri__gguf_llama_config(const tri__gguf *g, tri_model_config *cfg) {
     if ((st = get_pos_i32(&k, "attention.head_count_kv", c.n_head, &c.n_head_kv))) return st;
     if (c.n_head % c.n_head_kv != 0) {
         return tri__fail(TRI_STATUS_BAD_FORMAT,
-                         "%s: key 'llama.attention.head_count_kv': %" PRId32
-                         " does not divide llama.attention.head_count %" PRId32,
-                         path, c.n_head_kv, c.n_head);
+                         "%s: key '%s.attention.head_count_kv': %" PRId32
+                         " does not divide %s.attention.head_count %" PRId32,
+                         path, k.arch, c.n_head_kv, k.arch, c.n_head);
     }
     if ((st = read_head_dim(&k, &c))) return st;
     if ((st = get_pos_i32(&k, "context_length", 0, &c.n_ctx_train))) return st;
@@ -262,9 +273,13 @@ tri_status tri__gguf_llama_config(const tri__gguf *g, tri_model_config *cfg) {
     if ((st = require_positive(&k, c.rope_theta))) return st;
     if ((st = read_rope_scaling(&k, &c))) return st;
 
-    c.tied_embeddings = tri__gguf_find_tensor(g, "output.weight") == NULL;
+    c.tied_embeddings = fam->tied_always || tri__gguf_find_tensor(g, "output.weight") == NULL;
     c.has_rope_freqs = tri__gguf_find_tensor(g, "rope_freqs.weight") != NULL;
-    c.rope_layout = TRI_ROPE_LAYOUT_ADJACENT;
+    c.rope_layout = fam->gguf_layout;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "%s.", fam->gguf_arch);
+    if (fam->gguf_config && (st = fam->gguf_config(g, prefix, &c, data))) return st;
+    if (fam_out) *fam_out = fam;
     *cfg = c;
     return TRI_STATUS_OK;
 }

@@ -120,9 +120,18 @@ const char *tri__gguf_ggml_type_name(uint32_t ggml_type);
 
 // ---- llama (gguf-llama.c) ----
 
-// Fills *cfg from general.architecture == "llama" and the llama.* keys (see docs/formats.md).
-// UNSUPPORTED for another architecture or rope scaling type, BAD_FORMAT naming the key when a
-// required key is missing, has the wrong type or an impossible value. rope_layout is ADJACENT.
+// Fills *cfg from general.architecture (llama, qwen2, phi3, gemma: model/family.h) and its keys,
+// "llama.embedding_length" and so on (see docs/formats.md). UNSUPPORTED for another architecture
+// or rope scaling type, BAD_FORMAT naming the key when a required key is missing, has the wrong
+// type or an impossible value. rope_layout is the family's (ADJACENT for llama).
 tri_status tri__gguf_llama_config(const tri__gguf *g, tri_model_config *cfg);
+
+struct tri__family;
+struct tri__family_data;
+// The same for any family of model/family.h (general.architecture names it; keys under its
+// prefix): *fam_out (if not NULL) receives the family, data its values beyond the config (the
+// caller frees them with tri__family_data_free, also on failure).
+tri_status tri__gguf_family_config(const tri__gguf *g, tri_model_config *cfg, const struct tri__family **fam_out,
+                                   struct tri__family_data *data);
 
 #endif  // TRI_GGUF_H

@@ -13,17 +13,14 @@
 
 #include "error.h"
 #include "json-read.h"
+#include "model/family.h"
 
 // ---- typed getters ----
 //
 // Each names the file (path) and the key (prefix + key, e.g. "rope_scaling.factor") when it fails.
 // A key that is absent or JSON null takes the default when not required.
 
-typedef struct cfg_ctx {
-    const char *path;
-    json_object *obj;    // the object the keys are looked up in
-    const char *prefix;  // "" or "rope_scaling."
-} cfg_ctx;
+typedef tri__hf_keys cfg_ctx;
 
 // The value of key, or NULL when absent or null.
 static json_object *cfg_get(const cfg_ctx *c, const char *key) {
@@ -120,7 +117,8 @@ static tri_status cfg_str(const cfg_ctx *c, const char *key, const char **out) {
 
 // ---- architecture ----
 
-static tri_status check_arch(const cfg_ctx *c) {
+// The family named by "architectures" (any entry a family knows) or else by "model_type".
+static tri_status check_arch(const cfg_ctx *c, const tri__family **fam) {
     json_object *archs = cfg_get(c, "architectures");
     const char *model_type;
     TRY(cfg_str(c, "model_type", &model_type));
@@ -137,23 +135,46 @@ static tri_status check_arch(const cfg_ctx *c) {
                                  c->path, i);
             }
             const char *s = json_object_get_string(a);
-            if (strcmp(s, "LlamaForCausalLM") == 0) return TRI_STATUS_OK;
+            if ((*fam = tri__family_by_hf_arch(s))) return TRI_STATUS_OK;
             if (!first_arch) first_arch = s;
         }
     }
-    if (model_type && strcmp(model_type, "llama") == 0) return TRI_STATUS_OK;
+    if (model_type && (*fam = tri__family_by_hf_model_type(model_type))) return TRI_STATUS_OK;
     if (first_arch) {
         return tri__fail(TRI_STATUS_UNSUPPORTED,
-                         "%s: field 'architectures': '%.100s' is unsupported (LlamaForCausalLM is)",
-                         c->path, first_arch);
+                         "%s: field 'architectures': '%.100s' is unsupported (model types %s are)", c->path,
+                         first_arch, tri__family_list(false));
     }
     if (model_type) {
-        return tri__fail(TRI_STATUS_UNSUPPORTED,
-                         "%s: field 'model_type': '%.100s' is unsupported (llama is)", c->path,
-                         model_type);
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field 'model_type': '%.100s' is unsupported (%s are)",
+                         c->path, model_type, tri__family_list(false));
     }
     return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field 'architectures': missing, and so is 'model_type'",
                      c->path);
+}
+
+// Keys of features no family here computes: present and not null/false/0, the model is refused.
+static tri_status refuse_features(const cfg_ctx *c) {
+    static const struct {
+        const char *key, *feature;
+    } keys[] = {
+        {"attn_logit_softcapping", "attention logit soft-capping (Gemma-2)"},
+        {"final_logit_softcapping", "final logit soft-capping (Gemma-2)"},
+        {"num_local_experts", "mixture of experts"},
+        {"num_experts", "mixture of experts"},
+        {"partial_rotary_factor", "partial rotary embeddings"},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        json_object *v = cfg_get(c, keys[i].key);
+        if (!v) continue;
+        if (json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v)) continue;
+        if ((json_object_is_type(v, json_type_int) || json_object_is_type(v, json_type_double)) &&
+            json_object_get_double(v) == (strcmp(keys[i].key, "partial_rotary_factor") == 0 ? 1.0 : 0.0))
+            continue;
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field '%s': %s is unsupported", c->path, keys[i].key,
+                         keys[i].feature);
+    }
+    return TRI_STATUS_OK;
 }
 
 // ---- rope scaling ----
@@ -259,7 +280,16 @@ static tri_status parse_rope_scaling(const char *path, json_object *rs, const ch
 
 tri_status tri__hf_config_parse(const char *name, const char *text, size_t len,
                                 tri_model_config *cfg, char **arch_out) {
+    tri__family_data data = {0};
+    tri_status st = tri__hf_config_parse_family(name, text, len, cfg, arch_out, NULL, &data);
+    tri__family_data_free(&data);
+    return st;
+}
+
+tri_status tri__hf_config_parse_family(const char *name, const char *text, size_t len, tri_model_config *cfg,
+                                       char **arch_out, const tri__family **fam_out, tri__family_data *data) {
     if (arch_out) *arch_out = NULL;
+    const tri__family *fam = NULL;
     json_object *root = NULL;
     tri_status st = tri__json_parse(name, text, len, &root);
     if (st != TRI_STATUS_OK) return st;
@@ -279,11 +309,12 @@ tri_status tri__hf_config_parse(const char *name, const char *text, size_t len,
         st = (expr);                       \
         if (st != TRI_STATUS_OK) goto done; \
     } while (0)
-    STEP(check_arch(&x));
+    STEP(check_arch(&x, &fam));
+    STEP(refuse_features(&x));
 
     const char *act;
     STEP(cfg_str(&x, "hidden_act", &act));
-    if (act && strcmp(act, "silu") != 0) {
+    if (fam->act == TRI_ACT_SILU && act && strcmp(act, "silu") != 0) {
         st = tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field 'hidden_act': '%.64s' is unsupported (silu is)",
                        name, act);
         goto done;
@@ -338,9 +369,14 @@ tri_status tri__hf_config_parse(const char *name, const char *text, size_t len,
 
     // Rope scaling: "rope_scaling" (transformers 4.x), or "rope_parameters" (transformers 5),
     // which also carries rope_theta.
+    if (fam->tied_always) c.tied_embeddings = true;
+    // the family's own keys (its activation, window, rope scaling), before the common rope scaling
+    if (fam->hf_config) STEP(fam->hf_config(&x, &c, data));
     json_object *rs = cfg_get(&x, "rope_scaling");
     json_object *rp = cfg_get(&x, "rope_parameters");
-    if (rs) {
+    if (c.rope_scaling != TRI_ROPE_SCALING_NONE) {
+        // the family read it
+    } else if (rs) {
         STEP(parse_rope_scaling(name, rs, "rope_scaling.", &c));
     } else if (rp) {
         STEP(parse_rope_scaling(name, rp, "rope_parameters.", &c));
@@ -350,13 +386,14 @@ tri_status tri__hf_config_parse(const char *name, const char *text, size_t len,
 #undef STEP
 
     if (arch_out) {
-        *arch_out = malloc(sizeof "llama");
+        *arch_out = malloc(strlen(fam->name) + 1);
         if (!*arch_out) {
             st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: cannot allocate", name);
             goto done;
         }
-        memcpy(*arch_out, "llama", sizeof "llama");
+        memcpy(*arch_out, fam->name, strlen(fam->name) + 1);
     }
+    if (fam_out) *fam_out = fam;
     *cfg = c;
     st = TRI_STATUS_OK;
 
@@ -366,14 +403,80 @@ done:
 }
 
 tri_status tri__hf_config_load(const char *config_json_path, tri_model_config *cfg, char **arch_out) {
+    tri__family_data data = {0};
+    tri_status st = tri__hf_config_load_family(config_json_path, cfg, arch_out, NULL, &data);
+    tri__family_data_free(&data);
+    return st;
+}
+
+tri_status tri__hf_config_load_family(const char *config_json_path, tri_model_config *cfg, char **arch_out,
+                                      const tri__family **fam_out, tri__family_data *data) {
     if (arch_out) *arch_out = NULL;
     char *text;
     size_t len;
     tri_status st = tri__json_read_file(config_json_path, TRI_JSON_MAX_BYTES, &text, &len);
     if (st != TRI_STATUS_OK) return st;
-    st = tri__hf_config_parse(config_json_path, text, len, cfg, arch_out);
+    st = tri__hf_config_parse_family(config_json_path, text, len, cfg, arch_out, fam_out, data);
     free(text);
     return st;
+}
+
+// ---- keys for the families' hooks ----
+
+tri_status tri__hf_key_int(const tri__hf_keys *k, const char *key, bool required, int32_t def, int32_t min,
+                           int32_t *out) {
+    return cfg_int(k, key, required, def, min, out);
+}
+
+tri_status tri__hf_key_float(const tri__hf_keys *k, const char *key, bool required, float def, bool positive,
+                             float *out) {
+    return cfg_float(k, key, required, def, positive, out);
+}
+
+tri_status tri__hf_key_bool(const tri__hf_keys *k, const char *key, bool def, bool *out) {
+    return cfg_bool(k, key, def, out);
+}
+
+tri_status tri__hf_key_str(const tri__hf_keys *k, const char *key, const char **out) { return cfg_str(k, key, out); }
+
+bool tri__hf_key_present(const tri__hf_keys *k, const char *key) { return cfg_get(k, key) != NULL; }
+
+bool tri__hf_key_written(const tri__hf_keys *k, const char *key) {
+    json_object *v;
+    return json_object_object_get_ex(k->obj, key, &v);
+}
+
+tri_status tri__hf_key_object(const tri__hf_keys *k, const char *key, const char *prefix, tri__hf_keys *out) {
+    json_object *v = cfg_get(k, key);
+    if (!v) return cfg_missing(k, key);
+    if (!json_object_is_type(v, json_type_object))
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': not an object", k->path, k->prefix, key);
+    *out = (tri__hf_keys){k->path, v, prefix};
+    return TRI_STATUS_OK;
+}
+
+tri_status tri__hf_key_floats(const tri__hf_keys *k, const char *key, int32_t n, float **out) {
+    *out = NULL;
+    json_object *v = cfg_get(k, key);
+    if (!v) return cfg_missing(k, key);
+    if (!json_object_is_type(v, json_type_array) || json_object_array_length(v) != (size_t)n)
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': not an array of %d numbers (head_dim / 2)",
+                         k->path, k->prefix, key, (int)n);
+    float *f = malloc(sizeof *f * (size_t)(n > 0 ? n : 1));
+    if (!f) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: field '%s%s'", k->path, k->prefix, key);
+    for (int32_t i = 0; i < n; i++) {
+        json_object *e = json_object_array_get_idx(v, (size_t)i);
+        double x = json_object_is_type(e, json_type_int) || json_object_is_type(e, json_type_double)
+                       ? json_object_get_double(e) : NAN;
+        if (!isfinite(x) || !((float)x > 0) || x > 3.0e38) {
+            free(f);
+            return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field '%s%s': entry %d is not a positive finite number",
+                             k->path, k->prefix, key, (int)i);
+        }
+        f[i] = (float)x;
+    }
+    *out = f;
+    return TRI_STATUS_OK;
 }
 
 // ---- tensor names ----
@@ -400,6 +503,10 @@ static const name_map layer_names[] = {
     {"mlp.gate_proj.weight", "ffn_gate.weight"},
     {"mlp.up_proj.weight", "ffn_up.weight"},
     {"mlp.down_proj.weight", "ffn_down.weight"},
+    // Phi-3's fused matrices, under llama.cpp's names (its converter keeps them fused: gate_up in
+    // ffn_up); the loader splits them into rows of the unfused slots
+    {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
+    {"mlp.gate_up_proj.weight", "ffn_up.weight"},
     // Llama has none, but some checkpoints carry them (attention_bias, mlp_bias): they are mapped
     // under llama.cpp's names so that the loader can refuse them by name instead of losing them.
     {"self_attn.q_proj.bias", "attn_q.bias"},

@@ -1,6 +1,7 @@
 // llama.c - embedding, transformer blocks, output head; prefill in chunks of n_batch tokens.
 #include "llama.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,6 +49,8 @@ void tri__llama_free(tri__llama *ll) {
             if (ll->pool->users[i] == ll) ll->pool->users[i] = ll->pool->users[--ll->pool->n_users];
     free(ll->pos);
     free(ll->q_pos);
+    free(ll->win_spans);
+    free(ll->win_head_span);
     tri__rope_free(&ll->rope);
     memset(ll, 0, sizeof *ll);
 }
@@ -63,7 +66,10 @@ tri_status tri__llama_init_pooled(tri__llama *ll, const tri_model *model, tri__b
     ll->n_batch = n_batch;
     const float *freq_div = model->rope_freqs ? (const float *)model->rope_freqs->data : NULL;
     tri_status st = tri__rope_init(&ll->rope, c, freq_div);
+    if (!st && c->rope_scaling == TRI_ROPE_SCALING_LONGROPE)
+        st = tri__rope_set_longrope(&ll->rope, model->fdata.rope_short, model->fdata.rope_long);
     if (st) {
+        tri__rope_free(&ll->rope);
         memset(ll, 0, sizeof *ll);
         return st;
     }
@@ -163,6 +169,123 @@ static tri_status ensure_logits(tri__llama *ll, int32_t rows) {
     return TRI_STATUS_OK;
 }
 
+// ---- what the families do differently (model/family.h) ----
+
+// x (m, n) += bias (n) per row; bias NULL: nothing.
+static tri_status add_bias(tri__llama *ll, float *x, const tri__tensor *bias, int64_t m, int64_t n) {
+    if (!bias) return TRI_STATUS_OK;
+    const tri__backend_ops *op = ll->be->ops;
+    if (op->add_rows) return op->add_rows(ll->be, x, bias->data, m, n);
+    for (int64_t i = 0; i < m; i++) TRY(op->add(ll->be, x + i * n, x + i * n, bias->data, n));
+    return TRI_STATUS_OK;
+}
+
+// out = act(gate) * up over n values, the family's activation.
+static tri_status gated(tri__llama *ll, float *out, const float *gate, const float *up, int64_t n) {
+    const tri__backend_ops *op = ll->be->ops;
+    switch (tri__model_family(ll->model)->act) {
+    case TRI_ACT_SILU: return op->swiglu(ll->be, out, gate, up, n);
+    case TRI_ACT_GELU_TANH:
+        if (!op->geglu)
+            return tri__fail(TRI_STATUS_UNSUPPORTED, "backend %s has no geglu (the %s family's activation)", op->name,
+                             tri__model_family(ll->model)->name);
+        return op->geglu(ll->be, out, gate, up, n);
+    }
+    return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "forward pass: unknown activation");
+}
+
+// The embedding rows x (n, n_embd) times sqrt(n_embd) where the family scales them, as
+// transformers does: the factor rounded to f32, then one f32 product.
+static tri_status scale_embeddings(tri__llama *ll, float *x, int64_t n) {
+    const tri_model *m = ll->model;
+    if (!tri__model_family(m)->embd_scale) return TRI_STATUS_OK;
+    const tri__backend_ops *op = ll->be->ops;
+    if (!op->scale)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "backend %s has no scale (the %s family's embedding scale)", op->name,
+                         tri__model_family(m)->name);
+    return op->scale(ll->be, x, n * m->config.n_embd, (float)sqrt((double)m->config.n_embd));
+}
+
+// Grows the trimmed-view scratch to n spans.
+static tri_status win_reserve(tri__llama *ll, int64_t n) {
+    if (n <= ll->win_cap) return TRI_STATUS_OK;
+    int64_t cap = n > 2 * ll->win_cap ? n : 2 * ll->win_cap;
+    tri__kv_span *s = realloc(ll->win_spans, sizeof *s * (size_t)cap);
+    if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "sliding window: %lld spans", (long long)cap);
+    ll->win_spans = s;
+    ll->win_cap = cap;
+    return TRI_STATUS_OK;
+}
+
+// Attention under a sliding window of W positions: a query at p sees keys at p - W + 1 .. p. When
+// every key of the view is inside every query's window (the first W positions, or a view a
+// policy already bounded), this is one plain call; otherwise each query attends alone over the
+// view trimmed to its window (spans cut at the first visible row, spans with per-row positions
+// split into runs of visible rows), which the kernels then mask causally as usual. The per-key
+// weight sums of such a split (H2O) are not produced: that case is refused.
+static tri_status attend_window(tri__llama *ll, float *out, const float *q, const int32_t *q_pos, int64_t n,
+                                const tri__kv_view *view, float *weight_sums) {
+    const tri_model_config *c = &ll->model->config;
+    const tri__backend_ops *op = ll->be->ops;
+    const int64_t W = c->sliding_window, hd = c->head_dim, q_dim = (int64_t)c->n_head * hd;
+    int64_t qmax = 0, kmin = INT64_MAX, n_spans = view->head_span[view->n_head_kv];
+    for (int64_t i = 0; i < n; i++) qmax = q_pos[i] > qmax ? q_pos[i] : qmax;
+    for (int64_t s = 0; s < n_spans; s++) {
+        const tri__kv_span *sp = &view->spans[s];
+        for (int32_t j = 0; j < sp->n; j++) {
+            int64_t p = sp->pos ? sp->pos[j] : (int64_t)sp->pos0 + j;
+            kmin = p < kmin ? p : kmin;
+            if (!sp->pos) break;  // contiguous: row 0 is the lowest
+        }
+    }
+    if (W <= 0 || kmin >= qmax - W + 1)
+        return op->attention(ll->be, out, q, q_pos, n, c->n_head, hd, view, weight_sums);
+    if (weight_sums)
+        return tri__fail(TRI_STATUS_UNSUPPORTED,
+                         "%s: a sliding window (%d) with a cache policy that accumulates attention (H2O) is unsupported",
+                         ll->model->path, (int)W);
+    const int64_t es = view->type == TRI_DTYPE_F16 ? 2 : 4;
+    if (!ll->win_head_span) {
+        ll->win_head_span = malloc(sizeof *ll->win_head_span * (size_t)(view->n_head_kv + 1));
+        if (!ll->win_head_span) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "sliding window: head table");
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t lo = (int64_t)q_pos[i] - W + 1;
+        int64_t k = 0;
+        for (int32_t h = 0; h < view->n_head_kv; h++) {
+            ll->win_head_span[h] = (int32_t)k;
+            for (int32_t s = view->head_span[h]; s < view->head_span[h + 1]; s++) {
+                const tri__kv_span *sp = &view->spans[s];
+                for (int32_t j = 0; j < sp->n;) {
+                    int64_t p = sp->pos ? sp->pos[j] : (int64_t)sp->pos0 + j;
+                    if (p < lo) {  // skip to the first visible row
+                        j = sp->pos ? j + 1 : (int32_t)(lo - sp->pos0 < sp->n ? lo - sp->pos0 : sp->n);
+                        continue;
+                    }
+                    int32_t e = j + 1;  // the run of visible rows from j
+                    if (sp->pos)
+                        while (e < sp->n && sp->pos[e] >= lo) e++;
+                    else
+                        e = sp->n;
+                    TRY(win_reserve(ll, k + 1));
+                    tri__kv_span t = *sp;
+                    t.pos0 = sp->pos0 + j;
+                    t.n = e - j;
+                    t.k = (const char *)sp->k + (int64_t)j * sp->stride * es;
+                    t.v = (const char *)sp->v + (int64_t)j * sp->stride * es;
+                    t.pos = sp->pos ? sp->pos + j : NULL;
+                    ll->win_spans[k++] = t;
+                    j = e;
+                }
+            }
+        }
+        ll->win_head_span[view->n_head_kv] = (int32_t)k;
+        tri__kv_view trimmed = {view->type, view->n_head_kv, ll->win_spans, ll->win_head_span};
+        TRY(op->attention(ll->be, out + i * q_dim, q + i * q_dim, q_pos + i, 1, c->n_head, hd, &trimmed, NULL));
+    }
+    return TRI_STATUS_OK;
+}
+
 // One transformer block over the n tokens in ll->x at positions ll->pos (queries at ll->q_pos).
 static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t n) {
     const tri_model_config *c = &ll->model->config;
@@ -177,6 +300,9 @@ static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t
     TRY(op->matmul(be, ll->q, ll->xb, L->wq->data, L->wq->type, n, q_dim, E));
     TRY(op->matmul(be, ll->k, ll->xb, L->wk->data, L->wk->type, n, kv_dim, E));
     TRY(op->matmul(be, ll->v, ll->xb, L->wv->data, L->wv->type, n, kv_dim, E));
+    TRY(add_bias(ll, ll->q, L->bq, n, q_dim));
+    TRY(add_bias(ll, ll->k, L->bk, n, kv_dim));
+    TRY(add_bias(ll, ll->v, L->bv, n, kv_dim));
     TRY(op->rope(be, ll->q, n, c->n_head, ll->q_pos, &ll->rope));
     // a policy that rotates keys itself (StreamingLLM, by position inside the cache) takes them raw
     if (!pol->raw_keys) TRY(op->rope(be, ll->k, n, c->n_head_kv, ll->pos, &ll->rope));
@@ -186,7 +312,7 @@ static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t
     if (tri__kv_store_splits(pol->kv, il))  // an offloaded layer, part attended where it lies on the host
         TRY(tri__kv_store_attend_split(pol->kv, il, ll->att, ll->q, ll->q_pos, n, c->n_head, pol->step_n0 + n));
     else
-        TRY(op->attention(be, ll->att, ll->q, ll->q_pos, n, c->n_head, hd, view, weight_sums));
+        TRY(attend_window(ll, ll->att, ll->q, ll->q_pos, n, view, weight_sums));
     TRY(tri__kv_policy_observe(pol, il));
     TRY(op->matmul(be, ll->proj, ll->att, L->wo->data, L->wo->type, n, E, q_dim));
     TRY(op->add(be, ll->x, ll->x, ll->proj, n * E));
@@ -195,7 +321,7 @@ static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t
     TRY(op->rmsnorm(be, ll->xb, ll->x, L->ffn_norm->data, L->ffn_norm->type, n, E, c->rms_eps));
     TRY(op->matmul(be, ll->gate, ll->xb, L->w_gate->data, L->w_gate->type, n, c->n_ff, E));
     TRY(op->matmul(be, ll->up, ll->xb, L->w_up->data, L->w_up->type, n, c->n_ff, E));
-    TRY(op->swiglu(be, ll->gate, ll->gate, ll->up, n * c->n_ff));
+    TRY(gated(ll, ll->gate, ll->gate, ll->up, n * c->n_ff));
     TRY(op->matmul(be, ll->proj, ll->gate, L->w_down->data, L->w_down->type, n, E, c->n_ff));
     TRY(op->add(be, ll->x, ll->x, ll->proj, n * E));
     return TRI_STATUS_OK;
@@ -224,14 +350,17 @@ static tri_status forward_step(tri__llama *ll, tri__kv_policy *pol, const int32_
     int32_t pos0 = tri__kv_policy_len(pol);
     for (int32_t i = 0; i < nb; i++) ll->pos[i] = pos0 + i;
     TRY(tri__kv_policy_begin(pol, nb, &ll->rope, ll->q_pos));
-    // the dynamic rule follows the positions the queries see
-    tri__rope_update(&ll->rope, (int64_t)ll->q_pos[nb - 1] + 1);
+    // the dynamic rule follows the positions the queries see (LongRoPE's is set per call)
+    if (ll->rope.scaling != TRI_ROPE_SCALING_LONGROPE) tri__rope_update(&ll->rope, (int64_t)ll->q_pos[nb - 1] + 1);
 
     // the full cache's offloaded layers split between the device and the host (a level over it
-    // whose view is its own, a measurement or a selection taken from its rows streams them whole)
-    if (pol->p.kind == TRI_KV_POLICY_FULL && !pol->src && !pol->measure && !pol->tap)
+    // whose view is its own, a measurement or a selection taken from its rows streams them whole;
+    // so does a step past a sliding window, which attends over trimmed views)
+    if (pol->p.kind == TRI_KV_POLICY_FULL && !pol->src && !pol->measure && !pol->tap &&
+        !(c->sliding_window > 0 && pos0 + nb > c->sliding_window))
         tri__kv_store_split_begin(pol->kv, pos0, nb);
     tri_status st = op->get_rows(be, ll->x, m->tok_embd->data, m->tok_embd->type, V, E, tokens, nb);
+    if (!st) st = scale_embeddings(ll, ll->x, nb);
     for (int32_t il = 0; !st && il < c->n_layer; il++) {
         st = tri__model_stream_layer(m, il);  // streamed weights: this block's in, the next's coming
         if (!st) st = block(ll, pol, il, nb);
@@ -285,6 +414,7 @@ static tri_status forward_layers(tri__llama *ll, tri__kv_policy *pol, const int3
     float *xs = NULL, *x_step = ll->x;
     TRY(op->alloc(be, sizeof(float) * (size_t)n * (size_t)E, (void **)&xs));
     tri_status st = op->get_rows(be, xs, m->tok_embd->data, m->tok_embd->type, V, E, tokens, n);
+    if (!st) st = scale_embeddings(ll, xs, n);
     kv->no_prefetch = true;
     for (int32_t il = 0; !st && il < c->n_layer; il++) {
         st = tri__model_stream_layer(m, il);
@@ -325,6 +455,8 @@ tri_status tri__llama_forward_policy(tri__llama *ll, tri__kv_policy *pol, const 
                          pol->max_step, ll->n_batch);
     const int64_t V = ll->model->config.n_vocab;
     tri_status st = TRI_STATUS_OK;
+    // LongRoPE picks its factors per call, by the call's last position, as transformers does
+    if (ll->rope.scaling == TRI_ROPE_SCALING_LONGROPE) tri__rope_update(&ll->rope, (int64_t)n0 + n);
     const bool by_layer = layer_major(ll, pol, n, mode);
     for (int32_t done = 0; by_layer && !st && done < n; done += PREFILL_SPAN) {
         int32_t nb = n - done < PREFILL_SPAN ? n - done : PREFILL_SPAN;

@@ -37,6 +37,10 @@ typedef struct tri__llama {
     int32_t *pos;   // (n_batch) host: absolute positions of the current chunk (keys rotate at them)
     int32_t *q_pos; // (n_batch) host: positions the cache policy rotates and masks queries at
     tri__act_pool *pool;  // the activations above (but logits) are the pool's; NULL: its own
+    // sliding window: one query's view trimmed to its window (host)
+    tri__kv_span *win_spans;  // (win_cap)
+    int64_t win_cap;
+    int32_t *win_head_span;   // (n_head_kv + 1)
 } tri__llama;
 
 tri_status tri__llama_init(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch);

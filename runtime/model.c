@@ -71,42 +71,53 @@ static int64_t dim_value(const tri_model_config *c, cfg_dim d) {
     return 0;
 }
 
-// The GGUF key the head size came from, in tri__gguf_llama_config's order.
-static const char *gguf_head_key(const tri_model *m) {
-    if (tri__gguf_find(m->gguf, "llama.attention.key_length")) return "llama.attention.key_length";
-    if (tri__gguf_find(m->gguf, "llama.rope.dimension_count")) return "llama.rope.dimension_count";
-    return "(llama.embedding_length / llama.attention.head_count)";
+// A GGUF key of the model's architecture: "<arch>.<suffix>" in buf.
+static const char *gkey(const tri_model *m, const char *suffix, char *buf, size_t size) {
+    const char *arch = m->family && m->family->gguf_arch ? m->family->gguf_arch : "llama";
+    snprintf(buf, size, "%s.%s", arch, suffix);
+    return buf;
+}
+
+// The GGUF key the head size came from, in tri__gguf_family_config's order, in buf.
+static const char *gguf_head_key(const tri_model *m, char *buf, size_t size) {
+    if (tri__gguf_find(m->gguf, gkey(m, "attention.key_length", buf, size))) return buf;
+    if (tri__gguf_find(m->gguf, gkey(m, "rope.dimension_count", buf, size))) return buf;
+    char a[96], b[96];
+    snprintf(buf, size, "(%s / %s)", gkey(m, "embedding_length", a, sizeof a), gkey(m, "attention.head_count", b, sizeof b));
+    return buf;
 }
 
 // Writes "intermediate_size = 170" or "num_attention_heads x head_dim = 4 x 16" for d into buf.
 static void describe_dim(const tri_model *m, cfg_dim d, char *buf, size_t size) {
     const tri_model_config *c = &m->config;
     bool hf = m->config_path != NULL;
+    char k1[96], k2[200];
     switch (d) {
     case CFG_DIM_VOCAB:
         // GGUF: read_vocab takes the key, else the token list (the embedding agrees with itself)
         snprintf(buf, size, "%s = %d",
-                 hf                                             ? "vocab_size"
-                 : tri__gguf_find(m->gguf, "llama.vocab_size") ? "llama.vocab_size"
-                                                                : "the length of tokenizer.ggml.tokens",
+                 hf ? "vocab_size"
+                 : tri__gguf_find(m->gguf, gkey(m, "vocab_size", k1, sizeof k1)) ? k1
+                                                                                  : "the length of tokenizer.ggml.tokens",
                  c->n_vocab);
         break;
     case CFG_DIM_EMBD:
-        snprintf(buf, size, "%s = %d", hf ? "hidden_size" : "llama.embedding_length", c->n_embd);
+        snprintf(buf, size, "%s = %d", hf ? "hidden_size" : gkey(m, "embedding_length", k1, sizeof k1), c->n_embd);
         break;
     case CFG_DIM_FF:
-        snprintf(buf, size, "%s = %d", hf ? "intermediate_size" : "llama.feed_forward_length", c->n_ff);
+        snprintf(buf, size, "%s = %d", hf ? "intermediate_size" : gkey(m, "feed_forward_length", k1, sizeof k1),
+                 c->n_ff);
         break;
     case CFG_DIM_Q:
     case CFG_DIM_KV:
         snprintf(buf, size, "%s x %s = %d x %d",
-                 d == CFG_DIM_Q ? (hf ? "num_attention_heads" : "llama.attention.head_count")
-                                : (hf ? "num_key_value_heads" : "llama.attention.head_count_kv"),
-                 hf ? "head_dim" : gguf_head_key(m), d == CFG_DIM_Q ? c->n_head : c->n_head_kv,
+                 d == CFG_DIM_Q ? (hf ? "num_attention_heads" : gkey(m, "attention.head_count", k1, sizeof k1))
+                                : (hf ? "num_key_value_heads" : gkey(m, "attention.head_count_kv", k1, sizeof k1)),
+                 hf ? "head_dim" : gguf_head_key(m, k2, sizeof k2), d == CFG_DIM_Q ? c->n_head : c->n_head_kv,
                  c->head_dim);
         break;
     case CFG_DIM_ROT:
-        snprintf(buf, size, "%s / 2 = %d / 2", hf ? "head_dim" : gguf_head_key(m), c->head_dim);
+        snprintf(buf, size, "%s / 2 = %d / 2", hf ? "head_dim" : gguf_head_key(m, k2, sizeof k2), c->head_dim);
         break;
     }
 }
@@ -118,8 +129,10 @@ static const char *config_where(const tri_model *m, char *buf, size_t size) {
     return buf;
 }
 
+// num_hidden_layers, or <arch>.block_count (in a buffer of the calling thread, valid until its next call).
 static const char *layers_key(const tri_model *m) {
-    return m->config_path ? "num_hidden_layers" : "llama.block_count";
+    static _Thread_local char buf[96];
+    return m->config_path ? "num_hidden_layers" : gkey(m, "block_count", buf, sizeof buf);
 }
 
 static tri__tensor *find_tensor(tri_model *m, const char *name) {
@@ -207,10 +220,10 @@ static tri_status check_all_bound(const tri_model *m) {
                                  config_where(m, where, sizeof where));
         }
         if (has_suffix(t->name, ".bias"))
-            return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor '%s': biases are unsupported (Llama has none)",
-                             t->file, t->source);
-        return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor '%s': not a weight of the Llama architecture",
-                         t->file, t->source);
+            return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor '%s': biases are unsupported (%s has none there)",
+                             t->file, t->source, m->family->name);
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor '%s': not a weight of the %s architecture",
+                         t->file, t->source, m->family->name);
     }
     return TRI_STATUS_OK;
 }
@@ -285,8 +298,146 @@ static tri_status bind_all(tri_model *m) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", il, layer_suffixes[i]);
             if ((st = bind(m, name, want[i].n_dims, want[i].d0, want[i].d1, want[i].slot))) return st;
         }
+        if (m->family->qkv_bias) {
+            static const char *const bias[3] = {"attn_q", "attn_k", "attn_v"};
+            const tri__tensor **slot[3] = {&L->bq, &L->bk, &L->bv};
+            for (int i = 0; i < 3; i++) {
+                char name[64];
+                snprintf(name, sizeof name, "blk.%d.%s.bias", il, bias[i]);
+                if ((st = bind(m, name, 1, i == 0 ? CFG_DIM_Q : CFG_DIM_KV, 0, slot[i]))) return st;
+                if ((*slot[i])->type != TRI_DTYPE_F32)  // made f32 at load (prepare_family)
+                    return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor '%s': type %s, want f32",
+                                     (*slot[i])->file, (*slot[i])->source, tri_dtype_name((*slot[i])->type));
+            }
+        }
     }
     return check_all_bound(m);
+}
+
+// ---- what the family stores differently ----
+
+// Appends an entry to the tensor table (pointers into it are taken only after this).
+static tri_status append_tensor(tri_model *m, const tri__tensor *t) {
+    tri__tensor *n = realloc(m->tensors, sizeof *n * (size_t)(m->n_tensors + 1));
+    if (!n) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: tensor table", m->path);
+    m->tensors = n;
+    m->tensors[m->n_tensors++] = *t;
+    return TRI_STATUS_OK;
+}
+
+// A buffer the model frees with itself.
+static void *own(tri_model *m, size_t bytes) {
+    void **o = realloc(m->owned, sizeof *o * (size_t)(m->n_owned + 1));
+    if (!o) return NULL;
+    m->owned = o;
+    void *p = malloc(bytes ? bytes : 1);
+    if (p) m->owned[m->n_owned++] = p;
+    return p;
+}
+
+// Splits the fused matrix `fused` (canonical name) of layer il into rows: parts[i] gets rows[i]
+// rows under name blk.il.parts[i].weight; the fused entry is renamed to `rename` and marked bound.
+static tri_status split_rows(tri_model *m, int32_t il, const char *fused, const char *rename, int n_parts,
+                             const char *const *parts, const int64_t *rows, const char *rows_what) {
+    char name[64];
+    snprintf(name, sizeof name, "blk.%d.%s.weight", il, fused);
+    int64_t idx = -1;
+    for (int64_t i = 0; i < m->n_tensors; i++)
+        if (strcmp(m->tensors[i].name, name) == 0) idx = i;
+    if (idx < 0) return missing(m, name);
+    int64_t total = 0;
+    for (int i = 0; i < n_parts; i++) total += rows[i];
+    tri__tensor *t = &m->tensors[idx];
+    if (t->n_dims != 2 || t->shape[0] != total || t->shape[1] != m->config.n_embd)
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: tensor '%s': shape (%lld, %lld), want (%lld, %d): %s", t->file,
+                         t->source, (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0),
+                         (long long)total, (int)m->config.n_embd, rows_what);
+    uint64_t row_bytes = t->n_bytes / (uint64_t)total;
+    char *renamed = malloc(strlen(name) + 32);
+    if (!renamed) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: tensor names", m->path);
+    snprintf(renamed, strlen(name) + 32, "blk.%d.%s.weight", il, rename);
+    free((char *)t->name);
+    t->name = renamed;
+    t->bound = true;
+    tri__tensor whole = *t;
+    int64_t row0 = 0;
+    for (int i = 0; i < n_parts; i++) {
+        tri__tensor p = whole;
+        char pn[64];
+        snprintf(pn, sizeof pn, "blk.%d.%s.weight", il, parts[i]);
+        p.name = dup_str(pn, strlen(pn));
+        if (!p.name) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: tensor names", m->path);
+        p.shape[0] = rows[i];
+        p.n_bytes = row_bytes * (uint64_t)rows[i];
+        p.data = (const char *)whole.data + row_bytes * (uint64_t)row0;
+        p.offset = whole.offset + row_bytes * (uint64_t)row0;
+        p.slice = true;
+        p.bound = false;
+        row0 += rows[i];
+        tri_status st = append_tensor(m, &p);
+        if (st) {
+            free((char *)p.name);
+            return st;
+        }
+    }
+    return TRI_STATUS_OK;
+}
+
+// Replaces t's data by an f32 copy plus `add` (Gemma's HF norms: 1 + w; biases: + 0).
+static tri_status to_f32_plus(tri_model *m, tri__tensor *t, float add) {
+    int64_t n = 1;
+    for (int d = 0; d < t->n_dims; d++) n *= t->shape[d];
+    if (t->type != TRI_DTYPE_F32 && t->type != TRI_DTYPE_F16 && t->type != TRI_DTYPE_BF16)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor '%s': type %s, want f32, f16 or bf16", t->file,
+                         t->source, tri_dtype_name(t->type));
+    float *f = own(m, sizeof *f * (size_t)n);
+    if (!f) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: tensor '%s'", t->file, t->source);
+    for (int64_t i = 0; i < n; i++) {
+        float x = t->type == TRI_DTYPE_F32   ? ((const float *)t->data)[i]
+                  : t->type == TRI_DTYPE_F16 ? tri__f16_to_f32(((const uint16_t *)t->data)[i])
+                                             : tri__bf16_to_f32(((const uint16_t *)t->data)[i]);
+        f[i] = x + add;
+    }
+    t->data = f;
+    t->type = TRI_DTYPE_F32;
+    t->n_bytes = sizeof *f * (uint64_t)n;
+    t->computed = true;
+    return TRI_STATUS_OK;
+}
+
+// Brings the family's tensors to the slots the forward pass reads: fused matrices split into row
+// views, (1 + w) norms of HF checkpoints and non-f32 biases computed in f32, LongRoPE factor
+// tensors taken (their values are in fdata).
+static tri_status prepare_family(tri_model *m) {
+    const tri__family *f = m->family;
+    const tri_model_config *c = &m->config;
+    tri_status st;
+    for (int64_t i = 0; i < m->n_tensors; i++) {
+        tri__tensor *t = &m->tensors[i];
+        if (strcmp(t->name, "rope_factors_long.weight") == 0 || strcmp(t->name, "rope_factors_short.weight") == 0)
+            t->bound = m->fdata.rope_long != NULL;  // read into fdata; refused as unknown otherwise
+        bool norm = has_suffix(t->name, "_norm.weight");
+        if (f->norm_plus_one && m->config_path && norm && (st = to_f32_plus(m, t, 1.0f))) return st;
+        if (f->qkv_bias && has_suffix(t->name, ".bias") && t->type != TRI_DTYPE_F32 && (st = to_f32_plus(m, t, 0.0f)))
+            return st;
+    }
+    for (int32_t il = 0; il < c->n_layer && (f->fused_qkv || f->fused_gate_up); il++) {
+        if (f->fused_qkv) {
+            static const char *const parts[3] = {"attn_q", "attn_k", "attn_v"};
+            int64_t rows[3] = {(int64_t)c->n_head * c->head_dim, (int64_t)c->n_head_kv * c->head_dim,
+                               (int64_t)c->n_head_kv * c->head_dim};
+            if ((st = split_rows(m, il, "attn_qkv", "attn_qkv", 3, parts, rows,
+                                 "q, k and v rows (heads x head_dim, twice kv heads x head_dim)")))
+                return st;
+        }
+        if (f->fused_gate_up) {
+            static const char *const parts[2] = {"ffn_gate", "ffn_up"};
+            int64_t rows[2] = {c->n_ff, c->n_ff};
+            if ((st = split_rows(m, il, "ffn_up", "ffn_gate_up", 2, parts, rows, "gate and up rows (2 x n_ff)")))
+                return st;
+        }
+    }
+    return TRI_STATUS_OK;
 }
 
 // A tokenizer with more tokens than the embedding has rows would hand the forward pass ids it
@@ -327,7 +478,7 @@ static tri_status load_gguf(tri_model *m, const tri_model_params *params) {
     tri_status st = tri__gguf_open(m->path, &m->gguf);
     if (st) return st;
     const tri__gguf *g = m->gguf;
-    if ((st = tri__gguf_llama_config(g, &m->config))) return st;
+    if ((st = tri__gguf_family_config(g, &m->config, &m->family, &m->fdata))) return st;
 
     tri__gguf_str s;
     m->arch = tri__gguf_get_str(g, "general.architecture", &s) == TRI_STATUS_OK
@@ -374,7 +525,7 @@ static tri_status load_hf(tri_model *m, const tri_model_params *params) {
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "%s: path too long", dir);
     m->config_path = dup_str(cfg_path, strlen(cfg_path));
     if (!m->config_path) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: names", m->path);
-    if ((st = tri__hf_config_load(cfg_path, &m->config, &m->arch))) return st;
+    if ((st = tri__hf_config_load_family(cfg_path, &m->config, &m->arch, &m->family, &m->fdata))) return st;
     // the directory's last component names the model
     const char *base = strrchr(dir, '/');
     base = base && base[1] ? base + 1 : dir;
@@ -395,8 +546,8 @@ static tri_status load_hf(tri_model *m, const tri_model_params *params) {
                 tri__log(TRI_LOG_LEVEL_DEBUG, "%s: ignoring tensor '%s'", file, t->name);
                 continue;
             }
-            return tri__fail(TRI_STATUS_UNSUPPORTED,
-                             "%s: tensor '%s': not a weight of the Llama architecture", file, t->name);
+            return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor '%s': not a weight of the %s architecture", file,
+                             t->name, m->family->name);
         }
         const tri__tensor *dup = tri__model_find_tensor(m, name);
         if (dup)
@@ -439,6 +590,9 @@ void tri_model_free(tri_model *model) {
     for (int64_t i = 0; i < model->n_tensors; i++) free((char *)model->tensors[i].name);
     free(model->tensors);
     free(model->layers);
+    for (int32_t i = 0; i < model->n_owned; i++) free(model->owned[i]);
+    free(model->owned);
+    tri__family_data_free(&model->fdata);
     tri__tokenizer_free(model->tokenizer);
     tri__gguf_close(model->gguf);
     tri__st_model_close(model->st);
@@ -471,6 +625,7 @@ tri_status tri_model_load(const char *path, const tri_model_params *params, tri_
 
     bool hf = S_ISDIR(sb.st_mode) || has_suffix(path, ".safetensors") || has_suffix(path, ".json");
     if ((st = hf ? load_hf(m, params) : load_gguf(m, params))) goto fail;
+    if ((st = prepare_family(m))) goto fail;
     if ((st = bind_all(m))) goto fail;
 
     if (m->tokenizer && (st = check_vocab(m))) goto fail;
@@ -481,6 +636,7 @@ tri_status tri_model_load(const char *path, const tri_model_params *params, tri_
     m->info.n_tensors = m->n_tensors;
     for (int64_t i = 0; i < m->n_tensors; i++) {
         const tri__tensor *t = &m->tensors[i];
+        if (t->slice) continue;  // counted as the fused matrix
         int64_t elems = 1;
         for (int d = 0; d < t->n_dims; d++) elems *= t->shape[d];
         m->info.n_params += elems;

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "model/family.h"
 #include "triforce.h"
 
 struct tri__gguf;
@@ -25,6 +26,10 @@ typedef struct tri__tensor {
                         // and for reading it without the mapping (the disk tier of streamed weights)
     uint64_t offset;    // bytes from the start of `file` to its first byte
     bool bound;         // taken by a slot of the model; loading fails on a tensor left unbound
+    bool slice;         // rows of another entry (a fused matrix split at load): not counted in the
+                        // model's totals
+    bool computed;      // data computed at load into memory the model owns (Gemma's 1 + w from an
+                        // HF checkpoint, an f32 copy of a bias): `offset` does not locate it
 } tri__tensor;
 
 // The weights of one transformer block; every pointer is into tri_model.tensors.
@@ -38,6 +43,9 @@ typedef struct tri__layer {
     const tri__tensor *w_gate;     // (n_ff, n_embd)
     const tri__tensor *w_up;       // (n_ff, n_embd)
     const tri__tensor *w_down;     // (n_embd, n_ff)
+    const tri__tensor *bq;         // (n_head * head_dim) f32 or NULL (family qkv_bias)
+    const tri__tensor *bk;         // (n_head_kv * head_dim) f32 or NULL
+    const tri__tensor *bv;         // (n_head_kv * head_dim) f32 or NULL
 } tri__layer;
 
 struct tri_model {
@@ -47,6 +55,10 @@ struct tri_model {
     char *arch;
     char *name;
     tri_model_config config;       // == info.config
+    const tri__family *family;     // what the forward pass does differently (model/family.h)
+    tri__family_data fdata;        // LongRoPE factors, owned
+    void **owned;                  // (n_owned) buffers of computed tensors, malloc'd
+    int32_t n_owned;
 
     tri__tensor *tensors;          // n_tensors, file order
     int64_t n_tensors;
@@ -61,6 +73,11 @@ struct tri_model {
     struct tri__tokenizer *tokenizer;  // NULL when the model carries none
     struct tri__weight_stream *stream; // a device view's streamed layers (backend-select.h), else NULL
 };
+
+// The model's family; a model built without one (tests' synthetic models) is llama.
+static inline const tri__family *tri__model_family(const tri_model *model) {
+    return model->family ? model->family : &tri__family_llama;
+}
 
 // The tensor of that canonical name, or NULL.
 const tri__tensor *tri__model_find_tensor(const tri_model *model, const char *name);

@@ -77,13 +77,14 @@ tri_status tri__rope_init(tri__rope *rope, const tri_model_config *cfg, const fl
     tri_rope_scaling sc = cfg->rope_scaling;
     if (sc != TRI_ROPE_SCALING_NONE && !(factor > 0))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "rope: scaling factor %g must be > 0", factor);
-    if ((sc == TRI_ROPE_SCALING_DYNAMIC || sc == TRI_ROPE_SCALING_YARN || sc == TRI_ROPE_SCALING_LLAMA3) &&
+    if ((sc == TRI_ROPE_SCALING_DYNAMIC || sc == TRI_ROPE_SCALING_YARN || sc == TRI_ROPE_SCALING_LLAMA3 ||
+         sc == TRI_ROPE_SCALING_LONGROPE) &&
         orig <= 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "rope: scaling rule %d needs the original context", (int)sc);
     if (sc == TRI_ROPE_SCALING_LLAMA3 && !freq_div &&
         !(cfg->llama3_high_freq_factor > cfg->llama3_low_freq_factor && cfg->llama3_low_freq_factor > 0))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "rope: llama3 needs 0 < low_freq_factor < high_freq_factor");
-    if ((unsigned)sc > TRI_ROPE_SCALING_LLAMA3)
+    if ((unsigned)sc > TRI_ROPE_SCALING_LONGROPE)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "rope: unknown scaling rule %d", (int)sc);
 
     rope->layout = cfg->rope_layout;
@@ -128,6 +129,10 @@ tri_status tri__rope_init(tri__rope *rope, const tri_model_config *cfg, const fl
         if (!freq_div)
             rope_llama3(rope, factor, (double)cfg->llama3_low_freq_factor, (double)cfg->llama3_high_freq_factor, orig);
         break;
+    case TRI_ROPE_SCALING_LONGROPE:  // the divisors come with tri__rope_set_longrope
+        rope_default(rope->inv_freq, dim, theta);
+        rope->attn_factor = cfg->rope_attn_factor > 0 ? cfg->rope_attn_factor : 1.0f;
+        break;
     }
     rope_apply_div(rope);
     return TRI_STATUS_OK;
@@ -137,11 +142,45 @@ void tri__rope_free(tri__rope *rope) {
     if (!rope) return;
     free(rope->inv_freq);
     free(rope->freq_div);
+    free(rope->long_div);
     rope->inv_freq = NULL;
     rope->freq_div = NULL;
+    rope->long_div = NULL;
+}
+
+tri_status tri__rope_set_longrope(tri__rope *rope, const float *short_div, const float *long_div) {
+    if (rope->scaling != TRI_ROPE_SCALING_LONGROPE || !short_div || !long_div)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "rope: LongRoPE needs a LongRoPE table and both factor lists");
+    size_t bytes = sizeof(float) * (size_t)(rope->head_dim / 2);
+    float *s = malloc(bytes), *l = malloc(bytes);
+    if (!s || !l) {
+        free(s);
+        free(l);
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "rope: LongRoPE factors of %d floats", rope->head_dim / 2);
+    }
+    memcpy(s, short_div, bytes);
+    memcpy(l, long_div, bytes);
+    free(rope->freq_div);
+    rope->freq_div = s;
+    rope->long_div = l;
+    rope->seq_len = 0;  // short factors until a call passes orig_ctx
+    rope_default(rope->inv_freq, rope->head_dim, (double)rope->theta);
+    rope_apply_div(rope);
+    return TRI_STATUS_OK;
 }
 
 void tri__rope_update(tri__rope *rope, int64_t seq_len) {
+    if (rope->scaling == TRI_ROPE_SCALING_LONGROPE && rope->long_div) {
+        int64_t want = seq_len > rope->orig_ctx;  // seq_len: 1 while the long factors are in use
+        if (want == rope->seq_len) return;
+        float *t = rope->freq_div;  // the table in use is always in freq_div
+        rope->freq_div = rope->long_div;
+        rope->long_div = t;
+        rope_default(rope->inv_freq, rope->head_dim, (double)rope->theta);
+        rope_apply_div(rope);
+        rope->seq_len = want;
+        return;
+    }
     if (rope->scaling != TRI_ROPE_SCALING_DYNAMIC) return;
     int64_t cached = rope->seq_len > rope->orig_ctx ? rope->seq_len : rope->orig_ctx;
     if (seq_len > cached) {

@@ -27,7 +27,10 @@ typedef struct tri__rope {
     int32_t orig_ctx;     // original context; the dynamic rule starts past it (for HF
                           // checkpoints max_position_embeddings, transformers' original_max_seq_len)
     int64_t seq_len;      // the sequence length inv_freq was computed for (dynamic); 0 otherwise
-    float *freq_div;      // (head_dim / 2) per-pair divisors (GGUF rope_freqs), owned, or NULL
+    float *freq_div;      // (head_dim / 2) per-pair divisors (GGUF rope_freqs; LongRoPE's in use), owned,
+                          // or NULL
+    float *long_div;      // LONGROPE: (head_dim / 2) the divisors not in use, owned; seq_len is 1
+                          // while the long ones are in freq_div, else 0
 } tri__rope;
 
 // Computes the table for cfg. freq_div, if not NULL, holds head_dim / 2 per-pair frequency
@@ -37,6 +40,11 @@ typedef struct tri__rope {
 // or a scaling rule whose parameters are out of range. Free with tri__rope_free().
 tri_status tri__rope_init(tri__rope *rope, const tri_model_config *cfg, const float *freq_div);
 void tri__rope_free(tri__rope *rope);
+
+// LONGROPE: the short and long per-pair divisors ((head_dim / 2) each, copied). The table starts
+// with the short ones; tri__rope_update(rope, n) takes the long ones when n > orig_ctx and the
+// short ones again otherwise (transformers decides per forward call by its last position).
+tri_status tri__rope_set_longrope(tri__rope *rope, const float *short_div, const float *long_div);
 
 // Dynamic NTK only (a no-op for the other rules), as HF's dynamic_rope_update does: when seq_len
 // exceeds both orig_ctx and the longest length seen so far, the base grows to

@@ -442,6 +442,28 @@ Test(cpu_backend, swiglu_and_add) {
     tri__backend_free(be);
 }
 
+// Gemma's GeGLU against the tanh-GELU formula in double, its embedding scale and Qwen2's row
+// biases (model/family.h).
+Test(cpu_backend, family_ops) {
+    int64_t n = 1001;
+    float g[1001], u[1001], o[1001], x[1001];
+    fill(g, n, 10.0f);
+    fill(u, n, 3.0f);
+    tri__backend *be = make_backend(TRI_CPU_SIMD_AUTO);
+    cr_assert_eq(be->ops->geglu(be, o, g, u, n), TRI_STATUS_OK);
+    for (int64_t i = 0; i < n; i++) {
+        double v = g[i], ref = 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))) * u[i];
+        cr_assert(fabs(o[i] - ref) <= 2e-6 * fabs(ref) + 1e-6, "%g vs %g", (double)o[i], ref);
+    }
+    memcpy(x, g, sizeof x);
+    cr_assert_eq(be->ops->scale(be, x, n, 5.656854f), TRI_STATUS_OK);
+    for (int64_t i = 0; i < n; i++) cr_assert_eq(x[i], g[i] * 5.656854f);
+    memcpy(x, g, sizeof x);  // 7 rows of 143
+    cr_assert_eq(be->ops->add_rows(be, x, u, 7, 143), TRI_STATUS_OK);
+    for (int64_t i = 0; i < 7 * 143; i++) cr_assert_eq(x[i], g[i] + u[i % 143]);
+    tri__backend_free(be);
+}
+
 // ---- softmax, top-k ----
 
 Test(cpu_backend, softmax_with_temperature_and_masked_entries) {

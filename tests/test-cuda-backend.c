@@ -489,6 +489,42 @@ Test(cuda_backend, swiglu_and_add) {
     DONE();
 }
 
+// The families' ops (model/family.h) against the CPU's: GeGLU, the embedding scale, row biases.
+Test(cuda_backend, family_ops) {
+    NEED_GPU();
+    int64_t n = 10007, rows = 13, cols = 769;  // rows x cols == 9997 < n
+    float *g = malloc(sizeof(float) * (size_t)n), *u = malloc(sizeof(float) * (size_t)n);
+    float *o = malloc(sizeof(float) * (size_t)n), *oc = malloc(sizeof(float) * (size_t)n);
+    fill(g, n, 10.0f);
+    fill(u, n, 3.0f);
+    float *dg = up(gpu, g, sizeof(float) * (size_t)n), *du = up(gpu, u, sizeof(float) * (size_t)n);
+    float *dout = dalloc(gpu, sizeof(float) * (size_t)n);
+    cr_assert_eq(gpu->ops->geglu(gpu, dout, dg, du, n), TRI_STATUS_OK);
+    down(gpu, o, dout, sizeof(float) * (size_t)n);
+    cr_assert_eq(cpu->ops->geglu(cpu, oc, g, u, n), TRI_STATUS_OK);
+    for (int64_t i = 0; i < n; i++)  // tanhf within a few ulp on both sides
+        cr_assert(fabsf(o[i] - oc[i]) <= 2e-6f * fabsf(oc[i]) + 1e-6f, "[%lld] %g vs %g", (long long)i, (double)o[i],
+                  (double)oc[i]);
+    cr_assert_eq(gpu->ops->scale(gpu, dg, n, 45.254833f), TRI_STATUS_OK);
+    down(gpu, o, dg, sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) cr_assert_eq(o[i], g[i] * 45.254833f);
+    cr_assert_eq(gpu->ops->add_rows(gpu, dout, du, rows, cols), TRI_STATUS_OK);
+    down(gpu, o, dout, sizeof(float) * (size_t)n);
+    memcpy(oc, o, sizeof(float) * (size_t)n);
+    float *dg2 = up(gpu, g, sizeof(float) * (size_t)n);  // dout again without the biases
+    cr_assert_eq(gpu->ops->geglu(gpu, dout, dg2, du, n), TRI_STATUS_OK);
+    float *plain = malloc(sizeof(float) * (size_t)n);
+    down(gpu, plain, dout, sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < rows * cols; i++) cr_assert_eq(oc[i], plain[i] + u[i % cols]);
+    for (int64_t i = rows * cols; i < n; i++) cr_assert_eq(oc[i], plain[i]);  // past the rows: untouched
+    gpu->ops->free(gpu, dg);
+    gpu->ops->free(gpu, dg2);
+    gpu->ops->free(gpu, du);
+    gpu->ops->free(gpu, dout);
+    free(g), free(u), free(o), free(oc), free(plain);
+    DONE();
+}
+
 // ---- rope ----
 
 Test(cuda_backend, rope_both_layouts_every_rule) {

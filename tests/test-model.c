@@ -197,7 +197,7 @@ Test(model, unknown_tensors_are_refused_rotary_tables_ignored) {
     snprintf(args, sizeof args, "safetensors '%s' --add model.layers.0.self_attn.q_norm.weight=16", mp.hf);
     edit(args);
     const char *parts[] = {"model-00001-of-00003.safetensors: tensor 'model.layers.0.self_attn.q_norm.weight'",
-                           "not a weight of the Llama architecture", NULL};
+                           "not a weight of the llama architecture", NULL};
     load_fails(mp.hf, TRI_STATUS_UNSUPPORTED, parts);
 
     // a copy of the embedding as lm_head beside tie_word_embeddings: transformers ties it on

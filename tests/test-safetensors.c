@@ -504,7 +504,7 @@ static const bad_case bad_configs[] = {
     {"bad-llama3-freqs", TRI_STATUS_BAD_FORMAT, "field 'rope_scaling.high_freq_factor'", "low_freq_factor"},
     {"bad-malformed", TRI_STATUS_BAD_FORMAT, "malformed JSON", "line 3"},
     {"bad-nan", TRI_STATUS_BAD_FORMAT, "field 'rms_norm_eps'", "finite"},
-    {"unsupported-arch", TRI_STATUS_UNSUPPORTED, "field 'architectures'", "'MistralForCausalLM'"},
+    {"unsupported-arch", TRI_STATUS_UNSUPPORTED, "field 'architectures'", "'MixtralForCausalLM'"},
     {"unsupported-scaling", TRI_STATUS_UNSUPPORTED, "field 'rope_scaling.type'", "'longrope'"},
     {"unsupported-act", TRI_STATUS_UNSUPPORTED, "field 'hidden_act'", "'gelu'"},
     {"unsupported-bias", TRI_STATUS_UNSUPPORTED, "field 'attention_bias'", "biases"},

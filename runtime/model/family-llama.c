@@ -1,0 +1,57 @@
+// family-llama.c - Llama (and what llama.cpp writes as "llama": Mistral's GGUF files).
+//
+// The reference family: RMSNorm, SwiGLU, no biases. llama.cpp's converter permutes the Q and K
+// rows of its GGUF files so that rope pairs adjacent elements. A window in the file (a Mistral
+// checkpoint labelled llama) is masked rather than ignored.
+#include <stdio.h>
+
+#include "error.h"
+#include "family.h"
+#include "family-window.h"
+#include "gguf.h"
+#include "hf-config.h"
+
+static tri_status llama_hf(const tri__hf_keys *k, tri_model_config *cfg, tri__family_data *data) {
+    (void)data;
+    TRI_TRY_STATUS(tri__family_hf_window(k, cfg));
+    if (cfg->sliding_window)
+        tri__log(TRI_LOG_LEVEL_INFO, "%s: field 'sliding_window': %d, masked as Mistral does", k->path,
+                 (int)cfg->sliding_window);
+    return TRI_STATUS_OK;
+}
+
+static tri_status llama_gguf(const tri__gguf *g, const char *prefix, tri_model_config *cfg, tri__family_data *data) {
+    (void)data;
+    return tri__family_gguf_window(g, prefix, cfg);
+}
+
+const tri__family tri__family_llama = {
+    .name = "llama",
+    .gguf_arch = "llama",
+    .hf_model_type = "llama",
+    .hf_arch = "LlamaForCausalLM",
+    .act = TRI_ACT_SILU,
+    .gguf_layout = TRI_ROPE_LAYOUT_ADJACENT,
+    .hf_config = llama_hf,
+    .gguf_config = llama_gguf,
+};
+
+// ---- the window readers the masking families share ----
+
+tri_status tri__family_hf_window(const tri__hf_keys *k, tri_model_config *cfg) {
+    cfg->sliding_window = 0;
+    return tri__hf_key_int(k, "sliding_window", false, 0, 1, &cfg->sliding_window);
+}
+
+tri_status tri__family_gguf_window(const tri__gguf *g, const char *prefix, tri_model_config *cfg) {
+    char key[96];
+    snprintf(key, sizeof key, "%sattention.sliding_window", prefix);
+    cfg->sliding_window = 0;
+    if (!tri__gguf_find(g, key)) return TRI_STATUS_OK;
+    uint32_t w;
+    TRI_TRY_STATUS(tri__gguf_get_u32(g, key, &w));
+    if (w > INT32_MAX)
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: key '%s': %u is beyond 2^31-1", tri__gguf_path(g), key, w);
+    cfg->sliding_window = (int32_t)w;
+    return TRI_STATUS_OK;
+}
