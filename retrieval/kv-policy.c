@@ -77,6 +77,14 @@ tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity
         if (p->refresh < 0)
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: refresh interval %d must be >= 0",
                              p->refresh);
+        if (p->group < TRI__KV_GROUP_SUM || p->group > TRI__KV_GROUP_SOFTMAX)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: unknown group scoring %d", (int)p->group);
+        if (p->window < 0 || p->window % p->chunk != 0 || p->window > p->budget - p->chunk)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "kv policy retrieval: recent window %d must be whole chunks of %d within the budget %d "
+                             "less chunk 0", p->window, p->chunk, p->budget);
+        if (p->queries < 0)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: queries %d must be >= 0", p->queries);
         if (p->index < TRI_CHUNK_INDEX_EXACT || p->index > TRI_CHUNK_INDEX_FAISS_IVF)
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: unknown chunk index %d", (int)p->index);
         if (p->index != TRI_CHUNK_INDEX_EXACT && !tri__chunk_index_have_faiss())

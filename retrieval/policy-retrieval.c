@@ -23,16 +23,18 @@ struct tri__retrieval_state {
     int32_t n_sel, sel_cap;
     bool armed;               // select at the end of the next step
     // the last step, so that a rollback into it can make the selection it would have made
-    float *stepq;             // (max_step, n_layer, n_head_kv, head_dim) host: each token's query
-                              // summed over its KV head's group
+    float *stepq;             // (max_step, n_layer, n_head, head_dim) host: each token's queries (the
+                              // heads of KV head h are h * g .. h * g + g - 1)
+    float *qset;              // (max_step * g, head_dim) host: the query vectors one KV head selects by
     int32_t step_n0, step_m;  // the step (step_m 0: none remembered)
     bool step_armed;          // armed when the step began
     float *qrow;              // (max_step, n_head * head_dim) host scratch
     int32_t rows_chunks;      // chunks summarised per read
     float *means;             // (rows_chunks, n_head_kv * head_dim) host: a read's chunk means
     float *means_dev;         // the same in backend memory, for keys there (allocated when needed)
-    float *summ;              // (n_head_kv, rows_chunks, head_dim) host: the means by head
-    int32_t *found;           // (kmax) host scratch
+    float *summ;              // (n_head_kv, rows_chunks, sdim) host: the summaries by head
+    int32_t sdim;             // a summary's width: head_dim (means), 2 * head_dim (bounds: max, min)
+    char *krows;              // bounds of keys in device memory: (rows_chunks * chunk) rows, host
     // borrowed rows (p->src; kv-policy.h): positions below tail0 are src's, tail0 .. len - 1 the
     // policy's own, in the ring p->own (position i in row i % ring)
     int32_t ring;
@@ -64,11 +66,12 @@ void tri__ret_free(tri__kv_policy *p) {
     }
     free(s->sel);
     free(s->stepq);
+    free(s->qset);
     free(s->qrow);
     free(s->means);
     p->be->ops->free(p->be, s->means_dev);
     free(s->summ);
-    free(s->found);
+    free(s->krows);
     for (int32_t il = 0; il < p->n_layer; il++) {
         if (s->gk) p->be->ops->free(p->be, s->gk[il]);
         if (s->gv) p->be->ops->free(p->be, s->gv[il]);
@@ -93,13 +96,14 @@ tri_status tri__ret_init(tri__kv_policy *p) {
     int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
     s->kmax = p->p.budget / p->p.chunk;
     ALLOC(s->ix, heads);
-    for (int64_t i = 0; i < heads; i++) TRY(tri__chunk_index_create(p->p.index, p->head_dim, &s->ix[i]));
-    ALLOC(s->stepq, (int64_t)p->max_step * heads * p->head_dim);
+    s->sdim = p->p.bound ? 2 * p->head_dim : p->head_dim;
+    for (int64_t i = 0; i < heads; i++) TRY(tri__chunk_index_create(p->p.index, s->sdim, &s->ix[i]));
+    ALLOC(s->stepq, (int64_t)p->max_step * p->n_layer * p->n_head * p->head_dim);
+    ALLOC(s->qset, (int64_t)p->max_step * p->n_head * p->head_dim);
     ALLOC(s->qrow, (int64_t)p->max_step * p->n_head * p->head_dim);
     s->rows_chunks = p->p.chunk < 2048 ? 2048 / p->p.chunk : 1;  // ~2K rows per read
     ALLOC(s->means, (int64_t)s->rows_chunks * kv_dim(p));
-    ALLOC(s->summ, (int64_t)s->rows_chunks * kv_dim(p));
-    ALLOC(s->found, s->kmax);
+    ALLOC(s->summ, (int64_t)s->rows_chunks * p->n_head_kv * s->sdim);
     return TRI_STATUS_OK;
 fail:
     return st;
@@ -193,6 +197,37 @@ static layer_rows store_layer(tri__kv_store *kv, int32_t il) {
     return L;
 }
 
+// Bounds of nc chunks of keys from rows (host memory when host, else the backend's, copied over
+// first) into s->summ: per head and chunk, the per-dimension max then min of its keys.
+static tri_status bound_rows(tri__kv_policy *p, const char *rows, int32_t nc, bool host) {
+    tri__retrieval_state *s = p->ret;
+    const int32_t C = p->p.chunk, hd = p->head_dim, kd = kv_dim(p);
+    const int64_t row = row_bytes(p);
+    const bool f16 = p->kv->type == TRI_DTYPE_F16;
+    if (!host) {
+        if (!s->krows && !(s->krows = malloc((size_t)(s->rows_chunks * C * row))))
+            return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: key rows for chunk bounds");
+        TRY(p->be->ops->copy_to_host(p->be, s->krows, rows, (size_t)(nc * C * row)));
+        TRY(p->be->ops->synchronize(p->be));
+        rows = s->krows;
+    }
+    for (int32_t h = 0; h < p->n_head_kv; h++)
+        for (int32_t c = 0; c < nc; c++) {
+            float *mx = s->summ + ((int64_t)h * s->rows_chunks + c) * s->sdim, *mn = mx + hd;
+            for (int32_t t = 0; t < C; t++) {
+                const char *r = rows + ((int64_t)c * C + t) * row;
+                for (int32_t d = 0; d < hd; d++) {
+                    int64_t e = (int64_t)h * hd + d;
+                    float x = f16 ? tri__f16_to_f32(((const uint16_t *)r)[e]) : ((const float *)r)[e];
+                    if (t == 0 || x > mx[d]) mx[d] = x;
+                    if (t == 0 || x < mn[d]) mn[d] = x;
+                }
+            }
+        }
+    (void)kd;
+    return TRI_STATUS_OK;
+}
+
 // Adds the summaries of chunks first .. last - 1 of layer il (keys L->k) to its heads' indexes: the
 // mean of each chunk's keys per head (tri__chunk_mean: double-precision sums, the same bits
 // everywhere). Keys in host memory (an offloaded layer's region, a host backend's memory) are
@@ -208,6 +243,12 @@ static tri_status summarise_layer(tri__kv_policy *p, int32_t il, const layer_row
     for (int32_t c0 = first; c0 < last; c0 += s->rows_chunks) {
         const int32_t nc = last - c0 < s->rows_chunks ? last - c0 : s->rows_chunks;
         const char *rows = L->k + (int64_t)c0 * C * row;
+        if (p->p.bound) {
+            TRY(bound_rows(p, rows, nc, host));
+            for (int32_t h = 0; h < nkv; h++)
+                TRY(tri__chunk_index_add(s->ix[il * nkv + h], s->summ + (int64_t)h * s->rows_chunks * s->sdim, nc));
+            continue;
+        }
         if (host && op->host_work) {  // a simulated device: rows that do not exist, work on its clock
             memset(s->means, 0, sizeof(float) * (size_t)nc * (size_t)kd);
             op->host_work(p->be, TRI_HOST_WORK_REDUCE, (double)nc * C * (double)row);
@@ -416,31 +457,31 @@ static void ret_drop_selections(tri__retrieval_state *s) {
     }
 }
 
-// Chooses head i's chunks (i = layer * n_head_kv + KV head) among the first n_chunks by the summed
-// group query q: chunk 0 and the best kmax - 1 others, ascending; all when they fit.
-static tri_status select_head(tri__kv_policy *p, int64_t i, int32_t n_chunks, const float *q, int32_t *ids,
+// The query vectors KV head h of a layer selects by: of the tokens t0 .. t1 - 1 of a step whose
+// queries are q (host, a token's n_head * head_dim values `stride` floats after the previous
+// one's), the group's heads of each, token by token, into s->qset; returns their count.
+static int32_t group_queries(tri__kv_policy *p, const float *q, int64_t stride, int32_t t0, int32_t t1, int32_t h) {
+    const int32_t g = p->n_head / p->n_head_kv, hd = p->head_dim;
+    int32_t n = 0;
+    for (int32_t t = t0; t < t1; t++, n += g)
+        memcpy(p->ret->qset + (int64_t)n * hd, q + t * stride + (int64_t)h * g * hd, sizeof(float) * (size_t)(g * hd));
+    return n;
+}
+
+// The first token of the step (of rows 0 .. row) whose queries a selection from row reads.
+static int32_t first_query(const tri__kv_policy *p, int32_t row) {
+    int32_t t = p->p.queries > 1 ? p->p.queries : 1;
+    return row + 1 - t > 0 ? row + 1 - t : 0;
+}
+
+// Chooses head i's chunks (i = layer * n_head_kv + KV head) among the first n_chunks by the query
+// vectors in s->qset (n_q of them): chunk 0, the recent window and the best others
+// (tri__chunk_select), ascending; all when they fit.
+static tri_status select_head(tri__kv_policy *p, int64_t i, int32_t n_chunks, int32_t n_q, int32_t *ids,
                               int32_t *cnt_out) {
     tri__retrieval_state *s = p->ret;
-    int32_t cnt = 0;
-    if (n_chunks <= s->kmax) {
-        for (int32_t c = 0; c < n_chunks; c++) ids[cnt++] = c;
-    } else {
-        ids[cnt++] = 0;  // the attention sink
-        int32_t found = 0;
-        TRY(tri__chunk_index_search(s->ix[i], q, 1, s->kmax - 1, s->found, NULL, &found));
-        // ascending chunk order: spans in position order, adjacent chunks merge
-        for (int32_t a = 0; a < found; a++) {
-            int32_t c = s->found[a], b = cnt;
-            while (b > 1 && ids[b - 1] > c) {
-                ids[b] = ids[b - 1];
-                b--;
-            }
-            ids[b] = c;
-            cnt++;
-        }
-    }
-    *cnt_out = cnt;
-    return TRI_STATUS_OK;
+    return tri__chunk_select(s->ix[i], p->p.group, p->p.bound, s->qset, n_q, n_chunks, s->kmax,
+                             p->p.window / p->p.chunk, ids, cnt_out);
 }
 
 // A selection entry with room for every head's chunks; false when out of memory.
@@ -479,9 +520,13 @@ static tri_status ret_select(tri__kv_policy *p, int32_t len, int32_t row) {
     sel_entry e = {.n_sel = len, .bound = bound};
     if (!sel_alloc(p, &e)) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: selection");
     tri_status st = TRI_STATUS_OK;
-    for (int64_t i = 0; !st && i < heads; i++)
-        st = select_head(p, i, bound / p->p.chunk, s->stepq + ((int64_t)row * heads + i) * p->head_dim,
-                         e.ids + i * s->kmax, &e.cnt[i]);
+    const int64_t qd = (int64_t)p->n_head * p->head_dim;
+    for (int64_t i = 0; !st && i < heads; i++) {
+        const int32_t il = (int32_t)(i / p->n_head_kv), h = (int32_t)(i % p->n_head_kv);
+        // layer il's queries of token t are at stepq + (t * n_layer + il) * qd
+        int32_t n_q = group_queries(p, s->stepq + il * qd, p->n_layer * qd, first_query(p, row), row + 1, h);
+        st = select_head(p, i, bound / p->p.chunk, n_q, e.ids + i * s->kmax, &e.cnt[i]);
+    }
     if (!st && p->src) {
         ret_drop_selections(s);  // the gather overwrites the old selection's rows
         st = ret_install(p, &e, len);
@@ -525,24 +570,14 @@ static void ret_view(tri__kv_policy *p, int32_t il, int32_t end) {
     TRI_ASSERT(ns <= p->spans_cap);
 }
 
-// Keeps the step's queries, summed over each KV head's group: for GQA the chunk scores of the
-// heads sharing a KV head add up, so the chunks chosen maximise the group's total logit mass
-// (the mean would choose the same chunks; the max of the heads would follow one head only).
+// Keeps the step's queries (every head: tri__chunk_select merges a group's scores its own way).
 static tri_status ret_keep_query(tri__kv_policy *p, int32_t il, const float *q) {
     tri__retrieval_state *s = p->ret;
-    int64_t qd = (int64_t)p->n_head * p->head_dim, heads = (int64_t)p->n_layer * p->n_head_kv;
+    int64_t qd = (int64_t)p->n_head * p->head_dim;
     TRY(p->be->ops->copy_to_host(p->be, s->qrow, q, sizeof(float) * (size_t)(p->step_m * qd)));
     TRY(p->be->ops->synchronize(p->be));
-    int32_t g = p->n_head / p->n_head_kv;
     for (int32_t t = 0; t < p->step_m; t++)
-        for (int32_t h = 0; h < p->n_head_kv; h++) {
-            float *dst = s->stepq + ((int64_t)t * heads + (int64_t)il * p->n_head_kv + h) * p->head_dim;
-            for (int32_t d = 0; d < p->head_dim; d++) {
-                float acc = 0;
-                for (int32_t a = 0; a < g; a++) acc += s->qrow[t * qd + (int64_t)(h * g + a) * p->head_dim + d];
-                dst[d] = acc;
-            }
-        }
+        memcpy(s->stepq + ((int64_t)t * p->n_layer + il) * qd, s->qrow + t * qd, sizeof(float) * (size_t)qd);
     return TRI_STATUS_OK;
 }
 
@@ -628,26 +663,22 @@ tri_status tri__ret_tap_layer(tri__kv_policy *ret, int32_t il, const float *q, i
     tri__retrieval_state *s = ret->ret;
     sel_entry *e = &s->tap;
     const tri__backend_ops *op = ret->be->ops;
-    const int32_t nkv = ret->n_head_kv, hd = ret->head_dim, g = n_head / nkv;
-    const int64_t qd = (int64_t)n_head * hd;
+    const int32_t nkv = ret->n_head_kv;
+    const int64_t qd = (int64_t)n_head * ret->head_dim;
     TRI_ASSERT(il == s->tap_layers && n_head == ret->n_head);
-    // the query, summed over each KV head's group
-    TRY(op->copy_to_host(ret->be, s->qrow, q + row * qd, sizeof(float) * (size_t)qd));
+    // the queries of the tokens a selection reads (at most a step of ret's)
+    int32_t t0 = first_query(ret, row);
+    if (row + 1 - t0 > ret->max_step) t0 = row + 1 - ret->max_step;
+    TRY(op->copy_to_host(ret->be, s->qrow, q + t0 * qd, sizeof(float) * (size_t)((row + 1 - t0) * qd)));
     TRY(op->synchronize(ret->be));
-    float *gq = s->stepq;  // row 0 of the remembered step, layer 0's place: this layer's query
-    for (int32_t h = 0; h < nkv; h++)
-        for (int32_t d = 0; d < hd; d++) {
-            float acc = 0;
-            for (int32_t a = 0; a < g; a++) acc += s->qrow[(int64_t)(h * g + a) * hd + d];
-            gq[(int64_t)h * hd + d] = acc;
-        }
     // the layer's rows: head 0's span starts at row 0 of the layer
     const tri__kv_span *sp = &view->spans[view->head_span[0]];
     layer_rows L = {.k = sp->k, .v = sp->v, .region = false};
     TRY(summarise_layer(ret, il, &L, s->tap_first, e->bound / ret->p.chunk));
     for (int32_t h = 0; h < nkv; h++) {
         int64_t i = (int64_t)il * nkv + h;
-        TRY(select_head(ret, i, e->bound / ret->p.chunk, gq + (int64_t)h * hd, e->ids + i * s->kmax, &e->cnt[i]));
+        int32_t n_q = group_queries(ret, s->qrow, qd, 0, row + 1 - t0, h);
+        TRY(select_head(ret, i, e->bound / ret->p.chunk, n_q, e->ids + i * s->kmax, &e->cnt[i]));
     }
     TRY(gather_layer(ret, e, il, &L));
     // the rows from the bound: staged, the ring still holds the policy's own until it is taken
