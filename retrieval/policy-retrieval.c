@@ -480,8 +480,10 @@ static int32_t first_query(const tri__kv_policy *p, int32_t row) {
 static tri_status select_head(tri__kv_policy *p, int64_t i, int32_t n_chunks, int32_t n_q, int32_t *ids,
                               int32_t *cnt_out) {
     tri__retrieval_state *s = p->ret;
-    return tri__chunk_select(s->ix[i], p->p.group, p->p.bound, s->qset, n_q, n_chunks, s->kmax,
-                             p->p.window / p->p.chunk, ids, cnt_out);
+    int32_t window = p->p.window / p->p.chunk;
+    if (window > (s->kmax - 1) / 2) window = (s->kmax - 1) / 2;
+    return tri__chunk_select(s->ix[i], p->p.group, p->p.bound, s->qset, n_q, n_chunks, s->kmax, window, ids,
+                             cnt_out);
 }
 
 // A selection entry with room for every head's chunks; false when out of memory.

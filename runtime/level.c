@@ -178,14 +178,9 @@ tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_
     TRY(refresh_reserve(lv));
     TRY(ensure_rows(lv, 1));
     lv->n_logits = 0;
-    // the last `queries` tokens (one step) select: their queries are what the selection reads
-    int32_t k = lv->pol.p.queries > 1 ? lv->pol.p.queries : 1;
-    if (k > n) k = n;
-    if (k > lv->ll.n_batch) k = lv->ll.n_batch;
-    if (k > lv->pol.max_step) k = lv->pol.max_step;
-    if (n > k) TRY(tri__level_prefill(lv, tokens, n - k));
+    if (n > 1) TRY(tri__level_prefill(lv, tokens, n - 1));
     tri__kv_policy_request_refresh(&lv->pol);
-    tri_status st = run(lv, tokens + n - k, k, false, 0);
+    tri_status st = run(lv, tokens + n - 1, 1, false, 0);
     tri__kv_policy_cancel_refresh(&lv->pol);  // already consumed, unless the step failed
     refresh_sync(lv);  // a selection that failed over borrowed rows dropped the one before it
     TRY(st);

@@ -116,6 +116,45 @@ Test(chunk_index, faiss_agrees_with_exact) {
     free(x);
 }
 
+// The grouped selection (tri__chunk_select) from FAISS's flat index equals the exact scan's for
+// every group rule, with and without chunk bounds, a window and many query vectors: MAX asks each
+// vector's top rows of the index and SOFTMAX reads every row, so the two agree by construction
+// when the index's top rows agree.
+Test(chunk_index, grouped_selection_faiss_equals_exact) {
+    if (!tri__chunk_index_have_faiss()) cr_skip_test("no FAISS in this build");
+    const int32_t hd = 16, n = 600, n_q = 12;
+    float *x = malloc(sizeof(float) * (size_t)(n * 2 * hd)), q[12 * 16];
+    for (int64_t i = 0; i < (int64_t)n * 2 * hd; i++) x[i] = frand();
+    for (int b = 0; b < 2; b++) {
+        const int32_t dim = b ? 2 * hd : hd;
+        tri__chunk_index *ex, *fa;
+        cr_assert_eq(tri__chunk_index_create(TRI_CHUNK_INDEX_EXACT, dim, &ex), TRI_STATUS_OK);
+        cr_assert_eq(tri__chunk_index_create(TRI_CHUNK_INDEX_FAISS_FLAT, dim, &fa), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri__chunk_index_add(ex, x, n), TRI_STATUS_OK);
+        cr_assert_eq(tri__chunk_index_add(fa, x, n), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int t = 0; t < 12; t++) {
+            for (int i = 0; i < n_q * hd; i++) q[i] = frand();
+            tri__kv_group g = (tri__kv_group)(t % 3);
+            int32_t window = t % 2 ? 4 : 0, nq = 1 + t % n_q, a[40], c[40], na, nc;
+            cr_assert_eq(tri__chunk_select(ex, g, b, q, nq, n - t, 40, window, a, &na), TRI_STATUS_OK);
+            cr_assert_eq(tri__chunk_select(fa, g, b, q, nq, n - t, 40, window, c, &nc), TRI_STATUS_OK, "%s",
+                         tri_last_error());
+            cr_assert_eq(na, 40);
+            cr_assert_eq(nc, na);
+            for (int i = 0; i < na; i++) {
+                cr_assert_eq(a[i], c[i], "bound %d rule %d window %d, %d queries: chunk %d: exact %d, faiss %d", b,
+                             (int)g, window, nq, i, a[i], c[i]);
+                if (i) cr_assert(a[i] > a[i - 1], "ascending");
+            }
+            cr_assert_eq(a[0], 0, "chunk 0 kept");
+            for (int w = 0; w < window; w++) cr_assert_eq(a[na - window + w], n - t - window + w, "the window kept");
+        }
+        tri__chunk_index_free(ex);
+        tri__chunk_index_free(fa);
+    }
+    free(x);
+}
+
 // ---- policies driven directly, with constructed keys and queries ----
 
 typedef struct rig {
