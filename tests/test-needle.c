@@ -6,8 +6,9 @@
 // default selection: docs/kv-policies.md) share one full-attention prefill of all but the last 64
 // tokens (retrieval attends fully until it selects, so adopting those rows is exact), run the
 // last 64 as one step, at whose end retrieval selects its chunks, and decode greedily. Fails if the
-// selection stops finding the key, e.g. if it went back to scoring a chunk by the group's summed
-// query from the last token only, which misses it here (docs/kv-policies.md has the figures).
+// selection stops finding the key: e.g. selecting by the queries of all 64 last tokens (MAX)
+// answers "443" here, and so does the same with chunk bounds for summaries (bench-table1's
+// "synthetic" needle at 1,024 tokens, depth 0.7; docs/kv-policies.md).
 // Skipped when $TRI_TEST_MODEL is unset.
 #include <stdio.h>
 #include <stdlib.h>
