@@ -53,6 +53,10 @@ void tri__chunk_index_free(tri__chunk_index *ix) {
 
 int64_t tri__chunk_index_size(const tri__chunk_index *ix) { return ix->n; }
 
+int32_t tri__chunk_index_dim(const tri__chunk_index *ix) { return ix->dim; }
+
+const float *tri__chunk_index_rows(const tri__chunk_index *ix) { return ix->rows; }
+
 tri_status tri__chunk_index_add(tri__chunk_index *ix, const float *x, int64_t n) {
     if (n < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chunk index: adding %lld rows", (long long)n);
     if (n == 0) return TRI_STATUS_OK;

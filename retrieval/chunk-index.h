@@ -11,6 +11,7 @@
 #ifndef TRI_CHUNK_INDEX_H
 #define TRI_CHUNK_INDEX_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "triforce.h"
@@ -38,12 +39,38 @@ tri_status tri__chunk_index_add(tri__chunk_index *ix, const float *x, int64_t n)
 // Keeps the first n rows (n <= size).
 tri_status tri__chunk_index_truncate(tri__chunk_index *ix, int64_t n);
 int64_t tri__chunk_index_size(const tri__chunk_index *ix);
+int32_t tri__chunk_index_dim(const tri__chunk_index *ix);
+// The rows held, (size, dim) f32 host, in chunk order (every backend keeps them); valid until the
+// next add.
+const float *tri__chunk_index_rows(const tri__chunk_index *ix);
 
 // The k rows among [first, size) with the largest score(q, row) = sum_d (double)q[d] * row[d],
 // best first, ties by the lower row: ids (k) int32 and scores (k) f32 host (scores may be NULL).
 // Returns in *n_found min(k, size - first) (rows past it are left untouched).
 tri_status tri__chunk_index_search(tri__chunk_index *ix, const float *q, int64_t first, int32_t k,
                                    int32_t *ids, float *scores, int32_t *n_found);
+
+// Selection with GQA: how the scores of the query heads sharing a KV head (and of the several
+// tokens a selection reads, tri__kv_policy_params.queries) become one score per chunk.
+typedef enum tri__kv_group {
+    TRI__KV_GROUP_SUM = 0,  // the summed query against the mean key: the group's total logit
+    TRI__KV_GROUP_MAX = 1,  // per query vector, its logit minus its best chunk's (the log of its
+                            // softmax ratio to that chunk); the chunk's score is the max over them
+    TRI__KV_GROUP_SOFTMAX = 2,  // per query vector the softmax over every chunk of logit / sqrt(hd),
+                                // summed over them
+} tri__kv_group;
+
+// Chooses kmax chunks for one KV head among the first n_chunks rows of ix, by the query vectors Q
+// (n_q, dim) f32 host (the group's query heads, for each token a selection reads): chunk 0 (the
+// attention sink), the `window` latest chunks, and the best kmax - 1 - window others by `group`,
+// ties by the lower chunk; every chunk when n_chunks <= kmax. ids (kmax) ascending, *cnt their
+// count. SUM asks the index for the summed query's top rows; MAX asks it for each query vector's
+// top rows (a chunk among the best by the max is among the best of the vector attaining it) and
+// rescores their union exactly; SOFTMAX scores every row. So EXACT and FAISS_FLAT select the same.
+// bound: the rows are [max, min] bounds of dim / 2 dimensions and Q's rows have dim / 2 values,
+// each turned into [max(q, 0), min(q, 0)] (after the sum, for SUM).
+tri_status tri__chunk_select(tri__chunk_index *ix, tri__kv_group group, bool bound, const float *Q, int32_t n_q,
+                             int32_t n_chunks, int32_t kmax, int32_t window, int32_t *ids, int32_t *cnt);
 
 // ---- the FAISS wrapper (faiss-index.cpp), extern "C" ----
 

@@ -46,9 +46,21 @@ typedef struct tri__kv_policy_params {
                           // prefill); 0 or 1: every token, StreamingLLM's own cache; <= max_step
     bool keep_all;        // STREAMING, H2O: the store keeps every position instead of the rows the
                           // policy needs (tri__kv_policy_measure needs them)
+    tri__kv_group group;  // RETRIEVAL: how a KV head's query vectors score a chunk
+    int32_t window;       // RETRIEVAL: tokens of the latest complete chunks always kept besides
+                          // chunk 0 (a recent window, part of the budget): window / chunk chunks,
+                          // at most half of the budget's other chunks
+    bool bound;           // RETRIEVAL: a chunk's summary is, per dimension, the largest and the
+                          // smallest of its keys instead of their mean, and a query scores it by
+                          // the bound sum_d max(q_d * max_d, q_d * min_d) on any key's logit
+                          // (an inner product of [max(q, 0), min(q, 0)] with [max, min])
+    int32_t queries;      // RETRIEVAL: a selection reads the queries of the last `queries` tokens
+                          // of the step that makes it (a question, not only its last token;
+                          // clipped to the step); 0: 1
 } tri__kv_policy_params;
 
-// Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index), the budget clipped to
+// Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: MAX group
+// scoring, mean keys, a window of 32 tokens, the last token's queries), the budget clipped to
 // capacity (and the sink to half of it under 32).
 tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t capacity);
 

@@ -116,6 +116,45 @@ Test(chunk_index, faiss_agrees_with_exact) {
     free(x);
 }
 
+// The grouped selection (tri__chunk_select) from FAISS's flat index equals the exact scan's for
+// every group rule, with and without chunk bounds, a window and many query vectors: MAX asks each
+// vector's top rows of the index and SOFTMAX reads every row, so the two agree by construction
+// when the index's top rows agree.
+Test(chunk_index, grouped_selection_faiss_equals_exact) {
+    if (!tri__chunk_index_have_faiss()) cr_skip_test("no FAISS in this build");
+    const int32_t hd = 16, n = 600, n_q = 12;
+    float *x = malloc(sizeof(float) * (size_t)(n * 2 * hd)), q[12 * 16];
+    for (int64_t i = 0; i < (int64_t)n * 2 * hd; i++) x[i] = frand();
+    for (int b = 0; b < 2; b++) {
+        const int32_t dim = b ? 2 * hd : hd;
+        tri__chunk_index *ex, *fa;
+        cr_assert_eq(tri__chunk_index_create(TRI_CHUNK_INDEX_EXACT, dim, &ex), TRI_STATUS_OK);
+        cr_assert_eq(tri__chunk_index_create(TRI_CHUNK_INDEX_FAISS_FLAT, dim, &fa), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri__chunk_index_add(ex, x, n), TRI_STATUS_OK);
+        cr_assert_eq(tri__chunk_index_add(fa, x, n), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int t = 0; t < 12; t++) {
+            for (int i = 0; i < n_q * hd; i++) q[i] = frand();
+            tri__kv_group g = (tri__kv_group)(t % 3);
+            int32_t window = t % 2 ? 4 : 0, nq = 1 + t % n_q, a[40], c[40], na, nc;
+            cr_assert_eq(tri__chunk_select(ex, g, b, q, nq, n - t, 40, window, a, &na), TRI_STATUS_OK);
+            cr_assert_eq(tri__chunk_select(fa, g, b, q, nq, n - t, 40, window, c, &nc), TRI_STATUS_OK, "%s",
+                         tri_last_error());
+            cr_assert_eq(na, 40);
+            cr_assert_eq(nc, na);
+            for (int i = 0; i < na; i++) {
+                cr_assert_eq(a[i], c[i], "bound %d rule %d window %d, %d queries: chunk %d: exact %d, faiss %d", b,
+                             (int)g, window, nq, i, a[i], c[i]);
+                if (i) cr_assert(a[i] > a[i - 1], "ascending");
+            }
+            cr_assert_eq(a[0], 0, "chunk 0 kept");
+            for (int w = 0; w < window; w++) cr_assert_eq(a[na - window + w], n - t - window + w, "the window kept");
+        }
+        tri__chunk_index_free(ex);
+        tri__chunk_index_free(fa);
+    }
+    free(x);
+}
+
 // ---- policies driven directly, with constructed keys and queries ----
 
 typedef struct rig {
@@ -166,6 +205,9 @@ Test(retrieval, selection_by_summed_group_query) {
     tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 32);
     pp.budget = 4;
     pp.chunk = 2;
+    pp.group = TRI__KV_GROUP_SUM;
+    pp.window = 0;
+    pp.queries = 1;
     rig r;
     rig_init(&r, &pp, 2, 1, 4, 32, 8);
     // chunk 0: (0, 0, 0, 1); chunk 1: e0; chunk 2: e1; chunk 3: e2 (both tokens of each)
@@ -197,6 +239,60 @@ Test(retrieval, selection_by_summed_group_query) {
     cr_assert_eq(tri__kv_policy_truncate(&r.pol, 7), TRI_STATUS_OK);
     cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), -1);
     rig_free(&r);
+}
+
+// Chunks of 2 tokens along axes of an 8-dimensional head: chunk 0 e7 (the sink), chunks 1-4 e0,
+// e1, e2, e3. Two query heads share the KV head: head 0 wants chunk 1 strongly (3 e0 + e3), head 1
+// wants chunks 3 and 2 and pushes chunk 1 away (-2.5 e0 + 0.9 e1 + e2). Their sum
+// (0.5, 0.9, 1, 1) buries chunk 1, head 0's needle: budget 6 (chunk 0 and two more) by the sum
+// keeps chunks 3 and 4. Scored per head, each head's best chunk counts: the max of the logits
+// relative to each head's best (chunk 1: 0 by head 0; chunk 3: 0 by head 1; chunk 2: -0.1) and the
+// sum of per-head softmaxes over the chunks (chunk 1 .474, chunk 3 .410, chunk 2 .401, chunk 4
+// .387 at 1/sqrt(8)) both keep chunks 1 and 3. A recent window of one chunk keeps chunk 4 and
+// leaves room for one chosen chunk: chunks 1 and 3 tie at 0 by the max, and the second key,
+// sum_j exp(rel_j / sqrt(8)), prefers 3 (1.346 against 1.290). Reading the previous token's
+// queries too (head 0 on e0 again, head 1 on e1 alone) adds chunk 2 as a third favourite:
+// chunks 1, 2, 3 all score 0 by the max, and the second key keeps 2 (2.657) and 1 (2.636).
+static void group_case(tri__kv_group group, int32_t window, int32_t queries, const int32_t *want, int32_t n_want) {
+    tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 32);
+    pp.budget = 6;
+    pp.chunk = 2;
+    pp.group = group;
+    pp.window = window;
+    pp.queries = queries;
+    rig r;
+    rig_init(&r, &pp, 2, 1, 8, 32, 16);
+    float k[10][8] = {{0}}, v[10][8] = {{0}}, q[10][16] = {{0}};
+    for (int t = 0; t < 10; t++) {
+        int c = t / 2;
+        k[t][c == 0 ? 7 : c - 1] = 1;
+        v[t][0] = (float)t;
+    }
+    q[9][0] = 3;
+    q[9][3] = 1;
+    q[9][8 + 0] = -2.5f;
+    q[9][8 + 1] = 0.9f;
+    q[9][8 + 2] = 1;
+    q[8][0] = 3;  // token 8: head 0 on chunk 1, head 1 on chunk 2
+    q[8][8 + 1] = 3;
+    tri__kv_policy_request_refresh(&r.pol);
+    rig_step(&r, 10, &q[0][0], &k[0][0], &v[0][0], NULL);
+    int32_t ids[8], n_sel;
+    int32_t n = tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel);
+    cr_assert_eq(n, n_want, "group %d window %d queries %d: %d chunks", (int)group, window, queries, n);
+    for (int32_t i = 0; i < n; i++)
+        cr_assert_eq(ids[i], want[i], "group %d window %d queries %d: chunk %d is %d, want %d", (int)group, window,
+                     queries, i, ids[i], want[i]);
+    rig_free(&r);
+}
+
+Test(retrieval, gqa_selection_finds_one_heads_needle) {
+    group_case(TRI__KV_GROUP_SUM, 0, 1, (int32_t[]){0, 3, 4}, 3);
+    group_case(TRI__KV_GROUP_MAX, 0, 1, (int32_t[]){0, 1, 3}, 3);
+    group_case(TRI__KV_GROUP_SOFTMAX, 0, 1, (int32_t[]){0, 1, 3}, 3);
+    group_case(TRI__KV_GROUP_MAX, 2, 1, (int32_t[]){0, 3, 4}, 3);
+    group_case(TRI__KV_GROUP_SUM, 2, 1, (int32_t[]){0, 3, 4}, 3);
+    group_case(TRI__KV_GROUP_MAX, 0, 2, (int32_t[]){0, 1, 2}, 3);
 }
 
 // A refresh count counts generated tokens: steps before the first selection (a long prompt, run

@@ -1,0 +1,866 @@
+// policy-retrieval.c - TriForce's retrieval cache: the context cut into chunks, each summarised by its
+// mean key per (layer, KV head), and a selection of the chunks that score best against a query;
+// over its own store or over rows borrowed from the full cache, selecting after a step or during
+// the full cache's step (docs/kv-policies.md).
+#include <string.h>
+
+#include "dtype.h"
+#include "kv-policy-impl.h"
+
+// Retrieval: one selection of chunks per (layer, KV head).
+typedef struct sel_entry {
+    int32_t n_sel;   // cache length when it was made
+    int32_t bound;   // chunks below it were candidates; the tokens from it on are attended to
+    int32_t *cnt;    // (n_layer * n_head_kv) chunks selected
+    int32_t *ids;    // (n_layer * n_head_kv, kmax) ascending chunk ids
+} sel_entry;
+
+struct tri__retrieval_state {
+    int32_t kmax;             // budget / chunk
+    tri__chunk_index **ix;    // (n_layer * n_head_kv) summaries of the complete chunks
+    int32_t n_chunks;         // complete chunks summarised
+    sel_entry *sel;           // (sel_cap) selections in the order made; the last is current
+    int32_t n_sel, sel_cap;
+    bool armed;               // select at the end of the next step
+    // the last step, so that a rollback into it can make the selection it would have made
+    float *stepq;             // (max_step, n_layer, n_head, head_dim) host: each token's queries (the
+                              // heads of KV head h are h * g .. h * g + g - 1)
+    float *qset;              // (max_step * g, head_dim) host: the query vectors one KV head selects by
+    int32_t step_n0, step_m;  // the step (step_m 0: none remembered)
+    bool step_armed;          // armed when the step began
+    float *qrow;              // (max_step, n_head * head_dim) host scratch
+    int32_t rows_chunks;      // chunks summarised per read
+    float *means;             // (rows_chunks, n_head_kv * head_dim) host: a read's chunk means
+    float *means_dev;         // the same in backend memory, for keys there (allocated when needed)
+    float *summ;              // (n_head_kv, rows_chunks, sdim) host: the summaries by head
+    int32_t sdim;             // a summary's width: head_dim (means), 2 * head_dim (bounds: max, min)
+    char *krows;              // bounds of keys in device memory: (rows_chunks * chunk) rows, host
+    // borrowed rows (p->src; kv-policy.h): positions below tail0 are src's, tail0 .. len - 1 the
+    // policy's own, in the ring p->own (position i in row i % ring)
+    int32_t ring;
+    int32_t tail0;
+    void **gk, **gv;          // (n_layer) -> (n_head_kv, budget, head_dim) backend: the current
+                              // selection's rows, head h's chunks from row h * budget, in chunk order
+    int64_t *offs;            // (n_head_kv * budget) host: where each of those rows is in a layer
+    void *stage;              // (n_head_kv * budget, head_dim) host: an offloaded layer's gather
+    bool stage_pinned;
+    uint64_t bytes_up;        // host -> backend: offloaded layers' gathers and ring fills
+    // a selection being made during the full cache's step (tri__kv_policy_tap)
+    sel_entry tap;            // cnt/ids allocated while armed
+    int32_t tap_layers;       // layers done
+    int32_t tap_first;        // chunks summarised before it
+    struct tri__kv_policy *tap_owner;  // the full policy armed to make it; NULL: none armed
+    void *tap_rows;           // (n_layer, K/V, chunk rows) backend: each layer's rows from the
+                              // bound to the tap's length, put into the ring once it is taken
+};
+
+void tri__ret_free(tri__kv_policy *p) {
+    tri__retrieval_state *s = p->ret;
+    if (!s) return;
+    if (s->ix)
+        for (int32_t i = 0; i < p->n_layer * p->n_head_kv; i++) tri__chunk_index_free(s->ix[i]);
+    free(s->ix);
+    for (int32_t i = 0; i < s->n_sel; i++) {
+        free(s->sel[i].cnt);
+        free(s->sel[i].ids);
+    }
+    free(s->sel);
+    free(s->stepq);
+    free(s->qset);
+    free(s->qrow);
+    free(s->means);
+    p->be->ops->free(p->be, s->means_dev);
+    free(s->summ);
+    free(s->krows);
+    for (int32_t il = 0; il < p->n_layer; il++) {
+        if (s->gk) p->be->ops->free(p->be, s->gk[il]);
+        if (s->gv) p->be->ops->free(p->be, s->gv[il]);
+    }
+    free(s->gk);
+    free(s->gv);
+    free(s->offs);
+    free(s->tap.cnt);
+    free(s->tap.ids);
+    p->be->ops->free(p->be, s->tap_rows);
+    if (s->stage_pinned) p->be->ops->host_unregister(p->be, s->stage);
+    free(s->stage);
+    free(s);
+    p->ret = NULL;
+}
+
+tri_status tri__ret_init(tri__kv_policy *p) {
+    tri_status st = TRI_STATUS_OK;
+    tri__retrieval_state *s = calloc(1, sizeof *s);
+    if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval");
+    p->ret = s;
+    int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
+    s->kmax = p->p.budget / p->p.chunk;
+    ALLOC(s->ix, heads);
+    s->sdim = p->p.bound ? 2 * p->head_dim : p->head_dim;
+    for (int64_t i = 0; i < heads; i++) TRY(tri__chunk_index_create(p->p.index, s->sdim, &s->ix[i]));
+    ALLOC(s->stepq, (int64_t)p->max_step * p->n_layer * p->n_head * p->head_dim);
+    ALLOC(s->qset, (int64_t)p->max_step * p->n_head * p->head_dim);
+    ALLOC(s->qrow, (int64_t)p->max_step * p->n_head * p->head_dim);
+    s->rows_chunks = p->p.chunk < 2048 ? 2048 / p->p.chunk : 1;  // ~2K rows per read
+    ALLOC(s->means, (int64_t)s->rows_chunks * kv_dim(p));
+    ALLOC(s->summ, (int64_t)s->rows_chunks * p->n_head_kv * s->sdim);
+    return TRI_STATUS_OK;
+fail:
+    return st;
+}
+
+tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_params *params, tri__kv_store *src,
+                                        int32_t n_head, int32_t ring, int32_t max_step) {
+    memset(p, 0, sizeof *p);
+    if (params->kind != TRI_KV_POLICY_RETRIEVAL)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy %s: only retrieval borrows another cache's rows",
+                         tri__kv_policy_name(params->kind));
+    tri_status st = tri__kv_policy_check(params, src->capacity);
+    if (st) return st;
+    if (n_head <= 0 || n_head % src->n_head_kv != 0 || max_step <= 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: %d heads over %d KV heads, steps of %d", n_head,
+                         src->n_head_kv, max_step);
+    if (ring < params->chunk + max_step)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "kv policy retrieval: a ring of %d own rows is smaller than a chunk (%d) and a step (%d)",
+                         ring, params->chunk, max_step);
+    p->p = *params;
+    p->be = src->be;
+    p->src = src;
+    p->n_layer = src->n_layer;
+    p->n_head = n_head;
+    p->n_head_kv = src->n_head_kv;
+    p->head_dim = src->head_dim;
+    p->max_step = max_step;
+    if ((st = tri__kv_store_init(&p->own, p->be, src->type, p->n_layer, p->n_head_kv, p->head_dim, ring))) goto fail;
+    p->kv = &p->own;
+    // per head: one span per selected chunk and two for the ring (it may wrap), or, before a
+    // selection, src's rows and the ring
+    if ((st = tri__kv_policy_common_init(p, p->p.budget / p->p.chunk + 2))) goto fail;
+    if ((st = tri__ret_init(p))) goto fail;
+    tri__retrieval_state *s = p->ret;
+    s->ring = ring;
+    const int64_t rows = (int64_t)p->n_head_kv * p->p.budget, row_bytes = (int64_t)p->head_dim * esize(p);
+    ALLOC(s->gk, p->n_layer);
+    ALLOC(s->gv, p->n_layer);
+    for (int32_t il = 0; il < p->n_layer; il++) {
+        if ((st = p->be->ops->alloc(p->be, (size_t)(rows * row_bytes), &s->gk[il]))) goto fail;
+        if ((st = p->be->ops->alloc(p->be, (size_t)(rows * row_bytes), &s->gv[il]))) goto fail;
+    }
+    ALLOC(s->offs, rows);
+    if (src->off) {  // an offloaded layer's chunks are gathered on the host and uploaded at once
+        s->stage = malloc((size_t)(rows * row_bytes));
+        if (!s->stage) {
+            st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: %lld bytes of gather staging",
+                           (long long)(rows * row_bytes));
+            goto fail;
+        }
+        if (p->be->ops->host_register && p->be->ops->host_unregister &&
+            p->be->ops->host_register(p->be, s->stage, (size_t)(rows * row_bytes)) == TRI_STATUS_OK)
+            s->stage_pinned = true;
+    }
+    return TRI_STATUS_OK;
+fail:
+    tri__kv_policy_free(p);
+    return st;
+}
+
+uint64_t tri__kv_policy_bytes_up(const tri__kv_policy *p) { return p->src ? p->ret->bytes_up : 0; }
+
+int32_t tri__ret_room(const tri__kv_policy *p) { return p->ret->ring - (p->len - p->ret->tail0); }
+
+tri_status tri__ret_begin(tri__kv_policy *p, int32_t m) {
+    if (m <= tri__ret_room(p)) return TRI_STATUS_OK;
+    return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                     "kv policy retrieval: %d more tokens do not fit the ring of %d own rows (%d since the tail at "
+                     "%d): select again first", m, p->ret->ring, p->len - p->ret->tail0, p->ret->tail0);
+}
+
+// ---- summaries ----
+
+static sel_entry *ret_current(const tri__kv_policy *p) {
+    const tri__retrieval_state *s = p->ret;
+    return s->n_sel ? &s->sel[s->n_sel - 1] : NULL;
+}
+
+// Where a layer's keys and values are for a reader: row pos starts pos * row bytes in.
+typedef struct layer_rows {
+    const char *k, *v;
+    bool region;  // an offloaded layer's host region; else backend memory
+} layer_rows;
+
+static layer_rows store_layer(tri__kv_store *kv, int32_t il) {
+    layer_rows L;
+    bool hv;
+    L.k = tri__kv_store_rows(kv, il, 0, &L.region);
+    L.v = tri__kv_store_rows(kv, il, 1, &hv);
+    return L;
+}
+
+// Bounds of nc chunks of keys from rows (host memory when host, else the backend's, copied over
+// first) into s->summ: per head and chunk, the per-dimension max then min of its keys.
+static tri_status bound_rows(tri__kv_policy *p, const char *rows, int32_t nc, bool host) {
+    tri__retrieval_state *s = p->ret;
+    const int32_t C = p->p.chunk, hd = p->head_dim, kd = kv_dim(p);
+    const int64_t row = row_bytes(p);
+    const bool f16 = p->kv->type == TRI_DTYPE_F16;
+    if (!host) {
+        if (!s->krows && !(s->krows = malloc((size_t)(s->rows_chunks * C * row))))
+            return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: key rows for chunk bounds");
+        TRY(p->be->ops->copy_to_host(p->be, s->krows, rows, (size_t)(nc * C * row)));
+        TRY(p->be->ops->synchronize(p->be));
+        rows = s->krows;
+    }
+    for (int32_t h = 0; h < p->n_head_kv; h++)
+        for (int32_t c = 0; c < nc; c++) {
+            float *mx = s->summ + ((int64_t)h * s->rows_chunks + c) * s->sdim, *mn = mx + hd;
+            for (int32_t t = 0; t < C; t++) {
+                const char *r = rows + ((int64_t)c * C + t) * row;
+                for (int32_t d = 0; d < hd; d++) {
+                    int64_t e = (int64_t)h * hd + d;
+                    float x = f16 ? tri__f16_to_f32(((const uint16_t *)r)[e]) : ((const float *)r)[e];
+                    if (t == 0 || x > mx[d]) mx[d] = x;
+                    if (t == 0 || x < mn[d]) mn[d] = x;
+                }
+            }
+        }
+    (void)kd;
+    return TRI_STATUS_OK;
+}
+
+// Adds the summaries of chunks first .. last - 1 of layer il (keys L->k) to its heads' indexes: the
+// mean of each chunk's keys per head (tri__chunk_mean: double-precision sums, the same bits
+// everywhere). Keys in host memory (an offloaded layer's region, a host backend's memory) are
+// summarised in place by the host; keys in device memory by the backend's chunk_mean op, so only
+// the means cross to the host. A read covers rows_chunks chunks; the means go to each head's index
+// in chunk order. The caller waited for the copies that write the keys.
+static tri_status summarise_layer(tri__kv_policy *p, int32_t il, const layer_rows *L, int32_t first, int32_t last) {
+    tri__retrieval_state *s = p->ret;
+    const tri__backend_ops *op = p->be->ops;
+    const int32_t C = p->p.chunk, kd = kv_dim(p), hd = p->head_dim, nkv = p->n_head_kv;
+    const int64_t row = row_bytes(p);
+    const bool host = L->region || p->be->host_memory;
+    for (int32_t c0 = first; c0 < last; c0 += s->rows_chunks) {
+        const int32_t nc = last - c0 < s->rows_chunks ? last - c0 : s->rows_chunks;
+        const char *rows = L->k + (int64_t)c0 * C * row;
+        if (p->p.bound) {
+            TRY(bound_rows(p, rows, nc, host));
+            for (int32_t h = 0; h < nkv; h++)
+                TRY(tri__chunk_index_add(s->ix[il * nkv + h], s->summ + (int64_t)h * s->rows_chunks * s->sdim, nc));
+            continue;
+        }
+        if (host && op->host_work) {  // a simulated device: rows that do not exist, work on its clock
+            memset(s->means, 0, sizeof(float) * (size_t)nc * (size_t)kd);
+            op->host_work(p->be, TRI_HOST_WORK_REDUCE, (double)nc * C * (double)row);
+        } else if (host) {
+            tri__chunk_mean(s->means, rows, p->kv->type, nc, C, kd, kd);
+        } else {
+            if (!s->means_dev)
+                TRY(op->alloc(p->be, sizeof(float) * (size_t)s->rows_chunks * (size_t)kd, (void **)&s->means_dev));
+            TRY(op->chunk_mean(p->be, s->means_dev, rows, p->kv->type, nc, C, kd, kd));
+            TRY(op->copy_to_host(p->be, s->means, s->means_dev, sizeof(float) * (size_t)nc * (size_t)kd));
+            TRY(op->synchronize(p->be));
+        }
+        // (chunk, head, dim) -> (head, chunk, dim): each head's summaries are one add
+        for (int32_t h = 0; h < nkv; h++)
+            for (int32_t c = 0; c < nc; c++)
+                memcpy(s->summ + ((int64_t)h * s->rows_chunks + c) * hd, s->means + (int64_t)c * kd + (int64_t)h * hd,
+                       sizeof(float) * (size_t)hd);
+        for (int32_t h = 0; h < nkv; h++)
+            TRY(tri__chunk_index_add(s->ix[il * nkv + h], s->summ + (int64_t)h * s->rows_chunks * hd, nc));
+    }
+    return TRI_STATUS_OK;
+}
+
+// Summarises the chunks completed by a length of len (src's keys when borrowing) in every layer.
+static tri_status ret_summarise(tri__kv_policy *p, int32_t len) {
+    tri__retrieval_state *s = p->ret;
+    const int32_t first = s->n_chunks, last = len / p->p.chunk;
+    if (last <= first) return TRI_STATUS_OK;
+    tri__kv_store *kv = p->src ? p->src : p->kv;
+    tri_status st = p->be->ops->synchronize(p->be);
+    for (int32_t il = 0; !st && il < p->n_layer; il++) {
+        layer_rows L = store_layer(kv, il);
+        st = summarise_layer(p, il, &L, first, last);
+    }
+    if (st) {  // every index back to the chunks summarised before
+        for (int32_t i = 0; i < p->n_layer * p->n_head_kv; i++) (void)tri__chunk_index_truncate(s->ix[i], first);
+        return st;
+    }
+    s->n_chunks = last;
+    return TRI_STATUS_OK;
+}
+
+// ---- retrieval over borrowed rows ----
+
+// The first position a selection at length len does not choose chunks from: whole chunks only,
+// and, borrowing, only rows src holds.
+static int32_t ret_bound(const tri__kv_policy *p, int32_t len) {
+    int32_t upto = p->src && p->src->n < len ? p->src->n : len;
+    return upto / p->p.chunk * p->p.chunk;
+}
+
+// Copies n rows of keys (k) and values (v), positions pos .. pos + n - 1, into layer il's ring
+// slots; from an offloaded layer's host region (uploads, counted) or from backend memory.
+static tri_status ring_put(tri__kv_policy *p, int32_t il, int32_t pos, int32_t n, const char *k, const char *v,
+                           bool region) {
+    const tri__backend_ops *op = p->be->ops;
+    const int32_t R = p->ret->ring;
+    const int64_t row = row_bytes(p);
+    for (int which = 0; which < 2; which++) {
+        const char *from = which ? v : k;
+        char *ring = which ? p->own.v[il] : p->own.k[il];
+        for (int32_t i = 0; i < n;) {
+            int32_t slot = (pos + i) % R, cnt = n - i < R - slot ? n - i : R - slot;
+            size_t bytes = (size_t)(cnt * row);
+            if (region) {
+                TRY(op->copy_to_backend(p->be, ring + slot * row, from + i * row, bytes));
+                p->ret->bytes_up += bytes;
+            } else if (op->copy) {
+                TRY(op->copy(p->be, ring + slot * row, from + i * row, bytes));
+            } else {
+                return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: backend %s copies no rows", op->name);
+            }
+            i += cnt;
+        }
+    }
+    return TRI_STATUS_OK;
+}
+
+// Copies rows pos .. pos + n - 1 of a layer's keys and values (L) into the ring.
+static tri_status ring_fill(tri__kv_policy *p, int32_t il, const layer_rows *L, int32_t pos, int32_t n) {
+    return ring_put(p, il, pos, n, L->k + pos * row_bytes(p), L->v + pos * row_bytes(p), L->region);
+}
+
+// Gathers layer il's chunks of selection e out of L into gk/gv.
+static tri_status gather_layer(tri__kv_policy *p, const sel_entry *e, int32_t il, const layer_rows *L) {
+    tri__retrieval_state *s = p->ret;
+    const tri__backend_ops *op = p->be->ops;
+    const int32_t C = p->p.chunk, budget = p->p.budget, hd = p->head_dim, kd = kv_dim(p);
+    const int64_t es = esize(p), row_bytes = hd * es, rows = (int64_t)p->n_head_kv * budget;
+    for (int32_t h = 0; h < p->n_head_kv; h++) {
+        int64_t i = (int64_t)il * p->n_head_kv + h, r = (int64_t)h * budget;
+        const int32_t *ids = e->ids + i * s->kmax;
+        for (int32_t a = 0; a < e->cnt[i]; a++)
+            for (int32_t t = 0; t < C; t++) s->offs[r++] = (((int64_t)ids[a] * C + t) * kd + (int64_t)h * hd) * es;
+        for (; r < (int64_t)(h + 1) * budget; r++) s->offs[r] = 0;  // unused rows
+    }
+    for (int which = 0; which < 2; which++) {
+        const char *from = which ? L->v : L->k;
+        void *to = which ? s->gv[il] : s->gk[il];
+        if (!L->region) {
+            TRY(op->gather(p->be, to, from, s->offs, rows, row_bytes));
+            continue;
+        }
+        if (op->host_work)  // a simulated device: rows that do not exist, work on its clock
+            op->host_work(p->be, TRI_HOST_WORK_COPY, (double)(rows * row_bytes));
+        else
+            for (int64_t r = 0; r < rows; r++)
+                memcpy((char *)s->stage + r * row_bytes, from + s->offs[r], (size_t)row_bytes);
+        TRY(op->copy_to_backend(p->be, to, s->stage, (size_t)(rows * row_bytes)));
+        TRY(op->synchronize(p->be));  // the staging is refilled next
+        s->bytes_up += (uint64_t)(rows * row_bytes);
+    }
+    return TRI_STATUS_OK;
+}
+
+// Makes selection e current over borrowed rows: gathers its chunks out of src into gk/gv and moves
+// the tail to its bound (rows bound .. tail0 - 1 come from src). The caller dropped the previous
+// selection (its rows are overwritten here), so on failure the policy has none and attends fully;
+// the tail moves only on success.
+static tri_status ret_install(tri__kv_policy *p, const sel_entry *e, int32_t len) {
+    tri__retrieval_state *s = p->ret;
+    if (len - e->bound > s->ring)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "kv policy retrieval: %d tokens from the selection's bound %d exceed the ring of %d rows",
+                         len - e->bound, e->bound, s->ring);
+    // src's newest rows of offloaded layers may still be on their way to its host regions
+    TRY(p->be->ops->synchronize(p->be));
+    for (int32_t il = 0; il < p->n_layer; il++) {
+        layer_rows L = store_layer(p->src, il);
+        TRY(gather_layer(p, e, il, &L));
+        if (e->bound < s->tail0) TRY(ring_fill(p, il, &L, e->bound, s->tail0 - e->bound));
+    }
+    TRY(p->be->ops->synchronize(p->be));
+    s->tail0 = e->bound;
+    return TRI_STATUS_OK;
+}
+
+// Adds head h's spans over the ring for positions from .. end - 1 (two where the ring wraps).
+static void ring_spans(tri__kv_policy *p, int32_t il, int32_t h, int32_t from, int32_t end, int32_t *ns) {
+    const int32_t R = p->ret->ring;
+    const int64_t es = esize(p), kd = kv_dim(p);
+    while (from < end) {
+        int32_t slot = from % R, n = end - from < R - slot ? end - from : R - slot;
+        int64_t off = ((int64_t)slot * kd + (int64_t)h * p->head_dim) * es;
+        p->spans[(*ns)++] = (tri__kv_span){.pos0 = from, .n = n, .k = (const char *)p->own.k[il] + off,
+                                           .v = (const char *)p->own.v[il] + off, .stride = kd};
+        from += n;
+    }
+}
+
+// Layer il's view over borrowed rows: before a selection src's rows below the tail and the ring;
+// with one, the gathered chunks and the ring from the selection's bound.
+static tri_status ret_view_borrowed(tri__kv_policy *p, int32_t il, int32_t end) {
+    tri__retrieval_state *s = p->ret;
+    const sel_entry *e = ret_current(p);
+    const int64_t es = esize(p), hd = p->head_dim, C = p->p.chunk;
+    const tri__kv_view *full = NULL;
+    tri__kv_view storage;
+    if (!e && s->tail0 > 0) TRY(tri__kv_store_view_read(p->src, il, s->tail0, &full, &storage));
+    int32_t ns = 0;
+    for (int32_t h = 0; h < p->n_head_kv; h++) {
+        p->head_span[h] = ns;
+        if (!e) {
+            if (full) p->spans[ns++] = full->spans[full->head_span[h]];
+            ring_spans(p, il, h, s->tail0, end, &ns);
+            continue;
+        }
+        int64_t i = (int64_t)il * p->n_head_kv + h;
+        const int32_t *ids = e->ids + i * s->kmax;
+        int32_t first = ns;
+        for (int32_t a = 0; a < e->cnt[i]; a++) {
+            int32_t start = ids[a] * (int32_t)C;
+            if (ns > first && p->spans[ns - 1].pos0 + p->spans[ns - 1].n == start) {
+                p->spans[ns - 1].n += (int32_t)C;  // adjacent chunks are adjacent rows
+                continue;
+            }
+            int64_t off = (((int64_t)h * p->p.budget + a * C) * hd) * es;
+            p->spans[ns++] = (tri__kv_span){.pos0 = start, .n = (int32_t)C, .k = (const char *)s->gk[il] + off,
+                                            .v = (const char *)s->gv[il] + off, .stride = hd};
+        }
+        ring_spans(p, il, h, e->bound, end, &ns);
+    }
+    p->head_span[p->n_head_kv] = ns;
+    TRI_ASSERT(ns <= p->spans_cap);
+    return TRI_STATUS_OK;
+}
+
+// Writes the step's new rows into the ring (two writes where it wraps).
+static tri_status ring_write(tri__kv_policy *p, int32_t il, int32_t pos, int32_t m, const float *k, const float *v) {
+    const int32_t R = p->ret->ring;
+    const int64_t kd = kv_dim(p);
+    for (int32_t done = 0; done < m;) {
+        int32_t slot = (pos + done) % R, n = m - done < R - slot ? m - done : R - slot;
+        TRY(tri__kv_store_write(&p->own, il, slot, n, k + done * kd, v + done * kd));
+        done += n;
+    }
+    return TRI_STATUS_OK;
+}
+
+// Forgets every selection.
+static void ret_drop_selections(tri__retrieval_state *s) {
+    while (s->n_sel > 0) {
+        s->n_sel--;
+        free(s->sel[s->n_sel].cnt);
+        free(s->sel[s->n_sel].ids);
+    }
+}
+
+// The query vectors KV head h of a layer selects by: of the tokens t0 .. t1 - 1 of a step whose
+// queries are q (host, a token's n_head * head_dim values `stride` floats after the previous
+// one's), the group's heads of each, token by token, into s->qset; returns their count.
+static int32_t group_queries(tri__kv_policy *p, const float *q, int64_t stride, int32_t t0, int32_t t1, int32_t h) {
+    const int32_t g = p->n_head / p->n_head_kv, hd = p->head_dim;
+    int32_t n = 0;
+    for (int32_t t = t0; t < t1; t++, n += g)
+        memcpy(p->ret->qset + (int64_t)n * hd, q + t * stride + (int64_t)h * g * hd, sizeof(float) * (size_t)(g * hd));
+    return n;
+}
+
+// The first token of the step (of rows 0 .. row) whose queries a selection from row reads.
+static int32_t first_query(const tri__kv_policy *p, int32_t row) {
+    int32_t t = p->p.queries > 1 ? p->p.queries : 1;
+    return row + 1 - t > 0 ? row + 1 - t : 0;
+}
+
+// Chooses head i's chunks (i = layer * n_head_kv + KV head) among the first n_chunks by the query
+// vectors in s->qset (n_q of them): chunk 0, the recent window and the best others
+// (tri__chunk_select), ascending; all when they fit.
+static tri_status select_head(tri__kv_policy *p, int64_t i, int32_t n_chunks, int32_t n_q, int32_t *ids,
+                              int32_t *cnt_out) {
+    tri__retrieval_state *s = p->ret;
+    int32_t window = p->p.window / p->p.chunk;
+    if (window > (s->kmax - 1) / 2) window = (s->kmax - 1) / 2;
+    return tri__chunk_select(s->ix[i], p->p.group, p->p.bound, s->qset, n_q, n_chunks, s->kmax, window, ids,
+                             cnt_out);
+}
+
+// A selection entry with room for every head's chunks; false when out of memory.
+static bool sel_alloc(const tri__kv_policy *p, sel_entry *e) {
+    int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
+    e->cnt = malloc(sizeof *e->cnt * (size_t)heads);
+    e->ids = malloc(sizeof *e->ids * (size_t)(heads * p->ret->kmax));
+    if (e->cnt && e->ids) return true;
+    free(e->cnt);
+    free(e->ids);
+    e->cnt = NULL;
+    e->ids = NULL;
+    return false;
+}
+
+// Room for one more selection in the list.
+static tri_status sel_reserve(tri__retrieval_state *s) {
+    if (s->n_sel < s->sel_cap) return TRI_STATUS_OK;
+    int32_t cap = s->sel_cap ? 2 * s->sel_cap : 8;
+    sel_entry *e = realloc(s->sel, sizeof *e * (size_t)cap);
+    if (!e) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: %d selections", cap);
+    s->sel = e;
+    s->sel_cap = cap;
+    return TRI_STATUS_OK;
+}
+
+// Selects, for every (layer, KV head), chunk 0 and the best kmax - 1 other complete chunks by the
+// summed group query of the token at len - 1 (row `row` of the last step), at cache length len.
+// Borrowing, the selection replaces the previous one (its rows are gathered over the old ones).
+static tri_status ret_select(tri__kv_policy *p, int32_t len, int32_t row) {
+    tri__retrieval_state *s = p->ret;
+    int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
+    const int32_t bound = ret_bound(p, len);
+    TRY(ret_summarise(p, bound));
+    TRY(sel_reserve(s));
+    sel_entry e = {.n_sel = len, .bound = bound};
+    if (!sel_alloc(p, &e)) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: selection");
+    tri_status st = TRI_STATUS_OK;
+    const int64_t qd = (int64_t)p->n_head * p->head_dim;
+    for (int64_t i = 0; !st && i < heads; i++) {
+        const int32_t il = (int32_t)(i / p->n_head_kv), h = (int32_t)(i % p->n_head_kv);
+        // layer il's queries of token t are at stepq + (t * n_layer + il) * qd
+        int32_t n_q = group_queries(p, s->stepq + il * qd, p->n_layer * qd, first_query(p, row), row + 1, h);
+        st = select_head(p, i, bound / p->p.chunk, n_q, e.ids + i * s->kmax, &e.cnt[i]);
+    }
+    if (!st && p->src) {
+        ret_drop_selections(s);  // the gather overwrites the old selection's rows
+        st = ret_install(p, &e, len);
+    }
+    if (st) {
+        free(e.cnt);
+        free(e.ids);
+        return st;
+    }
+    s->sel[s->n_sel++] = e;
+    s->armed = false;
+    return TRI_STATUS_OK;
+}
+
+// Layer il's view: the selected chunks, then the tokens since the selection's last whole chunk.
+static void ret_view(tri__kv_policy *p, int32_t il, int32_t end) {
+    const sel_entry *e = ret_current(p);
+    const int64_t es = esize(p), kd = kv_dim(p);
+    const int32_t C = p->p.chunk;
+    int32_t recent = e->bound;
+    int32_t ns = 0;
+    for (int32_t h = 0; h < p->n_head_kv; h++) {
+        p->head_span[h] = ns;
+        int64_t i = (int64_t)il * p->n_head_kv + h;
+        const int32_t *ids = e->ids + i * p->ret->kmax;
+        int32_t cnt = e->cnt[i];
+        int32_t first = ns;
+        for (int32_t a = 0; a <= cnt; a++) {
+            int32_t start = a < cnt ? ids[a] * C : recent, len = a < cnt ? C : end - recent;
+            if (len == 0) continue;
+            if (ns > first && p->spans[ns - 1].pos0 + p->spans[ns - 1].n == start) {
+                p->spans[ns - 1].n += len;  // contiguous: one span, as the full view has
+                continue;
+            }
+            int64_t off = ((int64_t)start * kd + (int64_t)h * p->head_dim) * es;
+            p->spans[ns++] = (tri__kv_span){.pos0 = start, .n = len, .k = (const char *)p->kv->k[il] + off,
+                                            .v = (const char *)p->kv->v[il] + off, .stride = kd};
+        }
+    }
+    p->head_span[p->n_head_kv] = ns;
+    TRI_ASSERT(ns <= p->spans_cap);
+}
+
+// Keeps the step's queries (every head: tri__chunk_select merges a group's scores its own way).
+static tri_status ret_keep_query(tri__kv_policy *p, int32_t il, const float *q) {
+    tri__retrieval_state *s = p->ret;
+    int64_t qd = (int64_t)p->n_head * p->head_dim;
+    TRY(p->be->ops->copy_to_host(p->be, s->qrow, q, sizeof(float) * (size_t)(p->step_m * qd)));
+    TRY(p->be->ops->synchronize(p->be));
+    for (int32_t t = 0; t < p->step_m; t++)
+        memcpy(s->stepq + ((int64_t)t * p->n_layer + il) * qd, s->qrow + t * qd, sizeof(float) * (size_t)qd);
+    return TRI_STATUS_OK;
+}
+
+// Whether a step ending at len selects: on request, or once refresh tokens came since the last
+// selection. The count needs a selection to count from: before the first one (made on request,
+// after the prompt) the steps are the prompt's, and a selection in its middle would leave the
+// rest of the prompt attending to part of it, where TriForce prefills with full attention.
+static bool ret_due(const tri__kv_policy *p, int32_t len, bool armed) {
+    const sel_entry *cur = ret_current(p);
+    return armed || (cur && p->p.refresh > 0 && len - cur->n_sel >= p->p.refresh);
+}
+
+tri_status tri__ret_truncate(tri__kv_policy *p, int32_t n) {
+    tri__retrieval_state *s = p->ret;
+    if (p->src) {  // rows below n stay src's or the ring's; the ring holds from the tail on
+        if (s->tail0 > n) s->tail0 = n;
+        p->len = n;
+    }
+    while (s->n_sel > 0 && s->sel[s->n_sel - 1].n_sel > n) {
+        s->n_sel--;
+        free(s->sel[s->n_sel].cnt);
+        free(s->sel[s->n_sel].ids);
+    }
+    int32_t n_chunks = n / p->p.chunk;
+    if (n_chunks < s->n_chunks) {
+        for (int32_t i = 0; i < p->n_layer * p->n_head_kv; i++) TRY(tri__chunk_index_truncate(s->ix[i], n_chunks));
+        s->n_chunks = n_chunks;
+    }
+    // into the last step: it would have ended at n, and selected then if due
+    if (s->step_m > 0 && n <= s->step_n0) {
+        if (n == s->step_n0) s->armed = s->step_armed;
+        s->step_m = 0;
+    } else if (s->step_m > 0 && n < s->step_n0 + s->step_m) {
+        s->step_m = n - s->step_n0;
+        s->armed = s->step_armed;
+        if (ret_due(p, n, s->armed)) TRY(ret_select(p, n, s->step_m - 1));
+    }
+    return TRI_STATUS_OK;
+}
+
+// ---- selecting during the full cache's step ----
+
+tri_status tri__kv_policy_tap(tri__kv_policy *full, tri__kv_policy *ret, int32_t at) {
+    TRI_ASSERT(!full->in_step && !ret->in_step);
+    if (full->p.kind != TRI_KV_POLICY_FULL || !ret->src || ret->src != full->kv || at <= full->kv->n ||
+        at > full->kv->capacity)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: a selection at %d during a pass of the full cache "
+                         "(length %d) that the retrieval policy does not borrow", at, full->kv->n);
+    tri__retrieval_state *s = ret->ret;
+    const int32_t bound = at / ret->p.chunk * ret->p.chunk;
+    if (at - bound > s->ring)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: ring of %d rows for %d rows from the bound",
+                         s->ring, at - bound);
+    if (s->tap_owner) tri__ret_tap_finish(s->tap_owner, false);  // armed before and never made
+    if (!s->tap_rows)
+        TRY(ret->be->ops->alloc(ret->be, (size_t)(2 * (int64_t)ret->n_layer * ret->p.chunk * row_bytes(ret)),
+                                &s->tap_rows));
+    free(s->tap.cnt);
+    free(s->tap.ids);
+    s->tap = (sel_entry){.n_sel = at, .bound = bound};
+    if (!sel_alloc(ret, &s->tap)) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: selection");
+    // its rows are about to be overwritten; the tail stays where it is until the step commits; the
+    // remembered step's queries are scratch now (no replay of a selection into it)
+    ret_drop_selections(s);
+    s->step_m = 0;
+    s->tap_layers = 0;
+    s->tap_first = s->n_chunks;
+    s->tap_owner = full;
+    full->tap = ret;
+    full->tap_at = at;
+    return TRI_STATUS_OK;
+}
+
+// Where layer il's staged rows (keys: which 0, values 1) of a tap are.
+static char *tap_rows(tri__kv_policy *ret, int32_t il, int which) {
+    return (char *)ret->ret->tap_rows + (2 * (int64_t)il + which) * ret->p.chunk * row_bytes(ret);
+}
+
+// Layer il of the full cache's step that ends at the tap's length: ret selects that layer's chunks
+// from row `row` of the step's queries q and the layer's rows in view (backend memory).
+tri_status tri__ret_tap_layer(tri__kv_policy *ret, int32_t il, const float *q, int32_t row, int32_t n_head,
+                            const tri__kv_view *view) {
+    tri__retrieval_state *s = ret->ret;
+    sel_entry *e = &s->tap;
+    const tri__backend_ops *op = ret->be->ops;
+    const int32_t nkv = ret->n_head_kv;
+    const int64_t qd = (int64_t)n_head * ret->head_dim;
+    TRI_ASSERT(il == s->tap_layers && n_head == ret->n_head);
+    // the queries of the tokens a selection reads (at most a step of ret's)
+    int32_t t0 = first_query(ret, row);
+    if (row + 1 - t0 > ret->max_step) t0 = row + 1 - ret->max_step;
+    TRY(op->copy_to_host(ret->be, s->qrow, q + t0 * qd, sizeof(float) * (size_t)((row + 1 - t0) * qd)));
+    TRY(op->synchronize(ret->be));
+    // the layer's rows: head 0's span starts at row 0 of the layer
+    const tri__kv_span *sp = &view->spans[view->head_span[0]];
+    layer_rows L = {.k = sp->k, .v = sp->v, .region = false};
+    TRY(summarise_layer(ret, il, &L, s->tap_first, e->bound / ret->p.chunk));
+    for (int32_t h = 0; h < nkv; h++) {
+        int64_t i = (int64_t)il * nkv + h;
+        int32_t n_q = group_queries(ret, s->qrow, qd, 0, row + 1 - t0, h);
+        TRY(select_head(ret, i, e->bound / ret->p.chunk, n_q, e->ids + i * s->kmax, &e->cnt[i]));
+    }
+    TRY(gather_layer(ret, e, il, &L));
+    // the rows from the bound: staged, the ring still holds the policy's own until it is taken
+    if (e->bound < e->n_sel) {
+        const int64_t rb = row_bytes(ret);
+        size_t bytes = (size_t)((e->n_sel - e->bound) * rb);
+        if (!op->copy) return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: backend %s copies no rows", op->name);
+        TRY(op->copy(ret->be, tap_rows(ret, il, 0), L.k + e->bound * rb, bytes));
+        TRY(op->copy(ret->be, tap_rows(ret, il, 1), L.v + e->bound * rb, bytes));
+    }
+    s->tap_layers++;
+    return TRI_STATUS_OK;
+}
+
+// After the full cache's pass: ret takes the selection when every layer made it and the pass
+// succeeded (ok), else forgets it; either way the full policy is disarmed.
+void tri__ret_tap_finish(tri__kv_policy *full, bool ok) {
+    tri__kv_policy *ret = full->tap;
+    full->tap = NULL;
+    if (!ret) return;
+    tri__retrieval_state *s = ret->ret;
+    s->tap_owner = NULL;
+    ok = ok && s->tap_layers == ret->n_layer && sel_reserve(s) == TRI_STATUS_OK;
+    const sel_entry *e = &s->tap;
+    for (int32_t il = 0; ok && il < ret->n_layer && e->bound < e->n_sel; il++)
+        ok = ring_put(ret, il, e->bound, e->n_sel - e->bound, tap_rows(ret, il, 0), tap_rows(ret, il, 1), false) ==
+             TRI_STATUS_OK;
+    if (!ok && s->tap_layers == ret->n_layer && e->bound < e->n_sel) {
+        // a device failure while putting the rows into the ring: the policy's own rows from
+        // the tail may be overwritten; it keeps none
+        if (ret->len > s->tail0) ret->len = s->tail0;
+    }
+    if (!ok) {  // the indexes back to the chunks before the step
+        for (int32_t i = 0; i < ret->n_layer * ret->n_head_kv; i++) (void)tri__chunk_index_truncate(s->ix[i], s->tap_first);
+        s->n_chunks = s->tap_first;
+        free(s->tap.cnt);
+        free(s->tap.ids);
+        s->tap = (sel_entry){0};
+        return;
+    }
+    s->n_chunks = s->tap.bound / ret->p.chunk;
+    s->sel[s->n_sel++] = s->tap;
+    s->tap = (sel_entry){0};
+    s->tail0 = s->sel[s->n_sel - 1].bound;
+    ret->len = s->sel[s->n_sel - 1].n_sel;
+    s->step_m = 0;
+    s->armed = false;
+}
+
+// ---- the hooks of kv-policy.c ----
+
+tri_status tri__ret_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
+                          int32_t end, const tri__kv_view **view) {
+    const int32_t n0 = p->step_n0, m = p->step_m;
+    if (p->src) {
+        TRY(ring_write(p, il, n0, m, k, v));
+        TRY(ret_keep_query(p, il, q));
+        TRY(ret_view_borrowed(p, il, end));
+        *view = tri__kv_policy_own_view(p);
+        return TRI_STATUS_OK;
+    }
+    TRY(tri__kv_store_write(p->kv, il, n0, m, k, v));
+    TRY(ret_keep_query(p, il, q));
+    if (!ret_current(p)) {
+        *view = tri__kv_store_view(p->kv, il, end, &p->view);
+        return TRI_STATUS_OK;
+    }
+    ret_view(p, il, end);
+    *view = tri__kv_policy_own_view(p);
+    return TRI_STATUS_OK;
+}
+
+tri_status tri__ret_commit(tri__kv_policy *p, int32_t end) {
+    // borrowing, chunks are summarised from src's rows when a selection needs them
+    if (!p->src) TRY(ret_summarise(p, end));
+    p->ret->step_n0 = p->step_n0;
+    p->ret->step_m = p->step_m;
+    p->ret->step_armed = p->ret->armed;
+    if (ret_due(p, end, p->ret->armed)) TRY(ret_select(p, end, p->step_m - 1));
+    return TRI_STATUS_OK;
+}
+
+void tri__ret_abort(tri__kv_policy *p) {
+    // drop the summaries of a half-committed step; the previous step stays remembered
+    tri__retrieval_state *s = p->ret;
+    int32_t keep_m = s->step_m, keep_n0 = s->step_n0;
+    s->step_m = 0;
+    (void)tri__ret_truncate(p, p->step_n0);
+    s->step_m = keep_m;
+    s->step_n0 = keep_n0;
+}
+
+void tri__ret_reset(tri__kv_policy *p) {
+    p->ret->step_m = 0;
+    (void)tri__ret_truncate(p, 0);
+    p->ret->armed = false;
+}
+
+tri_status tri__ret_adopt_borrowed(tri__kv_policy *p, tri__kv_store *src, int32_t n) {
+    if (src != p->src || n < p->len || n > src->n)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "kv policy retrieval: adopt to %d from %d out of %s store (holding %d)", n, p->len,
+                         src == p->src ? "its source" : "another", src->n);
+    ret_drop_selections(p->ret);
+    p->ret->tail0 = n;
+    p->ret->step_m = 0;
+    p->len = n;
+    return TRI_STATUS_OK;
+}
+
+bool tri__ret_attends_fully(const tri__kv_policy *p, int32_t n) { return !ret_current(p) && !ret_due(p, n, p->ret->armed); }
+
+tri_status tri__ret_adopted(tri__kv_policy *p, int32_t len, int32_t n) {
+    // summarise now, as a step's commit would (a later commit would catch up, but the state
+    // should not depend on one coming)
+    tri_status st = ret_summarise(p, n);
+    if (st) {
+        (void)tri__ret_truncate(p, len);  // drop the summaries made before the failure
+        return st;
+    }
+    p->ret->step_m = 0;  // no step to replay: nothing was due in these positions
+    return TRI_STATUS_OK;
+}
+
+void tri__kv_policy_tap_settle(tri__kv_policy *p, bool ok) {
+    if (p->tap && (!ok || p->kv->n >= p->tap_at)) tri__ret_tap_finish(p, ok);
+}
+
+void tri__kv_policy_untap(tri__kv_policy *ret) {
+    if (ret->ret && ret->ret->tap_owner) tri__ret_tap_finish(ret->ret->tap_owner, false);
+}
+
+void tri__kv_policy_request_refresh(tri__kv_policy *p) {
+    if (p->ret) p->ret->armed = true;
+}
+
+void tri__kv_policy_cancel_refresh(tri__kv_policy *p) {
+    if (p->ret) p->ret->armed = false;
+}
+
+int32_t tri__kv_policy_selected_at(const tri__kv_policy *p) {
+    const sel_entry *e = p->ret ? ret_current(p) : NULL;
+    return e ? e->n_sel : -1;
+}
+
+int32_t tri__kv_policy_selection(const tri__kv_policy *p, int32_t il, int32_t h, int32_t *ids, int32_t *n_sel) {
+    const sel_entry *e = p->ret ? ret_current(p) : NULL;
+    if (!e) {
+        if (n_sel) *n_sel = 0;
+        return -1;
+    }
+    int64_t i = (int64_t)il * p->n_head_kv + h;
+    memcpy(ids, e->ids + i * p->ret->kmax, sizeof *ids * (size_t)e->cnt[i]);
+    if (n_sel) *n_sel = e->n_sel;
+    return e->cnt[i];
+}
+
+bool tri__ret_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out) {
+    const int64_t es = esize(p), hd = p->head_dim, kd = kv_dim(p), row = hd * es;
+    const sel_entry *e = ret_current(p);
+    int32_t from_chunk = -1;  // the row of the selection's rows (own store: the position) holding pos
+    if (e && pos < e->bound) {
+        const int64_t i = (int64_t)il * p->n_head_kv + h;
+        const int32_t *ids = e->ids + i * p->ret->kmax, C = p->p.chunk;
+        for (int32_t a = 0; a < e->cnt[i]; a++)
+            if (ids[a] == pos / C) from_chunk = a * C + pos % C;
+        if (from_chunk < 0) return false;
+    }
+    const tri__backend_ops *op = p->be->ops;
+    if (!p->src) {  // the own store, wherever it keeps the layer
+        return tri__kv_policy_peek_store(p->kv, il, h, pos, which, out);
+    }
+    tri__retrieval_state *s = p->ret;
+    const char *src;
+    if (from_chunk >= 0) {
+        src = (const char *)(which ? s->gv : s->gk)[il] + ((int64_t)h * p->p.budget + from_chunk) * row;
+    } else if (pos >= s->tail0) {
+        src = (const char *)(which ? p->own.v : p->own.k)[il] + ((int64_t)(pos % s->ring) * kd + h * hd) * es;
+    } else {  // below the tail with no selection: src's row
+        return tri__kv_policy_peek_store(p->src, il, h, pos, which, out);
+    }
+    return op->copy_to_host(p->be, out, src, (size_t)row) == TRI_STATUS_OK && op->synchronize(p->be) == TRI_STATUS_OK;
+}
