@@ -372,6 +372,14 @@ typedef struct tri_session_params {
                                   // [0, 1], 0: every row streams. Same results (bit for bit on the CPU)
     int32_t kv_host_threads;      // threads of that host attention; 0: the cores of the device's
                                   // NUMA node less one
+    const char *devices;          // tensor parallelism: a device list, "cuda:0,cuda:1" or
+                                  // "cpu:0,cpu:1" (up to 8, one kind; docs/offload.md): the model's
+                                  // KV heads, attention and FFN split over them, two all-reduces per
+                                  // layer through host memory. One entry ("cuda:1", "cpu") names a
+                                  // single device. NULL or "": device_kind and device. Copied at
+                                  // create; INVALID_ARGUMENT for duplicates, unknown kinds, a missing
+                                  // index or more devices than KV heads, TRI_STATUS_DEVICE for a
+                                  // CUDA device that does not exist
 } tri_session_params;
 
 TRI_API tri_session_params tri_session_default_params(void);

@@ -37,6 +37,9 @@ typedef struct tri__llama {
     int32_t *pos;   // (n_batch) host: absolute positions of the current chunk (keys rotate at them)
     int32_t *q_pos; // (n_batch) host: positions the cache policy rotates and masks queries at
     tri__act_pool *pool;  // the activations above (but logits) are the pool's; NULL: its own
+    struct tri__tp *tp;   // tensor parallelism (tensor-parallel.h): model is rank `rank`'s shard,
+    int32_t rank;         // the outputs of wo and down are all-reduced over tp's ranks and only
+                          // rank 0 computes logits; NULL: one device
 } tri__llama;
 
 tri_status tri__llama_init(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch);
