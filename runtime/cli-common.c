@@ -58,7 +58,7 @@ bool tri_cli_parse_device(const char *cmd, const char *arg, tri_session_params *
             return true;
         }
     }
-    fprintf(stderr, "%s: --device '%s': want cpu, cuda, cuda:N or a list "
+    fprintf(stderr, "%s: --device '%s': want cpu, cuda or cuda:N, or a list "
             "(cuda:0,cuda:1 or cpu:0,cpu:1)\n", cmd, arg);
     return false;
 }
