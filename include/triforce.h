@@ -774,6 +774,11 @@ typedef struct tri_plan {
     double host_kv_read_bytes_token; // per emitted token
     double t_token_streamed;         // t_token of the same placement with every offloaded row
                                      // streamed
+    // tensor parallelism (n_gpu > 1): the split the engine builds (tri_session_params.devices)
+    double t_allreduce_token;        // of t_token, the two all-reduces per layer and pass
+    double allreduce_bytes_token;    // bytes each GPU copies down and up for them, per token
+    int32_t tp_kv_heads_max;         // the largest share of KV heads one GPU holds
+    int32_t tp_ff_rows_max;          // the largest share of FFN rows
 } tri_plan;
 
 // Plans model under params (NULL: defaults). INVALID_ARGUMENT for impossible parameters;
