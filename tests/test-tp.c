@@ -363,3 +363,63 @@ Test(tp, default_model_logits, .timeout = TT_TIMEOUT(300)) {
     free(many);
     tri_model_free(m);
 }
+
+// Two CUDA devices (the emulated GPU in CI: CUDAEMU_DEVICES=2): logits against one device, and
+// greedy speculative output equal to plain output on both. Skipped with fewer than two devices.
+Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
+    if (tri_device_count() < 2) cr_skip_test("fewer than two CUDA devices");
+    tri_model *m = load(tt_gen_model("tp-cuda", "--seed 19 --layers 2 --embd 64 --heads 4 --kv-heads 2 --head-dim 16 "
+                                                "--ff 128 --vocab 300"));
+    const int32_t V = m->config.n_vocab;
+    int32_t toks[12];
+    for (int i = 0; i < 12; i++) toks[i] = (i * 29 + 5) % V;
+    float *l[2];
+    const char *lists[2] = {"cuda:0", "cuda:0,cuda:1"};
+    for (int k = 0; k < 2; k++) {
+        tri_session_params sp = tri_session_default_params();
+        sp.n_ctx = 64;
+        sp.devices = lists[k];
+        tri_session *s;
+        cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_str_eq(tri_session_device(s), lists[k]);
+        l[k] = malloc(sizeof(float) * 12 * V);
+        cr_assert_eq(tri_session_eval(s, toks, 12, true), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int i = 0; i < 12; i++) memcpy(l[k] + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * V);
+        tri_session_free(s);
+    }
+    double scale, d = max_diff(l[0], l[1], 12 * V, &scale);
+    printf("tp cuda:0,cuda:1 vs cuda:0: max |dlogit| %.3g of max |logit| %.3g\n", d, scale);
+    cr_assert(d <= 1e-3, "max |dlogit| %g", d);
+    free(l[0]);
+    free(l[1]);
+
+    // plain and speculative greedy decoding on the two devices
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 64;
+    sp.devices = "cuda:0,cuda:1";
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = 12;
+    gp.stop_at_eos = false;
+    collect want = {.n = 0}, got = {.n = 0};
+    cr_assert_eq(tri_generate(s, prompt, 12, &gp, on_token, &want, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_free(s);
+    static const int32_t layers[] = {0};
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_TRIFORCE;
+    p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+    p.draft_layers = layers;
+    p.n_draft_layers = 1;
+    p.budget = 8;
+    p.chunk = 4;
+    p.gamma1 = 2;
+    p.gamma2 = 4;
+    tri_spec *e;
+    cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate_spec(e, prompt, 12, &gp, on_token, &got, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(got.n, 12);
+    for (int t = 0; t < 12; t++) cr_assert_eq(got.tok[t], want.tok[t], "token %d", t);
+    tri_spec_free(e);
+    tri_model_free(m);
+}
