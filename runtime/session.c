@@ -297,6 +297,17 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
                            tri_token_fn on_token, void *user, tri_generate_stats *stats,
                            tri__kv_offload_stats *at_decode);
 
+// The offloaded cache's copies, summed over the devices (each streams its own KV heads' rows).
+static void offload_stats(tri_session *s, tri__kv_offload_stats *out) {
+    tri__kv_store_offload_stats(s->kv.kv, out);
+    for (int32_t r = 1; r < s->group.n; r++) {
+        tri__kv_offload_stats o;
+        tri__kv_store_offload_stats(rank_kv(s, r)->kv, &o);
+        out->bytes_up += o.bytes_up, out->bytes_down += o.bytes_down, out->bytes_host += o.bytes_host;
+        out->bytes_partial += o.bytes_partial;
+    }
+}
+
 tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
                         const tri_generate_params *params, tri_token_fn on_token, void *user,
                         tri_generate_stats *stats) {
@@ -305,9 +316,9 @@ tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
     memset(stats, 0, sizeof *stats);
     if (!s) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_generate: session is NULL");
     tri__kv_offload_stats a, b;
-    tri__kv_store_offload_stats(s->kv.kv, &a);  // moved to the start of decoding by generate
+    offload_stats(s, &a);  // moved to the start of decoding by generate
     tri_status st = generate(s, prompt, n_prompt, params, on_token, user, stats, &a);
-    tri__kv_store_offload_stats(s->kv.kv, &b);
+    offload_stats(s, &b);
     stats->kv_bytes_up = b.bytes_up - a.bytes_up;
     stats->kv_bytes_down = b.bytes_down - a.bytes_down;
     stats->kv_bytes_host = b.bytes_host - a.bytes_host;
@@ -359,7 +370,7 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
     }
     double t1 = now_seconds();
     stats->prefill_seconds = t1 - t0;
-    tri__kv_store_offload_stats(s->kv.kv, at_decode);
+    offload_stats(s, at_decode);
 
     int32_t eos = p.stop_at_eos ? tri_token_eos(s->model) : -1;
     int32_t room = cap - tri__kv_policy_len(&s->kv) + 1;  // the last token need not be run
