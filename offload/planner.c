@@ -456,8 +456,10 @@ tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *
         x.ar_link = p.pcie_gbps > 0 ? p.pcie_gbps * 1e9 : inf;
         out->tp_kv_heads_max = split.kv0[1] - split.kv0[0];
         out->tp_ff_rows_max = 0;
-        for (int32_t r = 0; r < split.n; r++)
-            if (split.ff0[r + 1] - split.ff0[r] > out->tp_ff_rows_max) out->tp_ff_rows_max = split.ff0[r + 1] - split.ff0[r];
+        for (int32_t r = 0; r < split.n; r++) {
+            int32_t rows = split.ff0[r + 1] - split.ff0[r];
+            if (rows > out->tp_ff_rows_max) out->tp_ff_rows_max = rows;
+        }
     }
 
     out->params = p;

@@ -36,8 +36,8 @@ tri_status tri__device_list_parse(const char *list, tri__device_ref *out, int32_
         if (strncmp(item, "cpu", 3) == 0) d.kind = TRI_DEVICE_CPU, num = item + 3;
         else if (strncmp(item, "cuda", 4) == 0) d.kind = TRI_DEVICE_CUDA, num = item + 4;
         else
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "device list '%s': '%s' is not a device (want cpu:N or cuda:N)",
-                             list, item);
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "device list '%s': '%s' is not a device (want cpu:N or cuda:N)", list, item);
         if (*num == ':') {
             char *e;
             errno = 0;
@@ -47,8 +47,8 @@ tri_status tri__device_list_parse(const char *list, tri__device_ref *out, int32_
                                  item);
             d.index = (int32_t)v;
         } else if (*num) {
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "device list '%s': '%s' is not a device (want cpu:N or cuda:N)",
-                             list, item);
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "device list '%s': '%s' is not a device (want cpu:N or cuda:N)", list, item);
         }
         for (int32_t j = 0; j < i; j++) {
             if (out[j].kind != d.kind)
@@ -184,14 +184,16 @@ static tri_status shard_cols(shard_model *s, const tri_model *base, const tri__t
 tri_status tri__tp_shard_model(const tri_model *base, const tri__tp_split *sp, int32_t rank, tri_model **out) {
     *out = NULL;
     const tri_model_config *c = &base->config;
-    if (rank < 0 || rank >= sp->n) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tensor parallel: rank %d of %d", rank, sp->n);
+    if (rank < 0 || rank >= sp->n)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tensor parallel: rank %d of %d", rank, sp->n);
     shard_model *s = calloc(1, sizeof *s);
     if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "tensor parallel: shard model");
     tri_status st = TRI_STATUS_OK;
     s->tensors = malloc((size_t)(base->n_tensors > 0 ? base->n_tensors : 1) * sizeof *s->tensors);
     s->layers = malloc((size_t)(c->n_layer > 0 ? c->n_layer : 1) * sizeof *s->layers);
     if (!s->tensors || !s->layers) {
-        st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "tensor parallel: shard model of %lld tensors", (long long)base->n_tensors);
+        st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "tensor parallel: shard model of %lld tensors",
+                       (long long)base->n_tensors);
         goto fail;
     }
     memcpy(s->tensors, base->tensors, (size_t)base->n_tensors * sizeof *s->tensors);
@@ -449,9 +451,18 @@ tri_status tri__tp_allreduce(tri__tp *tp, int32_t rank, float *x, int64_t n) {
     // Two buffers per rank, alternating: a rank writes buffer k % 2 in call k while a slower rank
     // may still read buffer (k - 1) % 2 of the call before; it cannot reach call k + 1 (which
     // writes that one again) before every rank has passed call k's barrier, i.e. finished reading.
-    tri_status st = buf_reserve(tp, rank, n);
+    tri_status st = TRI_STATUS_OK;
+    if (n > tp->buf[rank].cap) {
+        // Growing: every rank sees the same sizes in the same order, so all grow at this call. The
+        // last sum's upload must have read this rank's buffer, and after the barrier no rank still
+        // reads the old partials of the call before.
+        st = be->ops->synchronize(be);
+        if (!st) st = barrier(tp);
+        if (!st) st = buf_reserve(tp, rank, n);
+        if (st) return st;
+    }
     const int par = (int)(tp->calls[rank]++ & 1);
-    if (!st) st = be->ops->copy_to_host(be, tp->buf[rank].host[par], x, bytes);
+    st = be->ops->copy_to_host(be, tp->buf[rank].host[par], x, bytes);
     if (!st) st = be->ops->synchronize(be);
     if (st) return st;  // the run's end marks this rank failed: the others leave the barrier
     if ((st = barrier(tp))) return st;

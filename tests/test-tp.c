@@ -26,7 +26,8 @@ static tri_model *load(const char *path) {
 // A model of 6 query heads over 3 KV heads (so 2 and 3 devices split it, 2 unevenly), FFN 192.
 static tri_model *tiny(const char *tag, const char *extra) {
     char opts[512];
-    snprintf(opts, sizeof opts, "--seed 17 --layers 3 --embd 96 --heads 6 --kv-heads 3 --head-dim 16 --ff 192 %s", extra);
+    snprintf(opts, sizeof opts, "--seed 17 --layers 3 --embd 96 --heads 6 --kv-heads 3 --head-dim 16 --ff 192 %s",
+             extra);
     return load(tt_gen_model(tag, opts));
 }
 
@@ -313,8 +314,8 @@ Test(tp, greedy_speculative_equals_plain, .timeout = TT_TIMEOUT(300)) {
                          tri_last_error());
             cr_assert_eq(got.n, 40, "%s, N = %d", cases[i].name, n);
             for (int t = 0; t < 40; t++)
-                cr_assert_eq(got.tok[t], want.tok[t], "%s, N = %d: token %d is %d, plain decoding's %d", cases[i].name, n,
-                             t, got.tok[t], want.tok[t]);
+                cr_assert_eq(got.tok[t], want.tok[t], "%s, N = %d: token %d is %d, plain decoding's %d",
+                             cases[i].name, n, t, got.tok[t], want.tok[t]);
             tri_spec_free(e);
         }
     }
