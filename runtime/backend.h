@@ -224,6 +224,17 @@ typedef struct tri__backend_ops {
     // TRI_HOST_WORK_REDUCE: bytes read and summed (chunk summaries of offloaded keys). Optional:
     // NULL on every real backend, where the caller does the work.
     void (*host_work)(tri__backend *be, int kind, double bytes);
+
+    // ---- several devices (tensor parallelism, runtime/tensor-parallel.c) ----
+
+    // Makes other's memory readable by be's device (peer access, cudaDeviceEnablePeerAccess) and
+    // says whether it is: false where the devices cannot (RTX 4090s), other is not the same kind
+    // of backend, or be == other. Optional: NULL means no.
+    bool (*peer_enable)(tri__backend *be, tri__backend *other);
+    // dst (be's memory) = bytes at src, memory of other, to which peer_enable gave be access;
+    // queued on be's COMPUTE stream (src must be complete; it is read until be synchronizes).
+    // Required where peer_enable is.
+    tri_status (*copy_peer)(tri__backend *be, void *dst, tri__backend *other, const void *src, size_t bytes);
 } tri__backend_ops;
 
 enum { TRI_HOST_WORK_COPY = 0, TRI_HOST_WORK_REDUCE = 1 };

@@ -261,6 +261,12 @@ struct tri__tp {
     int32_t started;  // threads running (ranks 1 .. started)
     rank_buf buf[TRI_TP_MAX];
     int64_t calls[TRI_TP_MAX];  // all-reduces each rank made in this run (picks the buffer parity)
+    // peer path (every pair of devices has peer access): each rank reads the others' partials
+    // device to device and sums on its device
+    bool peer;
+    float *xptr[TRI_TP_MAX];    // each rank's x of the current all-reduce (its backend's memory)
+    float *acc[TRI_TP_MAX], *tmp[TRI_TP_MAX];  // (dcap) each, rank r's backend memory
+    int64_t dcap[TRI_TP_MAX];
 
     pthread_mutex_t mu;
     pthread_cond_t cv;       // a new job, a rank done
@@ -346,7 +352,11 @@ void tri__tp_free(tri__tp *tp) {
     pthread_cond_broadcast(&tp->cv);
     pthread_mutex_unlock(&tp->mu);
     for (int32_t r = 1; r <= tp->started; r++) pthread_join(tp->thread[r], NULL);
-    for (int32_t r = 0; r < tp->n; r++) buf_release(tp, r);
+    for (int32_t r = 0; r < tp->n; r++) {
+        buf_release(tp, r);
+        tp->be[r]->ops->free(tp->be[r], tp->acc[r]);
+        tp->be[r]->ops->free(tp->be[r], tp->tmp[r]);
+    }
     pthread_cond_destroy(&tp->bar_cv);
     pthread_cond_destroy(&tp->cv);
     pthread_mutex_destroy(&tp->mu);
@@ -376,9 +386,21 @@ tri_status tri__tp_create(int32_t n, tri__backend *const *bes, const int32_t *no
         }
         tp->started = r;
     }
+    // peer copies where every pair of devices allows them (and the backend can add and copy)
+    tp->peer = true;
+    for (int32_t r = 0; r < n && tp->peer; r++) {
+        const tri__backend_ops *op = bes[r]->ops;
+        tp->peer = op->peer_enable && op->copy_peer && op->copy && op->add;
+        for (int32_t s = 0; s < n && tp->peer; s++)
+            if (s != r) tp->peer = op->peer_enable(bes[r], bes[s]);
+    }
+    tri__log(TRI_LOG_LEVEL_INFO, "tensor parallel: %d devices, all-reduce %s", n,
+             tp->peer ? "by peer copies" : "through host memory");
     *out = tp;
     return TRI_STATUS_OK;
 }
+
+bool tri__tp_uses_peers(const tri__tp *tp) { return tp && tp->peer; }
 
 tri_status tri__tp_run(tri__tp *tp, tri__tp_fn fn, void *ctx) {
     pthread_mutex_lock(&tp->mu);
@@ -445,7 +467,46 @@ static tri_status buf_reserve(tri__tp *tp, int32_t r, int64_t n) {
     return TRI_STATUS_OK;
 }
 
+// src (rank r's memory) into dst (this rank's), on this rank's compute stream.
+static tri_status fetch(tri__tp *tp, int32_t rank, int32_t r, float *dst, const float *src, size_t bytes) {
+    tri__backend *be = tp->be[rank];
+    return r == rank ? be->ops->copy(be, dst, src, bytes) : be->ops->copy_peer(be, dst, tp->be[r], src, bytes);
+}
+
+// The peer path: every rank reads the partials of all (rank order) into its device scratch and
+// adds them there, ((x_0 + x_1) + x_2) as the host path adds them; the second barrier keeps every
+// x unchanged until all ranks have read it.
+static tri_status allreduce_peer(tri__tp *tp, int32_t rank, float *x, int64_t n) {
+    tri__backend *be = tp->be[rank];
+    const size_t bytes = (size_t)n * sizeof(float);
+    tri_status st = TRI_STATUS_OK;
+    if (n > tp->dcap[rank]) {  // device scratch of this rank's own: the work using it first
+        st = be->ops->synchronize(be);
+        be->ops->free(be, tp->acc[rank]);
+        be->ops->free(be, tp->tmp[rank]);
+        tp->acc[rank] = tp->tmp[rank] = NULL;
+        tp->dcap[rank] = 0;
+        if (!st) st = be->ops->alloc(be, bytes, (void **)&tp->acc[rank]);
+        if (!st) st = be->ops->alloc(be, bytes, (void **)&tp->tmp[rank]);
+        if (st) return st;
+        tp->dcap[rank] = n;
+    }
+    tp->xptr[rank] = x;
+    if ((st = be->ops->synchronize(be)) || (st = barrier(tp))) return st;  // every x complete
+    float *acc = tp->acc[rank], *tmp = tp->tmp[rank];
+    st = fetch(tp, rank, 0, acc, tp->xptr[0], bytes);
+    for (int32_t r = 1; !st && r < tp->n; r++) {
+        st = fetch(tp, rank, r, tmp, tp->xptr[r], bytes);
+        if (!st) st = be->ops->add(be, acc, acc, tmp, n);
+    }
+    if (!st) st = be->ops->synchronize(be);  // this rank's reads of the others' x are done
+    if (!st) st = barrier(tp);                // and every rank's: x may change now
+    if (st) return st;
+    return be->ops->copy(be, x, acc, bytes);
+}
+
 tri_status tri__tp_allreduce(tri__tp *tp, int32_t rank, float *x, int64_t n) {
+    if (tp->peer) return allreduce_peer(tp, rank, x, n);
     tri__backend *be = tp->be[rank];
     const size_t bytes = (size_t)n * sizeof(float);
     // Two buffers per rank, alternating: a rank writes buffer k % 2 in call k while a slower rank

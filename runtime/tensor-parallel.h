@@ -13,7 +13,9 @@
 // The ranks run concurrently, one host thread each (rank 0 is the caller's thread), each driving
 // its own backend; the all-reduce goes through host memory (pinned where the backend can pin):
 // a rank copies its partial to its host buffer, waits for every rank to arrive, sums the N
-// buffers and copies the sum back. No device-to-device path is needed (RTX 4090s have none).
+// buffers and copies the sum back. No device-to-device path is needed (RTX 4090s have none);
+// where every pair of devices has peer access, each rank instead reads the others' partials
+// device to device and adds them on its device, in the same order.
 #ifndef TRI_TENSOR_PARALLEL_H
 #define TRI_TENSOR_PARALLEL_H
 
@@ -86,6 +88,10 @@ tri_status tri__tp_run(tri__tp *tp, tri__tp_fn fn, void *ctx);
 // ranks of their x, added in rank order (x_0 + x_1) + x_2 ... (the same bits on every rank).
 // Every rank must call it with the same n, in the same order.
 tri_status tri__tp_allreduce(tri__tp *tp, int32_t rank, float *x, int64_t n);
+
+// Whether the all-reduce reads the other devices' partials by peer copies (every pair of devices
+// has peer access: tri__backend_ops.peer_enable) instead of through host memory.
+bool tri__tp_uses_peers(const tri__tp *tp);
 
 // Bytes one rank sends and receives through host memory per all-reduce of n floats: its partial
 // down (4n) and the sum up (4n); the other ranks' partials are read in host memory.

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backend-select.h"
+#include "cuda-backend.h"
 #include "model.h"
 #include "tensor-parallel.h"
 #include "test-util.h"
@@ -374,12 +375,24 @@ Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
     const int32_t V = m->config.n_vocab;
     int32_t toks[12];
     for (int i = 0; i < 12; i++) toks[i] = (i * 29 + 5) % V;
-    float *l[2];
-    const char *lists[2] = {"cuda:0", "cuda:0,cuda:1"};
-    for (int k = 0; k < 2; k++) {
+    // the emulator's peer access follows CUDAEMU_P2P (read at each call): both all-reduce paths
+    const char *build = tri__cuda_module_build();
+    const bool emulated = build && strstr(build, "emulated");
+    float *l[3];
+    const char *lists[3] = {"cuda:0", "cuda:0,cuda:1", "cuda:0,cuda:1"};
+    for (int k = 0; k < 3; k++) {
+        if (emulated) setenv("CUDAEMU_P2P", k == 2 ? "1" : "0", 1);
         tri_session_params sp = tri_session_default_params();
         sp.n_ctx = 64;
         sp.devices = lists[k];
+        if (k > 0) {
+            tri__tp_group g;
+            cr_assert_eq(tri__tp_group_open(&g, m, &sp), TRI_STATUS_OK, "%s", tri_last_error());
+            printf("tp cuda:0,cuda:1: all-reduce %s\n",
+                   tri__tp_uses_peers(g.tp) ? "by peer copies" : "through host memory");
+            if (emulated) cr_assert_eq(tri__tp_uses_peers(g.tp), k == 2);
+            tri__tp_group_close(&g);
+        }
         tri_session *s;
         cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
         cr_assert_str_eq(tri_session_device(s), lists[k]);
@@ -391,8 +404,10 @@ Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
     double scale, d = max_diff(l[0], l[1], 12 * V, &scale);
     printf("tp cuda:0,cuda:1 vs cuda:0: max |dlogit| %.3g of max |logit| %.3g\n", d, scale);
     cr_assert(d <= 1e-3, "max |dlogit| %g", d);
-    free(l[0]);
-    free(l[1]);
+    // the two paths add the same f32 values in the same order
+    cr_assert_eq(memcmp(l[1], l[2], sizeof(float) * 12 * V), 0, "peer copies and host memory differ");
+    for (int k = 0; k < 3; k++) free(l[k]);
+    if (emulated) setenv("CUDAEMU_P2P", "1", 1);  // the decoding below takes the peer path
 
     // plain and speculative greedy decoding on the two devices
     tri_session_params sp = tri_session_default_params();
