@@ -29,11 +29,11 @@
 //     other host work (sampling over the vocabulary, the chunk index's top-k) runs on this machine
 //     and is not on the simulated clock; the chunk summaries of the whole context live in host memory
 //     (n_ctx / 8 x n_embd floats per layer: 8.5 GB at 127K), so keep --ctx moderate here;
-//   - --gpus 2: tensor parallelism does not exist in the runtime yet (issue 15). One device is
+//   - --gpus 2: the engine splits over two devices (runtime/tensor-parallel.c); here one device is
 //     simulated with one GPU's share of the work as the planner assumes it (half the heads, half
 //     the feed-forward width, the full vocabulary; the KV of its heads over its own link), plus
 //     two all-reduces of the activations per layer over PCIe, added to each pass: a prediction
-//     of a split that is not built.
+//     (the split itself runs on CPU backends and emulated GPUs, not on two real ones yet).
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -159,12 +159,11 @@ static tri_status sim_store(tri__kv_store *kv, tri__backend *be, const tri_model
     return st;
 }
 
-// The two all-reduces of a layer's activations (m tokens) between two GPUs over PCIe: each moves
-// m x n_embd f16 values each way (ring of two), plus a latency of 15 µs per collective (an
-// assumption: NCCL over PCIe without NVLink, small messages).
+// The two all-reduces per layer of a pass of m tokens, as the engine does them (runtime/
+// tensor-parallel.c: each GPU's m x n_embd f32 partial down to pinned host memory, the sum up) and
+// the planner counts them (15 µs per all-reduce, an assumption no GPU has measured).
 static double allreduce_seconds(const tri_model_config *c, const tri__sim_profile *p, int32_t m) {
-    double bytes = 2.0 * (double)m * (double)c->n_embd;
-    return 2.0 * c->n_layer * (15e-6 + bytes / (p->h2d_gbps * 1e9));
+    return c->n_layer * tri__plan_allreduce_seconds(c, m, p->h2d_gbps * 1e9);
 }
 
 // ---- the experiment ----
@@ -203,8 +202,8 @@ static int run_paper(const sim_opts *o) {
            p.matmul_tflops, p.vector_tflops, p.mem_gbps, p.h2d_gbps, p.launch_us, p.kernel_us,
            (double)p.mem_bytes / (1 << 30));
     if (o->gpus == 2)
-        printf("two GPUs: tensor parallelism is NOT built (issue 15); one GPU's shard is simulated (%d of %d heads, "
-               "n_ff %d of %d) plus two all-reduces per layer over PCIe (15 us + bytes / PCIe rate each)\n",
+        printf("two GPUs (tensor parallel): one GPU's shard is simulated (%d of %d heads, n_ff %d of %d) plus two "
+               "all-reduces per layer through pinned host memory (15 us + f32 bytes down and up / PCIe rate each)\n",
                tc.n_head, full.n_head, tc.n_ff, full.n_ff);
     printf("model: %s shape, %s weights (shape only: no memory), context %d tokens (KV never materialised)\n",
            o->shape, tri_dtype_name(o->weights), o->ctx);

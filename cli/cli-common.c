@@ -148,6 +148,11 @@ int32_t *tri_cli_text_ids(const char *cmd, const tri_model *model, const char *t
 }
 
 bool tri_cli_parse_device(const char *cmd, const char *arg, tri_session_params *sp) {
+    if (strchr(arg, ',') || strncmp(arg, "cpu:", 4) == 0) {
+        // a device list (tensor parallelism): the session checks it and names what is wrong
+        sp->devices = arg;
+        return true;
+    }
     if (strcmp(arg, "cpu") == 0) {
         sp->device_kind = TRI_DEVICE_CPU;
         return true;
@@ -167,7 +172,8 @@ bool tri_cli_parse_device(const char *cmd, const char *arg, tri_session_params *
             return true;
         }
     }
-    fprintf(stderr, "%s: --device '%s': want cpu, cuda or cuda:N\n", cmd, arg);
+    fprintf(stderr, "%s: --device '%s': want cpu, cuda or cuda:N, or a list "
+            "(cuda:0,cuda:1 or cpu:0,cpu:1)\n", cmd, arg);
     return false;
 }
 

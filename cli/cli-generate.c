@@ -40,7 +40,8 @@ static void usage(FILE *f) {
           "      --ctx N          context length in tokens (default: prompt + n-predict)\n"
           "  -t, --threads N      CPU threads (default: one per core)\n"
           "      --device D       cpu, cuda or cuda:N (default: the first GPU when there is one,\n"
-          "                       else the CPU)\n"
+          "                       else the CPU), or a list for tensor parallelism: cuda:0,cuda:1\n"
+          "                       or cpu:0,cpu:1 (KV heads, attention and FFN split over them)\n"
           "      --kv-offload N   keep the full KV cache of the last N layers in host memory and\n"
           "                       stream it through the device every pass (default 0)\n"
           "      --stream-weights N  keep the weights of the last N layers in host memory and\n"
@@ -370,17 +371,24 @@ static bool place(const tri_model *model, tri_session_params *sp, const tri_spec
                   double host_attn_gbps, char *line, size_t n) {
     line[0] = 0;
     bool on_gpu = sp->device_kind == TRI_DEVICE_CUDA || (sp->device_kind == TRI_DEVICE_AUTO && tri_device_count() > 0);
+    int32_t n_gpu = 1, first = 0;  // a device list of GPUs: the planner splits as the session will
+    if (sp->devices) {
+        on_gpu = strncmp(sp->devices, "cuda", 4) == 0;
+        for (const char *c = sp->devices; on_gpu && *c; c++) n_gpu += *c == ',';
+        if (on_gpu && sp->devices[4] == ':') first = atoi(sp->devices + 5);
+    }
     if (!gpu_mem && !on_gpu) return true;  // the CPU: nothing to place
     tri_plan_params pp = tri_plan_default_params();
     pp.mode = spec->mode == TRI_SPEC_MODE_NONE ? TRI_PLAN_MODE_AUTOREGRESSIVE : TRI_PLAN_MODE_TRIFORCE;
     pp.n_ctx = sp->n_ctx;
     pp.kv_type = sp->kv_type;
     pp.host_mem_bytes = host_mem;
+    pp.n_gpu = n_gpu;
     if (spec->budget > 0) pp.retrieval_budget = spec->budget;
     if (spec->gamma1 > 0) pp.gamma1 = spec->gamma1;
     if (spec->gamma2 > 0) pp.gamma2 = spec->gamma2;
     tri_device_info di;
-    int32_t dev = sp->device_kind == TRI_DEVICE_CUDA ? sp->device : 0;
+    int32_t dev = sp->devices ? first : sp->device_kind == TRI_DEVICE_CUDA ? sp->device : 0;
     if (gpu_mem) pp.gpu_mem_bytes = gpu_mem;
     else if (tri_device_get_info(dev, &di) == TRI_STATUS_OK) pp.gpu_mem_bytes = di.free_bytes;
     double gbps = 0;  // the link as it is, not the planner's PCIe 4.0 x16 default

@@ -709,6 +709,30 @@ static void cuda_host_unregister(tri__backend *be, void *ptr) {
         tri__log(TRI_LOG_LEVEL_ERROR, "cuda: host unregister of %p: %s", ptr, cudaGetErrorString(cudaGetLastError()));
 }
 
+// ---- several devices ----
+
+static bool cuda_peer_enable(tri__backend *be, tri__backend *other) {
+    if (!other || other == be || other->ops != be->ops) return false;
+    cuda_state *a = priv(be), *b = priv(other);
+    int can = 0;
+    if (a->device == b->device || cudaDeviceCanAccessPeer(&can, a->device, b->device) != cudaSuccess || !can ||
+        cudaSetDevice(a->device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    cudaError_t err = cudaDeviceEnablePeerAccess(b->device, 0);
+    (void)cudaGetLastError();  // already enabled (another session) counts as enabled
+    return err == cudaSuccess || err == cudaErrorPeerAccessAlreadyEnabled;
+}
+
+static tri_status cuda_copy_peer(tri__backend *be, void *dst, tri__backend *other, const void *src, size_t bytes) {
+    cuda_state *st = priv(be);
+    if (bytes == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    CUDA_TRY(cudaMemcpyPeerAsync(dst, st->device, src, priv(other)->device, bytes, st->stream));
+    return TRI_STATUS_OK;
+}
+
 // ---- the table ----
 
 static const tri__backend_ops cuda_ops = {
@@ -746,6 +770,8 @@ static const tri__backend_ops cuda_ops = {
     /* .geglu = */ cuda_geglu,
     /* .scale = */ cuda_scale,
     /* .add_rows = */ cuda_add_rows,
+    /* .peer_enable = */ cuda_peer_enable,
+    /* .copy_peer = */ cuda_copy_peer,
 };
 
 static tri_status create(int device, tri__backend *be, cuda_state *st) {

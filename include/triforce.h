@@ -383,6 +383,14 @@ typedef struct tri_session_params {
                                   // [0, 1], 0: every row streams. Same results (bit for bit on the CPU)
     int32_t kv_host_threads;      // threads of that host attention; 0: the cores of the device's
                                   // NUMA node less one
+    const char *devices;          // tensor parallelism: a device list, "cuda:0,cuda:1" or
+                                  // "cpu:0,cpu:1" (up to 8, one kind; docs/offload.md): the model's
+                                  // KV heads, attention and FFN split over them, two all-reduces per
+                                  // layer through host memory. One entry ("cuda:1", "cpu") names a
+                                  // single device. NULL or "": device_kind and device. Copied at
+                                  // create; INVALID_ARGUMENT for duplicates, unknown kinds, a missing
+                                  // index or more devices than KV heads, TRI_STATUS_DEVICE for a
+                                  // CUDA device that does not exist
 } tri_session_params;
 
 TRI_API tri_session_params tri_session_default_params(void);
@@ -839,6 +847,11 @@ typedef struct tri_plan {
     double host_kv_read_bytes_token; // per emitted token
     double t_token_streamed;         // t_token of the same placement with every offloaded row
                                      // streamed
+    // tensor parallelism (n_gpu > 1): the split the engine builds (tri_session_params.devices)
+    double t_allreduce_token;        // of t_token, the two all-reduces per layer and pass
+    double allreduce_bytes_token;    // bytes each GPU copies down and up for them, per token
+    int32_t tp_kv_heads_max;         // the largest share of KV heads one GPU holds
+    int32_t tp_ff_rows_max;          // the largest share of FFN rows
 } tri_plan;
 
 // Plans model under params (NULL: defaults). INVALID_ARGUMENT for impossible parameters;

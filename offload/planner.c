@@ -11,6 +11,7 @@
 #include "error.h"
 #include "level.h"
 #include "model.h"
+#include "tensor-parallel.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 // Rows of the retrieval cache besides its budget: the ring of tokens since its selection
@@ -133,7 +134,17 @@ typedef struct ctx {
     double params_layer;  // weight elements of one block
     double B, D, H, F;    // aggregate PCIe, disk, device memory bytes/s; FLOP/s
     double Hh;            // host attention's KV bytes/s; 0: no split
+    // tensor parallelism (runtime/tensor-parallel.h, the split the engine builds): the largest
+    // share any GPU has of a block's weights and of the KV (1/G when the heads divide evenly);
+    // that GPU sets the time, so the aggregate rates above are one GPU's over that share
+    double sh_w, sh_kv;
+    double ar_link;       // one GPU's PCIe bytes/s, for the all-reduces
 } ctx;
+
+// Per all-reduce (two per layer and pass with G > 1): a device-to-host copy, the wait for every
+// GPU, the sum on the host and the host-to-device copy; the copies' launch and completion
+// latencies dominate at decode sizes (a prediction: no GPU has measured it).
+#define ALLREDUCE_LATENCY_US 15.0
 
 // Per layer and pass, for an offloaded layer split between the device and the host: queries down,
 // the device half's state down and the output up are three small copies the host waits for.
@@ -191,10 +202,17 @@ static double pass_time(const ctx *x, const tri_plan *plan, int64_t m, int64_t c
     }
     // output norm and head: read once per pass
     t += (double)x->other / (x->c->tied_embeddings ? 1.0 : 2.0) / x->H + ovh;
+    if (x->G > 1) t += x->L * tri__plan_allreduce_seconds(cf, m, x->ar_link);
     if (pcie) *pcie = bytes;
     if (host_read) *host_read = host;
     if (frac) *frac = n_split ? f_sum / n_split : 0;
     return t + (fill > 0 ? fill : 0);
+}
+
+double tri__plan_allreduce_seconds(const tri_model_config *c, int64_t m, double link_bytes_per_s) {
+    // each all-reduce: the partial (m, n_embd) f32 down, the sum up, over one GPU's link
+    double bytes = (double)tri__tp_allreduce_bytes((int64_t)m * c->n_embd);
+    return 2.0 * (ALLREDUCE_LATENCY_US * 1e-6 + bytes / link_bytes_per_s);
 }
 
 static tri_status plan_mode(const ctx *x, tri_plan *out) {
@@ -202,7 +220,9 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
     bool tf = p->mode == TRI_PLAN_MODE_TRIFORCE;
     uint64_t G = (uint64_t)x->G;
     int32_t L = x->L;
-    uint64_t Wg = div_up(x->W, G), Kg = div_up(x->K, G);
+    // the GPU with the largest share holds (weights, KV) that much; 1/G of it when even
+    uint64_t Wg = G > 1 ? (uint64_t)ceil((double)x->W * x->sh_w) : x->W;
+    uint64_t Kg = G > 1 ? (uint64_t)ceil((double)x->K * x->sh_kv) : x->K;
 
     out->n_layer = L;
     out->kv_layer_bytes = x->K;
@@ -219,10 +239,11 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
                           (uint64_t)m_max * (uint64_t)c->n_vocab + (uint64_t)8192 * c->n_embd) * 4 +
                          ((uint64_t)16 << 20);
     out->gpu_retrieval_bytes =
-        tf ? div_up(((uint64_t)p->retrieval_budget + (uint64_t)RETRIEVAL_SLACK(p)) * x->kv_tok * (uint64_t)L, G)
+        tf ? (uint64_t)ceil((double)(((uint64_t)p->retrieval_budget + (uint64_t)RETRIEVAL_SLACK(p)) * x->kv_tok *
+                                      (uint64_t)L) * (G > 1 ? x->sh_kv : 1.0))
            : 0;
     out->gpu_draft_bytes = tf ? p->draft_bytes + DRAFT_EXTRA_BYTES : 0;
-    uint64_t other_g = div_up(x->other, G);
+    uint64_t other_g = x->other;  // embeddings and head: every GPU holds them (replicated)
     uint64_t fixed = p->gpu_reserve_bytes + other_g + out->gpu_act_bytes +
                      out->gpu_retrieval_bytes + out->gpu_draft_bytes;
     if (fixed > p->gpu_mem_bytes)
@@ -336,6 +357,16 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
         out->tokens_per_round;
     out->t_token_pcie_floor = out->pcie_bytes_token / x->B;
     if (!tf) out->t_token_ar = out->t_token;
+    if (G > 1) {  // the all-reduces' share of the time (in the passes above), per emitted token
+        int64_t m3 = tf ? (int64_t)p->gamma2 + 1 : 1, m2 = (int64_t)p->gamma1 + 1;
+        double t3 = L * tri__plan_allreduce_seconds(c, m3, x->ar_link);
+        double t2 = tf ? L * tri__plan_allreduce_seconds(c, m2, x->ar_link) : 0;
+        out->t_allreduce_token = (t3 + out->l2_passes * t2) / out->tokens_per_round;
+        out->allreduce_bytes_token =
+            (2.0 * L * (double)tri__tp_allreduce_bytes(m3 * c->n_embd) +
+             out->l2_passes * 2.0 * L * (double)tri__tp_allreduce_bytes(m2 * c->n_embd)) /
+            out->tokens_per_round;
+    }
     return TRI_STATUS_OK;
 }
 
@@ -373,14 +404,20 @@ tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *
         (p.kv_type != TRI_DTYPE_F16 && p.kv_type != TRI_DTYPE_F32) || p.retrieval_budget < 1 ||
         p.chunk_size < 1 || p.gamma1 < 1 || p.gamma2 < 1 || p.accept_l1 < 0 || p.accept_l1 > 1 ||
         p.accept_l2 < 0 || p.accept_l2 > 1 || p.draft_n_layer < 1 || !(p.host_attn_gbps >= 0) ||
-        (p.mode != TRI_PLAN_MODE_TRIFORCE && p.mode != TRI_PLAN_MODE_AUTOREGRESSIVE) ||
-        c->n_head % p.n_gpu != 0 || c->n_head_kv % p.n_gpu != 0)
+        (p.mode != TRI_PLAN_MODE_TRIFORCE && p.mode != TRI_PLAN_MODE_AUTOREGRESSIVE))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
-                         "plan: invalid parameters (n_ctx %d, n_gpu %d dividing %d query and %d "
-                         "KV heads, bandwidths >= 0, kv_type f16/f32, budget %d, chunk %d, "
+                         "plan: invalid parameters (n_ctx %d, n_gpu %d, "
+                         "bandwidths >= 0, kv_type f16/f32, budget %d, chunk %d, "
                          "gamma1 %d, gamma2 %d, acceptance rates in [0, 1])",
-                         p.n_ctx, p.n_gpu, c->n_head, c->n_head_kv, p.retrieval_budget,
+                         p.n_ctx, p.n_gpu, p.retrieval_budget,
                          p.chunk_size, p.gamma1, p.gamma2);
+    // the engine's split over the GPUs (uneven where the KV heads do not divide)
+    tri__tp_split split;
+    if (tri__tp_split_plan(c, p.n_gpu, &split) != TRI_STATUS_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", tri_last_error());
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "plan: %s", why);
+    }
     if (m.layer_bytes == 0) m.layer_bytes = tri__plan_layer_bytes(c, m.weight_type);
     if (m.other_bytes == 0) m.other_bytes = tri__plan_other_bytes(c, m.weight_type);
     if (m.layer_bytes == 0 || m.other_bytes == 0)
@@ -401,6 +438,29 @@ tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *
     x.H = p.gpu_mem_gbps > 0 ? p.gpu_mem_gbps * 1e9 * p.n_gpu : inf;
     x.F = p.gpu_tflops > 0 ? p.gpu_tflops * 1e12 * p.n_gpu : inf;
     x.Hh = p.host_attn_gbps * 1e9;  // one host feeds every GPU
+    {
+        const double g = (double)c->n_head / c->n_head_kv;
+        const double per_head = 2.0 * g * c->head_dim * c->n_embd + 2.0 * c->head_dim * c->n_embd;
+        const double per_row = 3.0 * c->n_embd, all = c->n_head_kv * per_head + c->n_ff * per_row;
+        x.sh_w = x.sh_kv = 0;
+        for (int32_t r = 0; r < split.n; r++) {
+            double kv = split.kv0[r + 1] - split.kv0[r], ff = split.ff0[r + 1] - split.ff0[r];
+            x.sh_w = fmax(x.sh_w, (kv * per_head + ff * per_row) / all);
+            x.sh_kv = fmax(x.sh_kv, kv / c->n_head_kv);
+        }
+        // the largest share sets the pace: the aggregate rates are one GPU's over it
+        double sh = fmax(x.sh_w, x.sh_kv), one = 1.0 / p.n_gpu;
+        x.B *= one / sh;
+        x.H *= one / sh;
+        x.F *= one / sh;
+        x.ar_link = p.pcie_gbps > 0 ? p.pcie_gbps * 1e9 : inf;
+        out->tp_kv_heads_max = split.kv0[1] - split.kv0[0];
+        out->tp_ff_rows_max = 0;
+        for (int32_t r = 0; r < split.n; r++) {
+            int32_t rows = split.ff0[r + 1] - split.ff0[r];
+            if (rows > out->tp_ff_rows_max) out->tp_ff_rows_max = rows;
+        }
+    }
 
     out->params = p;
     out->model = m;
@@ -510,6 +570,11 @@ tri_status tri_plan_format(const tri_plan *pl, char *buf, size_t cap, size_t *n_
     }
     put(&s, "  %-32s %9.1f ms   PCIe floor %.1f ms (%.2f GB per token)\n", "per token",
         pl->t_token * 1e3, pl->t_token_pcie_floor * 1e3, pl->pcie_bytes_token / 1e9);
+    if (p->n_gpu > 1)
+        put(&s, "  %-32s %9.2f ms   2 per layer and pass through pinned host memory, %.1f KiB per GPU "
+                "per token (largest share: %d KV heads, %d FFN rows)\n",
+            "  of which all-reduces", pl->t_allreduce_token * 1e3, pl->allreduce_bytes_token / 1024,
+            pl->tp_kv_heads_max, pl->tp_ff_rows_max);
     if (pl->kv_host_fraction > 0)
         put(&s, "  %-32s %9.1f ms   host attention %.1f GB/s reads %.1f%% of each offloaded layer "
                 "(%.2f GB per token)\n",

@@ -11,6 +11,9 @@
 // independently with probability alpha: the accepted prefix plus one corrected or bonus token,
 // (1 - alpha^(gamma + 1)) / (1 - alpha) (Leviathan et al.; TriForce uses the same form).
 double tri__plan_expected_tokens(double alpha, int32_t gamma);
+// Seconds of the two all-reduces of one layer for a pass of m tokens over GPUs each linked at
+// link_bytes_per_s (host memory path: the partial down, the sum up, a fixed latency each).
+double tri__plan_allreduce_seconds(const tri_model_config *c, int64_t m, double link_bytes_per_s);
 
 // Bytes of one transformer block of config stored as weight_type (norms f32); 0 when a row size
 // is not a whole number of blocks of a quantized type.

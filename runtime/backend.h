@@ -235,6 +235,17 @@ typedef struct tri__backend_ops {
     tri_status (*scale)(tri__backend *be, float *x, int64_t n, float s);
     // x (m, n): every row += b (n) (Qwen2's q, k, v biases).
     tri_status (*add_rows)(tri__backend *be, float *x, const float *b, int64_t m, int64_t n);
+
+    // ---- several devices (tensor parallelism, runtime/tensor-parallel.c) ----
+
+    // Makes other's memory readable by be's device (peer access, cudaDeviceEnablePeerAccess) and
+    // says whether it is: false where the devices cannot (RTX 4090s), other is not the same kind
+    // of backend, or be == other. Optional: NULL means no.
+    bool (*peer_enable)(tri__backend *be, tri__backend *other);
+    // dst (be's memory) = bytes at src, memory of other, to which peer_enable gave be access;
+    // queued on be's COMPUTE stream (src must be complete; it is read until be synchronizes).
+    // Required where peer_enable is.
+    tri_status (*copy_peer)(tri__backend *be, void *dst, tri__backend *other, const void *src, size_t bytes);
 } tri__backend_ops;
 
 enum { TRI_HOST_WORK_COPY = 0, TRI_HOST_WORK_REDUCE = 1 };

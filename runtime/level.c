@@ -8,6 +8,7 @@
 
 #include "error.h"
 #include "model.h"
+#include "tensor-parallel.h"
 
 #define TRY(call)                              \
     do {                                       \
@@ -22,6 +23,8 @@ static double now_seconds(void) {
 }
 
 void tri__level_free(tri__level *lv) {
+    for (int32_t r = 1; lv->peers && r < lv->n_ranks; r++) tri__level_free(&lv->peers[r - 1]);
+    free(lv->peers);
     if (lv->be) {
         tri__kv_policy_free(&lv->pol);
         tri__kv_store_free(&lv->store);
@@ -69,6 +72,7 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
     lv->model = model;
     lv->be = be;
     lv->params = *params;
+    lv->n_ranks = 1;
     if ((st = tri__llama_init_pooled(&lv->ll, model, be, params->n_batch, params->acts))) goto fail;
     if (params->kv_offloaded > 0) {
         if (kp.kind != TRI_KV_POLICY_FULL || params->kv_offloaded > c->n_layer) {
@@ -100,6 +104,51 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
 fail:
     tri__level_free(lv);
     return st;
+}
+
+void tri__level_set_ranks(tri__level *lv, tri__level *peers, int32_t n_ranks, struct tri__tp *tp) {
+    lv->peers = peers;
+    lv->n_ranks = n_ranks;
+    lv->tp = tp;
+    for (int32_t r = 0; r < n_ranks; r++) {
+        tri__level *x = tri__level_rank(lv, r);
+        x->ll.tp = tp;
+        x->ll.rank = r;
+    }
+}
+
+// ---- fanning out over the ranks ----
+
+enum { OP_EVAL, OP_EVAL_MORE, OP_EVAL_REFRESH, OP_PREFILL };
+
+typedef struct rank_job {
+    tri__level *lv;
+    int op;
+    const int32_t *tokens;
+    int32_t n;
+    bool all;
+} rank_job;
+
+static tri_status eval_one(tri__level *lv, const int32_t *tokens, int32_t n, bool all_logits);
+static tri_status eval_more_one(tri__level *lv, const int32_t *tokens, int32_t n);
+static tri_status eval_refresh_one(tri__level *lv, const int32_t *tokens, int32_t n);
+static tri_status prefill_one(tri__level *lv, const int32_t *tokens, int32_t n);
+
+static tri_status rank_run(void *ctx, int32_t r) {
+    rank_job *j = ctx;
+    tri__level *lv = tri__level_rank(j->lv, r);
+    switch (j->op) {
+    case OP_EVAL: return eval_one(lv, j->tokens, j->n, j->all);
+    case OP_EVAL_MORE: return eval_more_one(lv, j->tokens, j->n);
+    case OP_EVAL_REFRESH: return eval_refresh_one(lv, j->tokens, j->n);
+    default: return prefill_one(lv, j->tokens, j->n);
+    }
+}
+
+// Runs op on every rank at once (one device: here).
+static tri_status fan_out(tri__level *lv, int op, const int32_t *tokens, int32_t n, bool all) {
+    rank_job j = {lv, op, tokens, n, all};
+    return lv->n_ranks > 1 ? tri__tp_run(lv->tp, rank_run, &j) : rank_run(&j, 0);
 }
 
 // Makes room for rows rows of logits, keeping those already there.
@@ -136,6 +185,10 @@ static tri_status run(tri__level *lv, const int32_t *tokens, int32_t n, bool all
 }
 
 tri_status tri__level_eval(tri__level *lv, const int32_t *tokens, int32_t n, bool all_logits) {
+    return fan_out(lv, OP_EVAL, tokens, n, all_logits);
+}
+
+static tri_status eval_one(tri__level *lv, const int32_t *tokens, int32_t n, bool all_logits) {
     if (n <= 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level eval: %d tokens", n);
     TRY(ensure_rows(lv, all_logits ? n : 1));
     lv->n_logits = 0;
@@ -145,6 +198,10 @@ tri_status tri__level_eval(tri__level *lv, const int32_t *tokens, int32_t n, boo
 }
 
 tri_status tri__level_eval_more(tri__level *lv, const int32_t *tokens, int32_t n) {
+    return fan_out(lv, OP_EVAL_MORE, tokens, n, true);
+}
+
+static tri_status eval_more_one(tri__level *lv, const int32_t *tokens, int32_t n) {
     if (n <= 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level eval: %d tokens", n);
     TRY(ensure_rows(lv, lv->n_logits + n));
     int32_t row = lv->n_logits;
@@ -173,12 +230,16 @@ static tri_status refresh_reserve(tri__level *lv) {
 }
 
 tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_t n) {
+    return fan_out(lv, OP_EVAL_REFRESH, tokens, n, false);
+}
+
+static tri_status eval_refresh_one(tri__level *lv, const int32_t *tokens, int32_t n) {
     if (n <= 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level eval: %d tokens", n);
-    if (lv->pol.p.kind != TRI_KV_POLICY_RETRIEVAL) return tri__level_eval(lv, tokens, n, false);
+    if (lv->pol.p.kind != TRI_KV_POLICY_RETRIEVAL) return eval_one(lv, tokens, n, false);
     TRY(refresh_reserve(lv));
     TRY(ensure_rows(lv, 1));
     lv->n_logits = 0;
-    if (n > 1) TRY(tri__level_prefill(lv, tokens, n - 1));
+    if (n > 1) TRY(prefill_one(lv, tokens, n - 1));
     tri__kv_policy_request_refresh(&lv->pol);
     tri_status st = run(lv, tokens + n - 1, 1, false, 0);
     tri__kv_policy_cancel_refresh(&lv->pol);  // already consumed, unless the step failed
@@ -190,6 +251,16 @@ tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_
 }
 
 tri_status tri__level_select_during(tri__level *lv, tri__level *full, int32_t at) {
+    if (lv->n_ranks != full->n_ranks)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level: selection over %d ranks from a level of %d",
+                         lv->n_ranks, full->n_ranks);
+    for (int32_t r = 1; r < lv->n_ranks; r++) {  // each rank selects over its own KV heads
+        tri__level *x = tri__level_rank(lv, r);
+        TRY(refresh_reserve(x));
+        TRY(tri__kv_policy_tap(&tri__level_rank(full, r)->pol, &x->pol, at));
+        refresh_sync(x);
+        x->n_logits = 0;
+    }
     TRY(refresh_reserve(lv));
     TRY(tri__kv_policy_tap(&full->pol, &lv->pol, at));
     refresh_sync(lv);  // the policy dropped its selection
@@ -198,6 +269,12 @@ tri_status tri__level_select_during(tri__level *lv, tri__level *full, int32_t at
 }
 
 bool tri__level_took_selection(tri__level *lv) {
+    for (int32_t r = 1; r < lv->n_ranks; r++) {
+        tri__level *x = tri__level_rank(lv, r);
+        tri__kv_policy_untap(&x->pol);
+        int32_t at = tri__kv_policy_selected_at(&x->pol);
+        if (at >= 0) x->refresh_at[x->n_refresh++] = at;
+    }
     tri__kv_policy_untap(&lv->pol);  // a pass that did not reach it: the full level is disarmed
     int32_t at = tri__kv_policy_selected_at(&lv->pol);
     if (at < 0) return false;
@@ -206,6 +283,10 @@ bool tri__level_took_selection(tri__level *lv) {
 }
 
 tri_status tri__level_prefill(tri__level *lv, const int32_t *tokens, int32_t n) {
+    return fan_out(lv, OP_PREFILL, tokens, n, false);
+}
+
+static tri_status prefill_one(tri__level *lv, const int32_t *tokens, int32_t n) {
     if (n < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level prefill: %d tokens", n);
     if (n == 0) return TRI_STATUS_OK;
     lv->n_logits = 0;
@@ -213,13 +294,18 @@ tri_status tri__level_prefill(tri__level *lv, const int32_t *tokens, int32_t n) 
 }
 
 tri_status tri__level_adopt(tri__level *lv, tri__level *from, int32_t n) {
-    if (lv->model != from->model) return tri__fail(TRI_STATUS_UNSUPPORTED, "level adopt: another model's cache");
-    double t0 = now_seconds();
-    lv->n_logits = 0;
-    tri_status st = tri__kv_policy_adopt(&lv->pol, from->pol.kv, n);
-    refresh_sync(lv);  // borrowing: adopting drops the selection
-    lv->seconds += now_seconds() - t0;
-    return st;
+    if (lv->model != from->model || lv->n_ranks != from->n_ranks)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "level adopt: another model's cache");
+    for (int32_t r = lv->n_ranks - 1; r >= 0; r--) {  // rank 0 last: its status is the answer
+        tri__level *x = tri__level_rank(lv, r);
+        double t0 = now_seconds();
+        x->n_logits = 0;
+        tri_status st = tri__kv_policy_adopt(&x->pol, tri__level_rank(from, r)->pol.kv, n);
+        refresh_sync(x);  // borrowing: adopting drops the selection
+        x->seconds += now_seconds() - t0;
+        if (st || r == 0) return st;
+    }
+    return TRI_STATUS_OK;
 }
 
 const float *tri__level_logits(const tri__level *lv, int32_t i) {
@@ -227,7 +313,14 @@ const float *tri__level_logits(const tri__level *lv, int32_t i) {
     return lv->logits + (int64_t)i * lv->model->config.n_vocab;
 }
 
+static tri_status truncate_one(tri__level *lv, int32_t n_past);
+
 tri_status tri__level_truncate(tri__level *lv, int32_t n_past) {
+    for (int32_t r = lv->n_ranks - 1; r >= 1; r--) TRY(truncate_one(tri__level_rank(lv, r), n_past));
+    return truncate_one(lv, n_past);
+}
+
+static tri_status truncate_one(tri__level *lv, int32_t n_past) {
     int32_t len = tri__kv_policy_len(&lv->pol);
     if (n_past < 0 || n_past > len)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level truncate: %d outside [0, %d]", n_past, len);

@@ -60,6 +60,13 @@ typedef struct tri__level {
     int32_t n_refresh, refresh_cap;
     double seconds;          // wall time spent in eval, accumulated
     int64_t n_evals;         // forward passes run
+    // tensor parallelism (tensor-parallel.h): this level is rank 0's; peers (n_ranks - 1, owned)
+    // are ranks 1 .. over the other devices' shards. Every call below that runs tokens runs them on
+    // every rank at once (tp's threads); the others (rollback, adoption, selections) go to each rank
+    // in turn; queries and logits read rank 0. n_ranks 1: one device.
+    struct tri__level *peers;
+    int32_t n_ranks;
+    struct tri__tp *tp;
 } tri__level;
 
 // The ring the speculative engine gives its retrieval level over L3's rows: 512 tokens past a
@@ -73,8 +80,15 @@ static inline int32_t tri__level_l2_ring(int32_t chunk, int32_t gamma1, int32_t 
 // INVALID_ARGUMENT for parameters the policy refuses (kv-policy.h).
 tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend *be,
                            const tri__level_params *params);
-// Frees what init allocated; a zeroed level is a no-op.
+// Frees what init allocated (and the peers); a zeroed level is a no-op.
 void tri__level_free(tri__level *lv);
+
+// Makes lv (rank 0, initialised) and peers (n_ranks - 1 levels initialised on ranks 1 .. of tp with
+// the same parameters over their shards, in one malloc'd array) one tensor-parallel level: lv takes
+// the array and frees it with itself; their passes all-reduce over tp.
+void tri__level_set_ranks(tri__level *lv, tri__level *peers, int32_t n_ranks, struct tri__tp *tp);
+// Rank r's level: lv itself for r == 0.
+static inline tri__level *tri__level_rank(tri__level *lv, int32_t r) { return r ? &lv->peers[r - 1] : lv; }
 
 // Runs tokens (n >= 1) after the n_past already cached and caches them. all_logits: one row of
 // logits per token, else only the last token's row; tri__level_logits reads them.

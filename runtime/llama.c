@@ -7,6 +7,7 @@
 
 #include "backend-select.h"
 #include "error.h"
+#include "tensor-parallel.h"
 
 #define TRY(call)                              \
     do {                                       \
@@ -315,6 +316,7 @@ static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t
         TRY(attend_window(ll, ll->att, ll->q, ll->q_pos, n, view, weight_sums));
     TRY(tri__kv_policy_observe(pol, il));
     TRY(op->matmul(be, ll->proj, ll->att, L->wo->data, L->wo->type, n, E, q_dim));
+    if (ll->tp) TRY(tri__tp_allreduce(ll->tp, ll->rank, ll->proj, n * E));  // the ranks' heads summed
     TRY(op->add(be, ll->x, ll->x, ll->proj, n * E));
 
     // feed-forward
@@ -323,6 +325,7 @@ static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t
     TRY(op->matmul(be, ll->up, ll->xb, L->w_up->data, L->w_up->type, n, c->n_ff, E));
     TRY(gated(ll, ll->gate, ll->gate, ll->up, n * c->n_ff));
     TRY(op->matmul(be, ll->proj, ll->gate, L->w_down->data, L->w_down->type, n, E, c->n_ff));
+    if (ll->tp) TRY(tri__tp_allreduce(ll->tp, ll->rank, ll->proj, n * E));  // the ranks' FFN rows summed
     TRY(op->add(be, ll->x, ll->x, ll->proj, n * E));
     return TRI_STATUS_OK;
 }
@@ -333,6 +336,7 @@ static tri_status output(tri__llama *ll, const float *rows, int32_t n_rows, floa
     const tri_model_config *c = &m->config;
     const tri__backend_ops *op = ll->be->ops;
     tri__backend *be = ll->be;
+    if (ll->tp && ll->rank != 0) return TRI_STATUS_OK;  // every rank holds the same rows: rank 0's head
     TRY(ensure_logits(ll, n_rows));
     TRY(op->rmsnorm(be, ll->xb, rows, m->output_norm->data, m->output_norm->type, n_rows, c->n_embd, c->rms_eps));
     TRY(op->matmul(be, ll->logits, ll->xb, m->output->data, m->output->type, n_rows, c->n_vocab, c->n_embd));

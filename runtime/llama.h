@@ -41,6 +41,9 @@ typedef struct tri__llama {
     tri__kv_span *win_spans;  // (win_cap)
     int64_t win_cap;
     int32_t *win_head_span;   // (n_head_kv + 1)
+    struct tri__tp *tp;   // tensor parallelism (tensor-parallel.h): model is rank `rank`'s shard,
+    int32_t rank;         // the outputs of wo and down are all-reduced over tp's ranks and only
+                          // rank 0 computes logits; NULL: one device
 } tri__llama;
 
 tri_status tri__llama_init(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch);

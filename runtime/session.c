@@ -13,12 +13,22 @@
 #include "sampler.h"
 #include "session.h"
 #include "textgen.h"
+#include "tensor-parallel.h"
+
+// What ranks 1 .. N-1 of a tensor-parallel session hold (rank 0's is the session's own).
+typedef struct session_rank {
+    tri__llama ll;
+    tri__kv_policy kv;
+    tri__kv_store store;
+} session_rank;
 
 struct tri_session {
     const tri_model *model;
-    tri__backend *be;
-    tri_model *weights;   // model's view with its weights in be's memory (backend-select.h)
-    char device[16];      // "cpu", "cuda:N"
+    tri__backend *be;     // rank 0's (group.be[0])
+    tri_model *weights;   // model's view (rank 0's shard's) with its weights in be's memory
+    tri__tp_group group;  // the devices, their shards and weights (tensor-parallel.h); name: "cpu",
+                          // "cuda:N", "cpu:0,cpu:1", ...
+    session_rank *peers;  // (group.n - 1) the other ranks' passes and caches
     tri__llama ll;
     tri__kv_policy kv;    // the cache and the policy that chooses what each layer attends to
     tri__kv_store store;  // with offloaded layers: the store kv wraps (FULL policy); else unused
@@ -53,8 +63,13 @@ void tri_session_free(tri_session *s) {
     tri__kv_policy_free(&s->kv);
     tri__kv_store_free(&s->store);
     tri__llama_free(&s->ll);
-    tri__model_backend_free(s->weights);
-    tri__backend_free(s->be);
+    for (int32_t r = 1; s->peers && r < s->group.n; r++) {
+        tri__kv_policy_free(&s->peers[r - 1].kv);
+        tri__kv_store_free(&s->peers[r - 1].store);
+        tri__llama_free(&s->peers[r - 1].ll);
+    }
+    free(s->peers);
+    tri__tp_group_close(&s->group);
     tri__sampler_scratch_free(&s->scratch);
     free(s->logits);
     free(s->probs);
@@ -120,19 +135,33 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     tri_session *s = calloc(1, sizeof *s);
     if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "session");
     s->model = model;
-    if ((st = tri__backend_select(p.device_kind, p.device, p.n_threads, &s->be, s->device))) goto fail;
-    if ((st = tri__model_on_backend(model, s->be, p.weight_layers_streamed, p.weight_layers_from_disk, &s->weights)))
+    if ((st = tri__tp_group_open(&s->group, model, &p))) goto fail;
+    s->be = s->group.be[0];
+    s->weights = s->group.weights[0];
+    if (s->group.n > 1 && !(s->peers = calloc((size_t)s->group.n - 1, sizeof *s->peers))) {
+        st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "session: %d ranks", s->group.n);
         goto fail;
-    if ((st = tri__llama_init(&s->ll, s->weights, s->be, p.n_batch))) goto fail;
-    if (p.kv_layers_offloaded > 0) {  // the full cache, its last layers in host memory
-        if ((st = tri__kv_store_init_offload(&s->store, s->be, p.kv_type, c->n_layer, c->n_head_kv, c->head_dim,
-                                             p.n_ctx, c->n_layer - p.kv_layers_offloaded)))
+    }
+    for (int32_t r = 0; r < s->group.n; r++) {
+        // each rank its pass and its share of the cache: its KV heads (the shard's config)
+        tri__llama *ll = r ? &s->peers[r - 1].ll : &s->ll;
+        tri__kv_policy *kv = r ? &s->peers[r - 1].kv : &s->kv;
+        tri__kv_store *store = r ? &s->peers[r - 1].store : &s->store;
+        tri__backend *be = s->group.be[r];
+        const tri_model_config *cr = &s->group.weights[r]->config;
+        if ((st = tri__llama_init(ll, s->group.weights[r], be, p.n_batch))) goto fail;
+        ll->tp = s->group.tp;
+        ll->rank = r;
+        if (p.kv_layers_offloaded > 0) {  // the full cache, its last layers in host memory
+            if ((st = tri__kv_store_init_offload(store, be, p.kv_type, cr->n_layer, cr->n_head_kv, cr->head_dim,
+                                                 p.n_ctx, cr->n_layer - p.kv_layers_offloaded)))
+                goto fail;
+            if ((st = tri__kv_store_set_split(store, p.kv_host_fraction, p.kv_host_threads))) goto fail;
+            if ((st = tri__kv_policy_wrap_full(kv, store, cr->n_head, p.n_batch))) goto fail;
+        } else if ((st = tri__kv_policy_init(kv, &kp, be, p.kv_type, cr->n_layer, cr->n_head, cr->n_head_kv,
+                                             cr->head_dim, p.n_ctx, p.n_batch))) {
             goto fail;
-        if ((st = tri__kv_store_set_split(&s->store, p.kv_host_fraction, p.kv_host_threads))) goto fail;
-        if ((st = tri__kv_policy_wrap_full(&s->kv, &s->store, c->n_head, p.n_batch))) goto fail;
-    } else if ((st = tri__kv_policy_init(&s->kv, &kp, s->be, p.kv_type, c->n_layer, c->n_head, c->n_head_kv,
-                                         c->head_dim, p.n_ctx, p.n_batch))) {
-        goto fail;
+        }
     }
     s->probs = malloc((size_t)c->n_vocab * sizeof *s->probs);
     if (!s->probs) {
@@ -151,6 +180,29 @@ fail:
 }
 
 static tri_status eval(tri_session *s, const int32_t *tokens, int32_t n, bool all_logits);
+
+// Rank r's pass and cache.
+static tri__llama *rank_ll(tri_session *s, int32_t r) { return r ? &s->peers[r - 1].ll : &s->ll; }
+static tri__kv_policy *rank_kv(tri_session *s, int32_t r) { return r ? &s->peers[r - 1].kv : &s->kv; }
+
+typedef struct eval_job {
+    tri_session *s;
+    const int32_t *tokens;
+    int32_t n;
+    tri__logits_mode mode;
+} eval_job;
+
+// One rank's share of an eval (tri__tp_run): the same tokens through its shard; rank 0's logits.
+static tri_status eval_rank(void *ctx, int32_t r) {
+    eval_job *j = ctx;
+    return tri__llama_forward_policy(rank_ll(j->s, r), rank_kv(j->s, r), j->tokens, j->n, j->mode,
+                                     r ? NULL : j->s->logits);
+}
+
+// The retrieval policy's next step selects afresh, on every rank (each over its own KV heads).
+static void request_refresh(tri_session *s) {
+    for (int32_t r = 0; r < s->group.n; r++) tri__kv_policy_request_refresh(rank_kv(s, r));
+}
 
 tri_status tri_session_eval(tri_session *s, const int32_t *tokens, int32_t n, bool all_logits) {
     if (!s) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_session_eval: session is NULL");
@@ -173,8 +225,8 @@ static tri_status eval(tri_session *s, const int32_t *tokens, int32_t n, bool al
         s->logits_cap = rows;
     }
     s->n_logits = 0;
-    tri_status st = tri__llama_forward_policy(&s->ll, &s->kv, tokens, n,
-                                       all_logits ? TRI_LOGITS_ALL : TRI_LOGITS_LAST, s->logits);
+    eval_job job = {s, tokens, n, all_logits ? TRI_LOGITS_ALL : TRI_LOGITS_LAST};
+    tri_status st = s->group.tp ? tri__tp_run(s->group.tp, eval_rank, &job) : eval_rank(&job, 0);
     if (st) return st;
     s->n_logits = rows;
     s->all_logits = all_logits;
@@ -198,19 +250,23 @@ tri_status tri_session_truncate(tri_session *s, int32_t n_past) {
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "truncate: %d outside [0, %d]", n_past, len);
     s->n_logits = 0;
     s->pending = -1;
-    return tri__kv_policy_truncate(&s->kv, n_past);
+    for (int32_t r = 0; r < s->group.n; r++) {
+        tri_status st = tri__kv_policy_truncate(rank_kv(s, r), n_past);
+        if (st) return st;
+    }
+    return TRI_STATUS_OK;
 }
 
 void tri_session_reset(tri_session *s) {
     if (!s) return;
-    tri__kv_policy_reset(&s->kv);
+    for (int32_t r = 0; r < s->group.n; r++) tri__kv_policy_reset(rank_kv(s, r));
     s->n_logits = 0;
     s->pending = -1;
     s->seeded = false;  // the next tri_generate starts its seed's stream afresh
 }
 
 void tri_session_kv_refresh(tri_session *s) {
-    if (s) tri__kv_policy_request_refresh(&s->kv);
+    if (s) request_refresh(s);
 }
 
 void tri_session_seed(tri_session *s, uint64_t seed) {
@@ -246,6 +302,17 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
                            tri_token_fn on_token, void *user, tri_generate_stats *stats,
                            tri__kv_offload_stats *at_decode);
 
+// The offloaded cache's copies, summed over the devices (each streams its own KV heads' rows).
+static void offload_stats(tri_session *s, tri__kv_offload_stats *out) {
+    tri__kv_store_offload_stats(s->kv.kv, out);
+    for (int32_t r = 1; r < s->group.n; r++) {
+        tri__kv_offload_stats o;
+        tri__kv_store_offload_stats(rank_kv(s, r)->kv, &o);
+        out->bytes_up += o.bytes_up, out->bytes_down += o.bytes_down, out->bytes_host += o.bytes_host;
+        out->bytes_partial += o.bytes_partial;
+    }
+}
+
 tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
                         const tri_generate_params *params, tri_token_fn on_token, void *user,
                         tri_generate_stats *stats) {
@@ -256,12 +323,12 @@ tri_status tri_generate(tri_session *s, const int32_t *prompt, int32_t n_prompt,
     if (tri__textgen_wanted(params))  // stop strings, stop tokens, text: wrapped, then back here
         return tri__textgen_generate(s->model, s, NULL, prompt, n_prompt, params, on_token, user, stats);
     tri__kv_offload_stats a, b;
-    tri__kv_store_offload_stats(s->kv.kv, &a);  // moved to the start of decoding by generate
+    offload_stats(s, &a);  // moved to the start of decoding by generate
     atomic_store(&s->run, TRI__RUN_GENERATING);
     tri_status st = generate(s, prompt, n_prompt, params, on_token, user, stats, &a);
     atomic_store(&s->run, TRI__RUN_IDLE);
     if (st) stats->stop_reason = TRI_STOP_ERROR;
-    tri__kv_store_offload_stats(s->kv.kv, &b);
+    offload_stats(s, &b);
     stats->kv_bytes_up = b.bytes_up - a.bytes_up;
     stats->kv_bytes_down = b.bytes_down - a.bytes_down;
     stats->kv_bytes_host = b.bytes_host - a.bytes_host;
@@ -301,7 +368,7 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
         int32_t step = n_prompt - done, piece = tri__llama_prefill_step(&s->ll, &s->kv);
         if (step > piece) step = piece;
         // the retrieval policy selects its chunks from the prompt's last query
-        if (done + step == n_prompt) tri__kv_policy_request_refresh(&s->kv);
+        if (done + step == n_prompt) request_refresh(s);
         tri_status st = eval(s, prompt + done, step, false);
         if (st) return st;
         done += step;
@@ -316,7 +383,7 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
     }
     double t1 = now_seconds();
     stats->prefill_seconds = t1 - t0;
-    tri__kv_store_offload_stats(s->kv.kv, at_decode);
+    offload_stats(s, at_decode);
 
     int32_t eos = p.stop_at_eos ? tri_token_eos(s->model) : -1;
     int32_t room = cap - tri__kv_policy_len(&s->kv) + 1;  // the last token need not be run
@@ -346,7 +413,7 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
     return TRI_STATUS_OK;
 }
 
-const char *tri_session_device(const tri_session *s) { return s ? s->device : NULL; }
+const char *tri_session_device(const tri_session *s) { return s ? s->group.name : NULL; }
 
 // ---- applications: n_ctx, aborting, stop reasons ----
 

@@ -7,6 +7,7 @@
 // index i, every level is cut back to at most i (cut_at), and a level catches up on whatever it
 // has not run yet in the same batched forward that scores new tokens (level_run).
 #include "spec.h"
+#include "tensor-parallel.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -205,11 +206,14 @@ struct tri_spec {
     tri_spec_params params;  // defaults filled in; draft_layers points to layers
     int32_t *layers;         // (n_draft_layers) copy of the self-draft's layer list
     tri_model *view;         // the self-draft's view of tw, owned
-    tri__backend *be;
-    tri_model *tw, *dw;      // the target's and the draft model's views on be (backend-select.h)
-    char device[16];         // "cpu", "cuda:N"
-    tri__level l1, l2, l3;
+    tri__backend *be;        // rank 0's device (group.be[0])
+    tri_model *tw, *dw;      // the target's (rank 0's shard's) and the draft model's views on be
+    tri__tp_group group;     // the devices (tensor-parallel.h); name "cpu", "cuda:N", "cpu:0,cpu:1"
+    tri__level l1, l2, l3;   // rank 0's; each holds its peers on the other ranks (level.h), but a
+                             // separate draft model, which runs on rank 0's device alone
     tri__act_pool *acts;     // the levels' activations: they run one after another
+    tri__act_pool *rank_acts[TRI_TP_MAX];  // ranks 1 ..: theirs
+    tri_model *rank_view[TRI_TP_MAX];      // ranks 1 ..: the self-draft's view of their shard
     tri__level *lv1, *lv2;   // NULL when absent (lv1 is NULL for the n-gram drafter too)
     int32_t n_vocab;
     int32_t n_ctx;           // positions every level holds
@@ -715,6 +719,30 @@ static tri_status check_same_vocab(const tri_model *t, const tri_model *d) {
     return TRI_STATUS_OK;
 }
 
+// Initialises lv on every rank of s's devices: rank r over models[r] on its backend with its
+// activation pool, borrowing rank r's rows of source (NULL: none) as lp's kv_source.
+static tri_status level_init_ranks(tri_spec *s, tri__level *lv, tri_model *const *models, int32_t n,
+                                   const tri__level_params *lp, tri__level *source) {
+    tri__level_params p = *lp;
+    if (source) p.kv_source = source->pol.kv;
+    TRY(tri__level_init(lv, models[0], s->group.be[0], &p));
+    if (n == 1) return TRI_STATUS_OK;
+    tri__level *peers = calloc((size_t)n - 1, sizeof *peers);
+    if (!peers) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "speculative: levels of %d ranks", n);
+    for (int32_t r = 1; r < n; r++) {
+        p.acts = s->rank_acts[r];
+        if (source) p.kv_source = tri__level_rank(source, r)->pol.kv;
+        tri_status st = tri__level_init(&peers[r - 1], models[r], s->group.be[r], &p);
+        if (st) {
+            for (int32_t i = 1; i < r; i++) tri__level_free(&peers[i - 1]);
+            free(peers);
+            return st;
+        }
+    }
+    tri__level_set_ranks(lv, peers, n, s->group.tp);
+    return TRI_STATUS_OK;
+}
+
 void tri_spec_free(tri_spec *s) {
     if (!s) return;
     tri__level_free(&s->l1);
@@ -722,9 +750,12 @@ void tri_spec_free(tri_spec *s) {
     tri__level_free(&s->l3);
     tri__act_pool_free(s->acts);
     tri__model_view_free(s->view);
-    tri__model_backend_free(s->tw);
+    for (int32_t r = 1; r < TRI_TP_MAX; r++) {
+        tri__act_pool_free(s->rank_acts[r]);
+        tri__model_view_free(s->rank_view[r]);
+    }
     tri__model_backend_free(s->dw);
-    tri__backend_free(s->be);
+    tri__tp_group_close(&s->group);  // the target's views and the backends
     tri__spec_draft_free(&s->d1);
     tri__spec_draft_free(&s->d2);
     tri__spec_work_free(&s->work);
@@ -790,10 +821,15 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     s->n_ctx = sp.n_ctx;
     s->n_batch = sp.n_batch;
     tri_status st;
-    if ((st = tri__backend_select(sp.device_kind, sp.device, sp.n_threads, &s->be, s->device))) goto fail;
-    if ((st = tri__model_on_backend(target, s->be, sp.weight_layers_streamed, sp.weight_layers_from_disk, &s->tw))) goto fail;
+    if ((st = tri__tp_group_open(&s->group, target, &sp))) goto fail;
+    s->be = s->group.be[0];
+    s->tw = s->group.weights[0];
+    const int32_t n_ranks = s->group.n;
     if (has_l1 && p.drafter == TRI_SPEC_DRAFTER_LAYERS) {
         if ((st = tri__model_layer_view(s->tw, p.draft_layers, p.n_draft_layers, &s->view))) goto fail;
+        for (int32_t r = 1; r < n_ranks; r++)  // the self-draft splits as the target does
+            if ((st = tri__model_layer_view(s->group.weights[r], p.draft_layers, p.n_draft_layers, &s->rank_view[r])))
+                goto fail;
         s->layers = malloc((size_t)p.n_draft_layers * sizeof *s->layers);
         if (!s->layers) {
             st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "speculative: layer list");
@@ -811,13 +847,15 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     s->ngram_len = p.mode == TRI_SPEC_MODE_DRAFT ? p.gamma2 : p.gamma1;
 
     if ((st = tri__act_pool_create(s->be, &s->acts))) goto fail;
+    for (int32_t r = 1; r < n_ranks; r++)
+        if ((st = tri__act_pool_create(s->group.be[r], &s->rank_acts[r]))) goto fail;
     tri__level_params lp = {.policy = TRI_KV_POLICY_FULL, .n_ctx = sp.n_ctx, .n_batch = sp.n_batch,
                             .kv_type = sp.kv_type, .acts = s->acts};
     tri__level_params l3p = lp;
     l3p.kv_offloaded = sp.kv_layers_offloaded;  // L3's full cache may stream from host memory
     l3p.kv_host_fraction = sp.kv_host_fraction;  // and be attended in part on the host
     l3p.kv_host_threads = sp.kv_host_threads;
-    if ((st = tri__level_init(&s->l3, s->tw, s->be, &l3p))) goto fail;
+    if ((st = level_init_ranks(s, &s->l3, s->group.weights, n_ranks, &l3p, NULL))) goto fail;
     if (has_l2) {
         // a budget left to the default is 4096 in whole chunks, or the full cache when the context
         // is no longer (kv-policy.h); a given one is checked by the level
@@ -833,9 +871,8 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         // no full cache of its own: L2 reads L3's rows (gathering its chunks out of them) and keeps
         // only the rows of the tokens it ran since its selection, in a ring it selects again before
         // filling (l2_refresh_due)
-        l2p.kv_source = s->l3.pol.kv;
         l2p.ring = tri__level_l2_ring(p.chunk, p.gamma1, p.gamma2, sp.n_batch);
-        if ((st = tri__level_init(&s->l2, s->tw, s->be, &l2p))) goto fail;
+        if ((st = level_init_ranks(s, &s->l2, s->group.weights, n_ranks, &l2p, &s->l3))) goto fail;
         s->lv2 = &s->l2;
     }
     if (has_l1 && p.drafter != TRI_SPEC_DRAFTER_NGRAM) {
@@ -848,10 +885,19 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         // prefill evicts every 64 tokens, as TriForce's does (L1 only proposes: exactness holds)
         l1p.rollback = p.gamma1 + p.gamma2 + 2;
         l1p.evict_every = sp.n_batch < 64 ? sp.n_batch : 64;
-        if ((st = tri__level_init(&s->l1, m, s->be, &l1p))) goto fail;
+        if (p.drafter == TRI_SPEC_DRAFTER_MODEL) {  // a small model: on rank 0's device alone
+            if ((st = tri__level_init(&s->l1, m, s->be, &l1p))) goto fail;
+        } else {
+            s->rank_view[0] = s->view;
+            st = level_init_ranks(s, &s->l1, s->rank_view, n_ranks, &l1p, NULL);
+            s->rank_view[0] = NULL;
+            if (st) goto fail;
+        }
         s->lv1 = &s->l1;
     }
     if ((st = tri__act_pool_bind(s->acts))) goto fail;
+    for (int32_t r = 1; r < n_ranks; r++)
+        if ((st = tri__act_pool_bind(s->rank_acts[r]))) goto fail;
     if (has_l1 && (st = tri__spec_draft_init(&s->d1, p.mode == TRI_SPEC_MODE_DRAFT ? p.gamma2 : p.gamma1,
                                               c->n_vocab)))
         goto fail;
@@ -872,4 +918,4 @@ fail:
     return st;
 }
 
-const char *tri_spec_device(const tri_spec *s) { return s ? s->device : NULL; }
+const char *tri_spec_device(const tri_spec *s) { return s ? s->group.name : NULL; }

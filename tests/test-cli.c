@@ -943,3 +943,31 @@ Test(cli, chat_sigint_stops_the_answer_not_the_program, .timeout = TT_TIMEOUT(12
     cr_assert_lt(jint(t0, "generated_tokens"), 20000);
     json_object_put(root);
 }
+
+// Tensor parallelism over two and three CPU backends (--device cpu:0,cpu:1): the default model's
+// greedy text is the one device's, plain and speculative; bad lists are named.
+Test(cli, device_lists_give_the_one_device_greedy_text, .timeout = TT_TIMEOUT(300)) {
+    const char *model = getenv("TRI_TEST_MODEL");
+    if (!model || !*model) cr_skip_test("TRI_TEST_MODEL is not set");
+    static char args[8192], plain[1 << 16];
+    snprintf(args, sizeof args, "generate -m '%s' -p 'The capital of France is' -n 32 --ignore-eos --device cpu", model);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(plain, sizeof plain, "%s", out);
+    cr_assert(strlen(plain) > 32, "%s", plain);
+    const char *ways[] = {"--device cpu:0,cpu:1", "--device cpu:0,cpu:1,cpu:2",
+                          "--device cpu:0,cpu:1 --spec triforce --draft-layers 0-11 --budget 16 --chunk 4",
+                          "--device cpu:0,cpu:1 --kv-offload 10"};
+    for (size_t i = 0; i < sizeof ways / sizeof ways[0]; i++) {
+        snprintf(args, sizeof args, "generate -m '%s' -p 'The capital of France is' -n 32 --ignore-eos %s", model,
+                 ways[i]);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", ways[i], err);
+        cr_assert_str_eq(out, plain, "%s", ways[i]);
+    }
+    cr_assert(strstr(err, "device: cpu:0,cpu:1"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --device cpu:0,cpu:0", model);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "'cpu:0' appears twice"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --device cpu:0,cpu:1,cpu:2,cpu:3", model);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "4 devices but the model has 3 KV heads (9 query heads)"), "%s", err);
+}

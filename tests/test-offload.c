@@ -778,8 +778,13 @@ Test(offload, plan_impossible_budgets) {
     p.n_ctx = -1;
     cr_assert_eq(tri_plan_compute(&m, &p, &pl), TRI_STATUS_INVALID_ARGUMENT);
     p = tri_plan_default_params();
-    p.n_gpu = 3;  // 32 heads do not split in 3
+    p.n_gpu = 3;  // 32 KV heads split 11 + 11 + 10, as the engine splits them
+    cr_assert_eq(tri_plan_compute(&m, &p, &pl), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(pl.tp_kv_heads_max, 11);
+    cr_assert(pl.t_allreduce_token > 0 && pl.t_allreduce_token < pl.t_token);
+    p.n_gpu = 9;  // more devices than a device list holds
     cr_assert_eq(tri_plan_compute(&m, &p, &pl), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "9 devices, want 1 .. 8"), "%s", tri_last_error());
     p = tri_plan_default_params();
     p.accept_l2 = 1.5;
     cr_assert_eq(tri_plan_compute(&m, &p, &pl), TRI_STATUS_INVALID_ARGUMENT);

@@ -5,7 +5,8 @@
 //   CUDAEMU_SEED=n               seed of the rand orders
 //   CUDAEMU_ASYNC=0|1            1 (default): streams are deferred queues; 0: everything runs at once
 //   CUDAEMU_SM_COUNT=n           multiProcessorCount reported (default 132, an H100 SXM)
-//   CUDAEMU_DEVICES=n            devices reported (default 1)
+//   CUDAEMU_DEVICES=n            devices reported (default 1, at most 64)
+//   CUDAEMU_P2P=0|1              cudaDeviceCanAccessPeer between devices (default 0, as RTX 4090s)
 //   CUDAEMU_STATS=1              per-kernel launch counts at exit
 //   CUDAEMU_KEEPGOING=1          report problems but do not abort
 #include <assert.h>
@@ -437,11 +438,15 @@ struct cudaemu_stream {
     std::deque<std::function<void()>> q;
     uint64_t enq = 0, done = 0;
     bool destroyed = false;
+    int device = 0;  // the device current when it was created; the legacy stream: any
 };
 struct cudaemu_event {
     cudaemu_stream *s = nullptr;
     uint64_t target = 0;
+    int device = 0;
 };
+// The current device is per host thread, as in CUDA (each thread starts on device 0).
+static thread_local int current_device;
 
 static thread_local cudaError_t last_error = cudaSuccess;
 static cudaError_t fail(cudaError_t e) {
@@ -488,6 +493,7 @@ static void enqueue(cudaStream_t st, std::function<void()> f) {
 struct Range {
     size_t bytes;
     int kind;  // 0 device, 1 pinned (cudaHostAlloc), 2 registered
+    int device;  // device memory: the device current at cudaMalloc
 };
 static std::map<uintptr_t, Range> ranges;
 
@@ -504,7 +510,10 @@ static bool is_pinned(const void *p) {
     const Range *r = find_range(p, nullptr);
     return r && r->kind != 0;
 }
-static void check_span(const char *what, const void *p, size_t bytes, bool device) {
+// Device memory of one device used by work on another device's stream (on_device >= 0): our
+// backend keeps every device's memory and streams apart, so this is reported (CUDA itself would
+// copy through unified addressing, or fault in a kernel without peer access).
+static void check_span_on(const char *what, const void *p, size_t bytes, bool device, int on_device) {
     if (!bytes) return;
     uintptr_t base;
     const Range *r = find_range(p, &base);
@@ -512,11 +521,18 @@ static void check_span(const char *what, const void *p, size_t bytes, bool devic
         if (device) cudaemu::report("%s: %p (%zu bytes) is not in any device allocation", what, p, bytes);
         return;
     }
+    if (device && r->kind == 0 && on_device >= 0 && r->device != on_device)
+        cudaemu::report("%s: %p is memory of device %d, used on a stream of device %d", what, p, r->device, on_device);
     if (device && r->kind == 2) return;  // registered host memory: device-visible in this model
     if ((uintptr_t)p + bytes > base + r->bytes)
         cudaemu::report("%s: %zu bytes at %p run %zu bytes past the end of the allocation of %zu bytes at %p", what,
                         bytes, p, (size_t)((uintptr_t)p + bytes - base - r->bytes), r->bytes, (void *)base);
 }
+static void check_span(const char *what, const void *p, size_t bytes, bool device) {
+    check_span_on(what, p, bytes, device, -1);
+}
+// The device a stream's work runs on (-1: the legacy stream, which serves the current device).
+static int stream_device(cudaStream_t s) { return s ? ((cudaemu_stream *)s)->device : -1; }
 
 static const size_t TOTAL_MEM = (size_t)80 << 30;
 
@@ -537,8 +553,7 @@ cudaError_t cudaGetDeviceCount(int *n) {
     *n = cudaemu::env_int("CUDAEMU_DEVICES", 1);
     return *n > 0 ? cudaSuccess : fail(cudaErrorNoDevice);
 }
-static int current_device;
-static bool valid_device(int d) { return d >= 0 && d < cudaemu::env_int("CUDAEMU_DEVICES", 1); }
+static bool valid_device(int d) { return d >= 0 && d < 64 && d < cudaemu::env_int("CUDAEMU_DEVICES", 1); }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
     CUDAEMU_LOCK;
     if (!valid_device(d)) return fail(cudaErrorInvalidDevice);
@@ -585,11 +600,11 @@ cudaError_t cudaSetDevice(int d) {
     current_device = d;
     return cudaSuccess;
 }
-static size_t allocated;
+static size_t allocated[64];  // per device
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t) {
     CUDAEMU_LOCK;
     *t = TOTAL_MEM;
-    *f = TOTAL_MEM - allocated;
+    *f = TOTAL_MEM - allocated[current_device];
     return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) {
@@ -614,6 +629,8 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorPeerAccessUnsupported: return "cudaErrorPeerAccessUnsupported";
+    case cudaErrorPeerAccessAlreadyEnabled: return "cudaErrorPeerAccessAlreadyEnabled";
     default: return "cudaErrorUnknown";
     }
 }
@@ -622,12 +639,12 @@ const char *cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
 cudaError_t cudaMalloc(void **p, size_t bytes) {
     CUDAEMU_LOCK;
     *p = nullptr;
-    if (bytes > TOTAL_MEM - allocated) return fail(cudaErrorMemoryAllocation);
+    if (bytes > TOTAL_MEM - allocated[current_device]) return fail(cudaErrorMemoryAllocation);
     void *m = nullptr;
     if (posix_memalign(&m, 256, bytes ? bytes : 1) != 0) return fail(cudaErrorMemoryAllocation);
     memset(m, 0xff, bytes);  // fresh device memory is not zeroed: uninitialised f32 reads as NaN
-    ranges[(uintptr_t)m] = Range{bytes, 0};
-    allocated += bytes;
+    ranges[(uintptr_t)m] = Range{bytes, 0, current_device};
+    allocated[current_device] += bytes;
     *p = m;
     return cudaSuccess;
 }
@@ -637,7 +654,7 @@ cudaError_t cudaFree(void *p) {
     if (!p) return cudaSuccess;
     auto it = ranges.find((uintptr_t)p);
     if (it == ranges.end() || it->second.kind != 0) return fail(cudaErrorInvalidValue);
-    allocated -= it->second.bytes;
+    allocated[it->second.device] -= it->second.bytes;
     ranges.erase(it);
     free(p);
     return cudaSuccess;
@@ -647,7 +664,7 @@ cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned int flags) {
     (void)flags;
     void *m = nullptr;
     if (posix_memalign(&m, 4096, bytes ? bytes : 1) != 0) return fail(cudaErrorMemoryAllocation);
-    ranges[(uintptr_t)m] = Range{bytes, 1};
+    ranges[(uintptr_t)m] = Range{bytes, 1, -1};
     *p = m;
     return cudaSuccess;
 }
@@ -677,7 +694,7 @@ cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned int flags) {
     for (auto &kv : ranges)
         if (kv.second.kind != 0 && kv.first < hi && lo < kv.first + kv.second.bytes)
             return fail(cudaErrorHostMemoryAlreadyRegistered);
-    ranges[lo] = Range{bytes, 2};
+    ranges[lo] = Range{bytes, 2, -1};
     return cudaSuccess;
 }
 cudaError_t cudaHostUnregister(void *p) {
@@ -694,7 +711,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     if (!bytes) return cudaSuccess;
     switch (k) {
     case cudaMemcpyHostToDevice:
-        check_span("cudaMemcpyAsync HostToDevice destination", dst, bytes, true);
+        check_span_on("cudaMemcpyAsync HostToDevice destination", dst, bytes, true, stream_device(s));
         if (find_range(src, nullptr) && !is_pinned(src))
             cudaemu::report("cudaMemcpyAsync HostToDevice: the source %p is device memory", src);
         if (is_pinned(src)) {  // a DMA from the host buffer when the stream gets there
@@ -707,7 +724,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
         }
         return cudaSuccess;
     case cudaMemcpyDeviceToHost:
-        check_span("cudaMemcpyAsync DeviceToHost source", src, bytes, true);
+        check_span_on("cudaMemcpyAsync DeviceToHost source", src, bytes, true, stream_device(s));
         if (find_range(dst, nullptr) && !is_pinned(dst))
             cudaemu::report("cudaMemcpyAsync DeviceToHost: the destination %p is device memory", dst);
         if (is_pinned(dst)) {
@@ -720,8 +737,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
         }
         return cudaSuccess;
     case cudaMemcpyDeviceToDevice:
-        check_span("cudaMemcpyAsync DeviceToDevice source", src, bytes, true);
-        check_span("cudaMemcpyAsync DeviceToDevice destination", dst, bytes, true);
+        check_span_on("cudaMemcpyAsync DeviceToDevice source", src, bytes, true, stream_device(s));
+        check_span_on("cudaMemcpyAsync DeviceToDevice destination", dst, bytes, true, stream_device(s));
         enqueue(s, [=]() { memmove(dst, src, bytes); });
         return cudaSuccess;
     default: enqueue(s, [=]() { memmove(dst, src, bytes); }); return cudaSuccess;
@@ -748,6 +765,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
     CUDAEMU_LOCK;
     (void)flags;
     cudaemu_stream *st = new cudaemu_stream;
+    st->device = current_device;
     all_streams().push_back(st);
     *s = (cudaStream_t)st;
     return cudaSuccess;
@@ -773,7 +791,9 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
     CUDAEMU_LOCK;
     (void)flags;
-    *e = (cudaEvent_t) new cudaemu_event;
+    cudaemu_event *ev = new cudaemu_event;
+    ev->device = current_device;
+    *e = (cudaEvent_t)ev;
     return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
@@ -787,6 +807,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     CUDAEMU_LOCK;
     if (!e) return fail(cudaErrorInvalidResourceHandle);
     cudaemu_event *ev = (cudaemu_event *)e;
+    if (s && ((cudaemu_stream *)s)->device != ev->device)  // CUDA: event and stream of one device
+        return fail(cudaErrorInvalidResourceHandle);
     ev->s = S(s);
     ev->target = ev->s->enq;
     if (!async_mode()) drain(ev->s, ev->target);
@@ -825,12 +847,51 @@ cudaError_t launch_body(const char *name, const char *file, int line, dim3 grid,
         grid.y > 65535 || grid.z > 65535)
         return fail(cudaErrorInvalidConfiguration);
     if (smem > 48 * 1024) return fail(cudaErrorInvalidValue);  // more needs cudaFuncSetAttribute
+    if (s && ((cudaemu_stream *)s)->device != current_device)  // CUDA: a stream of the current device
+        return fail(cudaErrorInvalidResourceHandle);
     std::string nm = name;
     std::string f = file;
     enqueue(s, [=]() { run_grid(nm.c_str(), f.c_str(), line, grid, block, smem, body); });
     return cudaSuccess;
 }
 }  // namespace cudaemu
+
+// ---- several devices: peer access (CUDAEMU_P2P=1: every pair can; 0, the default: none, like
+// consumer cards such as the RTX 4090) ----
+
+static bool peer_enabled[64][64];  // [device][peer]: device's work may reach peer's memory
+cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer) {
+    CUDAEMU_LOCK;
+    if (!valid_device(device) || !valid_device(peer)) return fail(cudaErrorInvalidDevice);
+    *can = device != peer && cudaemu::env_int("CUDAEMU_P2P", 0) != 0;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+    CUDAEMU_LOCK;
+    if (flags || !valid_device(peer)) return fail(cudaErrorInvalidValue);
+    if (peer == current_device || cudaemu::env_int("CUDAEMU_P2P", 0) == 0) return fail(cudaErrorPeerAccessUnsupported);
+    if (peer_enabled[current_device][peer]) return fail(cudaErrorPeerAccessAlreadyEnabled);
+    peer_enabled[current_device][peer] = true;
+    return cudaSuccess;
+}
+// A copy between two devices' memory; without peer access CUDA stages it through the host, which
+// is what this does too (a memcpy when the stream gets there).
+cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_device, const void *src, int src_device, size_t bytes,
+                                cudaStream_t s) {
+    CUDAEMU_LOCK;
+    if (!valid_device(dst_device) || !valid_device(src_device)) return fail(cudaErrorInvalidDevice);
+    if (!bytes) return cudaSuccess;
+    check_span_on("cudaMemcpyPeerAsync source", src, bytes, true, src_device);
+    check_span_on("cudaMemcpyPeerAsync destination", dst, bytes, true, dst_device);
+    enqueue(s, [=]() { memcpy(dst, src, bytes); });
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyPeer(void *dst, int dst_device, const void *src, int src_device, size_t bytes) {
+    CUDAEMU_LOCK;
+    cudaError_t e = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, 0);
+    drain_all();
+    return e;
+}
 
 // ---- cuBLAS ----
 

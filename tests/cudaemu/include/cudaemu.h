@@ -56,6 +56,8 @@ typedef enum cudaError {
     cudaErrorNoDevice = 100,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
+    cudaErrorPeerAccessUnsupported = 217,
+    cudaErrorPeerAccessAlreadyEnabled = 704,
     cudaErrorHostMemoryAlreadyRegistered = 712,
     cudaErrorHostMemoryNotRegistered = 713,
     cudaErrorLaunchFailure = 719,
@@ -133,6 +135,11 @@ cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned int flags);
 cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned int flags);
 cudaError_t cudaHostUnregister(void *p);
+cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer);
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags);
+cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_device, const void *src, int src_device, size_t bytes,
+                                cudaStream_t s = 0);
+cudaError_t cudaMemcpyPeer(void *dst, int dst_device, const void *src, int src_device, size_t bytes);
 }
 
 // ---- the device side ----

@@ -1,0 +1,441 @@
+// test-tp.c - tensor parallelism over several CPU backends (runtime/tensor-parallel.c): the split,
+// device lists, logits against one device, greedy speculative output against plain decoding.
+//
+// The reference is the one-device CPU backend (the reference of every backend). A split changes
+// only the order of summation: each device sums its own columns of wo and down, and the partial
+// sums are added in rank order, where one device sums every column in one order. The tolerances
+// below bound that rounding difference, measured and printed by the tests.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend-select.h"
+#include "cuda-backend.h"
+#include "model.h"
+#include "tensor-parallel.h"
+#include "test-util.h"
+#include "triforce.h"
+
+static tri_model *load(const char *path) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(path, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    return m;
+}
+
+// A model of 6 query heads over 3 KV heads (so 2 and 3 devices split it, 2 unevenly), FFN 192.
+static tri_model *tiny(const char *tag, const char *extra) {
+    char opts[512];
+    snprintf(opts, sizeof opts, "--seed 17 --layers 3 --embd 96 --heads 6 --kv-heads 3 --head-dim 16 --ff 192 %s",
+             extra);
+    return load(tt_gen_model(tag, opts));
+}
+
+static const char *devices_of(int n) {
+    static const char *lists[] = {"cpu", "cpu:0,cpu:1", "cpu:0,cpu:1,cpu:2"};
+    return lists[n - 1];
+}
+
+static tri_session_params params(int n, int32_t n_ctx) {
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = n_ctx;
+    sp.n_threads = n;  // one per device
+    sp.devices = devices_of(n);
+    return sp;
+}
+
+// ---- the split and device lists ----
+
+static tri_model_config config(int32_t embd, int32_t ff, int32_t heads, int32_t kv_heads, int32_t head_dim) {
+    tri_model_config c = {0};
+    c.n_embd = embd, c.n_ff = ff, c.n_head = heads, c.n_head_kv = kv_heads, c.head_dim = head_dim;
+    c.n_layer = 1, c.n_vocab = 512;
+    return c;
+}
+
+Test(tp, split_by_kv_head) {
+    tri__tp_split sp;
+    // SmolLM2-135M: 9 query heads over 3 KV heads, FFN 1536 (6 blocks of 256). Two devices: 2 + 1
+    // heads; per layer a KV head with its 3 query heads is 294,912 weight elements, an FFN row
+    // 1,728, so the mean is 1,769,472 and device 0 wants (1769472 - 589824) / 1728 = 682.7 rows:
+    // 3 blocks of 256 (768), device 1 the other 768.
+    tri_model_config c = config(576, 1536, 9, 3, 64);
+    cr_assert_eq(tri__tp_split_plan(&c, 2, &sp), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert(sp.kv0[0] == 0 && sp.kv0[1] == 2 && sp.kv0[2] == 3);
+    cr_assert(sp.ff0[0] == 0 && sp.ff0[1] == 768 && sp.ff0[2] == 1536, "%d %d", sp.ff0[1], sp.ff0[2]);
+    // three: one head each, 512 rows each (exactly the mean)
+    cr_assert_eq(tri__tp_split_plan(&c, 3, &sp), TRI_STATUS_OK);
+    for (int r = 0; r <= 3; r++) cr_assert(sp.kv0[r] == r && sp.ff0[r] == 512 * r, "rank %d", r);
+    // four devices for three KV heads
+    cr_assert_eq(tri__tp_split_plan(&c, 4, &sp), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "4 devices but the model has 3 KV heads (9 query heads)"), "%s",
+              tri_last_error());
+    // Llama2-7B: 32 heads, FFN 11008 = 43 blocks of 256: 16 heads each, the 43 blocks 22 + 21
+    // (the mean is 21.5 blocks, rounded up for the first)
+    c = config(4096, 11008, 32, 32, 128);
+    cr_assert_eq(tri__tp_split_plan(&c, 2, &sp), TRI_STATUS_OK);
+    cr_assert(sp.kv0[1] == 16 && sp.kv0[2] == 32 && sp.ff0[1] == 22 * 256 && sp.ff0[2] == 11008);
+    // an FFN of 96 rows: blocks of 32, 3 of them; 4 devices over 8 heads cannot each get a block
+    c = config(64, 96, 8, 8, 8);
+    cr_assert_eq(tri__tp_split_plan(&c, 4, &sp), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "96 rows make only 3 blocks of 32"), "%s", tri_last_error());
+    cr_assert_eq(tri__tp_split_plan(&c, 3, &sp), TRI_STATUS_OK);
+    cr_assert(sp.ff0[1] == 32 && sp.ff0[2] == 64 && sp.ff0[3] == 96);
+}
+
+Test(tp, device_lists) {
+    tri__device_ref d[TRI_TP_MAX];
+    int32_t n;
+    cr_assert_eq(tri__device_list_parse("cuda:0,cuda:1", d, &n), TRI_STATUS_OK);
+    cr_assert(n == 2 && d[0].kind == TRI_DEVICE_CUDA && d[1].index == 1);
+    cr_assert_eq(tri__device_list_parse("cpu:1,cpu:0,cpu:2", d, &n), TRI_STATUS_OK);
+    cr_assert(n == 3 && d[0].kind == TRI_DEVICE_CPU && d[0].index == 1 && d[1].index == 0);
+    cr_assert_eq(tri__device_list_parse("cpu", d, &n), TRI_STATUS_OK);
+    cr_assert(n == 1 && d[0].kind == TRI_DEVICE_CPU);
+    static const struct {
+        const char *list, *why;
+    } bad[] = {
+        {"", "empty"},
+        {"cuda:0,cuda:0", "'cuda:0' appears twice"},
+        {"cuda:0,,cuda:1", "entry 2 is empty"},
+        {"cuda:0,", "entry 2 is empty"},
+        {"gpu:0,gpu:1", "'gpu:0' is not a device"},
+        {"cuda:", "'cuda:' has no valid device index"},
+        {"cuda:x", "'cuda:x' has no valid device index"},
+        {"cuda:-1", "'cuda:-1' has no valid device index"},
+        {"cudax", "'cudax' is not a device"},
+        {"cpu:0,cuda:1", "cpu and cuda devices mixed"},
+        {"cpu:0,cpu:1,cpu:2,cpu:3,cpu:4,cpu:5,cpu:6,cpu:7,cpu:8", "more than 8 devices"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(tri__device_list_parse(bad[i].list, d, &n), TRI_STATUS_INVALID_ARGUMENT, "%s", bad[i].list);
+        cr_assert(strstr(tri_last_error(), bad[i].why), "%s: %s", bad[i].list, tri_last_error());
+    }
+}
+
+// Sessions refuse bad lists with the parser's message, and more devices than KV heads.
+Test(tp, sessions_refuse_bad_device_lists) {
+    tri_model *m = tiny("tp-bad", "");
+    static const struct {
+        const char *list, *why;
+        tri_status st;
+    } bad[] = {
+        {"cpu:0,cpu:0", "'cpu:0' appears twice", TRI_STATUS_INVALID_ARGUMENT},
+        {"cpu:0,cpu:1,cpu:2,cpu:3", "4 devices but the model has 3 KV heads", TRI_STATUS_INVALID_ARGUMENT},
+        {"cpu:0,tpu:1", "'tpu:1' is not a device", TRI_STATUS_INVALID_ARGUMENT},
+        {"cuda:0,cuda:7", "cuda:", TRI_STATUS_DEVICE},  // no such device (or no CUDA at all)
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tri_session_params sp = params(1, 64);
+        sp.devices = bad[i].list;
+        tri_session *s = NULL;
+        if (bad[i].st == TRI_STATUS_DEVICE && tri_device_count() >= 8) continue;
+        cr_assert_eq(tri_session_create(m, &sp, &s), bad[i].st, "%s", bad[i].list);
+        cr_assert_null(s);
+        cr_assert(strstr(tri_last_error(), bad[i].why), "%s: %s", bad[i].list, tri_last_error());
+        tri_spec *e = NULL;
+        tri_spec_params p = tri_spec_default_params();
+        p.mode = TRI_SPEC_MODE_RETRIEVAL;
+        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), bad[i].st, "%s", bad[i].list);
+        cr_assert_null(e);
+    }
+    tri_session_params sp = params(2, 64);
+    sp.weight_layers_streamed = 1;
+    sp.weight_layers_from_disk = 1;
+    tri_session *s = NULL;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_UNSUPPORTED);
+    cr_assert(strstr(tri_last_error(), "weight_layers_from_disk"), "%s", tri_last_error());
+    tri_model_free(m);
+}
+
+// A column split inside a quantized block (heads of 16 columns in blocks of 32) is refused, naming
+// the tensor.
+Test(tp, refuses_a_split_inside_a_quantized_block) {
+    tri_model *m = load(tt_gen_model("tp-q8", "--seed 3 --layers 1 --embd 64 --heads 4 --kv-heads 4 --head-dim 16 "
+                                              "--ff 128 --gguf-dtype q8_0"));
+    tri_session_params sp = params(3, 32);
+    tri_session *s = NULL;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_UNSUPPORTED);
+    cr_assert(strstr(tri_last_error(), "blk.0.attn_output.weight") && strstr(tri_last_error(), "blocks of 32"), "%s",
+              tri_last_error());
+    sp = params(2, 32);  // 2 + 2 heads: 32 columns each
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_str_eq(tri_session_device(s), "cpu:0,cpu:1");
+    tri_session_free(s);
+    tri_model_free(m);
+}
+
+// ---- logits against one device ----
+
+#define N_PROMPT 40
+
+// Logits of a prompt (every row) and of 8 tokens decoded one by one after it, on n devices:
+// out (N_PROMPT + 8, V).
+static void run_logits(const tri_model *m, int n, tri_kv_policy policy, float *out) {
+    const int32_t V = m->config.n_vocab;
+    tri_session_params sp = params(n, 128);
+    sp.kv_type = TRI_DTYPE_F32;
+    sp.kv_policy = policy;
+    if (policy != TRI_KV_POLICY_FULL) sp.kv_budget = 16, sp.kv_chunk = 4, sp.kv_sink = 4;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    int32_t prompt[N_PROMPT];
+    for (int i = 0; i < N_PROMPT; i++) prompt[i] = (i * 37 + 11) % V;
+    cr_assert_eq(tri_session_eval(s, prompt, N_PROMPT, true), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int i = 0; i < N_PROMPT; i++) memcpy(out + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * V);
+    for (int t = 0; t < 8; t++) {
+        int32_t tok = (t * 53 + 7) % V;
+        cr_assert_eq(tri_session_eval(s, &tok, 1, false), TRI_STATUS_OK, "%s", tri_last_error());
+        memcpy(out + (int64_t)(N_PROMPT + t) * V, tri_session_logits(s, -1), sizeof(float) * V);
+    }
+    // a rollback and the same tokens again give the same logits on every rank
+    cr_assert_eq(tri_session_truncate(s, N_PROMPT + 4), TRI_STATUS_OK);
+    for (int t = 4; t < 8; t++) {
+        int32_t tok = (t * 53 + 7) % V;
+        cr_assert_eq(tri_session_eval(s, &tok, 1, false), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(memcmp(out + (int64_t)(N_PROMPT + t) * V, tri_session_logits(s, -1), sizeof(float) * V), 0,
+                     "after truncate, token %d", t);
+    }
+    tri_session_free(s);
+}
+
+static double max_diff(const float *a, const float *b, int64_t n, double *scale) {
+    double d = 0;
+    *scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (fabs((double)a[i] - b[i]) > d) d = fabs((double)a[i] - b[i]);
+        if (fabs((double)a[i]) > *scale) *scale = fabs((double)a[i]);
+    }
+    return d;
+}
+
+static void check_logits(const char *tag, const char *extra, tri_kv_policy policy, double tol) {
+    tri_model *m = tiny(tag, extra);
+    const int64_t rows = N_PROMPT + 8, V = m->config.n_vocab;
+    float *one = malloc(sizeof(float) * rows * V), *many = malloc(sizeof(float) * rows * V);
+    cr_assert(one && many);
+    run_logits(m, 1, policy, one);
+    for (int n = 2; n <= 3; n++) {
+        run_logits(m, n, policy, many);
+        double scale, d = max_diff(one, many, rows * V, &scale);
+        printf("tp %s (%s): N = %d, max |dlogit| %.3g over %lld logits of max |logit| %.3g (tolerance %.3g)\n", tag,
+               extra[0] ? extra : "f16", n, d, (long long)(rows * V), scale, tol);
+        cr_assert(d <= tol, "%s N = %d: max |dlogit| %g > %g", tag, n, d, tol);
+        cr_assert(scale > 0.1, "logits of a real spread");
+    }
+    free(one);
+    free(many);
+    tri_model_free(m);
+}
+
+// f32 weights and cache: only the order of summation differs (rank partials added in rank order).
+Test(tp, logits_within_rounding_of_one_device_f32) { check_logits("tp-f32", "--dtype f32", TRI_KV_POLICY_FULL, 1e-4); }
+// f16 weights (the generator's default)
+Test(tp, logits_within_rounding_of_one_device_f16) { check_logits("tp-f16", "", TRI_KV_POLICY_FULL, 1e-4); }
+// Q8_0 weights: x is quantized per block of 32 on every device alike (the splits fall on blocks),
+// but a rounding difference upstream can move an activation across a quantization step.
+Test(tp, logits_within_rounding_of_one_device_q8_0) {
+    check_logits("tp-q8-logits", "--gguf-dtype q8_0", TRI_KV_POLICY_FULL, 1e-3);
+}
+// StreamingLLM cache over the split heads: every device evicts the same positions.
+Test(tp, logits_streaming_cache) { check_logits("tp-stream", "--dtype f32", TRI_KV_POLICY_STREAMING, 1e-4); }
+
+// ---- greedy speculative decoding equals greedy plain decoding on the same devices ----
+
+typedef struct collect {
+    int32_t tok[64];
+    int32_t n;
+} collect;
+
+static bool on_token(int32_t tok, void *user) {
+    collect *c = user;
+    cr_assert(c->n < 64);
+    c->tok[c->n++] = tok;
+    return true;
+}
+
+static const int32_t prompt[24] = {10, 20, 30, 40, 50, 60, 11, 21, 31, 41, 51, 61,
+                                   10, 20, 30, 40, 50, 60, 11, 21, 31, 41, 51, 61};
+
+static void plain(const tri_model *m, int n, collect *c) {
+    tri_session_params sp = params(n, 128);
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = 40;
+    gp.stop_at_eos = false;
+    c->n = 0;
+    cr_assert_eq(tri_generate(s, prompt, 24, &gp, on_token, c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_free(s);
+}
+
+Test(tp, greedy_speculative_equals_plain, .timeout = TT_TIMEOUT(300)) {
+    tri_model *m = tiny("tp-spec", "");
+    tri_model *draft = load(tt_gen_model("tp-draft", "--seed 18 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1 "
+                                                     "--head-dim 16"));
+    static const int32_t layers[] = {0, 2};
+    for (int n = 1; n <= 3; n++) {
+        collect want;
+        plain(m, n, &want);
+        cr_assert_eq(want.n, 40);
+        struct {
+            const char *name;
+            tri_spec_mode mode;
+            tri_spec_drafter drafter;
+        } cases[] = {
+            {"triforce, self-draft (split like the target)", TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS},
+            {"triforce, draft model (on device 0)", TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_MODEL},
+            {"triforce, n-gram", TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_NGRAM},
+            {"retrieval", TRI_SPEC_MODE_RETRIEVAL, TRI_SPEC_DRAFTER_MODEL},
+            {"draft, self-draft", TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            tri_spec_params p = tri_spec_default_params();
+            p.mode = cases[i].mode;
+            p.drafter = cases[i].drafter;
+            p.draft_model = draft;
+            p.draft_layers = layers;
+            p.n_draft_layers = 2;
+            p.ngram_n = 2;
+            p.budget = 16;  // L2 evicts: 4 chunks of 4 selected over each device's heads
+            p.chunk = 4;
+            p.draft_window = 12;
+            p.draft_sink = 2;
+            tri_session_params sp = params(n, 128);
+            tri_spec *e;
+            cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+            cr_assert_str_eq(tri_spec_device(e), devices_of(n));
+            tri_generate_params gp = tri_generate_default_params();
+            gp.n_predict = 40;
+            gp.stop_at_eos = false;
+            collect got = {.n = 0};
+            tri_spec_stats st;
+            cr_assert_eq(tri_generate_spec(e, prompt, 24, &gp, on_token, &got, &st), TRI_STATUS_OK, "%s",
+                         tri_last_error());
+            cr_assert_eq(got.n, 40, "%s, N = %d", cases[i].name, n);
+            for (int t = 0; t < 40; t++)
+                cr_assert_eq(got.tok[t], want.tok[t], "%s, N = %d: token %d is %d, plain decoding's %d",
+                             cases[i].name, n, t, got.tok[t], want.tok[t]);
+            tri_spec_free(e);
+        }
+    }
+    tri_model_free(draft);
+    tri_model_free(m);
+}
+
+// The default model (SmolLM2-135M, Q4_1, 9 query heads over 3 KV heads: 2 + 1 on two devices):
+// logits of a prompt and a few decoded tokens against one device. This model is sensitive to the
+// order of summation: x is quantized to 8 bits per block of 32 before each quantized matmul, so a
+// rounding difference upstream moves an element across a step, and 30 layers amplify it. The
+// yardstick is the reference backend's own SIMD levels, which sum in other orders too: the split
+// must stay within 1.5 times what the scalar kernels differ from the best level by.
+static tri_status scalar_backend(int32_t n_threads, tri__backend **out) {
+    return tri__backend_cpu_create(n_threads, TRI_CPU_SIMD_SCALAR, out);
+}
+
+Test(tp, default_model_logits, .timeout = TT_TIMEOUT(300)) {
+    const char *path = getenv("TRI_TEST_MODEL");
+    if (!path || !*path) cr_skip_test("TRI_TEST_MODEL is not set");
+    tri_model *m = load(path);
+    const int64_t rows = N_PROMPT + 8, V = m->config.n_vocab;
+    float *one = malloc(sizeof(float) * rows * V), *many = malloc(sizeof(float) * rows * V);
+    cr_assert(one && many);
+    double yard = 0, scale;
+    if (tri__cpu_simd_detect() != TRI_CPU_SIMD_SCALAR) {
+        tri__backend_cpu_factory = scalar_backend;
+        run_logits(m, 1, TRI_KV_POLICY_FULL, many);
+        tri__backend_cpu_factory = NULL;
+    }
+    run_logits(m, 1, TRI_KV_POLICY_FULL, one);
+    if (tri__cpu_simd_detect() != TRI_CPU_SIMD_SCALAR) {
+        yard = max_diff(one, many, rows * V, &scale);
+        printf("tp SmolLM2-135M Q4_1: one device, scalar vs %s kernels: max |dlogit| %.3g\n",
+               tri__cpu_simd_name(tri__cpu_simd_detect()), yard);
+    }
+    for (int n = 2; n <= 3; n++) {
+        run_logits(m, n, TRI_KV_POLICY_FULL, many);
+        double d = max_diff(one, many, rows * V, &scale);
+        printf("tp SmolLM2-135M Q4_1: N = %d, max |dlogit| %.3g over %lld logits of max |logit| %.3g\n", n, d,
+               (long long)(rows * V), scale);
+        double tol = yard > 0 ? 1.5 * yard : 0.1 * scale;
+        cr_assert(d <= tol, "N = %d: max |dlogit| %g > %g", n, d, tol);
+    }
+    free(one);
+    free(many);
+    tri_model_free(m);
+}
+
+// Two CUDA devices (the emulated GPU in CI: CUDAEMU_DEVICES=2): logits against one device, and
+// greedy speculative output equal to plain output on both. Skipped with fewer than two devices.
+Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
+    if (tri_device_count() < 2) cr_skip_test("fewer than two CUDA devices");
+    tri_model *m = load(tt_gen_model("tp-cuda", "--seed 19 --layers 2 --embd 64 --heads 4 --kv-heads 2 --head-dim 16 "
+                                                "--ff 128 --vocab 300"));
+    const int32_t V = m->config.n_vocab;
+    int32_t toks[12];
+    for (int i = 0; i < 12; i++) toks[i] = (i * 29 + 5) % V;
+    // the emulator's peer access follows CUDAEMU_P2P (read at each call): both all-reduce paths
+    const char *build = tri__cuda_module_build();
+    const bool emulated = build && strstr(build, "emulated");
+    float *l[3];
+    const char *lists[3] = {"cuda:0", "cuda:0,cuda:1", "cuda:0,cuda:1"};
+    for (int k = 0; k < 3; k++) {
+        if (emulated) setenv("CUDAEMU_P2P", k == 2 ? "1" : "0", 1);
+        tri_session_params sp = tri_session_default_params();
+        sp.n_ctx = 64;
+        sp.devices = lists[k];
+        if (k > 0) {
+            tri__tp_group g;
+            cr_assert_eq(tri__tp_group_open(&g, m, &sp), TRI_STATUS_OK, "%s", tri_last_error());
+            printf("tp cuda:0,cuda:1: all-reduce %s\n",
+                   tri__tp_uses_peers(g.tp) ? "by peer copies" : "through host memory");
+            if (emulated) cr_assert_eq(tri__tp_uses_peers(g.tp), k == 2);
+            tri__tp_group_close(&g);
+        }
+        tri_session *s;
+        cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_str_eq(tri_session_device(s), lists[k]);
+        l[k] = malloc(sizeof(float) * 12 * V);
+        cr_assert_eq(tri_session_eval(s, toks, 12, true), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int i = 0; i < 12; i++) memcpy(l[k] + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * V);
+        tri_session_free(s);
+    }
+    double scale, d = max_diff(l[0], l[1], 12 * V, &scale);
+    printf("tp cuda:0,cuda:1 vs cuda:0: max |dlogit| %.3g of max |logit| %.3g\n", d, scale);
+    cr_assert(d <= 1e-3, "max |dlogit| %g", d);
+    // the two paths add the same f32 values in the same order
+    cr_assert_eq(memcmp(l[1], l[2], sizeof(float) * 12 * V), 0, "peer copies and host memory differ");
+    for (int k = 0; k < 3; k++) free(l[k]);
+    if (emulated) setenv("CUDAEMU_P2P", "1", 1);  // the decoding below takes the peer path
+
+    // plain and speculative greedy decoding on the two devices
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 64;
+    sp.devices = "cuda:0,cuda:1";
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = 12;
+    gp.stop_at_eos = false;
+    collect want = {.n = 0}, got = {.n = 0};
+    cr_assert_eq(tri_generate(s, prompt, 12, &gp, on_token, &want, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_free(s);
+    static const int32_t layers[] = {0};
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_TRIFORCE;
+    p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+    p.draft_layers = layers;
+    p.n_draft_layers = 1;
+    p.budget = 8;
+    p.chunk = 4;
+    p.gamma1 = 2;
+    p.gamma2 = 4;
+    tri_spec *e;
+    cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate_spec(e, prompt, 12, &gp, on_token, &got, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(got.n, 12);
+    for (int t = 0; t < 12; t++) cr_assert_eq(got.tok[t], want.tok[t], "token %d", t);
+    tri_spec_free(e);
+    tri_model_free(m);
+}
