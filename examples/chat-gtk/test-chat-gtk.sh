@@ -9,7 +9,9 @@
 #   2. the screenshot shows it: OCR (tesseract) finds the prompt, at least 80% of the answer's
 #      words, and the tokens-per-second figure;
 #   3. Stop, pressed (--stop-after) once 8 tokens arrived, ends the answer early: a shorter prefix
-#      of the same answer, and the window says it stopped.
+#      of the same answer, and the window says it stopped;
+#   4. a second turn, answered from the conversation kept in the cache, is what `offload-run chat`
+#      answers to the same two lines.
 # Exit 77 (skipped), saying why, without GTK 4 (the build found none), Xvfb, tesseract or the model.
 set -euo pipefail
 app=$1 cli=$2 shot_out=$3 kind=$4
@@ -72,4 +74,16 @@ full=$(norm "$tmp/cli.txt") part=$(norm "$tmp/stop.txt")
 tesseract "$tmp/stop.png" "$tmp/stop-ocr" >/dev/null 2>&1 || fail "tesseract"
 grep -Eq "[0-9]+ tokens, [0-9.]+ tok/s \(stopped\)" "$tmp/stop-ocr.txt" ||
   { cat "$tmp/stop-ocr.txt"; fail "the window does not say the answer stopped"; }
+
+# ---- 4. two turns ----
+second="What is the capital of France?"
+GSK_RENDERER=cairo GDK_BACKEND=x11 NO_AT_BRIDGE=1 \
+  timeout 240 xvfb-run -a -s "-screen 0 1024x768x24" \
+  "$app" --prompt "$prompt" --prompt "$second" -n 24 --print --screenshot "$tmp/two.png" "$model" \
+  >"$tmp/two.txt" 2>"$tmp/two.err" || { cat "$tmp/two.err"; fail "the chat window (two turns) exited with status $?"; }
+printf '%s\n%s\n' "$prompt" "$second" | "$cli" chat -m "$model" -n 24 >"$tmp/cli-two.txt" 2>"$tmp/cli-two.err" ||
+  { cat "$tmp/cli-two.err"; fail "offload-run chat"; }
+echo "two turns:"; cat "$tmp/two.txt"
+[ "$(norm "$tmp/two.txt")" = "$(norm "$tmp/cli-two.txt")" ] ||
+  { echo "offload-run chat:"; cat "$tmp/cli-two.txt"; fail "the window's two answers are not offload-run chat's"; }
 echo "PASS"

@@ -2,15 +2,18 @@
 //
 // The model loads in a worker thread behind a progress bar; each answer is generated in a worker
 // thread and streamed into the window token by token, with tokens per second; Stop aborts the
-// generation (tri_session_abort). The conversation stays in the session's cache between turns.
+// generation (tri_session_abort). Each turn renders the whole conversation with the model's own
+// chat template (tri_chat_apply), as `offload-run chat` does, and prefills only the tokens past
+// what the session's cache already holds: the conversation stays in the cache between turns.
 //
 // Build it against an installed library as any application would:
 //   cc triforce-chat.c $(pkg-config --cflags --libs triforce gtk4) -o triforce-chat
 //
-// usage: triforce-chat [--ctx N] [--n-predict N] [--temperature T] [--prompt TEXT]
+// usage: triforce-chat [--ctx N] [--n-predict N] [--temperature T] [--prompt TEXT]...
 //                      [--screenshot FILE.png] [--print] [--stop-after N] MODEL
-// --prompt sends TEXT as soon as the model is loaded; with --screenshot the window is saved as a
-// PNG once that answer is complete, and the program exits (how the test under Xvfb drives it);
+// --prompt sends TEXT as soon as the model is loaded (several: each once the previous answer is
+// complete); with --screenshot the window is saved as a PNG once the last answer is complete, and
+// the program exits (how the test under Xvfb drives it);
 // --print writes each answer to stdout as well; --stop-after N presses Stop once N tokens of an
 // answer have arrived.
 #include <gtk/gtk.h>
@@ -24,7 +27,8 @@
 typedef struct chat {
     // options
     char *model_path;
-    char *auto_prompt;
+    char **auto_prompts;         // --prompt, in order (NULL-terminated)
+    int next_prompt;             // the next of them to send
     char *screenshot;
     int ctx, n_predict;
     int stop_after;              // --stop-after: press Stop when this many tokens have arrived
@@ -41,8 +45,19 @@ typedef struct chat {
     tri_model *model;
     tri_session *session;
     tri_detokenizer *detok;
-    gboolean chatml;             // the vocabulary has <|im_start|>: SmolLM2-style ChatML turns
-    tri_stop_reason last_stop;   // of the previous answer: a turn cut short is closed first
+    gboolean templated;          // the model has a chat template of a known format; else plain
+                                 // "User:" / "Assistant:" lines
+    int32_t stop_ids[16];        // the tokens that end an assistant's turn (tri_chat_stop_tokens)
+    int32_t n_stop_ids;
+
+    // the conversation: owned by the GTK thread while no worker runs, by the worker while it does
+    tri_chat_message *msgs;      // contents g_malloc'd, roles static
+    size_t n_msgs, cap_msgs;
+    int32_t *cached;             // the tokens in the session's cache, in order (g_malloc'd)
+    int32_t n_cached;
+    int32_t *answer_ids;         // the tokens of the answer in progress (g_malloc'd)
+    int32_t n_answer_ids, cap_answer_ids;
+    GString *answer_text;        // its text as decoded by the worker
 
     GThread *loader;
     atomic_bool closing;         // the window is gone: a load in progress is cancelled
@@ -50,7 +65,6 @@ typedef struct chat {
     // the generation in progress
     GThread *worker;
     int n_emitted;               // tokens emitted, counted by the worker
-    char *turn;                  // the user's text of this turn
     atomic_bool stop;            // Stop was pressed (also before the worker reached tri_generate)
     gint64 t_first;              // monotonic us of the first token
     int n_tokens;
@@ -122,7 +136,7 @@ static gboolean on_loaded(gpointer data) {
     gtk_widget_set_sensitive(c->entry, TRUE);
     gtk_widget_set_sensitive(c->send, TRUE);
     gtk_widget_grab_focus(c->entry);
-    if (c->auto_prompt) send_turn(c, c->auto_prompt);
+    if (c->auto_prompts && c->auto_prompts[0]) send_turn(c, c->auto_prompts[c->next_prompt++]);
     msg_free(m);
     return G_SOURCE_REMOVE;
 }
@@ -206,7 +220,6 @@ static gboolean on_done(gpointer data) {
         set_status(c, t);
         g_free(t);
     }
-    c->last_stop = m->st == TRI_STATUS_OK ? m->stats.stop_reason : TRI_STOP_ERROR;
     if (c->print) {
         printf("%s\n", c->answer->str);
         fflush(stdout);
@@ -215,8 +228,12 @@ static gboolean on_done(gpointer data) {
     gtk_widget_set_sensitive(c->send, TRUE);
     gtk_widget_set_sensitive(c->entry, TRUE);
     gtk_widget_grab_focus(c->entry);
-    // two frames' time for the last text to be laid out and drawn
-    if (c->screenshot && c->auto_prompt) g_timeout_add(400, save_screenshot, c);
+    // the next --prompt, or the screenshot after the last answer, two frames' time for its text
+    // to be laid out and drawn
+    if (c->auto_prompts && c->auto_prompts[c->next_prompt] && m->st == TRI_STATUS_OK)
+        send_turn(c, c->auto_prompts[c->next_prompt++]);
+    else if (c->screenshot && c->auto_prompts && c->auto_prompts[0])
+        g_timeout_add(400, save_screenshot, c);
     msg_free(m);
     return G_SOURCE_REMOVE;
 }
@@ -243,10 +260,11 @@ static gpointer load_worker(gpointer data) {
     if ((m->st = tri_model_load(c->model_path, &mp, &c->model)) == TRI_STATUS_OK &&
         (m->st = tri_session_create(c->model, &sp, &c->session)) == TRI_STATUS_OK &&
         (m->st = tri_detokenizer_create(c->model, false, &c->detok)) == TRI_STATUS_OK) {
-        int32_t id;
-        int64_t n = 0;
-        c->chatml = tri_tokenize(c->model, "<|im_start|>", 12, false, true, &id, 1, &n) == TRI_STATUS_OK && n == 1 &&
-                    tri_token_is_special(c->model, id);
+        tri_chat_format f;
+        c->templated = tri_chat_model_format(c->model, &f) == TRI_STATUS_OK;
+        if (!c->templated || tri_chat_stop_tokens(c->model, c->stop_ids, 16, &c->n_stop_ids) != TRI_STATUS_OK)
+            c->n_stop_ids = 0;
+        if (c->n_stop_ids > 16) c->n_stop_ids = 16;
     } else {
         m->text = g_strdup(tri_last_error());
     }
@@ -257,9 +275,15 @@ static gpointer load_worker(gpointer data) {
 static bool on_token(int32_t id, void *user) {
     chat *c = user;
     if (atomic_load(&c->stop)) return false;
+    if (c->n_answer_ids == c->cap_answer_ids) {
+        c->cap_answer_ids = c->cap_answer_ids ? 2 * c->cap_answer_ids : 256;
+        c->answer_ids = g_renew(int32_t, c->answer_ids, c->cap_answer_ids);
+    }
+    c->answer_ids[c->n_answer_ids++] = id;
     const char *text;
     size_t len;
     if (tri_detokenizer_push(c->detok, id, &text, &len) != TRI_STATUS_OK) return false;
+    g_string_append_len(c->answer_text, text, (gssize)len);
     msg *m = msg_new(c);
     m->text = g_strndup(text, len);
     m->n_tokens = ++c->n_emitted;
@@ -267,56 +291,132 @@ static bool on_token(int32_t id, void *user) {
     return true;
 }
 
-// The turn as the model expects it: ChatML for models that have its tokens (SmolLM2-Instruct), as
-// `offload-run generate --chat` wraps a prompt; else plain "User:" / "Assistant:" lines.
-static char *format_turn(const chat *c, const char *text, bool first) {
-    if (!c->chatml) return g_strdup_printf("%sUser: %s\nAssistant:", first ? "" : "\n", text);
-    // after an answer that ended with <|im_end|> (its end-of-sequence), a newline; after one cut
-    // short, the <|im_end|> it lacks
-    const char *before = first ? "" : c->last_stop == TRI_STOP_EOS ? "\n" : "<|im_end|>\n";
-    return g_strdup_printf("%s<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", before, text);
+static void conv_add(chat *c, const char *role, const char *content) {
+    if (c->n_msgs == c->cap_msgs) {
+        c->cap_msgs = c->cap_msgs ? 2 * c->cap_msgs : 16;
+        c->msgs = g_renew(tri_chat_message, c->msgs, c->cap_msgs);
+    }
+    c->msgs[c->n_msgs].role = role;
+    c->msgs[c->n_msgs].content = g_strdup(content);
+    c->n_msgs++;
+}
+
+// Forgets every message but the last n (a conversation that no longer fits the context).
+static void conv_keep_last(chat *c, size_t n) {
+    size_t drop = c->n_msgs - n;
+    for (size_t i = 0; i < drop; i++) g_free((char *)c->msgs[i].content);
+    memmove(c->msgs, c->msgs + drop, n * sizeof *c->msgs);
+    c->n_msgs = n;
+}
+
+// The whole conversation as the model expects it, ending with the header of the assistant's
+// turn: the model's chat template where it has one of a known format, else plain "User:" /
+// "Assistant:" lines. NULL with *st set on failure.
+static char *render(const chat *c, tri_status *st) {
+    if (!c->templated) {
+        GString *g = g_string_new(NULL);
+        for (size_t i = 0; i < c->n_msgs; i++)
+            g_string_append_printf(g, "%s%s: %s", i ? "\n" : "",
+                                   strcmp(c->msgs[i].role, "user") == 0 ? "User" : "Assistant", c->msgs[i].content);
+        g_string_append(g, "\nAssistant:");
+        *st = TRI_STATUS_OK;
+        return g_string_free(g, FALSE);
+    }
+    size_t need = 0;
+    *st = tri_chat_apply(c->model, TRI_CHAT_FORMAT_AUTO, c->msgs, c->n_msgs, true, NULL, 0, &need);
+    if (*st != TRI_STATUS_OK) return NULL;
+    char *text = g_malloc(need + 1);
+    *st = tri_chat_apply(c->model, TRI_CHAT_FORMAT_AUTO, c->msgs, c->n_msgs, true, text, need + 1, &need);
+    if (*st != TRI_STATUS_OK) {
+        g_free(text);
+        return NULL;
+    }
+    return text;
+}
+
+// The conversation as tokens: a rendered template carries its BOS as text; plain lines get the
+// tokenizer's own.
+static int32_t *render_ids(const chat *c, int32_t *n_out, tri_status *st) {
+    char *text = render(c, st);
+    if (!text) return NULL;
+    int64_t n = 0;
+    int32_t *ids = NULL;
+    bool add_special = !c->templated;
+    *st = tri_tokenize(c->model, text, strlen(text), add_special, true, NULL, 0, &n);
+    if (*st == TRI_STATUS_OK) {
+        ids = g_new(int32_t, n > 0 ? n : 1);
+        *st = tri_tokenize(c->model, text, strlen(text), add_special, true, ids, n, &n);
+    }
+    g_free(text);
+    if (*st != TRI_STATUS_OK) {
+        g_free(ids);
+        return NULL;
+    }
+    *n_out = (int32_t)n;
+    return ids;
 }
 
 static gpointer generate_worker(gpointer data) {
     chat *c = data;
     msg *done = msg_new(c);
-    int32_t *ids = NULL;
+    int32_t *ids = NULL, n_ids = 0, keep = 0;
+    bool ran = false;
     for (int attempt = 0; attempt < 2; attempt++) {
-        bool first = tri_session_n_past(c->session) == 0;
-        char *prompt = format_turn(c, c->turn, first);
-        int64_t n = 0;
-        done->st = tri_tokenize(c->model, prompt, strlen(prompt), first, true, NULL, 0, &n);
-        if (done->st == TRI_STATUS_OK) {
-            g_free(ids);
-            ids = g_new(int32_t, n > 0 ? n : 1);
-            done->st = tri_tokenize(c->model, prompt, strlen(prompt), first, true, ids, n, &n);
+        g_free(ids);
+        if (!(ids = render_ids(c, &n_ids, &done->st))) break;
+        // what the cache already holds of it: the longest common prefix, at least one token to run
+        int32_t n_past = tri_session_n_past(c->session);
+        keep = 0;
+        while (keep < n_past && keep < c->n_cached && keep < n_ids && c->cached[keep] == ids[keep]) keep++;
+        if (keep == n_ids) keep--;
+        int32_t room = tri_session_n_ctx(c->session) - n_ids;
+        if (room < 1) {  // the conversation no longer fits: start a new one with this turn
+            if (attempt == 0 && c->n_msgs > 1) {
+                conv_keep_last(c, 1);
+                continue;
+            }
+            done->st = TRI_STATUS_INVALID_ARGUMENT;
+            done->text = g_strdup_printf("the message (%d tokens) does not fit the context of %d tokens", n_ids,
+                                         tri_session_n_ctx(c->session));
+            break;
         }
-        g_free(prompt);
-        if (done->st != TRI_STATUS_OK) break;
+        if ((done->st = tri_session_truncate(c->session, keep)) != TRI_STATUS_OK) break;
+        c->n_cached = keep;  // what the cache holds of the conversation from here on, until the answer
         tri_generate_params gp = tri_generate_default_params();
-        gp.n_predict = c->n_predict;
+        gp.n_predict = c->n_predict > 0 && c->n_predict < room ? c->n_predict : room;
         gp.sampler.temperature = (float)c->temperature;
         gp.sampler.top_p = c->temperature > 0 ? 0.95f : 1.0f;
         gp.sampler.seed = (uint64_t)g_get_real_time();
+        gp.stop_tokens = c->stop_ids;
+        gp.n_stop_tokens = c->n_stop_ids;
         if (atomic_load(&c->stop)) {  // Stop pressed before the generation began
             done->stats.stop_reason = TRI_STOP_ABORT;
             break;
         }
-        done->st = tri_generate(c->session, ids, (int32_t)n, &gp, on_token, c, &done->stats);
-        // the conversation no longer fits the context: start a new one with this turn
-        if (done->st == TRI_STATUS_INVALID_ARGUMENT && done->stats.n_prompt == 0 && done->stats.n_generated == 0 &&
-            tri_session_n_past(c->session) > 0) {
-            tri_session_reset(c->session);
-            continue;
-        }
+        c->n_answer_ids = 0;
+        g_string_truncate(c->answer_text, 0);
+        done->st = tri_generate(c->session, ids + keep, n_ids - keep, &gp, on_token, c, &done->stats);
+        ran = done->st == TRI_STATUS_OK;
         break;
     }
+    const char *text;
+    size_t len;
+    if (tri_detokenizer_flush(c->detok, &text, &len) == TRI_STATUS_OK && ran) {  // else dropped
+        done->text = g_strndup(text, len);
+        g_string_append_len(c->answer_text, text, (gssize)len);
+    }
     if (done->st != TRI_STATUS_OK) {
-        done->text = g_strdup(tri_last_error());
-    } else {
-        const char *text;
-        size_t len;
-        if (tri_detokenizer_flush(c->detok, &text, &len) == TRI_STATUS_OK) done->text = g_strndup(text, len);
+        if (!done->text) done->text = g_strdup(tri_last_error());
+    } else if (ran) {
+        // the cache now holds the rendering and the answer's tokens (the last one not yet run),
+        // and the conversation the answer as written; an unanswered question is replaced by the
+        // next one (send_turn)
+        g_free(c->cached);
+        c->cached = g_new(int32_t, n_ids + c->n_answer_ids + 1);
+        memcpy(c->cached, ids, (size_t)n_ids * sizeof *ids);
+        memcpy(c->cached + n_ids, c->answer_ids, (size_t)c->n_answer_ids * sizeof *ids);
+        c->n_cached = n_ids + c->n_answer_ids;
+        conv_add(c, "assistant", c->answer_text->str);
     }
     g_free(ids);
     g_idle_add(on_done, done);
@@ -327,8 +427,12 @@ static gpointer generate_worker(gpointer data) {
 
 static void send_turn(chat *c, const char *text) {
     if (c->worker || !text[0]) return;
-    g_free(c->turn);
-    c->turn = g_strdup(text);
+    // a question left unanswered (an error, or Stop before the answer began) is replaced
+    if (c->n_msgs > 0 && strcmp(c->msgs[c->n_msgs - 1].role, "user") == 0) {
+        g_free((char *)c->msgs[c->n_msgs - 1].content);
+        c->n_msgs--;
+    }
+    conv_add(c, "user", text);
     append(c, "You: ", "user");
     append(c, text, "user");
     append(c, "\n", NULL);
@@ -422,13 +526,14 @@ static void on_activate(GtkApplication *gapp, gpointer data) {
 }
 
 int main(int argc, char **argv) {
-    chat c = {.ctx = 4096, .n_predict = 512, .last_stop = TRI_STOP_NONE};
+    chat c = {.ctx = 4096, .n_predict = 512};
     char **rest = NULL;
     GOptionEntry entries[] = {
         {"ctx", 0, 0, G_OPTION_ARG_INT, &c.ctx, "Context in tokens (0: the model's trained context)", "N"},
         {"n-predict", 'n', 0, G_OPTION_ARG_INT, &c.n_predict, "Tokens per answer at most", "N"},
         {"temperature", 't', 0, G_OPTION_ARG_DOUBLE, &c.temperature, "Sampling temperature (0: greedy)", "T"},
-        {"prompt", 'p', 0, G_OPTION_ARG_STRING, &c.auto_prompt, "Send TEXT once the model is loaded", "TEXT"},
+        {"prompt", 'p', 0, G_OPTION_ARG_STRING_ARRAY, &c.auto_prompts,
+         "Send TEXT once the model is loaded (repeatable: each after the previous answer)", "TEXT"},
         {"screenshot", 0, 0, G_OPTION_ARG_FILENAME, &c.screenshot,
          "With --prompt: save the window as a PNG after the answer, then exit", "FILE"},
         {"print", 0, 0, G_OPTION_ARG_NONE, &c.print, "Write each answer to stdout too", NULL},
@@ -447,6 +552,7 @@ int main(int argc, char **argv) {
     g_option_context_free(oc);
     c.model_path = rest[0];
     c.answer = g_string_new(NULL);
+    c.answer_text = g_string_new(NULL);
 
     c.gapp = gtk_application_new("org.triforce.Chat", G_APPLICATION_NON_UNIQUE);
     g_signal_connect(c.gapp, "activate", G_CALLBACK(on_activate), &c);
@@ -463,9 +569,13 @@ int main(int argc, char **argv) {
     tri_session_free(c.session);
     tri_model_free(c.model);
     g_string_free(c.answer, TRUE);
-    g_free(c.turn);
+    g_string_free(c.answer_text, TRUE);
+    for (size_t i = 0; i < c.n_msgs; i++) g_free((char *)c.msgs[i].content);
+    g_free(c.msgs);
+    g_free(c.cached);
+    g_free(c.answer_ids);
     g_strfreev(rest);
-    g_free(c.auto_prompt);
+    g_strfreev(c.auto_prompts);
     g_free(c.screenshot);
     return status ? status : c.exit_code;
 }
