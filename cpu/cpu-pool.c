@@ -65,9 +65,11 @@ static _Thread_local tri__cpu_pool *tls_pool;
 // Claims and runs chunks of the job current in ticket t until none is left or the job changes.
 static void pool_work(tri__cpu_pool *p, uint64_t t) {
     for (;;) {
-        tri__cpu_chunk_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
-        void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
-        int64_t n = atomic_load_explicit(&p->n, memory_order_relaxed);
+        // acquire: a thread that sees a job's fields sees the closed ticket before them (run_max),
+        // so its swap with an older ticket fails
+        tri__cpu_chunk_fn fn = atomic_load_explicit(&p->fn, memory_order_acquire);
+        void *arg = atomic_load_explicit(&p->arg, memory_order_acquire);
+        int64_t n = atomic_load_explicit(&p->n, memory_order_acquire);
         int64_t c = (int64_t)(t & POOL_CHUNK_MASK);
         if (c >= n) return;
         if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, t + 1, memory_order_acq_rel,
@@ -190,14 +192,20 @@ void tri__cpu_pool_run_max(tri__cpu_pool *p, int max_threads, tri__cpu_chunk_fn 
     tri__cpu_pool *outer = tls_pool;  // a job of another pool that this one runs inside
     tls_pool = p;
 
-    // every chunk of the previous job is done, so no thread is inside pool_work with its fields
-    // except to fail a swap
-    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
-    atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
-    atomic_store_explicit(&p->n, n, memory_order_relaxed);
+    // Every chunk of the previous job is done, but a thread may still be inside pool_work with the
+    // previous job's last ticket, about to find no chunk left. Were it to read this job's larger
+    // n before the ticket moved on, its swap would succeed and run a chunk twice. So the ticket
+    // is closed first (a generation whose next chunk, the largest index, is past any job's n) and
+    // the fields are released after it: a thread that reads them fails its swap with an older
+    // ticket, and claims only once it has read the ticket that opens the job.
+    uint64_t gen = atomic_load_explicit(&p->ticket, memory_order_relaxed) >> POOL_CHUNK_BITS;
+    atomic_store(&p->ticket, ((gen + 1) << POOL_CHUNK_BITS) | POOL_CHUNK_MASK);
+    atomic_store_explicit(&p->fn, fn, memory_order_release);
+    atomic_store_explicit(&p->arg, arg, memory_order_release);
+    atomic_store_explicit(&p->n, n, memory_order_release);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     atomic_store_explicit(&p->n_helpers, nt - 1, memory_order_relaxed);
-    uint64_t t = ((atomic_load_explicit(&p->ticket, memory_order_relaxed) >> POOL_CHUNK_BITS) + 1) << POOL_CHUNK_BITS;
+    uint64_t t = (gen + 2) << POOL_CHUNK_BITS;
     atomic_store(&p->ticket, t);  // seq_cst: ordered before the load of n_sleeping
     if (atomic_load(&p->n_sleeping) > 0) {
         pthread_mutex_lock(&p->mu);
