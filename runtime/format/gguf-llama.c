@@ -9,7 +9,7 @@
 
 #include "error.h"
 #include "gguf.h"
-#include "model/family.h"
+#include "family.h"
 
 typedef struct llama_keys {
     const tri__gguf *g;

@@ -13,7 +13,7 @@
 
 #include "error.h"
 #include "json-read.h"
-#include "model/family.h"
+#include "family.h"
 
 // ---- typed getters ----
 //
