@@ -9,7 +9,8 @@ build=${2:-build-asan}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 if [ ! -d "$build" ]; then
-  CC=${CC:-clang} meson setup "$build" -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled \
+  # clang's C objects need its own OpenMP runtime (libomp), which only clang++ links
+  CC=${CC:-clang} CXX=${CXX:-clang++} meson setup "$build" -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled \
     -Dbenchmarks=true
 fi
 meson configure "$build" -Dbenchmarks=true >/dev/null
