@@ -34,12 +34,13 @@ static bool emit(textgen *g, size_t k) {
         g->held[k] = c;
         if (!go) g->refused = true;
     }
-    memmove(g->held, g->held + k, g->n_held - k);
+    if (k > 0) memmove(g->held, g->held + k, g->n_held - k);  // held is NULL before any text
     g->n_held -= k;
     return go;
 }
 
 static bool append(textgen *g, const char *s, size_t n) {
+    if (n == 0) return true;  // a token with no text (held may still be NULL)
     if (g->n_held + n > g->cap) {
         size_t cap = 2 * (g->n_held + n) + 64;
         char *h = realloc(g->held, cap + 1);
@@ -62,7 +63,7 @@ static bool scan(textgen *g, bool final) {
     const tri_generate_params *p = g->p;
     size_t first = SIZE_MAX;
     for (int32_t i = 0; i < p->n_stop; i++) {
-        const char *at = memmem(g->held, g->n_held, p->stop[i], strlen(p->stop[i]));
+        const char *at = g->n_held ? memmem(g->held, g->n_held, p->stop[i], strlen(p->stop[i])) : NULL;
         if (at && (size_t)(at - g->held) < first) first = (size_t)(at - g->held);
     }
     if (first != SIZE_MAX) {
