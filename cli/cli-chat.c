@@ -15,6 +15,8 @@
 
 #include "cli.h"
 
+static const char me[] = "offload-run chat";  // the command, in error messages
+
 static void usage(FILE *f) {
     fputs("usage: offload-run chat -m MODEL [options]\n"
           "\n"
@@ -47,30 +49,6 @@ static void usage(FILE *f) {
           "                       ('-': stdout, after the last answer)\n"
           "  -h, --help           this help\n",
           f);
-}
-
-static bool parse_long(const char *opt, const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "offload-run chat: %s '%s': want a whole number in [%ld, %ld]\n", opt, s, lo, hi);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-static bool parse_float(const char *opt, const char *s, double lo, double hi, float *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "offload-run chat: %s '%s': want a number in [%g, %g]\n", opt, s, lo, hi);
-        return false;
-    }
-    *out = (float)v;
-    return true;
 }
 
 // ---- interruption ----
@@ -238,7 +216,7 @@ int tri_cli_chat(int argc, char **argv) {
                 ok = false;
             }
             break;
-        case 'n': ok = parse_long("--n-predict", optarg, 0, INT32_MAX, &n_predict); break;
+        case 'n': ok = tri_cli_parse_long(me, "--n-predict", optarg, 0, INT32_MAX, &n_predict); break;
         case OPT_STOP:
             if (!optarg[0] || n_stops == 16) {
                 fprintf(stderr, "offload-run chat: --stop '%s': %s\n", optarg,
@@ -248,14 +226,14 @@ int tri_cli_chat(int argc, char **argv) {
             }
             stops[n_stops++] = optarg;
             break;
-        case OPT_TEMP: ok = parse_float("--temp", optarg, 0.0, 100.0, &gp.sampler.temperature); break;
-        case OPT_TOPK: ok = parse_long("--top-k", optarg, 0, INT32_MAX, &top_k); break;
-        case OPT_TOPP: ok = parse_float("--top-p", optarg, 1e-6, 1.0, &gp.sampler.top_p); break;
-        case OPT_SEED: ok = parse_long("--seed", optarg, 0, INT64_MAX, &seed); break;
-        case OPT_CTX: ok = parse_long("--ctx", optarg, 16, INT32_MAX, &ctx); break;
-        case 't': ok = parse_long("--threads", optarg, 1, 4096, &threads); break;
+        case OPT_TEMP: ok = tri_cli_parse_float(me, "--temp", optarg, 0.0, 100.0, &gp.sampler.temperature); break;
+        case OPT_TOPK: ok = tri_cli_parse_long(me, "--top-k", optarg, 0, INT32_MAX, &top_k); break;
+        case OPT_TOPP: ok = tri_cli_parse_float(me, "--top-p", optarg, 1e-6, 1.0, &gp.sampler.top_p); break;
+        case OPT_SEED: ok = tri_cli_parse_long(me, "--seed", optarg, 0, INT64_MAX, &seed); break;
+        case OPT_CTX: ok = tri_cli_parse_long(me, "--ctx", optarg, 16, INT32_MAX, &ctx); break;
+        case 't': ok = tri_cli_parse_long(me, "--threads", optarg, 1, 4096, &threads); break;
         case OPT_DEVICE: ok = tri_cli_parse_device("offload-run chat", optarg, &sp); break;
-        case OPT_BATCH: ok = parse_long("--batch", optarg, 1, 65536, &batch); break;
+        case OPT_BATCH: ok = tri_cli_parse_long(me, "--batch", optarg, 1, 65536, &batch); break;
         case OPT_KV:
             if (strcmp(optarg, "f16") == 0) sp.kv_type = TRI_DTYPE_F16;
             else if (strcmp(optarg, "f32") == 0) sp.kv_type = TRI_DTYPE_F32;

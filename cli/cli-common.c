@@ -197,3 +197,27 @@ bool tri_cli_parse_size(const char *s, uint64_t *out) {
     *out = (uint64_t)(b + 0.5);
     return true;
 }
+
+bool tri_cli_parse_long(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "%s: %s '%s': want a whole number in [%ld, %ld]\n", cmd, opt, s, lo, hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool tri_cli_parse_float(const char *cmd, const char *opt, const char *s, double lo, double hi, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "%s: %s '%s': want a number in [%g, %g]\n", cmd, opt, s, lo, hi);
+        return false;
+    }
+    *out = (float)v;
+    return true;
+}

@@ -10,6 +10,8 @@
 
 #include "cli.h"
 
+static const char me[] = "offload-run generate";  // the command, in error messages
+
 static void usage(FILE *f) {
     fputs("usage: offload-run generate -m MODEL (-p TEXT | -f FILE | --tokens IDS) [options]\n"
           "\n"
@@ -98,31 +100,6 @@ static void usage(FILE *f) {
           "                       per level\n"
           "  -h, --help           this help\n",
           f);
-}
-
-// Parses a whole decimal number in [lo, hi]; prints an error naming the option otherwise.
-static bool parse_long(const char *opt, const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "offload-run generate: %s '%s': want a whole number in [%ld, %ld]\n", opt, s, lo, hi);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-static bool parse_float(const char *opt, const char *s, double lo, double hi, float *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "offload-run generate: %s '%s': want a number in [%g, %g]\n", opt, s, lo, hi);
-        return false;
-    }
-    *out = (float)v;
-    return true;
 }
 
 // Reads a whole file or stdin into a NUL-terminated buffer; NULL after printing the error.
@@ -570,14 +547,14 @@ int tri_cli_generate(int argc, char **argv) {
             }
             stops[n_stops++] = optarg;
             break;
-        case 'n': ok = parse_long("--n-predict", optarg, 0, INT32_MAX, &n_predict); break;
-        case OPT_TEMP: ok = parse_float("--temp", optarg, 0.0, 100.0, &gp.sampler.temperature); break;
-        case OPT_TOPK: ok = parse_long("--top-k", optarg, 0, INT32_MAX, &top_k); break;
-        case OPT_TOPP: ok = parse_float("--top-p", optarg, 1e-6, 1.0, &gp.sampler.top_p); break;
-        case OPT_SEED: ok = parse_long("--seed", optarg, 0, INT64_MAX, &seed); break;
-        case OPT_CTX: ok = parse_long("--ctx", optarg, 1, INT32_MAX, &ctx); break;
-        case 't': ok = parse_long("--threads", optarg, 1, 4096, &threads); break;
-        case OPT_BATCH: ok = parse_long("--batch", optarg, 1, 65536, &batch); break;
+        case 'n': ok = tri_cli_parse_long(me, "--n-predict", optarg, 0, INT32_MAX, &n_predict); break;
+        case OPT_TEMP: ok = tri_cli_parse_float(me, "--temp", optarg, 0.0, 100.0, &gp.sampler.temperature); break;
+        case OPT_TOPK: ok = tri_cli_parse_long(me, "--top-k", optarg, 0, INT32_MAX, &top_k); break;
+        case OPT_TOPP: ok = tri_cli_parse_float(me, "--top-p", optarg, 1e-6, 1.0, &gp.sampler.top_p); break;
+        case OPT_SEED: ok = tri_cli_parse_long(me, "--seed", optarg, 0, INT64_MAX, &seed); break;
+        case OPT_CTX: ok = tri_cli_parse_long(me, "--ctx", optarg, 1, INT32_MAX, &ctx); break;
+        case 't': ok = tri_cli_parse_long(me, "--threads", optarg, 1, 4096, &threads); break;
+        case OPT_BATCH: ok = tri_cli_parse_long(me, "--batch", optarg, 1, 65536, &batch); break;
         case OPT_KV:
             if (strcmp(optarg, "f16") == 0) sp.kv_type = TRI_DTYPE_F16;
             else if (strcmp(optarg, "f32") == 0) sp.kv_type = TRI_DTYPE_F32;
@@ -600,15 +577,17 @@ int tri_cli_generate(int argc, char **argv) {
             break;
         case OPT_DRAFT: draft_path = optarg; break;
         case OPT_DRAFT_LAYERS: draft_layers = optarg; break;
-        case OPT_DRAFT_NGRAM: ok = parse_long("--draft-ngram", optarg, 1, 64, &ngram); break;
-        case OPT_GAMMA1: ok = parse_long("--gamma1", optarg, 1, 64, &gamma1); break;
-        case OPT_GAMMA2: ok = parse_long("--gamma2", optarg, 1, 256, &gamma2); break;
+        case OPT_DRAFT_NGRAM: ok = tri_cli_parse_long(me, "--draft-ngram", optarg, 1, 64, &ngram); break;
+        case OPT_GAMMA1: ok = tri_cli_parse_long(me, "--gamma1", optarg, 1, 64, &gamma1); break;
+        case OPT_GAMMA2: ok = tri_cli_parse_long(me, "--gamma2", optarg, 1, 256, &gamma2); break;
         case OPT_BUDGET:
         case OPT_KV_BUDGET:
-            ok = parse_long(c == OPT_BUDGET ? "--budget" : "--kv-budget", optarg, 1, INT32_MAX, &budget);
+            ok = tri_cli_parse_long(me, c == OPT_BUDGET ? "--budget" : "--kv-budget", optarg, 1, INT32_MAX, &budget);
             break;
         case OPT_CHUNK:
-        case OPT_KV_CHUNK: ok = parse_long(c == OPT_CHUNK ? "--chunk" : "--kv-chunk", optarg, 1, 4096, &chunk); break;
+        case OPT_KV_CHUNK:
+            ok = tri_cli_parse_long(me, c == OPT_CHUNK ? "--chunk" : "--kv-chunk", optarg, 1, 4096, &chunk);
+            break;
         case OPT_STATS: print_stats = true; break;
         case OPT_KV_POLICY:
             kv_set = true;
@@ -621,32 +600,34 @@ int tri_cli_generate(int argc, char **argv) {
                 ok = false;
             }
             break;
-        case OPT_SINK: ok = parse_long("--sink", optarg, 1, INT32_MAX, &sink); break;
-        case OPT_REFRESH: ok = parse_long("--refresh", optarg, 1, INT32_MAX, &refresh); break;
-        case OPT_DRAFT_WINDOW: ok = parse_long("--draft-window", optarg, 2, INT32_MAX, &draft_window); break;
-        case OPT_DRAFT_SINK: ok = parse_long("--draft-sink", optarg, 1, INT32_MAX, &draft_sink); break;
+        case OPT_SINK: ok = tri_cli_parse_long(me, "--sink", optarg, 1, INT32_MAX, &sink); break;
+        case OPT_REFRESH: ok = tri_cli_parse_long(me, "--refresh", optarg, 1, INT32_MAX, &refresh); break;
+        case OPT_DRAFT_WINDOW:
+            ok = tri_cli_parse_long(me, "--draft-window", optarg, 2, INT32_MAX, &draft_window);
+            break;
+        case OPT_DRAFT_SINK: ok = tri_cli_parse_long(me, "--draft-sink", optarg, 1, INT32_MAX, &draft_sink); break;
         case OPT_REFRESH_ACCEPT:
             refresh_accept_set = true;
-            ok = parse_float("--refresh-accept", optarg, 0.0, 1.0, &spec_params.refresh_accept);
+            ok = tri_cli_parse_float(me, "--refresh-accept", optarg, 0.0, 1.0, &spec_params.refresh_accept);
             break;
         case OPT_DEVICE: ok = tri_cli_parse_device("offload-run generate", optarg, &sp); break;
         case OPT_KV_OFFLOAD:
             kv_offload_set = true;
-            ok = parse_long("--kv-offload", optarg, 0, 65536, &kv_offload);
+            ok = tri_cli_parse_long(me, "--kv-offload", optarg, 0, 65536, &kv_offload);
             break;
         case OPT_STREAM_WEIGHTS:
             stream_weights_set = true;
-            ok = parse_long("--stream-weights", optarg, 0, 65536, &stream_weights);
+            ok = tri_cli_parse_long(me, "--stream-weights", optarg, 0, 65536, &stream_weights);
             break;
         case OPT_WEIGHTS_FROM_DISK:
             weights_from_disk_set = true;
-            ok = parse_long("--weights-from-disk", optarg, 0, 65536, &weights_from_disk);
+            ok = tri_cli_parse_long(me, "--weights-from-disk", optarg, 0, 65536, &weights_from_disk);
             break;
         case OPT_KV_HOST:
             kv_host_set = true;
-            ok = parse_float("--kv-host", optarg, 0.0, 1.0, &kv_host);
+            ok = tri_cli_parse_float(me, "--kv-host", optarg, 0.0, 1.0, &kv_host);
             break;
-        case OPT_HOST_ATTN: ok = parse_float("--host-attn-gbps", optarg, 0.0, 1e6, &host_attn_gbps); break;
+        case OPT_HOST_ATTN: ok = tri_cli_parse_float(me, "--host-attn-gbps", optarg, 0.0, 1e6, &host_attn_gbps); break;
         case OPT_GPU_MEM:
         case OPT_HOST_MEM:
             if (!tri_cli_parse_size(optarg, c == OPT_GPU_MEM ? &gpu_mem : &host_mem)) {

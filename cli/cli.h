@@ -23,6 +23,10 @@ tri_model *tri_cli_load_model(const char *path);
 
 // "24G", "512M", "100GiB", "1.5T", "123456" (powers of 1024): bytes. false on anything else.
 bool tri_cli_parse_size(const char *s, uint64_t *out);
+// A whole decimal number / a real number in [lo, hi] for option opt of command cmd; false after
+// printing an error that names both.
+bool tri_cli_parse_long(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
+bool tri_cli_parse_float(const char *cmd, const char *opt, const char *s, double lo, double hi, float *out);
 
 // Parses --device: "cpu", "cuda" (device 0) or "cuda:N" into sp's device fields. Prints
 // "<cmd>: --device '<arg>': ..." and returns false for anything else.

@@ -52,12 +52,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case 2: {
         long v;
-        if (parse_long("--fuzz", s, -5, 1L << 40, &v) && (v < -5 || v > 1L << 40)) abort();
+        if (tri_cli_parse_long("fuzz", "--fuzz", s, -5, 1L << 40, &v) && (v < -5 || v > 1L << 40)) abort();
         break;
     }
     case 3: {
         float v;
-        if (parse_float("--fuzz", s, 0.0, 2.0, &v) && !(v >= 0.0f && v <= 2.0f)) abort();
+        if (tri_cli_parse_float("fuzz", "--fuzz", s, 0.0, 2.0, &v) && !(v >= 0.0f && v <= 2.0f)) abort();
         break;
     }
     case 4: {
