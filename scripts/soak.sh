@@ -9,8 +9,9 @@ build=${2:-build-asan}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 if [ ! -d "$build" ]; then
-  # clang's C objects need its own OpenMP runtime (libomp), which only clang++ links
-  CC=${CC:-clang} CXX=${CXX:-clang++} meson setup "$build" -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled \
+  # gcc, as the CI's sanitizer build: its libubsan also serves the C++ file's checks, which a
+  # clang-linked C program lacks (and clang objects need libomp, which g++ does not link)
+  CC=${CC:-gcc} CXX=${CXX:-g++} meson setup "$build" -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled \
     -Dbenchmarks=true
 fi
 meson configure "$build" -Dbenchmarks=true >/dev/null
