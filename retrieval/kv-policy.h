@@ -57,8 +57,8 @@ typedef struct tri__kv_policy_params {
     int32_t queries;      // RETRIEVAL: a selection reads the queries of the last `queries` tokens
                           // the policy ran (a question, not only its last token), whatever steps
                           // they came in: a history kept across steps, rolled back with the cache
-                          // and started again after adopted tokens (they ran nowhere; a tap's pass
-                          // counts as run); fewer when fewer ran since; 0: 1
+                          // and started again after adopted tokens (they did not run here) and with
+                          // a tap's pass (which counts as run); fewer when fewer ran since; 0: 1
 } tri__kv_policy_params;
 
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: MAX group
@@ -260,7 +260,7 @@ void tri__kv_policy_reset(tri__kv_policy *p);
 // Selecting during the full cache's pass. Arms full (FULL, the store ret borrows) so that the step
 // of full that ends at length `at` (the last token of a prefill) also selects ret's chunks: per
 // layer, from full's queries of the last `queries` tokens of the armed pass (of every step of it up
-// to at; they then join ret's query history) and out of the rows full has just written (the
+// to at; they then become ret's query history) and out of the rows full has just written (the
 // streamed buffer of an offloaded layer: no upload), the summaries of the chunks below
 // floor(at / chunk) * chunk made from the same rows, then the chunks gathered and the rows from
 // that bound staged. When full's whole forward call has succeeded (tri__kv_policy_tap_settle), ret

@@ -722,6 +722,8 @@ tri_status tri__ret_tap_layer(tri__kv_policy *ret, int32_t il, int32_t n_head, c
     const tri__kv_span *sp = &view->spans[view->head_span[0]];
     layer_rows L = {.k = sp->k, .v = sp->v, .region = false};
     TRY(summarise_layer(ret, il, &L, s->tap_first, e->bound / ret->p.chunk));
+    // the pass's tokens count as run, and only they: what the policy ran before it is replaced
+    // (its selection, rows from the bound and history), as adopting replaces it
     for (int32_t h = 0; h < nkv; h++) {
         int64_t i = (int64_t)il * nkv + h;
         int32_t n_q = ring_queries(ret, s->tq, s->nq, s->tq_lo, s->tq_hi, il, h);
@@ -773,10 +775,10 @@ void tri__ret_tap_finish(tri__kv_policy *full, bool ok) {
     ret->len = s->sel[s->n_sel - 1].n_sel;
     s->step_m = 0;
     s->armed = false;
-    // the pass's queries join the history as if the policy had run those tokens: after its own
-    // when they follow them, else alone (the tokens between were adopted)
+    // the history starts again with the pass's queries, as if the policy had run those tokens
+    // after adopting the ones before them
     const int64_t qd = (int64_t)ret->n_head * ret->head_dim, row = ret->n_layer * qd;
-    if (s->hist_hi > s->tq_lo) s->hist_hi = s->tq_lo > s->hist_lo ? s->tq_lo : s->hist_lo;
+    s->hist_lo = s->hist_hi = s->tq_lo;
     for (int32_t t = s->tq_lo; t < s->tq_hi; t++)
         memcpy(s->hq + (int64_t)(t % s->hist) * row, s->tq + (int64_t)(t % s->nq) * row, sizeof(float) * (size_t)row);
     hist_ran(s, s->tq_lo, s->tq_hi - s->tq_lo);

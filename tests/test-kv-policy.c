@@ -338,6 +338,7 @@ Test(retrieval, adopted_rows_equal_run_rows) {
     tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 64);
     pp.budget = 8;
     pp.chunk = 2;
+    pp.queries = 1;  // adopted tokens have no queries: only the last token's are in both histories
     rig a, b;
     rig_init(&a, &pp, 2, 1, 4, 64, 8);
     rig_init(&b, &pp, 2, 1, 4, 64, 8);
