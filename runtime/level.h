@@ -105,9 +105,9 @@ tri_status tri__level_eval(tri__level *lv, const int32_t *tokens, int32_t n, boo
 // As tri__level_eval with all_logits, appending the n rows after the rows already there.
 tri_status tri__level_eval_more(tri__level *lv, const int32_t *tokens, int32_t n);
 // As tri__level_eval with the last row only, and a RETRIEVAL level then selects its chunks
-// afresh from the last token's query, at the length after it: the last token runs in a step of
-// its own, so the selection does not depend on how the tokens were batched. The length is
-// appended to refresh_at. Other policies: a plain eval.
+// afresh at the length after it, from its query history (the last `queries` tokens it ran,
+// whatever steps they came in: kv-policy.h); the last token runs in a step of its own. The length
+// is appended to refresh_at. Other policies: a plain eval.
 tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_t n);
 // Arms full (a FULL level, the store lv borrows) so that its pass ending at length `at` also
 // selects lv's chunks, from full's queries of the pass's last tokens and the rows it has just

@@ -567,7 +567,7 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
     s->n_seq += n_prompt;
     stats->n_prompt = n_prompt;
     stats->n_l2_refresh += selected;
-    // a new prompt: L2 selects from its last token's query (unless it did during L3's prefill)
+    // a new prompt: L2 selects in its first step (unless it did during L3's prefill)
     if (n_prompt > 0) s->refresh_next = s->lv2 && s->lv2->pol.p.kind == TRI_KV_POLICY_RETRIEVAL && !selected;
     double t1 = now_seconds();
     stats->prefill_seconds = t1 - t0;
