@@ -61,7 +61,7 @@ struct tri__retrieval_state {
                               // bound to the tap's length, put into the ring once it is taken
     float *tq;                // (nq, n_layer, n_head * head_dim) host: the armed full pass's queries
                               // of positions tq_lo .. tq_hi - 1 (its last nq), position i in row i % nq;
-                              // they join the history once the selection is taken
+                              // they become the history once the selection is taken
     int32_t tq_lo, tq_hi;
 };
 
@@ -778,8 +778,10 @@ void tri__ret_tap_finish(tri__kv_policy *full, bool ok) {
              TRI_STATUS_OK;
     if (!ok && s->tap_layers == ret->n_layer && e->bound < e->n_sel) {
         // a device failure while putting the rows into the ring: the policy's own rows from
-        // the tail may be overwritten; it keeps none
+        // the tail may be overwritten; it keeps none (nor their queries)
         if (ret->len > s->tail0) ret->len = s->tail0;
+        if (s->hist_hi > ret->len) s->hist_hi = ret->len;
+        if (s->hist_lo > s->hist_hi) s->hist_lo = s->hist_hi;
     }
     if (!ok) {  // the indexes back to the chunks before the step
         for (int32_t i = 0; i < ret->n_layer * ret->n_head_kv; i++) (void)tri__chunk_index_truncate(s->ix[i], s->tap_first);
