@@ -109,9 +109,12 @@ tri_status tri__ret_adopted(tri__kv_policy *p, int32_t len, int32_t n);
 // Borrowing: the own rows left in the ring, and whether a step of m tokens fits it.
 int32_t tri__ret_room(const tri__kv_policy *p);
 tri_status tri__ret_begin(tri__kv_policy *p, int32_t m);
-// The FULL policy's side of a tap: one layer of the selection, and its end (ok: the pass succeeded).
-tri_status tri__ret_tap_layer(tri__kv_policy *ret, int32_t il, const float *q, int32_t row, int32_t n_head,
-                              const tri__kv_view *view);
+// The FULL policy's side of a tap: layer il's queries q (m, n_head * head_dim) f32 backend memory of
+// every step n0 .. n0 + m - 1 of the armed pass (the last `queries` positions are kept), one layer
+// of the selection in the step that ends at the tap's length, and its end (ok: the pass succeeded).
+tri_status tri__ret_tap_queries(tri__kv_policy *ret, int32_t il, const float *q, int32_t n0, int32_t m,
+                                int32_t n_head);
+tri_status tri__ret_tap_layer(tri__kv_policy *ret, int32_t il, int32_t n_head, const tri__kv_view *view);
 void tri__ret_tap_finish(tri__kv_policy *full, bool ok);
 // tri__kv_policy_peek of a RETRIEVAL policy (arguments checked).
 bool tri__ret_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out);

@@ -55,12 +55,16 @@ typedef struct tri__kv_policy_params {
                           // the bound sum_d max(q_d * max_d, q_d * min_d) on any key's logit
                           // (an inner product of [max(q, 0), min(q, 0)] with [max, min])
     int32_t queries;      // RETRIEVAL: a selection reads the queries of the last `queries` tokens
-                          // of the step that makes it (a question, not only its last token;
-                          // clipped to the step); 0: 1
+                          // the policy ran (a question, not only its last token), whatever steps
+                          // they came in: a history kept across steps, rolled back with the cache
+                          // and started again after adopted tokens (they did not run here) and with
+                          // a tap's pass (which counts as run); fewer when fewer ran since; 0: 1
+    bool next;            // RETRIEVAL: half as many chunks chosen by score, each with the chunk after
+                          // it (bench-table1 ":n"; docs/kv-policies.md, measured)
 } tri__kv_policy_params;
 
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: MAX group
-// scoring, mean keys, a window of 32 tokens, the last token's queries), the budget clipped to
+// scoring, mean keys, a window of 32 tokens, the last 16 tokens' queries), the budget clipped to
 // capacity (and the sink to half of it under 32).
 tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t capacity);
 
@@ -158,7 +162,7 @@ tri_status tri__kv_policy_init(tri__kv_policy *p, const tri__kv_policy_params *p
 // Positions below its tail (tail0) are src's rows; positions tail0 .. len - 1 are its own, in the
 // ring. Before a selection it attends fully: to src's rows [0, tail0) (an offloaded layer streams
 // through src's buffers, tri__kv_store_view_read) and to the ring. A selection at length len
-// (always from the query of the step's last token, as the own-store policy selects) chooses among
+// (from the query history, as the own-store policy selects) chooses among
 // the chunks complete in both (below bound = min(len, src->n) rounded down to whole chunks), with
 // summaries made from src's keys; its view is the gathered chunks and the ring from bound on (rows
 // bound .. tail0 - 1 are copied into the ring from src first). Only the current selection is kept:
@@ -257,7 +261,8 @@ tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n);
 void tri__kv_policy_reset(tri__kv_policy *p);
 // Selecting during the full cache's pass. Arms full (FULL, the store ret borrows) so that the step
 // of full that ends at length `at` (the last token of a prefill) also selects ret's chunks: per
-// layer, from full's query of the token at - 1 and out of the rows full has just written (the
+// layer, from full's queries of the last `queries` tokens of the armed pass (of every step of it up
+// to at; they then become ret's query history) and out of the rows full has just written (the
 // streamed buffer of an offloaded layer: no upload), the summaries of the chunks below
 // floor(at / chunk) * chunk made from the same rows, then the chunks gathered and the rows from
 // that bound staged. When full's whole forward call has succeeded (tri__kv_policy_tap_settle), ret
@@ -268,7 +273,8 @@ void tri__kv_policy_reset(tri__kv_policy *p);
 // borrows full's store, at is past full's length and the ring holds the rows from the bound.
 tri_status tri__kv_policy_tap(tri__kv_policy *full, tri__kv_policy *ret, int32_t at);
 
-// RETRIEVAL: select again at the end of the next step, from its last token's query. No-op otherwise.
+// RETRIEVAL: select again at the end of the next step, from the query history (params.queries).
+// No-op otherwise.
 void tri__kv_policy_request_refresh(tri__kv_policy *p);
 // RETRIEVAL: withdraws a request not yet served. No-op otherwise.
 void tri__kv_policy_cancel_refresh(tri__kv_policy *p);

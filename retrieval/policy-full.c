@@ -23,6 +23,9 @@ tri_status tri__full_layer(tri__kv_policy *p, int32_t il, const float *q, const 
                            const tri__kv_view **view) {
     TRY(tri__kv_store_write(p->kv, il, p->step_n0, p->step_m, k, v));
     *view = tri__kv_store_view(p->kv, il, end, &p->view);
-    if (p->tap && end == p->tap_at) TRY(tri__ret_tap_layer(p->tap, il, q, p->step_m - 1, p->n_head, *view));
+    if (p->tap) {  // every step of the armed pass: its last queries are what the selection reads
+        TRY(tri__ret_tap_queries(p->tap, il, q, p->step_n0, p->step_m, p->n_head));
+        if (end == p->tap_at) TRY(tri__ret_tap_layer(p->tap, il, p->n_head, *view));
+    }
     return TRI_STATUS_OK;
 }

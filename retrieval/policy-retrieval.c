@@ -22,13 +22,20 @@ struct tri__retrieval_state {
     sel_entry *sel;           // (sel_cap) selections in the order made; the last is current
     int32_t n_sel, sel_cap;
     bool armed;               // select at the end of the next step
+    // the query history: the queries of the last tokens the policy ran, whatever steps they came
+    // in, which a selection at length len reads (positions max(hist_lo, len - nq) .. len - 1)
+    float *hq;                // (hist, n_layer, n_head * head_dim) host: position i's queries in row
+                              // i % hist (the heads of KV head h are h * g .. h * g + g - 1)
+    int32_t hist;             // rows: nq + max_step, so that a step (at most max_step tokens) or a
+                              // rollback into the last one still finds the nq before its end
+    int32_t hist_lo, hist_hi; // positions hist_lo .. hist_hi - 1 have their queries in hq, ran
+                              // contiguously; hist_hi <= the length (adopted tokens have none)
+    int32_t nq;               // tokens a selection reads: params.queries, 0 read as 1
+    float *qset;              // (nq * g, head_dim) host: the query vectors one KV head selects by
     // the last step, so that a rollback into it can make the selection it would have made
-    float *stepq;             // (max_step, n_layer, n_head, head_dim) host: each token's queries (the
-                              // heads of KV head h are h * g .. h * g + g - 1)
-    float *qset;              // (max_step * g, head_dim) host: the query vectors one KV head selects by
     int32_t step_n0, step_m;  // the step (step_m 0: none remembered)
     bool step_armed;          // armed when the step began
-    float *qrow;              // (max_step, n_head * head_dim) host scratch
+    float *qrow;              // (max(max_step, nq), n_head * head_dim) host scratch
     int32_t rows_chunks;      // chunks summarised per read
     float *means;             // (rows_chunks, n_head_kv * head_dim) host: a read's chunk means
     float *means_dev;         // the same in backend memory, for keys there (allocated when needed)
@@ -52,6 +59,10 @@ struct tri__retrieval_state {
     struct tri__kv_policy *tap_owner;  // the full policy armed to make it; NULL: none armed
     void *tap_rows;           // (n_layer, K/V, chunk rows) backend: each layer's rows from the
                               // bound to the tap's length, put into the ring once it is taken
+    float *tq;                // (nq, n_layer, n_head * head_dim) host: the armed full pass's queries
+                              // of positions tq_lo .. tq_hi - 1 (its last nq), position i in row i % nq;
+                              // they become the history once the selection is taken
+    int32_t tq_lo, tq_hi;
 };
 
 void tri__ret_free(tri__kv_policy *p) {
@@ -65,7 +76,8 @@ void tri__ret_free(tri__kv_policy *p) {
         free(s->sel[i].ids);
     }
     free(s->sel);
-    free(s->stepq);
+    free(s->hq);
+    free(s->tq);
     free(s->qset);
     free(s->qrow);
     free(s->means);
@@ -98,9 +110,12 @@ tri_status tri__ret_init(tri__kv_policy *p) {
     ALLOC(s->ix, heads);
     s->sdim = p->p.bound ? 2 * p->head_dim : p->head_dim;
     for (int64_t i = 0; i < heads; i++) TRY(tri__chunk_index_create(p->p.index, s->sdim, &s->ix[i]));
-    ALLOC(s->stepq, (int64_t)p->max_step * p->n_layer * p->n_head * p->head_dim);
-    ALLOC(s->qset, (int64_t)p->max_step * p->n_head * p->head_dim);
-    ALLOC(s->qrow, (int64_t)p->max_step * p->n_head * p->head_dim);
+    s->nq = p->p.queries > 1 ? p->p.queries : 1;
+    s->hist = s->nq + p->max_step;
+    const int64_t qd = (int64_t)p->n_head * p->head_dim;
+    ALLOC(s->hq, (int64_t)s->hist * p->n_layer * qd);
+    ALLOC(s->qset, (int64_t)s->nq * qd);
+    ALLOC(s->qrow, (int64_t)(p->max_step > s->nq ? p->max_step : s->nq) * qd);
     s->rows_chunks = p->p.chunk < 2048 ? 2048 / p->p.chunk : 1;  // ~2K rows per read
     ALLOC(s->means, (int64_t)s->rows_chunks * kv_dim(p));
     ALLOC(s->summ, (int64_t)s->rows_chunks * p->n_head_kv * s->sdim);
@@ -457,21 +472,28 @@ static void ret_drop_selections(tri__retrieval_state *s) {
     }
 }
 
-// The query vectors KV head h of a layer selects by: of the tokens t0 .. t1 - 1 of a step whose
-// queries are q (host, a token's n_head * head_dim values `stride` floats after the previous
-// one's), the group's heads of each, token by token, into s->qset; returns their count.
-static int32_t group_queries(tri__kv_policy *p, const float *q, int64_t stride, int32_t t0, int32_t t1, int32_t h) {
-    const int32_t g = p->n_head / p->n_head_kv, hd = p->head_dim;
+// The query vectors KV head h of layer il selects by, out of a ring of queries (rows rows of
+// (n_layer, n_head * head_dim) floats, position i in row i % rows) holding positions lo .. hi - 1:
+// the group's heads of each of the last nq of them, token by token, into s->qset; returns their
+// count (0 when the ring holds none).
+static int32_t ring_queries(tri__kv_policy *p, const float *ring, int32_t rows, int32_t lo, int32_t hi, int32_t il,
+                            int32_t h) {
+    const int32_t g = p->n_head / p->n_head_kv, hd = p->head_dim, nq = p->ret->nq;
+    const int64_t qd = (int64_t)p->n_head * hd;
     int32_t n = 0;
-    for (int32_t t = t0; t < t1; t++, n += g)
-        memcpy(p->ret->qset + (int64_t)n * hd, q + t * stride + (int64_t)h * g * hd, sizeof(float) * (size_t)(g * hd));
+    for (int32_t t = hi - nq > lo ? hi - nq : lo; t < hi; t++, n += g) {
+        const float *row = ring + ((int64_t)(t % rows) * p->n_layer + il) * qd;  // position t's, layer il
+        memcpy(p->ret->qset + (int64_t)n * hd, row + (int64_t)h * g * hd, sizeof(float) * (size_t)(g * hd));
+    }
     return n;
 }
 
-// The first token of the step (of rows 0 .. row) whose queries a selection from row reads.
-static int32_t first_query(const tri__kv_policy *p, int32_t row) {
-    int32_t t = p->p.queries > 1 ? p->p.queries : 1;
-    return row + 1 - t > 0 ? row + 1 - t : 0;
+// Notes that the policy ran positions n0 .. n0 + m - 1 (their queries are in hq): the history
+// continues when they follow it, else starts again at n0; the rows the step overwrote are gone.
+static void hist_ran(tri__retrieval_state *s, int32_t n0, int32_t m) {
+    if (s->hist_hi != n0 || s->hist_lo > n0) s->hist_lo = n0;
+    s->hist_hi = n0 + m;
+    if (s->hist_lo < s->hist_hi - s->hist) s->hist_lo = s->hist_hi - s->hist;
 }
 
 // Chooses head i's chunks (i = layer * n_head_kv + KV head) among the first n_chunks by the query
@@ -482,8 +504,29 @@ static tri_status select_head(tri__kv_policy *p, int64_t i, int32_t n_chunks, in
     tri__retrieval_state *s = p->ret;
     int32_t window = p->p.window / p->p.chunk;
     if (window > (s->kmax - 1) / 2) window = (s->kmax - 1) / 2;
-    return tri__chunk_select(s->ix[i], p->p.group, p->p.bound, s->qset, n_q, n_chunks, s->kmax, window, ids,
-                             cnt_out);
+    if (!p->p.next || n_chunks <= s->kmax)
+        return tri__chunk_select(s->ix[i], p->p.group, p->p.bound, s->qset, n_q, n_chunks, s->kmax, window, ids,
+                                 cnt_out);
+    // half as many chosen, each with the chunk after it (what follows a match: a copy's next tokens)
+    const int32_t chosen = (s->kmax - 1 - window) / 2, recent = n_chunks - window;
+    int32_t n = 0;
+    TRY(tri__chunk_select(s->ix[i], p->p.group, p->p.bound, s->qset, n_q, n_chunks, 1 + window + chosen, window, ids,
+                          &n));
+    const int32_t n0 = n;
+    for (int32_t a = 0; a < n0; a++) {
+        const int32_t c = ids[a] + 1;
+        bool have = ids[a] == 0 || ids[a] >= recent || c >= recent;  // the sink and the window bring none
+        for (int32_t b = 0; !have && b < n; b++) have = ids[b] == c;
+        if (!have) ids[n++] = c;
+    }
+    for (int32_t a = 1; a < n; a++)  // ascending again (insertion: a few dozen ids)
+        for (int32_t b = a; b > 0 && ids[b - 1] > ids[b]; b--) {
+            int32_t t = ids[b];
+            ids[b] = ids[b - 1];
+            ids[b - 1] = t;
+        }
+    *cnt_out = n;
+    return TRI_STATUS_OK;
 }
 
 // A selection entry with room for every head's chunks; false when out of memory.
@@ -511,22 +554,24 @@ static tri_status sel_reserve(tri__retrieval_state *s) {
 }
 
 // Selects, for every (layer, KV head), chunk 0 and the best kmax - 1 other complete chunks by the
-// summed group query of the token at len - 1 (row `row` of the last step), at cache length len.
+// group queries of the last nq tokens of the history (which ends at len), at cache length len.
 // Borrowing, the selection replaces the previous one (its rows are gathered over the old ones).
-static tri_status ret_select(tri__kv_policy *p, int32_t len, int32_t row) {
+// With no queries before len (the tokens were adopted, or a failed step overwrote them) nothing is
+// selected.
+static tri_status ret_select(tri__kv_policy *p, int32_t len) {
     tri__retrieval_state *s = p->ret;
     int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
+    TRI_ASSERT(s->hist_hi == len || s->hist_lo == s->hist_hi);
+    if (s->hist_hi != len || s->hist_lo == s->hist_hi) return TRI_STATUS_OK;
     const int32_t bound = ret_bound(p, len);
     TRY(ret_summarise(p, bound));
     TRY(sel_reserve(s));
     sel_entry e = {.n_sel = len, .bound = bound};
     if (!sel_alloc(p, &e)) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: selection");
     tri_status st = TRI_STATUS_OK;
-    const int64_t qd = (int64_t)p->n_head * p->head_dim;
     for (int64_t i = 0; !st && i < heads; i++) {
         const int32_t il = (int32_t)(i / p->n_head_kv), h = (int32_t)(i % p->n_head_kv);
-        // layer il's queries of token t are at stepq + (t * n_layer + il) * qd
-        int32_t n_q = group_queries(p, s->stepq + il * qd, p->n_layer * qd, first_query(p, row), row + 1, h);
+        int32_t n_q = ring_queries(p, s->hq, s->hist, s->hist_lo, s->hist_hi, il, h);
         st = select_head(p, i, bound / p->p.chunk, n_q, e.ids + i * s->kmax, &e.cnt[i]);
     }
     if (!st && p->src) {
@@ -572,14 +617,16 @@ static void ret_view(tri__kv_policy *p, int32_t il, int32_t end) {
     TRI_ASSERT(ns <= p->spans_cap);
 }
 
-// Keeps the step's queries (every head: tri__chunk_select merges a group's scores its own way).
+// Keeps layer il's queries of the step in the history (every head: tri__chunk_select merges a
+// group's scores its own way); the commit extends the history over them (hist_ran).
 static tri_status ret_keep_query(tri__kv_policy *p, int32_t il, const float *q) {
     tri__retrieval_state *s = p->ret;
     int64_t qd = (int64_t)p->n_head * p->head_dim;
     TRY(p->be->ops->copy_to_host(p->be, s->qrow, q, sizeof(float) * (size_t)(p->step_m * qd)));
     TRY(p->be->ops->synchronize(p->be));
     for (int32_t t = 0; t < p->step_m; t++)
-        memcpy(s->stepq + ((int64_t)t * p->n_layer + il) * qd, s->qrow + t * qd, sizeof(float) * (size_t)qd);
+        memcpy(s->hq + ((int64_t)((p->step_n0 + t) % s->hist) * p->n_layer + il) * qd, s->qrow + t * qd,
+               sizeof(float) * (size_t)qd);
     return TRI_STATUS_OK;
 }
 
@@ -603,6 +650,8 @@ tri_status tri__ret_truncate(tri__kv_policy *p, int32_t n) {
         free(s->sel[s->n_sel].cnt);
         free(s->sel[s->n_sel].ids);
     }
+    if (s->hist_hi > n) s->hist_hi = n;  // the dropped positions' queries go with them
+    if (s->hist_lo > s->hist_hi) s->hist_lo = s->hist_hi;
     int32_t n_chunks = n / p->p.chunk;
     if (n_chunks < s->n_chunks) {
         for (int32_t i = 0; i < p->n_layer * p->n_head_kv; i++) TRY(tri__chunk_index_truncate(s->ix[i], n_chunks));
@@ -615,7 +664,7 @@ tri_status tri__ret_truncate(tri__kv_policy *p, int32_t n) {
     } else if (s->step_m > 0 && n < s->step_n0 + s->step_m) {
         s->step_m = n - s->step_n0;
         s->armed = s->step_armed;
-        if (ret_due(p, n, s->armed)) TRY(ret_select(p, n, s->step_m - 1));
+        if (ret_due(p, n, s->armed)) TRY(ret_select(p, n));
     }
     return TRI_STATUS_OK;
 }
@@ -637,6 +686,10 @@ tri_status tri__kv_policy_tap(tri__kv_policy *full, tri__kv_policy *ret, int32_t
     if (!s->tap_rows)
         TRY(ret->be->ops->alloc(ret->be, (size_t)(2 * (int64_t)ret->n_layer * ret->p.chunk * row_bytes(ret)),
                                 &s->tap_rows));
+    if (!s->tq && !(s->tq = malloc(sizeof(float) * (size_t)((int64_t)s->nq * ret->n_layer * ret->n_head *
+                                                            ret->head_dim))))
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: %d tokens' queries of a tap", s->nq);
+    s->tq_lo = s->tq_hi = full->kv->n;  // none of the pass's yet
     free(s->tap.cnt);
     free(s->tap.ids);
     s->tap = (sel_entry){.n_sel = at, .bound = bound};
@@ -658,28 +711,43 @@ static char *tap_rows(tri__kv_policy *ret, int32_t il, int which) {
     return (char *)ret->ret->tap_rows + (2 * (int64_t)il + which) * ret->p.chunk * row_bytes(ret);
 }
 
+tri_status tri__ret_tap_queries(tri__kv_policy *ret, int32_t il, const float *q, int32_t n0, int32_t m,
+                                int32_t n_head) {
+    tri__retrieval_state *s = ret->ret;
+    const int64_t qd = (int64_t)n_head * ret->head_dim;
+    TRI_ASSERT(n_head == ret->n_head && m > 0);
+    const int32_t t0 = m > s->nq ? m - s->nq : 0;  // only the last nq can be read
+    TRY(ret->be->ops->copy_to_host(ret->be, s->qrow, q + t0 * qd, sizeof(float) * (size_t)((m - t0) * qd)));
+    TRY(ret->be->ops->synchronize(ret->be));
+    for (int32_t t = t0; t < m; t++)
+        memcpy(s->tq + ((int64_t)((n0 + t) % s->nq) * ret->n_layer + il) * qd, s->qrow + (t - t0) * qd,
+               sizeof(float) * (size_t)qd);
+    if (il == 0) {  // every layer of a step holds the same positions
+        if (s->tq_hi != n0) s->tq_lo = n0;
+        s->tq_hi = n0 + m;
+        if (s->tq_lo < s->tq_hi - s->nq) s->tq_lo = s->tq_hi - s->nq;
+    }
+    return TRI_STATUS_OK;
+}
+
 // Layer il of the full cache's step that ends at the tap's length: ret selects that layer's chunks
-// from row `row` of the step's queries q and the layer's rows in view (backend memory).
-tri_status tri__ret_tap_layer(tri__kv_policy *ret, int32_t il, const float *q, int32_t row, int32_t n_head,
-                            const tri__kv_view *view) {
+// by the pass's last queries (tri__ret_tap_queries took this step's) and the layer's rows in view
+// (backend memory).
+tri_status tri__ret_tap_layer(tri__kv_policy *ret, int32_t il, int32_t n_head, const tri__kv_view *view) {
     tri__retrieval_state *s = ret->ret;
     sel_entry *e = &s->tap;
     const tri__backend_ops *op = ret->be->ops;
     const int32_t nkv = ret->n_head_kv;
-    const int64_t qd = (int64_t)n_head * ret->head_dim;
-    TRI_ASSERT(il == s->tap_layers && n_head == ret->n_head);
-    // the queries of the tokens a selection reads (at most a step of ret's)
-    int32_t t0 = first_query(ret, row);
-    if (row + 1 - t0 > ret->max_step) t0 = row + 1 - ret->max_step;
-    TRY(op->copy_to_host(ret->be, s->qrow, q + t0 * qd, sizeof(float) * (size_t)((row + 1 - t0) * qd)));
-    TRY(op->synchronize(ret->be));
+    TRI_ASSERT(il == s->tap_layers && n_head == ret->n_head && s->tq_hi == e->n_sel);
     // the layer's rows: head 0's span starts at row 0 of the layer
     const tri__kv_span *sp = &view->spans[view->head_span[0]];
     layer_rows L = {.k = sp->k, .v = sp->v, .region = false};
     TRY(summarise_layer(ret, il, &L, s->tap_first, e->bound / ret->p.chunk));
+    // the pass's tokens count as run, and only they: what the policy ran before it is replaced
+    // (its selection, rows from the bound and history), as adopting replaces it
     for (int32_t h = 0; h < nkv; h++) {
         int64_t i = (int64_t)il * nkv + h;
-        int32_t n_q = group_queries(ret, s->qrow, qd, 0, row + 1 - t0, h);
+        int32_t n_q = ring_queries(ret, s->tq, s->nq, s->tq_lo, s->tq_hi, il, h);
         TRY(select_head(ret, i, e->bound / ret->p.chunk, n_q, e->ids + i * s->kmax, &e->cnt[i]));
     }
     TRY(gather_layer(ret, e, il, &L));
@@ -710,8 +778,10 @@ void tri__ret_tap_finish(tri__kv_policy *full, bool ok) {
              TRI_STATUS_OK;
     if (!ok && s->tap_layers == ret->n_layer && e->bound < e->n_sel) {
         // a device failure while putting the rows into the ring: the policy's own rows from
-        // the tail may be overwritten; it keeps none
+        // the tail may be overwritten; it keeps none (nor their queries)
         if (ret->len > s->tail0) ret->len = s->tail0;
+        if (s->hist_hi > ret->len) s->hist_hi = ret->len;
+        if (s->hist_lo > s->hist_hi) s->hist_lo = s->hist_hi;
     }
     if (!ok) {  // the indexes back to the chunks before the step
         for (int32_t i = 0; i < ret->n_layer * ret->n_head_kv; i++) (void)tri__chunk_index_truncate(s->ix[i], s->tap_first);
@@ -728,6 +798,13 @@ void tri__ret_tap_finish(tri__kv_policy *full, bool ok) {
     ret->len = s->sel[s->n_sel - 1].n_sel;
     s->step_m = 0;
     s->armed = false;
+    // the history starts again with the pass's queries, as if the policy had run those tokens
+    // after adopting the ones before them
+    const int64_t qd = (int64_t)ret->n_head * ret->head_dim, row = ret->n_layer * qd;
+    s->hist_lo = s->hist_hi = s->tq_lo;
+    for (int32_t t = s->tq_lo; t < s->tq_hi; t++)
+        memcpy(s->hq + (int64_t)(t % s->hist) * row, s->tq + (int64_t)(t % s->nq) * row, sizeof(float) * (size_t)row);
+    hist_ran(s, s->tq_lo, s->tq_hi - s->tq_lo);
 }
 
 // ---- the hooks of kv-policy.c ----
@@ -759,7 +836,8 @@ tri_status tri__ret_commit(tri__kv_policy *p, int32_t end) {
     p->ret->step_n0 = p->step_n0;
     p->ret->step_m = p->step_m;
     p->ret->step_armed = p->ret->armed;
-    if (ret_due(p, end, p->ret->armed)) TRY(ret_select(p, end, p->step_m - 1));
+    hist_ran(p->ret, p->step_n0, p->step_m);
+    if (ret_due(p, end, p->ret->armed)) TRY(ret_select(p, end));
     return TRI_STATUS_OK;
 }
 
@@ -771,10 +849,14 @@ void tri__ret_abort(tri__kv_policy *p) {
     (void)tri__ret_truncate(p, p->step_n0);
     s->step_m = keep_m;
     s->step_n0 = keep_n0;
+    // the step's queries overwrote the rows of the positions hist before its own
+    int32_t gone = p->step_n0 + p->step_m - s->hist;
+    if (s->hist_lo < gone) s->hist_lo = gone < s->hist_hi ? gone : s->hist_hi;
 }
 
 void tri__ret_reset(tri__kv_policy *p) {
     p->ret->step_m = 0;
+    p->ret->hist_lo = p->ret->hist_hi = 0;
     (void)tri__ret_truncate(p, 0);
     p->ret->armed = false;
 }
@@ -787,6 +869,7 @@ tri_status tri__ret_adopt_borrowed(tri__kv_policy *p, tri__kv_store *src, int32_
     ret_drop_selections(p->ret);
     p->ret->tail0 = n;
     p->ret->step_m = 0;
+    p->ret->hist_lo = p->ret->hist_hi = n;  // adopted tokens have no queries: the history starts again
     p->len = n;
     return TRI_STATUS_OK;
 }
@@ -802,6 +885,7 @@ tri_status tri__ret_adopted(tri__kv_policy *p, int32_t len, int32_t n) {
         return st;
     }
     p->ret->step_m = 0;  // no step to replay: nothing was due in these positions
+    p->ret->hist_lo = p->ret->hist_hi = n;  // adopted tokens have no queries: the history starts again
     return TRI_STATUS_OK;
 }
 

@@ -10,6 +10,7 @@ pkgs=(
   clang libclang-rt-14-dev
   python3 python3-venv python3-pip unzip
   bible-kjv bible-kjv-text  # public-domain text: suite smollm2 and benchmarks/bench-kv-quality
+  jargon-text  # public-domain text: suite needle's Jargon File case and benchmarks/bench-table1
   # the GTK 4 example app (examples/chat-gtk) and its test under Xvfb, read back by OCR: suite
   # example-app (about 30 MB to download, 150 MB installed, under a minute)
   libgtk-4-dev xvfb xauth fonts-dejavu-core tesseract-ocr tesseract-ocr-eng

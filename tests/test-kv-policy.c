@@ -338,6 +338,7 @@ Test(retrieval, adopted_rows_equal_run_rows) {
     tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 64);
     pp.budget = 8;
     pp.chunk = 2;
+    pp.queries = 1;  // adopted tokens have no queries: only the last token's are in both histories
     rig a, b;
     rig_init(&a, &pp, 2, 1, 4, 64, 8);
     rig_init(&b, &pp, 2, 1, 4, 64, 8);
@@ -1111,6 +1112,140 @@ Test(streaming, evict_every_interval_same_however_batched) {
                      each.pol.gather[i], row, want[i]);
     }
     tri__kv_policy_abort(&each.pol);
+    free(la);
+    free(lb);
+    stream_rig_free(&one);
+    stream_rig_free(&each);
+    tri_model_free(m);
+}
+
+// ---- retrieval: the query history ----
+
+// A forward pass over a retrieval policy built by hand: GQA (6 query heads over 2 KV heads), chunks
+// of 4, a budget of 16 (chunk 0, a window of one chunk, two chosen), selections reading the last
+// `queries` tokens' queries, steps of up to 64.
+static void history_rig_init(stream_rig *r, tri_model *m, int32_t refresh, int32_t queries) {
+    memset(r, 0, sizeof *r);
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    const tri_model_config *c = &info.config;
+    r->V = c->n_vocab;
+    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &r->be), TRI_STATUS_OK);
+    cr_assert_eq(tri__model_on_backend(m, r->be, 0, 0, &r->w), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__llama_init(&r->ll, r->w, r->be, 64), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 128);
+    pp.budget = 16;
+    pp.chunk = 4;
+    pp.window = 4;
+    pp.queries = queries;
+    pp.refresh = refresh;
+    cr_assert_eq(tri__kv_policy_init(&r->pol, &pp, r->be, TRI_DTYPE_F32, c->n_layer, c->n_head, c->n_head_kv,
+                                     c->head_dim, 128, 64),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+}
+
+// Every (layer, KV head) of a and b selected the same chunks at the same length.
+static void same_selection(const tri__kv_policy *a, const tri__kv_policy *b, const char *what) {
+    cr_assert(tri__kv_policy_selected_at(a) > 0, "%s: no selection", what);
+    for (int32_t il = 0; il < a->n_layer; il++)
+        for (int32_t h = 0; h < a->n_head_kv; h++) {
+            int32_t ia[16], ib[16], na, nb;
+            int32_t ca = tri__kv_policy_selection(a, il, h, ia, &na), cb = tri__kv_policy_selection(b, il, h, ib, &nb);
+            cr_assert(ca == cb && na == nb, "%s: layer %d head %d: %d chunks at %d vs %d at %d", what, il, h, ca, na,
+                      cb, nb);
+            for (int32_t c = 0; c < ca; c++)
+                cr_assert_eq(ia[c], ib[c], "%s: layer %d head %d: chunk %d is %d vs %d", what, il, h, c, ia[c], ib[c]);
+        }
+}
+
+// Runs t[0 .. n) one call per token from position `from` of the policy, requesting a selection at
+// the end of token `arm_at` (-1: none), the logits of each into l (n, V).
+static void history_run(stream_rig *r, const int32_t *t, int32_t n, int32_t arm_at, float *l) {
+    for (int32_t i = 0; i < n; i++) {
+        if (i == arm_at) tri__kv_policy_request_refresh(&r->pol);
+        cr_assert_eq(tri__llama_forward_policy(&r->ll, &r->pol, t + i, 1, TRI_LOGITS_LAST, l + (int64_t)i * r->V),
+                     TRI_STATUS_OK, "token %d: %s", i, tri_last_error());
+    }
+}
+
+// A selection reads the queries of the last 12 tokens the policy ran, whatever steps they came in:
+// a prompt of 40 as one step and a question of 8 as another (the selection at 48 reads positions
+// 36 .. 47, across both) selects the chunks that the same tokens fed one at a time select, and the
+// logits are the same bits; so are the selections every 5 generated tokens after it, which read
+// generated tokens only (one token per step: the last token's queries alone before the history).
+// A rollback into the question's step makes the selection it would have made there (reading
+// 32 .. 43 at 44), and one into the generated tokens drops their queries: running them again gives
+// the same bits.
+Test(retrieval, query_history_same_however_batched) {
+    enum { P = 40, Q = 8, N = 70, CUT = 44, BACK = 57 };
+    tri_model *m = gen_model("history", "--dtype f32 --heads 6 --kv-heads 2 --head-dim 16 --layers 2");
+    int32_t t[N];
+    for (int i = 0; i < N; i++) t[i] = tok(i);
+    stream_rig one, each;
+    history_rig_init(&one, m, 5, 12);
+    history_rig_init(&each, m, 5, 12);
+    const size_t bytes = sizeof(float) * (size_t)N * (size_t)one.V;
+    float *la = malloc(bytes), *lb = malloc(bytes);
+    cr_assert(la && lb);
+    cr_assert_eq(tri__llama_forward_policy(&one.ll, &one.pol, t, P, TRI_LOGITS_ALL, la), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    tri__kv_policy_request_refresh(&one.pol);
+    cr_assert_eq(tri__llama_forward_policy(&one.ll, &one.pol, t + P, Q, TRI_LOGITS_ALL, la + (int64_t)P * one.V),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__kv_policy_selected_at(&one.pol), P + Q);
+    history_run(&each, t, P + Q, P + Q - 1, lb);
+    same_selection(&one.pol, &each.pol, "the question's selection");
+    cr_assert(memcmp(la, lb, sizeof(float) * (size_t)(P + Q) * (size_t)one.V) == 0, "the prompt's logits differ");
+    history_run(&one, t + P + Q, N - P - Q, -1, la + (int64_t)(P + Q) * one.V);
+    history_run(&each, t + P + Q, N - P - Q, -1, lb + (int64_t)(P + Q) * one.V);
+    cr_assert_eq(tri__kv_policy_selected_at(&one.pol), N - (N - P - Q) % 5);
+    same_selection(&one.pol, &each.pol, "the last refresh");
+    for (int i = P + Q; i < N; i++)
+        cr_assert(memcmp(la + (int64_t)i * one.V, lb + (int64_t)i * one.V, sizeof(float) * (size_t)one.V) == 0,
+                  "token %d: logits differ", i);
+
+    // back into the generated tokens: their queries go, and running them again gives the same bits
+    cr_assert_eq(tri__kv_policy_truncate(&each.pol, BACK), TRI_STATUS_OK, "%s", tri_last_error());
+    history_run(&each, t + BACK, N - BACK, -1, lb + (int64_t)BACK * one.V);
+    same_selection(&one.pol, &each.pol, "after a rollback to 57");
+    for (int i = BACK; i < N; i++)
+        cr_assert(memcmp(la + (int64_t)i * one.V, lb + (int64_t)i * one.V, sizeof(float) * (size_t)one.V) == 0,
+                  "token %d after the rollback: logits differ", i);
+
+    // back into the question's step (it was armed): the selection at 44, from positions 32 .. 43
+    tri__kv_policy_reset(&one.pol);
+    tri__kv_policy_reset(&each.pol);
+    cr_assert_eq(tri__llama_forward_policy(&one.ll, &one.pol, t, P, TRI_LOGITS_NONE, NULL), TRI_STATUS_OK);
+    tri__kv_policy_request_refresh(&one.pol);
+    cr_assert_eq(tri__llama_forward_policy(&one.ll, &one.pol, t + P, Q, TRI_LOGITS_NONE, NULL), TRI_STATUS_OK);
+    cr_assert_eq(tri__kv_policy_truncate(&one.pol, CUT), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__kv_policy_selected_at(&one.pol), CUT);
+    history_run(&each, t, CUT, CUT - 1, lb);
+    same_selection(&one.pol, &each.pol, "a rollback into the armed step");
+    history_run(&one, t + CUT, N - CUT, -1, la + (int64_t)CUT * one.V);
+    history_run(&each, t + CUT, N - CUT, -1, lb + (int64_t)CUT * one.V);
+    same_selection(&one.pol, &each.pol, "after the rollback into the armed step");
+    for (int i = CUT; i < N; i++)
+        cr_assert(memcmp(la + (int64_t)i * one.V, lb + (int64_t)i * one.V, sizeof(float) * (size_t)one.V) == 0,
+                  "token %d after the rollback into the step: logits differ", i);
+
+    // the history matters here: the last token's queries alone select other chunks somewhere (else
+    // this test could not tell a selection that reads the history from one that does not)
+    stream_rig last;
+    history_rig_init(&last, m, 5, 1);
+    tri__kv_policy_reset(&each.pol);
+    history_run(&each, t, P + Q, P + Q - 1, lb);
+    history_run(&last, t, P + Q, P + Q - 1, lb);
+    int differ = 0;
+    for (int32_t il = 0; il < each.pol.n_layer; il++)
+        for (int32_t h = 0; h < each.pol.n_head_kv; h++) {
+            int32_t ia[16], ib[16];
+            int32_t ca = tri__kv_policy_selection(&each.pol, il, h, ia, NULL);
+            int32_t cb = tri__kv_policy_selection(&last.pol, il, h, ib, NULL);
+            differ += ca != cb || memcmp(ia, ib, sizeof *ia * (size_t)ca) != 0;
+        }
+    cr_assert(differ > 0, "12 tokens' queries select what the last token's select");
+    stream_rig_free(&last);
     free(la);
     free(lb);
     stream_rig_free(&one);

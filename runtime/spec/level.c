@@ -32,6 +32,7 @@ void tri__level_free(tri__level *lv) {
     }
     free(lv->logits);
     free(lv->refresh_at);
+    free(lv->refresh_from);
     memset(lv, 0, sizeof *lv);
 }
 
@@ -225,6 +226,9 @@ static tri_status refresh_reserve(tri__level *lv) {
     int32_t *r = realloc(lv->refresh_at, (size_t)cap * sizeof *r);
     if (!r) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "level: %d refresh records", cap);
     lv->refresh_at = r;
+    r = realloc(lv->refresh_from, (size_t)cap * sizeof *r);
+    if (!r) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "level: %d refresh records", cap);
+    lv->refresh_from = r;
     lv->refresh_cap = cap;
     return TRI_STATUS_OK;
 }
@@ -245,6 +249,7 @@ static tri_status eval_refresh_one(tri__level *lv, const int32_t *tokens, int32_
     tri__kv_policy_cancel_refresh(&lv->pol);  // already consumed, unless the step failed
     refresh_sync(lv);  // a selection that failed over borrowed rows dropped the one before it
     TRY(st);
+    lv->refresh_from[lv->n_refresh] = -1;
     lv->refresh_at[lv->n_refresh++] = tri__kv_policy_len(&lv->pol);
     lv->n_logits = 1;
     return TRI_STATUS_OK;
@@ -259,11 +264,13 @@ tri_status tri__level_select_during(tri__level *lv, tri__level *full, int32_t at
         TRY(refresh_reserve(x));
         TRY(tri__kv_policy_tap(&tri__level_rank(full, r)->pol, &x->pol, at));
         refresh_sync(x);
+        x->refresh_from[x->n_refresh] = tri__level_n_past(tri__level_rank(full, r));
         x->n_logits = 0;
     }
     TRY(refresh_reserve(lv));
     TRY(tri__kv_policy_tap(&full->pol, &lv->pol, at));
     refresh_sync(lv);  // the policy dropped its selection
+    lv->refresh_from[lv->n_refresh] = tri__level_n_past(full);  // the pass starts there
     lv->n_logits = 0;
     return TRI_STATUS_OK;
 }
@@ -302,6 +309,7 @@ tri_status tri__level_adopt(tri__level *lv, tri__level *from, int32_t n) {
         x->n_logits = 0;
         tri_status st = tri__kv_policy_adopt(&x->pol, tri__level_rank(from, r)->pol.kv, n);
         refresh_sync(x);  // borrowing: adopting drops the selection
+        if (!st) x->adopted = n;
         x->seconds += now_seconds() - t0;
         if (st || r == 0) return st;
     }
@@ -336,6 +344,7 @@ static tri_status truncate_one(tri__level *lv, int32_t n_past) {
     // only when told to
     tri__kv_policy_cancel_refresh(&lv->pol);
     refresh_sync(lv);
+    if (lv->adopted > tri__kv_policy_len(&lv->pol)) lv->adopted = tri__kv_policy_len(&lv->pol);
     return TRI_STATUS_OK;
 }
 

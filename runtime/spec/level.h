@@ -57,7 +57,12 @@ typedef struct tri__level {
     int32_t n_logits;        // rows valid after the last eval
     int32_t *refresh_at;     // (refresh_cap) RETRIEVAL: cache lengths at which the chunks were
                              // selected afresh (tri__level_eval_refresh), ascending
+    int32_t *refresh_from;   // (refresh_cap) for each of them, the length where the full level's pass
+                             // that made it began (tri__level_select_during); -1: the level's own step
     int32_t n_refresh, refresh_cap;
+    int32_t adopted;         // the length the last tri__level_adopt reached, lowered by rollbacks: a
+                             // retrieval level's query history holds no token before it (adopted
+                             // tokens ran elsewhere), so a replay of the level adopts there too
     double seconds;          // wall time spent in eval, accumulated
     int64_t n_evals;         // forward passes run
     // tensor parallelism (tensor-parallel.h): this level is rank 0's; peers (n_ranks - 1, owned)
@@ -100,12 +105,13 @@ tri_status tri__level_eval(tri__level *lv, const int32_t *tokens, int32_t n, boo
 // As tri__level_eval with all_logits, appending the n rows after the rows already there.
 tri_status tri__level_eval_more(tri__level *lv, const int32_t *tokens, int32_t n);
 // As tri__level_eval with the last row only, and a RETRIEVAL level then selects its chunks
-// afresh from the last token's query, at the length after it: the last token runs in a step of
-// its own, so the selection does not depend on how the tokens were batched. The length is
-// appended to refresh_at. Other policies: a plain eval.
+// afresh at the length after it, from its query history (the last `queries` tokens it ran,
+// whatever steps they came in: kv-policy.h); the last token runs in a step of its own. The length
+// is appended to refresh_at. Other policies: a plain eval.
 tri_status tri__level_eval_refresh(tri__level *lv, const int32_t *tokens, int32_t n);
 // Arms full (a FULL level, the store lv borrows) so that its pass ending at length `at` also
-// selects lv's chunks, from full's query and the rows it has just written (tri__kv_policy_tap: no
+// selects lv's chunks, from full's queries of the pass's last tokens and the rows it has just
+// written (tri__kv_policy_tap: no
 // extra pass, no upload of offloaded rows). lv must not run before that pass; then
 // tri__level_took_selection records it.
 tri_status tri__level_select_during(tri__level *lv, tri__level *full, int32_t at);

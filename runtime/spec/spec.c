@@ -525,13 +525,19 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
         if (levels[k] && tri__level_n_past(levels[k]) < from) from = tri__level_n_past(levels[k]);
     // pieces of n_batch tokens, or of a layer-major span when L3 streams (llama.h)
     const int32_t piece = tri__llama_prefill_step(&s->l3.ll, &s->l3.pol);
-    // L2 over L3's rows selects during L3's last prefill step, from L3's query of the last token
+    // L2 over L3's rows selects during L3's last prefill step, from L3's queries of the last tokens
     // it prefills and the rows it has just written (no pass of its own over the whole context, no
     // upload of offloaded rows); otherwise, as TriForce does, in a step of its own after the prefill
     const bool l2_borrows = s->lv2 && s->lv2->pol.src == s->l3.pol.kv;
+    // L2's selection reads the queries of the armed pass's last `queries` tokens: the last piece
+    // holds at least that many where the prompt does, so that they do not depend on where the
+    // pieces fall (a shorter piece before it instead)
+    const int32_t last_min = l2_borrows && s->lv2->pol.p.queries > 1 ? s->lv2->pol.p.queries : 1;
     bool selected = false;
     for (int32_t done = from; done < end;) {
         int32_t step = end - done < piece ? end - done : piece;
+        if (last_min <= piece && end - done > step && end - done - step < last_min)
+            step = end - done - last_min;
         for (int k = 0; k < 3; k++) {
             tri__level *lv = levels[k];
             if (!lv || tri__level_n_past(lv) >= done + step) continue;
@@ -561,7 +567,7 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
     s->n_seq += n_prompt;
     stats->n_prompt = n_prompt;
     stats->n_l2_refresh += selected;
-    // a new prompt: L2 selects from its last token's query (unless it did during L3's prefill)
+    // a new prompt: L2 selects in its first step (unless it did during L3's prefill)
     if (n_prompt > 0) s->refresh_next = s->lv2 && s->lv2->pol.p.kind == TRI_KV_POLICY_RETRIEVAL && !selected;
     double t1 = now_seconds();
     stats->prefill_seconds = t1 - t0;
