@@ -44,6 +44,9 @@ CUDAEMU_DEVICES=0 meson test -C build-emu --print-errorlogs --num-processes "$(n
 #    up as a wrong result in some order), then the suites that take a device end to end (device:
 #    offloaded KV, streamed weights and the speculative engine on the device against the CPU).
 meson test -C build-emu --print-errorlogs cuda-backend device --logbase emu || rc=$?
+# allocation failures at every site of the CUDA backend and around it, on the emulated GPU (the
+# CPU scenarios of the suite ran in step 1)
+meson test -C build-emu --print-errorlogs faults --test-args=--filter=faults/cuda_* --logbase emu-faults || rc=$?
 # tensor parallelism over two emulated GPUs (the suite turns peer access on and off itself)
 CUDAEMU_DEVICES=2 meson test -C build-emu --print-errorlogs tp --logbase emu-tp || rc=$?
 CUDAEMU_SCHED=rev CUDAEMU_BLOCKS=rev meson test -C build-emu --print-errorlogs cuda-backend \
@@ -58,7 +61,7 @@ awk '/Synthesis: Tested:/ { for (i = 1; i <= NF; i++) { if ($i == "Passing:") p 
        if ($i == "Failing:" || $i == "Crashing:") f += $(i + 1) } }
      END { printf "tests: %d passed, %d failed\n", p, f }' build-test/meson-logs/testlog.txt \
   build-emu/meson-logs/asan.txt build-emu/meson-logs/emu.txt build-emu/meson-logs/emu-rev.txt \
-  build-emu/meson-logs/emu-rand.txt build-emu/meson-logs/emu-tp.txt
+  build-emu/meson-logs/emu-rand.txt build-emu/meson-logs/emu-tp.txt build-emu/meson-logs/emu-faults.txt
 [ "$rc" = 0 ] || exit "$rc"
 
 # Fuzz targets: clang with libFuzzer, ASan and UBSan, FUZZ_SECONDS each (default 60).

@@ -3,7 +3,8 @@
 // Each scenario is a piece of real use of the public API: model load (GGUF, HF safetensors),
 // session creation and a short generation with each KV policy, the speculative engine, offloaded
 // KV with streamed and disk-read weights on a CPU backend with a transfer stream (the emulated
-// GPU of async-backend.h). A first run counts the calls of the fault kinds; then the scenario runs
+// GPU of async-backend.h), and the same on the CUDA backend where there is a device (in CI, the
+// CPU emulator of tests/cudaemu: scripts/test.sh runs faults/cuda_* with it). A first run counts the calls of the fault kinds; then the scenario runs
 // again once for each N (every N up to the end of creation, evenly spaced N after it, see
 // sweep()), with the Nth call failing. Every run must
 //   - end in a failing status with a message (or succeed, when the failed call had a fallback,
@@ -57,6 +58,7 @@ typedef struct scenario {
     tri_kv_policy policy;
     tri_spec_mode spec_mode;
     bool async;            // the emulated GPU (transfer stream, host_memory false)
+    bool cuda;             // on CUDA device 0 (else on the CPU)
     int32_t kv_offloaded;  // session params
     int32_t streamed, from_disk;
 } scenario;
@@ -85,6 +87,7 @@ static tri_session_params session_params(const scenario *sc) {
     sp.n_batch = 16;
     sp.n_threads = 1;
     sp.kv_type = TRI_DTYPE_F32;
+    sp.device_kind = sc->cuda ? TRI_DEVICE_CUDA : TRI_DEVICE_CPU;
     sp.kv_policy = sc->policy;
     sp.kv_budget = 24;
     sp.kv_chunk = 4;
@@ -216,8 +219,8 @@ static bool leak_check(void) {
 
 static bool expected_status(unsigned kinds, tri_status st) {
     if (kinds & (TRI__FAULT_READ | TRI__FAULT_URING)) return st == TRI_STATUS_IO || st == TRI_STATUS_UNSUPPORTED;
-    if (kinds & TRI__FAULT_MMAP) return st == TRI_STATUS_OUT_OF_MEMORY || st == TRI_STATUS_IO;
-    return st == TRI_STATUS_OUT_OF_MEMORY || st == TRI_STATUS_DEVICE_OUT_OF_MEMORY;
+    return st == TRI_STATUS_OUT_OF_MEMORY || ((kinds & TRI__FAULT_DEVICE) && st == TRI_STATUS_DEVICE_OUT_OF_MEMORY) ||
+           ((kinds & TRI__FAULT_MMAP) && st == TRI_STATUS_IO);
 }
 
 // Runs sc once unfaulted (the reference tokens and the call count), then once for every N in
@@ -356,6 +359,32 @@ Test(faults, offloaded_on_emulated_device, .timeout = 600) {
     scenario spec = {.name = "spec offloaded", .run = run_spec, .target = t, .async = true,
                      .spec_mode = TRI_SPEC_MODE_RETRIEVAL, .kv_offloaded = 1, .streamed = 2, .from_disk = 1};
     sweep(&spec, ALLOC_KINDS, false, 0, 150);
+}
+
+// The CUDA backend's own allocations (cudaMalloc, cudaHostAlloc, cudaHostRegister through the
+// tri__cuda_* wrappers, counted as TRI__FAULT_DEVICE) and the library's around them: a session
+// with offloaded KV and streamed weights, and the retrieval engine over it, on device 0.
+Test(faults, cuda_offloaded, .timeout = TT_TIMEOUT(600)) {
+    need_wrapped();
+    if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
+    const char *t = model("faults-cuda", TARGET_OPTS);
+    // a first session on the device, unfaulted: what the process sets up once (the CUDA module,
+    // cuBLAS) is then not counted among every run's calls
+    tri_model *m;
+    tri_session *s;
+    tri_session_params sp = tri_session_default_params();
+    sp.device_kind = TRI_DEVICE_CUDA;
+    sp.n_ctx = 16;
+    cr_assert_eq(tri_model_load(t, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_free(s);
+    tri_model_free(m);
+    scenario off = {.name = "cuda session offloaded", .run = run_session, .target = t, .cuda = true,
+                    .kv_offloaded = 1, .streamed = 1};
+    sweep(&off, ALLOC_KINDS, false, 0, 40);
+    scenario spec = {.name = "cuda spec offloaded", .run = run_spec, .target = t, .cuda = true,
+                     .spec_mode = TRI_SPEC_MODE_RETRIEVAL, .kv_offloaded = 1, .streamed = 1};
+    sweep(&spec, ALLOC_KINDS, false, 0, 30);
 }
 
 // The disk tier: reads failing with EIO, coming up short, and io_uring refused at set-up.
