@@ -48,7 +48,10 @@ echo "pkg-config: $flags"
 cp "$app_c" "$tmp/app.c"
 (cd "$tmp" && cc -std=c11 -Wall -Wextra -Werror app.c $flags -o app) || fail "cc app.c \$(pkg-config ...)"
 export LD_LIBRARY_PATH=$libdir
-ldd "$tmp/app" | grep -q "libtriforce.so.* => $libdir/" || { ldd "$tmp/app"; fail "app does not load the installed library"; }
+# (ldd's output read whole first: grep -q leaving a pipe early may kill ldd with SIGPIPE, which
+# pipefail then reports as a failure)
+deps=$(ldd "$tmp/app")
+grep -q "libtriforce.so.* => $libdir/" <<<"$deps" || { echo "$deps"; fail "app does not load the installed library"; }
 "$gen" --seed 3 --layers 2 --vocab 300 --out-gguf "$tmp/m.gguf" >/dev/null || fail "tri-gen-model"
 out=$("$tmp/app" "$tmp/m.gguf" "hello" 12) || { echo "$out"; fail "the client failed"; }
 cat -v <<<"$out"
