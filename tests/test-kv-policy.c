@@ -952,7 +952,10 @@ typedef struct stream_rig {
     int32_t V;
 } stream_rig;
 
-static void policy_rig_init(stream_rig *r, tri_model *m, const tri__kv_policy_params *pp, int32_t capacity) {
+// The rig over policy parameters pp: a cache of kv_type rows, capacity positions, steps of up to
+// max_step tokens.
+static void model_rig_init(stream_rig *r, tri_model *m, const tri__kv_policy_params *pp, tri_dtype kv_type,
+                           int32_t capacity, int32_t max_step) {
     memset(r, 0, sizeof *r);
     tri_model_info info;
     tri_model_get_info(m, &info);
@@ -960,31 +963,25 @@ static void policy_rig_init(stream_rig *r, tri_model *m, const tri__kv_policy_pa
     r->V = c->n_vocab;
     cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &r->be), TRI_STATUS_OK);
     cr_assert_eq(tri__model_on_backend(m, r->be, 0, 0, &r->w), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(tri__llama_init(&r->ll, r->w, r->be, 16), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(tri__kv_policy_init(&r->pol, pp, r->be, TRI_DTYPE_F16, c->n_layer, c->n_head, c->n_head_kv,
-                                     c->head_dim, capacity, 16),
+    cr_assert_eq(tri__llama_init(&r->ll, r->w, r->be, max_step), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri__kv_policy_init(&r->pol, pp, r->be, kv_type, c->n_layer, c->n_head, c->n_head_kv,
+                                     c->head_dim, capacity, max_step),
                  TRI_STATUS_OK, "%s", tri_last_error());
+}
+
+static void policy_rig_init(stream_rig *r, tri_model *m, const tri__kv_policy_params *pp, int32_t capacity) {
+    model_rig_init(r, m, pp, TRI_DTYPE_F16, capacity, 16);
 }
 
 static void stream_rig_init(stream_rig *r, tri_model *m, int32_t capacity, bool keep_all, int32_t rollback,
                             int32_t evict_every) {
-    memset(r, 0, sizeof *r);
-    tri_model_info info;
-    tri_model_get_info(m, &info);
-    const tri_model_config *c = &info.config;
-    r->V = c->n_vocab;
-    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &r->be), TRI_STATUS_OK);
-    cr_assert_eq(tri__model_on_backend(m, r->be, 0, 0, &r->w), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(tri__llama_init(&r->ll, r->w, r->be, 16), TRI_STATUS_OK, "%s", tri_last_error());
     tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_STREAMING, capacity);
     pp.budget = 8;
     pp.sink = 2;
     pp.keep_all = keep_all;
     pp.rollback = rollback;
     pp.evict_every = evict_every;
-    cr_assert_eq(tri__kv_policy_init(&r->pol, &pp, r->be, TRI_DTYPE_F16, c->n_layer, c->n_head, c->n_head_kv,
-                                     c->head_dim, capacity, 16),
-                 TRI_STATUS_OK, "%s", tri_last_error());
+    policy_rig_init(r, m, &pp, capacity);
 }
 
 static void stream_rig_free(stream_rig *r) {
@@ -1125,23 +1122,13 @@ Test(streaming, evict_every_interval_same_however_batched) {
 // of 4, a budget of 16 (chunk 0, a window of one chunk, two chosen), selections reading the last
 // `queries` tokens' queries, steps of up to 64.
 static void history_rig_init(stream_rig *r, tri_model *m, int32_t refresh, int32_t queries) {
-    memset(r, 0, sizeof *r);
-    tri_model_info info;
-    tri_model_get_info(m, &info);
-    const tri_model_config *c = &info.config;
-    r->V = c->n_vocab;
-    cr_assert_eq(tri__backend_cpu_create(1, TRI_CPU_SIMD_AUTO, &r->be), TRI_STATUS_OK);
-    cr_assert_eq(tri__model_on_backend(m, r->be, 0, 0, &r->w), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(tri__llama_init(&r->ll, r->w, r->be, 64), TRI_STATUS_OK, "%s", tri_last_error());
     tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 128);
     pp.budget = 16;
     pp.chunk = 4;
     pp.window = 4;
     pp.queries = queries;
     pp.refresh = refresh;
-    cr_assert_eq(tri__kv_policy_init(&r->pol, &pp, r->be, TRI_DTYPE_F32, c->n_layer, c->n_head, c->n_head_kv,
-                                     c->head_dim, 128, 64),
-                 TRI_STATUS_OK, "%s", tri_last_error());
+    model_rig_init(r, m, &pp, TRI_DTYPE_F32, 128, 64);
 }
 
 // Every (layer, KV head) of a and b selected the same chunks at the same length.
