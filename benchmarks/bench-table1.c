@@ -14,8 +14,8 @@
 // usage: bench-table1 MODEL TEXT text   CONTEXT POSITIONS BUDGETS POLICIES [threads]
 //        bench-table1 MODEL TEXT needle CONTEXTS DEPTHS DIV POLICIES [threads]
 // BUDGETS, CONTEXTS, DEPTHS: comma lists. POLICIES: comma list of streaming, h2o and retrieval
-// variants "ret[:sum|:max|:soft][:bound][:next][:wN][:qN][:cN][:rN]" (group scoring, chunk bounds for
-// summaries instead of mean keys, each chosen chunk with its successor, recent window of N tokens,
+// variants "ret[:sum|:max|:soft][:bound][:wN][:qN][:cN][:rN]" (group scoring, chunk bounds for
+// summaries instead of mean keys, recent window of N tokens,
 // the last N tokens' queries, chunks of N, refresh every N tokens; default: the policy defaults).
 //
 // Every policy runs the same prompt. Full attention and the retrieval variants share one
@@ -69,7 +69,7 @@ typedef struct variant {
     tri_kv_policy kind;
     tri__kv_group group;
     int32_t window, queries, chunk, refresh;
-    bool set_group, bound, next;
+    bool set_group, bound;
 } variant;
 
 static variant parse_variant(const char *s) {
@@ -83,7 +83,6 @@ static variant parse_variant(const char *s) {
             else if (!strncmp(c, ":max", 4)) v.group = TRI__KV_GROUP_MAX, v.set_group = true;
             else if (!strncmp(c, ":soft", 5)) v.group = TRI__KV_GROUP_SOFTMAX, v.set_group = true;
             else if (!strncmp(c, ":bound", 6)) v.bound = true;
-            else if (!strncmp(c, ":next", 5)) v.next = true;
             else if (c[1] == 'w') v.window = atoi(c + 2);
             else if (c[1] == 'q') v.queries = atoi(c + 2);
             else if (c[1] == 'c') v.chunk = atoi(c + 2);
@@ -111,7 +110,6 @@ static tri__kv_policy_params params_of(const variant *v, int32_t budget, int32_t
         if (v->queries >= 0) pp.queries = v->queries;
         pp.refresh = v->refresh;
         if (v->bound) pp.bound = true;
-        if (v->next) pp.next = true;
         pp.budget -= pp.budget % pp.chunk;
     }
     return pp;

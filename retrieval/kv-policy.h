@@ -59,8 +59,6 @@ typedef struct tri__kv_policy_params {
                           // they came in: a history kept across steps, rolled back with the cache
                           // and started again after adopted tokens (they did not run here) and with
                           // a tap's pass (which counts as run); fewer when fewer ran since; 0: 1
-    bool next;            // RETRIEVAL: half as many chunks chosen by score, each with the chunk after
-                          // it (bench-table1 ":n"; docs/kv-policies.md, measured)
 } tri__kv_policy_params;
 
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: MAX group

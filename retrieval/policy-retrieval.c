@@ -504,29 +504,8 @@ static tri_status select_head(tri__kv_policy *p, int64_t i, int32_t n_chunks, in
     tri__retrieval_state *s = p->ret;
     int32_t window = p->p.window / p->p.chunk;
     if (window > (s->kmax - 1) / 2) window = (s->kmax - 1) / 2;
-    if (!p->p.next || n_chunks <= s->kmax)
-        return tri__chunk_select(s->ix[i], p->p.group, p->p.bound, s->qset, n_q, n_chunks, s->kmax, window, ids,
-                                 cnt_out);
-    // half as many chosen, each with the chunk after it (what follows a match: a copy's next tokens)
-    const int32_t chosen = (s->kmax - 1 - window) / 2, recent = n_chunks - window;
-    int32_t n = 0;
-    TRY(tri__chunk_select(s->ix[i], p->p.group, p->p.bound, s->qset, n_q, n_chunks, 1 + window + chosen, window, ids,
-                          &n));
-    const int32_t n0 = n;
-    for (int32_t a = 0; a < n0; a++) {
-        const int32_t c = ids[a] + 1;
-        bool have = ids[a] == 0 || ids[a] >= recent || c >= recent;  // the sink and the window bring none
-        for (int32_t b = 0; !have && b < n; b++) have = ids[b] == c;
-        if (!have) ids[n++] = c;
-    }
-    for (int32_t a = 1; a < n; a++)  // ascending again (insertion: a few dozen ids)
-        for (int32_t b = a; b > 0 && ids[b - 1] > ids[b]; b--) {
-            int32_t t = ids[b];
-            ids[b] = ids[b - 1];
-            ids[b - 1] = t;
-        }
-    *cnt_out = n;
-    return TRI_STATUS_OK;
+    return tri__chunk_select(s->ix[i], p->p.group, p->p.bound, s->qset, n_q, n_chunks, s->kmax, window, ids,
+                             cnt_out);
 }
 
 // A selection entry with room for every head's chunks; false when out of memory.
