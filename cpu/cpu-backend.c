@@ -952,6 +952,38 @@ void tri__cpu_attention_merge(float *out, float *state, const float *chunks, int
     }
 }
 
+// ---- steps driven from backend memory (host memory here) ----
+
+static tri_status cpu_attention_dev(tri__backend *be, float *out, const float *q, const int32_t *q_pos, int64_t m,
+                                    int64_t n_head, int64_t hd, const tri__kv_view *kv) {
+    return attn_run(be, out, NULL, NULL, q, q_pos, m, n_head, hd, kv, NULL);
+}
+
+static tri_status cpu_set_rows(tri__backend *be, void *dst, tri_dtype type, const float *src, const int32_t *rows,
+                               int64_t m, int64_t n) {
+    if (type != TRI_DTYPE_F32 && type != TRI_DTYPE_F16 && type != TRI_DTYPE_BF16)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu set_rows: to %s", tri_dtype_name(type));
+    if (m < 0 || n < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu set_rows: %lld rows of %lld", (long long)m, (long long)n);
+    for (int64_t i = 0; i < m; i++) {
+        if (rows[i] < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu set_rows: row %d at %lld", rows[i], (long long)i);
+        TRY(cpu_convert(be, (char *)dst + rows[i] * tri__dtype_row_bytes(type, n), type, src + i * n, n));
+    }
+    return TRI_STATUS_OK;
+}
+
+static tri_status cpu_window_rows(tri__backend *be, int32_t *state, int32_t *rows, int32_t view_rows,
+                                  const tri__stream_window *w) {
+    (void)be;
+    const int32_t n0 = state[1], kept = tri__window_kept(w, n0), own = tri__window_row(w, n0);
+    if (n0 < 0 || kept >= view_rows)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu window_rows: a step at %d keeps %d rows, view of %d", n0,
+                         kept, view_rows);
+    state[2] = kept;
+    state[3] = own;
+    for (int32_t i = 0; i < view_rows; i++) rows[i] = i < kept ? tri__window_row(w, tri__window_pos(w, n0, i)) : own;
+    return TRI_STATUS_OK;
+}
+
 // ---- the table ----
 
 static const tri__backend_ops cpu_ops = {
@@ -979,6 +1011,11 @@ static const tri__backend_ops cpu_ops = {
     .geglu = cpu_geglu,
     .scale = cpu_scale,
     .add_rows = cpu_add_rows,
+    .get_rows_dev = cpu_get_rows,
+    .rope_dev = cpu_rope,
+    .attention_dev = cpu_attention_dev,
+    .set_rows = cpu_set_rows,
+    .window_rows = cpu_window_rows,
 };
 
 tri_status tri__backend_cpu_create(int32_t n_threads, tri__cpu_simd simd, tri__backend **out) {

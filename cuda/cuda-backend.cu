@@ -33,12 +33,6 @@ static tri_status cublas_status(cublasStatus_t err, const char *file, int line, 
         if (st__ != TRI_STATUS_OK) return st__;                                                \
     } while (0)
 
-#define TRY(call)                                  \
-    do {                                           \
-        tri_status st__ = (call);                  \
-        if (st__ != TRI_STATUS_OK) return st__;    \
-    } while (0)
-
 // ---- state ----
 
 #define UPLOAD_SLOTS 8  // uploads in flight before the host waits for the oldest one
@@ -55,6 +49,15 @@ typedef struct upload_slot {
     bool pending;
 } upload_slot;
 
+// A recorded graph and the device buffers its ops read: descriptors uploaded and scratch used
+// while recording, which must outlive every replay (the instance's own buffers may be regrown).
+struct tri__graph {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    void **bufs;
+    int n_bufs, cap;
+};
+
 typedef struct cuda_state {
     int device;
     int sm_count;
@@ -70,9 +73,12 @@ typedef struct cuda_state {
     unsigned char *scratch;  // device scratch of the current op
     size_t scratch_cap;
     tri__cuda_limits limits;
+    tri__graph *rec;  // the graph being recorded (graph_begin .. graph_end), else NULL
 } cuda_state;
 
 static cuda_state *priv(tri__backend *be) { return (cuda_state *)be->priv; }
+
+static void graph_release(tri__graph *g);
 
 // Every entry point first makes the instance's device current: the caller's thread may have
 // another one current.
@@ -104,7 +110,28 @@ static tri_status grow_device(unsigned char **buf, size_t *cap, size_t bytes, co
     return TRI_STATUS_OK;
 }
 
+// A device buffer of bytes that the graph being recorded owns.
+static tri_status rec_alloc(cuda_state *st, size_t bytes, unsigned char **out) {
+    tri__graph *g = st->rec;
+    if (g->n_bufs == g->cap) {
+        int cap = g->cap ? 2 * g->cap : 16;
+        void **b = (void **)realloc(g->bufs, sizeof *b * (size_t)cap);
+        if (!b) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cuda graph: %d buffers", cap);
+        g->bufs = b;
+        g->cap = cap;
+    }
+    cudaError_t err = tri__cuda_malloc((void **)out, bytes ? bytes : 16);
+    if (err != cudaSuccess) {
+        *out = NULL;
+        tri_status s = tri__cuda_status(err, __FILE__, __LINE__, "cudaMalloc");
+        return tri__fail(s, "cuda graph: a buffer of %zu bytes: %s", bytes, tri_last_error());
+    }
+    g->bufs[g->n_bufs++] = *out;
+    return TRI_STATUS_OK;
+}
+
 static tri_status scratch_get(cuda_state *st, size_t bytes, unsigned char **out) {
+    if (st->rec) return rec_alloc(st, bytes, out);  // a replay reads it after the instance regrew its own
     TRY(grow_device(&st->scratch, &st->scratch_cap, bytes, "op"));
     *out = st->scratch;
     return TRI_STATUS_OK;
@@ -141,6 +168,12 @@ static tri_status upload_begin(cuda_state *st, size_t bytes, unsigned char **hos
 
 static tri_status upload_finish(cuda_state *st, size_t bytes, unsigned char **dev) {
     upload_slot *sl = &st->slots[st->next_slot];
+    if (st->rec) {  // recording: a copy of the descriptors of the graph's own, made now
+        TRY(rec_alloc(st, bytes, dev));
+        CUDA_TRY(cudaMemcpyAsync(*dev, sl->host, bytes, cudaMemcpyHostToDevice, st->xfer));
+        CUDA_TRY(cudaStreamSynchronize(st->xfer));
+        return TRI_STATUS_OK;
+    }
     TRY(grow_device(&st->args, &st->args_cap, bytes, "argument"));
     CUDA_TRY(cudaMemcpyAsync(st->args, sl->host, bytes, cudaMemcpyHostToDevice, st->stream));
     CUDA_TRY(cudaEventRecord(sl->done, st->stream));
@@ -159,6 +192,12 @@ static tri_status upload_array(cuda_state *st, const void *src, size_t bytes, un
 }
 
 #define LAUNCH(call) CUDA_TRY(call)
+
+// What a replay could not repeat is refused while recording (backend.h, graph_begin).
+#define NOT_RECORDING(st, what)                                                                     \
+    do {                                                                                           \
+        if ((st)->rec) return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda: %s while recording a graph", what); \
+    } while (0)
 
 // ---- memory ----
 
@@ -187,6 +226,7 @@ static void cuda_free(tri__backend *be, void *ptr) {
 static tri_status cuda_copy_to_backend(tri__backend *be, void *dst, const void *src, size_t bytes) {
     cuda_state *st = priv(be);
     if (bytes == 0) return TRI_STATUS_OK;
+    NOT_RECORDING(st, "a copy from host memory");
     USE_DEVICE(st);
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream));
     return TRI_STATUS_OK;
@@ -195,6 +235,7 @@ static tri_status cuda_copy_to_backend(tri__backend *be, void *dst, const void *
 static tri_status cuda_copy_to_host(tri__backend *be, void *dst, const void *src, size_t bytes) {
     cuda_state *st = priv(be);
     if (bytes == 0) return TRI_STATUS_OK;
+    NOT_RECORDING(st, "a copy to host memory");
     USE_DEVICE(st);
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st->stream));
     return TRI_STATUS_OK;
@@ -210,6 +251,7 @@ static tri_status cuda_copy(tri__backend *be, void *dst, const void *src, size_t
 
 static tri_status cuda_synchronize(tri__backend *be) {
     cuda_state *st = priv(be);
+    NOT_RECORDING(st, "synchronize");
     USE_DEVICE(st);
     CUDA_TRY(cudaStreamSynchronize(st->xfer));
     CUDA_TRY(cudaStreamSynchronize(st->stream));
@@ -225,6 +267,13 @@ static void cuda_destroy(tri__backend *be) {
     cuda_state *st = priv(be);
     if (st) {
         if (cudaSetDevice(st->device) == cudaSuccess) {
+            if (st->rec) {  // a recording never ended
+                cudaGraph_t g = NULL;
+                if (cudaStreamEndCapture(st->stream, &g) == cudaSuccess && g) (void)cudaGraphDestroy(g);
+                (void)cudaGetLastError();
+                st->rec->graph = NULL;
+                graph_release(st->rec);
+            }
             if (st->stream) (void)cudaStreamSynchronize(st->stream);
             if (st->xfer) (void)cudaStreamSynchronize(st->xfer);
             for (int i = 0; i < UPLOAD_SLOTS; i++) {
@@ -365,25 +414,32 @@ static tri_status cuda_rmsnorm(tri__backend *be, float *y, const float *x, const
 // The frequency table travels with the positions in the op's one upload (head_dim / 2 floats,
 // 256 bytes for head_dim 128). A device copy cached by the table's address would go stale when a
 // table is freed and another allocated at the same address, or updated in place (dynamic NTK).
-static tri_status cuda_rope(tri__backend *be, float *x, int64_t m, int64_t n_heads, const int32_t *pos,
-                            const tri__rope *rope) {
+// pos_dev: pos is device memory (rope_dev), read by the kernel; else host, uploaded with the table.
+static tri_status rope_run(tri__backend *be, float *x, int64_t m, int64_t n_heads, const int32_t *pos, bool pos_dev,
+                           const tri__rope *rope) {
     cuda_state *st = priv(be);
     int64_t hd = rope->head_dim, half = hd / 2;
     if (hd <= 0 || hd % 2 != 0 || m < 0 || n_heads < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda rope: head_dim %lld", (long long)hd);
-    for (int64_t i = 0; i < m; i++)
+    for (int64_t i = 0; !pos_dev && i < m; i++)
         if (pos[i] < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda rope: position %d", pos[i]);
     if (m == 0 || n_heads == 0) return TRI_STATUS_OK;
     USE_DEVICE(st);
-    size_t fbytes = align16(sizeof(float) * (size_t)half), pbytes = sizeof(int32_t) * (size_t)m;
+    size_t fbytes = align16(sizeof(float) * (size_t)half), pbytes = pos_dev ? 0 : sizeof(int32_t) * (size_t)m;
     unsigned char *h, *d;
     TRY(upload_begin(st, fbytes + pbytes, &h));
     memcpy(h, rope->inv_freq, sizeof(float) * (size_t)half);
-    memcpy(h + fbytes, pos, pbytes);
+    if (!pos_dev) memcpy(h + fbytes, pos, pbytes);
     TRY(upload_finish(st, fbytes + pbytes, &d));
-    LAUNCH(tri__cuda_rope(x, m, n_heads, hd, rope->layout == TRI_ROPE_LAYOUT_ADJACENT, (const int32_t *)(d + fbytes),
-                          (const float *)d, rope->attn_factor, st->stream));
+    LAUNCH(tri__cuda_rope(x, m, n_heads, hd, rope->layout == TRI_ROPE_LAYOUT_ADJACENT,
+                          pos_dev ? pos : (const int32_t *)(d + fbytes), (const float *)d, rope->attn_factor,
+                          st->stream));
     return TRI_STATUS_OK;
+}
+
+static tri_status cuda_rope(tri__backend *be, float *x, int64_t m, int64_t n_heads, const int32_t *pos,
+                            const tri__rope *rope) {
+    return rope_run(be, x, m, n_heads, pos, false, rope);
 }
 
 static tri_status cuda_swiglu(tri__backend *be, float *out, const float *gate, const float *up, int64_t n) {
@@ -469,8 +525,10 @@ static tri_status cuda_top_k(tri__backend *be, float *values, int32_t *indices, 
 // ---- attention ----
 
 // out (m, n_head, hd), or with state set (m, n_head, hd + 2) the state before the division.
+// q_pos_dev: q_pos is device memory (attention_dev), else host, uploaded with the view.
 static tri_status attention_run(tri__backend *be, float *out, float *state, const float *q, const int32_t *q_pos,
-                                int64_t m, int64_t n_head, int64_t hd, const tri__kv_view *kv, float *weight_sums) {
+                                bool q_pos_dev, int64_t m, int64_t n_head, int64_t hd, const tri__kv_view *kv,
+                                float *weight_sums) {
     cuda_state *st = priv(be);
     int64_t nkv = kv->n_head_kv;
     if (kv->type != TRI_DTYPE_F16 && kv->type != TRI_DTYPE_F32)
@@ -528,7 +586,7 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
     size_t bytes = o_ch + sizeof(tri__cuda_chunk) * (size_t)n_chunks;
     unsigned char *h, *d;
     TRY(upload_begin(st, bytes, &h));
-    memcpy(h + o_qpos, q_pos, sizeof(int32_t) * (size_t)m);
+    if (!q_pos_dev) memcpy(h + o_qpos, q_pos, sizeof(int32_t) * (size_t)m);
     memcpy(h + o_hs, kv->head_span, sizeof(int32_t) * (size_t)(nkv + 1));
     int32_t *hc = (int32_t *)(h + o_hc), *pos = (int32_t *)(h + o_pos);
     tri__cuda_span *sp = (tri__cuda_span *)(h + o_sp);
@@ -556,7 +614,7 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
     tri__cuda_attn_args a;
     memset(&a, 0, sizeof a);
     a.q = q;
-    a.q_pos = (const int32_t *)(d + o_qpos);
+    a.q_pos = q_pos_dev ? q_pos : (const int32_t *)(d + o_qpos);
     a.head_span = (const int32_t *)(d + o_hs);
     a.head_chunk = (const int32_t *)(d + o_hc);
     a.pos = (const int32_t *)(d + o_pos);
@@ -589,7 +647,7 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
 
 static tri_status cuda_attention(tri__backend *be, float *out, const float *q, const int32_t *q_pos, int64_t m,
                                  int64_t n_head, int64_t hd, const tri__kv_view *kv, float *weight_sums) {
-    return attention_run(be, out, NULL, q, q_pos, m, n_head, hd, kv, weight_sums);
+    return attention_run(be, out, NULL, q, q_pos, false, m, n_head, hd, kv, weight_sums);
 }
 
 // The state of the first chunks of a split attention (backend.h): the combine's max, sum and
@@ -597,7 +655,7 @@ static tri_status cuda_attention(tri__backend *be, float *out, const float *q, c
 // only; the host folds its own chunks after it.
 static tri_status cuda_attention_state(tri__backend *be, float *state, const float *q, const int32_t *q_pos, int64_t m,
                                        int64_t n_head, int64_t hd, const tri__kv_view *kv) {
-    return attention_run(be, NULL, state, q, q_pos, m, n_head, hd, kv, NULL);
+    return attention_run(be, NULL, state, q, q_pos, false, m, n_head, hd, kv, NULL);
 }
 
 // ---- gathering ----
@@ -661,6 +719,7 @@ static void cuda_event_destroy(tri__backend *be, tri__event *ev) {
 
 static tri_status cuda_event_record(tri__backend *be, tri__event *ev, tri__stream s) {
     cuda_state *st = priv(be);
+    NOT_RECORDING(st, "an event");
     USE_DEVICE(st);
     CUDA_TRY(cudaEventRecord((cudaEvent_t)ev, stream_of(st, s)));
     return TRI_STATUS_OK;
@@ -668,6 +727,7 @@ static tri_status cuda_event_record(tri__backend *be, tri__event *ev, tri__strea
 
 static tri_status cuda_stream_wait(tri__backend *be, tri__stream s, tri__event *ev) {
     cuda_state *st = priv(be);
+    NOT_RECORDING(st, "an event wait");
     USE_DEVICE(st);
     CUDA_TRY(cudaStreamWaitEvent(stream_of(st, s), (cudaEvent_t)ev, 0));
     return TRI_STATUS_OK;
@@ -675,6 +735,7 @@ static tri_status cuda_stream_wait(tri__backend *be, tri__stream s, tri__event *
 
 static tri_status cuda_event_synchronize(tri__backend *be, tri__event *ev) {
     cuda_state *st = priv(be);
+    NOT_RECORDING(st, "an event");
     USE_DEVICE(st);
     CUDA_TRY(cudaEventSynchronize((cudaEvent_t)ev));
     return TRI_STATUS_OK;
@@ -683,6 +744,7 @@ static tri_status cuda_event_synchronize(tri__backend *be, tri__event *ev) {
 static tri_status cuda_transfer_to_backend(tri__backend *be, void *dst, const void *src, size_t bytes) {
     cuda_state *st = priv(be);
     if (bytes == 0) return TRI_STATUS_OK;
+    NOT_RECORDING(st, "a transfer");
     USE_DEVICE(st);
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->xfer));
     return TRI_STATUS_OK;
@@ -691,6 +753,7 @@ static tri_status cuda_transfer_to_backend(tri__backend *be, void *dst, const vo
 static tri_status cuda_transfer_to_host(tri__backend *be, void *dst, const void *src, size_t bytes) {
     cuda_state *st = priv(be);
     if (bytes == 0) return TRI_STATUS_OK;
+    NOT_RECORDING(st, "a transfer");
     USE_DEVICE(st);
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st->xfer));
     return TRI_STATUS_OK;
@@ -733,6 +796,119 @@ static tri_status cuda_copy_peer(tri__backend *be, void *dst, tri__backend *othe
     return TRI_STATUS_OK;
 }
 
+// ---- steps driven from device memory, and graphs ----
+
+static tri_status cuda_get_rows_dev(tri__backend *be, float *out, const void *table, tri_dtype type, int64_t n_rows,
+                                    int64_t n, const int32_t *ids, int64_t m) {
+    cuda_state *st = priv(be);
+    int64_t row_bytes = tri__dtype_row_bytes(type, n);
+    if (row_bytes <= 0 || n_rows < 0 || m < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda get_rows_dev: %s rows of %lld elements",
+                         tri_dtype_name(type), (long long)n);
+    if (!aligned(table, elem_align(type)) || !aligned(ids, 4))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda get_rows_dev: misaligned table or ids");
+    if (m == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    LAUNCH(tri__cuda_get_rows(out, table, type, row_bytes, n, ids, m, st->stream));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_rope_dev(tri__backend *be, float *x, int64_t m, int64_t n_heads, const int32_t *pos,
+                                const tri__rope *rope) {
+    return rope_run(be, x, m, n_heads, pos, true, rope);
+}
+
+static tri_status cuda_attention_dev(tri__backend *be, float *out, const float *q, const int32_t *q_pos, int64_t m,
+                                     int64_t n_head, int64_t hd, const tri__kv_view *kv) {
+    return attention_run(be, out, NULL, q, q_pos, true, m, n_head, hd, kv, NULL);
+}
+
+static tri_status cuda_set_rows(tri__backend *be, void *dst, tri_dtype type, const float *src, const int32_t *rows,
+                                int64_t m, int64_t n) {
+    cuda_state *st = priv(be);
+    if (type != TRI_DTYPE_F32 && type != TRI_DTYPE_F16 && type != TRI_DTYPE_BF16)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda set_rows: to %s", tri_dtype_name(type));
+    if (m < 0 || n < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda set_rows: %lld rows of %lld", (long long)m, (long long)n);
+    if (!aligned(dst, elem_align(type)) || !aligned(rows, 4))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda set_rows: misaligned rows");
+    if (m == 0 || n == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    LAUNCH(tri__cuda_set_rows(dst, type, src, rows, m, n, st->stream));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_window_rows(tri__backend *be, int32_t *state, int32_t *rows, int32_t view_rows,
+                                   const tri__stream_window *w) {
+    cuda_state *st = priv(be);
+    int32_t e = w->evict_every > 1 ? w->evict_every : 1;
+    if (w->sink < 0 || w->sink >= w->budget || w->ring_rows < 0 || view_rows < w->budget + e)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda window_rows: sink %d, budget %d, evict_every %d, view of %d",
+                         w->sink, w->budget, w->evict_every, view_rows);
+    USE_DEVICE(st);
+    LAUNCH(tri__cuda_window_rows(state, rows, view_rows, w, st->stream));
+    return TRI_STATUS_OK;
+}
+
+static void graph_release(tri__graph *g) {
+    if (!g) return;
+    if (g->exec) (void)cudaGraphExecDestroy(g->exec);
+    if (g->graph) (void)cudaGraphDestroy(g->graph);
+    for (int i = 0; i < g->n_bufs; i++) (void)cudaFree(g->bufs[i]);
+    free(g->bufs);
+    free(g);
+}
+
+static tri_status cuda_graph_begin(tri__backend *be) {
+    cuda_state *st = priv(be);
+    NOT_RECORDING(st, "graph_begin");
+    USE_DEVICE(st);
+    tri__graph *g = (tri__graph *)calloc(1, sizeof *g);
+    if (!g) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cuda graph");
+    // relaxed: recording may allocate its buffers and copy descriptors on the transfer stream
+    cudaError_t err = cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeRelaxed);
+    if (err != cudaSuccess) {
+        free(g);
+        return tri__fail(tri__cuda_status(err, __FILE__, __LINE__, "cudaStreamBeginCapture"), "cuda graph: %s",
+                         tri_last_error());
+    }
+    st->rec = g;
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_graph_end(tri__backend *be, tri__graph **out) {
+    cuda_state *st = priv(be);
+    *out = NULL;
+    if (!st->rec) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda graph_end: not recording");
+    tri__graph *g = st->rec;
+    st->rec = NULL;
+    USE_DEVICE(st);
+    cudaError_t err = cudaStreamEndCapture(st->stream, &g->graph);
+    if (err == cudaSuccess) err = cudaGraphInstantiate(&g->exec, g->graph, 0);
+    if (err != cudaSuccess) {
+        tri_status s = tri__cuda_status(err, __FILE__, __LINE__, "cudaStreamEndCapture / cudaGraphInstantiate");
+        graph_release(g);
+        return s;
+    }
+    *out = g;
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_graph_launch(tri__backend *be, tri__graph *g) {
+    cuda_state *st = priv(be);
+    NOT_RECORDING(st, "graph_launch");
+    USE_DEVICE(st);
+    CUDA_TRY(cudaGraphLaunch(g->exec, st->stream));
+    return TRI_STATUS_OK;
+}
+
+static void cuda_graph_free(tri__backend *be, tri__graph *g) {
+    if (!g) return;
+    cuda_state *st = priv(be);
+    if (cudaSetDevice(st->device) != cudaSuccess) (void)cudaGetLastError();
+    graph_release(g);
+}
+
 // ---- the table ----
 
 static const tri__backend_ops cuda_ops = {
@@ -772,6 +948,15 @@ static const tri__backend_ops cuda_ops = {
     /* .add_rows = */ cuda_add_rows,
     /* .peer_enable = */ cuda_peer_enable,
     /* .copy_peer = */ cuda_copy_peer,
+    /* .get_rows_dev = */ cuda_get_rows_dev,
+    /* .rope_dev = */ cuda_rope_dev,
+    /* .attention_dev = */ cuda_attention_dev,
+    /* .set_rows = */ cuda_set_rows,
+    /* .window_rows = */ cuda_window_rows,
+    /* .graph_begin = */ cuda_graph_begin,
+    /* .graph_end = */ cuda_graph_end,
+    /* .graph_launch = */ cuda_graph_launch,
+    /* .graph_free = */ cuda_graph_free,
 };
 
 static tri_status create(int device, tri__backend *be, cuda_state *st) {

@@ -12,6 +12,7 @@
 
 extern "C" {
 #include "error.h"
+#include "stream-window.h"
 #include "triforce.h"
 }
 #include "fault.h"  // extern "C" itself
@@ -129,6 +130,12 @@ __device__ __forceinline__ uint16_t tri_dev_f32_to_bf16(float f) {
 // dst (n) of dst_type (F16 or BF16) = src (n) f32, rounded to nearest even.
 cudaError_t tri__cuda_convert(void *dst, tri_dtype dst_type, const float *src, int64_t n, cudaStream_t s);
 // out (m, n) f32: row i = row ids[i] of table, rows of row_bytes bytes of type t. ids (m) device.
+// Row rows[i] of dst (n elements of t: F32, F16, BF16) = row i of src (m, n) f32; rows (m) device.
+cudaError_t tri__cuda_set_rows(void *dst, tri_dtype t, const float *src, const int32_t *rows, int64_t m, int64_t n,
+                               cudaStream_t s);
+// A StreamingLLM one-token step's view from the length in state[1] (backend.h, window_rows).
+cudaError_t tri__cuda_window_rows(int32_t *state, int32_t *rows, int32_t view_rows, const tri__stream_window *w,
+                                  cudaStream_t s);
 // out (n_chunks, width) = means over chunk rows of x (stride elements apart), summed in double.
 cudaError_t tri__cuda_chunk_mean(float *out, const void *x, bool f16, int64_t n_chunks, int64_t chunk, int64_t width,
                                  int64_t stride, cudaStream_t s);

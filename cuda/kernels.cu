@@ -79,6 +79,44 @@ cudaError_t tri__cuda_get_rows(float *out, const void *table, tri_dtype t, int64
     return cudaGetLastError();
 }
 
+// ---- steps driven from device memory (backend.h: set_rows, window_rows) ----
+
+__global__ void __launch_bounds__(THREADS) k_set_rows(uint8_t *dst, tri_dtype t, const float *src, const int32_t *rows,
+                                                      int64_t m, int64_t n) {
+    const size_t es = t == TRI_DTYPE_F32 ? 4 : 2;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < m * n; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = e / n, j = e % n;
+        uint8_t *row = dst + (size_t)rows[i] * (size_t)n * es;
+        if (t == TRI_DTYPE_F32) ((float *)row)[j] = src[e];
+        else if (t == TRI_DTYPE_BF16) ((uint16_t *)row)[j] = tri_dev_f32_to_bf16(src[e]);
+        else ((uint16_t *)row)[j] = tri_dev_f32_to_f16(src[e]);
+    }
+}
+
+cudaError_t tri__cuda_set_rows(void *dst, tri_dtype t, const float *src, const int32_t *rows, int64_t m, int64_t n,
+                               cudaStream_t s) {
+    if (m <= 0 || n <= 0) return cudaSuccess;
+    TRI_LAUNCH((k_set_rows), grid_for(m * n), THREADS, 0, s, (uint8_t *)dst, t, src, rows, m, n);
+    return cudaGetLastError();
+}
+
+// One thread per view row; every thread derives the step's numbers from state[1] itself, and
+// thread 0 writes them back.
+__global__ void __launch_bounds__(THREADS) k_window_rows(int32_t *state, int32_t *rows, int32_t view_rows,
+                                                         tri__stream_window w) {
+    const int32_t n0 = state[1], kept = tri__window_kept(&w, n0), own = tri__window_row(&w, n0);
+    for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < view_rows; i += gridDim.x * blockDim.x)
+        rows[i] = i < kept ? tri__window_row(&w, tri__window_pos(&w, n0, i)) : own;
+    if (blockIdx.x == 0 && threadIdx.x == 0) state[2] = kept, state[3] = own;
+}
+
+cudaError_t tri__cuda_window_rows(int32_t *state, int32_t *rows, int32_t view_rows, const tri__stream_window *w,
+                                  cudaStream_t s) {
+    if (view_rows <= 0) return cudaSuccess;
+    TRI_LAUNCH((k_window_rows), grid_for(view_rows), THREADS, 0, s, state, rows, view_rows, *w);
+    return cudaGetLastError();
+}
+
 // One thread per output value: consecutive threads read consecutive elements of a row; the sum runs
 // over the chunk's rows in order, in double, as cpu_chunk_mean does.
 __global__ void __launch_bounds__(THREADS) k_chunk_mean(float *out, const void *x, bool f16, int64_t n_chunks, int64_t chunk, int64_t width,

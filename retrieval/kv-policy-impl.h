@@ -16,12 +16,6 @@
 #include "error.h"
 #include "kv-policy.h"
 
-#define TRY(call)                              \
-    do {                                       \
-        tri_status st_ = (call);               \
-        if (st_ != TRI_STATUS_OK) return st_;  \
-    } while (0)
-
 // calloc count elements into ptr, or fail (st, goto fail) naming the field.
 #define ALLOC(ptr, count)                                                                   \
     do {                                                                                    \

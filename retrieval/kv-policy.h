@@ -26,6 +26,7 @@
 #include "chunk-index.h"
 #include "kv-store.h"
 #include "rope.h"
+#include "stream-window.h"
 #include "triforce.h"
 
 typedef struct tri__kv_policy_params {
@@ -187,14 +188,19 @@ int32_t tri__kv_policy_room(const tri__kv_policy *p);
 // offloaded layers, rows of them put into the ring); src's own streaming is src's count. 0 else.
 uint64_t tri__kv_policy_bytes_up(const tri__kv_policy *p);
 
+// STREAMING: the window's parameters (stream-window.h), for the functions that compute a step's
+// view from them on the host or on a device.
+static inline tri__stream_window tri__kv_policy_window(const tri__kv_policy *p) {
+    return (tri__stream_window){p->p.sink, p->p.budget, p->p.evict_every, p->ring_rows};
+}
+
 // STREAMING: the first position of the eviction interval holding position pos. Up to the budget
 // nothing is evicted (one interval); past it, intervals of evict_every tokens from budget + 1 on.
 // A token at pos attends to the sinks, the budget - sink positions before that start, and the
 // positions from the start to itself (evict_every 1: StreamingLLM's window before the token).
 static inline int32_t tri__kv_policy_evict_start(const tri__kv_policy *p, int32_t pos) {
-    if (pos <= p->p.budget) return 0;
-    int32_t e = p->p.evict_every > 1 ? p->p.evict_every : 1;
-    return p->p.budget + 1 + (pos - p->p.budget - 1) / e * e;
+    tri__stream_window w = tri__kv_policy_window(p);
+    return tri__window_start(&w, pos);
 }
 
 // The most tokens a step at cache length len may hold for the cache to be the same however the

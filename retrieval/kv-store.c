@@ -13,12 +13,6 @@
 #include "dtype.h"
 #include "error.h"
 
-#define TRY(call)                              \
-    do {                                       \
-        tri_status st_ = (call);               \
-        if (st_ != TRI_STATUS_OK) return st_;  \
-    } while (0)
-
 // ---- offloaded layers: host regions streamed through two backend buffers ----
 
 struct tri__kv_offload {

@@ -6,8 +6,8 @@
 
 // The store row of position pos (kv-policy.h, ring_rows).
 static int32_t stream_row(const tri__kv_policy *p, int32_t pos) {
-    if (!p->ring_rows || pos < p->p.sink) return pos;
-    return p->p.sink + (pos - p->p.sink) % p->ring_rows;
+    tri__stream_window w = tri__kv_policy_window(p);
+    return tri__window_row(&w, pos);
 }
 
 // Writes the step's rows k and v (m, n_head_kv * head_dim) f32 at positions n0 .. n0 + m - 1 of
@@ -90,19 +90,16 @@ void tri__streaming_free(tri__kv_policy *p) {
 tri_status tri__streaming_begin(tri__kv_policy *p, int32_t n0, int32_t m, int32_t *base) {
     // sinks and the most recent tokens before the step's eviction interval, then the tokens of
     // the interval before the step: the rows holding them, rotated by their rank in the cache
-    int32_t kept = 0, start = tri__kv_policy_evict_start(p, n0);
-    if (start == 0) {
-        for (int32_t i = 0; i < n0; i++) p->gather[kept++] = stream_row(p, i);
-    } else {
-        for (int32_t i = 0; i < p->p.sink; i++) p->gather[kept++] = i;
-        for (int32_t i = start - (p->p.budget - p->p.sink); i < n0; i++) p->gather[kept++] = stream_row(p, i);
-    }
+    // (stream-window.h: the same functions give a device the view of a step it computes itself)
+    tri__stream_window w = tri__kv_policy_window(p);
+    int32_t kept = tri__window_kept(&w, n0);
+    for (int32_t i = 0; i < kept; i++) p->gather[i] = tri__window_row(&w, tri__window_pos(&w, n0, i));
     // a step past its interval attends to the interval's window (tri__kv_policy_step_limit_at
     // keeps the forward pass within one); the view and the ring hold budget + max_step rows
     if (kept + m > p->p.budget + p->max_step)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "kv policy streaming: a step of %d tokens at %d, %d into its eviction interval, exceeds "
-                         "the %d rows of a step's view", m, n0, n0 - start, p->p.budget + p->max_step);
+                         "the %d rows of a step's view", m, n0, n0 - tri__window_start(&w, n0), p->p.budget + p->max_step);
     for (int32_t i = 0; i < m; i++) p->gather[kept + i] = stream_row(p, n0 + i);
     p->step_kept = kept;
     *base = kept;

@@ -20,12 +20,6 @@
 // 256 is what cudaMalloc itself guarantees).
 #define WEIGHT_ALIGN 256
 
-#define TRY(call)                              \
-    do {                                       \
-        tri_status st_ = (call);               \
-        if (st_ != TRI_STATUS_OK) return st_;  \
-    } while (0)
-
 tri_status (*tri__backend_cpu_factory)(int32_t n_threads, tri__backend **out);
 
 tri_status tri__backend_select(tri_device_kind kind, int32_t device, int32_t n_threads,

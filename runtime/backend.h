@@ -29,10 +29,12 @@
 #include <stdint.h>
 
 #include "rope.h"
+#include "stream-window.h"
 #include "triforce.h"
 
 typedef struct tri__backend tri__backend;
 typedef struct tri__event tri__event;  // a point in a stream's queue, backend-owned (opaque)
+typedef struct tri__graph tri__graph;  // recorded ops to replay, backend-owned (opaque)
 
 // The two queues of a backend instance: every op and the plain copies run on COMPUTE; TRANSFER
 // carries the offload engine's copies so that they overlap with compute (backends with streams).
@@ -246,6 +248,49 @@ typedef struct tri__backend_ops {
     // queued on be's COMPUTE stream (src must be complete; it is read until be synchronizes).
     // Required where peer_enable is.
     tri_status (*copy_peer)(tri__backend *be, void *dst, tri__backend *other, const void *src, size_t bytes);
+
+    // ---- steps driven from backend memory, and graphs (runtime/model/stream-step.h) ----
+    //
+    // A step whose every varying index (a token id, a position, the rows it reads and writes)
+    // lives in backend memory issues the same ops with the same arguments every time, so it can be
+    // recorded once and replayed: the host then writes a few integers and launches one graph per
+    // step instead of a few hundred ops (CUDA graphs). Optional: all NULL, or only the graph slots
+    // NULL where ops cannot be recorded (the CPU, where the _dev ops are the plain ones: its memory
+    // is host memory).
+
+    // get_rows, rope and attention (no weight_sums) with ids, pos and q_pos in backend memory,
+    // read when the op runs. get_rows_dev does not check the ids: each must be in [0, n_rows).
+    tri_status (*get_rows_dev)(tri__backend *be, float *out, const void *table, tri_dtype table_type, int64_t n_rows,
+                               int64_t n, const int32_t *ids, int64_t m);
+    tri_status (*rope_dev)(tri__backend *be, float *x, int64_t m, int64_t n_heads, const int32_t *pos,
+                           const tri__rope *rope);
+    tri_status (*attention_dev)(tri__backend *be, float *out, const float *q, const int32_t *q_pos, int64_t m,
+                                int64_t n_head, int64_t head_dim, const tri__kv_view *kv);
+    // Row rows[i] of dst (rows of n elements of dst_type: F32, F16 or BF16) = row i of src (m, n)
+    // f32, converted (round to nearest even); rows (m) int32 in backend memory, distinct: a step's
+    // keys and values written into the store rows the step computed.
+    tri_status (*set_rows)(tri__backend *be, void *dst, tri_dtype dst_type, const float *src, const int32_t *rows,
+                           int64_t m, int64_t n);
+    // The view of a StreamingLLM step of one token at the length held in backend memory
+    // (stream-window.h). state (4) int32 backend: state[1] = n0, the length before the step, is
+    // read; written: state[2] = its cache position (tri__window_kept), state[3] = the store row of
+    // its position n0, and rows (view_rows) int32 backend: row i < state[2] the store row of view
+    // position i (tri__window_row of tri__window_pos), rows from state[2] on the step's own row
+    // (the attention mask hides them past state[2]). view_rows >= budget + max(evict_every, 1).
+    tri_status (*window_rows)(tri__backend *be, int32_t *state, int32_t *rows, int32_t view_rows,
+                              const tri__stream_window *w);
+
+    // Recording: the ops issued between graph_begin and graph_end are not run but recorded, with
+    // their arguments as given (pointers, sizes) and the host arrays they read (positions, views,
+    // rope tables) copied at recording; the scratch they use is the graph's own. graph_launch runs
+    // them again, in order, on COMPUTE. Recording refuses (UNSUPPORTED) what a replay could not
+    // repeat: copies to or from pageable host memory, synchronize, events. graph_end ends every
+    // recording, a failed one too (then *out is NULL and the status says why); free with
+    // graph_free (NULL: a no-op), after the launches that use it are synchronized.
+    tri_status (*graph_begin)(tri__backend *be);
+    tri_status (*graph_end)(tri__backend *be, tri__graph **out);
+    tri_status (*graph_launch)(tri__backend *be, tri__graph *g);
+    void (*graph_free)(tri__backend *be, tri__graph *g);
 } tri__backend_ops;
 
 enum { TRI_HOST_WORK_COPY = 0, TRI_HOST_WORK_REDUCE = 1 };

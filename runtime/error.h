@@ -37,4 +37,11 @@ void tri__vlog(tri_log_level level, const char *fmt, va_list ap) TRI__PRINTF(2, 
     } while (0)
 TRI__NORETURN void tri__assert_fail(const char *file, int line, const char *expr);
 
+// Returns the status of call from the enclosing function when it is not TRI_STATUS_OK.
+#define TRY(call)                                  \
+    do {                                           \
+        tri_status try_st_ = (call);               \
+        if (try_st_ != TRI_STATUS_OK) return try_st_; \
+    } while (0)
+
 #endif  // TRI_ERROR_H

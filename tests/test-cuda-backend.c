@@ -6,9 +6,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "backend-select.h"
 #include "backend.h"
 #include "cuda-backend.h"
 #include "dtype.h"
+#include "kv-policy.h"
+#include "llama.h"
 #include "rope.h"
 #include "test-blocks.h"
 #include "test-util.h"
@@ -1054,5 +1057,234 @@ Test(cuda_backend, attention_state_merges_with_host_chunks) {
         free(q), free(want), free(got), free(state), free(chunks);
         cache_free(gpu, &c);
     }
+    DONE();
+}
+
+// ---- steps driven from device memory, and graphs ----
+
+// set_rows, window_rows and the _dev ops against the CPU backend: the same bits for the index
+// ops and conversions, attention and RoPE within the kernels' rounding, q_pos and positions read
+// from device memory.
+Test(cuda_backend, device_indexed_ops) {
+    NEED_GPU();
+    enum { M = 3, N = 40, ROWS = 9, HD = 16, NH = 4, NKV = 2, NK = 70 };
+    float src[M * N];
+    fill(src, M * N, 3.0f);
+    const int32_t rows[M] = {7, 0, 4};
+    int32_t *drows = up(gpu, rows, sizeof rows);
+    float *dsrc = up(gpu, src, sizeof src);
+    tri_dtype types[] = {TRI_DTYPE_F32, TRI_DTYPE_F16, TRI_DTYPE_BF16};
+    for (int ti = 0; ti < 3; ti++) {
+        size_t bytes = (size_t)tri__dtype_row_bytes(types[ti], N) * ROWS;
+        unsigned char *want = calloc(1, bytes), *got = malloc(bytes);
+        void *d = up(gpu, want, bytes);
+        cr_assert_eq(cpu->ops->set_rows(cpu, want, types[ti], src, rows, M, N), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(gpu->ops->set_rows(gpu, d, types[ti], dsrc, drows, M, N), TRI_STATUS_OK, "%s", tri_last_error());
+        down(gpu, got, d, bytes);
+        cr_assert(memcmp(want, got, bytes) == 0, "set_rows to %s", tri_dtype_name(types[ti]));
+        gpu->ops->free(gpu, d);
+        free(want), free(got);
+    }
+    // window_rows at every length through a ring that wraps, with and without eviction intervals
+    tri__stream_window ws[] = {{2, 8, 0, 40}, {2, 8, 5, 40}, {4, 16, 0, 0}, {1, 6, 3, 11}};
+    for (int wi = 0; wi < 4; wi++) {
+        const tri__stream_window *w = &ws[wi];
+        int32_t V = w->budget + (w->evict_every > 1 ? w->evict_every : 1);
+        int32_t *dstate = dalloc(gpu, sizeof(int32_t) * 4), *dview = dalloc(gpu, sizeof(int32_t) * (size_t)V);
+        int32_t want[4 + 32], got[4 + 32];
+        for (int32_t n0 = 0; n0 < 200; n0 += 1 + n0 / 40) {
+            int32_t st[4] = {0, n0, -1, -1};
+            memcpy(want, st, sizeof st);
+            cr_assert_eq(cpu->ops->window_rows(cpu, want, want + 4, V, w), TRI_STATUS_OK, "%s", tri_last_error());
+            cr_assert_eq(gpu->ops->copy_to_backend(gpu, dstate, st, sizeof st), TRI_STATUS_OK);
+            cr_assert_eq(gpu->ops->window_rows(gpu, dstate, dview, V, w), TRI_STATUS_OK, "%s", tri_last_error());
+            down(gpu, got, dstate, sizeof(int32_t) * 4);
+            down(gpu, got + 4, dview, sizeof(int32_t) * (size_t)V);
+            cr_assert(memcmp(want, got, sizeof(int32_t) * (size_t)(4 + V)) == 0, "window %d at %d", wi, n0);
+            // the view against the definition: sinks, then the positions before the interval
+            int32_t kept = want[2], start = tri__window_start(w, n0);
+            cr_assert_eq(kept, n0 <= w->budget ? n0 : w->budget + n0 - start);
+            for (int32_t i = 0; i < kept; i++) {
+                int32_t pos = start == 0 || i < w->sink ? i : start - (w->budget - w->sink) + i - w->sink;
+                cr_assert(pos >= 0 && pos < n0, "window %d at %d: view row %d is position %d", wi, n0, i, pos);
+                cr_assert_eq(want[4 + i], tri__window_row(w, pos));
+            }
+        }
+        gpu->ops->free(gpu, dstate);
+        gpu->ops->free(gpu, dview);
+    }
+    // get_rows_dev, rope_dev, attention_dev with their indices in device memory
+    float table[ROWS * N];
+    fill(table, ROWS * N, 1.0f);
+    float *dtable = up(gpu, table, sizeof table), *dout = dalloc(gpu, sizeof(float) * M * N);
+    float want_rows[M * N], got_rows[M * N];
+    cr_assert_eq(cpu->ops->get_rows(cpu, want_rows, table, TRI_DTYPE_F32, ROWS, N, rows, M), TRI_STATUS_OK);
+    cr_assert_eq(gpu->ops->get_rows_dev(gpu, dout, dtable, TRI_DTYPE_F32, ROWS, N, drows, M), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    down(gpu, got_rows, dout, sizeof got_rows);
+    cr_assert(memcmp(want_rows, got_rows, sizeof got_rows) == 0, "get_rows_dev");
+    tri_model_config cfg = {.n_embd = NH * HD, .n_head = NH, .n_head_kv = NKV, .head_dim = HD, .rope_theta = 10000.0f};
+    tri__rope rope;
+    cr_assert_eq(tri__rope_init(&rope, &cfg, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    float x[M * NH * HD], xr[M * NH * HD];
+    fill(x, M * NH * HD, 1.0f);
+    memcpy(xr, x, sizeof x);
+    float *dx = up(gpu, x, sizeof x);
+    cr_assert_eq(cpu->ops->rope(cpu, xr, M, NH, rows, &rope), TRI_STATUS_OK);
+    cr_assert_eq(gpu->ops->rope_dev(gpu, dx, M, NH, drows, &rope), TRI_STATUS_OK, "%s", tri_last_error());
+    down(gpu, x, dx, sizeof x);
+    for (int i = 0; i < M * NH * HD; i++) cr_assert(fabsf(x[i] - xr[i]) <= 1e-5f * (1 + fabsf(xr[i])), "rope_dev [%d]", i);
+    test_cache c;
+    cache_make(gpu, &c, NKV, NK, HD, TRI_DTYPE_F16, 2.0f);
+    tri__kv_span spans[NKV], hspans[NKV];
+    int32_t hs[NKV + 1], hhs[NKV + 1];
+    tri__kv_view vd, vh;
+    cache_view(&c, true, NULL, 0, spans, hs, &vd);
+    cache_view(&c, false, NULL, 0, hspans, hhs, &vh);
+    float q[M * NH * HD], aw[M * NH * HD], ag[M * NH * HD];
+    fill(q, M * NH * HD, 1.0f);
+    const int32_t qpos[M] = {69, 10, 35};
+    int32_t *dqpos = up(gpu, qpos, sizeof qpos);
+    float *dq = up(gpu, q, sizeof q), *dao = dalloc(gpu, sizeof ag);
+    cr_assert_eq(cpu->ops->attention(cpu, aw, q, qpos, M, NH, HD, &vh, NULL), TRI_STATUS_OK);
+    cr_assert_eq(gpu->ops->attention_dev(gpu, dao, dq, dqpos, M, NH, HD, &vd), TRI_STATUS_OK, "%s", tri_last_error());
+    down(gpu, ag, dao, sizeof ag);
+    for (int i = 0; i < M * NH * HD; i++)
+        cr_assert(fabsf(ag[i] - aw[i]) <= 4e-5f * (1 + fabsf(aw[i])), "attention_dev [%d] %g vs %g", i, (double)ag[i],
+                  (double)aw[i]);
+    cache_free(gpu, &c);
+    tri__rope_free(&rope);
+    void *bufs[] = {drows, dsrc, dtable, dout, dx, dqpos, dq, dao};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gpu->ops->free(gpu, bufs[i]);
+    DONE();
+}
+
+// A recorded graph replays its ops with the indices the device holds at each launch; what a replay
+// could not repeat is refused while recording, and the backend works as before afterwards.
+Test(cuda_backend, graph_replays_with_device_state) {
+    NEED_GPU();
+    enum { N = 24, ROWS = 48, V = 9 };
+    const tri__stream_window w = {2, 8, 0, 40};
+    float table[ROWS * N];
+    fill(table, ROWS * N, 1.0f);
+    float *dtable = up(gpu, table, sizeof table), *dout = dalloc(gpu, sizeof(float) * V * N);
+    int32_t *dstate = dalloc(gpu, sizeof(int32_t) * 4), *dview = dalloc(gpu, sizeof(int32_t) * V);
+    cr_assert_eq(gpu->ops->graph_begin(gpu), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(gpu->ops->graph_begin(gpu), TRI_STATUS_UNSUPPORTED, "one recording at a time");
+    cr_assert_eq(gpu->ops->window_rows(gpu, dstate, dview, V, &w), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(gpu->ops->get_rows_dev(gpu, dout, dtable, TRI_DTYPE_F32, ROWS, N, dview, V), TRI_STATUS_OK);
+    float host[V * N];
+    cr_assert_eq(gpu->ops->synchronize(gpu), TRI_STATUS_UNSUPPORTED);
+    cr_assert_eq(gpu->ops->copy_to_host(gpu, host, dout, sizeof host), TRI_STATUS_UNSUPPORTED);
+    tri__graph *g = NULL;
+    cr_assert_eq(gpu->ops->graph_end(gpu, &g), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert(g);
+    cr_assert_eq(gpu->ops->graph_end(gpu, &g), TRI_STATUS_INVALID_ARGUMENT, "not recording");
+    cr_assert_null(g);
+    cr_assert_eq(gpu->ops->graph_begin(gpu), TRI_STATUS_OK);  // the same ops recorded again
+    cr_assert_eq(gpu->ops->window_rows(gpu, dstate, dview, V, &w), TRI_STATUS_OK);
+    cr_assert_eq(gpu->ops->get_rows_dev(gpu, dout, dtable, TRI_DTYPE_F32, ROWS, N, dview, V), TRI_STATUS_OK);
+    cr_assert_eq(gpu->ops->graph_end(gpu, &g), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int32_t n0 = 0; n0 < 100; n0 += 7) {
+        int32_t st[4] = {0, n0, 0, 0}, want[4 + V];
+        memcpy(want, st, sizeof st);
+        cr_assert_eq(cpu->ops->window_rows(cpu, want, want + 4, V, &w), TRI_STATUS_OK);
+        float rows_want[V * N];
+        cr_assert_eq(cpu->ops->get_rows(cpu, rows_want, table, TRI_DTYPE_F32, ROWS, N, want + 4, V), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->copy_to_backend(gpu, dstate, st, sizeof st), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->graph_launch(gpu, g), TRI_STATUS_OK, "%s", tri_last_error());
+        down(gpu, host, dout, sizeof host);
+        cr_assert(memcmp(host, rows_want, sizeof host) == 0, "replay at %d", n0);
+    }
+    gpu->ops->graph_free(gpu, g);
+    gpu->ops->graph_free(gpu, NULL);
+    void *bufs[] = {dtable, dout, dstate, dview};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gpu->ops->free(gpu, bufs[i]);
+    DONE();
+}
+
+// The draft's one-token step over StreamingLLM, recorded once and replayed, computes the bits of the
+// same step issued op by op, and the CPU policy step's logits within the kernels' rounding, through
+// a ring that wraps; a buffer that moves (the logits regrown by a pass of two tokens) records it
+// again.
+Test(cuda_backend, draft_step_graph_equals_ops_and_cpu) {
+    NEED_GPU();
+    enum { N = 120, P = 5 };
+    tri_model *m;
+    cr_assert_eq(tri_model_load(tt_gen_model("cuda-draft-step", "--dtype f16 --heads 4 --kv-heads 2 --head-dim 16 --layers 2"),
+                                NULL, &m),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    const tri_model_config *c = &info.config;
+    const int32_t nv = c->n_vocab;
+    tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_STREAMING, 4096);
+    pp.budget = 16;
+    pp.sink = 4;
+    pp.evict_every = 4;
+    tri__backend *bes[3] = {gpu, gpu, cpu};
+    tri_model *w[3];
+    tri__llama ll[3];
+    tri__kv_policy pol[3];
+    tri__llama_step step[2];
+    for (int r = 0; r < 3; r++) {
+        cr_assert_eq(tri__model_on_backend(m, bes[r], 0, 0, &w[r]), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri__llama_init(&ll[r], w[r], bes[r], 16), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri__kv_policy_init(&pol[r], &pp, bes[r], TRI_DTYPE_F16, c->n_layer, c->n_head, c->n_head_kv,
+                                         c->head_dim, 4096, 16),
+                     TRI_STATUS_OK, "%s", tri_last_error());
+        if (r < 2)
+            cr_assert_eq(tri__llama_step_init(&step[r], &ll[r], &pol[r], r == 0), TRI_STATUS_OK, "%s", tri_last_error());
+    }
+    cr_assert(pol[0].ring_rows > 0, "a bounded store");
+    int32_t t[N];
+    for (int i = 0; i < N; i++) t[i] = (int32_t)((i * 37 + 11) % 250) + 3;
+    float *l = malloc(sizeof(float) * 3 * (size_t)nv * 2);
+    for (int r = 0; r < 3; r++)
+        cr_assert_eq(tri__llama_forward_policy(&ll[r], &pol[r], t, P, TRI_LOGITS_LAST, l), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+    const float *logits_before = NULL;
+    for (int32_t i = P; i < N; i++) {
+        if (i == 60) {  // two tokens in one pass: the logits buffer grows (and the graph is recorded
+                        // again if it moved)
+            logits_before = ll[0].logits;
+            for (int r = 0; r < 3; r++)
+                cr_assert_eq(tri__llama_forward_policy(&ll[r], &pol[r], t + i, 2, TRI_LOGITS_ALL, l), TRI_STATUS_OK,
+                             "%s", tri_last_error());
+            i++;
+            continue;
+        }
+        for (int r = 0; r < 2; r++)
+            cr_assert_eq(tri__llama_step_run(&step[r], t[i], l + r * nv), TRI_STATUS_OK, "token %d: %s", i,
+                         tri_last_error());
+        cr_assert_eq(tri__llama_forward_policy(&ll[2], &pol[2], t + i, 1, TRI_LOGITS_LAST, l + 2 * nv), TRI_STATUS_OK);
+        cr_assert(memcmp(l, l + nv, sizeof(float) * (size_t)nv) == 0, "token %d: the replayed step differs", i);
+        float top = 0;
+        for (int32_t j = 0; j < nv; j++) top = fmaxf(top, fabsf(l[2 * nv + j]));
+        for (int32_t j = 0; j < nv; j++)
+            cr_assert(fabsf(l[j] - l[2 * nv + j]) <= 1e-4f * (1 + top), "token %d logit %d: %g vs the CPU's %g", i, j,
+                      (double)l[j], (double)l[2 * nv + j]);
+    }
+    cr_assert_eq(step[0].n_replays, N - P - 2);
+    cr_assert_eq(step[0].n_recorded, 1 + (ll[0].logits != logits_before), "recorded once, and again if the logits moved");
+    cr_assert_eq(step[1].n_replays, 0);
+    // a buffer the graph was recorded over moves (allocated before the old one goes, so its address
+    // differs): the next step records again and still computes the same
+    int64_t recorded = step[0].n_recorded;
+    float *moved = dalloc(gpu, sizeof(float) * (size_t)nv * (size_t)ll[0].n_logits);
+    gpu->ops->free(gpu, ll[0].logits);
+    ll[0].logits = moved;
+    for (int r = 0; r < 2; r++)
+        cr_assert_eq(tri__llama_step_run(&step[r], t[3], l + r * nv), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert(memcmp(l, l + nv, sizeof(float) * (size_t)nv) == 0, "after the move");
+    cr_assert_eq(step[0].n_recorded, recorded + 1);
+    for (int r = 0; r < 3; r++) {
+        if (r < 2) tri__llama_step_free(&step[r]);
+        tri__kv_policy_free(&pol[r]);
+        tri__llama_free(&ll[r]);
+        tri__model_backend_free(w[r]);
+    }
+    free(l);
+    tri_model_free(m);
     DONE();
 }

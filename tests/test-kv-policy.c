@@ -1116,6 +1116,66 @@ Test(streaming, evict_every_interval_same_however_batched) {
     tri_model_free(m);
 }
 
+// The one-token step computed from backend memory (llama.h, tri__llama_step: the draft's step
+// that a device records as a graph) gives the bits of the policy's own step, on the CPU backend,
+// with every kind of store: every position (ring 0), a bounded ring that wraps many times, an
+// eviction interval of 5, f16 and f32 rows. The prompt's first tokens come in one call of the
+// policy's forward pass and the steps go on from there; a rollback into the steps and the stream
+// again from there through the device step gives the same bits too.
+Test(streaming, device_step_equals_policy_step) {
+    enum { N = 200, P = 6, BACK = 12 };
+    tri_model *m = gen_model("stream-devstep", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    int32_t t[N];
+    for (int i = 0; i < N; i++) t[i] = tok(i);
+    struct {
+        bool keep_all;
+        int32_t evict_every;
+        tri_dtype type;
+    } cases[] = {{true, 0, TRI_DTYPE_F16}, {false, 0, TRI_DTYPE_F16}, {false, 5, TRI_DTYPE_F32}, {false, 0, TRI_DTYPE_F32}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_STREAMING, 512);
+        pp.budget = 8;
+        pp.sink = 2;
+        pp.keep_all = cases[ci].keep_all;
+        pp.evict_every = cases[ci].evict_every;
+        stream_rig a, b;
+        model_rig_init(&a, m, &pp, cases[ci].type, 512, 16);
+        model_rig_init(&b, m, &pp, cases[ci].type, 512, 16);
+        cr_assert(tri__llama_step_supported(&b.ll, &b.pol));
+        tri__llama_step step;
+        cr_assert_eq(tri__llama_step_init(&step, &b.ll, &b.pol, true), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(step.view_rows, 8 + (cases[ci].evict_every > 1 ? cases[ci].evict_every : 1));
+        const size_t bytes = sizeof(float) * (size_t)N * (size_t)a.V;
+        float *la = malloc(bytes), *lb = malloc(bytes);
+        cr_assert(la && lb);
+        stream_run(&a, t, N, la);
+        cr_assert_eq(tri__llama_forward_policy(&b.ll, &b.pol, t, P, TRI_LOGITS_ALL, lb), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        for (int32_t i = P; i < N; i++)
+            cr_assert_eq(tri__llama_step_run(&step, t[i], lb + (int64_t)i * a.V), TRI_STATUS_OK, "case %zu token %d: %s",
+                         ci, i, tri_last_error());
+        for (int32_t i = 0; i < N; i++)
+            cr_assert(memcmp(la + (int64_t)i * a.V, lb + (int64_t)i * a.V, sizeof(float) * (size_t)a.V) == 0,
+                      "case %zu token %d: the device step's logits differ from the policy step's", ci, i);
+        cr_assert_eq(tri__kv_policy_len(&b.pol), N);
+        cr_assert_eq(step.n_steps, N - P);
+        cr_assert_eq(step.n_replays, 0, "the CPU backend records no graph");
+        cr_assert_eq(tri__kv_policy_truncate(&b.pol, N - BACK), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int32_t i = N - BACK; i < N; i++) {
+            float *l = lb + (int64_t)i * a.V;
+            cr_assert_eq(tri__llama_step_run(&step, t[i], l), TRI_STATUS_OK, "%s", tri_last_error());
+            cr_assert(memcmp(la + (int64_t)i * a.V, l, sizeof(float) * (size_t)a.V) == 0,
+                      "case %zu token %d after a rollback", ci, i);
+        }
+        tri__llama_step_free(&step);
+        free(la);
+        free(lb);
+        stream_rig_free(&a);
+        stream_rig_free(&b);
+    }
+    tri_model_free(m);
+}
+
 // ---- retrieval: the query history ----
 
 // A forward pass over a retrieval policy built by hand: GQA (6 query heads over 2 KV heads), chunks

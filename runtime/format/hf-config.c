@@ -109,12 +109,6 @@ static tri_status cfg_str(const cfg_ctx *c, const char *key, const char **out) {
     return TRI_STATUS_OK;
 }
 
-#define TRY(expr)                                  \
-    do {                                           \
-        tri_status try_st_ = (expr);               \
-        if (try_st_ != TRI_STATUS_OK) return try_st_; \
-    } while (0)
-
 // ---- architecture ----
 
 // The family named by "architectures" (any entry a family knows) or else by "model_type".

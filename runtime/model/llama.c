@@ -9,12 +9,6 @@
 #include "error.h"
 #include "tensor-parallel.h"
 
-#define TRY(call)                              \
-    do {                                       \
-        tri_status st_ = (call);               \
-        if (st_ != TRI_STATUS_OK) return st_;  \
-    } while (0)
-
 // The activation buffers of a pass, in the pool's order, with their sizes in floats.
 #define ACT_BUFS 9
 static void act_table(tri__llama *ll, float ***bufs, int64_t *elems) {
@@ -287,23 +281,50 @@ static tri_status attend_window(tri__llama *ll, float *out, const float *q, cons
     return TRI_STATUS_OK;
 }
 
-// One transformer block over the n tokens in ll->x at positions ll->pos (queries at ll->q_pos).
-static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t n) {
+// A block's queries, keys and values (before RoPE) of the n tokens in ll->x: ll->q, ll->k, ll->v.
+static tri_status block_qkv(tri__llama *ll, const tri__layer *L, int32_t n) {
     const tri_model_config *c = &ll->model->config;
-    const tri__layer *L = &ll->model->layers[il];
     const tri__backend_ops *op = ll->be->ops;
     tri__backend *be = ll->be;
-    int64_t E = c->n_embd, hd = c->head_dim;
-    int64_t q_dim = (int64_t)c->n_head * hd, kv_dim = (int64_t)c->n_head_kv * hd;
-
-    // attention
+    int64_t E = c->n_embd, q_dim = (int64_t)c->n_head * c->head_dim, kv_dim = (int64_t)c->n_head_kv * c->head_dim;
     TRY(op->rmsnorm(be, ll->xb, ll->x, L->attn_norm->data, L->attn_norm->type, n, E, c->rms_eps));
     TRY(op->matmul(be, ll->q, ll->xb, L->wq->data, L->wq->type, n, q_dim, E));
     TRY(op->matmul(be, ll->k, ll->xb, L->wk->data, L->wk->type, n, kv_dim, E));
     TRY(op->matmul(be, ll->v, ll->xb, L->wv->data, L->wv->type, n, kv_dim, E));
     TRY(add_bias(ll, ll->q, L->bq, n, q_dim));
     TRY(add_bias(ll, ll->k, L->bk, n, kv_dim));
-    TRY(add_bias(ll, ll->v, L->bv, n, kv_dim));
+    return add_bias(ll, ll->v, L->bv, n, kv_dim);
+}
+
+// The rest of a block once attention wrote ll->att: the output projection, the residual, the
+// feed-forward and its residual.
+static tri_status block_out(tri__llama *ll, const tri__layer *L, int32_t n) {
+    const tri_model_config *c = &ll->model->config;
+    const tri__backend_ops *op = ll->be->ops;
+    tri__backend *be = ll->be;
+    int64_t E = c->n_embd, q_dim = (int64_t)c->n_head * c->head_dim;
+    TRY(op->matmul(be, ll->proj, ll->att, L->wo->data, L->wo->type, n, E, q_dim));
+    if (ll->tp) TRY(tri__tp_allreduce(ll->tp, ll->rank, ll->proj, n * E));  // the ranks' heads summed
+    TRY(op->add(be, ll->x, ll->x, ll->proj, n * E));
+
+    TRY(op->rmsnorm(be, ll->xb, ll->x, L->ffn_norm->data, L->ffn_norm->type, n, E, c->rms_eps));
+    TRY(op->matmul(be, ll->gate, ll->xb, L->w_gate->data, L->w_gate->type, n, c->n_ff, E));
+    TRY(op->matmul(be, ll->up, ll->xb, L->w_up->data, L->w_up->type, n, c->n_ff, E));
+    TRY(gated(ll, ll->gate, ll->gate, ll->up, n * c->n_ff));
+    TRY(op->matmul(be, ll->proj, ll->gate, L->w_down->data, L->w_down->type, n, E, c->n_ff));
+    if (ll->tp) TRY(tri__tp_allreduce(ll->tp, ll->rank, ll->proj, n * E));  // the ranks' FFN rows summed
+    return op->add(be, ll->x, ll->x, ll->proj, n * E);
+}
+
+// One transformer block over the n tokens in ll->x at positions ll->pos (queries at ll->q_pos).
+static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t n) {
+    const tri_model_config *c = &ll->model->config;
+    const tri__layer *L = &ll->model->layers[il];
+    const tri__backend_ops *op = ll->be->ops;
+    tri__backend *be = ll->be;
+
+    // attention
+    TRY(block_qkv(ll, L, n));
     TRY(op->rope(be, ll->q, n, c->n_head, ll->q_pos, &ll->rope));
     // a policy that rotates keys itself (StreamingLLM, by position inside the cache) takes them raw
     if (!pol->raw_keys) TRY(op->rope(be, ll->k, n, c->n_head_kv, ll->pos, &ll->rope));
@@ -315,19 +336,7 @@ static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t
     else
         TRY(attend_window(ll, ll->att, ll->q, ll->q_pos, n, view, weight_sums));
     TRY(tri__kv_policy_observe(pol, il));
-    TRY(op->matmul(be, ll->proj, ll->att, L->wo->data, L->wo->type, n, E, q_dim));
-    if (ll->tp) TRY(tri__tp_allreduce(ll->tp, ll->rank, ll->proj, n * E));  // the ranks' heads summed
-    TRY(op->add(be, ll->x, ll->x, ll->proj, n * E));
-
-    // feed-forward
-    TRY(op->rmsnorm(be, ll->xb, ll->x, L->ffn_norm->data, L->ffn_norm->type, n, E, c->rms_eps));
-    TRY(op->matmul(be, ll->gate, ll->xb, L->w_gate->data, L->w_gate->type, n, c->n_ff, E));
-    TRY(op->matmul(be, ll->up, ll->xb, L->w_up->data, L->w_up->type, n, c->n_ff, E));
-    TRY(gated(ll, ll->gate, ll->gate, ll->up, n * c->n_ff));
-    TRY(op->matmul(be, ll->proj, ll->gate, L->w_down->data, L->w_down->type, n, E, c->n_ff));
-    if (ll->tp) TRY(tri__tp_allreduce(ll->tp, ll->rank, ll->proj, n * E));  // the ranks' FFN rows summed
-    TRY(op->add(be, ll->x, ll->x, ll->proj, n * E));
-    return TRI_STATUS_OK;
+    return block_out(ll, L, n);  // and the feed-forward
 }
 
 // Logits (n_rows, n_vocab) into dst (host) of the hidden states rows (n_rows <= n_batch).
@@ -496,4 +505,142 @@ tri_status tri__llama_forward(tri__llama *ll, tri__kv_store *kv, const int32_t *
     tri_status st = tri__llama_forward_policy(ll, &pol, tokens, n, mode, logits);
     tri__kv_policy_free(&pol);
     return st;
+}
+
+// ---- the one-token step of a StreamingLLM cache, computed from backend memory ----
+
+bool tri__llama_step_supported(const tri__llama *ll, const tri__kv_policy *pol) {
+    const tri__backend_ops *op = ll->be->ops;
+    const tri_model_config *c = &ll->model->config;
+    int32_t e = pol->p.evict_every > 1 ? pol->p.evict_every : 1;
+    return op->get_rows_dev && op->rope_dev && op->attention_dev && op->set_rows && op->window_rows &&
+           pol->p.kind == TRI_KV_POLICY_STREAMING && !pol->src && !pol->measure && !pol->kv->off && pol->be == ll->be &&
+           !ll->tp && !ll->model->stream && ll->rope.scaling != TRI_ROPE_SCALING_DYNAMIC &&
+           ll->rope.scaling != TRI_ROPE_SCALING_LONGROPE &&
+           (c->sliding_window <= 0 || pol->p.budget + e <= c->sliding_window);
+}
+
+void tri__llama_step_free(tri__llama_step *s) {
+    if (s->ll) {
+        tri__backend *be = s->ll->be;
+        if (s->graph) be->ops->graph_free(be, s->graph);
+        be->ops->free(be, s->dev);
+    }
+    free(s->spans);
+    free(s->head_span);
+    memset(s, 0, sizeof *s);
+}
+
+tri_status tri__llama_step_init(tri__llama_step *s, tri__llama *ll, tri__kv_policy *pol, bool record) {
+    memset(s, 0, sizeof *s);
+    if (!tri__llama_step_supported(ll, pol))
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "forward pass: a one-token step from backend memory over %s on %s",
+                         tri__kv_policy_name(pol->p.kind), ll->be->ops->name);
+    const int32_t nkv = pol->n_head_kv, kd = nkv * pol->head_dim;
+    s->ll = ll;
+    s->pol = pol;
+    s->view_rows = pol->p.budget + (pol->p.evict_every > 1 ? pol->p.evict_every : 1);
+    TRI_ASSERT(s->view_rows <= pol->p.budget + pol->max_step);  // the policy's view buffers hold it
+    s->record = record && ll->be->ops->graph_begin;
+    s->spans = calloc((size_t)nkv, sizeof *s->spans);
+    s->head_span = calloc((size_t)nkv + 1, sizeof *s->head_span);
+    tri_status st = s->spans && s->head_span ? TRI_STATUS_OK : tri__fail(TRI_STATUS_OUT_OF_MEMORY, "forward pass: step view");
+    if (!st) st = ll->be->ops->alloc(ll->be, sizeof(int32_t) * (size_t)(4 + s->view_rows), (void **)&s->dev);
+    if (st) {
+        tri__llama_step_free(s);
+        return st;
+    }
+    for (int32_t h = 0; h < nkv; h++) {  // positions 0 .. view_rows - 1 in cache order
+        s->spans[h] = (tri__kv_span){.pos0 = 0, .n = s->view_rows, .k = pol->sk + (int64_t)h * pol->head_dim,
+                                     .v = pol->sv + (int64_t)h * pol->head_dim, .stride = kd};
+        s->head_span[h] = h;
+    }
+    s->head_span[nkv] = nkv;
+    return TRI_STATUS_OK;
+}
+
+// The step's ops, the same every time: everything they read that changes lives in s->dev.
+static tri_status step_ops(tri__llama_step *s) {
+    tri__llama *ll = s->ll;
+    tri__kv_policy *pol = s->pol;
+    const tri_model *m = ll->model;
+    const tri_model_config *c = &m->config;
+    const tri__backend_ops *op = ll->be->ops;
+    tri__backend *be = ll->be;
+    const int32_t kd = pol->n_head_kv * pol->head_dim, V = s->view_rows;
+    int32_t *token = s->dev, *q_pos = s->dev + 2, *own = s->dev + 3, *rows = s->dev + 4;
+    const tri__stream_window w = tri__kv_policy_window(pol);
+    const tri__kv_view view = {TRI_DTYPE_F32, pol->n_head_kv, s->spans, s->head_span};
+    TRY(op->get_rows_dev(be, ll->x, m->tok_embd->data, m->tok_embd->type, c->n_vocab, c->n_embd, token, 1));
+    TRY(scale_embeddings(ll, ll->x, 1));
+    TRY(op->window_rows(be, s->dev, rows, V, &w));
+    for (int32_t il = 0; il < c->n_layer; il++) {
+        const tri__layer *L = &m->layers[il];
+        tri__kv_store *kv = pol->kv;
+        TRY(block_qkv(ll, L, 1));
+        TRY(op->rope_dev(be, ll->q, 1, c->n_head, q_pos, &ll->rope));
+        // the raw key and value into the store's row, then the view gathered and turned by rank
+        TRY(op->set_rows(be, kv->k[il], kv->type, ll->k, own, 1, kd));
+        TRY(op->set_rows(be, kv->v[il], kv->type, ll->v, own, 1, kd));
+        TRY(op->get_rows_dev(be, pol->sk, kv->k[il], kv->type, kv->capacity, kd, rows, V));
+        TRY(op->get_rows_dev(be, pol->sv, kv->v[il], kv->type, kv->capacity, kd, rows, V));
+        TRY(op->rope(be, pol->sk, V, pol->n_head_kv, pol->cache_pos, &ll->rope));
+        TRY(op->attention_dev(be, ll->att, ll->q, q_pos, 1, c->n_head, c->head_dim, &view));
+        TRY(block_out(ll, L, 1));
+    }
+    TRY(op->rmsnorm(be, ll->xb, ll->x, m->output_norm->data, m->output_norm->type, 1, c->n_embd, c->rms_eps));
+    return op->matmul(be, ll->logits, ll->xb, m->output->data, m->output->type, 1, c->n_vocab, c->n_embd);
+}
+
+// Records the step once, or again when a buffer it was recorded over moved.
+static tri_status step_graph(tri__llama_step *s) {
+    tri__llama *ll = s->ll;
+    tri__backend *be = ll->be;
+    const void *now[11] = {ll->x, ll->xb, ll->q, ll->k, ll->v, ll->att, ll->proj, ll->gate, ll->up, ll->logits,
+                           s->pol->sk};
+    if (s->graph && memcmp(now, s->baked, sizeof now) == 0) return TRI_STATUS_OK;
+    be->ops->graph_free(be, s->graph);
+    s->graph = NULL;
+    TRY(be->ops->graph_begin(be));
+    tri_status st = step_ops(s);
+    tri__graph *g = NULL;
+    tri_status st2 = be->ops->graph_end(be, &g);  // ends the recording whatever happened in it
+    if (st) {
+        be->ops->graph_free(be, g);
+        return st;
+    }
+    TRY(st2);
+    s->graph = g;
+    memcpy(s->baked, now, sizeof now);
+    s->n_recorded++;
+    return TRI_STATUS_OK;
+}
+
+tri_status tri__llama_step_run(tri__llama_step *s, int32_t token, float *logits) {
+    tri__llama *ll = s->ll;
+    tri__kv_policy *pol = s->pol;
+    tri__backend *be = ll->be;
+    const int32_t V = ll->model->config.n_vocab;
+    if (token < 0 || token >= V) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "forward pass: token %d of %d", token, V);
+    if (!ll->x) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "forward pass: its activation pool is not bound");
+    TRY(ensure_logits(ll, 1));
+    const int32_t n0 = tri__kv_policy_len(pol);
+    TRY(tri__kv_policy_begin(pol, 1, &ll->rope, ll->q_pos));  // the host's bookkeeping of the step
+    const int32_t state[2] = {token, n0};
+    tri_status st = be->ops->copy_to_backend(be, s->dev, state, sizeof state);
+    if (!st && s->record) {
+        st = step_graph(s);
+        if (!st) st = be->ops->graph_launch(be, s->graph);
+        if (!st) s->n_replays++;
+    } else if (!st) {
+        st = step_ops(s);
+    }
+    if (!st && logits) st = be->ops->copy_to_host(be, logits, ll->logits, sizeof(float) * (size_t)V);
+    if (!st) st = be->ops->synchronize(be);
+    if (st) {
+        tri__kv_policy_abort(pol);
+        return st;
+    }
+    s->n_steps++;
+    return tri__kv_policy_commit(pol);
 }

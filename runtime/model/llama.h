@@ -107,4 +107,45 @@ int32_t tri__llama_prefill_step(const tri__llama *ll, const tri__kv_policy *pol)
 tri_status tri__llama_forward(tri__llama *ll, tri__kv_store *kv, const int32_t *tokens, int32_t n,
                               tri__logits_mode mode, float *logits);
 
+// ---- the one-token step of a StreamingLLM cache, computed from backend memory ----
+//
+// A draft level (L1) decodes one token per step over StreamingLLM: on a GPU a few hundred small
+// ops whose launches cost more than their work (TriForce records this step as a CUDA graph). A
+// step of tri__llama_forward_policy reads host indices that every op uploads (the token, the
+// positions, the window's rows), which a recorded step would replay stale. This step keeps them in
+// backend memory instead (backend.h, "steps driven from backend memory"): the host writes the token
+// and the length (8 bytes), window_rows computes the view's rows, the query's cache position and
+// the new token's store row on the device, and get_rows_dev, set_rows, rope_dev and attention_dev
+// read them there. The view is a fixed buffer of budget + max(evict_every, 1) rows in cache order;
+// rows past the step's own are hidden by their position. So the ops and their arguments are the
+// same at every step, and a backend with graphs records them once and replays them (again only when
+// a buffer they use moved: the activation pool rebound, the logits regrown). The logits and the
+// cache are those of tri__llama_forward_policy's step: bit for bit on the CPU backend (the masked
+// rows add exact zeros), to the kernels' rounding on a device.
+typedef struct tri__llama_step {
+    tri__llama *ll;           // not owned
+    tri__kv_policy *pol;      // not owned: STREAMING over its own store in backend memory
+    int32_t view_rows;        // budget + max(evict_every, 1)
+    int32_t *dev;             // backend: state (4: token, n0, cache position, own row) | rows (view_rows)
+    tri__kv_span *spans;      // (n_head_kv) host: the view over pol->sk, pol->sv
+    int32_t *head_span;       // (n_head_kv + 1) host
+    bool record;              // record the step once and replay it (a backend with graphs)
+    tri__graph *graph;        // the recorded step, NULL before the first
+    const void *baked[11];    // the buffers the graph was recorded over (activations, logits)
+    int64_t n_steps, n_recorded, n_replays;
+} tri__llama_step;
+
+// Whether ll's one-token steps over pol can run from backend memory: a STREAMING policy over its
+// own store (no offloaded layers, no measurement), a backend with the ops, one device, weights
+// resident, a rotary table that does not change with the length (not dynamic NTK or LongRoPE),
+// and no sliding window that the view's positions could cross.
+bool tri__llama_step_supported(const tri__llama *ll, const tri__kv_policy *pol);
+// Sets s up for ll and pol (both must outlive it); record: replay a recorded graph (the backend's
+// graph ops; ignored without them). UNSUPPORTED where tri__llama_step_supported is false.
+tri_status tri__llama_step_init(tri__llama_step *s, tri__llama *ll, tri__kv_policy *pol, bool record);
+void tri__llama_step_free(tri__llama_step *s);
+// Runs token at the policy's end and commits it; logits (n_vocab) host, or NULL. Waits for the
+// backend (synchronize). On failure the policy keeps its length.
+tri_status tri__llama_step_run(tri__llama_step *s, int32_t token, float *logits);
+
 #endif  // TRI_LLAMA_H

@@ -10,12 +10,6 @@
 #include "model.h"
 #include "tensor-parallel.h"
 
-#define TRY(call)                              \
-    do {                                       \
-        tri_status st_ = (call);               \
-        if (st_ != TRI_STATUS_OK) return st_;  \
-    } while (0)
-
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -26,6 +20,7 @@ void tri__level_free(tri__level *lv) {
     for (int32_t r = 1; lv->peers && r < lv->n_ranks; r++) tri__level_free(&lv->peers[r - 1]);
     free(lv->peers);
     if (lv->be) {
+        tri__llama_step_free(&lv->step);
         tri__kv_policy_free(&lv->pol);
         tri__kv_store_free(&lv->store);
         tri__llama_free(&lv->ll);
@@ -100,6 +95,10 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
                                          c->head_dim, params->n_ctx, params->n_batch))) {
         goto fail;
     }
+    // a draft's one-token steps as one recorded graph each, where the backend records them
+    if (be->ops->graph_begin && tri__llama_step_supported(&lv->ll, &lv->pol) &&
+        (st = tri__llama_step_init(&lv->step, &lv->ll, &lv->pol, true)))
+        goto fail;
     return TRI_STATUS_OK;
 
 fail:
@@ -175,7 +174,9 @@ static tri_status run(tri__level *lv, const int32_t *tokens, int32_t n, bool all
     tri__logits_mode mode = row < 0 ? TRI_LOGITS_NONE : all ? TRI_LOGITS_ALL : TRI_LOGITS_LAST;
     float *dst = mode == TRI_LOGITS_NONE ? NULL : lv->logits + (int64_t)row * V;
     int32_t len = tri__kv_policy_len(&lv->pol);
-    tri_status st = tri__llama_forward_policy(&lv->ll, &lv->pol, tokens, n, mode, dst);
+    tri_status st = n == 1 && mode != TRI_LOGITS_NONE && lv->step.ll
+                        ? tri__llama_step_run(&lv->step, tokens[0], dst)  // the same cache and logits
+                        : tri__llama_forward_policy(&lv->ll, &lv->pol, tokens, n, mode, dst);
     if (!st)  // n_evals counts those steps as passes
         for (int32_t done = 0; done < n; lv->n_evals++) {
             int32_t lim = tri__kv_policy_step_limit_at(&lv->pol, len + done);

@@ -52,6 +52,8 @@ typedef struct tri__level {
     tri__llama ll;
     tri__kv_policy pol;      // the cache; pol.p.kind is the policy really served
     tri__kv_store store;     // with offloaded layers: the store pol wraps (FULL); else unused
+    tri__llama_step step;    // STREAMING on a backend with graphs: one-token evals run as a recorded
+                             // step computed from backend memory (llama.h); else unused (step.ll NULL)
     float *logits;           // (logits_cap, n_vocab) host: rows of the last eval
     int32_t logits_cap;
     int32_t n_logits;        // rows valid after the last eval

@@ -22,12 +22,6 @@
 #include "textgen.h"
 #include "tokenizer.h"
 
-#define TRY(call)                              \
-    do {                                       \
-        tri_status st_ = (call);               \
-        if (st_ != TRI_STATUS_OK) return st_;  \
-    } while (0)
-
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

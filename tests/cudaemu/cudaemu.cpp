@@ -439,6 +439,20 @@ struct cudaemu_stream {
     uint64_t enq = 0, done = 0;
     bool destroyed = false;
     int device = 0;  // the device current when it was created; the legacy stream: any
+    // stream capture (cudaStreamBeginCapture .. cudaStreamEndCapture): work is recorded, not queued
+    int capture_mode = -1;  // a cudaStreamCaptureMode while capturing, else -1
+    bool capture_bad = false;  // something unsupported happened: the capture is invalidated
+    std::vector<std::function<void()>> nodes;
+};
+// A captured graph and its executable form: the recorded work, in order (one stream's capture is a
+// chain), with the arguments it was recorded with.
+struct cudaemu_graph {
+    std::vector<std::function<void()>> nodes;
+    int device = 0;
+};
+struct cudaemu_graph_exec {
+    std::vector<std::function<void()>> nodes;
+    int device = 0;
 };
 struct cudaemu_event {
     cudaemu_stream *s = nullptr;
@@ -482,6 +496,10 @@ static void drain_all() {
 }
 static void enqueue(cudaStream_t st, std::function<void()> f) {
     cudaemu_stream *s = S(st);
+    if (s->capture_mode >= 0) {  // recorded for the graph: runs only when it is launched
+        s->nodes.push_back(std::move(f));
+        return;
+    }
     if (!st) drain_all();  // the legacy stream waits for the others
     s->q.push_back(std::move(f));
     s->enq++;
@@ -533,6 +551,30 @@ static void check_span(const char *what, const void *p, size_t bytes, bool devic
 }
 // The device a stream's work runs on (-1: the legacy stream, which serves the current device).
 static int stream_device(cudaStream_t s) { return s ? ((cudaemu_stream *)s)->device : -1; }
+
+// Capture rules. On a capturing stream, work that a replay could not repeat (a copy from or to
+// pageable memory, whose data CUDA stages at the call) and a synchronization are errors that
+// invalidate the capture, as in CUDA; so are events on it (CUDA allows them as dependencies
+// between streams; not emulated: reported instead). In the global mode, memory allocation and
+// synchronous calls by any thread while a capture runs are errors too; the relaxed mode allows them.
+static bool capturing(cudaStream_t s) { return s && ((cudaemu_stream *)s)->capture_mode >= 0; }
+static cudaError_t capture_refuse(cudaStream_t s, const char *what) {
+    cudaemu_stream *st = (cudaemu_stream *)s;
+    st->capture_bad = true;
+    cudaemu::report("%s on a stream that is being captured: invalidates the capture", what);
+    return cudaErrorStreamCaptureUnsupported;
+}
+static bool global_capture_active() {
+    for (cudaemu_stream *s : all_streams())
+        if (s->capture_mode == cudaStreamCaptureModeGlobal) return true;
+    return false;
+}
+static cudaError_t global_capture_refuse(const char *what) {
+    for (cudaemu_stream *s : all_streams())
+        if (s->capture_mode == cudaStreamCaptureModeGlobal) s->capture_bad = true;
+    cudaemu::report("%s while a stream is captured in the global mode: invalidates the capture", what);
+    return cudaErrorStreamCaptureUnsupported;
+}
 
 static const size_t TOTAL_MEM = (size_t)80 << 30;
 
@@ -631,6 +673,9 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorPeerAccessUnsupported: return "cudaErrorPeerAccessUnsupported";
     case cudaErrorPeerAccessAlreadyEnabled: return "cudaErrorPeerAccessAlreadyEnabled";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
     default: return "cudaErrorUnknown";
     }
 }
@@ -639,6 +684,7 @@ const char *cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
 cudaError_t cudaMalloc(void **p, size_t bytes) {
     CUDAEMU_LOCK;
     *p = nullptr;
+    if (global_capture_active()) return fail(global_capture_refuse("cudaMalloc"));
     if (bytes > TOTAL_MEM - allocated[current_device]) return fail(cudaErrorMemoryAllocation);
     void *m = nullptr;
     if (posix_memalign(&m, 256, bytes ? bytes : 1) != 0) return fail(cudaErrorMemoryAllocation);
@@ -650,6 +696,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
 }
 cudaError_t cudaFree(void *p) {
     CUDAEMU_LOCK;
+    if (global_capture_active()) return fail(global_capture_refuse("cudaFree"));
     drain_all();  // cudaFree synchronizes
     if (!p) return cudaSuccess;
     auto it = ranges.find((uintptr_t)p);
@@ -711,6 +758,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     if (!bytes) return cudaSuccess;
     switch (k) {
     case cudaMemcpyHostToDevice:
+        if (capturing(s) && !is_pinned(src)) return fail(capture_refuse(s, "cudaMemcpyAsync from pageable memory"));
         check_span_on("cudaMemcpyAsync HostToDevice destination", dst, bytes, true, stream_device(s));
         if (find_range(src, nullptr) && !is_pinned(src))
             cudaemu::report("cudaMemcpyAsync HostToDevice: the source %p is device memory", src);
@@ -724,6 +772,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
         }
         return cudaSuccess;
     case cudaMemcpyDeviceToHost:
+        if (capturing(s) && !is_pinned(dst)) return fail(capture_refuse(s, "cudaMemcpyAsync to pageable memory"));
         check_span_on("cudaMemcpyAsync DeviceToHost source", src, bytes, true, stream_device(s));
         if (find_range(dst, nullptr) && !is_pinned(dst))
             cudaemu::report("cudaMemcpyAsync DeviceToHost: the destination %p is device memory", dst);
@@ -746,6 +795,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
 }
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k) {
     CUDAEMU_LOCK;
+    if (global_capture_active()) return fail(global_capture_refuse("cudaMemcpy"));
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, k, 0);
     drain_all();
     return e;
@@ -758,6 +808,8 @@ cudaError_t cudaMemsetAsync(void *dst, int v, size_t bytes, cudaStream_t s) {
 }
 cudaError_t cudaDeviceSynchronize(void) {
     CUDAEMU_LOCK;
+    for (cudaemu_stream *s : all_streams())
+        if (s->capture_mode >= 0) return fail(capture_refuse((cudaStream_t)s, "cudaDeviceSynchronize"));
     drain_all();
     return cudaSuccess;
 }
@@ -775,6 +827,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     CUDAEMU_LOCK;
     if (!s) return fail(cudaErrorInvalidResourceHandle);
     cudaemu_stream *st = S(s);
+    if (st->capture_mode >= 0) return fail(capture_refuse(s, "cudaStreamDestroy"));
     drain(st, st->enq);  // work still queued completes
     auto &v = all_streams();
     v.erase(std::remove(v.begin(), v.end(), st), v.end());
@@ -783,6 +836,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     CUDAEMU_LOCK;
+    if (capturing(s)) return fail(capture_refuse(s, "cudaStreamSynchronize"));
     cudaemu_stream *st = S(s);
     if (!s) drain_all();
     drain(st, st->enq);
@@ -809,6 +863,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     cudaemu_event *ev = (cudaemu_event *)e;
     if (s && ((cudaemu_stream *)s)->device != ev->device)  // CUDA: event and stream of one device
         return fail(cudaErrorInvalidResourceHandle);
+    if (capturing(s)) return fail(capture_refuse(s, "cudaEventRecord (not emulated)"));
     ev->s = S(s);
     ev->target = ev->s->enq;
     if (!async_mode()) drain(ev->s, ev->target);
@@ -830,11 +885,83 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
     CUDAEMU_LOCK;
     (void)flags;
     if (!e) return fail(cudaErrorInvalidResourceHandle);
+    if (capturing(s)) return fail(capture_refuse(s, "cudaStreamWaitEvent (not emulated)"));
     cudaemu_event *ev = (cudaemu_event *)e;
     cudaemu_stream *src = ev->s;
     uint64_t target = ev->target;  // the record in force now
     if (!src) return cudaSuccess;
     enqueue(s, [src, target]() { drain(src, target); });
+    return cudaSuccess;
+}
+
+// ---- graphs: stream capture and replay ----
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+    CUDAEMU_LOCK;
+    if (!s) return fail(cudaErrorStreamCaptureUnsupported);  // the legacy stream cannot be captured
+    cudaemu_stream *st = (cudaemu_stream *)s;
+    if (st->capture_mode >= 0 || mode < cudaStreamCaptureModeGlobal || mode > cudaStreamCaptureModeRelaxed)
+        return fail(cudaErrorInvalidValue);
+    st->capture_mode = mode;
+    st->capture_bad = false;
+    st->nodes.clear();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
+    CUDAEMU_LOCK;
+    *graph = nullptr;
+    if (!capturing(s)) return fail(cudaErrorStreamCaptureUnmatched);
+    cudaemu_stream *st = (cudaemu_stream *)s;
+    st->capture_mode = -1;
+    std::vector<std::function<void()>> nodes;
+    nodes.swap(st->nodes);
+    if (st->capture_bad) return fail(cudaErrorStreamCaptureInvalidated);
+    cudaemu_graph *g = new cudaemu_graph;
+    g->nodes = std::move(nodes);
+    g->device = st->device;
+    *graph = g;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status) {
+    CUDAEMU_LOCK;
+    cudaemu_stream *st = S(s);
+    *status = st->capture_mode < 0 ? cudaStreamCaptureStatusNone
+              : st->capture_bad    ? cudaStreamCaptureStatusInvalidated
+                                   : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
+    CUDAEMU_LOCK;
+    *exec = nullptr;
+    if (!graph || flags) return fail(cudaErrorInvalidValue);
+    cudaemu_graph_exec *x = new cudaemu_graph_exec;
+    x->nodes = graph->nodes;
+    x->device = graph->device;
+    *exec = x;
+    return cudaSuccess;
+}
+static long long graph_launches;
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+    CUDAEMU_LOCK;
+    if (!exec) return fail(cudaErrorInvalidResourceHandle);
+    if (capturing(s)) return fail(capture_refuse(s, "cudaGraphLaunch (not emulated)"));
+    if (s && ((cudaemu_stream *)s)->device != exec->device) return fail(cudaErrorInvalidResourceHandle);
+    for (const std::function<void()> &f : exec->nodes) enqueue(s, f);
+    if (++graph_launches == 1 && cudaemu::env_int("CUDAEMU_STATS", 0))
+        atexit([]() { fprintf(stderr, "cudaemu: %lld graph launches\n", graph_launches); });
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    CUDAEMU_LOCK;
+    if (!exec) return fail(cudaErrorInvalidResourceHandle);
+    drain_all();  // launches still queued hold copies of its nodes; done before it goes, as in CUDA
+    delete exec;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    CUDAEMU_LOCK;
+    if (!graph) return fail(cudaErrorInvalidResourceHandle);
+    delete graph;
     return cudaSuccess;
 }
 
