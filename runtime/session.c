@@ -32,6 +32,8 @@ struct tri_session {
     tri__llama ll;
     tri__kv_policy kv;    // the cache and the policy that chooses what each layer attends to
     tri__kv_store store;  // with offloaded layers: the store kv wraps (FULL policy); else unused
+    tri__llama_step step; // StreamingLLM on a backend with graphs, one device: one-token evals as a
+                          // recorded step (llama.h); else unused (step.ll NULL)
     tri__rng rng;
     bool seeded;          // rng was seeded (from `seed`) since the session was created or reset
     int32_t pending;      // the last token tri_generate emitted, not yet run (the next call runs
@@ -60,6 +62,7 @@ tri_generate_params tri_generate_default_params(void) {
 
 void tri_session_free(tri_session *s) {
     if (!s) return;
+    tri__llama_step_free(&s->step);
     tri__kv_policy_free(&s->kv);
     tri__kv_store_free(&s->store);
     tri__llama_free(&s->ll);
@@ -163,6 +166,10 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
             goto fail;
         }
     }
+    // decoding over StreamingLLM: each token one recorded step, where the backend records graphs
+    if (s->group.n == 1 && s->be->ops->graph_begin && tri__llama_step_supported(&s->ll, &s->kv) &&
+        (st = tri__llama_step_init(&s->step, &s->ll, &s->kv, true)))
+        goto fail;
     s->probs = malloc((size_t)c->n_vocab * sizeof *s->probs);
     if (!s->probs) {
         st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "session: %d-entry distribution", c->n_vocab);
@@ -195,6 +202,8 @@ typedef struct eval_job {
 // One rank's share of an eval (tri__tp_run): the same tokens through its shard; rank 0's logits.
 static tri_status eval_rank(void *ctx, int32_t r) {
     eval_job *j = ctx;
+    if (j->n == 1 && j->mode != TRI_LOGITS_NONE && j->s->step.ll)  // the same cache and logits
+        return tri__llama_step_run(&j->s->step, j->tokens[0], j->s->logits);
     return tri__llama_forward_policy(rank_ll(j->s, r), rank_kv(j->s, r), j->tokens, j->n, j->mode,
                                      r ? NULL : j->s->logits);
 }

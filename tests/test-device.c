@@ -1008,6 +1008,42 @@ Test(device, cuda_engine_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
         cr_assert_eq(got[i], want[i], "%s speculative: token %d: %d vs the CPU's %d", tri_spec_device(e), i, got[i],
                      want[i]);
     tri_spec_free(e);
+    // L1 as a model (the target's first layer, a self-draft) over StreamingLLM whose window the
+    // prompt overflows: on the device each of its one-token evals is one recorded step replayed
+    // (tri__llama_step), and the output is still plain decoding's
+    static const int32_t first_layer[] = {0};
+    sp.weight_layers_streamed = 0;  // a layer view needs resident weights (the KV stays offloaded)
+    p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+    p.draft_layers = first_layer;
+    p.n_draft_layers = 1;
+    p.draft_window = 12;
+    p.draft_sink = 4;
+    cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+    g = got;
+    cr_assert_eq(tri_generate_spec(e, prompt, NP, &gp, collect, &g, &st), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(g - got, NG);
+    cr_assert(st.l1_proposed > 0, "L1 drafted");
+    for (int i = 0; i < NG; i++)
+        cr_assert_eq(got[i], want[i], "%s speculative, a self-draft L1: token %d: %d vs the CPU's %d", tri_spec_device(e),
+                     i, got[i], want[i]);
+    tri_spec_free(e);
+    // plain decoding over StreamingLLM (a window of 16 under the 40-token prompt): the device's
+    // recorded steps give the CPU's tokens
+    sp.kv_policy = TRI_KV_POLICY_STREAMING;
+    sp.kv_layers_offloaded = 0;
+    sp.kv_budget = 16;
+    sp.kv_sink = 4;
+    for (int r = 0; r < 2; r++) {
+        sp.device_kind = r ? TRI_DEVICE_CUDA : TRI_DEVICE_CPU;
+        tri_session *s;
+        cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        int32_t *w = r ? got : want;
+        cr_assert_eq(tri_generate(s, prompt, NP, &gp, collect, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(w - (r ? got : want), NG);
+        tri_session_free(s);
+    }
+    for (int i = 0; i < NG; i++)
+        cr_assert_eq(got[i], want[i], "StreamingLLM on the device: token %d: %d vs the CPU's %d", i, got[i], want[i]);
     tri_model_free(m);
 }
 
