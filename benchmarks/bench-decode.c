@@ -9,14 +9,21 @@
 // tokens/s, and the bandwidth they achieve (every weight byte read once plus the KV rows read,
 // per pass) against the backend's own copy peak (a device-to-device copy on a GPU, counted as
 // read + write bytes; a stream-like copy on the CPU). Then the attention op alone, one layer of
-// the first shape, one query over 4K, 32K and 128K keys: time and GB/s of the K/V it reads.
+// the first shape, one query over 4K, 32K and 128K keys: time and GB/s of the K/V it reads. Last,
+// the draft's step (--draft llama-68m): one-token decode over a StreamingLLM cache of TriForce's
+// draft window (16 sinks + 240, evicting every 64, past 1,000 tokens), issued op by op
+// (tri__llama_forward_policy) and as the step computed from device memory (tri__llama_step), issued
+// op by op and, on a backend that records graphs, recorded once and replayed: ms/token against the
+// time its weights take to read at the copy peak.
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench-model.h"
 #include "bench-util.h"
+#include "kv-policy.h"
 #include "model-synthetic.h"
 
 #define MAX_LIST 8
@@ -40,6 +47,61 @@ done:
     return best;
 }
 
+// ms/token of the draft step over StreamingLLM in shape c: op by op, from device memory op by op,
+// and recorded (NAN where the backend has no graphs); every way gives the same greedy tokens.
+static tri_status draft_step_times(const tri_model_config *c, tri_dtype wtype, tri__backend *be, int32_t passes,
+                                   double ms[3], double *weight_bytes) {
+    enum { WINDOW = 256, SINK = 16, EVERY = 64, FILL = 1000 };
+    tri_model *m = NULL, *v = NULL;
+    tri__llama ll = {0};
+    tri__kv_policy pol = {0};
+    tri__llama_step step[2] = {{0}};
+    float *logits = malloc(sizeof(float) * (size_t)c->n_vocab * 3);
+    int32_t *fill = malloc(sizeof(int32_t) * FILL);
+    tri_status st = logits && fill ? TRI_STATUS_OK : TRI_STATUS_OUT_OF_MEMORY;
+    tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_STREAMING, 1 << 20);
+    pp.budget = WINDOW;
+    pp.sink = SINK;
+    pp.evict_every = EVERY;
+    if (!st) st = tri__model_synthetic(c, wtype, 1, &m);
+    if (!st) st = tri__model_on_backend(m, be, 0, 0, &v);
+    if (!st) st = tri__llama_init(&ll, v, be, EVERY);
+    if (!st) st = tri__kv_policy_init(&pol, &pp, be, TRI_DTYPE_F16, c->n_layer, c->n_head, c->n_head_kv, c->head_dim,
+                                      1 << 20, EVERY);
+    for (int32_t i = 0; !st && i < FILL; i++) fill[i] = (7 * i + 3) % c->n_vocab;
+    if (!st) st = tri__llama_forward_policy(&ll, &pol, fill, FILL, TRI_LOGITS_LAST, logits);
+    if (!st) {
+        tri_plan_model pm;
+        tri_plan_model_from_model(m, &pm);
+        *weight_bytes = (double)pm.layer_bytes * c->n_layer + (double)pm.other_bytes;
+    }
+    bool graphs = be->ops->graph_begin != NULL;
+    for (int way = 0; way < 3 && !st; way++) {
+        ms[way] = NAN;
+        if (way > 0 && !tri__llama_step_supported(&ll, &pol)) continue;
+        if (way == 2 && !graphs) continue;
+        if (way > 0 && (st = tri__llama_step_init(&step[way - 1], &ll, &pol, way == 2))) break;
+        int32_t tok = 5;
+        double t = 0;
+        for (int32_t rep = 0; !st && rep <= 16 * passes; rep++) {
+            double t0 = bench_now();
+            st = way == 0 ? tri__llama_forward_policy(&ll, &pol, &tok, 1, TRI_LOGITS_LAST, logits)
+                          : tri__llama_step_run(&step[way - 1], tok, logits);
+            if (rep > 0) t += bench_now() - t0;  // the first records the graph, and warms up
+            tok = (tok * 31 + 7) % c->n_vocab;
+        }
+        if (!st) ms[way] = 1e3 * t / (16 * passes);
+    }
+    for (int i = 0; i < 2; i++) tri__llama_step_free(&step[i]);
+    tri__kv_policy_free(&pol);
+    tri__llama_free(&ll);
+    tri__model_backend_free(v);
+    tri__model_synthetic_free(m);
+    free(logits);
+    free(fill);
+    return st;
+}
+
 static int parse_ints(const char *s, int32_t *out) {
     int n = 0;
     while (*s && n < MAX_LIST) {
@@ -53,7 +115,7 @@ static int parse_ints(const char *s, int32_t *out) {
 }
 
 int main(int argc, char **argv) {
-    const char *device = NULL, *shapes = "llama2-7b,llama-68m";
+    const char *device = NULL, *shapes = "llama2-7b,llama-68m", *draft = "llama-68m";
     int32_t ctx = 1024, passes = 5, attn[MAX_LIST] = {4096, 32768, 131072}, n_attn = 3;
     tri_dtype wtype = TRI_DTYPE_F16;
     for (int i = 1; i < argc; i++) {
@@ -61,6 +123,7 @@ int main(int argc, char **argv) {
         bool ok = v != NULL;
         if (ok && !strcmp(a, "--device")) device = v;
         else if (ok && !strcmp(a, "--shapes")) shapes = v;
+        else if (ok && !strcmp(a, "--draft")) draft = v;
         else if (ok && !strcmp(a, "--ctx")) ok = (ctx = atoi(v)) > 0;
         else if (ok && !strcmp(a, "--passes")) ok = (passes = atoi(v)) > 0;
         else if (ok && !strcmp(a, "--attn")) ok = (n_attn = parse_ints(v, attn)) > 0;
@@ -70,7 +133,8 @@ int main(int argc, char **argv) {
         } else ok = false;
         if (!ok) {
             fprintf(stderr, "usage: bench-decode [--device cpu|cuda[:N]] [--shapes llama2-7b,llama-68m] [--ctx 1024]\n"
-                            "                    [--attn 4096,32768,131072] [--passes N] [--weights f16|q8_0|q4_0]\n");
+                            "                    [--attn 4096,32768,131072] [--passes N] [--weights f16|q8_0|q4_0]\n"
+                            "                    [--draft llama-68m|none]\n");
             return 2;
         }
         i++;
@@ -175,6 +239,28 @@ int main(int argc, char **argv) {
         be->ops->free(be, q);
         be->ops->free(be, out);
         free(hq);
+    }
+    // the draft's step over StreamingLLM: op by op, from device memory, recorded and replayed
+    tri_model_config dc;
+    if (!rc && strcmp(draft, "none") != 0) {
+        double ms[3], wbytes = 0;
+        if (!bench_shape(draft, &dc)) {
+            fprintf(stderr, "bench-decode: unknown draft shape '%s'\n", draft);
+            rc = 2;
+        } else if (draft_step_times(&dc, wtype, be, passes, ms, &wbytes)) {
+            fprintf(stderr, "bench-decode: draft step: %s\n", tri_last_error());
+            rc = 1;
+        } else {
+            printf("\n| draft | window | op by op ms/token | from device memory | recorded graph | weights at peak ms |\n"
+                   "|---|---|---|---|---|---|\n");
+            char cell[2][32];
+            for (int i = 0; i < 2; i++) {
+                if (ms[i + 1] == ms[i + 1]) snprintf(cell[i], sizeof cell[i], "%.3f", ms[i + 1]);
+                else snprintf(cell[i], sizeof cell[i], "-");
+            }
+            printf("| %s | 16 + 240 | %.3f | %s | %s | %.3f |\n", draft, ms[0], cell[0], cell[1],
+                   peak > 0 ? 1e3 * wbytes / peak : 0.0);
+        }
     }
     tri__backend_free(be);
     return rc;
