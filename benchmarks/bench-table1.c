@@ -14,8 +14,10 @@
 // usage: bench-table1 MODEL TEXT text   CONTEXT POSITIONS BUDGETS POLICIES [threads]
 //        bench-table1 MODEL TEXT needle CONTEXTS DEPTHS DIV POLICIES [threads]
 // BUDGETS, CONTEXTS, DEPTHS: comma lists. POLICIES: comma list of streaming, h2o and retrieval
-// variants "ret[:sum|:max|:soft|:oracle][:bound][:wN][:qN][:cN][:rN][:diag]" (group scoring, or the
-// oracle: the chunks with the most true attention mass of full attention, a measurement;
+// variants "ret[:sum|:max|:soft][:oracle[A-B]][:kN][:bound][:wN][:qN][:cN][:rN][:diag]" (group scoring;
+// the oracle: the chunks with the most true attention mass of full attention, a measurement, in
+// every layer or in layers A to B only; kN: the group rule's N * r best chunks reranked by their
+// keys' attention mass (an experiment);
 // chunk bounds for summaries instead of mean keys, recent window of N tokens,
 // the last N tokens' queries, chunks of N, refresh every N tokens; default: the policy defaults;
 // diag: after the prompt's selection, per layer, the share of full attention's mass the view keeps
@@ -72,8 +74,9 @@ typedef struct variant {
     char name[64];
     tri_kv_policy kind;
     tri__kv_group group;
-    int32_t window, queries, chunk, refresh;
-    bool set_group, bound, oracle, diag;
+    int32_t window, queries, chunk, refresh, rescore;
+    uint64_t oracle;  // layers the oracle selects in
+    bool set_group, bound, diag;
 } variant;
 
 static variant parse_variant(const char *s) {
@@ -87,12 +90,17 @@ static variant parse_variant(const char *s) {
             else if (!strncmp(c, ":max", 4)) v.group = TRI__KV_GROUP_MAX, v.set_group = true;
             else if (!strncmp(c, ":soft", 5)) v.group = TRI__KV_GROUP_SOFTMAX, v.set_group = true;
             else if (!strncmp(c, ":bound", 6)) v.bound = true;
-            else if (!strncmp(c, ":oracle", 7)) v.oracle = true;
+            else if (!strncmp(c, ":oracle", 7)) {  // every layer, or layers A-B (inclusive)
+                int a = 0, b = 63;
+                if (c[7] >= '0' && c[7] <= '9') sscanf(c + 7, "%d-%d", &a, &b);
+                for (int il = a; il <= b && il < 64; il++) v.oracle |= 1ull << il;
+            }
             else if (!strncmp(c, ":diag", 5)) v.diag = true;
             else if (c[1] == 'w') v.window = atoi(c + 2);
             else if (c[1] == 'q') v.queries = atoi(c + 2);
             else if (c[1] == 'c') v.chunk = atoi(c + 2);
             else if (c[1] == 'r') v.refresh = atoi(c + 2);
+            else if (c[1] == 'k') v.rescore = atoi(c + 2);
             else {
                 fprintf(stderr, "bench-table1: policy %s: unknown option at %s\n", s, c);
                 exit(2);
@@ -116,7 +124,8 @@ static tri__kv_policy_params params_of(const variant *v, int32_t budget, int32_t
         if (v->queries >= 0) pp.queries = v->queries;
         pp.refresh = v->refresh;
         if (v->bound) pp.bound = true;
-        if (v->oracle) pp.oracle = true;
+        pp.oracle = v->oracle;
+        pp.rescore = v->rescore;
         pp.budget -= pp.budget % pp.chunk;
     }
     return pp;
@@ -187,11 +196,11 @@ static void diagnose(tri__kv_policy *pol, const variant *v, int32_t lo, int32_t 
     int32_t *ids = malloc(sizeof *ids * (size_t)kmax);
     const int32_t c_lo = lo / C, c_hi = hi > lo ? (hi - 1) / C + 1 : c_lo;
     double tot_sel = 0, tot_or = 0, tot = 0;
-    printf("#diag %-18s layer  kept  oracle  needle-mass  needle-chunks kept/oracle (of %d)\n", v->name,
-           H * (c_hi - c_lo));
+    printf("#diag %-18s layer  kept  oracle  needle-mass  needle-chunks kept/oracle (of %d)  last-128 kept/oracle\n",
+           v->name, H * (c_hi - c_lo));
     for (int32_t il = 0; il < L; il++) {
         double sel = 0, orc = 0, all = 0, nm = 0;
-        int32_t nk = 0, no = 0;
+        int32_t nk = 0, no = 0, near_k = 0, near_o = 0, chosen = 0;
         for (int32_t h = 0; h < H; h++) {
             double rest;
             int32_t nc = tri__kv_policy_chunk_mass(pol, il, h, mass, &rest);
@@ -225,9 +234,17 @@ static void diagnose(tri__kv_policy *pol, const variant *v, int32_t lo, int32_t 
             double thr = r > 0 && r <= n ? sorted[r - 1] : INFINITY;
             for (int32_t c = c_lo; c < c_hi && c < nc; c++)
                 no += c == 0 || c >= recent || (c > 0 && mass[c] >= thr);
+            // how many of the chosen chunks (not the sink or the window) lie in the 128 tokens
+            // before the window, by the selection and by the oracle
+            for (int32_t c = recent - 128 / C > 1 ? recent - 128 / C : 1; c < recent; c++) {
+                near_o += mass[c] >= thr;
+                for (int32_t a = 0; a < cnt; a++) near_k += ids[a] == c;
+            }
+            chosen += r;
         }
         tot_sel += sel, tot_or += orc, tot += all;
-        printf("#diag %-18s %5d %5.3f %7.3f %12.4f  %d/%d\n", v->name, il, sel / all, orc / all, nm / all, nk, no);
+        printf("#diag %-18s %5d %5.3f %7.3f %12.4f  %d/%d  %d/%d of %d\n", v->name, il, sel / all, orc / all, nm / all,
+               nk, no, near_k, near_o, chosen);
     }
     printf("#diag %-18s   all %5.3f %7.3f\n", v->name, tot_sel / tot, tot_or / tot);
     free(mass);

@@ -59,10 +59,16 @@ typedef struct tri__kv_policy_params {
                           // they came in: a history kept across steps, rolled back with the cache
                           // and started again after adopted tokens (they did not run here) and with
                           // a tap's pass (which counts as run); fewer when fewer ran since; 0: 1
-    bool oracle;          // RETRIEVAL, a measurement (bench-table1), never a default: the chunks
-                          // besides the sink and the window are those with the most true
-                          // attention mass (tri__kv_policy_chunk_mass) instead of the group
-                          // rule's; own store in host memory only (UNSUPPORTED otherwise)
+    uint64_t oracle;      // RETRIEVAL, a measurement (bench-table1), never a default: bit il set,
+                          // layer il keeps, besides the sink and the window, the chunks with the
+                          // most true attention mass (tri__kv_policy_chunk_mass) instead of the
+                          // group rule's (layers past 63: bit 63); own store in host memory only
+                          // (UNSUPPORTED otherwise); 0: none
+    int32_t rescore;      // RETRIEVAL, an experiment (bench-table1 :kN): > 0, the group rule
+                          // proposes rescore times as many chunks as it may keep, and those with
+                          // the most attention mass over the keys read (the proposed chunks', the
+                          // sink's, the window's and the tokens' since) are kept; own store in
+                          // host memory only; 0: off
 } tri__kv_policy_params;
 
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: MAX group
