@@ -14,11 +14,12 @@
 // usage: bench-table1 MODEL TEXT text   CONTEXT POSITIONS BUDGETS POLICIES [threads]
 //        bench-table1 MODEL TEXT needle CONTEXTS DEPTHS DIV POLICIES [threads]
 // BUDGETS, CONTEXTS, DEPTHS: comma lists. POLICIES: comma list of streaming, h2o and retrieval
-// variants "ret[:sum|:max|:soft][:oracle[A-B]][:kN][:bound][:wN][:qN][:cN][:rN][:diag]" (group scoring;
+// variants "ret[:sum|:max|:soft][:oracle[A-B]][:kN][:bound[A-B]][:wN][:qN][:cN][:rN][:diag]" (group scoring;
 // the oracle: the chunks with the most true attention mass of full attention, a measurement, in
 // every layer or in layers A to B only; kN: the group rule's N * r best chunks reranked by their
 // keys' attention mass (an experiment);
-// chunk bounds for summaries instead of mean keys, recent window of N tokens,
+// chunk bounds for summaries instead of mean keys (in every layer or in layers A to B), recent
+// window of N tokens,
 // the last N tokens' queries, chunks of N, refresh every N tokens; default: the policy defaults;
 // diag: after the prompt's selection, per layer, the share of full attention's mass the view keeps
 // against the oracle's share, and in a needle prompt the mass on the needle's chunks and in how
@@ -75,7 +76,8 @@ typedef struct variant {
     tri_kv_policy kind;
     tri__kv_group group;
     int32_t window, queries, chunk, refresh, rescore;
-    uint64_t oracle;  // layers the oracle selects in
+    uint64_t oracle;        // layers the oracle selects in
+    uint64_t bound_layers;  // layers summarised by bounds
     bool set_group, bound, diag;
 } variant;
 
@@ -89,7 +91,11 @@ static variant parse_variant(const char *s) {
             if (!strncmp(c, ":sum", 4)) v.group = TRI__KV_GROUP_SUM, v.set_group = true;
             else if (!strncmp(c, ":max", 4)) v.group = TRI__KV_GROUP_MAX, v.set_group = true;
             else if (!strncmp(c, ":soft", 5)) v.group = TRI__KV_GROUP_SOFTMAX, v.set_group = true;
-            else if (!strncmp(c, ":bound", 6)) v.bound = true;
+            else if (!strncmp(c, ":bound", 6) && c[6] >= '0' && c[6] <= '9') {  // layers A-B only
+                int a = 0, b = 63;
+                sscanf(c + 6, "%d-%d", &a, &b);
+                for (int il = a; il <= b && il < 64; il++) v.bound_layers |= 1ull << il;
+            } else if (!strncmp(c, ":bound", 6)) v.bound = true;
             else if (!strncmp(c, ":oracle", 7)) {  // every layer, or layers A-B (inclusive)
                 int a = 0, b = 63;
                 if (c[7] >= '0' && c[7] <= '9') sscanf(c + 7, "%d-%d", &a, &b);
@@ -126,6 +132,7 @@ static tri__kv_policy_params params_of(const variant *v, int32_t budget, int32_t
         if (v->bound) pp.bound = true;
         pp.oracle = v->oracle;
         pp.rescore = v->rescore;
+        pp.bound_layers = v->bound_layers;
         pp.budget -= pp.budget % pp.chunk;
     }
     return pp;

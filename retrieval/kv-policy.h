@@ -69,6 +69,9 @@ typedef struct tri__kv_policy_params {
                           // the most attention mass over the keys read (the proposed chunks', the
                           // sink's, the window's and the tokens' since) are kept; own store in
                           // host memory only; 0: off
+    uint64_t bound_layers; // RETRIEVAL, an experiment (bench-table1 :boundA-B): bit il set, layer
+                          // il summarises its chunks by bounds as `bound` does for every layer
+                          // (layers past 63: bit 63); 0: none
 } tri__kv_policy_params;
 
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: MAX group

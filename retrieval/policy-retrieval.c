@@ -67,6 +67,11 @@ struct tri__retrieval_state {
     int32_t tq_lo, tq_hi;
 };
 
+// Whether layer il's chunks are summarised by bounds (params.bound, params.bound_layers).
+static bool layer_bound(const tri__kv_policy *p, int32_t il) {
+    return p->p.bound || (p->p.bound_layers >> (il < 63 ? il : 63) & 1);
+}
+
 void tri__ret_free(tri__kv_policy *p) {
     tri__retrieval_state *s = p->ret;
     if (!s) return;
@@ -110,8 +115,10 @@ tri_status tri__ret_init(tri__kv_policy *p) {
     int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
     s->kmax = p->p.budget / p->p.chunk;
     ALLOC(s->ix, heads);
-    s->sdim = p->p.bound ? 2 * p->head_dim : p->head_dim;
-    for (int64_t i = 0; i < heads; i++) TRY(tri__chunk_index_create(p->p.index, s->sdim, &s->ix[i]));
+    s->sdim = p->p.bound || p->p.bound_layers ? 2 * p->head_dim : p->head_dim;  // the widest layer's
+    for (int64_t i = 0; i < heads; i++)
+        TRY(tri__chunk_index_create(p->p.index, layer_bound(p, (int32_t)(i / p->n_head_kv)) ? 2 * p->head_dim
+                                                                                            : p->head_dim, &s->ix[i]));
     s->nq = p->p.queries > 1 ? p->p.queries : 1;
     s->hist = s->nq + p->max_step;
     const int64_t qd = (int64_t)p->n_head * p->head_dim;
@@ -262,7 +269,7 @@ static tri_status summarise_layer(tri__kv_policy *p, int32_t il, const layer_row
     for (int32_t c0 = first; c0 < last; c0 += s->rows_chunks) {
         const int32_t nc = last - c0 < s->rows_chunks ? last - c0 : s->rows_chunks;
         const char *rows = L->k + (int64_t)c0 * C * row;
-        if (p->p.bound) {
+        if (layer_bound(p, il)) {
             TRY(bound_rows(p, rows, nc, host));
             for (int32_t h = 0; h < nkv; h++)
                 TRY(tri__chunk_index_add(s->ix[il * nkv + h], s->summ + (int64_t)h * s->rows_chunks * s->sdim, nc));
@@ -660,7 +667,7 @@ static tri_status select_head(tri__kv_policy *p, int64_t i, int32_t n_chunks, in
     if ((p->p.oracle >> (il < 63 ? il : 63) & 1) && n_chunks > s->kmax)
         return oracle_select(p, il, (int32_t)(i % p->n_head_kv), n_chunks, window, ids, cnt_out);
     if (p->p.rescore > 0 && n_chunks > s->kmax && n_q > 0) return rescore_select(p, i, n_chunks, n_q, window, ids, cnt_out);
-    return tri__chunk_select(s->ix[i], p->p.group, p->p.bound, s->qset, n_q, n_chunks, s->kmax, window, ids,
+    return tri__chunk_select(s->ix[i], p->p.group, layer_bound(p, il), s->qset, n_q, n_chunks, s->kmax, window, ids,
                              cnt_out);
 }
 
