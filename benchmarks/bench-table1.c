@@ -14,16 +14,14 @@
 // usage: bench-table1 MODEL TEXT text   CONTEXT POSITIONS BUDGETS POLICIES [threads]
 //        bench-table1 MODEL TEXT needle CONTEXTS DEPTHS DIV POLICIES [threads]
 // BUDGETS, CONTEXTS, DEPTHS: comma lists. POLICIES: comma list of streaming, h2o and retrieval
-// variants "ret[:sum|:max|:soft][:oracle[A-B]][:kN][:bound[A-B]][:wN][:qN][:cN][:rN][:diag]" (group scoring;
-// the oracle: the chunks with the most true attention mass of full attention, a measurement, in
-// every layer or in layers A to B only; kN: the group rule's N * r best chunks reranked by their
-// keys' attention mass (an experiment);
-// chunk bounds for summaries instead of mean keys (in every layer or in layers A to B), recent
-// window of N tokens,
-// the last N tokens' queries, chunks of N, refresh every N tokens; default: the policy defaults;
-// diag: after the prompt's selection, per layer, the share of full attention's mass the view keeps
-// against the oracle's share, and in a needle prompt the mass on the needle's chunks and in how
-// many KV heads the selection and the oracle keep them).
+// variants "ret[:sum|:max|:soft][:oracle[A-B]][:bound[A-B]][:wN][:qN][:cN][:rN][:diag]": group
+// scoring; the oracle (a measurement: the chunks with the most true attention mass of full
+// attention) in every layer or in layers A to B; chunk bounds for summaries instead of mean keys,
+// in every layer or in layers A to B; a recent window of N tokens; the last N tokens' queries;
+// chunks of N; a refresh every N tokens; default: the policy defaults. diag: after the prompt's
+// selection, per layer, the share of full attention's mass the view keeps against the oracle's
+// share, and in a needle prompt the mass on the needle's chunks and in how many KV heads the
+// selection and the oracle keep them.
 //
 // Every policy runs the same prompt. Full attention and the retrieval variants share one
 // full-attention prefill of all but the last 64 tokens (retrieval attends fully until its first
@@ -75,7 +73,7 @@ typedef struct variant {
     char name[64];
     tri_kv_policy kind;
     tri__kv_group group;
-    int32_t window, queries, chunk, refresh, rescore;
+    int32_t window, queries, chunk, refresh;
     uint64_t oracle;        // layers the oracle selects in
     uint64_t bound_layers;  // layers summarised by bounds
     bool set_group, bound, diag;
@@ -106,7 +104,6 @@ static variant parse_variant(const char *s) {
             else if (c[1] == 'q') v.queries = atoi(c + 2);
             else if (c[1] == 'c') v.chunk = atoi(c + 2);
             else if (c[1] == 'r') v.refresh = atoi(c + 2);
-            else if (c[1] == 'k') v.rescore = atoi(c + 2);
             else {
                 fprintf(stderr, "bench-table1: policy %s: unknown option at %s\n", s, c);
                 exit(2);
@@ -131,7 +128,6 @@ static tri__kv_policy_params params_of(const variant *v, int32_t budget, int32_t
         pp.refresh = v->refresh;
         if (v->bound) pp.bound = true;
         pp.oracle = v->oracle;
-        pp.rescore = v->rescore;
         pp.bound_layers = v->bound_layers;
         pp.budget -= pp.budget % pp.chunk;
     }

@@ -64,11 +64,6 @@ typedef struct tri__kv_policy_params {
                           // most true attention mass (tri__kv_policy_chunk_mass) instead of the
                           // group rule's (layers past 63: bit 63); own store in host memory only
                           // (UNSUPPORTED otherwise); 0: none
-    int32_t rescore;      // RETRIEVAL, an experiment (bench-table1 :kN): > 0, the group rule
-                          // proposes rescore times as many chunks as it may keep, and those with
-                          // the most attention mass over the keys read (the proposed chunks', the
-                          // sink's, the window's and the tokens' since) are kept; own store in
-                          // host memory only; 0: off
     uint64_t bound_layers; // RETRIEVAL, an experiment (bench-table1 :boundA-B): bit il set, layer
                           // il summarises its chunks by bounds as `bound` does for every layer
                           // (layers past 63: bit 63); 0: none

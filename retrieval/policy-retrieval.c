@@ -144,7 +144,7 @@ tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_
     if (n_head <= 0 || n_head % src->n_head_kv != 0 || max_step <= 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: %d heads over %d KV heads, steps of %d", n_head,
                          src->n_head_kv, max_step);
-    if (params->oracle || params->rescore)
+    if (params->oracle)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: the oracle reads its own store's keys only");
     if (ring < params->chunk + max_step)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
@@ -511,10 +511,8 @@ static void hist_ran(tri__retrieval_state *s, int32_t n0, int32_t m) {
 
 // Full attention's mass per chunk for layer il, KV head h over the first n_chunks chunks, from the
 // history's last nq tokens (tri__kv_policy_chunk_mass); *n_vec receives the query vectors read.
-// With read (n_chunks flags), only those chunks' keys and the positions past them are attended
-// to (the softmax over what a view of them would hold); the others get no mass.
-static tri_status chunk_mass(tri__kv_policy *p, int32_t il, int32_t h, int32_t n_chunks, const unsigned char *read,
-                             double *mass, double *rest, int32_t *n_vec) {
+static tri_status chunk_mass(tri__kv_policy *p, int32_t il, int32_t h, int32_t n_chunks, double *mass, double *rest,
+                             int32_t *n_vec) {
     tri__retrieval_state *s = p->ret;
     bool region;
     const char *K = p->src ? NULL : tri__kv_store_rows(p->kv, il, 0, &region);
@@ -545,10 +543,6 @@ static tri_status chunk_mass(tri__kv_policy *p, int32_t il, int32_t h, int32_t n
             const float *q = s->hq + ((int64_t)(t % s->hist) * p->n_layer + il) * qd + (int64_t)(h * g + j) * hd;
             double mx = -INFINITY, z = 0;
             for (int32_t pos = 0; pos <= t; pos++) {  // causal: position t sees 0 .. t
-                if (read && pos / C < n_chunks && !read[pos / C]) {
-                    lg[pos] = -INFINITY;
-                    continue;
-                }
                 double dt = 0;
                 for (int32_t d = 0; d < hd; d++) dt += (double)q[d] * (double)keys[(int64_t)pos * hd + d];
                 mx = fmax(mx, lg[pos] = dt * scale);
@@ -568,7 +562,7 @@ int32_t tri__kv_policy_chunk_mass(tri__kv_policy *p, int32_t il, int32_t h, doub
     if (!p->ret) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy %s: no chunks", tri__kv_policy_name(p->p.kind));
     const int32_t n_chunks = p->ret->hist_hi / p->p.chunk;
     int32_t n_vec = 0;
-    tri_status st = chunk_mass(p, il, h, n_chunks, NULL, mass, rest, &n_vec);
+    tri_status st = chunk_mass(p, il, h, n_chunks, mass, rest, &n_vec);
     if (st) return st;
     return n_vec ? n_chunks : 0;
 }
@@ -596,7 +590,7 @@ static tri_status oracle_select(tri__kv_policy *p, int32_t il, int32_t h, int32_
     tri_status st = TRI_STATUS_OK;
     int32_t n_vec = 0;
     if (!mass || !cand || !keep) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: oracle scratch");
-    if (!st) st = chunk_mass(p, il, h, n_chunks, NULL, mass, &rest, &n_vec);
+    if (!st) st = chunk_mass(p, il, h, n_chunks, mass, &rest, &n_vec);
     if (!st && n_vec == 0) st = tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: oracle with no queries");
     if (!st) {
         for (int32_t c = 1; c < recent; c++) cand[c - 1] = (massed){.mass = mass[c], .id = c};
@@ -614,47 +608,6 @@ static tri_status oracle_select(tri__kv_policy *p, int32_t il, int32_t h, int32_
     return st;
 }
 
-// params.rescore: head i's chunks as the group rule would choose them from rescore * r
-// candidates (r: the chunks it chooses besides the sink and the window), reranked by the
-// attention mass of the query vectors over the keys those candidates, the sink, the window and the
-// tokens since hold (their softmax, restricted to what the rescored view could read).
-static tri_status rescore_select(tri__kv_policy *p, int64_t i, int32_t n_chunks, int32_t n_q, int32_t window,
-                                 int32_t *ids, int32_t *cnt) {
-    const int32_t kmax = p->ret->kmax, r = kmax - 1 - window, recent = n_chunks - window;
-    const int32_t kc = 1 + window + p->p.rescore * r;
-    int32_t *cid = malloc(sizeof *cid * (size_t)(kc < n_chunks ? kc : n_chunks)), nc = 0, n_vec = 0;
-    double *mass = malloc(sizeof *mass * (size_t)n_chunks), rest;
-    massed *cand = malloc(sizeof *cand * (size_t)n_chunks);
-    unsigned char *read = calloc((size_t)n_chunks, 1);
-    tri_status st = TRI_STATUS_OK;
-    if (!cid || !mass || !cand || !read) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: rescore scratch");
-    if (!st)
-        st = tri__chunk_select(p->ret->ix[i], p->p.group, false, p->ret->qset, n_q, n_chunks, kc, window, cid, &nc);
-    if (!st) {
-        for (int32_t a = 0; a < nc; a++) read[cid[a]] = 1;
-        st = chunk_mass(p, (int32_t)(i / p->n_head_kv), (int32_t)(i % p->n_head_kv), n_chunks, read, mass, &rest,
-                        &n_vec);
-    }
-    if (!st) {
-        int32_t n = 0;
-        for (int32_t a = 0; a < nc; a++)
-            if (cid[a] > 0 && cid[a] < recent) cand[n++] = (massed){.mass = mass[cid[a]], .id = cid[a]};
-        qsort(cand, (size_t)n, sizeof *cand, massed_cmp);
-        memset(read, 0, (size_t)n_chunks);
-        read[0] = 1;
-        for (int32_t a = 0; a < r && a < n; a++) read[cand[a].id] = 1;
-        for (int32_t c = recent; c < n_chunks; c++) read[c] = 1;
-        *cnt = 0;
-        for (int32_t c = 0; c < n_chunks; c++)
-            if (read[c]) ids[(*cnt)++] = c;
-    }
-    free(cid);
-    free(mass);
-    free(cand);
-    free(read);
-    return st;
-}
-
 // Chooses head i's chunks (i = layer * n_head_kv + KV head) among the first n_chunks by the query
 // vectors in s->qset (n_q of them): chunk 0, the recent window and the best others
 // (tri__chunk_select), ascending; all when they fit.
@@ -666,7 +619,6 @@ static tri_status select_head(tri__kv_policy *p, int64_t i, int32_t n_chunks, in
     const int32_t il = (int32_t)(i / p->n_head_kv);
     if ((p->p.oracle >> (il < 63 ? il : 63) & 1) && n_chunks > s->kmax)
         return oracle_select(p, il, (int32_t)(i % p->n_head_kv), n_chunks, window, ids, cnt_out);
-    if (p->p.rescore > 0 && n_chunks > s->kmax && n_q > 0) return rescore_select(p, i, n_chunks, n_q, window, ids, cnt_out);
     return tri__chunk_select(s->ix[i], p->p.group, layer_bound(p, il), s->qset, n_q, n_chunks, s->kmax, window, ids,
                              cnt_out);
 }
