@@ -522,6 +522,7 @@ static tri_status chunk_mass(tri__kv_policy *p, int32_t il, int32_t h, int32_t n
     const int64_t qd = (int64_t)p->n_head * hd, kd = kv_dim(p);
     const bool f16 = p->kv->type == TRI_DTYPE_F16;
     const double scale = 1.0 / sqrt((double)hd);
+    TRY(p->be->ops->synchronize(p->be));  // the step's keys are written
     float *keys = malloc(sizeof *keys * (size_t)((int64_t)len * hd));  // (len, hd): head h's keys
     double *lg = malloc(sizeof *lg * (size_t)len);
     if (!keys || !lg) {
@@ -529,7 +530,6 @@ static tri_status chunk_mass(tri__kv_policy *p, int32_t il, int32_t h, int32_t n
         free(lg);
         return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: chunk mass over %d keys", len);
     }
-    TRY(p->be->ops->synchronize(p->be));
     for (int32_t pos = 0; pos < len; pos++)
         for (int32_t d = 0; d < hd; d++) {
             int64_t e = (int64_t)pos * kd + (int64_t)h * hd + d;
@@ -559,7 +559,8 @@ static tri_status chunk_mass(tri__kv_policy *p, int32_t il, int32_t h, int32_t n
 }
 
 int32_t tri__kv_policy_chunk_mass(tri__kv_policy *p, int32_t il, int32_t h, double *mass, double *rest) {
-    if (!p->ret) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy %s: no chunks", tri__kv_policy_name(p->p.kind));
+    if (!p->ret)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy %s: no chunks", tri__kv_policy_name(p->p.kind));
     const int32_t n_chunks = p->ret->hist_hi / p->p.chunk;
     int32_t n_vec = 0;
     tri_status st = chunk_mass(p, il, h, n_chunks, mass, rest, &n_vec);
