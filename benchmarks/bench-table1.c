@@ -14,9 +14,14 @@
 // usage: bench-table1 MODEL TEXT text   CONTEXT POSITIONS BUDGETS POLICIES [threads]
 //        bench-table1 MODEL TEXT needle CONTEXTS DEPTHS DIV POLICIES [threads]
 // BUDGETS, CONTEXTS, DEPTHS: comma lists. POLICIES: comma list of streaming, h2o and retrieval
-// variants "ret[:sum|:max|:soft][:bound][:wN][:qN][:cN][:rN]" (group scoring, chunk bounds for
-// summaries instead of mean keys, recent window of N tokens,
-// the last N tokens' queries, chunks of N, refresh every N tokens; default: the policy defaults).
+// variants "ret[:sum|:max|:soft][:oracle[A-B]][:bound[A-B]][:wN][:qN][:cN][:rN][:diag]": group
+// scoring; the oracle (a measurement: the chunks with the most true attention mass of full
+// attention) in every layer or in layers A to B; chunk bounds for summaries instead of mean keys,
+// in every layer or in layers A to B; a recent window of N tokens; the last N tokens' queries;
+// chunks of N; a refresh every N tokens; default: the policy defaults. diag: after the prompt's
+// selection, per layer, the share of full attention's mass the view keeps against the oracle's
+// share, and in a needle prompt the mass on the needle's chunks and in how many KV heads the
+// selection and the oracle keep them.
 //
 // Every policy runs the same prompt. Full attention and the retrieval variants share one
 // full-attention prefill of all but the last 64 tokens (retrieval attends fully until its first
@@ -69,7 +74,9 @@ typedef struct variant {
     tri_kv_policy kind;
     tri__kv_group group;
     int32_t window, queries, chunk, refresh;
-    bool set_group, bound;
+    uint64_t oracle;        // layers the oracle selects in
+    uint64_t bound_layers;  // layers summarised by bounds
+    bool set_group, bound, diag;
 } variant;
 
 static variant parse_variant(const char *s) {
@@ -82,7 +89,17 @@ static variant parse_variant(const char *s) {
             if (!strncmp(c, ":sum", 4)) v.group = TRI__KV_GROUP_SUM, v.set_group = true;
             else if (!strncmp(c, ":max", 4)) v.group = TRI__KV_GROUP_MAX, v.set_group = true;
             else if (!strncmp(c, ":soft", 5)) v.group = TRI__KV_GROUP_SOFTMAX, v.set_group = true;
-            else if (!strncmp(c, ":bound", 6)) v.bound = true;
+            else if (!strncmp(c, ":bound", 6) && c[6] >= '0' && c[6] <= '9') {  // layers A-B only
+                int a = 0, b = 63;
+                sscanf(c + 6, "%d-%d", &a, &b);
+                for (int il = a; il <= b && il < 64; il++) v.bound_layers |= 1ull << il;
+            } else if (!strncmp(c, ":bound", 6)) v.bound = true;
+            else if (!strncmp(c, ":oracle", 7)) {  // every layer, or layers A-B (inclusive)
+                int a = 0, b = 63;
+                if (c[7] >= '0' && c[7] <= '9') sscanf(c + 7, "%d-%d", &a, &b);
+                for (int il = a; il <= b && il < 64; il++) v.oracle |= 1ull << il;
+            }
+            else if (!strncmp(c, ":diag", 5)) v.diag = true;
             else if (c[1] == 'w') v.window = atoi(c + 2);
             else if (c[1] == 'q') v.queries = atoi(c + 2);
             else if (c[1] == 'c') v.chunk = atoi(c + 2);
@@ -110,6 +127,8 @@ static tri__kv_policy_params params_of(const variant *v, int32_t budget, int32_t
         if (v->queries >= 0) pp.queries = v->queries;
         pp.refresh = v->refresh;
         if (v->bound) pp.bound = true;
+        pp.oracle = v->oracle;
+        pp.bound_layers = v->bound_layers;
         pp.budget -= pp.budget % pp.chunk;
     }
     return pp;
@@ -165,6 +184,77 @@ static int parse_list(const char *s, double *out, int max) {
     return n;
 }
 
+// ---- diag: what a selection keeps of full attention's mass ----
+
+// After v's selection at the prompt's end: per layer, summed over the KV heads, the share of full
+// attention's mass (of the queries the selection read) on the positions its view holds, the share
+// the oracle's view of the same structure holds, and, when [lo, hi) is a needle, the share on the
+// needle's chunks and how many (KV head, needle chunk) pairs the selection and the oracle keep.
+static void diagnose(tri__kv_policy *pol, const variant *v, int32_t lo, int32_t hi) {
+    const int32_t L = pol->n_layer, H = pol->n_head_kv, C = pol->p.chunk, kmax = pol->p.budget / C;
+    int32_t window = pol->p.window / C;
+    if (window > (kmax - 1) / 2) window = (kmax - 1) / 2;
+    int32_t cap = tri__kv_policy_selected_at(pol) / C + 1;
+    double *mass = malloc(sizeof *mass * (size_t)cap), *sorted = malloc(sizeof *sorted * (size_t)cap);
+    int32_t *ids = malloc(sizeof *ids * (size_t)kmax);
+    const int32_t c_lo = lo / C, c_hi = hi > lo ? (hi - 1) / C + 1 : c_lo;
+    double tot_sel = 0, tot_or = 0, tot = 0;
+    printf("#diag %-18s layer  kept  oracle  needle-mass  needle-chunks kept/oracle (of %d)  last-128 kept/oracle\n",
+           v->name, H * (c_hi - c_lo));
+    for (int32_t il = 0; il < L; il++) {
+        double sel = 0, orc = 0, all = 0, nm = 0;
+        int32_t nk = 0, no = 0, near_k = 0, near_o = 0, chosen = 0;
+        for (int32_t h = 0; h < H; h++) {
+            double rest;
+            int32_t nc = tri__kv_policy_chunk_mass(pol, il, h, mass, &rest);
+            int32_t cnt = tri__kv_policy_selection(pol, il, h, ids, NULL);
+            if (nc <= 0 || cnt < 0) die("diag");
+            double sum = rest;
+            for (int32_t c = 0; c < nc; c++) sum += mass[c];
+            all += sum;
+            sel += rest;
+            for (int32_t a = 0; a < cnt; a++) sel += mass[ids[a]];
+            for (int32_t c = c_lo; c < c_hi && c < nc; c++) {
+                nm += mass[c];
+                for (int32_t a = 0; a < cnt; a++) nk += ids[a] == c;
+            }
+            // the oracle: chunk 0, the window, the r others with the most mass (all when they fit)
+            const int32_t recent = nc <= kmax ? 1 : nc - window, r = nc <= kmax ? 0 : kmax - 1 - window;
+            orc += rest + mass[0];
+            for (int32_t c = recent; c < nc; c++) orc += mass[c];
+            for (int32_t c = 1; c < recent; c++) sorted[c - 1] = mass[c];
+            int32_t n = recent - 1;
+            // threshold: the r-th largest (a partial selection sort; n is at most a few hundred)
+            for (int32_t a = 0; a < r && a < n; a++) {
+                int32_t b = a;
+                for (int32_t x = a + 1; x < n; x++)
+                    if (sorted[x] > sorted[b]) b = x;
+                double t = sorted[a];
+                sorted[a] = sorted[b];
+                sorted[b] = t;
+                orc += sorted[a];
+            }
+            double thr = r > 0 && r <= n ? sorted[r - 1] : INFINITY;
+            for (int32_t c = c_lo; c < c_hi && c < nc; c++)
+                no += c == 0 || c >= recent || (c > 0 && mass[c] >= thr);
+            // how many of the chosen chunks (not the sink or the window) lie in the 128 tokens
+            // before the window, by the selection and by the oracle
+            for (int32_t c = recent - 128 / C > 1 ? recent - 128 / C : 1; c < recent; c++) {
+                near_o += mass[c] >= thr;
+                for (int32_t a = 0; a < cnt; a++) near_k += ids[a] == c;
+            }
+            chosen += r;
+        }
+        tot_sel += sel, tot_or += orc, tot += all;
+        printf("#diag %-18s %5d %5.3f %7.3f %12.4f  %d/%d  %d/%d of %d\n", v->name, il, sel / all, orc / all, nm / all,
+               nk, no, near_k, near_o, chosen);
+    }
+    printf("#diag %-18s   all %5.3f %7.3f\n", v->name, tot_sel / tot, tot_or / tot);
+    free(mass);
+    free(sorted);
+    free(ids);
+}
+
 // ---- text: argmax agreement and acceptance over a teacher-forced continuation ----
 
 static void run_text(rig *r, const int32_t *ids, int32_t ctx, int32_t npos, const double *budgets, int nb,
@@ -190,7 +280,10 @@ static void run_text(rig *r, const int32_t *ids, int32_t ctx, int32_t npos, cons
             policy_init(r, &pol, &pp, cap);
             double top1 = 0, acc = 0;
             for (int32_t i = 0; i < npos; i++) {
-                if (i == 0) prompt(r, &pol, &base, ids, ctx, got);
+                if (i == 0) {
+                    prompt(r, &pol, &base, ids, ctx, got);
+                    if (vs[k].diag) diagnose(&pol, &vs[k], 0, 0);
+                }
                 else if (tri__llama_forward_policy(&r->ll, &pol, ids + ctx + i - 1, 1, TRI_LOGITS_LAST, got))
                     die("decode");
                 const float *lf = full + (int64_t)i * V;
@@ -213,10 +306,11 @@ static void run_text(rig *r, const int32_t *ids, int32_t ctx, int32_t npos, cons
 // ---- needle: is the number found ----
 
 static bool answer(rig *r, tri__kv_policy *pol, tri__kv_policy *base, const int32_t *ids, int32_t n, const char *want,
-                   char *out, size_t cap_out) {
+                   char *out, size_t cap_out, const variant *v, int32_t lo, int32_t hi) {
     float *l = malloc(sizeof(float) * (size_t)r->V);
     int32_t toks[ANSWER];
     prompt(r, pol, base, ids, n, l);
+    if (v && v->diag) diagnose(pol, v, lo, hi);
     int32_t k = 0;
     for (; k < ANSWER; k++) {
         toks[k] = argmax(l, r->V);
@@ -268,7 +362,7 @@ static void run_needle(rig *r, const char *text, size_t text_len, const double *
             char out[512];
             tri__kv_policy_params fp = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, cap);
             policy_init(r, &pol, &fp, cap);
-            bool fh = answer(r, &pol, &base, ids, ctx, want, out, sizeof out);
+            bool fh = answer(r, &pol, &base, ids, ctx, want, out, sizeof out, NULL, 0, 0);
             tri__kv_policy_free(&pol);
             printf("%-24s %6d %6.2f %7s %4s  %s\n", "full", ctx, depths[di], "-", fh ? "yes" : "no", out);
             hits[nv] += fh;
@@ -276,7 +370,8 @@ static void run_needle(rig *r, const char *text, size_t text_len, const double *
             for (int k = 0; k < nv; k++) {
                 tri__kv_policy_params pp = params_of(&vs[k], budget, cap);
                 policy_init(r, &pol, &pp, cap);
-                bool h = answer(r, &pol, &base, ids, ctx, want, out, sizeof out);
+                const int32_t lo = (int32_t)(n_pre + at);
+                bool h = answer(r, &pol, &base, ids, ctx, want, out, sizeof out, &vs[k], lo, lo + (int32_t)n_needle);
                 tri__kv_policy_free(&pol);
                 hits[k] += h;
                 full_hits[k] += h && fh;

@@ -86,6 +86,8 @@ tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity
                              p->window);
         if (p->queries < 0)
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: queries %d must be >= 0", p->queries);
+        if (p->oracle && (p->bound || p->bound_layers))
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: the oracle reads keys, not bounds");
         if (p->index < TRI_CHUNK_INDEX_EXACT || p->index > TRI_CHUNK_INDEX_FAISS_IVF)
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: unknown chunk index %d", (int)p->index);
         if (p->index != TRI_CHUNK_INDEX_EXACT && !tri__chunk_index_have_faiss())

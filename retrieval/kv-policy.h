@@ -60,6 +60,14 @@ typedef struct tri__kv_policy_params {
                           // they came in: a history kept across steps, rolled back with the cache
                           // and started again after adopted tokens (they did not run here) and with
                           // a tap's pass (which counts as run); fewer when fewer ran since; 0: 1
+    uint64_t oracle;      // RETRIEVAL, a measurement (bench-table1), never a default: bit il set,
+                          // layer il keeps, besides the sink and the window, the chunks with the
+                          // most true attention mass (tri__kv_policy_chunk_mass) instead of the
+                          // group rule's (layers past 63: bit 63); own store in host memory only
+                          // (UNSUPPORTED otherwise); 0: none
+    uint64_t bound_layers; // RETRIEVAL, an experiment (bench-table1 :boundA-B): bit il set, layer
+                          // il summarises its chunks by bounds as `bound` does for every layer
+                          // (layers past 63: bit 63); 0: none
 } tri__kv_policy_params;
 
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: MAX group
@@ -291,6 +299,15 @@ int32_t tri__kv_policy_selected_at(const tri__kv_policy *p);
 // ids (capacity budget / chunk); returns their count, and -1 when there is no selection yet (full
 // attention). *n_sel receives the length the selection was made at.
 int32_t tri__kv_policy_selection(const tri__kv_policy *p, int32_t il, int32_t h, int32_t *ids, int32_t *n_sel);
+// RETRIEVAL over its own store in host memory: full attention's true mass per chunk for layer il,
+// KV head h, as a selection at the current length would read it. The queries of the last `queries`
+// tokens of the history (every query head of the group; the token at position t attends to
+// positions 0 .. t) each give a softmax of q.k / sqrt(head_dim) over the keys; their probabilities
+// are summed per chunk over the queries into mass (capacity: the complete chunks), and
+// *rest receives the mass on the positions past the last complete chunk. The sum over mass and
+// *rest is the number of query vectors. Returns the chunk count, 0 with no queries in the history,
+// or a negative status (UNSUPPORTED: borrowed rows or keys in device memory).
+int32_t tri__kv_policy_chunk_mass(tri__kv_policy *p, int32_t il, int32_t h, double *mass, double *rest);
 // FULL and RETRIEVAL: copies the keys (which 0) or values (which 1) of position pos that layer il,
 // KV head h attends to now (from a selected chunk, the tokens since, the own store or, borrowing,
 // src, its gathered rows or its ring) into out (head_dim values of the cache type). Returns false

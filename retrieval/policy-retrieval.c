@@ -2,6 +2,8 @@
 // mean key per (layer, KV head), and a selection of the chunks that score best against a query;
 // over its own store or over rows borrowed from the full cache, selecting after a step or during
 // the full cache's step (docs/kv-policies.md).
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dtype.h"
@@ -65,6 +67,11 @@ struct tri__retrieval_state {
     int32_t tq_lo, tq_hi;
 };
 
+// Whether layer il's chunks are summarised by bounds (params.bound, params.bound_layers).
+static bool layer_bound(const tri__kv_policy *p, int32_t il) {
+    return p->p.bound || (p->p.bound_layers >> (il < 63 ? il : 63) & 1);
+}
+
 void tri__ret_free(tri__kv_policy *p) {
     tri__retrieval_state *s = p->ret;
     if (!s) return;
@@ -108,8 +115,10 @@ tri_status tri__ret_init(tri__kv_policy *p) {
     int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
     s->kmax = p->p.budget / p->p.chunk;
     ALLOC(s->ix, heads);
-    s->sdim = p->p.bound ? 2 * p->head_dim : p->head_dim;
-    for (int64_t i = 0; i < heads; i++) TRY(tri__chunk_index_create(p->p.index, s->sdim, &s->ix[i]));
+    s->sdim = p->p.bound || p->p.bound_layers ? 2 * p->head_dim : p->head_dim;  // the widest layer's
+    for (int64_t i = 0; i < heads; i++)
+        TRY(tri__chunk_index_create(p->p.index, layer_bound(p, (int32_t)(i / p->n_head_kv)) ? 2 * p->head_dim
+                                                                                            : p->head_dim, &s->ix[i]));
     s->nq = p->p.queries > 1 ? p->p.queries : 1;
     s->hist = s->nq + p->max_step;
     const int64_t qd = (int64_t)p->n_head * p->head_dim;
@@ -135,6 +144,8 @@ tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_
     if (n_head <= 0 || n_head % src->n_head_kv != 0 || max_step <= 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: %d heads over %d KV heads, steps of %d", n_head,
                          src->n_head_kv, max_step);
+    if (params->oracle)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: the oracle reads its own store's keys only");
     if (ring < params->chunk + max_step)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "kv policy retrieval: a ring of %d own rows is smaller than a chunk (%d) and a step (%d)",
@@ -258,7 +269,7 @@ static tri_status summarise_layer(tri__kv_policy *p, int32_t il, const layer_row
     for (int32_t c0 = first; c0 < last; c0 += s->rows_chunks) {
         const int32_t nc = last - c0 < s->rows_chunks ? last - c0 : s->rows_chunks;
         const char *rows = L->k + (int64_t)c0 * C * row;
-        if (p->p.bound) {
+        if (layer_bound(p, il)) {
             TRY(bound_rows(p, rows, nc, host));
             for (int32_t h = 0; h < nkv; h++)
                 TRY(tri__chunk_index_add(s->ix[il * nkv + h], s->summ + (int64_t)h * s->rows_chunks * s->sdim, nc));
@@ -496,6 +507,108 @@ static void hist_ran(tri__retrieval_state *s, int32_t n0, int32_t m) {
     if (s->hist_lo < s->hist_hi - s->hist) s->hist_lo = s->hist_hi - s->hist;
 }
 
+// ---- the oracle: full attention's own mass per chunk (a measurement, params.oracle) ----
+
+// Full attention's mass per chunk for layer il, KV head h over the first n_chunks chunks, from the
+// history's last nq tokens (tri__kv_policy_chunk_mass); *n_vec receives the query vectors read.
+static tri_status chunk_mass(tri__kv_policy *p, int32_t il, int32_t h, int32_t n_chunks, double *mass, double *rest,
+                             int32_t *n_vec) {
+    tri__retrieval_state *s = p->ret;
+    bool region;
+    const char *K = p->src ? NULL : tri__kv_store_rows(p->kv, il, 0, &region);
+    if (!K || !(region || p->be->host_memory))
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: chunk mass reads its own store in host memory");
+    const int32_t g = p->n_head / p->n_head_kv, hd = p->head_dim, C = p->p.chunk, len = s->hist_hi;
+    const int64_t qd = (int64_t)p->n_head * hd, kd = kv_dim(p);
+    const bool f16 = p->kv->type == TRI_DTYPE_F16;
+    const double scale = 1.0 / sqrt((double)hd);
+    TRY(p->be->ops->synchronize(p->be));  // the step's keys are written
+    float *keys = malloc(sizeof *keys * (size_t)((int64_t)len * hd));  // (len, hd): head h's keys
+    double *lg = malloc(sizeof *lg * (size_t)len);
+    if (!keys || !lg) {
+        free(keys);
+        free(lg);
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: chunk mass over %d keys", len);
+    }
+    for (int32_t pos = 0; pos < len; pos++)
+        for (int32_t d = 0; d < hd; d++) {
+            int64_t e = (int64_t)pos * kd + (int64_t)h * hd + d;
+            keys[(int64_t)pos * hd + d] = f16 ? tri__f16_to_f32(((const uint16_t *)K)[e]) : ((const float *)K)[e];
+        }
+    for (int32_t c = 0; c < n_chunks; c++) mass[c] = 0;
+    *rest = 0;
+    *n_vec = 0;
+    for (int32_t t = s->hist_hi - s->nq > s->hist_lo ? s->hist_hi - s->nq : s->hist_lo; t < s->hist_hi; t++)
+        for (int32_t j = 0; j < g; j++, (*n_vec)++) {
+            const float *q = s->hq + ((int64_t)(t % s->hist) * p->n_layer + il) * qd + (int64_t)(h * g + j) * hd;
+            double mx = -INFINITY, z = 0;
+            for (int32_t pos = 0; pos <= t; pos++) {  // causal: position t sees 0 .. t
+                double dt = 0;
+                for (int32_t d = 0; d < hd; d++) dt += (double)q[d] * (double)keys[(int64_t)pos * hd + d];
+                mx = fmax(mx, lg[pos] = dt * scale);
+            }
+            for (int32_t pos = 0; pos <= t; pos++) z += lg[pos] = exp(lg[pos] - mx);
+            for (int32_t pos = 0; pos <= t; pos++) {
+                if (pos / C < n_chunks) mass[pos / C] += lg[pos] / z;
+                else *rest += lg[pos] / z;
+            }
+        }
+    free(keys);
+    free(lg);
+    return TRI_STATUS_OK;
+}
+
+int32_t tri__kv_policy_chunk_mass(tri__kv_policy *p, int32_t il, int32_t h, double *mass, double *rest) {
+    if (!p->ret)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy %s: no chunks", tri__kv_policy_name(p->p.kind));
+    const int32_t n_chunks = p->ret->hist_hi / p->p.chunk;
+    int32_t n_vec = 0;
+    tri_status st = chunk_mass(p, il, h, n_chunks, mass, rest, &n_vec);
+    if (st) return st;
+    return n_vec ? n_chunks : 0;
+}
+
+typedef struct massed {
+    double mass;
+    int32_t id;
+} massed;
+
+// More mass first, then the lower chunk.
+static int massed_cmp(const void *a, const void *b) {
+    const massed *x = a, *y = b;
+    if (x->mass != y->mass) return x->mass > y->mass ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+// The oracle's chunks for layer il, KV head h: chunk 0, the window's and the r others with the
+// most true mass, ascending (tri__chunk_select's structure, full attention's scores).
+static tri_status oracle_select(tri__kv_policy *p, int32_t il, int32_t h, int32_t n_chunks, int32_t window,
+                                int32_t *ids, int32_t *cnt) {
+    const int32_t kmax = p->ret->kmax, r = kmax - 1 - window, recent = n_chunks - window;
+    double *mass = malloc(sizeof *mass * (size_t)n_chunks), rest;
+    massed *cand = malloc(sizeof *cand * (size_t)n_chunks);
+    unsigned char *keep = calloc((size_t)n_chunks, 1);
+    tri_status st = TRI_STATUS_OK;
+    int32_t n_vec = 0;
+    if (!mass || !cand || !keep) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: oracle scratch");
+    if (!st) st = chunk_mass(p, il, h, n_chunks, mass, &rest, &n_vec);
+    if (!st && n_vec == 0) st = tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: oracle with no queries");
+    if (!st) {
+        for (int32_t c = 1; c < recent; c++) cand[c - 1] = (massed){.mass = mass[c], .id = c};
+        qsort(cand, (size_t)(recent - 1), sizeof *cand, massed_cmp);
+        keep[0] = 1;
+        for (int32_t a = 0; a < r; a++) keep[cand[a].id] = 1;
+        for (int32_t c = recent; c < n_chunks; c++) keep[c] = 1;
+        *cnt = 0;
+        for (int32_t c = 0; c < n_chunks; c++)
+            if (keep[c]) ids[(*cnt)++] = c;
+    }
+    free(mass);
+    free(cand);
+    free(keep);
+    return st;
+}
+
 // Chooses head i's chunks (i = layer * n_head_kv + KV head) among the first n_chunks by the query
 // vectors in s->qset (n_q of them): chunk 0, the recent window and the best others
 // (tri__chunk_select), ascending; all when they fit.
@@ -504,7 +617,10 @@ static tri_status select_head(tri__kv_policy *p, int64_t i, int32_t n_chunks, in
     tri__retrieval_state *s = p->ret;
     int32_t window = p->p.window / p->p.chunk;
     if (window > (s->kmax - 1) / 2) window = (s->kmax - 1) / 2;
-    return tri__chunk_select(s->ix[i], p->p.group, p->p.bound, s->qset, n_q, n_chunks, s->kmax, window, ids,
+    const int32_t il = (int32_t)(i / p->n_head_kv);
+    if ((p->p.oracle >> (il < 63 ? il : 63) & 1) && n_chunks > s->kmax)
+        return oracle_select(p, il, (int32_t)(i % p->n_head_kv), n_chunks, window, ids, cnt_out);
+    return tri__chunk_select(s->ix[i], p->p.group, layer_bound(p, il), s->qset, n_q, n_chunks, s->kmax, window, ids,
                              cnt_out);
 }
 

@@ -295,6 +295,57 @@ Test(retrieval, gqa_selection_finds_one_heads_needle) {
     group_case(TRI__KV_GROUP_MAX, 0, 2, (int32_t[]){0, 1, 2}, 3);
 }
 
+// The oracle (a measurement, never a default) keeps what full attention reads, where the mean
+// keys hide it. Chunks of 2 over a 4-dimensional head, a budget of 4 (chunk 0 and one more), two
+// query heads on one KV head: chunk 0 e3, chunk 1 the keys 4 e0 and -4 e0 (mean 0), chunk 2 two
+// keys 0.5 e1, chunk 3 zeros. The last token's queries are 2 e0 (head 0) and 2 e1 (head 1). By
+// the means every chunk but 2 scores 0 for both heads, so MAX keeps chunk 2 (head 1's favourite,
+// and the tie goes to it); full attention puts exp(4) of head 0's weight on the key 4 e0, so the
+// oracle keeps chunk 1. The mass probe sums to the two query vectors and matches a softmax written
+// out here.
+Test(retrieval, oracle_keeps_what_full_attention_reads) {
+    float k[8][4] = {{0}}, v[8][4] = {{0}}, q[8][8] = {{0}};
+    k[0][3] = k[1][3] = 1;
+    k[2][0] = 4;
+    k[3][0] = -4;
+    k[4][1] = k[5][1] = 0.5f;
+    for (int t = 0; t < 8; t++) v[t][0] = (float)t;
+    q[7][0] = 2;
+    q[7][4 + 1] = 2;
+    for (int oracle = 0; oracle < 2; oracle++) {
+        tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 32);
+        pp.budget = 4;
+        pp.chunk = 2;
+        pp.window = 0;
+        pp.queries = 1;
+        pp.oracle = (uint64_t)oracle;
+        rig r;
+        rig_init(&r, &pp, 2, 1, 4, 32, 8);
+        tri__kv_policy_request_refresh(&r.pol);
+        rig_step(&r, 8, &q[0][0], &k[0][0], &v[0][0], NULL);
+        int32_t ids[8], n_sel;
+        cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), 2);
+        cr_assert(ids[0] == 0 && ids[1] == (oracle ? 1 : 2), "oracle %d: selected %d, %d", oracle, ids[0], ids[1]);
+        double mass[4], rest, want[4] = {0}, sum = 0;
+        cr_assert_eq(tri__kv_policy_chunk_mass(&r.pol, 0, 0, mass, &rest), 4, "%s", tri_last_error());
+        for (int j = 0; j < 2; j++) {  // head j's softmax of q.k / 2 over positions 0 .. 7
+            double e[8], z = 0;
+            for (int t = 0; t < 8; t++) {
+                double d = 0;
+                for (int x = 0; x < 4; x++) d += (double)q[7][4 * j + x] * k[t][x];
+                z += e[t] = exp(d / 2);
+            }
+            for (int t = 0; t < 8; t++) want[t / 2] += e[t] / z;
+        }
+        for (int c = 0; c < 4; c++) {
+            cr_assert(fabs(mass[c] - want[c]) < 1e-9, "chunk %d: mass %g, want %g", c, mass[c], want[c]);
+            sum += mass[c];
+        }
+        cr_assert(rest == 0 && fabs(sum - 2) < 1e-9, "rest %g, sum %g", rest, sum);
+        rig_free(&r);
+    }
+}
+
 // A refresh count counts generated tokens: steps before the first selection (a long prompt, run
 // in pieces) never select by count, however many tokens they hold; the request after the prompt
 // selects, and from then on every `refresh` tokens.
