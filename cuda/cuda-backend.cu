@@ -74,6 +74,8 @@ typedef struct cuda_state {
     size_t scratch_cap;
     tri__cuda_limits limits;
     tri__graph *rec;  // the graph being recorded (graph_begin .. graph_end), else NULL
+    unsigned char *rec_host;  // host staging of the descriptors uploaded while recording
+    size_t rec_host_cap;
 } cuda_state;
 
 static cuda_state *priv(tri__backend *be) { return (cuda_state *)be->priv; }
@@ -143,6 +145,16 @@ static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
 // A pinned host area of bytes to fill; then upload_finish copies it to the device.
 static tri_status upload_begin(cuda_state *st, size_t bytes, unsigned char **host) {
+    if (st->rec) {  // recording: plain host memory (no pinned allocation or event wait in a capture)
+        if (bytes > st->rec_host_cap) {
+            unsigned char *h = (unsigned char *)realloc(st->rec_host, bytes);
+            if (!h) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cuda graph: %zu bytes of descriptors", bytes);
+            st->rec_host = h;
+            st->rec_host_cap = bytes;
+        }
+        *host = st->rec_host;
+        return TRI_STATUS_OK;
+    }
     upload_slot *sl = &st->slots[st->next_slot];
     if (sl->pending) {  // the copy out of this slot, UPLOAD_SLOTS uploads ago, must be done
         CUDA_TRY(cudaEventSynchronize(sl->done));
@@ -170,7 +182,7 @@ static tri_status upload_finish(cuda_state *st, size_t bytes, unsigned char **de
     upload_slot *sl = &st->slots[st->next_slot];
     if (st->rec) {  // recording: a copy of the descriptors of the graph's own, made now
         TRY(rec_alloc(st, bytes, dev));
-        CUDA_TRY(cudaMemcpyAsync(*dev, sl->host, bytes, cudaMemcpyHostToDevice, st->xfer));
+        CUDA_TRY(cudaMemcpyAsync(*dev, st->rec_host, bytes, cudaMemcpyHostToDevice, st->xfer));
         CUDA_TRY(cudaStreamSynchronize(st->xfer));
         return TRI_STATUS_OK;
     }
@@ -287,6 +299,7 @@ static void cuda_destroy(tri__backend *be) {
             if (st->stream) (void)cudaStreamDestroy(st->stream);
             if (st->xfer) (void)cudaStreamDestroy(st->xfer);
         }
+        free(st->rec_host);
         free(st);
     }
     free(be);
