@@ -387,6 +387,33 @@ Test(faults, cuda_offloaded, .timeout = TT_TIMEOUT(600)) {
     sweep(&spec, ALLOC_KINDS, false, 0, 30);
 }
 
+// The draft's recorded step on the device (tri__llama_step: a graph recorded at the first step and
+// the buffers it owns): a session decoding over StreamingLLM past its window, and the whole engine
+// with a draft model as L1. A failure while recording leaves no graph behind, and the same handle
+// records again after its reset.
+Test(faults, cuda_recorded_steps, .timeout = TT_TIMEOUT(600)) {
+    need_wrapped();
+    if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
+    const char *t = model("faults-cuda", TARGET_OPTS);
+    const char *d = model("faults-cuda-d", DRAFT_OPTS);
+    tri_model *m;
+    tri_session *s;
+    tri_session_params sp = tri_session_default_params();
+    sp.device_kind = TRI_DEVICE_CUDA;
+    sp.n_ctx = 16;
+    cr_assert_eq(tri_model_load(t, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_free(s);
+    tri_model_free(m);
+    scenario stream = {.name = "cuda session streaming", .run = run_session, .target = t, .cuda = true,
+                       .policy = TRI_KV_POLICY_STREAMING};
+    sweep_stats a = sweep(&stream, ALLOC_KINDS, false, 0, 40);
+    scenario tf = {.name = "cuda spec triforce", .run = run_spec, .target = t, .draft = d, .cuda = true,
+                   .spec_mode = TRI_SPEC_MODE_TRIFORCE};
+    sweep_stats b = sweep(&tf, ALLOC_KINDS, false, 0, 40);
+    cr_assert(a.failed > 0 && b.failed > 0, "faults that fail the runs were injected");
+}
+
 // The disk tier: reads failing with EIO, coming up short, and io_uring refused at set-up.
 Test(faults, disk_tier_io, .timeout = 600) {
     // more layers read from disk than the three staging slots hold, so every pass reads again
