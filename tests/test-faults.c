@@ -361,15 +361,9 @@ Test(faults, offloaded_on_emulated_device, .timeout = 600) {
     sweep(&spec, ALLOC_KINDS, false, 0, 150);
 }
 
-// The CUDA backend's own allocations (cudaMalloc, cudaHostAlloc, cudaHostRegister through the
-// tri__cuda_* wrappers, counted as TRI__FAULT_DEVICE) and the library's around them: a session
-// with offloaded KV and streamed weights, and the retrieval engine over it, on device 0.
-Test(faults, cuda_offloaded, .timeout = TT_TIMEOUT(600)) {
-    need_wrapped();
-    if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
-    const char *t = model("faults-cuda", TARGET_OPTS);
-    // a first session on the device, unfaulted: what the process sets up once (the CUDA module,
-    // cuBLAS) is then not counted among every run's calls
+// A first session on the device, unfaulted, over model t: what the process sets up once (the CUDA
+// module, cuBLAS) is then not counted among every run's calls.
+static void cuda_warm_up(const char *t) {
     tri_model *m;
     tri_session *s;
     tri_session_params sp = tri_session_default_params();
@@ -379,6 +373,16 @@ Test(faults, cuda_offloaded, .timeout = TT_TIMEOUT(600)) {
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
     tri_session_free(s);
     tri_model_free(m);
+}
+
+// The CUDA backend's own allocations (cudaMalloc, cudaHostAlloc, cudaHostRegister through the
+// tri__cuda_* wrappers, counted as TRI__FAULT_DEVICE) and the library's around them: a session
+// with offloaded KV and streamed weights, and the retrieval engine over it, on device 0.
+Test(faults, cuda_offloaded, .timeout = TT_TIMEOUT(600)) {
+    need_wrapped();
+    if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
+    const char *t = model("faults-cuda", TARGET_OPTS);
+    cuda_warm_up(t);
     scenario off = {.name = "cuda session offloaded", .run = run_session, .target = t, .cuda = true,
                     .kv_offloaded = 1, .streamed = 1};
     sweep(&off, ALLOC_KINDS, false, 0, 40);
@@ -396,15 +400,7 @@ Test(faults, cuda_recorded_steps, .timeout = TT_TIMEOUT(600)) {
     if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
     const char *t = model("faults-cuda", TARGET_OPTS);
     const char *d = model("faults-cuda-d", DRAFT_OPTS);
-    tri_model *m;
-    tri_session *s;
-    tri_session_params sp = tri_session_default_params();
-    sp.device_kind = TRI_DEVICE_CUDA;
-    sp.n_ctx = 16;
-    cr_assert_eq(tri_model_load(t, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
-    tri_session_free(s);
-    tri_model_free(m);
+    cuda_warm_up(t);
     scenario stream = {.name = "cuda session streaming", .run = run_session, .target = t, .cuda = true,
                        .policy = TRI_KV_POLICY_STREAMING};
     sweep_stats a = sweep(&stream, ALLOC_KINDS, false, 0, 40);
