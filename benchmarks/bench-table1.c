@@ -192,11 +192,12 @@ static int parse_list(const char *s, double *out, int max) {
 // needle's chunks and how many (KV head, needle chunk) pairs the selection and the oracle keep.
 static void diagnose(tri__kv_policy *pol, const variant *v, int32_t lo, int32_t hi) {
     const int32_t L = pol->n_layer, H = pol->n_head_kv, C = pol->p.chunk, kmax = pol->p.budget / C;
-    int32_t window = pol->p.window / C;
-    if (window > (kmax - 1) / 2) window = (kmax - 1) / 2;
+    const int32_t window = tri__kv_policy_window_chunks(pol);
     int32_t cap = tri__kv_policy_selected_at(pol) / C + 1;
-    double *mass = malloc(sizeof *mass * (size_t)cap), *sorted = malloc(sizeof *sorted * (size_t)cap);
-    int32_t *ids = malloc(sizeof *ids * (size_t)kmax);
+    double *mass = malloc(sizeof *mass * (size_t)cap);
+    int32_t *ids = malloc(sizeof *ids * (size_t)kmax), *oids = malloc(sizeof *oids * (size_t)kmax);
+    unsigned char *kept = malloc((size_t)cap), *oracle = malloc((size_t)cap);
+    if (!mass || !ids || !oids || !kept || !oracle) die("diag scratch");
     const int32_t c_lo = lo / C, c_hi = hi > lo ? (hi - 1) / C + 1 : c_lo;
     double tot_sel = 0, tot_or = 0, tot = 0;
     printf("#diag %-18s layer  kept  oracle  needle-mass  needle-chunks kept/oracle (of %d)  last-128 kept/oracle\n",
@@ -208,42 +209,28 @@ static void diagnose(tri__kv_policy *pol, const variant *v, int32_t lo, int32_t 
             double rest;
             int32_t nc = tri__kv_policy_chunk_mass(pol, il, h, mass, &rest);
             int32_t cnt = tri__kv_policy_selection(pol, il, h, ids, NULL);
-            if (nc <= 0 || cnt < 0) die("diag");
+            int32_t ocnt = nc > 0 ? tri__kv_policy_oracle_choice(pol, mass, nc, oids) : -1;
+            if (nc <= 0 || cnt < 0 || ocnt < 0) die("diag");
+            memset(kept, 0, (size_t)nc);
+            memset(oracle, 0, (size_t)nc);
+            for (int32_t a = 0; a < cnt; a++) kept[ids[a]] = 1;
+            for (int32_t a = 0; a < ocnt; a++) oracle[oids[a]] = 1;
             double sum = rest;
-            for (int32_t c = 0; c < nc; c++) sum += mass[c];
-            all += sum;
             sel += rest;
-            for (int32_t a = 0; a < cnt; a++) sel += mass[ids[a]];
-            for (int32_t c = c_lo; c < c_hi && c < nc; c++) {
-                nm += mass[c];
-                for (int32_t a = 0; a < cnt; a++) nk += ids[a] == c;
+            orc += rest;
+            for (int32_t c = 0; c < nc; c++) {
+                sum += mass[c];
+                sel += kept[c] ? mass[c] : 0;
+                orc += oracle[c] ? mass[c] : 0;
             }
-            // the oracle: chunk 0, the window, the r others with the most mass (all when they fit)
-            const int32_t recent = nc <= kmax ? 1 : nc - window, r = nc <= kmax ? 0 : kmax - 1 - window;
-            orc += rest + mass[0];
-            for (int32_t c = recent; c < nc; c++) orc += mass[c];
-            for (int32_t c = 1; c < recent; c++) sorted[c - 1] = mass[c];
-            int32_t n = recent - 1;
-            // threshold: the r-th largest (a partial selection sort; n is at most a few hundred)
-            for (int32_t a = 0; a < r && a < n; a++) {
-                int32_t b = a;
-                for (int32_t x = a + 1; x < n; x++)
-                    if (sorted[x] > sorted[b]) b = x;
-                double t = sorted[a];
-                sorted[a] = sorted[b];
-                sorted[b] = t;
-                orc += sorted[a];
-            }
-            double thr = r > 0 && r <= n ? sorted[r - 1] : INFINITY;
-            for (int32_t c = c_lo; c < c_hi && c < nc; c++)
-                no += c == 0 || c >= recent || (c > 0 && mass[c] >= thr);
+            all += sum;
+            for (int32_t c = c_lo; c < c_hi && c < nc; c++) nm += mass[c], nk += kept[c], no += oracle[c];
             // how many of the chosen chunks (not the sink or the window) lie in the 128 tokens
             // before the window, by the selection and by the oracle
-            for (int32_t c = recent - 128 / C > 1 ? recent - 128 / C : 1; c < recent; c++) {
-                near_o += mass[c] >= thr;
-                for (int32_t a = 0; a < cnt; a++) near_k += ids[a] == c;
-            }
-            chosen += r;
+            const int32_t recent = nc <= kmax ? 1 : nc - window;
+            for (int32_t c = recent - 128 / C > 1 ? recent - 128 / C : 1; c < recent; c++)
+                near_k += kept[c], near_o += oracle[c];
+            chosen += nc <= kmax ? 0 : kmax - 1 - window;
         }
         tot_sel += sel, tot_or += orc, tot += all;
         printf("#diag %-18s %5d %5.3f %7.3f %12.4f  %d/%d  %d/%d of %d\n", v->name, il, sel / all, orc / all, nm / all,
@@ -251,8 +238,10 @@ static void diagnose(tri__kv_policy *pol, const variant *v, int32_t lo, int32_t 
     }
     printf("#diag %-18s   all %5.3f %7.3f\n", v->name, tot_sel / tot, tot_or / tot);
     free(mass);
-    free(sorted);
     free(ids);
+    free(oids);
+    free(kept);
+    free(oracle);
 }
 
 // ---- text: argmax agreement and acceptance over a teacher-forced continuation ----

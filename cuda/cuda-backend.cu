@@ -179,13 +179,13 @@ static tri_status upload_begin(cuda_state *st, size_t bytes, unsigned char **hos
 }
 
 static tri_status upload_finish(cuda_state *st, size_t bytes, unsigned char **dev) {
-    upload_slot *sl = &st->slots[st->next_slot];
     if (st->rec) {  // recording: a copy of the descriptors of the graph's own, made now
         TRY(rec_alloc(st, bytes, dev));
         CUDA_TRY(cudaMemcpyAsync(*dev, st->rec_host, bytes, cudaMemcpyHostToDevice, st->xfer));
         CUDA_TRY(cudaStreamSynchronize(st->xfer));
         return TRI_STATUS_OK;
     }
+    upload_slot *sl = &st->slots[st->next_slot];
     TRY(grow_device(&st->args, &st->args_cap, bytes, "argument"));
     CUDA_TRY(cudaMemcpyAsync(st->args, sl->host, bytes, cudaMemcpyHostToDevice, st->stream));
     CUDA_TRY(cudaEventRecord(sl->done, st->stream));

@@ -308,6 +308,17 @@ int32_t tri__kv_policy_selection(const tri__kv_policy *p, int32_t il, int32_t h,
 // *rest is the number of query vectors. Returns the chunk count, 0 with no queries in the history,
 // or a negative status (UNSUPPORTED: borrowed rows or keys in device memory).
 int32_t tri__kv_policy_chunk_mass(tri__kv_policy *p, int32_t il, int32_t h, double *mass, double *rest);
+// RETRIEVAL: the chunks of the recent window a selection keeps besides chunk 0: window / chunk, at
+// most half of the others the budget holds.
+static inline int32_t tri__kv_policy_window_chunks(const tri__kv_policy *p) {
+    int32_t kmax = p->p.budget / p->p.chunk, w = p->p.window / p->p.chunk;
+    return w > (kmax - 1) / 2 ? (kmax - 1) / 2 : w;
+}
+// RETRIEVAL: the oracle's choice among n_chunks chunks given full attention's mass on each
+// (tri__kv_policy_chunk_mass): chunk 0, the window's chunks and the most massive others (ties: the
+// lower chunk), as a selection keeps them; every chunk when all fit. ids (budget / chunk) receives
+// them ascending. Returns their count, or a negative status.
+int32_t tri__kv_policy_oracle_choice(const tri__kv_policy *p, const double *mass, int32_t n_chunks, int32_t *ids);
 // FULL and RETRIEVAL: copies the keys (which 0) or values (which 1) of position pos that layer il,
 // KV head h attends to now (from a selected chunk, the tokens since, the own store or, borrowing,
 // src, its gathered rows or its ring) into out (head_dim values of the cache type). Returns false

@@ -580,32 +580,45 @@ static int massed_cmp(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
-// The oracle's chunks for layer il, KV head h: chunk 0, the window's and the r others with the
-// most true mass, ascending (tri__chunk_select's structure, full attention's scores).
-static tri_status oracle_select(tri__kv_policy *p, int32_t il, int32_t h, int32_t n_chunks, int32_t window,
-                                int32_t *ids, int32_t *cnt) {
-    const int32_t kmax = p->ret->kmax, r = kmax - 1 - window, recent = n_chunks - window;
-    double *mass = malloc(sizeof *mass * (size_t)n_chunks), rest;
+int32_t tri__kv_policy_oracle_choice(const tri__kv_policy *p, const double *mass, int32_t n_chunks, int32_t *ids) {
+    const int32_t kmax = p->p.budget / p->p.chunk, window = tri__kv_policy_window_chunks(p);
+    if (n_chunks <= kmax) {
+        for (int32_t c = 0; c < n_chunks; c++) ids[c] = c;
+        return n_chunks;
+    }
+    const int32_t r = kmax - 1 - window, recent = n_chunks - window;
     massed *cand = malloc(sizeof *cand * (size_t)n_chunks);
     unsigned char *keep = calloc((size_t)n_chunks, 1);
-    tri_status st = TRI_STATUS_OK;
-    int32_t n_vec = 0;
-    if (!mass || !cand || !keep) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: oracle scratch");
-    if (!st) st = chunk_mass(p, il, h, n_chunks, mass, &rest, &n_vec);
-    if (!st && n_vec == 0) st = tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: oracle with no queries");
-    if (!st) {
-        for (int32_t c = 1; c < recent; c++) cand[c - 1] = (massed){.mass = mass[c], .id = c};
-        qsort(cand, (size_t)(recent - 1), sizeof *cand, massed_cmp);
-        keep[0] = 1;
-        for (int32_t a = 0; a < r; a++) keep[cand[a].id] = 1;
-        for (int32_t c = recent; c < n_chunks; c++) keep[c] = 1;
-        *cnt = 0;
-        for (int32_t c = 0; c < n_chunks; c++)
-            if (keep[c]) ids[(*cnt)++] = c;
+    if (!cand || !keep) {
+        free(cand);
+        free(keep);
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: oracle scratch");
     }
-    free(mass);
+    for (int32_t c = 1; c < recent; c++) cand[c - 1] = (massed){.mass = mass[c], .id = c};
+    qsort(cand, (size_t)(recent - 1), sizeof *cand, massed_cmp);
+    keep[0] = 1;
+    for (int32_t a = 0; a < r; a++) keep[cand[a].id] = 1;
+    for (int32_t c = recent; c < n_chunks; c++) keep[c] = 1;
+    int32_t cnt = 0;
+    for (int32_t c = 0; c < n_chunks; c++)
+        if (keep[c]) ids[cnt++] = c;
     free(cand);
     free(keep);
+    return cnt;
+}
+
+// The oracle's chunks for layer il, KV head h (params.oracle): full attention's mass, then its choice.
+static tri_status oracle_select(tri__kv_policy *p, int32_t il, int32_t h, int32_t n_chunks, int32_t *ids,
+                                int32_t *cnt) {
+    double *mass = malloc(sizeof *mass * (size_t)n_chunks), rest;
+    int32_t n_vec = 0;
+    tri_status st = mass ? chunk_mass(p, il, h, n_chunks, mass, &rest, &n_vec)
+                         : tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: oracle scratch");
+    if (!st && n_vec == 0) st = tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: oracle with no queries");
+    int32_t n = st ? 0 : tri__kv_policy_oracle_choice(p, mass, n_chunks, ids);
+    if (n < 0) st = (tri_status)n;
+    if (!st) *cnt = n;
+    free(mass);
     return st;
 }
 
@@ -615,11 +628,9 @@ static tri_status oracle_select(tri__kv_policy *p, int32_t il, int32_t h, int32_
 static tri_status select_head(tri__kv_policy *p, int64_t i, int32_t n_chunks, int32_t n_q, int32_t *ids,
                               int32_t *cnt_out) {
     tri__retrieval_state *s = p->ret;
-    int32_t window = p->p.window / p->p.chunk;
-    if (window > (s->kmax - 1) / 2) window = (s->kmax - 1) / 2;
-    const int32_t il = (int32_t)(i / p->n_head_kv);
+    const int32_t window = tri__kv_policy_window_chunks(p), il = (int32_t)(i / p->n_head_kv);
     if ((p->p.oracle >> (il < 63 ? il : 63) & 1) && n_chunks > s->kmax)
-        return oracle_select(p, il, (int32_t)(i % p->n_head_kv), n_chunks, window, ids, cnt_out);
+        return oracle_select(p, il, (int32_t)(i % p->n_head_kv), n_chunks, ids, cnt_out);
     return tri__chunk_select(s->ix[i], p->p.group, layer_bound(p, il), s->qset, n_q, n_chunks, s->kmax, window, ids,
                              cnt_out);
 }

@@ -596,7 +596,7 @@ static tri_status step_ops(tri__llama_step *s) {
 static tri_status step_graph(tri__llama_step *s) {
     tri__llama *ll = s->ll;
     tri__backend *be = ll->be;
-    const void *now[11] = {ll->x, ll->xb, ll->q, ll->k, ll->v, ll->att, ll->proj, ll->gate, ll->up, ll->logits,
+    const void *now[TRI_LLAMA_STEP_BAKED] = {ll->x, ll->xb, ll->q, ll->k, ll->v, ll->att, ll->proj, ll->gate, ll->up, ll->logits,
                            s->pol->sk};
     if (s->graph && memcmp(now, s->baked, sizeof now) == 0) return TRI_STATUS_OK;
     be->ops->graph_free(be, s->graph);

@@ -122,6 +122,7 @@ tri_status tri__llama_forward(tri__llama *ll, tri__kv_store *kv, const int32_t *
 // a buffer they use moved: the activation pool rebound, the logits regrown). The logits and the
 // cache are those of tri__llama_forward_policy's step: bit for bit on the CPU backend (the masked
 // rows add exact zeros), to the kernels' rounding on a device.
+#define TRI_LLAMA_STEP_BAKED 11
 typedef struct tri__llama_step {
     tri__llama *ll;           // not owned
     tri__kv_policy *pol;      // not owned: STREAMING over its own store in backend memory
@@ -131,7 +132,8 @@ typedef struct tri__llama_step {
     int32_t *head_span;       // (n_head_kv + 1) host
     bool record;              // record the step once and replay it (a backend with graphs)
     tri__graph *graph;        // the recorded step, NULL before the first
-    const void *baked[11];    // the buffers the graph was recorded over (activations, logits)
+    const void *baked[TRI_LLAMA_STEP_BAKED];  // the buffers the graph was recorded over (the
+                              // activations, the logits, the view)
     int64_t n_steps, n_recorded, n_replays;
 } tri__llama_step;
 
