@@ -14,7 +14,8 @@
 // usage: bench-table1 MODEL TEXT text   CONTEXT POSITIONS BUDGETS POLICIES [threads]
 //        bench-table1 MODEL TEXT needle CONTEXTS DEPTHS DIV POLICIES [threads]
 // BUDGETS, CONTEXTS, DEPTHS: comma lists. POLICIES: comma list of streaming, h2o and retrieval
-// variants "ret[:sum|:max|:soft][:oracle[A-B]][:bound[A-B]][:wN][:qN][:cN][:rN][:diag]": group
+// variants "ret[:index][:sum|:max|:soft][:oracle[A-B]][:bound[A-B]][:wN][:qN][:cN][:rN][:diag]": the
+// first selection by the group rule over the index too (default: by full attention's mass); group
 // scoring; the oracle (a measurement: the chunks with the most true attention mass of full
 // attention) in every layer or in layers A to B; chunk bounds for summaries instead of mean keys,
 // in every layer or in layers A to B; a recent window of N tokens; the last N tokens' queries;
@@ -76,7 +77,7 @@ typedef struct variant {
     int32_t window, queries, chunk, refresh;
     uint64_t oracle;        // layers the oracle selects in
     uint64_t bound_layers;  // layers summarised by bounds
-    bool set_group, bound, diag;
+    bool set_group, bound, diag, index;  // index: the first selection by the group rule too
 } variant;
 
 static variant parse_variant(const char *s) {
@@ -100,6 +101,7 @@ static variant parse_variant(const char *s) {
                 for (int il = a; il <= b && il < 64; il++) v.oracle |= 1ull << il;
             }
             else if (!strncmp(c, ":diag", 5)) v.diag = true;
+            else if (!strncmp(c, ":index", 6)) v.index = true;
             else if (c[1] == 'w') v.window = atoi(c + 2);
             else if (c[1] == 'q') v.queries = atoi(c + 2);
             else if (c[1] == 'c') v.chunk = atoi(c + 2);
@@ -128,6 +130,7 @@ static tri__kv_policy_params params_of(const variant *v, int32_t budget, int32_t
         pp.refresh = v->refresh;
         if (v->bound) pp.bound = true;
         pp.oracle = v->oracle;
+        if (v->index) pp.mass = false;
         pp.bound_layers = v->bound_layers;
         pp.budget -= pp.budget % pp.chunk;
     }
@@ -209,7 +212,7 @@ static void diagnose(tri__kv_policy *pol, const variant *v, int32_t lo, int32_t 
             double rest;
             int32_t nc = tri__kv_policy_chunk_mass(pol, il, h, mass, &rest);
             int32_t cnt = tri__kv_policy_selection(pol, il, h, ids, NULL);
-            int32_t ocnt = nc > 0 ? tri__kv_policy_oracle_choice(pol, mass, nc, oids) : -1;
+            int32_t ocnt = nc > 0 ? tri__kv_policy_mass_choice(pol, mass, nc, oids) : -1;
             if (nc <= 0 || cnt < 0 || ocnt < 0) die("diag");
             memset(kept, 0, (size_t)nc);
             memset(oracle, 0, (size_t)nc);

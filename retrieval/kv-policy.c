@@ -22,7 +22,7 @@ const char *tri__kv_policy_name(tri_kv_policy kind) {
 tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t capacity) {
     // retrieval's selection: bench-table1's winner on SmolLM2 (docs/kv-policies.md, "GQA")
     tri__kv_policy_params p = {.kind = kind, .budget = 4096, .chunk = 8, .refresh = 0, .index = TRI_CHUNK_INDEX_EXACT,
-                               .group = TRI__KV_GROUP_MAX, .window = 32, .queries = 16};
+                               .group = TRI__KV_GROUP_MAX, .window = 32, .queries = 16, .mass = true};
     if (capacity > 0 && p.budget > capacity) p.budget = capacity;
     p.sink = p.budget >= 32 ? 16 : p.budget / 2;
     return p;

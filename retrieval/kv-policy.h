@@ -60,18 +60,25 @@ typedef struct tri__kv_policy_params {
                           // they came in: a history kept across steps, rolled back with the cache
                           // and started again after adopted tokens (they did not run here) and with
                           // a tap's pass (which counts as run); fewer when fewer ran since; 0: 1
+    bool mass;            // RETRIEVAL: a selection made while the policy attends to every key
+                          // (the first, after the prompt; one after a rollback past every
+                          // selection; one during the full cache's pass, tri__kv_policy_tap) keeps,
+                          // besides chunk 0 and the window, the chunks on which full attention puts
+                          // the most mass for the queries it reads (the backend's attention op with
+                          // weight sums, over every key); a selection that replaces one (a refresh)
+                          // uses the group rule over the chunk index. false: the index always
     uint64_t oracle;      // RETRIEVAL, a measurement (bench-table1), never a default: bit il set,
-                          // layer il keeps, besides the sink and the window, the chunks with the
-                          // most true attention mass (tri__kv_policy_chunk_mass) instead of the
-                          // group rule's (layers past 63: bit 63); own store in host memory only
-                          // (UNSUPPORTED otherwise); 0: none
+                          // layer il selects by full attention's mass (as `mass` does) at every
+                          // selection, refreshes too (layers past 63: bit 63); own store only
+                          // (UNSUPPORTED when borrowing); 0: none
     uint64_t bound_layers; // RETRIEVAL, an experiment (bench-table1 :boundA-B): bit il set, layer
                           // il summarises its chunks by bounds as `bound` does for every layer
                           // (layers past 63: bit 63); 0: none
 } tri__kv_policy_params;
 
-// Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: MAX group
-// scoring, mean keys, a window of 32 tokens, the last 16 tokens' queries), the budget clipped to
+// Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: the first
+// selection by full attention's mass, refreshes by MAX group scoring of mean keys, a window of 32
+// tokens, the last 16 tokens' queries), the budget clipped to
 // capacity (and the sink to half of it under 32).
 tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t capacity);
 
@@ -300,7 +307,9 @@ int32_t tri__kv_policy_selected_at(const tri__kv_policy *p);
 // attention). *n_sel receives the length the selection was made at.
 int32_t tri__kv_policy_selection(const tri__kv_policy *p, int32_t il, int32_t h, int32_t *ids, int32_t *n_sel);
 // RETRIEVAL over its own store in host memory: full attention's true mass per chunk for layer il,
-// KV head h, as a selection at the current length would read it. The queries of the last `queries`
+// KV head h, as a selection at the current length would read it, computed on the host in double
+// precision (the reference the selections' own computation, by the backend's attention op, is
+// tested against). The queries of the last `queries`
 // tokens of the history (every query head of the group; the token at position t attends to
 // positions 0 .. t) each give a softmax of q.k / sqrt(head_dim) over the keys; their probabilities
 // are summed per chunk over the queries into mass (capacity: the complete chunks), and
@@ -314,11 +323,11 @@ static inline int32_t tri__kv_policy_window_chunks(const tri__kv_policy *p) {
     int32_t kmax = p->p.budget / p->p.chunk, w = p->p.window / p->p.chunk;
     return w > (kmax - 1) / 2 ? (kmax - 1) / 2 : w;
 }
-// RETRIEVAL: the oracle's choice among n_chunks chunks given full attention's mass on each
-// (tri__kv_policy_chunk_mass): chunk 0, the window's chunks and the most massive others (ties: the
-// lower chunk), as a selection keeps them; every chunk when all fit. ids (budget / chunk) receives
-// them ascending. Returns their count, or a negative status.
-int32_t tri__kv_policy_oracle_choice(const tri__kv_policy *p, const double *mass, int32_t n_chunks, int32_t *ids);
+// RETRIEVAL: a selection by mass (params.mass, oracle) among n_chunks chunks given full attention's
+// mass on each (tri__kv_policy_chunk_mass): chunk 0, the window's chunks and the most massive others
+// (ties: the lower chunk); every chunk when all fit. ids (budget / chunk) receives them ascending.
+// Returns their count, or a negative status.
+int32_t tri__kv_policy_mass_choice(const tri__kv_policy *p, const double *mass, int32_t n_chunks, int32_t *ids);
 // FULL and RETRIEVAL: copies the keys (which 0) or values (which 1) of position pos that layer il,
 // KV head h attends to now (from a selected chunk, the tokens since, the own store or, borrowing,
 // src, its gathered rows or its ring) into out (head_dim values of the cache type). Returns false

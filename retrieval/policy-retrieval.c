@@ -65,6 +65,14 @@ struct tri__retrieval_state {
                               // of positions tq_lo .. tq_hi - 1 (its last nq), position i in row i % nq;
                               // they become the history once the selection is taken
     int32_t tq_lo, tq_hi;
+    // a selection by full attention's mass (params.mass, oracle): layer_mass's buffers
+    float *mq, *mout;         // (nq, n_head * head_dim) backend: the queries, attention's output
+    float *mws;               // (mw_cap) backend: the weight sums per key of a layer's view
+    float *mw;                // (mw_cap) host: the same, read back
+    int64_t mw_cap;
+    int32_t *mpos;            // (nq) host: the queries' positions
+    double *mass;             // (n_head_kv, mass_cap) host: a layer's mass per head and chunk
+    int32_t mass_cap;
 };
 
 // Whether layer il's chunks are summarised by bounds (params.bound, params.bound_layers).
@@ -101,6 +109,12 @@ void tri__ret_free(tri__kv_policy *p) {
     free(s->tap.cnt);
     free(s->tap.ids);
     p->be->ops->free(p->be, s->tap_rows);
+    p->be->ops->free(p->be, s->mq);
+    p->be->ops->free(p->be, s->mout);
+    p->be->ops->free(p->be, s->mws);
+    free(s->mw);
+    free(s->mpos);
+    free(s->mass);
     if (s->stage_pinned) p->be->ops->host_unregister(p->be, s->stage);
     free(s->stage);
     free(s);
@@ -580,7 +594,7 @@ static int massed_cmp(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
-int32_t tri__kv_policy_oracle_choice(const tri__kv_policy *p, const double *mass, int32_t n_chunks, int32_t *ids) {
+int32_t tri__kv_policy_mass_choice(const tri__kv_policy *p, const double *mass, int32_t n_chunks, int32_t *ids) {
     const int32_t kmax = p->p.budget / p->p.chunk, window = tri__kv_policy_window_chunks(p);
     if (n_chunks <= kmax) {
         for (int32_t c = 0; c < n_chunks; c++) ids[c] = c;
@@ -607,32 +621,104 @@ int32_t tri__kv_policy_oracle_choice(const tri__kv_policy *p, const double *mass
     return cnt;
 }
 
-// The oracle's chunks for layer il, KV head h (params.oracle): full attention's mass, then its choice.
-static tri_status oracle_select(tri__kv_policy *p, int32_t il, int32_t h, int32_t n_chunks, int32_t *ids,
-                                int32_t *cnt) {
-    double *mass = malloc(sizeof *mass * (size_t)n_chunks), rest;
-    int32_t n_vec = 0;
-    tri_status st = mass ? chunk_mass(p, il, h, n_chunks, mass, &rest, &n_vec)
-                         : tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: oracle scratch");
-    if (!st && n_vec == 0) st = tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: oracle with no queries");
-    int32_t n = st ? 0 : tri__kv_policy_oracle_choice(p, mass, n_chunks, ids);
-    if (n < 0) st = (tri_status)n;
-    if (!st) *cnt = n;
-    free(mass);
-    return st;
+// Room in layer_mass's buffers for a view of `keys` keys and n_chunks chunks.
+static tri_status mass_reserve(tri__kv_policy *p, int64_t keys, int32_t n_chunks) {
+    tri__retrieval_state *s = p->ret;
+    const tri__backend_ops *op = p->be->ops;
+    const size_t qbytes = sizeof(float) * (size_t)((int64_t)s->nq * p->n_head * p->head_dim);
+    if (!s->mq) TRY(op->alloc(p->be, qbytes, (void **)&s->mq));
+    if (!s->mout) TRY(op->alloc(p->be, qbytes, (void **)&s->mout));
+    if (!s->mpos && !(s->mpos = malloc(sizeof *s->mpos * (size_t)s->nq)))
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: query positions");
+    if (keys > s->mw_cap) {
+        op->free(p->be, s->mws);
+        free(s->mw);
+        s->mws = NULL;
+        s->mw_cap = 0;
+        if (!(s->mw = malloc(sizeof *s->mw * (size_t)keys)))
+            return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: weight sums of %lld keys", (long long)keys);
+        TRY(op->alloc(p->be, sizeof(float) * (size_t)keys, (void **)&s->mws));
+        s->mw_cap = keys;
+    }
+    if (n_chunks > s->mass_cap) {
+        double *m = realloc(s->mass, sizeof *m * (size_t)((int64_t)p->n_head_kv * n_chunks));
+        if (!m) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: mass of %d chunks", n_chunks);
+        s->mass = m;
+        s->mass_cap = n_chunks;
+    }
+    return TRI_STATUS_OK;
 }
 
-// Chooses head i's chunks (i = layer * n_head_kv + KV head) among the first n_chunks by the query
-// vectors in s->qset (n_q of them): chunk 0, the recent window and the best others
-// (tri__chunk_select), ascending; all when they fit.
-static tri_status select_head(tri__kv_policy *p, int64_t i, int32_t n_chunks, int32_t n_q, int32_t *ids,
-                              int32_t *cnt_out) {
+// Full attention's mass per chunk in layer il: the probability each query vector of the last nq
+// of positions lo .. hi - 1 in a query ring (rows rows, as ring_queries reads it) gives each key of
+// view (the layer's every key up to hi - 1, each KV head's in position order or not), summed over
+// the group's heads, the queries and the chunk's keys, into s->mass (n_head_kv, n_chunks); keys
+// past the complete chunks count for none. The backend's attention op computes it (weight sums),
+// where the keys are. *n_vec receives the query vectors per KV head (0: none, nothing computed).
+static tri_status layer_mass(tri__kv_policy *p, int32_t il, const tri__kv_view *view, const float *ring, int32_t rows,
+                             int32_t lo, int32_t hi, int32_t n_chunks, int32_t *n_vec) {
     tri__retrieval_state *s = p->ret;
-    const int32_t window = tri__kv_policy_window_chunks(p), il = (int32_t)(i / p->n_head_kv);
-    if ((p->p.oracle >> (il < 63 ? il : 63) & 1) && n_chunks > s->kmax)
-        return oracle_select(p, il, (int32_t)(i % p->n_head_kv), n_chunks, ids, cnt_out);
-    return tri__chunk_select(s->ix[i], p->p.group, layer_bound(p, il), s->qset, n_q, n_chunks, s->kmax, window, ids,
-                             cnt_out);
+    const tri__backend_ops *op = p->be->ops;
+    const int32_t t0 = hi - s->nq > lo ? hi - s->nq : lo, m = hi - t0, nkv = p->n_head_kv, C = p->p.chunk;
+    const int64_t qd = (int64_t)p->n_head * p->head_dim;
+    *n_vec = m > 0 ? m * (p->n_head / nkv) : 0;
+    if (m <= 0) return TRI_STATUS_OK;
+    int64_t keys = 0;
+    for (int32_t a = 0; a < view->head_span[nkv]; a++) keys += view->spans[a].n;
+    TRY(mass_reserve(p, keys, n_chunks));
+    for (int32_t t = t0; t < hi; t++) {
+        memcpy(s->qrow + (t - t0) * qd, ring + ((int64_t)(t % rows) * p->n_layer + il) * qd, sizeof(float) * (size_t)qd);
+        s->mpos[t - t0] = t;
+    }
+    TRY(op->copy_to_backend(p->be, s->mq, s->qrow, sizeof(float) * (size_t)(m * qd)));
+    TRY(op->attention(p->be, s->mout, s->mq, s->mpos, m, p->n_head, p->head_dim, view, s->mws));
+    TRY(op->copy_to_host(p->be, s->mw, s->mws, sizeof(float) * (size_t)keys));
+    TRY(op->synchronize(p->be));
+    memset(s->mass, 0, sizeof *s->mass * (size_t)((int64_t)nkv * n_chunks));
+    const float *w = s->mw;
+    for (int32_t h = 0; h < nkv; h++) {
+        double *mass = s->mass + (int64_t)h * n_chunks;
+        for (int32_t a = view->head_span[h]; a < view->head_span[h + 1]; a++) {
+            const tri__kv_span *sp = &view->spans[a];
+            for (int32_t r = 0; r < sp->n; r++, w++) {
+                int32_t c = (sp->pos ? sp->pos[r] : sp->pos0 + r) / C;
+                if (c < n_chunks) mass[c] += *w;
+            }
+        }
+    }
+    return TRI_STATUS_OK;
+}
+
+// Whether layer il selects by mass: params.mass in a selection made while attending fully (fully),
+// the oracle's layers always.
+static bool by_mass(const tri__kv_policy *p, int32_t il, bool fully) {
+    return (p->p.mass && fully) || (p->p.oracle >> (il < 63 ? il : 63) & 1);
+}
+
+// Chooses layer il's chunks for every KV head among the first n_chunks into e: chunk 0, the recent
+// window and the best others, ascending; all when they fit. By full attention's mass over view when
+// view is given (and the ring holds queries), else by the group rule over each head's index; both
+// read the query vectors of the last nq of positions lo .. hi - 1 in a query ring of rows rows.
+static tri_status select_layer(tri__kv_policy *p, sel_entry *e, int32_t il, int32_t n_chunks, const tri__kv_view *view,
+                               const float *ring, int32_t rows, int32_t lo, int32_t hi) {
+    tri__retrieval_state *s = p->ret;
+    const int32_t nkv = p->n_head_kv, window = tri__kv_policy_window_chunks(p);
+    int32_t n_vec = 0;
+    if (view && n_chunks > s->kmax) TRY(layer_mass(p, il, view, ring, rows, lo, hi, n_chunks, &n_vec));
+    for (int32_t h = 0; h < nkv; h++) {
+        int64_t i = (int64_t)il * nkv + h;
+        int32_t *ids = e->ids + i * s->kmax;
+        if (n_vec > 0) {
+            int32_t n = tri__kv_policy_mass_choice(p, s->mass + (int64_t)h * n_chunks, n_chunks, ids);
+            if (n < 0) return (tri_status)n;
+            e->cnt[i] = n;
+            continue;
+        }
+        int32_t n_q = ring_queries(p, ring, rows, lo, hi, il, h);
+        TRY(tri__chunk_select(s->ix[i], p->p.group, layer_bound(p, il), s->qset, n_q, n_chunks, s->kmax, window, ids,
+                              &e->cnt[i]));
+    }
+    return TRI_STATUS_OK;
 }
 
 // A selection entry with room for every head's chunks; false when out of memory.
@@ -666,7 +752,6 @@ static tri_status sel_reserve(tri__retrieval_state *s) {
 // selected.
 static tri_status ret_select(tri__kv_policy *p, int32_t len) {
     tri__retrieval_state *s = p->ret;
-    int64_t heads = (int64_t)p->n_layer * p->n_head_kv;
     TRI_ASSERT(s->hist_hi == len || s->hist_lo == s->hist_hi);
     if (s->hist_hi != len || s->hist_lo == s->hist_hi) return TRI_STATUS_OK;
     const int32_t bound = ret_bound(p, len);
@@ -674,11 +759,17 @@ static tri_status ret_select(tri__kv_policy *p, int32_t len) {
     TRY(sel_reserve(s));
     sel_entry e = {.n_sel = len, .bound = bound};
     if (!sel_alloc(p, &e)) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: selection");
+    // attending fully until now (no selection), the step read every key: so can the selection
+    const bool fully = ret_current(p) == NULL;
     tri_status st = TRI_STATUS_OK;
-    for (int64_t i = 0; !st && i < heads; i++) {
-        const int32_t il = (int32_t)(i / p->n_head_kv), h = (int32_t)(i % p->n_head_kv);
-        int32_t n_q = ring_queries(p, s->hq, s->hist, s->hist_lo, s->hist_hi, il, h);
-        st = select_head(p, i, bound / p->p.chunk, n_q, e.ids + i * s->kmax, &e.cnt[i]);
+    for (int32_t il = 0; !st && il < p->n_layer; il++) {
+        const tri__kv_view *view = NULL;
+        if (by_mass(p, il, fully)) {
+            if (!p->src) view = tri__kv_store_view(p->kv, il, len, &p->view);
+            else if (fully && !(st = ret_view_borrowed(p, il, len))) view = tri__kv_policy_own_view(p);
+            else if (!st) st = tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: mass over a selection's rows");
+        }
+        if (!st) st = select_layer(p, &e, il, bound / p->p.chunk, view, s->hq, s->hist, s->hist_lo, s->hist_hi);
     }
     if (!st && p->src) {
         ret_drop_selections(s);  // the gather overwrites the old selection's rows
@@ -843,7 +934,6 @@ tri_status tri__ret_tap_layer(tri__kv_policy *ret, int32_t il, int32_t n_head, c
     tri__retrieval_state *s = ret->ret;
     sel_entry *e = &s->tap;
     const tri__backend_ops *op = ret->be->ops;
-    const int32_t nkv = ret->n_head_kv;
     TRI_ASSERT(il == s->tap_layers && n_head == ret->n_head && s->tq_hi == e->n_sel);
     // the layer's rows: head 0's span starts at row 0 of the layer
     const tri__kv_span *sp = &view->spans[view->head_span[0]];
@@ -851,11 +941,8 @@ tri_status tri__ret_tap_layer(tri__kv_policy *ret, int32_t il, int32_t n_head, c
     TRY(summarise_layer(ret, il, &L, s->tap_first, e->bound / ret->p.chunk));
     // the pass's tokens count as run, and only they: what the policy ran before it is replaced
     // (its selection, rows from the bound and history), as adopting replaces it
-    for (int32_t h = 0; h < nkv; h++) {
-        int64_t i = (int64_t)il * nkv + h;
-        int32_t n_q = ring_queries(ret, s->tq, s->nq, s->tq_lo, s->tq_hi, il, h);
-        TRY(select_head(ret, i, e->bound / ret->p.chunk, n_q, e->ids + i * s->kmax, &e->cnt[i]));
-    }
+    TRY(select_layer(ret, e, il, e->bound / ret->p.chunk, by_mass(ret, il, true) ? view : NULL, s->tq, s->nq, s->tq_lo,
+                     s->tq_hi));
     TRY(gather_layer(ret, e, il, &L));
     // the rows from the bound: staged, the ring still holds the policy's own until it is taken
     if (e->bound < e->n_sel) {

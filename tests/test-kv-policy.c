@@ -208,6 +208,7 @@ Test(retrieval, selection_by_summed_group_query) {
     pp.group = TRI__KV_GROUP_SUM;
     pp.window = 0;
     pp.queries = 1;
+    pp.mass = false;  // the first selection by the group rule too
     rig r;
     rig_init(&r, &pp, 2, 1, 4, 32, 8);
     // chunk 0: (0, 0, 0, 1); chunk 1: e0; chunk 2: e1; chunk 3: e2 (both tokens of each)
@@ -260,6 +261,7 @@ static void group_case(tri__kv_group group, int32_t window, int32_t queries, con
     pp.group = group;
     pp.window = window;
     pp.queries = queries;
+    pp.mass = false;
     rig r;
     rig_init(&r, &pp, 2, 1, 8, 32, 16);
     float k[10][8] = {{0}}, v[10][8] = {{0}}, q[10][16] = {{0}};
@@ -295,15 +297,16 @@ Test(retrieval, gqa_selection_finds_one_heads_needle) {
     group_case(TRI__KV_GROUP_MAX, 0, 2, (int32_t[]){0, 1, 2}, 3);
 }
 
-// The oracle (a measurement, never a default) keeps what full attention reads, where the mean
-// keys hide it. Chunks of 2 over a 4-dimensional head, a budget of 4 (chunk 0 and one more), two
-// query heads on one KV head: chunk 0 e3, chunk 1 the keys 4 e0 and -4 e0 (mean 0), chunk 2 two
-// keys 0.5 e1, chunk 3 zeros. The last token's queries are 2 e0 (head 0) and 2 e1 (head 1). By
-// the means every chunk but 2 scores 0 for both heads, so MAX keeps chunk 2 (head 1's favourite,
-// and the tie goes to it); full attention puts exp(4) of head 0's weight on the key 4 e0, so the
-// oracle keeps chunk 1. The mass probe sums to the two query vectors and matches a softmax written
-// out here.
-Test(retrieval, oracle_keeps_what_full_attention_reads) {
+// The first selection, made while the policy attends to every key, keeps what full attention
+// reads where the mean keys hide it; a refresh replaces it by the group rule over the index, unless
+// the layer is the oracle's (mass at every selection). Chunks of 2 over a 4-dimensional head, a
+// budget of 4 (chunk 0 and one more), two query heads on one KV head: chunk 0 e3, chunk 1 the keys
+// 4 e0 and -4 e0 (mean 0), chunk 2 two keys 0.5 e1, chunk 3 zeros. The last token's queries are
+// 2 e0 (head 0) and 2 e1 (head 1). By the means every chunk but 2 scores 0 for both heads, so MAX
+// keeps chunk 2 (head 1's favourite, and the tie goes to it); full attention puts exp(4) of head
+// 0's weight on the key 4 e0, so a selection by mass keeps chunk 1. The mass probe (the double-
+// precision reference) sums to the two query vectors and matches a softmax written out here.
+Test(retrieval, mass_keeps_what_full_attention_reads) {
     float k[8][4] = {{0}}, v[8][4] = {{0}}, q[8][8] = {{0}};
     k[0][3] = k[1][3] = 1;
     k[2][0] = 4;
@@ -312,20 +315,21 @@ Test(retrieval, oracle_keeps_what_full_attention_reads) {
     for (int t = 0; t < 8; t++) v[t][0] = (float)t;
     q[7][0] = 2;
     q[7][4 + 1] = 2;
-    for (int oracle = 0; oracle < 2; oracle++) {
+    for (int mode = 0; mode < 3; mode++) {  // the index always, mass first (the default), the oracle
         tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 32);
         pp.budget = 4;
         pp.chunk = 2;
         pp.window = 0;
         pp.queries = 1;
-        pp.oracle = (uint64_t)oracle;
+        pp.mass = mode > 0;
+        pp.oracle = mode == 2;
         rig r;
         rig_init(&r, &pp, 2, 1, 4, 32, 8);
         tri__kv_policy_request_refresh(&r.pol);
         rig_step(&r, 8, &q[0][0], &k[0][0], &v[0][0], NULL);
         int32_t ids[8], n_sel;
         cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), 2);
-        cr_assert(ids[0] == 0 && ids[1] == (oracle ? 1 : 2), "oracle %d: selected %d, %d", oracle, ids[0], ids[1]);
+        cr_assert(ids[0] == 0 && ids[1] == (mode ? 1 : 2), "mode %d: selected %d, %d", mode, ids[0], ids[1]);
         double mass[4], rest, want[4] = {0}, sum = 0;
         cr_assert_eq(tri__kv_policy_chunk_mass(&r.pol, 0, 0, mass, &rest), 4, "%s", tri_last_error());
         for (int j = 0; j < 2; j++) {  // head j's softmax of q.k / 2 over positions 0 .. 7
@@ -342,6 +346,15 @@ Test(retrieval, oracle_keeps_what_full_attention_reads) {
             sum += mass[c];
         }
         cr_assert(rest == 0 && fabs(sum - 2) < 1e-9, "rest %g, sum %g", rest, sum);
+        // a refresh with the same queries at position 8 (a zero key): the index's choice, chunk
+        // 2, unless the oracle chooses
+        float k8[4] = {0}, v8[4] = {0};
+        tri__kv_policy_request_refresh(&r.pol);
+        rig_step(&r, 1, &q[7][0], k8, v8, NULL);
+        cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), 2);
+        cr_assert_eq(n_sel, 9);
+        cr_assert(ids[0] == 0 && ids[1] == (mode == 2 ? 1 : 2), "mode %d, refresh: selected %d, %d", mode, ids[0],
+                  ids[1]);
         rig_free(&r);
     }
 }
