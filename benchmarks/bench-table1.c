@@ -13,6 +13,8 @@
 //
 // usage: bench-table1 MODEL TEXT text   CONTEXT POSITIONS BUDGETS POLICIES [threads]
 //        bench-table1 MODEL TEXT needle CONTEXTS DEPTHS DIV POLICIES [threads]
+// A needle's key is a function of its context's and depth's places in the lists, and of
+// $TRI_NEEDLE_SEED (default 0): other seeds hide other numbers in the same prompts.
 // BUDGETS, CONTEXTS, DEPTHS: comma lists. POLICIES: comma list of streaming, h2o and retrieval
 // variants "ret[:index][:sum|:max|:soft][:oracle[A-B]][:bound[A-B]][:wN][:qN][:cN][:rN][:diag]": the
 // first selection by the group rule over the index too (default: by full attention's mass); group
@@ -319,6 +321,8 @@ static bool answer(rig *r, tri__kv_policy *pol, tri__kv_policy *base, const int3
 
 static void run_needle(rig *r, const char *text, size_t text_len, const double *ctxs, int nc, const double *depths,
                        int nd, int32_t div, variant *vs, int nv) {
+    const char *seed_env = getenv("TRI_NEEDLE_SEED");  // other keys for the same prompts (default 0)
+    const int seed = seed_env ? atoi(seed_env) : 0;
     int64_t n_hay, n_pre, n_suf;
     int32_t *hay = tokenize(r->m, text, text_len, false, &n_hay);
     const char *pre = "<|im_start|>user\n";
@@ -333,7 +337,7 @@ static void run_needle(rig *r, const char *text, size_t text_len, const double *
         for (int di = 0; di < nd; di++) {
             const int32_t ctx = (int32_t)ctxs[ci];
             char needle[128], want[32];
-            snprintf(want, sizeof want, "%d", 1000 + (int)((ci * 7919 + di * 104729 + 4243) % 9000));
+            snprintf(want, sizeof want, "%d", 1000 + (int)((ci * 7919 + di * 104729 + 4243 + seed * 3571) % 9000));
             snprintf(needle, sizeof needle, "\n\nThe special magic number is %s. Remember it: %s.\n\n", want, want);
             int64_t n_needle;
             int32_t *nd_ids = tokenize(r->m, needle, strlen(needle), false, &n_needle);
