@@ -636,7 +636,8 @@ static tri_status mass_reserve(tri__kv_policy *p, int64_t keys, int32_t n_chunks
         s->mws = NULL;
         s->mw_cap = 0;
         if (!(s->mw = malloc(sizeof *s->mw * (size_t)keys)))
-            return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: weight sums of %lld keys", (long long)keys);
+            return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: weight sums of %lld keys",
+                             (long long)keys);
         TRY(op->alloc(p->be, sizeof(float) * (size_t)keys, (void **)&s->mws));
         s->mw_cap = keys;
     }
