@@ -668,7 +668,8 @@ static tri_status layer_mass(tri__kv_policy *p, int32_t il, const tri__kv_view *
     for (int32_t a = 0; a < view->head_span[nkv]; a++) keys += view->spans[a].n;
     TRY(mass_reserve(p, keys, n_chunks));
     for (int32_t t = t0; t < hi; t++) {
-        memcpy(s->qrow + (t - t0) * qd, ring + ((int64_t)(t % rows) * p->n_layer + il) * qd, sizeof(float) * (size_t)qd);
+        const float *row = ring + ((int64_t)(t % rows) * p->n_layer + il) * qd;  // position t's, layer il
+        memcpy(s->qrow + (t - t0) * qd, row, sizeof(float) * (size_t)qd);
         s->mpos[t - t0] = t;
     }
     TRY(op->copy_to_backend(p->be, s->mq, s->qrow, sizeof(float) * (size_t)(m * qd)));

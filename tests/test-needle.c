@@ -117,7 +117,8 @@ static void check_mass_selection(tri__kv_policy *pol) {
         for (int32_t h = 0; h < pol->n_head_kv; h++) {
             int32_t nc = tri__kv_policy_chunk_mass(pol, il, h, mass, &rest);
             cr_assert(nc > kmax, "layer %d head %d: %d chunks: %s", il, h, nc, tri_last_error());
-            int32_t n = tri__kv_policy_selection(pol, il, h, ids, &at), nr = tri__kv_policy_mass_choice(pol, mass, nc, ref);
+            int32_t n = tri__kv_policy_selection(pol, il, h, ids, &at);
+            int32_t nr = tri__kv_policy_mass_choice(pol, mass, nc, ref);
             cr_assert(n == kmax && nr == kmax, "layer %d head %d: %d and %d chunks, want %d", il, h, n, nr, kmax);
             double got = 0, want = 0;
             for (int32_t a = 0; a < kmax; a++) got += mass[ids[a]], want += mass[ref[a]];
