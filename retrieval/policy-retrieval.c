@@ -763,14 +763,14 @@ static tri_status ret_select(tri__kv_policy *p, int32_t len) {
     if (!sel_alloc(p, &e)) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: selection");
     // attending fully until now (no selection), the step read every key: so can the selection
     const bool fully = ret_current(p) == NULL;
+    TRI_ASSERT(!p->src || !p->p.oracle);  // borrowing selects by mass only while attending fully
     tri_status st = TRI_STATUS_OK;
     for (int32_t il = 0; !st && il < p->n_layer; il++) {
+        // by mass: over every key, the own store's or (borrowing, which refuses the oracle, so only
+        // while attending fully) src's rows and the ring, the view the step just attended to
         const tri__kv_view *view = NULL;
-        if (by_mass(p, il, fully)) {
-            if (!p->src) view = tri__kv_store_view(p->kv, il, len, &p->view);
-            else if (fully && !(st = ret_view_borrowed(p, il, len))) view = tri__kv_policy_own_view(p);
-            else if (!st) st = tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: mass over a selection's rows");
-        }
+        if (by_mass(p, il, fully) && !p->src) view = tri__kv_store_view(p->kv, il, len, &p->view);
+        else if (by_mass(p, il, fully) && !(st = ret_view_borrowed(p, il, len))) view = tri__kv_policy_own_view(p);
         if (!st) st = select_layer(p, &e, il, bound / p->p.chunk, view, s->hq, s->hist, s->hist_lo, s->hist_hi);
     }
     if (!st && p->src) {
