@@ -1,7 +1,8 @@
 // policy-retrieval.c - TriForce's retrieval cache: the context cut into chunks, each summarised by its
-// mean key per (layer, KV head), and a selection of the chunks that score best against a query;
-// over its own store or over rows borrowed from the full cache, selecting after a step or during
-// the full cache's step (docs/kv-policies.md).
+// mean key per (layer, KV head), and a selection of chunks: the first by full attention's mass for
+// the last tokens' queries, later ones by the summaries that score best against them; over its own
+// store or over rows borrowed from the full cache, selecting after a step or during the full
+// cache's step (docs/kv-policies.md).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
