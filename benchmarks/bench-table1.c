@@ -16,15 +16,15 @@
 // A needle's key is a function of its context's and depth's places in the lists, and of
 // $TRI_NEEDLE_SEED (default 0): other seeds hide other numbers in the same prompts.
 // BUDGETS, CONTEXTS, DEPTHS: comma lists. POLICIES: comma list of streaming, h2o and retrieval
-// variants "ret[:index][:sum|:max|:soft][:oracle[A-B]][:bound[A-B]][:wN][:qN][:cN][:rN][:diag]": the
+// variants "ret[:index][:sum|:max|:soft][:oracle[A-B]][:bound[A-B]][:wN][:qN][:cN][:rN][:fN][:diag]": the
 // first selection by the group rule over the index too (default: by full attention's mass); group
 // scoring; the oracle (a measurement: the chunks with the most true attention mass of full
 // attention) in every layer or in layers A to B; chunk bounds for summaries instead of mean keys,
 // in every layer or in layers A to B; a recent window of N tokens; the last N tokens' queries;
-// chunks of N; a refresh every N tokens; default: the policy defaults. diag: after the prompt's
-// selection, per layer, the share of full attention's mass the view keeps against the oracle's
-// share, and in a needle prompt the mass on the needle's chunks and in how many KV heads the
-// selection and the oracle keep them.
+// chunks of N; a refresh every N tokens; N chunks after each chosen one (follow); default: the
+// policy defaults. diag: after the prompt's selection, per layer, the share of full attention's
+// mass the view keeps against the oracle's share, and in a needle prompt the mass on the needle's
+// chunks and in how many KV heads the selection and the oracle keep them.
 //
 // Every policy runs the same prompt. Full attention and the retrieval variants share one
 // full-attention prefill of all but the last 64 tokens (retrieval attends fully until its first
@@ -76,14 +76,14 @@ typedef struct variant {
     char name[64];
     tri_kv_policy kind;
     tri__kv_group group;
-    int32_t window, queries, chunk, refresh;
+    int32_t window, queries, chunk, refresh, follow;
     uint64_t oracle;        // layers the oracle selects in
     uint64_t bound_layers;  // layers summarised by bounds
     bool set_group, bound, diag, index;  // index: the first selection by the group rule too
 } variant;
 
 static variant parse_variant(const char *s) {
-    variant v = {.kind = TRI_KV_POLICY_RETRIEVAL, .window = -1, .queries = -1, .chunk = 0, .refresh = 0};
+    variant v = {.kind = TRI_KV_POLICY_RETRIEVAL, .window = -1, .queries = -1, .chunk = 0, .refresh = 0, .follow = -1};
     snprintf(v.name, sizeof v.name, "%s", s);
     if (!strcmp(s, "streaming")) v.kind = TRI_KV_POLICY_STREAMING;
     else if (!strcmp(s, "h2o")) v.kind = TRI_KV_POLICY_H2O;
@@ -108,6 +108,7 @@ static variant parse_variant(const char *s) {
             else if (c[1] == 'q') v.queries = atoi(c + 2);
             else if (c[1] == 'c') v.chunk = atoi(c + 2);
             else if (c[1] == 'r') v.refresh = atoi(c + 2);
+            else if (c[1] == 'f') v.follow = atoi(c + 2);
             else {
                 fprintf(stderr, "bench-table1: policy %s: unknown option at %s\n", s, c);
                 exit(2);
@@ -129,6 +130,7 @@ static tri__kv_policy_params params_of(const variant *v, int32_t budget, int32_t
         if (v->set_group) pp.group = v->group;
         if (v->window >= 0) pp.window = v->window;
         if (v->queries >= 0) pp.queries = v->queries;
+        if (v->follow >= 0) pp.follow = v->follow;
         pp.refresh = v->refresh;
         if (v->bound) pp.bound = true;
         pp.oracle = v->oracle;

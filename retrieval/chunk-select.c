@@ -35,28 +35,50 @@ static void bound_query(float *out, const float *q, int32_t qd) {
     }
 }
 
+int32_t tri__chunk_keep(const int32_t *ranked, int32_t n_ranked, int32_t r, int32_t follow, int32_t n_chunks,
+                        int32_t recent, unsigned char *keep, int32_t *ids) {
+    memset(keep, 0, (size_t)n_chunks);
+    keep[0] = 1;
+    memset(keep + recent, 1, (size_t)(n_chunks - recent));
+    int32_t got = 0;
+    for (int32_t a = 0; a < n_ranked && got < r; a++)
+        for (int32_t c = ranked[a]; c < recent && c - ranked[a] <= follow && got < r; c++)
+            if (!keep[c]) {
+                keep[c] = 1;
+                got++;
+            }
+    int32_t n = 0;
+    for (int32_t c = 0; c < n_chunks; c++)
+        if (keep[c]) ids[n++] = c;
+    return n;
+}
+
 tri_status tri__chunk_select(tri__chunk_index *ix, tri__kv_group group, bool bound, const float *Q, int32_t n_q,
-                             int32_t n_chunks, int32_t kmax, int32_t window, int32_t *ids, int32_t *cnt) {
+                             int32_t n_chunks, int32_t kmax, int32_t window, int32_t follow, int32_t *ids,
+                             int32_t *cnt) {
     *cnt = 0;
     if (n_chunks <= kmax) {
         for (int32_t c = 0; c < n_chunks; c++) ids[c] = c;
         *cnt = n_chunks;
         return TRI_STATUS_OK;
     }
-    if (n_q <= 0 || window < 0 || window > kmax - 1 || n_chunks > tri__chunk_index_size(ix))
-        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chunk select: %d queries, window %d of %d chunks, %d of %lld rows",
-                         n_q, window, kmax, n_chunks, (long long)tri__chunk_index_size(ix));
+    if (n_q <= 0 || window < 0 || window > kmax - 1 || follow < 0 || n_chunks > tri__chunk_index_size(ix))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "chunk select: %d queries, window %d of %d chunks, follow %d, %d of %lld rows", n_q, window,
+                         kmax, follow, n_chunks, (long long)tri__chunk_index_size(ix));
     const int32_t dim = tri__chunk_index_dim(ix), r = kmax - 1 - window, recent = n_chunks - window;
     const int32_t qd = bound ? dim / 2 : dim;  // values of a query vector
     // candidates: chunks 1 .. recent - 1 (n_chunks > kmax, so more of them than r)
-    int32_t n = 0;
-    ids[n++] = 0;
-    for (int32_t c = recent; c < n_chunks; c++) ids[n++] = c;  // already ascending, after chunk 0
-    if (r == 0) {
+    if (r == 0) {  // chunk 0 and the window
+        int32_t n = 0;
+        ids[n++] = 0;
+        for (int32_t c = recent; c < n_chunks; c++) ids[n++] = c;
         *cnt = n;
         return TRI_STATUS_OK;
     }
     tri_status st = TRI_STATUS_OK;
+    int32_t *ranked = NULL;
+    unsigned char *keep = NULL;
     const float *rows = tri__chunk_index_rows(ix);
     const int32_t want = r + window;  // the index's top rows from 1 on: at most `window` are recent
     int32_t *found = malloc(sizeof *found * (size_t)want);
@@ -88,8 +110,8 @@ tri_status tri__chunk_select(tri__chunk_index *ix, tri__kv_group group, bool bou
         if (bound) bound_query(qs, sum, qd);
         int32_t nf = 0;
         if ((st = tri__chunk_index_search(ix, qs, 1, want, found, NULL, &nf))) goto done;
-        // the index's order is already (score, lower row): the first r outside the window
-        for (int32_t a = 0; a < nf && nc < r; a++)
+        // the index's order is already (score, lower row): those outside the window
+        for (int32_t a = 0; a < nf; a++)
             if (found[a] < recent) cand[nc++] = (scored){.id = found[a]};
         break;
     }
@@ -145,23 +167,19 @@ tri_status tri__chunk_select(tri__chunk_index *ix, tri__kv_group group, bool bou
         break;
     }
     }
-    if (nc > r) nc = r;
-    for (int32_t a = 0; a < nc; a++) {
-        // ascending: chunk 0, the chosen, the window
-        int32_t c = cand[a].id, b = n;
-        while (b > 1 && ids[b - 1] > c) {
-            ids[b] = ids[b - 1];
-            b--;
-        }
-        ids[b] = c;
-        n++;
+    if (!(ranked = malloc(sizeof *ranked * (size_t)(nc > 0 ? nc : 1))) || !(keep = malloc((size_t)n_chunks))) {
+        st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "chunk select: scratch for %d chunks", n_chunks);
+        goto done;
     }
-    *cnt = n;
+    for (int32_t a = 0; a < nc; a++) ranked[a] = cand[a].id;
+    *cnt = tri__chunk_keep(ranked, nc, r, follow, n_chunks, recent, keep, ids);
 done:
     free(found);
     free(cand);
     free(qs);
     free(seen);
     free(best);
+    free(ranked);
+    free(keep);
     return st;
 }

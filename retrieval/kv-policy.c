@@ -22,7 +22,8 @@ const char *tri__kv_policy_name(tri_kv_policy kind) {
 tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t capacity) {
     // retrieval's selection: bench-table1's winner on SmolLM2 (docs/kv-policies.md, "GQA")
     tri__kv_policy_params p = {.kind = kind, .budget = 4096, .chunk = 8, .refresh = 0, .index = TRI_CHUNK_INDEX_EXACT,
-                               .group = TRI__KV_GROUP_MAX, .window = 32, .queries = 16, .mass = true};
+                               .group = TRI__KV_GROUP_MAX, .window = 32, .queries = 16, .mass = true,
+                               .follow = 1};
     if (capacity > 0 && p.budget > capacity) p.budget = capacity;
     p.sink = p.budget >= 32 ? 16 : p.budget / 2;
     return p;
@@ -86,6 +87,8 @@ tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity
                              p->window);
         if (p->queries < 0)
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: queries %d must be >= 0", p->queries);
+        if (p->follow < 0)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: follow %d must be >= 0", p->follow);
         if (p->oracle && (p->bound || p->bound_layers))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: the oracle reads keys, not bounds");
         if (p->index < TRI_CHUNK_INDEX_EXACT || p->index > TRI_CHUNK_INDEX_FAISS_IVF)

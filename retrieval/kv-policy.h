@@ -67,6 +67,10 @@ typedef struct tri__kv_policy_params {
                           // the most mass for the queries it reads (the backend's attention op with
                           // weight sums, over every key); a selection that replaces one (a refresh)
                           // uses the group rule over the chunk index. false: the index always
+    int32_t follow;       // RETRIEVAL: each chunk a selection chooses (by mass or by the index)
+                          // brings the `follow` chunks after it, within the budget: where a model
+                          // copies, its attention reads on past the tokens it found (a passphrase's
+                          // later digits); 0: none
     uint64_t oracle;      // RETRIEVAL, a measurement (bench-table1), never a default: bit il set,
                           // layer il selects by full attention's mass (as `mass` does) at every
                           // selection, refreshes too (layers past 63: bit 63); own store only
@@ -77,8 +81,8 @@ typedef struct tri__kv_policy_params {
 } tri__kv_policy_params;
 
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: the first
-// selection by full attention's mass, refreshes by MAX group scoring of mean keys, a window of 32
-// tokens, the last 16 tokens' queries), the budget clipped to
+// selection by full attention's mass, refreshes by MAX group scoring of mean keys, each chosen
+// chunk followed by the next, a window of 32 tokens, the last 16 tokens' queries), the budget clipped to
 // capacity (and the sink to half of it under 32).
 tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t capacity);
 
@@ -325,7 +329,8 @@ static inline int32_t tri__kv_policy_window_chunks(const tri__kv_policy *p) {
 }
 // RETRIEVAL: a selection by mass (params.mass, oracle) among n_chunks chunks given full attention's
 // mass on each (tri__kv_policy_chunk_mass): chunk 0, the window's chunks and the most massive others
-// (ties: the lower chunk); every chunk when all fit. ids (budget / chunk) receives them ascending.
+// (ties: the lower chunk), each followed by params.follow chunks (tri__chunk_keep); every chunk when
+// all fit. ids (budget / chunk) receives them ascending.
 // Returns their count, or a negative status.
 int32_t tri__kv_policy_mass_choice(const tri__kv_policy *p, const double *mass, int32_t n_chunks, int32_t *ids);
 // FULL and RETRIEVAL: copies the keys (which 0) or values (which 1) of position pos that layer il,

@@ -601,23 +601,21 @@ int32_t tri__kv_policy_mass_choice(const tri__kv_policy *p, const double *mass, 
         for (int32_t c = 0; c < n_chunks; c++) ids[c] = c;
         return n_chunks;
     }
-    const int32_t r = kmax - 1 - window, recent = n_chunks - window;
+    const int32_t recent = n_chunks - window;
     massed *cand = malloc(sizeof *cand * (size_t)n_chunks);
-    unsigned char *keep = calloc((size_t)n_chunks, 1);
-    if (!cand || !keep) {
-        free(cand);
-        free(keep);
-        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: oracle scratch");
+    int32_t *ranked = malloc(sizeof *ranked * (size_t)n_chunks);
+    unsigned char *keep = malloc((size_t)n_chunks);
+    int32_t cnt;
+    if (cand && ranked && keep) {
+        for (int32_t c = 1; c < recent; c++) cand[c - 1] = (massed){.mass = mass[c], .id = c};
+        qsort(cand, (size_t)(recent - 1), sizeof *cand, massed_cmp);
+        for (int32_t a = 0; a < recent - 1; a++) ranked[a] = cand[a].id;
+        cnt = tri__chunk_keep(ranked, recent - 1, kmax - 1 - window, p->p.follow, n_chunks, recent, keep, ids);
+    } else {
+        cnt = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: scratch for the mass of %d chunks", n_chunks);
     }
-    for (int32_t c = 1; c < recent; c++) cand[c - 1] = (massed){.mass = mass[c], .id = c};
-    qsort(cand, (size_t)(recent - 1), sizeof *cand, massed_cmp);
-    keep[0] = 1;
-    for (int32_t a = 0; a < r; a++) keep[cand[a].id] = 1;
-    for (int32_t c = recent; c < n_chunks; c++) keep[c] = 1;
-    int32_t cnt = 0;
-    for (int32_t c = 0; c < n_chunks; c++)
-        if (keep[c]) ids[cnt++] = c;
     free(cand);
+    free(ranked);
     free(keep);
     return cnt;
 }
@@ -718,8 +716,8 @@ static tri_status select_layer(tri__kv_policy *p, sel_entry *e, int32_t il, int3
             continue;
         }
         int32_t n_q = ring_queries(p, ring, rows, lo, hi, il, h);
-        TRY(tri__chunk_select(s->ix[i], p->p.group, layer_bound(p, il), s->qset, n_q, n_chunks, s->kmax, window, ids,
-                              &e->cnt[i]));
+        TRY(tri__chunk_select(s->ix[i], p->p.group, layer_bound(p, il), s->qset, n_q, n_chunks, s->kmax, window,
+                              p->p.follow, ids, &e->cnt[i]));
     }
     return TRI_STATUS_OK;
 }

@@ -135,15 +135,15 @@ Test(chunk_index, grouped_selection_faiss_equals_exact) {
         for (int t = 0; t < 12; t++) {
             for (int i = 0; i < n_q * hd; i++) q[i] = frand();
             tri__kv_group g = (tri__kv_group)(t % 3);
-            int32_t window = t % 2 ? 4 : 0, nq = 1 + t % n_q, a[40], c[40], na, nc;
-            cr_assert_eq(tri__chunk_select(ex, g, b, q, nq, n - t, 40, window, a, &na), TRI_STATUS_OK);
-            cr_assert_eq(tri__chunk_select(fa, g, b, q, nq, n - t, 40, window, c, &nc), TRI_STATUS_OK, "%s",
+            int32_t window = t % 2 ? 4 : 0, nq = 1 + t % n_q, follow = t / 3 % 3, a[40], c[40], na, nc;
+            cr_assert_eq(tri__chunk_select(ex, g, b, q, nq, n - t, 40, window, follow, a, &na), TRI_STATUS_OK);
+            cr_assert_eq(tri__chunk_select(fa, g, b, q, nq, n - t, 40, window, follow, c, &nc), TRI_STATUS_OK, "%s",
                          tri_last_error());
             cr_assert_eq(na, 40);
             cr_assert_eq(nc, na);
             for (int i = 0; i < na; i++) {
-                cr_assert_eq(a[i], c[i], "bound %d rule %d window %d, %d queries: chunk %d: exact %d, faiss %d", b,
-                             (int)g, window, nq, i, a[i], c[i]);
+                cr_assert_eq(a[i], c[i], "bound %d rule %d window %d follow %d, %d queries: chunk %d: exact %d, faiss %d",
+                             b, (int)g, window, follow, nq, i, a[i], c[i]);
                 if (i) cr_assert(a[i] > a[i - 1], "ascending");
             }
             cr_assert_eq(a[0], 0, "chunk 0 kept");
@@ -153,6 +153,28 @@ Test(chunk_index, grouped_selection_faiss_equals_exact) {
         tri__chunk_index_free(fa);
     }
     free(x);
+}
+
+// Each ranked chunk brings the `follow` chunks after it while the budget's r last (tri__chunk_keep):
+// 12 chunks, a window of 2 (10 and 11), r = 5, ranked 4, 5, 9, 2, 7, 1. None follow: the first five.
+// One: 4 brings 5, and 5 (kept already) brings 6; 9's next is in the window; 2 fills the last place
+// without its next. Two: 4 brings 5 and 6, 5 brings 7 (6 is kept), and 9 fills the last place.
+// Every count is chunk 0, r and the window.
+Test(chunk_index, follow_brings_the_chunks_after_each_chosen) {
+    const int32_t ranked[] = {4, 5, 9, 2, 7, 1};
+    const int32_t want[3][8] = {{0, 2, 4, 5, 7, 9, 10, 11}, {0, 2, 4, 5, 6, 9, 10, 11}, {0, 4, 5, 6, 7, 9, 10, 11}};
+    unsigned char keep[12];
+    for (int32_t f = 0; f < 3; f++) {
+        int32_t ids[12];
+        int32_t n = tri__chunk_keep(ranked, 6, 5, f, 12, 10, keep, ids);
+        cr_assert_eq(n, 8, "follow %d: %d chunks", f, n);
+        for (int32_t i = 0; i < n; i++)
+            cr_assert_eq(ids[i], want[f][i], "follow %d: chunk %d is %d, want %d", f, i, ids[i], want[f][i]);
+    }
+    // fewer ranked than room: what they bring, and no more
+    int32_t ids[12];
+    cr_assert_eq(tri__chunk_keep((int32_t[]){8}, 1, 5, 1, 12, 10, keep, ids), 5);
+    cr_assert(ids[0] == 0 && ids[1] == 8 && ids[2] == 9 && ids[3] == 10 && ids[4] == 11);
 }
 
 // ---- policies driven directly, with constructed keys and queries ----
@@ -209,6 +231,7 @@ Test(retrieval, selection_by_summed_group_query) {
     pp.window = 0;
     pp.queries = 1;
     pp.mass = false;  // the first selection by the group rule too
+    pp.follow = 0;    // and only the chunks it scores
     rig r;
     rig_init(&r, &pp, 2, 1, 4, 32, 8);
     // chunk 0: (0, 0, 0, 1); chunk 1: e0; chunk 2: e1; chunk 3: e2 (both tokens of each)
@@ -262,6 +285,7 @@ static void group_case(tri__kv_group group, int32_t window, int32_t queries, con
     pp.window = window;
     pp.queries = queries;
     pp.mass = false;
+    pp.follow = 0;
     rig r;
     rig_init(&r, &pp, 2, 1, 8, 32, 16);
     float k[10][8] = {{0}}, v[10][8] = {{0}}, q[10][16] = {{0}};
@@ -355,6 +379,38 @@ Test(retrieval, mass_keeps_what_full_attention_reads) {
         cr_assert_eq(n_sel, 9);
         cr_assert(ids[0] == 0 && ids[1] == (mode == 2 ? 1 : 2), "mode %d, refresh: selected %d, %d", mode, ids[0],
                   ids[1]);
+        rig_free(&r);
+    }
+}
+
+// A selection keeps the chunk after the one it chooses (params.follow), by mass and by the index
+// alike. Chunks of 2 over a 4-dimensional head, a budget of 6 (chunk 0 and two more), no window: chunk
+// 0 e3, chunk 1 two keys 1.5 e0, chunk 2 the keys 2 e0 and 2 e0, chunks 3 and 4 zeros; both query
+// heads 2 e0. Chunk 2 is the best by mass and by mean key, chunk 1 the second: without follow the
+// selection is 0, 1, 2; with it chunk 2 brings chunk 3 in chunk 1's place.
+Test(retrieval, follow_keeps_the_chunk_after_the_chosen) {
+    float k[10][4] = {{0}}, v[10][4] = {{0}}, q[10][8] = {{0}};
+    k[0][3] = k[1][3] = 1;
+    k[2][0] = k[3][0] = 1.5f;
+    k[4][0] = k[5][0] = 2;
+    for (int t = 0; t < 10; t++) v[t][0] = (float)t;
+    q[9][0] = q[9][4] = 2;
+    for (int mode = 0; mode < 4; mode++) {  // by the index, by mass; follow 0, 1
+        tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, 32);
+        pp.budget = 6;
+        pp.chunk = 2;
+        pp.window = 0;
+        pp.queries = 1;
+        pp.mass = mode & 1;
+        pp.follow = mode >> 1;
+        rig r;
+        rig_init(&r, &pp, 2, 1, 4, 32, 16);
+        tri__kv_policy_request_refresh(&r.pol);
+        rig_step(&r, 10, &q[0][0], &k[0][0], &v[0][0], NULL);
+        int32_t ids[8], n_sel;
+        cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), 3);
+        cr_assert(ids[0] == 0 && ids[1] == (pp.follow ? 2 : 1) && ids[2] == (pp.follow ? 3 : 2),
+                  "mass %d follow %d: selected %d, %d, %d", pp.mass, pp.follow, ids[0], ids[1], ids[2]);
         rig_free(&r);
     }
 }

@@ -14,7 +14,9 @@
 //     (1972) where the last token's queries alone answer "1973" and chunks of 4 "1977"; and the key
 //     at 0.1 (5243), which the default (chosen by full attention's mass after the prompt) answers
 //     and selecting by the group rule over the index does not ("524286"; docs/kv-policies.md,
-//     "Measured"). Skipped, with a message, where jargon-text is not installed.
+//     "Measured"); and 4,096 tokens with the key at 0.1 (7733), which the default answers because
+//     each chosen chunk brings the next (params.follow): without it the model copies the first
+//     digit and answers "777". Skipped, with a message, where jargon-text is not installed.
 // The selection by mass is also checked against the double-precision reference
 // (tri__kv_policy_chunk_mass): in every layer and KV head it keeps as much of full attention's mass
 // as the reference's choice, to f32 rounding.
@@ -227,6 +229,7 @@ Test(needle, retrieval_at_an_eighth_finds_the_number, .timeout = TT_TIMEOUT(900)
     if (jargon) {  // bench-table1's keys for these cases
         needle_case(&r, jargon, 2048, 0.1, "5243");
         needle_case(&r, jargon, 2048, 0.5, "1972");
+        needle_case(&r, jargon, 4096, 0.1, "7733");
     } else cr_log_warn("jargon-text is not installed: the Jargon File needle (2,048 tokens) was not run");
     free(jargon);
     tri__llama_free(&r.ll);
