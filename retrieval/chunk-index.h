@@ -68,17 +68,16 @@ typedef enum tri__kv_group {
 // top rows (a chunk among the best by the max is among the best of the vector attaining it) and
 // rescores their union exactly; SOFTMAX scores every row. So EXACT and FAISS_FLAT select the same.
 // bound: the rows are [max, min] bounds of dim / 2 dimensions and Q's rows have dim / 2 values,
-// each turned into [max(q, 0), min(q, 0)] (after the sum, for SUM). follow: each chosen chunk
-// brings the chunks after it, as tri__chunk_keep does.
+// each turned into [max(q, 0), min(q, 0)] (after the sum, for SUM).
 tri_status tri__chunk_select(tri__chunk_index *ix, tri__kv_group group, bool bound, const float *Q, int32_t n_q,
-                             int32_t n_chunks, int32_t kmax, int32_t window, int32_t follow, int32_t *ids,
-                             int32_t *cnt);
+                             int32_t n_chunks, int32_t kmax, int32_t window, int32_t *ids, int32_t *cnt);
 
 // The chunks a KV head keeps once its candidates are ranked: chunk 0, the window (chunks recent ..
 // n_chunks - 1) and r others, taken from ranked (n_ranked chunk ids, best first) in order, each
 // followed by the `follow` chunks after it that are below recent and not kept yet, until r are
 // taken (a copy reads on past the tokens its attention found, so the chunk after one that holds
-// them is the likeliest to be read next). keep: n_chunks bytes of scratch. ids receives them
+// them is the likeliest to be read next; the selection by mass, tri__kv_policy_mass_choice;
+// tri__chunk_select's rules take none). keep: n_chunks bytes of scratch. ids receives them
 // ascending (at most 1 + r + n_chunks - recent); returns their count.
 int32_t tri__chunk_keep(const int32_t *ranked, int32_t n_ranked, int32_t r, int32_t follow, int32_t n_chunks,
                         int32_t recent, unsigned char *keep, int32_t *ids);

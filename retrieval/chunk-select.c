@@ -54,18 +54,16 @@ int32_t tri__chunk_keep(const int32_t *ranked, int32_t n_ranked, int32_t r, int3
 }
 
 tri_status tri__chunk_select(tri__chunk_index *ix, tri__kv_group group, bool bound, const float *Q, int32_t n_q,
-                             int32_t n_chunks, int32_t kmax, int32_t window, int32_t follow, int32_t *ids,
-                             int32_t *cnt) {
+                             int32_t n_chunks, int32_t kmax, int32_t window, int32_t *ids, int32_t *cnt) {
     *cnt = 0;
     if (n_chunks <= kmax) {
         for (int32_t c = 0; c < n_chunks; c++) ids[c] = c;
         *cnt = n_chunks;
         return TRI_STATUS_OK;
     }
-    if (n_q <= 0 || window < 0 || window > kmax - 1 || follow < 0 || n_chunks > tri__chunk_index_size(ix))
-        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
-                         "chunk select: %d queries, window %d of %d chunks, follow %d, %d of %lld rows", n_q, window,
-                         kmax, follow, n_chunks, (long long)tri__chunk_index_size(ix));
+    if (n_q <= 0 || window < 0 || window > kmax - 1 || n_chunks > tri__chunk_index_size(ix))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chunk select: %d queries, window %d of %d chunks, %d of %lld rows",
+                         n_q, window, kmax, n_chunks, (long long)tri__chunk_index_size(ix));
     const int32_t dim = tri__chunk_index_dim(ix), r = kmax - 1 - window, recent = n_chunks - window;
     const int32_t qd = bound ? dim / 2 : dim;  // values of a query vector
     // candidates: chunks 1 .. recent - 1 (n_chunks > kmax, so more of them than r)
@@ -110,8 +108,8 @@ tri_status tri__chunk_select(tri__chunk_index *ix, tri__kv_group group, bool bou
         if (bound) bound_query(qs, sum, qd);
         int32_t nf = 0;
         if ((st = tri__chunk_index_search(ix, qs, 1, want, found, NULL, &nf))) goto done;
-        // the index's order is already (score, lower row): those outside the window
-        for (int32_t a = 0; a < nf; a++)
+        // the index's order is already (score, lower row): the first r outside the window
+        for (int32_t a = 0; a < nf && nc < r; a++)
             if (found[a] < recent) cand[nc++] = (scored){.id = found[a]};
         break;
     }
@@ -172,7 +170,7 @@ tri_status tri__chunk_select(tri__chunk_index *ix, tri__kv_group group, bool bou
         goto done;
     }
     for (int32_t a = 0; a < nc; a++) ranked[a] = cand[a].id;
-    *cnt = tri__chunk_keep(ranked, nc, r, follow, n_chunks, recent, keep, ids);
+    *cnt = tri__chunk_keep(ranked, nc, r, 0, n_chunks, recent, keep, ids);
 done:
     free(found);
     free(cand);

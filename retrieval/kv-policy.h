@@ -67,10 +67,11 @@ typedef struct tri__kv_policy_params {
                           // the most mass for the queries it reads (the backend's attention op with
                           // weight sums, over every key); a selection that replaces one (a refresh)
                           // uses the group rule over the chunk index. false: the index always
-    int32_t follow;       // RETRIEVAL: each chunk a selection chooses (by mass or by the index)
+    int32_t follow;       // RETRIEVAL: each chunk a selection by mass (`mass`, oracle) chooses
                           // brings the `follow` chunks after it, within the budget: where a model
                           // copies, its attention reads on past the tokens it found (a passphrase's
-                          // later digits); 0: none
+                          // later digits); 0: none. The index's rules take none (measured: it
+                          // moves their agreement both ways)
     uint64_t oracle;      // RETRIEVAL, a measurement (bench-table1), never a default: bit il set,
                           // layer il selects by full attention's mass (as `mass` does) at every
                           // selection, refreshes too (layers past 63: bit 63); own store only
@@ -81,8 +82,9 @@ typedef struct tri__kv_policy_params {
 } tri__kv_policy_params;
 
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: the first
-// selection by full attention's mass, refreshes by MAX group scoring of mean keys, each chosen
-// chunk followed by the next, a window of 32 tokens, the last 16 tokens' queries), the budget clipped to
+// selection by full attention's mass with each chosen chunk followed by the next, refreshes by MAX
+// group scoring of mean keys, a window of 32 tokens, the last 16 tokens' queries), the budget
+// clipped to
 // capacity (and the sink to half of it under 32).
 tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t capacity);
 

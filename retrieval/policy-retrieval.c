@@ -716,8 +716,8 @@ static tri_status select_layer(tri__kv_policy *p, sel_entry *e, int32_t il, int3
             continue;
         }
         int32_t n_q = ring_queries(p, ring, rows, lo, hi, il, h);
-        TRY(tri__chunk_select(s->ix[i], p->p.group, layer_bound(p, il), s->qset, n_q, n_chunks, s->kmax, window,
-                              p->p.follow, ids, &e->cnt[i]));
+        TRY(tri__chunk_select(s->ix[i], p->p.group, layer_bound(p, il), s->qset, n_q, n_chunks, s->kmax, window, ids,
+                              &e->cnt[i]));
     }
     return TRI_STATUS_OK;
 }

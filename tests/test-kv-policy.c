@@ -135,15 +135,15 @@ Test(chunk_index, grouped_selection_faiss_equals_exact) {
         for (int t = 0; t < 12; t++) {
             for (int i = 0; i < n_q * hd; i++) q[i] = frand();
             tri__kv_group g = (tri__kv_group)(t % 3);
-            int32_t window = t % 2 ? 4 : 0, nq = 1 + t % n_q, follow = t / 3 % 3, a[40], c[40], na, nc;
-            cr_assert_eq(tri__chunk_select(ex, g, b, q, nq, n - t, 40, window, follow, a, &na), TRI_STATUS_OK);
-            cr_assert_eq(tri__chunk_select(fa, g, b, q, nq, n - t, 40, window, follow, c, &nc), TRI_STATUS_OK, "%s",
+            int32_t window = t % 2 ? 4 : 0, nq = 1 + t % n_q, a[40], c[40], na, nc;
+            cr_assert_eq(tri__chunk_select(ex, g, b, q, nq, n - t, 40, window, a, &na), TRI_STATUS_OK);
+            cr_assert_eq(tri__chunk_select(fa, g, b, q, nq, n - t, 40, window, c, &nc), TRI_STATUS_OK, "%s",
                          tri_last_error());
             cr_assert_eq(na, 40);
             cr_assert_eq(nc, na);
             for (int i = 0; i < na; i++) {
-                cr_assert_eq(a[i], c[i], "bound %d rule %d window %d follow %d, %d queries: chunk %d: exact %d, faiss %d",
-                             b, (int)g, window, follow, nq, i, a[i], c[i]);
+                cr_assert_eq(a[i], c[i], "bound %d rule %d window %d, %d queries: chunk %d: exact %d, faiss %d", b,
+                             (int)g, window, nq, i, a[i], c[i]);
                 if (i) cr_assert(a[i] > a[i - 1], "ascending");
             }
             cr_assert_eq(a[0], 0, "chunk 0 kept");
@@ -231,7 +231,6 @@ Test(retrieval, selection_by_summed_group_query) {
     pp.window = 0;
     pp.queries = 1;
     pp.mass = false;  // the first selection by the group rule too
-    pp.follow = 0;    // and only the chunks it scores
     rig r;
     rig_init(&r, &pp, 2, 1, 4, 32, 8);
     // chunk 0: (0, 0, 0, 1); chunk 1: e0; chunk 2: e1; chunk 3: e2 (both tokens of each)
@@ -285,7 +284,6 @@ static void group_case(tri__kv_group group, int32_t window, int32_t queries, con
     pp.window = window;
     pp.queries = queries;
     pp.mass = false;
-    pp.follow = 0;
     rig r;
     rig_init(&r, &pp, 2, 1, 8, 32, 16);
     float k[10][8] = {{0}}, v[10][8] = {{0}}, q[10][16] = {{0}};
@@ -383,11 +381,12 @@ Test(retrieval, mass_keeps_what_full_attention_reads) {
     }
 }
 
-// A selection keeps the chunk after the one it chooses (params.follow), by mass and by the index
-// alike. Chunks of 2 over a 4-dimensional head, a budget of 6 (chunk 0 and two more), no window: chunk
-// 0 e3, chunk 1 two keys 1.5 e0, chunk 2 the keys 2 e0 and 2 e0, chunks 3 and 4 zeros; both query
-// heads 2 e0. Chunk 2 is the best by mass and by mean key, chunk 1 the second: without follow the
-// selection is 0, 1, 2; with it chunk 2 brings chunk 3 in chunk 1's place.
+// A selection by mass keeps the chunk after the one it chooses (params.follow); the index's rule
+// does not. Chunks of 2 over a 4-dimensional head, a budget of 6 (chunk 0 and two more), no window:
+// chunk 0 e3, chunk 1 two keys 1.5 e0, chunk 2 the keys 2 e0 and 2 e0, chunks 3 and 4 zeros; both
+// query heads 2 e0. Chunk 2 is the best by mass and by mean key, chunk 1 the second: without follow
+// (or by the index) the selection is 0, 1, 2; by mass with it chunk 2 brings chunk 3 in chunk 1's
+// place.
 Test(retrieval, follow_keeps_the_chunk_after_the_chosen) {
     float k[10][4] = {{0}}, v[10][4] = {{0}}, q[10][8] = {{0}};
     k[0][3] = k[1][3] = 1;
@@ -409,7 +408,8 @@ Test(retrieval, follow_keeps_the_chunk_after_the_chosen) {
         rig_step(&r, 10, &q[0][0], &k[0][0], &v[0][0], NULL);
         int32_t ids[8], n_sel;
         cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), 3);
-        cr_assert(ids[0] == 0 && ids[1] == (pp.follow ? 2 : 1) && ids[2] == (pp.follow ? 3 : 2),
+        const bool follows = pp.mass && pp.follow;
+        cr_assert(ids[0] == 0 && ids[1] == (follows ? 2 : 1) && ids[2] == (follows ? 3 : 2),
                   "mass %d follow %d: selected %d, %d, %d", pp.mass, pp.follow, ids[0], ids[1], ids[2]);
         rig_free(&r);
     }
