@@ -84,8 +84,7 @@ typedef struct tri__kv_policy_params {
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: the first
 // selection by full attention's mass with each chosen chunk followed by the next, refreshes by MAX
 // group scoring of mean keys, a window of 32 tokens, the last 16 tokens' queries), the budget
-// clipped to
-// capacity (and the sink to half of it under 32).
+// clipped to capacity (and the sink to half of it under 32).
 tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t capacity);
 
 // Sets the budget of params, which the caller left to the default, once its chunk is known:
