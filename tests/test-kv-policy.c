@@ -221,6 +221,15 @@ static void rig_step(rig *r, int32_t m, const float *q, const float *k, const fl
     cr_assert_eq(tri__kv_policy_commit(&r->pol), TRI_STATUS_OK, "%s", tri_last_error());
 }
 
+// A selection requested, then a step of m tokens (rig_step): returns layer 0, KV head 0's chunks
+// into ids (their count); *n_sel receives the length the selection was made at.
+static int32_t rig_select(rig *r, int32_t m, const float *q, const float *k, const float *v, int32_t *ids,
+                          int32_t *n_sel) {
+    tri__kv_policy_request_refresh(&r->pol);
+    rig_step(r, m, q, k, v, NULL);
+    return tri__kv_policy_selection(&r->pol, 0, 0, ids, n_sel);
+}
+
 // Retrieval with chunks of 2 and a budget of 4 (chunk 0 + one more). Chunk keys point along
 // axes; the two query heads of the KV head disagree, and their sum decides.
 Test(retrieval, selection_by_summed_group_query) {
@@ -245,10 +254,8 @@ Test(retrieval, selection_by_summed_group_query) {
     q[7][0] = 2;
     q[7][4] = -1.5f;
     q[7][6] = 0.9f;
-    tri__kv_policy_request_refresh(&r.pol);
-    rig_step(&r, 8, &q[0][0], &k[0][0], &v[0][0], NULL);
     int32_t ids[8], n_sel;
-    cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), 2);
+    cr_assert_eq(rig_select(&r, 8, &q[0][0], &k[0][0], &v[0][0], ids, &n_sel), 2);
     cr_assert_eq(n_sel, 8);
     cr_assert(ids[0] == 0 && ids[1] == 3, "selected %d, %d; want 0, 3", ids[0], ids[1]);
     // the next token attends to chunk 0 and to chunk 3 merged with itself: [0, 2) and [6, 9)
@@ -299,10 +306,8 @@ static void group_case(tri__kv_group group, int32_t window, int32_t queries, con
     q[9][8 + 2] = 1;
     q[8][0] = 3;  // token 8: head 0 on chunk 1, head 1 on chunk 2
     q[8][8 + 1] = 3;
-    tri__kv_policy_request_refresh(&r.pol);
-    rig_step(&r, 10, &q[0][0], &k[0][0], &v[0][0], NULL);
     int32_t ids[8], n_sel;
-    int32_t n = tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel);
+    int32_t n = rig_select(&r, 10, &q[0][0], &k[0][0], &v[0][0], ids, &n_sel);
     cr_assert_eq(n, n_want, "group %d window %d queries %d: %d chunks", (int)group, window, queries, n);
     for (int32_t i = 0; i < n; i++)
         cr_assert_eq(ids[i], want[i], "group %d window %d queries %d: chunk %d is %d, want %d", (int)group, window,
@@ -347,10 +352,8 @@ Test(retrieval, mass_keeps_what_full_attention_reads) {
         pp.oracle = mode == 2;
         rig r;
         rig_init(&r, &pp, 2, 1, 4, 32, 8);
-        tri__kv_policy_request_refresh(&r.pol);
-        rig_step(&r, 8, &q[0][0], &k[0][0], &v[0][0], NULL);
         int32_t ids[8], n_sel;
-        cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), 2);
+        cr_assert_eq(rig_select(&r, 8, &q[0][0], &k[0][0], &v[0][0], ids, &n_sel), 2);
         cr_assert(ids[0] == 0 && ids[1] == (mode ? 1 : 2), "mode %d: selected %d, %d", mode, ids[0], ids[1]);
         double mass[4], rest, want[4] = {0}, sum = 0;
         cr_assert_eq(tri__kv_policy_chunk_mass(&r.pol, 0, 0, mass, &rest), 4, "%s", tri_last_error());
@@ -371,9 +374,7 @@ Test(retrieval, mass_keeps_what_full_attention_reads) {
         // a refresh with the same queries at position 8 (a zero key): the index's choice, chunk
         // 2, unless the oracle chooses
         float k8[4] = {0}, v8[4] = {0};
-        tri__kv_policy_request_refresh(&r.pol);
-        rig_step(&r, 1, &q[7][0], k8, v8, NULL);
-        cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), 2);
+        cr_assert_eq(rig_select(&r, 1, &q[7][0], k8, v8, ids, &n_sel), 2);
         cr_assert_eq(n_sel, 9);
         cr_assert(ids[0] == 0 && ids[1] == (mode == 2 ? 1 : 2), "mode %d, refresh: selected %d, %d", mode, ids[0],
                   ids[1]);
@@ -404,10 +405,8 @@ Test(retrieval, follow_keeps_the_chunk_after_the_chosen) {
         pp.follow = mode >> 1;
         rig r;
         rig_init(&r, &pp, 2, 1, 4, 32, 16);
-        tri__kv_policy_request_refresh(&r.pol);
-        rig_step(&r, 10, &q[0][0], &k[0][0], &v[0][0], NULL);
         int32_t ids[8], n_sel;
-        cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), 3);
+        cr_assert_eq(rig_select(&r, 10, &q[0][0], &k[0][0], &v[0][0], ids, &n_sel), 3);
         const bool follows = pp.mass && pp.follow;
         cr_assert(ids[0] == 0 && ids[1] == (follows ? 2 : 1) && ids[2] == (follows ? 3 : 2),
                   "mass %d follow %d: selected %d, %d, %d", pp.mass, pp.follow, ids[0], ids[1], ids[2]);
@@ -438,9 +437,7 @@ Test(retrieval, refresh_count_waits_for_the_first_selection) {
                      8 * (s + 1));
     }
     // its last piece with the request: selects at 32
-    tri__kv_policy_request_refresh(&r.pol);
-    rig_step(&r, 8, q[24], k[24], v[24], NULL);
-    cr_assert_eq(tri__kv_policy_selection(&r.pol, 0, 0, ids, &n_sel), 4);
+    cr_assert_eq(rig_select(&r, 8, q[24], k[24], v[24], ids, &n_sel), 4);
     cr_assert_eq(n_sel, 32);
     // then every 4 generated tokens
     for (int t = 32; t < 41; t++) {
