@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "server.h"
 
 static const struct {
     const char *name;
@@ -13,6 +14,7 @@ static const struct {
     {"generate", tri_cli_generate, "generate text after a prompt, streamed as it is produced"},
     {"info", tri_cli_info, "describe a model: architecture, config, tokenizer, tensors"},
     {"plan", tri_cli_plan, "place weights and KV on GPU, host and disk; predict time per token"},
+    {"serve", tri_server_main, "an OpenAI-compatible HTTP server: chat and completions, streamed"},
     {"tokenize", tri_cli_tokenize, "text to token ids (and pieces) with a model's tokenizer"},
 };
 

@@ -1,0 +1,613 @@
+// server-json.c - OpenAI's request and response bodies: parsing and checking a completion request
+// (json-c), rendering a conversation with the model's chat template, tokenizing it; writing the
+// responses, the streamed chunks and the errors. docs/server.md lists every field.
+#include <json-c/json.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server.h"
+
+// ---- errors ----
+
+bool srv_fail(srv_error *err, int status, const char *type, const char *code, const char *param, const char *fmt,
+              ...) {
+    err->status = status;
+    err->type = type;
+    err->code = code;
+    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+// An invalid_request_error (400) naming param.
+#define BAD(err, param, ...) srv_fail(err, 400, "invalid_request_error", NULL, param, __VA_ARGS__)
+
+static char *take_json(json_object *o) {
+    const char *s = o ? json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE)
+                      : NULL;
+    char *r = s ? strdup(s) : NULL;
+    json_object_put(o);
+    return r;
+}
+
+char *srv_error_json(const srv_error *err) {
+    json_object *root = json_object_new_object(), *e = json_object_new_object();
+    json_object_object_add(e, "message", json_object_new_string(err->message));
+    json_object_object_add(e, "type", json_object_new_string(err->type ? err->type : "server_error"));
+    json_object_object_add(e, "param", err->param[0] ? json_object_new_string(err->param) : NULL);
+    json_object_object_add(e, "code", err->code ? json_object_new_string(err->code) : NULL);
+    json_object_object_add(root, "error", e);
+    return take_json(root);
+}
+
+// ---- sampling ----
+
+bool srv_sampling_apply(const srv_sampling *req, const srv_sampling *dflt, tri_sampler_params *out,
+                        bool *explicit_seed, srv_error *err) {
+    srv_sampling s = *dflt;  // the server's defaults, then what the request gives
+#define TAKE(f)                \
+    if (req->has_##f) {        \
+        s.has_##f = true;      \
+        s.f = req->f;          \
+    }
+    TAKE(temperature) TAKE(top_p) TAKE(top_k) TAKE(min_p) TAKE(seed)
+    TAKE(presence_penalty) TAKE(frequency_penalty) TAKE(repeat_penalty)
+#undef TAKE
+    *out = tri_sampler_default_params();
+    if (s.has_temperature) out->temperature = (float)s.temperature;
+    if (s.has_top_p) out->top_p = (float)s.top_p;
+    if (s.has_top_k) out->top_k = (int32_t)s.top_k;
+    *explicit_seed = s.has_seed;
+    if (s.has_seed) out->seed = s.seed;
+    // Not in tri_sampler_params yet: refused unless neutral, so that no request is answered with
+    // a sampling it did not ask for. When the API has them, assign them here instead.
+    if (s.has_min_p && s.min_p != 0)
+        return BAD(err, "min_p", "min_p is not supported by this build of the server (only 0)");
+    if (s.has_presence_penalty && s.presence_penalty != 0)
+        return BAD(err, "presence_penalty", "presence_penalty is not supported by this build of the server (only 0)");
+    if (s.has_frequency_penalty && s.frequency_penalty != 0)
+        return BAD(err, "frequency_penalty",
+                   "frequency_penalty is not supported by this build of the server (only 0)");
+    if (s.has_repeat_penalty && s.repeat_penalty != 1)
+        return BAD(err, "repeat_penalty", "repeat_penalty is not supported by this build of the server (only 1)");
+    return true;
+}
+
+// ---- reading fields ----
+
+static const char *type_name(json_object *v) {
+    switch (json_object_get_type(v)) {
+    case json_type_null: return "null";
+    case json_type_boolean: return "a boolean";
+    case json_type_double:
+    case json_type_int: return "a number";
+    case json_type_object: return "an object";
+    case json_type_array: return "an array";
+    case json_type_string: return "a string";
+    }
+    return "?";
+}
+
+static bool is_number(json_object *v) {
+    return json_object_is_type(v, json_type_int) || json_object_is_type(v, json_type_double);
+}
+
+// A number in [lo, hi] (the bounds included when the flags say so).
+static bool get_number(json_object *v, const char *name, double lo, bool lo_in, double hi, double *out,
+                       srv_error *err) {
+    if (!is_number(v)) return BAD(err, name, "'%s' must be a number, not %s", name, type_name(v));
+    double x = json_object_get_double(v);
+    if (!isfinite(x) || (lo_in ? x < lo : x <= lo) || x > hi)
+        return BAD(err, name, "'%s' is %g: want a number in %s%g, %g]", name, x, lo_in ? "[" : "(", lo, hi);
+    *out = x;
+    return true;
+}
+
+static bool get_int(json_object *v, const char *name, int64_t lo, int64_t hi, int64_t *out, srv_error *err) {
+    if (!json_object_is_type(v, json_type_int))
+        return BAD(err, name, "'%s' must be an integer, not %s", name, type_name(v));
+    int64_t x = json_object_get_int64(v);
+    if (x < lo || x > hi) return BAD(err, name, "'%s' is %lld: want an integer in [%lld, %lld]", name, (long long)x,
+                                     (long long)lo, (long long)hi);
+    *out = x;
+    return true;
+}
+
+static bool get_bool(json_object *v, const char *name, bool *out, srv_error *err) {
+    if (!json_object_is_type(v, json_type_boolean))
+        return BAD(err, name, "'%s' must be a boolean, not %s", name, type_name(v));
+    *out = json_object_get_boolean(v);
+    return true;
+}
+
+// "stop": a string or an array of strings, none empty.
+static bool get_stop(json_object *v, srv_request *rq, srv_error *err) {
+    if (json_object_is_type(v, json_type_null)) return true;
+    bool one = json_object_is_type(v, json_type_string);
+    if (!one && !json_object_is_type(v, json_type_array))
+        return BAD(err, "stop", "'stop' must be a string or an array of strings, not %s", type_name(v));
+    size_t n = one ? 1 : json_object_array_length(v);
+    if (n > SRV_MAX_STOP) return BAD(err, "stop", "'stop' has %zu strings: at most %d", n, SRV_MAX_STOP);
+    for (size_t i = 0; i < n; i++) {
+        json_object *s = one ? v : json_object_array_get_idx(v, i);
+        if (!json_object_is_type(s, json_type_string))
+            return BAD(err, "stop", "'stop' item %zu must be a string, not %s", i, type_name(s));
+        if (json_object_get_string_len(s) == 0) return BAD(err, "stop", "'stop' item %zu is an empty string", i);
+        if (!(rq->stop[rq->n_stop] = strdup(json_object_get_string(s))))
+            return srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+        rq->n_stop++;
+    }
+    return true;
+}
+
+// Fields a value of which we do not support: refused unless absent, null or the neutral value.
+static bool refuse_unless(bool neutral, const char *name, const char *why, srv_error *err) {
+    return neutral || BAD(err, name, "'%s' is not supported by this server: %s", name, why);
+}
+
+static bool is_null(json_object *v) { return json_object_is_type(v, json_type_null); }
+
+// The text of a message's content: a string, null, or an array of {"type": "text", "text": ...}
+// parts (concatenated). *out malloc'd.
+static bool content_text(json_object *v, size_t i, char **out, srv_error *err) {
+    char param[48];
+    snprintf(param, sizeof param, "messages[%zu].content", i);
+    if (is_null(v) || !v) return (*out = strdup("")) != NULL || srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    if (json_object_is_type(v, json_type_string))
+        return (*out = strdup(json_object_get_string(v))) != NULL ||
+               srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    if (!json_object_is_type(v, json_type_array))
+        return BAD(err, param, "'%s' must be a string or an array of text parts, not %s", param, type_name(v));
+    size_t total = 0, n = json_object_array_length(v);
+    for (size_t k = 0; k < n; k++) {
+        json_object *part = json_object_array_get_idx(v, k), *type, *text;
+        if (!json_object_is_type(part, json_type_object) || !json_object_object_get_ex(part, "type", &type) ||
+            !json_object_is_type(type, json_type_string))
+            return BAD(err, param, "'%s' item %zu must be an object with a 'type'", param, k);
+        if (strcmp(json_object_get_string(type), "text") != 0)
+            return BAD(err, param, "'%s' item %zu is of type '%s': only text parts are supported", param, k,
+                       json_object_get_string(type));
+        if (!json_object_object_get_ex(part, "text", &text) || !json_object_is_type(text, json_type_string))
+            return BAD(err, param, "'%s' item %zu has no 'text' string", param, k);
+        total += (size_t)json_object_get_string_len(text);
+    }
+    char *s = malloc(total + 1);
+    if (!s) return srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    size_t at = 0;
+    for (size_t k = 0; k < n; k++) {
+        json_object *text;
+        json_object_object_get_ex(json_object_array_get_idx(v, k), "text", &text);
+        size_t len = (size_t)json_object_get_string_len(text);
+        memcpy(s + at, json_object_get_string(text), len);
+        at += len;
+    }
+    s[at] = 0;
+    *out = s;
+    return true;
+}
+
+// Tokenizes text into rq->ids.
+static bool tokenize(const srv_model_ref *m, const char *text, size_t len, bool add_special, bool parse_special,
+                     srv_request *rq, const char *param, srv_error *err) {
+    int64_t need = 0;
+    if (tri_tokenize(m->model, text, len, add_special, parse_special, NULL, 0, &need))
+        return BAD(err, param, "cannot tokenize the prompt: %s", tri_last_error());
+    if (need > INT32_MAX / 2) return BAD(err, param, "the prompt is too long (%lld tokens)", (long long)need);
+    rq->ids = malloc((size_t)(need > 0 ? need : 1) * sizeof *rq->ids);
+    if (!rq->ids) return srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    int64_t got = 0;
+    if (tri_tokenize(m->model, text, len, add_special, parse_special, rq->ids, need, &got))
+        return BAD(err, param, "cannot tokenize the prompt: %s", tri_last_error());
+    rq->n_ids = (int32_t)got;
+    return true;
+}
+
+// "messages" rendered with the chat template and tokenized.
+static bool parse_messages(const srv_model_ref *m, json_object *v, srv_request *rq, srv_error *err) {
+    if (!json_object_is_type(v, json_type_array))
+        return BAD(err, "messages", "'messages' must be an array of messages, not %s", type_name(v));
+    size_t n = json_object_array_length(v);
+    if (n == 0) return BAD(err, "messages", "'messages' is empty");
+    if (!m->chat_ok) return BAD(err, "messages", "this model cannot chat: %s", m->chat_why);
+    tri_chat_message *msgs = calloc(n, sizeof *msgs);
+    char **texts = calloc(n, sizeof *texts);
+    char *buf = NULL;
+    bool ok = false;
+    if (!msgs || !texts) {
+        srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *msg = json_object_array_get_idx(v, i), *role, *content = NULL;
+        char param[48];
+        snprintf(param, sizeof param, "messages[%zu]", i);
+        if (!json_object_is_type(msg, json_type_object)) {
+            BAD(err, param, "'%s' must be an object, not %s", param, type_name(msg));
+            goto done;
+        }
+        if (!json_object_object_get_ex(msg, "role", &role) || !json_object_is_type(role, json_type_string)) {
+            BAD(err, param, "'%s' has no 'role' string", param);
+            goto done;
+        }
+        const char *r = json_object_get_string(role);
+        if (strcmp(r, "developer") == 0) r = "system";  // OpenAI's newer name of the system role
+        if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0) {
+            BAD(err, param, "'%s' has role '%s': want system, developer, user or assistant (tools are not supported)",
+                param, r);
+            goto done;
+        }
+        json_object_object_foreach(msg, key, val) {
+            if (strcmp(key, "role") && strcmp(key, "content") && strcmp(key, "name") &&
+                !(strcmp(key, "tool_calls") == 0 && (is_null(val) || (json_object_is_type(val, json_type_array) &&
+                                                                      json_object_array_length(val) == 0)))) {
+                BAD(err, param, "'%s' has the field '%s', which is not supported", param, key);
+                goto done;
+            }
+        }
+        if (!json_object_object_get_ex(msg, "content", &content) && strcmp(r, "assistant") != 0) {
+            BAD(err, param, "'%s' has no 'content'", param);
+            goto done;
+        }
+        if (!content_text(content, i, &texts[i], err)) goto done;
+        msgs[i].role = r;
+        msgs[i].content = texts[i];
+    }
+    size_t need = 0, len = 0;
+    tri_status st = tri_chat_apply(m->model, m->chat_format, msgs, n, true, NULL, 0, &need);
+    if (!st && !(buf = malloc(need + 1))) {
+        srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+        goto done;
+    }
+    if (!st) st = tri_chat_apply(m->model, m->chat_format, msgs, n, true, buf, need + 1, &len);
+    if (st) {
+        BAD(err, "messages", "the model's chat template refuses the conversation: %s", tri_last_error());
+        goto done;
+    }
+    // a rendered conversation carries its BOS and other special tokens as text
+    ok = tokenize(m, buf, len, false, true, rq, "messages", err);
+done:
+    if (texts)
+        for (size_t i = 0; i < n; i++) free(texts[i]);
+    free(texts);
+    free(msgs);
+    free(buf);
+    return ok;
+}
+
+// "prompt" of /v1/completions: a string, an array of one string, or an array of token ids.
+static bool parse_prompt(const srv_model_ref *m, json_object *v, srv_request *rq, srv_error *err) {
+    if (json_object_is_type(v, json_type_string))
+        return tokenize(m, json_object_get_string(v), (size_t)json_object_get_string_len(v), true, false, rq, "prompt",
+                        err);
+    if (!json_object_is_type(v, json_type_array))
+        return BAD(err, "prompt", "'prompt' must be a string, an array of one string or an array of token ids, "
+                   "not %s", type_name(v));
+    size_t n = json_object_array_length(v);
+    if (n == 0) return BAD(err, "prompt", "'prompt' is empty");
+    json_object *first = json_object_array_get_idx(v, 0);
+    if (json_object_is_type(first, json_type_string)) {
+        if (n != 1) return BAD(err, "prompt", "'prompt' has %zu strings: one prompt per request is supported", n);
+        return parse_prompt(m, first, rq, err);
+    }
+    int32_t n_vocab = tri_token_count(m->model);
+    if (!(rq->ids = malloc(n * sizeof *rq->ids))) return srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_object *t = json_object_array_get_idx(v, i);
+        if (json_object_is_type(t, json_type_array))
+            return BAD(err, "prompt", "'prompt' holds several token arrays: one prompt per request is supported");
+        int64_t id;
+        char name[40];
+        snprintf(name, sizeof name, "prompt[%zu]", i);
+        if (!get_int(t, name, 0, n_vocab - 1, &id, err)) return false;
+        rq->ids[i] = (int32_t)id;
+    }
+    rq->n_ids = (int32_t)n;
+    return true;
+}
+
+// ---- a request ----
+
+bool srv_parse_request(const srv_model_ref *m, bool chat, const char *body, size_t len, srv_request *rq,
+                       srv_error *err) {
+    memset(rq, 0, sizeof *rq);
+    rq->chat = chat;
+    if (len == 0) return BAD(err, NULL, "the request has no body: want a JSON object");
+    json_tokener *tok = json_tokener_new();
+    if (!tok) return srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
+    json_object *root = json_tokener_parse_ex(tok, body, (int)(len > INT32_MAX ? INT32_MAX : len));
+    enum json_tokener_error jerr = json_tokener_get_error(tok);
+    size_t end = json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    if (!root || jerr != json_tokener_success) {
+        json_object_put(root);
+        return BAD(err, NULL, "the body is not valid JSON: %s at byte %zu",
+                   jerr == json_tokener_continue ? "unexpected end of the text" : json_tokener_error_desc(jerr), end);
+    }
+    while (end < len && (body[end] == ' ' || body[end] == '\n' || body[end] == '\r' || body[end] == '\t')) end++;
+    bool ok = false;
+    if (end < len) {
+        BAD(err, NULL, "the body is not valid JSON: text after the object at byte %zu", end);
+        goto done;
+    }
+    if (!json_object_is_type(root, json_type_object)) {
+        BAD(err, NULL, "the body must be a JSON object, not %s", type_name(root));
+        goto done;
+    }
+    const char *what = chat ? "messages" : "prompt";
+    json_object *input = NULL;
+    srv_sampling *sm = &rq->sampling;
+    json_object_object_foreach(root, key, v) {
+        bool null = is_null(v);
+        double d;
+        int64_t i;
+        if (strcmp(key, "model") == 0) {
+            if (!json_object_is_type(v, json_type_string)) {
+                BAD(err, "model", "'model' must be a string, not %s", type_name(v));
+                goto done;
+            }
+            const char *name = json_object_get_string(v);
+            if (strcmp(name, m->id) != 0 && strcmp(name, m->path) != 0) {
+                srv_fail(err, 404, "invalid_request_error", "model_not_found", "model",
+                         "the model '%s' does not exist: this server serves '%s'", name, m->id);
+                goto done;
+            }
+        } else if (strcmp(key, what) == 0) {
+            input = v;
+        } else if (strcmp(key, "stream") == 0) {
+            if (!null && !get_bool(v, key, &rq->stream, err)) goto done;
+        } else if (strcmp(key, "stream_options") == 0) {
+            if (null) continue;
+            json_object *u;
+            if (!json_object_is_type(v, json_type_object)) {
+                BAD(err, key, "'stream_options' must be an object, not %s", type_name(v));
+                goto done;
+            }
+            if (json_object_object_get_ex(v, "include_usage", &u) && !is_null(u) &&
+                !get_bool(u, "stream_options.include_usage", &rq->include_usage, err))
+                goto done;
+        } else if (strcmp(key, "max_tokens") == 0 || strcmp(key, "max_completion_tokens") == 0 ||
+                   strcmp(key, "n_predict") == 0) {
+            if (null) continue;
+            if (!get_int(v, key, 1, INT32_MAX, &i, err)) goto done;
+            rq->max_tokens = i;
+        } else if (strcmp(key, "temperature") == 0) {
+            if (null) continue;
+            if (!get_number(v, key, 0, true, 2, &d, err)) goto done;
+            sm->has_temperature = true, sm->temperature = d;
+        } else if (strcmp(key, "top_p") == 0) {
+            if (null) continue;
+            if (!get_number(v, key, 0, false, 1, &d, err)) goto done;
+            sm->has_top_p = true, sm->top_p = d;
+        } else if (strcmp(key, "top_k") == 0) {
+            if (null) continue;
+            if (!get_int(v, key, 0, INT32_MAX, &i, err)) goto done;
+            sm->has_top_k = true, sm->top_k = i;
+        } else if (strcmp(key, "min_p") == 0) {
+            if (null) continue;
+            if (!get_number(v, key, 0, true, 1, &d, err)) goto done;
+            sm->has_min_p = true, sm->min_p = d;
+        } else if (strcmp(key, "presence_penalty") == 0 || strcmp(key, "frequency_penalty") == 0) {
+            if (null) continue;
+            if (!get_number(v, key, -2, true, 2, &d, err)) goto done;
+            if (key[0] == 'p') sm->has_presence_penalty = true, sm->presence_penalty = d;
+            else sm->has_frequency_penalty = true, sm->frequency_penalty = d;
+        } else if (strcmp(key, "repeat_penalty") == 0) {
+            if (null) continue;
+            if (!get_number(v, key, 0, false, 10, &d, err)) goto done;
+            sm->has_repeat_penalty = true, sm->repeat_penalty = d;
+        } else if (strcmp(key, "seed") == 0) {
+            if (null) continue;
+            if (!get_int(v, key, INT64_MIN, INT64_MAX, &i, err)) goto done;
+            sm->has_seed = true, sm->seed = (uint64_t)i;
+        } else if (strcmp(key, "stop") == 0) {
+            if (!get_stop(v, rq, err)) goto done;
+        } else if (strcmp(key, "n") == 0 || strcmp(key, "best_of") == 0) {
+            if (null) continue;
+            if (!get_int(v, key, 1, INT32_MAX, &i, err)) goto done;
+            if (!refuse_unless(i == 1, key, "one choice per request (1)", err)) goto done;
+        } else if (strcmp(key, "logprobs") == 0 || strcmp(key, "echo") == 0) {
+            bool b = false;
+            if (!null && json_object_is_type(v, json_type_int)) b = json_object_get_int64(v) != 0;
+            else if (!null && !get_bool(v, key, &b, err)) goto done;
+            if (!refuse_unless(!b, key, "no log-probabilities or echo", err)) goto done;
+        } else if (strcmp(key, "top_logprobs") == 0 || strcmp(key, "suffix") == 0 ||
+                   strcmp(key, "functions") == 0 || strcmp(key, "function_call") == 0 ||
+                   strcmp(key, "prediction") == 0 || strcmp(key, "audio") == 0 ||
+                   strcmp(key, "modalities") == 0 || strcmp(key, "reasoning_effort") == 0) {
+            if (!refuse_unless(null, key, "not implemented", err)) goto done;
+        } else if (strcmp(key, "tools") == 0) {
+            bool none = null || (json_object_is_type(v, json_type_array) && json_object_array_length(v) == 0);
+            if (!refuse_unless(none, key, "no tool calls", err)) goto done;
+        } else if (strcmp(key, "tool_choice") == 0) {
+            bool none = null || (json_object_is_type(v, json_type_string) &&
+                                 strcmp(json_object_get_string(v), "none") == 0);
+            if (!refuse_unless(none, key, "no tool calls", err)) goto done;
+        } else if (strcmp(key, "logit_bias") == 0) {
+            bool none = null || (json_object_is_type(v, json_type_object) && json_object_object_length(v) == 0);
+            if (!refuse_unless(none, key, "no logit bias", err)) goto done;
+        } else if (strcmp(key, "response_format") == 0) {
+            json_object *t;
+            bool text = null || (json_object_is_type(v, json_type_object) && json_object_object_get_ex(v, "type", &t) &&
+                                 json_object_is_type(t, json_type_string) &&
+                                 strcmp(json_object_get_string(t), "text") == 0);
+            if (!refuse_unless(text, key, "plain text only ({\"type\": \"text\"})", err)) goto done;
+        } else if (strcmp(key, "user") == 0 || strcmp(key, "metadata") == 0 || strcmp(key, "store") == 0 ||
+                   strcmp(key, "service_tier") == 0 || strcmp(key, "parallel_tool_calls") == 0 ||
+                   strcmp(key, "cache_prompt") == 0) {
+            // accepted and ignored (every slot caches its conversation anyway)
+        } else {
+            BAD(err, key, "unrecognized request field '%s'", key);
+            goto done;
+        }
+    }
+    if (!input) {
+        BAD(err, what, "missing required field '%s'", what);
+        goto done;
+    }
+    if (!(chat ? parse_messages(m, input, rq, err) : parse_prompt(m, input, rq, err))) goto done;
+    if (rq->n_ids == 0) {
+        BAD(err, what, "the prompt is empty");
+        goto done;
+    }
+    // at least one token must be generated after the prompt
+    if (rq->n_ids >= m->n_ctx) {
+        srv_fail(err, 400, "invalid_request_error", "context_length_exceeded", what,
+                 "the prompt is %d tokens, and this server's context is %d tokens (--ctx): it must leave room for "
+                 "at least one generated token",
+                 rq->n_ids, m->n_ctx);
+        goto done;
+    }
+    ok = true;
+done:
+    json_object_put(root);
+    return ok;
+}
+
+void srv_request_free(srv_request *rq) {
+    free(rq->ids);
+    for (int32_t i = 0; i < rq->n_stop; i++) free(rq->stop[i]);
+    memset(rq, 0, sizeof *rq);
+}
+
+// ---- responses ----
+
+static json_object *usage_json(const srv_result *r) {
+    json_object *u = json_object_new_object(), *d = json_object_new_object();
+    json_object_object_add(u, "prompt_tokens", json_object_new_int(r->prompt_tokens));
+    json_object_object_add(u, "completion_tokens", json_object_new_int(r->completion_tokens));
+    json_object_object_add(u, "total_tokens", json_object_new_int(r->prompt_tokens + r->completion_tokens));
+    json_object_object_add(d, "cached_tokens", json_object_new_int(r->cached_tokens));
+    json_object_object_add(u, "prompt_tokens_details", d);
+    return u;
+}
+
+static json_object *ratio(int64_t a, int64_t b) { return b > 0 ? json_object_new_double((double)a / (double)b) : NULL; }
+
+// Our figures: the slot, the cache, the times and, with speculation, acceptance and tokens per
+// full-cache pass.
+static json_object *triforce_json(const srv_result *r) {
+    json_object *t = json_object_new_object();
+    json_object_object_add(t, "slot", json_object_new_int(r->slot));
+    json_object_object_add(t, "spec_mode", json_object_new_string(r->mode));
+    json_object_object_add(t, "prompt_tokens", json_object_new_int(r->prompt_tokens));
+    json_object_object_add(t, "cached_tokens", json_object_new_int(r->cached_tokens));
+    json_object_object_add(t, "prefilled_tokens", json_object_new_int(r->prompt_tokens - r->cached_tokens));
+    json_object_object_add(t, "generated_tokens", json_object_new_int(r->completion_tokens));
+    json_object_object_add(t, "queue_seconds", json_object_new_double(r->queue_seconds));
+    json_object_object_add(t, "prefill_seconds", json_object_new_double(r->prefill_seconds));
+    json_object_object_add(t, "decode_seconds", json_object_new_double(r->decode_seconds));
+    json_object_object_add(t, "decode_tokens_per_second",
+                           r->completion_tokens > 1 && r->decode_seconds > 0
+                               ? json_object_new_double((r->completion_tokens - 1) / r->decode_seconds)
+                               : NULL);
+    if (r->spec) {
+        json_object_object_add(t, "full_cache_passes", json_object_new_int64(r->full_cache_passes));
+        json_object_object_add(t, "tokens_per_pass", ratio(r->completion_tokens, r->full_cache_passes));
+        json_object_object_add(t, "l1_proposed", json_object_new_int64(r->l1_proposed));
+        json_object_object_add(t, "l1_accepted", json_object_new_int64(r->l1_accepted));
+        json_object_object_add(t, "l1_acceptance", ratio(r->l1_accepted, r->l1_proposed));
+        json_object_object_add(t, "l2_proposed", json_object_new_int64(r->l2_proposed));
+        json_object_object_add(t, "l2_accepted", json_object_new_int64(r->l2_accepted));
+        json_object_object_add(t, "l2_acceptance", ratio(r->l2_accepted, r->l2_proposed));
+    } else {
+        // plain decoding: one full-cache pass per token
+        json_object_object_add(t, "full_cache_passes", json_object_new_int(r->completion_tokens));
+        json_object_object_add(t, "tokens_per_pass", json_object_new_double(r->completion_tokens ? 1.0 : 0.0));
+    }
+    return t;
+}
+
+static json_object *head(bool chat, const srv_result *r, bool chunk) {
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "id", json_object_new_string(r->id));
+    json_object_object_add(o, "object", json_object_new_string(chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                                     : "text_completion"));
+    json_object_object_add(o, "created", json_object_new_int64(r->created));
+    json_object_object_add(o, "model", json_object_new_string(r->model));
+    json_object_object_add(o, "system_fingerprint", json_object_new_string("triforce-" TRI_VERSION_STRING));
+    return o;
+}
+
+char *srv_response_json(bool chat, const srv_result *r) {
+    json_object *o = head(chat, r, false), *choices = json_object_new_array(), *c = json_object_new_object();
+    json_object_object_add(c, "index", json_object_new_int(0));
+    json_object *text = json_object_new_string_len(r->text ? r->text : "", (int)r->n_text);
+    if (chat) {
+        json_object *msg = json_object_new_object();
+        json_object_object_add(msg, "role", json_object_new_string("assistant"));
+        json_object_object_add(msg, "content", text);
+        json_object_object_add(msg, "refusal", NULL);
+        json_object_object_add(c, "message", msg);
+    } else {
+        json_object_object_add(c, "text", text);
+    }
+    json_object_object_add(c, "logprobs", NULL);
+    json_object_object_add(c, "finish_reason", json_object_new_string(r->finish_reason));
+    json_object_array_add(choices, c);
+    json_object_object_add(o, "choices", choices);
+    json_object_object_add(o, "usage", usage_json(r));
+    json_object_object_add(o, "triforce", triforce_json(r));
+    return take_json(o);
+}
+
+char *srv_chunk_sse(bool chat, const srv_result *r, const char *text, size_t n_text, bool first, bool usage_only,
+                    size_t *len) {
+    json_object *o = head(chat, r, true), *choices = json_object_new_array();
+    if (usage_only) {
+        json_object_object_add(o, "usage", usage_json(r));
+    } else {
+        json_object *c = json_object_new_object();
+        json_object_object_add(c, "index", json_object_new_int(0));
+        json_object *t = r->finish_reason ? NULL : json_object_new_string_len(text ? text : "", (int)n_text);
+        if (chat) {
+            json_object *delta = json_object_new_object();
+            if (first) json_object_object_add(delta, "role", json_object_new_string("assistant"));
+            if (t) json_object_object_add(delta, "content", t);
+            json_object_object_add(c, "delta", delta);
+        } else {
+            json_object_object_add(c, "text", t ? t : json_object_new_string(""));
+        }
+        json_object_object_add(c, "logprobs", NULL);
+        json_object_object_add(c, "finish_reason", r->finish_reason ? json_object_new_string(r->finish_reason) : NULL);
+        json_object_array_add(choices, c);
+        if (r->finish_reason) json_object_object_add(o, "triforce", triforce_json(r));
+    }
+    json_object_object_add(o, "choices", choices);
+    const char *s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+    size_t n = s ? strlen(s) : 0;
+    char *out = s ? malloc(n + 9) : NULL;
+    if (out) {
+        memcpy(out, "data: ", 6);
+        memcpy(out + 6, s, n);
+        memcpy(out + 6 + n, "\n\n", 3);
+        *len = n + 8;
+    }
+    json_object_put(o);
+    return out;
+}
+
+char *srv_models_json(const srv_model_ref *m, int64_t created, bool one) {
+    json_object *e = json_object_new_object();
+    json_object_object_add(e, "id", json_object_new_string(m->id));
+    json_object_object_add(e, "object", json_object_new_string("model"));
+    json_object_object_add(e, "created", json_object_new_int64(created));
+    json_object_object_add(e, "owned_by", json_object_new_string("triforce"));
+    json_object *meta = json_object_new_object();
+    json_object_object_add(meta, "path", json_object_new_string(m->path));
+    json_object_object_add(meta, "n_ctx", json_object_new_int(m->n_ctx));
+    json_object_object_add(meta, "chat", json_object_new_boolean(m->chat_ok));
+    json_object_object_add(e, "triforce", meta);
+    if (one) return take_json(e);
+    json_object *o = json_object_new_object(), *data = json_object_new_array();
+    json_object_object_add(o, "object", json_object_new_string("list"));
+    json_object_array_add(data, e);
+    json_object_object_add(o, "data", data);
+    return take_json(o);
+}

@@ -1,0 +1,1283 @@
+// server.c - `offload-run serve`: an OpenAI-compatible HTTP server on libmicrohttpd.
+//
+// Threads: libmicrohttpd runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION), which
+// parses the request, checks it and tokenizes it (server-json.c), then hands it to the slots as a
+// job and waits: for the whole answer (a JSON response), or for each piece of it (server-sent
+// events, written by a blocking content reader). Each slot is a worker thread with its own
+// session (or speculative engine) on the one model; it keeps the tokens of its last
+// conversation, so a request that continues it prefills only what is new. A job goes to the idle
+// slot whose cached tokens share the longest prefix with its prompt; with every slot busy it
+// waits in a queue of --queue jobs, and past that the request is answered 503. A client that goes
+// away (the connection's socket reports the peer's hang-up, polled while it waits) cancels its
+// job. docs/server.md describes the endpoints.
+#include <errno.h>
+#include <getopt.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "server.h"
+
+#if TRI_HAVE_MICROHTTPD
+#include <microhttpd.h>
+
+static const char me[] = "offload-run serve";  // the command, in error messages
+
+static void usage(FILE *f) {
+    fputs("usage: offload-run serve -m MODEL [--host ADDR] [--port N] [options]\n"
+          "\n"
+          "Serves the model over HTTP with OpenAI's API: POST /v1/chat/completions and\n"
+          "/v1/completions (streamed as server-sent events with \"stream\": true), GET /v1/models and\n"
+          "/health (docs/server.md). Each of --slots slots keeps its conversation's cache, so a next\n"
+          "turn prefills only its new tokens. One line per request goes to stderr. Ctrl-C (SIGINT)\n"
+          "or SIGTERM stops the server.\n"
+          "\n"
+          "  -m, --model PATH     .gguf file or HF checkpoint directory\n"
+          "      --host ADDR      address to listen on (default 127.0.0.1: this machine only)\n"
+          "      --port N         TCP port (default 8080; 0: any free port, printed at start)\n"
+          "      --api-key KEY    require \"Authorization: Bearer KEY\" (default: $TRI_SERVER_API_KEY;\n"
+          "                       none: no key)\n"
+          "      --alias NAME     the model's name in requests and /v1/models (default: the file\n"
+          "                       name without .gguf)\n"
+          "      --slots N        requests generated at once, each with its own cache (default 1)\n"
+          "      --queue N        requests that wait for a slot; more are answered 503 (default 8)\n"
+          "      --ctx N          context of each slot in tokens (default 4096)\n"
+          "  -n, --n-predict N    tokens per answer when a request sets no max_tokens (default 0:\n"
+          "                       until the model ends or the context is full)\n"
+          "      --temp T         default temperature (default 0.8; 0 is greedy)\n"
+          "      --top-k K        default top-k (default 40; 0: all)\n"
+          "      --top-p P        default top-p (default 0.95; 1: all)\n"
+          "      --seed S         default seed (default: a random one per request)\n"
+          "      --chat-format F  chatml, llama2, llama3, mistral, phi3 or gemma instead of the\n"
+          "                       model's template\n"
+          "  -t, --threads N      CPU threads of each slot (default: one per core)\n"
+          "      --device D       cpu, cuda or cuda:N, or a list cuda:0,cuda:1 (default: the first\n"
+          "                       GPU when there is one); every slot holds its own copy of the\n"
+          "                       weights on a GPU\n"
+          "      --kv-offload N, --stream-weights N, --weights-from-disk N, --kv-host F\n"
+          "                       placement as in offload-run generate\n"
+          "      --gpu-mem SIZE, --host-mem SIZE  budgets for the planner, which then sets the\n"
+          "                       placement (a slot gets 1/N of the device budget)\n"
+          "      --batch N        prompt tokens per prefill step (default 128)\n"
+          "      --kv-type T      f16 (default) or f32 KV cache\n"
+          "      --kv POLICY, --budget N, --chunk N, --sink N, --refresh N, --kv-index I\n"
+          "                       the KV cache policy of plain decoding, as in offload-run generate\n"
+          "      --spec MODE, --draft MODEL, --draft-layers L, --draft-ngram N, --gamma1 N,\n"
+          "      --gamma2 N, --draft-window N, --draft-sink N, --refresh-accept X\n"
+          "                       speculative decoding, as in offload-run generate; every response\n"
+          "                       carries its figures in a \"triforce\" object\n"
+          "  -h, --help           this help\n",
+          f);
+}
+
+// ---- jobs and slots ----
+
+typedef struct srv srv;
+
+typedef struct job {
+    srv_request rq;
+    srv_error err;               // status 0 until an error ends the job
+    tri_sampler_params sampler;
+    bool explicit_seed;
+    char id[48];
+    int64_t created;
+    double t_submit;             // tri_cli_now()
+    // the state, under srv.mu
+    int refs;                    // the connection and, while it holds it, the slot
+    bool queued, done;
+    atomic_bool cancel;          // the client went away, or the server stops
+    pthread_cond_t cond;         // signalled on new output and when done
+    struct job *next;            // in the queue
+    // output: the streamed events not yet written, or the whole body
+    char *out;
+    size_t n_out, cap_out, sent;
+    bool oom;
+    char *text;                  // the answer's text (non-streamed)
+    size_t n_text, cap_text;
+    bool first_chunk_sent;
+    srv_result res;
+} job;
+
+typedef struct slot {
+    srv *s;
+    int idx;
+    pthread_t thread;
+    tri_session *session;        // plain decoding, or
+    tri_spec *spec;              // speculative decoding
+    int32_t *tokens;             // what the cache holds, in order (the last may be pending)
+    int32_t n_tokens, cap_tokens;
+    uint64_t last_seed;          // the seed of the last generation, and whether there was one
+    bool seeded;
+    uint64_t last_used;          // a counter, for ties between slots
+    job *job;                    // the job it runs, NULL when idle
+} slot;
+
+struct srv {
+    srv_model_ref ref;
+    tri_model *model, *draft;
+    tri_session_params sp;
+    tri_spec_params spec_params;
+    int32_t *draft_layers;
+    srv_sampling defaults;
+    int64_t n_predict;
+    int32_t stop_ids[16], n_stop_ids;  // the end-of-turn tokens of chat answers
+    const char *api_key;
+    int64_t started;
+    // the scheduler
+    pthread_mutex_t mu;
+    pthread_cond_t work;         // a slot got a job, or the server stops
+    slot *slots;
+    int n_slots;
+    job *queue_head, *queue_tail;
+    int n_queued, max_queue;
+    bool stopping;
+    uint64_t use_counter, id_counter;
+};
+
+static double now_s(void) { return tri_cli_now(); }
+
+static void job_unref_locked(job *j) {
+    if (--j->refs > 0) return;
+    pthread_cond_destroy(&j->cond);
+    srv_request_free(&j->rq);
+    free(j->out);
+    free(j->text);
+    free(j);
+}
+
+// Appends n bytes to the job's output (under srv.mu).
+static void job_out_locked(job *j, const char *s, size_t n) {
+    if (j->oom || !s) {
+        j->oom = true;
+        return;
+    }
+    if (j->n_out + n > j->cap_out) {
+        size_t cap = 2 * (j->n_out + n) + 256;
+        char *o = realloc(j->out, cap);
+        if (!o) {
+            j->oom = true;
+            return;
+        }
+        j->out = o;
+        j->cap_out = cap;
+    }
+    memcpy(j->out + j->n_out, s, n);
+    j->n_out += n;
+}
+
+static int32_t common_prefix(const int32_t *a, int32_t na, const int32_t *b, int32_t nb) {
+    int32_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+// Gives queued jobs to idle slots, each to the idle slot whose cache shares the longest prefix
+// with its prompt (ties: the least recently used). Under srv.mu.
+static void assign_locked(srv *s) {
+    while (s->queue_head) {
+        job *j = s->queue_head;
+        slot *best = NULL;
+        int32_t best_len = -1;
+        for (int i = 0; i < s->n_slots; i++) {
+            slot *sl = &s->slots[i];
+            if (sl->job) continue;
+            int32_t len = common_prefix(sl->tokens, sl->n_tokens, j->rq.ids, j->rq.n_ids);
+            if (len > best_len || (len == best_len && sl->last_used < best->last_used)) {
+                best = sl;
+                best_len = len;
+            }
+        }
+        if (!best) return;
+        s->queue_head = j->next;
+        if (!s->queue_head) s->queue_tail = NULL;
+        s->n_queued--;
+        j->queued = false;
+        j->next = NULL;
+        j->refs++;
+        best->job = j;
+        best->last_used = ++s->use_counter;
+        pthread_cond_broadcast(&s->work);
+    }
+}
+
+// Removes a queued job from the queue (under srv.mu).
+static void unqueue_locked(srv *s, job *j) {
+    job **p = &s->queue_head, *prev = NULL;
+    while (*p && *p != j) prev = *p, p = &(*p)->next;
+    if (!*p) return;
+    *p = j->next;
+    if (s->queue_tail == j) s->queue_tail = prev;
+    s->n_queued--;
+    j->queued = false;
+}
+
+// ---- generating, in a slot's thread ----
+
+typedef struct gen_ctx {
+    srv *s;
+    slot *sl;
+    job *j;
+} gen_ctx;
+
+static bool on_token(int32_t token, void *user) {
+    gen_ctx *g = user;
+    slot *sl = g->sl;
+    if (sl->n_tokens == sl->cap_tokens) {
+        int32_t cap = 2 * sl->cap_tokens + 256;
+        int32_t *t = realloc(sl->tokens, (size_t)cap * sizeof *t);
+        if (!t) return false;  // the slot's token list is then reset after the call
+        sl->tokens = t;
+        sl->cap_tokens = cap;
+    }
+    sl->tokens[sl->n_tokens++] = token;
+    return !atomic_load(&g->j->cancel);
+}
+
+static bool on_text(const char *text, size_t len, void *user) {
+    gen_ctx *g = user;
+    job *j = g->j;
+    if (j->rq.stream) {
+        size_t n = 0;
+        char *ev = srv_chunk_sse(j->rq.chat, &j->res, text, len, !j->first_chunk_sent, false, &n);
+        pthread_mutex_lock(&g->s->mu);
+        job_out_locked(j, ev, n);
+        pthread_cond_broadcast(&j->cond);
+        pthread_mutex_unlock(&g->s->mu);
+        free(ev);
+        j->first_chunk_sent = true;
+    } else {
+        if (j->n_text + len + 1 > j->cap_text) {
+            size_t cap = 2 * (j->n_text + len + 1);
+            char *t = realloc(j->text, cap);
+            if (!t) {
+                j->oom = true;
+                return false;
+            }
+            j->text = t;
+            j->cap_text = cap;
+        }
+        memcpy(j->text + j->n_text, text, len);
+        j->n_text += len;
+    }
+    return !atomic_load(&j->cancel);
+}
+
+static bool on_prefill(int64_t done, int64_t total, void *user) {
+    gen_ctx *g = user;
+    return !atomic_load(&g->j->cancel);
+}
+
+static const char *const mode_names[] = {"none", "draft", "retrieval", "triforce"};
+
+// Runs job j on slot sl: reuses the cached prefix, generates, fills j's result.
+static void slot_generate(srv *s, slot *sl, job *j) {
+    srv_request *rq = &j->rq;
+    srv_result *r = &j->res;
+    r->slot = sl->idx;
+    r->mode = mode_names[s->spec_params.mode];
+    r->queue_seconds = now_s() - j->t_submit;
+    r->prompt_tokens = rq->n_ids;
+    // the prefix the cache already holds; a prompt prefills at least one token
+    int32_t n_past = sl->spec ? tri_spec_n_past(sl->spec) : tri_session_n_past(sl->session);
+    int32_t keep = common_prefix(sl->tokens, sl->n_tokens < n_past ? sl->n_tokens : n_past, rq->ids, rq->n_ids);
+    if (keep == rq->n_ids) keep--;
+    // a seed given again must give the same tokens: a session reseeds at once; an engine reseeds
+    // only when the seed changes or it is reset, so the same seed as its last call means a reset
+    if (sl->session && j->explicit_seed) tri_session_seed(sl->session, j->sampler.seed);
+    if (sl->spec && j->explicit_seed && sl->seeded && sl->last_seed == j->sampler.seed) {
+        tri_spec_reset(sl->spec);
+        keep = 0;
+    }
+    tri_status st = sl->spec ? tri_spec_truncate(sl->spec, keep) : tri_session_truncate(sl->session, keep);
+    if (st) {
+        srv_fail(&j->err, 500, "server_error", NULL, NULL, "cannot reuse the slot's cache: %s", tri_last_error());
+        return;
+    }
+    r->cached_tokens = keep;
+    memcpy(sl->tokens, rq->ids, (size_t)keep * sizeof *rq->ids);  // sl->tokens holds >= keep already
+    sl->n_tokens = keep;
+    // the rest of the prompt goes in the token list now, the generated tokens after it
+    if (sl->cap_tokens < rq->n_ids) {
+        int32_t *t = realloc(sl->tokens, (size_t)rq->n_ids * sizeof *t);
+        if (!t) {
+            srv_fail(&j->err, 500, "server_error", NULL, NULL, "out of memory");
+            return;
+        }
+        sl->tokens = t;
+        sl->cap_tokens = rq->n_ids;
+    }
+    memcpy(sl->tokens + keep, rq->ids + keep, (size_t)(rq->n_ids - keep) * sizeof *rq->ids);
+    sl->n_tokens = rq->n_ids;
+
+    gen_ctx g = {s, sl, j};
+    tri_generate_params gp = tri_generate_default_params();
+    int32_t room = s->ref.n_ctx - rq->n_ids;
+    int64_t want = rq->max_tokens ? rq->max_tokens : s->n_predict;
+    gp.n_predict = want > 0 && want < room ? (int32_t)want : room;
+    gp.sampler = j->sampler;
+    gp.stop = (const char *const *)rq->stop;
+    gp.n_stop = rq->n_stop;
+    if (rq->chat) {
+        gp.stop_tokens = s->stop_ids;
+        gp.n_stop_tokens = s->n_stop_ids;
+    }
+    gp.on_text = on_text;
+    gp.text_user = &g;
+    gp.on_prefill = on_prefill;
+    gp.user = &g;
+    tri_stop_reason why;
+    int32_t n_gen;
+    if (sl->spec) {
+        tri_spec_stats ss;
+        st = tri_generate_spec(sl->spec, rq->ids + keep, rq->n_ids - keep, &gp, on_token, &g, &ss);
+        why = ss.stop_reason;
+        n_gen = ss.n_generated;
+        r->prefill_seconds = ss.prefill_seconds;
+        r->decode_seconds = ss.decode_seconds;
+        r->spec = true;
+        r->full_cache_passes = ss.n_l3_verify;
+        r->l1_proposed = ss.l1_proposed;
+        r->l1_accepted = ss.l1_accepted;
+        r->l2_proposed = ss.l2_proposed;
+        r->l2_accepted = ss.l2_accepted;
+    } else {
+        tri_generate_stats gs;
+        st = tri_generate(sl->session, rq->ids + keep, rq->n_ids - keep, &gp, on_token, &g, &gs);
+        why = gs.stop_reason;
+        n_gen = gs.n_generated;
+        r->prefill_seconds = gs.prefill_seconds;
+        r->decode_seconds = gs.decode_seconds;
+    }
+    sl->seeded = true;
+    sl->last_seed = j->sampler.seed;
+    r->completion_tokens = n_gen;
+    r->finish_reason = why == TRI_STOP_LENGTH || why == TRI_STOP_CONTEXT ? "length" : "stop";
+    // the token list must be what the cache holds: after a failure or a lost token, forget it
+    int32_t held = sl->spec ? tri_spec_n_past(sl->spec) : tri_session_n_past(sl->session);
+    if (st || sl->n_tokens < held || sl->n_tokens != rq->n_ids + n_gen) {
+        sl->n_tokens = 0;
+        if (sl->spec) tri_spec_reset(sl->spec);
+        else tri_session_reset(sl->session);
+    }
+    if (st) srv_fail(&j->err, 500, "server_error", NULL, NULL, "generation failed: %s", tri_last_error());
+    else if (j->oom) srv_fail(&j->err, 500, "server_error", NULL, NULL, "out of memory");
+}
+
+// The end of a job: its closing events or body, then done.
+static void job_finish(srv *s, job *j) {
+    srv_result *r = &j->res;
+    r->text = j->text;
+    r->n_text = j->n_text;
+    char *tail = NULL, *usage = NULL;
+    size_t n_tail = 0, n_usage = 0;
+    if (j->rq.stream && !j->err.status) {
+        tail = srv_chunk_sse(j->rq.chat, r, NULL, 0, !j->first_chunk_sent, false, &n_tail);
+        if (j->rq.include_usage) usage = srv_chunk_sse(j->rq.chat, r, NULL, 0, false, true, &n_usage);
+    } else if (j->rq.stream) {
+        // the stream has begun with 200: the error comes as an event
+        char *e = srv_error_json(&j->err);
+        if (e && (tail = malloc(strlen(e) + 9))) n_tail = (size_t)sprintf(tail, "data: %s\n\n", e);
+        free(e);
+    }
+    pthread_mutex_lock(&s->mu);
+    if (j->rq.stream) {
+        job_out_locked(j, tail, n_tail);
+        if (usage) job_out_locked(j, usage, n_usage);
+        job_out_locked(j, "data: [DONE]\n\n", 14);
+    }
+    j->done = true;
+    pthread_cond_broadcast(&j->cond);
+    pthread_mutex_unlock(&s->mu);
+    free(tail);
+    free(usage);
+}
+
+static const char *path_of(const job *j) { return j->rq.chat ? "/v1/chat/completions" : "/v1/completions"; }
+
+static void *slot_thread(void *arg) {
+    slot *sl = arg;
+    srv *s = sl->s;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!sl->job && !s->stopping) pthread_cond_wait(&s->work, &s->mu);
+        if (!sl->job) break;
+        job *j = sl->job;
+        pthread_mutex_unlock(&s->mu);
+        if (!atomic_load(&j->cancel)) {
+            slot_generate(s, sl, j);
+            bool gone = atomic_load(&j->cancel);
+            if (j->err.status)
+                fprintf(stderr, "POST %s %d %s slot %d: %s\n", path_of(j), j->err.status, j->id, sl->idx,
+                        j->err.message);
+            else
+                fprintf(stderr,
+                        "POST %s %s %s slot %d: prompt %d tokens (%d cached), %d generated (%s), queue %.2f s, "
+                        "prefill %.2f s, decode %.2f s%s\n",
+                        path_of(j), gone ? "cancelled" : "200", j->id, sl->idx,
+                        j->res.prompt_tokens, j->res.cached_tokens, j->res.completion_tokens, j->res.finish_reason,
+                        j->res.queue_seconds, j->res.prefill_seconds, j->res.decode_seconds,
+                        gone ? " (the client went away)" : "");
+        }
+        job_finish(s, j);
+        pthread_mutex_lock(&s->mu);
+        sl->job = NULL;
+        job_unref_locked(j);
+        assign_locked(s);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+// ---- HTTP ----
+
+// Per connection and request: the body as it arrives.
+typedef struct conn {
+    char *body;
+    size_t n, cap;
+    bool too_big;
+} conn;
+
+#define MAX_BODY (64u << 20)
+
+static bool client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, char *body) {
+    static const char oom[] = "{\"error\": {\"message\": \"out of memory\", \"type\": \"server_error\", \"param\": "
+                              "null, \"code\": null}}";
+    struct MHD_Response *resp = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE)
+                                     : MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom,
+                                                                       MHD_RESPMEM_PERSISTENT);
+    if (!resp) {
+        free(body);
+        return MHD_NO;
+    }
+    if (!body) status = 500;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    enum MHD_Result ret = MHD_queue_response(c, status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, const char *method, const char *url, const srv_error *e) {
+    fprintf(stderr, "%s %s %d: %s\n", method, url, e->status, e->message);
+    return send_json(c, (unsigned)e->status, srv_error_json(e));
+}
+
+// The streamed response: waits for events, writes them, ends after [DONE]. A client that went
+// away cancels the job.
+typedef struct stream {
+    srv *s;
+    job *j;
+    struct MHD_Connection *c;
+} stream;
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    stream *st = cls;
+    srv *s = st->s;
+    job *j = st->j;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        if (j->sent < j->n_out) {
+            size_t n = j->n_out - j->sent < max ? j->n_out - j->sent : max;
+            memcpy(buf, j->out + j->sent, n);
+            j->sent += n;
+            if (j->sent == j->n_out) j->sent = j->n_out = 0;
+            pthread_mutex_unlock(&s->mu);
+            return (ssize_t)n;
+        }
+        if (j->done) {
+            pthread_mutex_unlock(&s->mu);
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&j->cond, &s->mu, &ts);
+        if (!j->done && client_gone(st->c)) {
+            atomic_store(&j->cancel, true);
+            if (j->queued) {
+                unqueue_locked(s, j);
+                j->done = true;
+                fprintf(stderr, "POST %s cancelled %s: the client went away while queued\n", path_of(j), j->id);
+            }
+            pthread_mutex_unlock(&s->mu);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+static void stream_free(void *cls) {
+    stream *st = cls;
+    pthread_mutex_lock(&st->s->mu);
+    if (!st->j->done) {
+        atomic_store(&st->j->cancel, true);  // the connection ended before the answer did
+        if (st->j->queued) {
+            unqueue_locked(st->s, st->j);
+            st->j->done = true;
+        }
+    }
+    job_unref_locked(st->j);
+    pthread_mutex_unlock(&st->s->mu);
+    free(st);
+}
+
+// A completion request, parsed: queued, then answered.
+static enum MHD_Result complete(srv *s, struct MHD_Connection *c, const char *method, const char *url, bool chat,
+                                conn *cn) {
+    srv_error err = {0};
+    job *j = calloc(1, sizeof *j);
+    if (!j) return send_json(c, 500, NULL);
+    if (!srv_parse_request(&s->ref, chat, cn->body, cn->n, &j->rq, &err) ||
+        !srv_sampling_apply(&j->rq.sampling, &s->defaults, &j->sampler, &j->explicit_seed, &err)) {
+        srv_request_free(&j->rq);
+        free(j);
+        return send_error(c, method, url, &err);
+    }
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_init(&j->cancel, false);
+    j->created = (int64_t)time(NULL);
+    j->t_submit = now_s();
+    j->refs = 1;
+    j->res.model = s->ref.id;
+    j->res.id = j->id;
+    j->res.created = j->created;
+
+    pthread_mutex_lock(&s->mu);
+    snprintf(j->id, sizeof j->id, "%s-%llx%06llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)s->started,
+             (unsigned long long)++s->id_counter);
+    if (!j->explicit_seed) j->sampler.seed = ((uint64_t)rand() << 32) ^ (uint64_t)rand() ^ s->id_counter;
+    int idle = 0;
+    for (int i = 0; i < s->n_slots; i++) idle += !s->slots[i].job;
+    if (s->stopping || (idle == 0 && s->n_queued >= s->max_queue)) {
+        bool stopping = s->stopping;
+        pthread_mutex_unlock(&s->mu);
+        srv_fail(&err, 503, "server_error", "server_busy", NULL,
+                 stopping ? "the server is stopping"
+                          : "the server is busy: all %d slots are generating and %d requests wait (--slots, --queue); "
+                            "try again later",
+                 s->n_slots, s->max_queue);
+        pthread_cond_destroy(&j->cond);
+        srv_request_free(&j->rq);
+        free(j);
+        return send_error(c, method, url, &err);
+    }
+    j->queued = true;
+    if (s->queue_tail) s->queue_tail->next = j;
+    else s->queue_head = j;
+    s->queue_tail = j;
+    s->n_queued++;
+    assign_locked(s);
+
+    if (j->rq.stream) {
+        pthread_mutex_unlock(&s->mu);
+        stream *st = malloc(sizeof *st);
+        struct MHD_Response *resp =
+            st ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, stream_read, st, stream_free) : NULL;
+        if (!resp) {
+            pthread_mutex_lock(&s->mu);
+            atomic_store(&j->cancel, true);
+            if (j->queued) unqueue_locked(s, j);
+            job_unref_locked(j);
+            pthread_mutex_unlock(&s->mu);
+            free(st);
+            return send_json(c, 500, NULL);
+        }
+        *st = (stream){s, j, c};
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+        return ret;
+    }
+
+    // not streamed: wait for the whole answer, watching the connection
+    while (!j->done) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&j->cond, &s->mu, &ts);
+        if (!j->done && !atomic_load(&j->cancel) && client_gone(c)) {
+            atomic_store(&j->cancel, true);
+            if (j->queued) {
+                unqueue_locked(s, j);
+                j->done = true;
+                fprintf(stderr, "POST %s cancelled %s: the client went away while queued\n", path_of(j), j->id);
+            }
+        }
+    }
+    bool gone = atomic_load(&j->cancel);
+    srv_error e = j->err;
+    char *body = e.status || gone ? NULL : srv_response_json(chat, &j->res);
+    job_unref_locked(j);
+    pthread_mutex_unlock(&s->mu);
+    if (gone) {
+        free(body);
+        return MHD_NO;  // nobody to answer: close the connection
+    }
+    if (e.status) return send_error(c, method, url, &e);
+    return send_json(c, 200, body);
+}
+
+// Whether the request carries the API key (always true without one). Compared in constant time.
+static bool authorized(srv *s, struct MHD_Connection *c) {
+    if (!s->api_key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
+    h += 7;
+    size_t n = strlen(h), m = strlen(s->api_key);
+    unsigned diff = n != m;
+    for (size_t i = 0; i < n; i++) diff |= (unsigned char)h[i] ^ (unsigned char)s->api_key[i < m ? i : 0];
+    return diff == 0;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
+    srv *s = cls;
+    conn *cn = *con_cls;
+    if (!cn) {  // the headers: the body follows in the next calls
+        if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
+        *con_cls = cn;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (cn->too_big || cn->n + n > MAX_BODY) {
+            cn->too_big = true;
+            return MHD_YES;
+        }
+        if (cn->n + n + 1 > cn->cap) {
+            size_t cap = 2 * (cn->n + n) + 1;
+            char *b = realloc(cn->body, cap);
+            if (!b) {
+                cn->too_big = true;
+                return MHD_YES;
+            }
+            cn->body = b;
+            cn->cap = cap;
+        }
+        memcpy(cn->body + cn->n, upload_data, n);
+        cn->n += n;
+        return MHD_YES;
+    }
+
+    srv_error err = {0};
+    bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0, post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
+    if (strcmp(url, "/health") == 0 || strcmp(url, "/v1/health") == 0) {
+        if (!get) goto method;
+        pthread_mutex_lock(&s->mu);
+        int busy = 0;
+        for (int i = 0; i < s->n_slots; i++) busy += s->slots[i].job != NULL;
+        char *body = malloc(160);
+        if (body)
+            snprintf(body, 160, "{\"status\": \"ok\", \"slots\": %d, \"slots_busy\": %d, \"queued\": %d, \"queue\": %d}",
+                     s->n_slots, busy, s->n_queued, s->max_queue);
+        pthread_mutex_unlock(&s->mu);
+        return send_json(c, 200, body);
+    }
+    bool models = strcmp(url, "/v1/models") == 0, model_one = strncmp(url, "/v1/models/", 11) == 0;
+    bool chat = strcmp(url, "/v1/chat/completions") == 0, compl = strcmp(url, "/v1/completions") == 0;
+    if (!models && !model_one && !chat && !compl) {
+        srv_fail(&err, 404, "invalid_request_error", "unknown_url", NULL,
+                 "unknown URL %s %s: this server has /v1/chat/completions, /v1/completions, /v1/models and /health",
+                 method, url);
+        return send_error(c, method, url, &err);
+    }
+    if (!authorized(s, c)) {
+        srv_fail(&err, 401, "invalid_request_error", "invalid_api_key", NULL,
+                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)
+                     ? "incorrect API key: give the server's key as \"Authorization: Bearer KEY\""
+                     : "no API key: this server wants \"Authorization: Bearer KEY\"");
+        return send_error(c, method, url, &err);
+    }
+    if (models || model_one) {
+        if (!get) goto method;
+        if (model_one && strcmp(url + 11, s->ref.id) != 0) {
+            srv_fail(&err, 404, "invalid_request_error", "model_not_found", "model",
+                     "the model '%s' does not exist: this server serves '%s'", url + 11, s->ref.id);
+            return send_error(c, method, url, &err);
+        }
+        return send_json(c, 200, srv_models_json(&s->ref, s->started, model_one));
+    }
+    if (!post) goto method;
+    if (cn->too_big) {
+        srv_fail(&err, 413, "invalid_request_error", NULL, NULL, "the request body is larger than %u MiB",
+                 MAX_BODY >> 20);
+        return send_error(c, method, url, &err);
+    }
+    return complete(s, c, method, url, chat, cn);
+method:
+    srv_fail(&err, 405, "invalid_request_error", "method_not_allowed", NULL, "%s is not allowed on %s", method, url);
+    return send_error(c, method, url, &err);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    conn *cn = *con_cls;
+    if (cn) {
+        free(cn->body);
+        free(cn);
+    }
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    fputs("offload-run serve: libmicrohttpd: ", stderr);
+    vfprintf(stderr, fmt, ap);
+}
+
+// ---- start-up ----
+
+// Placement of each slot's session, as offload-run generate plans it: on a GPU, or with
+// --gpu-mem, the planner sets the offloaded KV layers, streamed weights and the host's share of
+// attention that the options did not give, for a slot's share of the device budget.
+static bool place(srv *s, tri_session_params *sp, uint64_t gpu_mem, uint64_t host_mem, bool kv_set,
+                  bool weights_set, bool disk_set, bool kv_host_set) {
+    bool on_gpu = sp->device_kind == TRI_DEVICE_CUDA || (sp->device_kind == TRI_DEVICE_AUTO && tri_device_count() > 0);
+    int32_t n_gpu = 1, first = 0;
+    if (sp->devices) {
+        on_gpu = strncmp(sp->devices, "cuda", 4) == 0;
+        for (const char *c = sp->devices; on_gpu && *c; c++) n_gpu += *c == ',';
+        if (on_gpu && sp->devices[4] == ':') first = atoi(sp->devices + 5);
+    }
+    if (!gpu_mem && !on_gpu) return true;
+    tri_plan_params pp = tri_plan_default_params();
+    pp.mode = s->spec_params.mode == TRI_SPEC_MODE_NONE ? TRI_PLAN_MODE_AUTOREGRESSIVE : TRI_PLAN_MODE_TRIFORCE;
+    pp.n_ctx = sp->n_ctx;
+    pp.kv_type = sp->kv_type;
+    pp.host_mem_bytes = host_mem / (uint64_t)s->n_slots;
+    pp.n_gpu = n_gpu;
+    if (s->spec_params.budget > 0) pp.retrieval_budget = s->spec_params.budget;
+    if (s->spec_params.gamma1 > 0) pp.gamma1 = s->spec_params.gamma1;
+    if (s->spec_params.gamma2 > 0) pp.gamma2 = s->spec_params.gamma2;
+    tri_device_info di;
+    int32_t dev = sp->devices ? first : sp->device_kind == TRI_DEVICE_CUDA ? sp->device : 0;
+    if (gpu_mem) pp.gpu_mem_bytes = gpu_mem;
+    else if (tri_device_get_info(dev, &di) == TRI_STATUS_OK) pp.gpu_mem_bytes = di.free_bytes;
+    pp.gpu_mem_bytes /= (uint64_t)s->n_slots;
+    double gbps = 0;
+    if (on_gpu && tri_device_measure_h2d(dev, 0, &gbps) == TRI_STATUS_OK && gbps > 0) pp.pcie_gbps = gbps;
+    tri_plan_model pm;
+    tri_plan_model_from_model(s->model, &pm);
+    tri_plan plan;
+    tri_status st = tri_plan_compute(&pm, &pp, &plan);
+    if (st) {
+        tri_cli_fail("cannot place the model in the memory budget", st);
+        return false;
+    }
+    if (!kv_set) sp->kv_layers_offloaded = plan.n_kv_host;
+    if (!weights_set) sp->weight_layers_streamed = plan.n_weights_host + plan.n_weights_disk;
+    if (!disk_set)
+        sp->weight_layers_from_disk =
+            plan.n_weights_disk < sp->weight_layers_streamed ? plan.n_weights_disk : sp->weight_layers_streamed;
+    if (!kv_host_set) sp->kv_host_fraction = plan.kv_host_fraction;
+    fprintf(stderr,
+            "plan: %.1f GiB of device memory per slot: weights of %d of %d blocks resident (%d read from disk), KV "
+            "of %d layers on the device, %d streamed (predicted %.3f s/token)\n",
+            (double)pp.gpu_mem_bytes / (1 << 30), plan.n_layer - sp->weight_layers_streamed, plan.n_layer,
+            sp->weight_layers_from_disk, plan.n_layer - sp->kv_layers_offloaded, sp->kv_layers_offloaded,
+            plan.t_token);
+    return true;
+}
+
+// Parses "0-7,20,22" into strictly increasing layer indices; NULL after printing the error.
+static int32_t *parse_layers(const char *arg, int32_t *n_out) {
+    int32_t cap = 16, n = 0;
+    int32_t *v = malloc((size_t)cap * sizeof *v);
+    const char *p = arg;
+    while (v) {
+        char *end;
+        long lo = strtol(p, &end, 10), hi;
+        if (end == p || lo < 0 || lo > INT32_MAX) goto bad;
+        hi = lo;
+        if (*end == '-') {
+            p = end + 1;
+            hi = strtol(p, &end, 10);
+            if (end == p || hi < lo || hi > 100000) goto bad;
+        }
+        for (long l = lo; l <= hi; l++) {
+            if (n == cap) {
+                int32_t *w = realloc(v, (size_t)(cap *= 2) * sizeof *w);
+                if (!w) goto bad;
+                v = w;
+            }
+            if (n > 0 && l <= v[n - 1]) goto bad;
+            v[n++] = (int32_t)l;
+        }
+        if (*end == 0) break;
+        if (*end != ',') goto bad;
+        p = end + 1;
+    }
+    *n_out = n;
+    return v;
+bad:
+    fprintf(stderr, "%s: --draft-layers '%s': want increasing layer numbers like 0-7,20\n", me, arg);
+    free(v);
+    return NULL;
+}
+
+static bool applies(const char *opt, bool set, bool ok, const char *where) {
+    if (set && !ok) fprintf(stderr, "%s: %s applies only to %s\n", me, opt, where);
+    return !set || ok;
+}
+
+int tri_server_main(int argc, char **argv) {
+    enum { OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_ALIAS, OPT_SLOTS, OPT_QUEUE, OPT_CTX, OPT_TEMP, OPT_TOPK,
+           OPT_TOPP, OPT_SEED, OPT_CHAT_FORMAT, OPT_DEVICE, OPT_BATCH, OPT_KV_TYPE, OPT_KV_POLICY, OPT_BUDGET,
+           OPT_CHUNK, OPT_SINK, OPT_REFRESH, OPT_KV_INDEX, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
+           OPT_GAMMA1, OPT_GAMMA2, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT, OPT_KV_OFFLOAD,
+           OPT_STREAM_WEIGHTS, OPT_WEIGHTS_FROM_DISK, OPT_KV_HOST, OPT_GPU_MEM, OPT_HOST_MEM };
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"host", required_argument, NULL, OPT_HOST},
+        {"port", required_argument, NULL, OPT_PORT},
+        {"api-key", required_argument, NULL, OPT_API_KEY},
+        {"alias", required_argument, NULL, OPT_ALIAS},
+        {"slots", required_argument, NULL, OPT_SLOTS},
+        {"queue", required_argument, NULL, OPT_QUEUE},
+        {"ctx", required_argument, NULL, OPT_CTX},
+        {"n-predict", required_argument, NULL, 'n'},
+        {"temp", required_argument, NULL, OPT_TEMP},
+        {"top-k", required_argument, NULL, OPT_TOPK},
+        {"top-p", required_argument, NULL, OPT_TOPP},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"chat-format", required_argument, NULL, OPT_CHAT_FORMAT},
+        {"threads", required_argument, NULL, 't'},
+        {"device", required_argument, NULL, OPT_DEVICE},
+        {"batch", required_argument, NULL, OPT_BATCH},
+        {"kv-type", required_argument, NULL, OPT_KV_TYPE},
+        {"kv", required_argument, NULL, OPT_KV_POLICY},
+        {"budget", required_argument, NULL, OPT_BUDGET},
+        {"kv-budget", required_argument, NULL, OPT_BUDGET},
+        {"chunk", required_argument, NULL, OPT_CHUNK},
+        {"kv-chunk", required_argument, NULL, OPT_CHUNK},
+        {"sink", required_argument, NULL, OPT_SINK},
+        {"refresh", required_argument, NULL, OPT_REFRESH},
+        {"kv-index", required_argument, NULL, OPT_KV_INDEX},
+        {"spec", required_argument, NULL, OPT_SPEC},
+        {"draft", required_argument, NULL, OPT_DRAFT},
+        {"draft-layers", required_argument, NULL, OPT_DRAFT_LAYERS},
+        {"draft-ngram", required_argument, NULL, OPT_DRAFT_NGRAM},
+        {"gamma1", required_argument, NULL, OPT_GAMMA1},
+        {"gamma2", required_argument, NULL, OPT_GAMMA2},
+        {"draft-window", required_argument, NULL, OPT_DRAFT_WINDOW},
+        {"draft-sink", required_argument, NULL, OPT_DRAFT_SINK},
+        {"refresh-accept", required_argument, NULL, OPT_REFRESH_ACCEPT},
+        {"kv-offload", required_argument, NULL, OPT_KV_OFFLOAD},
+        {"stream-weights", required_argument, NULL, OPT_STREAM_WEIGHTS},
+        {"weights-from-disk", required_argument, NULL, OPT_WEIGHTS_FROM_DISK},
+        {"kv-host", required_argument, NULL, OPT_KV_HOST},
+        {"gpu-mem", required_argument, NULL, OPT_GPU_MEM},
+        {"host-mem", required_argument, NULL, OPT_HOST_MEM},
+        {"help", no_argument, NULL, 'h'},
+        {0},
+    };
+    srv S;
+    memset(&S, 0, sizeof S);
+    srv *s = &S;
+    const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL, *draft_path = NULL, *draft_layers = NULL;
+    long port = 8080, n_slots = 1, max_queue = 8, ctx = 4096, n_predict = 0, top_k = 40, threads = 0, batch = 0;
+    long budget = 0, chunk = 0, sink = 0, refresh = 0, ngram = 0, gamma1 = 0, gamma2 = 0, draft_window = 0;
+    long draft_sink = 0, kv_offload = 0, stream_weights = 0, weights_from_disk = 0, seed = 0;
+    float temp = 0.8f, top_p = 0.95f, kv_host = 0;
+    bool seed_set = false, kv_set = false, index_set = false, refresh_accept_set = false, kv_offload_set = false;
+    bool stream_weights_set = false, disk_set = false, kv_host_set = false;
+    uint64_t gpu_mem = 0, host_mem = 0;
+    tri_chat_format format = TRI_CHAT_FORMAT_AUTO;
+    tri_session_params sp = tri_session_default_params();
+    s->spec_params = tri_spec_default_params();
+    s->spec_params.mode = TRI_SPEC_MODE_NONE;
+    s->api_key = getenv("TRI_SERVER_API_KEY");
+    if (s->api_key && !s->api_key[0]) s->api_key = NULL;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:n:t:h", opts, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case OPT_HOST: host = optarg; break;
+        case OPT_PORT: ok = tri_cli_parse_long(me, "--port", optarg, 0, 65535, &port); break;
+        case OPT_API_KEY:
+            if (!optarg[0]) {
+                fprintf(stderr, "%s: --api-key: want a non-empty key\n", me);
+                ok = false;
+            }
+            s->api_key = optarg;
+            break;
+        case OPT_ALIAS: alias = optarg; break;
+        case OPT_SLOTS: ok = tri_cli_parse_long(me, "--slots", optarg, 1, 256, &n_slots); break;
+        case OPT_QUEUE: ok = tri_cli_parse_long(me, "--queue", optarg, 0, 65536, &max_queue); break;
+        case OPT_CTX: ok = tri_cli_parse_long(me, "--ctx", optarg, 16, INT32_MAX, &ctx); break;
+        case 'n': ok = tri_cli_parse_long(me, "--n-predict", optarg, 0, INT32_MAX, &n_predict); break;
+        case OPT_TEMP: ok = tri_cli_parse_float(me, "--temp", optarg, 0.0, 100.0, &temp); break;
+        case OPT_TOPK: ok = tri_cli_parse_long(me, "--top-k", optarg, 0, INT32_MAX, &top_k); break;
+        case OPT_TOPP: ok = tri_cli_parse_float(me, "--top-p", optarg, 1e-6, 1.0, &top_p); break;
+        case OPT_SEED:
+            seed_set = true;
+            ok = tri_cli_parse_long(me, "--seed", optarg, 0, INT64_MAX, &seed);
+            break;
+        case OPT_CHAT_FORMAT:
+            if (tri_chat_format_from_name(optarg, &format) != TRI_STATUS_OK || format == TRI_CHAT_FORMAT_AUTO) {
+                fprintf(stderr, "%s: --chat-format '%s': want chatml, llama2, llama3, mistral, phi3 or gemma\n", me,
+                        optarg);
+                ok = false;
+            }
+            break;
+        case 't': ok = tri_cli_parse_long(me, "--threads", optarg, 1, 4096, &threads); break;
+        case OPT_DEVICE: ok = tri_cli_parse_device(me, optarg, &sp); break;
+        case OPT_BATCH: ok = tri_cli_parse_long(me, "--batch", optarg, 1, 65536, &batch); break;
+        case OPT_KV_TYPE:
+            if (strcmp(optarg, "f16") == 0) sp.kv_type = TRI_DTYPE_F16;
+            else if (strcmp(optarg, "f32") == 0) sp.kv_type = TRI_DTYPE_F32;
+            else {
+                fprintf(stderr, "%s: --kv-type '%s': want f16 or f32\n", me, optarg);
+                ok = false;
+            }
+            break;
+        case OPT_KV_POLICY:
+            kv_set = true;
+            if (strcmp(optarg, "full") == 0) sp.kv_policy = TRI_KV_POLICY_FULL;
+            else if (strcmp(optarg, "streaming") == 0) sp.kv_policy = TRI_KV_POLICY_STREAMING;
+            else if (strcmp(optarg, "h2o") == 0) sp.kv_policy = TRI_KV_POLICY_H2O;
+            else if (strcmp(optarg, "retrieval") == 0) sp.kv_policy = TRI_KV_POLICY_RETRIEVAL;
+            else {
+                fprintf(stderr, "%s: --kv '%s': want full, streaming, h2o or retrieval\n", me, optarg);
+                ok = false;
+            }
+            break;
+        case OPT_BUDGET: ok = tri_cli_parse_long(me, "--budget", optarg, 1, INT32_MAX, &budget); break;
+        case OPT_CHUNK: ok = tri_cli_parse_long(me, "--chunk", optarg, 1, 4096, &chunk); break;
+        case OPT_SINK: ok = tri_cli_parse_long(me, "--sink", optarg, 1, INT32_MAX, &sink); break;
+        case OPT_REFRESH: ok = tri_cli_parse_long(me, "--refresh", optarg, 1, INT32_MAX, &refresh); break;
+        case OPT_KV_INDEX:
+            index_set = true;
+            if (strcmp(optarg, "exact") == 0) sp.kv_index = TRI_KV_INDEX_EXACT;
+            else if (strcmp(optarg, "faiss") == 0) sp.kv_index = TRI_KV_INDEX_FAISS_FLAT;
+            else if (strcmp(optarg, "faiss-ivf") == 0) sp.kv_index = TRI_KV_INDEX_FAISS_IVF;
+            else {
+                fprintf(stderr, "%s: --kv-index '%s': want exact, faiss or faiss-ivf\n", me, optarg);
+                ok = false;
+            }
+            break;
+        case OPT_SPEC:
+            if (strcmp(optarg, "none") == 0) s->spec_params.mode = TRI_SPEC_MODE_NONE;
+            else if (strcmp(optarg, "draft") == 0) s->spec_params.mode = TRI_SPEC_MODE_DRAFT;
+            else if (strcmp(optarg, "retrieval") == 0) s->spec_params.mode = TRI_SPEC_MODE_RETRIEVAL;
+            else if (strcmp(optarg, "triforce") == 0) s->spec_params.mode = TRI_SPEC_MODE_TRIFORCE;
+            else {
+                fprintf(stderr, "%s: --spec '%s': want none, draft, retrieval or triforce\n", me, optarg);
+                ok = false;
+            }
+            break;
+        case OPT_DRAFT: draft_path = optarg; break;
+        case OPT_DRAFT_LAYERS: draft_layers = optarg; break;
+        case OPT_DRAFT_NGRAM: ok = tri_cli_parse_long(me, "--draft-ngram", optarg, 1, 64, &ngram); break;
+        case OPT_GAMMA1: ok = tri_cli_parse_long(me, "--gamma1", optarg, 1, 64, &gamma1); break;
+        case OPT_GAMMA2: ok = tri_cli_parse_long(me, "--gamma2", optarg, 1, 256, &gamma2); break;
+        case OPT_DRAFT_WINDOW: ok = tri_cli_parse_long(me, "--draft-window", optarg, 2, INT32_MAX, &draft_window); break;
+        case OPT_DRAFT_SINK: ok = tri_cli_parse_long(me, "--draft-sink", optarg, 1, INT32_MAX, &draft_sink); break;
+        case OPT_REFRESH_ACCEPT:
+            refresh_accept_set = true;
+            ok = tri_cli_parse_float(me, "--refresh-accept", optarg, 0.0, 1.0, &s->spec_params.refresh_accept);
+            break;
+        case OPT_KV_OFFLOAD:
+            kv_offload_set = true;
+            ok = tri_cli_parse_long(me, "--kv-offload", optarg, 0, 65536, &kv_offload);
+            break;
+        case OPT_STREAM_WEIGHTS:
+            stream_weights_set = true;
+            ok = tri_cli_parse_long(me, "--stream-weights", optarg, 0, 65536, &stream_weights);
+            break;
+        case OPT_WEIGHTS_FROM_DISK:
+            disk_set = true;
+            ok = tri_cli_parse_long(me, "--weights-from-disk", optarg, 0, 65536, &weights_from_disk);
+            break;
+        case OPT_KV_HOST:
+            kv_host_set = true;
+            ok = tri_cli_parse_float(me, "--kv-host", optarg, 0.0, 1.0, &kv_host);
+            break;
+        case OPT_GPU_MEM:
+        case OPT_HOST_MEM:
+            if (!tri_cli_parse_size(optarg, c == OPT_GPU_MEM ? &gpu_mem : &host_mem)) {
+                fprintf(stderr, "%s: %s '%s': want a size like 24G or 512M\n", me,
+                        c == OPT_GPU_MEM ? "--gpu-mem" : "--host-mem", optarg);
+                ok = false;
+            }
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (!ok) return 2;
+    }
+    if (!model_path || optind != argc) {
+        fprintf(stderr, "%s: %s\n", me, !model_path ? "-m MODEL is required" : "unexpected argument");
+        usage(stderr);
+        return 2;
+    }
+    // every cache option must do something under the chosen policy or mode (as generate checks)
+    tri_spec_mode mode = s->spec_params.mode;
+    int n_drafters = (draft_path != NULL) + (draft_layers != NULL) + (ngram != 0);
+    bool needs_drafter = mode == TRI_SPEC_MODE_DRAFT || mode == TRI_SPEC_MODE_TRIFORCE;
+    if (n_drafters > 1 || (needs_drafter && n_drafters == 0) || (!needs_drafter && n_drafters == 1)) {
+        fprintf(stderr, "%s: %s\n", me,
+                n_drafters > 1 ? "give at most one of --draft, --draft-layers, --draft-ngram"
+                : needs_drafter ? "--spec draft and --spec triforce need one of --draft, --draft-layers, --draft-ngram"
+                                : "a drafter needs --spec draft or --spec triforce");
+        return 2;
+    }
+    const bool plain = mode == TRI_SPEC_MODE_NONE;
+    const bool has_l2 = mode == TRI_SPEC_MODE_RETRIEVAL || mode == TRI_SPEC_MODE_TRIFORCE;
+    const bool l1_cache = needs_drafter && ngram == 0;
+    const tri_kv_policy pol = sp.kv_policy;
+    const char *l2 = "L2, the retrieval cache of --spec retrieval and triforce";
+    if (!applies("--kv", kv_set, plain, "plain decoding; the levels of --spec have their own caches") ||
+        !applies("--budget", budget, plain ? pol != TRI_KV_POLICY_FULL : has_l2,
+                 plain ? "--kv streaming, h2o or retrieval (the cache policy is full)" : l2) ||
+        !applies("--chunk", chunk, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2, plain ? "--kv retrieval" : l2) ||
+        !applies("--kv-index", index_set, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                 plain ? "--kv retrieval" : l2) ||
+        !applies("--refresh", refresh, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                 plain ? "--kv retrieval" : l2) ||
+        !applies("--sink", sink, plain && pol == TRI_KV_POLICY_STREAMING, "--kv streaming") ||
+        !applies("--draft-window", draft_window, l1_cache, "an L1 model or layers (--spec draft or triforce)") ||
+        !applies("--draft-sink", draft_sink, l1_cache, "an L1 model or layers (--spec draft or triforce)") ||
+        !applies("--gamma1", gamma1, mode == TRI_SPEC_MODE_TRIFORCE, "--spec triforce") ||
+        !applies("--gamma2", gamma2, !plain, "--spec draft, retrieval or triforce") ||
+        !applies("--refresh-accept", refresh_accept_set, has_l2, "--spec retrieval or triforce"))
+        return 2;
+    if (plain) {
+        sp.kv_budget = (int32_t)budget;
+        sp.kv_chunk = (int32_t)chunk;
+        sp.kv_sink = (int32_t)sink;
+        sp.kv_refresh = (int32_t)refresh;
+    }
+    s->spec_params.refresh = (int32_t)refresh;
+    s->spec_params.draft_window = (int32_t)draft_window;
+    s->spec_params.draft_sink = (int32_t)draft_sink;
+    s->spec_params.ngram_n = (int32_t)ngram;
+    s->spec_params.gamma1 = (int32_t)gamma1;
+    s->spec_params.gamma2 = (int32_t)gamma2;
+    s->spec_params.budget = (int32_t)budget;
+    s->spec_params.chunk = (int32_t)chunk;
+    if (draft_path) s->spec_params.drafter = TRI_SPEC_DRAFTER_MODEL;
+    if (draft_layers) s->spec_params.drafter = TRI_SPEC_DRAFTER_LAYERS;
+    if (ngram) s->spec_params.drafter = TRI_SPEC_DRAFTER_NGRAM;
+    s->defaults.has_temperature = true, s->defaults.temperature = temp;
+    s->defaults.has_top_k = true, s->defaults.top_k = top_k;
+    s->defaults.has_top_p = true, s->defaults.top_p = top_p;
+    if (seed_set) s->defaults.has_seed = true, s->defaults.seed = (uint64_t)seed;
+    s->n_predict = n_predict;
+    s->n_slots = (int)n_slots;
+    s->max_queue = (int)max_queue;
+
+    // the address, before the model loads: a bad one is reported at once
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    char port_s[16];
+    snprintf(port_s, sizeof port_s, "%ld", port);
+    int gai = getaddrinfo(host, port_s, &hints, &ai);
+    if (gai) {
+        fprintf(stderr, "%s: --host '%s': %s\n", me, host, gai_strerror(gai));
+        return 2;
+    }
+
+    int rc = 1;
+    tri_status st;
+    struct MHD_Daemon *d = NULL;
+    int n_started = 0;
+    char *id = NULL, *chat_why = NULL;
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);  // every thread made from here on blocks them too
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work, NULL);
+
+    if (!(s->model = tri_cli_load_model(model_path))) goto done;
+    if (tri_token_count(s->model) == 0) {
+        fprintf(stderr, "%s: %s: the model has no tokenizer\n", me, model_path);
+        goto done;
+    }
+    // the model's name: --alias, else the file or directory name without .gguf
+    if (alias) {
+        id = strdup(alias);
+    } else {
+        size_t n = strlen(model_path);
+        while (n > 1 && model_path[n - 1] == '/') n--;
+        size_t b = n;
+        while (b > 0 && model_path[b - 1] != '/') b--;
+        if (n - b > 5 && strncmp(model_path + n - 5, ".gguf", 5) == 0) n -= 5;
+        id = strndup(model_path + b, n - b);
+    }
+    if (!id) goto oom;
+    s->ref.model = s->model;
+    s->ref.id = id;
+    s->ref.path = model_path;
+    s->ref.chat_format = format;
+    s->ref.chat_ok = true;
+    if (format == TRI_CHAT_FORMAT_AUTO) {
+        tri_chat_format f;
+        if ((st = tri_chat_model_format(s->model, &f))) {
+            if (asprintf(&chat_why, "%s%s", tri_last_error(),
+                         st == TRI_STATUS_NOT_FOUND ? "; start the server with --chat-format" : "") < 0)
+                goto oom;
+            s->ref.chat_ok = false;
+            s->ref.chat_why = chat_why;
+            fprintf(stderr, "%s: warning: /v1/chat/completions refuses every request: %s\n", me, chat_why);
+        } else {
+            fprintf(stderr, "chat format: %s (the model's template)\n", tri_chat_format_name(f));
+        }
+    } else {
+        fprintf(stderr, "chat format: %s (--chat-format)\n", tri_chat_format_name(format));
+    }
+    if (tri_chat_stop_tokens(s->model, s->stop_ids, 16, &s->n_stop_ids) != TRI_STATUS_OK) s->n_stop_ids = 0;
+    if (s->n_stop_ids > 16) s->n_stop_ids = 16;
+
+    // ---- the slots ----
+    sp.n_ctx = (int32_t)ctx;
+    sp.n_threads = (int32_t)threads;
+    sp.n_batch = (int32_t)batch;
+    sp.kv_layers_offloaded = (int32_t)kv_offload;
+    sp.weight_layers_streamed = (int32_t)stream_weights;
+    sp.weight_layers_from_disk = (int32_t)weights_from_disk;
+    sp.kv_host_fraction = kv_host;
+    if (!place(s, &sp, gpu_mem, host_mem, kv_offload_set, stream_weights_set, disk_set, kv_host_set)) goto done;
+    if (!stream_weights_set && sp.weight_layers_from_disk > sp.weight_layers_streamed)
+        sp.weight_layers_streamed = sp.weight_layers_from_disk;
+    s->sp = sp;
+    if (!plain) {
+        if (draft_path && !(s->draft = tri_cli_load_model(draft_path))) goto done;
+        if (draft_layers && !(s->draft_layers = parse_layers(draft_layers, &s->spec_params.n_draft_layers))) {
+            rc = 2;
+            goto done;
+        }
+        s->spec_params.draft_model = s->draft;
+        s->spec_params.draft_layers = s->draft_layers;
+    }
+    if (!(s->slots = calloc((size_t)s->n_slots, sizeof *s->slots))) goto oom;
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        sl->s = s;
+        sl->idx = i;
+        st = plain ? tri_session_create(s->model, &sp, &sl->session)
+                   : tri_spec_create(s->model, &sp, &s->spec_params, &sl->spec);
+        if (st) {
+            rc = tri_cli_fail(plain ? "cannot create a session" : "cannot set up speculative decoding", st);
+            goto done;
+        }
+    }
+    s->ref.n_ctx = plain ? tri_session_n_ctx(s->slots[0].session) : (int32_t)ctx;
+    for (; n_started < s->n_slots; n_started++) {
+        if (pthread_create(&s->slots[n_started].thread, NULL, slot_thread, &s->slots[n_started])) {
+            fprintf(stderr, "%s: cannot start the slots' threads: %s\n", me, strerror(errno));
+            goto done;
+        }
+    }
+
+    // ---- HTTP ----
+    struct timespec t0;
+    clock_gettime(CLOCK_REALTIME, &t0);
+    s->started = (int64_t)t0.tv_sec;
+    srand((unsigned)(t0.tv_nsec ^ t0.tv_sec ^ getpid()));
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                     MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s,
+                         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                         MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->n_slots + s->max_queue + 64),
+                         MHD_OPTION_CONNECTION_TIMEOUT, 600u,
+                         MHD_OPTION_END);
+    if (!d) {
+        fprintf(stderr, "%s: cannot listen on %s port %ld: %s\n", me, host, port,
+                errno ? strerror(errno) : "libmicrohttpd failed to start");
+        goto done;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    fprintf(stderr, "device: %s, context %d tokens per slot, spec %s\n",
+            plain ? tri_session_device(s->slots[0].session) : tri_spec_device(s->slots[0].spec), s->ref.n_ctx,
+            mode_names[mode]);
+    fprintf(stderr, "listening on http://%s%s%s:%u/v1 (model '%s', %d slots, queue %d%s)\n",
+            ai->ai_family == AF_INET6 ? "[" : "", host, ai->ai_family == AF_INET6 ? "]" : "",
+            di ? (unsigned)di->port : (unsigned)port, id, s->n_slots, s->max_queue,
+            s->api_key ? ", API key required" : "");
+    fflush(stderr);
+
+    int sig = 0;
+    sigset_t stop_sigs;
+    sigemptyset(&stop_sigs);
+    sigaddset(&stop_sigs, SIGINT);
+    sigaddset(&stop_sigs, SIGTERM);
+    sigwait(&stop_sigs, &sig);
+    fprintf(stderr, "%s: %s: stopping\n", me, sig == SIGINT ? "SIGINT" : "SIGTERM");
+    rc = 0;
+    goto done;
+oom:
+    fprintf(stderr, "%s: out of memory\n", me);
+done:
+    // stop: queued requests are answered 503, running ones cancelled, then the slots and the
+    // connections end
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    while (s->queue_head) {
+        job *j = s->queue_head;
+        unqueue_locked(s, j);
+        srv_fail(&j->err, 503, "server_error", "server_busy", NULL, "the server is stopping");
+        j->done = true;
+        pthread_cond_broadcast(&j->cond);
+    }
+    for (int i = 0; s->slots && i < s->n_slots; i++)
+        if (s->slots[i].job) atomic_store(&s->slots[i].job->cancel, true);
+    pthread_cond_broadcast(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < n_started; i++) pthread_join(s->slots[i].thread, NULL);
+    if (d) MHD_stop_daemon(d);
+    for (int i = 0; s->slots && i < s->n_slots; i++) {
+        tri_session_free(s->slots[i].session);
+        tri_spec_free(s->slots[i].spec);
+        free(s->slots[i].tokens);
+    }
+    free(s->slots);
+    free(s->draft_layers);
+    tri_model_free(s->draft);
+    tri_model_free(s->model);
+    free(id);
+    free(chat_why);
+    freeaddrinfo(ai);
+    pthread_cond_destroy(&s->work);
+    pthread_mutex_destroy(&s->mu);
+    return rc;
+}
+
+#else  // !TRI_HAVE_MICROHTTPD
+
+int tri_server_main(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "offload-run serve: this build has no server: libmicrohttpd was not found when it was "
+            "configured (install libmicrohttpd-dev, scripts/install-deps.sh, and reconfigure)\n");
+    return 1;
+}
+
+#endif  // TRI_HAVE_MICROHTTPD
