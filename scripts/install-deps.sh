@@ -6,6 +6,7 @@ set -euo pipefail
 pkgs=(
   build-essential pkg-config meson ninja-build
   libjson-c-dev libhwloc-dev liburing-dev libfaiss-dev
+  libmicrohttpd-dev  # the HTTP server of offload-run serve (optional: without it, no server)
   libcriterion-dev
   clang libclang-rt-14-dev
   python3 python3-venv python3-pip unzip

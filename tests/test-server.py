@@ -1,0 +1,441 @@
+#!/usr/bin/env python3
+"""test-server.py OFFLOAD_RUN: `offload-run serve` against the official openai client.
+
+Starts the server on SmolLM2 ($TRI_TEST_MODEL) on a free loopback port (--port 0: it prints the
+port it got), with two slots, a queue of one and an API key, and checks with the `openai` package
+(and raw HTTP where a client would not send such a request):
+  - /v1/models, /health;
+  - a chat completion, not streamed and streamed, is the text `offload-run generate --chat` gives
+    (greedy), the stream's deltas add up to it, its last chunk ends it and carries the usage;
+  - /v1/completions, not streamed and streamed, is the text `offload-run generate` gives;
+  - a second turn reuses the slot's cache (cached_tokens) and answers what `offload-run chat`
+    answers to the same two lines;
+  - two clients at once are both served, on the two slots, at the same time, each with the text it
+    gets alone;
+  - bad requests get their status and an error in OpenAI's shape, and the server goes on: invalid
+    JSON, wrong types, an unknown model, a prompt longer than the context, unsupported fields, no
+    key and a wrong key (401), 503 once both slots and the queue are full, and a client that
+    disconnects mid-stream (its slot is freed; a good request follows);
+  - SIGTERM stops the server with status 0 (under the sanitizers: no leak, no error).
+Exits 77 (skipped), saying why, without the model, the openai package or a build with the server.
+Prints 'N passed, N failed' last.
+"""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+SKIP = 77
+KEY = "sk-test-key-1234"
+
+
+def skip(why):
+    print(f"SKIP: {why}")
+    sys.exit(SKIP)
+
+
+if len(sys.argv) != 2:
+    sys.exit("usage: test-server.py OFFLOAD_RUN")
+CLI = sys.argv[1]
+MODEL = os.environ.get("TRI_TEST_MODEL", "")
+if not MODEL or not os.path.isfile(MODEL):
+    skip("TRI_TEST_MODEL is not set (scripts/get-model.sh fetches SmolLM2-135M-Instruct; scripts/test.sh sets it)")
+try:
+    import openai
+except ImportError:
+    skip("the openai package is missing (scripts/setup-python.sh installs scripts/requirements-test.txt)")
+probe = subprocess.run([CLI, "serve", "--help"], capture_output=True, text=True)
+if probe.returncode != 0:
+    skip("offload-run was built without the server: " + probe.stderr.strip())
+
+SCALE = float(os.environ.get("TRI_TEST_TIME_SCALE", "1"))  # sanitizer builds are slower
+CTX = 512
+
+
+class Server:
+    """The server process: its port, and its stderr lines as they come."""
+
+    def __init__(self, *extra):
+        self.lines = []
+        self.cond = threading.Condition()
+        cmd = [CLI, "serve", "-m", MODEL, "--port", "0", "--slots", "2", "--queue", "1", "--ctx", str(CTX),
+               "--temp", "0", "--api-key", KEY, *extra]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+        line = self.wait_line(lambda l: l.startswith("listening on "), 120 * SCALE)
+        if line is None:
+            self.stop()
+            raise RuntimeError("the server did not start:\n" + "".join(self.lines))
+        self.port = int(line.split("//")[1].split("/")[0].rsplit(":", 1)[1])
+
+    def _read(self):
+        for line in self.proc.stderr:
+            with self.cond:
+                self.lines.append(line)
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def wait_line(self, pred, timeout, start=0):
+        end = time.time() + timeout
+        with self.cond:
+            while True:
+                for line in self.lines[start:]:
+                    if pred(line):
+                        return line
+                left = end - time.time()
+                if left <= 0 or self.proc.poll() is not None and not any(pred(l) for l in self.lines[start:]):
+                    if left > 0:
+                        self.cond.wait(0.1)
+                        if self.proc.poll() is not None:
+                            return None
+                    else:
+                        return None
+                self.cond.wait(min(left, 0.5))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60 * SCALE)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+
+
+def raw(port, method, path, body=None, headers=None, timeout=60):
+    """One HTTP request without the openai client: (status, parsed JSON or text)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout * SCALE)
+    h = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    h.update(headers or {})
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body)
+    c.request(method, path, body=body, headers=h)
+    r = c.getresponse()
+    data = r.read().decode()
+    c.close()
+    try:
+        return r.status, json.loads(data)
+    except ValueError:
+        return r.status, data
+
+
+def cli_text(args):
+    """What `offload-run generate` prints (greedy)."""
+    r = subprocess.run([CLI, "generate", "-m", MODEL, *args], capture_output=True, text=True, timeout=300 * SCALE)
+    if r.returncode != 0:
+        raise RuntimeError("offload-run generate failed: " + r.stderr)
+    return r.stdout[:-1] if r.stdout.endswith("\n") else r.stdout
+
+
+def extra(obj, name):
+    """A field the openai models do not declare (our `triforce` object)."""
+    v = getattr(obj, name, None)
+    if v is None and getattr(obj, "model_extra", None):
+        v = obj.model_extra.get(name)
+    return v
+
+
+passed = failed = 0
+
+
+def check(name, fn):
+    global passed, failed
+    t = time.time()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - every failure is reported and counted
+        failed += 1
+        print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+        return
+    passed += 1
+    print(f"PASS {name} ({time.time() - t:.1f} s)", flush=True)
+
+
+def expect(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def expect_error(status, body, want_status, param=None, code=None):
+    expect(status == want_status, f"status {status}, want {want_status}: {body}")
+    expect(isinstance(body, dict) and isinstance(body.get("error"), dict), f"not an OpenAI error: {body}")
+    e = body["error"]
+    expect(set(e) == {"message", "type", "param", "code"}, f"error fields {sorted(e)}")
+    expect(isinstance(e["message"], str) and e["message"], "no message")
+    if param is not None:
+        expect(e["param"] == param, f"param {e['param']!r}, want {param!r}")
+    if code is not None:
+        expect(e["code"] == code, f"code {e['code']!r}, want {code!r}")
+
+
+srv = Server()
+PORT = srv.port
+MODEL_ID = os.path.basename(MODEL)[: -len(".gguf")] if MODEL.endswith(".gguf") else os.path.basename(MODEL)
+client = openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY, max_retries=0, timeout=120 * SCALE)
+print(f"server on port {PORT}, model {MODEL_ID}", flush=True)
+
+Q1 = "What is the capital of France?"
+N = 12
+
+
+def t_models():
+    ms = client.models.list()
+    ids = [m.id for m in ms.data]
+    expect(ids == [MODEL_ID], f"models {ids}")
+    st, h = raw(PORT, "GET", "/health", headers={"Authorization": ""})
+    expect(st == 200 and h["status"] == "ok" and h["slots"] == 2, f"health {st} {h}")
+
+
+answer1 = {}
+
+
+def t_chat():
+    want = cli_text(["--chat", "-p", Q1, "-n", str(N)])
+    r = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": Q1}], max_tokens=N,
+                                       temperature=0)
+    c = r.choices[0]
+    expect(c.message.role == "assistant", f"role {c.message.role}")
+    expect(c.message.content == want, f"content {c.message.content!r}, the CLI gives {want!r}")
+    expect(c.finish_reason in ("length", "stop"), f"finish_reason {c.finish_reason}")
+    expect(r.usage.completion_tokens <= N and r.usage.prompt_tokens > 0, f"usage {r.usage}")
+    tf = extra(r, "triforce")
+    expect(isinstance(tf, dict) and tf["spec_mode"] == "none" and tf["tokens_per_pass"] == 1.0, f"triforce {tf}")
+    answer1["text"] = c.message.content
+
+
+def t_chat_stream():
+    want = cli_text(["--chat", "-p", Q1, "-n", str(N)])
+    s = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": Q1}], max_tokens=N,
+                                       temperature=0, stream=True, stream_options={"include_usage": True})
+    chunks = list(s)
+    expect(len(chunks) >= 3, f"{len(chunks)} chunks")
+    expect(chunks[0].choices[0].delta.role == "assistant", "the first chunk has no role")
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    expect(text == want, f"streamed {text!r}, the CLI gives {want!r}")
+    ends = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    expect(len(ends) == 1 and ends[0] is chunks[-2], "one closing chunk, before the usage")
+    u = chunks[-1].usage
+    expect(chunks[-1].choices == [] and u is not None and 0 < u.completion_tokens <= N, f"usage chunk {chunks[-1]}")
+    expect(extra(ends[0], "triforce") is not None, "no triforce figures in the closing chunk")
+
+
+def t_completions():
+    prompt = "The capital of France is"
+    want = cli_text(["-p", prompt, "-n", str(N)])
+    r = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=N, temperature=0)
+    expect(r.choices[0].text == want, f"text {r.choices[0].text!r}, the CLI gives {want!r}")
+    expect(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == N, f"{r.choices[0]} {r.usage}")
+    s = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=N, temperature=0, stream=True)
+    text = "".join(c.choices[0].text for c in s)
+    expect(text == want, f"streamed {text!r}, the CLI gives {want!r}")
+
+
+def t_second_turn():
+    q2 = "And of Germany?"
+    cli = subprocess.run([CLI, "chat", "-m", MODEL, "-n", str(N)], input=f"{Q1}\n{q2}\n", capture_output=True,
+                         text=True, timeout=300 * SCALE)
+    expect(cli.returncode == 0, "offload-run chat failed: " + cli.stderr)
+    a1, a2 = cli.stdout.split("\n")[:2]
+    expect(answer1.get("text") == a1, f"turn 1 {answer1.get('text')!r}, offload-run chat says {a1!r}")
+    msgs = [{"role": "user", "content": Q1}, {"role": "assistant", "content": a1}, {"role": "user", "content": q2}]
+    # the first turn again, so that a slot holds it whichever ran it before
+    r1 = client.chat.completions.create(model=MODEL_ID, messages=msgs[:1], max_tokens=N, temperature=0)
+    r = client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=N, temperature=0)
+    tf = extra(r, "triforce")
+    expect(tf["slot"] == extra(r1, "triforce")["slot"], "the second turn went to another slot")
+    expect(tf["cached_tokens"] >= r1.usage.prompt_tokens, f"cached {tf['cached_tokens']} tokens, the first turn's "
+           f"prompt was {r1.usage.prompt_tokens}")
+    expect(r.usage.prompt_tokens_details.cached_tokens == tf["cached_tokens"], "usage's cached_tokens")
+    expect(r.choices[0].message.content == a2, f"turn 2 {r.choices[0].message.content!r}, offload-run chat says {a2!r}")
+
+
+def t_two_clients():
+    prompts = ["Write a poem about the sea.", "Tell me about cats."]
+    n = 24
+    alone = [client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": p}], max_tokens=n,
+                                            temperature=0).choices[0].message.content for p in prompts]
+    out = [None, None]
+    times = [[None, None], [None, None]]  # first token, last token
+    slots = [None, None]
+
+    def run(i):
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY, max_retries=0, timeout=120 * SCALE)
+        text = ""
+        for ch in c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": prompts[i]}],
+                                            max_tokens=n, temperature=0, stream=True):
+            if ch.choices and ch.choices[0].delta.content:
+                text += ch.choices[0].delta.content
+                times[i][1] = time.time()
+                if times[i][0] is None:
+                    times[i][0] = times[i][1]
+            if ch.choices and ch.choices[0].finish_reason:
+                slots[i] = extra(ch, "triforce")["slot"]
+        out[i] = text
+
+    th = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(300 * SCALE)
+    expect(out == alone, f"concurrent {out}, alone {alone}")
+    expect(sorted(slots) == [0, 1], f"slots {slots}")
+    # at the same time: each got text before the other had its last
+    expect(times[0][0] < times[1][1] and times[1][0] < times[0][1], f"not concurrent: {times}")
+
+
+def t_invalid_json():
+    st, b = raw(PORT, "POST", "/v1/chat/completions", body='{"model": "x", "messages": [')
+    expect_error(st, b, 400)
+    st, b = raw(PORT, "POST", "/v1/chat/completions", body="")
+    expect_error(st, b, 400)
+    st, b = raw(PORT, "POST", "/v1/completions", body='[1, 2]')
+    expect_error(st, b, 400)
+
+
+def t_wrong_types():
+    for body, param in [({"messages": "hi"}, "messages"),
+                        ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+                        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1.5}, "max_tokens"),
+                        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+                        ({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, "stream"),
+                        ({"messages": [{"role": "user", "content": "hi"}], "stop": [1]}, "stop"),
+                        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0]"),
+                        ({"messages": [{"role": "user", "content": 7}]}, "messages[0].content")]:
+        st, b = raw(PORT, "POST", "/v1/chat/completions", body=body)
+        expect_error(st, b, 400, param=param)
+    st, b = raw(PORT, "POST", "/v1/completions", body={"prompt": 5})
+    expect_error(st, b, 400, param="prompt")
+    # through the client too: a BadRequestError carrying the message
+    try:
+        client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], n=2)
+        raise AssertionError("n=2 was accepted")
+    except openai.BadRequestError as e:
+        expect(e.status_code == 400 and "'n'" in str(e), str(e))
+
+
+def t_unknown_model():
+    try:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        raise AssertionError("an unknown model was accepted")
+    except openai.NotFoundError as e:
+        expect(e.status_code == 404 and e.code == "model_not_found", f"{e.status_code} {e.code}")
+    st, b = raw(PORT, "GET", "/v1/nothing")
+    expect_error(st, b, 404)
+    st, b = raw(PORT, "DELETE", "/v1/models")
+    expect_error(st, b, 405)
+
+
+def t_too_long():
+    long_text = "the cat sat on the mat " * 200  # about 1,200 tokens, over --ctx 512
+    try:
+        client.completions.create(model=MODEL_ID, prompt=long_text, max_tokens=4)
+        raise AssertionError("a prompt longer than the context was accepted")
+    except openai.BadRequestError as e:
+        expect(e.code == "context_length_exceeded", f"code {e.code}")
+    try:
+        client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": long_text}], max_tokens=4,
+                                       stream=True)
+        raise AssertionError("a streamed prompt longer than the context was accepted")
+    except openai.BadRequestError as e:
+        expect(e.code == "context_length_exceeded", f"code {e.code}")
+
+
+def t_api_key():
+    for key in (None, "sk-wrong"):
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=key or "unused", max_retries=0)
+        try:
+            if key is None:  # no Authorization header at all
+                st, b = raw(PORT, "GET", "/v1/models", headers={"Authorization": ""})
+                expect_error(st, b, 401, code="invalid_api_key")
+                continue
+            c.models.list()
+            raise AssertionError("a wrong key was accepted")
+        except openai.AuthenticationError as e:
+            expect(e.status_code == 401, str(e))
+    st, b = raw(PORT, "POST", "/v1/chat/completions", body={"messages": [{"role": "user", "content": "hi"}]},
+                headers={"Authorization": "Bearer sk-wrong"})
+    expect_error(st, b, 401)
+
+
+def open_stream(prompt, n):
+    """A streamed completion on a raw socket, its first event read: the socket."""
+    s = socket.create_connection(("127.0.0.1", PORT), timeout=120 * SCALE)
+    body = json.dumps({"prompt": prompt, "max_tokens": n, "stream": True, "temperature": 0})
+    s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+    return s
+
+
+def busy():
+    st, h = raw(PORT, "GET", "/health")
+    return h["slots_busy"], h["queued"]
+
+
+def wait_until(pred, timeout, what):
+    end = time.time() + timeout * SCALE
+    while time.time() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def t_disconnect():
+    mark = len(srv.lines)
+    s = open_stream("Once upon a time", 400)
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += s.recv(4096)
+    s.close()  # mid-stream
+    line = srv.wait_line(lambda l: "cancelled" in l and "went away" in l, 60 * SCALE, mark)
+    expect(line is not None, "the server did not log the cancelled stream")
+    expect(" generated " in line and int(line.split(" generated ")[0].split(", ")[-1]) < 400,
+           f"the stream ran on: {line.strip()}")
+    wait_until(lambda: busy() == (0, 0), 30, "the slot to be free")
+    r = client.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=4, temperature=0)
+    expect(r.usage.completion_tokens == 4, "the request after the disconnect")
+
+
+def t_busy_503():
+    socks = [open_stream(f"Story number {i}:", 400) for i in range(3)]
+    try:
+        wait_until(lambda: busy() == (2, 1), 60, "two busy slots and one queued request")
+        try:
+            client.completions.create(model=MODEL_ID, prompt="hello", max_tokens=2)
+            raise AssertionError("a request past the queue was accepted")
+        except openai.APIStatusError as e:
+            expect(e.status_code == 503, f"status {e.status_code}")
+            expect(e.body and e.body.get("code") == "server_busy" if isinstance(e.body, dict) else True, str(e.body))
+    finally:
+        for s in socks:
+            s.close()
+    wait_until(lambda: busy() == (0, 0), 60, "the slots and the queue to empty")
+    r = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    expect(r.usage.completion_tokens >= 1, "the request after the 503")
+
+
+for name, fn in [("models", t_models), ("chat", t_chat), ("chat_stream", t_chat_stream),
+                 ("completions", t_completions), ("second_turn_cached", t_second_turn),
+                 ("two_clients", t_two_clients), ("invalid_json", t_invalid_json), ("wrong_types", t_wrong_types),
+                 ("unknown_model", t_unknown_model), ("too_long_prompt", t_too_long), ("api_key", t_api_key),
+                 ("disconnect_mid_stream", t_disconnect), ("busy_503", t_busy_503)]:
+    check(name, fn)
+
+
+def t_stop():
+    rc = srv.stop()
+    expect(rc == 0, f"the server exited with {rc}:\n" + "".join(srv.lines[-30:]))
+
+
+check("sigterm", t_stop)
+print("---- server log ----")
+print("".join(srv.lines), end="")
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
