@@ -153,15 +153,15 @@ static bool refuse_unless(bool neutral, const char *name, const char *why, srv_e
 
 static bool is_null(json_object *v) { return json_object_is_type(v, json_type_null); }
 
+static bool oom(srv_error *err) { return srv_fail(err, 500, "server_error", NULL, NULL, "out of memory"); }
+
 // The text of a message's content: a string, null, or an array of {"type": "text", "text": ...}
 // parts (concatenated). *out malloc'd.
 static bool content_text(json_object *v, size_t i, char **out, srv_error *err) {
     char param[48];
     snprintf(param, sizeof param, "messages[%zu].content", i);
-    if (is_null(v) || !v) return (*out = strdup("")) != NULL || srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
-    if (json_object_is_type(v, json_type_string))
-        return (*out = strdup(json_object_get_string(v))) != NULL ||
-               srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    if (is_null(v)) return (*out = strdup("")) != NULL || oom(err);
+    if (json_object_is_type(v, json_type_string)) return (*out = strdup(json_object_get_string(v))) != NULL || oom(err);
     if (!json_object_is_type(v, json_type_array))
         return BAD(err, param, "'%s' must be a string or an array of text parts, not %s", param, type_name(v));
     size_t total = 0, n = json_object_array_length(v);
@@ -296,7 +296,7 @@ static bool parse_prompt(const srv_model_ref *m, json_object *v, srv_request *rq
         return parse_prompt(m, first, rq, err);
     }
     int32_t n_vocab = tri_token_count(m->model);
-    if (!(rq->ids = malloc(n * sizeof *rq->ids))) return srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    if (!(rq->ids = malloc(n * sizeof *rq->ids))) return oom(err);
     for (size_t i = 0; i < n; i++) {
         json_object *t = json_object_array_get_idx(v, i);
         if (json_object_is_type(t, json_type_array))
@@ -527,8 +527,8 @@ static json_object *triforce_json(const srv_result *r) {
 static json_object *head(bool chat, const srv_result *r, bool chunk) {
     json_object *o = json_object_new_object();
     json_object_object_add(o, "id", json_object_new_string(r->id));
-    json_object_object_add(o, "object", json_object_new_string(chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
-                                                                     : "text_completion"));
+    const char *object = !chat ? "text_completion" : chunk ? "chat.completion.chunk" : "chat.completion";
+    json_object_object_add(o, "object", json_object_new_string(object));
     json_object_object_add(o, "created", json_object_new_int64(r->created));
     json_object_object_add(o, "model", json_object_new_string(r->model));
     json_object_object_add(o, "system_fingerprint", json_object_new_string("triforce-" TRI_VERSION_STRING));

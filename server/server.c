@@ -302,9 +302,8 @@ static void slot_generate(srv *s, slot *sl, job *j) {
         return;
     }
     r->cached_tokens = keep;
-    memcpy(sl->tokens, rq->ids, (size_t)keep * sizeof *rq->ids);  // sl->tokens holds >= keep already
-    sl->n_tokens = keep;
-    // the rest of the prompt goes in the token list now, the generated tokens after it
+    // the token list: its first keep tokens are the prompt's already; the rest of the prompt goes
+    // in now, the generated tokens after it
     if (sl->cap_tokens < rq->n_ids) {
         int32_t *t = realloc(sl->tokens, (size_t)rq->n_ids * sizeof *t);
         if (!t) {
@@ -691,8 +690,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         for (int i = 0; i < s->n_slots; i++) busy += s->slots[i].job != NULL;
         char *body = malloc(160);
         if (body)
-            snprintf(body, 160, "{\"status\": \"ok\", \"slots\": %d, \"slots_busy\": %d, \"queued\": %d, \"queue\": %d}",
-                     s->n_slots, busy, s->n_queued, s->max_queue);
+            snprintf(body, 160, "{\"status\": \"ok\", \"slots\": %d, \"slots_busy\": %d, \"queued\": %d, "
+                     "\"queue\": %d}", s->n_slots, busy, s->n_queued, s->max_queue);
         pthread_mutex_unlock(&s->mu);
         return send_json(c, 200, body);
     }
@@ -994,7 +993,9 @@ int tri_server_main(int argc, char **argv) {
         case OPT_DRAFT_NGRAM: ok = tri_cli_parse_long(me, "--draft-ngram", optarg, 1, 64, &ngram); break;
         case OPT_GAMMA1: ok = tri_cli_parse_long(me, "--gamma1", optarg, 1, 64, &gamma1); break;
         case OPT_GAMMA2: ok = tri_cli_parse_long(me, "--gamma2", optarg, 1, 256, &gamma2); break;
-        case OPT_DRAFT_WINDOW: ok = tri_cli_parse_long(me, "--draft-window", optarg, 2, INT32_MAX, &draft_window); break;
+        case OPT_DRAFT_WINDOW:
+            ok = tri_cli_parse_long(me, "--draft-window", optarg, 2, INT32_MAX, &draft_window);
+            break;
         case OPT_DRAFT_SINK: ok = tri_cli_parse_long(me, "--draft-sink", optarg, 1, INT32_MAX, &draft_sink); break;
         case OPT_REFRESH_ACCEPT:
             refresh_accept_set = true;
