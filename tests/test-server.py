@@ -421,11 +421,30 @@ def t_busy_503():
     expect(r.usage.completion_tokens >= 1, "the request after the 503")
 
 
+def t_seed_and_stop():
+    ask = dict(model=MODEL_ID, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=16,
+               temperature=1.0, seed=1234)
+    a = client.chat.completions.create(**ask).choices[0].message.content
+    b = client.chat.completions.create(**ask).choices[0].message.content
+    expect(a == b, f"the same seed gave {a!r} and {b!r}")
+    others = {client.chat.completions.create(**{**ask, "seed": s}).choices[0].message.content for s in (1, 2, 3)}
+    expect(len(others | {a}) > 1, "four seeds gave one text: the seed is not used")
+    greedy = client.completions.create(model=MODEL_ID, prompt="One, two, three, four,", max_tokens=12, temperature=0)
+    full = greedy.choices[0].text
+    expect(len(full.strip()) > 2, f"text {full!r}")
+    cut = full.strip()[:2]  # a stop string the greedy text holds
+    r = client.completions.create(model=MODEL_ID, prompt="One, two, three, four,", max_tokens=12, temperature=0,
+                                  stop=[cut])
+    expect(r.choices[0].finish_reason == "stop" and r.choices[0].text == full[:full.index(cut)],
+           f"stop {cut!r}: {r.choices[0].text!r} ({r.choices[0].finish_reason}), the whole text {full!r}")
+
+
 for name, fn in [("models", t_models), ("chat", t_chat), ("chat_stream", t_chat_stream),
                  ("completions", t_completions), ("second_turn_cached", t_second_turn),
                  ("two_clients", t_two_clients), ("invalid_json", t_invalid_json), ("wrong_types", t_wrong_types),
                  ("unknown_model", t_unknown_model), ("too_long_prompt", t_too_long), ("api_key", t_api_key),
-                 ("disconnect_mid_stream", t_disconnect), ("busy_503", t_busy_503)]:
+                 ("seed_and_stop", t_seed_and_stop), ("disconnect_mid_stream", t_disconnect),
+                 ("busy_503", t_busy_503)]:
     check(name, fn)
 
 
@@ -437,5 +456,31 @@ def t_stop():
 check("sigterm", t_stop)
 print("---- server log ----")
 print("".join(srv.lines), end="")
+
+
+def t_spec():
+    """A speculative server (prompt-lookup drafts, L2 and L3): greedy answers are plain decoding's,
+    the same seed gives the same text twice on one slot, and the triforce object has the figures."""
+    spec = Server("--slots", "1", "--spec", "triforce", "--draft-ngram", "3", "--gamma2", "4")
+    try:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{spec.port}/v1", api_key=KEY, max_retries=0,
+                          timeout=120 * SCALE)
+        want = cli_text(["--chat", "-p", Q1, "-n", str(N)])
+        r = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": Q1}], max_tokens=N,
+                                      temperature=0)
+        expect(r.choices[0].message.content == want, f"{r.choices[0].message.content!r}, plain decoding {want!r}")
+        tf = extra(r, "triforce")
+        expect(tf["spec_mode"] == "triforce" and tf["full_cache_passes"] >= 1 and tf["tokens_per_pass"] >= 1
+               and "l1_acceptance" in tf and "l2_acceptance" in tf, f"triforce {tf}")
+        ask = dict(model=MODEL_ID, prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=99)
+        a, b = (c.completions.create(**ask).choices[0].text for _ in range(2))
+        expect(a == b, f"the same seed gave {a!r} and {b!r}")
+    finally:
+        rc = spec.stop()
+        print("".join(spec.lines), end="")
+    expect(rc == 0, f"the speculative server exited with {rc}")
+
+
+check("speculative", t_spec)
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
