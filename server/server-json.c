@@ -362,6 +362,8 @@ bool srv_parse_request(const srv_model_ref *m, bool chat, const char *body, size
             input = v;
         } else if (strcmp(key, "stream") == 0) {
             if (!null && !get_bool(v, key, &rq->stream, err)) goto done;
+        } else if (strcmp(key, "ignore_eos") == 0) {
+            if (!null && !get_bool(v, key, &rq->ignore_eos, err)) goto done;
         } else if (strcmp(key, "stream_options") == 0) {
             if (null) continue;
             json_object *u;

@@ -324,7 +324,8 @@ static void slot_generate(srv *s, slot *sl, job *j) {
     gp.sampler = j->sampler;
     gp.stop = (const char *const *)rq->stop;
     gp.n_stop = rq->n_stop;
-    if (rq->chat) {
+    gp.stop_at_eos = !rq->ignore_eos;
+    if (rq->chat && !rq->ignore_eos) {
         gp.stop_tokens = s->stop_ids;
         gp.n_stop_tokens = s->n_stop_ids;
     }
@@ -370,8 +371,9 @@ static void slot_generate(srv *s, slot *sl, job *j) {
     else if (j->oom) srv_fail(&j->err, 500, "server_error", NULL, NULL, "out of memory");
 }
 
-// The end of a job: its closing events or body, then done.
-static void job_finish(srv *s, job *j) {
+// The end of a job on slot sl: its closing events, then done, and the slot idle in the same step
+// (a client that sends its next turn as soon as it has this answer finds the slot free).
+static void job_finish(srv *s, slot *sl, job *j) {
     srv_result *r = &j->res;
     r->text = j->text;
     r->n_text = j->n_text;
@@ -394,6 +396,9 @@ static void job_finish(srv *s, job *j) {
     }
     j->done = true;
     pthread_cond_broadcast(&j->cond);
+    sl->job = NULL;
+    job_unref_locked(j);
+    assign_locked(s);
     pthread_mutex_unlock(&s->mu);
     free(tail);
     free(usage);
@@ -425,11 +430,8 @@ static void *slot_thread(void *arg) {
                         j->res.queue_seconds, j->res.prefill_seconds, j->res.decode_seconds,
                         gone ? " (the client went away)" : "");
         }
-        job_finish(s, j);
+        job_finish(s, sl, j);
         pthread_mutex_lock(&s->mu);
-        sl->job = NULL;
-        job_unref_locked(j);
-        assign_locked(s);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;

@@ -66,6 +66,7 @@ typedef struct srv_request {
     bool chat;             // /v1/chat/completions (else /v1/completions)
     bool stream;           // server-sent events
     bool include_usage;    // stream_options.include_usage: a last chunk with the usage
+    bool ignore_eos;       // go on past the end-of-sequence and end-of-turn tokens (llama-server's)
     int32_t *ids;          // the prompt (a chat: the conversation rendered), malloc'd
     int32_t n_ids;
     int64_t max_tokens;    // 0: not given
