@@ -719,6 +719,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                      "the model '%s' does not exist: this server serves '%s'", url + 11, s->ref.id);
             return send_error(c, method, url, &err);
         }
+        fprintf(stderr, "%s %s 200\n", method, url);
         return send_json(c, 200, srv_models_json(&s->ref, s->started, model_one));
     }
     if (!post) goto method;
