@@ -331,6 +331,24 @@ def t_wrong_types():
         expect(e.status_code == 400 and "'n'" in str(e), str(e))
 
 
+def t_garbage():
+    """Every prefix of a good body, and random bytes: each a 400 in OpenAI's shape, never a crash."""
+    import random
+    good = json.dumps({"model": MODEL_ID, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                       "max_tokens": 1, "stop": ["x"], "stream_options": {"include_usage": True}})
+    rnd = random.Random(5)
+    bodies = [good[:i] for i in range(0, len(good), 3)]
+    bodies += [bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 64))) for _ in range(20)]
+    bodies += [good.replace('"hi"', v) for v in ("1e999", "null", "[]", "{}", '"\\ud800"', "-0", "true")]
+    for b in bodies:
+        st, r = raw(PORT, "POST", "/v1/chat/completions", body=b)
+        expect(st == 400 or (st == 200 and b.startswith("{") and b.endswith("}")), f"{b!r}: status {st} {r}")
+        if st == 400:
+            expect_error(st, r, 400)
+    st, h = raw(PORT, "GET", "/health")
+    expect(st == 200, "the server is not healthy after garbage")
+
+
 def t_unknown_model():
     try:
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
@@ -452,7 +470,7 @@ def t_seed_and_stop():
 
 for name, fn in [("models", t_models), ("chat", t_chat), ("chat_stream", t_chat_stream),
                  ("completions", t_completions), ("second_turn_cached", t_second_turn),
-                 ("two_clients", t_two_clients), ("invalid_json", t_invalid_json), ("wrong_types", t_wrong_types),
+                 ("two_clients", t_two_clients), ("invalid_json", t_invalid_json), ("garbage", t_garbage), ("wrong_types", t_wrong_types),
                  ("unknown_model", t_unknown_model), ("too_long_prompt", t_too_long), ("api_key", t_api_key),
                  ("seed_and_stop", t_seed_and_stop), ("disconnect_mid_stream", t_disconnect),
                  ("busy_503", t_busy_503)]:
