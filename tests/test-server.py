@@ -269,9 +269,12 @@ def t_second_turn():
 
 def t_two_clients():
     prompts = ["Write a poem about the sea.", "Tell me about cats."]
-    n = 24
+    n = 32
+    # ignore_eos: neither answer may end before the other has begun
     alone = [client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": p}], max_tokens=n,
-                                            temperature=0).choices[0].message.content for p in prompts]
+                                            temperature=0, extra_body={"ignore_eos": True}).choices[0].message.content
+             for p in prompts]
+    start = threading.Barrier(2)
     out = [None, None]
     times = [[None, None], [None, None]]  # first token, last token
     slots = [None, None]
@@ -279,8 +282,9 @@ def t_two_clients():
     def run(i):
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY, max_retries=0, timeout=120 * SCALE)
         text = ""
+        start.wait(30 * SCALE)
         for ch in c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": prompts[i]}],
-                                            max_tokens=n, temperature=0, stream=True):
+                                            max_tokens=n, temperature=0, stream=True, extra_body={"ignore_eos": True}):
             if ch.choices and ch.choices[0].delta.content:
                 text += ch.choices[0].delta.content
                 times[i][1] = time.time()
