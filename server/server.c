@@ -298,8 +298,11 @@ static void slot_generate(srv *s, slot *sl, job *j) {
     }
     tri_status st = sl->spec ? tri_spec_truncate(sl->spec, keep) : tri_session_truncate(sl->session, keep);
     if (st) {
-        srv_fail(&j->err, 500, "server_error", NULL, NULL, "cannot reuse the slot's cache: %s", tri_last_error());
-        return;
+        // a cache that cannot roll back that far (a policy that keeps only its budget's rows):
+        // start afresh
+        if (sl->spec) tri_spec_reset(sl->spec);
+        else tri_session_reset(sl->session);
+        keep = 0;
     }
     r->cached_tokens = keep;
     // the token list: its first keep tokens are the prompt's already; the rest of the prompt goes
