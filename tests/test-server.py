@@ -126,8 +126,18 @@ def raw(port, method, path, body=None, headers=None, timeout=60):
         return r.status, data
 
 
+_cli_cache = {}
+
+
 def cli_text(args):
     """What `offload-run generate` prints (greedy)."""
+    key = tuple(args)
+    if key not in _cli_cache:
+        _cli_cache[key] = _cli_text(args)
+    return _cli_cache[key]
+
+
+def _cli_text(args):
     r = subprocess.run([CLI, "generate", "-m", MODEL, *args], capture_output=True, text=True, timeout=300 * SCALE)
     if r.returncode != 0:
         raise RuntimeError("offload-run generate failed: " + r.stderr)
@@ -455,13 +465,13 @@ def t_busy_503():
 
 
 def t_seed_and_stop():
-    ask = dict(model=MODEL_ID, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=16,
+    ask = dict(model=MODEL_ID, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=8,
                temperature=1.0, seed=1234)
     a = client.chat.completions.create(**ask).choices[0].message.content
     b = client.chat.completions.create(**ask).choices[0].message.content
     expect(a == b, f"the same seed gave {a!r} and {b!r}")
-    others = {client.chat.completions.create(**{**ask, "seed": s}).choices[0].message.content for s in (1, 2, 3)}
-    expect(len(others | {a}) > 1, "four seeds gave one text: the seed is not used")
+    others = {client.chat.completions.create(**{**ask, "seed": s}).choices[0].message.content for s in (1, 2)}
+    expect(len(others | {a}) > 1, "three seeds gave one text: the seed is not used")
     greedy = client.completions.create(model=MODEL_ID, prompt="One, two, three, four,", max_tokens=12, temperature=0)
     full = greedy.choices[0].text
     expect(len(full.strip()) > 2, f"text {full!r}")
