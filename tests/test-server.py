@@ -407,10 +407,10 @@ def t_api_key():
     expect_error(st, b, 401)
 
 
-def open_stream(prompt, n):
-    """A streamed completion on a raw socket, its first event read: the socket."""
+def open_stream(prompt, n, stream=True):
+    """A completion (streamed) sent on a raw socket, nothing read: the socket."""
     s = socket.create_connection(("127.0.0.1", PORT), timeout=120 * SCALE)
-    body = json.dumps({"prompt": prompt, "max_tokens": n, "stream": True, "temperature": 0, "ignore_eos": True})
+    body = json.dumps({"prompt": prompt, "max_tokens": n, "stream": stream, "temperature": 0, "ignore_eos": True})
     s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
     return s
@@ -441,6 +441,15 @@ def t_disconnect():
     expect(line is not None, "the server did not log the cancelled stream")
     expect(" generated " in line and int(line.split(" generated")[0].split(", ")[-1]) < 400,
            f"the stream ran on: {line.strip()}")
+    wait_until(lambda: busy() == (0, 0), 30, "the slot to be free")
+    # not streamed: the server watches the connection while it generates
+    mark = len(srv.lines)
+    s = open_stream("Once upon a time", 400, stream=False)
+    wait_until(lambda: busy() == (1, 0), 30, "the request to run")
+    s.close()
+    line = srv.wait_line(lambda l: "cancelled" in l and "went away" in l, 60 * SCALE, mark)
+    expect(line is not None, "the server did not log the cancelled request")
+    expect(int(line.split(" generated")[0].split(", ")[-1]) < 400, f"the request ran on: {line.strip()}")
     wait_until(lambda: busy() == (0, 0), 30, "the slot to be free")
     r = client.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=4, temperature=0)
     expect(r.usage.completion_tokens == 4, "the request after the disconnect")
