@@ -26,7 +26,7 @@ Test(sampler, probs_match_hf_warpers) {
         memcpy(want, buf + off + (size_t)n * 4, (size_t)n * 4);
         off += (size_t)n * 8;
         tri_sampler_params p = {.temperature = temp, .top_k = top_k, .top_p = top_p};
-        cr_assert_eq(tri__sampler_probs(&p, logits, n, got, &scratch), TRI_STATUS_OK);
+        cr_assert_eq(tri__sampler_probs(&p, NULL, 0, logits, n, got, &scratch), TRI_STATUS_OK);
         double sum = 0;
         for (int32_t i = 0; i < n; i++) {
             sum += got[i];
@@ -53,7 +53,7 @@ Test(sampler, greedy_is_argmax_lowest_on_ties) {
     float probs[6];
     tri__sampler_scratch scratch = {0};
     tri_sampler_params p = tri_sampler_default_params();
-    cr_assert_eq(tri__sampler_probs(&p, logits, 6, probs, &scratch), TRI_STATUS_OK);
+    cr_assert_eq(tri__sampler_probs(&p, NULL, 0, logits, 6, probs, &scratch), TRI_STATUS_OK);
     for (int i = 0; i < 6; i++) cr_assert_eq(probs[i], i == 1 ? 1.0f : 0.0f);
     tri__rng rng;
     tri__rng_seed(&rng, 3);

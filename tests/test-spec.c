@@ -132,7 +132,7 @@ Test(spec, verify_rule_emits_p) {
     sp.temperature = 1.0f;
     float p[V];
     tri__sampler_scratch scr = {0};
-    cr_assert_eq(tri__sampler_probs(&sp, logits, V, p, &scr), TRI_STATUS_OK);
+    cr_assert_eq(tri__sampler_probs(&sp, NULL, 0, logits, V, p, &scr), TRI_STATUS_OK);
     tri__spec_work w;
     cr_assert_eq(tri__spec_work_init(&w, V), TRI_STATUS_OK);
     tri__spec_draft d, out;
@@ -152,7 +152,7 @@ Test(spec, verify_rule_emits_p) {
             d.n = 1;
             out.n = 0;
             int32_t k, z;
-            cr_assert_eq(tri__spec_verify(&sp, (tri__spec_rule)rule, logits, &d, false, &rng, &w, &out, &k, &z),
+            cr_assert_eq(tri__spec_verify(&sp, (tri__spec_rule)rule, tok, 0, logits, &d, false, &rng, &w, &out, &k, &z),
                          TRI_STATUS_OK);
             int32_t emitted = k == 1 ? tok[0] : z;
             count[emitted] += 1;
@@ -944,20 +944,27 @@ static chi_law exact_law(const tri_model *m, const tri_sampler_params *sp) {
     float *p1 = malloc((size_t)V * sizeof *p1), *p2 = malloc((size_t)V * sizeof *p2);
     float *p3 = malloc((size_t)V * sizeof *p3);
     tri__sampler_scratch scr = {0};
+    // the context of each position, for the penalties
+    int32_t ctx[CHI_PROMPT + 2];
+    memcpy(ctx, chi_prompt, sizeof chi_prompt);
     cr_assert_eq(tri_session_eval(s, chi_prompt, CHI_PROMPT, false), TRI_STATUS_OK);
-    cr_assert_eq(tri__sampler_probs(sp, tri_session_logits(s, -1), V, p1, &scr), TRI_STATUS_OK);
+    cr_assert_eq(tri__sampler_probs(sp, ctx, CHI_PROMPT, tri_session_logits(s, -1), V, p1, &scr), TRI_STATUS_OK);
     for (int32_t a = 0; a < V; a++) {
         if (p1[a] <= 0.0f) continue;
         cr_assert_eq(tri_session_truncate(s, CHI_PROMPT), TRI_STATUS_OK);
         cr_assert_eq(tri_session_eval(s, &a, 1, false), TRI_STATUS_OK);
-        cr_assert_eq(tri__sampler_probs(sp, tri_session_logits(s, -1), V, p2, &scr), TRI_STATUS_OK);
+        ctx[CHI_PROMPT] = a;
+        cr_assert_eq(tri__sampler_probs(sp, ctx, CHI_PROMPT + 1, tri_session_logits(s, -1), V, p2, &scr),
+                     TRI_STATUS_OK);
         for (int32_t b = 0; b < V; b++) {
             double pab = (double)p1[a] * (double)p2[b];
             law.joint[(int64_t)a * V + b] = pab;
             if (pab <= 0.0) continue;
             cr_assert_eq(tri_session_truncate(s, CHI_PROMPT + 1), TRI_STATUS_OK);
             cr_assert_eq(tri_session_eval(s, &b, 1, false), TRI_STATUS_OK);
-            cr_assert_eq(tri__sampler_probs(sp, tri_session_logits(s, -1), V, p3, &scr), TRI_STATUS_OK);
+            ctx[CHI_PROMPT + 1] = b;
+            cr_assert_eq(tri__sampler_probs(sp, ctx, CHI_PROMPT + 2, tri_session_logits(s, -1), V, p3, &scr),
+                         TRI_STATUS_OK);
             for (int32_t c = 0; c < V; c++) law.third[c] += pab * (double)p3[c];
         }
     }
