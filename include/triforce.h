@@ -320,9 +320,10 @@ typedef struct tri_sampler_params {
 // frequency_penalty 0, penalty_last_n 0 (64): plain greedy decoding.
 TRI_API tri_sampler_params tri_sampler_default_params(void);
 
-// The common chat settings (llama.cpp's, Ollama's): temperature 0.8, top_k 40, top_p 0.95, min_p
-// 0.05, no penalties, seed TRI_SEED_RANDOM. What `offload-run chat`, `serve` and `generate --chat`
-// use unless told otherwise.
+// The common chat settings: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05 (llama.cpp's),
+// repeat_penalty 1.1 over the last 64 tokens (Ollama's; without it small models fall into loops),
+// seed TRI_SEED_RANDOM. What `offload-run chat`, `serve` and `generate --chat` use unless told
+// otherwise.
 TRI_API tri_sampler_params tri_sampler_chat_params(void);
 
 // Checks params: INVALID_ARGUMENT naming the field for a NaN or infinity, top_k < 0,

@@ -126,6 +126,7 @@ Test(sampler, params_check_names_the_field) {
     cr_assert_eq(tri_sampler_params_check(&chat), TRI_STATUS_OK);
     cr_assert_eq(chat.seed, TRI_SEED_RANDOM);
     cr_assert(chat.temperature == 0.8f && chat.top_k == 40 && chat.top_p == 0.95f && chat.min_p == 0.05f);
+    cr_assert(chat.repeat_penalty == 1.1f && chat.penalty_last_n == 64 && chat.presence_penalty == 0.0f);
     struct {
         const char *field;
         tri_sampler_params p;

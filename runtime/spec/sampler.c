@@ -68,6 +68,8 @@ tri_sampler_params tri_sampler_chat_params(void) {
     p.top_k = 40;
     p.top_p = 0.95f;
     p.min_p = 0.05f;
+    p.repeat_penalty = 1.1f;
+    p.penalty_last_n = 64;
     p.seed = TRI_SEED_RANDOM;
     return p;
 }
