@@ -204,7 +204,8 @@ static char *read_line(input *in, const char *prompt) {
 #ifdef TRI_CLI_LIBEDIT
     if (in->edit) {
         char *l = readline(prompt);
-        if (interrupted) {
+        if (!l || interrupted) {  // Ctrl-D or Ctrl-C: end the line the prompt is on
+            fputc('\n', stderr);
             free(l);
             return NULL;
         }

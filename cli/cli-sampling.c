@@ -11,8 +11,8 @@
 enum { S_TEMP, S_TOPK, S_TOPP, S_MINP, S_REPEAT, S_PRESENCE, S_FREQUENCY, S_LAST_N, S_SEED };
 
 static const char *const names[TRI_CLI_SAMPLING_COUNT] = {
-    "temp", "top-k", "top-p", "min-p", "repeat-penalty", "presence-penalty", "frequency-penalty", "repeat-last-n",
-    "seed",
+    "temp",          "top-k", "top-p", "min-p", "repeat-penalty", "presence-penalty", "frequency-penalty",
+    "repeat-last-n", "seed",
 };
 
 // Sets field i from arg; opt is how the user named it ("--temp", "/set temp").
@@ -62,8 +62,10 @@ bool tri_cli_sampling_set(const char *cmd, const char *key, const char *value, t
             return set_field(cmd, opt, i, value, s);
         }
     }
-    fprintf(stderr, "%s: /set '%s': unknown key; want one of temp, top-k, top-p, min-p, repeat-penalty, "
-            "presence-penalty, frequency-penalty, repeat-last-n, seed\n", cmd, key);
+    fprintf(stderr,
+            "%s: /set '%s': unknown key; want one of temp, top-k, top-p, min-p, repeat-penalty, "
+            "presence-penalty, frequency-penalty, repeat-last-n, seed\n",
+            cmd, key);
     return false;
 }
 
@@ -89,13 +91,15 @@ void tri_cli_sampling_resolve(tri_cli_sampling *s, bool chat) {
 void tri_cli_sampling_describe(const tri_cli_sampling *s, char *buf, size_t cap) {
     const tri_sampler_params *p = &s->p;
     size_t n = 0;
-#define ADD(...)                                                                          \
-    do {                                                                                  \
-        int w = snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__);                    \
-        if (w > 0) n += (size_t)w;                                                        \
+#define ADD(...)                                                       \
+    do {                                                               \
+        int w = snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__); \
+        if (w > 0) n += (size_t)w;                                     \
     } while (0)
-    if (p->temperature <= 0.0f) ADD("greedy");
-    else ADD("temperature %g", (double)p->temperature);
+    if (p->temperature <= 0.0f)
+        ADD("greedy");
+    else
+        ADD("temperature %g", (double)p->temperature);
     if (p->temperature > 0.0f) {
         if (p->top_k > 0) ADD(", top-k %d", p->top_k);
         if (p->top_p > 0.0f && p->top_p < 1.0f) ADD(", top-p %g", (double)p->top_p);
@@ -106,32 +110,37 @@ void tri_cli_sampling_describe(const tri_cli_sampling *s, char *buf, size_t cap)
     if (p->repeat_penalty > 0.0f && p->repeat_penalty != 1.0f) ADD(", repeat-penalty %g", (double)p->repeat_penalty);
     if (p->presence_penalty != 0.0f) ADD(", presence-penalty %g", (double)p->presence_penalty);
     if (p->frequency_penalty != 0.0f) ADD(", frequency-penalty %g", (double)p->frequency_penalty);
-    if (pen && p->penalty_last_n < 0) ADD(", over the whole context");
-    else if (pen) ADD(", over the last %d tokens", p->penalty_last_n == 0 ? 64 : p->penalty_last_n);
+    if (pen && p->penalty_last_n < 0)
+        ADD(", over the whole context");
+    else if (pen)
+        ADD(", over the last %d tokens", p->penalty_last_n == 0 ? 64 : p->penalty_last_n);
     if (p->temperature > 0.0f) ADD(", seed %llu", (unsigned long long)p->seed);
 #undef ADD
 }
 
 void tri_cli_sampling_usage(FILE *f, bool chat) {
     if (chat)
-        fputs("sampling (default: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat-penalty 1.1 over\n"
-              "the last 64 tokens, a random seed; applied in HF's order: penalties, temperature, top-k, top-p,\n"
-              "min-p):\n",
-              f);
+        fputs(
+            "sampling (default: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat-penalty 1.1 over\n"
+            "the last 64 tokens, a random seed; applied in HF's order: penalties, temperature, top-k, top-p,\n"
+            "min-p):\n",
+            f);
     else
-        fputs("sampling (default: greedy; with --chat: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,\n"
-              "repeat-penalty 1.1 over the last 64 tokens; a random seed unless --seed; applied in HF's\n"
-              "order: penalties, temperature, top-k, top-p, min-p):\n",
-              f);
-    fputs("      --temp T         sampling temperature; 0 is greedy\n"
-          "      --top-k K        keep the K most likely tokens (0: all)\n"
-          "      --top-p P        then the smallest set of them with mass P (1: all)\n"
-          "      --min-p P        then the tokens at least P times as likely as the most likely (0: all)\n"
-          "      --repeat-penalty X  divide a positive logit of a token in the window by X (multiply a\n"
-          "                       negative one): > 1 discourages repeats (default 1: off)\n"
-          "      --presence-penalty X  subtract X from the logit of every token in the window (default 0)\n"
-          "      --frequency-penalty X  subtract X per occurrence in the window (default 0)\n"
-          "      --repeat-last-n N  the window: the last N tokens of the context (default 64; -1: all)\n"
-          "      --seed S         random seed (default: drawn at start; printed with the settings)\n",
-          f);
+        fputs(
+            "sampling (default: greedy; with --chat: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,\n"
+            "repeat-penalty 1.1 over the last 64 tokens; a random seed unless --seed; applied in HF's\n"
+            "order: penalties, temperature, top-k, top-p, min-p):\n",
+            f);
+    fputs(
+        "      --temp T         sampling temperature; 0 is greedy\n"
+        "      --top-k K        keep the K most likely tokens (0: all)\n"
+        "      --top-p P        then the smallest set of them with mass P (1: all)\n"
+        "      --min-p P        then the tokens at least P times as likely as the most likely (0: all)\n"
+        "      --repeat-penalty X  divide a positive logit of a token in the window by X (multiply a\n"
+        "                       negative one): > 1 discourages repeats (default 1: off)\n"
+        "      --presence-penalty X  subtract X from the logit of every token in the window (default 0)\n"
+        "      --frequency-penalty X  subtract X per occurrence in the window (default 0)\n"
+        "      --repeat-last-n N  the window: the last N tokens of the context (default 64; -1: all)\n"
+        "      --seed S         random seed (default: drawn at start; printed with the settings)\n",
+        f);
 }
