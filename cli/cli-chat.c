@@ -34,10 +34,18 @@ static void usage(FILE *f) {
           "conversation is rendered with the model's own chat template; the session's cache is kept\n"
           "between turns, so each turn prefills only its new tokens. Ctrl-C stops the answer being\n"
           "written; Ctrl-C at the prompt, /bye, or the end of the input ends the program. Works with\n"
-          "stdin not a terminal (one turn per line, for scripts). On a terminal lines are edited\n"
-          "with history (libedit). A line ending in '\\' continues on the next one; a line \"\"\"\n"
-          "opens a block of lines that the next \"\"\" line closes. When the conversation no longer\n"
-          "fits the context, its oldest turns are dropped (with a note on stderr).\n"
+          "stdin not a terminal (one turn per line, for scripts). "
+#ifdef TRI_CLI_LIBEDIT
+          "On a terminal lines are edited\n"
+          "with history (libedit, ~/.offload_run_history). "
+#else
+          "Lines are read as typed: this\n"
+          "build has no line editing (no libedit). "
+#endif
+          "A line ending in '\\' continues on the next\n"
+          "one; a line \"\"\" opens a block of lines that the next \"\"\" line closes. When the\n"
+          "conversation no longer fits the context, its oldest turns are dropped (with a note on\n"
+          "stderr).\n"
           "\n"
           "commands: /help, /clear, /system [TEXT], /load FILE, /save FILE, /set [KEY VALUE], /bye\n"
           "(/help describes them; '//' at the start of a line sends a line starting with '/')\n"

@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <math.h>
+#include <poll.h>
+#include <pty.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1037,6 +1039,79 @@ Test(cli, chat_drops_the_oldest_turns_when_the_context_fills, .timeout = TT_TIME
     cr_assert(strstr(err, "does not fit the context of 64 tokens (--ctx); it is dropped"), "%s", err);
     cr_assert_eq(count_turns(err), 5, "%s", err);
     cr_assert(strstr(err, "turn 5: "), "%s", err);
+}
+
+// Reads the pseudo-terminal into buf (appending, *n bytes) until it holds needle or timeout_s
+// passes; whether it does.
+static bool pty_wait(int fd, char *buf, size_t cap, size_t *n, const char *needle, double timeout_s) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        buf[*n] = 0;
+        if (strstr(buf, needle)) return true;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        double left = timeout_s - ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec));
+        if (left <= 0) return false;
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, (int)(left * 1000) + 1) <= 0) continue;
+        ssize_t r = read(fd, buf + *n, cap - 1 - *n);
+        if (r <= 0) {
+            buf[*n] = 0;
+            return strstr(buf, needle) != NULL;
+        }
+        *n += (size_t)r;
+    }
+}
+
+// On a terminal (a pseudo-terminal here) lines go through libedit: the arrow keys move the cursor
+// instead of reaching the model as "^[[D", and the line is kept in the history file.
+Test(cli, chat_edits_lines_on_a_terminal, .timeout = TT_TIMEOUT(120)) {
+    const char *bin = getenv("TRI_OFFLOAD_RUN");
+    cr_assert(bin);
+    char args[256];
+    snprintf(args, sizeof args, "chat --help");
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0);
+    if (!strstr(out, "(libedit")) cr_skip_test("this build has no libedit (-Dlibedit)");
+    const char *m = tiny_model();
+    char home[4096], save[4096], hist[4096], name[64], cmd[16384];
+    snprintf(name, sizeof name, "chat-home-%d", (int)getpid());
+    snprintf(home, sizeof home, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", home, home);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(name, sizeof name, "chat-home-%d/t.json", (int)getpid());
+    snprintf(save, sizeof save, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "chat-home-%d/.offload_run_history", (int)getpid());
+    snprintf(hist, sizeof hist, "%s", tt_tmp(name));
+    int fd;
+    pid_t pid = forkpty(&fd, NULL, NULL, NULL);
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        setenv("HOME", home, 1);
+        execl(bin, bin, "chat", "-m", m, "--chat-format", "chatml", "-n", "3", "--ctx", "256", (char *)NULL);
+        _exit(127);
+    }
+    static char buf[1 << 16];
+    size_t n = 0;
+    cr_assert(pty_wait(fd, buf, sizeof buf, &n, "> ", 60), "no prompt: %s", buf);
+    const char *typed = "abc\x1b[D\x1b[DX\r";  // abc, left, left, X: aXbc
+    cr_assert_eq(write(fd, typed, strlen(typed)), (ssize_t)strlen(typed));
+    cr_assert(pty_wait(fd, buf, sizeof buf, &n, "turn 1:", 60), "no answer: %s", buf);
+    char line[8192];
+    snprintf(line, sizeof line, "/save %s\r", save);
+    cr_assert_eq(write(fd, line, strlen(line)), (ssize_t)strlen(line));
+    cr_assert(pty_wait(fd, buf, sizeof buf, &n, "saved 2 messages", 60), "%s", buf);
+    cr_assert_eq(write(fd, "/bye\r", 5), 5);
+    pty_wait(fd, buf, sizeof buf, &n, "\x01", 10);  // drain until the program closes the terminal
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    close(fd);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d: %s", status, buf);
+    char *t = tt_read_file(save, NULL);
+    cr_assert(strstr(t, "\"content\": \"aXbc\""), "the edited line: %s", t);
+    free(t);
+    t = tt_read_file(hist, NULL);
+    cr_assert(strstr(t, "aXbc") && strstr(t, "/bye"), "history: %s", t);
+    free(t);
 }
 
 // Ctrl-C during an answer stops that answer, not the program: the next line is answered, and the
