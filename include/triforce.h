@@ -283,8 +283,8 @@ TRI_API tri_status tri_model_tensor_info(const tri_model *model, int64_t i, tri_
 typedef struct tri_sampler_params {
     float temperature;  // logits are divided by it; <= 0: greedy (argmax, lowest id on ties)
     int32_t top_k;      // keep only the k most likely tokens; 0: keep all
-    float top_p;        // then keep the smallest set of most likely tokens with this much mass,
-                        // in (0, 1]; 1: keep all
+    float top_p;        // then keep the smallest set of most likely tokens with this much mass
+                        // (of what top_k kept), in [0, 1]; 1 or 0: keep all
     uint64_t seed;      // the random stream: generation seeds it at the first call after the
                         // session (or engine) was created or reset and whenever the seed differs
                         // from the last call's, and otherwise continues it, so the same seed and
