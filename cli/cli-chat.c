@@ -5,6 +5,12 @@
 // new rendering and the tokens in the cache (the previous turns, the answers as generated). The
 // answer streams to stdout; the figures of each turn go to stderr, and with --json to one JSON
 // object at the end.
+//
+// Input: on a terminal, lines are edited with libedit (history kept in ~/.offload_run_history) when
+// the build has it; otherwise, and whenever stdin is not a terminal, lines are read as they come.
+// A line ending in a backslash continues on the next; a line of three double quotes opens a block
+// that the next such line closes. A line starting with '/' is a command (/help lists them). When
+// the conversation no longer fits the context, the oldest turns are dropped with a note.
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -12,6 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#ifdef TRI_CLI_LIBEDIT
+#include <editline/readline.h>
+#endif
 
 #include "cli.h"
 
@@ -23,8 +33,22 @@ static void usage(FILE *f) {
           "Talks with a model: each line read from stdin is a user turn, answered on stdout. The\n"
           "conversation is rendered with the model's own chat template; the session's cache is kept\n"
           "between turns, so each turn prefills only its new tokens. Ctrl-C stops the answer being\n"
-          "written; Ctrl-C at the prompt, or the end of the input, ends the program. Works with\n"
-          "stdin not a terminal (one turn per line, for scripts).\n"
+          "written; Ctrl-C at the prompt, /bye, or the end of the input ends the program. Works with\n"
+          "stdin not a terminal (one turn per line, for scripts). "
+#ifdef TRI_CLI_LIBEDIT
+          "On a terminal lines are edited\n"
+          "with history (libedit, ~/.offload_run_history). "
+#else
+          "Lines are read as typed: this\n"
+          "build has no line editing (no libedit). "
+#endif
+          "A line ending in '\\' continues on the next\n"
+          "one; a line \"\"\" opens a block of lines that the next \"\"\" line closes. When the\n"
+          "conversation no longer fits the context, its oldest turns are dropped (with a note on\n"
+          "stderr).\n"
+          "\n"
+          "commands: /help, /clear, /system [TEXT], /load FILE, /save FILE, /set [KEY VALUE], /bye\n"
+          "(/help describes them; '//' at the start of a line sends a line starting with '/')\n"
           "\n"
           "  -m, --model PATH     .gguf file or HF checkpoint directory\n"
           "      --system TEXT    the system message\n"
@@ -36,10 +60,6 @@ static void usage(FILE *f) {
           "                       (repeatable, at most 16)\n"
           "      --ignore-eos     do not end an answer at the model's end-of-sequence and\n"
           "                       end-of-turn tokens\n"
-          "      --temp T         sampling temperature; 0 is greedy (default 0)\n"
-          "      --top-k K        keep the K most likely tokens (default 0: all)\n"
-          "      --top-p P        keep the smallest set of tokens with mass P (default 1: all)\n"
-          "      --seed S         random seed (default 0)\n"
           "      --ctx N          context of the whole conversation in tokens (default 4096)\n"
           "  -t, --threads N      CPU threads (default: one per core)\n"
           "      --device D       cpu, cuda or cuda:N (default: the first GPU when there is one)\n"
@@ -47,8 +67,10 @@ static void usage(FILE *f) {
           "      --kv-type T      f16 (default) or f32 KV cache\n"
           "      --json FILE      the figures of every turn as one JSON object to FILE at the end\n"
           "                       ('-': stdout, after the last answer)\n"
-          "  -h, --help           this help\n",
+          "  -h, --help           this help\n"
+          "\n",
           f);
+    tri_cli_sampling_usage(f, true);
 }
 
 // ---- interruption ----
@@ -156,6 +178,210 @@ static void conv_free(conv *c) {
     free(c->msgs);
 }
 
+// Drops messages [from, from + n) (their contents freed).
+static void conv_drop(conv *c, size_t from, size_t n) {
+    for (size_t i = from; i < from + n; i++) free((char *)c->msgs[i].content);
+    memmove(c->msgs + from, c->msgs + from + n, (c->n - from - n) * sizeof *c->msgs);
+    c->n -= n;
+}
+
+// Sets the system message (first in the conversation), or removes it when text is NULL.
+static bool conv_set_system(conv *c, const char *text) {
+    bool has = c->n > 0 && strcmp(c->msgs[0].role, "system") == 0;
+    if (has) conv_drop(c, 0, 1);
+    if (!text) return true;
+    if (!conv_add(c, "system", text, strlen(text))) return false;
+    tri_chat_message m = c->msgs[c->n - 1];  // to the front
+    memmove(c->msgs + 1, c->msgs, (c->n - 1) * sizeof *c->msgs);
+    c->msgs[0] = m;
+    return true;
+}
+
+// ---- input: lines, continuations, blocks ----
+
+typedef struct input {
+    bool tty;          // stdin is a terminal: prompts, and libedit when built with it
+    bool edit;         // lines come from libedit's readline
+    char *buf;         // getline's buffer
+    size_t cap;
+    char *history;     // libedit's history file, malloc'd; NULL: none
+} input;
+
+// One line without its line ending, malloc'd; NULL at the end of the input or on Ctrl-C.
+static char *read_line(input *in, const char *prompt) {
+#ifdef TRI_CLI_LIBEDIT
+    if (in->edit) {
+        char *l = readline(prompt);
+        if (!l || interrupted) {  // Ctrl-D or Ctrl-C: end the line the prompt is on
+            fputc('\n', stderr);
+            free(l);
+            return NULL;
+        }
+        return l;
+    }
+#endif
+    if (in->tty) fputs(prompt, stderr);
+    errno = 0;
+    ssize_t got = getline(&in->buf, &in->cap, stdin);
+    if (got < 0 || interrupted) {
+        if (in->tty) fputc('\n', stderr);
+        return NULL;
+    }
+    while (got > 0 && (in->buf[got - 1] == '\n' || in->buf[got - 1] == '\r')) in->buf[--got] = 0;
+    return strdup(in->buf);
+}
+
+// A growing string.
+typedef struct text {
+    char *s;
+    size_t n, cap;
+} text;
+
+static bool text_add(text *t, const char *s, size_t len) {
+    if (t->n + len + 1 > t->cap) {
+        size_t cap = 2 * (t->n + len + 1);
+        char *b = realloc(t->s, cap);
+        if (!b) return false;
+        t->s = b;
+        t->cap = cap;
+    }
+    memcpy(t->s + t->n, s, len);
+    t->n += len;
+    t->s[t->n] = 0;
+    return true;
+}
+
+static bool is_fence(const char *l) {
+    while (*l == ' ' || *l == '\t') l++;
+    if (strncmp(l, "\"\"\"", 3) != 0) return false;
+    for (l += 3; *l == ' ' || *l == '\t'; l++) {}
+    return *l == 0;
+}
+
+// One message: a line, lines joined by trailing backslashes, or a """ block. *out is malloc'd;
+// false at the end of the input (or Ctrl-C). Errors of memory end the input too (reported).
+static bool read_message(input *in, char **out) {
+    *out = NULL;
+    char *l = read_line(in, "> ");
+    if (!l) return false;
+    text t = {0};
+    bool ok = true;
+    if (is_fence(l)) {  // a block: every line up to the closing fence, as typed
+        bool first = true;
+        for (;;) {
+            free(l);
+            if (!(l = read_line(in, "... "))) break;  // an unclosed block ends with the input
+            if (is_fence(l)) break;
+            ok = (first || text_add(&t, "\n", 1)) && text_add(&t, l, strlen(l));
+            first = false;
+            if (!ok) break;
+        }
+    } else {
+        for (;;) {
+            size_t n = strlen(l);
+            bool more = n > 0 && l[n - 1] == '\\';
+            ok = text_add(&t, l, more ? n - 1 : n) && (!more || text_add(&t, "\n", 1));
+            if (!ok || !more) break;
+            free(l);
+            if (!(l = read_line(in, "... "))) break;
+        }
+    }
+    free(l);
+    if (!ok) {
+        fprintf(stderr, "offload-run chat: out of memory\n");
+        free(t.s);
+        return false;
+    }
+    if (!t.s && !(t.s = strdup(""))) return false;
+#ifdef TRI_CLI_LIBEDIT
+    if (in->edit && t.n > 0) add_history(t.s);
+#endif
+    *out = t.s;
+    return true;
+}
+
+// ---- commands ----
+
+static void print_help(void) {
+    fputs("commands:\n"
+          "  /help              this list\n"
+          "  /clear             forget the conversation (the system message stays)\n"
+          "  /system [TEXT]     set the system message; without TEXT, remove it\n"
+          "  /load FILE         put a document into the conversation: it opens your next message\n"
+          "                     (prefilled now, so the question that follows is quick)\n"
+          "  /save FILE         write the conversation to FILE as JSON ({\"messages\": [{\"role\", \"content\"}]})\n"
+          "  /set [KEY VALUE]   change a sampling setting: temp, top-k, top-p, min-p, repeat-penalty,\n"
+          "                     presence-penalty, frequency-penalty, repeat-last-n, seed, or n-predict;\n"
+          "                     without arguments, show them\n"
+          "  /bye               end the chat (also /exit, /quit, Ctrl-D)\n"
+          "a line ending in '\\' continues on the next; a line \"\"\" opens a block the next \"\"\" closes;\n"
+          "'//' at the start sends a line that starts with '/'\n",
+          stderr);
+}
+
+// Reads a whole file into a NUL-terminated buffer (*len bytes); NULL after printing the error.
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "offload-run chat: /load %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    text t = {0};
+    char buf[1 << 14];
+    size_t n;
+    bool ok = true;
+    while (ok && (n = fread(buf, 1, sizeof buf, f)) > 0) ok = text_add(&t, buf, n);
+    bool err = ferror(f);
+    fclose(f);
+    if (!ok || err) {
+        fprintf(stderr, "offload-run chat: /load %s: %s\n", path, ok ? "read error" : "out of memory");
+        free(t.s);
+        return NULL;
+    }
+    if (!t.s && !(t.s = strdup(""))) return NULL;
+    *len = t.n;
+    return t.s;
+}
+
+static bool save_transcript(const char *path, const conv *c) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "offload-run chat: /save %s: %s\n", path, strerror(errno));
+        return false;
+    }
+    fputs("{\"messages\": [", f);
+    for (size_t i = 0; i < c->n; i++) {
+        fprintf(f, "%s\n  {\"role\": \"%s\", \"content\": ", i ? "," : "", c->msgs[i].role);
+        tri_cli_json_str(f, c->msgs[i].content, strlen(c->msgs[i].content));
+        fputc('}', f);
+    }
+    fputs("\n]}\n", f);
+    bool ok = !ferror(f);
+    if (fclose(f) != 0) ok = false;
+    if (!ok) fprintf(stderr, "offload-run chat: /save %s: write error\n", path);
+    return ok;
+}
+
+static void print_settings(const tri_cli_sampling *smp, long n_predict) {
+    char desc[256];
+    tri_cli_sampling_describe(smp, desc, sizeof desc);
+    fprintf(stderr, "sampling: %s; n-predict %ld\n", desc, n_predict);
+}
+
+// ---- the cache ----
+
+// Runs ids[keep..n) after the first keep tokens of the cache (truncating it there), in pieces of
+// n_batch, for a document that the next message starts with. On success the cache holds ids[0..n).
+static tri_status prefill_ids(tri_session *s, const int32_t *ids, int32_t keep, int32_t n, int32_t n_batch) {
+    tri_status st = tri_session_truncate(s, keep);
+    for (int32_t done = keep; !st && done < n && !interrupted;) {
+        int32_t step = n - done < n_batch ? n - done : n_batch;
+        st = tri_session_eval(s, ids + done, step, false);
+        done += step;
+    }
+    return st;
+}
+
 static void write_json(FILE *f, const char *model_path, const char *device, double load_s, double total_s,
                        const turn *turns, int32_t n_turns) {
     fputs("{\"command\": \"chat\", \"model\": ", f);
@@ -182,14 +408,13 @@ static void write_json(FILE *f, const char *model_path, const char *device, doub
 }
 
 int tri_cli_chat(int argc, char **argv) {
-    enum { OPT_SYSTEM = 256, OPT_CHAT_FORMAT, OPT_STOP, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CTX,
+    enum { OPT_SYSTEM = 256, OPT_CHAT_FORMAT, OPT_STOP, OPT_CTX,
            OPT_DEVICE, OPT_BATCH, OPT_KV, OPT_JSON, OPT_IGNORE_EOS };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},        {"system", required_argument, NULL, OPT_SYSTEM},
         {"chat-format", required_argument, NULL, OPT_CHAT_FORMAT},
         {"n-predict", required_argument, NULL, 'n'},   {"stop", required_argument, NULL, OPT_STOP},
-        {"temp", required_argument, NULL, OPT_TEMP},   {"top-k", required_argument, NULL, OPT_TOPK},
-        {"top-p", required_argument, NULL, OPT_TOPP},  {"seed", required_argument, NULL, OPT_SEED},
+        TRI_CLI_SAMPLING_OPTIONS,
         {"ctx", required_argument, NULL, OPT_CTX},     {"threads", required_argument, NULL, 't'},
         {"device", required_argument, NULL, OPT_DEVICE}, {"batch", required_argument, NULL, OPT_BATCH},
         {"kv-type", required_argument, NULL, OPT_KV},  {"json", required_argument, NULL, OPT_JSON},
@@ -200,12 +425,15 @@ int tri_cli_chat(int argc, char **argv) {
     const char *stops[16];
     int32_t n_stops = 0;
     tri_chat_format format = TRI_CHAT_FORMAT_AUTO;
-    long n_predict = 512, top_k = 0, seed = 0, ctx = 4096, threads = 0, batch = 0;
+    long n_predict = 512, ctx = 4096, threads = 0, batch = 0;
     tri_generate_params gp = tri_generate_default_params();
     tri_session_params sp = tri_session_default_params();
+    tri_cli_sampling smp = {0};
     int c;
     while ((c = getopt_long(argc, argv, "m:n:t:h", opts, NULL)) != -1) {
-        bool ok = true;
+        bool ok = true, sampling;
+        if (!tri_cli_sampling_option(me, c, optarg, &smp, &sampling)) return 2;
+        if (sampling) continue;
         switch (c) {
         case 'm': model_path = optarg; break;
         case OPT_SYSTEM: system_msg = optarg; break;
@@ -226,10 +454,6 @@ int tri_cli_chat(int argc, char **argv) {
             }
             stops[n_stops++] = optarg;
             break;
-        case OPT_TEMP: ok = tri_cli_parse_float(me, "--temp", optarg, 0.0, 100.0, &gp.sampler.temperature); break;
-        case OPT_TOPK: ok = tri_cli_parse_long(me, "--top-k", optarg, 0, INT32_MAX, &top_k); break;
-        case OPT_TOPP: ok = tri_cli_parse_float(me, "--top-p", optarg, 1e-6, 1.0, &gp.sampler.top_p); break;
-        case OPT_SEED: ok = tri_cli_parse_long(me, "--seed", optarg, 0, INT64_MAX, &seed); break;
         case OPT_CTX: ok = tri_cli_parse_long(me, "--ctx", optarg, 16, INT32_MAX, &ctx); break;
         case 't': ok = tri_cli_parse_long(me, "--threads", optarg, 1, 4096, &threads); break;
         case OPT_DEVICE: ok = tri_cli_parse_device("offload-run chat", optarg, &sp); break;
@@ -254,6 +478,7 @@ int tri_cli_chat(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    tri_cli_sampling_resolve(&smp, true);
 
     double t_start = tri_cli_now();
     tri_model *model = tri_cli_load_model(model_path);
@@ -266,7 +491,9 @@ int tri_cli_chat(int argc, char **argv) {
     int32_t *ctx_tokens = NULL, n_ctx_tokens = 0;  // what the cache holds (its first n_past)
     int32_t *ids = NULL;
     char *rendered = NULL, *line = NULL;
-    size_t line_cap = 0;
+    char *doc = NULL;  // a document /load put before the next message
+    size_t doc_len = 0;
+    input in = {0};
     turn *turns = NULL;
     int32_t n_turns = 0;
     FILE *json_file = NULL;
@@ -295,7 +522,9 @@ int tri_cli_chat(int argc, char **argv) {
         rc = tri_cli_fail("cannot create a session", st);
         goto done;
     }
-    fprintf(stderr, "device: %s, context %d tokens\n", tri_session_device(session), tri_session_n_ctx(session));
+    const int32_t n_ctx = tri_session_n_ctx(session);
+    fprintf(stderr, "device: %s, context %d tokens\n", tri_session_device(session), n_ctx);
+    print_settings(&smp, n_predict);
     if (json_path && !(json_file = tri_cli_json_open("offload-run chat", json_path))) goto done;
     if (system_msg && !conv_add(&cv, "system", system_msg, strlen(system_msg))) goto oom;
 
@@ -308,8 +537,6 @@ int tri_cli_chat(int argc, char **argv) {
     gp.n_stop = n_stops;
     gp.on_text = on_text;
     gp.text_user = &ans;
-    gp.sampler.top_k = (int32_t)top_k;
-    gp.sampler.seed = (uint64_t)seed;
     int prefill_decile = 0;
     gp.on_prefill = on_prefill;
     gp.user = &prefill_decile;
@@ -319,36 +546,169 @@ int tri_cli_chat(int argc, char **argv) {
     sa.sa_handler = on_sigint;  // no SA_RESTART: a read at the prompt returns
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
-    const bool tty = isatty(STDIN_FILENO);
+    in.tty = isatty(STDIN_FILENO);
+#ifdef TRI_CLI_LIBEDIT
+    if (in.tty) {
+        in.edit = true;
+        rl_catch_signals = 0;  // Ctrl-C at the prompt reaches on_sigint and ends the chat
+        using_history();
+        const char *home = getenv("HOME");
+        if (home && home[0] && (in.history = malloc(strlen(home) + 32))) {
+            sprintf(in.history, "%s/.offload_run_history", home);
+            read_history(in.history);
+        }
+    }
+#endif
+    if (in.tty) fputs("/help lists the commands\n", stderr);
 
     for (;;) {
-        if (tty) fputs("> ", stderr);
-        errno = 0;
-        ssize_t got = getline(&line, &line_cap, stdin);
-        if (got < 0) {
-            if (tty) fputc('\n', stderr);
-            break;  // the end of the input, or Ctrl-C at the prompt
-        }
+        free(line);
+        if (!read_message(&in, &line)) break;
         if (interrupted) break;
-        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
+        size_t got = strlen(line);
         if (got == 0) continue;
-        if (!conv_add(&cv, "user", line, (size_t)got)) goto oom;
 
-        // ---- the conversation as tokens, and what the cache already holds of it ----
-        size_t len = 0;
-        free(rendered);
-        if (!(rendered = tri_cli_render_chat("offload-run chat", model, format, cv.msgs, cv.n, &len))) goto done;
-        int32_t n_ids = 0;
-        free(ids);
-        if (!(ids = tri_cli_text_ids("offload-run chat", model, rendered, len, false, true, &n_ids))) goto done;
+        // ---- commands ----
+        if (line[0] == '/' && line[1] != '/') {
+            char *cmd = line + 1, *arg = cmd + strcspn(cmd, " \t");
+            if (*arg) *arg++ = 0;
+            arg += strspn(arg, " \t");
+            size_t al = strlen(arg);
+            while (al > 0 && (arg[al - 1] == ' ' || arg[al - 1] == '\t')) arg[--al] = 0;
+            if (strcmp(cmd, "bye") == 0 || strcmp(cmd, "exit") == 0 || strcmp(cmd, "quit") == 0) break;
+            if (strcmp(cmd, "help") == 0 || strcmp(cmd, "?") == 0) {
+                print_help();
+            } else if (strcmp(cmd, "clear") == 0) {
+                size_t first = cv.n > 0 && strcmp(cv.msgs[0].role, "system") == 0;
+                conv_drop(&cv, first, cv.n - first);
+                free(doc);
+                doc = NULL;
+                fputs("the conversation is cleared\n", stderr);
+            } else if (strcmp(cmd, "system") == 0) {
+                if (!conv_set_system(&cv, al ? arg : NULL)) goto oom;
+                fputs(al ? "system message set\n" : "system message removed\n", stderr);
+            } else if (strcmp(cmd, "set") == 0) {
+                char *key = arg, *val = arg + strcspn(arg, " \t");
+                if (*val) *val++ = 0;
+                val += strspn(val, " \t");
+                if (!key[0]) {
+                    print_settings(&smp, n_predict);
+                } else if (!val[0]) {
+                    fprintf(stderr, "offload-run chat: /set %s: want a value (/set KEY VALUE)\n", key);
+                } else if (strcmp(key, "n-predict") == 0 || strcmp(key, "n_predict") == 0) {
+                    if (tri_cli_parse_long(me, "/set n-predict", val, 0, INT32_MAX, &n_predict))
+                        print_settings(&smp, n_predict);
+                } else if (tri_cli_sampling_set(me, key, val, &smp)) {
+                    print_settings(&smp, n_predict);
+                }
+            } else if (strcmp(cmd, "save") == 0) {
+                if (!al) fputs("offload-run chat: /save: want a file name (/save FILE)\n", stderr);
+                else if (save_transcript(arg, &cv))
+                    fprintf(stderr, "saved %zu messages to %s\n", cv.n, arg);
+            } else if (strcmp(cmd, "load") == 0) {
+                size_t len;
+                char *d = al ? read_file(arg, &len) : NULL;
+                if (!al) fputs("offload-run chat: /load: want a file name (/load FILE)\n", stderr);
+                if (!d) continue;
+                while (len > 0 && (d[len - 1] == '\n' || d[len - 1] == '\r' || d[len - 1] == ' ')) d[--len] = 0;
+                free(doc);
+                doc = d;
+                doc_len = len;
+                // prefill it now, as the start of the next message: the conversation with the
+                // document as a user message, up to the document's end (the template's end of turn
+                // is not what the question will bring, so the last tokens are left to the turn)
+                if (!conv_add(&cv, "user", doc, doc_len)) goto oom;
+                size_t rl = 0;
+                free(rendered);
+                rendered = tri_cli_render_chat(me, model, format, cv.msgs, cv.n, &rl);
+                conv_drop(&cv, cv.n - 1, 1);
+                int32_t n_ids = 0;
+                free(ids);
+                ids = rendered ? tri_cli_text_ids(me, model, rendered, rl, false, true, &n_ids) : NULL;
+                if (!ids) continue;
+                int32_t n_past = tri_session_n_past(session), keep = 0;
+                while (keep < n_past && keep < n_ctx_tokens && keep < n_ids && ctx_tokens[keep] == ids[keep]) keep++;
+                int32_t upto = n_ids - 8 > keep ? n_ids - 8 : keep;  // leave the end of turn and header
+                if (upto + 16 > n_ctx) {
+                    fprintf(stderr, "loaded %s (%zu bytes, %d tokens): larger than the context of %d tokens; it "
+                            "goes before your next message, where the oldest turns will make room if they can\n",
+                            arg, doc_len, n_ids, n_ctx);
+                    continue;
+                }
+                double t0 = tri_cli_now();
+                if ((st = prefill_ids(session, ids, keep, upto, sp.n_batch > 0 ? sp.n_batch : 128))) {
+                    rc = tri_cli_fail("cannot prefill the document", st);
+                    goto done;
+                }
+                int32_t *t = realloc(ctx_tokens, (size_t)(upto > 0 ? upto : 1) * sizeof *t);
+                if (!t) goto oom;
+                ctx_tokens = t;
+                memcpy(ctx_tokens, ids, (size_t)upto * sizeof *ids);
+                n_ctx_tokens = tri_session_n_past(session);
+                fprintf(stderr, "loaded %s (%zu bytes): prefilled %d tokens in %.1f ms; it goes before your next "
+                        "message\n", arg, doc_len, n_ctx_tokens - keep, 1e3 * (tri_cli_now() - t0));
+                interrupted = 0;
+            } else {
+                fprintf(stderr, "offload-run chat: unknown command '/%s' (/help lists them; '//' sends a line "
+                        "starting with '/')\n", cmd);
+            }
+            continue;
+        }
+        const char *msg = line[0] == '/' ? line + 1 : line;  // "//..." sends "/..."
+        size_t msg_len = strlen(msg);
+        if (doc) {  // the loaded document opens this message
+            char *m = malloc(doc_len + 2 + msg_len + 1);
+            if (!m) goto oom;
+            memcpy(m, doc, doc_len);
+            memcpy(m + doc_len, "\n\n", 2);
+            memcpy(m + doc_len + 2, msg, msg_len + 1);
+            free(line);
+            line = m;
+            msg = m;
+            msg_len += doc_len + 2;
+            free(doc);
+            doc = NULL;
+        }
+        if (!conv_add(&cv, "user", msg, msg_len)) goto oom;
+
+        // ---- the conversation as tokens; the oldest turns dropped while it does not fit ----
+        // room for the answer: n-predict tokens, at most a quarter of the context
+        const int32_t reserve = n_predict > 0 && n_predict < n_ctx / 4 ? (int32_t)n_predict : n_ctx / 4;
+        int32_t n_ids = 0, dropped = 0, dropped_tokens = 0;
+        bool fits = false;
+        for (;;) {
+            size_t len = 0;
+            free(rendered);
+            free(ids);
+            ids = NULL;
+            if (!(rendered = tri_cli_render_chat(me, model, format, cv.msgs, cv.n, &len))) break;
+            int32_t n_before = n_ids;
+            if (!(ids = tri_cli_text_ids(me, model, rendered, len, false, true, &n_ids))) break;
+            if (dropped) dropped_tokens = n_before - n_ids + dropped_tokens;
+            if (n_ids + reserve <= n_ctx || (n_ids < n_ctx && cv.n <= 1u + (strcmp(cv.msgs[0].role, "system") == 0))) {
+                fits = n_ids < n_ctx;
+                break;
+            }
+            // the oldest message after the system message, with the answer to it
+            size_t first = strcmp(cv.msgs[0].role, "system") == 0;
+            if (cv.n - first <= 1) break;  // only this message is left, and it does not fit
+            size_t n_drop = cv.n - first >= 3 && strcmp(cv.msgs[first + 1].role, "assistant") == 0 ? 2 : 1;
+            conv_drop(&cv, first, n_drop);
+            dropped += (int32_t)n_drop;
+        }
+        if (dropped && ids)
+            fprintf(stderr, "(the context of %d tokens is full: dropped the %d oldest messages, %d tokens; the "
+                    "conversation is now %d tokens)\n", n_ctx, dropped, dropped_tokens, n_ids);
+        if (!fits) {
+            if (ids)
+                fprintf(stderr, "offload-run chat: the message (%d tokens with the conversation's start) does not "
+                        "fit the context of %d tokens (--ctx); it is dropped\n", n_ids, n_ctx);
+            conv_drop(&cv, cv.n - 1, 1);  // the message that could not be sent
+            continue;
+        }
         int32_t n_past = tri_session_n_past(session), keep = 0;
         while (keep < n_past && keep < n_ctx_tokens && keep < n_ids && ctx_tokens[keep] == ids[keep]) keep++;
         if (keep == n_ids) keep--;  // a turn prefills at least one token
-        if (n_ids - keep + (n_predict > 0 ? 1 : 0) > tri_session_n_ctx(session) - keep) {
-            fprintf(stderr, "offload-run chat: the conversation (%d tokens) no longer fits the context of %d tokens "
-                    "(--ctx)\n", n_ids, tri_session_n_ctx(session));
-            goto done;
-        }
         if ((st = tri_session_truncate(session, keep))) {
             rc = tri_cli_fail("cannot reuse the cache", st);
             goto done;
@@ -365,8 +725,9 @@ int tri_cli_chat(int argc, char **argv) {
         ans.n = 0;
         ans.n_text = 0;
         prefill_decile = 0;
-        int32_t room = tri_session_n_ctx(session) - n_ids;
+        int32_t room = n_ctx - n_ids;
         gp.n_predict = n_predict > 0 && n_predict < room ? (int32_t)n_predict : room;
+        gp.sampler = smp.p;
         tri_generate_stats gs;
         st = tri_generate(session, ids + keep, n_ids - keep, &gp, on_token, &ans, &gs);
         fputc('\n', stdout);
@@ -384,6 +745,7 @@ int tri_cli_chat(int argc, char **argv) {
                 "generated %d tokens", n_turns, n_ids - keep, keep, n_ids, 1e3 * gs.prefill_seconds, gs.n_generated);
         if (gs.n_generated > 1 && gs.decode_seconds > 0)
             fprintf(stderr, ", %.1f tok/s", (gs.n_generated - 1) / gs.decode_seconds);
+        if (gs.stop_reason == TRI_STOP_CONTEXT) fputs(" (the context is full: the next turn drops the oldest)", stderr);
         fputs(interrupted ? " (stopped)\n" : "\n", stderr);
         interrupted = 0;
 
@@ -409,9 +771,15 @@ oom:
     fprintf(stderr, "offload-run chat: out of memory\n");
     rc = 1;
 done:
+#ifdef TRI_CLI_LIBEDIT
+    if (in.history) write_history(in.history);
+#endif
+    free(in.history);
+    free(in.buf);
     if (json_file && json_file != stdout) fclose(json_file);
     free(turns);
     free(line);
+    free(doc);
     free(rendered);
     free(ids);
     free(ctx_tokens);

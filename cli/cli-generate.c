@@ -35,10 +35,6 @@ static void usage(FILE *f) {
           "                       the text)\n"
           "  -n, --n-predict N    tokens to generate at most (default 128; 0: until the context\n"
           "                       is full or the model ends)\n"
-          "      --temp T         sampling temperature; 0 is greedy (default 0)\n"
-          "      --top-k K        keep the K most likely tokens (default 0: all)\n"
-          "      --top-p P        keep the smallest set of tokens with mass P (default 1: all)\n"
-          "      --seed S         random seed (default 0)\n"
           "      --ctx N          context length in tokens (default: prompt + n-predict)\n"
           "  -t, --threads N      CPU threads (default: one per core)\n"
           "      --device D       cpu, cuda or cuda:N (default: the first GPU when there is one,\n"
@@ -98,8 +94,10 @@ static void usage(FILE *f) {
           "                       4 passes (default 0.5; 0: never)\n"
           "      --stats          print acceptance rates, tokens per full-cache pass and time\n"
           "                       per level\n"
-          "  -h, --help           this help\n",
+          "  -h, --help           this help\n"
+          "\n",
           f);
+    tri_cli_sampling_usage(f, false);
 }
 
 // Reads a whole file or stdin into a NUL-terminated buffer; NULL after printing the error.
@@ -459,7 +457,7 @@ static void write_json(FILE *f, const char *model_path, const char *device, cons
 }
 
 int tri_cli_generate(int argc, char **argv) {
-    enum { OPT_TOKENS = 256, OPT_CHAT, OPT_CHAT_FORMAT, OPT_SYSTEM, OPT_STOP, OPT_JSON, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CTX, OPT_BATCH,
+    enum { OPT_TOKENS = 256, OPT_CHAT, OPT_CHAT_FORMAT, OPT_SYSTEM, OPT_STOP, OPT_JSON, OPT_CTX, OPT_BATCH,
            OPT_KV, OPT_IGNORE_EOS, OPT_IDS, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
            OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
@@ -472,8 +470,7 @@ int tri_cli_generate(int argc, char **argv) {
         {"chat-format", required_argument, NULL, OPT_CHAT_FORMAT},
         {"system", required_argument, NULL, OPT_SYSTEM}, {"stop", required_argument, NULL, OPT_STOP},
         {"json", required_argument, NULL, OPT_JSON},
-        {"temp", required_argument, NULL, OPT_TEMP}, {"top-k", required_argument, NULL, OPT_TOPK},
-        {"top-p", required_argument, NULL, OPT_TOPP}, {"seed", required_argument, NULL, OPT_SEED},
+        TRI_CLI_SAMPLING_OPTIONS,
         {"ctx", required_argument, NULL, OPT_CTX}, {"threads", required_argument, NULL, 't'},
         {"batch", required_argument, NULL, OPT_BATCH}, {"kv-type", required_argument, NULL, OPT_KV},
         {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS}, {"ids", no_argument, NULL, OPT_IDS},
@@ -513,15 +510,18 @@ int tri_cli_generate(int argc, char **argv) {
     float kv_host = 0, host_attn_gbps = 0;
     tri_spec_params spec_params = tri_spec_default_params();
     spec_params.mode = TRI_SPEC_MODE_NONE;
-    long n_predict = 128, ctx = 0, threads = 0, batch = 0, seed = 0, top_k = 0, kv_offload = 0, stream_weights = 0;
+    long n_predict = 128, ctx = 0, threads = 0, batch = 0, kv_offload = 0, stream_weights = 0;
     long weights_from_disk = 0;
     bool kv_offload_set = false, stream_weights_set = false, weights_from_disk_set = false;
     uint64_t gpu_mem = 0, host_mem = 0;
     tri_generate_params gp = tri_generate_default_params();
     tri_session_params sp = tri_session_default_params();
+    tri_cli_sampling sampler = {0};
     int c;
     while ((c = getopt_long(argc, argv, "m:p:f:n:t:h", opts, NULL)) != -1) {
-        bool ok = true;
+        bool ok = true, sampling;
+        if (!tri_cli_sampling_option(me, c, optarg, &sampler, &sampling)) return 2;
+        if (sampling) continue;
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'p': prompt = optarg; break;
@@ -548,10 +548,6 @@ int tri_cli_generate(int argc, char **argv) {
             stops[n_stops++] = optarg;
             break;
         case 'n': ok = tri_cli_parse_long(me, "--n-predict", optarg, 0, INT32_MAX, &n_predict); break;
-        case OPT_TEMP: ok = tri_cli_parse_float(me, "--temp", optarg, 0.0, 100.0, &gp.sampler.temperature); break;
-        case OPT_TOPK: ok = tri_cli_parse_long(me, "--top-k", optarg, 0, INT32_MAX, &top_k); break;
-        case OPT_TOPP: ok = tri_cli_parse_float(me, "--top-p", optarg, 1e-6, 1.0, &gp.sampler.top_p); break;
-        case OPT_SEED: ok = tri_cli_parse_long(me, "--seed", optarg, 0, INT64_MAX, &seed); break;
         case OPT_CTX: ok = tri_cli_parse_long(me, "--ctx", optarg, 1, INT32_MAX, &ctx); break;
         case 't': ok = tri_cli_parse_long(me, "--threads", optarg, 1, 4096, &threads); break;
         case OPT_BATCH: ok = tri_cli_parse_long(me, "--batch", optarg, 1, 65536, &batch); break;
@@ -825,8 +821,14 @@ int tri_cli_generate(int argc, char **argv) {
         gp.n_stop_tokens = n_stop_ids < 16 ? n_stop_ids : 16;
     }
     gp.n_predict = (int32_t)n_predict;
-    gp.sampler.top_k = (int32_t)top_k;
-    gp.sampler.seed = (uint64_t)seed;
+    // a chat samples with the common chat settings unless told otherwise; plain text is greedy
+    tri_cli_sampling_resolve(&sampler, chat);
+    gp.sampler = sampler.p;
+    if (gp.sampler.temperature > 0.0f || sampler.given) {
+        char desc[256];
+        tri_cli_sampling_describe(&sampler, desc, sizeof desc);
+        fprintf(stderr, "sampling: %s\n", desc);
+    }
     prefill_state ps = {.tty = isatty(STDERR_FILENO), .last_decile = 0};
     gp.on_prefill = on_prefill;
     gp.user = &ps;

@@ -53,4 +53,41 @@ char *tri_cli_render_chat(const char *cmd, const tri_model *model, tri_chat_form
 int32_t *tri_cli_text_ids(const char *cmd, const tri_model *model, const char *text, size_t len, bool add_special,
                           bool parse_special, int32_t *n_out);
 
+// ---- sampling options (cli-sampling.c), shared by generate and chat and chat's /set ----
+
+// getopt ids of the sampling options: TRI_CLI_OPT_SAMPLING + i for the i-th of
+// TRI_CLI_SAMPLING_OPTIONS, which a command puts in its option table.
+#define TRI_CLI_OPT_SAMPLING 0x1000
+#define TRI_CLI_SAMPLING_COUNT 9
+#define TRI_CLI_SAMPLING_OPTIONS                                                                              \
+    {"temp", required_argument, NULL, TRI_CLI_OPT_SAMPLING + 0},                                              \
+        {"top-k", required_argument, NULL, TRI_CLI_OPT_SAMPLING + 1},                                         \
+        {"top-p", required_argument, NULL, TRI_CLI_OPT_SAMPLING + 2},                                         \
+        {"min-p", required_argument, NULL, TRI_CLI_OPT_SAMPLING + 3},                                         \
+        {"repeat-penalty", required_argument, NULL, TRI_CLI_OPT_SAMPLING + 4},                                \
+        {"presence-penalty", required_argument, NULL, TRI_CLI_OPT_SAMPLING + 5},                              \
+        {"frequency-penalty", required_argument, NULL, TRI_CLI_OPT_SAMPLING + 6},                             \
+        {"repeat-last-n", required_argument, NULL, TRI_CLI_OPT_SAMPLING + 7},                                 \
+        {"seed", required_argument, NULL, TRI_CLI_OPT_SAMPLING + 8}
+
+// The sampler settings of a command: what the options gave, the rest from the defaults.
+typedef struct tri_cli_sampling {
+    tri_sampler_params p;
+    unsigned given;  // bit i: the i-th option (or /set key) was given
+} tri_cli_sampling;
+
+// Handles getopt's c when it is a sampling option (sets *handled); false after printing an error
+// that names cmd, the option and the value.
+bool tri_cli_sampling_option(const char *cmd, int c, const char *arg, tri_cli_sampling *s, bool *handled);
+// The same by name, for chat's "/set KEY VALUE": temp, top-k, top-p, min-p, repeat-penalty,
+// presence-penalty, frequency-penalty, repeat-last-n, seed ('_' for '-' accepted).
+bool tri_cli_sampling_set(const char *cmd, const char *key, const char *value, tri_cli_sampling *s);
+// Fills what was not given: the chat settings (tri_sampler_chat_params) when chat, else greedy;
+// a seed drawn here unless --seed was given, so that it can be printed and repeated.
+void tri_cli_sampling_resolve(tri_cli_sampling *s, bool chat);
+// "temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, seed 42" (what is on), or "greedy".
+void tri_cli_sampling_describe(const tri_cli_sampling *s, char *buf, size_t cap);
+// The options' help lines; chat: its defaults.
+void tri_cli_sampling_usage(FILE *f, bool chat);
+
 #endif  // TRI_CLI_H

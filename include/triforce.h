@@ -283,17 +283,54 @@ TRI_API tri_status tri_model_tensor_info(const tri_model *model, int64_t i, tri_
 typedef struct tri_sampler_params {
     float temperature;  // logits are divided by it; <= 0: greedy (argmax, lowest id on ties)
     int32_t top_k;      // keep only the k most likely tokens; 0: keep all
-    float top_p;        // then keep the smallest set of most likely tokens with this much mass,
-                        // in (0, 1]; 1: keep all
+    float top_p;        // then keep the smallest set of most likely tokens with this much mass
+                        // (of what top_k kept), in [0, 1]; 1 or 0: keep all
     uint64_t seed;      // the random stream: generation seeds it at the first call after the
                         // session (or engine) was created or reset and whenever the seed differs
                         // from the last call's, and otherwise continues it, so the same seed and
                         // calls from a reset give the same tokens, and a generation continued
-                        // over several calls never reuses numbers
+                        // over several calls never reuses numbers. TRI_SEED_RANDOM: a seed
+                        // drawn from the operating system's entropy (getrandom) at that seeding
+    // ---- filters and penalties (appended after the fields above) ----
+    //
+    // Order, as HF transformers' generate applies its processors and warpers: the penalties on the
+    // raw logits, then temperature, top_k, top_p, min_p. The penalties look at the last
+    // penalty_last_n tokens of the context before the token being drawn (prompt included, as
+    // llama.cpp does); for a token seen c > 0 times there:
+    //   logit = logit > 0 ? logit / repeat_penalty : logit * repeat_penalty   (HF, CTRL)
+    //   logit -= c * frequency_penalty + presence_penalty                     (OpenAI, llama.cpp)
+    // They apply at temperature 0 too (greedy then takes the argmax of the penalised logits).
+    // Speculative decoding stays exact: every level's distribution at a position is transformed by
+    // the same function of the context before it (docs/speculative.md).
+    float min_p;              // then drop tokens less likely than min_p times the most likely one,
+                              // in [0, 1]; 0: keep all
+    float repeat_penalty;     // > 1 makes repeated tokens less likely, in [0, 100]; 1 or 0: off
+    float presence_penalty;   // subtracted once from a repeated token's logit (OpenAI's
+                              // presence_penalty), in [-100, 100]; 0: off
+    float frequency_penalty;  // subtracted per occurrence (OpenAI's frequency_penalty), in
+                              // [-100, 100]; 0: off
+    int32_t penalty_last_n;   // tokens of context the penalties look at; 0: 64 (llama.cpp's
+                              // default); -1: the whole context
 } tri_sampler_params;
 
-// temperature 0 (greedy), top_k 0, top_p 1, seed 0.
+// tri_sampler_params.seed: draw the seed from the system's entropy (different text every run).
+#define TRI_SEED_RANDOM UINT64_MAX
+
+// temperature 0 (greedy), top_k 0, top_p 1, seed 0, min_p 0, repeat_penalty 1, presence_penalty 0,
+// frequency_penalty 0, penalty_last_n 0 (64): plain greedy decoding.
 TRI_API tri_sampler_params tri_sampler_default_params(void);
+
+// The common chat settings: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05 (llama.cpp's),
+// repeat_penalty 1.1 over the last 64 tokens (Ollama's; without it small models fall into loops),
+// seed TRI_SEED_RANDOM. What `offload-run chat`, `serve` and `generate --chat` use unless told
+// otherwise.
+TRI_API tri_sampler_params tri_sampler_chat_params(void);
+
+// Checks params: INVALID_ARGUMENT naming the field for a NaN or infinity, top_k < 0,
+// top_p or min_p outside [0, 1], repeat_penalty outside [0, 100], presence or frequency penalty
+// outside [-100, 100], penalty_last_n < -1. tri_generate, tri_generate_spec and tri_session_sample
+// refuse such params the same way.
+TRI_API tri_status tri_sampler_params_check(const tri_sampler_params *params);
 
 // ---- sessions: a model, a backend and a KV cache ----
 
@@ -437,7 +474,8 @@ TRI_API void tri_session_kv_refresh(tri_session *session);
 // seeded here with that same seed is continued.
 TRI_API void tri_session_seed(tri_session *session, uint64_t seed);
 
-// Draws a token from the last token's logits with params (NULL: greedy).
+// Draws a token from the last token's logits with params (NULL: greedy); the penalties look at
+// the tokens in the cache (those run with tri_session_eval and generated, after any truncate).
 TRI_API tri_status tri_session_sample(tri_session *session, const tri_sampler_params *params,
                                       int32_t *out_token);
 

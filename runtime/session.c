@@ -45,6 +45,9 @@ struct tri_session {
     int32_t n_logits;     // rows valid: 0 (none), 1 (last only) or the eval's token count
     bool all_logits;
     float *probs;         // (n_vocab) host
+    int32_t *hist;        // (hist_cap) the tokens in the cache, for the sampler's penalties: the first
+    int32_t hist_cap;     // n_hist of them are known (eval records them; a cache filled another way,
+    int32_t n_hist;       // e.g. restored from disk, must record its tokens here too)
     _Atomic int run;      // TRI__RUN_IDLE, _GENERATING or _ABORT (tri_session_abort)
 };
 
@@ -76,6 +79,7 @@ void tri_session_free(tri_session *s) {
     tri__sampler_scratch_free(&s->scratch);
     free(s->logits);
     free(s->probs);
+    free(s->hist);
     free(s);
 }
 
@@ -171,7 +175,9 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
         (st = tri__llama_step_init(&s->step, &s->ll, &s->kv, true)))
         goto fail;
     s->probs = malloc((size_t)c->n_vocab * sizeof *s->probs);
-    if (!s->probs) {
+    s->hist_cap = tri__kv_policy_capacity(&s->kv);
+    s->hist = calloc((size_t)s->hist_cap, sizeof *s->hist);
+    if (!s->probs || !s->hist) {
         st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "session: %d-entry distribution", c->n_vocab);
         goto fail;
     }
@@ -234,9 +240,14 @@ static tri_status eval(tri_session *s, const int32_t *tokens, int32_t n, bool al
         s->logits_cap = rows;
     }
     s->n_logits = 0;
+    int32_t len0 = tri__kv_policy_len(&s->kv);
     eval_job job = {s, tokens, n, all_logits ? TRI_LOGITS_ALL : TRI_LOGITS_LAST};
     tri_status st = s->group.tp ? tri__tp_run(s->group.tp, eval_rank, &job) : eval_rank(&job, 0);
     if (st) return st;
+    if (len0 <= s->n_hist && len0 + n <= s->hist_cap) {
+        memcpy(s->hist + len0, tokens, (size_t)n * sizeof *tokens);
+        s->n_hist = len0 + n;
+    }
     s->n_logits = rows;
     s->all_logits = all_logits;
     return TRI_STATUS_OK;
@@ -259,6 +270,7 @@ tri_status tri_session_truncate(tri_session *s, int32_t n_past) {
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "truncate: %d outside [0, %d]", n_past, len);
     s->n_logits = 0;
     s->pending = -1;
+    if (s->n_hist > n_past) s->n_hist = n_past;
     for (int32_t r = 0; r < s->group.n; r++) {
         tri_status st = tri__kv_policy_truncate(rank_kv(s, r), n_past);
         if (st) return st;
@@ -271,6 +283,7 @@ void tri_session_reset(tri_session *s) {
     for (int32_t r = 0; r < s->group.n; r++) tri__kv_policy_reset(rank_kv(s, r));
     s->n_logits = 0;
     s->pending = -1;
+    s->n_hist = 0;
     s->seeded = false;  // the next tri_generate starts its seed's stream afresh
 }
 
@@ -280,7 +293,7 @@ void tri_session_kv_refresh(tri_session *s) {
 
 void tri_session_seed(tri_session *s, uint64_t seed) {
     if (!s) return;
-    tri__rng_seed(&s->rng, seed);
+    tri__rng_seed_param(&s->rng, seed);
     s->seeded = true;
     s->seed = seed;
 }
@@ -291,10 +304,14 @@ tri_status tri_session_sample(tri_session *s, const tri_sampler_params *params, 
     if (!logits) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "sample: no logits (run tokens first)");
     tri_sampler_params greedy = tri_sampler_default_params();
     if (!params) params = &greedy;
+    TRY(tri_sampler_params_check(params));
     int32_t V = s->model->config.n_vocab;
-    tri_status st = tri__sampler_probs(params, logits, V, s->probs, &s->scratch);
-    if (st) return st;
-    *out = params->temperature <= 0.0f ? tri__argmax(logits, V) : tri__sample(s->probs, V, &s->rng);
+    // the context the logits follow: the tokens in the cache (every one eval ran is in hist)
+    int32_t n_ctx = tri__kv_policy_len(&s->kv);
+    if (n_ctx > s->n_hist) n_ctx = s->n_hist;
+    if (params->temperature <= 0.0f) return tri__sampler_greedy(params, s->hist, n_ctx, logits, V, &s->scratch, out);
+    TRY(tri__sampler_probs(params, s->hist, n_ctx, logits, V, s->probs, &s->scratch));
+    *out = tri__sample(s->probs, V, &s->rng);
     return TRI_STATUS_OK;
 }
 
@@ -352,6 +369,7 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate: bad prompt of %d tokens", n_prompt);
     if (n_prompt == 0 && s->n_logits == 0 && s->pending < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "generate: empty prompt and nothing run before");
+    TRY(tri_sampler_params_check(&p.sampler));
     int32_t len = tri__kv_policy_len(&s->kv), cap = tri__kv_policy_capacity(&s->kv);
     int32_t n_pending = s->pending >= 0;
     if (n_prompt + n_pending > cap - len)

@@ -8,6 +8,7 @@ pkgs=(
   libjson-c-dev libhwloc-dev liburing-dev libfaiss-dev
   libmicrohttpd-dev  # the HTTP server of offload-run serve (optional: without it, no server)
   libcriterion-dev
+  libedit-dev  # line editing in offload-run chat (optional: -Dlibedit)
   clang libclang-rt-14-dev
   python3 python3-venv python3-pip unzip
   bible-kjv bible-kjv-text  # public-domain text: suite smollm2 and benchmarks/bench-kv-quality

@@ -51,6 +51,8 @@ Test(api_misuse, process_wide_functions) {
     // parameter defaults take nothing
     (void)tri_model_default_params();
     (void)tri_sampler_default_params();
+    (void)tri_sampler_chat_params();
+    REFUSES(tri_sampler_params_check(NULL));
     (void)tri_session_default_params();
     (void)tri_generate_default_params();
     (void)tri_spec_default_params();

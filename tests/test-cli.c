@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <math.h>
+#include <poll.h>
+#include <pty.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -851,7 +853,7 @@ Test(cli, stop_string_on_smollm2, .timeout = TT_TIMEOUT(120)) {
     const char *m = getenv("TRI_TEST_MODEL");
     if (!m || !*m) cr_skip_test("TRI_TEST_MODEL is not set");
     char args[8192];
-    snprintf(args, sizeof args, "generate -m '%s' --chat -p 'Name three colours.' -n 24 -t 2 --json -", m);
+    snprintf(args, sizeof args, "generate -m '%s' --chat -p 'Name three colours.' -n 24 -t 2 --seed 7 --json -", m);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
     struct json_object *root = json_tokener_parse(strrchr(out, '{')), *v;
     cr_assert(root);
@@ -867,8 +869,8 @@ Test(cli, stop_string_on_smollm2, .timeout = TT_TIMEOUT(120)) {
     char stop[4] = {full[at], full[at + 1], full[at + 2], 0};
     cr_assert(!strchr(stop, '\''), "%s", stop);
     size_t first = (size_t)(strstr(full, stop) - full);
-    snprintf(args, sizeof args, "generate -m '%s' --chat -p 'Name three colours.' -n 24 -t 2 --stop '%s' --json -", m,
-             stop);
+    snprintf(args, sizeof args,
+             "generate -m '%s' --chat -p 'Name three colours.' -n 24 -t 2 --seed 7 --stop '%s' --json -", m, stop);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
     root = json_tokener_parse(strrchr(out, '{'));
     cr_assert(root);
@@ -881,6 +883,235 @@ Test(cli, stop_string_on_smollm2, .timeout = TT_TIMEOUT(120)) {
     cr_assert(json_object_object_get_ex(root, "stop_reason", &v));
     cr_assert_str_eq(json_object_get_string(v), "stop_string");
     json_object_put(root);
+}
+
+// generate: greedy by default (no settings line); --temp samples with a seed drawn per run unless
+// --seed is given, which repeats the tokens; --chat takes the chat settings; bad values are named.
+Test(cli, generate_sampling_defaults_and_seed, .timeout = TT_TIMEOUT(120)) {
+    const char *m = tiny_model();
+    char args[8192], a[1 << 12], b[1 << 12];
+    snprintf(args, sizeof args, "generate -m '%s' -p 'hello' -n 12 --ids --ignore-eos", m);
+    cr_assert_eq(cli(args, a, sizeof a, err, sizeof err), 0, "%s", err);
+    cr_assert(!strstr(err, "sampling:"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p 'hello' -n 12 --ids --ignore-eos --temp 0", m);
+    cr_assert_eq(cli(args, b, sizeof b, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(a, b, "greedy is the default");
+    // sampled: a drawn seed, printed; two runs differ (12 tokens from a near-uniform tiny model)
+    snprintf(args, sizeof args, "generate -m '%s' -p 'hello' -n 12 --ids --ignore-eos --temp 1.5", m);
+    cr_assert_eq(cli(args, a, sizeof a, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "sampling: temperature 1.5, seed "), "%s", err);
+    unsigned long long seed = strtoull(strstr(err, ", seed ") + 7, NULL, 10);
+    cr_assert_eq(cli(args, b, sizeof b, err, sizeof err), 0, "%s", err);
+    cr_assert_str_neq(a, b, "two runs without --seed gave the same tokens");
+    // the printed seed repeats the first run
+    snprintf(args, sizeof args, "generate -m '%s' -p 'hello' -n 12 --ids --ignore-eos --temp 1.5 --seed %llu", m, seed);
+    cr_assert_eq(cli(args, b, sizeof b, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(a, b);
+    // --chat: the chat settings
+    snprintf(args, sizeof args, "generate -m '%s' --chat-format chatml -p 'hello' -n 4 --seed 1", m);
+    cr_assert_eq(cli(args, a, sizeof a, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "sampling: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat-penalty 1.1, over the "
+                          "last 64 tokens, seed 1"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --min-p 2", m);
+    cr_assert_eq(cli(args, a, sizeof a, err, sizeof err), 2);
+    cr_assert(strstr(err, "--min-p '2': want a number in [0, 1]"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --repeat-last-n -5", m);
+    cr_assert_eq(cli(args, a, sizeof a, err, sizeof err), 2);
+    cr_assert(strstr(err, "--repeat-last-n '-5'"), "%s", err);
+}
+
+// Counts the "turn N:" lines of chat's stderr.
+static int count_turns(const char *e) {
+    int n = 0;
+    for (const char *p = e; (p = strstr(p, "turn ")); p++)
+        if (p == e || p[-1] == '\n') n++;
+    return n;
+}
+
+// The content of message i of a /save transcript, with its role checked.
+static const char *msg_content(struct json_object *msgs, size_t i, const char *role) {
+    struct json_object *m = json_object_array_get_idx(msgs, i), *v;
+    cr_assert(m, "no message %zu", i);
+    cr_assert(json_object_object_get_ex(m, "role", &v));
+    cr_assert_str_eq(json_object_get_string(v), role, "message %zu", i);
+    cr_assert(json_object_object_get_ex(m, "content", &v));
+    return json_object_get_string(v);
+}
+
+// The commands, multi-line input and a document, read from a pipe (libedit only on a terminal):
+// each command does what /help says, a bad one is reported and the chat goes on, /bye ends it.
+Test(cli, chat_commands_and_multiline_input, .timeout = TT_TIMEOUT(120)) {
+    const char *m = tiny_model();
+    char doc[4096], save[4096], json[4096], name[64], args[8192], input[16384];
+    snprintf(name, sizeof name, "chat-doc-%d.txt", (int)getpid());
+    snprintf(doc, sizeof doc, "%s", tt_tmp(name));
+    tt_write_file(doc, "the secret word is zebra\n", 25);
+    snprintf(name, sizeof name, "chat-save-%d.json", (int)getpid());
+    snprintf(save, sizeof save, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "chat-cmd-%d.json", (int)getpid());
+    snprintf(json, sizeof json, "%s", tt_tmp(name));
+    snprintf(input, sizeof input,
+             "/help\n"
+             "/set temp 0\n"
+             "/set n-predict 3\n"
+             "/set bogus 1\n"
+             "/set top-p 7\n"
+             "/system be brief\n"
+             "first \\\n"
+             "line\n"
+             "\"\"\"\n"
+             "block one\n"
+             "\n"
+             "block two\n"
+             "\"\"\"\n"
+             "/load %s\n"
+             "what is the word\n"
+             "/load /nonexistent/doc.txt\n"
+             "/save %s\n"
+             "/frobnicate\n"
+             "/clear\n"
+             "//slashed\n"
+             "/bye\n"
+             "not answered\n",
+             doc, save);
+    snprintf(args, sizeof args, "chat -m '%s' --chat-format chatml --json '%s'", m, json);
+    cr_assert_eq(cli_in(args, input, out, sizeof out, err, sizeof err), 0, "%s", err);
+    // the settings at start are the chat settings; /set changes them
+    cr_assert(strstr(err, "sampling: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat-penalty 1.1"), "%s",
+              err);
+    cr_assert(strstr(err, "sampling: greedy, repeat-penalty 1.1, over the last 64 tokens; n-predict 3"), "%s", err);
+    cr_assert(strstr(err, "/help") && strstr(err, "/load FILE") && strstr(err, "/bye"), "%s", err);
+    cr_assert(strstr(err, "/set 'bogus': unknown key"), "%s", err);
+    cr_assert(strstr(err, "/set top-p '7': want a number in [0, 1]"), "%s", err);
+    cr_assert(strstr(err, "system message set"), "%s", err);
+    cr_assert(strstr(err, "loaded ") && strstr(err, "/nonexistent/doc.txt: No such file"), "%s", err);
+    cr_assert(strstr(err, "saved 7 messages"), "%s", err);
+    cr_assert(strstr(err, "unknown command '/frobnicate'"), "%s", err);
+    cr_assert(strstr(err, "the conversation is cleared"), "%s", err);
+    // four messages answered, none after /bye
+    cr_assert_eq(count_turns(err), 4, "%s", err);
+
+    char *text = tt_read_file(save, NULL);
+    struct json_object *root = json_tokener_parse(text), *msgs;
+    cr_assert(root, "/save wrote no JSON: %s", text);
+    free(text);
+    cr_assert(json_object_object_get_ex(root, "messages", &msgs));
+    cr_assert_eq(json_object_array_length(msgs), 7);
+    cr_assert_str_eq(msg_content(msgs, 0, "system"), "be brief");
+    cr_assert_str_eq(msg_content(msgs, 1, "user"), "first \nline");
+    msg_content(msgs, 2, "assistant");
+    cr_assert_str_eq(msg_content(msgs, 3, "user"), "block one\n\nblock two");
+    cr_assert_str_eq(msg_content(msgs, 5, "user"), "the secret word is zebra\n\nwhat is the word");
+    msg_content(msgs, 6, "assistant");
+    json_object_put(root);
+
+    // the turns' figures: the document was prefilled by /load, so its turn took most of its
+    // tokens from the cache; after /clear the conversation is the system message and one line
+    text = tt_read_file(json, NULL);
+    root = json_tokener_parse(text);
+    cr_assert(root, "%s", text);
+    free(text);
+    struct json_object *turns;
+    cr_assert(json_object_object_get_ex(root, "turns", &turns));
+    cr_assert_eq(json_object_array_length(turns), 4);
+    struct json_object *t2 = json_object_array_get_idx(turns, 2), *t3 = json_object_array_get_idx(turns, 3);
+    cr_assert_gt(jint(t2, "cached_tokens"), jint(json_object_array_get_idx(turns, 1), "prompt_tokens") + 20,
+                 "the document was not in the cache");
+    cr_assert_lt(jint(t3, "prompt_tokens"), jint(json_object_array_get_idx(turns, 0), "prompt_tokens") + 4);
+    for (size_t i = 0; i < 4; i++) cr_assert_leq(jint(json_object_array_get_idx(turns, i), "generated_tokens"), 3);
+    json_object_put(root);
+}
+
+// When the conversation no longer fits the context, the oldest turns are dropped with a note and
+// every line is still answered; a line too long for the context on its own is refused, and the
+// chat goes on.
+Test(cli, chat_drops_the_oldest_turns_when_the_context_fills, .timeout = TT_TIMEOUT(120)) {
+    const char *m = tiny_model();
+    char args[8192], input[8192];
+    char longline[200];
+    memset(longline, 'x', sizeof longline - 1);
+    longline[sizeof longline - 1] = 0;
+    snprintf(input, sizeof input,
+             "hello there\nwhat next is it\nand then some more\nfourth line here\n%s\nfifth one now\n", longline);
+    snprintf(args, sizeof args, "chat -m '%s' --chat-format chatml --system 'be brief' -n 4 --ctx 64", m);
+    cr_assert_eq(cli_in(args, input, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "the context of 64 tokens is full: dropped the 2 oldest messages"), "%s", err);
+    cr_assert(strstr(err, "does not fit the context of 64 tokens (--ctx); it is dropped"), "%s", err);
+    cr_assert_eq(count_turns(err), 5, "%s", err);
+    cr_assert(strstr(err, "turn 5: "), "%s", err);
+}
+
+// Reads the pseudo-terminal into buf (appending, *n bytes) until it holds needle or timeout_s
+// passes; whether it does.
+static bool pty_wait(int fd, char *buf, size_t cap, size_t *n, const char *needle, double timeout_s) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        buf[*n] = 0;
+        if (strstr(buf, needle)) return true;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        double left = timeout_s - ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec));
+        if (left <= 0) return false;
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, (int)(left * 1000) + 1) <= 0) continue;
+        ssize_t r = read(fd, buf + *n, cap - 1 - *n);
+        if (r <= 0) {
+            buf[*n] = 0;
+            return strstr(buf, needle) != NULL;
+        }
+        *n += (size_t)r;
+    }
+}
+
+// On a terminal (a pseudo-terminal here) lines go through libedit: the arrow keys move the cursor
+// instead of reaching the model as "^[[D", and the line is kept in the history file.
+Test(cli, chat_edits_lines_on_a_terminal, .timeout = TT_TIMEOUT(120)) {
+    const char *bin = getenv("TRI_OFFLOAD_RUN");
+    cr_assert(bin);
+    char args[256];
+    snprintf(args, sizeof args, "chat --help");
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0);
+    if (!strstr(out, "(libedit")) cr_skip_test("this build has no libedit (-Dlibedit)");
+    const char *m = tiny_model();
+    char home[4096], save[4096], hist[4096], name[64], cmd[16384];
+    snprintf(name, sizeof name, "chat-home-%d", (int)getpid());
+    snprintf(home, sizeof home, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", home, home);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(name, sizeof name, "chat-home-%d/t.json", (int)getpid());
+    snprintf(save, sizeof save, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "chat-home-%d/.offload_run_history", (int)getpid());
+    snprintf(hist, sizeof hist, "%s", tt_tmp(name));
+    int fd;
+    pid_t pid = forkpty(&fd, NULL, NULL, NULL);
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        setenv("HOME", home, 1);
+        execl(bin, bin, "chat", "-m", m, "--chat-format", "chatml", "-n", "3", "--ctx", "256", (char *)NULL);
+        _exit(127);
+    }
+    static char buf[1 << 16];
+    size_t n = 0;
+    cr_assert(pty_wait(fd, buf, sizeof buf, &n, "> ", 60), "no prompt: %s", buf);
+    const char *typed = "abc\x1b[D\x1b[DX\r";  // abc, left, left, X: aXbc
+    cr_assert_eq(write(fd, typed, strlen(typed)), (ssize_t)strlen(typed));
+    cr_assert(pty_wait(fd, buf, sizeof buf, &n, "turn 1:", 60), "no answer: %s", buf);
+    char line[8192];
+    snprintf(line, sizeof line, "/save %s\r", save);
+    cr_assert_eq(write(fd, line, strlen(line)), (ssize_t)strlen(line));
+    cr_assert(pty_wait(fd, buf, sizeof buf, &n, "saved 2 messages", 60), "%s", buf);
+    cr_assert_eq(write(fd, "/bye\r", 5), 5);
+    pty_wait(fd, buf, sizeof buf, &n, "\x01", 10);  // drain until the program closes the terminal
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    close(fd);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d: %s", status, buf);
+    char *t = tt_read_file(save, NULL);
+    cr_assert(strstr(t, "\"content\": \"aXbc\""), "the edited line: %s", t);
+    free(t);
+    t = tt_read_file(hist, NULL);
+    cr_assert(strstr(t, "aXbc") && strstr(t, "/bye"), "history: %s", t);
+    free(t);
 }
 
 // Ctrl-C during an answer stops that answer, not the program: the next line is answered, and the

@@ -26,7 +26,7 @@ Test(sampler, probs_match_hf_warpers) {
         memcpy(want, buf + off + (size_t)n * 4, (size_t)n * 4);
         off += (size_t)n * 8;
         tri_sampler_params p = {.temperature = temp, .top_k = top_k, .top_p = top_p};
-        cr_assert_eq(tri__sampler_probs(&p, logits, n, got, &scratch), TRI_STATUS_OK);
+        cr_assert_eq(tri__sampler_probs(&p, NULL, 0, logits, n, got, &scratch), TRI_STATUS_OK);
         double sum = 0;
         for (int32_t i = 0; i < n; i++) {
             sum += got[i];
@@ -48,12 +48,117 @@ Test(sampler, probs_match_hf_warpers) {
     free(buf);
 }
 
+// Penalties over a window of the context, then temperature, top-k, top-p and min-p, against numpy
+// following HF's RepetitionPenaltyLogitsProcessor and MinPLogitsWarper and OpenAI's presence and
+// frequency penalties (tests/fixtures/make-sampler.py); temperature 0 is the penalised argmax.
+Test(sampler, penalties_and_min_p_match_the_reference) {
+    size_t len;
+    uint8_t *buf = tt_read_file(tt_fixture("sampler", "penalties.bin"), &len);
+    size_t off = 0;
+    int n_cases = 0, n_greedy = 0, n_changed = 0;
+    tri__sampler_scratch scratch = {0};
+    while (off < len) {
+        int32_t n, top_k, last_n, n_ctx;
+        float temp, top_p, min_p, rep, pres, freq;
+        memcpy(&n, buf + off, 4);
+        memcpy(&temp, buf + off + 4, 4);
+        memcpy(&top_k, buf + off + 8, 4);
+        memcpy(&top_p, buf + off + 12, 4);
+        memcpy(&min_p, buf + off + 16, 4);
+        memcpy(&rep, buf + off + 20, 4);
+        memcpy(&pres, buf + off + 24, 4);
+        memcpy(&freq, buf + off + 28, 4);
+        memcpy(&last_n, buf + off + 32, 4);
+        memcpy(&n_ctx, buf + off + 36, 4);
+        off += 40;
+        int32_t *ctx = malloc((size_t)n_ctx * 4);
+        memcpy(ctx, buf + off, (size_t)n_ctx * 4);
+        off += (size_t)n_ctx * 4;
+        float *logits = malloc((size_t)n * 4), *want = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
+        float *plain = malloc((size_t)n * 4);
+        memcpy(logits, buf + off, (size_t)n * 4);
+        memcpy(want, buf + off + (size_t)n * 4, (size_t)n * 4);
+        off += (size_t)n * 8;
+        tri_sampler_params p = {.temperature = temp, .top_k = top_k, .top_p = top_p, .min_p = min_p,
+                                .repeat_penalty = rep, .presence_penalty = pres, .frequency_penalty = freq,
+                                .penalty_last_n = last_n};
+        cr_assert_eq(tri_sampler_params_check(&p), TRI_STATUS_OK);
+        cr_assert_eq(tri__sampler_probs(&p, ctx, n_ctx, logits, n, got, &scratch), TRI_STATUS_OK);
+        double sum = 0;
+        for (int32_t i = 0; i < n; i++) {
+            sum += got[i];
+            cr_assert_eq(got[i] == 0.0f, want[i] == 0.0f, "case %d n=%d T=%g token %d: %g vs %g", n_cases, n,
+                         (double)temp, i, (double)got[i], (double)want[i]);
+            cr_assert(fabsf(got[i] - want[i]) <= 1e-6f + 1e-4f * want[i], "case %d n=%d T=%g token %d: %g vs %g",
+                      n_cases, n, (double)temp, i, (double)got[i], (double)want[i]);
+        }
+        cr_assert(fabs(sum - 1.0) < 1e-4);
+        // the penalties matter in the cases: without the context the distribution differs
+        cr_assert_eq(tri__sampler_probs(&p, NULL, 0, logits, n, plain, &scratch), TRI_STATUS_OK);
+        bool changed = false;
+        for (int32_t i = 0; i < n; i++) changed |= fabsf(plain[i] - want[i]) > 1e-3f;
+        n_changed += changed;
+        if (temp <= 0.0f) {  // greedy: the one-hot's token is tri__sampler_greedy's
+            int32_t tok;
+            cr_assert_eq(tri__sampler_greedy(&p, ctx, n_ctx, logits, n, &scratch, &tok), TRI_STATUS_OK);
+            cr_assert_eq(want[tok], 1.0f);
+            n_greedy++;
+        }
+        free(ctx);
+        free(logits);
+        free(want);
+        free(got);
+        free(plain);
+        n_cases++;
+    }
+    cr_assert(n_cases >= 30 && n_greedy >= 6, "%d cases, %d greedy", n_cases, n_greedy);
+    cr_assert(n_changed >= 12, "the penalties changed only %d of %d cases", n_changed, n_cases);
+    // scratch's counts are left at zero: a call without penalties after many with them
+    for (int32_t i = 0; i < scratch.cap; i++) cr_assert_eq(scratch.count[i], 0);
+    tri__sampler_scratch_free(&scratch);
+    free(buf);
+}
+
+Test(sampler, params_check_names_the_field) {
+    tri_sampler_params ok = tri_sampler_default_params();
+    cr_assert_eq(tri_sampler_params_check(&ok), TRI_STATUS_OK);
+    tri_sampler_params chat = tri_sampler_chat_params();
+    cr_assert_eq(tri_sampler_params_check(&chat), TRI_STATUS_OK);
+    cr_assert_eq(chat.seed, TRI_SEED_RANDOM);
+    cr_assert(chat.temperature == 0.8f && chat.top_k == 40 && chat.top_p == 0.95f && chat.min_p == 0.05f);
+    cr_assert(chat.repeat_penalty == 1.1f && chat.penalty_last_n == 64 && chat.presence_penalty == 0.0f);
+    struct {
+        const char *field;
+        tri_sampler_params p;
+    } bad[] = {
+        {"temperature", {.temperature = NAN}},   {"top_k", {.top_k = -1}},
+        {"top_p", {.top_p = 1.5f}},              {"min_p", {.min_p = -0.1f}},
+        {"repeat_penalty", {.repeat_penalty = -1.0f}}, {"presence_penalty", {.presence_penalty = 1000.0f}},
+        {"frequency_penalty", {.frequency_penalty = NAN}}, {"penalty_last_n", {.penalty_last_n = -2}},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(tri_sampler_params_check(&bad[i].p), TRI_STATUS_INVALID_ARGUMENT, "%s", bad[i].field);
+        cr_assert(strstr(tri_last_error(), bad[i].field), "%s: %s", bad[i].field, tri_last_error());
+    }
+    cr_assert_eq(tri_sampler_params_check(NULL), TRI_STATUS_INVALID_ARGUMENT);
+}
+
+Test(sampler, random_seed_differs_between_seedings) {
+    tri__rng a, b;
+    tri__rng_seed_param(&a, TRI_SEED_RANDOM);
+    tri__rng_seed_param(&b, TRI_SEED_RANDOM);
+    cr_assert_neq(tri__rng_next(&a), tri__rng_next(&b));  // 2^-64 to fail by chance
+    tri__rng_seed_param(&a, 5);
+    tri__rng_seed(&b, 5);
+    cr_assert_eq(tri__rng_next(&a), tri__rng_next(&b));
+}
+
 Test(sampler, greedy_is_argmax_lowest_on_ties) {
     float logits[6] = {0.5f, 3.0f, -1.0f, 3.0f, 2.9f, 0.0f};
     float probs[6];
     tri__sampler_scratch scratch = {0};
     tri_sampler_params p = tri_sampler_default_params();
-    cr_assert_eq(tri__sampler_probs(&p, logits, 6, probs, &scratch), TRI_STATUS_OK);
+    cr_assert_eq(tri__sampler_probs(&p, NULL, 0, logits, 6, probs, &scratch), TRI_STATUS_OK);
     for (int i = 0; i < 6; i++) cr_assert_eq(probs[i], i == 1 ? 1.0f : 0.0f);
     tri__rng rng;
     tri__rng_seed(&rng, 3);

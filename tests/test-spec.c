@@ -132,7 +132,7 @@ Test(spec, verify_rule_emits_p) {
     sp.temperature = 1.0f;
     float p[V];
     tri__sampler_scratch scr = {0};
-    cr_assert_eq(tri__sampler_probs(&sp, logits, V, p, &scr), TRI_STATUS_OK);
+    cr_assert_eq(tri__sampler_probs(&sp, NULL, 0, logits, V, p, &scr), TRI_STATUS_OK);
     tri__spec_work w;
     cr_assert_eq(tri__spec_work_init(&w, V), TRI_STATUS_OK);
     tri__spec_draft d, out;
@@ -152,7 +152,7 @@ Test(spec, verify_rule_emits_p) {
             d.n = 1;
             out.n = 0;
             int32_t k, z;
-            cr_assert_eq(tri__spec_verify(&sp, (tri__spec_rule)rule, logits, &d, false, &rng, &w, &out, &k, &z),
+            cr_assert_eq(tri__spec_verify(&sp, (tri__spec_rule)rule, tok, 0, logits, &d, false, &rng, &w, &out, &k, &z),
                          TRI_STATUS_OK);
             int32_t emitted = k == 1 ? tok[0] : z;
             count[emitted] += 1;
@@ -212,14 +212,57 @@ static const int32_t prompts[3][12] = {
     {40, 41, 42, 43, 40, 41, 42, 43, 40, 41, 42, 43},  // repetitive: the n-gram drafter matches
 };
 
-static void check_greedy_modes(const tri_model *target, const drafter_case *drafters, int n_drafters,
-                               const int32_t (*gammas)[2], int n_gammas, const int32_t *prompt, int32_t n_prompt,
-                               int32_t n_gen, int32_t n_ctx) {
+// Greedy decoding over penalised logits, written out here from the session's raw logits: for each
+// distinct token of the last `last_n` of the context, seen c times, logit / rp (> 0) or * rp, then
+// minus c * freq + pres (triforce.h).
+static void penalised_greedy(const tri_model *m, const int32_t *prompt, int32_t n_prompt, int32_t n, int32_t n_ctx,
+                             const tri_sampler_params *sp, int32_t *out) {
+    tri_session_params ssp = small_session(n_ctx);
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &ssp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    const int32_t V = m->config.n_vocab;
+    int32_t *ctx = malloc((size_t)(n_prompt + n) * sizeof *ctx);
+    float *x = malloc((size_t)V * sizeof *x);
+    memcpy(ctx, prompt, (size_t)n_prompt * sizeof *ctx);
+    int32_t len = n_prompt;
+    cr_assert_eq(tri_session_eval(s, prompt, n_prompt, false), TRI_STATUS_OK);
+    for (int32_t i = 0; i < n; i++) {
+        memcpy(x, tri_session_logits(s, -1), (size_t)V * sizeof *x);
+        int32_t from = len > sp->penalty_last_n ? len - sp->penalty_last_n : 0;
+        for (int32_t j = from; j < len; j++) {
+            bool first = true;
+            int32_t c = 0;
+            for (int32_t k = from; k < len; k++) {
+                if (ctx[k] == ctx[j] && k < j) first = false;
+                c += ctx[k] == ctx[j];
+            }
+            if (!first) continue;
+            float v = x[ctx[j]];
+            v = v > 0.0f ? v / sp->repeat_penalty : v * sp->repeat_penalty;
+            x[ctx[j]] = v - ((float)c * sp->frequency_penalty + sp->presence_penalty);
+        }
+        int32_t best = 0;
+        for (int32_t t = 1; t < V; t++)
+            if (x[t] > x[best]) best = t;
+        out[i] = ctx[len++] = best;
+        if (i + 1 < n) cr_assert_eq(tri_session_eval(s, &best, 1, false), TRI_STATUS_OK);
+    }
+    free(x);
+    free(ctx);
+    tri_session_free(s);
+}
+
+// sp: NULL for plain greedy; penalties otherwise (temperature 0)
+static void check_greedy_modes_with(const tri_model *target, const drafter_case *drafters, int n_drafters,
+                                    const int32_t (*gammas)[2], int n_gammas, const int32_t *prompt,
+                                    int32_t n_prompt, int32_t n_gen, int32_t n_ctx, const tri_sampler_params *sp) {
     int32_t want[128], got[128];
-    plain_greedy(target, prompt, n_prompt, n_gen, n_ctx, want);
+    if (sp) penalised_greedy(target, prompt, n_prompt, n_gen, n_ctx, sp, want);
+    else plain_greedy(target, prompt, n_prompt, n_gen, n_ctx, want);
     tri_generate_params gp = tri_generate_default_params();
     gp.n_predict = n_gen;
     gp.stop_at_eos = false;
+    if (sp) gp.sampler = *sp;
     for (int mode = 0; mode <= TRI_SPEC_MODE_TRIFORCE; mode++) {
         bool uses_l1 = mode == TRI_SPEC_MODE_DRAFT || mode == TRI_SPEC_MODE_TRIFORCE;
         for (int di = 0; di < (uses_l1 ? n_drafters : 1); di++) {
@@ -254,6 +297,55 @@ static void check_greedy_modes(const tri_model *target, const drafter_case *draf
             }
         }
     }
+}
+
+static void check_greedy_modes(const tri_model *target, const drafter_case *drafters, int n_drafters,
+                               const int32_t (*gammas)[2], int n_gammas, const int32_t *prompt, int32_t n_prompt,
+                               int32_t n_gen, int32_t n_ctx) {
+    check_greedy_modes_with(target, drafters, n_drafters, gammas, n_gammas, prompt, n_prompt, n_gen, n_ctx, NULL);
+}
+
+// With penalties, greedy decoding takes the argmax of logits penalised by the context before each
+// position: plain tri_generate and every speculative mode give the tokens written out above, and
+// they differ from unpenalised greedy decoding.
+Test(spec, greedy_with_penalties_equals_plain_decoding) {
+    tri_model *target = load(gen_model("target-pen", "--seed 11 --layers 3"));
+    tri_model *draft = load(gen_model("draft-pen", "--seed 12 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1"));
+    static const int32_t first[] = {0};
+    drafter_case drafters[] = {
+        {"model", TRI_SPEC_DRAFTER_MODEL, draft, NULL, 0, 0},
+        {"layers-0", TRI_SPEC_DRAFTER_LAYERS, NULL, first, 1, 0},
+        {"ngram-3", TRI_SPEC_DRAFTER_NGRAM, NULL, NULL, 0, 3},
+    };
+    static const int32_t gammas[][2] = {{2, 6}, {3, 4}};
+    tri_sampler_params sp = tri_sampler_default_params();
+    sp.repeat_penalty = 1.3f;
+    sp.presence_penalty = 0.5f;
+    sp.frequency_penalty = 0.2f;
+    sp.penalty_last_n = 16;
+    for (int i = 0; i < 3; i++) {
+        int32_t pen[N_GEN], plain[N_GEN], got[N_GEN];
+        penalised_greedy(target, prompts[i], 12, N_GEN, 128, &sp, pen);
+        plain_greedy(target, prompts[i], 12, N_GEN, 128, plain);
+        cr_assert(memcmp(pen, plain, sizeof pen) != 0, "prompt %d: the penalties changed nothing", i);
+        // tri_generate in two calls: the penalties see the prompt and what the first call emitted
+        tri_session_params ssp = small_session(128);
+        tri_session *ss;
+        cr_assert_eq(tri_session_create(target, &ssp, &ss), TRI_STATUS_OK);
+        tri_generate_params gp = tri_generate_default_params();
+        gp.sampler = sp;
+        gp.stop_at_eos = false;
+        gp.n_predict = N_GEN / 2;
+        collect c = {got, 0, N_GEN};
+        cr_assert_eq(tri_generate(ss, prompts[i], 12, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+        cr_assert_eq(tri_generate(ss, NULL, 0, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+        cr_assert_eq(c.n, N_GEN);
+        for (int j = 0; j < N_GEN; j++) cr_assert_eq(got[j], pen[j], "prompt %d: tri_generate token %d", i, j);
+        tri_session_free(ss);
+        check_greedy_modes_with(target, drafters, 3, gammas, 2, prompts[i], 12, N_GEN, 128, &sp);
+    }
+    tri_model_free(draft);
+    tri_model_free(target);
 }
 
 Test(spec, greedy_equals_plain_decoding) {
@@ -944,20 +1036,27 @@ static chi_law exact_law(const tri_model *m, const tri_sampler_params *sp) {
     float *p1 = malloc((size_t)V * sizeof *p1), *p2 = malloc((size_t)V * sizeof *p2);
     float *p3 = malloc((size_t)V * sizeof *p3);
     tri__sampler_scratch scr = {0};
+    // the context of each position, for the penalties
+    int32_t ctx[CHI_PROMPT + 2];
+    memcpy(ctx, chi_prompt, sizeof chi_prompt);
     cr_assert_eq(tri_session_eval(s, chi_prompt, CHI_PROMPT, false), TRI_STATUS_OK);
-    cr_assert_eq(tri__sampler_probs(sp, tri_session_logits(s, -1), V, p1, &scr), TRI_STATUS_OK);
+    cr_assert_eq(tri__sampler_probs(sp, ctx, CHI_PROMPT, tri_session_logits(s, -1), V, p1, &scr), TRI_STATUS_OK);
     for (int32_t a = 0; a < V; a++) {
         if (p1[a] <= 0.0f) continue;
         cr_assert_eq(tri_session_truncate(s, CHI_PROMPT), TRI_STATUS_OK);
         cr_assert_eq(tri_session_eval(s, &a, 1, false), TRI_STATUS_OK);
-        cr_assert_eq(tri__sampler_probs(sp, tri_session_logits(s, -1), V, p2, &scr), TRI_STATUS_OK);
+        ctx[CHI_PROMPT] = a;
+        cr_assert_eq(tri__sampler_probs(sp, ctx, CHI_PROMPT + 1, tri_session_logits(s, -1), V, p2, &scr),
+                     TRI_STATUS_OK);
         for (int32_t b = 0; b < V; b++) {
             double pab = (double)p1[a] * (double)p2[b];
             law.joint[(int64_t)a * V + b] = pab;
             if (pab <= 0.0) continue;
             cr_assert_eq(tri_session_truncate(s, CHI_PROMPT + 1), TRI_STATUS_OK);
             cr_assert_eq(tri_session_eval(s, &b, 1, false), TRI_STATUS_OK);
-            cr_assert_eq(tri__sampler_probs(sp, tri_session_logits(s, -1), V, p3, &scr), TRI_STATUS_OK);
+            ctx[CHI_PROMPT + 1] = b;
+            cr_assert_eq(tri__sampler_probs(sp, ctx, CHI_PROMPT + 2, tri_session_logits(s, -1), V, p3, &scr),
+                         TRI_STATUS_OK);
             for (int32_t c = 0; c < V; c++) law.third[c] += pab * (double)p3[c];
         }
     }
@@ -1138,6 +1237,21 @@ Test(spec, sampling_follows_the_target_distribution_t06, .timeout = TT_TIMEOUT(3
     sp.temperature = 0.6f;
     sp.top_p = 0.9f;
     chi_exact_cases("chi-t06", &sp);
+}
+
+// Penalties over a window that holds the prompt's end and the tokens drawn in the round, with
+// top-k and min-p: every level's distribution at a position is transformed by the same function
+// of the context before it, so the output still follows the target's transformed law.
+Test(spec, sampling_with_penalties_follows_the_target_distribution, .timeout = TT_TIMEOUT(300)) {
+    tri_sampler_params sp = tri_sampler_default_params();
+    sp.temperature = 0.9f;
+    sp.top_k = 120;
+    sp.min_p = 0.02f;
+    sp.repeat_penalty = 3.0f;
+    sp.presence_penalty = 1.0f;
+    sp.frequency_penalty = 0.5f;
+    sp.penalty_last_n = 5;
+    chi_exact_cases("chi-pen", &sp);
 }
 
 Test(spec, sampling_follows_the_target_distribution_t10, .timeout = TT_TIMEOUT(300)) {

@@ -5,7 +5,8 @@
 # answers one prompt greedily, streamed, then saves its window as a PNG (copied to SHOT_OUT) and
 # exits. Checks that
 #   1. the answer it streamed is the text `offload-run generate --chat` (CLI) gives for the same
-#      prompt, model and length;
+#      prompt, model and length, greedy and without penalties (--temp 0 --repeat-penalty 1: the CLI
+#      samples a chat with the chat settings by default);
 #   2. the screenshot shows it: OCR (tesseract) finds the prompt, at least 80% of the answer's
 #      words, and the tokens-per-second figure;
 #   3. Stop, pressed (--stop-after) once 8 tokens arrived, ends the answer early: a shorter prefix
@@ -42,7 +43,7 @@ echo "screenshot: $shot_out"
 echo "streamed answer:"; cat "$tmp/app.txt"
 
 # ---- 1. the same text as the CLI ----
-"$cli" generate -m "$model" --chat -p "$prompt" -n "$n" >"$tmp/cli.txt" 2>"$tmp/cli.err" ||
+"$cli" generate -m "$model" --chat -p "$prompt" -n "$n" --temp 0 --repeat-penalty 1 >"$tmp/cli.txt" 2>"$tmp/cli.err" ||
   { cat "$tmp/cli.err"; fail "offload-run generate"; }
 norm() { tr -s ' \n\t' ' ' <"$1" | sed 's/^ //; s/ $//'; }
 [ "$(norm "$tmp/app.txt")" = "$(norm "$tmp/cli.txt")" ] ||
@@ -81,7 +82,7 @@ GSK_RENDERER=cairo GDK_BACKEND=x11 NO_AT_BRIDGE=1 \
   timeout 240 xvfb-run -a -s "-screen 0 1024x768x24" \
   "$app" --prompt "$prompt" --prompt "$second" -n 24 --print --screenshot "$tmp/two.png" "$model" \
   >"$tmp/two.txt" 2>"$tmp/two.err" || { cat "$tmp/two.err"; fail "the chat window (two turns) exited with status $?"; }
-printf '%s\n%s\n' "$prompt" "$second" | "$cli" chat -m "$model" -n 24 >"$tmp/cli-two.txt" 2>"$tmp/cli-two.err" ||
+printf '%s\n%s\n' "$prompt" "$second" | "$cli" chat -m "$model" -n 24 --temp 0 --repeat-penalty 1 >"$tmp/cli-two.txt" 2>"$tmp/cli-two.err" ||
   { cat "$tmp/cli-two.err"; fail "offload-run chat"; }
 echo "two turns:"; cat "$tmp/two.txt"
 [ "$(norm "$tmp/two.txt")" = "$(norm "$tmp/cli-two.txt")" ] ||

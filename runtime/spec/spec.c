@@ -107,11 +107,12 @@ static void residual_in_place(float *row, const float *q, int32_t x, int32_t V) 
     }
 }
 
-tri_status tri__spec_verify(const tri_sampler_params *sampler, tri__spec_rule rule, const float *logits,
-                            const tri__spec_draft *d, bool want_bonus, tri__rng *rng,
-                            tri__spec_work *w, tri__spec_draft *out, int32_t *n_accepted,
+tri_status tri__spec_verify(const tri_sampler_params *sampler, tri__spec_rule rule, const int32_t *ctx,
+                            int32_t n_ctx, const float *logits, const tri__spec_draft *d, bool want_bonus,
+                            tri__rng *rng, tri__spec_work *w, tri__spec_draft *out, int32_t *n_accepted,
                             int32_t *next) {
     const int32_t V = w->n_vocab;
+    TRI_ASSERT(d->n == 0 || ctx + n_ctx == d->tokens);  // row i follows ctx and the draft's first i tokens
     const bool greedy = sampler->temperature <= 0.0f;
     *n_accepted = 0;
     *next = -1;
@@ -126,7 +127,8 @@ tri_status tri__spec_verify(const tri_sampler_params *sampler, tri__spec_rule ru
         const int32_t slot = out ? out->n + i : -1;
 
         if (greedy) {
-            int32_t best = tri__argmax(row, V);
+            int32_t best;
+            TRY(tri__sampler_greedy(sampler, ctx, n_ctx + i, row, V, &w->scratch, &best));
             if (out) out->onehot[slot] = true;
             if (!bonus && d->tokens[i] == best) {
                 (*n_accepted)++;
@@ -138,7 +140,7 @@ tri_status tri__spec_verify(const tri_sampler_params *sampler, tri__spec_rule ru
 
         float *p = out ? out->q + (int64_t)slot * V : w->p;
         if (out) out->onehot[slot] = false;
-        TRY(tri__sampler_probs(sampler, row, V, p, &w->scratch));
+        TRY(tri__sampler_probs(sampler, ctx, n_ctx + i, row, V, p, &w->scratch));
         if (bonus) {
             *next = tri__sample(p, V, rng);
             return TRI_STATUS_OK;
@@ -357,13 +359,15 @@ static tri_status model_draft(tri_spec *s, tri__level *lv, int32_t m, int32_t n_
         TRY(level_run(s, lv, m + i, 0, &row0));
         const float *logits = tri__level_logits(lv, row0);
         int32_t tok;
+        // the level's logits under the call's sampler, penalties from the same context as the
+        // verifier's at this position (seq before it), so that acceptance stays frequent
         if (s->sampler.temperature <= 0.0f) {
             d->onehot[i] = true;
-            tok = tri__argmax(logits, V);
+            TRY(tri__sampler_greedy(&s->sampler, s->seq, m + i, logits, V, &s->work.scratch, &tok));
         } else {
             float *q = d->q + (int64_t)i * V;
             d->onehot[i] = false;
-            TRY(tri__sampler_probs(&s->sampler, logits, V, q, &s->work.scratch));
+            TRY(tri__sampler_probs(&s->sampler, s->seq, m + i, logits, V, q, &s->work.scratch));
             tok = tri__sample(q, V, &s->rng);
         }
         s->seq[m + i] = tok;
@@ -406,8 +410,8 @@ static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
         // no bonus when it would overfill d2: L3 verifies exactly g2 tokens
         bool want_bonus = d2->n + d1->n < g2;
         if (s->forced) TRY(forced_verify(s, s->force_rate[0], d1, want_bonus, d2, &k, &z));
-        else TRY(tri__spec_verify(&s->sampler, s->rule, tri__level_logits(s->lv2, row0), d1, want_bonus,
-                                  &s->rng, &s->work, d2, &k, &z));
+        else TRY(tri__spec_verify(&s->sampler, s->rule, s->seq, b, tri__level_logits(s->lv2, row0), d1,
+                                  want_bonus, &s->rng, &s->work, d2, &k, &z));
         s->stats->n_l2_verify++;
         s->stats->l1_accepted += k;
         if (!s->lv1) s->ngram_len = tri__ngram_next_len(s->ngram_len, d1->n, k, s->params.gamma1);
@@ -496,12 +500,13 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                              "generate (speculative): token %d at %d is outside the vocabulary [0, %d)",
                              prompt[i], i, s->n_vocab);
+    TRY(tri_sampler_params_check(&p.sampler));
     s->sampler = p.sampler;
     s->stats = stats;
     // one stream per seed, as tri_generate: a call that continues with the same seed draws fresh
     // numbers instead of replaying the last call's
     if (!s->seeded || s->seed != p.sampler.seed) {
-        tri__rng_seed(&s->rng, p.sampler.seed);
+        tri__rng_seed_param(&s->rng, p.sampler.seed);
         s->seeded = true;
         s->seed = p.sampler.seed;
     }
@@ -607,8 +612,8 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
         int32_t row0, k, z;
         TRY(level_run(s, &s->l3, n, d3->n, &row0));
         if (s->forced) TRY(forced_verify(s, s->force_rate[1], d3, true, NULL, &k, &z));
-        else TRY(tri__spec_verify(&s->sampler, s->rule, tri__level_logits(&s->l3, row0), d3, true, &s->rng,
-                                  &s->work, NULL, &k, &z));
+        else TRY(tri__spec_verify(&s->sampler, s->rule, s->seq, n, tri__level_logits(&s->l3, row0), d3, true,
+                                  &s->rng, &s->work, NULL, &k, &z));
         stats->n_l3_verify++;
         if (mode == TRI_SPEC_MODE_DRAFT) {
             stats->l1_accepted += k;

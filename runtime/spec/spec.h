@@ -50,7 +50,9 @@ tri_status tri__spec_work_init(tri__spec_work *w, int32_t n_vocab);
 void tri__spec_work_free(tri__spec_work *w);
 
 // The verification rule. logits: (d->n + 1, n_vocab) host rows, row i the verifier's logits before
-// d->tokens[i], row d->n after the last. p = tri__sampler_probs(sampler, row) at each position;
+// d->tokens[i], row d->n after the last. The context before the draft is ctx[0..n_ctx), and the
+// draft follows it in memory (d->tokens == ctx + n_ctx when d->n > 0), so that row i's context is
+// ctx[0..n_ctx + i). p = tri__sampler_probs(sampler, that context, row) at each position;
 // q of token i is d's row i (or the one-hot). Sets *n_accepted (0..d->n) and *next: the token drawn
 // from the residual at the first rejection, or the bonus drawn from row d->n when all were
 // accepted and want_bonus, else -1.
@@ -59,10 +61,10 @@ void tri__spec_work_free(tri__spec_work *w);
 // for each accepted token and for next, the verifier's p at that position (the token's law given
 // the context before it, which is what the level above must test against); out->tokens must
 // already hold them (the caller's sequence does). Needs room for n_accepted + 1 more rows.
-// temperature <= 0 compares each token with the argmax, and out gets one-hot rows.
-tri_status tri__spec_verify(const tri_sampler_params *sampler, tri__spec_rule rule, const float *logits,
-                            const tri__spec_draft *d, bool want_bonus, tri__rng *rng,
-                            tri__spec_work *w, tri__spec_draft *out, int32_t *n_accepted,
+// temperature <= 0 compares each token with the (penalised) argmax, and out gets one-hot rows.
+tri_status tri__spec_verify(const tri_sampler_params *sampler, tri__spec_rule rule, const int32_t *ctx,
+                            int32_t n_ctx, const float *logits, const tri__spec_draft *d, bool want_bonus,
+                            tri__rng *rng, tri__spec_work *w, tri__spec_draft *out, int32_t *n_accepted,
                             int32_t *next);
 
 // Test hooks: the acceptance rule the handle uses (EXACT by default), and its levels (1, 2 or 3;
