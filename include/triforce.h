@@ -454,15 +454,18 @@ TRI_API tri_status tri_session_sample(tri_session *session, const tri_sampler_pa
 // Why a generation call stopped (tri_generate_stats.stop_reason, tri_spec_stats.stop_reason).
 typedef enum tri_stop_reason {
     TRI_STOP_NONE = 0,      // no generation ran (a call refused before starting sets ERROR)
-    TRI_STOP_EOS = 1,       // the model's end-of-sequence token (emitted, counted in n_generated)
+    TRI_STOP_EOS = 1,       // the model's end-of-sequence token, or one of the call's stop_tokens
+                            // (an end of turn): emitted, counted in n_generated
     TRI_STOP_LENGTH = 2,    // n_predict tokens were generated
     TRI_STOP_CONTEXT = 3,   // the context is full
     TRI_STOP_CALLBACK = 4,  // on_token or on_prefill returned false
     TRI_STOP_ABORT = 5,     // tri_session_abort / tri_spec_abort from another thread
     TRI_STOP_ERROR = 6,     // the call failed: its tri_status and tri_last_error() say why
+    TRI_STOP_STRING = 7,    // the text reached one of the call's stop strings
 } tri_stop_reason;
 
-// "none", "eos", "length", "context", "callback", "abort", "error", or "?"; static storage.
+// "none", "eos", "length", "context", "callback", "abort", "error", "stop_string", or "?"; static
+// storage.
 TRI_API const char *tri_stop_reason_str(tri_stop_reason reason);
 
 // Asks the tri_generate call running on session to stop: it returns TRI_STATUS_OK with what it

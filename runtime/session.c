@@ -455,6 +455,7 @@ const char *tri_stop_reason_str(tri_stop_reason reason) {
     case TRI_STOP_CALLBACK: return "callback";
     case TRI_STOP_ABORT: return "abort";
     case TRI_STOP_ERROR: return "error";
+    case TRI_STOP_STRING: return "stop_string";
     }
     return "?";
 }
