@@ -1,5 +1,6 @@
 // cli-common.c - what every offload-run subcommand shares: model loading and error reports.
 #include <errno.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,10 +11,40 @@
 
 #include "cli.h"
 
+// ---- messages ----
+
+static char cli_name[64] = "offload-run";
+static const char *cli_command = "";  // the subcommand's word, "" before main sets it
+
+void tri_cli_set_command(const char *command) {
+    snprintf(cli_name, sizeof cli_name, "offload-run %s", command);
+    cli_command = cli_name + strlen("offload-run ");
+}
+
+const char *tri_cli_name(void) { return cli_name; }
+
 int tri_cli_fail(const char *what, tri_status status) {
     const char *msg = tri_last_error();
-    fprintf(stderr, "offload-run: %s: %s\n", what, msg[0] ? msg : tri_status_str(status));
+    if (!msg[0]) msg = tri_status_str(status);
+    size_t n = strlen(cli_command);
+    if (n && strncmp(msg, cli_command, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ') msg += n + 2;
+    fprintf(stderr, "%s: %s: %s\n", cli_name, what, msg);
     return 1;
+}
+
+int tri_cli_see_help(void) {
+    fprintf(stderr, "see '%s --help'\n", cli_name);
+    return 2;
+}
+
+int tri_cli_usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", cli_name);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return tri_cli_see_help();
 }
 
 // On a terminal: one line rewritten in place. Otherwise (a log, a pipe) a line at each tenth once

@@ -318,14 +318,20 @@ static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
                 (long long)st->n_l2_verify, (long long)st->n_l2_refresh);
     fprintf(stderr, "  time: L1 %.3f s, L2 %.3f s, L3 %.3f s, prefill %.3f s\n", st->l1_seconds, st->l2_seconds,
             st->l3_seconds, st->prefill_seconds);
-    // whether it paid: plain decoding runs one full-cache pass per token, and one of those costs at
-    // most what a verification pass of several tokens costs, so n_generated verification-pass times
-    // bound plain decoding's time from above (an estimate: the passes of this run, not a plain run)
+    // whether it paid: plain decoding runs one full-cache pass of one token per token, which costs
+    // at most what this run's verification passes of several tokens cost, so their mean bounds
+    // plain decoding's time per token from above. A bound, not a measurement: where compute rather
+    // than reading the weights and the cache bounds a pass (the CPU), a pass of one token costs much
+    // less, so the line says what it is made of, and claims only what the bound proves.
     if (st->n_l3_verify > 0 && st->n_generated > 0) {
         double pass = st->l3_seconds / (double)st->n_l3_verify, plain = pass * (double)st->n_generated;
         double spent = st->l1_seconds + st->l2_seconds + st->l3_seconds;
-        fprintf(stderr, "  per token: %.1f ms; plain decoding at most %.1f ms (one L3 pass each, estimated)%s\n",
-                1e3 * spent / st->n_generated, 1e3 * pass,
+        int64_t checked = mode == TRI_SPEC_MODE_DRAFT ? st->l1_proposed : st->l2_proposed;
+        fprintf(stderr, "  per token: %.1f ms; plain decoding: at most %.1f ms per token, the mean time of this "
+                "run's %lld L3 passes of %.1f tokens each (an upper bound, not measured: a pass of one token "
+                "costs less, much less where compute bounds it, as on the CPU)%s\n",
+                1e3 * spent / st->n_generated, 1e3 * pass, (long long)st->n_l3_verify,
+                1.0 + (double)checked / (double)st->n_l3_verify,
                 spent > plain ? ": speculation did not pay here, plain decoding (--spec none) is faster" : "");
         if (st->n_l2_verify > 0) {
             double l2 = st->l2_seconds / (double)st->n_l2_verify;
@@ -399,6 +405,14 @@ static bool place(const tri_model *model, tri_session_params *sp, const tri_spec
             plan.n_layer - sp->kv_layers_offloaded, sp->kv_layers_offloaded, plan.t_token);
     if (!kv_host_set) sp->kv_host_fraction = plan.kv_host_fraction;
     size_t used = strlen(line);
+    if (!on_gpu) {  // --gpu-mem without a GPU: the placement is emulated, and the line says so
+        snprintf(line + used, n - used,
+                 "plan: for a GPU, but this run is on the CPU (%s%s): its offloaded KV layers are kept apart and "
+                 "copied as on a GPU, its streamed weights stay in memory, and the predicted time is not this run's\n",
+                 sp->device_kind == TRI_DEVICE_CPU || sp->devices ? "--device " : "no GPU: ",
+                 sp->devices ? sp->devices : sp->device_kind == TRI_DEVICE_CPU ? "cpu" : tri_cuda_status());
+        used = strlen(line);
+    }
     if (plan.kv_host_fraction > 0)
         snprintf(line + used, n - used,
                 "plan: host attention %.1f GB/s%s: %.1f%% of each offloaded layer's rows attended on the host%s "
@@ -410,10 +424,28 @@ static bool place(const tri_model *model, tri_session_params *sp, const tri_spec
 
 // --spec none: plain decoding runs one full-cache pass per token (the prompt's last step gives the
 // first), so the figures are the tokens, the passes and the time.
-static void print_plain_stats(const tri_generate_stats *st) {
-    fprintf(stderr, "plain decoding: %d tokens in %d full-cache passes (%.2f tokens per pass)\n", st->n_generated,
-            st->n_generated, st->n_generated ? 1.0 : 0.0);
+static void print_plain_stats(const tri_generate_stats *st, const tri_session *session) {
+    tri_kv_info kv;
+    bool full = tri_session_kv_info(session, &kv) != TRI_STATUS_OK || kv.policy == TRI_KV_POLICY_FULL;
+    fprintf(stderr, "plain decoding: %d tokens in %d %s passes (%.2f tokens per pass)\n", st->n_generated,
+            st->n_generated, full ? "full-cache" : "policy", st->n_generated ? 1.0 : 0.0);
     fprintf(stderr, "  time: decode %.3f s, prefill %.3f s\n", st->decode_seconds, st->prefill_seconds);
+    if (full) return;
+    // what the policy kept of the cache's n_past positions
+    if (kv.policy == TRI_KV_POLICY_RETRIEVAL) {
+        fprintf(stderr, "  retrieval: budget %d tokens = %d chunks of %d per layer and KV head (of %d in the cache), "
+                "%lld selection%s", kv.budget, kv.budget / kv.chunk, kv.chunk, (kv.n_past + kv.chunk - 1) / kv.chunk,
+                (long long)kv.n_selections, kv.n_selections == 1 ? "" : "s");
+        if (kv.refresh) fprintf(stderr, " (one after the prompt, then every %d tokens)", kv.refresh);
+        else fputs(" (after the prompt only: --refresh N selects again)", stderr);
+        if (kv.selected_at >= 0) fprintf(stderr, ", the last at %d tokens", kv.selected_at);
+        fputc('\n', stderr);
+    } else {
+        fprintf(stderr, "  %s: budget %d of %d tokens in the cache", kv.policy == TRI_KV_POLICY_H2O ? "h2o" : "streaming",
+                kv.budget, kv.n_past);
+        if (kv.policy == TRI_KV_POLICY_STREAMING) fprintf(stderr, ", %d sinks", kv.sink);
+        fputc('\n', stderr);
+    }
 }
 
 // ---- --json ----
@@ -647,7 +679,7 @@ int tri_cli_generate(int argc, char **argv) {
             }
             break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return tri_cli_see_help();
         }
         if (!ok) return 2;
     }
@@ -657,8 +689,7 @@ int tri_cli_generate(int argc, char **argv) {
                 !model_path ? "-m MODEL is required"
                 : n_sources != 1 ? "give exactly one of -p TEXT, -f FILE, --tokens IDS"
                                  : "unexpected argument");
-        usage(stderr);
-        return 2;
+        return tri_cli_see_help();
     }
     if (chat && tokens) {
         fprintf(stderr, "offload-run generate: --chat applies to text prompts, not --tokens\n");
@@ -875,7 +906,7 @@ int tri_cli_generate(int argc, char **argv) {
         if (spec)
             print_spec_stats(&sstats, spec_params.mode);
         else
-            print_plain_stats(&stats);
+            print_plain_stats(&stats, session);
     }
     rc = 0;
     if (json_file) {

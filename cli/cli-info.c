@@ -102,21 +102,19 @@ int tri_cli_info(int argc, char **argv) {
         case 't': list = true; break;
         case 's': system = true; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return tri_cli_see_help();
         }
     }
     if (system) {
         if (path || list || optind != argc) {
             fprintf(stderr, "offload-run info: --system takes no model and no other option\n");
-            usage(stderr);
-            return 2;
+            return tri_cli_see_help();
         }
         return print_system();
     }
     if (!path || optind != argc) {
         fprintf(stderr, "offload-run info: %s\n", path ? "unexpected argument" : "-m MODEL is required");
-        usage(stderr);
-        return 2;
+        return tri_cli_see_help();
     }
     tri_model *model = tri_cli_load_model(path);
     if (!model) return 1;

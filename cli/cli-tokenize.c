@@ -108,7 +108,7 @@ int tri_cli_tokenize(int argc, char **argv) {
         case 's': special = true; break;
         case 'n': add_special = false; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return tri_cli_see_help();
         }
     }
     if (!path || (!prompt) == (!file) || optind != argc || (ids_only && pieces)) {
@@ -117,8 +117,7 @@ int tri_cli_tokenize(int argc, char **argv) {
                 : optind != argc ? "unexpected argument"
                 : ids_only && pieces ? "--ids and --pieces exclude each other"
                 : "give exactly one of -p TEXT and -f FILE");
-        usage(stderr);
-        return 2;
+        return tri_cli_see_help();
     }
     size_t len;
     char *text = NULL;

@@ -14,8 +14,22 @@ int tri_cli_generate(int argc, char **argv);
 int tri_cli_tokenize(int argc, char **argv);
 int tri_cli_chat(int argc, char **argv);
 
-// Prints "offload-run: <what>: <last error>" to stderr; returns 1.
+// ---- messages ----
+// Every message of a subcommand starts with its name, "offload-run generate: ", getopt's too:
+// main sets the name (and passes it as the subcommand's argv[0]) before running it.
+void tri_cli_set_command(const char *command);
+// "offload-run" or "offload-run COMMAND"; static storage.
+const char *tri_cli_name(void);
+
+// Prints "offload-run COMMAND: <what>: <last error>" to stderr; returns 1. A last error that starts
+// with the command's own word ("plan: ...") loses it, so that no line says "plan: plan:".
 int tri_cli_fail(const char *what, tri_status status);
+
+// A usage error in one line, "offload-run COMMAND: <message>", then "see 'offload-run COMMAND
+// --help'" instead of the whole help; returns 2. tri_cli_see_help prints only the second line
+// (after getopt's own line for an unknown option or a missing value).
+int tri_cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int tri_cli_see_help(void);
 
 // Loads a model with progress on stderr: a line rewritten in place on a terminal, else a line at
 // each tenth ("loading model: 40%"). Returns NULL after printing the error.
