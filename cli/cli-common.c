@@ -1,11 +1,14 @@
 // cli-common.c - what every offload-run subcommand shares: model loading and error reports.
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -251,4 +254,93 @@ bool tri_cli_parse_float(const char *cmd, const char *opt, const char *s, double
     }
     *out = (float)v;
     return true;
+}
+
+// ---- prompts from files ----
+
+uint64_t tri_cli_prompt_bytes(const tri_model *model, int64_t n_tokens, size_t *longest) {
+    size_t most = 1;
+    for (int32_t id = 0; id < tri_token_count(model); id++) {
+        const char *piece;
+        size_t n;
+        if (tri_token_piece(model, id, &piece, &n) == TRI_STATUS_OK && n > most) most = n;
+    }
+    if (longest) *longest = most;
+    return (uint64_t)(n_tokens > 0 ? n_tokens : 1) * most;
+}
+
+char *tri_cli_read_prompt(const char *path, uint64_t max_bytes, const char *too_long, size_t *len) {
+    bool is_stdin = strcmp(path, "-") == 0;
+    const char *name = is_stdin ? "stdin" : path;
+    // a FIFO opened without O_NONBLOCK blocks in open() until a writer comes: open it at once and
+    // wait below, where the wait can be announced
+    int fd = is_stdin ? STDIN_FILENO : open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        fprintf(stderr, "%s: %s: %s\n", cli_name, name, strerror(errno));
+        if (fd > 0 && !is_stdin) close(fd);
+        return NULL;
+    }
+    if (S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "%s: %s: is a directory\n", cli_name, name);
+        if (!is_stdin) close(fd);
+        return NULL;
+    }
+    if (!is_stdin) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    bool tty = isatty(fd);
+    if (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode) || tty) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, tty ? 0 : 1000) == 0) {
+            if (tty) fprintf(stderr, "%s: reading the prompt from the terminal: end it with Ctrl-D\n", cli_name);
+            else fprintf(stderr, "%s: waiting for the prompt on %s (a %s): it is read to its end, when the "
+                         "writer closes it\n", cli_name, name, S_ISFIFO(sb.st_mode) ? "FIFO or pipe" : "socket");
+            // a FIFO no writer has opened yet reads as ended: wait for one (Ctrl-C ends the wait)
+            while (!tty && poll(&pf, 1, -1) < 0 && errno == EINTR) {}
+        }
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    bool err = false, over = false;
+    while (buf) {
+        if (n == cap) {
+            if (n > max_bytes) {
+                over = true;
+                break;
+            }
+            char *b = cap <= SIZE_MAX / 4 ? realloc(buf, 2 * cap + 1) : NULL;
+            if (!b) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = b;
+            cap *= 2;
+        }
+        ssize_t got = read(fd, buf + n, cap - n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            err = true;
+            break;
+        }
+        if (got == 0) break;
+        n += (size_t)got;
+        if (n > max_bytes) {
+            over = true;
+            break;
+        }
+    }
+    int saved = errno;
+    if (!is_stdin) close(fd);
+    if (!buf || err || over) {
+        if (over)
+            fprintf(stderr, "%s: %s: longer than %llu bytes, %s\n", cli_name, name, (unsigned long long)max_bytes,
+                    too_long);
+        else
+            fprintf(stderr, "%s: %s: %s\n", cli_name, name, buf ? strerror(saved) : "out of memory");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
 }

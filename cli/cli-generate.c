@@ -102,41 +102,6 @@ static void usage(FILE *f) {
           f);
 }
 
-// Reads a whole file or stdin into a NUL-terminated buffer; NULL after printing the error.
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "offload-run generate: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 >= cap) {
-            char *b = realloc(buf, cap *= 2);
-            if (!b) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = b;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) break;
-    }
-    bool err = ferror(f);
-    if (f != stdin) fclose(f);
-    if (!buf || err) {
-        fprintf(stderr, "offload-run generate: %s: %s\n", path, buf ? "read error" : "out of memory");
-        free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
 static int32_t *parse_ids(const char *s, int32_t n_vocab, int32_t *n_out) {
     int32_t n = 1;
     for (const char *p = s; *p; p++) n += *p == ',';
@@ -770,8 +735,14 @@ int tri_cli_generate(int argc, char **argv) {
         if (!(ids = parse_ids(tokens, info.config.n_vocab, &n_ids))) goto done;
     } else {
         size_t len = 0;
-        if (file) {
-            if (!(text = read_all(file, &len))) goto done;
+        if (file) {  // at most what the context can hold: /dev/zero is refused, not read without end
+            int64_t room = ctx > 0 ? ctx : info.config.n_ctx_train > 0 ? info.config.n_ctx_train : 131072;
+            size_t longest;
+            uint64_t most = tri_cli_prompt_bytes(model, room, &longest);
+            char why[256];
+            snprintf(why, sizeof why, "more than a context of %lld tokens can hold (no token of the model is longer "
+                     "than %zu bytes)%s", (long long)room, longest, ctx > 0 ? "" : "; --ctx N sets the context");
+            if (!(text = tri_cli_read_prompt(file, most, why, &len))) goto done;
         } else {
             len = strlen(prompt);
         }

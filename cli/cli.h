@@ -63,6 +63,16 @@ void tri_cli_json_str(FILE *f, const char *s, size_t len);
 char *tri_cli_render_chat(const char *cmd, const tri_model *model, tri_chat_format format,
                           const tri_chat_message *msgs, size_t n, size_t *len);
 
+// Reads a prompt from path ('-': stdin) into a NUL-terminated malloc'd buffer of *len bytes, at
+// most max_bytes: more is refused with "offload-run COMMAND: PATH: longer than <max_bytes> bytes,
+// <too_long>" rather than read without end (/dev/zero). A FIFO, pipe or terminal that has
+// nothing to read yet gets a note on stderr that the command waits for its input, and how it
+// ends. NULL after printing the error.
+char *tri_cli_read_prompt(const char *path, uint64_t max_bytes, const char *too_long, size_t *len);
+// The most bytes of text n_tokens tokens of model can decode to (its longest token's bytes
+// times n_tokens), the bound for tri_cli_read_prompt; *longest receives that token's length.
+uint64_t tri_cli_prompt_bytes(const tri_model *model, int64_t n_tokens, size_t *longest);
+
 // Token ids of text, malloc'd (*n_out of them); NULL after printing the error.
 int32_t *tri_cli_text_ids(const char *cmd, const tri_model *model, const char *text, size_t len, bool add_special,
                           bool parse_special, int32_t *n_out);
