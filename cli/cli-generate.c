@@ -20,7 +20,8 @@ static void usage(FILE *f) {
           "\n"
           "  -m, --model PATH     .gguf file or HF checkpoint directory\n"
           "  -p, --prompt TEXT    the prompt\n"
-          "  -f, --file FILE      read the prompt from FILE ('-' for stdin)\n"
+          "  -f, --file FILE      read the prompt from FILE ('-' for stdin), at most what the context\n"
+          "                       can hold\n"
           "      --tokens IDS     the prompt as comma-separated token ids\n"
           "      --chat           the prompt is one user turn of a conversation, rendered with the\n"
           "                       model's own chat template (GGUF tokenizer.chat_template or\n"
@@ -39,7 +40,8 @@ static void usage(FILE *f) {
           "      --top-k K        keep the K most likely tokens (default 0: all)\n"
           "      --top-p P        keep the smallest set of tokens with mass P (default 1: all)\n"
           "      --seed S         random seed (default 0)\n"
-          "      --ctx N          context length in tokens (default: prompt + n-predict)\n"
+          "      --ctx N          context length in tokens (default: prompt + n-predict; + 4096 with\n"
+          "                       -n 0)\n"
           "  -t, --threads N      CPU threads (default: one per core)\n"
           "      --device D       cpu, cuda or cuda:N (default: the first GPU when there is one,\n"
           "                       else the CPU), or a list for tensor parallelism: cuda:0,cuda:1\n"
@@ -97,7 +99,8 @@ static void usage(FILE *f) {
           "      --refresh-accept X  L2 selects again when L3 accepts less than X of its tokens over\n"
           "                       4 passes (default 0.5; 0: never)\n"
           "      --stats          print acceptance rates, tokens per full-cache pass and time\n"
-          "                       per level\n"
+          "                       per level (without --spec: plain decoding's figures, and the\n"
+          "                       --kv policy's)\n"
           "  -h, --help           this help\n",
           f);
 }

@@ -15,7 +15,8 @@ static void usage(FILE *f) {
           "with --system, the CPU, memory and GPUs (memory, PCIe link) this machine offers.\n"
           "\n"
           "  -m, --model PATH   a .gguf file, a .safetensors file, or an HF checkpoint directory\n"
-          "                     (config.json with model.safetensors or model.safetensors.index.json)\n"
+          "                     (config.json with model.safetensors or model.safetensors.index.json),\n"
+          "                     or the index file itself\n"
           "      --tensors      also list every tensor: name, type, shape, bytes\n"
           "      --system       describe the machine instead of a model\n"
           "  -h, --help         this help\n",
@@ -51,7 +52,7 @@ static double gib(uint64_t n) { return (double)n / (1024.0 * 1024.0 * 1024.0); }
 
 static int print_system(void) {
     tri_host_info h;
-    if (tri_host_get_info(&h)) return tri_cli_fail("host info", TRI_STATUS_INTERNAL);
+    if (tri_host_get_info(&h)) return tri_cli_fail("cannot describe this machine", TRI_STATUS_INTERNAL);
     printf("%-18s %s\n", "cpu", h.cpu_name[0] ? h.cpu_name : "(unknown)");
     printf("%-18s %d logical, SIMD %s\n", "cpus", h.n_cpus, h.simd);
     printf("%-18s %.1f GiB", "memory", gib(h.total_bytes));

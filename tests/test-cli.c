@@ -628,7 +628,7 @@ Test(cli, tokenize_usage_and_file_errors) {
     cr_assert_eq(system(args), 0);
     snprintf(args, sizeof args, "tokenize -m '%s' -p hi", m);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
-    cr_assert(strstr(err, "offload-run: tokenize: ") && strstr(err, "no tokenizer"), "%s", err);
+    cr_assert(strstr(err, "offload-run tokenize: cannot tokenize: ") && strstr(err, "no tokenizer"), "%s", err);
     cr_assert(strchr(err, '\n') == strrchr(err, '\n'), "one line: %s", err);
 }
 
