@@ -1116,4 +1116,14 @@ Test(cli, plan_from_a_config_for_another_machine) {
     snprintf(args, sizeof args, "plan -m '%s' --ctx 4096 --gpu-mem 8G --host-mem 64G", dir);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
     cr_assert(strstr(out, "host 64.00 GiB"), "%s", out);
+    // the weights' type follows torch_dtype; one the planner does not know is named
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"float16\"/\"bfloat16\"/' '%s/config.json'", dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(args, sizeof args, "plan -m '%s'", dir);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(out, "weights bf16"), "%s", out);
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"bfloat16\"/\"int3\"/' '%s/config.json'", dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "torch_dtype 'int3'") && strstr(err, "config.json"), "%s", err);
 }
