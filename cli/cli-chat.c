@@ -319,6 +319,7 @@ int tri_cli_chat(int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     const bool tty = isatty(STDIN_FILENO);
+    if (!tty) tri_cli_wait_note(STDIN_FILENO, "stdin", "the first turn", "one turn a line, to the end of the input");
 
     for (;;) {
         if (tty) fputs("> ", stderr);

@@ -269,6 +269,16 @@ uint64_t tri_cli_prompt_bytes(const tri_model *model, int64_t n_tokens, size_t *
     return (uint64_t)(n_tokens > 0 ? n_tokens : 1) * most;
 }
 
+bool tri_cli_wait_note(int fd, const char *name, const char *what, const char *how) {
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !(S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode))) return false;
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    if (poll(&pf, 1, 1000) != 0) return false;
+    fprintf(stderr, "%s: waiting for %s on %s (a %s): %s\n", cli_name, what, name,
+            S_ISFIFO(sb.st_mode) ? "FIFO or pipe" : "socket", how);
+    return true;
+}
+
 char *tri_cli_read_prompt(const char *path, uint64_t max_bytes, const char *too_long, size_t *len) {
     bool is_stdin = strcmp(path, "-") == 0;
     const char *name = is_stdin ? "stdin" : path;
@@ -288,15 +298,12 @@ char *tri_cli_read_prompt(const char *path, uint64_t max_bytes, const char *too_
     }
     if (!is_stdin) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     bool tty = isatty(fd);
-    if (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode) || tty) {
+    if (tty) {
+        fprintf(stderr, "%s: reading the prompt from the terminal: end it with Ctrl-D\n", cli_name);
+    } else if (tri_cli_wait_note(fd, name, "the prompt", "it is read to its end, when the writer closes it")) {
+        // a FIFO no writer has opened yet reads as ended: wait for one (Ctrl-C ends the wait)
         struct pollfd pf = {.fd = fd, .events = POLLIN};
-        if (poll(&pf, 1, tty ? 0 : 1000) == 0) {
-            if (tty) fprintf(stderr, "%s: reading the prompt from the terminal: end it with Ctrl-D\n", cli_name);
-            else fprintf(stderr, "%s: waiting for the prompt on %s (a %s): it is read to its end, when the "
-                         "writer closes it\n", cli_name, name, S_ISFIFO(sb.st_mode) ? "FIFO or pipe" : "socket");
-            // a FIFO no writer has opened yet reads as ended: wait for one (Ctrl-C ends the wait)
-            while (!tty && poll(&pf, 1, -1) < 0 && errno == EINTR) {}
-        }
+        while (poll(&pf, 1, -1) < 0 && errno == EINTR) {}
     }
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap + 1);

@@ -69,6 +69,10 @@ char *tri_cli_render_chat(const char *cmd, const tri_model *model, tri_chat_form
 // nothing to read yet gets a note on stderr that the command waits for its input, and how it
 // ends. NULL after printing the error.
 char *tri_cli_read_prompt(const char *path, uint64_t max_bytes, const char *too_long, size_t *len);
+// When fd is a FIFO, pipe or socket with nothing to read within a second, prints "offload-run
+// COMMAND: waiting for <what> on <name> (a FIFO or pipe): <how>" and returns true; else false at
+// once (a file, a terminal, or input already there).
+bool tri_cli_wait_note(int fd, const char *name, const char *what, const char *how);
 // The most bytes of text n_tokens tokens of model can decode to (its longest token's bytes
 // times n_tokens), the bound for tri_cli_read_prompt; *longest receives that token's length.
 uint64_t tri_cli_prompt_bytes(const tri_model *model, int64_t n_tokens, size_t *longest);

@@ -1127,3 +1127,41 @@ Test(cli, plan_from_a_config_for_another_machine) {
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
     cr_assert(strstr(err, "torch_dtype 'int3'") && strstr(err, "config.json"), "%s", err);
 }
+
+// chat reading from a pipe with nothing in it yet says that it waits for the first turn.
+Test(cli, chat_says_it_waits_for_its_input, .timeout = TT_TIMEOUT(120)) {
+    const char *m = tiny_model();
+    const char *bin = getenv("TRI_OFFLOAD_RUN");
+    char name[64], errf[4096];
+    snprintf(name, sizeof name, "cli-chatwait-%d.err", (int)getpid());
+    snprintf(errf, sizeof errf, "%s", tt_tmp(name));
+    tt_write_file(errf, "", 0);
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int fe = open(errf, O_WRONLY), fn = open("/dev/null", O_WRONLY);
+        dup2(fds[0], 0);
+        close(fds[1]);
+        dup2(fe, 2);
+        dup2(fn, 1);
+        execl(bin, bin, "chat", "-m", m, "--chat-format", "chatml", "-n", "2", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[0]);
+    bool waiting = false;
+    for (int i = 0; i < 600 && !waiting; i++) {
+        char *e = tt_read_file(errf, NULL);
+        waiting = strstr(e, "offload-run chat: waiting for the first turn on stdin") != NULL;
+        free(e);
+        if (!waiting) usleep(100000);
+    }
+    if (!waiting) kill(pid, SIGKILL);
+    cr_assert(waiting, "no note while stdin is an empty pipe");
+    cr_assert_eq(write(fds[1], "hi\n", 3), 3);
+    close(fds[1]);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+}
