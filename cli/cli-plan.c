@@ -159,7 +159,7 @@ int tri_cli_plan(int argc, char **argv) {
         case O_KV:
             if (strcmp(optarg, "f16") == 0) p.kv_type = TRI_DTYPE_F16;
             else if (strcmp(optarg, "f32") == 0) p.kv_type = TRI_DTYPE_F32;
-            else ok = tri_cli_usage_error("--kv-type '%s': want f16 or f32", optarg) == 0;
+            else return tri_cli_usage_error("--kv-type '%s': want f16 or f32", optarg);
             break;
         case O_AR: p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE; break;
         case O_HOST_ATTN: ok = parse_real(opt, optarg, &p.host_attn_gbps); break;
