@@ -469,14 +469,13 @@ int tri_cli_chat(int argc, char **argv) {
         case OPT_JSON: json_path = optarg; break;
         case OPT_IGNORE_EOS: gp.stop_at_eos = false; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return tri_cli_see_help();
         }
         if (!ok) return 2;
     }
     if (!model_path || optind != argc) {
         fprintf(stderr, "offload-run chat: %s\n", !model_path ? "-m MODEL is required" : "unexpected argument");
-        usage(stderr);
-        return 2;
+        return tri_cli_see_help();
     }
     tri_cli_sampling_resolve(&smp, true);
 
@@ -560,6 +559,7 @@ int tri_cli_chat(int argc, char **argv) {
     }
 #endif
     if (in.tty) fputs("/help lists the commands\n", stderr);
+    else tri_cli_wait_note(STDIN_FILENO, "stdin", "the first turn", "one turn a line, to the end of the input");
 
     for (;;) {
         free(line);

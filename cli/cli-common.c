@@ -1,19 +1,53 @@
 // cli-common.c - what every offload-run subcommand shares: model loading and error reports.
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
 
+// ---- messages ----
+
+static char cli_name[64] = "offload-run";
+static const char *cli_command = "";  // the subcommand's word, "" before main sets it
+
+void tri_cli_set_command(const char *command) {
+    snprintf(cli_name, sizeof cli_name, "offload-run %s", command);
+    cli_command = cli_name + strlen("offload-run ");
+}
+
+const char *tri_cli_name(void) { return cli_name; }
+
 int tri_cli_fail(const char *what, tri_status status) {
     const char *msg = tri_last_error();
-    fprintf(stderr, "offload-run: %s: %s\n", what, msg[0] ? msg : tri_status_str(status));
+    if (!msg[0]) msg = tri_status_str(status);
+    size_t n = strlen(cli_command);
+    if (n && strncmp(msg, cli_command, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ') msg += n + 2;
+    fprintf(stderr, "%s: %s: %s\n", cli_name, what, msg);
     return 1;
+}
+
+int tri_cli_see_help(void) {
+    fprintf(stderr, "see '%s --help'\n", cli_name);
+    return 2;
+}
+
+int tri_cli_usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", cli_name);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return tri_cli_see_help();
 }
 
 // On a terminal: one line rewritten in place. Otherwise (a log, a pipe) a line at each tenth once
@@ -220,4 +254,100 @@ bool tri_cli_parse_float(const char *cmd, const char *opt, const char *s, double
     }
     *out = (float)v;
     return true;
+}
+
+// ---- prompts from files ----
+
+uint64_t tri_cli_prompt_bytes(const tri_model *model, int64_t n_tokens, size_t *longest) {
+    size_t most = 1;
+    for (int32_t id = 0; id < tri_token_count(model); id++) {
+        const char *piece;
+        size_t n;
+        if (tri_token_piece(model, id, &piece, &n) == TRI_STATUS_OK && n > most) most = n;
+    }
+    if (longest) *longest = most;
+    return (uint64_t)(n_tokens > 0 ? n_tokens : 1) * most;
+}
+
+bool tri_cli_wait_note(int fd, const char *name, const char *what, const char *how) {
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !(S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode))) return false;
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    if (poll(&pf, 1, 1000) != 0) return false;
+    fprintf(stderr, "%s: waiting for %s on %s (a %s): %s\n", cli_name, what, name,
+            S_ISFIFO(sb.st_mode) ? "FIFO or pipe" : "socket", how);
+    return true;
+}
+
+char *tri_cli_read_prompt(const char *path, uint64_t max_bytes, const char *too_long, size_t *len) {
+    bool is_stdin = strcmp(path, "-") == 0;
+    const char *name = is_stdin ? "stdin" : path;
+    // a FIFO opened without O_NONBLOCK blocks in open() until a writer comes: open it at once and
+    // wait below, where the wait can be announced
+    int fd = is_stdin ? STDIN_FILENO : open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        fprintf(stderr, "%s: %s: %s\n", cli_name, name, strerror(errno));
+        if (fd > 0 && !is_stdin) close(fd);
+        return NULL;
+    }
+    if (S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "%s: %s: is a directory\n", cli_name, name);
+        if (!is_stdin) close(fd);
+        return NULL;
+    }
+    if (!is_stdin) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    bool tty = isatty(fd);
+    if (tty) {
+        fprintf(stderr, "%s: reading the prompt from the terminal: end it with Ctrl-D\n", cli_name);
+    } else if (tri_cli_wait_note(fd, name, "the prompt", "it is read to its end, when the writer closes it")) {
+        // a FIFO no writer has opened yet reads as ended: wait for one (Ctrl-C ends the wait)
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        while (poll(&pf, 1, -1) < 0 && errno == EINTR) {}
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    bool err = false, over = false;
+    while (buf) {
+        if (n == cap) {
+            if (n > max_bytes) {
+                over = true;
+                break;
+            }
+            char *b = cap <= SIZE_MAX / 4 ? realloc(buf, 2 * cap + 1) : NULL;
+            if (!b) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = b;
+            cap *= 2;
+        }
+        ssize_t got = read(fd, buf + n, cap - n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            err = true;
+            break;
+        }
+        if (got == 0) break;
+        n += (size_t)got;
+        if (n > max_bytes) {
+            over = true;
+            break;
+        }
+    }
+    int saved = errno;
+    if (!is_stdin) close(fd);
+    if (!buf || err || over) {
+        if (over)
+            fprintf(stderr, "%s: %s: longer than %llu bytes, %s\n", cli_name, name, (unsigned long long)max_bytes,
+                    too_long);
+        else
+            fprintf(stderr, "%s: %s: %s\n", cli_name, name, buf ? strerror(saved) : "out of memory");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
 }

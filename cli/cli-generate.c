@@ -20,7 +20,8 @@ static void usage(FILE *f) {
           "\n"
           "  -m, --model PATH     .gguf file or HF checkpoint directory\n"
           "  -p, --prompt TEXT    the prompt\n"
-          "  -f, --file FILE      read the prompt from FILE ('-' for stdin)\n"
+          "  -f, --file FILE      read the prompt from FILE ('-' for stdin), at most what the context\n"
+          "                       can hold\n"
           "      --tokens IDS     the prompt as comma-separated token ids\n"
           "      --chat           the prompt is one user turn of a conversation, rendered with the\n"
           "                       model's own chat template (GGUF tokenizer.chat_template or\n"
@@ -35,7 +36,8 @@ static void usage(FILE *f) {
           "                       the text)\n"
           "  -n, --n-predict N    tokens to generate at most (default 128; 0: until the context\n"
           "                       is full or the model ends)\n"
-          "      --ctx N          context length in tokens (default: prompt + n-predict)\n"
+          "      --ctx N          context length in tokens (default: prompt + n-predict; + 4096 with\n"
+          "                       -n 0)\n"
           "  -t, --threads N      CPU threads (default: one per core)\n"
           "      --device D       cpu, cuda or cuda:N (default: the first GPU when there is one,\n"
           "                       else the CPU), or a list for tensor parallelism: cuda:0,cuda:1\n"
@@ -93,46 +95,12 @@ static void usage(FILE *f) {
           "      --refresh-accept X  L2 selects again when L3 accepts less than X of its tokens over\n"
           "                       4 passes (default 0.5; 0: never)\n"
           "      --stats          print acceptance rates, tokens per full-cache pass and time\n"
-          "                       per level\n"
+          "                       per level (without --spec: plain decoding's figures, and the\n"
+          "                       --kv policy's)\n"
           "  -h, --help           this help\n"
           "\n",
           f);
     tri_cli_sampling_usage(f, false);
-}
-
-// Reads a whole file or stdin into a NUL-terminated buffer; NULL after printing the error.
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "offload-run generate: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 >= cap) {
-            char *b = realloc(buf, cap *= 2);
-            if (!b) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = b;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) break;
-    }
-    bool err = ferror(f);
-    if (f != stdin) fclose(f);
-    if (!buf || err) {
-        fprintf(stderr, "offload-run generate: %s: %s\n", path, buf ? "read error" : "out of memory");
-        free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
 }
 
 static int32_t *parse_ids(const char *s, int32_t n_vocab, int32_t *n_out) {
@@ -316,14 +284,20 @@ static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
                 (long long)st->n_l2_verify, (long long)st->n_l2_refresh);
     fprintf(stderr, "  time: L1 %.3f s, L2 %.3f s, L3 %.3f s, prefill %.3f s\n", st->l1_seconds, st->l2_seconds,
             st->l3_seconds, st->prefill_seconds);
-    // whether it paid: plain decoding runs one full-cache pass per token, and one of those costs at
-    // most what a verification pass of several tokens costs, so n_generated verification-pass times
-    // bound plain decoding's time from above (an estimate: the passes of this run, not a plain run)
+    // whether it paid: plain decoding runs one full-cache pass of one token per token, which costs
+    // at most what this run's verification passes of several tokens cost, so their mean bounds
+    // plain decoding's time per token from above. A bound, not a measurement: where compute rather
+    // than reading the weights and the cache bounds a pass (the CPU), a pass of one token costs much
+    // less, so the line says what it is made of, and claims only what the bound proves.
     if (st->n_l3_verify > 0 && st->n_generated > 0) {
         double pass = st->l3_seconds / (double)st->n_l3_verify, plain = pass * (double)st->n_generated;
         double spent = st->l1_seconds + st->l2_seconds + st->l3_seconds;
-        fprintf(stderr, "  per token: %.1f ms; plain decoding at most %.1f ms (one L3 pass each, estimated)%s\n",
-                1e3 * spent / st->n_generated, 1e3 * pass,
+        int64_t checked = mode == TRI_SPEC_MODE_DRAFT ? st->l1_proposed : st->l2_proposed;
+        fprintf(stderr, "  per token: %.1f ms; plain decoding: at most %.1f ms per token, the mean time of this "
+                "run's %lld L3 passes of %.1f tokens each (an upper bound, not measured: a pass of one token "
+                "costs less, much less where compute bounds it, as on the CPU)%s\n",
+                1e3 * spent / st->n_generated, 1e3 * pass, (long long)st->n_l3_verify,
+                1.0 + (double)checked / (double)st->n_l3_verify,
                 spent > plain ? ": speculation did not pay here, plain decoding (--spec none) is faster" : "");
         if (st->n_l2_verify > 0) {
             double l2 = st->l2_seconds / (double)st->n_l2_verify;
@@ -397,6 +371,14 @@ static bool place(const tri_model *model, tri_session_params *sp, const tri_spec
             plan.n_layer - sp->kv_layers_offloaded, sp->kv_layers_offloaded, plan.t_token);
     if (!kv_host_set) sp->kv_host_fraction = plan.kv_host_fraction;
     size_t used = strlen(line);
+    if (!on_gpu) {  // --gpu-mem without a GPU: the placement is emulated, and the line says so
+        snprintf(line + used, n - used,
+                 "plan: for a GPU, but this run is on the CPU (%s%s): its offloaded KV layers are kept apart and "
+                 "copied as on a GPU, its streamed weights stay in memory, and the predicted time is not this run's\n",
+                 sp->device_kind == TRI_DEVICE_CPU || sp->devices ? "--device " : "no GPU: ",
+                 sp->devices ? sp->devices : sp->device_kind == TRI_DEVICE_CPU ? "cpu" : tri_cuda_status());
+        used = strlen(line);
+    }
     if (plan.kv_host_fraction > 0)
         snprintf(line + used, n - used,
                 "plan: host attention %.1f GB/s%s: %.1f%% of each offloaded layer's rows attended on the host%s "
@@ -408,10 +390,28 @@ static bool place(const tri_model *model, tri_session_params *sp, const tri_spec
 
 // --spec none: plain decoding runs one full-cache pass per token (the prompt's last step gives the
 // first), so the figures are the tokens, the passes and the time.
-static void print_plain_stats(const tri_generate_stats *st) {
-    fprintf(stderr, "plain decoding: %d tokens in %d full-cache passes (%.2f tokens per pass)\n", st->n_generated,
-            st->n_generated, st->n_generated ? 1.0 : 0.0);
+static void print_plain_stats(const tri_generate_stats *st, const tri_session *session) {
+    tri_kv_info kv;
+    bool full = tri_session_kv_info(session, &kv) != TRI_STATUS_OK || kv.policy == TRI_KV_POLICY_FULL;
+    fprintf(stderr, "plain decoding: %d tokens in %d %s passes (%.2f tokens per pass)\n", st->n_generated,
+            st->n_generated, full ? "full-cache" : "policy", st->n_generated ? 1.0 : 0.0);
     fprintf(stderr, "  time: decode %.3f s, prefill %.3f s\n", st->decode_seconds, st->prefill_seconds);
+    if (full) return;
+    // what the policy kept of the cache's n_past positions
+    if (kv.policy == TRI_KV_POLICY_RETRIEVAL) {
+        fprintf(stderr, "  retrieval: budget %d tokens = %d chunks of %d per layer and KV head (of %d in the cache), "
+                "%lld selection%s", kv.budget, kv.budget / kv.chunk, kv.chunk, (kv.n_past + kv.chunk - 1) / kv.chunk,
+                (long long)kv.n_selections, kv.n_selections == 1 ? "" : "s");
+        if (kv.refresh) fprintf(stderr, " (one after the prompt, then every %d tokens)", kv.refresh);
+        else fputs(" (after the prompt only: --refresh N selects again)", stderr);
+        if (kv.selected_at >= 0) fprintf(stderr, ", the last at %d tokens", kv.selected_at);
+        fputc('\n', stderr);
+    } else {
+        fprintf(stderr, "  %s: budget %d of %d tokens in the cache", kv.policy == TRI_KV_POLICY_H2O ? "h2o" : "streaming",
+                kv.budget, kv.n_past);
+        if (kv.policy == TRI_KV_POLICY_STREAMING) fprintf(stderr, ", %d sinks", kv.sink);
+        fputc('\n', stderr);
+    }
 }
 
 // ---- --json ----
@@ -643,7 +643,7 @@ int tri_cli_generate(int argc, char **argv) {
             }
             break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return tri_cli_see_help();
         }
         if (!ok) return 2;
     }
@@ -653,8 +653,7 @@ int tri_cli_generate(int argc, char **argv) {
                 !model_path ? "-m MODEL is required"
                 : n_sources != 1 ? "give exactly one of -p TEXT, -f FILE, --tokens IDS"
                                  : "unexpected argument");
-        usage(stderr);
-        return 2;
+        return tri_cli_see_help();
     }
     if (chat && tokens) {
         fprintf(stderr, "offload-run generate: --chat applies to text prompts, not --tokens\n");
@@ -735,8 +734,14 @@ int tri_cli_generate(int argc, char **argv) {
         if (!(ids = parse_ids(tokens, info.config.n_vocab, &n_ids))) goto done;
     } else {
         size_t len = 0;
-        if (file) {
-            if (!(text = read_all(file, &len))) goto done;
+        if (file) {  // at most what the context can hold: /dev/zero is refused, not read without end
+            int64_t room = ctx > 0 ? ctx : info.config.n_ctx_train > 0 ? info.config.n_ctx_train : 131072;
+            size_t longest;
+            uint64_t most = tri_cli_prompt_bytes(model, room, &longest);
+            char why[256];
+            snprintf(why, sizeof why, "more than a context of %lld tokens can hold (no token of the model is longer "
+                     "than %zu bytes)%s", (long long)room, longest, ctx > 0 ? "" : "; --ctx N sets the context");
+            if (!(text = tri_cli_read_prompt(file, most, why, &len))) goto done;
         } else {
             len = strlen(prompt);
         }
@@ -877,7 +882,7 @@ int tri_cli_generate(int argc, char **argv) {
         if (spec)
             print_spec_stats(&sstats, spec_params.mode);
         else
-            print_plain_stats(&stats);
+            print_plain_stats(&stats, session);
     }
     rc = 0;
     if (json_file) {

@@ -15,7 +15,8 @@ static void usage(FILE *f) {
           "with --system, the CPU, memory and GPUs (memory, PCIe link) this machine offers.\n"
           "\n"
           "  -m, --model PATH   a .gguf file, a .safetensors file, or an HF checkpoint directory\n"
-          "                     (config.json with model.safetensors or model.safetensors.index.json)\n"
+          "                     (config.json with model.safetensors or model.safetensors.index.json),\n"
+          "                     or the index file itself\n"
           "      --tensors      also list every tensor: name, type, shape, bytes\n"
           "      --system       describe the machine instead of a model\n"
           "  -h, --help         this help\n",
@@ -51,7 +52,7 @@ static double gib(uint64_t n) { return (double)n / (1024.0 * 1024.0 * 1024.0); }
 
 static int print_system(void) {
     tri_host_info h;
-    if (tri_host_get_info(&h)) return tri_cli_fail("host info", TRI_STATUS_INTERNAL);
+    if (tri_host_get_info(&h)) return tri_cli_fail("cannot describe this machine", TRI_STATUS_INTERNAL);
     printf("%-18s %s\n", "cpu", h.cpu_name[0] ? h.cpu_name : "(unknown)");
     printf("%-18s %d logical, SIMD %s\n", "cpus", h.n_cpus, h.simd);
     printf("%-18s %.1f GiB", "memory", gib(h.total_bytes));
@@ -102,21 +103,19 @@ int tri_cli_info(int argc, char **argv) {
         case 't': list = true; break;
         case 's': system = true; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return tri_cli_see_help();
         }
     }
     if (system) {
         if (path || list || optind != argc) {
             fprintf(stderr, "offload-run info: --system takes no model and no other option\n");
-            usage(stderr);
-            return 2;
+            return tri_cli_see_help();
         }
         return print_system();
     }
     if (!path || optind != argc) {
         fprintf(stderr, "offload-run info: %s\n", path ? "unexpected argument" : "-m MODEL is required");
-        usage(stderr);
-        return 2;
+        return tri_cli_see_help();
     }
     tri_model *model = tri_cli_load_model(path);
     if (!model) return 1;

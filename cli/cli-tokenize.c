@@ -1,5 +1,4 @@
 // cli-tokenize.c - `offload-run tokenize`: text to token ids (and pieces) with a model's tokenizer.
-#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -16,7 +15,8 @@ static void usage(FILE *f) {
           "\n"
           "  -m, --model PATH   a .gguf file or an HF checkpoint directory\n"
           "  -p, --prompt TEXT  the text\n"
-          "  -f, --file PATH    read the text from a file (bytes as they are, no newline removed)\n"
+          "  -f, --file PATH    read the text from a file ('-': stdin; bytes as they are, no newline\n"
+          "                     removed; at most 1 GiB)\n"
           "      --ids          print only the ids, space-separated on one line\n"
           "      --pieces       print one token per line: id, vocabulary text, decoded bytes\n"
           "      --special      split control-token strings such as <|im_start|> out of the text\n"
@@ -24,42 +24,6 @@ static void usage(FILE *f) {
           "      --no-bos       do not add the BOS/EOS tokens the model's metadata asks for\n"
           "  -h, --help         this help\n",
           f);
-}
-
-// Reads a whole file into a malloc'ed buffer; NULL after printing the error (one line).
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "offload-run tokenize: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-        if (n == cap) {
-            char *nb = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    if (!buf) {
-        fprintf(stderr, "offload-run tokenize: %s: out of memory\n", path);
-    } else if (ferror(f)) {
-        fprintf(stderr, "offload-run tokenize: %s: read error\n", path);
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *len = n;
-    return buf;
 }
 
 // Prints bytes with quotes, escaping what a terminal would not show.
@@ -108,7 +72,7 @@ int tri_cli_tokenize(int argc, char **argv) {
         case 's': special = true; break;
         case 'n': add_special = false; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return tri_cli_see_help();
         }
     }
     if (!path || (!prompt) == (!file) || optind != argc || (ids_only && pieces)) {
@@ -117,13 +81,13 @@ int tri_cli_tokenize(int argc, char **argv) {
                 : optind != argc ? "unexpected argument"
                 : ids_only && pieces ? "--ids and --pieces exclude each other"
                 : "give exactly one of -p TEXT and -f FILE");
-        usage(stderr);
-        return 2;
+        return tri_cli_see_help();
     }
     size_t len;
     char *text = NULL;
     if (file) {
-        if (!(text = read_file(file, &len))) return 1;
+        // a bound, so that /dev/zero or an endless pipe is refused rather than read without end
+        if (!(text = tri_cli_read_prompt(file, (uint64_t)1 << 30, "more than tokenize reads", &len))) return 1;
     } else {
         len = strlen(prompt);
     }
@@ -135,7 +99,7 @@ int tri_cli_tokenize(int argc, char **argv) {
     int64_t n;
     tri_status st = tri_tokenize(model, src, len, add_special, special, NULL, 0, &n);
     if (st) {
-        rc = tri_cli_fail("tokenize", st);
+        rc = tri_cli_fail("cannot tokenize", st);
         goto done;
     }
     if (!(ids = malloc((size_t)(n ? n : 1) * sizeof *ids))) {
@@ -143,7 +107,7 @@ int tri_cli_tokenize(int argc, char **argv) {
         goto done;
     }
     if ((st = tri_tokenize(model, src, len, add_special, special, ids, n ? n : 1, &n))) {
-        rc = tri_cli_fail("tokenize", st);
+        rc = tri_cli_fail("cannot tokenize", st);
         goto done;
     }
     if (pieces) {
@@ -152,7 +116,7 @@ int tri_cli_tokenize(int argc, char **argv) {
             size_t plen, dlen;
             if ((st = tri_token_text(model, ids[i], &piece, &plen)) ||
                 (st = tri_token_piece(model, ids[i], &dec, &dlen))) {
-                rc = tri_cli_fail("token piece", st);
+                rc = tri_cli_fail("cannot decode a token", st);
                 goto done;
             }
             printf("%8" PRId32 "  ", ids[i]);

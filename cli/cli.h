@@ -14,8 +14,22 @@ int tri_cli_generate(int argc, char **argv);
 int tri_cli_tokenize(int argc, char **argv);
 int tri_cli_chat(int argc, char **argv);
 
-// Prints "offload-run: <what>: <last error>" to stderr; returns 1.
+// ---- messages ----
+// Every message of a subcommand starts with its name, "offload-run generate: ", getopt's too:
+// main sets the name (and passes it as the subcommand's argv[0]) before running it.
+void tri_cli_set_command(const char *command);
+// "offload-run" or "offload-run COMMAND"; static storage.
+const char *tri_cli_name(void);
+
+// Prints "offload-run COMMAND: <what>: <last error>" to stderr; returns 1. A last error that starts
+// with the command's own word ("plan: ...") loses it, so that no line says "plan: plan:".
 int tri_cli_fail(const char *what, tri_status status);
+
+// A usage error in one line, "offload-run COMMAND: <message>", then "see 'offload-run COMMAND
+// --help'" instead of the whole help; returns 2. tri_cli_see_help prints only the second line
+// (after getopt's own line for an unknown option or a missing value).
+int tri_cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int tri_cli_see_help(void);
 
 // Loads a model with progress on stderr: a line rewritten in place on a terminal, else a line at
 // each tenth ("loading model: 40%"). Returns NULL after printing the error.
@@ -48,6 +62,20 @@ void tri_cli_json_str(FILE *f, const char *s, size_t len);
 // ending with the assistant's header: malloc'd, *len bytes. NULL after printing the error.
 char *tri_cli_render_chat(const char *cmd, const tri_model *model, tri_chat_format format,
                           const tri_chat_message *msgs, size_t n, size_t *len);
+
+// Reads a prompt from path ('-': stdin) into a NUL-terminated malloc'd buffer of *len bytes, at
+// most max_bytes: more is refused with "offload-run COMMAND: PATH: longer than <max_bytes> bytes,
+// <too_long>" rather than read without end (/dev/zero). A FIFO, pipe or terminal that has
+// nothing to read yet gets a note on stderr that the command waits for its input, and how it
+// ends. NULL after printing the error.
+char *tri_cli_read_prompt(const char *path, uint64_t max_bytes, const char *too_long, size_t *len);
+// When fd is a FIFO, pipe or socket with nothing to read within a second, prints "offload-run
+// COMMAND: waiting for <what> on <name> (a FIFO or pipe): <how>" and returns true; else false at
+// once (a file, a terminal, or input already there).
+bool tri_cli_wait_note(int fd, const char *name, const char *what, const char *how);
+// The most bytes of text n_tokens tokens of model can decode to (its longest token's bytes
+// times n_tokens), the bound for tri_cli_read_prompt; *longest receives that token's length.
+uint64_t tri_cli_prompt_bytes(const tri_model *model, int64_t n_tokens, size_t *longest);
 
 // Token ids of text, malloc'd (*n_out of them); NULL after printing the error.
 int32_t *tri_cli_text_ids(const char *cmd, const tri_model *model, const char *text, size_t len, bool add_special,

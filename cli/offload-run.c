@@ -50,8 +50,11 @@ int main(int argc, char **argv) {
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (strcmp(cmd, commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "offload-run: unknown command '%s'\n", cmd);
-    usage(stderr);
-    return 2;
+        if (strcmp(cmd, commands[i].name) == 0) {
+            // getopt names the program by argv[0]: its messages then start as ours do
+            tri_cli_set_command(cmd);
+            argv[1] = (char *)tri_cli_name();
+            return commands[i].run(argc - 1, argv + 1);
+        }
+    return tri_cli_usage_error("unknown command '%s'", cmd);
 }

@@ -469,6 +469,22 @@ TRI_API void tri_session_reset(tri_session *session);
 // often). A no-op for the other policies.
 TRI_API void tri_session_kv_refresh(tri_session *session);
 
+// What a session's KV cache policy is and has done, for a closing report.
+typedef struct tri_kv_info {
+    tri_kv_policy policy;  // in effect: a budget that covers the whole context makes it FULL
+    int32_t n_past;        // positions in the cache now
+    int32_t n_ctx;         // its capacity
+    int32_t budget;        // past tokens kept (STREAMING, H2O, RETRIEVAL); 0 for FULL
+    int32_t chunk;         // RETRIEVAL: tokens per chunk (budget / chunk chunks kept); else 0
+    int32_t sink;          // STREAMING: attention sinks; else 0
+    int32_t refresh;       // RETRIEVAL: tokens between selections; 0: only after a prompt
+    int64_t n_selections;  // RETRIEVAL: chunk selections made since create or reset
+    int32_t selected_at;   // RETRIEVAL: cache length at the last selection; -1: none yet or another policy
+} tri_kv_info;
+
+// Fills *out; INVALID_ARGUMENT for NULL.
+TRI_API tri_status tri_session_kv_info(const tri_session *session, tri_kv_info *out);
+
 // Seeds the session's random stream. tri_generate seeds it from its sampler params at its first
 // call after create or reset and when the seed changes, and otherwise continues it; a stream
 // seeded here with that same seed is continued.
@@ -492,15 +508,18 @@ TRI_API tri_status tri_session_sample(tri_session *session, const tri_sampler_pa
 // Why a generation call stopped (tri_generate_stats.stop_reason, tri_spec_stats.stop_reason).
 typedef enum tri_stop_reason {
     TRI_STOP_NONE = 0,      // no generation ran (a call refused before starting sets ERROR)
-    TRI_STOP_EOS = 1,       // the model's end-of-sequence token (emitted, counted in n_generated)
+    TRI_STOP_EOS = 1,       // the model's end-of-sequence token, or one of the call's stop_tokens
+                            // (an end of turn): emitted, counted in n_generated
     TRI_STOP_LENGTH = 2,    // n_predict tokens were generated
     TRI_STOP_CONTEXT = 3,   // the context is full
     TRI_STOP_CALLBACK = 4,  // on_token or on_prefill returned false
     TRI_STOP_ABORT = 5,     // tri_session_abort / tri_spec_abort from another thread
     TRI_STOP_ERROR = 6,     // the call failed: its tri_status and tri_last_error() say why
+    TRI_STOP_STRING = 7,    // the text reached one of the call's stop strings
 } tri_stop_reason;
 
-// "none", "eos", "length", "context", "callback", "abort", "error", or "?"; static storage.
+// "none", "eos", "length", "context", "callback", "abort", "error", "stop_string", or "?"; static
+// storage.
 TRI_API const char *tri_stop_reason_str(tri_stop_reason reason);
 
 // Asks the tri_generate call running on session to stop: it returns TRI_STATUS_OK with what it
@@ -797,6 +816,11 @@ TRI_API tri_plan_model tri_plan_model_from_config(const tri_model_config *config
                                                   tri_dtype weight_type);
 // The shapes of a loaded model with the stored sizes of its tensors.
 TRI_API void tri_plan_model_from_model(const tri_model *model, tri_plan_model *out);
+// The shapes of an HF config.json (path: the file) without its weights, which are taken to be of
+// the config's torch_dtype (float32, bfloat16; float16 when absent): for planning a model before
+// downloading it. The config is checked as tri_model_load checks it; BAD_FORMAT or UNSUPPORTED
+// naming the file and key otherwise.
+TRI_API tri_status tri_plan_model_from_config_file(const char *path, tri_plan_model *out);
 
 typedef struct tri_plan_params {
     tri_plan_mode mode;

@@ -5,10 +5,15 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <json-c/json.h>
 
 #include "dtype.h"
 #include "error.h"
+#include "hf-config.h"
+#include "json-read.h"
 #include "level.h"
 #include "model.h"
 #include "tensor-parallel.h"
@@ -522,7 +527,7 @@ tri_status tri_plan_format(const tri_plan *pl, char *buf, size_t cap, size_t *n_
         put(&s, "unlimited\n");
     if (tf)
         put(&s, "mode       TriForce: retrieval budget %d, chunk %d, gamma1 %d, gamma2 %d, "
-                "acceptance L1->L2 %.2f, L2->L3 %.2f\n",
+                "acceptance L1->L2 %.2f, L2->L3 %.2f (assumed)\n",
             p->retrieval_budget, p->chunk_size, p->gamma1, p->gamma2, p->accept_l1, p->accept_l2);
     else
         put(&s, "mode       autoregressive over the offloaded cache\n");
@@ -592,5 +597,34 @@ tri_status tri_plan_format(const tri_plan *pl, char *buf, size_t cap, size_t *n_
     if (buf && s.len >= cap)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "plan: %zu bytes needed, buffer holds %zu",
                          s.len + 1, cap);
+    return TRI_STATUS_OK;
+}
+
+// ---- a model known by its config.json alone ----
+
+tri_status tri_plan_model_from_config_file(const char *path, tri_plan_model *out) {
+    if (!path || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_plan_model_from_config_file: NULL argument");
+    tri_model_config cfg;
+    tri_status st = tri__hf_config_load(path, &cfg, NULL);
+    if (st) return st;
+    // the weights' type: torch_dtype (the checkpoint's own), f16 when it says none
+    char *text;
+    size_t len;
+    if ((st = tri__json_read_file(path, TRI_JSON_MAX_BYTES, &text, &len))) return st;
+    struct json_object *root = NULL, *v = NULL;
+    st = tri__json_parse(path, text, len, &root);
+    free(text);
+    if (st) return st;
+    tri_dtype type = TRI_DTYPE_F16;
+    if (json_object_object_get_ex(root, "torch_dtype", &v) && json_object_is_type(v, json_type_string)) {
+        const char *name = json_object_get_string(v);
+        if (strcmp(name, "float32") == 0) type = TRI_DTYPE_F32;
+        else if (strcmp(name, "bfloat16") == 0) type = TRI_DTYPE_BF16;
+        else if (strcmp(name, "float16") != 0) st = tri__fail(TRI_STATUS_BAD_FORMAT, "%s: torch_dtype '%s': want "
+                                                             "float32, bfloat16 or float16", path, name);
+    }
+    json_object_put(root);
+    if (st) return st;
+    *out = tri_plan_model_from_config(&cfg, type);
     return TRI_STATUS_OK;
 }

@@ -43,6 +43,7 @@ struct tri_session {
     float *logits;        // (logits_cap, n_vocab) host: rows of the last eval
     int32_t logits_cap;
     int32_t n_logits;     // rows valid: 0 (none), 1 (last only) or the eval's token count
+    int64_t n_selections; // retrieval policy: chunk selections made since create or reset
     bool all_logits;
     float *probs;         // (n_vocab) host
     int32_t *hist;        // (hist_cap) the tokens in the cache, for the sampler's penalties: the first
@@ -242,12 +243,15 @@ static tri_status eval(tri_session *s, const int32_t *tokens, int32_t n, bool al
     s->n_logits = 0;
     int32_t len0 = tri__kv_policy_len(&s->kv);
     eval_job job = {s, tokens, n, all_logits ? TRI_LOGITS_ALL : TRI_LOGITS_LAST};
+    int32_t sel = tri__kv_policy_selected_at(&s->kv);
     tri_status st = s->group.tp ? tri__tp_run(s->group.tp, eval_rank, &job) : eval_rank(&job, 0);
     if (st) return st;
     if (len0 <= s->n_hist && len0 + n <= s->hist_cap) {
         memcpy(s->hist + len0, tokens, (size_t)n * sizeof *tokens);
         s->n_hist = len0 + n;
     }
+    int32_t sel_now = tri__kv_policy_selected_at(&s->kv);
+    if (sel_now >= 0 && sel_now != sel) s->n_selections++;  // a selection ends at its step
     s->n_logits = rows;
     s->all_logits = all_logits;
     return TRI_STATUS_OK;
@@ -285,10 +289,31 @@ void tri_session_reset(tri_session *s) {
     s->pending = -1;
     s->n_hist = 0;
     s->seeded = false;  // the next tri_generate starts its seed's stream afresh
+    s->n_selections = 0;
 }
 
 void tri_session_kv_refresh(tri_session *s) {
     if (s) request_refresh(s);
+}
+
+tri_status tri_session_kv_info(const tri_session *s, tri_kv_info *out) {
+    if (!s || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_session_kv_info: NULL argument");
+    const tri__kv_policy *p = &s->kv;
+    memset(out, 0, sizeof *out);
+    out->policy = p->p.kind;
+    out->n_past = tri__kv_policy_len(p);
+    out->n_ctx = tri__kv_policy_capacity(p);
+    if (p->p.kind != TRI_KV_POLICY_FULL) out->budget = p->p.budget;
+    if (p->p.kind == TRI_KV_POLICY_RETRIEVAL) {
+        out->chunk = p->p.chunk;
+        out->refresh = p->p.refresh;
+        out->n_selections = s->n_selections;
+        out->selected_at = tri__kv_policy_selected_at(p);
+    } else {
+        out->selected_at = -1;
+    }
+    if (p->p.kind == TRI_KV_POLICY_STREAMING) out->sink = p->p.sink;
+    return TRI_STATUS_OK;
 }
 
 void tri_session_seed(tri_session *s, uint64_t seed) {
@@ -473,6 +498,7 @@ const char *tri_stop_reason_str(tri_stop_reason reason) {
     case TRI_STOP_CALLBACK: return "callback";
     case TRI_STOP_ABORT: return "abort";
     case TRI_STOP_ERROR: return "error";
+    case TRI_STOP_STRING: return "stop_string";
     }
     return "?";
 }

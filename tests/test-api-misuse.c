@@ -152,6 +152,8 @@ Test(api_misuse, session_functions) {
     REFUSES(tri_session_truncate(s, 0));
     tri_session_reset(s);
     tri_session_kv_refresh(s);
+    tri_kv_info kvi;
+    REFUSES(tri_session_kv_info(s, &kvi));
     tri_session_seed(s, 7);
     REFUSES(tri_session_sample(s, NULL, &out));
     tri_generate_params gp = tri_generate_default_params();
@@ -172,6 +174,12 @@ Test(api_misuse, session_functions) {
     cr_assert_eq(tri_session_eval(s, &tok, 1, false), TRI_STATUS_OK, "%s", tri_last_error());
     REFUSES(tri_session_sample(s, NULL, NULL));
     cr_assert_eq(tri_session_sample(s, NULL, &out), TRI_STATUS_OK);
+    REFUSES(tri_session_kv_info(s, NULL));
+    cr_assert_eq(tri_session_kv_info(s, &kvi), TRI_STATUS_OK);
+    cr_assert_eq(kvi.policy, TRI_KV_POLICY_FULL);
+    cr_assert_eq(kvi.n_past, 1);
+    cr_assert_eq(kvi.n_ctx, 64);
+    cr_assert_eq(kvi.selected_at, -1);
     tri_session_free(s);
     tri_model_free(m);
 }
@@ -222,6 +230,11 @@ Test(api_misuse, planner_functions) {
     REFUSES(tri_plan_format(NULL, buf, sizeof buf, &n));
     cr_assert_eq(n, 0);
     REFUSES(tri_plan_format(&plan, NULL, sizeof buf, &n));
+    REFUSES(tri_plan_model_from_config_file(NULL, &pm));
+    REFUSES(tri_plan_model_from_config_file("config.json", NULL));
+    cr_assert_neq(tri_plan_model_from_config_file("/nonexistent/config.json", &pm), TRI_STATUS_OK);
+    check_message("tri_plan_model_from_config_file(/nonexistent)");
+    cr_assert(strstr(tri_last_error(), "/nonexistent/config.json"), "%s", tri_last_error());
 }
 
 Test(api_misuse, chat_functions) {

@@ -372,6 +372,107 @@ Test(app, stop_reasons) {
     cr_assert_not(tri_spec_abort(NULL));
 }
 
+// ---- an end of turn and a stop string are not a caller's stop ----
+
+typedef struct text_buf {
+    char s[4096];
+    size_t n;
+} text_buf;
+
+static bool collect_text(const char *text, size_t len, void *user) {
+    text_buf *b = user;
+    cr_assert(b->n + len < sizeof b->s);
+    memcpy(b->s + b->n, text, len);
+    b->n += len;
+    b->s[b->n] = 0;
+    return true;
+}
+
+// The stop tokens tri_chat_stop_tokens gives (an end of turn) end an answer as end-of-sequence
+// does, and a stop string is its own reason: neither is TRI_STOP_CALLBACK, which an application
+// shows as "stopped by the user". Plain decoding and the speculative engine alike.
+Test(app, stop_tokens_and_strings_are_not_a_callback_stop) {
+    tri_model *m = load("eot", FAST_MODEL);
+    tri_session_params sp = tri_session_default_params();
+    sp.device_kind = TRI_DEVICE_CPU;
+    sp.n_ctx = 256;
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_DRAFT;
+    p.drafter = TRI_SPEC_DRAFTER_NGRAM;
+    for (int engine = 0; engine < 2; engine++) {
+        tri_session *s = NULL;
+        tri_spec *spec = NULL;
+        if (engine == 0) cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        else cr_assert_eq(tri_spec_create(m, &sp, &p, &spec), TRI_STATUS_OK, "%s", tri_last_error());
+        tri_generate_stats gs;
+        tri_spec_stats ss;
+        tri_stop_reason *reason = engine == 0 ? &gs.stop_reason : &ss.stop_reason;
+        int32_t *n_gen = engine == 0 ? &gs.n_generated : &ss.n_generated;
+#define GEN(gp, fn, user)                                                                    \
+    (engine == 0 ? tri_generate(s, prompt, N_PROMPT, &(gp), fn, user, &gs)                \
+                 : tri_generate_spec(spec, prompt, N_PROMPT, &(gp), fn, user, &ss))
+#define RESET() (engine == 0 ? tri_session_reset(s) : tri_spec_reset(spec))
+        // greedy reference: 8 tokens and their text
+        tri_generate_params gp = tri_generate_default_params();
+        gp.stop_at_eos = false;
+        gp.n_predict = 8;
+        tokens ref = {0};
+        text_buf ref_text = {0};
+        gp.on_text = collect_text;
+        gp.text_user = &ref_text;
+        cr_assert_eq(GEN(gp, collect, &ref), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(*reason, TRI_STOP_LENGTH, "%s", tri_stop_reason_str(*reason));
+        cr_assert_eq(ref.n, 8);
+        cr_assert_gt(ref_text.n, 0, "the reference has no text");
+
+        // a stop token (the 5th token, at its first place in the answer)
+        int32_t stop = ref.tok[4], at = 0;
+        while (ref.tok[at] != stop) at++;
+        RESET();
+        gp = tri_generate_default_params();
+        gp.stop_at_eos = false;
+        gp.n_predict = 16;
+        gp.stop_tokens = &stop;
+        gp.n_stop_tokens = 1;
+        tokens t = {0};
+        cr_assert_eq(GEN(gp, collect, &t), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(*reason, TRI_STOP_EOS, "engine %d: an end of turn reported as %s", engine,
+                     tri_stop_reason_str(*reason));
+        cr_assert_eq(*n_gen, at + 1);
+        cr_assert_eq(t.tok[t.n - 1], stop);
+
+        // a stop string: the reference's whole text, complete by its 8th token at the latest
+        RESET();
+        gp = tri_generate_default_params();
+        gp.stop_at_eos = false;
+        gp.n_predict = 16;
+        const char *stops[] = {ref_text.s};
+        gp.stop = stops;
+        gp.n_stop = 1;
+        cr_assert_eq(GEN(gp, NULL, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(*reason, TRI_STOP_STRING, "engine %d: a stop string reported as %s", engine,
+                     tri_stop_reason_str(*reason));
+        cr_assert_leq(*n_gen, 8);
+
+        // the caller's own stop is still the callback's, through the text path too
+        RESET();
+        gp.stop = NULL;
+        gp.n_stop = 0;
+        text_buf t3_text = {0};
+        gp.on_text = collect_text;
+        gp.text_user = &t3_text;
+        tokens t3 = {0};
+        cr_assert_eq(GEN(gp, stop_at_third, &t3), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(*reason, TRI_STOP_CALLBACK, "%s", tri_stop_reason_str(*reason));
+#undef GEN
+#undef RESET
+        tri_session_free(s);
+        tri_spec_free(spec);
+    }
+    cr_assert_str_eq(tri_stop_reason_str(TRI_STOP_STRING), "stop_string");
+    tri_model_free(m);
+}
+
 // ---- n_ctx ----
 
 typedef struct log_capture {

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -629,7 +630,7 @@ Test(cli, tokenize_usage_and_file_errors) {
     cr_assert_eq(system(args), 0);
     snprintf(args, sizeof args, "tokenize -m '%s' -p hi", m);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
-    cr_assert(strstr(err, "offload-run: tokenize: ") && strstr(err, "no tokenizer"), "%s", err);
+    cr_assert(strstr(err, "offload-run tokenize: cannot tokenize: ") && strstr(err, "no tokenizer"), "%s", err);
     cr_assert(strchr(err, '\n') == strrchr(err, '\n'), "one line: %s", err);
 }
 
@@ -1201,4 +1202,197 @@ Test(cli, device_lists_give_the_one_device_greedy_text, .timeout = TT_TIMEOUT(30
     snprintf(args, sizeof args, "generate -m '%s' -p hi --device cpu:0,cpu:1,cpu:2,cpu:3", model);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
     cr_assert(strstr(err, "4 devices but the model has 3 KV heads (9 query heads)"), "%s", err);
+}
+
+// ---- issue 32: messages, input, figures, plan ----
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+// Every message starts "offload-run COMMAND: ", getopt's too; an unknown option is one line and a
+// pointer to --help, not the help; a bad value names its option; no "plan: plan:"; --gpu-mem on the
+// CPU says that the plan is a GPU's.
+Test(cli, messages_one_prefix_and_one_line) {
+    const char *m = tiny_model();
+    static char args[8192];
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --frobnicate", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "offload-run generate: unrecognized option '--frobnicate'"), "%s", err);
+    cr_assert(strstr(err, "see 'offload-run generate --help'"), "%s", err);
+    cr_assert_leq(count_lines(err), 2, "%s", err);
+    for (const char *const *c = (const char *const[]){"plan", "chat", "info", "tokenize", NULL}; *c; c++) {
+        snprintf(args, sizeof args, "%s --frobnicate", *c);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2);
+        char want[64];
+        snprintf(want, sizeof want, "offload-run %s: unrecognized option", *c);
+        cr_assert(strstr(err, want) && count_lines(err) <= 2, "%s", err);
+    }
+    cr_assert_eq(cli("generate -p hi", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "offload-run generate: -m MODEL is required") && count_lines(err) <= 2, "%s", err);
+    cr_assert_eq(cli("frobnicate", out, sizeof out, err, sizeof err), 2);
+    cr_assert_leq(count_lines(err), 2, "%s", err);
+
+    snprintf(args, sizeof args, "plan -m '%s' --gpu-mem abc", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "offload-run plan: --gpu-mem 'abc'"), "%s", err);
+    snprintf(args, sizeof args, "plan -m '%s' --accept-l1 1.5", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--accept-l1 '1.5'"), "%s", err);
+    snprintf(args, sizeof args, "plan -m '%s' --ctx 100000000 --gpu-mem 100M", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "offload-run plan: ") && !strstr(err, "plan: plan:") && !strstr(err, "offload-run: "),
+              "%s", err);
+
+    snprintf(args, sizeof args, "generate -m '%s' -p hi -n 2 --device cpu --gpu-mem 2G --ctx 64", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "for a GPU, but this run is on the CPU (--device cpu)"), "%s", err);
+}
+
+// A prompt file that never ends (/dev/zero) is refused at what the context can hold, at once; a
+// FIFO with no writer yet gets a note that the command waits for it, and is read once written.
+Test(cli, prompt_input_that_never_ends, .timeout = TT_TIMEOUT(120)) {
+    const char *m = tiny_model();
+    const char *bin = getenv("TRI_OFFLOAD_RUN");
+    static char cmd[16384];
+    char name[64], errf[4096], fifo[4096];
+    snprintf(name, sizeof name, "cli-zero-%d.err", (int)getpid());
+    snprintf(errf, sizeof errf, "%s", tt_tmp(name));
+    // before the cap this grew by a gigabyte every few seconds: the timeout ends it
+    snprintf(cmd, sizeof cmd, "timeout 60 '%s' generate -m '%s' -f /dev/zero --ctx 64 >/dev/null 2>'%s'", bin, m, errf);
+    int rc = system(cmd);
+    cr_assert(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "exit %d", WEXITSTATUS(rc));
+    char *e = tt_read_file(errf, NULL);
+    cr_assert(strstr(e, "offload-run generate: /dev/zero: longer than") && strstr(e, "context of 64 tokens"), "%s", e);
+    free(e);
+
+    snprintf(name, sizeof name, "cli-fifo-%d", (int)getpid());
+    snprintf(fifo, sizeof fifo, "%s", tt_tmp(name));
+    unlink(fifo);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    snprintf(name, sizeof name, "cli-fifo-%d.err", (int)getpid());
+    snprintf(errf, sizeof errf, "%s", tt_tmp(name));
+    tt_write_file(errf, "", 0);  // read before the child writes
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int fe = open(errf, O_WRONLY), fn = open("/dev/null", O_WRONLY);
+        dup2(fe, 2);
+        dup2(fn, 1);
+        execl(bin, bin, "generate", "-m", m, "-f", fifo, "-n", "2", "--ids", (char *)NULL);
+        _exit(127);
+    }
+    bool waiting = false;
+    for (int i = 0; i < 600 && !waiting; i++) {  // up to 60 s for the note
+        e = tt_read_file(errf, NULL);
+        waiting = strstr(e, "waiting for the prompt on") != NULL;
+        free(e);
+        if (!waiting) usleep(100000);
+    }
+    if (!waiting) kill(pid, SIGKILL);
+    cr_assert(waiting, "no note while the FIFO has no writer");
+    int fd = open(fifo, O_WRONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "hello there", 11), 11);
+    close(fd);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+    unlink(fifo);
+}
+
+// --stats: the plain-decoding figure of a speculative run says it is a bound from this run's L3
+// passes; --kv retrieval reports its budget, chunks and selections.
+Test(cli, stats_say_what_they_are) {
+    const char *m = tiny_model();
+    static char args[8192];
+    snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 16 --ignore-eos --ids --spec triforce "
+             "--draft-ngram 2 --budget 8 --chunk 4 --stats", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "the mean time of this run's") && strstr(err, "an upper bound, not measured"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 16 --ignore-eos --ids --kv retrieval "
+             "--budget 8 --chunk 4 --refresh 4 --stats", m);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    // selections: after the 16-token prompt, then every 4 of the 15 tokens run after it
+    cr_assert(strstr(err, "retrieval: budget 8 tokens = 2 chunks of 4 per layer and KV head"), "%s", err);
+    cr_assert(strstr(err, "4 selections"), "%s", err);
+}
+
+// plan from a config.json alone gives the plan of the checkpoint it describes (weights of its
+// torch_dtype); a plan for another machine does not take this one's RAM as its host budget; the
+// acceptance rates are labelled as assumed.
+Test(cli, plan_from_a_config_for_another_machine) {
+    const char *m = tiny_model();
+    static char args[16384], full[1 << 16], hf[4096], dir[4096], cmd[20480];
+    snprintf(hf, sizeof hf, "%.*s.hf", (int)(strlen(m) - 5), m);
+    char name[64];
+    snprintf(name, sizeof name, "cli-config-%d", (int)getpid());
+    snprintf(dir, sizeof dir, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir '%s' && cp '%s/config.json' '%s/'", dir, dir, hf, dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(args, sizeof args, "plan -m '%s' --ctx 4096 --gpu-mem 8G", hf);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(full, sizeof full, "%s", out);
+    cr_assert(strstr(full, "host unlimited"), "%s", full);
+    cr_assert(strstr(full, "(assumed)"), "%s", full);
+    cr_assert(strstr(err, "acceptance rates are assumed"), "%s", err);
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "plan -m '%s%s' --ctx 4096 --gpu-mem 8G", dir, i ? "/config.json" : "");
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+        cr_assert_str_eq(out, full);
+        cr_assert(strstr(err, "planning from") && strstr(err, "alone: weights of f16"), "%s", err);
+    }
+    snprintf(args, sizeof args, "plan -m '%s' --ctx 4096 --gpu-mem 8G --host-mem 64G", dir);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(out, "host 64.00 GiB"), "%s", out);
+    // the weights' type follows torch_dtype; one the planner does not know is named
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"float16\"/\"bfloat16\"/' '%s/config.json'", dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(args, sizeof args, "plan -m '%s'", dir);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(out, "weights bf16"), "%s", out);
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"bfloat16\"/\"int3\"/' '%s/config.json'", dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "torch_dtype 'int3'") && strstr(err, "config.json"), "%s", err);
+}
+
+// chat reading from a pipe with nothing in it yet says that it waits for the first turn.
+Test(cli, chat_says_it_waits_for_its_input, .timeout = TT_TIMEOUT(120)) {
+    const char *m = tiny_model();
+    const char *bin = getenv("TRI_OFFLOAD_RUN");
+    char name[64], errf[4096];
+    snprintf(name, sizeof name, "cli-chatwait-%d.err", (int)getpid());
+    snprintf(errf, sizeof errf, "%s", tt_tmp(name));
+    tt_write_file(errf, "", 0);
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int fe = open(errf, O_WRONLY), fn = open("/dev/null", O_WRONLY);
+        dup2(fds[0], 0);
+        close(fds[1]);
+        dup2(fe, 2);
+        dup2(fn, 1);
+        execl(bin, bin, "chat", "-m", m, "--chat-format", "chatml", "-n", "2", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[0]);
+    bool waiting = false;
+    for (int i = 0; i < 600 && !waiting; i++) {
+        char *e = tt_read_file(errf, NULL);
+        waiting = strstr(e, "offload-run chat: waiting for the first turn on stdin") != NULL;
+        free(e);
+        if (!waiting) usleep(100000);
+    }
+    if (!waiting) kill(pid, SIGKILL);
+    cr_assert(waiting, "no note while stdin is an empty pipe");
+    cr_assert_eq(write(fds[1], "hi\n", 3), 3);
+    close(fds[1]);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
 }

@@ -210,6 +210,7 @@ static gboolean on_done(gpointer data) {
         const char *why = m->stats.stop_reason == TRI_STOP_ABORT      ? " (stopped)"
                           : m->stats.stop_reason == TRI_STOP_CALLBACK ? " (stopped)"
                           : m->stats.stop_reason == TRI_STOP_EOS      ? ""
+                          : m->stats.stop_reason == TRI_STOP_STRING   ? ""
                           : m->stats.stop_reason == TRI_STOP_LENGTH   ? " (length limit)"
                                                                       : " (context full)";
         c->n_tokens = m->stats.n_generated;

@@ -16,6 +16,7 @@ typedef struct textgen {
     size_t n_held, cap;
     size_t max_stop;         // longest stop string in bytes
     bool stopped;            // a stop string or stop token ended the call
+    bool stop_token;         // ... and it was a stop token (an end of turn), not a string
     bool refused;            // on_text returned false: no more text
     tri_status err;          // a failure inside the callback, returned by the call
 } textgen;
@@ -85,7 +86,7 @@ static bool on_token(int32_t token, void *user) {
     if (g->on_token && !g->on_token(token, g->user)) return false;
     for (int32_t i = 0; i < g->p->n_stop_tokens; i++)
         if (token == g->p->stop_tokens[i]) {
-            g->stopped = true;
+            g->stopped = g->stop_token = true;
             return false;
         }
     if (!g->detok) return true;
@@ -124,6 +125,13 @@ tri_status tri__textgen_generate(const tri_model *model, tri_session *session, t
     st = session ? tri_generate(session, prompt, n_prompt, &inner, on_token, &g, stats)
                  : tri_generate_spec(spec, prompt, n_prompt, &inner, on_token, &g, stats);
     if (!st) st = g.err;
+    // the inner call saw its token callback say stop; the caller asked for this stop: an end of
+    // turn ends the answer as end-of-sequence does, a stop string is its own reason
+    tri_stop_reason *reason = !stats ? NULL
+                              : session ? &((tri_generate_stats *)stats)->stop_reason
+                                        : &((tri_spec_stats *)stats)->stop_reason;
+    if (!st && g.stopped && reason && *reason == TRI_STOP_CALLBACK)
+        *reason = g.stop_token ? TRI_STOP_EOS : TRI_STOP_STRING;
     if (!st && g.detok && !g.stopped && !g.refused) {
         // the end of the call: bytes the detokenizer held back, then every held character
         const char *text;
