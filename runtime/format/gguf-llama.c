@@ -273,7 +273,7 @@ tri_status tri__gguf_family_config(const tri__gguf *g, tri_model_config *cfg, co
     if ((st = require_positive(&k, c.rope_theta))) return st;
     if ((st = read_rope_scaling(&k, &c))) return st;
 
-    c.tied_embeddings = fam->tied_always || tri__gguf_find_tensor(g, "output.weight") == NULL;
+    c.tied_embeddings = tri__gguf_find_tensor(g, "output.weight") == NULL;
     c.has_rope_freqs = tri__gguf_find_tensor(g, "rope_freqs.weight") != NULL;
     c.rope_layout = fam->gguf_layout;
     char prefix[64];

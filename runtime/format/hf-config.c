@@ -313,15 +313,20 @@ tri_status tri__hf_config_parse_family(const char *name, const char *text, size_
                        name, act);
         goto done;
     }
-    bool bias;
-    static const char *const bias_keys[] = {"attention_bias", "mlp_bias"};
-    for (int i = 0; i < 2; i++) {
-        STEP(cfg_bool(&x, bias_keys[i], false, &bias));
-        if (bias) {
-            st = tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field '%s': biases are unsupported", name,
-                           bias_keys[i]);
-            goto done;
-        }
+    // attention_bias: q, k, v and o biases where the family's transformers class reads the key;
+    // mlp_bias (llama's gate, up and down biases) is not computed here
+    bool bias = false;
+    STEP(cfg_bool(&x, "attention_bias", false, &bias));
+    if (bias && !fam->attn_bias_key) {
+        st = tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field 'attention_bias': true: %s has no attention biases (llama, gemma do)",
+                       name, fam->name);
+        goto done;
+    }
+    data->attn_bias = bias;
+    STEP(cfg_bool(&x, "mlp_bias", false, &bias));
+    if (bias) {
+        st = tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field 'mlp_bias': true: feed-forward biases are unsupported", name);
+        goto done;
     }
 
     STEP(cfg_int(&x, "vocab_size", true, 0, 1, &c.n_vocab));
@@ -333,7 +338,7 @@ tri_status tri__hf_config_parse_family(const char *name, const char *text, size_
     STEP(cfg_int(&x, "max_position_embeddings", true, 0, 1, &c.n_ctx_train));
     STEP(cfg_float(&x, "rms_norm_eps", true, 0, true, &c.rms_eps));
     STEP(cfg_float(&x, "rope_theta", false, 10000, true, &c.rope_theta));
-    STEP(cfg_bool(&x, "tie_word_embeddings", false, &c.tied_embeddings));
+    STEP(cfg_bool(&x, "tie_word_embeddings", fam->tied_default, &c.tied_embeddings));
 
     if (cfg_get(&x, "head_dim")) {
         STEP(cfg_int(&x, "head_dim", true, 0, 1, &c.head_dim));
@@ -363,7 +368,6 @@ tri_status tri__hf_config_parse_family(const char *name, const char *text, size_
 
     // Rope scaling: "rope_scaling" (transformers 4.x), or "rope_parameters" (transformers 5),
     // which also carries rope_theta.
-    if (fam->tied_always) c.tied_embeddings = true;
     // the family's own keys (its activation, window, rope scaling), before the common rope scaling
     if (fam->hf_config) STEP(fam->hf_config(&x, &c, data));
     json_object *rs = cfg_get(&x, "rope_scaling");
@@ -501,8 +505,8 @@ static const name_map layer_names[] = {
     // ffn_up); the loader splits them into rows of the unfused slots
     {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
     {"mlp.gate_up_proj.weight", "ffn_up.weight"},
-    // Llama has none, but some checkpoints carry them (attention_bias, mlp_bias): they are mapped
-    // under llama.cpp's names so that the loader can refuse them by name instead of losing them.
+    // biases: qwen2's q, k, v; llama's and gemma's q, k, v, o with attention_bias; mlp_bias's are
+    // mapped under llama.cpp's names so that the loader can refuse them by name instead of losing them.
     {"self_attn.q_proj.bias", "attn_q.bias"},
     {"self_attn.k_proj.bias", "attn_k.bias"},
     {"self_attn.v_proj.bias", "attn_v.bias"},

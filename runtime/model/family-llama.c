@@ -21,7 +21,8 @@ static tri_status llama_hf(const tri__hf_keys *k, tri_model_config *cfg, tri__fa
 }
 
 static tri_status llama_gguf(const tri__gguf *g, const char *prefix, tri_model_config *cfg, tri__family_data *data) {
-    (void)data;
+    // llama.cpp's llama architecture takes optional q, k, v and o biases (attention_bias checkpoints)
+    data->attn_bias = tri__gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     return tri__family_gguf_window(g, prefix, cfg);
 }
 
@@ -31,6 +32,7 @@ const tri__family tri__family_llama = {
     .hf_model_type = "llama",
     .hf_arch = "LlamaForCausalLM",
     .act = TRI_ACT_SILU,
+    .attn_bias_key = true,
     .gguf_layout = TRI_ROPE_LAYOUT_ADJACENT,
     .hf_config = llama_hf,
     .gguf_config = llama_gguf,

@@ -46,6 +46,7 @@ typedef struct tri__layer {
     const tri__tensor *bq;         // (n_head * head_dim) f32 or NULL (family qkv_bias)
     const tri__tensor *bk;         // (n_head_kv * head_dim) f32 or NULL
     const tri__tensor *bv;         // (n_head_kv * head_dim) f32 or NULL
+    const tri__tensor *bo;         // (n_embd) f32 or NULL (attention_bias: added after the output projection)
 } tri__layer;
 
 struct tri_model {
