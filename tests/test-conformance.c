@@ -5,7 +5,7 @@
 // Debian's torch) are tiny random HF checkpoints: tied and untied heads, head_dim != hidden /
 // heads, GQA ratios 1, 2, 4 and 8, the rope scalings (linear, dynamic, yarn, llama3, longrope, su)
 // below the lengths where they depend on a call's length, sliding windows below the prompt (masked
-// by Mistral; unused by Qwen2 and Phi-3, as in transformers), attention biases. Each case's golden
+// by Mistral; unused by Llama, Qwen2 and Phi-3, as in transformers), attention biases. Each case's golden
 // holds the greedy ids and each step's top-1 minus top-2 logit margin; the ids must agree over the
 // steps whose margin is safe for the KV type (the first step below it ends the comparison: from
 // there a rounding may pick the other token). The generator picks seeds whose every margin is safe
@@ -136,7 +136,7 @@ static void check_case(const char *name, const char *family) {
 #define CASES(X)                                                                                                \
     X(llama_untied, "llama-untied", "llama") X(llama_tied, "llama-tied", "llama")                              \
     X(llama_gqa1, "llama-gqa1", "llama") X(llama_gqa4, "llama-gqa4", "llama") X(llama_gqa8, "llama-gqa8", "llama") \
-    X(llama_attention_bias, "llama-attention-bias", "llama")                                                   \
+    X(llama_attention_bias, "llama-attention-bias", "llama") X(llama_window_unused, "llama-window-unused", "llama") \
     X(llama_rope_linear, "llama-rope-linear", "llama") X(llama_rope_dynamic, "llama-rope-dynamic", "llama")     \
     X(llama_rope_yarn, "llama-rope-yarn", "llama") X(llama_rope_yarn_attn, "llama-rope-yarn-attn", "llama")     \
     X(llama_rope_llama3, "llama-rope-llama3", "llama")                                                         \

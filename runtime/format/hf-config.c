@@ -134,14 +134,28 @@ static tri_status check_arch(const cfg_ctx *c, const tri__family **fam) {
         }
     }
     if (model_type && (*fam = tri__family_by_hf_model_type(model_type))) return TRI_STATUS_OK;
+    // the near relatives of the families here, named with what they compute that we do not
+    static const struct {
+        const char *arch, *model_type, *what;
+    } relatives[] = {
+        {"Gemma2ForCausalLM", "gemma2", "Gemma-2: logit soft-capping, alternating sliding windows, four norms a block"},
+        {"MixtralForCausalLM", "mixtral", "Mixtral: a mixture of experts"},
+        {"Qwen2MoeForCausalLM", "qwen2_moe", "Qwen2-MoE: a mixture of experts"},
+        {"PhimoeForCausalLM", "phimoe", "Phi-3.5-MoE: a mixture of experts"},
+    };
+    const char *what = "";
+    for (size_t i = 0; i < sizeof relatives / sizeof relatives[0]; i++)
+        if ((first_arch && strcmp(first_arch, relatives[i].arch) == 0) ||
+            (model_type && strcmp(model_type, relatives[i].model_type) == 0))
+            what = relatives[i].what;
     if (first_arch) {
         return tri__fail(TRI_STATUS_UNSUPPORTED,
-                         "%s: field 'architectures': '%.100s' is unsupported (model types %s are)", c->path,
-                         first_arch, tri__family_list(false));
+                         "%s: field 'architectures': '%.100s' is unsupported%s%s (model types %s are)", c->path,
+                         first_arch, *what ? ", " : "", what, tri__family_list(false));
     }
     if (model_type) {
-        return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field 'model_type': '%.100s' is unsupported (%s are)",
-                         c->path, model_type, tri__family_list(false));
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field 'model_type': '%.100s' is unsupported%s%s (%s are)",
+                         c->path, model_type, *what ? ", " : "", what, tri__family_list(false));
     }
     return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field 'architectures': missing, and so is 'model_type'",
                      c->path);
