@@ -273,6 +273,8 @@ Test(families, refusals) {
                    "attention_bias", "qwen2 has no attention biases");
     refused_config("mistral-attn-bias", "{\"model_type\": \"mistral\", \"attention_bias\": true, " BASE "}",
                    "attention_bias", "mistral has no attention biases");
+    refused_config("awq", "{\"model_type\": \"llama\", \"quantization_config\": {\"quant_method\": \"awq\"}, " BASE "}",
+                   "quantization_config", "'awq'");
     refused_config("llama-mlp-bias", "{\"model_type\": \"llama\", \"mlp_bias\": true, " BASE "}", "mlp_bias",
                    "feed-forward biases are unsupported");
     refused_config("softcap", "{\"model_type\": \"gemma\", \"head_dim\": 8, \"final_logit_softcapping\": 30.0, " BASE "}",

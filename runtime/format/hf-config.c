@@ -182,6 +182,19 @@ static tri_status refuse_features(const cfg_ctx *c) {
         return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field '%s': %s is unsupported", c->path, keys[i].key,
                          keys[i].feature);
     }
+    // GPTQ, AWQ, bitsandbytes, FP8 ...: weights that need the scales this runtime does not read
+    json_object *q = cfg_get(c, "quantization_config");
+    if (q) {
+        json_object *method = NULL;
+        const char *name = json_object_is_type(q, json_type_object) &&
+                                   json_object_object_get_ex(q, "quant_method", &method) &&
+                                   json_object_is_type(method, json_type_string)
+                               ? json_object_get_string(method)
+                               : "?";
+        return tri__fail(TRI_STATUS_UNSUPPORTED,
+                         "%s: field 'quantization_config': quantized HF weights ('%.32s') are unsupported (GGUF "
+                         "quantizations are)", c->path, name);
+    }
     return TRI_STATUS_OK;
 }
 

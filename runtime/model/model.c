@@ -571,9 +571,13 @@ static tri_status load_hf(tri_model *m, const tri_model_params *params) {
         if ((i & 63) == 0 && !progress(params, 0.5f * (float)i / (float)n))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "%s: loading cancelled", m->path);
     }
-    // some checkpoints tie embeddings without saying so in config.json: no lm_head means tied
-    if (!m->config.tied_embeddings && !tri__model_find_tensor(m, "output.weight"))
+    // some checkpoints tie embeddings without saying so in config.json: no lm_head means tied (where
+    // transformers would start a head at random, and say so)
+    if (!m->config.tied_embeddings && !tri__model_find_tensor(m, "output.weight")) {
+        tri__log(TRI_LOG_LEVEL_WARN, "%s: field 'tie_word_embeddings': false, but there is no lm_head.weight: the head is "
+                 "the embedding", m->config_path);
         m->config.tied_embeddings = true;
+    }
     m->info.format = TRI_FILE_FORMAT_SAFETENSORS;
     m->info.n_files = tri__st_model_n_files(m->st);
     if (tri__tokenizer_in_dir(dir))
