@@ -18,7 +18,7 @@
 #include "test-util.h"
 #include "triforce.h"
 
-#define MAX_STEPS 64
+#define MAX_STEPS 512  // prompt tokens or greedy steps of a case
 
 // A margin safe for the cache's type: both compute in f32 from the same f16 weights (observed
 // differences ~1e-5 logits); an f16 cache rounds keys and values to 11 bits (~1e-3 here).
@@ -90,7 +90,7 @@ static bool collect(int32_t token, void *user) {
 // The model's greedy ids with a kv_type cache against transformers', over the safe steps.
 static void check_kv(const char *name, tri_model *m, const golden *g, tri_dtype kv_type) {
     tri_session_params sp = tri_session_default_params();
-    sp.n_ctx = 64;
+    sp.n_ctx = g->n_prompt + g->n_greedy;
     sp.n_threads = 1;
     sp.kv_type = kv_type;
     sp.device_kind = TRI_DEVICE_CPU;
