@@ -1177,8 +1177,8 @@ Test(device, conformance_on_device, .timeout = TT_TIMEOUT(600)) {
             cr_assert_eq(g - got, n_want);
             for (int i = 0; i < n_want; i++)
                 cr_assert_eq(got[i], want[i], "%s on %s (%s KV, %d streamed): token %d: %d, transformers' %d",
-                             cases[r], tri_session_device(s), tri_dtype_name(sp.kv_type), (int)sp.weight_layers_streamed,
-                             i, got[i], want[i]);
+                             cases[r], tri_session_device(s), tri_dtype_name(sp.kv_type),
+                             (int)sp.weight_layers_streamed, i, got[i], want[i]);
             tri_session_free(s);
         }
         tri_model_free(m);

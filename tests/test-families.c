@@ -262,9 +262,11 @@ Test(families, refusals) {
     // the unsupported relatives by name, with what they compute that no family here does
     refused_config("gemma2-arch", "{\"architectures\": [\"Gemma2ForCausalLM\"], \"model_type\": \"gemma2\", " BASE "}",
                    "'Gemma2ForCausalLM' is unsupported", "Gemma-2: logit soft-capping");
-    refused_config("mixtral-moe", "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", " BASE "}",
+    refused_config("mixtral-moe",
+                   "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", " BASE "}",
                    "'MixtralForCausalLM' is unsupported", "mixture of experts");
-    refused_config("qwen2-moe", "{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"model_type\": \"qwen2_moe\", " BASE "}",
+    refused_config("qwen2-moe",
+                   "{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"model_type\": \"qwen2_moe\", " BASE "}",
                    "'Qwen2MoeForCausalLM' is unsupported", "Qwen2-MoE: a mixture of experts");
     refused_config("qwen2-moe-type", "{\"model_type\": \"qwen2_moe\", " BASE "}", "'qwen2_moe' is unsupported",
                    "mixture of experts");

@@ -574,8 +574,9 @@ static tri_status load_hf(tri_model *m, const tri_model_params *params) {
     // some checkpoints tie embeddings without saying so in config.json: no lm_head means tied (where
     // transformers would start a head at random, and say so)
     if (!m->config.tied_embeddings && !tri__model_find_tensor(m, "output.weight")) {
-        tri__log(TRI_LOG_LEVEL_WARN, "%s: field 'tie_word_embeddings': false, but there is no lm_head.weight: the head is "
-                 "the embedding", m->config_path);
+        tri__log(TRI_LOG_LEVEL_WARN,
+                 "%s: field 'tie_word_embeddings': false, but there is no lm_head.weight: the head is the embedding",
+                 m->config_path);
         m->config.tied_embeddings = true;
     }
     m->info.format = TRI_FILE_FORMAT_SAFETENSORS;
