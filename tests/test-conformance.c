@@ -3,7 +3,7 @@
 //
 // The cases (tests/fixtures/make-conformance.py, run at build time by transformers 4.44.2 on
 // Debian's torch) are tiny random HF checkpoints: tied and untied heads, head_dim != hidden /
-// heads, GQA ratios 1, 2, 4 and 8, the rope scalings (linear, dynamic, yarn, llama3, longrope, su)
+// heads, GQA ratios 1, 2, 3, 4 and 8, the rope scalings (linear, dynamic, yarn, llama3, longrope, su)
 // below the lengths where they depend on a call's length, sliding windows below the prompt (masked
 // by Mistral; unused by Llama, Qwen2 and Phi-3, as in transformers), attention biases. Each case's golden
 // holds the greedy ids and each step's top-1 minus top-2 logit margin; the ids must agree over the
@@ -143,7 +143,7 @@ static void check_case(const char *name, const char *family) {
     X(mistral_window, "mistral-window", "mistral") X(mistral_head_dim, "mistral-head-dim", "mistral")           \
     X(mistral_tied_gqa8, "mistral-tied-gqa8", "mistral")                                                       \
     X(qwen2_untied, "qwen2-untied", "qwen2") X(qwen2_tied_gqa4, "qwen2-tied-gqa4", "qwen2")                    \
-    X(qwen2_window_unused, "qwen2-window-unused", "qwen2")                                                     \
+    X(qwen2_window_unused, "qwen2-window-unused", "qwen2") X(qwen2_gqa3, "qwen2-gqa3", "qwen2")                \
     X(phi3_mha, "phi3-mha", "phi3") X(phi3_gqa2_window_unused, "phi3-gqa2-window-unused", "phi3")               \
     X(phi3_longrope, "phi3-longrope", "phi3") X(phi3_su_tied, "phi3-su-tied", "phi3")                          \
     X(gemma_untied_gqa8, "gemma-untied-gqa8", "gemma") X(gemma_tied, "gemma-tied", "gemma")                    \
