@@ -498,6 +498,7 @@ tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, int32
         b->bq = remap(model, v, a->bq);
         b->bk = remap(model, v, a->bk);
         b->bv = remap(model, v, a->bv);
+        b->bo = remap(model, v, a->bo);
     }
     // the disk tier reads a block's tensors by their file offsets: none may be computed at load
     for (int32_t il = n_layer - n_disk; il < n_layer && !be->host_memory; il++) {
@@ -524,8 +525,8 @@ tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, int32
     }
     for (int32_t il = 0; il < n_layer; il++) {  // biases stay resident, streamed layer or not
         const tri__layer *L = &model->layers[il];
-        const tri__tensor *b[3] = {L->bq, L->bk, L->bv};
-        for (int i = 0; i < 3; i++)
+        const tri__tensor *b[4] = {L->bq, L->bk, L->bv, L->bo};
+        for (int i = 0; i < 4; i++)
             if (b[i]) used[b[i] - model->tensors] = true;
     }
     uint64_t total = 0;

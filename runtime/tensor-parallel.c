@@ -226,7 +226,8 @@ tri_status tri__tp_shard_model(const tri_model *base, const tri__tp_split *sp, i
         tri__layer *b = &s->layers[il];
         *b = (tri__layer){REMAP(a->attn_norm), REMAP(a->wq), REMAP(a->wk), REMAP(a->wv), REMAP(a->wo),
                           REMAP(a->ffn_norm), REMAP(a->w_gate), REMAP(a->w_up), REMAP(a->w_down),
-                          REMAP(a->bq), REMAP(a->bk), REMAP(a->bv)};
+                          REMAP(a->bq), REMAP(a->bk), REMAP(a->bv),
+                          REMAP(a->bo)};  // bo whole: added once, after the ranks' sum
         if ((b->bq && (st = slice_vec((tri__tensor *)b->bq, a->bq, k0 * g * hd, k1 * g * hd))) ||
             (b->bk && (st = slice_vec((tri__tensor *)b->bk, a->bk, k0 * hd, k1 * hd))) ||
             (b->bv && (st = slice_vec((tri__tensor *)b->bv, a->bv, k0 * hd, k1 * hd))))

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "async-backend.h"
@@ -1117,6 +1118,68 @@ Test(device, families_greedy_on_device, .timeout = TT_TIMEOUT(600)) {
             sp.weight_layers_from_disk = 1;
             cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_UNSUPPORTED);
             cr_assert(strstr(tri_last_error(), "computed at load"), "%s", tri_last_error());
+        }
+        tri_model_free(m);
+    }
+}
+
+// Conformance cases (suite conformance; tests/fixtures/make-conformance.py, transformers at build
+// time) whose arithmetic the device adds: llama's and gemma's attention biases (o's added after the
+// projection, resident when the block streams), Gemma's own head over GQA 8, head_dim != hidden /
+// heads; resident and with the last block streamed, f32 and f16 KV. Every margin of these cases is
+// at least 0.05 logits.
+Test(device, conformance_on_device, .timeout = TT_TIMEOUT(600)) {
+    if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
+    tt_need_fixtures("conformance");
+    char dir[4096];
+    struct stat sb;
+    snprintf(dir, sizeof dir, "%s/conformance/SKIPPED", getenv("TRI_TEST_FIXTURES"));
+    if (stat(dir, &sb) == 0) cr_skip_test("the conformance cases were not made (no torch and transformers)");
+    static const char *const cases[] = {"llama-attention-bias", "gemma-attention-bias", "gemma-untied-gqa8",
+                                        "mistral-head-dim"};
+    for (size_t r = 0; r < sizeof cases / sizeof cases[0]; r++) {
+        snprintf(dir, sizeof dir, "%s/conformance/%s", getenv("TRI_TEST_FIXTURES"), cases[r]);
+        char golden[4200];
+        snprintf(golden, sizeof golden, "%s/golden.txt", dir);
+        int32_t prompt[64] = {0}, want[64] = {0}, got[64];
+        int n_prompt = 0, n_want = 0;
+        char *text = tt_read_file(golden, NULL);
+        for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+            int32_t *dst = strncmp(line, "prompt ", 7) == 0 ? prompt : strncmp(line, "greedy ", 7) == 0 ? want : NULL;
+            if (!dst) continue;
+            int *n = dst == prompt ? &n_prompt : &n_want;
+            char *p = line + 7, *end;
+            for (long v = strtol(p, &end, 10); end != p && *n < 64; v = strtol(p, &end, 10)) {
+                dst[(*n)++] = (int32_t)v;
+                p = end;
+            }
+        }
+        free(text);
+        cr_assert(n_prompt > 0 && n_want > 0, "%s: golden.txt incomplete", golden);
+        tri_model *m;
+        cr_assert_eq(tri_model_load(dir, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int variant = 0; variant < 4; variant++) {
+            tri_session_params sp = tri_session_default_params();
+            sp.n_ctx = 64;
+            sp.n_threads = 1;
+            sp.kv_type = variant & 1 ? TRI_DTYPE_F16 : TRI_DTYPE_F32;
+            sp.device_kind = TRI_DEVICE_CUDA;
+            sp.weight_layers_streamed = variant >> 1;
+            tri_session *s;
+            cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+            tri_generate_params gp = tri_generate_default_params();
+            gp.n_predict = n_want;
+            gp.stop_at_eos = false;
+            gp.sampler.temperature = 0.0f;
+            int32_t *g = got;
+            cr_assert_eq(tri_generate(s, prompt, n_prompt, &gp, collect, &g, NULL), TRI_STATUS_OK, "%s",
+                         tri_last_error());
+            cr_assert_eq(g - got, n_want);
+            for (int i = 0; i < n_want; i++)
+                cr_assert_eq(got[i], want[i], "%s on %s (%s KV, %d streamed): token %d: %d, transformers' %d",
+                             cases[r], tri_session_device(s), tri_dtype_name(sp.kv_type),
+                             (int)sp.weight_layers_streamed, i, got[i], want[i]);
+            tri_session_free(s);
         }
         tri_model_free(m);
     }

@@ -259,6 +259,26 @@ static void refused_config(const char *tag, const char *json, const char *field,
 Test(families, refusals) {
     refused_config("gemma2", "{\"model_type\": \"gemma2\", " BASE "}", "model_type", "gemma2");
     refused_config("mixtral", "{\"architectures\": [\"MixtralForCausalLM\"], " BASE "}", "architectures", "Mixtral");
+    // the unsupported relatives by name, with what they compute that no family here does
+    refused_config("gemma2-arch", "{\"architectures\": [\"Gemma2ForCausalLM\"], \"model_type\": \"gemma2\", " BASE "}",
+                   "'Gemma2ForCausalLM' is unsupported", "Gemma-2: logit soft-capping");
+    refused_config("mixtral-moe",
+                   "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", " BASE "}",
+                   "'MixtralForCausalLM' is unsupported", "mixture of experts");
+    refused_config("qwen2-moe",
+                   "{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"model_type\": \"qwen2_moe\", " BASE "}",
+                   "'Qwen2MoeForCausalLM' is unsupported", "Qwen2-MoE: a mixture of experts");
+    refused_config("qwen2-moe-type", "{\"model_type\": \"qwen2_moe\", " BASE "}", "'qwen2_moe' is unsupported",
+                   "mixture of experts");
+    // attention_bias where the family's transformers class has no such biases; mlp_bias anywhere
+    refused_config("qwen2-attn-bias", "{\"model_type\": \"qwen2\", \"attention_bias\": true, " BASE "}",
+                   "attention_bias", "qwen2 has no attention biases");
+    refused_config("mistral-attn-bias", "{\"model_type\": \"mistral\", \"attention_bias\": true, " BASE "}",
+                   "attention_bias", "mistral has no attention biases");
+    refused_config("awq", "{\"model_type\": \"llama\", \"quantization_config\": {\"quant_method\": \"awq\"}, " BASE "}",
+                   "quantization_config", "'awq'");
+    refused_config("llama-mlp-bias", "{\"model_type\": \"llama\", \"mlp_bias\": true, " BASE "}", "mlp_bias",
+                   "feed-forward biases are unsupported");
     refused_config("softcap", "{\"model_type\": \"gemma\", \"head_dim\": 8, \"final_logit_softcapping\": 30.0, " BASE "}",
                    "final_logit_softcapping", "soft-capping");
     refused_config("moe", "{\"model_type\": \"qwen2\", \"num_experts\": 8, " BASE "}", "num_experts", "mixture of experts");
@@ -316,7 +336,15 @@ Test(families, config_defaults) {
     cr_assert(c.tied_embeddings);
     cr_assert_str_eq(arch, "gemma");
     free(arch);
+    const char *gemma_untied = "{\"model_type\": \"gemma\", \"tie_word_embeddings\": false, " BASE "}";
+    cr_assert_eq(tri__hf_config_parse("g.json", gemma_untied, strlen(gemma_untied), &c, NULL), TRI_STATUS_OK);
+    cr_assert(!c.tied_embeddings, "Gemma's tie_word_embeddings false is honoured");
     const char *llama = "{\"model_type\": \"llama\", " BASE "}";
     cr_assert_eq(tri__hf_config_parse("l.json", llama, strlen(llama), &c, NULL), TRI_STATUS_OK);
+    cr_assert_eq(c.sliding_window, 0);
+    cr_assert(!c.tied_embeddings);
+    // transformers' LlamaModel never masks a window: neither do we
+    const char *llama_window = "{\"model_type\": \"llama\", \"sliding_window\": 4, " BASE "}";
+    cr_assert_eq(tri__hf_config_parse("l.json", llama_window, strlen(llama_window), &c, NULL), TRI_STATUS_OK);
     cr_assert_eq(c.sliding_window, 0);
 }

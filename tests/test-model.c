@@ -186,6 +186,20 @@ Test(model, biases_are_refused_by_name) {
     load_fails(bad, TRI_STATUS_UNSUPPORTED, gguf);
 }
 
+// llama.cpp writes Mixtral as llama with llama.expert_count: refused by that key, as a mixture of
+// experts, not as a file that lacks ffn_gate.
+Test(model, gguf_experts_are_refused_by_key) {
+    model_pair mp;
+    generate(&mp, "experts", "");
+    char args[16384], bad[4200];
+    snprintf(bad, sizeof bad, "%s.moe.gguf", mp.gguf);
+    snprintf(args, sizeof args, "gguf '%s' '%s' --add-u32 llama.expert_count=8", mp.gguf, bad);
+    edit(args);
+    const char *gguf[] = {base(bad), ": key 'llama.expert_count': 8 experts: a mixture of experts is unsupported",
+                          NULL};
+    load_fails(bad, TRI_STATUS_UNSUPPORTED, gguf);
+}
+
 Test(model, unknown_tensors_are_refused_rotary_tables_ignored) {
     model_pair mp;
     generate(&mp, "unknown", "");

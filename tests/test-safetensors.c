@@ -507,7 +507,7 @@ static const bad_case bad_configs[] = {
     {"unsupported-arch", TRI_STATUS_UNSUPPORTED, "field 'architectures'", "'MixtralForCausalLM'"},
     {"unsupported-scaling", TRI_STATUS_UNSUPPORTED, "field 'rope_scaling.type'", "'longrope'"},
     {"unsupported-act", TRI_STATUS_UNSUPPORTED, "field 'hidden_act'", "'gelu'"},
-    {"unsupported-bias", TRI_STATUS_UNSUPPORTED, "field 'attention_bias'", "biases"},
+    {"unsupported-bias", TRI_STATUS_UNSUPPORTED, "field 'mlp_bias'", "biases"},
 };
 
 Test(safetensors, bad_configs_fail_naming_file_and_key) {

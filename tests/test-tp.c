@@ -439,3 +439,57 @@ Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
     tri_spec_free(e);
     tri_model_free(m);
 }
+
+// ---- biases over the split: conformance cases from transformers ----
+
+// Qwen2's q, k, v biases are split with their heads; llama's and gemma's o bias (attention_bias)
+// is added once after the ranks' partial projections are summed. Two devices, one KV head each,
+// must give transformers' greedy ids (suite conformance's cases: every margin >= 0.05 logits).
+Test(tp, biases_match_transformers) {
+    tt_need_fixtures("conformance");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/conformance/SKIPPED", getenv("TRI_TEST_FIXTURES"));
+    FILE *skipped = fopen(dir, "r");
+    if (skipped) {
+        fclose(skipped);
+        cr_skip_test("the conformance cases were not made (no torch and transformers)");
+    }
+    static const char *const cases[] = {"llama-attention-bias", "gemma-attention-bias", "qwen2-untied"};
+    for (size_t r = 0; r < sizeof cases / sizeof cases[0]; r++) {
+        snprintf(dir, sizeof dir, "%s/conformance/%s/golden.txt", getenv("TRI_TEST_FIXTURES"), cases[r]);
+        int32_t ids[64] = {0}, want[64] = {0};
+        int n_prompt = 0, n_want = 0;
+        char *text = tt_read_file(dir, NULL);
+        for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+            int32_t *dst = strncmp(line, "prompt ", 7) == 0 ? ids : strncmp(line, "greedy ", 7) == 0 ? want : NULL;
+            if (!dst) continue;
+            int *n = dst == ids ? &n_prompt : &n_want;
+            char *p = line + 7, *end;
+            for (long v = strtol(p, &end, 10); end != p && *n < 64; v = strtol(p, &end, 10)) {
+                dst[(*n)++] = (int32_t)v;
+                p = end;
+            }
+        }
+        free(text);
+        cr_assert(n_prompt > 0 && n_want > 0, "%s: golden.txt incomplete", dir);
+        snprintf(dir, sizeof dir, "%s/conformance/%s", getenv("TRI_TEST_FIXTURES"), cases[r]);
+        tri_model *m = load(dir);
+        tri_session_params sp = params(2, 64);
+        sp.kv_type = TRI_DTYPE_F32;
+        tri_session *s;
+        cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_str_eq(tri_session_device(s), "cpu:0,cpu:1");
+        int32_t tok = 0;
+        cr_assert_eq(tri_session_eval(s, ids, n_prompt, false), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int i = 0; i < n_want; i++) {
+            const float *l = tri_session_logits(s, -1);
+            tok = 0;
+            for (int32_t v = 1; v < m->config.n_vocab; v++)
+                if (l[v] > l[tok]) tok = v;
+            cr_assert_eq(tok, want[i], "%s over 2 devices: step %d: %d, transformers' %d", cases[r], i, tok, want[i]);
+            cr_assert_eq(tri_session_eval(s, &tok, 1, false), TRI_STATUS_OK, "%s", tri_last_error());
+        }
+        tri_session_free(s);
+        tri_model_free(m);
+    }
+}

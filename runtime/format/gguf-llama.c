@@ -253,6 +253,12 @@ tri_status tri__gguf_family_config(const tri__gguf *g, tri_model_config *cfg, co
     tri_model_config c;
     memset(&c, 0, sizeof c);
     llama_keys k = {.g = g, .arch = fam->gguf_arch};
+    // llama.cpp writes Mixtral as llama with experts: refused by its key, not by a missing tensor
+    uint32_t experts = 0;
+    if (tri__gguf_find(g, key_of(&k, "expert_count")) && (st = tri__gguf_get_u32(g, k.key, &experts))) return st;
+    if (experts > 0)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: key '%s': %u experts: a mixture of experts is unsupported", path,
+                         k.key, experts);
     if ((st = get_pos_i32(&k, "embedding_length", 0, &c.n_embd))) return st;
     if ((st = get_pos_i32(&k, "feed_forward_length", 0, &c.n_ff))) return st;
     if ((st = get_pos_i32(&k, "block_count", 0, &c.n_layer))) return st;
@@ -273,7 +279,7 @@ tri_status tri__gguf_family_config(const tri__gguf *g, tri_model_config *cfg, co
     if ((st = require_positive(&k, c.rope_theta))) return st;
     if ((st = read_rope_scaling(&k, &c))) return st;
 
-    c.tied_embeddings = fam->tied_always || tri__gguf_find_tensor(g, "output.weight") == NULL;
+    c.tied_embeddings = tri__gguf_find_tensor(g, "output.weight") == NULL;
     c.has_rope_freqs = tri__gguf_find_tensor(g, "rope_freqs.weight") != NULL;
     c.rope_layout = fam->gguf_layout;
     char prefix[64];

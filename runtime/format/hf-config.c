@@ -134,14 +134,28 @@ static tri_status check_arch(const cfg_ctx *c, const tri__family **fam) {
         }
     }
     if (model_type && (*fam = tri__family_by_hf_model_type(model_type))) return TRI_STATUS_OK;
+    // the near relatives of the families here, named with what they compute that we do not
+    static const struct {
+        const char *arch, *model_type, *what;
+    } relatives[] = {
+        {"Gemma2ForCausalLM", "gemma2", "Gemma-2: logit soft-capping, alternating sliding windows, four norms a block"},
+        {"MixtralForCausalLM", "mixtral", "Mixtral: a mixture of experts"},
+        {"Qwen2MoeForCausalLM", "qwen2_moe", "Qwen2-MoE: a mixture of experts"},
+        {"PhimoeForCausalLM", "phimoe", "Phi-3.5-MoE: a mixture of experts"},
+    };
+    const char *what = "";
+    for (size_t i = 0; i < sizeof relatives / sizeof relatives[0]; i++)
+        if ((first_arch && strcmp(first_arch, relatives[i].arch) == 0) ||
+            (model_type && strcmp(model_type, relatives[i].model_type) == 0))
+            what = relatives[i].what;
     if (first_arch) {
         return tri__fail(TRI_STATUS_UNSUPPORTED,
-                         "%s: field 'architectures': '%.100s' is unsupported (model types %s are)", c->path,
-                         first_arch, tri__family_list(false));
+                         "%s: field 'architectures': '%.100s' is unsupported%s%s (model types %s are)", c->path,
+                         first_arch, *what ? ", " : "", what, tri__family_list(false));
     }
     if (model_type) {
-        return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field 'model_type': '%.100s' is unsupported (%s are)",
-                         c->path, model_type, tri__family_list(false));
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field 'model_type': '%.100s' is unsupported%s%s (%s are)",
+                         c->path, model_type, *what ? ", " : "", what, tri__family_list(false));
     }
     return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: field 'architectures': missing, and so is 'model_type'",
                      c->path);
@@ -167,6 +181,19 @@ static tri_status refuse_features(const cfg_ctx *c) {
             continue;
         return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field '%s': %s is unsupported", c->path, keys[i].key,
                          keys[i].feature);
+    }
+    // GPTQ, AWQ, bitsandbytes, FP8 ...: weights that need the scales this runtime does not read
+    json_object *q = cfg_get(c, "quantization_config");
+    if (q) {
+        json_object *method = NULL;
+        const char *name = json_object_is_type(q, json_type_object) &&
+                                   json_object_object_get_ex(q, "quant_method", &method) &&
+                                   json_object_is_type(method, json_type_string)
+                               ? json_object_get_string(method)
+                               : "?";
+        return tri__fail(TRI_STATUS_UNSUPPORTED,
+                         "%s: field 'quantization_config': quantized HF weights ('%.32s') are unsupported (GGUF "
+                         "quantizations are)", c->path, name);
     }
     return TRI_STATUS_OK;
 }
@@ -313,15 +340,21 @@ tri_status tri__hf_config_parse_family(const char *name, const char *text, size_
                        name, act);
         goto done;
     }
-    bool bias;
-    static const char *const bias_keys[] = {"attention_bias", "mlp_bias"};
-    for (int i = 0; i < 2; i++) {
-        STEP(cfg_bool(&x, bias_keys[i], false, &bias));
-        if (bias) {
-            st = tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field '%s': biases are unsupported", name,
-                           bias_keys[i]);
-            goto done;
-        }
+    // attention_bias: q, k, v and o biases where the family's transformers class reads the key;
+    // mlp_bias (llama's gate, up and down biases) is not computed here
+    bool bias = false;
+    STEP(cfg_bool(&x, "attention_bias", false, &bias));
+    if (bias && !fam->attn_bias_key) {
+        st = tri__fail(TRI_STATUS_UNSUPPORTED,
+                       "%s: field 'attention_bias': true: %s has no attention biases (llama, gemma do)", name,
+                       fam->name);
+        goto done;
+    }
+    data->attn_bias = bias;
+    STEP(cfg_bool(&x, "mlp_bias", false, &bias));
+    if (bias) {
+        st = tri__fail(TRI_STATUS_UNSUPPORTED, "%s: field 'mlp_bias': true: feed-forward biases are unsupported", name);
+        goto done;
     }
 
     STEP(cfg_int(&x, "vocab_size", true, 0, 1, &c.n_vocab));
@@ -333,7 +366,7 @@ tri_status tri__hf_config_parse_family(const char *name, const char *text, size_
     STEP(cfg_int(&x, "max_position_embeddings", true, 0, 1, &c.n_ctx_train));
     STEP(cfg_float(&x, "rms_norm_eps", true, 0, true, &c.rms_eps));
     STEP(cfg_float(&x, "rope_theta", false, 10000, true, &c.rope_theta));
-    STEP(cfg_bool(&x, "tie_word_embeddings", false, &c.tied_embeddings));
+    STEP(cfg_bool(&x, "tie_word_embeddings", fam->tied_default, &c.tied_embeddings));
 
     if (cfg_get(&x, "head_dim")) {
         STEP(cfg_int(&x, "head_dim", true, 0, 1, &c.head_dim));
@@ -363,7 +396,6 @@ tri_status tri__hf_config_parse_family(const char *name, const char *text, size_
 
     // Rope scaling: "rope_scaling" (transformers 4.x), or "rope_parameters" (transformers 5),
     // which also carries rope_theta.
-    if (fam->tied_always) c.tied_embeddings = true;
     // the family's own keys (its activation, window, rope scaling), before the common rope scaling
     if (fam->hf_config) STEP(fam->hf_config(&x, &c, data));
     json_object *rs = cfg_get(&x, "rope_scaling");
@@ -501,8 +533,8 @@ static const name_map layer_names[] = {
     // ffn_up); the loader splits them into rows of the unfused slots
     {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
     {"mlp.gate_up_proj.weight", "ffn_up.weight"},
-    // Llama has none, but some checkpoints carry them (attention_bias, mlp_bias): they are mapped
-    // under llama.cpp's names so that the loader can refuse them by name instead of losing them.
+    // biases: qwen2's q, k, v; llama's and gemma's q, k, v, o with attention_bias; mlp_bias's are
+    // mapped under llama.cpp's names so that the loader can refuse them by name instead of losing them.
     {"self_attn.q_proj.bias", "attn_q.bias"},
     {"self_attn.k_proj.bias", "attn_k.bias"},
     {"self_attn.v_proj.bias", "attn_v.bias"},

@@ -1,5 +1,6 @@
 // family-gemma.c - Gemma (1): GeGLU with tanh GELU, embeddings scaled by sqrt(n_embd),
-// RMSNorm by (1 + w), tied head, head_dim independent of n_embd / n_head (256 in the 2B and 7B).
+// RMSNorm by (1 + w), a head tied unless tie_word_embeddings is false (then lm_head.weight is
+// read, as transformers does), head_dim independent of n_embd / n_head (256 in the 2B and 7B).
 //
 // transformers computes (1 + w) in f32 and the scale as sqrt(hidden_size) rounded to the
 // activations' dtype; llama.cpp's converter stores 1 + w in GGUF, so only HF weights get the 1
@@ -34,8 +35,9 @@ const tri__family tri__family_gemma = {
     .hf_arch = "GemmaForCausalLM",
     .act = TRI_ACT_GELU_TANH,
     .norm_plus_one = true,
+    .attn_bias_key = true,
     .embd_scale = true,
-    .tied_always = true,
+    .tied_default = true,
     .gguf_layout = TRI_ROPE_LAYOUT_HALF,
     .hf_config = gemma_hf,
 };

@@ -1,8 +1,9 @@
 // family-llama.c - Llama (and what llama.cpp writes as "llama": Mistral's GGUF files).
 //
 // The reference family: RMSNorm, SwiGLU, no biases. llama.cpp's converter permutes the Q and K
-// rows of its GGUF files so that rope pairs adjacent elements. A window in the file (a Mistral
-// checkpoint labelled llama) is masked rather than ignored.
+// rows of its GGUF files so that rope pairs adjacent elements. A window in a GGUF file (a Mistral
+// checkpoint, which llama.cpp labels llama) is masked; config.json's sliding_window is not, as
+// transformers' LlamaModel never reads it. attention_bias adds q, k, v and o biases.
 #include <stdio.h>
 
 #include "error.h"
@@ -13,15 +14,16 @@
 
 static tri_status llama_hf(const tri__hf_keys *k, tri_model_config *cfg, tri__family_data *data) {
     (void)data;
-    TRI_TRY_STATUS(tri__family_hf_window(k, cfg));
-    if (cfg->sliding_window)
-        tri__log(TRI_LOG_LEVEL_INFO, "%s: field 'sliding_window': %d, masked as Mistral does", k->path,
-                 (int)cfg->sliding_window);
+    cfg->sliding_window = 0;
+    if (tri__hf_key_present(k, "sliding_window"))
+        tri__log(TRI_LOG_LEVEL_INFO, "%s: field 'sliding_window': not masked, as transformers' llama does not",
+                 k->path);
     return TRI_STATUS_OK;
 }
 
 static tri_status llama_gguf(const tri__gguf *g, const char *prefix, tri_model_config *cfg, tri__family_data *data) {
-    (void)data;
+    // llama.cpp's llama architecture takes optional q, k, v and o biases (attention_bias checkpoints)
+    data->attn_bias = tri__gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     return tri__family_gguf_window(g, prefix, cfg);
 }
 
@@ -31,6 +33,7 @@ const tri__family tri__family_llama = {
     .hf_model_type = "llama",
     .hf_arch = "LlamaForCausalLM",
     .act = TRI_ACT_SILU,
+    .attn_bias_key = true,
     .gguf_layout = TRI_ROPE_LAYOUT_ADJACENT,
     .hf_config = llama_hf,
     .gguf_config = llama_gguf,

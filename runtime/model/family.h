@@ -31,6 +31,8 @@ typedef enum tri__act {
 typedef struct tri__family_data {
     float *rope_short;  // (head_dim / 2) LongRoPE per-pair divisors up to orig_ctx, malloc'd, or NULL
     float *rope_long;   // (head_dim / 2) past orig_ctx, malloc'd, or NULL
+    bool attn_bias;     // the q, k, v and o projections add a bias (config.json attention_bias of a
+                        // family with attn_bias_key; a GGUF llama file with blk.0.attn_q.bias)
 } tri__family_data;
 
 typedef struct tri__family {
@@ -48,7 +50,10 @@ typedef struct tri__family {
     bool norm_plus_one;         // RMSNorm multiplies by (1 + w); HF stores w, llama.cpp's
                                 // converter stores 1 + w in GGUF
     bool embd_scale;            // the embedding rows are multiplied by sqrt(n_embd)
-    bool tied_always;           // the head is the embedding whatever the config says
+    bool attn_bias_key;         // config.json's attention_bias: true adds biases to q, k, v and o (transformers'
+                                // llama and gemma); refused in the other families, whose classes have none
+    bool tied_default;          // config.json without tie_word_embeddings ties the head to the
+                                // embedding (transformers' default for the model type)
     tri_rope_layout gguf_layout;  // ADJACENT where llama.cpp's converter permutes Q/K rows
     // Family keys of config.json (activation, window, rope scaling the common reader leaves to
     // the family) into cfg and data; NULL: none.

@@ -305,6 +305,7 @@ static tri_status block_out(tri__llama *ll, const tri__layer *L, int32_t n) {
     int64_t E = c->n_embd, q_dim = (int64_t)c->n_head * c->head_dim;
     TRY(op->matmul(be, ll->proj, ll->att, L->wo->data, L->wo->type, n, E, q_dim));
     if (ll->tp) TRY(tri__tp_allreduce(ll->tp, ll->rank, ll->proj, n * E));  // the ranks' heads summed
+    TRY(add_bias(ll, ll->proj, L->bo, n, E));  // once, after the sum
     TRY(op->add(be, ll->x, ll->x, ll->proj, n * E));
 
     TRY(op->rmsnorm(be, ll->xb, ll->x, L->ffn_norm->data, L->ffn_norm->type, n, E, c->rms_eps));

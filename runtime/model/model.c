@@ -298,13 +298,16 @@ static tri_status bind_all(tri_model *m) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", il, layer_suffixes[i]);
             if ((st = bind(m, name, want[i].n_dims, want[i].d0, want[i].d1, want[i].slot))) return st;
         }
-        if (m->family->qkv_bias) {
-            static const char *const bias[3] = {"attn_q", "attn_k", "attn_v"};
-            const tri__tensor **slot[3] = {&L->bq, &L->bk, &L->bv};
-            for (int i = 0; i < 3; i++) {
+        // q, k, v biases (qwen2; attention_bias), and o's (attention_bias)
+        int n_bias = m->fdata.attn_bias ? 4 : m->family->qkv_bias ? 3 : 0;
+        if (n_bias) {
+            static const char *const bias[4] = {"attn_q", "attn_k", "attn_v", "attn_output"};
+            static const cfg_dim dim[4] = {CFG_DIM_Q, CFG_DIM_KV, CFG_DIM_KV, CFG_DIM_EMBD};
+            const tri__tensor **slot[4] = {&L->bq, &L->bk, &L->bv, &L->bo};
+            for (int i = 0; i < n_bias; i++) {
                 char name[64];
                 snprintf(name, sizeof name, "blk.%d.%s.bias", il, bias[i]);
-                if ((st = bind(m, name, 1, i == 0 ? CFG_DIM_Q : CFG_DIM_KV, 0, slot[i]))) return st;
+                if ((st = bind(m, name, 1, dim[i], 0, slot[i]))) return st;
                 if ((*slot[i])->type != TRI_DTYPE_F32)  // made f32 at load (prepare_family)
                     return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor '%s': type %s, want f32",
                                      (*slot[i])->file, (*slot[i])->source, tri_dtype_name((*slot[i])->type));
@@ -418,8 +421,8 @@ static tri_status prepare_family(tri_model *m) {
             t->bound = m->fdata.rope_long != NULL;  // read into fdata; refused as unknown otherwise
         bool norm = has_suffix(t->name, "_norm.weight");
         if (f->norm_plus_one && m->config_path && norm && (st = to_f32_plus(m, t, 1.0f))) return st;
-        if (f->qkv_bias && has_suffix(t->name, ".bias") && t->type != TRI_DTYPE_F32 && (st = to_f32_plus(m, t, 0.0f)))
-            return st;
+        bool bias = (f->qkv_bias || m->fdata.attn_bias) && has_suffix(t->name, ".bias");
+        if (bias && t->type != TRI_DTYPE_F32 && (st = to_f32_plus(m, t, 0.0f))) return st;
     }
     for (int32_t il = 0; il < c->n_layer && (f->fused_qkv || f->fused_gate_up); il++) {
         if (f->fused_qkv) {
@@ -568,9 +571,14 @@ static tri_status load_hf(tri_model *m, const tri_model_params *params) {
         if ((i & 63) == 0 && !progress(params, 0.5f * (float)i / (float)n))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "%s: loading cancelled", m->path);
     }
-    // some checkpoints tie embeddings without saying so in config.json: no lm_head means tied
-    if (!m->config.tied_embeddings && !tri__model_find_tensor(m, "output.weight"))
+    // some checkpoints tie embeddings without saying so in config.json: no lm_head means tied (where
+    // transformers would start a head at random, and say so)
+    if (!m->config.tied_embeddings && !tri__model_find_tensor(m, "output.weight")) {
+        tri__log(TRI_LOG_LEVEL_WARN,
+                 "%s: field 'tie_word_embeddings': false, but there is no lm_head.weight: the head is the embedding",
+                 m->config_path);
         m->config.tied_embeddings = true;
+    }
     m->info.format = TRI_FILE_FORMAT_SAFETENSORS;
     m->info.n_files = tri__st_model_n_files(m->st);
     if (tri__tokenizer_in_dir(dir))

@@ -43,9 +43,10 @@ typedef struct tri__layer {
     const tri__tensor *w_gate;     // (n_ff, n_embd)
     const tri__tensor *w_up;       // (n_ff, n_embd)
     const tri__tensor *w_down;     // (n_embd, n_ff)
-    const tri__tensor *bq;         // (n_head * head_dim) f32 or NULL (family qkv_bias)
+    const tri__tensor *bq;         // (n_head * head_dim) f32 or NULL (family qkv_bias, attention_bias)
     const tri__tensor *bk;         // (n_head_kv * head_dim) f32 or NULL
     const tri__tensor *bv;         // (n_head_kv * head_dim) f32 or NULL
+    const tri__tensor *bo;         // (n_embd) f32 or NULL (attention_bias: added after the output projection)
 } tri__layer;
 
 struct tri_model {
