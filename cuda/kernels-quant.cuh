@@ -31,18 +31,27 @@ __host__ __device__ constexpr int tri_dev_qbytes(int t) {
                                  : 210;  // Q6_K
 }
 
+// IQ4_NL's levels (also IQ4_XS's) as bytes of two 64-bit words, so that looking one up is a shift of a
+// register rather than an indexed load from a local array (which made ptxas spill in the matvec).
+__host__ __device__ constexpr uint64_t tri_dev_iq4_levels(int half) {
+    const int8_t v[16] = TRI__IQ4NL_VALUES;
+    uint64_t w = 0;
+    for (int i = 0; i < 8; i++) w |= (uint64_t)(uint8_t)v[8 * half + i] << (8 * i);
+    return w;
+}
+__device__ __forceinline__ int tri_dev_iq4_level(int code) {
+    constexpr uint64_t lo = tri_dev_iq4_levels(0), hi = tri_dev_iq4_levels(1);
+    return (int8_t)(uint8_t)((code < 8 ? lo : hi) >> (8 * (code & 7)));
+}
+
 // The signed code of element e of the block at blk (tri__qblock's q).
 template <int T>
 __device__ __forceinline__ int tri_dev_q_code(const uint8_t *blk, int e) {
-    if (T == TRI_DTYPE_IQ4_NL) {
-        const int8_t levels[16] = TRI__IQ4NL_VALUES;
-        return levels[e < 16 ? blk[2 + e] & 15 : blk[2 + e - 16] >> 4];
-    }
+    if (T == TRI_DTYPE_IQ4_NL) return tri_dev_iq4_level(e < 16 ? blk[2 + e] & 15 : blk[2 + e - 16] >> 4);
     if (T == TRI_DTYPE_IQ4_XS) {  // block e / 32's 16 bytes after the 8 of d and the scales
-        const int8_t levels[16] = TRI__IQ4NL_VALUES;
         const uint8_t *qs = blk + 8 + 16 * (e / 32);
         const int i = e % 32;
-        return levels[i < 16 ? qs[i] & 15 : qs[i - 16] >> 4];
+        return tri_dev_iq4_level(i < 16 ? qs[i] & 15 : qs[i - 16] >> 4);
     }
     if (T == TRI_DTYPE_Q5_0 || T == TRI_DTYPE_Q5_1) {
         const uint8_t *qh = blk + (T == TRI_DTYPE_Q5_0 ? 2 : 4), *qs = qh + 4;
