@@ -89,8 +89,8 @@ typedef struct tri__block_iq4_nl {
 // (tri__iq4xs_scale) as 4 low bits in nibble j % 2 of scales_l[j / 2] and 2 high bits in bits
 // 2 j, 2 j + 1 of scales_h; value = d * (scale - 32) * tri__iq4nl_values[nibble].
 typedef struct tri__block_iq4_xs {
-    uint16_t d;                // f16
-    uint16_t scales_h;         // high 2 bits of the 8 scales
+    uint16_t d;                       // f16
+    uint16_t scales_h;                // high 2 bits of the 8 scales
     uint8_t scales_l[TRI_QK_K / 64];  // low 4 bits of the 8 scales
     uint8_t qs[TRI_QK_K / 2];
 } tri__block_iq4_xs;

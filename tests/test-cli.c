@@ -988,8 +988,8 @@ Test(cli, info_and_generate_iq4_xs) {
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
     cr_assert(strstr(out, " f32: 5 (0.0 MiB) iq4_xs: 16 (0.7 MiB)"), "%s", out);
     // 512 x 256 weights: 512 rows of one super-block of 136 bytes
-    cr_assert(has_line(out, "blk.1.ffn_up.weight                      iq4_xs 512 x 256                69632"),
-              "%s", out);
+    cr_assert(has_line(out, "blk.1.ffn_up.weight                      iq4_xs 512 x 256                69632"), "%s",
+              out);
     snprintf(args, sizeof args, "generate -m '%s' -p hello -n 4 --temp 0", gguf);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
     remove(gguf);
