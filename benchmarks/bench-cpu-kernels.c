@@ -81,6 +81,7 @@ static void *random_weights(int64_t n, int64_t k, tri_dtype t, float **deq) {
     case TRI_DTYPE_Q5_K: m_at = 2, d = 0.5f / 1953; break;
     case TRI_DTYPE_Q6_K: d_at = 208, d = 0.5f / 4064; break;
     case TRI_DTYPE_IQ4_NL: d = 0.5f / 127; break;
+    case TRI_DTYPE_IQ4_XS: d = 0.5f / 4064; break;
     default: break;
     }
     unsigned s = 777;

@@ -337,6 +337,7 @@ static tri_status cpu_matmul(tri__backend *be, float *y, const float *x, const v
     case TRI_DTYPE_Q5_K: tq = kr->tile_q5_k; break;
     case TRI_DTYPE_Q6_K: tq = kr->tile_q6_k; break;
     case TRI_DTYPE_IQ4_NL: tq = kr->tile_iq4_nl; break;
+    case TRI_DTYPE_IQ4_XS: tq = kr->tile_iq4_xs; break;
     default: return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu matmul: %s weights", tri_dtype_name(type));
     }
     tri__cpu_xq xq = {0};

@@ -49,6 +49,7 @@ typedef struct tri__cpu_kernels {
     // k a multiple of 256; each block of 32 of x still has its own scale).
     tri__cpu_tile_q tile_q5_0, tile_q5_1, tile_q2_k, tile_q3_k, tile_q4_k, tile_q5_k, tile_q6_k;
     tri__cpu_tile_q tile_iq4_nl;  // blocks of 32, 16 fixed levels
+    tri__cpu_tile_q tile_iq4_xs;  // super-blocks of 256 (k a multiple of 256), the same levels
     int tile_n;
     // Quantizes row i of x (m rows of k f32, k a multiple of 32) into row i of out (whose buffers
     // the caller owns): d = max|x| / 127, qs = x / d rounded to nearest even; identical results at
@@ -111,6 +112,8 @@ void tri__cpu_tile_q5_k_scalar(float *y, int64_t ldy, const tri__cpu_xq *x, int6
 void tri__cpu_tile_q6_k_scalar(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w,
                                int64_t ws, int64_t nr);
 void tri__cpu_tile_iq4_nl_scalar(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w,
+                                 int64_t ws, int64_t nr);
+void tri__cpu_tile_iq4_xs_scalar(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t mr, const void *w,
                                  int64_t ws, int64_t nr);
 
 // Calls body(MR, NR) with compile-time constants for the run-time mr, nr (1..4 each), so an

@@ -234,7 +234,7 @@ AVX2 static void tile_q4_1(float *y, int64_t ldy, const tri__cpu_xq *x, int64_t 
     Q_BODY(2)
 }
 
-// ---- Q5_0, Q5_1 and the K-quants: one block of 32 per register ----
+// ---- Q5_0, Q5_1, the K-quants, IQ4_NL and IQ4_XS: one block of 32 per register ----
 //
 // Per block of the type (32, or a super-block of 256) and row of W, the group scales come from
 // tri__qblock_scales (element e is dh[e / 16] * q[e] + mh[e / 16]); per block of 32 the codes are
@@ -260,9 +260,9 @@ AVX2 static inline __m256i crumbs(const uint8_t *p, int j) {
 // Signed codes of block of 32 number j of the block at blk (type kind).
 AVX2 static inline __attribute__((always_inline)) __m256i g_codes(const uint8_t *blk, int j, const int kind) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    if (kind == TRI_DTYPE_IQ4_NL) {
+    if (kind == TRI_DTYPE_IQ4_NL || kind == TRI_DTYPE_IQ4_XS) {  // IQ4_XS: block j's 16 bytes after the scales
         static const int8_t levels[16] = TRI__IQ4NL_VALUES;
-        __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
+        __m128i q = _mm_loadu_si128((const __m128i *)(blk + (kind == TRI_DTYPE_IQ4_NL ? 2 : 8 + 16 * j)));
         __m256i v = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), m4);
         return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels)), v);
     }
@@ -380,6 +380,7 @@ G_TILE(q4_k, TRI_DTYPE_Q4_K)
 G_TILE(q5_k, TRI_DTYPE_Q5_K)
 G_TILE(q6_k, TRI_DTYPE_Q6_K)
 G_TILE(iq4_nl, TRI_DTYPE_IQ4_NL)
+G_TILE(iq4_xs, TRI_DTYPE_IQ4_XS)
 #undef G_TILE
 #undef G_BODY
 
@@ -537,6 +538,7 @@ const tri__cpu_kernels tri__cpu_kernels_avx2 = {
     .tile_q5_k = tile_q5_k,
     .tile_q6_k = tile_q6_k,
     .tile_iq4_nl = tile_iq4_nl,
+    .tile_iq4_xs = tile_iq4_xs,
     .tile_n = 2,
     .quantize = quantize,
     .dot_f32 = dot_f32,

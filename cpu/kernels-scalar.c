@@ -171,6 +171,7 @@ TILE_QBLOCKS(q4_k, TRI_DTYPE_Q4_K)
 TILE_QBLOCKS(q5_k, TRI_DTYPE_Q5_K)
 TILE_QBLOCKS(q6_k, TRI_DTYPE_Q6_K)
 TILE_QBLOCKS(iq4_nl, TRI_DTYPE_IQ4_NL)
+TILE_QBLOCKS(iq4_xs, TRI_DTYPE_IQ4_XS)
 #undef TILE_QBLOCKS
 
 static void axpby_f32(float *y, float c, float a, const float *v, int64_t n) {
@@ -238,6 +239,7 @@ const tri__cpu_kernels tri__cpu_kernels_scalar = {
     .tile_q5_k = tri__cpu_tile_q5_k_scalar,
     .tile_q6_k = tri__cpu_tile_q6_k_scalar,
     .tile_iq4_nl = tri__cpu_tile_iq4_nl_scalar,
+    .tile_iq4_xs = tri__cpu_tile_iq4_xs_scalar,
     .tile_n = 1,
     .quantize = tri__cpu_quantize_row,
     .dot_f32 = dot_f32,

@@ -6,8 +6,8 @@
 // One warp per row of W, 4 warps per block. Float types: lanes take 8 consecutive elements (16-byte
 // loads) when W, x and k allow, else single elements. Quantized types: lanes take whole blocks of
 // 32 (blocks are 34, 18 or 20 bytes, so only 2-byte aligned: 16-bit loads; a warp's 32 blocks are
-// one contiguous stretch, so DRAM traffic stays sequential). Q5_0, Q5_1 and the K-quants: lanes
-// take blocks of 32 too (a K-quant super-block's 8 go to 8 neighbouring lanes), read by bytes.
+// one contiguous stretch, so DRAM traffic stays sequential). Q5_0, Q5_1, the K-quants, IQ4_NL and IQ4_XS:
+// lanes take blocks of 32 too (a super-block's 8 go to 8 neighbouring lanes), read by bytes.
 #include "cuda-common.cuh"
 #include "kernels-quant.cuh"
 
@@ -225,6 +225,7 @@ cudaError_t tri__cuda_matvec(float *y, const float *x, const void *w, tri_dtype 
     case TRI_DTYPE_Q5_K: return launch<TRI_DTYPE_Q5_K>(y, x, w, row_bytes, m, n, k, s);
     case TRI_DTYPE_Q6_K: return launch<TRI_DTYPE_Q6_K>(y, x, w, row_bytes, m, n, k, s);
     case TRI_DTYPE_IQ4_NL: return launch<TRI_DTYPE_IQ4_NL>(y, x, w, row_bytes, m, n, k, s);
+    case TRI_DTYPE_IQ4_XS: return launch<TRI_DTYPE_IQ4_XS>(y, x, w, row_bytes, m, n, k, s);
     default: return cudaErrorInvalidValue;
     }
 }

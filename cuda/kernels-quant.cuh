@@ -1,8 +1,8 @@
-// kernels-quant.cuh - the blocks of Q5_0, Q5_1, the K-quants and IQ4_NL on the device: integer codes and
+// kernels-quant.cuh - the blocks of Q5_0, Q5_1, the K-quants, IQ4_NL and IQ4_XS on the device: integer codes and
 // group scales with runtime/dtype.c's tri__qblock_unpack semantics (element e of a block is
 // dh[e / 16] * q[e] + mh[e / 16], scales computed in f32 in the same order), for get_rows and
 // the f16 dequantization (kernels.cu) and the matvec (kernels-matvec.cu). Blocks are read byte
-// by byte: their sizes (22, 24, 84, 110, 144, 176, 210) leave fields at any alignment.
+// by byte: their sizes (22, 24, 18, 84, 110, 144, 176, 210, 136) leave fields at any alignment.
 #ifndef TRI_CUDA_KERNELS_QUANT_CUH
 #define TRI_CUDA_KERNELS_QUANT_CUH
 
@@ -27,15 +27,31 @@ __host__ __device__ constexpr int tri_dev_qbytes(int t) {
          : t == TRI_DTYPE_Q3_K   ? 110
          : t == TRI_DTYPE_Q4_K   ? 144
          : t == TRI_DTYPE_Q5_K   ? 176
+         : t == TRI_DTYPE_IQ4_XS ? 136
                                  : 210;  // Q6_K
+}
+
+// IQ4_NL's levels (also IQ4_XS's) as bytes of two 64-bit words, so that looking one up is a shift of a
+// register rather than an indexed load from a local array (which made ptxas spill in the matvec).
+__host__ __device__ constexpr uint64_t tri_dev_iq4_levels(int half) {
+    const int8_t v[16] = TRI__IQ4NL_VALUES;
+    uint64_t w = 0;
+    for (int i = 0; i < 8; i++) w |= (uint64_t)(uint8_t)v[8 * half + i] << (8 * i);
+    return w;
+}
+__device__ __forceinline__ int tri_dev_iq4_level(int code) {
+    constexpr uint64_t lo = tri_dev_iq4_levels(0), hi = tri_dev_iq4_levels(1);
+    return (int8_t)(uint8_t)((code < 8 ? lo : hi) >> (8 * (code & 7)));
 }
 
 // The signed code of element e of the block at blk (tri__qblock's q).
 template <int T>
 __device__ __forceinline__ int tri_dev_q_code(const uint8_t *blk, int e) {
-    if (T == TRI_DTYPE_IQ4_NL) {
-        const int8_t levels[16] = TRI__IQ4NL_VALUES;
-        return levels[e < 16 ? blk[2 + e] & 15 : blk[2 + e - 16] >> 4];
+    if (T == TRI_DTYPE_IQ4_NL) return tri_dev_iq4_level(e < 16 ? blk[2 + e] & 15 : blk[2 + e - 16] >> 4);
+    if (T == TRI_DTYPE_IQ4_XS) {  // block e / 32's 16 bytes after the 8 of d and the scales
+        const uint8_t *qs = blk + 8 + 16 * (e / 32);
+        const int i = e % 32;
+        return tri_dev_iq4_level(i < 16 ? qs[i] & 15 : qs[i - 16] >> 4);
     }
     if (T == TRI_DTYPE_Q5_0 || T == TRI_DTYPE_Q5_1) {
         const uint8_t *qh = blk + (T == TRI_DTYPE_Q5_0 ? 2 : 4), *qs = qh + 4;
@@ -77,6 +93,10 @@ __device__ __forceinline__ void tri_dev_q_group(const uint8_t *blk, int g, float
         const uint8_t *s = blk + 96;
         int lo = (s[g % 8] >> (4 * (g / 8))) & 15, hi = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
         *dh = __fmul_rn(tri_dev_f16_at(blk + 108), (float)((lo | hi << 4) - 32));
+    } else if (T == TRI_DTYPE_IQ4_XS) {
+        const int j = g / 2;  // block of 32 (tri__iq4xs_scale)
+        int lo = (blk[4 + j / 2] >> (4 * (j % 2))) & 15, hi = (tri_dev_u16(blk + 2) >> (2 * j)) & 3;
+        *dh = __fmul_rn(tri_dev_f16_at(blk), (float)((lo | hi << 4) - 32));
     } else if (T == TRI_DTYPE_Q4_K || T == TRI_DTYPE_Q5_K) {
         const uint8_t *s = blk + 4;
         const int q = g / 2;  // group of 32

@@ -46,6 +46,7 @@ __device__ __forceinline__ float row_elem(const uint8_t *row, tri_dtype t, int64
     case TRI_DTYPE_Q5_K: return tri_dev_q_elem<TRI_DTYPE_Q5_K>(row, j);
     case TRI_DTYPE_Q6_K: return tri_dev_q_elem<TRI_DTYPE_Q6_K>(row, j);
     case TRI_DTYPE_IQ4_NL: return tri_dev_q_elem<TRI_DTYPE_IQ4_NL>(row, j);
+    case TRI_DTYPE_IQ4_XS: return tri_dev_q_elem<TRI_DTYPE_IQ4_XS>(row, j);
     default: return 0.0f;
     }
 }

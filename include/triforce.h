@@ -156,11 +156,12 @@ typedef enum tri_dtype {
     TRI_DTYPE_Q6_K = 12,  // 6.5625 bits: 6-bit values, 8-bit scales per 16
     TRI_DTYPE_IQ4_NL = 13, // blocks of 32: f16 scale + 16 bytes of 4-bit indices into a fixed table
                            // of 16 non-uniform levels
+    TRI_DTYPE_IQ4_XS = 14, // 4.25 bits: super-blocks of 256, IQ4_NL's 16 levels with a 6-bit scale per 32
     TRI_DTYPE_COUNT
 } tri_dtype;
 
 // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_K", "q3_K", "q4_K", "q5_K",
-// "q6_K", "iq4_nl" (GGML's names), or "?"; static storage.
+// "q6_K", "iq4_nl", "iq4_xs" (GGML's names), or "?"; static storage.
 TRI_API const char *tri_dtype_name(tri_dtype type);
 
 typedef enum tri_file_format {

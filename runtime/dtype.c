@@ -24,6 +24,7 @@ static const struct {
     [TRI_DTYPE_Q5_K] = {"q5_K", TRI_QK_K, sizeof(tri__block_q5_k)},
     [TRI_DTYPE_Q6_K] = {"q6_K", TRI_QK_K, sizeof(tri__block_q6_k)},
     [TRI_DTYPE_IQ4_NL] = {"iq4_nl", TRI_QK, sizeof(tri__block_iq4_nl)},
+    [TRI_DTYPE_IQ4_XS] = {"iq4_xs", TRI_QK_K, sizeof(tri__block_iq4_xs)},
 };
 
 static bool dtype_valid(tri_dtype type) { return (unsigned)type < TRI_DTYPE_COUNT; }
@@ -157,6 +158,17 @@ int tri__qblock_unpack(tri__qblock *o, const void *blk, tri_dtype type) {
         set_groups(o, 2, tri__f16_to_f32(b->d), 0.0f);
         return TRI_QK;
     }
+    case TRI_DTYPE_IQ4_XS: {
+        static const int8_t levels[16] = TRI__IQ4NL_VALUES;
+        const tri__block_iq4_xs *b = blk;
+        for (int j = 0; j < TRI_QK_K / TRI_QK; j++)
+            for (int i = 0; i < TRI_QK / 2; i++) {
+                o->q[32 * j + i] = levels[b->qs[16 * j + i] & 15];
+                o->q[32 * j + i + 16] = levels[b->qs[16 * j + i] >> 4];
+            }
+        tri__qblock_scales(o->dh, o->mh, blk, type);
+        return TRI_QK_K;
+    }
     case TRI_DTYPE_Q6_K: {
         const tri__block_q6_k *b = blk;
         float d = tri__f16_to_f32(b->d);
@@ -227,6 +239,15 @@ int tri__qblock_scales(float *dh, float *mh, const void *blk, tri_dtype type) {
         dh[0] = dh[1] = tri__f16_to_f32(b->d);
         mh[0] = mh[1] = 0.0f;
         return 2;
+    }
+    case TRI_DTYPE_IQ4_XS: {
+        const tri__block_iq4_xs *b = blk;
+        float d = tri__f16_to_f32(b->d);
+        for (int j = 0; j < 8; j++) {
+            dh[2 * j] = dh[2 * j + 1] = d * (float)tri__iq4xs_scale(b->scales_h, b->scales_l, j);
+            mh[2 * j] = mh[2 * j + 1] = 0.0f;
+        }
+        return 16;
     }
     default:  // the rest through the unpacking
         ne = tri__qblock_unpack(&qb, blk, type);

@@ -83,6 +83,18 @@ typedef struct tri__block_iq4_nl {
     uint8_t qs[TRI_QK / 2];    // nibbles as q4_0; value = d * tri__iq4nl_values[nibble]
 } tri__block_iq4_nl;
 
+// IQ4_XS: IQ4_NL's levels in super-blocks of 256, a 6-bit scale per block of 32. Block j
+// (elements 32 j .. 32 j + 31) has its codes in qs[16 j .. 16 j + 15] as IQ4_NL's (element i of
+// the block in the low nibble of byte i, i + 16 in the high nibble) and its scale
+// (tri__iq4xs_scale) as 4 low bits in nibble j % 2 of scales_l[j / 2] and 2 high bits in bits
+// 2 j, 2 j + 1 of scales_h; value = d * (scale - 32) * tri__iq4nl_values[nibble].
+typedef struct tri__block_iq4_xs {
+    uint16_t d;                       // f16
+    uint16_t scales_h;                // high 2 bits of the 8 scales
+    uint8_t scales_l[TRI_QK_K / 64];  // low 4 bits of the 8 scales
+    uint8_t qs[TRI_QK_K / 2];
+} tri__block_iq4_xs;
+
 // IQ4_NL's 16 levels (GGML's kvalues_iq4nl).
 #define TRI__IQ4NL_VALUES {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
 
@@ -102,6 +114,7 @@ TRI__STATIC_ASSERT(sizeof(tri__block_q4_k) == 144, "q4_K block layout");
 TRI__STATIC_ASSERT(sizeof(tri__block_q5_k) == 176, "q5_K block layout");
 TRI__STATIC_ASSERT(sizeof(tri__block_q6_k) == 210, "q6_K block layout");
 TRI__STATIC_ASSERT(sizeof(tri__block_iq4_nl) == 18, "iq4_nl block layout");
+TRI__STATIC_ASSERT(sizeof(tri__block_iq4_xs) == 136, "iq4_xs block layout");
 
 // Scale and minimum of group g (0..7) of a Q4_K / Q5_K super-block's 12 packed bytes: groups 0..3
 // in the low 6 bits of bytes g (scale) and g + 4 (minimum); groups 4..7 take their low 4 bits
@@ -124,7 +137,16 @@ static inline int tri__q3k_scale(const uint8_t *s, int g) {
     return (lo | hi << 4) - 32;
 }
 
-// Elements per block: 1 for float types, 32 for Q8_0 .. Q5_1 and IQ4_NL, 256 for the K-quants.
+// Scale of block j (0..7) of an IQ4_XS super-block, -32..31 (scales_h and scales_l as in the
+// struct; the caller reads scales_h as a little-endian u16).
+static inline int tri__iq4xs_scale(uint16_t scales_h, const uint8_t *scales_l, int j) {
+    int lo = (scales_l[j / 2] >> (4 * (j % 2))) & 15;
+    int hi = (scales_h >> (2 * j)) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+// Elements per block: 1 for float types, 32 for Q8_0 .. Q5_1 and IQ4_NL, 256 for the K-quants
+// and IQ4_XS.
 int64_t tri__dtype_block_elems(tri_dtype type);
 // Bytes per block.
 int64_t tri__dtype_block_bytes(tri_dtype type);
@@ -136,9 +158,10 @@ int64_t tri__dtype_row_bytes(tri_dtype type, int64_t n);
 
 // One block of any quantized type: element e is dh[e / 16] * q[e] + mh[e / 16], computed in f32
 // in that order (GGML's dequantization gives the same values). 32 elements (2 groups) for the
-// types with blocks of 32, 256 (16 groups) for the K-quants. Offsets that are whole numbers of
+// types with blocks of 32, 256 (16 groups) for the K-quants and IQ4_XS. Offsets that are whole numbers of
 // steps are folded into q (Q4_0's 8, Q5_0's 16, Q3_K's 4, Q6_K's 32), so mh is 0 for them; the
-// minima of Q4_1, Q5_1, Q2_K, Q4_K, Q5_K are in mh. |q| <= 127 (IQ4_NL's levels; 63 for the others).
+// minima of Q4_1, Q5_1, Q2_K, Q4_K, Q5_K are in mh. |q| <= 127 (IQ4_NL's and IQ4_XS's levels; 63
+// for the others).
 typedef struct tri__qblock {
     int8_t q[TRI_QK_K];
     float dh[TRI_QK_K / 16];

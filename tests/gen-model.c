@@ -10,8 +10,9 @@
 //   - 1-D norms: values rounded to --dtype; the HF file stores them in --dtype, the GGUF in f32
 //     (as llama.cpp's converter does), so both hold the same numbers exactly.
 //   - matrices, --gguf-dtype unset: values rounded to --dtype in both files.
-//   - matrices, --gguf-dtype q8_0|q4_0|q4_1|q4_K|q6_K: the GGUF holds the quantized blocks; the HF file holds
-//     their dequantized values, rounded to --dtype (exact for f32; one storage rounding for f16/bf16).
+//   - matrices, --gguf-dtype q8_0|q4_0|q4_1|q4_K|q6_K|iq4_xs: the GGUF holds the quantized blocks; the HF
+//     file holds their dequantized values, rounded to --dtype (exact for f32; one storage rounding for
+//     f16/bf16).
 //   - attn_q/attn_k: GGUF rows are the HF rows permuted as llama.cpp's convert_hf_to_gguf does, so
 //     the GGUF uses the adjacent-pair rope layout and the HF file the rotate_half layout.
 #include <errno.h>
@@ -227,7 +228,8 @@ static void usage(FILE *f) {
         "  --rope-factor X     scaling factor (default 4 when scaling)\n"
         "  --rope-orig-ctx N   pre-scaling context (default ctx / factor)\n"
         "  --dtype T           f32, f16 (default), bf16: storage type of both files\n"
-        "  --gguf-dtype T      q8_0, q4_0, q4_1, q4_K, q6_K: quantize GGUF matrices (HF holds dequantized values)\n"
+        "  --gguf-dtype T      q8_0, q4_0, q4_1, q4_K, q6_K, iq4_xs: quantize GGUF matrices (HF holds dequantized\n"
+        "                      values; the last three need rows of whole super-blocks of 256)\n"
         "  --shards N          number of safetensors shards (default 1)\n"
         "  --seed N            PRNG seed (default 1)\n"
         "  --out-gguf FILE     GGUF output\n"
@@ -260,10 +262,11 @@ static tri_dtype parse_dtype(const char *opt, const char *s, bool quantized) {
         {"bf16", TRI_DTYPE_BF16, false}, {"q8_0", TRI_DTYPE_Q8_0, true},
         {"q4_0", TRI_DTYPE_Q4_0, true},  {"q4_1", TRI_DTYPE_Q4_1, true},
         {"q4_K", TRI_DTYPE_Q4_K, true},  {"q6_K", TRI_DTYPE_Q6_K, true},
+        {"iq4_xs", TRI_DTYPE_IQ4_XS, true},
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (!strcmp(s, types[i].name) && types[i].q == quantized) return types[i].t;
-    die("%s: unknown type '%s' (%s)", opt, s, quantized ? "q8_0, q4_0, q4_1, q4_K, q6_K" : "f32, f16, bf16");
+    die("%s: unknown type '%s' (%s)", opt, s, quantized ? "q8_0, q4_0, q4_1, q4_K, q6_K, iq4_xs" : "f32, f16, bf16");
 }
 
 static void parse_args(opts *o, int argc, char **argv) {
@@ -571,12 +574,45 @@ static void quantize_q6_k(const float *x, tri__block_q6_k *b) {
     }
 }
 
+// IQ4_XS, as plainly: per block of 32 the scale that takes its element of largest magnitude to the
+// level -127 (so the sign of the scale follows that element), the 8 scales rounded to 6 bits
+// (-32..31) against the super-block's f16 scale, each code the nearest of the 16 levels.
+static void quantize_iq4_xs(const float *x, tri__block_iq4_xs *b) {
+    static const int8_t levels[16] = TRI__IQ4NL_VALUES;
+    float scale[8], smax = 0;
+    for (int j = 0; j < 8; j++) {
+        float mx = 0;
+        for (int i = 0; i < 32; i++)
+            if (fabsf(x[32 * j + i]) > fabsf(mx)) mx = x[32 * j + i];
+        scale[j] = mx / -127.0f, smax = fmaxf(smax, fabsf(scale[j]));
+    }
+    b->d = tri__f32_to_f16(smax / 31.0f);
+    float d = tri__f16_to_f32(b->d);
+    b->scales_h = 0;
+    memset(b->scales_l, 0, sizeof b->scales_l);
+    for (int j = 0; j < 8; j++) {
+        int ls = d > 0 ? (int)roundf(scale[j] / d) : 0;
+        ls = (ls < -32 ? -32 : ls > 31 ? 31 : ls) + 32;
+        b->scales_l[j / 2] |= (uint8_t)((ls & 15) << (4 * (j % 2)));
+        b->scales_h |= (uint16_t)((ls >> 4) << (2 * j));
+        float s = d * (float)(ls - 32);
+        for (int i = 0; i < 32; i++) {
+            int best = 0;
+            for (int c = 1; c < 16; c++)
+                if (fabsf(s * (float)levels[c] - x[32 * j + i]) < fabsf(s * (float)levels[best] - x[32 * j + i]))
+                    best = c;
+            b->qs[16 * j + i % 16] = (uint8_t)(i < 16 ? best : b->qs[16 * j + i % 16] | best << 4);
+        }
+    }
+}
+
 // Quantizes n values (a multiple of the type's block) into out; returns bytes written.
 static size_t quantize_row(tri_dtype type, const float *x, int64_t n, void *out) {
-    if (type == TRI_DTYPE_Q4_K || type == TRI_DTYPE_Q6_K) {
+    if (type == TRI_DTYPE_Q4_K || type == TRI_DTYPE_Q6_K || type == TRI_DTYPE_IQ4_XS) {
         for (int64_t b = 0; b < n / TRI_QK_K; b++) {
             if (type == TRI_DTYPE_Q4_K) quantize_q4_k(x + b * TRI_QK_K, (tri__block_q4_k *)out + b);
-            else quantize_q6_k(x + b * TRI_QK_K, (tri__block_q6_k *)out + b);
+            else if (type == TRI_DTYPE_Q6_K) quantize_q6_k(x + b * TRI_QK_K, (tri__block_q6_k *)out + b);
+            else quantize_iq4_xs(x + b * TRI_QK_K, (tri__block_iq4_xs *)out + b);
         }
         return (size_t)tri__dtype_row_bytes(type, n);
     }
@@ -596,7 +632,7 @@ static size_t quantize_row(tri_dtype type, const float *x, int64_t n, void *out)
 // K-quants through the runtime's tri__dequantize_row (the checker compares the HF values with
 // the gguf package's dequantization of the GGUF, so this is checked independently).
 static void dequantize_row(tri_dtype type, const void *in, int64_t n, float *x) {
-    if (type == TRI_DTYPE_Q4_K || type == TRI_DTYPE_Q6_K) {
+    if (type == TRI_DTYPE_Q4_K || type == TRI_DTYPE_Q6_K || type == TRI_DTYPE_IQ4_XS) {
         tri__dequantize_row(x, in, type, n);
         return;
     }
@@ -825,6 +861,7 @@ static uint32_t ggml_type(tri_dtype t) {
     case TRI_DTYPE_Q8_0: return 8;
     case TRI_DTYPE_Q4_K: return 12;
     case TRI_DTYPE_Q6_K: return 14;
+    case TRI_DTYPE_IQ4_XS: return 23;
     case TRI_DTYPE_BF16: return 30;
     default: die("internal: ggml_type(%d)", (int)t);
     }
@@ -840,6 +877,7 @@ static uint32_t gguf_file_type(tri_dtype t) {
     case TRI_DTYPE_Q8_0: return 7;
     case TRI_DTYPE_Q4_K: return 15;  // MOSTLY_Q4_K_M
     case TRI_DTYPE_Q6_K: return 18;
+    case TRI_DTYPE_IQ4_XS: return 30;
     default: return 32;  // bf16
     }
 }

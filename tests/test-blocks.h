@@ -86,6 +86,7 @@ static void random_blocks(uint8_t *out, const float *w, int64_t k, tri_dtype t) 
     case TRI_DTYPE_Q5_K: m_at = 2, d = amax / 1953; break;            // q <= 31
     case TRI_DTYPE_Q6_K: d_at = 208, d = amax / 4064; break;          // |scale| <= 128, |q| <= 32
     case TRI_DTYPE_IQ4_NL: d = amax / 127; break;                     // |level| <= 127
+    case TRI_DTYPE_IQ4_XS: d = amax / 4064; break;                    // |scale| <= 32, |level| <= 127
     default: break;
     }
     for (int64_t b = 0; b < nb; b++) {

@@ -1395,4 +1395,26 @@ Test(cli, chat_says_it_waits_for_its_input, .timeout = TT_TIMEOUT(120)) {
     int status;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+
+// An IQ4_XS model (every matrix IQ4_XS, the norms f32): info names the type in its totals and per
+// tensor, with IQ4_XS's 136 bytes per 256 weights, and generate runs it.
+Test(cli, info_and_generate_iq4_xs) {
+    const char *gen = getenv("TRI_GEN_MODEL");
+    cr_assert(gen);
+    char name[64], gguf[4096], cmd[16384], args[8192];
+    snprintf(name, sizeof name, "cli-iq4xs-%d.gguf", (int)getpid());
+    snprintf(gguf, sizeof gguf, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd,
+             "'%s' --embd 256 --ff 512 --heads 4 --head-dim 64 --gguf-dtype iq4_xs --out-gguf '%s' >/dev/null", gen,
+             gguf);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(args, sizeof args, "info -m '%s' --tensors", gguf);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(out, " f32: 5 (0.0 MiB) iq4_xs: 16 (0.7 MiB)"), "%s", out);
+    // 512 x 256 weights: 512 rows of one super-block of 136 bytes
+    cr_assert(has_line(out, "blk.1.ffn_up.weight                      iq4_xs 512 x 256                69632"), "%s",
+              out);
+    snprintf(args, sizeof args, "generate -m '%s' -p hello -n 4 --temp 0", gguf);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    remove(gguf);
 }

@@ -93,14 +93,17 @@ Test(cpu_backend, matmul_quantized_weights) {
     });
 }
 
-// The K-quants: one super-block, three (their pairs of blocks of 32 cross no super-block), eight.
+// The K-quants and IQ4_XS: one super-block, three (their pairs of blocks of 32 cross no
+// super-block), eight.
 Test(cpu_backend, matmul_k_quant_weights) {
     static const int64_t ks[] = {256, 768, 2048};
     static const int64_t ms[] = {1, 5, 70};
+    static const tri_dtype types[] = {TRI_DTYPE_Q2_K, TRI_DTYPE_Q3_K, TRI_DTYPE_Q4_K,
+                                      TRI_DTYPE_Q5_K, TRI_DTYPE_Q6_K, TRI_DTYPE_IQ4_XS};
     FOR_EACH_LEVEL({
-        for (tri_dtype t = TRI_DTYPE_Q2_K; t <= TRI_DTYPE_Q6_K; t++)
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
             for (size_t a = 0; a < 3; a++)
-                for (size_t b = 0; b < 3; b++) check_matmul(be, lvl, t, ms[b], 37, ks[a]);
+                for (size_t b = 0; b < 3; b++) check_matmul(be, lvl, types[ti], ms[b], 37, ks[a]);
     });
 }
 

@@ -273,14 +273,17 @@ Test(cuda_backend, matmul_quantized_weights) {
     DONE();
 }
 
-// The K-quants: 1, 3 and 8 super-blocks per row (m past the matvec's limit dequantizes to f16).
+// The K-quants and IQ4_XS: 1, 3 and 8 super-blocks per row (m past the matvec's limit dequantizes
+// to f16).
 Test(cuda_backend, matmul_k_quant_weights) {
     NEED_GPU();
     static const int64_t ks[] = {256, 768, 2048};
     static const int64_t ms[] = {1, 4, 5, 17, 70};
-    for (tri_dtype t = TRI_DTYPE_Q2_K; t <= TRI_DTYPE_Q6_K; t++)
+    static const tri_dtype types[] = {TRI_DTYPE_Q2_K, TRI_DTYPE_Q3_K, TRI_DTYPE_Q4_K,
+                                      TRI_DTYPE_Q5_K, TRI_DTYPE_Q6_K, TRI_DTYPE_IQ4_XS};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t a = 0; a < 3; a++)
-            for (size_t b = 0; b < 5; b++) check_matmul(gpu, cpu, t, ms[b], 37, ks[a]);
+            for (size_t b = 0; b < 5; b++) check_matmul(gpu, cpu, types[ti], ms[b], 37, ks[a]);
     DONE();
 }
 

@@ -122,4 +122,8 @@ Test(dtype, quantized_sizes) {
     cr_assert_str_eq(tri_dtype_name(TRI_DTYPE_Q5_1), "q5_1");
     cr_assert_eq(tri__dtype_row_bytes(TRI_DTYPE_IQ4_NL, 64), 36);
     cr_assert_str_eq(tri_dtype_name(TRI_DTYPE_IQ4_NL), "iq4_nl");
+    cr_assert_eq(tri__dtype_row_bytes(TRI_DTYPE_IQ4_XS, 512), 272);
+    cr_assert_eq(tri__dtype_row_bytes(TRI_DTYPE_IQ4_XS, 96), -1, "96 is not a whole number of super-blocks");
+    cr_assert_eq(tri__dtype_block_elems(TRI_DTYPE_IQ4_XS), 256);
+    cr_assert_str_eq(tri_dtype_name(TRI_DTYPE_IQ4_XS), "iq4_xs");
 }

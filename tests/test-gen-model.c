@@ -46,6 +46,7 @@ Test(gen_model, gqa_q4_1_f32) { gen_and_check("gqa", "--heads 8 --kv-heads 2 --h
 Test(gen_model, k_quants_f32) {
     gen_and_check("q4k", "--heads 4 --kv-heads 2 --head-dim 64 --embd 256 --ff 512 --dtype f32 --gguf-dtype q4_K");
     gen_and_check("q6k", "--heads 4 --kv-heads 2 --head-dim 64 --embd 256 --ff 512 --dtype f32 --gguf-dtype q6_K");
+    gen_and_check("iq4xs", "--heads 4 --kv-heads 2 --head-dim 64 --embd 256 --ff 512 --dtype f32 --gguf-dtype iq4_xs");
 }
 Test(gen_model, tied_yarn_bf16_3_shards) {
     gen_and_check("yarn", "--tied --rope-scaling yarn --rope-factor 8 --ctx 2048 --dtype bf16 --shards 3");

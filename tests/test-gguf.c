@@ -204,7 +204,7 @@ Test(gguf, no_tensors) {
 Test(gguf, populate_flag) {
     tri__gguf *g = NULL;
     cr_assert_eq(tri__gguf_open_ex(tt_fixture("gguf", "types.gguf"), true, &g), TRI_STATUS_OK);
-    cr_assert_eq(tri__gguf_n_tensors(g), 15);
+    cr_assert_eq(tri__gguf_n_tensors(g), 16);
     tri__gguf_close(g);
 }
 
@@ -466,7 +466,8 @@ Test(gguf, real_model_matches_gguf_package) {
                                             [3] = TRI_DTYPE_Q4_1,  [6] = TRI_DTYPE_Q5_0,  [7] = TRI_DTYPE_Q5_1,
                                             [8] = TRI_DTYPE_Q8_0,  [10] = TRI_DTYPE_Q2_K, [11] = TRI_DTYPE_Q3_K,
                                             [12] = TRI_DTYPE_Q4_K, [13] = TRI_DTYPE_Q5_K, [14] = TRI_DTYPE_Q6_K,
-                                            [20] = TRI_DTYPE_IQ4_NL, [30] = TRI_DTYPE_BF16};
+                                            [20] = TRI_DTYPE_IQ4_NL, [23] = TRI_DTYPE_IQ4_XS,
+                                            [30] = TRI_DTYPE_BF16};
         int gt = json_object_get_int(jget(et, "ggml_type"));
         cr_assert(gt >= 0 && gt <= 30);
         cr_assert_eq(t->type, by_ggml[gt], "%s", name);

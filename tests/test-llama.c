@@ -213,6 +213,20 @@ Test(llama, bf16_and_quantized_weights) {
     }
 }
 
+// IQ4_XS weights (a GGUF whose matrices are all IQ4_XS; the HF half holds their values dequantized
+// to f32, checked against the gguf package's dequantization by test-gen-model): every position's
+// logits within the quantized tolerance of the reference's on the f32 values, and the same 8
+// greedy tokens generated, with the batch of 128 (the prompt in one pass) and of 5 (several).
+Test(llama, iq4_xs_weights_generate_as_dequantized) {
+    ref_case rc;
+    make_case(&rc, "iq4_xs",
+              "--dtype f32 --gguf-dtype iq4_xs --embd 256 --ff 512 --heads 4 --kv-heads 2 --head-dim 64");
+    check_logits(&rc, rc.gguf, TRI_DTYPE_F32, 128, TOL_QUANT);
+    check_logits(&rc, rc.gguf, TRI_DTYPE_F32, 5, TOL_QUANT);
+    check_greedy(&rc, rc.gguf);
+    free_case(&rc);
+}
+
 // Rolling the cache back and running other tokens equals never having run the dropped ones.
 Test(llama, truncate_then_decode_equals_fresh) {
     ref_case rc;

@@ -287,6 +287,46 @@ Test(smollm2, q4_k_m_requantized_perplexity, .timeout = 600) {
               orig.ppl, 100 * rel, 100 * KQ_PPL_REL_TOL);
 }
 
+// ---- the model requantized to IQ4_XS ----
+
+// tests/reference/requant_gguf.py --mix iq4_xs: every matrix IQ4_XS where its rows are whole
+// super-blocks (SmolLM2's ffn_down, 1536 wide), IQ4_NL elsewhere (llama.cpp's fallback for the
+// 576-wide rows), quantized by numpy code written from the gguf package's dequantizer. Our
+// forward pass on it against the reference (tests/reference/smollm2_ref.py, which dequantizes
+// with the gguf package) on the same weights, with the bounds above.
+Test(smollm2, iq4_xs_requantized_perplexity, .timeout = 600) {
+    const char *model = model_path();
+    static ref_data r;
+    char path[4096], cmd[16384];
+    snprintf(path, sizeof path, "%s", tt_tmp("smollm2-iq4xs.gguf"));
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        fclose(f);
+    } else {
+        char part[4200];
+        snprintf(part, sizeof part, "%s.part.%d", path, (int)getpid());
+        snprintf(cmd, sizeof cmd, "'%s' '%s/reference/requant_gguf.py' --mix iq4_xs '%s' '%s' && mv '%s' '%s'",
+                 getenv("TRI_TEST_PYTHON"), getenv("TRI_TEST_SRC"), model, part, part, path);
+        cr_assert_eq(run(cmd), 0, "requantizing failed: %s", cmd);
+    }
+    tri_model *m;
+    cr_assert_eq(tri_model_load(path, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    int n_of[TRI_DTYPE_COUNT] = {0};
+    for (int64_t i = 0; i < info.n_tensors; i++) {
+        tri_tensor_info ti;
+        cr_assert_eq(tri_model_tensor_info(m, i, &ti), TRI_STATUS_OK);
+        n_of[ti.type]++;
+    }
+    tri_model_free(m);
+    fprintf(stderr, "smollm2 IQ4_XS: iq4_xs %d, iq4_nl %d, f32 %d tensors\n", n_of[TRI_DTYPE_IQ4_XS],
+            n_of[TRI_DTYPE_IQ4_NL], n_of[TRI_DTYPE_F32]);
+    cr_assert(n_of[TRI_DTYPE_IQ4_XS] > 0);
+    load_ref_in(&r, path, "smollm2-iq4xs");
+    check_perplexity_of(path, &r, TRI_DTYPE_F16);
+}
+
 // ---- greedy answer to a chat prompt ----
 
 static bool collect(int32_t tok, void *user) {

@@ -143,6 +143,7 @@ static int ggml_to_dtype(uint32_t ggml_type) {
     case 13: return TRI_DTYPE_Q5_K;
     case 14: return TRI_DTYPE_Q6_K;
     case 20: return TRI_DTYPE_IQ4_NL;
+    case 23: return TRI_DTYPE_IQ4_XS;
     case 30: return TRI_DTYPE_BF16;
     default: return -1;
     }
@@ -661,7 +662,7 @@ static tri_status parse_tensor_info(tri__gguf *g, cursor *c, uint64_t i, tri__gg
         return tri__fail(TRI_STATUS_UNSUPPORTED,
                          "%s: %s: type: ggml type %s (%" PRIu32
                          ") is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
-                         "q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl are)",
+                         "q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs are)",
                          g->path, c->what, tri__gguf_ggml_type_name(ggml_type), ggml_type);
     }
     t->type = (tri_dtype)dtype;

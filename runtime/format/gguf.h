@@ -69,8 +69,8 @@ typedef struct tri__gguf tri__gguf;
 
 // Maps and validates a file. Fails with TRI_STATUS_IO, BAD_FORMAT (bad magic, version, any
 // length past the end, overlapping or misaligned tensors, ...) or UNSUPPORTED (a tensor type
-// other than F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K..Q6_K/IQ4_NL, named in the message), the file
-// path in every message.
+// other than F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K..Q6_K/IQ4_NL/IQ4_XS, named in the message), the
+// file path in every message.
 //
 // Requirements beyond the specification's (documented in docs/formats.md): every dimension >= 1,
 // arrays nested at most 8 deep, bool values 0 or 1. Tensors may lie in any order in the data

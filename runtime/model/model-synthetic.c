@@ -67,6 +67,7 @@ static void fill(void *dst, tri_dtype type, int64_t n_elems, uint64_t n_bytes, f
         case TRI_DTYPE_Q5_K: m_at = 2, d_val = a / 1024.0f; break;
         case TRI_DTYPE_Q6_K: d_at = 208, d_val = a / 4096.0f; break;
         case TRI_DTYPE_IQ4_NL: d_val = a / 128.0f; break;
+        case TRI_DTYPE_IQ4_XS: d_val = a / 4096.0f; break;
         default: break;
         }
         for (size_t b = 0; b < plen; b += bb) {
