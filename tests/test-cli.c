@@ -1395,6 +1395,7 @@ Test(cli, chat_says_it_waits_for_its_input, .timeout = TT_TIMEOUT(120)) {
     int status;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+}
 
 // An IQ4_XS model (every matrix IQ4_XS, the norms f32): info names the type in its totals and per
 // tensor, with IQ4_XS's 136 bytes per 256 weights, and generate runs it.
