@@ -59,23 +59,19 @@ bool srv_sampling_apply(const srv_sampling *req, const srv_sampling *dflt, tri_s
     TAKE(temperature) TAKE(top_p) TAKE(top_k) TAKE(min_p) TAKE(seed)
     TAKE(presence_penalty) TAKE(frequency_penalty) TAKE(repeat_penalty)
 #undef TAKE
-    *out = tri_sampler_default_params();
+    // the chat settings under everything (penalty_last_n among them), then each given field
+    *out = tri_sampler_chat_params();
     if (s.has_temperature) out->temperature = (float)s.temperature;
     if (s.has_top_p) out->top_p = (float)s.top_p;
     if (s.has_top_k) out->top_k = (int32_t)s.top_k;
+    if (s.has_min_p) out->min_p = (float)s.min_p;
+    if (s.has_repeat_penalty) out->repeat_penalty = (float)s.repeat_penalty;
+    if (s.has_presence_penalty) out->presence_penalty = (float)s.presence_penalty;
+    if (s.has_frequency_penalty) out->frequency_penalty = (float)s.frequency_penalty;
     *explicit_seed = s.has_seed;
     if (s.has_seed) out->seed = s.seed;
-    // Not in tri_sampler_params yet: refused unless neutral, so that no request is answered with
-    // a sampling it did not ask for. When the API has them, assign them here instead.
-    if (s.has_min_p && s.min_p != 0)
-        return BAD(err, "min_p", "min_p is not supported by this build of the server (only 0)");
-    if (s.has_presence_penalty && s.presence_penalty != 0)
-        return BAD(err, "presence_penalty", "presence_penalty is not supported by this build of the server (only 0)");
-    if (s.has_frequency_penalty && s.frequency_penalty != 0)
-        return BAD(err, "frequency_penalty",
-                   "frequency_penalty is not supported by this build of the server (only 0)");
-    if (s.has_repeat_penalty && s.repeat_penalty != 1)
-        return BAD(err, "repeat_penalty", "repeat_penalty is not supported by this build of the server (only 1)");
+    if (tri_sampler_params_check(out) != TRI_STATUS_OK)
+        return BAD(err, NULL, "the sampling settings are out of range: %s", tri_last_error());
     return true;
 }
 

@@ -55,6 +55,9 @@ static void usage(FILE *f) {
           "      --temp T         default temperature (default 0.8; 0 is greedy)\n"
           "      --top-k K        default top-k (default 40; 0: all)\n"
           "      --top-p P        default top-p (default 0.95; 1: all)\n"
+          "      --min-p P        default min-p (default 0.05; 0: off)\n"
+          "      --repeat-penalty R  default repetition penalty over the last 64 tokens (default 1.1;\n"
+          "                       1: off); requests may also set presence_penalty and frequency_penalty\n"
           "      --seed S         default seed (default: a random one per request)\n"
           "      --chat-format F  chatml, llama2, llama3, mistral, phi3 or gemma instead of the\n"
           "                       model's template\n"
@@ -848,7 +851,7 @@ static bool applies(const char *opt, bool set, bool ok, const char *where) {
 
 int tri_server_main(int argc, char **argv) {
     enum { OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_ALIAS, OPT_SLOTS, OPT_QUEUE, OPT_CTX, OPT_TEMP, OPT_TOPK,
-           OPT_TOPP, OPT_SEED, OPT_CHAT_FORMAT, OPT_DEVICE, OPT_BATCH, OPT_KV_TYPE, OPT_KV_POLICY, OPT_BUDGET,
+           OPT_TOPP, OPT_MINP, OPT_REPEAT, OPT_SEED, OPT_CHAT_FORMAT, OPT_DEVICE, OPT_BATCH, OPT_KV_TYPE, OPT_KV_POLICY, OPT_BUDGET,
            OPT_CHUNK, OPT_SINK, OPT_REFRESH, OPT_KV_INDEX, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
            OPT_GAMMA1, OPT_GAMMA2, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT, OPT_KV_OFFLOAD,
            OPT_STREAM_WEIGHTS, OPT_WEIGHTS_FROM_DISK, OPT_KV_HOST, OPT_GPU_MEM, OPT_HOST_MEM };
@@ -865,6 +868,8 @@ int tri_server_main(int argc, char **argv) {
         {"temp", required_argument, NULL, OPT_TEMP},
         {"top-k", required_argument, NULL, OPT_TOPK},
         {"top-p", required_argument, NULL, OPT_TOPP},
+        {"min-p", required_argument, NULL, OPT_MINP},
+        {"repeat-penalty", required_argument, NULL, OPT_REPEAT},
         {"seed", required_argument, NULL, OPT_SEED},
         {"chat-format", required_argument, NULL, OPT_CHAT_FORMAT},
         {"threads", required_argument, NULL, 't'},
@@ -901,10 +906,12 @@ int tri_server_main(int argc, char **argv) {
     memset(&S, 0, sizeof S);
     srv *s = &S;
     const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL, *draft_path = NULL, *draft_layers = NULL;
-    long port = 8080, n_slots = 1, max_queue = 8, ctx = 4096, n_predict = 0, top_k = 40, threads = 0, batch = 0;
+    const tri_sampler_params chat = tri_sampler_chat_params();  // the defaults below
+    long port = 8080, n_slots = 1, max_queue = 8, ctx = 4096, n_predict = 0, top_k = chat.top_k, threads = 0, batch = 0;
     long budget = 0, chunk = 0, sink = 0, refresh = 0, ngram = 0, gamma1 = 0, gamma2 = 0, draft_window = 0;
     long draft_sink = 0, kv_offload = 0, stream_weights = 0, weights_from_disk = 0, seed = 0;
-    float temp = 0.8f, top_p = 0.95f, kv_host = 0;
+    float temp = chat.temperature, top_p = chat.top_p, min_p = chat.min_p, repeat_penalty = chat.repeat_penalty;
+    float kv_host = 0;
     bool seed_set = false, kv_set = false, index_set = false, refresh_accept_set = false, kv_offload_set = false;
     bool stream_weights_set = false, disk_set = false, kv_host_set = false;
     uint64_t gpu_mem = 0, host_mem = 0;
@@ -937,6 +944,8 @@ int tri_server_main(int argc, char **argv) {
         case OPT_TEMP: ok = tri_cli_parse_float(me, "--temp", optarg, 0.0, 100.0, &temp); break;
         case OPT_TOPK: ok = tri_cli_parse_long(me, "--top-k", optarg, 0, INT32_MAX, &top_k); break;
         case OPT_TOPP: ok = tri_cli_parse_float(me, "--top-p", optarg, 1e-6, 1.0, &top_p); break;
+        case OPT_MINP: ok = tri_cli_parse_float(me, "--min-p", optarg, 0.0, 1.0, &min_p); break;
+        case OPT_REPEAT: ok = tri_cli_parse_float(me, "--repeat-penalty", optarg, 0.0, 100.0, &repeat_penalty); break;
         case OPT_SEED:
             seed_set = true;
             ok = tri_cli_parse_long(me, "--seed", optarg, 0, INT64_MAX, &seed);
@@ -1092,6 +1101,8 @@ int tri_server_main(int argc, char **argv) {
     s->defaults.has_temperature = true, s->defaults.temperature = temp;
     s->defaults.has_top_k = true, s->defaults.top_k = top_k;
     s->defaults.has_top_p = true, s->defaults.top_p = top_p;
+    s->defaults.has_min_p = true, s->defaults.min_p = min_p;
+    s->defaults.has_repeat_penalty = true, s->defaults.repeat_penalty = repeat_penalty;
     if (seed_set) s->defaults.has_seed = true, s->defaults.seed = (uint64_t)seed;
     s->n_predict = n_predict;
     s->n_slots = (int)n_slots;

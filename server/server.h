@@ -35,8 +35,8 @@ char *srv_error_json(const srv_error *err);
 
 // ---- sampling: the request's fields over the server's defaults ----
 
-// The sampling fields a request may set, each with whether it was given. Some are not yet in
-// tri_sampler_params (min_p, the penalties): srv_sampling_apply is the one place that maps them.
+// The sampling fields a request may set, each with whether it was given; srv_sampling_apply is the
+// one place that maps them onto tri_sampler_params.
 typedef struct srv_sampling {
     bool has_temperature, has_top_p, has_top_k, has_min_p, has_seed;
     bool has_presence_penalty, has_frequency_penalty, has_repeat_penalty;

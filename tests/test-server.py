@@ -130,7 +130,8 @@ _cli_cache = {}
 
 
 def cli_text(args):
-    """What `offload-run generate` prints (greedy)."""
+    """What `offload-run generate` prints, with the server's sampling defaults at temperature 0
+    (greedy over the logits that the chat settings' repetition penalty, 1.1, has changed)."""
     key = tuple(args)
     if key not in _cli_cache:
         _cli_cache[key] = _cli_text(args)
@@ -219,7 +220,7 @@ answer1 = {}
 
 
 def t_chat():
-    want = cli_text(["--chat", "-p", Q1, "-n", str(N)])
+    want = cli_text(["--chat", "-p", Q1, "-n", str(N), "--temp", "0"])
     r = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": Q1}], max_tokens=N,
                                        temperature=0)
     c = r.choices[0]
@@ -233,7 +234,7 @@ def t_chat():
 
 
 def t_chat_stream():
-    want = cli_text(["--chat", "-p", Q1, "-n", str(N)])
+    want = cli_text(["--chat", "-p", Q1, "-n", str(N), "--temp", "0"])
     s = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": Q1}], max_tokens=N,
                                        temperature=0, stream=True, stream_options={"include_usage": True})
     chunks = list(s)
@@ -250,7 +251,7 @@ def t_chat_stream():
 
 def t_completions():
     prompt = "The capital of France is"
-    want = cli_text(["-p", prompt, "-n", str(N)])
+    want = cli_text(["-p", prompt, "-n", str(N), "--temp", "0", "--repeat-penalty", "1.1"])
     r = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=N, temperature=0)
     expect(r.choices[0].text == want, f"text {r.choices[0].text!r}, the CLI gives {want!r}")
     expect(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == N, f"{r.choices[0]} {r.usage}")
@@ -261,7 +262,7 @@ def t_completions():
 
 def t_second_turn():
     q2 = "And of Germany?"
-    cli = subprocess.run([CLI, "chat", "-m", MODEL, "-n", str(N)], input=f"{Q1}\n{q2}\n", capture_output=True,
+    cli = subprocess.run([CLI, "chat", "-m", MODEL, "-n", str(N), "--temp", "0"], input=f"{Q1}\n{q2}\n", capture_output=True,
                          text=True, timeout=300 * SCALE)
     expect(cli.returncode == 0, "offload-run chat failed: " + cli.stderr)
     a1, a2 = cli.stdout.split("\n")[:2]
@@ -517,7 +518,7 @@ def t_spec():
     try:
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{spec.port}/v1", api_key=KEY, max_retries=0,
                           timeout=120 * SCALE)
-        want = cli_text(["--chat", "-p", Q1, "-n", str(N)])
+        want = cli_text(["--chat", "-p", Q1, "-n", str(N), "--temp", "0"])
         r = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": Q1}], max_tokens=N,
                                       temperature=0)
         expect(r.choices[0].message.content == want, f"{r.choices[0].message.content!r}, plain decoding {want!r}")
