@@ -21,7 +21,7 @@
 #endif
 
 #define ALIGN TRI_PCACHE_ALIGN
-#define N_SLOTS 4                   // staging blocks in flight while the next is filled / emptied
+#define N_SLOTS 16                  // staging blocks in flight while the next is filled / emptied
 #define BLOCK_TARGET (4u << 20)     // bytes of a block's payload the writer aims for
 #define BLOCK_MAX (1ull << 30)      // the most a block may hold (a reader stages N_SLOTS of them)
 
