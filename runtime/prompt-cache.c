@@ -41,10 +41,16 @@ static uint64_t align_up(uint64_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
 static inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 static inline uint64_t lane(uint64_t acc, uint64_t w) { return rotl(acc + w * P2, 31) * P1; }
-static inline uint64_t load64(const unsigned char *p) {
+static inline uint64_t load64(const unsigned char *p) {  // little-endian whatever the host
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t w;
+    memcpy(&w, p, 8);
+    return w;
+#else
     uint64_t w = 0;
-    for (int i = 7; i >= 0; i--) w = w << 8 | p[i];  // little-endian whatever the host (a compiler
-    return w;                                          // makes it one load on one)
+    for (int i = 7; i >= 0; i--) w = w << 8 | p[i];
+    return w;
+#endif
 }
 
 uint64_t tri__pcache_sum(const void *data, size_t n, uint64_t seed) {
