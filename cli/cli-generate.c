@@ -100,7 +100,7 @@ static void usage(FILE *f) {
           "                       per level\n"
           "      --prompt-cache FILE  reuse the KV of the longest prefix this prompt shares with\n"
           "                       FILE, and save the prompt's KV there after its prefill\n"
-          "                       (plain decoding, full KV policy; docs/cli.md)\n"
+          "                       (plain decoding, --kv full or retrieval; docs/cli.md)\n"
           "  -h, --help           this help\n",
           f);
 }

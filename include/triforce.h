@@ -460,9 +460,10 @@ typedef struct tri_prompt_cache_stats {
 // does not keep them; n_tokens must be tri_session_n_past), their keys and values for every layer
 // (an offloaded layer's from host memory, where they live), the last token's logits when the last
 // call left them (after a prefill: tri_generate_params.on_prefill at done == total is the moment),
-// and the model's identity (docs/formats.md). The FULL policy's cache, offloaded or not:
-// UNSUPPORTED for the other policies (their views depend on what ran, not only on the rows) and
-// for a session over several devices. stats may be NULL.
+// and the model's identity (docs/formats.md). The FULL policy's cache, offloaded or not, and the
+// RETRIEVAL policy's (which holds every row too): UNSUPPORTED for STREAMING and H2O (their views
+// depend on what ran, not only on the rows) and for a session over several devices. stats may be
+// NULL.
 TRI_API tri_status tri_session_save_prompt(tri_session *session, const char *path, const int32_t *tokens,
                                            int32_t n_tokens, tri_prompt_cache_stats *stats);
 
@@ -472,6 +473,9 @@ TRI_API tri_status tri_session_save_prompt(tri_session *session, const char *pat
 // tri_generate), which gives exactly what running the whole prompt would. When the file holds
 // exactly these tokens with their logits, all n_tokens are reused and the logits restored
 // (tri_generate with no prompt continues); otherwise at most n_tokens - 1, so that the last runs.
+// A RETRIEVAL session gets its chunk summaries made from the loaded rows and no selection: at most
+// n_tokens - kv queries (16) are reused, so that the selection after the prompt reads the queries
+// of its last tokens as a full prefill's does.
 // Refused, the session left empty (run the whole prompt): NOT_FOUND when the file does not
 // exist; INVALID_ARGUMENT when it was written for another model (its identity: config, tensor
 // table, the start of every tensor's data) or another shape or KV type, or, for a length-dependent rope

@@ -467,10 +467,12 @@ static tri_status cache_store(tri_session *s, const char *path, const char *what
     if (s->group.n > 1)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "prompt cache %s: cannot %s a session over %d devices", path, what,
                          s->group.n);
-    if (s->kv.p.kind != TRI_KV_POLICY_FULL || s->kv.src || s->kv.cap)
+    tri_kv_policy kind = s->kv.p.kind;
+    if ((kind != TRI_KV_POLICY_FULL && kind != TRI_KV_POLICY_RETRIEVAL) || s->kv.src || s->kv.cap)
         return tri__fail(TRI_STATUS_UNSUPPORTED,
-                         "prompt cache %s: cannot %s a %s cache: only the full policy's cache is saved and loaded", path,
-                         what, tri__kv_policy_name(s->kv.p.kind));
+                         "prompt cache %s: cannot %s a %s cache: only the full and retrieval policies' caches, which "
+                         "hold every row, are saved and loaded",
+                         path, what, tri__kv_policy_name(kind));
     *out = s->kv.kv;
     return TRI_STATUS_OK;
 }
@@ -593,6 +595,12 @@ tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32
     bool with_logits = flogits && common == fh->n_tokens && common == n_tokens;
     int32_t use = with_logits ? common : common < n_tokens ? common : n_tokens - 1;
     if (use > kv->capacity) use = kv->capacity, with_logits = false;
+    if (s->kv.p.kind == TRI_KV_POLICY_RETRIEVAL) {
+        // the selection after the prompt reads the queries of its last tokens: they run again
+        int32_t q = s->kv.p.queries > 0 ? s->kv.p.queries : 1;
+        if (use > n_tokens - q) use = n_tokens - q > 0 ? n_tokens - q : 0;
+        with_logits = false;
+    }
     if (with_logits && s->logits_cap < 1) {
         float *l = malloc((size_t)h.n_vocab * sizeof *l);
         if (!l) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "prompt cache %s: logits", path);
@@ -600,7 +608,7 @@ tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32
     }
     tri__pcache_io io = {0};
     if (!st) st = tri__pcache_read(f, use, cache_take, kv, &io);
-    if (!st) st = tri__kv_store_set_len(kv, use);
+    if (!st) st = tri__kv_policy_loaded(&s->kv, use);
     if (!st && with_logits) {
         memcpy(s->logits, flogits, (size_t)h.n_vocab * sizeof *s->logits);
         s->n_logits = 1;

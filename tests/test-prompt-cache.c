@@ -208,6 +208,62 @@ Test(prompt_cache, longest_common_prefix_is_reused, .timeout = TT_TIMEOUT(120)) 
     tri_model_free(m);
 }
 
+// ---- the retrieval policy: rebuilt from the loaded rows ----
+
+static tri_session *retrieval_session(const tri_model *m) {
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 4096;
+    sp.device_kind = TRI_DEVICE_CPU;
+    sp.kv_policy = TRI_KV_POLICY_RETRIEVAL;
+    sp.kv_budget = 256;
+    sp.kv_chunk = 8;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    return s;
+}
+
+// A retrieval cache keeps every row: the file holds them, a load summarises their chunks again and
+// leaves the prompt's last 16 tokens (the query history the selection after a prompt reads) to run,
+// so the selection, and the greedy tokens after it, are the fresh run's; for the saved prompt and
+// for one that extends it.
+Test(prompt_cache, retrieval_cache_is_rebuilt, .timeout = TT_TIMEOUT(120)) {
+    tri_model *m = load_model("r", MODEL_A);
+    static int32_t prompt[N_PROMPT + 200];
+    make_prompt(prompt, N_PROMPT + 200, 17);
+    char path[4096];
+    snprintf(path, sizeof path, "%s", cache_path("ret"));
+    tri_session *w = retrieval_session(m);
+    saver sv = {w, path, prompt, N_PROMPT, {0}, 0};
+    tokens fresh = run(w, prompt, 0, N_PROMPT, &sv, NULL);
+    cr_assert_eq(sv.saves, 1);
+    tri_session_free(w);
+    tri_session *f2 = retrieval_session(m);
+    tokens fresh_longer = run(f2, prompt, 0, N_PROMPT + 200, NULL, NULL);
+    tri_session_free(f2);
+
+    for (int longer = 0; longer < 2; longer++) {
+        int32_t n = N_PROMPT + (longer ? 200 : 0);
+        tri_session *s = retrieval_session(m);
+        tri_prompt_cache_stats cs;
+        cr_assert_eq(tri_session_load_prompt(s, path, prompt, n, &cs), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(cs.n_tokens, longer ? N_PROMPT : N_PROMPT - 16, "%d reused", cs.n_tokens);
+        cr_assert_not(cs.logits);
+        int32_t n_prefilled = -1;
+        tokens out = run(s, prompt, cs.n_tokens, n, NULL, &n_prefilled);
+        cr_assert_eq(n_prefilled, n - cs.n_tokens);
+        assert_same(&out, longer ? &fresh_longer : &fresh, longer ? "retrieval, extended" : "retrieval, same prompt");
+        tri_session_free(s);
+    }
+    // the full policy reads a retrieval session's file as well: the rows are the same
+    tri_session *full = new_session(m, TRI_DTYPE_F16, 0, 4096);
+    tri_prompt_cache_stats cs;
+    cr_assert_eq(tri_session_load_prompt(full, path, prompt, N_PROMPT, &cs), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(cs.n_tokens, N_PROMPT);
+    tri_session_free(full);
+    unlink(path);
+    tri_model_free(m);
+}
+
 // ---- refused files ----
 
 // After a refused load the session is empty and runs the whole prompt as a fresh one does.
@@ -259,7 +315,7 @@ Test(prompt_cache, stale_file_is_refused, .timeout = TT_TIMEOUT(120)) {
     sp.kv_budget = 256;
     tri_session *ss;
     cr_assert_eq(tri_session_create(a, &sp, &ss), TRI_STATUS_OK, "%s", tri_last_error());
-    assert_refused(ss, path, prompt, 1200, TRI_STATUS_UNSUPPORTED, "only the full policy", NULL);
+    assert_refused(ss, path, prompt, 1200, TRI_STATUS_UNSUPPORTED, "only the full and retrieval policies", NULL);
     run(ss, prompt, 0, 300, NULL, NULL);
     cr_assert_eq(tri_session_save_prompt(ss, path, prompt, 300, NULL), TRI_STATUS_UNSUPPORTED);
 
