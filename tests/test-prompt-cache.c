@@ -4,6 +4,7 @@
 // another model or other parameters, or a truncated or corrupt one, is refused with a message that
 // says why, leaving the session empty and usable.
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "prompt-cache.h"
@@ -432,4 +433,83 @@ Test(prompt_cache, layout) {
     cr_assert_eq(h.file_bytes, h.region_bytes + (uint64_t)(h.n_blocks - 1) * h.block_bytes + last_bytes);
     h.kv_type = TRI_DTYPE_Q8_0;
     cr_assert_eq(tri__pcache_layout(&h), TRI_STATUS_INVALID_ARGUMENT);
+}
+
+// ---- offload-run generate --prompt-cache ----
+
+// Runs offload-run with args; stdout and stderr into out and err. Returns the exit status.
+static int cli(const char *args, char *out, size_t out_size, char *err, size_t err_size) {
+    const char *bin = getenv("TRI_OFFLOAD_RUN");
+    cr_assert(bin, "TRI_OFFLOAD_RUN is not set: run through meson test");
+    char o[4096], e[4096], cmd[32768], name[64];
+    snprintf(name, sizeof name, "pcache-cli-%d.out", (int)getpid());
+    snprintf(o, sizeof o, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "pcache-cli-%d.err", (int)getpid());
+    snprintf(e, sizeof e, "%s", tt_tmp(name));
+    int n = snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>'%s' </dev/null", bin, args, o, e);
+    cr_assert(n > 0 && (size_t)n < sizeof cmd);
+    int rc = system(cmd);
+    cr_assert(rc != -1 && WIFEXITED(rc), "%s", cmd);
+    char *so = tt_read_file(o, NULL), *se = tt_read_file(e, NULL);
+    snprintf(out, out_size, "%s", so);
+    snprintf(err, err_size, "%s", se);
+    free(so);
+    free(se);
+    return WEXITSTATUS(rc);
+}
+
+// The first run writes the file, the second reuses the whole prompt and prints the same tokens, a
+// longer prompt reuses the common prefix; a corrupt file is reported, ignored and written again;
+// --spec is refused.
+Test(prompt_cache, cli_generate, .timeout = TT_TIMEOUT(120)) {
+    static char out[1 << 14], err[1 << 14], first[1 << 14], args[16384];
+    int n;
+    char model[4096], path[4096];
+    snprintf(model, sizeof model, "%s", tt_gen_model("pcache-cli", MODEL_A));
+    snprintf(path, sizeof path, "%s", cache_path("cli"));
+    unlink(path);
+    const char *prompt = "A prompt cache keeps the keys and values of a long document on disk, so that the "
+                         "next question about it does not pay for the prefill again.";
+    n = snprintf(args, sizeof args, "generate -m '%s' -p '%s' -n 8 --ids --ignore-eos --prompt-cache '%s'", model,
+                 prompt, path);
+    cr_assert(n > 0 && (size_t)n < sizeof args);
+    cr_assert_eq(cli(args, first, sizeof first, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "does not exist yet"), "%s", err);
+    cr_assert(strstr(err, "prompt cache: saved"), "%s", err);
+    cr_assert(strlen(first) > 8, "%s", first);
+
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "prompt cache: reused") && strstr(err, "prompt: 0 tokens"), "%s", err);
+    cr_assert_str_eq(out, first);
+
+    // a flipped byte in the rows: reported, the whole prompt run, the file written again
+    size_t len;
+    unsigned char *file = tt_read_file(path, &len);
+    file[len - 100] ^= 1;
+    tt_write_file(path, file, len);
+    free(file);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "fails its checksum") && strstr(err, "ignored"), "%s", err);
+    cr_assert(strstr(err, "prompt cache: saved"), "%s", err);
+    cr_assert_str_eq(out, first);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "prompt cache: reused"), "%s", err);
+
+    // the same prompt and more: only what follows is prefilled
+    n = snprintf(args, sizeof args,
+                 "generate -m '%s' -p '%s And a question.' -n 8 --ids --ignore-eos --prompt-cache '%s'", model, prompt,
+                 path);
+    cr_assert(n > 0 && (size_t)n < sizeof args);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    const char *r = strstr(err, "prompt cache: reused ");
+    cr_assert(r, "%s", err);
+    int reused = atoi(r + strlen("prompt cache: reused "));
+    cr_assert(reused > 20, "%s", err);
+
+    n = snprintf(args, sizeof args, "generate -m '%s' -p x --spec draft --draft-ngram 2 --prompt-cache '%s'", model,
+                 path);
+    cr_assert(n > 0 && (size_t)n < sizeof args);
+    cr_assert_neq(cli(args, out, sizeof out, err, sizeof err), 0);
+    cr_assert(strstr(err, "--prompt-cache applies to plain decoding"), "%s", err);
+    unlink(path);
 }
