@@ -594,6 +594,7 @@ tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32
     const float *flogits = tri__pcache_logits(fh, tri__pcache_file_region(f));
     bool with_logits = flogits && common == fh->n_tokens && common == n_tokens;
     int32_t use = with_logits ? common : common < n_tokens ? common : n_tokens - 1;
+    if (use < 0) use = 0;  // an empty prompt reuses nothing
     if (use > kv->capacity) use = kv->capacity, with_logits = false;
     if (s->kv.p.kind == TRI_KV_POLICY_RETRIEVAL) {
         // the selection after the prompt reads the queries of its last tokens: they run again

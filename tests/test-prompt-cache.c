@@ -327,6 +327,12 @@ Test(prompt_cache, stale_file_is_refused, .timeout = TT_TIMEOUT(120)) {
     cr_assert(strstr(tri_last_error(), "holding 111"), "%s", tri_last_error());
 
     assert_refused(sa, "/nonexistent/dir/x.kv", prompt, 1200, TRI_STATUS_NOT_FOUND, "no such file", NULL);
+    // an empty prompt reuses nothing (the file is still checked)
+    tri_prompt_cache_stats cs;
+    cr_assert_eq(tri_session_load_prompt(sa, path, prompt, 0, &cs), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(cs.n_tokens, 0);
+    cr_assert_eq(cs.n_file, 1200);
+    cr_assert_eq(tri_session_n_past(sa), 0);
     tri_session_free(sa);
     tri_session_free(ss);
     tri_session_free(sa32);
