@@ -52,8 +52,14 @@ int main(int argc, char **argv) {
     char path[4096];
     snprintf(path, sizeof path, "%s/bench-prompt-cache.kv", dir);
 
-    tri__pcache_header h = {.model_id = 1, .n_layer = n_layer, .n_head_kv = n_head_kv, .head_dim = head_dim,
-                            .kv_type = TRI_DTYPE_F16, .n_vocab = 49152, .n_ctx = n_tokens, .n_tokens = n_tokens};
+    tri__pcache_header h = {.model_id = 1,
+                            .n_layer = n_layer,
+                            .n_head_kv = n_head_kv,
+                            .head_dim = head_dim,
+                            .kv_type = TRI_DTYPE_F16,
+                            .n_vocab = 49152,
+                            .n_ctx = n_tokens,
+                            .n_tokens = n_tokens};
     if (tri__pcache_layout(&h)) {
         fprintf(stderr, "bench-prompt-cache: %s\n", tri_last_error());
         return 1;
@@ -124,11 +130,9 @@ int main(int argc, char **argv) {
     printf("prompt cache, %d tokens of %d layers x %d KV heads x %d f16 (%.1f MB, blocks of %d tokens):\n", n_tokens,
            n_layer, n_head_kv, head_dim, (double)wio.bytes / 1e6, h.block_tokens);
     printf("  write %.2f GB/s (%.0f%% of the same size's peak, %.3f s, %s%s)\n", best_w, 100 * best_w / peak_w[0],
-           wio.seconds,
-           wio.uring ? "io_uring" : "pwrite", wio.direct ? ", O_DIRECT" : "");
+           wio.seconds, wio.uring ? "io_uring" : "pwrite", wio.direct ? ", O_DIRECT" : "");
     printf("  read  %.2f GB/s (%.0f%% of the same size's peak, %.3f s, %s%s)\n", best_r, 100 * best_r / peak_r[0],
-           rio.seconds,
-           rio.uring ? "io_uring" : "pread", rio.direct ? ", O_DIRECT" : "");
+           rio.seconds, rio.uring ? "io_uring" : "pread", rio.direct ? ", O_DIRECT" : "");
     printf("checksum: %.2f GB/s on one thread\n", sum_gbps);
     return 0;
 }

@@ -21,9 +21,9 @@
 #endif
 
 #define ALIGN TRI_PCACHE_ALIGN
-#define N_SLOTS 16                  // staging blocks in flight while the next is filled / emptied
-#define BLOCK_TARGET (4u << 20)     // bytes of a block's payload the writer aims for
-#define BLOCK_MAX (1ull << 30)      // the most a block may hold (a reader stages N_SLOTS of them)
+#define N_SLOTS 16               // staging blocks in flight while the next is filled / emptied
+#define BLOCK_TARGET (4u << 20)  // bytes of a block's payload the writer aims for
+#define BLOCK_MAX (1ull << 30)   // the most a block may hold (a reader stages N_SLOTS of them)
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -106,8 +106,9 @@ uint64_t tri__pcache_model_id(const tri_model *model) {
 
 tri_status tri__pcache_layout(tri__pcache_header *h) {
     if (h->n_layer < 1 || h->n_layer > 4096 || h->n_head_kv < 1 || h->head_dim < 1 ||
-        (int64_t)h->n_head_kv * h->head_dim > (1 << 20) || (h->kv_type != TRI_DTYPE_F16 && h->kv_type != TRI_DTYPE_F32) ||
-        h->n_vocab < 1 || h->n_vocab > (1 << 24) || h->n_tokens < 1 || h->block_tokens < 0)
+        (int64_t)h->n_head_kv * h->head_dim > (1 << 20) ||
+        (h->kv_type != TRI_DTYPE_F16 && h->kv_type != TRI_DTYPE_F32) || h->n_vocab < 1 || h->n_vocab > (1 << 24) ||
+        h->n_tokens < 1 || h->block_tokens < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "prompt cache: shape n_layer %d, n_head_kv %d, head_dim %d, kv type %d, n_vocab %d, "
                          "n_tokens %d, block_tokens %d is out of range",
@@ -126,7 +127,8 @@ tri_status tri__pcache_layout(tri__pcache_header *h) {
                     (h->flags & TRI_PCACHE_LOGITS ? 4ull * (uint64_t)h->n_vocab : 0) + 8ull * (uint64_t)h->n_blocks;
     h->region_bytes = align_up(meta);
     int32_t last = h->n_tokens - (h->n_blocks - 1) * h->block_tokens;
-    h->file_bytes = h->region_bytes + (uint64_t)(h->n_blocks - 1) * h->block_bytes + align_up(per_token * (uint64_t)last);
+    h->file_bytes =
+        h->region_bytes + (uint64_t)(h->n_blocks - 1) * h->block_bytes + align_up(per_token * (uint64_t)last);
     return TRI_STATUS_OK;
 }
 
@@ -161,8 +163,9 @@ tri_status tri__pcache_parse_header(const char *path, const void *data, size_t l
     const unsigned char *p = data;
     memset(h, 0, sizeof *h);
     if (len < TRI_PCACHE_HEADER_BYTES || file_bytes < TRI_PCACHE_HEADER_BYTES)
-        return tri__fail(TRI_STATUS_BAD_FORMAT, "prompt cache %s: %llu bytes, shorter than the %u-byte header (truncated?)",
-                         path, (unsigned long long)(len < file_bytes ? len : file_bytes), TRI_PCACHE_HEADER_BYTES);
+        return tri__fail(TRI_STATUS_BAD_FORMAT,
+                         "prompt cache %s: %llu bytes, shorter than the %u-byte header (truncated?)", path,
+                         (unsigned long long)(len < file_bytes ? len : file_bytes), TRI_PCACHE_HEADER_BYTES);
     if (memcmp(p, TRI_PCACHE_MAGIC, 8) != 0)
         return tri__fail(TRI_STATUS_BAD_FORMAT, "prompt cache %s: not a prompt cache (no \"TRIKVPC\" magic)", path);
     h->version = get32(p + 8);
@@ -207,8 +210,8 @@ const float *tri__pcache_logits(const tri__pcache_header *h, const void *region)
 }
 
 const uint64_t *tri__pcache_block_sums(const tri__pcache_header *h, const void *region) {
-    size_t off = TRI_PCACHE_HEADER_BYTES + 4 * (size_t)h->n_tokens +
-                 (h->flags & TRI_PCACHE_LOGITS ? 4 * (size_t)h->n_vocab : 0);
+    size_t off =
+        TRI_PCACHE_HEADER_BYTES + 4 * (size_t)h->n_tokens + (h->flags & TRI_PCACHE_LOGITS ? 4 * (size_t)h->n_vocab : 0);
     return (const uint64_t *)((const char *)region + off);
 }
 
@@ -221,8 +224,8 @@ tri_status tri__pcache_check_region(const char *path, const tri__pcache_header *
     const int32_t *tok = tri__pcache_tokens(data);
     for (int32_t i = 0; i < h->n_tokens; i++)
         if (tok[i] < 0 || tok[i] >= h->n_vocab)
-            return tri__fail(TRI_STATUS_BAD_FORMAT, "prompt cache %s: token %d at %d is outside [0, %d)", path, tok[i], i,
-                             h->n_vocab);
+            return tri__fail(TRI_STATUS_BAD_FORMAT, "prompt cache %s: token %d at %d is outside [0, %d)", path, tok[i],
+                             i, h->n_vocab);
     return TRI_STATUS_OK;
 }
 
@@ -237,10 +240,10 @@ typedef struct engine {
 #endif
     int32_t n_slots;
     size_t slot_bytes;
-    void *mem;           // (n_slots, slot_bytes) ALIGN-aligned
-    bool busy[16];       // an I/O of the slot is in flight
-    uint64_t off[16];    // its file offset
-    size_t len[16];      // its length
+    void *mem;         // (n_slots, slot_bytes) ALIGN-aligned
+    bool busy[16];     // an I/O of the slot is in flight
+    uint64_t off[16];  // its file offset
+    size_t len[16];    // its length
     uint64_t bytes;
 } engine;
 
@@ -268,7 +271,8 @@ static tri_status sync_io(engine *e, void *buf, size_t len, uint64_t off, bool u
         }
         if (r < 0)
             return tri__fail(TRI_STATUS_IO, "prompt cache %s: %s of %zu bytes at %llu: %s", e->path,
-                             e->writing ? "write" : "read", len - done, (unsigned long long)(off + done), strerror(errno));
+                             e->writing ? "write" : "read", len - done, (unsigned long long)(off + done),
+                             strerror(errno));
         if (r == 0) {
             if (upto) break;
             return tri__fail(e->writing ? TRI_STATUS_IO : TRI_STATUS_BAD_FORMAT,
@@ -308,8 +312,7 @@ static tri_status engine_open(engine *e, const char *path, bool writing, int32_t
     e->direct = e->fd >= 0;
     if (e->fd < 0 && (errno == EINVAL || errno == EOPNOTSUPP)) e->fd = open(path, flags, 0644);
     if (e->fd < 0) {
-        if (errno == ENOENT && !writing)
-            return tri__fail(TRI_STATUS_NOT_FOUND, "prompt cache %s: no such file", path);
+        if (errno == ENOENT && !writing) return tri__fail(TRI_STATUS_NOT_FOUND, "prompt cache %s: no such file", path);
         return tri__fail(TRI_STATUS_IO, "prompt cache %s: open: %s", path, strerror(errno));
     }
     if (posix_memalign(&e->mem, ALIGN, (size_t)n_slots * slot_bytes) != 0) {
@@ -321,8 +324,9 @@ static tri_status engine_open(engine *e, const char *path, bool writing, int32_t
 #if TRI_HAVE_URING
     int r = tri__fault_hit(TRI__FAULT_URING) ? -ENOSYS : io_uring_queue_init(16, &e->ring, 0);
     e->uring = r == 0;
-    if (r < 0) tri__log(TRI_LOG_LEVEL_INFO, "prompt cache %s: io_uring_queue_init: %s; using pread / pwrite", path,
-                        strerror(-r));
+    if (r < 0)
+        tri__log(TRI_LOG_LEVEL_INFO, "prompt cache %s: io_uring_queue_init: %s; using pread / pwrite", path,
+                 strerror(-r));
 #endif
     return TRI_STATUS_OK;
 }
@@ -364,8 +368,10 @@ static tri_status engine_submit(engine *e, int32_t s, uint64_t off, size_t len) 
     if (e->uring) {
         struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
         if (sqe) {
-            if (e->writing) io_uring_prep_write(sqe, e->fd, slot_buf(e, s), (unsigned)len, off);
-            else io_uring_prep_read(sqe, e->fd, slot_buf(e, s), (unsigned)len, off);
+            if (e->writing)
+                io_uring_prep_write(sqe, e->fd, slot_buf(e, s), (unsigned)len, off);
+            else
+                io_uring_prep_read(sqe, e->fd, slot_buf(e, s), (unsigned)len, off);
             io_uring_sqe_set_data64(sqe, (uint64_t)s);
             int r = io_uring_submit(&e->ring);
             if (r >= 0) {
@@ -446,7 +452,8 @@ tri_status tri__pcache_write(const char *path, tri__pcache_header *h, const int3
         encode_header(h, (unsigned char *)r);
         st = sync_io(&e, r, (size_t)h->region_bytes, 0, false, NULL);
     }
-    if (!st && fdatasync(e.fd) != 0) st = tri__fail(TRI_STATUS_IO, "prompt cache %s: fdatasync: %s", tmp, strerror(errno));
+    if (!st && fdatasync(e.fd) != 0)
+        st = tri__fail(TRI_STATUS_IO, "prompt cache %s: fdatasync: %s", tmp, strerror(errno));
     if (io) *io = (tri__pcache_io){.bytes = e.bytes, .uring = e.uring, .direct = e.direct};
     engine_close(&e);
     if (!st && rename(tmp, path) != 0)
@@ -488,7 +495,8 @@ tri_status tri__pcache_open(const char *path, tri__pcache_file **out) {
     f->e.fd = -1;
     tri_status st = engine_open(&f->e, f->path, false, 1, ALIGN);
     struct stat sb;
-    if (!st && fstat(f->e.fd, &sb) != 0) st = tri__fail(TRI_STATUS_IO, "prompt cache %s: fstat: %s", path, strerror(errno));
+    if (!st && fstat(f->e.fd, &sb) != 0)
+        st = tri__fail(TRI_STATUS_IO, "prompt cache %s: fstat: %s", path, strerror(errno));
     size_t got = 0;
     if (!st) st = sync_io(&f->e, f->e.mem, ALIGN, 0, true, &got);
     if (!st) st = tri__pcache_parse_header(path, f->e.mem, got, (uint64_t)sb.st_size, &f->h);
@@ -561,8 +569,9 @@ tri_status tri__pcache_read(tri__pcache_file *f, int32_t n_use, tri__pcache_take
         tri_status st2 = engine_drain(e);
         if (!st) st = st2;
     }
-    if (io) *io = (tri__pcache_io){.bytes = f->e.bytes, .seconds = now_seconds() - f->t_open, .uring = f->e.uring,
-                                   .direct = f->e.direct};
+    if (io)
+        *io = (tri__pcache_io){
+            .bytes = f->e.bytes, .seconds = now_seconds() - f->t_open, .uring = f->e.uring, .direct = f->e.direct};
     return st;
 }
 

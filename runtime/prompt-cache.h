@@ -33,8 +33,8 @@
 #define TRI_PCACHE_MAGIC "TRIKVPC\0"  // 8 bytes
 #define TRI_PCACHE_VERSION 1u
 #define TRI_PCACHE_HEADER_BYTES 128u
-#define TRI_PCACHE_ALIGN 4096u        // region and blocks: O_DIRECT's block size, the page size
-#define TRI_PCACHE_LOGITS 1u          // flags: the last token's logits follow the tokens
+#define TRI_PCACHE_ALIGN 4096u  // region and blocks: O_DIRECT's block size, the page size
+#define TRI_PCACHE_LOGITS 1u    // flags: the last token's logits follow the tokens
 
 typedef struct tri__pcache_header {
     uint32_t version;
@@ -43,16 +43,16 @@ typedef struct tri__pcache_header {
     int32_t n_layer;
     int32_t n_head_kv;
     int32_t head_dim;
-    int32_t kv_type;        // tri_dtype: F16 or F32
+    int32_t kv_type;  // tri_dtype: F16 or F32
     int32_t n_vocab;
-    int32_t n_ctx;          // the writing session's context (checked for length-dependent ropes)
-    int32_t n_tokens;       // >= 1
-    int32_t block_tokens;   // >= 1
-    int32_t n_blocks;       // ceil(n_tokens / block_tokens)
-    uint32_t flags;         // TRI_PCACHE_LOGITS
-    uint64_t block_bytes;   // bytes of a full block, padding included
-    uint64_t region_sum;    // checksum of the region's bytes after the header (up to region_bytes)
-    uint64_t file_bytes;    // the whole file's size
+    int32_t n_ctx;         // the writing session's context (checked for length-dependent ropes)
+    int32_t n_tokens;      // >= 1
+    int32_t block_tokens;  // >= 1
+    int32_t n_blocks;      // ceil(n_tokens / block_tokens)
+    uint32_t flags;        // TRI_PCACHE_LOGITS
+    uint64_t block_bytes;  // bytes of a full block, padding included
+    uint64_t region_sum;   // checksum of the region's bytes after the header (up to region_bytes)
+    uint64_t file_bytes;   // the whole file's size
 } tri__pcache_header;
 
 // 64-bit checksum of n bytes (four independent lanes of multiply-rotate rounds over 8-byte words,
@@ -93,8 +93,8 @@ const uint64_t *tri__pcache_block_sums(const tri__pcache_header *h, const void *
 
 // What the I/O did.
 typedef struct tri__pcache_io {
-    uint64_t bytes;   // bytes written or read, padding included
-    double seconds;   // from the open to the rename (the data on disk: fdatasync), or to the last block
+    uint64_t bytes;  // bytes written or read, padding included
+    double seconds;  // from the open to the rename (the data on disk: fdatasync), or to the last block
     bool uring;
     bool direct;
 } tri__pcache_io;

@@ -490,8 +490,13 @@ static void cache_header(tri_session *s, const tri__kv_store *kv, tri__pcache_he
 
 static void cache_stats(tri_prompt_cache_stats *out, int32_t n, int32_t n_file, bool logits, const tri__pcache_io *io) {
     if (!out) return;
-    *out = (tri_prompt_cache_stats){.n_tokens = n, .n_file = n_file, .logits = logits, .bytes = io->bytes,
-                                    .seconds = io->seconds, .uring = io->uring, .direct = io->direct};
+    *out = (tri_prompt_cache_stats){.n_tokens = n,
+                                    .n_file = n_file,
+                                    .logits = logits,
+                                    .bytes = io->bytes,
+                                    .seconds = io->seconds,
+                                    .uring = io->uring,
+                                    .direct = io->direct};
     out->gbps = io->seconds > 0 ? (double)io->bytes / io->seconds / 1e9 : 0;
 }
 
@@ -605,7 +610,8 @@ tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32
     if (with_logits && s->logits_cap < 1) {
         float *l = malloc((size_t)h.n_vocab * sizeof *l);
         if (!l) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "prompt cache %s: logits", path);
-        else s->logits = l, s->logits_cap = 1;
+        s->logits = l ? l : s->logits;
+        s->logits_cap = l ? 1 : s->logits_cap;
     }
     tri__pcache_io io = {0};
     if (!st) st = tri__pcache_read(f, use, cache_take, kv, &io);
@@ -622,8 +628,9 @@ tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32
         return st;
     }
     cache_stats(stats, use, n_file, with_logits, &io);
-    tri__log(TRI_LOG_LEVEL_INFO, "prompt cache %s: %d of its %d tokens reused, %.1f MB read in %.3f s (%.2f GB/s, %s%s)",
-             path, use, n_file, (double)io.bytes / 1e6, io.seconds, stats ? stats->gbps : 0,
-             io.uring ? "io_uring" : "pread", io.direct ? ", O_DIRECT" : "");
+    tri__log(TRI_LOG_LEVEL_INFO,
+             "prompt cache %s: %d of its %d tokens reused, %.1f MB read in %.3f s (%.2f GB/s, %s%s)", path, use, n_file,
+             (double)io.bytes / 1e6, io.seconds, stats ? stats->gbps : 0, io.uring ? "io_uring" : "pread",
+             io.direct ? ", O_DIRECT" : "");
     return TRI_STATUS_OK;
 }

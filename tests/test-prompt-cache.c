@@ -369,8 +369,9 @@ Test(prompt_cache, corrupt_file_is_refused, .timeout = TT_TIMEOUT(120)) {
     assert_refused(s, bad, prompt, N_PROMPT, TRI_STATUS_BAD_FORMAT, "shorter than the 128-byte header", NULL);
     write_bytes(bad, file, 0);
     assert_refused(s, bad, prompt, N_PROMPT, TRI_STATUS_BAD_FORMAT, "shorter than the 128-byte header", NULL);
-    static const char text[] = "this is not a prompt cache, only text that is long enough to hold a header ......"
-                               "..................................................................................";
+    static const char text[] =
+        "this is not a prompt cache, only text that is long enough to hold a header ......"
+        "..................................................................................";
     write_bytes(bad, text, sizeof text);
     assert_refused(s, bad, prompt, N_PROMPT, TRI_STATUS_BAD_FORMAT, "not a prompt cache", NULL);
 
@@ -381,7 +382,7 @@ Test(prompt_cache, corrupt_file_is_refused, .timeout = TT_TIMEOUT(120)) {
         {60, "header's checksum"},                  // n_head_kv
         {128 + 4 * 700, "tokens and block table"},  // a token id
         {h.region_bytes + 1000, "block 0"},
-        {len - 5000, "block 2"},                    // the last block
+        {len - 5000, "block 2"},  // the last block
     };
     for (size_t i = 0; i < sizeof flips / sizeof *flips; i++) {
         file[flips[i].at] ^= 0x10;
@@ -423,8 +424,14 @@ Test(prompt_cache, checksum_sees_every_byte) {
 // The layout: blocks of about 4 MiB of rows, every part aligned to 4 KiB, the file's size what the
 // blocks add up to.
 Test(prompt_cache, layout) {
-    tri__pcache_header h = {.n_layer = 30, .n_head_kv = 3, .head_dim = 64, .kv_type = TRI_DTYPE_F16,
-                            .n_vocab = 49152, .n_ctx = 8192, .n_tokens = 6080, .flags = TRI_PCACHE_LOGITS};
+    tri__pcache_header h = {.n_layer = 30,
+                            .n_head_kv = 3,
+                            .head_dim = 64,
+                            .kv_type = TRI_DTYPE_F16,
+                            .n_vocab = 49152,
+                            .n_ctx = 8192,
+                            .n_tokens = 6080,
+                            .flags = TRI_PCACHE_LOGITS};
     cr_assert_eq(tri__pcache_layout(&h), TRI_STATUS_OK);
     // SmolLM2-135M: 30 layers x 2 x 3 x 64 x 2 bytes = 23,040 bytes a token
     cr_assert_eq(tri__pcache_payload_bytes(&h, 1), 23040);
@@ -474,8 +481,9 @@ Test(prompt_cache, cli_generate, .timeout = TT_TIMEOUT(120)) {
     snprintf(model, sizeof model, "%s", tt_gen_model("pcache-cli", MODEL_A));
     snprintf(path, sizeof path, "%s", cache_path("cli"));
     unlink(path);
-    const char *prompt = "A prompt cache keeps the keys and values of a long document on disk, so that the "
-                         "next question about it does not pay for the prefill again.";
+    const char *prompt =
+        "A prompt cache keeps the keys and values of a long document on disk, so that the "
+        "next question about it does not pay for the prefill again.";
     n = snprintf(args, sizeof args, "generate -m '%s' -p '%s' -n 8 --ids --ignore-eos --prompt-cache '%s'", model,
                  prompt, path);
     cr_assert(n > 0 && (size_t)n < sizeof args);

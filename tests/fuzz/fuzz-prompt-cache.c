@@ -16,9 +16,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static void quiet(tri_log_level level, const char *msg, void *user) {
-    (void)level, (void)msg, (void)user;
-}
+static void quiet(tri_log_level level, const char *msg, void *user) { (void)level, (void)msg, (void)user; }
 
 static tri_status take(void *user, int32_t b, int32_t tok0, int32_t nb, int32_t n_use, const void *buf) {
     const tri__pcache_header *h = user;
@@ -61,7 +59,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         tri__pcache_header h;
         if (tri__pcache_parse_header("fuzz.kv", copy, size, size, &h) == TRI_STATUS_OK) {
             TRI_ASSERT(h.region_bytes <= size && h.n_blocks >= 1 && h.block_tokens >= 1);
-            put64(copy + 48, tri__pcache_sum(copy + TRI_PCACHE_HEADER_BYTES, h.region_bytes - TRI_PCACHE_HEADER_BYTES, 0));
+            put64(copy + 48,
+                  tri__pcache_sum(copy + TRI_PCACHE_HEADER_BYTES, h.region_bytes - TRI_PCACHE_HEADER_BYTES, 0));
             put64(copy + 120, tri__pcache_sum(copy, 120, 0));
             if (tri__pcache_parse_header("fuzz.kv", copy, size, size, &h) == TRI_STATUS_OK &&
                 tri__pcache_check_region("fuzz.kv", &h, copy) == TRI_STATUS_OK) {
