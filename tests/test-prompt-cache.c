@@ -527,3 +527,35 @@ Test(prompt_cache, cli_generate, .timeout = TT_TIMEOUT(120)) {
     cr_assert(strstr(err, "--prompt-cache applies to plain decoding"), "%s", err);
     unlink(path);
 }
+
+// ---- misuse ----
+
+// NULL handles, paths and token arrays are refused with INVALID_ARGUMENT and a message; stats may
+// be NULL.
+Test(prompt_cache, null_arguments) {
+    tri_model *m = load_model("null", "--seed 5 --layers 1 --vocab 300");
+    tri_session *s = new_session(m, TRI_DTYPE_F16, 0, 64);
+    int32_t tok[2] = {1, 2};
+    tri_prompt_cache_stats cs;
+    const char *path = cache_path("null");
+    cr_assert_eq(tri_session_save_prompt(NULL, path, tok, 2, &cs), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri_session_load_prompt(NULL, path, tok, 2, &cs), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri_session_save_prompt(s, NULL, tok, 2, &cs), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri_session_load_prompt(s, NULL, tok, 2, &cs), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri_session_save_prompt(s, path, NULL, 2, &cs), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri_session_load_prompt(s, path, NULL, 2, &cs), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri_session_load_prompt(s, path, tok, -1, &cs), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "tri_session_load_prompt"), "%s", tri_last_error());
+    // an empty session has nothing to save
+    cr_assert_eq(tri_session_save_prompt(s, path, tok, 0, NULL), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri_session_eval(s, tok, 2, false), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_save_prompt(s, path, tok, 2, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_load_prompt(s, path, tok, 2, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_n_past(s), 2);
+    int32_t bad[2] = {1, 300};  // outside the vocabulary
+    cr_assert_eq(tri_session_save_prompt(s, path, bad, 2, NULL), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "outside [0, 300)"), "%s", tri_last_error());
+    unlink(path);
+    tri_session_free(s);
+    tri_model_free(m);
+}
