@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fault.h"
 #include "prompt-cache.h"
 #include "test-util.h"
 #include "triforce.h"
@@ -557,5 +558,50 @@ Test(prompt_cache, null_arguments) {
     cr_assert(strstr(tri_last_error(), "outside [0, 300)"), "%s", tri_last_error());
     unlink(path);
     tri_session_free(s);
+    tri_model_free(m);
+}
+
+// ---- without io_uring, short reads, failed reads (fault.h) ----
+
+// Without io_uring (its set-up failing) the file is written and read with pwrite / pread; reads
+// that come back short are read on; a read that fails is IO, the session left empty.
+Test(prompt_cache, faults, .timeout = TT_TIMEOUT(120)) {
+    tri_model *m = load_model("f", MODEL_A);
+    static int32_t prompt[N_PROMPT];
+    make_prompt(prompt, N_PROMPT, 19);
+    char path[4096];
+    snprintf(path, sizeof path, "%s", cache_path("faults"));
+    tri__fault_arm(TRI__FAULT_URING, 1, true, TRI__FAULT_READ_EIO);
+    tokens fresh = write_cache(m, path, prompt, N_PROMPT, TRI_DTYPE_F16, 0);
+    tri_session *s = new_session(m, TRI_DTYPE_F16, 0, 4096);
+    tri_prompt_cache_stats cs;
+    cr_assert_eq(tri_session_load_prompt(s, path, prompt, N_PROMPT, &cs), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_not(cs.uring, "io_uring refused: pread");
+    cr_assert(tri__fault_failures() >= 2, "the writer's and the reader's rings were refused");
+    tokens out = run(s, prompt, N_PROMPT, N_PROMPT, NULL, NULL);
+    assert_same(&out, &fresh, "pwrite / pread");
+
+    for (int uring = 0; uring < 2; uring++) {
+        // every read short: read on to the end, with io_uring's completions and with pread
+        tri__fault_arm(TRI__FAULT_READ | (uring ? 0 : TRI__FAULT_URING), 1, true, TRI__FAULT_READ_SHORT);
+        cr_assert_eq(tri_session_load_prompt(s, path, prompt, N_PROMPT, &cs), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert(tri__fault_failures() > 10, "%lld reads made short", (long long)tri__fault_failures());
+        tri__fault_disarm();
+        cr_assert_eq(cs.n_tokens, N_PROMPT);
+        cr_assert_eq(cs.uring, (bool)uring);
+        out = run(s, prompt, N_PROMPT, N_PROMPT, NULL, NULL);
+        assert_same(&out, &fresh, uring ? "short io_uring reads" : "short preads");
+
+        // the fourth read fails
+        tri__fault_arm(TRI__FAULT_READ | (uring ? 0 : TRI__FAULT_URING), 4, false, TRI__FAULT_READ_EIO);
+        tri_status st = tri_session_load_prompt(s, path, prompt, N_PROMPT, &cs);
+        tri__fault_disarm();
+        cr_assert_eq(st, TRI_STATUS_IO, "%s", tri_last_error());
+        cr_assert(strstr(tri_last_error(), path) && strstr(tri_last_error(), "Input/output error"), "%s",
+                  tri_last_error());
+        cr_assert_eq(tri_session_n_past(s), 0);
+    }
+    tri_session_free(s);
+    unlink(path);
     tri_model_free(m);
 }
