@@ -97,6 +97,9 @@ static void usage(FILE *f) {
           "      --stats          print acceptance rates, tokens per full-cache pass and time\n"
           "                       per level (without --spec: plain decoding's figures, and the\n"
           "                       --kv policy's)\n"
+          "      --prompt-cache FILE  reuse the KV of the longest prefix this prompt shares with\n"
+          "                       FILE, and save the prompt's KV there after its prefill\n"
+          "                       (plain decoding, --kv full or retrieval; docs/cli.md)\n"
           "  -h, --help           this help\n"
           "\n",
           f);
@@ -190,15 +193,39 @@ static bool on_text(const char *text, size_t len, void *user) {
 typedef struct prefill_state {
     bool tty;
     int last_decile;
+    // --prompt-cache: the prompt's KV is saved when its prefill ends
+    tri_session *session;
+    const char *cache_path;
+    const int32_t *ids;
+    int32_t n_ids;
+    bool save_failed;
 } prefill_state;
+
+// Saves the prompt's KV to --prompt-cache's file once its prefill is done; a failure is reported
+// and generation goes on.
+static void save_prompt_cache(prefill_state *p) {
+    tri_prompt_cache_stats cs;
+    tri_status st = tri_session_save_prompt(p->session, p->cache_path, p->ids, p->n_ids, &cs);
+    if (st) {
+        fprintf(stderr, "offload-run generate: --prompt-cache: %s (%s); not saved\n", tri_last_error(),
+                tri_status_str(st));
+        p->save_failed = true;
+        return;
+    }
+    fprintf(stderr, "prompt cache: saved %d tokens to %s: %.1f MB in %.3f s (%.2f GB/s, %s%s)\n", cs.n_tokens,
+            p->cache_path, (double)cs.bytes / 1e6, cs.seconds, cs.gbps, cs.uring ? "io_uring" : "pwrite",
+            cs.direct ? ", O_DIRECT" : "");
+}
 
 static bool on_prefill(int64_t done, int64_t total, void *user) {
     prefill_state *p = user;
     if (interrupted) return false;
+    if (p->cache_path && done == total && !p->tty) save_prompt_cache(p);
     if (p->tty) {
         fprintf(stderr, "\rprefill: %" PRId64 " / %" PRId64 " tokens (%d%%)", done, total,
                 (int)(100 * done / total));
         if (done == total) fputs("\r\033[K", stderr);
+        if (p->cache_path && done == total) save_prompt_cache(p);
     } else {
         int decile = (int)(10 * done / total);
         if (decile > p->last_decile && done < total)
@@ -462,7 +489,7 @@ int tri_cli_generate(int argc, char **argv) {
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
            OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
            OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS, OPT_WEIGHTS_FROM_DISK, OPT_GPU_MEM, OPT_HOST_MEM,
-           OPT_KV_INDEX, OPT_KV_HOST, OPT_HOST_ATTN };
+           OPT_KV_INDEX, OPT_KV_HOST, OPT_HOST_ATTN, OPT_PROMPT_CACHE };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -494,12 +521,13 @@ int tri_cli_generate(int argc, char **argv) {
         {"kv-index", required_argument, NULL, OPT_KV_INDEX},
         {"kv-host", required_argument, NULL, OPT_KV_HOST},
         {"host-attn-gbps", required_argument, NULL, OPT_HOST_ATTN},
+        {"prompt-cache", required_argument, NULL, OPT_PROMPT_CACHE},
         {"help", no_argument, NULL, 'h'},          {0},
     };
     const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
     bool chat = false, print_ids = false, print_stats = false;
     tri_chat_format chat_format = TRI_CHAT_FORMAT_AUTO;
-    const char *system_msg = NULL, *json_path = NULL;
+    const char *system_msg = NULL, *json_path = NULL, *cache_path = NULL;
     const char *stops[16];  // --stop, at most 16
     int32_t n_stops = 0;
     const char *draft_path = NULL, *draft_layers = NULL;
@@ -585,6 +613,7 @@ int tri_cli_generate(int argc, char **argv) {
             ok = tri_cli_parse_long(me, c == OPT_CHUNK ? "--chunk" : "--kv-chunk", optarg, 1, 4096, &chunk);
             break;
         case OPT_STATS: print_stats = true; break;
+        case OPT_PROMPT_CACHE: cache_path = optarg; break;
         case OPT_KV_POLICY:
             kv_set = true;
             if (strcmp(optarg, "full") == 0) sp.kv_policy = TRI_KV_POLICY_FULL;
@@ -837,6 +866,35 @@ int tri_cli_generate(int argc, char **argv) {
     prefill_state ps = {.tty = isatty(STDERR_FILENO), .last_decile = 0};
     gp.on_prefill = on_prefill;
     gp.user = &ps;
+    // --prompt-cache: the longest prefix the file shares with the prompt is loaded, the rest run
+    int32_t n_reused = 0;
+    if (cache_path && spec) {
+        fprintf(stderr, "offload-run generate: --prompt-cache applies to plain decoding (no --spec)\n");
+        goto done;
+    }
+    if (cache_path) {
+        tri_prompt_cache_stats cs;
+        st = tri_session_load_prompt(session, cache_path, ids, n_ids, &cs);
+        if (st == TRI_STATUS_NOT_FOUND) {
+            fprintf(stderr, "prompt cache: %s does not exist yet; it is written after the prefill\n", cache_path);
+        } else if (st == TRI_STATUS_UNSUPPORTED) {
+            rc = tri_cli_fail("--prompt-cache", st);
+            goto done;
+        } else if (st) {
+            fprintf(stderr, "offload-run generate: --prompt-cache: %s (%s); ignored, the whole prompt is run\n",
+                    tri_last_error(), tri_status_str(st));
+        } else {
+            n_reused = cs.n_tokens;
+            fprintf(stderr, "prompt cache: reused %d of the prompt's %d tokens from %s (it holds %d): %.1f MB in %.3f s "
+                    "(%.2f GB/s, %s%s)\n", cs.n_tokens, n_ids, cache_path, cs.n_file, (double)cs.bytes / 1e6,
+                    cs.seconds, cs.gbps, cs.uring ? "io_uring" : "pread", cs.direct ? ", O_DIRECT" : "");
+        }
+        st = TRI_STATUS_OK;
+        ps.session = session;
+        ps.cache_path = n_reused < n_ids ? cache_path : NULL;  // a whole hit leaves the file as it is
+        ps.ids = ids;
+        ps.n_ids = n_ids;
+    }
 
     tri_generate_stats stats = {0};
     tri_spec_stats sstats = {0};
@@ -851,7 +909,7 @@ int tri_cli_generate(int argc, char **argv) {
         stats.kv_bytes_down = sstats.kv_bytes_down;
         stats.kv_bytes_host = sstats.kv_bytes_host;
     } else {
-        st = tri_generate(session, ids, n_ids, &gp, on_token, &out, &stats);
+        st = tri_generate(session, ids + n_reused, n_ids - n_reused, &gp, on_token, &out, &stats);
     }
     if (st) {
         fputc('\n', stdout);

@@ -496,6 +496,50 @@ TRI_API void tri_session_seed(tri_session *session, uint64_t seed);
 TRI_API tri_status tri_session_sample(tri_session *session, const tri_sampler_params *params,
                                       int32_t *out_token);
 
+// ---- prompt cache: a session's KV on disk (docs/formats.md, "Prompt cache") ----
+
+// What a save or a load did.
+typedef struct tri_prompt_cache_stats {
+    int32_t n_tokens;  // tokens written, or reused by a load (now in the session)
+    int32_t n_file;    // tokens the file holds
+    bool logits;       // the last token's logits were written, or came back with a load
+    uint64_t bytes;    // bytes written or read (the header region and padding included)
+    double seconds;    // wall time of the I/O, checksums included (a save: until the data is on disk)
+    double gbps;       // bytes / seconds / 1e9
+    bool uring;        // io_uring did the I/O (false: pread / pwrite)
+    bool direct;       // O_DIRECT: the disk's speed, not the page cache's
+} tri_prompt_cache_stats;
+
+// Writes the session's cache to path (replacing it atomically: a temporary file renamed at the
+// end): the tokens it holds, tokens[0 .. n_tokens) (the ids run into it, in order: the session
+// does not keep them; n_tokens must be tri_session_n_past), their keys and values for every layer
+// (an offloaded layer's from host memory, where they live), the last token's logits when the last
+// call left them (after a prefill: tri_generate_params.on_prefill at done == total is the moment),
+// and the model's identity (docs/formats.md). The FULL policy's cache, offloaded or not, and the
+// RETRIEVAL policy's (which holds every row too): UNSUPPORTED for STREAMING and H2O (their views
+// depend on what ran, not only on the rows) and for a session over several devices. stats may be
+// NULL.
+TRI_API tri_status tri_session_save_prompt(tri_session *session, const char *path, const int32_t *tokens,
+                                           int32_t n_tokens, tri_prompt_cache_stats *stats);
+
+// Empties the session, then fills it from path with the longest common prefix of the file's
+// tokens and tokens[0 .. n_tokens) (the prompt about to be run): afterwards the session holds
+// stats->n_tokens of them, and the caller runs tokens[stats->n_tokens .. n_tokens) (with
+// tri_generate), which gives exactly what running the whole prompt would. When the file holds
+// exactly these tokens with their logits, all n_tokens are reused and the logits restored
+// (tri_generate with no prompt continues); otherwise at most n_tokens - 1, so that the last runs.
+// A RETRIEVAL session gets its chunk summaries made from the loaded rows and no selection: at most
+// n_tokens - kv queries (16) are reused, so that the selection after the prompt reads the queries
+// of its last tokens as a full prefill's does.
+// Refused, the session left empty (run the whole prompt): NOT_FOUND when the file does not
+// exist; INVALID_ARGUMENT when it was written for another model (its identity: config, tensor
+// table, the start of every tensor's data) or another shape or KV type, or, for a length-dependent rope
+// scaling (dynamic NTK, LongRoPE), another n_ctx; BAD_FORMAT for a file that is not a prompt
+// cache, is truncated or fails a checksum; UNSUPPORTED as for tri_session_save_prompt. The
+// message (tri_last_error) names the file and the reason. stats may be NULL.
+TRI_API tri_status tri_session_load_prompt(tri_session *session, const char *path, const int32_t *tokens,
+                                           int32_t n_tokens, tri_prompt_cache_stats *stats);
+
 // ---- applications: threads, aborting, why a generation stopped ----
 //
 // CPU threads: every CPU backend of the process (each session's, each tri_spec engine's) runs its

@@ -350,6 +350,20 @@ tri_status tri__kv_policy_adopt(tri__kv_policy *p, tri__kv_store *src, int32_t n
     return st ? st : tri__kv_store_set_len(p->kv, n);
 }
 
+tri_status tri__kv_policy_loaded(tri__kv_policy *p, int32_t n) {
+    TRI_ASSERT(!p->in_step);
+    if (p->src || p->cap || (p->p.kind != TRI_KV_POLICY_FULL && p->p.kind != TRI_KV_POLICY_RETRIEVAL))
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy %s: rows cannot be loaded into it",
+                         tri__kv_policy_name(p->p.kind));
+    if (p->kv->n != 0 || n < 0 || n > p->kv->capacity)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: load of %d rows into a cache of %d holding %d", n,
+                         p->kv->capacity, p->kv->n);
+    if (p->ret && !tri__ret_attends_fully(p, n))
+        return tri__fail(TRI_STATUS_INTERNAL, "kv policy retrieval: a selection is due in an empty cache");
+    tri_status st = p->ret ? tri__ret_adopted(p, 0, n) : TRI_STATUS_OK;
+    return st ? st : tri__kv_store_set_len(p->kv, n);
+}
+
 tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n) {
     TRI_ASSERT(!p->in_step);
     int32_t len = tri__kv_policy_len(p);

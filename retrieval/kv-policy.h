@@ -276,6 +276,12 @@ void tri__kv_policy_abort(tri__kv_policy *p);
 // A policy borrowing src (tri__kv_policy_init_borrowed) copies nothing: it drops its selection and
 // reads positions below n from src from now on; any other store is INVALID_ARGUMENT.
 tri_status tri__kv_policy_adopt(tri__kv_policy *p, tri__kv_store *src, int32_t n);
+// Positions 0 .. n - 1 were written straight into the empty policy's own store
+// (tri__kv_store_load_rows: a prompt cache read from disk): takes them as tri__kv_policy_adopt
+// takes copied rows, chunk summaries made, no selection, the query history empty. FULL and
+// RETRIEVAL over their own store; UNSUPPORTED otherwise, INVALID_ARGUMENT unless the policy is
+// empty and n fits.
+tri_status tri__kv_policy_loaded(tri__kv_policy *p, int32_t n);
 
 // Rolls back to the first n positions: the state becomes what it would be had the dropped tokens
 // never been appended. H2O remembers `history` steps, a bounded STREAMING store the rows of

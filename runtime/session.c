@@ -10,6 +10,7 @@
 #include "kv-policy.h"
 #include "llama.h"
 #include "model.h"
+#include "prompt-cache.h"
 #include "sampler.h"
 #include "session.h"
 #include "textgen.h"
@@ -501,4 +502,179 @@ const char *tri_stop_reason_str(tri_stop_reason reason) {
     case TRI_STOP_STRING: return "stop_string";
     }
     return "?";
+}
+
+// ---- prompt cache (prompt-cache.h) ----
+
+// The store a prompt cache reads and writes: the FULL policy's own, or the offloaded one it wraps.
+static tri_status cache_store(tri_session *s, const char *path, const char *what, tri__kv_store **out) {
+    if (s->group.n > 1)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "prompt cache %s: cannot %s a session over %d devices", path, what,
+                         s->group.n);
+    tri_kv_policy kind = s->kv.p.kind;
+    if ((kind != TRI_KV_POLICY_FULL && kind != TRI_KV_POLICY_RETRIEVAL) || s->kv.src || s->kv.cap)
+        return tri__fail(TRI_STATUS_UNSUPPORTED,
+                         "prompt cache %s: cannot %s a %s cache: only the full and retrieval policies' caches, which "
+                         "hold every row, are saved and loaded",
+                         path, what, tri__kv_policy_name(kind));
+    *out = s->kv.kv;
+    return TRI_STATUS_OK;
+}
+
+static void cache_header(tri_session *s, const tri__kv_store *kv, tri__pcache_header *h) {
+    memset(h, 0, sizeof *h);
+    h->model_id = tri__pcache_model_id(s->model);
+    h->n_layer = kv->n_layer;
+    h->n_head_kv = kv->n_head_kv;
+    h->head_dim = kv->head_dim;
+    h->kv_type = (int32_t)kv->type;
+    h->n_vocab = s->model->config.n_vocab;
+    h->n_ctx = kv->capacity;
+}
+
+static void cache_stats(tri_prompt_cache_stats *out, int32_t n, int32_t n_file, bool logits, const tri__pcache_io *io) {
+    if (!out) return;
+    *out = (tri_prompt_cache_stats){.n_tokens = n,
+                                    .n_file = n_file,
+                                    .logits = logits,
+                                    .bytes = io->bytes,
+                                    .seconds = io->seconds,
+                                    .uring = io->uring,
+                                    .direct = io->direct};
+    out->gbps = io->seconds > 0 ? (double)io->bytes / io->seconds / 1e9 : 0;
+}
+
+// A block's payload: per layer, K rows then V rows of its nb tokens.
+static tri_status cache_fill(void *user, int32_t b, int32_t tok0, int32_t nb, void *buf) {
+    (void)b;
+    tri__kv_store *kv = user;
+    size_t rows = (size_t)nb * (size_t)tri__kv_store_row_bytes(kv);
+    char *p = buf;
+    for (int32_t il = 0; il < kv->n_layer; il++)
+        for (int which = 0; which < 2; which++, p += rows) TRY(tri__kv_store_read_rows(kv, il, which, tok0, nb, p));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cache_take(void *user, int32_t b, int32_t tok0, int32_t nb, int32_t n_use, const void *buf) {
+    (void)b;
+    tri__kv_store *kv = user;
+    size_t rows = (size_t)nb * (size_t)tri__kv_store_row_bytes(kv);
+    const char *p = buf;
+    for (int32_t il = 0; il < kv->n_layer; il++, p += 2 * rows)
+        TRY(tri__kv_store_load_rows(kv, il, tok0, n_use, p, p + rows));
+    return TRI_STATUS_OK;
+}
+
+tri_status tri_session_save_prompt(tri_session *s, const char *path, const int32_t *tokens, int32_t n_tokens,
+                                   tri_prompt_cache_stats *stats) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (!s || !path || (!tokens && n_tokens > 0))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_session_save_prompt: NULL argument");
+    tri__kv_store *kv = NULL;
+    TRY(cache_store(s, path, "save", &kv));
+    int32_t len = tri__kv_policy_len(&s->kv);
+    if (n_tokens < 1 || n_tokens != len)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "prompt cache %s: %d tokens given for a session holding %d (save after a prefill, with the "
+                         "tokens it ran)",
+                         path, n_tokens, len);
+    const int32_t V = s->model->config.n_vocab;
+    for (int32_t i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "prompt cache %s: token %d at %d is outside [0, %d)", path,
+                             tokens[i], i, V);
+    tri__pcache_header h;
+    cache_header(s, kv, &h);
+    h.n_tokens = n_tokens;
+    const float *logits = tri_session_logits(s, -1);
+    if (logits) h.flags |= TRI_PCACHE_LOGITS;
+    tri__pcache_io io = {0};
+    TRY(tri__pcache_write(path, &h, tokens, logits, cache_fill, kv, &io));
+    cache_stats(stats, n_tokens, n_tokens, logits != NULL, &io);
+    tri__log(TRI_LOG_LEVEL_INFO, "prompt cache %s: %d tokens written, %.1f MB in %.3f s (%.2f GB/s, %s%s)", path,
+             n_tokens, (double)io.bytes / 1e6, io.seconds, stats ? stats->gbps : 0, io.uring ? "io_uring" : "pwrite",
+             io.direct ? ", O_DIRECT" : "");
+    return TRI_STATUS_OK;
+}
+
+tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32_t *tokens, int32_t n_tokens,
+                                   tri_prompt_cache_stats *stats) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (!s || !path || (!tokens && n_tokens > 0) || n_tokens < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_session_load_prompt: NULL argument or %d tokens", n_tokens);
+    tri_session_reset(s);
+    tri__kv_store *kv = NULL;
+    TRY(cache_store(s, path, "load", &kv));
+    tri__pcache_file *f;
+    TRY(tri__pcache_open(path, &f));
+    const tri__pcache_header *fh = tri__pcache_file_header(f);
+    tri__pcache_header h;
+    cache_header(s, kv, &h);
+    const tri_model_config *c = &s->model->config;
+    tri_status st = TRI_STATUS_OK;
+    if (fh->model_id != h.model_id)
+        st = tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                       "prompt cache %s: written for another model (identity %016llx, this model's %016llx)", path,
+                       (unsigned long long)fh->model_id, (unsigned long long)h.model_id);
+    else if (fh->n_layer != h.n_layer || fh->n_head_kv != h.n_head_kv || fh->head_dim != h.head_dim ||
+             fh->n_vocab != h.n_vocab)
+        st = tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                       "prompt cache %s: cache of %d layers x %d KV heads x %d, %d-token vocabulary; the session's is "
+                       "%d x %d x %d, %d",
+                       path, fh->n_layer, fh->n_head_kv, fh->head_dim, fh->n_vocab, h.n_layer, h.n_head_kv, h.head_dim,
+                       h.n_vocab);
+    else if (fh->kv_type != h.kv_type)
+        st = tri__fail(TRI_STATUS_INVALID_ARGUMENT, "prompt cache %s: KV type %s; the session's is %s", path,
+                       tri_dtype_name((tri_dtype)fh->kv_type), tri_dtype_name((tri_dtype)h.kv_type));
+    else if ((c->rope_scaling == TRI_ROPE_SCALING_DYNAMIC || c->rope_scaling == TRI_ROPE_SCALING_LONGROPE) &&
+             fh->n_ctx != h.n_ctx)
+        st = tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                       "prompt cache %s: written with n_ctx %d; this session's is %d, and the model's rope scaling "
+                       "depends on the length",
+                       path, fh->n_ctx, h.n_ctx);
+    if (st) {
+        tri__pcache_close(f);
+        return st;
+    }
+    // the longest common prefix; all of it with the logits only when it is the whole of both
+    const int32_t *ft = tri__pcache_tokens(tri__pcache_file_region(f));
+    int32_t common = 0, most = fh->n_tokens < n_tokens ? fh->n_tokens : n_tokens;
+    while (common < most && ft[common] == tokens[common]) common++;
+    const float *flogits = tri__pcache_logits(fh, tri__pcache_file_region(f));
+    bool with_logits = flogits && common == fh->n_tokens && common == n_tokens;
+    int32_t use = with_logits ? common : common < n_tokens ? common : n_tokens - 1;
+    if (use < 0) use = 0;  // an empty prompt reuses nothing
+    if (use > kv->capacity) use = kv->capacity, with_logits = false;
+    if (s->kv.p.kind == TRI_KV_POLICY_RETRIEVAL) {
+        // the selection after the prompt reads the queries of its last tokens: they run again
+        int32_t q = s->kv.p.queries > 0 ? s->kv.p.queries : 1;
+        if (use > n_tokens - q) use = n_tokens - q > 0 ? n_tokens - q : 0;
+        with_logits = false;
+    }
+    if (with_logits && s->logits_cap < 1) {
+        float *l = malloc((size_t)h.n_vocab * sizeof *l);
+        if (!l) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "prompt cache %s: logits", path);
+        s->logits = l ? l : s->logits;
+        s->logits_cap = l ? 1 : s->logits_cap;
+    }
+    tri__pcache_io io = {0};
+    if (!st) st = tri__pcache_read(f, use, cache_take, kv, &io);
+    if (!st) st = tri__kv_policy_loaded(&s->kv, use);
+    if (!st && with_logits) {
+        memcpy(s->logits, flogits, (size_t)h.n_vocab * sizeof *s->logits);
+        s->n_logits = 1;
+        s->all_logits = false;
+    }
+    int32_t n_file = fh->n_tokens;
+    tri__pcache_close(f);
+    if (st) {
+        tri_session_reset(s);
+        return st;
+    }
+    cache_stats(stats, use, n_file, with_logits, &io);
+    tri__log(TRI_LOG_LEVEL_INFO,
+             "prompt cache %s: %d of its %d tokens reused, %.1f MB read in %.3f s (%.2f GB/s, %s%s)", path, use, n_file,
+             (double)io.bytes / 1e6, io.seconds, stats ? stats->gbps : 0, io.uring ? "io_uring" : "pread",
+             io.direct ? ", O_DIRECT" : "");
+    return TRI_STATUS_OK;
 }
