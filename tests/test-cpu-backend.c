@@ -624,19 +624,32 @@ Test(cpu_backend, rope_tables_match_hf) {
     cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_INVALID_ARGUMENT, "YaRN without orig ctx");
 }
 
+// Dynamic NTK as a rule of positions (rope.h): with P the context's first length, positions below
+// max(P, orig) share the table of that length, each later position p the table of length p + 1.
 Test(cpu_backend, rope_dynamic_ntk_follows_sequence_length) {
     tt_need_fixtures("rope");
     tri__rope r;
     tri_model_config c = rope_cfg(128, 10000, TRI_ROPE_SCALING_DYNAMIC, 2, 4096);
     cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK);
-    float base0 = r.inv_freq[10];
-    tri__rope_update(&r, 4000);  // within orig: unchanged
+    float base0 = r.inv_freq[10], scratch[64], table[64];
+    tri__rope_set_prompt(&r, 4000);  // within orig: unchanged up to orig, then per position
     cr_assert_eq(r.inv_freq[10], base0);
-    tri__rope_update(&r, 10000);
+    cr_assert_eq(r.split, 4096);
+    cr_assert_eq(tri__rope_freqs(&r, 4095, scratch), r.inv_freq);
+    tri__rope_table(&r, 10000, table);  // transformers' table for 10000 tokens
+    tri__rope ref = r;
+    ref.inv_freq = table;
+    check_table("dynamic", &ref);
+    // position 9999 (length 10000) has that table of its own
+    const float *f = tri__rope_freqs(&r, 9999, scratch);
+    for (int i = 0; i < 64; i++) cr_assert_eq(f[i], table[i]);
+    tri__rope_set_prompt(&r, 10000);  // a first evaluation of 10000: its table below 10000
     check_table("dynamic", &r);
-    tri__rope_update(&r, 8000);  // shorter but past orig: HF keeps the longer table
-    check_table("dynamic", &r);
-    tri__rope_update(&r, 100);  // back below orig: the original table
+    cr_assert_eq(r.split, 10000);
+    cr_assert_eq(tri__rope_freqs(&r, 9999, scratch), r.inv_freq);
+    cr_assert(tri__rope_freqs(&r, 10000, scratch)[10] > r.inv_freq[10] * 0.99f);
+    cr_assert(tri__rope_freqs(&r, 10000, scratch)[10] < r.inv_freq[10]);  // a larger base: lower
+    tri__rope_set_prompt(&r, 100);  // a new context of 100: the original table below orig
     cr_assert_eq(r.inv_freq[10], base0);
     tri__rope_free(&r);
 }
