@@ -9,6 +9,7 @@ pkgs=(
   libcriterion-dev
   clang libclang-rt-14-dev
   python3 python3-venv python3-pip unzip
+  python3-torch  # torch 1.13 for transformers in suite conformance (the venv sees it: --system-site-packages)
   bible-kjv bible-kjv-text  # public-domain text: suite smollm2 and benchmarks/bench-kv-quality
   jargon-text  # public-domain text: suite needle's Jargon File case and benchmarks/bench-table1
   # the GTK 4 example app (examples/chat-gtk) and its test under Xvfb, read back by OCR: suite
