@@ -222,6 +222,13 @@ void tri__rope_set_prompt(tri__rope *rope, int64_t n_prompt) {
     rope->n_prompt = n_prompt;
 }
 
+bool tri__rope_same_prompt(const tri__rope *rope, int64_t a, int64_t b) {
+    int64_t o = rope->orig_ctx;
+    if (rope->scaling == TRI_ROPE_SCALING_LONGROPE) return (a > o) == (b > o);
+    if (rope->scaling == TRI_ROPE_SCALING_DYNAMIC) return (a > o ? a : o) == (b > o ? b : o);
+    return true;
+}
+
 const float *tri__rope_freqs(const tri__rope *rope, int64_t pos, float *scratch) {
     if (pos < rope->split) return rope->inv_freq;
     if (rope->scaling == TRI_ROPE_SCALING_LONGROPE) return rope->long_freq;

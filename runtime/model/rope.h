@@ -10,6 +10,7 @@
 #ifndef TRI_ROPE_H
 #define TRI_ROPE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "triforce.h"
@@ -60,6 +61,10 @@ tri_status tri__rope_set_longrope(tri__rope *rope, const float *short_div, const
 // above); a no-op for the rules that do not depend on the length. Keys already in a cache keep the
 // rotation they were stored with: call it when the cache is empty.
 void tri__rope_set_prompt(tri__rope *rope, int64_t n_prompt);
+
+// Whether first lengths a and b give every position the same table (rows cached under one may be
+// reused under the other: a prompt cache's rows, written by a context whose P was a).
+bool tri__rope_same_prompt(const tri__rope *rope, int64_t a, int64_t b);
 
 // The table (head_dim / 2) of position pos: inv_freq below split, else the long table (LONGROPE)
 // or the table for length pos + 1 written to scratch (DYNAMIC; head_dim / 2 floats).
