@@ -721,8 +721,10 @@ Test(cpu_backend, rope_apply_takes_each_positions_table) {
                 tri__rope_table(&r, len, table);
                 if (k == 0) {  // the factors by hand: long past 32
                     for (int j = 0; j < HD / 2; j++) {
-                        float want = (float)(1.0 / pow(10000.0, 2.0 * j / HD)) / (len > 32 ? long_div[j] : short_div[j]);
-                        cr_assert(fabsf(table[j] - want) <= 1e-6f * want, "longrope len %lld pair %d", (long long)len, j);
+                        float div = len > 32 ? long_div[j] : short_div[j];
+                        float want = (float)(1.0 / pow(10000.0, 2.0 * j / HD)) / div;
+                        cr_assert(fabsf(table[j] - want) <= 1e-6f * want, "longrope len %lld pair %d", (long long)len,
+                                  j);
                     }
                 }
                 tri__rope one = r;

@@ -41,8 +41,9 @@ static void need_goldens(void) {
     FILE *f = fopen(tt_fixture("rope-scaling", "SKIPPED"), "r");
     if (f) {
         fclose(f);
-        cr_skip_test("the rope-scaling goldens need torch and transformers (scripts/install-deps.sh, "
-                     "scripts/requirements-test.txt)");
+        cr_skip_test(
+            "the rope-scaling goldens need torch and transformers (scripts/install-deps.sh, "
+            "scripts/requirements-test.txt)");
     }
 }
 
@@ -84,8 +85,8 @@ static tri_model *load(const char *kind) {
     cr_assert_eq(tri_model_load(path, NULL, &m), TRI_STATUS_OK, "%s: %s", path, tri_last_error());
     tri_model_info info;
     tri_model_get_info(m, &info);
-    cr_assert(info.config.rope_scaling == (strcmp(kind, "dynamic") == 0 ? TRI_ROPE_SCALING_DYNAMIC
-                                                                         : TRI_ROPE_SCALING_LONGROPE),
+    cr_assert(info.config.rope_scaling ==
+                  (strcmp(kind, "dynamic") == 0 ? TRI_ROPE_SCALING_DYNAMIC : TRI_ROPE_SCALING_LONGROPE),
               "%s: scaling %d", kind, (int)info.config.rope_scaling);
     return m;
 }
@@ -194,8 +195,7 @@ static void check_greedy(const char *kind) {
         tri_session_reset(s);
         memset(&c, 0, sizeof c);
         gp = greedy_params(g.n_shrt_greedy);
-        cr_assert_eq(tri_generate(s, g.shrt, g.n_shrt, &gp, collect, &c, NULL), TRI_STATUS_OK, "%s",
-                     tri_last_error());
+        cr_assert_eq(tri_generate(s, g.shrt, g.n_shrt, &gp, collect, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
         snprintf(what, sizeof what, "%s short, batch %d", kind, batches[b]);
         check_tokens(what, g.shrt_greedy, g.n_shrt_greedy, &c);
 
@@ -280,8 +280,7 @@ static void check_speculative(const char *kind, int32_t n_batch) {
             snprintf(what, sizeof what, "%s %s, %s prompt, batch %d", kind, sc->name, pr ? "short" : "long", n_batch);
             check_tokens(what, want, n_want, &c);
             if (sc->mode != TRI_SPEC_MODE_NONE)
-                cr_assert(st.n_l3_verify > 0, "%s: %lld verification passes", what,
-                          (long long)st.n_l3_verify);
+                cr_assert(st.n_l3_verify > 0, "%s: %lld verification passes", what, (long long)st.n_l3_verify);
         }
         tri_spec_free(spec);
     }

@@ -103,7 +103,12 @@ fail:
     return st;
 }
 
-void tri__llama_set_prompt(tri__llama *ll, int32_t n_prompt) { ll->n_prompt = n_prompt > 0 ? n_prompt : 0; }
+void tri__llama_set_prompt(tri__llama *ll, int32_t n_prompt) {
+    ll->n_prompt = n_prompt > 0 ? n_prompt : 0;
+    // now too, for a pass that never starts from an empty cache (L2 over L3's rows): tables for
+    // first lengths a < b differ only at positions below b, here the prompt's
+    if (ll->n_prompt > 0) tri__rope_set_prompt(&ll->rope, ll->n_prompt);
+}
 
 tri_status tri__llama_init(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch) {
     return tri__llama_init_pooled(ll, model, be, n_batch, NULL);

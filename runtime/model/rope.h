@@ -1,9 +1,10 @@
 // rope.h - rotary position embedding tables shared by every backend (internal).
 //
-// The frequencies are computed once from tri_model_config, following HF transformers' rope init
-// functions (_compute_default/linear/dynamic_ntk/yarn/llama3_parameters). A backend's rope kernel
-// rotates pair i of a head by angle (float)pos * inv_freq[i] and multiplies cos and sin by
-// attn_factor:
+// The frequencies are computed from tri_model_config, following HF transformers' rope init
+// functions (_compute_default/linear/dynamic_ntk/yarn/llama3_parameters, Phi-3's LongRoPE): once,
+// or, for the rules that depend on the sequence's length, per context and position (below; run
+// them through tri__rope_apply). A backend's rope kernel rotates pair i of a head by angle
+// (float)pos * inv_freq[i] and multiplies cos and sin by attn_factor:
 //   x0' = (x0 cos - x1 sin) * attn_factor,  x1' = (x0 sin + x1 cos) * attn_factor
 // where (x0, x1) are elements (2i, 2i + 1) in the ADJACENT layout and (i, i + head_dim / 2) in the
 // HALF layout. The angle is a float32 product, as HF computes it, so that logits match HF's.
