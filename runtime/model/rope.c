@@ -135,8 +135,7 @@ tri_status tri__rope_init(tri__rope *rope, const tri_model_config *cfg, const fl
         if (!freq_div)
             rope_llama3(rope, factor, (double)cfg->llama3_low_freq_factor, (double)cfg->llama3_high_freq_factor, orig);
         break;
-    case TRI_ROPE_SCALING_LONGROPE:  // the divisors come with tri__rope_set_longrope
-        rope->split = rope->orig_ctx;
+    case TRI_ROPE_SCALING_LONGROPE:  // the divisors (and split) come with tri__rope_set_longrope
         rope_default(rope->inv_freq, dim, theta);
         rope->attn_factor = cfg->rope_attn_factor > 0 ? cfg->rope_attn_factor : 1.0f;
         break;
@@ -231,7 +230,7 @@ bool tri__rope_same_prompt(const tri__rope *rope, int64_t a, int64_t b) {
 
 const float *tri__rope_freqs(const tri__rope *rope, int64_t pos, float *scratch) {
     if (pos < rope->split) return rope->inv_freq;
-    if (rope->scaling == TRI_ROPE_SCALING_LONGROPE) return rope->long_freq;
+    if (rope->scaling == TRI_ROPE_SCALING_LONGROPE) return rope->long_freq ? rope->long_freq : rope->inv_freq;
     rope_dynamic(rope, pos + 1, scratch);
     return scratch;
 }
