@@ -277,9 +277,9 @@ static tri_status measure_layer(tri__kv_policy *p, int32_t il, const float *q, c
         int32_t shift = p->step_n0 - p->step_kept;
         TRY(op->get_rows(p->be, p->m_k, p->kv->k[il], p->kv->type, p->kv->capacity, kd, p->m_pos, end));
         TRY(op->get_rows(p->be, p->m_v, p->kv->v[il], p->kv->type, p->kv->capacity, kd, p->m_pos, end));
-        TRY(op->rope(p->be, p->m_k, end, p->n_head_kv, p->m_pos, p->rope));
+        TRY(tri__rope_apply(p->be, p->m_k, end, p->n_head_kv, p->m_pos, p->rope));
         TRY(op->copy(p->be, p->m_q, q, sizeof(float) * (size_t)p->n_head * (size_t)p->head_dim));
-        TRY(op->rope(p->be, p->m_q, 1, p->n_head, &shift, p->rope));
+        TRY(tri__rope_apply(p->be, p->m_q, 1, p->n_head, &shift, p->rope));
         q = p->m_q;
     }
     TRY(op->attention(p->be, p->m_out, q, &qpos, 1, p->n_head, p->head_dim, &full, p->m_ws));

@@ -116,7 +116,7 @@ tri_status tri__streaming_layer(tri__kv_policy *p, int32_t il, const float *k, c
     int32_t rows = p->step_kept + m, kd = kv_dim(p);
     TRY(op->get_rows(p->be, p->sk, p->kv->k[il], p->kv->type, p->kv->capacity, kd, p->gather, rows));
     TRY(op->get_rows(p->be, p->sv, p->kv->v[il], p->kv->type, p->kv->capacity, kd, p->gather, rows));
-    TRY(op->rope(p->be, p->sk, rows, p->n_head_kv, p->cache_pos, p->rope));
+    TRY(tri__rope_apply(p->be, p->sk, rows, p->n_head_kv, p->cache_pos, p->rope));
     for (int32_t h = 0; h < p->n_head_kv; h++) {
         p->spans[h] = (tri__kv_span){.pos0 = 0, .n = rows, .k = p->sk + (int64_t)h * p->head_dim,
                                      .v = p->sv + (int64_t)h * p->head_dim, .stride = kd};

@@ -221,9 +221,15 @@ static void request_refresh(tri_session *s) {
     for (int32_t r = 0; r < s->group.n; r++) tri__kv_policy_request_refresh(rank_kv(s, r));
 }
 
+// The length of the context's first evaluation, for the rotary rules that depend on it (llama.h).
+static void announce_prompt(tri_session *s, int32_t n_prompt) {
+    for (int32_t r = 0; r < s->group.n; r++) tri__llama_set_prompt(rank_ll(s, r), n_prompt);
+}
+
 tri_status tri_session_eval(tri_session *s, const int32_t *tokens, int32_t n, bool all_logits) {
     if (!s) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_session_eval: session is NULL");
     s->pending = -1;  // the caller runs the cache by hand from here
+    if (tri__kv_policy_len(&s->kv) == 0) announce_prompt(s, 0);  // this eval is the first: its length
     return eval(s, tokens, n, all_logits);
 }
 
@@ -406,7 +412,9 @@ static tri_status generate(tri_session *s, const int32_t *prompt, int32_t n_prom
     // generation split over several calls samples as it would in one
     if (!s->seeded || s->seed != p.sampler.seed) tri_session_seed(s, p.sampler.seed);
 
-    // prefill in steps of n_batch tokens, so progress can be reported and cancelled
+    // prefill in steps of n_batch tokens, so progress can be reported and cancelled: the whole
+    // prompt is the context's first evaluation (rope.h)
+    if (len == 0) announce_prompt(s, n_prompt + n_pending);
     double t0 = now_seconds();
     if (n_pending) {  // the last call's last token comes before the prompt
         int32_t tok = s->pending;

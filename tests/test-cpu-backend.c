@@ -627,20 +627,35 @@ Test(cpu_backend, rope_tables_match_hf) {
     cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_INVALID_ARGUMENT, "YaRN without orig ctx");
 }
 
+// Dynamic NTK as a rule of positions (rope.h): with P the context's first length, positions below
+// max(P, orig) share the table of that length, each later position p the table of length p + 1.
 Test(cpu_backend, rope_dynamic_ntk_follows_sequence_length) {
     tt_need_fixtures("rope");
     tri__rope r;
     tri_model_config c = rope_cfg(128, 10000, TRI_ROPE_SCALING_DYNAMIC, 2, 4096);
     cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK);
-    float base0 = r.inv_freq[10];
-    tri__rope_update(&r, 4000);  // within orig: unchanged
+    float base0 = r.inv_freq[10], scratch[64], table[64];
+    tri__rope_set_prompt(&r, 4000);  // within orig: unchanged up to orig, then per position
     cr_assert_eq(r.inv_freq[10], base0);
-    tri__rope_update(&r, 10000);
+    cr_assert_eq(r.split, 4096);
+    cr_assert_eq(tri__rope_freqs(&r, 4095, scratch), r.inv_freq);
+    tri__rope_table(&r, 10000, table);  // transformers' table for 10000 tokens
+    tri__rope ref = r;
+    ref.inv_freq = table;
+    check_table("dynamic", &ref);
+    // position 9999 (length 10000) has that table of its own
+    const float *f = tri__rope_freqs(&r, 9999, scratch);
+    for (int i = 0; i < 64; i++) cr_assert_eq(f[i], table[i]);
+    tri__rope_set_prompt(&r, 10000);  // a first evaluation of 10000: its table below 10000
     check_table("dynamic", &r);
-    tri__rope_update(&r, 8000);  // shorter but past orig: HF keeps the longer table
-    check_table("dynamic", &r);
-    tri__rope_update(&r, 100);  // back below orig: the original table
+    cr_assert_eq(r.split, 10000);
+    cr_assert_eq(tri__rope_freqs(&r, 9999, scratch), r.inv_freq);
+    cr_assert(tri__rope_freqs(&r, 10000, scratch)[10] > r.inv_freq[10] * 0.99f);
+    cr_assert(tri__rope_freqs(&r, 10000, scratch)[10] < r.inv_freq[10]);  // a larger base: lower
+    tri__rope_set_prompt(&r, 100);  // a new context of 100: the original table below orig
     cr_assert_eq(r.inv_freq[10], base0);
+    cr_assert(tri__rope_same_prompt(&r, 100, 4096) && !tri__rope_same_prompt(&r, 100, 4097));
+    cr_assert(tri__rope_same_prompt(&r, 5000, 5000) && !tri__rope_same_prompt(&r, 5000, 5001));
     tri__rope_free(&r);
 }
 
@@ -679,6 +694,54 @@ Test(cpu_backend, rope_rotates_both_layouts) {
     tri__backend_free(be);
     free(x0);
     free(pos);
+}
+
+// tri__rope_apply over rows of mixed positions (in no order, repeated, on both sides of the split)
+// equals rotating each row alone with the table transformers computes for max(p + 1, P): LongRoPE
+// with a first length below and above its original 32, dynamic NTK below and above it.
+Test(cpu_backend, rope_apply_takes_each_positions_table) {
+    enum { M = 7, NH = 2, HD = 16 };
+    const int32_t pos[M] = {40, 0, 31, 32, 5, 41, 41};
+    const float short_div[HD / 2] = {1.0f, 1.1f, 1.2f, 1.05f, 1.3f, 1.0f, 1.4f, 1.5f};
+    const float long_div[HD / 2] = {2.0f, 3.5f, 4.0f, 5.0f, 6.5f, 7.0f, 7.5f, 8.0f};
+    tri__backend *be = make_backend(TRI_CPU_SIMD_AUTO);
+    float x0[M * NH * HD], x[M * NH * HD], y[M * NH * HD], table[HD / 2];
+    for (int i = 0; i < M * NH * HD; i++) x0[i] = sinf(0.37f * (float)i) + 0.1f;
+    const tri_rope_scaling rules[2] = {TRI_ROPE_SCALING_LONGROPE, TRI_ROPE_SCALING_DYNAMIC};
+    const int64_t prompts[2] = {10, 36};
+    for (int k = 0; k < 2; k++)
+        for (int pi = 0; pi < 2; pi++) {
+            tri_model_config c = rope_cfg(HD, 10000, rules[k], 4, 32);
+            c.rope_attn_factor = 1.2f;
+            tri__rope r;
+            cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+            if (k == 0) cr_assert_eq(tri__rope_set_longrope(&r, short_div, long_div), TRI_STATUS_OK);
+            tri__rope_set_prompt(&r, prompts[pi]);
+            memcpy(x, x0, sizeof x);
+            cr_assert_eq(tri__rope_apply(be, x, M, NH, pos, &r), TRI_STATUS_OK, "%s", tri_last_error());
+            for (int i = 0; i < M; i++) {
+                int64_t len = pos[i] + 1 > prompts[pi] ? pos[i] + 1 : prompts[pi];
+                tri__rope_table(&r, len, table);
+                if (k == 0) {  // the factors by hand: long past 32
+                    for (int j = 0; j < HD / 2; j++) {
+                        float div = len > 32 ? long_div[j] : short_div[j];
+                        float want = (float)(1.0 / pow(10000.0, 2.0 * j / HD)) / div;
+                        cr_assert(fabsf(table[j] - want) <= 1e-6f * want, "longrope len %lld pair %d", (long long)len,
+                                  j);
+                    }
+                }
+                tri__rope one = r;
+                one.inv_freq = table;
+                one.split = INT64_MAX;
+                memcpy(y, x0 + i * NH * HD, sizeof(float) * NH * HD);
+                cr_assert_eq(be->ops->rope(be, y, 1, NH, pos + i, &one), TRI_STATUS_OK);
+                for (int j = 0; j < NH * HD; j++)
+                    cr_assert_eq(x[i * NH * HD + j], y[j], "rule %d P %lld row %d (position %d) [%d]", k,
+                                 (long long)prompts[pi], i, pos[i], j);
+            }
+            tri__rope_free(&r);
+        }
+    tri__backend_free(be);
 }
 
 // The kernel at head sizes other than 128 (72 as in some small models, and 6, smaller than any

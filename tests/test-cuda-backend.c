@@ -560,7 +560,7 @@ Test(cuda_backend, rope_both_layouts_every_rule) {
         c.llama3_high_freq_factor = 4;
         tri__rope r;
         cr_assert_eq(tri__rope_init(&r, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
-        tri__rope_update(&r, 131072);
+        tri__rope_set_prompt(&r, 131072);
         int64_t len = m * nh * c.head_dim;
         float *x = malloc(sizeof(float) * (size_t)len), *xg = malloc(sizeof(float) * (size_t)len);
         fill(x, len, 3.0f);
@@ -579,8 +579,8 @@ Test(cuda_backend, rope_both_layouts_every_rule) {
                           l, (long long)i, (double)xg[i], (double)xc[i]);
             free(xc);
         }
-        // a changed table at the same address is picked up (dynamic NTK updates in place)
-        tri__rope_update(&r, 100);
+        // a changed table at the same address is picked up (a new context's length rules)
+        tri__rope_set_prompt(&r, 100);
         cr_assert_eq(gpu->ops->copy_to_backend(gpu, dx, x, sizeof(float) * (size_t)len), TRI_STATUS_OK);
         cr_assert_eq(gpu->ops->rope(gpu, dx, m, nh, pos, &r), TRI_STATUS_OK);
         down(gpu, xg, dx, sizeof(float) * (size_t)len);

@@ -103,6 +103,13 @@ fail:
     return st;
 }
 
+void tri__llama_set_prompt(tri__llama *ll, int32_t n_prompt) {
+    ll->n_prompt = n_prompt > 0 ? n_prompt : 0;
+    // now too, for a pass that never starts from an empty cache (L2 over L3's rows): tables for
+    // first lengths a < b differ only at positions below b, here the prompt's
+    if (ll->n_prompt > 0) tri__rope_set_prompt(&ll->rope, ll->n_prompt);
+}
+
 tri_status tri__llama_init(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch) {
     return tri__llama_init_pooled(ll, model, be, n_batch, NULL);
 }
@@ -321,14 +328,13 @@ static tri_status block_out(tri__llama *ll, const tri__layer *L, int32_t n) {
 static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t n) {
     const tri_model_config *c = &ll->model->config;
     const tri__layer *L = &ll->model->layers[il];
-    const tri__backend_ops *op = ll->be->ops;
     tri__backend *be = ll->be;
 
     // attention
     TRY(block_qkv(ll, L, n));
-    TRY(op->rope(be, ll->q, n, c->n_head, ll->q_pos, &ll->rope));
+    TRY(tri__rope_apply(be, ll->q, n, c->n_head, ll->q_pos, &ll->rope));
     // a policy that rotates keys itself (StreamingLLM, by position inside the cache) takes them raw
-    if (!pol->raw_keys) TRY(op->rope(be, ll->k, n, c->n_head_kv, ll->pos, &ll->rope));
+    if (!pol->raw_keys) TRY(tri__rope_apply(be, ll->k, n, c->n_head_kv, ll->pos, &ll->rope));
     const tri__kv_view *view;
     float *weight_sums;
     TRY(tri__kv_policy_layer(pol, il, ll->q, ll->k, ll->v, &view, &weight_sums));
@@ -364,8 +370,6 @@ static tri_status forward_step(tri__llama *ll, tri__kv_policy *pol, const int32_
     int32_t pos0 = tri__kv_policy_len(pol);
     for (int32_t i = 0; i < nb; i++) ll->pos[i] = pos0 + i;
     TRY(tri__kv_policy_begin(pol, nb, &ll->rope, ll->q_pos));
-    // the dynamic rule follows the positions the queries see (LongRoPE's is set per call)
-    if (ll->rope.scaling != TRI_ROPE_SCALING_LONGROPE) tri__rope_update(&ll->rope, (int64_t)ll->q_pos[nb - 1] + 1);
 
     // the full cache's offloaded layers split between the device and the host (a level over it
     // whose view is its own, a measurement or a selection taken from its rows streams them whole;
@@ -400,11 +404,11 @@ static tri_status forward_step(tri__llama *ll, tri__kv_policy *pol, const int32_
 
 // Whether tri__llama_forward_policy runs n tokens layer by layer: a full cache (its own or one it
 // wraps), something that streams per pass (offloaded KV layers, weight blocks), which the
-// token-major order moves once per step, and a rotary table that does not depend on the order of
-// the steps (dynamic NTK's follows the longest length seen, so it does).
+// token-major order moves once per step. (Each position's rotary table depends on the position and
+// the context's first length alone, not on the order of the steps: rope.h.)
 static bool layer_major(const tri__llama *ll, const tri__kv_policy *pol, int32_t n, tri__logits_mode mode) {
     return pol->p.kind == TRI_KV_POLICY_FULL && !pol->src && !pol->measure && mode != TRI_LOGITS_ALL &&
-           n > ll->n_batch && (pol->kv->off || ll->model->stream) && ll->rope.scaling != TRI_ROPE_SCALING_DYNAMIC;
+           n > ll->n_batch && (pol->kv->off || ll->model->stream);
 }
 
 int32_t tri__llama_prefill_step(const tri__llama *ll, const tri__kv_policy *pol) {
@@ -469,8 +473,9 @@ tri_status tri__llama_forward_policy(tri__llama *ll, tri__kv_policy *pol, const 
                          pol->max_step, ll->n_batch);
     const int64_t V = ll->model->config.n_vocab;
     tri_status st = TRI_STATUS_OK;
-    // LongRoPE picks its factors per call, by the call's last position, as transformers does
-    if (ll->rope.scaling == TRI_ROPE_SCALING_LONGROPE) tri__rope_update(&ll->rope, (int64_t)n0 + n);
+    // the first evaluation of an empty cache fixes the length rules' tables (rope.h): the length
+    // announced (tri__llama_set_prompt), or this call's
+    if (n0 == 0) tri__rope_set_prompt(&ll->rope, ll->n_prompt > 0 ? ll->n_prompt : n);
     const bool by_layer = layer_major(ll, pol, n, mode);
     for (int32_t done = 0; by_layer && !st && done < n; done += PREFILL_SPAN) {
         int32_t nb = n - done < PREFILL_SPAN ? n - done : PREFILL_SPAN;
@@ -516,6 +521,7 @@ bool tri__llama_step_supported(const tri__llama *ll, const tri__kv_policy *pol) 
     int32_t e = pol->p.evict_every > 1 ? pol->p.evict_every : 1;
     return op->get_rows_dev && op->rope_dev && op->attention_dev && op->set_rows && op->window_rows &&
            pol->p.kind == TRI_KV_POLICY_STREAMING && !pol->src && !pol->measure && !pol->kv->off && pol->be == ll->be &&
+           // the recorded step rotates with one table: the length rules (rope.h) take the pass
            !ll->tp && !ll->model->stream && ll->rope.scaling != TRI_ROPE_SCALING_DYNAMIC &&
            ll->rope.scaling != TRI_ROPE_SCALING_LONGROPE &&
            (c->sliding_window <= 0 || pol->p.budget + e <= c->sliding_window);

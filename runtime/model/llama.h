@@ -44,10 +44,19 @@ typedef struct tri__llama {
     struct tri__tp *tp;   // tensor parallelism (tensor-parallel.h): model is rank `rank`'s shard,
     int32_t rank;         // the outputs of wo and down are all-reduced over tp's ranks and only
                           // rank 0 computes logits; NULL: one device
+    int32_t n_prompt;     // the length announced for the context's first evaluation (rope.h's P);
+                          // 0: the first call's own length
 } tri__llama;
 
 tri_status tri__llama_init(tri__llama *ll, const tri_model *model, tri__backend *be, int32_t n_batch);
 void tri__llama_free(tri__llama *ll);
+
+// Announces P, the length of the context's first evaluation, for rotary rules that depend on the
+// sequence's length (LongRoPE, dynamic NTK; rope.h), when a caller runs that evaluation in several
+// calls (a prompt in pieces): the next call on an empty cache takes its tables from n_prompt
+// instead of from its own length. It stays for every later start from an empty cache until
+// announced again; 0: each start takes its own length.
+void tri__llama_set_prompt(tri__llama *ll, int32_t n_prompt);
 
 // ---- activation pools ----
 //

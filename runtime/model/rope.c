@@ -2,9 +2,11 @@
 #include "rope.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "error.h"
 
 #define ROPE_PI 3.14159265358979323846
@@ -94,6 +96,7 @@ tri_status tri__rope_init(tri__rope *rope, const tri_model_config *cfg, const fl
     rope->theta = cfg->rope_theta;
     rope->factor = (float)factor;
     rope->orig_ctx = cfg->rope_orig_ctx;
+    rope->split = INT64_MAX;
     rope->inv_freq = malloc(sizeof(float) * (size_t)(dim / 2));
     if (!rope->inv_freq) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "rope: table of %d floats", dim / 2);
     if (freq_div) {
@@ -108,8 +111,11 @@ tri_status tri__rope_init(tri__rope *rope, const tri_model_config *cfg, const fl
     double theta = (double)cfg->rope_theta;
     switch (sc) {
     case TRI_ROPE_SCALING_NONE:
-    case TRI_ROPE_SCALING_DYNAMIC:  // the default table until the sequence passes orig_ctx
         rope_default(rope->inv_freq, dim, theta);
+        break;
+    case TRI_ROPE_SCALING_DYNAMIC:  // the default table below orig_ctx; tri__rope_set_prompt
+        rope_default(rope->inv_freq, dim, theta);
+        rope->split = rope->orig_ctx;
         break;
     case TRI_ROPE_SCALING_LINEAR:
         rope_default(rope->inv_freq, dim, theta);
@@ -129,7 +135,7 @@ tri_status tri__rope_init(tri__rope *rope, const tri_model_config *cfg, const fl
         if (!freq_div)
             rope_llama3(rope, factor, (double)cfg->llama3_low_freq_factor, (double)cfg->llama3_high_freq_factor, orig);
         break;
-    case TRI_ROPE_SCALING_LONGROPE:  // the divisors come with tri__rope_set_longrope
+    case TRI_ROPE_SCALING_LONGROPE:  // the divisors (and split) come with tri__rope_set_longrope
         rope_default(rope->inv_freq, dim, theta);
         rope->attn_factor = cfg->rope_attn_factor > 0 ? cfg->rope_attn_factor : 1.0f;
         break;
@@ -142,58 +148,115 @@ void tri__rope_free(tri__rope *rope) {
     if (!rope) return;
     free(rope->inv_freq);
     free(rope->freq_div);
-    free(rope->long_div);
+    free(rope->long_freq);
     rope->inv_freq = NULL;
     rope->freq_div = NULL;
-    rope->long_div = NULL;
+    rope->long_freq = NULL;
 }
 
 tri_status tri__rope_set_longrope(tri__rope *rope, const float *short_div, const float *long_div) {
     if (rope->scaling != TRI_ROPE_SCALING_LONGROPE || !short_div || !long_div)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "rope: LongRoPE needs a LongRoPE table and both factor lists");
-    size_t bytes = sizeof(float) * (size_t)(rope->head_dim / 2);
+    int32_t half = rope->head_dim / 2;
+    size_t bytes = sizeof(float) * (size_t)half;
     float *s = malloc(bytes), *l = malloc(bytes);
     if (!s || !l) {
         free(s);
         free(l);
-        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "rope: LongRoPE factors of %d floats", rope->head_dim / 2);
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "rope: LongRoPE factors of %d floats", half);
     }
     memcpy(s, short_div, bytes);
-    memcpy(l, long_div, bytes);
     free(rope->freq_div);
+    free(rope->long_freq);
     rope->freq_div = s;
-    rope->long_div = l;
-    rope->seq_len = 0;  // short factors until a call passes orig_ctx
-    rope_default(rope->inv_freq, rope->head_dim, (double)rope->theta);
-    rope_apply_div(rope);
+    rope->long_freq = l;
+    // 1 / (long_factor[i] * theta^(2i / dim)), as transformers: the division in float32 of the
+    // float32 power (ours rounded once from double)
+    rope_default(l, rope->head_dim, (double)rope->theta);
+    for (int32_t i = 0; i < half; i++) l[i] /= long_div[i];
+    tri__rope_set_prompt(rope, rope->n_prompt);
     return TRI_STATUS_OK;
 }
 
-void tri__rope_update(tri__rope *rope, int64_t seq_len) {
-    if (rope->scaling == TRI_ROPE_SCALING_LONGROPE && rope->long_div) {
-        int64_t want = seq_len > rope->orig_ctx;  // seq_len: 1 while the long factors are in use
-        if (want == rope->seq_len) return;
-        float *t = rope->freq_div;  // the table in use is always in freq_div
-        rope->freq_div = rope->long_div;
-        rope->long_div = t;
-        rope_default(rope->inv_freq, rope->head_dim, (double)rope->theta);
-        rope_apply_div(rope);
-        rope->seq_len = want;
+// The dynamic NTK table for a sequence of seq_len tokens, as transformers'
+// _compute_dynamic_ntk_parameters: below orig_ctx the configured base, past it
+//   theta * (factor * seq_len / orig_ctx - (factor - 1)) ^ (head_dim / (head_dim - 2))
+static void rope_dynamic(const tri__rope *rope, int64_t seq_len, float *out) {
+    double dim = rope->head_dim, factor = (double)rope->factor, base = (double)rope->theta;
+    if (seq_len > rope->orig_ctx)
+        base *= pow(factor * (double)seq_len / rope->orig_ctx - (factor - 1.0), dim / (dim - 2));
+    rope_default(out, rope->head_dim, base);
+    if (rope->freq_div)
+        for (int32_t i = 0; i < rope->head_dim / 2; i++) out[i] /= rope->freq_div[i];
+}
+
+void tri__rope_table(const tri__rope *rope, int64_t seq_len, float *out) {
+    size_t bytes = sizeof(float) * (size_t)(rope->head_dim / 2);
+    if (rope->scaling == TRI_ROPE_SCALING_DYNAMIC) {
+        rope_dynamic(rope, seq_len, out);
+    } else if (rope->scaling == TRI_ROPE_SCALING_LONGROPE && rope->long_freq && seq_len > rope->orig_ctx) {
+        memcpy(out, rope->long_freq, bytes);
+    } else if (rope->scaling == TRI_ROPE_SCALING_LONGROPE && rope->long_freq) {  // the short factors
+        rope_default(out, rope->head_dim, (double)rope->theta);
+        rope_apply_div(&(tri__rope){.head_dim = rope->head_dim, .inv_freq = out, .freq_div = rope->freq_div});
+    } else {
+        memcpy(out, rope->inv_freq, bytes);  // the other rules do not depend on the length
+    }
+}
+
+void tri__rope_set_prompt(tri__rope *rope, int64_t n_prompt) {
+    if (n_prompt < 0) n_prompt = 0;
+    if (rope->scaling == TRI_ROPE_SCALING_DYNAMIC) {
+        // positions below max(P, orig) share the table of that length; each later one its own
+        int64_t len = n_prompt > rope->orig_ctx ? n_prompt : rope->orig_ctx;
+        rope_dynamic(rope, len, rope->inv_freq);
+        rope->split = len;
+    } else if (rope->scaling == TRI_ROPE_SCALING_LONGROPE && rope->long_freq) {
+        // a prompt past orig: the long factors everywhere; else the short ones up to orig
+        tri__rope_table(rope, n_prompt, rope->inv_freq);
+        rope->split = n_prompt > rope->orig_ctx ? INT64_MAX : rope->orig_ctx;
+    } else {
         return;
     }
-    if (rope->scaling != TRI_ROPE_SCALING_DYNAMIC) return;
-    int64_t cached = rope->seq_len > rope->orig_ctx ? rope->seq_len : rope->orig_ctx;
-    if (seq_len > cached) {
-        double dim = rope->head_dim;
-        double factor = (double)rope->factor;
-        double base = (double)rope->theta * pow(factor * (double)seq_len / rope->orig_ctx - (factor - 1.0),
-                                        dim / (dim - 2));
-        rope_default(rope->inv_freq, rope->head_dim, base);
-        rope_apply_div(rope);
-        rope->seq_len = seq_len;
-    } else if (seq_len < rope->orig_ctx && rope->seq_len > rope->orig_ctx) {
-        rope_default(rope->inv_freq, rope->head_dim, (double)rope->theta);
-        rope_apply_div(rope);
-        rope->seq_len = 0;
+    rope->n_prompt = n_prompt;
+}
+
+bool tri__rope_same_prompt(const tri__rope *rope, int64_t a, int64_t b) {
+    int64_t o = rope->orig_ctx;
+    if (rope->scaling == TRI_ROPE_SCALING_LONGROPE) return (a > o) == (b > o);
+    if (rope->scaling == TRI_ROPE_SCALING_DYNAMIC) return (a > o ? a : o) == (b > o ? b : o);
+    return true;
+}
+
+const float *tri__rope_freqs(const tri__rope *rope, int64_t pos, float *scratch) {
+    if (pos < rope->split) return rope->inv_freq;
+    if (rope->scaling == TRI_ROPE_SCALING_LONGROPE) return rope->long_freq ? rope->long_freq : rope->inv_freq;
+    rope_dynamic(rope, pos + 1, scratch);
+    return scratch;
+}
+
+tri_status tri__rope_apply(tri__backend *be, float *x, int64_t m, int64_t n_heads, const int32_t *pos,
+                           const tri__rope *rope) {
+    int64_t i = 0;
+    while (i < m && pos[i] < rope->split) i++;
+    if (i == m) return be->ops->rope(be, x, m, n_heads, pos, rope);  // one table for every row
+    float *scratch = malloc(sizeof(float) * (size_t)(rope->head_dim / 2));
+    if (!scratch) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "rope: a table of %d floats", rope->head_dim / 2);
+    tri_status st = TRI_STATUS_OK;
+    const int64_t row = n_heads * rope->head_dim;
+    for (i = 0; !st && i < m;) {
+        // a run of rows with one table: below split, or LongRoPE's long rows, or one position
+        bool low = pos[i] < rope->split;
+        int64_t j = i + 1;
+        while (j < m && (pos[j] < rope->split) == low &&
+               (low || rope->scaling == TRI_ROPE_SCALING_LONGROPE || pos[j] == pos[i]))
+            j++;
+        tri__rope run = *rope;
+        run.inv_freq = (float *)tri__rope_freqs(rope, pos[i], scratch);
+        run.split = INT64_MAX;
+        st = be->ops->rope(be, x + i * row, j - i, n_heads, pos + i, &run);
+        i = j;
     }
+    free(scratch);
+    return st;
 }

@@ -503,6 +503,13 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
     TRY(tri_sampler_params_check(&p.sampler));
     s->sampler = p.sampler;
     s->stats = stats;
+    // the whole prompt is the context's first evaluation, for every level and however the levels
+    // run it (pieces, all but its last token, a draft level starting again): rope.h
+    if (s->n_seq == 0) {
+        tri__level *all[3] = {&s->l3, s->lv2, s->lv1};
+        for (int k = 0; k < 3; k++)
+            if (all[k]) tri__llama_set_prompt(&all[k]->ll, n_prompt);
+    }
     // one stream per seed, as tri_generate: a call that continues with the same seed draws fresh
     // numbers instead of replaying the last call's
     if (!s->seeded || s->seed != p.sampler.seed) {
