@@ -50,7 +50,8 @@ pack() {
   [ -f "$build/cuda/libtriforce-cuda.so" ] || { echo "gpu-check: $build/cuda/libtriforce-cuda.so is missing: configure $build with -Dcuda=enabled" >&2; exit 1; }
   rm -rf "$dest"
   mkdir -p "$dest/cuda" "$dest/cli" "$dest/tests" "$dest/benchmarks" "$dest/lib"
-  cp -a "$build"/libtriforce.so* "$dest/"
+  cp -a "$build"/libtriforce.so "$build"/libtriforce.so.[0-9]* "$dest/"
+  rm -rf "$dest"/libtriforce.so*.p
   cp "$build/cuda/libtriforce-cuda.so" "$dest/cuda/"
   local p
   for p in $PROGRAMS; do
@@ -125,8 +126,15 @@ TRI_TEST_REFERENCE=0
 [ -d "$BUILD/tests/fixtures" ] && TRI_TEST_REFERENCE=1
 export TRI_TEST_REFERENCE
 [ -f "$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf" ] && export TRI_TEST_MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-# a pack's libraries, then the CUDA toolkit's (the module links libcudart and libcublas)
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib "$BUILD/lib"; do
+# A pack's libraries that this machine lacks (those it has are its own, of the same soname: the
+# machine's tools keep their libraries), then the CUDA toolkit's (the module links libcudart and
+# libcublas).
+mkdir -p "$WORK/lib"
+for f in "$BUILD"/lib/*.so*; do
+  [ -e "$f" ] || continue
+  ldconfig -p 2> /dev/null | grep -q "^[[:space:]]*$(basename "$f") " || ln -s "$f" "$WORK/lib/"
+done
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib "$WORK/lib"; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
 export BUILD ROOT WORK
@@ -202,8 +210,12 @@ part() {
     0) status=pass ;;
     77) status=skip; note=$(tail -1 "$LOGS/$name.log") ;;
     124 | 137) status=timeout; note="ran out of its ${budget} s budget" ;;
-    *) status=fail; note="exit status $rc: $(grep -m1 -iE 'error|fail|abort|not found' "$LOGS/$name.log")" ;;
+    *) status=fail; note="exit status $rc: $(grep -v '^[[:space:]]*$' "$LOGS/$name.log" | tail -1)" ;;
   esac
+  # tests that skipped (no usable device, a missing model) are named in the note
+  local skipped
+  skipped=$(grep '\[SKIP\]' "$LOGS/$name.log" | grep -v 'Test is disabled' | sed 's/^\[SKIP\] //; s/: .*//' | tr '\n' ' ')
+  [ -z "$skipped" ] || note="${note:+$note; }skipped: $skipped"
   figs=
   if [ "$status" != skip ] && declare -F "figures_$name" > /dev/null; then figs=$("figures_$name" "$LOGS/$name.log" 2>/dev/null); fi
   record "$name" "$status" "$secs" "$budget" "$figs" "$note"
@@ -224,10 +236,12 @@ p_preflight() {
   else
     echo "nvidia-smi: not found"
   fi
+  local gpu_ok=1
+  [ "$EMULATED" = 1 ] || nvidia-smi -L 2> /dev/null | grep -q '^GPU' || { gpu_ok=0; echo "no GPU: nvidia-smi lists none"; }
   echo "== toolkit"
   command -v nvcc > /dev/null && nvcc --version | tail -2
   command -v compute-sanitizer > /dev/null && compute-sanitizer --version | tail -1
-  echo "== libraries (ldd)"
+  echo "== libraries (ldd); taken from the pack:" "$WORK"/lib/*
   local p missing=0
   for p in libtriforce.so cuda/libtriforce-cuda.so $PROGRAMS; do
     [ -e "$BUILD/$p" ] || continue
@@ -239,7 +253,7 @@ p_preflight() {
   echo "== offload-run info --system"
   "$BUILD/cli/offload-run" info --system
   local rc=$?
-  [ "$missing" = 0 ] && [ "$rc" = 0 ]
+  [ "$missing" = 0 ] && [ "$rc" = 0 ] && [ "$gpu_ok" = 1 ]
 }
 figures_preflight() {
   local smi cuda
@@ -419,8 +433,8 @@ part cuda_backend 75 p_cuda_backend
 part device 75 p_device
 part tp 60 p_tp
 part bench_decode 70 p_bench_decode
-part bench_decode_cpu 60 p_bench_decode_cpu
-part bench_offload 120 p_bench_offload
+part bench_decode_cpu 75 p_bench_decode_cpu
+part bench_offload 110 p_bench_offload
 part offload_sim 15 p_offload_sim
 part memcheck 50 p_memcheck
 part synccheck 30 p_synccheck

@@ -31,7 +31,7 @@ tail -1 build-test/check-cuda.log
 # The sanitizer build: ASan + UBSan (+ LeakSanitizer), with the CUDA backend compiled for the CPU
 # emulator in tests/cudaemu (docs/cuda.md, docs/reliability.md).
 setup_build build-emu -Dcudaemu=true -Db_sanitize=address,undefined -Db_lundef=false -Dwerror=true \
-  -Dbuildtype=debugoptimized -Dbenchmarks=false -Dreference=enabled -Dpython="$PWD/.venv/bin/python3"
+  -Dbuildtype=debugoptimized -Dbenchmarks=true -Dreference=enabled -Dpython="$PWD/.venv/bin/python3"
 ninja -C build-emu
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions="$PWD/tests/lsan.supp"  # third-party leaks only, each justified there
@@ -55,6 +55,12 @@ seed=${CUDAEMU_SEED:-$RANDOM}
 echo "cuda-backend in random orders: CUDAEMU_SEED=$seed"
 CUDAEMU_SCHED=rand CUDAEMU_BLOCKS=rand CUDAEMU_SEED=$seed \
   meson test -C build-emu --print-errorlogs cuda-backend --logbase emu-rand || rc=$?
+# The real-GPU check's dry run: every part of scripts/gpu-check.sh on the emulated GPU, small
+# shapes (docs/cuda.md), so that the script a lent GPU runs first cannot rot between devices.
+rm -rf build-emu/gpu-check
+./scripts/gpu-check.sh --emulated --build build-emu build-emu/gpu-check > build-emu/gpu-check.log 2>&1 ||
+  { cat build-emu/gpu-check.log build-emu/gpu-check/summary.md; rc=1; }
+tail -1 build-emu/gpu-check.log
 
 # One closing line over every Criterion test case of every run.
 awk '/Synthesis: Tested:/ { for (i = 1; i <= NF; i++) { if ($i == "Passing:") p += $(i + 1);
