@@ -1009,6 +1009,45 @@ Test(cuda_backend, driver_too_old_is_named) {
     cr_assert(strstr(tri_last_error(), "older than this build's CUDA runtime"), "%s", tri_last_error());
 }
 
+// A GPU our kernels cannot run on (no SASS for it, no PTX it can compile): the automatic choice
+// falls back to the CPU and the log says why; a device named explicitly fails at its first op,
+// naming the CUDA error.
+static char fallback_log[1024];
+static void fallback_log_fn(tri_log_level level, const char *msg, void *user) {
+    (void)user;
+    if (level == TRI_LOG_LEVEL_WARN) snprintf(fallback_log, sizeof fallback_log, "%s", msg);
+}
+Test(cuda_backend, auto_device_without_a_kernel_image_falls_back_to_the_cpu) {
+    if (!TRI_CUDA_EMULATED) cr_skip_test("needs the emulated CUDA runtime (-Dcudaemu=true) to play a GPU without a kernel image");
+    if (tri__cuda_device_count() == 0) cr_skip_test("no CUDA device: %s", tri__cuda_unavailable());
+    tri__backend *be = NULL;
+    char name[16];
+    // the GPU works: the automatic choice is the GPU
+    cr_assert_eq(tri__backend_select(TRI_DEVICE_AUTO, 0, 1, &be, name), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_str_eq(name, "cuda:0");
+    cr_assert(!be->host_memory);
+    tri__backend_free(be);
+    setenv("CUDAEMU_NO_KERNEL_IMAGE", "1", 1);
+    tri_log_set(fallback_log_fn, NULL, TRI_LOG_LEVEL_WARN);
+    cr_assert_eq(tri__backend_select(TRI_DEVICE_AUTO, 0, 1, &be, name), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_log_set(NULL, NULL, TRI_LOG_LEVEL_WARN);
+    cr_assert_str_eq(name, "cpu");
+    cr_assert(be->host_memory);
+    cr_assert(strstr(fallback_log, "cuda:0 was chosen automatically, but its first kernel failed") &&
+                  strstr(fallback_log, "cudaErrorNoKernelImageForDevice") && strstr(fallback_log, "running on the CPU"),
+              "%s", fallback_log);
+    tri__backend_free(be);
+    // named explicitly: the GPU, whose first op fails with the reason
+    cr_assert_eq(tri__backend_select(TRI_DEVICE_CUDA, 0, 1, &be, name), TRI_STATUS_OK, "%s", tri_last_error());
+    float *x = NULL;
+    cr_assert_eq(be->ops->alloc(be, 16 * sizeof(float), (void **)&x), TRI_STATUS_OK);
+    cr_assert_eq(be->ops->add(be, x, x, x, 16), TRI_STATUS_DEVICE);
+    cr_assert(strstr(tri_last_error(), "cudaErrorNoKernelImageForDevice"), "%s", tri_last_error());
+    be->ops->free(be, x);
+    tri__backend_free(be);
+    unsetenv("CUDAEMU_NO_KERNEL_IMAGE");
+}
+
 // ---- split attention (backend.h attention_state, kv-store.h) ----
 
 // The device's state over the first 1024 keys of each head, folded with the CPU's chunk partials

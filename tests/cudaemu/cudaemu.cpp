@@ -668,6 +668,7 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
     case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
     case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorNoKernelImageForDevice: return "cudaErrorNoKernelImageForDevice";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
@@ -974,6 +975,8 @@ cudaError_t launch_body(const char *name, const char *file, int line, dim3 grid,
         grid.y > 65535 || grid.z > 65535)
         return fail(cudaErrorInvalidConfiguration);
     if (smem > 48 * 1024) return fail(cudaErrorInvalidValue);  // more needs cudaFuncSetAttribute
+    // a GPU that none of the module's SASS or PTX targets fits (CUDAEMU_NO_KERNEL_IMAGE=1)
+    if (env_int("CUDAEMU_NO_KERNEL_IMAGE", 0)) return fail(cudaErrorNoKernelImageForDevice);
     if (s && ((cudaemu_stream *)s)->device != current_device)  // CUDA: a stream of the current device
         return fail(cudaErrorInvalidResourceHandle);
     std::string nm = name;
