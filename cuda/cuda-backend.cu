@@ -4,8 +4,9 @@
 // One stream per instance; every op is queued on it and returns at once. Host arrays an op reads
 // (ids, positions, KV spans) are copied into a mapped pinned staging slot and copied to the device
 // by a kernel on the op's stream (not by a copy engine, where they would queue behind a layer's
-// prefetch on the transfer stream), so the caller may reuse them as soon as the op returns. Errors the device only finds later (a
-// softmax row that is all -inf) set a flag in mapped host memory that synchronize() reports.
+// prefetch on the transfer stream), so the caller may reuse them as soon as the op returns. Errors
+// the device only finds later (a softmax row that is all -inf) set a flag in mapped host memory
+// that synchronize() reports.
 #include <cublas_v2.h>
 #include <limits.h>
 #include <stdlib.h>

@@ -72,8 +72,9 @@ tri_status tri__backend_select(tri_device_kind kind, int32_t device, int32_t n_t
         // A device chosen for the caller that cannot run our kernels is no reason to fail: the CPU
         // runs the session, and the log says why. A device the caller named fails at its first op.
         if (automatic && (st = first_kernel(*out))) {
-            tri__log(TRI_LOG_LEVEL_WARN, "%s was chosen automatically, but its first kernel failed (%s): running on the "
-                     "CPU instead (--device cuda names the GPU and reports the error)", name, tri_last_error());
+            tri__log(TRI_LOG_LEVEL_WARN,
+                     "%s was chosen automatically, but its first kernel failed (%s): running on the CPU instead "
+                     "(--device cuda names the GPU and reports the error)", name, tri_last_error());
             tri__backend_free(*out);
             *out = NULL;
             return tri__backend_select(TRI_DEVICE_CPU, 0, n_threads, out, name_out);

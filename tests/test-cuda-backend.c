@@ -1063,7 +1063,8 @@ static void fallback_log_fn(tri_log_level level, const char *msg, void *user) {
     if (level == TRI_LOG_LEVEL_WARN) snprintf(fallback_log, sizeof fallback_log, "%s", msg);
 }
 Test(cuda_backend, auto_device_without_a_kernel_image_falls_back_to_the_cpu) {
-    if (!TRI_CUDA_EMULATED) cr_skip_test("needs the emulated CUDA runtime (-Dcudaemu=true) to play a GPU without a kernel image");
+    if (!TRI_CUDA_EMULATED)
+        cr_skip_test("needs the emulated CUDA runtime (-Dcudaemu=true) to play a GPU without a kernel image");
     if (tri__cuda_device_count() == 0) cr_skip_test("no CUDA device: %s", tri__cuda_unavailable());
     tri__backend *be = NULL;
     char name[16];
