@@ -55,6 +55,11 @@ seed=${CUDAEMU_SEED:-$RANDOM}
 echo "cuda-backend in random orders: CUDAEMU_SEED=$seed"
 CUDAEMU_SCHED=rand CUDAEMU_BLOCKS=rand CUDAEMU_SEED=$seed \
   meson test -C build-emu --print-errorlogs cuda-backend --logbase emu-rand || rc=$?
+# Once more with floating-point contraction on, as nvcc compiles device code (the emulated module
+# is built with -ffp-contract=off): the suite's tolerances must hold for a GPU's fused multiply-adds.
+ninja -C build-emu cuda/libtriforce-cuda-fma.so
+TRI_CUDA_MODULE="$PWD/build-emu/cuda/libtriforce-cuda-fma.so" \
+  meson test -C build-emu --print-errorlogs cuda-backend --logbase emu-fma || rc=$?
 # The real-GPU check's dry run: every part of scripts/gpu-check.sh on the emulated GPU, small
 # shapes (docs/cuda.md), so that the script a lent GPU runs first cannot rot between devices.
 rm -rf build-emu/gpu-check
@@ -67,7 +72,8 @@ awk '/Synthesis: Tested:/ { for (i = 1; i <= NF; i++) { if ($i == "Passing:") p 
        if ($i == "Failing:" || $i == "Crashing:") f += $(i + 1) } }
      END { printf "tests: %d passed, %d failed\n", p, f }' build-test/meson-logs/testlog.txt \
   build-emu/meson-logs/asan.txt build-emu/meson-logs/emu.txt build-emu/meson-logs/emu-rev.txt \
-  build-emu/meson-logs/emu-rand.txt build-emu/meson-logs/emu-tp.txt build-emu/meson-logs/emu-faults.txt
+  build-emu/meson-logs/emu-rand.txt build-emu/meson-logs/emu-tp.txt build-emu/meson-logs/emu-faults.txt \
+  build-emu/meson-logs/emu-fma.txt
 [ "$rc" = 0 ] || exit "$rc"
 
 # Fuzz targets: clang with libFuzzer, ASan and UBSan, FUZZ_SECONDS each (default 60).
