@@ -70,14 +70,21 @@ tri_status tri__backend_select(tri_device_kind kind, int32_t device, int32_t n_t
         char name[16];
         snprintf(name, sizeof name, "cuda:%d", (int)device);
         // A device chosen for the caller that cannot run our kernels is no reason to fail: the CPU
-        // runs the session, and the log says why. A device the caller named fails at its first op.
-        if (automatic && (st = first_kernel(*out))) {
+        // runs the session, and the log says why. A device the caller named fails at its first op;
+        // running out of memory is reported as it is, on either.
+        if (automatic && (st = first_kernel(*out)) && st != TRI_STATUS_OUT_OF_MEMORY &&
+            st != TRI_STATUS_DEVICE_OUT_OF_MEMORY) {
             tri__log(TRI_LOG_LEVEL_WARN,
                      "%s was chosen automatically, but its first kernel failed (%s): running on the CPU instead "
                      "(--device cuda names the GPU and reports the error)", name, tri_last_error());
             tri__backend_free(*out);
             *out = NULL;
             return tri__backend_select(TRI_DEVICE_CPU, 0, n_threads, out, name_out);
+        }
+        if (st) {
+            tri__backend_free(*out);
+            *out = NULL;
+            return st;
         }
         if (name_out) snprintf(name_out, 16, "%s", name);
         tri__backend_bind_host_threads(*out, name);
