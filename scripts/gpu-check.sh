@@ -189,6 +189,25 @@ record() {
   write_summary
 }
 
+# Kills pid and every process below it (Criterion's workers start sessions of their own, so a
+# process group would not reach them): the tree is listed first, then killed.
+descendants() {
+  local c
+  for c in $(ps -o pid= --ppid "$1" 2> /dev/null); do
+    echo "$c"
+    descendants "$c"
+  done
+}
+kill_tree() {
+  local all
+  all="$1 $(descendants "$1")"
+  # shellcheck disable=SC2086
+  kill -STOP $all 2> /dev/null
+  all="$all $(descendants "$1")"
+  # shellcheck disable=SC2086
+  kill -KILL $all 2> /dev/null
+}
+
 # part NAME BUDGET FUNCTION: runs FUNCTION (a shell function, exported) under the budget, shrunk to
 # what is left of TOTAL, logs to $LOGS/NAME.log, then asks figures_NAME (when defined) for its
 # figures from the log.
@@ -203,8 +222,19 @@ part() {
   fi
   echo "gpu-check: $name (budget ${budget} s)"
   t0=$(date +%s.%N)
-  timeout -k 10 "$budget" bash -c "$fn" > "$LOGS/$name.log" 2>&1
+  bash -c "$fn" > "$LOGS/$name.log" 2>&1 &
+  local pid=$! deadline=$(($(date +%s) + budget)) timed_out=0
+  while kill -0 "$pid" 2> /dev/null; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      kill_tree "$pid"
+      timed_out=1
+      break
+    fi
+    sleep 0.5
+  done
+  wait "$pid" 2> /dev/null
   rc=$?
+  [ "$timed_out" = 0 ] || rc=124
   secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   case $rc in
     0) status=pass ;;
@@ -252,8 +282,11 @@ p_preflight() {
   "$BUILD/cli/offload-run" --version
   echo "== offload-run info --system"
   "$BUILD/cli/offload-run" info --system
-  local rc=$?
-  [ "$missing" = 0 ] && [ "$rc" = 0 ] && [ "$gpu_ok" = 1 ]
+  local rc=$? why=
+  [ "$missing" = 0 ] || why="a library was not found (ldd above)"
+  [ "$rc" = 0 ] || why="${why:+$why; }offload-run info --system failed"
+  [ "$gpu_ok" = 1 ] || why="${why:+$why; }no GPU: nvidia-smi lists none"
+  [ -z "$why" ] || { echo "preflight: $why"; return 1; }
 }
 figures_preflight() {
   local smi cuda
