@@ -215,6 +215,7 @@ part() {
   local name=$1 budget=$2 fn=$3 left now t0 rc status secs figs note=
   now=$(date +%s)
   left=$((TOTAL - (now - START)))
+  [ "$EMULATED" = 0 ] || budget=$((2 * budget))  # the emulator under the sanitizers, on a loaded machine
   [ "$budget" -le "$left" ] || budget=$left
   if [ "$budget" -lt 5 ]; then
     record "$name" skip 0 0 "" "out of the total time (${TOTAL} s)"
@@ -271,6 +272,10 @@ p_preflight() {
   echo "== toolkit"
   command -v nvcc > /dev/null && nvcc --version | tail -2
   command -v compute-sanitizer > /dev/null && compute-sanitizer --version | tail -1
+  if command -v cuobjdump > /dev/null && [ "$EMULATED" = 0 ]; then
+    echo "== the module's SASS and PTX (cuobjdump)"
+    cuobjdump --list-elf --list-ptx "$BUILD/cuda/libtriforce-cuda.so" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/SASS \1/; s/.*\.\(compute_[0-9a-z]*\)\..*/PTX \1/' | sort | uniq -c
+  fi
   echo "== libraries (ldd); taken from the pack:" "$WORK"/lib/*
   local p missing=0
   for p in libtriforce.so cuda/libtriforce-cuda.so $PROGRAMS; do
