@@ -4,6 +4,8 @@
 // usage: bench-offload --device sim:PROFILE [--gpus 1|2] [--shape llama2-7b|tiny] [--ctx N]
 //                      [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]
 //                      [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]
+//                      [--reserve SIZE] [--passes N]  (bench-offload's: the passes are accepted so
+//                      that its command line runs as is; the timeline repeats exactly)
 //        bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N] [--threads N]
 //                      [--rounds N]
 //
@@ -61,7 +63,7 @@ typedef struct sim_opts {
     const char *shape, *profile, *self_check;
     int32_t engine;  // > 0: run the speculative engine for this many tokens (run_engine)
     int32_t ctx, gamma1, gpus, prompt, tokens, threads, rounds;
-    uint64_t gpu_mem;
+    uint64_t gpu_mem, reserve;  // reserve: 0 the planner's default
     int32_t budgets[MAX_LIST], n_budgets;
     int32_t gamma2s[MAX_LIST], n_gamma2;
     double alpha, beta;
@@ -74,6 +76,7 @@ static void sim_usage(void) {
     fprintf(stderr, "usage: bench-offload --device sim:PROFILE [--gpus 1|2] [--shape llama2-7b|tiny] [--ctx N]\n"
                     "                     [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]\n"
                     "                     [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]\n"
+                    "                     [--reserve SIZE] [--passes N]\n"
                     "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
                     "                     [--threads N] [--rounds N]\n"
                     "profiles:");
@@ -231,6 +234,7 @@ static int run_paper(const sim_opts *o) {
         pp.gpu_tflops = p.matmul_tflops;
         pp.layer_overhead_us = 0;
         pp.retrieval_budget = budget;
+        if (o->reserve) pp.gpu_reserve_bytes = o->reserve;  // 1 byte for --reserve 0, as bench-offload
         pp.gamma1 = o->gamma1;
         pp.accept_l1 = o->beta;
         pp.accept_l2 = o->alpha;
@@ -692,6 +696,16 @@ fail:
     return rc;
 }
 
+// --gpu-mem as bench-offload takes it (16G, 1064M), or a plain number of GiB.
+static bool sim_size(const char *s, uint64_t *out) {
+    char *end;
+    double v = strtod(s, &end);
+    double mul = *end == 'M' || *end == 'm' ? 1 << 20 : 1 << 30;
+    if (end == s || !(v > 0) || (*end && strchr("GgMm", *end) == NULL) || (*end && end[1])) return false;
+    *out = (uint64_t)(v * mul);
+    return true;
+}
+
 int bench_offload_sim(int argc, char **argv) {
     sim_opts o = {.shape = "llama2-7b", .ctx = 130048, .gamma1 = 2, .gpus = 1, .prompt = 256, .tokens = 32, .threads = 0, .rounds = 3,
                   .budgets = {8192, 12288}, .n_budgets = 2, .gamma2s = {12, 16}, .n_gamma2 = 2, .alpha = 0.9,
@@ -710,7 +724,9 @@ int bench_offload_sim(int argc, char **argv) {
         else if (!strcmp(a, "--threads") && v) ok = (o.threads = atoi(v)) > 0;
         else if (!strcmp(a, "--rounds") && v) ok = (o.rounds = atoi(v)) > 0;
         else if (!strcmp(a, "--gamma1") && v) ok = (o.gamma1 = atoi(v)) > 0;
-        else if (!strcmp(a, "--gpu-mem") && v) ok = (o.gpu_mem = (uint64_t)(atof(v) * (1 << 30))) > 0;
+        else if (!strcmp(a, "--gpu-mem") && v) ok = sim_size(v, &o.gpu_mem);
+        else if (!strcmp(a, "--passes") && v) ok = atoi(v) > 0;  // bench-offload's; the timeline repeats exactly
+        else if (!strcmp(a, "--reserve") && v) ok = sim_size(v, &o.reserve) || (!strcmp(v, "0") && (o.reserve = 1));
         else if (!strcmp(a, "--budgets") && v) ok = (o.n_budgets = sim_list(v, o.budgets)) > 0;
         else if (!strcmp(a, "--gamma2") && v) ok = (o.n_gamma2 = sim_list(v, o.gamma2s)) > 0;
         else if (!strcmp(a, "--accept") && v) ok = (o.alpha = atof(v)) > 0 && o.alpha <= 1;

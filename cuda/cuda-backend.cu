@@ -2,9 +2,11 @@
 // per-call uploads of host descriptors, scratch, cuBLAS, and the launchers of kernels*.cu.
 //
 // One stream per instance; every op is queued on it and returns at once. Host arrays an op reads
-// (ids, positions, KV spans) are copied into a pinned staging slot and uploaded with the op, so
-// the caller may reuse them as soon as the op returns. Errors the device only finds later (a
-// softmax row that is all -inf) set a flag in mapped host memory that synchronize() reports.
+// (ids, positions, KV spans) are copied into a mapped pinned staging slot and copied to the device
+// by a kernel on the op's stream (not by a copy engine, where they would queue behind a layer's
+// prefetch on the transfer stream), so the caller may reuse them as soon as the op returns. Errors
+// the device only finds later (a softmax row that is all -inf) set a flag in mapped host memory
+// that synchronize() reports.
 #include <cublas_v2.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -43,7 +45,8 @@ static tri_status cublas_status(cublasStatus_t err, const char *file, int line, 
 #define DEQUANT_CHUNK ((int64_t)16 << 20)
 
 typedef struct upload_slot {
-    unsigned char *host;  // pinned
+    unsigned char *host;  // pinned, mapped
+    unsigned char *dev;   // its device alias (cudaHostGetDevicePointer)
     size_t cap;
     cudaEvent_t done;     // recorded after the copy out of this slot
     bool pending;
@@ -165,7 +168,14 @@ static tri_status upload_begin(cuda_state *st, size_t bytes, unsigned char **hos
         CUDA_TRY(cudaFreeHost(sl->host));
         sl->host = NULL;
         sl->cap = 0;
-        cudaError_t err = tri__cuda_host_alloc((void **)&sl->host, want, cudaHostAllocDefault);
+        cudaError_t err = tri__cuda_host_alloc((void **)&sl->host, want, cudaHostAllocMapped);
+        if (err == cudaSuccess) {
+            err = cudaHostGetDevicePointer((void **)&sl->dev, sl->host, 0);
+            if (err != cudaSuccess) {
+                (void)cudaFreeHost(sl->host);
+                sl->host = NULL;
+            }
+        }
         if (err != cudaSuccess) {
             sl->host = NULL;
             (void)cudaGetLastError();
@@ -187,7 +197,10 @@ static tri_status upload_finish(cuda_state *st, size_t bytes, unsigned char **de
     }
     upload_slot *sl = &st->slots[st->next_slot];
     TRY(grow_device(&st->args, &st->args_cap, bytes, "argument"));
-    CUDA_TRY(cudaMemcpyAsync(st->args, sl->host, bytes, cudaMemcpyHostToDevice, st->stream));
+    // a kernel reads the slot over the bus: a copy engine would queue this copy behind whatever the
+    // transfer stream has queued (a layer's prefetch of KV or weights, megabytes) on a GPU with one
+    // engine per direction
+    CUDA_TRY(tri__cuda_copy_bytes(st->args, sl->dev, bytes, st->stream));
     CUDA_TRY(cudaEventRecord(sl->done, st->stream));
     sl->pending = true;
     st->next_slot = (st->next_slot + 1) % UPLOAD_SLOTS;

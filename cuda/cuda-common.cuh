@@ -157,6 +157,8 @@ cudaError_t tri__cuda_rope(float *x, int64_t m, int64_t n_heads, int64_t head_di
                            const float *inv_freq, float attn_factor, cudaStream_t s);
 cudaError_t tri__cuda_swiglu(float *out, const float *gate, const float *up, int64_t n, cudaStream_t s);
 cudaError_t tri__cuda_add(float *out, const float *a, const float *b, int64_t n, cudaStream_t s);
+// bytes from src (device memory or mapped pinned host memory) to dst by a kernel, not a copy engine
+cudaError_t tri__cuda_copy_bytes(void *dst, const void *src, size_t bytes, cudaStream_t s);
 cudaError_t tri__cuda_geglu(float *out, const float *gate, const float *up, int64_t n, cudaStream_t s);
 cudaError_t tri__cuda_scale(float *x, int64_t n, float f, cudaStream_t s);
 // x (m, n) += b (n) per row.

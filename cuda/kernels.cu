@@ -300,6 +300,26 @@ cudaError_t tri__cuda_swiglu(float *out, const float *gate, const float *up, int
     return cudaGetLastError();
 }
 
+// bytes from src to dst, 16 at a time where both are 16-aligned; src may be mapped pinned host
+// memory, which the threads read over the bus, so that the copy needs no copy engine.
+__global__ void __launch_bounds__(THREADS) k_copy_bytes(unsigned char *dst, const unsigned char *src, int64_t n16,
+                                                       int64_t tail) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n16 + tail;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        if (i < n16) ((uint4 *)dst)[i] = ((const uint4 *)src)[i];
+        else dst[n16 * 16 + (i - n16)] = src[n16 * 16 + (i - n16)];
+    }
+}
+
+cudaError_t tri__cuda_copy_bytes(void *dst, const void *src, size_t bytes, cudaStream_t s) {
+    if (bytes == 0) return cudaSuccess;
+    bool wide = ((uintptr_t)dst % 16 == 0) && ((uintptr_t)src % 16 == 0);
+    int64_t n16 = wide ? (int64_t)(bytes / 16) : 0, tail = (int64_t)bytes - 16 * n16;
+    TRI_LAUNCH((k_copy_bytes), grid_for(n16 + tail), THREADS, 0, s, (unsigned char *)dst, (const unsigned char *)src,
+               n16, tail);
+    return cudaGetLastError();
+}
+
 __global__ void __launch_bounds__(THREADS) k_add(float *out, const float *a, const float *b, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = a[i] + b[i];

@@ -3,9 +3,12 @@
 
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -28,6 +31,10 @@ struct tri__arena {
     region *regions;      // (n_regions) live regions, unordered
     int64_t n_regions, cap_regions;
     uint64_t mapped, peak_mapped;
+    // pinning so far: bytes and regions pinned, seconds spent in pin, the next progress report
+    uint64_t pinned, pin_report_at;
+    int64_t n_pins;
+    double pin_seconds;
 };
 
 tri__arena_params tri__arena_default_params(void) {
@@ -42,6 +49,7 @@ tri__arena_params tri__arena_default_params(void) {
         .pin = NULL,
         .unpin = NULL,
         .pin_user = NULL,
+        .pin_report_bytes = 0,
     };
 }
 
@@ -77,12 +85,62 @@ tri_status tri__arena_create(const tri__arena_params *params, tri__arena **out) 
     a->p = p;
     a->p.pci_bus_id = NULL;  // not kept: the caller's string need not outlive the arena
     a->node = node;
+    if (!a->p.pin_report_bytes) a->p.pin_report_bytes = (uint64_t)8 << 30;
+    a->pin_report_at = a->p.pin_report_bytes;
     *out = a;
     return TRI_STATUS_OK;
 }
 
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#define GIB(x) ((double)(x) / (double)((uint64_t)1 << 30))
+
+// Pins region r (len bytes at ptr) with the caller's pin function, logging the progress; when the
+// pin fails, the status names what was pinned before, the region, RLIMIT_MEMLOCK and MemAvailable.
+static tri_status pin_region(tri__arena *a, const char *what, void *ptr, size_t len) {
+    double t0 = now_seconds();
+    tri_status st = a->p.pin(ptr, len, a->p.pin_user);
+    a->pin_seconds += now_seconds() - t0;
+    if (st == TRI_STATUS_OK) {
+        a->pinned += len;
+        a->n_pins++;
+        if (a->pinned >= a->pin_report_at) {
+            double gbps = a->pin_seconds > 0 ? 1e-9 * (double)a->pinned / a->pin_seconds : 0.0;
+            tri__log(TRI_LOG_LEVEL_INFO, "arena: pinned %.1f GiB in %lld regions (%.1f s, %.1f GB/s)", GIB(a->pinned),
+                     (long long)a->n_pins, a->pin_seconds, gbps);
+            while (a->pin_report_at <= a->pinned) a->pin_report_at += a->p.pin_report_bytes;
+        }
+        return TRI_STATUS_OK;
+    }
+    char why[512], limit[64] = "unlimited", avail[64] = "unknown";
+    snprintf(why, sizeof why, "%s", tri_last_error());
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        snprintf(limit, sizeof limit, "%.1f GiB", GIB(rl.rlim_cur));
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[128];
+        unsigned long long kib;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+                snprintf(avail, sizeof avail, "%.1f GiB", GIB(kib << 10));
+        fclose(f);
+    }
+    return tri__fail(st, "arena: %s: pinning %.2f GiB failed after %.1f GiB pinned in %lld regions: %s (the OS refused "
+                     "to lock more host memory: locked-memory limit %s (ulimit -l), memory available %s; raise the "
+                     "limit, free memory or offload fewer layers)",
+                     what, GIB(len), GIB(a->pinned), (long long)a->n_pins, why, limit, avail);
+}
+
 static void unmap_region(tri__arena *a, region *r) {
-    if (r->info.pinned) a->p.unpin(r->ptr, r->info.mapped_bytes, a->p.pin_user);
+    if (r->info.pinned) {
+        a->p.unpin(r->ptr, r->info.mapped_bytes, a->p.pin_user);
+        a->pinned -= r->info.mapped_bytes;
+    }
     if (munmap(r->ptr, r->info.mapped_bytes) != 0)
         tri__log(TRI_LOG_LEVEL_WARN, "arena: munmap(%zu bytes): %s", r->info.mapped_bytes,
                  strerror(errno));
@@ -187,7 +245,7 @@ tri_status tri__arena_alloc(tri__arena *a, size_t bytes, const char *what, void 
         for (size_t off = 0; off < len; off += step) c[off] = 0;
     }
     if (a->p.pin) {
-        tri_status st = a->p.pin(ptr, len, a->p.pin_user);
+        tri_status st = pin_region(a, what, ptr, len);
         if (st != TRI_STATUS_OK) {
             munmap(ptr, len);
             return st;

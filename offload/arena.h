@@ -13,8 +13,12 @@
 // first-touch policy and region_info says it is unbound.
 //
 // Pinning. The arena itself never calls CUDA: the CUDA side sets `pin`/`unpin` (cudaHostRegister
-// and cudaHostUnregister); by default regions are not pinned. A pin failure fails the allocation
-// (the caller, e.g. the planner, can then try with less).
+// and cudaHostUnregister); by default regions are not pinned. Each region is registered by itself,
+// so 60+ GB of offloaded KV are pinned in pieces of one layer's keys or values (1 GiB at Llama2-7B
+// and 128K tokens), never in one call, with the progress in the log every pin_report_bytes. A pin
+// failure fails the allocation with a message that says how much was pinned before, the region,
+// the OS's locked-memory limit and the memory available (the caller, e.g. the planner, can then
+// try with less).
 #ifndef TRI_ARENA_H
 #define TRI_ARENA_H
 
@@ -44,6 +48,8 @@ typedef struct tri__arena_params {
     tri__arena_pin_fn pin;      // NULL (default): regions are not pinned
     tri__arena_unpin_fn unpin;  // required when pin is set
     void *pin_user;
+    uint64_t pin_report_bytes;  // log the pinning's progress (INFO) each time this many more bytes
+                                // are pinned; 0 (default): every 8 GiB
 } tri__arena_params;
 
 typedef struct tri__arena_region_info {

@@ -285,6 +285,9 @@ struct tri__tp {
     float *xptr[TRI_TP_MAX];    // each rank's x of the current all-reduce (its backend's memory)
     float *acc[TRI_TP_MAX], *tmp[TRI_TP_MAX];  // (dcap) each, rank r's backend memory
     int64_t dcap[TRI_TP_MAX];
+    // recorded on each rank's compute stream when its x is complete: the all-reduce waits for that
+    // work only, not for the next layer's KV or weights the transfer stream is prefetching
+    tri__event *done[TRI_TP_MAX];
 
     pthread_mutex_t mu;
     pthread_cond_t cv;       // a new job, a rank done
@@ -374,6 +377,7 @@ void tri__tp_free(tri__tp *tp) {
         buf_release(tp, r);
         tp->be[r]->ops->free(tp->be[r], tp->acc[r]);
         tp->be[r]->ops->free(tp->be[r], tp->tmp[r]);
+        if (tp->done[r]) tp->be[r]->ops->event_destroy(tp->be[r], tp->done[r]);
     }
     pthread_cond_destroy(&tp->bar_cv);
     pthread_cond_destroy(&tp->cv);
@@ -485,6 +489,20 @@ static tri_status buf_reserve(tri__tp *tp, int32_t r, int64_t n) {
     return TRI_STATUS_OK;
 }
 
+// Waits until the work queued so far on rank's compute stream is done: an event recorded there,
+// so that a transfer queued on the transfer stream (the next layer's prefetch) is not waited for,
+// as a synchronize of the backend would. Backends without events synchronize.
+static tri_status compute_done(tri__tp *tp, int32_t rank) {
+    tri__backend *be = tp->be[rank];
+    if (!be->ops->event_create || !be->ops->event_record || !be->ops->event_synchronize)
+        return be->ops->synchronize(be);
+    tri_status st = TRI_STATUS_OK;
+    if (!tp->done[rank]) st = be->ops->event_create(be, &tp->done[rank]);
+    if (!st) st = be->ops->event_record(be, tp->done[rank], TRI_STREAM_COMPUTE);
+    if (!st) st = be->ops->event_synchronize(be, tp->done[rank]);
+    return st;
+}
+
 // src (rank r's memory) into dst (this rank's), on this rank's compute stream.
 static tri_status fetch(tri__tp *tp, int32_t rank, int32_t r, float *dst, const float *src, size_t bytes) {
     tri__backend *be = tp->be[rank];
@@ -510,14 +528,14 @@ static tri_status allreduce_peer(tri__tp *tp, int32_t rank, float *x, int64_t n)
         tp->dcap[rank] = n;
     }
     tp->xptr[rank] = x;
-    if ((st = be->ops->synchronize(be)) || (st = barrier(tp))) return st;  // every x complete
+    if ((st = compute_done(tp, rank)) || (st = barrier(tp))) return st;  // every x complete
     float *acc = tp->acc[rank], *tmp = tp->tmp[rank];
     st = fetch(tp, rank, 0, acc, tp->xptr[0], bytes);
     for (int32_t r = 1; !st && r < tp->n; r++) {
         st = fetch(tp, rank, r, tmp, tp->xptr[r], bytes);
         if (!st) st = be->ops->add(be, acc, acc, tmp, n);
     }
-    if (!st) st = be->ops->synchronize(be);  // this rank's reads of the others' x are done
+    if (!st) st = compute_done(tp, rank);  // this rank's reads of the others' x are done
     if (!st) st = barrier(tp);                // and every rank's: x may change now
     if (st) return st;
     return be->ops->copy(be, x, acc, bytes);
@@ -542,7 +560,7 @@ tri_status tri__tp_allreduce(tri__tp *tp, int32_t rank, float *x, int64_t n) {
     }
     const int par = (int)(tp->calls[rank]++ & 1);
     st = be->ops->copy_to_host(be, tp->buf[rank].host[par], x, bytes);
-    if (!st) st = be->ops->synchronize(be);
+    if (!st) st = compute_done(tp, rank);
     if (st) return st;  // the run's end marks this rank failed: the others leave the barrier
     if ((st = barrier(tp))) return st;
     float *sum = tp->buf[rank].sum;

@@ -31,7 +31,7 @@ tail -1 build-test/check-cuda.log
 # The sanitizer build: ASan + UBSan (+ LeakSanitizer), with the CUDA backend compiled for the CPU
 # emulator in tests/cudaemu (docs/cuda.md, docs/reliability.md).
 setup_build build-emu -Dcudaemu=true -Db_sanitize=address,undefined -Db_lundef=false -Dwerror=true \
-  -Dbuildtype=debugoptimized -Dbenchmarks=false -Dreference=enabled -Dpython="$PWD/.venv/bin/python3"
+  -Dbuildtype=debugoptimized -Dbenchmarks=true -Dreference=enabled -Dpython="$PWD/.venv/bin/python3"
 ninja -C build-emu
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions="$PWD/tests/lsan.supp"  # third-party leaks only, each justified there
@@ -55,13 +55,25 @@ seed=${CUDAEMU_SEED:-$RANDOM}
 echo "cuda-backend in random orders: CUDAEMU_SEED=$seed"
 CUDAEMU_SCHED=rand CUDAEMU_BLOCKS=rand CUDAEMU_SEED=$seed \
   meson test -C build-emu --print-errorlogs cuda-backend --logbase emu-rand || rc=$?
+# Once more with floating-point contraction on, as nvcc compiles device code (the emulated module
+# is built with -ffp-contract=off): the suite's tolerances must hold for a GPU's fused multiply-adds.
+ninja -C build-emu cuda/libtriforce-cuda-fma.so
+TRI_CUDA_MODULE="$PWD/build-emu/cuda/libtriforce-cuda-fma.so" \
+  meson test -C build-emu --print-errorlogs cuda-backend --logbase emu-fma || rc=$?
+# The real-GPU check's dry run: every part of scripts/gpu-check.sh on the emulated GPU, small
+# shapes (docs/cuda.md), so that the script a lent GPU runs first cannot rot between devices.
+rm -rf build-emu/gpu-check
+./scripts/gpu-check.sh --emulated --build build-emu build-emu/gpu-check > build-emu/gpu-check.log 2>&1 ||
+  { cat build-emu/gpu-check.log build-emu/gpu-check/summary.md; rc=1; }
+tail -1 build-emu/gpu-check.log
 
 # One closing line over every Criterion test case of every run.
 awk '/Synthesis: Tested:/ { for (i = 1; i <= NF; i++) { if ($i == "Passing:") p += $(i + 1);
        if ($i == "Failing:" || $i == "Crashing:") f += $(i + 1) } }
      END { printf "tests: %d passed, %d failed\n", p, f }' build-test/meson-logs/testlog.txt \
   build-emu/meson-logs/asan.txt build-emu/meson-logs/emu.txt build-emu/meson-logs/emu-rev.txt \
-  build-emu/meson-logs/emu-rand.txt build-emu/meson-logs/emu-tp.txt build-emu/meson-logs/emu-faults.txt
+  build-emu/meson-logs/emu-rand.txt build-emu/meson-logs/emu-tp.txt build-emu/meson-logs/emu-faults.txt \
+  build-emu/meson-logs/emu-fma.txt
 [ "$rc" = 0 ] || exit "$rc"
 
 # Fuzz targets: clang with libFuzzer, ASan and UBSan, FUZZ_SECONDS each (default 60).

@@ -32,6 +32,12 @@ static const tri__sim_profile profiles[] = {
     {.name = "h100-pcie", .desc = "H100 PCIe (GH100, 80 GB HBM2e 2000 GB/s, 756 TFLOP/s f16 tensor), PCIe 5.0 x16",
      .matmul_tflops = 756.0 * MM_EFF, .vector_tflops = 51.2 * VEC_EFF, .mem_gbps = 2000.0 * MEM_EFF,
      .h2d_gbps = 50.0, .d2h_gbps = 50.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 80 * GIB},
+    {.name = "h100-sxm", .desc = "H100 SXM5 (GH100, 80 GB HBM3 3350 GB/s, 989 TFLOP/s f16 tensor), PCIe 5.0 x16",
+     .matmul_tflops = 989.4 * MM_EFF, .vector_tflops = 66.9 * VEC_EFF, .mem_gbps = 3350.0 * MEM_EFF,
+     .h2d_gbps = 50.0, .d2h_gbps = 50.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 80 * GIB},
+    {.name = "h200", .desc = "H200 SXM (GH100, 141 GB HBM3e 4800 GB/s, 989 TFLOP/s f16 tensor), PCIe 5.0 x16",
+     .matmul_tflops = 989.4 * MM_EFF, .vector_tflops = 66.9 * VEC_EFF, .mem_gbps = 4800.0 * MEM_EFF,
+     .h2d_gbps = 50.0, .d2h_gbps = 50.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 141 * GIB},
 };
 
 const tri__sim_profile *tri__sim_profiles(int *n) {

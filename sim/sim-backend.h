@@ -57,7 +57,8 @@ typedef struct tri__sim_profile {
     double host_reduce_gbps; // bytes/s of chunk summaries of host-resident keys (GB/s)
 } tri__sim_profile;
 
-// The built-in profiles: "rtx4090" (PCIe 4.0 x16), "rtx4090-x8", "rtx5090", "h100-pcie". NULL
+// The built-in profiles: "rtx4090" (PCIe 4.0 x16), "rtx4090-x8", "rtx5090", "h100-pcie", "h100-sxm",
+// "h200". NULL
 // for another name.
 const tri__sim_profile *tri__sim_profile_find(const char *name);
 // The built-in profiles in order, *n receives their count (for usage messages).

@@ -973,6 +973,51 @@ Test(cuda_backend, uploads_past_the_slots_without_synchronize) {
     DONE();
 }
 
+// An op's host descriptors reach the device without queueing behind a transfer: with the
+// emulator's copies in one FIFO copy engine (CUDAEMU_COPY_ENGINES=1, a GPU with one engine per
+// direction), a copy on the transfer stream queued first (a layer's prefetch) is still pending
+// when the op, waited for by an event on the compute stream, is done. Had the ids gone up by a
+// copy, that copy would have waited for the transfer in the engine's FIFO.
+Test(cuda_backend, uploads_do_not_queue_behind_a_transfer) {
+    if (!TRI_CUDA_EMULATED) cr_skip_test("needs the emulated CUDA runtime (-Dcudaemu=true) for one FIFO copy engine");
+    NEED_GPU();
+    enum { ROWS = 50, N = 64, M = 3, BIG = 1 << 16 };
+    float *w = malloc(sizeof(float) * ROWS * N), out[M * N];
+    fill(w, ROWS * N, 1.0f);
+    float *dw = up(gpu, w, sizeof(float) * ROWS * N), *dout = dalloc(gpu, sizeof(float) * M * N);
+    float *dbig = dalloc(gpu, sizeof(float) * BIG), *hbig = NULL;
+    cr_assert_eq(gpu->ops->synchronize(gpu), TRI_STATUS_OK);
+    cr_assert_eq(posix_memalign((void **)&hbig, 4096, sizeof(float) * BIG), 0);
+    for (int i = 0; i < BIG; i++) hbig[i] = -1.0f;
+    cr_assert_eq(gpu->ops->host_register(gpu, hbig, sizeof(float) * BIG), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__event *ev = NULL;
+    cr_assert_eq(gpu->ops->event_create(gpu, &ev), TRI_STATUS_OK);
+    int32_t ids[M] = {7, 0, 49};
+    for (int i = 0; i < 8; i++)  // every staging slot allocated (cudaFreeHost, cudaHostAlloc wait for the device)
+        cr_assert_eq(gpu->ops->get_rows(gpu, dout, dw, TRI_DTYPE_F32, ROWS, N, ids, M), TRI_STATUS_OK);
+    cr_assert_eq(gpu->ops->synchronize(gpu), TRI_STATUS_OK);
+    setenv("CUDAEMU_COPY_ENGINES", "1", 1);
+    cr_assert_eq(gpu->ops->transfer_to_host(gpu, hbig, dbig, sizeof(float) * BIG), TRI_STATUS_OK);
+    cr_assert_eq(gpu->ops->get_rows(gpu, dout, dw, TRI_DTYPE_F32, ROWS, N, ids, M), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    cr_assert_eq(gpu->ops->event_record(gpu, ev, TRI_STREAM_COMPUTE), TRI_STATUS_OK);
+    cr_assert_eq(gpu->ops->event_synchronize(gpu, ev), TRI_STATUS_OK);
+    cr_assert(hbig[0] == -1.0f && hbig[BIG - 1] == -1.0f, "the op's descriptors waited for the transfer");
+    down(gpu, out, dout, sizeof out);  // synchronizes both streams
+    cr_assert(hbig[0] != -1.0f, "the transfer never ran");
+    for (int j = 0; j < M; j++)
+        for (int e = 0; e < N; e++) cr_assert_eq(out[j * N + e], w[ids[j] * N + e], "row %d [%d]", j, e);
+    unsetenv("CUDAEMU_COPY_ENGINES");
+    gpu->ops->event_destroy(gpu, ev);
+    gpu->ops->host_unregister(gpu, hbig);
+    free(hbig);
+    gpu->ops->free(gpu, dbig);
+    gpu->ops->free(gpu, dw);
+    gpu->ops->free(gpu, dout);
+    free(w);
+    DONE();
+}
+
 // The tiled and batched paths, reached at test sizes by making each launch's limit tiny: attention
 // one query per tile (its partials over a limit of 1 byte), top-k one row per launch over 4,096
 // columns (sorted in global memory), and quantized weights dequantized one row per GEMM (m > 16).
@@ -1010,6 +1055,46 @@ Test(cuda_backend, driver_too_old_is_named) {
     tri__backend *be = NULL;
     cr_assert_eq(tri__backend_cuda_create(0, &be), TRI_STATUS_DEVICE);
     cr_assert(strstr(tri_last_error(), "older than this build's CUDA runtime"), "%s", tri_last_error());
+}
+
+// A GPU our kernels cannot run on (no SASS for it, no PTX it can compile): the automatic choice
+// falls back to the CPU and the log says why; a device named explicitly fails at its first op,
+// naming the CUDA error.
+static char fallback_log[1024];
+static void fallback_log_fn(tri_log_level level, const char *msg, void *user) {
+    (void)user;
+    if (level == TRI_LOG_LEVEL_WARN) snprintf(fallback_log, sizeof fallback_log, "%s", msg);
+}
+Test(cuda_backend, auto_device_without_a_kernel_image_falls_back_to_the_cpu) {
+    if (!TRI_CUDA_EMULATED)
+        cr_skip_test("needs the emulated CUDA runtime (-Dcudaemu=true) to play a GPU without a kernel image");
+    if (tri__cuda_device_count() == 0) cr_skip_test("no CUDA device: %s", tri__cuda_unavailable());
+    tri__backend *be = NULL;
+    char name[16];
+    // the GPU works: the automatic choice is the GPU
+    cr_assert_eq(tri__backend_select(TRI_DEVICE_AUTO, 0, 1, &be, name), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_str_eq(name, "cuda:0");
+    cr_assert(!be->host_memory);
+    tri__backend_free(be);
+    setenv("CUDAEMU_NO_KERNEL_IMAGE", "1", 1);
+    tri_log_set(fallback_log_fn, NULL, TRI_LOG_LEVEL_WARN);
+    cr_assert_eq(tri__backend_select(TRI_DEVICE_AUTO, 0, 1, &be, name), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_log_set(NULL, NULL, TRI_LOG_LEVEL_WARN);
+    cr_assert_str_eq(name, "cpu");
+    cr_assert(be->host_memory);
+    cr_assert(strstr(fallback_log, "cuda:0 was chosen automatically, but its first kernel failed") &&
+                  strstr(fallback_log, "cudaErrorNoKernelImageForDevice") && strstr(fallback_log, "running on the CPU"),
+              "%s", fallback_log);
+    tri__backend_free(be);
+    // named explicitly: the GPU, whose first op fails with the reason
+    cr_assert_eq(tri__backend_select(TRI_DEVICE_CUDA, 0, 1, &be, name), TRI_STATUS_OK, "%s", tri_last_error());
+    float *x = NULL;
+    cr_assert_eq(be->ops->alloc(be, 16 * sizeof(float), (void **)&x), TRI_STATUS_OK);
+    cr_assert_eq(be->ops->add(be, x, x, x, 16), TRI_STATUS_DEVICE);
+    cr_assert(strstr(tri_last_error(), "cudaErrorNoKernelImageForDevice"), "%s", tri_last_error());
+    be->ops->free(be, x);
+    tri__backend_free(be);
+    unsetenv("CUDAEMU_NO_KERNEL_IMAGE");
 }
 
 // ---- split attention (backend.h attention_state, kv-store.h) ----

@@ -11,6 +11,7 @@
 #include "arena.h"
 #include "backend-select.h"
 #include "cuda-backend.h"
+#include "error.h"
 #include "planner.h"
 #include "prefetch.h"
 #include "test-util.h"
@@ -361,6 +362,65 @@ Test(offload, arena_pin_hook) {
     tri__arena_free(a);
     cr_assert_eq(n_pinned, 1);
     cr_assert_eq(n_unpinned, 1);
+}
+
+// Pinning many regions (60+ GB of offloaded KV is 64 regions of 1 GiB): progress in the log, and
+// when the OS refuses (here a pin function that refuses past a budget, as cudaHostRegister does
+// past RLIMIT_MEMLOCK), a failure that says how much was pinned before, the region and the limit.
+static uint64_t pin_budget, pin_used;
+static tri_status budget_pin(void *ptr, size_t bytes, void *user) {
+    (void)ptr, (void)user;
+    if (pin_used + bytes > pin_budget)
+        return tri__fail(TRI_STATUS_DEVICE, "cudaHostRegister: cudaErrorMemoryAllocation (test: past the budget)");
+    pin_used += bytes;
+    return TRI_STATUS_OK;
+}
+static void budget_unpin(void *ptr, size_t bytes, void *user) {
+    (void)ptr, (void)user;
+    pin_used -= bytes;
+}
+static char pin_log[8][256];
+static int n_pin_log;
+static void pin_log_fn(tri_log_level level, const char *msg, void *user) {
+    (void)user;
+    if (level == TRI_LOG_LEVEL_INFO && strstr(msg, "arena: pinned") && n_pin_log < 8)
+        snprintf(pin_log[n_pin_log++], sizeof pin_log[0], "%s", msg);
+}
+Test(offload, arena_pins_in_regions_with_progress_and_a_clear_refusal) {
+    tri__arena_params ap = tri__arena_default_params();
+    ap.huge_pages = false;
+    ap.pin = budget_pin;
+    ap.unpin = budget_unpin;
+    ap.pin_report_bytes = (uint64_t)2 << 20;  // a line every 2 MiB pinned
+    pin_budget = (uint64_t)5 << 20, pin_used = 0;
+    n_pin_log = 0;
+    tri__arena *a;
+    cr_assert_eq(tri__arena_create(&ap, &a), TRI_STATUS_OK);
+    tri_log_set(pin_log_fn, NULL, TRI_LOG_LEVEL_INFO);
+    void *p[6] = {0};
+    int i = 0;
+    tri_status st = TRI_STATUS_OK;
+    for (; i < 6 && !st; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "kv cache layer %d keys", i);
+        st = tri__arena_alloc(a, (size_t)1 << 20, what, &p[i]);
+    }
+    tri_log_set(NULL, NULL, TRI_LOG_LEVEL_WARN);
+    cr_assert_eq(st, TRI_STATUS_DEVICE, "the sixth MiB is past the budget");
+    cr_assert_eq(i, 6);
+    const char *e = tri_last_error();
+    cr_assert(strstr(e, "arena: kv cache layer 5 keys: pinning 0.00 GiB failed after 0.0 GiB pinned in 5 regions") &&
+                  strstr(e, "test: past the budget") && strstr(e, "locked-memory limit") && strstr(e, "ulimit -l") &&
+                  strstr(e, "memory available"),
+              "%s", e);
+    cr_assert_eq(n_pin_log, 2, "progress at 2 and 4 MiB: %d lines", n_pin_log);
+    cr_assert(strstr(pin_log[0], "arena: pinned 0.0 GiB in 2 regions"), "%s", pin_log[0]);
+    cr_assert(strstr(pin_log[1], "in 4 regions"), "%s", pin_log[1]);
+    tri__arena_stats s;
+    tri__arena_stats_get(a, &s);
+    cr_assert_eq(s.n_pinned, 5);
+    tri__arena_free(a);
+    cr_assert_eq(pin_used, 0, "every region unpinned");
 }
 
 Test(offload, arena_numa_placement_or_fallback) {

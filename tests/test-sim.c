@@ -39,10 +39,10 @@ static void assert_near(double got, double want, const char *what) {
 Test(sim, profiles_are_complete) {
     int n;
     const tri__sim_profile *all = tri__sim_profiles(&n);
-    cr_assert_geq(n, 4);
+    cr_assert_geq(n, 6);
     for (int i = 0; i < n; i++) cr_assert_eq(tri__sim_profile_find(all[i].name), &all[i], "%s", all[i].name);
-    const char *want[] = {"rtx4090", "rtx4090-x8", "rtx5090", "h100-pcie"};
-    for (int i = 0; i < 4; i++) {
+    const char *want[] = {"rtx4090", "rtx4090-x8", "rtx5090", "h100-pcie", "h100-sxm", "h200"};
+    for (int i = 0; i < 6; i++) {
         const tri__sim_profile *q = tri__sim_profile_find(want[i]);
         cr_assert_not_null(q, "%s", want[i]);
         tri__backend *be;

@@ -368,6 +368,78 @@ Test(tp, default_model_logits, .timeout = TT_TIMEOUT(300)) {
 
 // Two CUDA devices (the emulated GPU in CI: CUDAEMU_DEVICES=2): logits against one device, and
 // greedy speculative output equal to plain output on both. Skipped with fewer than two devices.
+// The all-reduce waits for each rank's compute stream, not for its transfer stream: a copy queued
+// there just before (the next layer's prefetch) is still pending when the all-reduce returns, on
+// both paths. The emulator's streams run queued work only when something waits for it, so a
+// synchronize inside the all-reduce (as it was) would have run that copy.
+enum { AR_N = 1000 };
+typedef struct ar_ctx {
+    tri__tp *tp;
+    tri__backend *be[2];
+    float *x[2], *src[2], *pinned[2];
+    bool pending[2], arrived[2];
+    float sum[2][AR_N];
+} ar_ctx;
+
+static tri_status ar_job(void *p, int32_t rank) {
+    ar_ctx *c = p;
+    tri__backend *be = c->be[rank];
+    float host[AR_N];
+    for (int i = 0; i < AR_N; i++) host[i] = (float)(rank + 1) * (float)i;
+    // the first all-reduce grows its buffers (and synchronizes for that, once)
+    tri_status st = be->ops->copy_to_backend(be, c->x[rank], host, sizeof host);
+    if (!st) st = tri__tp_allreduce(c->tp, rank, c->x[rank], AR_N);
+    if (!st) st = be->ops->copy_to_backend(be, c->x[rank], host, sizeof host);
+    if (!st) st = be->ops->transfer_to_host(be, c->pinned[rank], c->src[rank], sizeof host);  // "prefetch"
+    if (!st) st = tri__tp_allreduce(c->tp, rank, c->x[rank], AR_N);
+    c->pending[rank] = c->pinned[rank][0] == -1.0f && c->pinned[rank][AR_N - 1] == -1.0f;
+    if (!st) st = be->ops->copy_to_host(be, c->sum[rank], c->x[rank], sizeof host);
+    if (!st) st = be->ops->synchronize(be);
+    c->arrived[rank] = c->pinned[rank][0] == 42.0f && c->pinned[rank][AR_N - 1] == 42.0f;
+    return st;
+}
+
+Test(tp, allreduce_does_not_wait_for_the_transfer_stream) {
+    const char *build = tri__cuda_module_build();
+    if (!build || !strstr(build, "emulated")) cr_skip_test("needs the emulated CUDA runtime's deferred streams");
+    if (tri_device_count() < 2) cr_skip_test("fewer than two CUDA devices");
+    for (int peer = 0; peer < 2; peer++) {
+        setenv("CUDAEMU_P2P", peer ? "1" : "0", 1);
+        ar_ctx c = {0};
+        float fill[AR_N];
+        for (int i = 0; i < AR_N; i++) fill[i] = 42.0f;
+        for (int r = 0; r < 2; r++) {
+            cr_assert_eq(tri__backend_cuda_create(r, &c.be[r]), TRI_STATUS_OK, "%s", tri_last_error());
+            tri__backend *be = c.be[r];
+            cr_assert_eq(be->ops->alloc(be, sizeof fill, (void **)&c.x[r]), TRI_STATUS_OK);
+            cr_assert_eq(be->ops->alloc(be, sizeof fill, (void **)&c.src[r]), TRI_STATUS_OK);
+            cr_assert_eq(be->ops->copy_to_backend(be, c.src[r], fill, sizeof fill), TRI_STATUS_OK);
+            cr_assert_eq(be->ops->synchronize(be), TRI_STATUS_OK);
+            cr_assert_eq(posix_memalign((void **)&c.pinned[r], 4096, 4096 * 2), 0);
+            for (int i = 0; i < AR_N; i++) c.pinned[r][i] = -1.0f;
+            cr_assert_eq(be->ops->host_register(be, c.pinned[r], 4096 * 2), TRI_STATUS_OK, "%s", tri_last_error());
+        }
+        int32_t nodes[2] = {-1, -1};
+        cr_assert_eq(tri__tp_create(2, c.be, nodes, &c.tp), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri__tp_uses_peers(c.tp), peer == 1);
+        cr_assert_eq(tri__tp_run(c.tp, ar_job, &c), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int r = 0; r < 2; r++) {
+            cr_assert(c.pending[r], "peer %d, rank %d: the all-reduce waited for the transfer stream", peer, r);
+            cr_assert(c.arrived[r], "peer %d, rank %d: the transfer never ran", peer, r);
+            for (int i = 0; i < AR_N; i++) cr_assert_eq(c.sum[r][i], 3.0f * (float)i, "rank %d, element %d", r, i);
+        }
+        tri__tp_free(c.tp);
+        for (int r = 0; r < 2; r++) {
+            c.be[r]->ops->host_unregister(c.be[r], c.pinned[r]);
+            free(c.pinned[r]);
+            c.be[r]->ops->free(c.be[r], c.x[r]);
+            c.be[r]->ops->free(c.be[r], c.src[r]);
+            tri__backend_free(c.be[r]);
+        }
+    }
+    setenv("CUDAEMU_P2P", "0", 1);
+}
+
 Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
     if (tri_device_count() < 2) cr_skip_test("fewer than two CUDA devices");
     tri_model *m = load(tt_gen_model("tp-cuda", "--seed 19 --layers 2 --embd 64 --heads 4 --kv-heads 2 --head-dim 16 "

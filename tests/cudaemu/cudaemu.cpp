@@ -668,6 +668,7 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
     case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
     case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorNoKernelImageForDevice: return "cudaErrorNoKernelImageForDevice";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
@@ -753,6 +754,41 @@ cudaError_t cudaHostUnregister(void *p) {
     return cudaSuccess;
 }
 
+// ---- one copy engine (CUDAEMU_COPY_ENGINES=1) ----
+//
+// A GPU moves host <-> device copies through its copy engines, each a FIFO whatever the stream: a
+// small copy queued on one stream waits for a large one queued earlier on another stream. With
+// CUDAEMU_COPY_ENGINES=1 every such copy takes a ticket in one FIFO, and when a copy's turn comes
+// on its stream, the copies with earlier tickets run first (with the work queued before them on
+// their streams). Unset or 0: copies wait only for their own stream, as before.
+struct copy_ticket {
+    cudaemu_stream *s;
+    uint64_t pos;  // the stream's queue position that completes the copy
+    bool done;
+};
+static std::vector<copy_ticket> copy_fifo;
+static size_t copy_fifo_open;  // tickets before it are done
+
+static void copy_fifo_wait(size_t t) {
+    for (size_t u = copy_fifo_open; u < t; u++)
+        if (!copy_fifo[u].done) drain(copy_fifo[u].s, copy_fifo[u].pos);
+    while (copy_fifo_open < copy_fifo.size() && copy_fifo[copy_fifo_open].done) copy_fifo_open++;
+}
+static void enqueue_copy(cudaStream_t st, std::function<void()> f) {
+    if (capturing(st) || cudaemu::env_int("CUDAEMU_COPY_ENGINES", 0) != 1) {
+        enqueue(st, std::move(f));
+        return;
+    }
+    size_t t = copy_fifo.size();
+    copy_fifo.push_back(copy_ticket{S(st), 0, false});
+    copy_fifo[t].pos = S(st)->enq + 1;  // set before enqueue, which may run it at once
+    enqueue(st, [t, f]() {
+        copy_fifo_wait(t);
+        f();
+        copy_fifo[t].done = true;
+    });
+}
+
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k, cudaStream_t s) {
     CUDAEMU_LOCK;
     if (!bytes) return cudaSuccess;
@@ -764,11 +800,11 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
             cudaemu::report("cudaMemcpyAsync HostToDevice: the source %p is device memory", src);
         if (is_pinned(src)) {  // a DMA from the host buffer when the stream gets there
             check_span("cudaMemcpyAsync HostToDevice pinned source", src, bytes, false);
-            enqueue(s, [=]() { memcpy(dst, src, bytes); });
+            enqueue_copy(s, [=]() { memcpy(dst, src, bytes); });
         } else {  // pageable: staged at once
             std::shared_ptr<std::vector<unsigned char>> snap(
                 new std::vector<unsigned char>((const unsigned char *)src, (const unsigned char *)src + bytes));
-            enqueue(s, [=]() { memcpy(dst, snap->data(), bytes); });
+            enqueue_copy(s, [=]() { memcpy(dst, snap->data(), bytes); });
         }
         return cudaSuccess;
     case cudaMemcpyDeviceToHost:
@@ -778,9 +814,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
             cudaemu::report("cudaMemcpyAsync DeviceToHost: the destination %p is device memory", dst);
         if (is_pinned(dst)) {
             check_span("cudaMemcpyAsync DeviceToHost pinned destination", dst, bytes, false);
-            enqueue(s, [=]() { memcpy(dst, src, bytes); });
+            enqueue_copy(s, [=]() { memcpy(dst, src, bytes); });
         } else {  // pageable: returns once the copy is done
-            enqueue(s, [=]() { memcpy(dst, src, bytes); });
+            enqueue_copy(s, [=]() { memcpy(dst, src, bytes); });
             cudaemu_stream *st = S(s);
             drain(st, st->enq);
         }
@@ -974,6 +1010,8 @@ cudaError_t launch_body(const char *name, const char *file, int line, dim3 grid,
         grid.y > 65535 || grid.z > 65535)
         return fail(cudaErrorInvalidConfiguration);
     if (smem > 48 * 1024) return fail(cudaErrorInvalidValue);  // more needs cudaFuncSetAttribute
+    // a GPU that none of the module's SASS or PTX targets fits (CUDAEMU_NO_KERNEL_IMAGE=1)
+    if (env_int("CUDAEMU_NO_KERNEL_IMAGE", 0)) return fail(cudaErrorNoKernelImageForDevice);
     if (s && ((cudaemu_stream *)s)->device != current_device)  // CUDA: a stream of the current device
         return fail(cudaErrorInvalidResourceHandle);
     std::string nm = name;

@@ -56,6 +56,7 @@ typedef enum cudaError {
     cudaErrorNoDevice = 100,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
+    cudaErrorNoKernelImageForDevice = 209,
     cudaErrorPeerAccessUnsupported = 217,
     cudaErrorPeerAccessAlreadyEnabled = 704,
     cudaErrorHostMemoryAlreadyRegistered = 712,
