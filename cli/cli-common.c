@@ -351,3 +351,44 @@ char *tri_cli_read_prompt(const char *path, uint64_t max_bytes, const char *too_
     *len = n;
     return buf;
 }
+
+int32_t *tri_cli_parse_layers(const char *cmd, const char *opt, const char *arg, int32_t *n_out) {
+    int32_t cap = 16, n = 0;
+    int32_t *v = malloc((size_t)cap * sizeof *v);
+    const char *p = arg;
+    while (v) {
+        char *end;
+        long lo = strtol(p, &end, 10), hi;
+        if (end == p || lo < 0 || lo > INT32_MAX) goto bad;
+        hi = lo;
+        if (*end == '-') {
+            p = end + 1;
+            hi = strtol(p, &end, 10);
+            if (end == p || hi < lo || hi > INT32_MAX) goto bad;
+        }
+        for (long l = lo; l <= hi; l++) {
+            if (n == cap) {
+                int32_t *w = realloc(v, (size_t)(cap *= 2) * sizeof *w);
+                if (!w) goto bad;
+                v = w;
+            }
+            if (n > 0 && l <= v[n - 1]) goto bad;
+            v[n++] = (int32_t)l;
+            if (n > 100000) goto bad;
+        }
+        if (*end == 0) break;
+        if (*end != ',') goto bad;
+        p = end + 1;
+    }
+    *n_out = n;
+    return v;
+bad:
+    fprintf(stderr, "%s: %s '%s': want increasing layer numbers like 0-7,20\n", cmd, opt, arg);
+    free(v);
+    return NULL;
+}
+
+bool tri_cli_applies(const char *cmd, const char *opt, bool set, bool ok, const char *where) {
+    if (set && !ok) fprintf(stderr, "%s: %s applies only to %s\n", cmd, opt, where);
+    return !set || ok;
+}

@@ -235,12 +235,6 @@ static bool on_prefill(int64_t done, int64_t total, void *user) {
     return true;
 }
 
-// Whether an option given (set) applies (ok); prints why not otherwise.
-static bool applies(const char *opt, bool set, bool ok, const char *where) {
-    if (set && !ok) fprintf(stderr, "offload-run generate: %s applies only to %s\n", opt, where);
-    return !set || ok;
-}
-
 // The closing line on stderr: tokens, and rates where there is something to time. A prefill of
 // under a millisecond (a prompt of a token or two, which speculation prefills not at all) would
 // give a rate that measures the clock more than the work: it is reported as short instead. The
@@ -259,43 +253,6 @@ static void print_figures(const tri_generate_stats *st) {
         fprintf(stderr, ", decode %.1f tok/s (%.3g ms/token)", (st->n_generated - 1) / st->decode_seconds,
                 1e3 * st->decode_seconds / (st->n_generated - 1));
     fputc('\n', stderr);
-}
-
-// Parses "0-7,20,22" into strictly increasing layer indices; NULL after printing the error.
-static int32_t *parse_layers(const char *s, int32_t *n_out) {
-    int32_t cap = 16, n = 0;
-    int32_t *v = malloc((size_t)cap * sizeof *v);
-    const char *p = s;
-    while (v) {
-        char *end;
-        long lo = strtol(p, &end, 10), hi;
-        if (end == p || lo < 0 || lo > INT32_MAX) goto bad;
-        hi = lo;
-        if (*end == '-') {
-            p = end + 1;
-            hi = strtol(p, &end, 10);
-            if (end == p || hi < lo || hi > INT32_MAX) goto bad;
-        }
-        for (long l = lo; l <= hi; l++) {
-            if (n == cap) {
-                int32_t *w = realloc(v, (size_t)(cap *= 2) * sizeof *w);
-                if (!w) goto bad;
-                v = w;
-            }
-            if (n > 0 && l <= v[n - 1]) goto bad;
-            v[n++] = (int32_t)l;
-            if (n > 100000) goto bad;
-        }
-        if (*end == 0) break;
-        if (*end != ',') goto bad;
-        p = end + 1;
-    }
-    *n_out = n;
-    return v;
-bad:
-    fprintf(stderr, "offload-run generate: --draft-layers '%s': want increasing layer numbers like 0-7,20\n", s);
-    free(v);
-    return NULL;
 }
 
 static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
@@ -703,23 +660,29 @@ int tri_cli_generate(int argc, char **argv) {
     const bool has_l2 = mode == TRI_SPEC_MODE_RETRIEVAL || mode == TRI_SPEC_MODE_TRIFORCE;
     const bool l1_cache = needs_drafter && ngram == 0;  // the n-gram drafter has no cache
     const tri_kv_policy pol = sp.kv_policy;
-    if (!applies("--kv", kv_set, plain, "plain decoding; the levels of --spec have their own caches") ||
-        !applies("--budget", budget, plain ? pol != TRI_KV_POLICY_FULL : has_l2,
-                 plain ? "--kv streaming, h2o or retrieval (the cache policy is full)"
-                       : "L2, the retrieval cache of --spec retrieval and triforce") ||
-        !applies("--chunk", chunk, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
-                 plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
-        !applies("--kv-index", index_set, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
-                 plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
-        !applies("--refresh", refresh, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
-                 plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
-        !applies("--sink", sink, plain && pol == TRI_KV_POLICY_STREAMING,
-                 plain ? "--kv streaming" : "--kv streaming (L1's sinks are --draft-sink)") ||
-        !applies("--draft-window", draft_window, l1_cache, "an L1 model or layers (--spec draft or triforce)") ||
-        !applies("--draft-sink", draft_sink, l1_cache, "an L1 model or layers (--spec draft or triforce)") ||
-        !applies("--gamma1", gamma1, mode == TRI_SPEC_MODE_TRIFORCE, "--spec triforce") ||
-        !applies("--gamma2", gamma2, !plain, "--spec draft, retrieval or triforce") ||
-        !applies("--refresh-accept", refresh_accept_set, has_l2, "--spec retrieval or triforce"))
+    if (!tri_cli_applies("offload-run generate", "--kv", kv_set, plain,
+                         "plain decoding; the levels of --spec have their own caches") ||
+        !tri_cli_applies("offload-run generate", "--budget", budget, plain ? pol != TRI_KV_POLICY_FULL : has_l2,
+                         plain ? "--kv streaming, h2o or retrieval (the cache policy is full)"
+                               : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !tri_cli_applies("offload-run generate", "--chunk", chunk, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                         plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !tri_cli_applies("offload-run generate", "--kv-index", index_set,
+                         plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                         plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !tri_cli_applies("offload-run generate", "--refresh", refresh, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                         plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
+        !tri_cli_applies("offload-run generate", "--sink", sink, plain && pol == TRI_KV_POLICY_STREAMING,
+                         plain ? "--kv streaming" : "--kv streaming (L1's sinks are --draft-sink)") ||
+        !tri_cli_applies("offload-run generate", "--draft-window", draft_window, l1_cache,
+                         "an L1 model or layers (--spec draft or triforce)") ||
+        !tri_cli_applies("offload-run generate", "--draft-sink", draft_sink, l1_cache,
+                         "an L1 model or layers (--spec draft or triforce)") ||
+        !tri_cli_applies("offload-run generate", "--gamma1", gamma1, mode == TRI_SPEC_MODE_TRIFORCE,
+                         "--spec triforce") ||
+        !tri_cli_applies("offload-run generate", "--gamma2", gamma2, !plain, "--spec draft, retrieval or triforce") ||
+        !tri_cli_applies("offload-run generate", "--refresh-accept", refresh_accept_set, has_l2,
+                         "--spec retrieval or triforce"))
         return 2;
     if (plain) {
         sp.kv_budget = (int32_t)budget;
@@ -821,7 +784,8 @@ int tri_cli_generate(int argc, char **argv) {
         }
     } else {
         if (draft_path && !(draft = tri_cli_load_model(draft_path))) goto done;
-        if (draft_layers && !(layers = parse_layers(draft_layers, &spec_params.n_draft_layers))) {
+        if (draft_layers && !(layers = tri_cli_parse_layers("offload-run generate", "--draft-layers", draft_layers,
+                                                            &spec_params.n_draft_layers))) {
             rc = 2;
             goto done;
         }

@@ -41,6 +41,12 @@ bool tri_cli_parse_size(const char *s, uint64_t *out);
 // printing an error that names both.
 bool tri_cli_parse_long(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
 bool tri_cli_parse_float(const char *cmd, const char *opt, const char *s, double lo, double hi, float *out);
+// Parses "0-7,20,22" into strictly increasing layer indices (malloc'd, the caller frees); NULL
+// after printing an error that names cmd and opt.
+int32_t *tri_cli_parse_layers(const char *cmd, const char *opt, const char *arg, int32_t *n_out);
+// Whether an option given (set) is one that applies (ok); false after printing that opt applies
+// only to where.
+bool tri_cli_applies(const char *cmd, const char *opt, bool set, bool ok, const char *where);
 
 // Parses --device: "cpu", "cuda" (device 0) or "cuda:N" into sp's device fields. Prints
 // "<cmd>: --device '<arg>': ..." and returns false for anything else.

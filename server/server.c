@@ -808,47 +808,6 @@ static bool place(srv *s, tri_session_params *sp, uint64_t gpu_mem, uint64_t hos
     return true;
 }
 
-// Parses "0-7,20,22" into strictly increasing layer indices; NULL after printing the error.
-static int32_t *parse_layers(const char *arg, int32_t *n_out) {
-    int32_t cap = 16, n = 0;
-    int32_t *v = malloc((size_t)cap * sizeof *v);
-    const char *p = arg;
-    while (v) {
-        char *end;
-        long lo = strtol(p, &end, 10), hi;
-        if (end == p || lo < 0 || lo > INT32_MAX) goto bad;
-        hi = lo;
-        if (*end == '-') {
-            p = end + 1;
-            hi = strtol(p, &end, 10);
-            if (end == p || hi < lo || hi > 100000) goto bad;
-        }
-        for (long l = lo; l <= hi; l++) {
-            if (n == cap) {
-                int32_t *w = realloc(v, (size_t)(cap *= 2) * sizeof *w);
-                if (!w) goto bad;
-                v = w;
-            }
-            if (n > 0 && l <= v[n - 1]) goto bad;
-            v[n++] = (int32_t)l;
-        }
-        if (*end == 0) break;
-        if (*end != ',') goto bad;
-        p = end + 1;
-    }
-    *n_out = n;
-    return v;
-bad:
-    fprintf(stderr, "%s: --draft-layers '%s': want increasing layer numbers like 0-7,20\n", me, arg);
-    free(v);
-    return NULL;
-}
-
-static bool applies(const char *opt, bool set, bool ok, const char *where) {
-    if (set && !ok) fprintf(stderr, "%s: %s applies only to %s\n", me, opt, where);
-    return !set || ok;
-}
-
 int tri_server_main(int argc, char **argv) {
     enum { OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_ALIAS, OPT_SLOTS, OPT_QUEUE, OPT_CTX, OPT_TEMP, OPT_TOPK,
            OPT_TOPP, OPT_MINP, OPT_REPEAT, OPT_SEED, OPT_CHAT_FORMAT, OPT_DEVICE, OPT_BATCH, OPT_KV_TYPE, OPT_KV_POLICY, OPT_BUDGET,
@@ -1066,20 +1025,23 @@ int tri_server_main(int argc, char **argv) {
     const bool l1_cache = needs_drafter && ngram == 0;
     const tri_kv_policy pol = sp.kv_policy;
     const char *l2 = "L2, the retrieval cache of --spec retrieval and triforce";
-    if (!applies("--kv", kv_set, plain, "plain decoding; the levels of --spec have their own caches") ||
-        !applies("--budget", budget, plain ? pol != TRI_KV_POLICY_FULL : has_l2,
-                 plain ? "--kv streaming, h2o or retrieval (the cache policy is full)" : l2) ||
-        !applies("--chunk", chunk, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2, plain ? "--kv retrieval" : l2) ||
-        !applies("--kv-index", index_set, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
-                 plain ? "--kv retrieval" : l2) ||
-        !applies("--refresh", refresh, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
-                 plain ? "--kv retrieval" : l2) ||
-        !applies("--sink", sink, plain && pol == TRI_KV_POLICY_STREAMING, "--kv streaming") ||
-        !applies("--draft-window", draft_window, l1_cache, "an L1 model or layers (--spec draft or triforce)") ||
-        !applies("--draft-sink", draft_sink, l1_cache, "an L1 model or layers (--spec draft or triforce)") ||
-        !applies("--gamma1", gamma1, mode == TRI_SPEC_MODE_TRIFORCE, "--spec triforce") ||
-        !applies("--gamma2", gamma2, !plain, "--spec draft, retrieval or triforce") ||
-        !applies("--refresh-accept", refresh_accept_set, has_l2, "--spec retrieval or triforce"))
+    if (!tri_cli_applies(me, "--kv", kv_set, plain, "plain decoding; the levels of --spec have their own caches") ||
+        !tri_cli_applies(me, "--budget", budget, plain ? pol != TRI_KV_POLICY_FULL : has_l2,
+                         plain ? "--kv streaming, h2o or retrieval (the cache policy is full)" : l2) ||
+        !tri_cli_applies(me, "--chunk", chunk, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                         plain ? "--kv retrieval" : l2) ||
+        !tri_cli_applies(me, "--kv-index", index_set, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                         plain ? "--kv retrieval" : l2) ||
+        !tri_cli_applies(me, "--refresh", refresh, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
+                         plain ? "--kv retrieval" : l2) ||
+        !tri_cli_applies(me, "--sink", sink, plain && pol == TRI_KV_POLICY_STREAMING, "--kv streaming") ||
+        !tri_cli_applies(me, "--draft-window", draft_window, l1_cache,
+                         "an L1 model or layers (--spec draft or triforce)") ||
+        !tri_cli_applies(me, "--draft-sink", draft_sink, l1_cache,
+                         "an L1 model or layers (--spec draft or triforce)") ||
+        !tri_cli_applies(me, "--gamma1", gamma1, mode == TRI_SPEC_MODE_TRIFORCE, "--spec triforce") ||
+        !tri_cli_applies(me, "--gamma2", gamma2, !plain, "--spec draft, retrieval or triforce") ||
+        !tri_cli_applies(me, "--refresh-accept", refresh_accept_set, has_l2, "--spec retrieval or triforce"))
         return 2;
     if (plain) {
         sp.kv_budget = (int32_t)budget;
@@ -1186,7 +1148,8 @@ int tri_server_main(int argc, char **argv) {
     s->sp = sp;
     if (!plain) {
         if (draft_path && !(s->draft = tri_cli_load_model(draft_path))) goto done;
-        if (draft_layers && !(s->draft_layers = parse_layers(draft_layers, &s->spec_params.n_draft_layers))) {
+        if (draft_layers && !(s->draft_layers = tri_cli_parse_layers(me, "--draft-layers", draft_layers,
+                                                                     &s->spec_params.n_draft_layers))) {
             rc = 2;
             goto done;
         }
