@@ -68,6 +68,8 @@ typedef struct sim_opts {
     int32_t gamma2s[MAX_LIST], n_gamma2;
     double alpha, beta;
     tri_dtype weights;
+    const char *curve_path;  // --accept-curve: measured acceptance by depth (bench-accept)
+    const char *hosts;       // --hosts: host profiles for the split rows
 } sim_opts;
 
 static void sim_usage(void) {
@@ -76,7 +78,8 @@ static void sim_usage(void) {
     fprintf(stderr, "usage: bench-offload --device sim:PROFILE [--gpus 1|2] [--shape llama2-7b|tiny] [--ctx N]\n"
                     "                     [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]\n"
                     "                     [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]\n"
-                    "                     [--reserve SIZE] [--passes N]\n"
+                    "                     [--reserve SIZE] [--passes N] [--accept-curve FILE]\n"
+                    "                     [--hosts desktop,workstation|none]\n"
                     "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
                     "                     [--threads N] [--rounds N]\n"
                     "profiles:");
@@ -97,6 +100,81 @@ static int sim_list(const char *s, int32_t *out) {
 }
 
 static double sim_expected(double a, int32_t g) { return a >= 1.0 ? g + 1 : (1.0 - pow(a, g + 1)) / (1.0 - a); }
+
+// ---- acceptance: stated rates or a measured curve ----
+
+// An acceptance curve as bench-accept writes it (docs/formats.md, "Acceptance curves"): rate[0]
+// of L2 keeping L1's d-th token of a chain, rate[1] of L3 keeping L2's, given every one before it
+// was kept; beyond the deepest measured depth the level's pooled rate.
+#define CURVE_DEPTH 64
+typedef struct sim_curve {
+    double rate[2][CURVE_DEPTH + 1];
+    int32_t depth[2];  // deepest measured depth
+    double pooled[2];
+    double tokens_per_l3;
+    int32_t gamma1, gamma2;
+} sim_curve;
+
+// Reads path into *c; false with a message naming the file, line and problem.
+static bool curve_read(const char *path, sim_curve *c) {
+    memset(c, 0, sizeof *c);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "bench-offload: --accept-curve %s: cannot open\n", path);
+        return false;
+    }
+    char line[512], name[16];
+    double sum_r[2] = {0, 0}, sum_a[2] = {0, 0};
+    int ln = 0;
+    bool ok = true;
+    while (ok && fgets(line, sizeof line, f)) {
+        ln++;
+        long long r, a;
+        int d;
+        double v;
+        if (line[0] == '#' || line[strspn(line, " \t\r\n")] == 0) continue;
+        if (sscanf(line, "%15s %d %lld %lld", name, &d, &r, &a) == 4 && (!strcmp(name, "l1") || !strcmp(name, "l2"))) {
+            int w = name[1] - '1';
+            if (d < 1 || d > CURVE_DEPTH || d != c->depth[w] + 1 || r < 1 || a < 0 || a > r) {
+                fprintf(stderr, "bench-offload: %s:%d: want depths 1, 2, ... up to %d in order, 0 <= accepted <= "
+                                "reached, reached >= 1\n", path, ln, CURVE_DEPTH);
+                ok = false;
+                break;
+            }
+            c->rate[w][d] = (double)a / (double)r;
+            c->depth[w] = d;
+            sum_r[w] += (double)r, sum_a[w] += (double)a;
+        } else if (sscanf(line, "gamma1 %d", &d) == 1) {
+            c->gamma1 = d;
+        } else if (sscanf(line, "gamma2 %d", &d) == 1) {
+            c->gamma2 = d;
+        } else if (sscanf(line, "tokens_per_l3 %lf", &v) == 1) {
+            c->tokens_per_l3 = v;
+        } else {
+            fprintf(stderr, "bench-offload: %s:%d: not a curve line (want 'l1|l2 DEPTH REACHED ACCEPTED', "
+                            "'gamma1 N', 'gamma2 N', 'tokens_per_l3 X' or '# comment')\n", path, ln);
+            ok = false;
+        }
+    }
+    fclose(f);
+    if (ok && (c->depth[0] == 0 || c->depth[1] == 0)) {
+        fprintf(stderr, "bench-offload: %s: needs both an l1 and an l2 curve\n", path);
+        ok = false;
+    }
+    for (int w = 0; ok && w < 2; w++) c->pooled[w] = sum_a[w] / sum_r[w];
+    return ok;
+}
+
+// Expected tokens out of one verification of a chain of g under the curve's level w: the kept
+// prefix plus the corrected or bonus token, 1 + sum over d of the chance that 1..d are all kept.
+static double curve_expected(const sim_curve *c, int w, int32_t g) {
+    double e = 1, all = 1;
+    for (int32_t d = 1; d <= g; d++) {
+        all *= d <= c->depth[w] ? c->rate[w][d] : c->pooled[w];
+        e += all;
+    }
+    return e;
+}
 
 // ---- one pass on the timeline ----
 
@@ -218,6 +296,40 @@ static int run_paper(const sim_opts *o) {
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     double paper_ar = o->gpus == 2 ? 840 : 1516, paper_tf = o->gpus == 2 ? 108 : 312;
     int rc = 0;
+    sim_curve curve;
+    const sim_curve *cv = NULL;
+    if (o->curve_path) {
+        if (!curve_read(o->curve_path, &curve)) {
+            tri__model_synthetic_free(draft);
+            tri__model_synthetic_free(target);
+            tri__backend_free(be);
+            return 2;
+        }
+        cv = &curve;
+    }
+    const tri__sim_host *hosts[4];
+    int n_hosts = 0;
+    if (strcmp(o->hosts, "none")) {
+        char list[128];
+        snprintf(list, sizeof list, "%s", o->hosts);
+        for (char *t = strtok(list, ","); t && n_hosts < 4; t = strtok(NULL, ",")) {
+            if (!(hosts[n_hosts++] = tri__sim_host_find(t))) {
+                fprintf(stderr, "bench-offload: --hosts: unknown host '%s' (desktop, workstation or none)\n", t);
+                tri__model_synthetic_free(draft);
+                tri__model_synthetic_free(target);
+                tri__backend_free(be);
+                return 2;
+            }
+        }
+    }
+    size_t cap_rows = 1 << 16, n_rows = 0;
+    char *rows = calloc(1, cap_rows);  // the split table, printed after the main one
+    if (!rows) {
+        tri__model_synthetic_free(draft);
+        tri__model_synthetic_free(target);
+        tri__backend_free(be);
+        return 1;
+    }
     for (int run = 0; run <= o->n_budgets && !rc; run++) {
         bool ar = run == 0;
         int32_t budget = ar ? 0 : o->budgets[run - 1];
@@ -306,6 +418,55 @@ static int run_paper(const sim_opts *o) {
                    p3.transfer_busy > 0 ? 100.0 * p3.hidden / p3.transfer_busy : 0.0,
                    p3.compute_busy > 0 ? 100.0 * p3.hidden / p3.compute_busy : 0.0, ar ? paper_ar : paper_tf);
             fflush(stdout);
+            // the split rows: each host profile, stated rates and the measured curve
+            for (int hi = 0; !st && hi < n_hosts; hi++) {
+                const tri__sim_host *h = hosts[hi];
+                int32_t m = g2 + 1;
+                double row_full = 2.0 * full.n_head_kv * full.head_dim * 2.0;  // f16 K and V, every GPU's heads
+                double row_shard = 2.0 * tc.n_head_kv * tc.head_dim * 2.0;
+                tri_plan_params ps = pg;
+                ps.host_attn_gbps = tri__sim_host_attn_gbps(h, m, full.n_head, full.head_dim, row_full, false);
+                ps.host_dram_gbps = h->dram_gbps;
+                tri_plan pls;
+                if (tri_plan_compute(&pm, &ps, &pls)) continue;
+                double f = pls.kv_host_fraction;
+                int32_t n_dev = o->ctx - (int32_t)(f * o->ctx);
+                // the device's part: the same store holding n_dev rows (freed and made again: two
+                // would not fit the device)
+                sim_pass ps3 = {0};
+                tri__kv_store_free(&l3);
+                if ((st = sim_store(&l3, be, &tc, pp.n_ctx, plan.on_chip, n_dev))) break;
+                st = sim_time_pass(tv, be, &l3, m, &ps3);
+                tri__kv_store_free(&l3);
+                if (!st) st = sim_store(&l3, be, &tc, pp.n_ctx, plan.on_chip, o->ctx);
+                if (st) break;
+                // the store holds n_dev rows in every layer: the layers on the device attend the
+                // host's share too, at the device's memory rate
+                double dev = ps3.seconds + plan.on_chip * (double)(o->ctx - n_dev) * row_shard / (p.mem_gbps * 1e9);
+                if (o->gpus == 2) dev += allreduce_seconds(&tc, &p, m);
+                int32_t n_off = tc.n_layer - plan.on_chip;
+                double dma = (ps3.kv_up + ps3.w_up) * o->gpus;  // every GPU's DMA reads this host's memory
+                double host = tri__sim_host_split_seconds(h, (double)n_off * (o->ctx - n_dev), m, full.n_head,
+                                                          full.head_dim, row_full, false, dma, p.h2d_gbps * o->gpus) +
+                              n_off * 30e-6;  // per layer: queries down, partial state down, output up
+                double t3s = fmax(dev, host);
+                for (int ai = 0; ai < (cv && !ar ? 2 : 1); ai++) {
+                    bool use_curve = ai == 1;
+                    double rnd = ar ? 1.0 : use_curve ? curve_expected(cv, 1, g2) : sim_expected(o->alpha, g2);
+                    double l2p = ar ? 0 : g2 / (use_curve ? curve_expected(cv, 0, o->gamma1)
+                                                          : sim_expected(o->beta, o->gamma1));
+                    double l2l1 = l2p * p2.seconds + l2p * o->gamma1 * p1.seconds;
+                    double no_split = (p3.seconds + l2l1) / rnd, split = (t3s + l2l1) / rnd;
+                    if (n_rows + 512 > cap_rows) break;
+                    n_rows += (size_t)snprintf(rows + n_rows, cap_rows - n_rows,
+                                               "| %s | %s | %s | %s | %s | %.0f GB/s | %.2f | %.2f | %.1f | %.1f | "
+                                               "%.2f | %.1f | %.1f | %.1f | %.0f |\n",
+                                               ar ? "autoregressive" : "TriForce", b2, g2s, h->name,
+                                               ar ? "-" : use_curve ? "measured curve" : "stated",
+                                               ps.host_attn_gbps, f, rnd, 1e3 * p3.seconds, 1e3 * dev, 1e3 * host,
+                                               1e3 * no_split, 1e3 * split, 1e3 * pls.t_token, ar ? paper_ar : paper_tf);
+                }
+            }
             // the simulator's bytes are the runtime's: every upload of a decode pass is counted by both
             if (fabs(p3.h2d_bytes - (p3.kv_up + p3.w_up)) > 0.5 + 0.001 * p3.h2d_bytes)
                 fprintf(stderr, "bench-offload: note: the timeline moved %.0f bytes host -> device, the runtime "
@@ -322,6 +483,24 @@ static int run_paper(const sim_opts *o) {
         tri__model_backend_free(dv);
         tri__model_backend_free(tv);
     }
+    if (n_rows > 0) {
+        printf("\nsplit attention (docs/offload.md): each offloaded layer's rows [0, f x ctx) attended on the host "
+               "where they lie, the rest streamed; f the planner's for the host profile; the device's pass timed "
+               "on the simulator over its share, the host's from its FLOPs and bytes with the DMA sharing DRAM\n");
+        for (int hi = 0; hi < n_hosts; hi++)
+            printf("host %s: %s; %d cores, f32 %.2f / bf16 %.2f TFLOP/s reached, DRAM %.0f GB/s, %d NUMA node(s)\n",
+                   hosts[hi]->name, hosts[hi]->desc, hosts[hi]->cores, hosts[hi]->f32_tflops, hosts[hi]->bf16_tflops,
+                   hosts[hi]->dram_gbps, hosts[hi]->numa_nodes);
+        if (cv)
+            printf("acceptance: stated alpha %.2f beta %.2f, and the curve measured in %s: L1 chain %.2f pooled, L2 "
+                   "chain %.2f pooled, %.2f tokens per L3 pass measured at gamma2 %d\n",
+                   o->alpha, o->beta, o->curve_path, cv->pooled[0], cv->pooled[1], cv->tokens_per_l3, cv->gamma2);
+        printf("\n| mode | budget | gamma2 | host | acceptance | host attention | split f | tokens/round | L3 pass ms | L3 device "
+               "part ms | L3 host part ms | ms/token no split | ms/token split | planner ms/token split | paper "
+               "ms/token |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n%s",
+               rows);
+    }
+    free(rows);
     tri__sim_stats s;
     tri__sim_stats_get(be, &s);
     printf("\npaper (Llama2-7B-128K, 127K-token prompt): autoregressive 1516 ms/token on one RTX 4090 and 840 on "
@@ -709,7 +888,7 @@ static bool sim_size(const char *s, uint64_t *out) {
 int bench_offload_sim(int argc, char **argv) {
     sim_opts o = {.shape = "llama2-7b", .ctx = 130048, .gamma1 = 2, .gpus = 1, .prompt = 256, .tokens = 32, .threads = 0, .rounds = 3,
                   .budgets = {8192, 12288}, .n_budgets = 2, .gamma2s = {12, 16}, .n_gamma2 = 2, .alpha = 0.9,
-                  .beta = 0.7, .weights = TRI_DTYPE_F16};
+                  .beta = 0.7, .weights = TRI_DTYPE_F16, .hosts = "desktop,workstation"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
@@ -731,6 +910,8 @@ int bench_offload_sim(int argc, char **argv) {
         else if (!strcmp(a, "--gamma2") && v) ok = (o.n_gamma2 = sim_list(v, o.gamma2s)) > 0;
         else if (!strcmp(a, "--accept") && v) ok = (o.alpha = atof(v)) > 0 && o.alpha <= 1;
         else if (!strcmp(a, "--accept-l1") && v) ok = (o.beta = atof(v)) > 0 && o.beta <= 1;
+        else if (!strcmp(a, "--accept-curve") && v) o.curve_path = v;
+        else if (!strcmp(a, "--hosts") && v) o.hosts = v;
         else if (!strcmp(a, "--weights") && v) {
             o.weights = !strcmp(v, "q8_0") ? TRI_DTYPE_Q8_0 : !strcmp(v, "q4_0") ? TRI_DTYPE_Q4_0 : TRI_DTYPE_F16;
             ok = !strcmp(v, "f16") || o.weights != TRI_DTYPE_F16;

@@ -900,6 +900,9 @@ typedef struct tri_plan_params {
                                  // offloaded layer is split so that its streamed part and its host
                                  // part take the same time (docs/offload.md); 0: every offloaded
                                  // row streams (TriForce's way)
+    double host_dram_gbps;       // host memory GB/s that the split's host reads and every GPU's DMA
+                                 // share (a layer takes at least its streamed plus host-read bytes
+                                 // over it); 0: not limited
 } tri_plan_params;
 
 TRI_API tri_plan_params tri_plan_default_params(void);

@@ -139,6 +139,7 @@ typedef struct ctx {
     double params_layer;  // weight elements of one block
     double B, D, H, F;    // aggregate PCIe, disk, device memory bytes/s; FLOP/s
     double Hh;            // host attention's KV bytes/s; 0: no split
+    double Hd;            // host memory bytes/s shared by the host's reads and the DMA; 0: unlimited
     // tensor parallelism (runtime/tensor-parallel.h, the split the engine builds): the largest
     // share any GPU has of a block's weights and of the KV (1/G when the heads divide evenly);
     // that GPU sets the time, so the aggregate rates above are one GPU's over that share
@@ -197,6 +198,8 @@ static double pass_time(const ctx *x, const tri_plan *plan, int64_t m, int64_t c
             n_split++;
         }
         double t_in = fmax(t_x, t_d);
+        // the DMA and the host's attention read the same DRAM: together no faster than it
+        if (x->Hd > 0) t_in = fmax(t_in, (double)(layer_pcie + kv_host) / x->Hd);
         // The first streamed layer cannot hide behind a previous layer of this pass beyond what
         // the layers before it compute; later ones overlap with their predecessor (double
         // buffer).
@@ -409,6 +412,7 @@ tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *
         (p.kv_type != TRI_DTYPE_F16 && p.kv_type != TRI_DTYPE_F32) || p.retrieval_budget < 1 ||
         p.chunk_size < 1 || p.gamma1 < 1 || p.gamma2 < 1 || p.accept_l1 < 0 || p.accept_l1 > 1 ||
         p.accept_l2 < 0 || p.accept_l2 > 1 || p.draft_n_layer < 1 || !(p.host_attn_gbps >= 0) ||
+        !(p.host_dram_gbps >= 0) ||
         (p.mode != TRI_PLAN_MODE_TRIFORCE && p.mode != TRI_PLAN_MODE_AUTOREGRESSIVE))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "plan: invalid parameters (n_ctx %d, n_gpu %d, "
@@ -443,6 +447,7 @@ tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *
     x.H = p.gpu_mem_gbps > 0 ? p.gpu_mem_gbps * 1e9 * p.n_gpu : inf;
     x.F = p.gpu_tflops > 0 ? p.gpu_tflops * 1e12 * p.n_gpu : inf;
     x.Hh = p.host_attn_gbps * 1e9;  // one host feeds every GPU
+    x.Hd = p.host_dram_gbps * 1e9;
     {
         const double g = (double)c->n_head / c->n_head_kv;
         const double per_head = 2.0 * g * c->head_dim * c->n_embd + 2.0 * c->head_dim * c->n_embd;

@@ -1,6 +1,7 @@
 // sim-backend.c - the simulated device: the engine's calls placed on a timeline (sim-backend.h).
 #include "sim-backend.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +52,53 @@ const tri__sim_profile *tri__sim_profile_find(const char *name) {
     for (size_t i = 0; i < sizeof profiles / sizeof profiles[0]; i++)
         if (!strcmp(profiles[i].name, name)) return &profiles[i];
     return NULL;
+}
+
+// Hosts. Peak f32 FLOP/s: cores x 32 FLOP/cycle (Zen 4 runs AVX-512 on two 256-bit FMA pipes: 16
+// f32 FMAs a cycle) x the all-core clock; bf16 (VDPBF16PS) twice that; reached at HOST_EFF.
+// DRAM: channels x 8 bytes x MT/s theoretical, reached at the share a STREAM-like read gets.
+#define HOST_EFF 0.50
+static const tri__sim_host hosts[] = {
+    {.name = "desktop",
+     .desc = "16-core desktop (Ryzen 9 7950X, ~5.0 GHz all-core), 2 x DDR5-5200 (83.2 GB/s theoretical, 64 reached)",
+     .cores = 16, .f32_tflops = 16 * 32 * 5.0e-3 * HOST_EFF, .bf16_tflops = 2 * 16 * 32 * 5.0e-3 * HOST_EFF,
+     .dram_gbps = 64.0, .numa_nodes = 1},
+    {.name = "workstation",
+     .desc = "32-core workstation (Threadripper PRO 7975WX, ~4.5 GHz all-core), 8 x DDR5-5200 (332.8 GB/s "
+             "theoretical, 250 reached)",
+     .cores = 32, .f32_tflops = 32 * 32 * 4.5e-3 * HOST_EFF, .bf16_tflops = 2 * 32 * 32 * 4.5e-3 * HOST_EFF,
+     .dram_gbps = 250.0, .numa_nodes = 1},
+};
+
+const tri__sim_host *tri__sim_hosts(int *n) {
+    *n = (int)(sizeof hosts / sizeof hosts[0]);
+    return hosts;
+}
+
+const tri__sim_host *tri__sim_host_find(const char *name) {
+    for (size_t i = 0; name && i < sizeof hosts / sizeof hosts[0]; i++)
+        if (!strcmp(hosts[i].name, name)) return &hosts[i];
+    return NULL;
+}
+
+double tri__sim_host_attention_flops(double rows, int32_t m, int32_t n_head, int32_t head_dim) {
+    return 2.0 * 2.0 * (double)head_dim * (double)m * (double)n_head * rows;
+}
+
+double tri__sim_host_split_seconds(const tri__sim_host *h, double rows, int32_t m, int32_t n_head, int32_t head_dim,
+                                   double row_bytes, bool bf16, double dma_bytes, double pcie_gbps) {
+    double flops = tri__sim_host_attention_flops(rows, m, n_head, head_dim);
+    double host_bytes = rows * row_bytes, dram = h->dram_gbps * 1e9;
+    double t = flops / ((bf16 ? h->bf16_tflops : h->f32_tflops) * 1e12);
+    t = fmax(t, (host_bytes + dma_bytes) / dram);
+    if (dma_bytes > 0 && pcie_gbps > 0) t = fmax(t, dma_bytes / (pcie_gbps * 1e9));
+    return t;
+}
+
+double tri__sim_host_attn_gbps(const tri__sim_host *h, int32_t m, int32_t n_head, int32_t head_dim, double row_bytes,
+                               bool bf16) {
+    double per_byte = tri__sim_host_attention_flops(1.0, m, n_head, head_dim) / row_bytes;
+    return fmin(h->dram_gbps, (bf16 ? h->bf16_tflops : h->f32_tflops) * 1e3 / per_byte);
 }
 
 // ---- state ----

@@ -64,6 +64,43 @@ const tri__sim_profile *tri__sim_profile_find(const char *name);
 // The built-in profiles in order, *n receives their count (for usage messages).
 const tri__sim_profile *tri__sim_profiles(int *n);
 
+// ---- the host: where offloaded KV lies, and where split attention attends to it ----
+
+// A host CPU and its memory (docs/offload.md, "Simulated hosts", has the figures and sources).
+// Rates are what a kernel reaches: peak x efficiency; dram_gbps is a measured-stream figure, not
+// the channels' theoretical product.
+typedef struct tri__sim_host {
+    const char *name;     // "desktop", as --host NAME takes it
+    const char *desc;     // one line for reports
+    int32_t cores;
+    double f32_tflops;    // FMA FLOP/s reached in f32 (TFLOP/s)
+    double bf16_tflops;   // reached with bf16 dot products (AVX512-BF16 VDPBF16PS: twice f32's)
+    double dram_gbps;     // host memory bytes/s reached, every reader together (GB/s): the host's
+                          // own reads and the GPUs' DMA out of pinned memory share it
+    int32_t numa_nodes;   // memory domains the rows are spread over (1: uniform)
+} tri__sim_host;
+
+// The built-in hosts: "desktop" (16 cores, two DDR5 channels), "workstation" (32 cores, eight).
+const tri__sim_host *tri__sim_host_find(const char *name);
+const tri__sim_host *tri__sim_hosts(int *n);
+
+// FLOPs of attention of m queries over rows KV rows (one layer): QK^T and PV, 2 x head_dim FLOPs
+// each per query head and row.
+double tri__sim_host_attention_flops(double rows, int32_t m, int32_t n_head, int32_t head_dim);
+// Seconds for the host to attend m queries over `rows` KV rows of one layer (row_bytes: one
+// token's K and V of the layer, every KV head) while the GPUs' DMA reads dma_bytes out of the same
+// memory at up to pcie_gbps (0: no DMA): the fluid bound of two readers sharing DRAM,
+//   max(flops / FLOP rate, host bytes / DRAM rate, (host bytes + dma bytes) / DRAM rate,
+//       dma bytes / PCIe rate),
+// the time by which both the host's attention and the DMA are done (each reader at most its own
+// rate, together at most the DRAM's). bf16: the kernel's dot products in bf16.
+double tri__sim_host_split_seconds(const tri__sim_host *h, double rows, int32_t m, int32_t n_head, int32_t head_dim,
+                                   double row_bytes, bool bf16, double dma_bytes, double pcie_gbps);
+// The KV bytes/s the host's attention reaches alone at m queries: min(DRAM rate, FLOP rate / FLOPs
+// per byte) in GB/s (what tri_plan_params.host_attn_gbps states).
+double tri__sim_host_attn_gbps(const tri__sim_host *h, int32_t m, int32_t n_head, int32_t head_dim, double row_bytes,
+                               bool bf16);
+
 // Creates a simulated device with profile p (copied). Free with tri__backend_free.
 tri_status tri__backend_sim_create(const tri__sim_profile *p, tri__backend **out);
 // True for a backend made by tri__backend_sim_create.

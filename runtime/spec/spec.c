@@ -229,6 +229,8 @@ struct tri_spec {
     bool forced;
     double force_rate[2];
     tri__rng force_rng;
+    // acceptance by depth (tri__spec_depth_counts): [0] L2 verifying L1's tokens, [1] L3 verifying
+    int64_t depth_reached[2][TRI__SPEC_MAX_DEPTH + 1], depth_accepted[2][TRI__SPEC_MAX_DEPTH + 1];
     int32_t ngram_len;       // the prompt-lookup drafter's current draft length (tri__ngram_next_len)
     // L2's refreshes: the next L2 run selects its chunks afresh (see l2_refresh_due); the L2 -> L3
     // acceptance of the L3 passes since the last selection, the last ACC_ROUNDS of them
@@ -257,6 +259,21 @@ void tri__spec_force_accept(tri_spec *s, double l2_accept, double l3_accept, uin
     s->force_rate[0] = l2_accept;
     s->force_rate[1] = l3_accept;
     tri__rng_seed(&s->force_rng, seed);
+}
+
+// One verification of n drafted tokens of which the first k were kept, counted by depth.
+static void count_depth(tri_spec *s, int which, int32_t n, int32_t k) {
+    for (int32_t d = 1; d <= n && d <= k + 1 && d <= TRI__SPEC_MAX_DEPTH; d++) {
+        s->depth_reached[which][d]++;
+        if (d <= k) s->depth_accepted[which][d]++;
+    }
+}
+
+void tri__spec_depth_counts(const tri_spec *s, int which, int64_t *reached, int64_t *accepted) {
+    for (int d = 0; d <= TRI__SPEC_MAX_DEPTH; d++) {
+        reached[d] = s->depth_reached[which][d];
+        accepted[d] = s->depth_accepted[which][d];
+    }
 }
 
 // tri__spec_verify with the decision forced: each drafted token is kept with probability rate
@@ -414,6 +431,7 @@ static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
                                   want_bonus, &s->rng, &s->work, d2, &k, &z));
         s->stats->n_l2_verify++;
         s->stats->l1_accepted += k;
+        count_depth(s, 0, d1->n, k);
         if (!s->lv1) s->ngram_len = tri__ngram_next_len(s->ngram_len, d1->n, k, s->params.gamma1);
         d2->n += k;
         if (z >= 0) {
@@ -622,6 +640,7 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
         else TRY(tri__spec_verify(&s->sampler, s->rule, s->seq, n, tri__level_logits(&s->l3, row0), d3, true,
                                   &s->rng, &s->work, NULL, &k, &z));
         stats->n_l3_verify++;
+        if (mode != TRI_SPEC_MODE_NONE) count_depth(s, 1, d3->n, k);
         if (mode == TRI_SPEC_MODE_DRAFT) {
             stats->l1_accepted += k;
             if (!s->lv1) s->ngram_len = tri__ngram_next_len(s->ngram_len, d3->n, k, s->params.gamma2);

@@ -77,6 +77,12 @@ void tri__spec_set_rule(tri_spec *spec, tri__spec_rule rule);
 // passes, rollbacks, L2's selections and refreshes) runs as it is. Both rates 0: off (the default).
 void tri__spec_force_accept(tri_spec *spec, double l2_accept, double l3_accept, uint64_t seed);
 tri__level *tri__spec_level(tri_spec *spec, int level);
+// Benchmark hook: acceptance by depth since create, for which = 0 (L2 verifying L1's tokens in
+// TRIFORCE) or 1 (L3 verifying the tokens under it). reached[d] counts the verifications in which
+// the d-th drafted token was tested (drafted, and every token before it kept), accepted[d] those
+// that kept it; d = 1..TRI__SPEC_MAX_DEPTH (deeper ones are not counted), index 0 unused (0).
+#define TRI__SPEC_MAX_DEPTH 64
+void tri__spec_depth_counts(const tri_spec *spec, int which, int64_t *reached, int64_t *accepted);
 // The context: tri_spec_n_past tokens, valid until the next call on spec.
 const int32_t *tri__spec_tokens(const tri_spec *spec);
 

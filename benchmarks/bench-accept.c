@@ -1,0 +1,190 @@
+// bench-accept.c - acceptance measured on real text: TRIFORCE's chain (L1 self-draft -> L2 retrieval
+// cache -> L3 full cache) decoding after a long prompt of a text, with the acceptance of every
+// verification counted by level and by depth (the position of a drafted token in the chain it came
+// in), and tokens emitted per L3 pass; written as an acceptance curve (docs/formats.md, "Acceptance
+// curves") that bench-offload --device sim:PROFILE --accept-curve FILE uses instead of stated rates.
+//
+// usage: bench-accept MODEL TEXT OUT [--n-prompt N] [--n-gen N] [--threads N] [--gamma1 N]
+//                     [--gamma2 N] [--budget N] [--window N] [--draft-layers LIST] [--temp T]
+// TEXT: a plain text file (UTF-8); its first --n-prompt tokens (default 1024, CI-sized; the run in
+// docs/benchmarks.md uses 4096) are the prompt, then --n-gen tokens (default 64) are generated at
+// temperature --temp (default 0: greedy, the acceptance of exact greedy verification). L1 is the
+// target running --draft-layers (bench-spec's default self-draft, 22 of SmolLM2's 30 layers) over
+// a StreamingLLM cache of --window tokens (256), L2 the target over a retrieval cache of --budget
+// tokens (256: 1/16 of a 4K context, TriForce's 8K of 128K), gamma1 2, gamma2 16 by default.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spec.h"
+#include "triforce.h"
+
+static int parse_layers(const char *s, int32_t *out, int cap) {
+    int n = 0;
+    while (*s && n < cap) {
+        char *end;
+        long a = strtol(s, &end, 10), b = a;
+        if (end == s) return -1;
+        if (*end == '-') {
+            const char *t = end + 1;
+            b = strtol(t, &end, 10);
+            if (end == t || b < a) return -1;
+        }
+        for (long v = a; v <= b && n < cap; v++) out[n++] = (int32_t)v;
+        if (*end && *end != ',') return -1;
+        s = *end ? end + 1 : end;
+    }
+    return n;
+}
+
+static char *read_text(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) buf[n] = 0, *len = (size_t)n;
+    return buf;
+}
+
+// Writes one level's counts as "LEVEL DEPTH REACHED ACCEPTED" lines and prints its rates.
+static void put_level(FILE *f, const char *name, const int64_t *reached, const int64_t *accepted, int32_t depth) {
+    printf("%s:", name);
+    for (int32_t d = 1; d <= depth && d <= TRI__SPEC_MAX_DEPTH; d++) {
+        if (reached[d] == 0) break;
+        fprintf(f, "%s %d %lld %lld\n", name, d, (long long)reached[d], (long long)accepted[d]);
+        printf(" %.2f", (double)accepted[d] / (double)reached[d]);
+    }
+    printf("\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s MODEL TEXT OUT [--n-prompt N] [--n-gen N] [--threads N] [--gamma1 N] [--gamma2 N] "
+                        "[--budget N] [--window N] [--draft-layers LIST] [--temp T]\n", argv[0]);
+        return 2;
+    }
+    int32_t n_prompt = 1024, n_gen = 64, threads = 2, gamma1 = 2, gamma2 = 16, budget = 256, window = 256;
+    const char *layers_arg = "0-11,13,15,17,19,21,23,25,27-29";
+    float temp = 0;
+    for (int i = 4; i < argc; i += 2) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int32_t *dst = !strcmp(k, "--n-prompt") ? &n_prompt : !strcmp(k, "--n-gen") ? &n_gen
+                     : !strcmp(k, "--threads") ? &threads : !strcmp(k, "--gamma1") ? &gamma1
+                     : !strcmp(k, "--gamma2") ? &gamma2 : !strcmp(k, "--budget") ? &budget
+                     : !strcmp(k, "--window") ? &window : NULL;
+        if (v && dst) {
+            *dst = atoi(v);
+            if (*dst <= 0) {
+                fprintf(stderr, "bench-accept: %s must be a positive integer, not '%s'\n", k, v);
+                return 2;
+            }
+        } else if (v && !strcmp(k, "--draft-layers")) {
+            layers_arg = v;
+        } else if (v && !strcmp(k, "--temp")) {
+            temp = (float)atof(v);
+        } else {
+            fprintf(stderr, "bench-accept: unknown option or missing value: %s\n", k);
+            return 2;
+        }
+    }
+    if (gamma2 > TRI__SPEC_MAX_DEPTH || gamma1 > TRI__SPEC_MAX_DEPTH) {
+        fprintf(stderr, "bench-accept: gamma1 and gamma2 are counted up to depth %d\n", TRI__SPEC_MAX_DEPTH);
+        return 2;
+    }
+    int32_t layers[256];
+    int n_layers = parse_layers(layers_arg, layers, 256);
+    if (n_layers <= 0) {
+        fprintf(stderr, "bench-accept: --draft-layers: bad list '%s'\n", layers_arg);
+        return 2;
+    }
+    size_t len = 0;
+    char *text = read_text(argv[2], &len);
+    if (!text) {
+        fprintf(stderr, "bench-accept: %s: cannot read\n", argv[2]);
+        return 1;
+    }
+    tri_model *m = NULL;
+    if (tri_model_load(argv[1], NULL, &m)) {
+        fprintf(stderr, "bench-accept: %s\n", tri_last_error());
+        free(text);
+        return 1;
+    }
+    int64_t n_ids = 0;
+    int32_t *ids = NULL;
+    int rc = 1;
+    tri_spec *s = NULL;
+    if (tri_tokenize(m, text, len, false, false, NULL, 0, &n_ids) ||
+        !(ids = malloc(sizeof *ids * (size_t)(n_ids + 1))) ||
+        tri_tokenize(m, text, len, false, false, ids, n_ids + 1, &n_ids)) {
+        fprintf(stderr, "bench-accept: %s: %s\n", argv[2], tri_last_error());
+        goto done;
+    }
+    if (n_ids < n_prompt) {
+        fprintf(stderr, "bench-accept: %s: %lld tokens, fewer than --n-prompt %d\n", argv[2], (long long)n_ids,
+                n_prompt);
+        goto done;
+    }
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = n_prompt + n_gen + gamma2 + 16;
+    sp.n_threads = threads;
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_TRIFORCE;
+    p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+    p.draft_layers = layers;
+    p.n_draft_layers = n_layers;
+    p.gamma1 = gamma1;
+    p.gamma2 = gamma2;
+    p.budget = budget;
+    p.draft_window = window;
+    if (tri_spec_create(m, &sp, &p, &s)) {
+        fprintf(stderr, "bench-accept: %s\n", tri_last_error());
+        goto done;
+    }
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = n_gen;
+    gp.stop_at_eos = false;
+    gp.sampler.temperature = temp;
+    gp.sampler.seed = 42;
+    tri_spec_stats st;
+    if (tri_generate_spec(s, ids, n_prompt, &gp, NULL, NULL, &st)) {
+        fprintf(stderr, "bench-accept: %s\n", tri_last_error());
+        goto done;
+    }
+    FILE *f = fopen(argv[3], "w");
+    if (!f) {
+        fprintf(stderr, "bench-accept: %s: cannot write\n", argv[3]);
+        goto done;
+    }
+    int64_t r1[TRI__SPEC_MAX_DEPTH + 1], a1[TRI__SPEC_MAX_DEPTH + 1], r2[TRI__SPEC_MAX_DEPTH + 1],
+        a2[TRI__SPEC_MAX_DEPTH + 1];
+    tri__spec_depth_counts(s, 0, r1, a1);
+    tri__spec_depth_counts(s, 1, r2, a2);
+    double tpp = (double)st.n_generated / (double)st.n_l3_verify;
+    const char *base = strrchr(argv[2], '/');
+    fprintf(f, "# triforce acceptance curve\n# bench-accept: %s, text %s, prompt %d tokens, %d generated, "
+               "temperature %.2f\n# L1 self-draft layers %s over a %d-token StreamingLLM cache, L2 retrieval "
+               "budget %d, gamma1 %d, gamma2 %d\n",
+            strrchr(argv[1], '/') ? strrchr(argv[1], '/') + 1 : argv[1], base ? base + 1 : argv[2], n_prompt,
+            st.n_generated, temp, layers_arg, window, budget, gamma1, gamma2);
+    fprintf(f, "gamma1 %d\ngamma2 %d\ntokens_per_l3 %.4f\n", gamma1, gamma2, tpp);
+    printf("%s: prompt %d, %d generated, %lld L3 passes (%.2f tokens each), %lld L2 verifications; acceptance by "
+           "depth\n",
+           argv[2], n_prompt, st.n_generated, (long long)st.n_l3_verify, tpp, (long long)st.n_l2_verify);
+    put_level(f, "l1", r1, a1, gamma1);
+    put_level(f, "l2", r2, a2, gamma2);
+    rc = fclose(f) ? 1 : 0;
+    if (rc) fprintf(stderr, "bench-accept: %s: write failed\n", argv[3]);
+done:
+    tri_spec_free(s);
+    free(ids);
+    free(text);
+    tri_model_free(m);
+    return rc;
+}
