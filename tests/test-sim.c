@@ -2,6 +2,7 @@
 // (order on a queue, events, waits), the engine's double buffering shows as overlap on it, the
 // bytes it moves are the bytes the runtime counts, and nothing it simulates takes memory.
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -305,6 +306,9 @@ static tri_status sim_factory(int32_t n_threads, tri__backend **out) {
 
 // Runs TRIFORCE for n tokens after a 600-token prompt with L3 accepting L2's tokens at rate
 // alpha and L2 accepting L1's at beta; *st_out gets the engine's counts, *sim_out the timeline.
+// L3's acceptance of the first drafted token in the last forced_run
+static double forced_depth1;
+
 static void forced_run(double alpha, double beta, int32_t n, tri_spec_stats *st_out, tri__sim_stats *sim_out) {
     tri_model_config c = small_shape(), dc = small_shape();
     dc.n_layer = 1;
@@ -339,6 +343,22 @@ static void forced_run(double alpha, double beta, int32_t n, tri_spec_stats *st_
     gp.sampler.temperature = 0;
     gp.stop_at_eos = false;
     cr_assert_eq(tri_generate_spec(spec, prompt, 600, &gp, NULL, NULL, st_out), TRI_STATUS_OK, "%s", tri_last_error());
+    // acceptance by depth (tri__spec_depth_counts) adds up to the totals: every kept token was kept at
+    // one depth, a depth is tested only after the one before it was kept, and every L3 pass tests
+    // depth 1 (but perhaps the last, cut to no draft by the token limit)
+    int64_t r[2][TRI__SPEC_MAX_DEPTH + 1], a[2][TRI__SPEC_MAX_DEPTH + 1];
+    for (int w = 0; w < 2; w++) {
+        tri__spec_depth_counts(spec, w, r[w], a[w]);
+        int64_t kept = 0;
+        for (int d = 1; d <= TRI__SPEC_MAX_DEPTH; d++) {
+            kept += a[w][d];
+            cr_assert(a[w][d] <= r[w][d] && (d == 1 || r[w][d] <= a[w][d - 1]), "level %d depth %d", w, d);
+        }
+        cr_assert_eq(kept, w == 0 ? st_out->l1_accepted : st_out->l2_accepted, "level %d", w);
+    }
+    cr_assert(r[1][1] == st_out->n_l3_verify || r[1][1] == st_out->n_l3_verify - 1);
+    cr_assert_eq(r[0][1], st_out->n_l2_verify);
+    forced_depth1 = (double)a[1][1] / (double)r[1][1];
     tri__sim_stats_get(engine_be, sim_out);
     tri_spec_free(spec);
     tri__model_synthetic_free(draft);
@@ -376,8 +396,101 @@ Test(sim, engine_runs_with_forced_acceptance) {
     double b = (double)some.l1_accepted / (double)some.l1_proposed;
     cr_assert(per_pass > 3.2 && per_pass < 4.7, "%.2f tokens per L3 pass", per_pass);
     cr_assert(b > 0.35 && b < 0.6, "L2 kept %.3f of L1's tokens", b);
+    cr_assert(forced_depth1 > 0.7 && forced_depth1 < 0.9, "L3 kept the first token in %.3f", forced_depth1);
     // the timeline: more passes per token cost more simulated time per token, and the offloaded
     // layers' rows went up once per L3 pass at least
     cr_assert_gt(s_none.end / none.n_generated, s_all.end / all.n_generated);
     cr_assert_gt(s_all.transfer_h2d_bytes, 0);
+}
+
+// ---- the host: split attention's clock (tri__sim_host_*) and the planner's split on it ----
+
+// Llama2-7B's layer: 32 heads of 128, one token's K and V in f16 = 2 x 32 x 128 x 2 = 16,384 bytes;
+// attention costs 2 x 2 x 128 x 32 = 16,384 FLOPs per row and query.
+#define ROW_7B 16384.0
+
+Test(sim, host_profiles_are_the_stated_machines) {
+    const tri__sim_host *d = tri__sim_host_find("desktop"), *w = tri__sim_host_find("workstation");
+    cr_assert(d && w && !tri__sim_host_find("laptop"));
+    int n;
+    cr_assert(tri__sim_hosts(&n) == d && n == 2);
+    cr_assert_eq(d->cores, 16);
+    cr_assert_eq(w->cores, 32);
+    // reached, below the channels' theoretical products: 2 and 8 x 8 bytes x 5200 MT/s
+    cr_assert(d->dram_gbps < 2 * 8 * 5.2 && d->dram_gbps > 0.6 * 2 * 8 * 5.2);
+    cr_assert(w->dram_gbps < 8 * 8 * 5.2 && w->dram_gbps > 0.6 * 8 * 8 * 5.2);
+    assert_near(d->bf16_tflops, 2 * d->f32_tflops, "bf16 dot products: twice f32");
+    assert_near(tri__sim_host_attention_flops(1000, 13, 32, 128), 1000.0 * 13 * ROW_7B, "flops");
+}
+
+Test(sim, host_attention_is_bandwidth_or_flop_bound) {
+    const tri__sim_host *d = tri__sim_host_find("desktop");
+    // one query over a million rows: 16.4 GB at the DRAM rate; the FLOPs (16.4 GFLOP) take far less
+    double rows = 1e6, bytes = rows * ROW_7B;
+    assert_near(tri__sim_host_split_seconds(d, rows, 1, 32, 128, ROW_7B, false, 0, 0), bytes / (d->dram_gbps * 1e9),
+                "m=1: bytes / DRAM");
+    assert_near(tri__sim_host_attn_gbps(d, 1, 32, 128, ROW_7B, false), d->dram_gbps, "m=1 reaches DRAM");
+    // 64 queries: 64 FLOPs per byte, FLOP-bound at the f32 rate, twice as fast in bf16
+    double flops = 64.0 * ROW_7B * 1e5;
+    assert_near(tri__sim_host_split_seconds(d, 1e5, 64, 32, 128, ROW_7B, false, 0, 0), flops / (d->f32_tflops * 1e12),
+                "m=64: FLOPs / f32 rate");
+    assert_near(tri__sim_host_split_seconds(d, 1e5, 64, 32, 128, ROW_7B, true, 0, 0), flops / (d->bf16_tflops * 1e12),
+                "m=64: FLOPs / bf16 rate");
+    assert_near(tri__sim_host_attn_gbps(d, 64, 32, 128, ROW_7B, false), d->f32_tflops * 1e3 / 64, "m=64 GB/s");
+}
+
+Test(sim, dma_and_host_reads_share_dram) {
+    const tri__sim_host *d = tri__sim_host_find("desktop");
+    double rows = 1e6, host = rows * ROW_7B, dma = 16e9, pcie = 50;
+    double host_alone = tri__sim_host_split_seconds(d, rows, 1, 32, 128, ROW_7B, false, 0, 0);
+    double dma_alone = dma / (pcie * 1e9);
+    double both = tri__sim_host_split_seconds(d, rows, 1, 32, 128, ROW_7B, false, dma, pcie);
+    // 16.4 + 16 GB through 64 GB/s: 0.506 s, later than either alone (0.256 s, 0.32 s)
+    assert_near(both, (host + dma) / (d->dram_gbps * 1e9), "shared DRAM");
+    cr_assert(both > host_alone * 1.5 && both > dma_alone * 1.5);
+    // a slow link: the DMA alone sets the time (32 GB at 25 GB/s = 1.28 s > 48.4 GB / 64 GB/s)
+    assert_near(tri__sim_host_split_seconds(d, rows, 1, 32, 128, ROW_7B, false, 2 * dma, 25), 2 * dma / 25e9,
+                "PCIe-bound");
+}
+
+static tri_plan plan_split(const tri__sim_host *h, bool share) {
+    tri_model_config c;
+    memset(&c, 0, sizeof c);
+    c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 32, c.head_dim = 128, c.n_ff = 11008;
+    c.n_vocab = 32000, c.n_ctx_train = 131072;
+    tri_plan_model m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    tri_plan_params p = tri_plan_default_params();
+    p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE;
+    p.n_ctx = 127 * 1024;
+    p.gpu_mem_bytes = (uint64_t)24 << 30;
+    p.pcie_gbps = 25;
+    p.layer_overhead_us = 0;
+    if (h) p.host_attn_gbps = tri__sim_host_attn_gbps(h, 1, 32, 128, ROW_7B, false);
+    if (h && share) p.host_dram_gbps = h->dram_gbps;
+    tri_plan pl;
+    cr_assert_eq(tri_plan_compute(&m, &p, &pl), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(pl.n_weights_gpu, 32, "every block resident: the offloaded layers stream only KV");
+    return pl;
+}
+
+Test(sim, planner_splits_by_host_profile) {
+    const tri__sim_host *d = tri__sim_host_find("desktop"), *w = tri__sim_host_find("workstation");
+    tri_plan none = plan_split(NULL, false), pd = plan_split(d, true), pw = plan_split(w, true);
+    cr_assert_eq(none.kv_host_fraction, 0);
+    // no streamed weights: (1 - f) K / B = f K / Hh, so f = Hh / (B + Hh): 64 / 89 and 250 / 275
+    cr_assert(fabs(pd.kv_host_fraction - 64.0 / 89.0) < 1e-3, "desktop f %.4f", pd.kv_host_fraction);
+    cr_assert(fabs(pw.kv_host_fraction - 250.0 / 275.0) < 1e-3, "workstation f %.4f", pw.kv_host_fraction);
+    // the desktop's DRAM carries the DMA and the host's reads: every offloaded byte crosses it once,
+    // so the pass takes at least them all over 64 GB/s, later than the split that ignores sharing
+    double kv = (double)pd.pcie_bytes_l3 + (double)pd.host_kv_read_bytes_l3;
+    cr_assert(pd.t_l3 >= kv / 64e9 * (1 - 1e-9), "%.4f s < %.4f s", pd.t_l3, kv / 64e9);
+    tri_plan pd_free = plan_split(d, false);
+    cr_assert(pd.t_l3 > pd_free.t_l3 * 1.2, "sharing DRAM slows the split: %.3f vs %.3f s", pd.t_l3, pd_free.t_l3);
+    // the workstation's host alone reads at 250 GB/s, so host and DMA together (275) still exceed
+    // its DRAM: at most 275 / 250 slower (less where the offloaded KV is not all of the pass)
+    tri_plan pw_free = plan_split(w, false);
+    cr_assert(pw.t_l3 > pw_free.t_l3 && pw.t_l3 <= pw_free.t_l3 * 1.1 * (1 + 1e-9), "%.4f vs %.4f s", pw.t_l3,
+              pw_free.t_l3);
+    cr_assert(pw.t_l3 < pd.t_l3 / 2, "workstation %.3f s, desktop %.3f s", pw.t_l3, pd.t_l3);
+    cr_assert(none.t_l3 > pd.t_l3 * 2);
 }
