@@ -6,6 +6,7 @@
 //                      [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]
 //                      [--reserve SIZE] [--passes N]  (bench-offload's: the passes are accepted so
 //                      that its command line runs as is; the timeline repeats exactly)
+//                      [--accept-curve FILE] [--hosts desktop,workstation|none]
 //        bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N] [--threads N]
 //                      [--rounds N]
 //
@@ -31,6 +32,14 @@
 //     other host work (sampling over the vocabulary, the chunk index's top-k) runs on this machine
 //     and is not on the simulated clock; the chunk summaries of the whole context live in host memory
 //     (n_ctx / 8 x n_embd floats per layer: 8.5 GB at 127K), so keep --ctx moderate here;
+//   - split attention (docs/offload.md, "Simulated hosts"): for each host profile of --hosts, a
+//     second table gives each row with each offloaded layer's first f x ctx rows attended on the
+//     host, f the planner's for the profile: the device's part is an L3 pass timed on the sim over
+//     the rest, the host's part is timed from its FLOPs and bytes with the DMA sharing its DRAM
+//     (tri__sim_host_split_seconds), the pass is the later of the two;
+//   - --accept-curve FILE (bench-accept's, docs/formats.md): the split table's rows again with the
+//     measured acceptance by depth in place of alpha and beta (tokens per round and L2 passes per
+//     round from the curve);
 //   - --gpus 2: the engine splits over two devices (runtime/tensor-parallel.c); here one device is
 //     simulated with one GPU's share of the work as the planner assumes it (half the heads, half
 //     the feed-forward width, the full vocabulary; the KV of its heads over its own link), plus
@@ -255,6 +264,26 @@ static int run_paper(const sim_opts *o) {
         sim_usage();
         return 2;
     }
+    sim_curve curve;
+    const sim_curve *cv = NULL;
+    if (o->curve_path) {
+        if (!curve_read(o->curve_path, &curve)) {
+            return 2;
+        }
+        cv = &curve;
+    }
+    const tri__sim_host *hosts[4];
+    int n_hosts = 0;
+    if (strcmp(o->hosts, "none")) {
+        char list[128];
+        snprintf(list, sizeof list, "%s", o->hosts);
+        for (char *t = strtok(list, ","); t && n_hosts < 4; t = strtok(NULL, ",")) {
+            if (!(hosts[n_hosts++] = tri__sim_host_find(t))) {
+                fprintf(stderr, "bench-offload: --hosts: unknown host '%s' (desktop, workstation or none)\n", t);
+                return 2;
+            }
+        }
+    }
     tri_model_config full, tc, dc;
     bench_shape(o->shape, &full);
     bench_shape("llama-68m", &dc);
@@ -296,32 +325,6 @@ static int run_paper(const sim_opts *o) {
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     double paper_ar = o->gpus == 2 ? 840 : 1516, paper_tf = o->gpus == 2 ? 108 : 312;
     int rc = 0;
-    sim_curve curve;
-    const sim_curve *cv = NULL;
-    if (o->curve_path) {
-        if (!curve_read(o->curve_path, &curve)) {
-            tri__model_synthetic_free(draft);
-            tri__model_synthetic_free(target);
-            tri__backend_free(be);
-            return 2;
-        }
-        cv = &curve;
-    }
-    const tri__sim_host *hosts[4];
-    int n_hosts = 0;
-    if (strcmp(o->hosts, "none")) {
-        char list[128];
-        snprintf(list, sizeof list, "%s", o->hosts);
-        for (char *t = strtok(list, ","); t && n_hosts < 4; t = strtok(NULL, ",")) {
-            if (!(hosts[n_hosts++] = tri__sim_host_find(t))) {
-                fprintf(stderr, "bench-offload: --hosts: unknown host '%s' (desktop, workstation or none)\n", t);
-                tri__model_synthetic_free(draft);
-                tri__model_synthetic_free(target);
-                tri__backend_free(be);
-                return 2;
-            }
-        }
-    }
     size_t cap_rows = 1 << 16, n_rows = 0;
     char *rows = calloc(1, cap_rows);  // the split table, printed after the main one
     if (!rows) {
