@@ -110,81 +110,6 @@ static int sim_list(const char *s, int32_t *out) {
 
 static double sim_expected(double a, int32_t g) { return a >= 1.0 ? g + 1 : (1.0 - pow(a, g + 1)) / (1.0 - a); }
 
-// ---- acceptance: stated rates or a measured curve ----
-
-// An acceptance curve as bench-accept writes it (docs/formats.md, "Acceptance curves"): rate[0]
-// of L2 keeping L1's d-th token of a chain, rate[1] of L3 keeping L2's, given every one before it
-// was kept; beyond the deepest measured depth the level's pooled rate.
-#define CURVE_DEPTH 64
-typedef struct sim_curve {
-    double rate[2][CURVE_DEPTH + 1];
-    int32_t depth[2];  // deepest measured depth
-    double pooled[2];
-    double tokens_per_l3;
-    int32_t gamma1, gamma2;
-} sim_curve;
-
-// Reads path into *c; false with a message naming the file, line and problem.
-static bool curve_read(const char *path, sim_curve *c) {
-    memset(c, 0, sizeof *c);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "bench-offload: --accept-curve %s: cannot open\n", path);
-        return false;
-    }
-    char line[512], name[16];
-    double sum_r[2] = {0, 0}, sum_a[2] = {0, 0};
-    int ln = 0;
-    bool ok = true;
-    while (ok && fgets(line, sizeof line, f)) {
-        ln++;
-        long long r, a;
-        int d;
-        double v;
-        if (line[0] == '#' || line[strspn(line, " \t\r\n")] == 0) continue;
-        if (sscanf(line, "%15s %d %lld %lld", name, &d, &r, &a) == 4 && (!strcmp(name, "l1") || !strcmp(name, "l2"))) {
-            int w = name[1] - '1';
-            if (d < 1 || d > CURVE_DEPTH || d != c->depth[w] + 1 || r < 1 || a < 0 || a > r) {
-                fprintf(stderr, "bench-offload: %s:%d: want depths 1, 2, ... up to %d in order, 0 <= accepted <= "
-                                "reached, reached >= 1\n", path, ln, CURVE_DEPTH);
-                ok = false;
-                break;
-            }
-            c->rate[w][d] = (double)a / (double)r;
-            c->depth[w] = d;
-            sum_r[w] += (double)r, sum_a[w] += (double)a;
-        } else if (sscanf(line, "gamma1 %d", &d) == 1) {
-            c->gamma1 = d;
-        } else if (sscanf(line, "gamma2 %d", &d) == 1) {
-            c->gamma2 = d;
-        } else if (sscanf(line, "tokens_per_l3 %lf", &v) == 1) {
-            c->tokens_per_l3 = v;
-        } else {
-            fprintf(stderr, "bench-offload: %s:%d: not a curve line (want 'l1|l2 DEPTH REACHED ACCEPTED', "
-                            "'gamma1 N', 'gamma2 N', 'tokens_per_l3 X' or '# comment')\n", path, ln);
-            ok = false;
-        }
-    }
-    fclose(f);
-    if (ok && (c->depth[0] == 0 || c->depth[1] == 0)) {
-        fprintf(stderr, "bench-offload: %s: needs both an l1 and an l2 curve\n", path);
-        ok = false;
-    }
-    for (int w = 0; ok && w < 2; w++) c->pooled[w] = sum_a[w] / sum_r[w];
-    return ok;
-}
-
-// Expected tokens out of one verification of a chain of g under the curve's level w: the kept
-// prefix plus the corrected or bonus token, 1 + sum over d of the chance that 1..d are all kept.
-static double curve_expected(const sim_curve *c, int w, int32_t g) {
-    double e = 1, all = 1;
-    for (int32_t d = 1; d <= g; d++) {
-        all *= d <= c->depth[w] ? c->rate[w][d] : c->pooled[w];
-        e += all;
-    }
-    return e;
-}
-
 // ---- one pass on the timeline ----
 
 typedef struct sim_pass {
@@ -264,10 +189,11 @@ static int run_paper(const sim_opts *o) {
         sim_usage();
         return 2;
     }
-    sim_curve curve;
-    const sim_curve *cv = NULL;
+    tri__sim_curve curve;
+    const tri__sim_curve *cv = NULL;
     if (o->curve_path) {
-        if (!curve_read(o->curve_path, &curve)) {
+        if (tri__sim_curve_read(o->curve_path, &curve)) {
+            fprintf(stderr, "bench-offload: %s\n", tri_last_error());
             return 2;
         }
         cv = &curve;
@@ -455,8 +381,8 @@ static int run_paper(const sim_opts *o) {
                 double t3s = fmax(dev, host);
                 for (int ai = 0; ai < (cv && !ar ? 2 : 1); ai++) {
                     bool use_curve = ai == 1;
-                    double rnd = ar ? 1.0 : use_curve ? curve_expected(cv, 1, g2) : sim_expected(o->alpha, g2);
-                    double l2p = ar ? 0 : g2 / (use_curve ? curve_expected(cv, 0, o->gamma1)
+                    double rnd = ar ? 1.0 : use_curve ? tri__sim_curve_expected(cv, 1, g2) : sim_expected(o->alpha, g2);
+                    double l2p = ar ? 0 : g2 / (use_curve ? tri__sim_curve_expected(cv, 0, o->gamma1)
                                                           : sim_expected(o->beta, o->gamma1));
                     double l2l1 = l2p * p2.seconds + l2p * o->gamma1 * p1.seconds;
                     double no_split = (p3.seconds + l2l1) / rnd, split = (t3s + l2l1) / rnd;

@@ -2,6 +2,7 @@
 #include "sim-backend.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -99,6 +100,63 @@ double tri__sim_host_attn_gbps(const tri__sim_host *h, int32_t m, int32_t n_head
                                bool bf16) {
     double per_byte = tri__sim_host_attention_flops(1.0, m, n_head, head_dim) / row_bytes;
     return fmin(h->dram_gbps, (bf16 ? h->bf16_tflops : h->f32_tflops) * 1e3 / per_byte);
+}
+
+// ---- acceptance curves ----
+
+tri_status tri__sim_curve_read(const char *path, tri__sim_curve *c) {
+    memset(c, 0, sizeof *c);
+    FILE *f = fopen(path, "r");
+    if (!f) return tri__fail(TRI_STATUS_IO, "acceptance curve %s: cannot open", path);
+    char line[512], name[16];
+    double sum_r[2] = {0, 0}, sum_a[2] = {0, 0};
+    int ln = 0;
+    tri_status st = TRI_STATUS_OK;
+    while (!st && fgets(line, sizeof line, f)) {
+        ln++;
+        long long r, a;
+        int d;
+        double v;
+        if (line[0] == '#' || line[strspn(line, " \t\r\n")] == 0) continue;
+        if (sscanf(line, "%15s %d %lld %lld", name, &d, &r, &a) == 4 && (!strcmp(name, "l1") || !strcmp(name, "l2"))) {
+            int w = name[1] - '1';
+            if (d != c->depth[w] + 1 || d > TRI_SIM_CURVE_DEPTH || r < 1 || a < 0 || a > r) {
+                st = tri__fail(TRI_STATUS_BAD_FORMAT,
+                               "acceptance curve %s:%d: want %s depth %d (depths 1, 2, ... up to %d in order), "
+                               "reached >= 1 and 0 <= accepted <= reached",
+                               path, ln, name, c->depth[w] + 1, TRI_SIM_CURVE_DEPTH);
+                break;
+            }
+            c->rate[w][d] = (double)a / (double)r;
+            c->depth[w] = d;
+            sum_r[w] += (double)r, sum_a[w] += (double)a;
+        } else if (sscanf(line, "gamma1 %d", &d) == 1 && d > 0) {
+            c->gamma1 = d;
+        } else if (sscanf(line, "gamma2 %d", &d) == 1 && d > 0) {
+            c->gamma2 = d;
+        } else if (sscanf(line, "tokens_per_l3 %lf", &v) == 1 && v >= 1) {
+            c->tokens_per_l3 = v;
+        } else {
+            st = tri__fail(TRI_STATUS_BAD_FORMAT,
+                           "acceptance curve %s:%d: not a curve line (want 'l1|l2 DEPTH REACHED ACCEPTED', "
+                           "'gamma1 N', 'gamma2 N', 'tokens_per_l3 X' or a '#' comment)",
+                           path, ln);
+        }
+    }
+    fclose(f);
+    if (!st && (c->depth[0] == 0 || c->depth[1] == 0))
+        st = tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s: needs both an l1 and an l2 level", path);
+    for (int w = 0; !st && w < 2; w++) c->pooled[w] = sum_a[w] / sum_r[w];
+    return st;
+}
+
+double tri__sim_curve_expected(const tri__sim_curve *c, int w, int32_t g) {
+    double e = 1, all = 1;
+    for (int32_t d = 1; d <= g; d++) {
+        all *= d <= c->depth[w] ? c->rate[w][d] : c->pooled[w];
+        e += all;
+    }
+    return e;
 }
 
 // ---- state ----

@@ -101,6 +101,27 @@ double tri__sim_host_split_seconds(const tri__sim_host *h, double rows, int32_t 
 double tri__sim_host_attn_gbps(const tri__sim_host *h, int32_t m, int32_t n_head, int32_t head_dim, double row_bytes,
                                bool bf16);
 
+// ---- acceptance measured: curves by depth (docs/formats.md, "Acceptance curves") ----
+
+// rate[0][d]: L2 keeping L1's d-th drafted token of a chain, rate[1][d]: L3 keeping L2's, given
+// every one before it was kept (d = 1..depth[w]); beyond depth[w] the level's pooled rate.
+#define TRI_SIM_CURVE_DEPTH 64
+typedef struct tri__sim_curve {
+    double rate[2][TRI_SIM_CURVE_DEPTH + 1];
+    int32_t depth[2];       // deepest depth measured, per level
+    double pooled[2];       // all accepted / all reached, per level
+    double tokens_per_l3;   // as measured (0 when the file does not say)
+    int32_t gamma1, gamma2; // the chains it was measured with (0 when not said)
+} tri__sim_curve;
+
+// Reads a curve file; BAD_FORMAT naming the file and line for a bad line or a missing level, IO
+// for a file that cannot be opened.
+tri_status tri__sim_curve_read(const char *path, tri__sim_curve *out);
+// Expected tokens out of one verification of a chain of g under level w (0: L1 -> L2, 1: L2 ->
+// L3): the kept prefix plus the corrected or bonus token, 1 + sum over d = 1..g of the product of
+// the rates at depths 1..d.
+double tri__sim_curve_expected(const tri__sim_curve *c, int w, int32_t g);
+
 // Creates a simulated device with profile p (copied). Free with tri__backend_free.
 tri_status tri__backend_sim_create(const tri__sim_profile *p, tri__backend **out);
 // True for a backend made by tri__backend_sim_create.

@@ -494,3 +494,48 @@ Test(sim, planner_splits_by_host_profile) {
     cr_assert(pw.t_l3 < pd.t_l3 / 2, "workstation %.3f s, desktop %.3f s", pw.t_l3, pd.t_l3);
     cr_assert(none.t_l3 > pd.t_l3 * 2);
 }
+
+// ---- acceptance curves (bench-accept's files, docs/formats.md) ----
+
+static char *curve_file(const char *text) {
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/tri-test-curve-%d.txt", (int)getpid());
+    FILE *f = fopen(path, "w");
+    cr_assert(f != NULL);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+Test(sim, acceptance_curve_read_and_expected_tokens) {
+    tri__sim_curve c;
+    char *path = curve_file("# a comment\n\ngamma1 2\ngamma2 16\ntokens_per_l3 1.5\n"
+                            "l1 1 10 7\nl1 2 7 5\nl2 1 4 2\nl2 2 2 1\n");
+    cr_assert_eq(tri__sim_curve_read(path, &c), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert(c.gamma1 == 2 && c.gamma2 == 16 && c.depth[0] == 2 && c.depth[1] == 2);
+    assert_near(c.tokens_per_l3, 1.5, "tokens per L3 pass");
+    assert_near(c.pooled[0], 12.0 / 17.0, "pooled L1");
+    // 1 + 0.7 + 0.7 x 5/7; a third depth at the pooled rate; L2: 1 + 1/2 + 1/4
+    assert_near(tri__sim_curve_expected(&c, 0, 2), 2.2, "L1 chain of 2");
+    assert_near(tri__sim_curve_expected(&c, 0, 3), 2.2 + 0.5 * 12.0 / 17.0, "L1 chain of 3");
+    assert_near(tri__sim_curve_expected(&c, 1, 2), 1.75, "L2 chain of 2");
+    assert_near(tri__sim_curve_expected(&c, 1, 0), 1.0, "no draft: one token");
+    unlink(path);
+}
+
+Test(sim, acceptance_curve_errors_name_file_and_line) {
+    tri__sim_curve c;
+    const char *bad[] = {"l1 1 10 7\nl1 3 5 1\nl2 1 1 1\n",  // depth skipped
+                         "l1 1 10 11\nl2 1 1 1\n",           // accepted > reached
+                         "l1 1 10 7\nalpha 0.9\n",           // not a curve line
+                         "l1 1 10 7\n"};                     // no l2 level
+    const char *want[] = {":2:", ":1:", ":2:", "l2 level"};
+    for (int i = 0; i < 4; i++) {
+        char *path = curve_file(bad[i]);
+        cr_assert_eq(tri__sim_curve_read(path, &c), TRI_STATUS_BAD_FORMAT, "case %d", i);
+        cr_assert(strstr(tri_last_error(), path) && strstr(tri_last_error(), want[i]), "case %d: %s", i,
+                  tri_last_error());
+        unlink(path);
+    }
+    cr_assert_eq(tri__sim_curve_read("/nonexistent/curve", &c), TRI_STATUS_IO);
+}
