@@ -542,6 +542,12 @@ TRI_API tri_status tri_session_save_prompt(tri_session *session, const char *pat
 TRI_API tri_status tri_session_load_prompt(tri_session *session, const char *path, const int32_t *tokens,
                                            int32_t n_tokens, tri_prompt_cache_stats *stats);
 
+// The token ids a prompt cache file holds (header and region checked, the rows not read), in a
+// malloc'ed array the caller frees: what an application that keeps several contexts (a server's
+// slots) compares with a prompt before choosing to load. Says nothing of whether the file fits a
+// session (tri_session_load_prompt checks that). NOT_FOUND, IO, BAD_FORMAT as that function.
+TRI_API tri_status tri_prompt_cache_tokens(const char *path, int32_t **tokens, int32_t *n_tokens);
+
 // ---- applications: threads, aborting, why a generation stopped ----
 //
 // CPU threads: every CPU backend of the process (each session's, each tri_spec engine's) runs its

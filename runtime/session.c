@@ -635,7 +635,7 @@ tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32
     else if (fh->kv_type != h.kv_type)
         st = tri__fail(TRI_STATUS_INVALID_ARGUMENT, "prompt cache %s: KV type %s; the session's is %s", path,
                        tri_dtype_name((tri_dtype)fh->kv_type), tri_dtype_name((tri_dtype)h.kv_type));
-    else if (!tri__rope_same_prompt(&rank_ll(s, 0)->rope, fh->n_prompt, n_tokens))
+    else if (n_tokens > 0 && !tri__rope_same_prompt(&rank_ll(s, 0)->rope, fh->n_prompt, n_tokens))
         // the rows were rotated with the tables of the writer's first length, P (rope.h); this
         // prompt, run afresh, takes those of its own length
         st = tri__fail(TRI_STATUS_INVALID_ARGUMENT,
@@ -674,6 +674,10 @@ tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32
     // what follows the prefix is rotated as in a fresh run of the whole prompt, whose first
     // evaluation it is (rope.h); the loaded rows have those tables already (checked above)
     if (!st) announce_prompt(s, n_tokens);
+    if (!st && use <= s->hist_cap) {  // the tokens the sampler's penalties look back over
+        memcpy(s->hist, tokens, (size_t)use * sizeof *tokens);
+        s->n_hist = use;
+    }
     if (!st && with_logits) {
         memcpy(s->logits, flogits, (size_t)h.n_vocab * sizeof *s->logits);
         s->n_logits = 1;
@@ -690,5 +694,25 @@ tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32
              "prompt cache %s: %d of its %d tokens reused, %.1f MB read in %.3f s (%.2f GB/s, %s%s)", path, use, n_file,
              (double)io.bytes / 1e6, io.seconds, stats ? stats->gbps : 0, io.uring ? "io_uring" : "pread",
              io.direct ? ", O_DIRECT" : "");
+    return TRI_STATUS_OK;
+}
+
+tri_status tri_prompt_cache_tokens(const char *path, int32_t **tokens, int32_t *n_tokens) {
+    if (tokens) *tokens = NULL;
+    if (n_tokens) *n_tokens = 0;
+    if (!path || !tokens || !n_tokens)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_prompt_cache_tokens: NULL argument");
+    tri__pcache_file *f;
+    TRY(tri__pcache_open(path, &f));
+    const tri__pcache_header *h = tri__pcache_file_header(f);
+    int32_t *t = malloc((size_t)h->n_tokens * sizeof *t);
+    if (!t) {
+        tri__pcache_close(f);
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "prompt cache %s: %d tokens", path, h->n_tokens);
+    }
+    memcpy(t, tri__pcache_tokens(tri__pcache_file_region(f)), (size_t)h->n_tokens * sizeof *t);
+    *tokens = t;
+    *n_tokens = h->n_tokens;
+    tri__pcache_close(f);
     return TRI_STATUS_OK;
 }
