@@ -403,8 +403,8 @@ static void slot_generate(srv *s, slot *sl, job *j) {
     }
     if (s->pc_path && sl->session) keep = prompt_cache_load(s, sl, rq, keep);
     r->cached_tokens = keep;
-    // the token list: its first keep tokens are the prompt's already; the rest of the prompt goes
-    // in now, the generated tokens after it
+    // the token list: the prompt now (its first keep tokens are in the cache), the generated tokens
+    // after it
     if (sl->cap_tokens < rq->n_ids) {
         int32_t *t = realloc(sl->tokens, (size_t)rq->n_ids * sizeof *t);
         if (!t) {
@@ -414,7 +414,7 @@ static void slot_generate(srv *s, slot *sl, job *j) {
         sl->tokens = t;
         sl->cap_tokens = rq->n_ids;
     }
-    memcpy(sl->tokens + keep, rq->ids + keep, (size_t)(rq->n_ids - keep) * sizeof *rq->ids);
+    memcpy(sl->tokens, rq->ids, (size_t)rq->n_ids * sizeof *rq->ids);  // a load replaced the slot's prefix too
     sl->n_tokens = rq->n_ids;
 
     gen_ctx g = {s, sl, j, false};

@@ -587,6 +587,9 @@ def t_prompt_cache():
         text, cached, n_b = ask(c, qb)  # shares the system prompt with the file
         expect(0 < cached < n_b, f"{cached} of {n_b} prompt tokens cached from the file")
         expect(text == texts[qb], f"{text!r} after a load; the first server said {texts[qb]!r}")
+        text, cached, _ = ask(c, qb)  # the slot that loaded holds the whole of it now
+        expect(cached == n_b - 1, f"the same prompt again: {cached} of {n_b} tokens cached")
+        expect(text == texts[qb], f"{text!r} the second time; the first server said {texts[qb]!r}")
         text, cached, n = ask(c, qa)  # the file's own prompt: nothing to prefill
         expect(cached == n == n_a, f"{cached} of {n} prompt tokens cached, the file holds {n_a}")
         expect(text == texts[qa], f"{text!r} after a load; the first server said {texts[qa]!r}")
