@@ -152,8 +152,8 @@ static void encode_header(const tri__pcache_header *h, unsigned char *p) {
     put64(p + 32, h->block_bytes);
     put64(p + 40, h->file_bytes);
     put64(p + 48, h->region_sum);
-    const int32_t f[] = {h->n_layer, h->n_head_kv, h->head_dim,     h->kv_type,  h->n_vocab,
-                         h->n_ctx,   h->n_tokens,  h->block_tokens, h->n_blocks, (int32_t)h->flags, h->n_prompt};
+    const int32_t f[] = {h->n_layer,  h->n_head_kv,    h->head_dim, h->kv_type,        h->n_vocab, h->n_ctx,
+                         h->n_tokens, h->block_tokens, h->n_blocks, (int32_t)h->flags, h->n_prompt};
     for (int i = 0; i < 11; i++) put32(p + 56 + 4 * i, (uint32_t)f[i]);
     put64(p + 120, tri__pcache_sum(p, 120, 0));
 }

@@ -31,7 +31,7 @@
 #include "triforce.h"
 
 #define TRI_PCACHE_MAGIC "TRIKVPC\0"  // 8 bytes
-#define TRI_PCACHE_VERSION 2u  // 2: n_prompt
+#define TRI_PCACHE_VERSION 2u         // 2: n_prompt
 #define TRI_PCACHE_HEADER_BYTES 128u
 #define TRI_PCACHE_ALIGN 4096u  // region and blocks: O_DIRECT's block size, the page size
 #define TRI_PCACHE_LOGITS 1u    // flags: the last token's logits follow the tokens

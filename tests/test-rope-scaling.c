@@ -320,8 +320,8 @@ static void write_cache(tri_model *m, const char *path, const int32_t *prompt, i
 
 // Loads path for prompt (n tokens) into s, expecting reused tokens, then generates greedily: the
 // tokens must be transformers' (a fresh run of the whole prompt in one call).
-static void load_and_check(tri_session *s, const char *what, const char *path, const int32_t *prompt, int n,
-                           int reused, const int32_t *want, int n_want) {
+static void load_and_check(tri_session *s, const char *what, const char *path, const int32_t *prompt, int n, int reused,
+                           const int32_t *want, int n_want) {
     tri_prompt_cache_stats cs;
     cr_assert_eq(tri_session_load_prompt(s, path, prompt, n, &cs), TRI_STATUS_OK, "%s: %s", what, tri_last_error());
     cr_assert_eq(cs.n_tokens, reused, "%s: %d tokens reused, want %d", what, cs.n_tokens, reused);
