@@ -674,7 +674,7 @@ tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32
     // what follows the prefix is rotated as in a fresh run of the whole prompt, whose first
     // evaluation it is (rope.h); the loaded rows have those tables already (checked above)
     if (!st) announce_prompt(s, n_tokens);
-    if (!st && use <= s->hist_cap) {  // the tokens the sampler's penalties look back over
+    if (!st && use > 0 && use <= s->hist_cap) {  // the tokens the sampler's penalties look back over
         memcpy(s->hist, tokens, (size_t)use * sizeof *tokens);
         s->n_hist = use;
     }
