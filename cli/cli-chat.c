@@ -65,6 +65,9 @@ static void usage(FILE *f) {
           "      --device D       cpu, cuda or cuda:N (default: the first GPU when there is one)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
           "      --kv-type T      f16 (default) or f32 KV cache\n"
+          "      --prompt-cache FILE  a conversation's start on disk: a turn (or /load) loads the\n"
+          "                       prefix it shares with the file when that beats the cache; the\n"
+          "                       file is written after the first prefill when missing or stale\n"
           "      --json FILE      the figures of every turn as one JSON object to FILE at the end\n"
           "                       ('-': stdout, after the last answer)\n"
           "  -h, --help           this help\n"
@@ -129,13 +132,85 @@ static bool on_text(const char *text, size_t len, void *user) {
     return true;
 }
 
+// ---- --prompt-cache ----
+
+typedef struct pcache {
+    const char *path;  // NULL without --prompt-cache
+    int32_t *tokens;   // what the file holds
+    int32_t n;         // 0: missing or stale, written after the next prefill
+} pcache;
+
+// At start: the file checked against the model (an empty prompt reuses nothing) and its tokens
+// read. False where the session cannot have a prompt cache.
+static bool pcache_start(pcache *pc, tri_session *s) {
+    tri_status st = tri_session_load_prompt(s, pc->path, NULL, 0, NULL);
+    if (st == TRI_STATUS_UNSUPPORTED) {
+        fprintf(stderr, "offload-run chat: --prompt-cache: %s\n", tri_last_error());
+        return false;
+    }
+    if (!st) st = tri_prompt_cache_tokens(pc->path, &pc->tokens, &pc->n);
+    if (st == TRI_STATUS_NOT_FOUND)
+        fprintf(stderr, "prompt cache: %s does not exist yet; it is written after the first prefill\n", pc->path);
+    else if (st)
+        fprintf(stderr, "prompt cache: %s (%s); it is written again after the first prefill\n", tri_last_error(),
+                tri_status_str(st));
+    else
+        fprintf(stderr, "prompt cache: %s holds %d tokens\n", pc->path, pc->n);
+    return true;
+}
+
+// Loads the prefix ids[0 .. n) shares with the file when it is longer than keep, the prefix the
+// cache holds. The tokens the cache holds afterwards.
+static int32_t pcache_load(pcache *pc, tri_session *s, const int32_t *ids, int32_t n, int32_t keep) {
+    int32_t shared = 0;
+    while (shared < pc->n && shared < n && pc->tokens[shared] == ids[shared]) shared++;
+    if (!pc->path || shared <= keep || keep >= n - 1) return keep;
+    tri_prompt_cache_stats cs;
+    tri_status st = tri_session_load_prompt(s, pc->path, ids, n, &cs);
+    if (!st) {
+        fprintf(stderr, "prompt cache: reused %d of %d tokens from %s (%.3f s)\n", cs.n_tokens, n, pc->path,
+                cs.seconds);
+        return cs.n_tokens;
+    }
+    fprintf(stderr, "prompt cache: %s (%s); ignored\n", tri_last_error(), tri_status_str(st));
+    if (st == TRI_STATUS_NOT_FOUND || st == TRI_STATUS_BAD_FORMAT || st == TRI_STATUS_IO) pc->n = 0;
+    return 0;  // the load emptied the cache
+}
+
+// The cache holds ids[0 .. n): written when the file is missing or stale.
+static void pcache_save(pcache *pc, tri_session *s, const int32_t *ids, int32_t n) {
+    if (!pc->path || pc->n > 0 || n < 1) return;
+    tri_prompt_cache_stats cs;
+    tri_status st = tri_session_save_prompt(s, pc->path, ids, n, &cs);
+    int32_t *t = st ? NULL : malloc((size_t)n * sizeof *t);
+    if (st || !t) {
+        fprintf(stderr, "prompt cache: %s; not saved\n", st ? tri_last_error() : "out of memory");
+        return;
+    }
+    memcpy(t, ids, (size_t)n * sizeof *t);
+    free(pc->tokens);
+    pc->tokens = t;
+    pc->n = n;
+    fprintf(stderr, "prompt cache: saved %d tokens to %s (%.1f MB in %.3f s)\n", n, pc->path, (double)cs.bytes / 1e6,
+            cs.seconds);
+}
+
+typedef struct prefill_ctx {
+    int last;  // the decile reported last
+    pcache *pc;
+    tri_session *s;
+    const int32_t *ids;  // the turn's tokens, saved at the prefill's end
+    int32_t n;
+} prefill_ctx;
+
 static bool on_prefill(int64_t done, int64_t total, void *user) {
-    int *last = user;
+    prefill_ctx *p = user;
     if (interrupted) return false;
     int decile = (int)(10 * done / total);
-    if (decile > *last && done < total)
+    if (decile > p->last && done < total)
         fprintf(stderr, "prefill: %lld / %lld tokens\n", (long long)done, (long long)total);
-    *last = decile;
+    p->last = decile;
+    if (done == total) pcache_save(p->pc, p->s, p->ids, p->n);
     return true;
 }
 
@@ -409,7 +484,7 @@ static void write_json(FILE *f, const char *model_path, const char *device, doub
 
 int tri_cli_chat(int argc, char **argv) {
     enum { OPT_SYSTEM = 256, OPT_CHAT_FORMAT, OPT_STOP, OPT_CTX,
-           OPT_DEVICE, OPT_BATCH, OPT_KV, OPT_JSON, OPT_IGNORE_EOS };
+           OPT_DEVICE, OPT_BATCH, OPT_KV, OPT_JSON, OPT_IGNORE_EOS, OPT_PROMPT_CACHE };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},        {"system", required_argument, NULL, OPT_SYSTEM},
         {"chat-format", required_argument, NULL, OPT_CHAT_FORMAT},
@@ -419,9 +494,11 @@ int tri_cli_chat(int argc, char **argv) {
         {"device", required_argument, NULL, OPT_DEVICE}, {"batch", required_argument, NULL, OPT_BATCH},
         {"kv-type", required_argument, NULL, OPT_KV},  {"json", required_argument, NULL, OPT_JSON},
         {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
+        {"prompt-cache", required_argument, NULL, OPT_PROMPT_CACHE},
         {"help", no_argument, NULL, 'h'},              {0},
     };
     const char *model_path = NULL, *system_msg = NULL, *json_path = NULL;
+    pcache pc = {0};
     const char *stops[16];
     int32_t n_stops = 0;
     tri_chat_format format = TRI_CHAT_FORMAT_AUTO;
@@ -468,6 +545,7 @@ int tri_cli_chat(int argc, char **argv) {
             break;
         case OPT_JSON: json_path = optarg; break;
         case OPT_IGNORE_EOS: gp.stop_at_eos = false; break;
+        case OPT_PROMPT_CACHE: pc.path = optarg; break;
         case 'h': usage(stdout); return 0;
         default: return tri_cli_see_help();
         }
@@ -524,6 +602,7 @@ int tri_cli_chat(int argc, char **argv) {
     const int32_t n_ctx = tri_session_n_ctx(session);
     fprintf(stderr, "device: %s, context %d tokens\n", tri_session_device(session), n_ctx);
     print_settings(&smp, n_predict);
+    if (pc.path && !pcache_start(&pc, session)) goto done;
     if (json_path && !(json_file = tri_cli_json_open("offload-run chat", json_path))) goto done;
     if (system_msg && !conv_add(&cv, "system", system_msg, strlen(system_msg))) goto oom;
 
@@ -536,9 +615,9 @@ int tri_cli_chat(int argc, char **argv) {
     gp.n_stop = n_stops;
     gp.on_text = on_text;
     gp.text_user = &ans;
-    int prefill_decile = 0;
+    prefill_ctx pf = {.pc = &pc, .s = session};
     gp.on_prefill = on_prefill;
-    gp.user = &prefill_decile;
+    gp.user = &pf;
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -629,6 +708,7 @@ int tri_cli_chat(int argc, char **argv) {
                 int32_t n_past = tri_session_n_past(session), keep = 0;
                 while (keep < n_past && keep < n_ctx_tokens && keep < n_ids && ctx_tokens[keep] == ids[keep]) keep++;
                 int32_t upto = n_ids - 8 > keep ? n_ids - 8 : keep;  // leave the end of turn and header
+                if (pc.path && upto + 16 <= n_ctx) keep = pcache_load(&pc, session, ids, upto, keep);
                 if (upto + 16 > n_ctx) {
                     fprintf(stderr, "loaded %s (%zu bytes, %d tokens): larger than the context of %d tokens; it "
                             "goes before your next message, where the oldest turns will make room if they can\n",
@@ -645,6 +725,7 @@ int tri_cli_chat(int argc, char **argv) {
                 ctx_tokens = t;
                 memcpy(ctx_tokens, ids, (size_t)upto * sizeof *ids);
                 n_ctx_tokens = tri_session_n_past(session);
+                if (!interrupted && n_ctx_tokens == upto) pcache_save(&pc, session, ids, upto);
                 fprintf(stderr, "loaded %s (%zu bytes): prefilled %d tokens in %.1f ms; it goes before your next "
                         "message\n", arg, doc_len, n_ctx_tokens - keep, 1e3 * (tri_cli_now() - t0));
                 interrupted = 0;
@@ -708,6 +789,7 @@ int tri_cli_chat(int argc, char **argv) {
         }
         int32_t n_past = tri_session_n_past(session), keep = 0;
         while (keep < n_past && keep < n_ctx_tokens && keep < n_ids && ctx_tokens[keep] == ids[keep]) keep++;
+        if (pc.path) keep = pcache_load(&pc, session, ids, n_ids, keep);
         if (keep == n_ids) keep--;  // a turn prefills at least one token
         if ((st = tri_session_truncate(session, keep))) {
             rc = tri_cli_fail("cannot reuse the cache", st);
@@ -724,7 +806,9 @@ int tri_cli_chat(int argc, char **argv) {
         tn->cached = keep;
         ans.n = 0;
         ans.n_text = 0;
-        prefill_decile = 0;
+        pf.last = 0;
+        pf.ids = ids;
+        pf.n = n_ids;
         int32_t room = n_ctx - n_ids;
         gp.n_predict = n_predict > 0 && n_predict < room ? (int32_t)n_predict : room;
         gp.sampler = smp.p;
@@ -786,6 +870,7 @@ done:
     free(ans.tokens);
     free(ans.text);
     conv_free(&cv);
+    free(pc.tokens);
     tri_session_free(session);
     tri_model_free(model);
     return rc;

@@ -534,11 +534,19 @@ TRI_API tri_status tri_session_save_prompt(tri_session *session, const char *pat
 // Refused, the session left empty (run the whole prompt): NOT_FOUND when the file does not
 // exist; INVALID_ARGUMENT when it was written for another model (its identity: config, tensor
 // table, the start of every tensor's data) or another shape or KV type, or, for a length-dependent rope
-// scaling (dynamic NTK, LongRoPE), another n_ctx; BAD_FORMAT for a file that is not a prompt
+// scaling (dynamic NTK, LongRoPE), by a session whose first evaluation's length gives other rotary
+// tables than n_tokens does (docs/formats.md); after a load the rope takes n_tokens as that length,
+// as a fresh run of the prompt would; BAD_FORMAT for a file that is not a prompt
 // cache, is truncated or fails a checksum; UNSUPPORTED as for tri_session_save_prompt. The
 // message (tri_last_error) names the file and the reason. stats may be NULL.
 TRI_API tri_status tri_session_load_prompt(tri_session *session, const char *path, const int32_t *tokens,
                                            int32_t n_tokens, tri_prompt_cache_stats *stats);
+
+// The token ids a prompt cache file holds (header and region checked, the rows not read), in a
+// malloc'ed array the caller frees: what an application that keeps several contexts (a server's
+// slots) compares with a prompt before choosing to load. Says nothing of whether the file fits a
+// session (tri_session_load_prompt checks that). NOT_FOUND, IO, BAD_FORMAT as that function.
+TRI_API tri_status tri_prompt_cache_tokens(const char *path, int32_t **tokens, int32_t *n_tokens);
 
 // ---- applications: threads, aborting, why a generation stopped ----
 //

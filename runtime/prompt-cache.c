@@ -152,9 +152,9 @@ static void encode_header(const tri__pcache_header *h, unsigned char *p) {
     put64(p + 32, h->block_bytes);
     put64(p + 40, h->file_bytes);
     put64(p + 48, h->region_sum);
-    const int32_t f[] = {h->n_layer, h->n_head_kv, h->head_dim,     h->kv_type,  h->n_vocab,
-                         h->n_ctx,   h->n_tokens,  h->block_tokens, h->n_blocks, (int32_t)h->flags};
-    for (int i = 0; i < 10; i++) put32(p + 56 + 4 * i, (uint32_t)f[i]);
+    const int32_t f[] = {h->n_layer,  h->n_head_kv,    h->head_dim, h->kv_type,        h->n_vocab, h->n_ctx,
+                         h->n_tokens, h->block_tokens, h->n_blocks, (int32_t)h->flags, h->n_prompt};
+    for (int i = 0; i < 11; i++) put32(p + 56 + 4 * i, (uint32_t)f[i]);
     put64(p + 120, tri__pcache_sum(p, 120, 0));
 }
 
@@ -180,15 +180,19 @@ tri_status tri__pcache_parse_header(const char *path, const void *data, size_t l
     h->block_bytes = load64(p + 32);
     h->file_bytes = load64(p + 40);
     h->region_sum = load64(p + 48);
-    int32_t f[10];
-    for (int i = 0; i < 10; i++) f[i] = (int32_t)get32(p + 56 + 4 * i);
+    int32_t f[11];
+    for (int i = 0; i < 11; i++) f[i] = (int32_t)get32(p + 56 + 4 * i);
     h->n_layer = f[0], h->n_head_kv = f[1], h->head_dim = f[2], h->kv_type = f[3], h->n_vocab = f[4];
     h->n_ctx = f[5], h->n_tokens = f[6], h->block_tokens = f[7], h->n_blocks = f[8], h->flags = (uint32_t)f[9];
+    h->n_prompt = f[10];
     if (h->flags & ~TRI_PCACHE_LOGITS)
         return tri__fail(TRI_STATUS_BAD_FORMAT, "prompt cache %s: unknown flags 0x%x", path, h->flags);
     if (h->n_ctx < 1 || h->n_tokens > h->n_ctx || h->block_tokens < 1)
         return tri__fail(TRI_STATUS_BAD_FORMAT, "prompt cache %s: n_tokens %d, n_ctx %d, block_tokens %d out of range",
                          path, h->n_tokens, h->n_ctx, h->block_tokens);
+    if (h->n_prompt < 0 || h->n_prompt > h->n_ctx)
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "prompt cache %s: n_prompt %d out of range [0, n_ctx %d]", path,
+                         h->n_prompt, h->n_ctx);
     tri__pcache_header want = *h;
     if (tri__pcache_layout(&want))
         return tri__fail(TRI_STATUS_BAD_FORMAT, "prompt cache %s: the header's shape is out of range (%s)", path,

@@ -31,7 +31,7 @@
 #include "triforce.h"
 
 #define TRI_PCACHE_MAGIC "TRIKVPC\0"  // 8 bytes
-#define TRI_PCACHE_VERSION 1u
+#define TRI_PCACHE_VERSION 2u         // 2: n_prompt
 #define TRI_PCACHE_HEADER_BYTES 128u
 #define TRI_PCACHE_ALIGN 4096u  // region and blocks: O_DIRECT's block size, the page size
 #define TRI_PCACHE_LOGITS 1u    // flags: the last token's logits follow the tokens
@@ -45,7 +45,7 @@ typedef struct tri__pcache_header {
     int32_t head_dim;
     int32_t kv_type;  // tri_dtype: F16 or F32
     int32_t n_vocab;
-    int32_t n_ctx;         // the writing session's context (checked for length-dependent ropes)
+    int32_t n_ctx;         // the writing session's context
     int32_t n_tokens;      // >= 1
     int32_t block_tokens;  // >= 1
     int32_t n_blocks;      // ceil(n_tokens / block_tokens)
@@ -53,6 +53,8 @@ typedef struct tri__pcache_header {
     uint64_t block_bytes;  // bytes of a full block, padding included
     uint64_t region_sum;   // checksum of the region's bytes after the header (up to region_bytes)
     uint64_t file_bytes;   // the whole file's size
+    int32_t n_prompt;      // the writer's P, the length of its context's first evaluation, for the rope
+                           // scalings that depend on it (rope.h); 0 for the other rules
 } tri__pcache_header;
 
 // 64-bit checksum of n bytes (four independent lanes of multiply-rotate rounds over 8-byte words,
@@ -105,7 +107,7 @@ typedef tri_status (*tri__pcache_fill_fn)(void *user, int32_t b, int32_t tok0, i
 typedef tri_status (*tri__pcache_take_fn)(void *user, int32_t b, int32_t tok0, int32_t nb, int32_t n_use,
                                           const void *buf);
 
-// Writes a file at path: h (its shape, model_id, n_ctx, n_tokens, flags; the layout is filled in
+// Writes a file at path: h (its shape, model_id, n_ctx, n_prompt, n_tokens, flags; the layout is filled in
 // here), tokens (n_tokens), logits (n_vocab, when flags says so) and the blocks fill gives.
 tri_status tri__pcache_write(const char *path, tri__pcache_header *h, const int32_t *tokens, const float *logits,
                              tri__pcache_fill_fn fill, void *user, tri__pcache_io *io);

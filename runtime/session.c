@@ -538,6 +538,7 @@ static void cache_header(tri_session *s, const tri__kv_store *kv, tri__pcache_he
     h->kv_type = (int32_t)kv->type;
     h->n_vocab = s->model->config.n_vocab;
     h->n_ctx = kv->capacity;
+    h->n_prompt = (int32_t)rank_ll(s, 0)->rope.n_prompt;  // 0 unless the rope depends on the length
 }
 
 static void cache_stats(tri_prompt_cache_stats *out, int32_t n, int32_t n_file, bool logits, const tri__pcache_io *io) {
@@ -634,12 +635,14 @@ tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32
     else if (fh->kv_type != h.kv_type)
         st = tri__fail(TRI_STATUS_INVALID_ARGUMENT, "prompt cache %s: KV type %s; the session's is %s", path,
                        tri_dtype_name((tri_dtype)fh->kv_type), tri_dtype_name((tri_dtype)h.kv_type));
-    else if ((c->rope_scaling == TRI_ROPE_SCALING_DYNAMIC || c->rope_scaling == TRI_ROPE_SCALING_LONGROPE) &&
-             fh->n_ctx != h.n_ctx)
+    else if (n_tokens > 0 && !tri__rope_same_prompt(&rank_ll(s, 0)->rope, fh->n_prompt, n_tokens))
+        // the rows were rotated with the tables of the writer's first length, P (rope.h); this
+        // prompt, run afresh, takes those of its own length
         st = tri__fail(TRI_STATUS_INVALID_ARGUMENT,
-                       "prompt cache %s: written with n_ctx %d; this session's is %d, and the model's rope scaling "
-                       "depends on the length",
-                       path, fh->n_ctx, h.n_ctx);
+                       "prompt cache %s: written after a first evaluation of %d tokens; the model's rope scaling (%s) "
+                       "rotates a prompt of %d tokens with other tables, so the cached rows do not fit it",
+                       path, fh->n_prompt, c->rope_scaling == TRI_ROPE_SCALING_DYNAMIC ? "dynamic NTK" : "LongRoPE",
+                       n_tokens);
     if (st) {
         tri__pcache_close(f);
         return st;
@@ -668,6 +671,13 @@ tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32
     tri__pcache_io io = {0};
     if (!st) st = tri__pcache_read(f, use, cache_take, kv, &io);
     if (!st) st = tri__kv_policy_loaded(&s->kv, use);
+    // what follows the prefix is rotated as in a fresh run of the whole prompt, whose first
+    // evaluation it is (rope.h); the loaded rows have those tables already (checked above)
+    if (!st) announce_prompt(s, n_tokens);
+    if (!st && use > 0 && use <= s->hist_cap) {  // the tokens the sampler's penalties look back over
+        memcpy(s->hist, tokens, (size_t)use * sizeof *tokens);
+        s->n_hist = use;
+    }
     if (!st && with_logits) {
         memcpy(s->logits, flogits, (size_t)h.n_vocab * sizeof *s->logits);
         s->n_logits = 1;
@@ -684,5 +694,25 @@ tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32
              "prompt cache %s: %d of its %d tokens reused, %.1f MB read in %.3f s (%.2f GB/s, %s%s)", path, use, n_file,
              (double)io.bytes / 1e6, io.seconds, stats ? stats->gbps : 0, io.uring ? "io_uring" : "pread",
              io.direct ? ", O_DIRECT" : "");
+    return TRI_STATUS_OK;
+}
+
+tri_status tri_prompt_cache_tokens(const char *path, int32_t **tokens, int32_t *n_tokens) {
+    if (tokens) *tokens = NULL;
+    if (n_tokens) *n_tokens = 0;
+    if (!path || !tokens || !n_tokens)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_prompt_cache_tokens: NULL argument");
+    tri__pcache_file *f;
+    TRY(tri__pcache_open(path, &f));
+    const tri__pcache_header *h = tri__pcache_file_header(f);
+    int32_t *t = malloc((size_t)h->n_tokens * sizeof *t);
+    if (!t) {
+        tri__pcache_close(f);
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "prompt cache %s: %d tokens", path, h->n_tokens);
+    }
+    memcpy(t, tri__pcache_tokens(tri__pcache_file_region(f)), (size_t)h->n_tokens * sizeof *t);
+    *tokens = t;
+    *n_tokens = h->n_tokens;
+    tri__pcache_close(f);
     return TRI_STATUS_OK;
 }

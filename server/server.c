@@ -77,6 +77,11 @@ static void usage(FILE *f) {
           "      --gamma2 N, --draft-window N, --draft-sink N, --refresh-accept X\n"
           "                       speculative decoding, as in offload-run generate; every response\n"
           "                       carries its figures in a \"triforce\" object\n"
+          "      --prompt-cache FILE  a prompt's KV on disk, shared by the slots and kept across\n"
+          "                       restarts: a slot loads the prefix a prompt shares with the file\n"
+          "                       when that is longer than what the slot holds; the file is\n"
+          "                       written once after a prefill when it is missing or stale (plain\n"
+          "                       decoding, --kv full or retrieval)\n"
           "  -h, --help           this help\n",
           f);
 }
@@ -143,6 +148,12 @@ struct srv {
     int n_queued, max_queue;
     bool stopping;
     uint64_t use_counter, id_counter;
+    // --prompt-cache: the file, the tokens it holds (when it fits the model), under pc_mu
+    const char *pc_path;
+    pthread_mutex_t pc_mu;
+    int32_t *pc_tokens;
+    int32_t pc_n;     // 0: missing or stale, to be written after the next prefill
+    bool pc_writing;  // a slot is writing it
 };
 
 static double now_s(void) { return tri_cli_now(); }
@@ -228,6 +239,7 @@ typedef struct gen_ctx {
     srv *s;
     slot *sl;
     job *j;
+    bool pc_save;  // write --prompt-cache's file when the prefill ends
 } gen_ctx;
 
 static bool on_token(int32_t token, void *user) {
@@ -273,12 +285,94 @@ static bool on_text(const char *text, size_t len, void *user) {
     return !atomic_load(&j->cancel);
 }
 
+// --prompt-cache: the slot's session holds the whole prompt now; written when the file is missing
+// or stale and no other slot writes it (once: afterwards it holds tokens).
+static void prompt_cache_save(srv *s, slot *sl, const srv_request *rq) {
+    pthread_mutex_lock(&s->pc_mu);
+    bool go = s->pc_n == 0 && !s->pc_writing;
+    s->pc_writing = s->pc_writing || go;
+    pthread_mutex_unlock(&s->pc_mu);
+    if (!go) return;
+    tri_prompt_cache_stats cs;
+    tri_status st = tri_session_save_prompt(sl->session, s->pc_path, rq->ids, rq->n_ids, &cs);
+    int32_t *t = st ? NULL : malloc((size_t)rq->n_ids * sizeof *t);
+    if (t) memcpy(t, rq->ids, (size_t)rq->n_ids * sizeof *t);
+    if (st)
+        fprintf(stderr, "prompt cache: %s (%s); not saved\n", tri_last_error(), tri_status_str(st));
+    else
+        fprintf(stderr, "prompt cache: slot %d saved %d tokens to %s: %.1f MB in %.3f s (%.2f GB/s)\n", sl->idx,
+                cs.n_tokens, s->pc_path, (double)cs.bytes / 1e6, cs.seconds, cs.gbps);
+    pthread_mutex_lock(&s->pc_mu);
+    s->pc_writing = false;
+    if (t) {
+        free(s->pc_tokens);
+        s->pc_tokens = t;
+        s->pc_n = rq->n_ids;
+    }
+    pthread_mutex_unlock(&s->pc_mu);
+}
+
+// --prompt-cache: loads the prefix the file shares with rq into the slot when it is longer than
+// keep, the prefix the slot holds. The tokens the session holds afterwards.
+static int32_t prompt_cache_load(srv *s, slot *sl, const srv_request *rq, int32_t keep) {
+    pthread_mutex_lock(&s->pc_mu);
+    int32_t shared = common_prefix(s->pc_tokens, s->pc_n, rq->ids, rq->n_ids);
+    pthread_mutex_unlock(&s->pc_mu);
+    if (shared <= keep || keep >= rq->n_ids - 1) return keep;
+    tri_prompt_cache_stats cs;
+    tri_status st = tri_session_load_prompt(sl->session, s->pc_path, rq->ids, rq->n_ids, &cs);
+    if (!st) {  // the slot's own rows are gone: what the file gave is more
+        fprintf(stderr, "prompt cache: slot %d reused %d of the prompt's %d tokens from %s (%.3f s)\n", sl->idx,
+                cs.n_tokens, rq->n_ids, s->pc_path, cs.seconds);
+        return cs.n_tokens;
+    }
+    fprintf(stderr, "prompt cache: slot %d: %s (%s); the whole prompt is run\n", sl->idx, tri_last_error(),
+            tri_status_str(st));
+    if (st == TRI_STATUS_NOT_FOUND || st == TRI_STATUS_BAD_FORMAT || st == TRI_STATUS_IO) {
+        pthread_mutex_lock(&s->pc_mu);  // gone or damaged since: written again after this prefill
+        s->pc_n = 0;
+        pthread_mutex_unlock(&s->pc_mu);
+    }
+    return 0;  // the load emptied the session
+}
+
 static bool on_prefill(int64_t done, int64_t total, void *user) {
     gen_ctx *g = user;
+    if (g->pc_save && done == total) prompt_cache_save(g->s, g->sl, &g->j->rq);
     return !atomic_load(&g->j->cancel);
 }
 
 static const char *const mode_names[] = {"none", "draft", "retrieval", "triforce"};
+
+// --prompt-cache at start: refused where the prompt cache is (speculative modes; policies and
+// device groups tri_session_load_prompt refuses), else the file's tokens when it fits the model.
+static bool prompt_cache_start(srv *s, bool plain) {
+    if (!plain) {
+        fprintf(stderr, "offload-run serve: --prompt-cache applies to plain decoding (no --spec): the speculative "
+                        "engines have no prompt cache\n");
+        return false;
+    }
+    // an empty prompt reuses nothing, but the file is opened and checked against the model
+    tri_status st = tri_session_load_prompt(s->slots[0].session, s->pc_path, NULL, 0, NULL);
+    if (st == TRI_STATUS_UNSUPPORTED) {
+        fprintf(stderr, "offload-run serve: --prompt-cache: %s\n", tri_last_error());
+        return false;
+    }
+    if (st == TRI_STATUS_NOT_FOUND) {
+        fprintf(stderr, "prompt cache: %s does not exist yet; it is written after the first prefill\n", s->pc_path);
+    } else if (st) {
+        fprintf(stderr, "prompt cache: %s (%s); it is written again after the first prefill\n", tri_last_error(),
+                tri_status_str(st));
+    } else if ((st = tri_prompt_cache_tokens(s->pc_path, &s->pc_tokens, &s->pc_n))) {
+        fprintf(stderr, "prompt cache: %s (%s); it is written again after the first prefill\n", tri_last_error(),
+                tri_status_str(st));
+        s->pc_n = 0;
+    } else {
+        fprintf(stderr, "prompt cache: %s holds %d tokens; each slot loads the prefix a prompt shares with them\n",
+                s->pc_path, s->pc_n);
+    }
+    return true;
+}
 
 // Runs job j on slot sl: reuses the cached prefix, generates, fills j's result.
 static void slot_generate(srv *s, slot *sl, job *j) {
@@ -307,9 +401,10 @@ static void slot_generate(srv *s, slot *sl, job *j) {
         else tri_session_reset(sl->session);
         keep = 0;
     }
+    if (s->pc_path && sl->session) keep = prompt_cache_load(s, sl, rq, keep);
     r->cached_tokens = keep;
-    // the token list: its first keep tokens are the prompt's already; the rest of the prompt goes
-    // in now, the generated tokens after it
+    // the token list: the prompt now (its first keep tokens are in the cache), the generated tokens
+    // after it
     if (sl->cap_tokens < rq->n_ids) {
         int32_t *t = realloc(sl->tokens, (size_t)rq->n_ids * sizeof *t);
         if (!t) {
@@ -319,10 +414,15 @@ static void slot_generate(srv *s, slot *sl, job *j) {
         sl->tokens = t;
         sl->cap_tokens = rq->n_ids;
     }
-    memcpy(sl->tokens + keep, rq->ids + keep, (size_t)(rq->n_ids - keep) * sizeof *rq->ids);
+    memcpy(sl->tokens, rq->ids, (size_t)rq->n_ids * sizeof *rq->ids);  // a load replaced the slot's prefix too
     sl->n_tokens = rq->n_ids;
 
-    gen_ctx g = {s, sl, j};
+    gen_ctx g = {s, sl, j, false};
+    if (s->pc_path && sl->session && keep < rq->n_ids) {
+        pthread_mutex_lock(&s->pc_mu);
+        g.pc_save = s->pc_n == 0;
+        pthread_mutex_unlock(&s->pc_mu);
+    }
     tri_generate_params gp = tri_generate_default_params();
     int32_t room = s->ref.n_ctx - rq->n_ids;
     int64_t want = rq->max_tokens ? rq->max_tokens : s->n_predict;
@@ -813,7 +913,7 @@ int tri_server_main(int argc, char **argv) {
            OPT_TOPP, OPT_MINP, OPT_REPEAT, OPT_SEED, OPT_CHAT_FORMAT, OPT_DEVICE, OPT_BATCH, OPT_KV_TYPE, OPT_KV_POLICY, OPT_BUDGET,
            OPT_CHUNK, OPT_SINK, OPT_REFRESH, OPT_KV_INDEX, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
            OPT_GAMMA1, OPT_GAMMA2, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT, OPT_KV_OFFLOAD,
-           OPT_STREAM_WEIGHTS, OPT_WEIGHTS_FROM_DISK, OPT_KV_HOST, OPT_GPU_MEM, OPT_HOST_MEM };
+           OPT_STREAM_WEIGHTS, OPT_WEIGHTS_FROM_DISK, OPT_KV_HOST, OPT_GPU_MEM, OPT_HOST_MEM, OPT_PROMPT_CACHE };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
         {"host", required_argument, NULL, OPT_HOST},
@@ -844,6 +944,7 @@ int tri_server_main(int argc, char **argv) {
         {"refresh", required_argument, NULL, OPT_REFRESH},
         {"kv-index", required_argument, NULL, OPT_KV_INDEX},
         {"spec", required_argument, NULL, OPT_SPEC},
+        {"prompt-cache", required_argument, NULL, OPT_PROMPT_CACHE},
         {"draft", required_argument, NULL, OPT_DRAFT},
         {"draft-layers", required_argument, NULL, OPT_DRAFT_LAYERS},
         {"draft-ngram", required_argument, NULL, OPT_DRAFT_NGRAM},
@@ -999,6 +1100,7 @@ int tri_server_main(int argc, char **argv) {
                 ok = false;
             }
             break;
+        case OPT_PROMPT_CACHE: s->pc_path = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -1092,6 +1194,7 @@ int tri_server_main(int argc, char **argv) {
     sigaddset(&sigs, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);  // every thread made from here on blocks them too
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->pc_mu, NULL);
     pthread_cond_init(&s->work, NULL);
 
     if (!(s->model = tri_cli_load_model(model_path))) goto done;
@@ -1169,6 +1272,7 @@ int tri_server_main(int argc, char **argv) {
         }
     }
     s->ref.n_ctx = plain ? tri_session_n_ctx(s->slots[0].session) : (int32_t)ctx;
+    if (s->pc_path && !prompt_cache_start(s, plain)) goto done;
     for (; n_started < s->n_slots; n_started++) {
         if (pthread_create(&s->slots[n_started].thread, NULL, slot_thread, &s->slots[n_started])) {
             fprintf(stderr, "%s: cannot start the slots' threads: %s\n", me, strerror(errno));
@@ -1248,6 +1352,8 @@ done:
     freeaddrinfo(ai);
     pthread_cond_destroy(&s->work);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->pc_mu);
+    free(s->pc_tokens);
     return rc;
 }
 

@@ -802,6 +802,38 @@ Test(cli, chat_scripted_keeps_the_cache_between_turns, .timeout = TT_TIMEOUT(120
     cr_assert_str_eq(out, "");
 }
 
+// --prompt-cache: a first chat writes its first prompt to the file; a second chat with the file
+// reuses that prompt whole (its first turn prefills one token), leaves the file alone and answers
+// as the first did (greedy, the chat's repetition penalty seeing the loaded prefix).
+Test(cli, chat_prompt_cache_reused_across_runs, .timeout = TT_TIMEOUT(120)) {
+    const char *m = tiny_model();
+    static char out1[1 << 16], err1[1 << 16];
+    char path[4096], name[64], args[8192];
+    snprintf(name, sizeof name, "chat-pcache-%d.kv", (int)getpid());
+    snprintf(path, sizeof path, "%s", tt_tmp(name));
+    unlink(path);
+    snprintf(args, sizeof args,
+             "chat -m '%s' --chat-format chatml --temp 0 -n 6 --prompt-cache '%s' --system 'you answer questions "
+             "about the weather in the valley, briefly and in plain words'",
+             m, path);
+    const char *in = "hello there\nwhat next\n";
+    cr_assert_eq(cli_in(args, in, out1, sizeof out1, err1, sizeof err1), 0, "%s", err1);
+    cr_assert(strstr(err1, "does not exist yet"), "%s", err1);
+    const char *saved = strstr(err1, "prompt cache: saved ");
+    cr_assert(saved, "%s", err1);
+    int n_saved = atoi(saved + strlen("prompt cache: saved "));
+    cr_assert_gt(n_saved, 10, "%s", err1);
+    cr_assert(strstr(err1, "turn 1: prefill "), "%s", err1);
+    cr_assert_eq(cli_in(args, in, out, sizeof out, err, sizeof err), 0, "%s", err);
+    char want[128];
+    snprintf(want, sizeof want, "prompt cache: reused %d of %d tokens", n_saved, n_saved);
+    cr_assert(strstr(err, want), "want '%s': %s", want, err);
+    cr_assert(strstr(err, "turn 1: prefill 1 new tokens"), "%s", err);
+    cr_assert_null(strstr(err, "prompt cache: saved"), "the file was written again: %s", err);
+    cr_assert_str_eq(out, out1, "answers after a load differ from the first run's");
+    unlink(path);
+}
+
 Test(cli, chat_needs_a_template_or_a_format) {
     const char *m = tiny_model();
     char args[8192];

@@ -86,8 +86,13 @@ static bool save_at_end(int64_t done, int64_t total, void *user) {
 
 // Greedy generation of N_GEN tokens after prompt[from .. n) on s; the stats' n_prompt is what the
 // call prefilled.
+static float run_penalty = 1.0f;  // the repetition penalty run's greedy sampler applies
+
 static tokens run(tri_session *s, const int32_t *prompt, int32_t from, int32_t n, saver *sv, int32_t *n_prefilled) {
     tri_generate_params gp = tri_generate_default_params();
+    gp.sampler.repeat_penalty = run_penalty;
+    gp.sampler.presence_penalty = run_penalty > 1.0f ? 2.0f : 0.0f;
+    gp.sampler.penalty_last_n = 256;
     gp.n_predict = N_GEN;
     gp.stop_at_eos = false;
     if (sv) {
@@ -206,6 +211,33 @@ Test(prompt_cache, longest_common_prefix_is_reused, .timeout = TT_TIMEOUT(120)) 
         assert_same(&out, &fresh, cases[c].what);
         tri_session_free(s);
     }
+    unlink(path);
+    tri_model_free(m);
+}
+
+// The sampler's penalties look back over the prompt: the loaded prefix counts as a prefilled one
+// (the greedy tokens under strong penalties over 256 tokens are the fresh run's).
+Test(prompt_cache, penalties_see_the_loaded_prefix, .timeout = TT_TIMEOUT(120)) {
+    tri_model *m = load_model("pen", MODEL_A);
+    static int32_t q[N_PROMPT + 40];
+    make_prompt(q, N_PROMPT + 40, 11);
+    for (int32_t i = N_PROMPT; i < N_PROMPT + 40; i++) q[i] = q[i - 30];  // a repeating tail
+    char path[4096];
+    snprintf(path, sizeof path, "%s", cache_path("pen"));
+    run_penalty = 1.0f;
+    write_cache(m, path, q, N_PROMPT, TRI_DTYPE_F16, 0);
+    run_penalty = 1.5f;
+    tri_session *fresh_s = new_session(m, TRI_DTYPE_F16, 0, 4096);
+    tokens fresh = run(fresh_s, q, 0, N_PROMPT + 40, NULL, NULL);
+    tri_session_free(fresh_s);
+    tri_session *s = new_session(m, TRI_DTYPE_F16, 0, 4096);
+    tri_prompt_cache_stats cs;
+    cr_assert_eq(tri_session_load_prompt(s, path, q, N_PROMPT + 40, &cs), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(cs.n_tokens, N_PROMPT);
+    tokens out = run(s, q, cs.n_tokens, N_PROMPT + 40, NULL, NULL);
+    assert_same(&out, &fresh, "penalties after a load");
+    run_penalty = 1.0f;
+    tri_session_free(s);
     unlink(path);
     tri_model_free(m);
 }

@@ -299,3 +299,104 @@ Test(rope_scaling, speculative_every_mode_dynamic) {
     check_speculative("dynamic", 7);
     check_speculative("dynamic", 128);
 }
+
+// ---- a prompt cache under the length rules (tri_session_save_prompt / load_prompt) ----
+
+static const char *pcache_path(const char *kind, const char *tag) {
+    char name[96];
+    snprintf(name, sizeof name, "rope-pcache-%s-%s-%d.kv", kind, tag, (int)getpid());
+    return tt_tmp(name);
+}
+
+// Writes path from a session that evaluated prompt[0 .. n) (its first length P = n).
+static void write_cache(tri_model *m, const char *path, const int32_t *prompt, int n) {
+    tri_session_params sp = session_params(7);
+    tri_session *w = NULL;
+    cr_assert_eq(tri_session_create(m, &sp, &w), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_eval(w, prompt, n, false), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_save_prompt(w, path, prompt, n, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_free(w);
+}
+
+// Loads path for prompt (n tokens) into s, expecting reused tokens, then generates greedily: the
+// tokens must be transformers' (a fresh run of the whole prompt in one call).
+static void load_and_check(tri_session *s, const char *what, const char *path, const int32_t *prompt, int n, int reused,
+                           const int32_t *want, int n_want) {
+    tri_prompt_cache_stats cs;
+    cr_assert_eq(tri_session_load_prompt(s, path, prompt, n, &cs), TRI_STATUS_OK, "%s: %s", what, tri_last_error());
+    cr_assert_eq(cs.n_tokens, reused, "%s: %d tokens reused, want %d", what, cs.n_tokens, reused);
+    collected c = {0};
+    tri_generate_params gp = greedy_params(n_want);
+    cr_assert_eq(tri_generate(s, prompt + reused, n - reused, &gp, collect, &c, NULL), TRI_STATUS_OK, "%s: %s", what,
+                 tri_last_error());
+    check_tokens(what, want, n_want, &c);
+}
+
+// The rows of a file were rotated for its writer's first length P; a load is taken only where
+// the reader's prompt gives every position the same tables (tri__rope_same_prompt), and what
+// follows the loaded prefix is rotated for the reader's whole prompt, whatever the session ran
+// before (a session's last P survives tri_session_reset).
+static void check_prompt_cache(const char *kind, bool dynamic) {
+    tri_model *m = load(kind);
+    golden g;
+    load_golden(golden_of(kind), 128, &g);
+    const char *p12s = strdup(pcache_path(kind, "short12")), *p12l = strdup(pcache_path(kind, "long12"));
+    const char *p40 = strdup(pcache_path(kind, "long40")), *p48 = strdup(pcache_path(kind, "long48"));
+    write_cache(m, p12s, g.shrt, 12);  // P = 12, within the original context of 32
+    write_cache(m, p12l, g.lng, 12);
+    write_cache(m, p40, g.lng, 40);  // P = 40, past it
+    write_cache(m, p48, g.lng, 48);
+
+    tri_session_params sp = session_params(7);
+    tri_session *s = NULL;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    collected c = {0};
+    tri_generate_params gp = greedy_params(1);
+    cr_assert_eq(tri_generate(s, g.lng, g.n_lng, &gp, collect, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    char what[96];
+    // after a run of P = 48: the short prompt (P = 20) over 12 cached rows
+    snprintf(what, sizeof what, "%s: short prompt over 12 cached rows", kind);
+    load_and_check(s, what, p12s, g.shrt, g.n_shrt, 12, g.shrt_greedy, g.n_shrt_greedy);
+    // after a run of P = 20: the long prompt over rows written under P = 48 (the whole prompt, its logits)
+    snprintf(what, sizeof what, "%s: long prompt over its 48 cached rows", kind);
+    load_and_check(s, what, p48, g.lng, g.n_lng, g.n_lng, g.lng_greedy, g.n_lng_greedy);
+    // rows written under P = 12 (the short tables) do not fit a prompt of 48 (the long ones)
+    cr_assert_eq(tri_session_load_prompt(s, p12l, g.lng, g.n_lng, NULL), TRI_STATUS_INVALID_ARGUMENT,
+                 "%s: rows of P = 12 loaded for P = 48", kind);
+    cr_assert(strstr(tri_last_error(), "rope scaling") && strstr(tri_last_error(), p12l), "%s: %s", kind,
+              tri_last_error());
+    cr_assert_eq(tri_session_n_past(s), 0, "%s: a refused load leaves the session empty", kind);
+    // P = 40 and P = 48: LongRoPE's long factors for both; dynamic NTK's tables for 40 and 48 differ
+    if (dynamic) {
+        cr_assert_eq(tri_session_load_prompt(s, p40, g.lng, g.n_lng, NULL), TRI_STATUS_INVALID_ARGUMENT,
+                     "%s: rows of P = 40 loaded for P = 48", kind);
+        cr_assert(strstr(tri_last_error(), "dynamic NTK"), "%s: %s", kind, tri_last_error());
+    } else {
+        snprintf(what, sizeof what, "%s: long prompt over 40 cached rows", kind);
+        load_and_check(s, what, p40, g.lng, g.n_lng, 40, g.lng_greedy, g.n_lng_greedy);
+    }
+    // and after any of those, a fresh run of the whole prompt still gives transformers' tokens
+    tri_session_reset(s);
+    memset(&c, 0, sizeof c);
+    gp = greedy_params(g.n_lng_greedy);
+    cr_assert_eq(tri_generate(s, g.lng, g.n_lng, &gp, collect, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    check_tokens("fresh after loads", g.lng_greedy, g.n_lng_greedy, &c);
+    tri_session_free(s);
+    const char *paths[] = {p12s, p12l, p40, p48};
+    for (int i = 0; i < 4; i++) {
+        remove(paths[i]);
+        free((void *)paths[i]);
+    }
+    tri_model_free(m);
+    free(g.logits);
+}
+
+Test(rope_scaling, prompt_cache_phi3) {
+    need_goldens();
+    check_prompt_cache("phi3", false);
+}
+
+Test(rope_scaling, prompt_cache_dynamic) {
+    need_goldens();
+    check_prompt_cache("dynamic", true);
+}

@@ -16,7 +16,9 @@ port it got), with two slots, a queue of one and an API key, and checks with the
     JSON, wrong types, an unknown model, a prompt longer than the context, unsupported fields, no
     key and a wrong key (401), 503 once both slots and the queue are full, and a client that
     disconnects mid-stream (its slot is freed; a good request follows);
-  - SIGTERM stops the server with status 0 (under the sanitizers: no leak, no error).
+  - SIGTERM stops the server with status 0 (under the sanitizers: no leak, no error);
+  - --prompt-cache: a second server started with the file the first wrote serves its prompt
+    from it (cached_tokens) with the same text; refused at start with --spec or an H2O cache.
 Exits 77 (skipped), saying why, without the model, the openai package or a build with the server.
 Prints 'N passed, N failed' last.
 """
@@ -535,5 +537,70 @@ def t_spec():
 
 
 check("speculative", t_spec)
+
+DOC = ("You answer questions about this note. The lighthouse on Gull Island was built in 1871 by the engineer "
+       "Mara Ellis. Its lamp burned whale oil until 1902, then kerosene, and it was electrified in 1938. The keeper's "
+       "cottage beside it holds a small museum with the original Fresnel lens, a logbook from the storm of 1893 and "
+       "a collection of ship models carved by the last keeper, Tomas Varga, who retired in 1967.")
+
+
+def t_prompt_cache():
+    """--prompt-cache: a server writes the file once after its first prefill; a second server
+    started with the same file serves the same prompt from it (cached_tokens, no prefill) and a
+    prompt sharing the document reuses its prefix, with the texts a fresh server gives; refused at
+    start with --spec or a policy the prompt cache does not hold."""
+    tmp = os.environ.get("TRI_TEST_TMP") or "/tmp"
+    os.makedirs(tmp, exist_ok=True)
+    path = os.path.join(tmp, f"server-pcache-{os.getpid()}.kv")
+    if os.path.exists(path):
+        os.remove(path)
+    for args, want in [(["--spec", "triforce", "--draft-ngram", "3"], "--prompt-cache applies to plain decoding"),
+                       (["--kv", "h2o", "--budget", "64"], "cannot load a h2o cache")]:
+        r = subprocess.run([CLI, "serve", "-m", MODEL, "--port", "0", "--prompt-cache", path, *args],
+                           capture_output=True, text=True, timeout=120 * SCALE)
+        expect(r.returncode != 0 and want in r.stderr, f"{args}: status {r.returncode}, {r.stderr.strip()!r}")
+    qa, qb = "When was the lamp electrified?", "Who carved the ship models?"
+    msgs = lambda q: [{"role": "system", "content": DOC}, {"role": "user", "content": q}]  # noqa: E731
+
+    def ask(c, q):
+        r = c.chat.completions.create(model=MODEL_ID, messages=msgs(q), max_tokens=N, temperature=0)
+        return r.choices[0].message.content, extra(r, "triforce")["cached_tokens"], r.usage.prompt_tokens
+
+    texts = {}
+    a = Server("--prompt-cache", path)
+    try:
+        expect(a.wait_line(lambda l: "does not exist yet" in l, 5) is not None, "no word of the missing file")
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{a.port}/v1", api_key=KEY, max_retries=0, timeout=120 * SCALE)
+        texts[qa], cached, n_a = ask(c, qa)
+        expect(cached == 0, f"a first request on a new server: {cached} cached tokens")
+        expect(a.wait_line(lambda l: f"saved {n_a} tokens to {path}" in l, 5) is not None, "the file was not saved")
+        texts[qb], _, _ = ask(c, qb)
+        expect(sum("saved" in l for l in a.lines) == 1, "the file was written more than once")
+    finally:
+        rc = a.stop()
+    expect(rc == 0, f"the first server exited with {rc}:\n" + "".join(a.lines[-20:]))
+    mtime = os.stat(path).st_mtime_ns
+    b = Server("--prompt-cache", path)
+    try:
+        expect(b.wait_line(lambda l: f"holds {n_a} tokens" in l, 5) is not None, "the file was not read at start")
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{b.port}/v1", api_key=KEY, max_retries=0, timeout=120 * SCALE)
+        text, cached, n_b = ask(c, qb)  # shares the system prompt with the file
+        expect(0 < cached < n_b, f"{cached} of {n_b} prompt tokens cached from the file")
+        expect(text == texts[qb], f"{text!r} after a load; the first server said {texts[qb]!r}")
+        text, cached, _ = ask(c, qb)  # the slot that loaded holds the whole of it now
+        expect(cached == n_b - 1, f"the same prompt again: {cached} of {n_b} tokens cached")
+        expect(text == texts[qb], f"{text!r} the second time; the first server said {texts[qb]!r}")
+        text, cached, n = ask(c, qa)  # the file's own prompt: nothing to prefill
+        expect(cached == n == n_a, f"{cached} of {n} prompt tokens cached, the file holds {n_a}")
+        expect(text == texts[qa], f"{text!r} after a load; the first server said {texts[qa]!r}")
+    finally:
+        rc = b.stop()
+        print("".join(b.lines), end="")
+    expect(rc == 0, f"the second server exited with {rc}")
+    expect(os.stat(path).st_mtime_ns == mtime, "the second server wrote the file again")
+    os.remove(path)
+
+
+check("prompt_cache", t_prompt_cache)
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
