@@ -44,7 +44,7 @@ static void usage(FILE *f) {
           "  -t, --threads N      CPU threads (default: one per core)\n"
           "      --device D       cpu, cuda or cuda:N (default: the first GPU when there is one)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
-          "      --kv-type T      f16 (default) or f32 KV cache\n"
+          "      --kv-type T      f16 (default), f32, q8_0 or q4_0 KV cache\n"
           "      --json FILE      the figures of every turn as one JSON object to FILE at the end\n"
           "                       ('-': stdout, after the last answer)\n"
           "  -h, --help           this help\n",
@@ -237,8 +237,10 @@ int tri_cli_chat(int argc, char **argv) {
         case OPT_KV:
             if (strcmp(optarg, "f16") == 0) sp.kv_type = TRI_DTYPE_F16;
             else if (strcmp(optarg, "f32") == 0) sp.kv_type = TRI_DTYPE_F32;
+            else if (strcmp(optarg, "q8_0") == 0) sp.kv_type = TRI_DTYPE_Q8_0;
+            else if (strcmp(optarg, "q4_0") == 0) sp.kv_type = TRI_DTYPE_Q4_0;
             else {
-                fprintf(stderr, "offload-run chat: --kv-type '%s': want f16 or f32\n", optarg);
+                fprintf(stderr, "offload-run chat: --kv-type '%s': want f16, f32, q8_0 or q4_0\n", optarg);
                 ok = false;
             }
             break;

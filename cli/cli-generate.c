@@ -62,7 +62,7 @@ static void usage(FILE *f) {
           "      --host-attn-gbps X  host attention GB/s for the planner's split (default: measured\n"
           "                       at start-up when the planner runs on a GPU)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
-          "      --kv-type T      f16 (default) or f32 KV cache\n"
+          "      --kv-type T      f16 (default), f32, q8_0 or q4_0 KV cache\n"
           "      --ignore-eos     keep generating after the end-of-sequence token\n"
           "      --ids            print token ids instead of text\n"
           "\n"
@@ -558,8 +558,10 @@ int tri_cli_generate(int argc, char **argv) {
         case OPT_KV:
             if (strcmp(optarg, "f16") == 0) sp.kv_type = TRI_DTYPE_F16;
             else if (strcmp(optarg, "f32") == 0) sp.kv_type = TRI_DTYPE_F32;
+            else if (strcmp(optarg, "q8_0") == 0) sp.kv_type = TRI_DTYPE_Q8_0;
+            else if (strcmp(optarg, "q4_0") == 0) sp.kv_type = TRI_DTYPE_Q4_0;
             else {
-                fprintf(stderr, "offload-run generate: --kv-type '%s': want f16 or f32\n", optarg);
+                fprintf(stderr, "offload-run generate: --kv-type '%s': want f16, f32, q8_0 or q4_0\n", optarg);
                 ok = false;
             }
             break;

@@ -31,7 +31,7 @@ static void usage(FILE *f) {
           "      --gamma2 N       L2 tokens per L3 pass (default 12)\n"
           "      --accept-l1 P    L2's acceptance rate of L1 tokens (default 0.7, assumed)\n"
           "      --accept-l2 P    L3's acceptance rate of L2 tokens (default 0.9, assumed)\n"
-          "      --kv-type T      f16 (default) or f32\n"
+          "      --kv-type T      f16 (default), f32, q8_0 or q4_0\n"
           "      --host-attn-gbps X  KV GB/s the host's attention reads at the pass's query count:\n"
           "                       split each offloaded layer between PCIe and host attention\n"
           "                       (default 0: every offloaded row streams; see bench-offload)\n"
@@ -113,6 +113,8 @@ int tri_cli_plan(int argc, char **argv) {
         case O_KV:
             if (strcmp(optarg, "f16") == 0) p.kv_type = TRI_DTYPE_F16;
             else if (strcmp(optarg, "f32") == 0) p.kv_type = TRI_DTYPE_F32;
+            else if (strcmp(optarg, "q8_0") == 0) p.kv_type = TRI_DTYPE_Q8_0;
+            else if (strcmp(optarg, "q4_0") == 0) p.kv_type = TRI_DTYPE_Q4_0;
             else ok = false;
             break;
         case O_AR: p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE; break;
