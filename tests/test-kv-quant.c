@@ -303,3 +303,52 @@ Test(kv_quant, refusals_name_kv_type) {
     expect_refused(m, &sp, "head_dim 16");
     tri_model_free(m);
 }
+
+// ---- the planner ----
+
+// Llama2-7B-128K at 127K tokens: K and V of 32 x 128 dims per layer and token are 16 KiB in f16,
+// 8.5 KiB in q8_0 (34 bytes per 32 values), 4.5 KiB in q4_0 (18 per 32): the whole cache 68.2,
+// 36.2 and 19.2 GB. On a 64 GB host beside one 24 GiB GPU the f16 cache does not fit, q8_0 does,
+// and an autoregressive pass moves the offloaded layers' bytes in proportion.
+Test(kv_quant, planner_counts_the_type) {
+    tri_model_config c;
+    memset(&c, 0, sizeof c);
+    c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 32, c.head_dim = 128, c.n_ff = 11008;
+    c.n_vocab = 32000, c.n_ctx_train = 131072;
+    tri_plan_model m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    const tri_dtype types[3] = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    const uint64_t per_tok[3] = {16384, 8704, 4608}, n_ctx = 127 * 1024;
+    tri_plan pl[3];
+    for (int t = 0; t < 3; t++) {
+        tri_plan_params p = tri_plan_default_params();
+        p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE;
+        p.n_ctx = (int32_t)n_ctx;
+        p.kv_type = types[t];
+        cr_assert_eq(tri_plan_compute(&m, &p, &pl[t]), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(pl[t].kv_layer_bytes, per_tok[t] * n_ctx, "%s: %llu bytes per layer", tri_dtype_name(types[t]),
+                     (unsigned long long)pl[t].kv_layer_bytes);
+        char text[8192];
+        cr_assert_eq(tri_plan_format(&pl[t], text, sizeof text, NULL), TRI_STATUS_OK);
+        cr_assert(strstr(text, tri_dtype_name(types[t])), "the plan names its KV type: %s", text);
+        // TriForce on a 64 GB host (the retrieval cache and draft take the card: no layer's KV stays)
+        p.mode = TRI_PLAN_MODE_TRIFORCE;
+        p.host_mem_bytes = 64000000000u;
+        tri_plan h;
+        tri_status st = tri_plan_compute(&m, &p, &h);
+        if (t == 0) cr_assert_neq(st, TRI_STATUS_OK, "68 GB of f16 KV in a 64 GB host");
+        else cr_assert_eq(st, TRI_STATUS_OK, "%s KV in a 64 GB host: %s", tri_dtype_name(types[t]), tri_last_error());
+    }
+    // more layers' KV stay on the card, and a pass streams fewer bytes
+    cr_assert(pl[1].on_chip >= pl[0].on_chip && pl[2].on_chip >= pl[1].on_chip);
+    cr_assert(pl[1].pcie_bytes_l3 < pl[0].pcie_bytes_l3 * 0.55 && pl[2].pcie_bytes_l3 < pl[1].pcie_bytes_l3 * 0.55);
+
+    c.head_dim = 48, c.n_embd = 48 * 32;  // not whole blocks of 32
+    m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    tri_plan_params p = tri_plan_default_params();
+    p.n_ctx = 4096;
+    p.kv_type = TRI_DTYPE_Q8_0;
+    cr_assert_neq(tri_plan_compute(&m, &p, &pl[0]), TRI_STATUS_OK);
+    cr_assert(strstr(tri_last_error(), "kv_type q8_0"), "%s", tri_last_error());
+    p.kv_type = TRI_DTYPE_Q4_1;
+    cr_assert_neq(tri_plan_compute(&m, &p, &pl[0]), TRI_STATUS_OK);
+}
