@@ -269,7 +269,8 @@ bool tri__quantize_row(void *row, const float *x, tri_dtype type, int64_t n) {
             for (int e = 0; e < TRI_QK; e++) amax = fmaxf(amax, fabsf(x[e]));
             float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
             b[i].d = tri__f32_to_f16(d);
-            for (int e = 0; e < TRI_QK; e++) b[i].qs[e] = (int8_t)roundf(x[e] * id);
+            // (the clamp changes no finite value: |x id| <= 127; it keeps a NaN or infinite row defined)
+            for (int e = 0; e < TRI_QK; e++) b[i].qs[e] = (int8_t)fmaxf(-127.0f, fminf(127.0f, roundf(x[e] * id)));
         }
         return true;
     }
@@ -285,8 +286,7 @@ bool tri__quantize_row(void *row, const float *x, tri_dtype type, int64_t n) {
             for (int e = 0; e < TRI_QK; e++) {
                 float t = x[e] * id;
                 t = t + 8.5f;  // (a separate rounding: no fused multiply-add)
-                int c = (int)t;
-                q[e] = (uint8_t)(c < 0 ? 0 : c > 15 ? 15 : c);
+                q[e] = (uint8_t)(int)fmaxf(0.0f, fminf(15.0f, t));  // trunc, at most 15 (NaN: 15)
             }
             for (int e = 0; e < TRI_QK / 2; e++) b[i].qs[e] = (uint8_t)(q[e] | q[e + TRI_QK / 2] << 4);
         }
