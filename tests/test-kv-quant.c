@@ -352,3 +352,76 @@ Test(kv_quant, planner_counts_the_type) {
     p.kv_type = TRI_DTYPE_Q4_1;
     cr_assert_neq(tri_plan_compute(&m, &p, &pl[0]), TRI_STATUS_OK);
 }
+
+// ---- quantized draft caches (draft_kv_type) ----
+
+static bool collect_all(int32_t tok, void *user) { return collect(tok, user); }
+
+// L1's cache (a StreamingLLM window of 24 over a 96-token context, or the full cache) in q8_0 or
+// q4_0: L3 verifies every token, so greedy speculative decoding gives plain decoding's tokens in
+// the modes with an L1 (draft and triforce), whatever the draft's cache holds.
+Test(kv_quant, quantized_draft_caches_keep_greedy_output, .timeout = TT_TIMEOUT(120)) {
+    const char *path = tt_gen_model("kvq-draft", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 32 --layers 3");
+    tri_model *m;
+    cr_assert_eq(tri_model_load(path, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    enum { N_CTX = 96, GEN = 48 };
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = N_CTX;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = GEN;
+    gp.stop_at_eos = false;
+    int32_t want[GEN], got[GEN], *w = want;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, collect_all, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_free(s);
+    static const int32_t layer0[1] = {0};
+    const tri_dtype types[2] = {TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    const tri_spec_mode modes[2] = {TRI_SPEC_MODE_DRAFT, TRI_SPEC_MODE_TRIFORCE};
+    for (int t = 0; t < 2; t++)
+        for (int mi = 0; mi < 2; mi++)
+            for (int window = 24; window <= N_CTX; window += N_CTX - 24) {
+                tri_spec_params p = tri_spec_default_params();
+                p.mode = modes[mi];
+                p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+                p.draft_layers = layer0;
+                p.n_draft_layers = 1;
+                p.gamma1 = 2;
+                p.gamma2 = 4;
+                p.budget = 32;
+                p.chunk = 8;
+                p.draft_window = window;
+                p.draft_sink = 4;
+                p.draft_kv_type = types[t];
+                tri_spec *spec;
+                cr_assert_eq(tri_spec_create(m, &sp, &p, &spec), TRI_STATUS_OK, "%s", tri_last_error());
+                w = got;
+                tri_spec_stats st;
+                cr_assert_eq(tri_generate_spec(spec, prompt, N_PROMPT, &gp, collect_all, &w, &st), TRI_STATUS_OK, "%s",
+                             tri_last_error());
+                cr_assert_eq(w - got, GEN);
+                for (int i = 0; i < GEN; i++)
+                    cr_assert_eq(got[i], want[i], "%s draft cache, mode %d, window %d: token %d is %d, plain %d",
+                                 tri_dtype_name(types[t]), (int)modes[mi], window, i, got[i], want[i]);
+                cr_assert(st.l1_proposed > 0);
+                tri_spec_free(spec);
+            }
+    // refusals name the field: an unknown type, and a draft whose head_dim is not whole blocks
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_DRAFT;
+    p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+    p.draft_layers = layer0;
+    p.n_draft_layers = 1;
+    p.draft_kv_type = TRI_DTYPE_Q5_0;
+    tri_spec *spec = NULL;
+    cr_assert_neq(tri_spec_create(m, &sp, &p, &spec), TRI_STATUS_OK);
+    cr_assert(!spec && strstr(tri_last_error(), "draft_kv_type q5_0"), "%s", tri_last_error());
+    tri_model_free(m);
+    path = tt_gen_model("kvq-draft16", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    cr_assert_eq(tri_model_load(path, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    p.draft_kv_type = TRI_DTYPE_Q8_0;
+    cr_assert_neq(tri_spec_create(m, &sp, &p, &spec), TRI_STATUS_OK);
+    cr_assert(!spec && strstr(tri_last_error(), "draft_kv_type q8_0") && strstr(tri_last_error(), "head_dim 16"), "%s",
+              tri_last_error());
+    tri_model_free(m);
+}
