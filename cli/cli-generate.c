@@ -724,7 +724,7 @@ int tri_cli_generate(int argc, char **argv) {
     spec_params.refresh = (int32_t)refresh;
     spec_params.draft_window = (int32_t)draft_window;
     spec_params.draft_sink = (int32_t)draft_sink;
-    spec_params.draft_kv_type = draft_kv;
+    if (draft_kv_set) spec_params.draft_kv_type = draft_kv;
     spec_params.ngram_n = (int32_t)ngram;
     spec_params.gamma1 = (int32_t)gamma1;
     spec_params.gamma2 = (int32_t)gamma2;

@@ -643,7 +643,8 @@ typedef struct attn_scratch {
 static void attn_rows_f32(float *out, tri_dtype type, const void *base, int64_t j0, int64_t nk, int64_t stride,
                           int64_t hd) {
     for (int64_t j = 0; j < nk; j++)
-        cpu_row_to_f32(out + j * hd, (const uint8_t *)base + tri__dtype_row_bytes(type, (j0 + j) * stride), type, 0, hd);
+        cpu_row_to_f32(out + j * hd, (const uint8_t *)base + tri__dtype_row_bytes(type, (j0 + j) * stride), type, 0,
+                       hd);
 }
 
 // Masks block scores s (rows, ATTN_TILE) of keys j0 .. j0 + nk of span sp for the queries i0 ..
@@ -874,8 +875,8 @@ static tri_status attn_run(tri__backend *be, float *out, float *state, float *ch
     if (!tri__kv_type_ok(kv->type))
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys", tri_dtype_name(kv->type));
     if (tri__dtype_is_quantized(kv->type) && (hd % TRI_QK != 0 || weight_sums))
-        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys with head_dim %lld%s", tri_dtype_name(kv->type),
-                         (long long)hd, weight_sums ? " and weight sums (H2O)" : "");
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys with head_dim %lld%s",
+                         tri_dtype_name(kv->type), (long long)hd, weight_sums ? " and weight sums (H2O)" : "");
     if (nkv <= 0 || n_head <= 0 || n_head % nkv != 0 || hd <= 0 || m < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu attention: %lld heads over %lld KV heads, head_dim %lld",
                          (long long)n_head, (long long)nkv, (long long)hd);

@@ -431,7 +431,8 @@ tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *
     // K and V rows of the cache's type, a quantized type's f16 scales included
     int64_t kv_row = tri__dtype_row_bytes(p.kv_type, (int64_t)c->n_head_kv * c->head_dim);
     if (tri__dtype_is_quantized(p.kv_type) && c->head_dim % TRI_QK != 0)
-        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "plan: kv_type %s needs head_dim a multiple of %d (the model's: %d)",
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "plan: kv_type %s needs head_dim a multiple of %d (the model's: %d)",
                          tri_dtype_name(p.kv_type), TRI_QK, c->head_dim);
     x.kv_tok = 2 * (uint64_t)kv_row;
     x.K = x.kv_tok * (uint64_t)p.n_ctx;

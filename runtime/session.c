@@ -136,7 +136,8 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: kv_type %s (%d): want f16, f32, q8_0 or q4_0",
                          tri_dtype_name(p.kv_type), (int)p.kv_type);
     if (tri__dtype_is_quantized(p.kv_type) && kp.kind != TRI_KV_POLICY_FULL)
-        return tri__fail(TRI_STATUS_UNSUPPORTED, "session: kv_type %s holds only the full cache; policy %s keeps f16 or f32",
+        return tri__fail(TRI_STATUS_UNSUPPORTED,
+                         "session: kv_type %s holds only the full cache; policy %s keeps f16 or f32",
                          tri_dtype_name(p.kv_type), tri__kv_policy_name(kp.kind));
     if (p.kv_layers_offloaded > 0 && p.kv_policy != TRI_KV_POLICY_FULL)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,

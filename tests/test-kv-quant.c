@@ -147,8 +147,11 @@ static void reference(ref_out *r, const char *hf, const char *kv_quant, const ch
     snprintf(name, sizeof name, "kvq-%s-%s-%s.greedy", tag, *kv_quant ? kv_quant : "none", order);
     snprintf(gout, sizeof gout, "%s", tt_tmp(name));
     int len = 0;
-    for (int i = 0; i < N_PROMPT; i++) len += snprintf(toks + len, sizeof toks - (size_t)len, "%s%d", i ? "," : "", prompt[i]);
-    snprintf(cmd, sizeof cmd, "'%s' '%s/reference/llama_ref.py' --model '%s' --tokens %s --out '%s' --greedy %d --kv-quant-order %s %s%s > '%s'",
+    for (int i = 0; i < N_PROMPT; i++)
+        len += snprintf(toks + len, sizeof toks - (size_t)len, "%s%d", i ? "," : "", prompt[i]);
+    snprintf(cmd, sizeof cmd,
+             "'%s' '%s/reference/llama_ref.py' --model '%s' --tokens %s --out '%s' --greedy %d --kv-quant-order %s "
+             "%s%s > '%s'",
              py, src, hf, toks, out, N_GEN, order, *kv_quant ? "--kv-quant " : "", kv_quant, gout);
     cr_assert_eq(run(cmd), 0, "reference failed: %s", cmd);
     size_t n;
@@ -171,7 +174,7 @@ static bool collect(int32_t tok, void *user) {
 }
 
 // Our logits of every prompt position (out, (N_PROMPT, n_vocab)) and greedy tokens with a cache of
-// kv_type, its last `offloaded` layers in host memory.
+// kv_type, its last `offloaded` layers in host memory and attended there in part (split).
 static void ours(const char *gguf, tri_dtype kv_type, int32_t offloaded, float *logits, int32_t n_vocab,
                  int32_t *greedy) {
     tri_model *m;
@@ -180,6 +183,7 @@ static void ours(const char *gguf, tri_dtype kv_type, int32_t offloaded, float *
     sp.kv_type = kv_type;
     sp.n_ctx = 64;
     sp.kv_layers_offloaded = offloaded;
+    sp.kv_host_fraction = offloaded ? 0.5 : 0;  // and split: the host half reads the blocks in place
     tri_session *s;
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
     cr_assert_eq(tri_session_eval(s, prompt, N_PROMPT, true), TRI_STATUS_OK, "%s", tri_last_error());
@@ -212,8 +216,8 @@ static double max_diff(const float *got, const ref_out *r) {
 
 // f32 weights, so the cache's rounding is the only approximation besides f32 arithmetic: our
 // q8_0 / q4_0 session is the reference model with that cache (greedy tokens equal, logits within
-// f32 rounding: 2e-7 of the logits' spread measured), and measurably not the
-// model without it. Offloading the cache to host memory gives the same bits. Blocks hold a key's
+// f32 rounding: 2e-7 of the logits' spread measured), and measurably not the model without it.
+// Offloading the cache to host memory, with split attention, gives the same bits. Blocks hold a key's
 // elements in the order of the file's rows: the HF directory's rope halves, the GGUF's adjacent
 // pairs (llama.cpp's permutation), each against the reference quantizing in that order.
 static void check_file(tri_dtype type, const char *tag, const char *path, const char *order, const char *hf) {

@@ -244,7 +244,8 @@ tri_spec_params tri_spec_default_params(void) {
     tri_spec_params p = {
         .mode = TRI_SPEC_MODE_TRIFORCE, .drafter = TRI_SPEC_DRAFTER_MODEL, .ngram_n = 3,
         .gamma1 = 2, .gamma2 = 6, .budget = 0, .chunk = 8, .draft_window = 0, .draft_sink = 0,
-        .refresh = 0, .refresh_accept = 0.5f, .draft_kv_type = TRI_DTYPE_F16,
+        .refresh = 0, .refresh_accept = 0.5f,
+        .draft_kv_type = TRI_DTYPE_COUNT,  // as the target's cache
     };
     return p;
 }
@@ -820,9 +821,11 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative: drafter 'model' without a draft model");
         TRY(check_same_vocab(target, p.draft_model));
     }
+    if (p.draft_kv_type == TRI_DTYPE_COUNT) p.draft_kv_type = sp.kv_type;
     if (has_l1 && p.drafter != TRI_SPEC_DRAFTER_NGRAM) {  // L1's own cache
         if (!tri__kv_type_ok(p.draft_kv_type))
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative: draft_kv_type %s (%d): want f16, f32, q8_0 or q4_0",
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "speculative: draft_kv_type %s (%d): want f16, f32, q8_0 or q4_0",
                              tri_dtype_name(p.draft_kv_type), (int)p.draft_kv_type);
         int32_t hd = p.drafter == TRI_SPEC_DRAFTER_MODEL ? p.draft_model->config.head_dim : c->head_dim;
         if (tri__dtype_is_quantized(p.draft_kv_type) && hd % TRI_QK != 0)
@@ -897,8 +900,9 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         tri__level_params l1p = lp;
         l1p.kv_type = p.draft_kv_type;
         if (tri__dtype_is_quantized(l1p.kv_type) && strcmp(s->be->ops->name, "cpu") != 0) {
-            st = tri__fail(TRI_STATUS_UNSUPPORTED, "speculative: draft_kv_type %s is not supported on the %s backend yet "
-                           "(CPU only)", tri_dtype_name(l1p.kv_type), s->be->ops->name);
+            st = tri__fail(TRI_STATUS_UNSUPPORTED,
+                           "speculative: draft_kv_type %s is not supported on the %s backend yet (CPU only)",
+                           tri_dtype_name(l1p.kv_type), s->be->ops->name);
             goto fail;
         }
         l1p.policy = p.draft_window == 0 && window >= sp.n_ctx ? TRI_KV_POLICY_FULL : TRI_KV_POLICY_STREAMING;
