@@ -4,6 +4,7 @@
 // usage: bench-offload --device sim:PROFILE [--gpus 1|2] [--shape llama2-7b|tiny] [--ctx N]
 //                      [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]
 //                      [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]
+//                      [--kv-type f16,q8_0,q4_0]   (the table once per KV cache type; default f16,q8_0)
 //        bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N] [--threads N]
 //                      [--rounds N]
 //
@@ -76,7 +77,7 @@ static void sim_usage(void) {
     fprintf(stderr, "usage: bench-offload --device sim:PROFILE [--gpus 1|2] [--shape llama2-7b|tiny] [--ctx N]\n"
                     "                     [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]\n"
                     "                     [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]\n"
-                    "                     [--kv-type f16,q8_0,q4_0]\n"
+                    "                     [--kv-type f16,q8_0,q4_0 (default f16,q8_0)]\n"
                     "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
                     "                     [--threads N] [--rounds N]\n"
                     "profiles:");
@@ -704,7 +705,7 @@ fail:
 int bench_offload_sim(int argc, char **argv) {
     sim_opts o = {.shape = "llama2-7b", .ctx = 130048, .gamma1 = 2, .gpus = 1, .prompt = 256, .tokens = 32, .threads = 0, .rounds = 3,
                   .budgets = {8192, 12288}, .n_budgets = 2, .gamma2s = {12, 16}, .n_gamma2 = 2, .alpha = 0.9,
-                  .beta = 0.7, .weights = TRI_DTYPE_F16, .kv_types = {TRI_DTYPE_F16}, .n_kv = 1};
+                  .beta = 0.7, .weights = TRI_DTYPE_F16, .kv_types = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0}, .n_kv = 2};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
