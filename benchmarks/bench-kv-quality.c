@@ -5,6 +5,9 @@
 //
 // usage: bench-kv-quality MODEL.gguf IDS.txt [context 2048] [positions 64] [budgets 128,256,512,1024]
 //                         [threads 0]
+//        bench-kv-quality MODEL.gguf IDS.txt CONTEXT 0 types [threads 0]
+// The second form compares the KV cache's types (f16, q8_0, q4_0: full cache) over the first
+// CONTEXT tokens of the text, every position scored (kv_types below).
 // IDS.txt: token ids, one per line (scripts/tokenize-gguf.py). The first `context` ids are the
 // prompt; the next `positions` are fed one by one (teacher forcing) and compared.
 // Retrieval selects once after the prompt (TriForce's code never refreshes), chunks of 8;
@@ -16,6 +19,7 @@
 #include <time.h>
 
 #include "backend.h"
+#include "dtype.h"
 #include "kv-policy.h"
 #include "llama.h"
 #include "model.h"
@@ -69,6 +73,65 @@ static void run(tri__llama *ll, const tri_model *m, tri__kv_policy_params *pp, c
     tri__kv_policy_free(&pol);
 }
 
+// The KV cache's types against f16 over the first n ids: the text is fed in passes of 128 tokens
+// with every position's logits (teacher forcing, as a perplexity run), through one full cache per
+// type side by side, and each position's next-token distribution q of a type is compared with p
+// of the f16 cache: top-1 agreement, accept = sum_x min(p, q), KL(p || q), and the perplexity of
+// the text's next tokens under each.
+static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int32_t n) {
+    enum { NT = 3, PASS = 128 };
+    const tri_dtype types[NT] = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    const tri_model_config *c = &m->config;
+    const int32_t V = c->n_vocab;
+    tri__kv_policy pol[NT];
+    float *lg[NT];
+    double nll[NT] = {0}, top1[NT] = {0}, acc[NT] = {0}, kl[NT] = {0}, secs[NT] = {0};
+    double *p = malloc(sizeof(double) * (size_t)V), *q = malloc(sizeof(double) * (size_t)V);
+    for (int t = 0; t < NT; t++) {
+        tri__kv_policy_params fp = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, n);
+        if (tri__kv_policy_init(&pol[t], &fp, ll->be, types[t], c->n_layer, c->n_head, c->n_head_kv, c->head_dim, n,
+                                PASS))
+            die("policy");
+        lg[t] = malloc(sizeof(float) * (size_t)PASS * (size_t)V);
+        if (!lg[t] || !p || !q) die("logits");
+    }
+    for (int32_t i0 = 0; i0 < n; i0 += PASS) {
+        int32_t nb = n - i0 < PASS ? n - i0 : PASS;
+        for (int t = 0; t < NT; t++) {
+            double t0 = now();
+            if (tri__llama_forward_policy(ll, &pol[t], ids + i0, nb, TRI_LOGITS_ALL, lg[t])) die("forward");
+            secs[t] += now() - t0;
+        }
+        for (int32_t r = 0; r < nb; r++) {
+            const int32_t pos = i0 + r;
+            const float *lf = lg[0] + (int64_t)r * V;
+            softmax(lf, p, V);
+            for (int t = 0; t < NT; t++) {
+                const float *lq = lg[t] + (int64_t)r * V;
+                softmax(lq, q, V);
+                if (pos + 1 < n) nll[t] -= log(q[ids[pos + 1]]);
+                top1[t] += argmax(lf, V) == argmax(lq, V);
+                for (int32_t x = 0; x < V; x++) {
+                    if (p[x] > 0) kl[t] += p[x] * (log(p[x]) - log(fmax(q[x], 1e-300)));
+                    acc[t] += fmin(p[x], q[x]);
+                }
+            }
+        }
+    }
+    printf("%-6s %11s %9s %9s %8s %9s %10s %12s\n", "kv", "bytes/value", "ppl", "d_ppl", "top1", "accept", "KL",
+           "ms/token");
+    double ppl0 = exp(nll[0] / (n - 1));
+    for (int t = 0; t < NT; t++) {
+        double ppl = exp(nll[t] / (n - 1));
+        printf("%-6s %11.4f %9.4f %+9.4f %8.4f %9.4f %10.6f %12.2f\n", tri_dtype_name(types[t]),
+               (double)tri__dtype_row_bytes(types[t], TRI_QK) / TRI_QK, ppl, ppl - ppl0, top1[t] / n, acc[t] / n,
+               kl[t] / n, secs[t] * 1e3 / n);
+        free(lg[t]);
+        tri__kv_policy_free(&pol[t]);
+    }
+    free(p), free(q);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: bench-kv-quality MODEL.gguf IDS.txt [context 2048] [positions 64] "
@@ -78,6 +141,12 @@ int main(int argc, char **argv) {
     int32_t ctx = argc > 3 ? atoi(argv[3]) : 2048, npos = argc > 4 ? atoi(argv[4]) : 64;
     const char *budgets_arg = argc > 5 ? argv[5] : "128,256,512,1024";
     int32_t threads = argc > 6 ? atoi(argv[6]) : 0;
+    const bool types = strcmp(budgets_arg, "types") == 0;  // the KV types over `context` tokens
+    if (types) npos = 0;
+    if (ctx < 2 || npos < 0 || (!types && npos < 2)) {
+        fprintf(stderr, "bench-kv-quality: context %d and positions %d\n", ctx, npos);
+        return 2;
+    }
 
     FILE *f = fopen(argv[2], "r");
     if (!f) {
@@ -101,6 +170,17 @@ int main(int argc, char **argv) {
     if (tri__llama_init(&ll, m, be, 128)) die("forward pass");
     const int32_t V = c->n_vocab;
 
+    if (types) {
+        printf("# bench-kv-quality: %s, %d layers, %d/%d heads x %d, the first %d tokens, KV types vs f16, %s, %d "
+               "threads\n", argv[1], c->n_layer, c->n_head, c->n_head_kv, c->head_dim, ctx,
+               tri__cpu_simd_name(tri__cpu_simd_detect()), be->n_threads);
+        kv_types(&ll, m, ids, ctx);
+        free(ids);
+        tri__llama_free(&ll);
+        tri__backend_free(be);
+        tri_model_free(m);
+        return 0;
+    }
     printf("# bench-kv-quality: %s, %d layers, %d/%d heads, context %d, %d positions, f16 cache, %s, %d threads\n",
            argv[1], c->n_layer, c->n_head, c->n_head_kv, ctx, npos, tri__cpu_simd_name(tri__cpu_simd_detect()),
            be->n_threads);

@@ -7,6 +7,7 @@
 //                      [--reserve SIZE] [--passes N]  (bench-offload's: the passes are accepted so
 //                      that its command line runs as is; the timeline repeats exactly)
 //                      [--accept-curve FILE] [--hosts desktop,workstation|none]
+//                      [--kv-type f16,q8_0,q4_0]   (the table once per KV cache type; default f16,q8_0)
 //        bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N] [--threads N]
 //                      [--rounds N]
 //
@@ -79,6 +80,8 @@ typedef struct sim_opts {
     tri_dtype weights;
     const char *curve_path;  // --accept-curve: measured acceptance by depth (bench-accept)
     const char *hosts;       // --hosts: host profiles for the split rows
+    tri_dtype kv_types[MAX_LIST];  // --kv-type f16,q8_0,q4_0: the table once per cache type
+    int32_t n_kv;
 } sim_opts;
 
 static void sim_usage(void) {
@@ -89,6 +92,7 @@ static void sim_usage(void) {
                     "                     [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]\n"
                     "                     [--reserve SIZE] [--passes N] [--accept-curve FILE]\n"
                     "                     [--hosts desktop,workstation|none]\n"
+                    "                     [--kv-type f16,q8_0,q4_0 (default f16,q8_0)]\n"
                     "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
                     "                     [--threads N] [--rounds N]\n"
                     "profiles:");
@@ -166,9 +170,9 @@ static tri_status sim_time_pass(const tri_model *model, tri__backend *be, tri__k
 
 // A store over c with capacity positions, on_chip layers on the device, holding n positions of
 // rows that are never written (a simulated device reads none of them).
-static tri_status sim_store(tri__kv_store *kv, tri__backend *be, const tri_model_config *c, int32_t capacity,
-                            int32_t on_chip, int32_t n) {
-    tri_status st = tri__kv_store_init_offload(kv, be, TRI_DTYPE_F16, c->n_layer, c->n_head_kv, c->head_dim, capacity,
+static tri_status sim_store(tri__kv_store *kv, tri__backend *be, tri_dtype type, const tri_model_config *c,
+                            int32_t capacity, int32_t on_chip, int32_t n) {
+    tri_status st = tri__kv_store_init_offload(kv, be, type, c->n_layer, c->n_head_kv, c->head_dim, capacity,
                                                on_chip);
     if (!st) st = tri__kv_store_set_len(kv, n);
     return st;
@@ -245,10 +249,12 @@ static int run_paper(const sim_opts *o) {
            o->shape, tri_dtype_name(o->weights), o->ctx);
     printf("forced acceptance: alpha %.2f (L3 accepts an L2 token), beta %.2f (L2 accepts an L1 token), gamma1 %d\n",
            o->alpha, o->beta, o->gamma1);
-    printf("\n| mode | budget | gamma2 | resident blocks | KV layers on device | L3 pass ms | L2 pass ms | L1 pass ms | tokens/round "
+    printf("every level's cache of the KV type in the first column (the planner's assumption; the runtime's "
+           "speculative modes hold f16 or f32 caches so far: q8_0 / q4_0 rows of TriForce are a prediction)\n");
+    printf("\n| KV | mode | budget | gamma2 | resident blocks | KV layers on device | L3 pass ms | L2 pass ms | L1 pass ms | tokens/round "
            "| ms/token (simulated) | planner ms/token | MB over PCIe/token | PCIe floor ms/token | transfer hidden "
            "| compute overlapped | paper ms/token |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     double paper_ar = o->gpus == 2 ? 840 : 1516, paper_tf = o->gpus == 2 ? 108 : 312;
     int rc = 0;
     size_t cap_rows = 1 << 16, n_rows = 0;
@@ -259,9 +265,11 @@ static int run_paper(const sim_opts *o) {
         tri__backend_free(be);
         return 1;
     }
-    for (int run = 0; run <= o->n_budgets && !rc; run++) {
-        bool ar = run == 0;
-        int32_t budget = ar ? 0 : o->budgets[run - 1];
+    for (int run = 0; run < (o->n_budgets + 1) * o->n_kv && !rc; run++) {
+        const tri_dtype kvt = o->kv_types[run / (o->n_budgets + 1)];
+        const char *kvn = tri_dtype_name(kvt);
+        bool ar = run % (o->n_budgets + 1) == 0;
+        int32_t budget = ar ? 0 : o->budgets[run % (o->n_budgets + 1) - 1];
         int32_t g2max = 1;
         for (int i = 0; i < o->n_gamma2; i++) g2max = o->gamma2s[i] > g2max ? o->gamma2s[i] : g2max;
         // the planner, on the whole model and both GPUs, with the profile's rates
@@ -279,6 +287,7 @@ static int run_paper(const sim_opts *o) {
         pp.gamma1 = o->gamma1;
         pp.accept_l1 = o->beta;
         pp.accept_l2 = o->alpha;
+        pp.kv_type = kvt;
         tri_plan_model pm, dm;
         tri_model *whole = NULL;
         if (tri__model_synthetic_shape(&full, o->weights, &whole)) {
@@ -293,11 +302,12 @@ static int run_paper(const sim_opts *o) {
         pp.gamma2 = g2max;
         tri_plan plan;
         if (tri_plan_compute(&pm, &pp, &plan)) {
-            printf("| %s | %d | | cannot place: %s |\n", ar ? "autoregressive" : "TriForce", budget, tri_last_error());
+            printf("| %s | %s | %d | | cannot place: %s |\n", kvn, ar ? "autoregressive" : "TriForce", budget,
+                   tri_last_error());
             continue;
         }
         if (plan.n_weights_disk > 0) {
-            printf("| %s | %d | | the plan reads weights from disk, which the simulation does not model |\n",
+            printf("| %s | %s | %d | | the plan reads weights from disk, which the simulation does not model |\n", kvn,
                    ar ? "autoregressive" : "TriForce", budget);
             continue;
         }
@@ -305,11 +315,11 @@ static int run_paper(const sim_opts *o) {
         tri_model *tv = NULL, *dv = NULL;
         tri__kv_store l3 = {0}, l2 = {0}, l1 = {0};
         tri_status st = tri__model_on_backend(target, be, streamed, 0, &tv);
-        if (!st) st = sim_store(&l3, be, &tc, pp.n_ctx, plan.on_chip, o->ctx);
+        if (!st) st = sim_store(&l3, be, kvt, &tc, pp.n_ctx, plan.on_chip, o->ctx);
         if (!st && !ar) {
-            st = sim_store(&l2, be, &tc, budget + 256, tc.n_layer, budget);
+            st = sim_store(&l2, be, kvt, &tc, budget + 256, tc.n_layer, budget);
             if (!st) st = tri__model_on_backend(draft, be, 0, 0, &dv);
-            if (!st) st = sim_store(&l1, be, &dc, 256 + 64, dc.n_layer, 256);
+            if (!st) st = sim_store(&l1, be, kvt, &dc, 256 + 64, dc.n_layer, 256);
         }
         sim_pass p2 = {0}, p1 = {0};
         if (!st && !ar) st = sim_time_pass(tv, be, &l2, o->gamma1 + 1, &p2);
@@ -340,8 +350,8 @@ static int run_paper(const sim_opts *o) {
                 snprintf(t2, sizeof t2, "%.2f", 1e3 * p2.seconds);
                 snprintf(t1, sizeof t1, "%.3f", 1e3 * p1.seconds);
             }
-            printf("| %s | %s | %s | %d of %d | %d of %d | %.1f | %s | %s | %.2f | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.0f |\n",
-                   ar ? "autoregressive" : "TriForce", b2, g2s, tc.n_layer - streamed, tc.n_layer, plan.on_chip,
+            printf("| %s | %s | %s | %s | %d of %d | %d of %d | %.1f | %s | %s | %.2f | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.0f |\n",
+                   kvn, ar ? "autoregressive" : "TriForce", b2, g2s, tc.n_layer - streamed, tc.n_layer, plan.on_chip,
                    tc.n_layer, 1e3 * p3.seconds, t2, t1,
                    per_round, 1e3 * t_tok, plan_ms, bytes / 1e6, 1e3 * floor_s,
                    p3.transfer_busy > 0 ? 100.0 * p3.hidden / p3.transfer_busy : 0.0,
@@ -351,8 +361,9 @@ static int run_paper(const sim_opts *o) {
             for (int hi = 0; !st && hi < n_hosts; hi++) {
                 const tri__sim_host *h = hosts[hi];
                 int32_t m = g2 + 1;
-                double row_full = 2.0 * full.n_head_kv * full.head_dim * 2.0;  // f16 K and V, every GPU's heads
-                double row_shard = 2.0 * tc.n_head_kv * tc.head_dim * 2.0;
+                // K and V of the KV type, every GPU's heads / this GPU's
+                double row_full = 2.0 * full.n_head_kv * (double)tri__dtype_row_bytes(kvt, full.head_dim);
+                double row_shard = 2.0 * tc.n_head_kv * (double)tri__dtype_row_bytes(kvt, tc.head_dim);
                 tri_plan_params ps = pg;
                 ps.host_attn_gbps = tri__sim_host_attn_gbps(h, m, full.n_head, full.head_dim, row_full, false);
                 ps.host_dram_gbps = h->dram_gbps;
@@ -364,10 +375,10 @@ static int run_paper(const sim_opts *o) {
                 // would not fit the device)
                 sim_pass ps3 = {0};
                 tri__kv_store_free(&l3);
-                if ((st = sim_store(&l3, be, &tc, pp.n_ctx, plan.on_chip, n_dev))) break;
+                if ((st = sim_store(&l3, be, kvt, &tc, pp.n_ctx, plan.on_chip, n_dev))) break;
                 st = sim_time_pass(tv, be, &l3, m, &ps3);
                 tri__kv_store_free(&l3);
-                if (!st) st = sim_store(&l3, be, &tc, pp.n_ctx, plan.on_chip, o->ctx);
+                if (!st) st = sim_store(&l3, be, kvt, &tc, pp.n_ctx, plan.on_chip, o->ctx);
                 if (st) break;
                 // the store holds n_dev rows in every layer: the layers on the device attend the
                 // host's share too, at the device's memory rate
@@ -388,9 +399,9 @@ static int run_paper(const sim_opts *o) {
                     double no_split = (p3.seconds + l2l1) / rnd, split = (t3s + l2l1) / rnd;
                     if (n_rows + 512 > cap_rows) break;
                     n_rows += (size_t)snprintf(rows + n_rows, cap_rows - n_rows,
-                                               "| %s | %s | %s | %s | %s | %.0f GB/s | %.2f | %.2f | %.1f | %.1f | "
-                                               "%.2f | %.1f | %.1f | %.1f | %.0f |\n",
-                                               ar ? "autoregressive" : "TriForce", b2, g2s, h->name,
+                                               "| %s | %s | %s | %s | %s | %s | %.0f GB/s | %.2f | %.2f | %.1f | "
+                                               "%.1f | %.2f | %.1f | %.1f | %.1f | %.0f |\n",
+                                               kvn, ar ? "autoregressive" : "TriForce", b2, g2s, h->name,
                                                ar ? "-" : use_curve ? "measured curve" : "stated",
                                                ps.host_attn_gbps, f, rnd, 1e3 * p3.seconds, 1e3 * dev, 1e3 * host,
                                                1e3 * no_split, 1e3 * split, 1e3 * pls.t_token, ar ? paper_ar : paper_tf);
@@ -424,9 +435,9 @@ static int run_paper(const sim_opts *o) {
             printf("acceptance: stated alpha %.2f beta %.2f, and the curve measured in %s: L1 chain %.2f pooled, L2 "
                    "chain %.2f pooled, %.2f tokens per L3 pass measured at gamma2 %d\n",
                    o->alpha, o->beta, o->curve_path, cv->pooled[0], cv->pooled[1], cv->tokens_per_l3, cv->gamma2);
-        printf("\n| mode | budget | gamma2 | host | acceptance | host attention | split f | tokens/round | L3 pass ms | L3 device "
+        printf("\n| KV | mode | budget | gamma2 | host | acceptance | host attention | split f | tokens/round | L3 pass ms | L3 device "
                "part ms | L3 host part ms | ms/token no split | ms/token split | planner ms/token split | paper "
-               "ms/token |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n%s",
+               "ms/token |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n%s",
                rows);
     }
     free(rows);
@@ -817,7 +828,8 @@ static bool sim_size(const char *s, uint64_t *out) {
 int bench_offload_sim(int argc, char **argv) {
     sim_opts o = {.shape = "llama2-7b", .ctx = 130048, .gamma1 = 2, .gpus = 1, .prompt = 256, .tokens = 32, .threads = 0, .rounds = 3,
                   .budgets = {8192, 12288}, .n_budgets = 2, .gamma2s = {12, 16}, .n_gamma2 = 2, .alpha = 0.9,
-                  .beta = 0.7, .weights = TRI_DTYPE_F16, .hosts = "desktop,workstation"};
+                  .beta = 0.7, .weights = TRI_DTYPE_F16, .hosts = "desktop,workstation",
+                  .kv_types = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0}, .n_kv = 2};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
@@ -841,7 +853,17 @@ int bench_offload_sim(int argc, char **argv) {
         else if (!strcmp(a, "--accept-l1") && v) ok = (o.beta = atof(v)) > 0 && o.beta <= 1;
         else if (!strcmp(a, "--accept-curve") && v) o.curve_path = v;
         else if (!strcmp(a, "--hosts") && v) o.hosts = v;
-        else if (!strcmp(a, "--weights") && v) {
+        else if (!strcmp(a, "--kv-type") && v) {
+            o.n_kv = 0;
+            for (const char *t = v; ok && *t && o.n_kv < MAX_LIST;) {
+                size_t len = strcspn(t, ",");
+                char name[16] = "";
+                if (len < sizeof name) memcpy(name, t, len);
+                ok = len < sizeof name && tri__kv_type_parse(name, &o.kv_types[o.n_kv++]);
+                t += len + (t[len] == ',');
+            }
+            ok = ok && o.n_kv > 0;
+        } else if (!strcmp(a, "--weights") && v) {
             o.weights = !strcmp(v, "q8_0") ? TRI_DTYPE_Q8_0 : !strcmp(v, "q4_0") ? TRI_DTYPE_Q4_0 : TRI_DTYPE_F16;
             ok = !strcmp(v, "f16") || o.weights != TRI_DTYPE_F16;
         } else ok = false;

@@ -64,7 +64,7 @@ static void usage(FILE *f) {
           "  -t, --threads N      CPU threads (default: one per core)\n"
           "      --device D       cpu, cuda or cuda:N (default: the first GPU when there is one)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
-          "      --kv-type T      f16 (default) or f32 KV cache\n"
+          "      --kv-type T      f16 (default), f32, q8_0 or q4_0 KV cache\n"
           "      --prompt-cache FILE  a conversation's start on disk: a turn (or /load) loads the\n"
           "                       prefix it shares with the file when that beats the cache; the\n"
           "                       file is written after the first prefill when missing or stale\n"
@@ -536,12 +536,7 @@ int tri_cli_chat(int argc, char **argv) {
         case OPT_DEVICE: ok = tri_cli_parse_device("offload-run chat", optarg, &sp); break;
         case OPT_BATCH: ok = tri_cli_parse_long(me, "--batch", optarg, 1, 65536, &batch); break;
         case OPT_KV:
-            if (strcmp(optarg, "f16") == 0) sp.kv_type = TRI_DTYPE_F16;
-            else if (strcmp(optarg, "f32") == 0) sp.kv_type = TRI_DTYPE_F32;
-            else {
-                fprintf(stderr, "offload-run chat: --kv-type '%s': want f16 or f32\n", optarg);
-                ok = false;
-            }
+            ok = tri_cli_parse_kv_type(me, "--kv-type", optarg, &sp.kv_type);
             break;
         case OPT_JSON: json_path = optarg; break;
         case OPT_IGNORE_EOS: gp.stop_at_eos = false; break;

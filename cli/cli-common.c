@@ -392,3 +392,15 @@ bool tri_cli_applies(const char *cmd, const char *opt, bool set, bool ok, const 
     if (set && !ok) fprintf(stderr, "%s: %s applies only to %s\n", cmd, opt, where);
     return !set || ok;
 }
+
+bool tri_cli_parse_kv_type(const char *cmd, const char *opt, const char *arg, tri_dtype *out) {
+    static const tri_dtype types[] = {TRI_DTYPE_F16, TRI_DTYPE_F32, TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
+        if (strcmp(arg, tri_dtype_name(types[i])) == 0) {
+            *out = types[i];
+            return true;
+        }
+    }
+    fprintf(stderr, "%s: %s '%s': want f16, f32, q8_0 or q4_0\n", cmd, opt, arg);
+    return false;
+}

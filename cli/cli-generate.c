@@ -60,7 +60,7 @@ static void usage(FILE *f) {
           "      --host-attn-gbps X  host attention GB/s for the planner's split (default: measured\n"
           "                       at start-up when the planner runs on a GPU)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
-          "      --kv-type T      f16 (default) or f32 KV cache\n"
+          "      --kv-type T      f16 (default), f32, q8_0 or q4_0 KV cache\n"
           "      --ignore-eos     keep generating after the end-of-sequence token\n"
           "      --ids            print token ids instead of text\n"
           "\n"
@@ -92,6 +92,7 @@ static void usage(FILE *f) {
           "                       --kv retrieval\n"
           "      --draft-window N L1's StreamingLLM cache in tokens, sinks included (default 256)\n"
           "      --draft-sink N   L1's attention sinks (default 16)\n"
+          "      --draft-kv-type T  L1's cache type: f16 (default), f32, q8_0 or q4_0\n"
           "      --refresh-accept X  L2 selects again when L3 accepts less than X of its tokens over\n"
           "                       4 passes (default 0.5; 0: never)\n"
           "      --stats          print acceptance rates, tokens per full-cache pass and time\n"
@@ -446,7 +447,7 @@ int tri_cli_generate(int argc, char **argv) {
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
            OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
            OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS, OPT_WEIGHTS_FROM_DISK, OPT_GPU_MEM, OPT_HOST_MEM,
-           OPT_KV_INDEX, OPT_KV_HOST, OPT_HOST_ATTN, OPT_PROMPT_CACHE };
+           OPT_KV_INDEX, OPT_KV_HOST, OPT_HOST_ATTN, OPT_PROMPT_CACHE, OPT_DRAFT_KV };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -469,6 +470,7 @@ int tri_cli_generate(int argc, char **argv) {
         {"refresh", required_argument, NULL, OPT_REFRESH},
         {"draft-window", required_argument, NULL, OPT_DRAFT_WINDOW},
         {"draft-sink", required_argument, NULL, OPT_DRAFT_SINK},
+        {"draft-kv-type", required_argument, NULL, OPT_DRAFT_KV},
         {"refresh-accept", required_argument, NULL, OPT_REFRESH_ACCEPT},
         {"device", required_argument, NULL, OPT_DEVICE},
         {"kv-offload", required_argument, NULL, OPT_KV_OFFLOAD},
@@ -491,6 +493,8 @@ int tri_cli_generate(int argc, char **argv) {
     // 0: not given (every one of these options wants a positive number)
     long ngram = 0, gamma1 = 0, gamma2 = 0, budget = 0, chunk = 0;
     long sink = 0, refresh = 0, draft_window = 0, draft_sink = 0;
+    bool draft_kv_set = false;
+    tri_dtype draft_kv = TRI_DTYPE_F16;
     bool kv_set = false, refresh_accept_set = false, index_set = false, kv_host_set = false;
     float kv_host = 0, host_attn_gbps = 0;
     tri_spec_params spec_params = tri_spec_default_params();
@@ -537,12 +541,7 @@ int tri_cli_generate(int argc, char **argv) {
         case 't': ok = tri_cli_parse_long(me, "--threads", optarg, 1, 4096, &threads); break;
         case OPT_BATCH: ok = tri_cli_parse_long(me, "--batch", optarg, 1, 65536, &batch); break;
         case OPT_KV:
-            if (strcmp(optarg, "f16") == 0) sp.kv_type = TRI_DTYPE_F16;
-            else if (strcmp(optarg, "f32") == 0) sp.kv_type = TRI_DTYPE_F32;
-            else {
-                fprintf(stderr, "offload-run generate: --kv-type '%s': want f16 or f32\n", optarg);
-                ok = false;
-            }
+            ok = tri_cli_parse_kv_type(me, "--kv-type", optarg, &sp.kv_type);
             break;
         case OPT_IGNORE_EOS: gp.stop_at_eos = false; break;
         case OPT_IDS: print_ids = true; break;
@@ -588,6 +587,10 @@ int tri_cli_generate(int argc, char **argv) {
             ok = tri_cli_parse_long(me, "--draft-window", optarg, 2, INT32_MAX, &draft_window);
             break;
         case OPT_DRAFT_SINK: ok = tri_cli_parse_long(me, "--draft-sink", optarg, 1, INT32_MAX, &draft_sink); break;
+        case OPT_DRAFT_KV:
+            draft_kv_set = true;
+            ok = tri_cli_parse_kv_type(me, "--draft-kv-type", optarg, &draft_kv);
+            break;
         case OPT_REFRESH_ACCEPT:
             refresh_accept_set = true;
             ok = tri_cli_parse_float(me, "--refresh-accept", optarg, 0.0, 1.0, &spec_params.refresh_accept);
@@ -678,6 +681,8 @@ int tri_cli_generate(int argc, char **argv) {
                          "an L1 model or layers (--spec draft or triforce)") ||
         !tri_cli_applies("offload-run generate", "--draft-sink", draft_sink, l1_cache,
                          "an L1 model or layers (--spec draft or triforce)") ||
+        !tri_cli_applies("offload-run generate", "--draft-kv-type", draft_kv_set, l1_cache,
+                         "an L1 model or layers (--spec draft or triforce)") ||
         !tri_cli_applies("offload-run generate", "--gamma1", gamma1, mode == TRI_SPEC_MODE_TRIFORCE,
                          "--spec triforce") ||
         !tri_cli_applies("offload-run generate", "--gamma2", gamma2, !plain, "--spec draft, retrieval or triforce") ||
@@ -693,6 +698,7 @@ int tri_cli_generate(int argc, char **argv) {
     spec_params.refresh = (int32_t)refresh;
     spec_params.draft_window = (int32_t)draft_window;
     spec_params.draft_sink = (int32_t)draft_sink;
+    if (draft_kv_set) spec_params.draft_kv_type = draft_kv;
     spec_params.ngram_n = (int32_t)ngram;
     spec_params.gamma1 = (int32_t)gamma1;
     spec_params.gamma2 = (int32_t)gamma2;

@@ -35,7 +35,7 @@ static void usage(FILE *f) {
           "      --accept-l1 P    L2's acceptance rate of L1 tokens, assumed (default 0.7; generate\n"
           "                       --stats measures it)\n"
           "      --accept-l2 P    L3's acceptance rate of L2 tokens, assumed (default 0.9)\n"
-          "      --kv-type T      f16 (default) or f32\n"
+          "      --kv-type T      f16 (default), f32, q8_0 or q4_0\n"
           "      --host-attn-gbps X  KV GB/s the host's attention reads at the pass's query count:\n"
           "                       split each offloaded layer between PCIe and host attention\n"
           "                       (default 0: every offloaded row streams; see bench-offload)\n"
@@ -157,9 +157,7 @@ int tri_cli_plan(int argc, char **argv) {
         case O_ACC1: ok = parse_rate(opt, optarg, &p.accept_l1); break;
         case O_ACC2: ok = parse_rate(opt, optarg, &p.accept_l2); break;
         case O_KV:
-            if (strcmp(optarg, "f16") == 0) p.kv_type = TRI_DTYPE_F16;
-            else if (strcmp(optarg, "f32") == 0) p.kv_type = TRI_DTYPE_F32;
-            else return tri_cli_usage_error("--kv-type '%s': want f16 or f32", optarg);
+            if (!tri_cli_parse_kv_type("offload-run plan", "--kv-type", optarg, &p.kv_type)) return tri_cli_see_help();
             break;
         case O_AR: p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE; break;
         case O_HOST_ATTN: ok = parse_real(opt, optarg, &p.host_attn_gbps); break;

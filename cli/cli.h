@@ -47,6 +47,9 @@ int32_t *tri_cli_parse_layers(const char *cmd, const char *opt, const char *arg,
 // Whether an option given (set) is one that applies (ok); false after printing that opt applies
 // only to where.
 bool tri_cli_applies(const char *cmd, const char *opt, bool set, bool ok, const char *where);
+// A KV cache type by name: f16, f32, q8_0 or q4_0 (what the session may hold); false after printing
+// an error that names cmd and opt.
+bool tri_cli_parse_kv_type(const char *cmd, const char *opt, const char *arg, tri_dtype *out);
 
 // Parses --device: "cpu", "cuda" (device 0) or "cuda:N" into sp's device fields. Prints
 // "<cmd>: --device '<arg>': ..." and returns false for anything else.

@@ -229,6 +229,13 @@ static tri_status cpu_convert(tri__backend *be, void *dst, tri_dtype type, const
     case TRI_DTYPE_BF16:
         for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = tri__f32_to_bf16(src[i]);
         return TRI_STATUS_OK;
+    case TRI_DTYPE_Q8_0:
+    case TRI_DTYPE_Q4_0:  // a quantized KV cache's rows: whole blocks of 32
+        if (n % TRI_QK != 0)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu convert: %lld values to %s, not whole blocks of %d",
+                             (long long)n, tri_dtype_name(type), TRI_QK);
+        tri__quantize_row(dst, src, type, n);
+        return TRI_STATUS_OK;
     default: return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu convert: to %s", tri_dtype_name(type));
     }
 }
@@ -626,9 +633,20 @@ typedef struct attn_job {
 
 // Scratch of one thread: packed scaled queries (rows, hd), scores (rows, ATTN_TILE), the chunk's
 // accumulators (rows, hd), running max and sum (rows), and the fold's (rows, hd), (rows), (rows).
+// With a quantized cache also the block's keys or values dequantized (ATTN_TILE, hd): the cache is
+// read in place, a block of rows at a time.
 typedef struct attn_scratch {
-    float *q, *s, *acc, *mx, *sum, *facc, *fmx, *fsum;
+    float *q, *s, *acc, *mx, *sum, *facc, *fmx, *fsum, *kq;
 } attn_scratch;
+
+// out (nk, hd) f32 = rows j0 .. j0 + nk - 1 of a span of a quantized type (Q8_0, Q4_0): row j starts
+// tri__dtype_row_bytes(type, j * stride) bytes past base (stride and hd whole blocks).
+static void attn_rows_f32(float *out, tri_dtype type, const void *base, int64_t j0, int64_t nk, int64_t stride,
+                          int64_t hd) {
+    for (int64_t j = 0; j < nk; j++)
+        cpu_row_to_f32(out + j * hd, (const uint8_t *)base + tri__dtype_row_bytes(type, (j0 + j) * stride), type, 0,
+                       hd);
+}
 
 // Masks block scores s (rows, ATTN_TILE) of keys j0 .. j0 + nk of span sp for the queries i0 ..
 // i0 + nq that do not see all of them.
@@ -683,7 +701,10 @@ static void attn_chunk(const attn_job *jb, int64_t h, int64_t c, int64_t i0, int
             if (kv->type == TRI_DTYPE_F16)
                 kr->attn_scores_f16(w->s, ATTN_TILE, w->q, rows, (const uint16_t *)sp->k + j0 * sp->stride, sp->stride,
                                     nk, hd);
-            else
+            else if (kv->type != TRI_DTYPE_F32) {  // quantized: the block's keys in f32, then as f32 rows
+                attn_rows_f32(w->kq, kv->type, sp->k, j0, nk, sp->stride, hd);
+                kr->attn_scores_f32(w->s, ATTN_TILE, w->q, rows, w->kq, hd, nk, hd);
+            } else
                 kr->attn_scores_f32(w->s, ATTN_TILE, w->q, rows, (const float *)sp->k + j0 * sp->stride, sp->stride,
                                     nk, hd);
             if (kp_max > qmin) attn_mask(jb, sp, j0, nk, kp_max, i0, nq, w->s);
@@ -695,7 +716,10 @@ static void attn_chunk(const attn_job *jb, int64_t h, int64_t c, int64_t i0, int
             if (kv->type == TRI_DTYPE_F16)
                 kr->attn_accum_f16(w->acc, w->s, ATTN_TILE, rows, (const uint16_t *)sp->v + j0 * sp->stride,
                                    sp->stride, nk, hd);
-            else
+            else if (kv->type != TRI_DTYPE_F32) {
+                attn_rows_f32(w->kq, kv->type, sp->v, j0, nk, sp->stride, hd);
+                kr->attn_accum_f32(w->acc, w->s, ATTN_TILE, rows, w->kq, hd, nk, hd);
+            } else
                 kr->attn_accum_f32(w->acc, w->s, ATTN_TILE, rows, (const float *)sp->v + j0 * sp->stride, sp->stride,
                                    nk, hd);
         }
@@ -768,7 +792,8 @@ static void attn_task(attn_job *jb, int64_t t, attn_scratch *w) {
 static void attn_tasks(void *arg, int64_t t0, int64_t t1) {
     attn_job *jb = arg;
     int64_t rows = jb->qb * jb->g, hd = jb->hd;
-    float *base = malloc(sizeof(float) * (size_t)(rows * (3 * hd + ATTN_TILE + 4)));
+    bool quant = tri__dtype_is_quantized(jb->kv->type);
+    float *base = malloc(sizeof(float) * (size_t)(rows * (3 * hd + ATTN_TILE + 4) + (quant ? ATTN_TILE * hd : 0)));
     if (!base) {
         jb->oom = true;  // benign race: every writer stores true
         return;
@@ -782,7 +807,8 @@ static void attn_tasks(void *arg, int64_t t0, int64_t t1) {
     w.sum = p, p += rows;
     w.facc = p, p += rows * hd;
     w.fmx = p, p += rows;
-    w.fsum = p;
+    w.fsum = p, p += rows;
+    w.kq = quant ? p : NULL;
     for (int64_t t = t0; t < t1; t++) attn_task(jb, t, &w);
     free(base);
 }
@@ -847,14 +873,18 @@ static tri_status attn_run(tri__backend *be, float *out, float *state, float *ch
                            float *weight_sums) {
     cpu_state *st = cpu_priv(be);
     int64_t nkv = kv->n_head_kv;
-    if (kv->type != TRI_DTYPE_F16 && kv->type != TRI_DTYPE_F32)
+    if (!tri__kv_type_ok(kv->type))
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys", tri_dtype_name(kv->type));
+    if (tri__dtype_is_quantized(kv->type) && (hd % TRI_QK != 0 || weight_sums))
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys with head_dim %lld%s",
+                         tri_dtype_name(kv->type), (long long)hd, weight_sums ? " and weight sums (H2O)" : "");
     if (nkv <= 0 || n_head <= 0 || n_head % nkv != 0 || hd <= 0 || m < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu attention: %lld heads over %lld KV heads, head_dim %lld",
                          (long long)n_head, (long long)nkv, (long long)hd);
     int64_t n_keys = 0;
     for (int32_t si = 0; si < kv->head_span[nkv]; si++) {
-        if (kv->spans[si].n < 0 || (kv->spans[si].n > 0 && kv->spans[si].stride < hd))
+        if (kv->spans[si].n < 0 || (kv->spans[si].n > 0 && kv->spans[si].stride < hd) ||
+            (tri__dtype_is_quantized(kv->type) && kv->spans[si].stride % TRI_QK != 0))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu attention: span %d has %d rows of stride %lld", si,
                              kv->spans[si].n, (long long)kv->spans[si].stride);
         n_keys += kv->spans[si].n;
@@ -962,7 +992,8 @@ static tri_status cpu_attention_dev(tri__backend *be, float *out, const float *q
 
 static tri_status cpu_set_rows(tri__backend *be, void *dst, tri_dtype type, const float *src, const int32_t *rows,
                                int64_t m, int64_t n) {
-    if (type != TRI_DTYPE_F32 && type != TRI_DTYPE_F16 && type != TRI_DTYPE_BF16)
+    if (type != TRI_DTYPE_F32 && type != TRI_DTYPE_F16 && type != TRI_DTYPE_BF16 && type != TRI_DTYPE_Q8_0 &&
+        type != TRI_DTYPE_Q4_0)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu set_rows: to %s", tri_dtype_name(type));
     if (m < 0 || n < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu set_rows: %lld rows of %lld", (long long)m, (long long)n);
     for (int64_t i = 0; i < m; i++) {

@@ -377,7 +377,13 @@ typedef struct tri_session_params {
                         // process-wide pool (one thread per CPU the caller may run on); 0: all
     int32_t n_batch;    // tokens per step of a long prefill; 0: 128 (a STREAMING cache steps one
                         // token at a time past its window, so batching never changes its contents)
-    tri_dtype kv_type;  // TRI_DTYPE_F16 (the default) or TRI_DTYPE_F32
+    tri_dtype kv_type;  // TRI_DTYPE_F16 (the default), TRI_DTYPE_F32, or TRI_DTYPE_Q8_0 /
+                        // TRI_DTYPE_Q4_0: GGML's blocks of 32 values of a (layer, KV head,
+                        // position) row, read in place by the CPU attention; the output is then
+                        // exactly that of the model with a q8_0 / q4_0-rounded cache, not the f16
+                        // one's. Quantized types need head_dim a multiple of 32, the full cache
+                        // policy (offloaded or not), autoregressive decoding (not tri_spec) and
+                        // the CPU backend: elsewhere the session is refused, naming kv_type
     // ---- KV policy (ignored for TRI_KV_POLICY_FULL) ----
     tri_kv_policy kv_policy;  // default TRI_KV_POLICY_FULL
     int32_t kv_budget;        // past tokens a step attends to besides its own (and, for retrieval,
@@ -770,6 +776,12 @@ typedef struct tri_spec_params {
     float refresh_accept;           // L2 also selects afresh when L3 accepted less than this
                                     // share of L2's tokens over the last 4 L3 passes since its
                                     // last selection; 0: never; default 0.5
+    tri_dtype draft_kv_type;        // L1's cache type (its StreamingLLM or full cache): F16, F32,
+                                    // Q8_0 or Q4_0; TRI_DTYPE_COUNT (the default): the session's
+                                    // kv_type. L3 verifies every token, so a quantized draft cache
+                                    // changes acceptance, never the output. Q8_0 / Q4_0 need the
+                                    // draft's head_dim a multiple of 32 and the CPU; refused
+                                    // naming draft_kv_type otherwise
 } tri_spec_params;
 
 // Figures of one tri_generate_spec call. Acceptance rates are accepted / proposed.
@@ -891,7 +903,8 @@ typedef struct tri_plan_params {
     double gpu_tflops;           // sustained f16 TFLOPS per GPU; 0: 80
     double layer_overhead_us;    // fixed cost per layer and forward pass (launches, sync) in us;
                                  // default 20; 0: none
-    tri_dtype kv_type;           // F16 (default) or F32
+    tri_dtype kv_type;           // F16 (default), F32, Q8_0 or Q4_0 (34 or 18 bytes per 32 values:
+                                 // every level's cache, host memory and PCIe bytes counted so)
     // TriForce levels (ignored in AUTOREGRESSIVE mode)
     int32_t retrieval_budget;    // tokens of the L2 retrieval cache; 0: 8192 on one GPU, 12288 on
                                  // two or more (the paper's offloading settings)

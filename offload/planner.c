@@ -409,14 +409,14 @@ tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *
     if (p.draft_n_layer == 0) p.draft_n_layer = 2;
     if (p.n_ctx < 1 || p.n_gpu < 1 || p.n_gpu > 64 || p.pcie_gbps < 0 || p.disk_gbps < 0 ||
         p.gpu_mem_gbps < 0 || p.gpu_tflops < 0 || p.layer_overhead_us < 0 ||
-        (p.kv_type != TRI_DTYPE_F16 && p.kv_type != TRI_DTYPE_F32) || p.retrieval_budget < 1 ||
+        !tri__kv_type_ok(p.kv_type) || p.retrieval_budget < 1 ||
         p.chunk_size < 1 || p.gamma1 < 1 || p.gamma2 < 1 || p.accept_l1 < 0 || p.accept_l1 > 1 ||
         p.accept_l2 < 0 || p.accept_l2 > 1 || p.draft_n_layer < 1 || !(p.host_attn_gbps >= 0) ||
         !(p.host_dram_gbps >= 0) ||
         (p.mode != TRI_PLAN_MODE_TRIFORCE && p.mode != TRI_PLAN_MODE_AUTOREGRESSIVE))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "plan: invalid parameters (n_ctx %d, n_gpu %d, "
-                         "bandwidths >= 0, kv_type f16/f32, budget %d, chunk %d, "
+                         "bandwidths >= 0, kv_type f16/f32/q8_0/q4_0, budget %d, chunk %d, "
                          "gamma1 %d, gamma2 %d, acceptance rates in [0, 1])",
                          p.n_ctx, p.n_gpu, p.retrieval_budget,
                          p.chunk_size, p.gamma1, p.gamma2);
@@ -437,7 +437,13 @@ tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *
     ctx x = {.p = p, .c = c, .L = c->n_layer, .G = p.n_gpu};
     x.W = m.layer_bytes;
     x.other = m.other_bytes;
-    x.kv_tok = 2 * (uint64_t)c->n_head_kv * (uint64_t)c->head_dim * (p.kv_type == TRI_DTYPE_F32 ? 4u : 2u);
+    // K and V rows of the cache's type, a quantized type's f16 scales included
+    int64_t kv_row = tri__dtype_row_bytes(p.kv_type, (int64_t)c->n_head_kv * c->head_dim);
+    if (tri__dtype_is_quantized(p.kv_type) && c->head_dim % TRI_QK != 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "plan: kv_type %s needs head_dim a multiple of %d (the model's: %d)",
+                         tri_dtype_name(p.kv_type), TRI_QK, c->head_dim);
+    x.kv_tok = 2 * (uint64_t)kv_row;
     x.K = x.kv_tok * (uint64_t)p.n_ctx;
     x.params_layer = (double)c->n_embd * ((double)c->n_head + c->n_head_kv) * c->head_dim * 2.0 +
                      3.0 * (double)c->n_embd * c->n_ff;

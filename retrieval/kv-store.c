@@ -203,7 +203,7 @@ void tri__kv_store_offload_stats(const tri__kv_store *kv, tri__kv_offload_stats 
 }
 
 int64_t tri__kv_store_row_bytes(const tri__kv_store *kv) {
-    return (int64_t)kv->n_head_kv * kv->head_dim * (kv->type == TRI_DTYPE_F16 ? 2 : 4);
+    return tri__dtype_row_bytes(kv->type, (int64_t)kv->n_head_kv * kv->head_dim);
 }
 
 tri_status tri__kv_store_init(tri__kv_store *kv, tri__backend *be, tri_dtype type, int32_t n_layer,
@@ -214,9 +214,17 @@ tri_status tri__kv_store_init(tri__kv_store *kv, tri__backend *be, tri_dtype typ
 tri_status tri__kv_store_init_offload(tri__kv_store *kv, tri__backend *be, tri_dtype type, int32_t n_layer,
                                       int32_t n_head_kv, int32_t head_dim, int32_t capacity, int32_t on_chip) {
     memset(kv, 0, sizeof *kv);
-    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32)
-        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv cache: type %s, want f16 or f32",
+    if (!tri__kv_type_ok(type))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv cache: type %s (kv_type), want f16, f32, q8_0 or q4_0",
                          tri_dtype_name(type));
+    if (tri__dtype_is_quantized(type) && head_dim % TRI_QK != 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "kv cache: kv_type %s quantizes blocks of %d values of a head; head_dim %d is not a multiple",
+                         tri_dtype_name(type), TRI_QK, head_dim);
+    if (tri__dtype_is_quantized(type) && be && strcmp(be->ops->name, "cpu") != 0 && strcmp(be->ops->name, "sim") != 0)
+        return tri__fail(TRI_STATUS_UNSUPPORTED,
+                         "kv cache: kv_type %s is not supported on the %s backend yet (CPU only)", tri_dtype_name(type),
+                         be->ops->name);
     if (n_layer <= 0 || n_head_kv <= 0 || head_dim <= 0 || capacity <= 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "kv cache: sizes must be positive (layers %d, kv heads %d, head dim %d, "
@@ -298,7 +306,6 @@ tri_status tri__kv_store_set_len(tri__kv_store *kv, int32_t n) {
 const tri__kv_view *tri__kv_store_view(tri__kv_store *kv, int32_t il, int32_t n_pos,
                                        tri__kv_view *view) {
     TRI_ASSERT(il >= 0 && il < kv->n_layer && n_pos >= 0 && n_pos <= kv->capacity);
-    int64_t esz = kv->type == TRI_DTYPE_F16 ? 2 : 4;
     const void *kb = kv->k[il], *vb = kv->v[il];
     if (offloaded(kv, il)) {  // the buffer the layer's write made current
         int s = slot_of(kv, il);
@@ -308,7 +315,7 @@ const tri__kv_view *tri__kv_store_view(tri__kv_store *kv, int32_t il, int32_t n_
         vb = kv->off->buf_v[s];
     }
     for (int32_t h = 0; h < kv->n_head_kv; h++) {
-        int64_t off = (int64_t)h * kv->head_dim * esz;
+        int64_t off = tri__dtype_row_bytes(kv->type, (int64_t)h * kv->head_dim);
         kv->spans[h] = (tri__kv_span){
             .pos0 = 0,
             .n = n_pos,
@@ -549,11 +556,11 @@ tri_status tri__kv_store_attend_split(tri__kv_store *kv, int32_t il, float *out,
     tri__kv_offload *o = kv->off;
     tri__backend *be = kv->be;
     const tri__backend_ops *op = be->ops;
-    const int64_t hd = kv->head_dim, rows = (int64_t)m * n_head, es = kv->type == TRI_DTYPE_F16 ? 2 : 4;
+    const int64_t hd = kv->head_dim, rows = (int64_t)m * n_head;
     const int64_t stride = (int64_t)kv->n_head_kv * hd, row = tri__kv_store_row_bytes(kv);
     const int32_t S = kv->split_dev, s = slot_of(kv, il);
     for (int32_t h = 0; h < kv->n_head_kv; h++) {
-        int64_t off = h * hd * es;
+        int64_t off = tri__dtype_row_bytes(kv->type, h * hd);
         o->dev_spans[h] = (tri__kv_span){.pos0 = 0, .n = S, .k = (const char *)o->buf_k[s] + off,
                                          .v = (const char *)o->buf_v[s] + off, .stride = stride};
         o->host_spans[h] = (tri__kv_span){.pos0 = S, .n = end - S, .k = (const char *)o->host_k[il] + S * row + off,

@@ -61,7 +61,9 @@ typedef struct tri__kv_span {
 // one span, StreamingLLM two: sinks and window, retrieval one per selected chunk plus the recent
 // tokens). Keys are stored after RoPE.
 typedef struct tri__kv_view {
-    tri_dtype type;               // F16 or F32
+    tri_dtype type;               // F16 or F32; on the CPU also Q8_0, Q4_0: rows of whole blocks,
+                                  // stride and head offsets multiples of 32 elements (row j of a span
+                                  // starts tri__dtype_row_bytes(type, j * stride) bytes past k)
     int32_t n_head_kv;
     const tri__kv_span *spans;    // host
     const int32_t *head_span;     // (n_head_kv + 1) host, non-decreasing, head_span[0] == 0
@@ -108,8 +110,9 @@ typedef struct tri__backend_ops {
     tri_status (*get_rows)(tri__backend *be, float *out, const void *table, tri_dtype table_type,
                            int64_t n_rows, int64_t n, const int32_t *ids, int64_t m);
 
-    // Converts n f32 values to dst_type (F32, F16 or BF16, round to nearest even): writing new
-    // keys and values into an F16 cache.
+    // Converts n f32 values to dst_type (F32, F16 or BF16, round to nearest even; the CPU also
+    // Q8_0 and Q4_0, n a multiple of 32, by tri__quantize_row): writing new keys and values into
+    // the cache.
     tri_status (*convert)(tri__backend *be, void *dst, tri_dtype dst_type, const float *src,
                           int64_t n);
 

@@ -1,6 +1,7 @@
 // dtype.c - type sizes and scalar half-precision conversions.
 #include "dtype.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "tri-config.h"
@@ -265,6 +266,54 @@ void tri__dequantize_row(float *out, const void *row, tri_dtype type, int64_t n)
         int ne = tri__qblock_unpack(&qb, (const uint8_t *)row + b * bb, type);
         for (int e = 0; e < ne; e++) out[b * be + e] = qb.dh[e / 16] * (float)qb.q[e] + qb.mh[e / 16];
     }
+}
+
+bool tri__kv_type_ok(tri_dtype type) {
+    return type == TRI_DTYPE_F16 || type == TRI_DTYPE_F32 || type == TRI_DTYPE_Q8_0 || type == TRI_DTYPE_Q4_0;
+}
+
+bool tri__kv_type_parse(const char *name, tri_dtype *out) {
+    static const tri_dtype types[] = {TRI_DTYPE_F16, TRI_DTYPE_F32, TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (name && strcmp(name, tri_dtype_name(types[i])) == 0) {
+            *out = types[i];
+            return true;
+        }
+    return false;
+}
+
+bool tri__quantize_row(void *row, const float *x, tri_dtype type, int64_t n) {
+    if (type == TRI_DTYPE_Q8_0) {
+        tri__block_q8_0 *b = row;
+        for (int64_t i = 0; i < n / TRI_QK; i++, x += TRI_QK) {
+            float amax = 0;
+            for (int e = 0; e < TRI_QK; e++) amax = fmaxf(amax, fabsf(x[e]));
+            float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
+            b[i].d = tri__f32_to_f16(d);
+            // (the clamp changes no finite value: |x id| <= 127; it keeps a NaN or infinite row defined)
+            for (int e = 0; e < TRI_QK; e++) b[i].qs[e] = (int8_t)fmaxf(-127.0f, fminf(127.0f, roundf(x[e] * id)));
+        }
+        return true;
+    }
+    if (type == TRI_DTYPE_Q4_0) {
+        tri__block_q4_0 *b = row;
+        for (int64_t i = 0; i < n / TRI_QK; i++, x += TRI_QK) {
+            float amax = fabsf(x[0]), max = x[0];  // the value of largest magnitude, the first of ties
+            for (int e = 1; e < TRI_QK; e++)
+                if (fabsf(x[e]) > amax) amax = fabsf(x[e]), max = x[e];
+            float d = max / -8, id = d != 0 ? 1.0f / d : 0.0f;
+            b[i].d = tri__f32_to_f16(d);
+            uint8_t q[TRI_QK];
+            for (int e = 0; e < TRI_QK; e++) {
+                float t = x[e] * id;
+                t = t + 8.5f;  // (a separate rounding: no fused multiply-add)
+                q[e] = (uint8_t)(int)fmaxf(0.0f, fminf(15.0f, t));  // trunc, at most 15 (NaN: 15)
+            }
+            for (int e = 0; e < TRI_QK / 2; e++) b[i].qs[e] = (uint8_t)(q[e] | q[e + TRI_QK / 2] << 4);
+        }
+        return true;
+    }
+    return false;
 }
 
 static uint32_t f32_bits(float f) {

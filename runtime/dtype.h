@@ -179,6 +179,20 @@ int tri__qblock_scales(float *dh, float *mh, const void *blk, tri_dtype type);
 // out (n) f32 = the row of n elements of a quantized type (n a multiple of its block).
 void tri__dequantize_row(float *out, const void *row, tri_dtype type, int64_t n);
 
+// ---- quantizing (the quantized KV cache's rows) ----
+
+// The KV cache types: F16, F32, and the blocks of Q8_0 and Q4_0, which the CPU attention reads in
+// place. tri__kv_type_parse maps "f16", "f32", "q8_0", "q4_0" to them (false for another name).
+bool tri__kv_type_ok(tri_dtype type);
+bool tri__kv_type_parse(const char *name, tri_dtype *out);
+
+// row (n / 32 blocks) = x (n) f32 quantized to Q8_0 or Q4_0 (n a multiple of 32), bit for bit as
+// GGML's reference quantizers (and gguf.quants): Q8_0 d = amax / 127, q = roundf(x / d) (x times
+// 1 / d in f32, halves away from zero); Q4_0 d = -(the value of largest magnitude, the first of
+// ties) / 8, q = min(15, trunc(x / d + 8.5)); d stored as f16 (to nearest even), a zero block gets
+// d = 0 and codes 0 (Q8_0) or 8 (Q4_0). Returns false for another type.
+bool tri__quantize_row(void *row, const float *x, tri_dtype type, int64_t n);
+
 // ---- half-precision conversion (IEEE binary16 and bfloat16), round to nearest even ----
 float tri__f16_to_f32(uint16_t h);
 uint16_t tri__f32_to_f16(float f);

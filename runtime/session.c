@@ -6,6 +6,7 @@
 
 #include "backend-select.h"
 #include "backend.h"
+#include "dtype.h"
 #include "error.h"
 #include "kv-policy.h"
 #include "llama.h"
@@ -136,6 +137,14 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
                          p.weight_layers_from_disk, p.weight_layers_streamed);
     if (!(p.kv_host_fraction >= 0 && p.kv_host_fraction <= 1))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: kv_host_fraction %g outside [0, 1]", p.kv_host_fraction);
+    // the cache's type: f16, f32, or the blocks of q8_0 / q4_0 (the full cache, offloaded or not)
+    if (!tri__kv_type_ok(p.kv_type))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: kv_type %s (%d): want f16, f32, q8_0 or q4_0",
+                         tri_dtype_name(p.kv_type), (int)p.kv_type);
+    if (tri__dtype_is_quantized(p.kv_type) && kp.kind != TRI_KV_POLICY_FULL)
+        return tri__fail(TRI_STATUS_UNSUPPORTED,
+                         "session: kv_type %s holds only the full cache; policy %s keeps f16 or f32",
+                         tri_dtype_name(p.kv_type), tri__kv_policy_name(kp.kind));
     if (p.kv_layers_offloaded > 0 && p.kv_policy != TRI_KV_POLICY_FULL)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "session: kv_layers_offloaded streams the full cache; policy %s keeps its cache on the device",

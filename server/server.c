@@ -70,7 +70,7 @@ static void usage(FILE *f) {
           "      --gpu-mem SIZE, --host-mem SIZE  budgets for the planner, which then sets the\n"
           "                       placement (a slot gets 1/N of the device budget)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
-          "      --kv-type T      f16 (default) or f32 KV cache\n"
+          "      --kv-type T      f16 (default), f32, q8_0 or q4_0 KV cache\n"
           "      --kv POLICY, --budget N, --chunk N, --sink N, --refresh N, --kv-index I\n"
           "                       the KV cache policy of plain decoding, as in offload-run generate\n"
           "      --spec MODE, --draft MODEL, --draft-layers L, --draft-ngram N, --gamma1 N,\n"
@@ -1021,12 +1021,7 @@ int tri_server_main(int argc, char **argv) {
         case OPT_DEVICE: ok = tri_cli_parse_device(me, optarg, &sp); break;
         case OPT_BATCH: ok = tri_cli_parse_long(me, "--batch", optarg, 1, 65536, &batch); break;
         case OPT_KV_TYPE:
-            if (strcmp(optarg, "f16") == 0) sp.kv_type = TRI_DTYPE_F16;
-            else if (strcmp(optarg, "f32") == 0) sp.kv_type = TRI_DTYPE_F32;
-            else {
-                fprintf(stderr, "%s: --kv-type '%s': want f16 or f32\n", me, optarg);
-                ok = false;
-            }
+            ok = tri_cli_parse_kv_type(me, "--kv-type", optarg, &sp.kv_type);
             break;
         case OPT_KV_POLICY:
             kv_set = true;

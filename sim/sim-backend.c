@@ -358,7 +358,7 @@ static tri_status sim_get_rows(tri__backend *be, float *out, const void *table, 
 
 static tri_status sim_convert(tri__backend *be, void *dst, tri_dtype dst_type, const float *src, int64_t n) {
     (void)dst, (void)src;
-    double b = (double)n * (4.0 + (dst_type == TRI_DTYPE_F32 ? 4.0 : 2.0));
+    double b = (double)n * 4.0 + (double)tri__dtype_row_bytes(dst_type, n);  // f32 in, the cache's type out
     return op_time(be, "convert", (double)n, b, false, 0, dst_type);
 }
 
@@ -412,7 +412,8 @@ static tri_status sim_attention(tri__backend *be, float *out, const float *q, co
     double keys = 0;
     for (int32_t h = 0; h < kv->n_head_kv; h++)
         for (int32_t i = kv->head_span[h]; i < kv->head_span[h + 1]; i++) keys += kv->spans[i].n;
-    double esz = kv->type == TRI_DTYPE_F16 ? 2.0 : 4.0;
+    // bytes per value of the cache's type, a quantized type's scales included
+    double esz = (double)tri__dtype_row_bytes(kv->type, TRI_QK) / TRI_QK;
     double group = (double)(n_head / kv->n_head_kv);
     double flops = 4.0 * (double)m * group * keys * (double)head_dim;
     double bytes = 2.0 * keys * (double)head_dim * esz + 8.0 * (double)m * (double)n_head * (double)head_dim;

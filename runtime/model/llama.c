@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend-select.h"
+#include "dtype.h"
 #include "error.h"
 #include "tensor-parallel.h"
 
@@ -246,7 +247,6 @@ static tri_status attend_window(tri__llama *ll, float *out, const float *q, cons
         return tri__fail(TRI_STATUS_UNSUPPORTED,
                          "%s: a sliding window (%d) with a cache policy that accumulates attention (H2O) is unsupported",
                          ll->model->path, (int)W);
-    const int64_t es = view->type == TRI_DTYPE_F16 ? 2 : 4;
     if (!ll->win_head_span) {
         ll->win_head_span = malloc(sizeof *ll->win_head_span * (size_t)(view->n_head_kv + 1));
         if (!ll->win_head_span) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "sliding window: head table");
@@ -273,8 +273,8 @@ static tri_status attend_window(tri__llama *ll, float *out, const float *q, cons
                     tri__kv_span t = *sp;
                     t.pos0 = sp->pos0 + j;
                     t.n = e - j;
-                    t.k = (const char *)sp->k + (int64_t)j * sp->stride * es;
-                    t.v = (const char *)sp->v + (int64_t)j * sp->stride * es;
+                    t.k = (const char *)sp->k + tri__dtype_row_bytes(view->type, (int64_t)j * sp->stride);
+                    t.v = (const char *)sp->v + tri__dtype_row_bytes(view->type, (int64_t)j * sp->stride);
                     t.pos = sp->pos ? sp->pos + j : NULL;
                     ll->win_spans[k++] = t;
                     j = e;

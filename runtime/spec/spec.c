@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "backend-select.h"
+#include "dtype.h"
 #include "error.h"
 #include "gguf.h"
 #include "model.h"
@@ -248,6 +249,7 @@ tri_spec_params tri_spec_default_params(void) {
         .mode = TRI_SPEC_MODE_TRIFORCE, .drafter = TRI_SPEC_DRAFTER_MODEL, .ngram_n = 3,
         .gamma1 = 2, .gamma2 = 6, .budget = 0, .chunk = 8, .draft_window = 0, .draft_sink = 0,
         .refresh = 0, .refresh_accept = 0.5f,
+        .draft_kv_type = TRI_DTYPE_COUNT,  // as the target's cache
     };
     return p;
 }
@@ -818,6 +820,12 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     if (sp.n_ctx < 0 || sp.n_batch < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative: n_ctx %d and n_batch %d must be >= 0",
                          sp.n_ctx, sp.n_batch);
+    // the levels' caches (retrieval's chunk means, StreamingLLM's window) read f16 or f32 rows
+    if (sp.kv_type != TRI_DTYPE_F16 && sp.kv_type != TRI_DTYPE_F32)
+        return tri__fail(sp.kv_type == TRI_DTYPE_Q8_0 || sp.kv_type == TRI_DTYPE_Q4_0 ? TRI_STATUS_UNSUPPORTED
+                                                                                     : TRI_STATUS_INVALID_ARGUMENT,
+                         "speculative: kv_type %s: speculative modes hold f16 or f32 caches (q8_0 and q4_0: "
+                         "autoregressive decoding only)", tri_dtype_name(sp.kv_type));
     if (p.gamma1 == 0) p.gamma1 = 2;
     if (p.gamma2 == 0) p.gamma2 = 6;
     if (p.ngram_n == 0) p.ngram_n = 3;
@@ -843,6 +851,18 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         if (!p.draft_model)
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative: drafter 'model' without a draft model");
         TRY(check_same_vocab(target, p.draft_model));
+    }
+    if (p.draft_kv_type == TRI_DTYPE_COUNT) p.draft_kv_type = sp.kv_type;
+    if (has_l1 && p.drafter != TRI_SPEC_DRAFTER_NGRAM) {  // L1's own cache
+        if (!tri__kv_type_ok(p.draft_kv_type))
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "speculative: draft_kv_type %s (%d): want f16, f32, q8_0 or q4_0",
+                             tri_dtype_name(p.draft_kv_type), (int)p.draft_kv_type);
+        int32_t hd = p.drafter == TRI_SPEC_DRAFTER_MODEL ? p.draft_model->config.head_dim : c->head_dim;
+        if (tri__dtype_is_quantized(p.draft_kv_type) && hd % TRI_QK != 0)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "speculative: draft_kv_type %s quantizes blocks of %d values; the draft's head_dim %d is "
+                             "not a multiple", tri_dtype_name(p.draft_kv_type), TRI_QK, hd);
     }
 
     tri_spec *s = calloc(1, sizeof *s);
@@ -909,6 +929,13 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     if (has_l1 && p.drafter != TRI_SPEC_DRAFTER_NGRAM) {
         const tri_model *m = p.drafter == TRI_SPEC_DRAFTER_MODEL ? s->dw : s->view;
         tri__level_params l1p = lp;
+        l1p.kv_type = p.draft_kv_type;
+        if (tri__dtype_is_quantized(l1p.kv_type) && strcmp(s->be->ops->name, "cpu") != 0) {
+            st = tri__fail(TRI_STATUS_UNSUPPORTED,
+                           "speculative: draft_kv_type %s is not supported on the %s backend yet (CPU only)",
+                           tri_dtype_name(l1p.kv_type), s->be->ops->name);
+            goto fail;
+        }
         l1p.policy = p.draft_window == 0 && window >= sp.n_ctx ? TRI_KV_POLICY_FULL : TRI_KV_POLICY_STREAMING;
         l1p.budget = window;
         l1p.sink = p.draft_sink;

@@ -15,7 +15,9 @@ usage:
 
 --out writes float32 little-endian logits of shape (n_tokens, n_vocab), one row per position.
 --greedy N prints N greedily generated ids after the prompt, comma-separated, decoding one token
-at a time with a KV cache (as transformers' generate does).
+at a time with a KV cache (as transformers' generate does). --kv-quant q8_0|q4_0 makes that cache
+(and the prompt pass's) hold GGML-quantized rows, quantized by the gguf package: the model of a
+quantized KV cache.
 
 Also importable: Llama(dir).forward(tokens, start_pos, cache) for tests, or
 Llama(cfg=config_dict, weights=arrays) for weights converted in memory.
@@ -167,9 +169,16 @@ def apply_rope(x, positions, inv_freq, scaling):
 # ---- the model ----
 
 class Llama:
-    def __init__(self, model_dir=None, *, cfg=None, weights=None):
+    def __init__(self, model_dir=None, *, cfg=None, weights=None, kv_quant=None, kv_quant_order="hf"):
         """From an HF directory, or from a config.json dict and HF-named float64 arrays (rows in the
-        HF layout) already in memory, e.g. converted from another format."""
+        HF layout) already in memory, e.g. converted from another format. kv_quant "q8_0" or "q4_0":
+        every key (after rope) and value row entering the cache is rounded to float32, quantized
+        in blocks of 32 of its head_dim and dequantized by gguf.quants (a quantized KV cache).
+        Blocks follow the order a runtime stores a key's elements in: kv_quant_order "hf" (rope's
+        halves, as here) or "gguf" (llama.cpp's permuted rows: rope pairs adjacent, so element 2i
+        is HF's i and 2i + 1 is i + head_dim / 2); with head_dim over 32 the two differ."""
+        self.kv_quant = kv_quant
+        self.kv_quant_order = kv_quant_order
         if model_dir is not None:
             cfg = json.loads((Path(model_dir) / "config.json").read_text())
             weights = load_weights(model_dir)
@@ -196,6 +205,23 @@ class Llama:
         z = np.zeros((self.n_head_kv, 0, self.head_dim))
         return [[z, z] for _ in range(self.n_layer)]
 
+    def round_kv(self, x, pairs=False):
+        """x (heads, T, head_dim) through the cache type self.kv_quant (gguf.quants' blocks), its
+        elements in GGUF's adjacent-pair order while quantized if pairs."""
+        from gguf import GGMLQuantizationType as QT
+        from gguf.quants import dequantize, quantize
+        qt = {"q8_0": QT.Q8_0, "q4_0": QT.Q4_0}[self.kv_quant]
+        if x.shape[-1] % 32:
+            raise ValueError(f"kv_quant {self.kv_quant}: head_dim {x.shape[-1]} is not whole blocks of 32")
+        hd = x.shape[-1]
+        if pairs:  # (.., halves, hd / 2) -> (.., hd / 2, halves): HF i and i + hd / 2 side by side
+            x = x.reshape(x.shape[:-1] + (2, hd // 2)).swapaxes(-1, -2).reshape(x.shape)
+        blocks = quantize(np.ascontiguousarray(x, dtype=np.float32), qt)
+        y = dequantize(blocks, qt).reshape(x.shape).astype(np.float64)
+        if pairs:
+            y = y.reshape(x.shape[:-1] + (hd // 2, 2)).swapaxes(-1, -2).reshape(x.shape)
+        return y
+
     def rms_norm(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
@@ -219,6 +245,8 @@ class Llama:
             v = (h @ self.w[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
             q = apply_rope(q, pos, inv_freq, rope_scale)
             k = apply_rope(k, pos, inv_freq, rope_scale)
+            if self.kv_quant:
+                k, v = self.round_kv(k, self.kv_quant_order == "gguf"), self.round_kv(v)
             cache[l][0] = np.concatenate([cache[l][0], k], axis=1)
             cache[l][1] = np.concatenate([cache[l][1], v], axis=1)
             # repeat_kv: KV head j serves query heads j * n_rep .. (j + 1) * n_rep - 1
@@ -258,6 +286,10 @@ def main(argv=None):
     ap.add_argument("--text", help="prompt text, tokenized with the model's tokenizer.json")
     ap.add_argument("--out", help="write float32 (n_tokens, n_vocab) logits here")
     ap.add_argument("--greedy", type=int, default=0, help="print this many greedy ids")
+    ap.add_argument("--kv-quant", choices=["q8_0", "q4_0"],
+                    help="quantize the cache's key and value rows (gguf.quants) as a q8_0 / q4_0 KV cache")
+    ap.add_argument("--kv-quant-order", choices=["hf", "gguf"], default="hf",
+                    help="element order of a key while quantized: HF's halves or GGUF's adjacent pairs")
     a = ap.parse_args(argv)
     if (a.tokens is None) == (a.text is None):
         ap.error("give exactly one of --tokens and --text")
@@ -268,7 +300,7 @@ def main(argv=None):
         prompt = Tokenizer.from_file(str(Path(a.model) / "tokenizer.json")).encode(a.text).ids
     if not prompt:
         ap.error("empty prompt")
-    m = Llama(a.model)
+    m = Llama(a.model, kv_quant=a.kv_quant, kv_quant_order=a.kv_quant_order)
     vocab = m.embed.shape[0]
     if min(prompt) < 0 or max(prompt) >= vocab:
         ap.error(f"token ids must be in [0, {vocab})")

@@ -1,0 +1,431 @@
+// test-kv-quant.c - the quantized KV cache (kv_type q8_0 / q4_0).
+//
+// The quantizer against the gguf package's (bit for bit, tests/fixtures/make-kv-quant.py); the CPU
+// attention reading quantized rows in place against the same attention over their dequantized
+// f32 values; greedy decoding and every position's logits of a seeded model with a quantized cache
+// against tests/reference/llama_ref.py run with --kv-quant (numpy, float64, every cache row
+// rounded through gguf.quants), in memory and offloaded; and the refusals that name kv_type.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "backend.h"
+#include "dtype.h"
+#include "test-util.h"
+#include "triforce.h"
+
+// ---- the quantizer ----
+
+static void check_quantizer(tri_dtype type, const char *name) {
+    char in_name[32], blk_name[32];
+    snprintf(in_name, sizeof in_name, "%s.in", name);
+    snprintf(blk_name, sizeof blk_name, "%s.blocks", name);
+    size_t nx, nb;
+    float *x = tt_read_file(tt_fixture("kv-quant", in_name), &nx);
+    uint8_t *want = tt_read_file(tt_fixture("kv-quant", blk_name), &nb);
+    int64_t n = (int64_t)(nx / sizeof(float)), bb = tri__dtype_block_bytes(type);
+    cr_assert(n > 0 && n % TRI_QK == 0 && (int64_t)nb == n / TRI_QK * bb, "%s fixture sizes %zu, %zu", name, nx, nb);
+    uint8_t *got = malloc(nb);
+    cr_assert(tri__quantize_row(got, x, type, n));
+    for (int64_t b = 0; b < n / TRI_QK; b++) {
+        int at = 0;
+        while (at < bb && got[b * bb + at] == want[b * bb + at]) at++;
+        cr_assert(at == bb, "%s block %lld (first value %g): byte %d is %02x, gguf.quants.quantize's %02x", name,
+                  (long long)b, (double)x[b * TRI_QK], at, got[b * bb + at], want[b * bb + at]);
+    }
+    free(got), free(x), free(want);
+}
+
+Test(kv_quant, q8_0_blocks_match_gguf_package) { check_quantizer(TRI_DTYPE_Q8_0, "q8_0"); }
+Test(kv_quant, q4_0_blocks_match_gguf_package) { check_quantizer(TRI_DTYPE_Q4_0, "q4_0"); }
+
+Test(kv_quant, names_and_other_types) {
+    tri_dtype t;
+    cr_assert(tri__kv_type_parse("q8_0", &t) && t == TRI_DTYPE_Q8_0);
+    cr_assert(tri__kv_type_parse("q4_0", &t) && t == TRI_DTYPE_Q4_0);
+    cr_assert(tri__kv_type_parse("f16", &t) && t == TRI_DTYPE_F16);
+    cr_assert(!tri__kv_type_parse("q4_1", &t) && !tri__kv_type_parse("Q8_0", &t) && !tri__kv_type_parse(NULL, &t));
+    float x[TRI_QK] = {1};
+    uint8_t blk[64];
+    cr_assert(!tri__quantize_row(blk, x, TRI_DTYPE_Q4_1, TRI_QK), "only the KV cache's two types");
+}
+
+// ---- the CPU attention over quantized rows ----
+
+// Attention over a view of q8_0 / q4_0 rows (two spans per head, the second with explicit
+// positions; head offsets and stride in elements of whole blocks) gives the bits of the same
+// attention over an f32 view of their dequantized values: the rows are read in place and nothing
+// but the dequantization separates the two.
+static void check_attention(tri_dtype type) {
+    enum { NKV = 2, G = 3, HD = 64, N = 300, M = 5 };
+    const int64_t stride = NKV * HD, row = tri__dtype_row_bytes(type, stride);
+    float *kf = malloc(sizeof(float) * N * stride), *vf = malloc(sizeof(float) * N * stride);
+    uint8_t *kq = malloc((size_t)(row * N)), *vq = malloc((size_t)(row * N));
+    float *q = malloc(sizeof(float) * M * NKV * G * HD), *o1 = malloc(sizeof(float) * M * NKV * G * HD),
+          *o2 = malloc(sizeof(float) * M * NKV * G * HD);
+    uint64_t s = 12345;
+    for (int64_t i = 0; i < N * stride; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        kf[i] = (float)((int64_t)(s >> 40) % 2001 - 1000) / 300.0f;
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        vf[i] = (float)((int64_t)(s >> 40) % 2001 - 1000) / 500.0f;
+    }
+    for (int64_t i = 0; i < M * NKV * G * HD; i++) q[i] = sinf((float)i * 0.37f);
+    for (int j = 0; j < N; j++) {
+        cr_assert(tri__quantize_row(kq + j * row, kf + j * stride, type, stride));
+        cr_assert(tri__quantize_row(vq + j * row, vf + j * stride, type, stride));
+        tri__dequantize_row(kf + j * stride, kq + j * row, type, stride);  // the values the cache holds
+        tri__dequantize_row(vf + j * stride, vq + j * row, type, stride);
+    }
+    int32_t pos2[40], q_pos[M] = {250, 299, 300, 301, 120};
+    for (int j = 0; j < 40; j++) pos2[j] = 260 + j;  // rows 260 .. 299 as a span with positions
+    tri__kv_span sq[2 * NKV], sf[2 * NKV];
+    int32_t head_span[NKV + 1] = {0, 2, 4};
+    for (int h = 0; h < NKV; h++) {
+        sq[2 * h] = (tri__kv_span){.pos0 = 0, .n = 260, .k = kq + tri__dtype_row_bytes(type, h * HD),
+                                   .v = vq + tri__dtype_row_bytes(type, h * HD), .stride = stride};
+        sq[2 * h + 1] = (tri__kv_span){.n = 40, .k = kq + 260 * row + tri__dtype_row_bytes(type, h * HD),
+                                       .v = vq + 260 * row + tri__dtype_row_bytes(type, h * HD), .stride = stride,
+                                       .pos = pos2};
+        sf[2 * h] = (tri__kv_span){.pos0 = 0, .n = 260, .k = kf + h * HD, .v = vf + h * HD, .stride = stride};
+        sf[2 * h + 1] = (tri__kv_span){.n = 40, .k = kf + 260 * stride + h * HD, .v = vf + 260 * stride + h * HD,
+                                       .stride = stride, .pos = pos2};
+    }
+    tri__kv_view vq_view = {type, NKV, sq, head_span}, vf_view = {TRI_DTYPE_F32, NKV, sf, head_span};
+    for (int lvl = TRI_CPU_SIMD_SCALAR; lvl <= (int)tri__cpu_simd_detect(); lvl++) {
+        tri__backend *be = NULL;
+        cr_assert_eq(tri__backend_cpu_create(2, (tri__cpu_simd)lvl, &be), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int m = 1; m <= M; m += M - 1) {  // one query (chunk tasks) and a batch
+            cr_assert_eq(be->ops->attention(be, o1, q, q_pos, m, NKV * G, HD, &vq_view, NULL), TRI_STATUS_OK, "%s",
+                         tri_last_error());
+            cr_assert_eq(be->ops->attention(be, o2, q, q_pos, m, NKV * G, HD, &vf_view, NULL), TRI_STATUS_OK, "%s",
+                         tri_last_error());
+            cr_assert(memcmp(o1, o2, sizeof(float) * (size_t)(m * NKV * G * HD)) == 0,
+                      "%s attention at SIMD level %d, %d queries: not the f32 attention over its values",
+                      tri_dtype_name(type), lvl, m);
+        }
+        float ws[N * NKV];
+        cr_assert_eq(be->ops->attention(be, o1, q, q_pos, 1, NKV * G, HD, &vq_view, ws), TRI_STATUS_UNSUPPORTED,
+                     "weight sums (H2O) over quantized rows are refused");
+        tri__backend_free(be);
+    }
+    free(kf), free(vf), free(kq), free(vq), free(q), free(o1), free(o2);
+}
+
+Test(kv_quant, cpu_attention_q8_0_reads_rows_in_place) { check_attention(TRI_DTYPE_Q8_0); }
+Test(kv_quant, cpu_attention_q4_0_reads_rows_in_place) { check_attention(TRI_DTYPE_Q4_0); }
+
+// ---- the model with a quantized cache against the reference ----
+
+#define N_PROMPT 20
+#define N_GEN 10
+
+static const int32_t prompt[N_PROMPT] = {17, 260, 3, 99, 42, 42, 301, 7, 150, 5, 77, 270, 8, 64, 200, 1, 33, 90, 4, 11};
+
+static int run(const char *cmd) {
+    int rc = system(cmd);
+    cr_assert(rc != -1, "system(%s) failed", cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+typedef struct ref_out {
+    float *logits;  // (N_PROMPT, n_vocab)
+    int32_t n_vocab;
+    int32_t greedy[N_GEN];
+} ref_out;
+
+// llama_ref.py over the HF half of the model at hf, its cache quantized as kv_quant ("" none) with
+// the keys' elements in order ("hf" or "gguf") while quantized.
+static void reference(ref_out *r, const char *hf, const char *kv_quant, const char *order, const char *tag) {
+    const char *py = getenv("TRI_TEST_PYTHON"), *src = getenv("TRI_TEST_SRC");
+    cr_assert(py && src, "TRI_TEST_PYTHON, TRI_TEST_SRC: run through meson test");
+    char name[128], out[4096], gout[4096], cmd[16384], toks[512];
+    snprintf(name, sizeof name, "kvq-%s-%s-%s.logits", tag, *kv_quant ? kv_quant : "none", order);
+    snprintf(out, sizeof out, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "kvq-%s-%s-%s.greedy", tag, *kv_quant ? kv_quant : "none", order);
+    snprintf(gout, sizeof gout, "%s", tt_tmp(name));
+    int len = 0;
+    for (int i = 0; i < N_PROMPT; i++)
+        len += snprintf(toks + len, sizeof toks - (size_t)len, "%s%d", i ? "," : "", prompt[i]);
+    snprintf(cmd, sizeof cmd,
+             "'%s' '%s/reference/llama_ref.py' --model '%s' --tokens %s --out '%s' --greedy %d --kv-quant-order %s "
+             "%s%s > '%s'",
+             py, src, hf, toks, out, N_GEN, order, *kv_quant ? "--kv-quant " : "", kv_quant, gout);
+    cr_assert_eq(run(cmd), 0, "reference failed: %s", cmd);
+    size_t n;
+    r->logits = tt_read_file(out, &n);
+    cr_assert(n % (N_PROMPT * 4) == 0 && n > 0);
+    r->n_vocab = (int32_t)(n / (N_PROMPT * 4));
+    char *g = tt_read_file(gout, NULL), *p = g;
+    for (int i = 0; i < N_GEN; i++) {
+        while (*p && (*p < '0' || *p > '9')) p++;
+        cr_assert(*p, "reference printed fewer than %d greedy ids: %s", N_GEN, g);
+        r->greedy[i] = (int32_t)strtol(p, &p, 10);
+    }
+    free(g);
+}
+
+static bool collect(int32_t tok, void *user) {
+    int32_t **p = user;
+    *(*p)++ = tok;
+    return true;
+}
+
+// Our logits of every prompt position (out, (N_PROMPT, n_vocab)) and greedy tokens with a cache of
+// kv_type, its last `offloaded` layers in host memory and attended there in part (split).
+static void ours(const char *gguf, tri_dtype kv_type, int32_t offloaded, float *logits, int32_t n_vocab,
+                 int32_t *greedy) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gguf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_params sp = tri_session_default_params();
+    sp.kv_type = kv_type;
+    sp.n_ctx = 64;
+    sp.kv_layers_offloaded = offloaded;
+    sp.kv_host_fraction = offloaded ? 0.5 : 0;  // and split: the host half reads the blocks in place
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_eval(s, prompt, N_PROMPT, true), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int i = 0; i < N_PROMPT; i++)
+        memcpy(logits + (int64_t)i * n_vocab, tri_session_logits(s, i), sizeof(float) * (size_t)n_vocab);
+    tri_session_free(s);
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    int32_t *w = greedy;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = N_GEN;
+    gp.stop_at_eos = false;
+    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, collect, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(w - greedy, N_GEN);
+    tri_session_free(s);
+    tri_model_free(m);
+}
+
+// Largest |ours - reference| over every position's logits, each row scaled by its spread.
+static double max_diff(const float *got, const ref_out *r) {
+    double worst = 0;
+    for (int i = 0; i < N_PROMPT; i++) {
+        const float *want = r->logits + (int64_t)i * r->n_vocab, *g = got + (int64_t)i * r->n_vocab;
+        float lo = want[0], hi = want[0];
+        for (int j = 0; j < r->n_vocab; j++) lo = fminf(lo, want[j]), hi = fmaxf(hi, want[j]);
+        double scale = fmax(1.0, (double)(hi - lo));
+        for (int j = 0; j < r->n_vocab; j++) worst = fmax(worst, fabs((double)g[j] - (double)want[j]) / scale);
+    }
+    return worst;
+}
+
+// f32 weights, so the cache's rounding is the only approximation besides f32 arithmetic: our
+// q8_0 / q4_0 session is the reference model with that cache (greedy tokens equal, logits within
+// f32 rounding: 2e-7 of the logits' spread measured), and measurably not the model without it.
+// Offloading the cache to host memory, with split attention, gives the same bits. Blocks hold a key's
+// elements in the order of the file's rows: the HF directory's rope halves, the GGUF's adjacent
+// pairs (llama.cpp's permutation), each against the reference quantizing in that order.
+static void check_file(tri_dtype type, const char *tag, const char *path, const char *order, const char *hf) {
+    ref_out rq, rn;
+    reference(&rq, hf, tri_dtype_name(type), order, tag);
+    reference(&rn, hf, "", "hf", tag);
+    int32_t nv = rq.n_vocab, g[N_GEN], g_off[N_GEN];
+    float *l = malloc(sizeof(float) * (size_t)N_PROMPT * (size_t)nv);
+    float *l_off = malloc(sizeof(float) * (size_t)N_PROMPT * (size_t)nv);
+    ours(path, type, 0, l, nv, g);
+    ours(path, type, 2, l_off, nv, g_off);
+    double dq = max_diff(l, &rq), dn = max_diff(l, &rn);
+    cr_log_info("%s (%s order): logits vs the reference with a %s cache %.2e, without %.2e", tag, order,
+                tri_dtype_name(type), dq, dn);
+    for (int i = 0; i < N_GEN; i++)
+        cr_assert_eq(g[i], rq.greedy[i], "%s, %s cache: greedy token %d: %d, reference with a %s cache %d", path,
+                     tri_dtype_name(type), i, g[i], tri_dtype_name(type), rq.greedy[i]);
+    cr_assert(memcmp(g, g_off, sizeof g) == 0 && memcmp(l, l_off, sizeof(float) * (size_t)N_PROMPT * (size_t)nv) == 0,
+              "%s: the offloaded cache gives other bits", tri_dtype_name(type));
+    cr_assert(dq <= 1e-5, "%s: logits %.3e from the reference with a %s cache", path, dq, tri_dtype_name(type));
+    cr_assert(dn > 4 * dq, "%s: the %s cache should be measurably nearer its own reference (%.2e) than the "
+              "unquantized one (%.2e)", path, tri_dtype_name(type), dq, dn);
+    free(l), free(l_off), free(rq.logits), free(rn.logits);
+}
+
+static void check_model(tri_dtype type, const char *tag, const char *opts) {
+    char gguf[4096], hf[4096];
+    snprintf(gguf, sizeof gguf, "%s", tt_gen_model(tag, opts));
+    snprintf(hf, sizeof hf, "%.*s.hf", (int)(strlen(gguf) - 5), gguf);
+    check_file(type, tag, hf, "hf", hf);
+    check_file(type, tag, gguf, "gguf", hf);
+}
+
+Test(kv_quant, q8_0_cache_is_the_reference_with_a_q8_0_cache, .timeout = TT_TIMEOUT(120)) {
+    tt_need_fixtures("kv-quant");
+    check_model(TRI_DTYPE_Q8_0, "kvq8", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 32 --layers 3");
+}
+
+Test(kv_quant, q4_0_cache_is_the_reference_with_a_q4_0_cache, .timeout = TT_TIMEOUT(120)) {
+    tt_need_fixtures("kv-quant");
+    check_model(TRI_DTYPE_Q4_0, "kvq4", "--dtype f32 --heads 4 --kv-heads 4 --head-dim 64 --layers 3");
+}
+
+// ---- refusals ----
+
+static void expect_refused(const tri_model *m, const tri_session_params *sp, const char *want) {
+    tri_session *s = NULL;
+    tri_status st = tri_session_create(m, sp, &s);
+    cr_assert(st != TRI_STATUS_OK && !s, "session created; want an error about %s", want);
+    cr_assert(strstr(tri_last_error(), want), "error '%s' does not say '%s'", tri_last_error(), want);
+}
+
+Test(kv_quant, refusals_name_kv_type) {
+    const char *ok = tt_gen_model("kvq-refuse32", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 32 --layers 2");
+    tri_model *m;
+    cr_assert_eq(tri_model_load(ok, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 256;
+    sp.kv_type = TRI_DTYPE_Q4_1;
+    expect_refused(m, &sp, "kv_type q4_1");
+    sp.kv_type = (tri_dtype)77;
+    expect_refused(m, &sp, "kv_type");
+    sp.kv_type = TRI_DTYPE_Q8_0;
+    sp.kv_policy = TRI_KV_POLICY_STREAMING;
+    sp.kv_budget = 64;
+    expect_refused(m, &sp, "kv_type q8_0");
+    sp.kv_policy = TRI_KV_POLICY_H2O;
+    expect_refused(m, &sp, "kv_type q8_0");
+    sp.kv_policy = TRI_KV_POLICY_FULL;
+    sp.kv_budget = 0;
+    tri_spec *spec = NULL;
+    tri_spec_params pp = tri_spec_default_params();
+    pp.mode = TRI_SPEC_MODE_RETRIEVAL;
+    cr_assert_neq(tri_spec_create(m, &sp, &pp, &spec), TRI_STATUS_OK);
+    cr_assert(!spec && strstr(tri_last_error(), "kv_type q8_0"), "%s", tri_last_error());
+    tri_session *s = NULL;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());  // the full cache: fine
+    tri_session_free(s);
+    tri_model_free(m);
+
+    const char *odd = tt_gen_model("kvq-refuse16", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    cr_assert_eq(tri_model_load(odd, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    sp = tri_session_default_params();
+    sp.n_ctx = 64;
+    sp.kv_type = TRI_DTYPE_Q4_0;
+    expect_refused(m, &sp, "kv_type q4_0");
+    expect_refused(m, &sp, "head_dim 16");
+    tri_model_free(m);
+}
+
+// ---- the planner ----
+
+// Llama2-7B-128K at 127K tokens: K and V of 32 x 128 dims per layer and token are 16 KiB in f16,
+// 8.5 KiB in q8_0 (34 bytes per 32 values), 4.5 KiB in q4_0 (18 per 32): the whole cache 68.2,
+// 36.2 and 19.2 GB. On a 64 GB host beside one 24 GiB GPU the f16 cache does not fit, q8_0 does,
+// and an autoregressive pass moves the offloaded layers' bytes in proportion.
+Test(kv_quant, planner_counts_the_type) {
+    tri_model_config c;
+    memset(&c, 0, sizeof c);
+    c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 32, c.head_dim = 128, c.n_ff = 11008;
+    c.n_vocab = 32000, c.n_ctx_train = 131072;
+    tri_plan_model m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    const tri_dtype types[3] = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    const uint64_t per_tok[3] = {16384, 8704, 4608}, n_ctx = 127 * 1024;
+    tri_plan pl[3];
+    for (int t = 0; t < 3; t++) {
+        tri_plan_params p = tri_plan_default_params();
+        p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE;
+        p.n_ctx = (int32_t)n_ctx;
+        p.kv_type = types[t];
+        cr_assert_eq(tri_plan_compute(&m, &p, &pl[t]), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(pl[t].kv_layer_bytes, per_tok[t] * n_ctx, "%s: %llu bytes per layer", tri_dtype_name(types[t]),
+                     (unsigned long long)pl[t].kv_layer_bytes);
+        char text[8192];
+        cr_assert_eq(tri_plan_format(&pl[t], text, sizeof text, NULL), TRI_STATUS_OK);
+        cr_assert(strstr(text, tri_dtype_name(types[t])), "the plan names its KV type: %s", text);
+        // TriForce on a 64 GB host (the retrieval cache and draft take the card: no layer's KV stays)
+        p.mode = TRI_PLAN_MODE_TRIFORCE;
+        p.host_mem_bytes = 64000000000u;
+        tri_plan h;
+        tri_status st = tri_plan_compute(&m, &p, &h);
+        if (t == 0) cr_assert_neq(st, TRI_STATUS_OK, "68 GB of f16 KV in a 64 GB host");
+        else cr_assert_eq(st, TRI_STATUS_OK, "%s KV in a 64 GB host: %s", tri_dtype_name(types[t]), tri_last_error());
+    }
+    // more layers' KV stay on the card, and a pass streams fewer bytes
+    cr_assert(pl[1].on_chip >= pl[0].on_chip && pl[2].on_chip >= pl[1].on_chip);
+    cr_assert(pl[1].pcie_bytes_l3 < pl[0].pcie_bytes_l3 * 0.55 && pl[2].pcie_bytes_l3 < pl[1].pcie_bytes_l3 * 0.55);
+
+    c.head_dim = 48, c.n_embd = 48 * 32;  // not whole blocks of 32
+    m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    tri_plan_params p = tri_plan_default_params();
+    p.n_ctx = 4096;
+    p.kv_type = TRI_DTYPE_Q8_0;
+    cr_assert_neq(tri_plan_compute(&m, &p, &pl[0]), TRI_STATUS_OK);
+    cr_assert(strstr(tri_last_error(), "kv_type q8_0"), "%s", tri_last_error());
+    p.kv_type = TRI_DTYPE_Q4_1;
+    cr_assert_neq(tri_plan_compute(&m, &p, &pl[0]), TRI_STATUS_OK);
+}
+
+// ---- quantized draft caches (draft_kv_type) ----
+
+static bool collect_all(int32_t tok, void *user) { return collect(tok, user); }
+
+// L1's cache (a StreamingLLM window of 24 over a 96-token context, or the full cache) in q8_0 or
+// q4_0: L3 verifies every token, so greedy speculative decoding gives plain decoding's tokens in
+// the modes with an L1 (draft and triforce), whatever the draft's cache holds.
+Test(kv_quant, quantized_draft_caches_keep_greedy_output, .timeout = TT_TIMEOUT(120)) {
+    const char *path = tt_gen_model("kvq-draft", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 32 --layers 3");
+    tri_model *m;
+    cr_assert_eq(tri_model_load(path, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    enum { N_CTX = 96, GEN = 48 };
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = N_CTX;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = GEN;
+    gp.stop_at_eos = false;
+    int32_t want[GEN], got[GEN], *w = want;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, collect_all, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_free(s);
+    static const int32_t layer0[1] = {0};
+    const tri_dtype types[2] = {TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    const tri_spec_mode modes[2] = {TRI_SPEC_MODE_DRAFT, TRI_SPEC_MODE_TRIFORCE};
+    for (int t = 0; t < 2; t++)
+        for (int mi = 0; mi < 2; mi++)
+            for (int window = 24; window <= N_CTX; window += N_CTX - 24) {
+                tri_spec_params p = tri_spec_default_params();
+                p.mode = modes[mi];
+                p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+                p.draft_layers = layer0;
+                p.n_draft_layers = 1;
+                p.gamma1 = 2;
+                p.gamma2 = 4;
+                p.budget = 32;
+                p.chunk = 8;
+                p.draft_window = window;
+                p.draft_sink = 4;
+                p.draft_kv_type = types[t];
+                tri_spec *spec;
+                cr_assert_eq(tri_spec_create(m, &sp, &p, &spec), TRI_STATUS_OK, "%s", tri_last_error());
+                w = got;
+                tri_spec_stats st;
+                cr_assert_eq(tri_generate_spec(spec, prompt, N_PROMPT, &gp, collect_all, &w, &st), TRI_STATUS_OK, "%s",
+                             tri_last_error());
+                cr_assert_eq(w - got, GEN);
+                for (int i = 0; i < GEN; i++)
+                    cr_assert_eq(got[i], want[i], "%s draft cache, mode %d, window %d: token %d is %d, plain %d",
+                                 tri_dtype_name(types[t]), (int)modes[mi], window, i, got[i], want[i]);
+                cr_assert(st.l1_proposed > 0);
+                tri_spec_free(spec);
+            }
+    // refusals name the field: an unknown type, and a draft whose head_dim is not whole blocks
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_DRAFT;
+    p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+    p.draft_layers = layer0;
+    p.n_draft_layers = 1;
+    p.draft_kv_type = TRI_DTYPE_Q5_0;
+    tri_spec *spec = NULL;
+    cr_assert_neq(tri_spec_create(m, &sp, &p, &spec), TRI_STATUS_OK);
+    cr_assert(!spec && strstr(tri_last_error(), "draft_kv_type q5_0"), "%s", tri_last_error());
+    tri_model_free(m);
+    path = tt_gen_model("kvq-draft16", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 16 --layers 2");
+    cr_assert_eq(tri_model_load(path, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    p.draft_kv_type = TRI_DTYPE_Q8_0;
+    cr_assert_neq(tri_spec_create(m, &sp, &p, &spec), TRI_STATUS_OK);
+    cr_assert(!spec && strstr(tri_last_error(), "draft_kv_type q8_0") && strstr(tri_last_error(), "head_dim 16"), "%s",
+              tri_last_error());
+    tri_model_free(m);
+}
