@@ -950,8 +950,10 @@ static tri_status cuda_comm_create(tri__backend *const *bes, int32_t n, tri__com
     }
     c->n = n;
     int v = 0;
-    (void)nccl.get_version(&v);
-    tri__log(TRI_LOG_LEVEL_INFO, "cuda: NCCL %d.%d.%d over %d devices", v / 10000, v / 100 % 100, v % 100, n);
+    if (nccl.get_version(&v) == ncclSuccess && v >= 10000)  // 2.9 on: major * 10000 + minor * 100 + patch
+        tri__log(TRI_LOG_LEVEL_INFO, "cuda: NCCL %d.%d.%d over %d devices", v / 10000, v / 100 % 100, v % 100, n);
+    else
+        tri__log(TRI_LOG_LEVEL_INFO, "cuda: NCCL over %d devices", n);
     *out = c;
     return TRI_STATUS_OK;
 }

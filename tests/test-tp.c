@@ -557,37 +557,45 @@ Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
         cr_assert(d <= 1e-5, "NCCL, case %d: max |dlogit| %g", k, d);
     }
     for (int k = 0; k < K; k++) free(l[k]);
-    unsetenv("TRI_NO_NCCL");
-    if (emulated) setenv("CUDAEMU_P2P", "1", 1);  // the decoding below takes the NCCL path
+    if (emulated) setenv("CUDAEMU_P2P", "1", 1);
 
-    // plain and speculative greedy decoding on the two devices
-    tri_session_params sp = tri_session_default_params();
-    sp.n_ctx = 64;
-    sp.devices = "cuda:0,cuda:1";
-    tri_session *s;
-    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
-    tri_generate_params gp = tri_generate_default_params();
-    gp.n_predict = 12;
-    gp.stop_at_eos = false;
-    collect want = {.n = 0}, got = {.n = 0};
-    cr_assert_eq(tri_generate(s, prompt, 12, &gp, on_token, &want, NULL), TRI_STATUS_OK, "%s", tri_last_error());
-    tri_session_free(s);
-    static const int32_t layers[] = {0};
-    tri_spec_params p = tri_spec_default_params();
-    p.mode = TRI_SPEC_MODE_TRIFORCE;
-    p.drafter = TRI_SPEC_DRAFTER_LAYERS;
-    p.draft_layers = layers;
-    p.n_draft_layers = 1;
-    p.budget = 8;
-    p.chunk = 4;
-    p.gamma1 = 2;
-    p.gamma2 = 4;
-    tri_spec *e;
-    cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(tri_generate_spec(e, prompt, 12, &gp, on_token, &got, NULL), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(got.n, 12);
-    for (int t = 0; t < 12; t++) cr_assert_eq(got.tok[t], want.tok[t], "token %d", t);
-    tri_spec_free(e);
+    // plain and speculative greedy decoding on the two devices, by NCCL and (TRI_NO_NCCL) by peer
+    // copies; the self-draft's StreamingLLM window makes its one-token steps recorded graphs, with
+    // NCCL's all-reduce inside them (the other paths wait on the host: its steps are not recorded)
+    for (int nccl = 1; nccl >= 0; nccl--) {
+        setenv("TRI_NO_NCCL", nccl ? "0" : "1", 1);
+        tri_session_params sp = tri_session_default_params();
+        sp.n_ctx = 64;
+        sp.devices = "cuda:0,cuda:1";
+        tri_session *s;
+        cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        tri_generate_params gp = tri_generate_default_params();
+        gp.n_predict = 12;
+        gp.stop_at_eos = false;
+        collect want = {.n = 0}, got = {.n = 0};
+        cr_assert_eq(tri_generate(s, prompt, 12, &gp, on_token, &want, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+        tri_session_free(s);
+        static const int32_t layers[] = {0};
+        tri_spec_params p = tri_spec_default_params();
+        p.mode = TRI_SPEC_MODE_TRIFORCE;
+        p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+        p.draft_layers = layers;
+        p.n_draft_layers = 1;
+        p.budget = 8;
+        p.chunk = 4;
+        p.gamma1 = 2;
+        p.gamma2 = 4;
+        p.draft_window = 12;
+        p.draft_sink = 2;
+        tri_spec *e;
+        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_generate_spec(e, prompt, 12, &gp, on_token, &got, NULL), TRI_STATUS_OK, "NCCL %d: %s", nccl,
+                     tri_last_error());
+        cr_assert_eq(got.n, 12);
+        for (int t = 0; t < 12; t++) cr_assert_eq(got.tok[t], want.tok[t], "NCCL %d: token %d", nccl, t);
+        tri_spec_free(e);
+    }
+    unsetenv("TRI_NO_NCCL");
     tri_model_free(m);
 }
 
