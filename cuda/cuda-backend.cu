@@ -933,7 +933,8 @@ static tri_status cuda_comm_create(tri__backend *const *bes, int32_t n, tri__com
                                  q, r, devs[r]);
     }
     const char *off = getenv("TRI_NO_NCCL");
-    if (off && *off && strcmp(off, "0") != 0) return tri__fail(TRI_STATUS_NOT_FOUND, "NCCL is turned off (TRI_NO_NCCL)");
+    if (off && *off && strcmp(off, "0") != 0)
+        return tri__fail(TRI_STATUS_NOT_FOUND, "NCCL is turned off (TRI_NO_NCCL)");
     pthread_once(&nccl_once, nccl_load);
     if (!nccl.all_reduce) return tri__fail(TRI_STATUS_NOT_FOUND, "%s", nccl_why);
     tri__comm *c = (tri__comm *)calloc(1, sizeof *c);

@@ -436,7 +436,9 @@ tri_status tri__tp_create(int32_t n, tri__backend *const *bes, const int32_t *no
             if (s != r) tp->peer = op->peer_enable(bes[r], bes[s]);
     }
     tri__log(TRI_LOG_LEVEL_INFO, "tensor parallel: %d devices, all-reduce %s", n,
-             tp->comm ? "by the backend's collective (NCCL)" : tp->peer ? "by peer copies" : "through host memory");
+             tp->comm   ? "by the backend's collective (NCCL)"
+             : tp->peer ? "by peer copies"
+                        : "through host memory");
     *out = tp;
     return TRI_STATUS_OK;
 }
@@ -650,7 +652,7 @@ tri_status tri__tp_group_open(tri__tp_group *g, const tri_model *model, const tr
     const tri__topology *topo = NULL;
     (void)tri__host_node_near(NULL, &topo);
     const int32_t n_nodes = topo ? tri__topology_n_nodes(topo) : 1;
-    int32_t nodes[TRI_TP_MAX];
+    int32_t nodes[TRI_TP_MAX] = {0};  // each set below (zeroed for gcc -O2 -Wmaybe-uninitialized)
     // each CPU rank its share of the cores (the caller's thread is rank 0's)
     int32_t threads = sp->n_threads > 0 ? sp->n_threads : (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
     int32_t per = threads / n > 0 ? threads / n : 1;

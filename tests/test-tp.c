@@ -494,7 +494,8 @@ Test(tp, nccl_allreduce_replays_in_a_graph) {
     for (int r = 0; r < 2; r++)
         for (int t = 0; t < 3; t++)
             for (int i = 0; i < AR_N; i++)
-                cr_assert_eq(c.out[r][t][i], (float)(3 * (t + 1)) * (float)i, "rank %d, replay %d, element %d", r, t, i);
+                cr_assert_eq(c.out[r][t][i], (float)(3 * (t + 1)) * (float)i, "rank %d, replay %d, element %d", r, t,
+                             i);
     tri__tp_free(c.tp);
     for (int r = 0; r < 2; r++) {
         c.be[r]->ops->free(c.be[r], c.x[r]);
@@ -526,10 +527,9 @@ Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
         if (k > 0) {
             tri__tp_group g;
             cr_assert_eq(tri__tp_group_open(&g, m, &sp), TRI_STATUS_OK, "%s", tri_last_error());
-            printf("tp cuda:0,cuda:1: all-reduce %s\n",
-                   tri__tp_uses_comm(g.tp)    ? "by NCCL"
-                   : tri__tp_uses_peers(g.tp) ? "by peer copies"
-                                              : "through host memory");
+            printf("tp cuda:0,cuda:1: all-reduce %s\n", tri__tp_uses_comm(g.tp)    ? "by NCCL"
+                                                        : tri__tp_uses_peers(g.tp) ? "by peer copies"
+                                                                                   : "through host memory");
             if (emulated) {
                 cr_assert_eq(tri__tp_uses_comm(g.tp), k >= 3, "case %d", k);
                 cr_assert_eq(tri__tp_uses_peers(g.tp), k == 2, "case %d", k);

@@ -524,8 +524,8 @@ bool tri__llama_step_supported(const tri__llama *ll, const tri__kv_policy *pol) 
            // a split model's all-reduce records only where it is the backend's collective (NCCL),
            // and needs not where nothing records (the CPU);
            // the recorded step rotates with one table: the length rules (rope.h) take the pass
-           (!ll->tp || tri__tp_uses_comm(ll->tp) || !op->graph_begin) && !ll->model->stream && ll->rope.scaling != TRI_ROPE_SCALING_DYNAMIC &&
-           ll->rope.scaling != TRI_ROPE_SCALING_LONGROPE &&
+           (!ll->tp || tri__tp_uses_comm(ll->tp) || !op->graph_begin) && !ll->model->stream &&
+           ll->rope.scaling != TRI_ROPE_SCALING_DYNAMIC && ll->rope.scaling != TRI_ROPE_SCALING_LONGROPE &&
            (c->sliding_window <= 0 || pol->p.budget + e <= c->sliding_window);
 }
 

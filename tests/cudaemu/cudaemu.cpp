@@ -1153,7 +1153,7 @@ struct nccl_clique {
 struct ncclComm {
     nccl_clique *clique;
     int rank, device;
-    uint64_t arrivals = 0;              // calls this rank's stream has reached
+    uint64_t arrivals = 0;             // calls this rank's stream has reached
     cudaemu_stream *stream = nullptr;  // of its latest call: where the others drive it
 };
 
@@ -1241,8 +1241,8 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
         return ncclInvalidArgument;
     }
     if (!stream || ((cudaemu_stream *)stream)->device != comm->device) {
-        cudaemu::report("ncclAllReduce: rank %d of device %d called on a stream of device %d", comm->rank,
-                        comm->device, stream ? ((cudaemu_stream *)stream)->device : -1);
+        cudaemu::report("ncclAllReduce: rank %d of device %d called on a stream of device %d", comm->rank, comm->device,
+                        stream ? ((cudaemu_stream *)stream)->device : -1);
         return ncclInvalidArgument;
     }
     check_span_on("ncclAllReduce send buffer", send, count * sizeof(float), true, comm->device);
