@@ -567,12 +567,13 @@ static tri_status allreduce_peer(tri__tp *tp, int32_t rank, float *x, int64_t n)
 tri_status tri__tp_allreduce(tri__tp *tp, int32_t rank, float *x, int64_t n) {
     if (tp->comm) {
         // queued on the compute stream, where the other ranks' calls meet it on their devices; a
-        // rank that failed before its call would leave them waiting there, so a call is not made
-        // once another rank has failed (see tri__tp_run for a failure after it)
+        // rank that failed before its call would leave them waiting there, so no call is made
+        // once another rank has failed (one that fails after the others queued theirs still
+        // leaves them waiting: NCCL's abort is not wired in, docs/offload.md)
         pthread_mutex_lock(&tp->mu);
-        int32_t f = tp->failed;
+        tri_status failed = tp->failed >= 0 ? tp->st[tp->failed] : TRI_STATUS_OK;
         pthread_mutex_unlock(&tp->mu);
-        if (f >= 0) return tri__fail(tp->st[f], "tensor parallel: another device failed; the all-reduce stops");
+        if (failed) return tri__fail(failed, "tensor parallel: another device failed; the all-reduce stops");
         tri__backend *be = tp->be[rank];
         return be->ops->allreduce(be, tp->comm, rank, x, n);
     }
