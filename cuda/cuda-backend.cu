@@ -9,8 +9,13 @@
 // that synchronize() reports.
 #include <cublas_v2.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if !TRI_CUDA_EMULATED
+#include <dlfcn.h>
+#endif
 
 #include "cuda-common.cuh"
 
@@ -822,6 +827,138 @@ static tri_status cuda_copy_peer(tri__backend *be, void *dst, tri__backend *othe
     return TRI_STATUS_OK;
 }
 
+// ---- collectives: NCCL, loaded at run time ----
+//
+// libnccl.so.2 is opened on the first communicator (so a machine without NCCL runs everything
+// else, and the tensor-parallel all-reduce goes through host memory there); the emulated build
+// calls the emulator's NCCL (tests/cudaemu/include/nccl.h) instead.
+
+#if TRI_CUDA_EMULATED
+#include <nccl.h>
+#else
+// The part of NCCL 2.x's API used, as nccl.h declares it, so that the module builds without NCCL.
+typedef struct ncclComm *ncclComm_t;
+typedef enum : int { ncclSuccess = 0 } ncclResult_t;
+typedef enum : int { ncclSum = 0 } ncclRedOp_t;
+typedef enum : int { ncclFloat32 = 7 } ncclDataType_t;
+#endif
+
+typedef struct nccl_api {
+    ncclResult_t (*get_version)(int *version);
+    ncclResult_t (*comm_init_all)(ncclComm_t *comms, int n, const int *devlist);
+    ncclResult_t (*comm_destroy)(ncclComm_t comm);
+    ncclResult_t (*all_reduce)(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t stream);
+    const char *(*get_error_string)(ncclResult_t result);
+} nccl_api;
+
+static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
+static nccl_api nccl;       // all set, or nccl_why says why not
+static char nccl_why[512];
+
+static void nccl_load(void) {
+#if TRI_CUDA_EMULATED
+    nccl = nccl_api{ncclGetVersion, ncclCommInitAll, ncclCommDestroy, ncclAllReduce, ncclGetErrorString};
+#else
+    // RTLD_LOCAL: NCCL stays out of the process's symbol scope, as the module does
+    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(nccl_why, sizeof nccl_why, "NCCL is not installed (libnccl.so.2: %s)", dlerror());
+        return;
+    }
+    nccl_api a;
+    a.get_version = (ncclResult_t(*)(int *))dlsym(h, "ncclGetVersion");
+    a.comm_init_all = (ncclResult_t(*)(ncclComm_t *, int, const int *))dlsym(h, "ncclCommInitAll");
+    a.comm_destroy = (ncclResult_t(*)(ncclComm_t))dlsym(h, "ncclCommDestroy");
+    a.all_reduce = (ncclResult_t(*)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                    cudaStream_t))dlsym(h, "ncclAllReduce");
+    a.get_error_string = (const char *(*)(ncclResult_t))dlsym(h, "ncclGetErrorString");
+    if (!a.get_version || !a.comm_init_all || !a.comm_destroy || !a.all_reduce || !a.get_error_string) {
+        snprintf(nccl_why, sizeof nccl_why, "libnccl.so.2 lacks the functions of NCCL 2");
+        dlclose(h);
+        return;
+    }
+    nccl = a;  // h stays open: communicators may live as long as the process
+#endif
+}
+
+struct tri__comm {
+    int n;
+    ncclComm_t *comms;  // (n) rank r's
+};
+
+static tri_status nccl_status(ncclResult_t r, const char *file, int line, const char *expr) {
+    if (r == ncclSuccess) return TRI_STATUS_OK;
+    (void)cudaGetLastError();
+    return tri__fail(TRI_STATUS_DEVICE, "%s:%d: %s: %s", file, line, expr, nccl.get_error_string(r));
+}
+#define NCCL_TRY(call)                                                                         \
+    do {                                                                                       \
+        tri_status st__ = nccl_status((call), __FILE__, __LINE__, #call);                      \
+        if (st__ != TRI_STATUS_OK) return st__;                                                \
+    } while (0)
+
+static void cuda_comm_free(tri__comm *c) {
+    if (!c) return;
+    for (int r = 0; r < c->n; r++)
+        if (c->comms[r] && nccl.comm_destroy(c->comms[r]) != ncclSuccess)
+            tri__log(TRI_LOG_LEVEL_ERROR, "cuda: ncclCommDestroy of rank %d failed", r);
+    free(c->comms);
+    free(c);
+}
+
+static tri_status cuda_allreduce(tri__backend *be, tri__comm *c, int32_t rank, float *x, int64_t n) {
+    cuda_state *st = priv(be);
+    if (!c || rank < 0 || rank >= c->n || n < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda allreduce: rank %d of %d, %lld elements", rank,
+                         c ? c->n : 0, (long long)n);
+    if (!aligned(x, 4)) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda allreduce: misaligned x");
+    if (n == 0) return TRI_STATUS_OK;
+    USE_DEVICE(st);
+    NCCL_TRY(nccl.all_reduce(x, x, (size_t)n, ncclFloat32, ncclSum, c->comms[rank], st->stream));
+    return TRI_STATUS_OK;
+}
+
+static tri_status cuda_comm_create(tri__backend *const *bes, int32_t n, tri__comm **out) {
+    *out = NULL;
+    if (n < 2 || n > 64) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda: a communicator of %d ranks", n);
+    int devs[64];
+    for (int32_t r = 0; r < n; r++) {
+        if (!bes[r] || bes[r]->ops->allreduce != cuda_allreduce)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda: rank %d of a communicator is not a CUDA device", r);
+        devs[r] = priv(bes[r])->device;
+        for (int32_t q = 0; q < r; q++)
+            if (devs[q] == devs[r])
+                return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda: ranks %d and %d of a communicator share device %d",
+                                 q, r, devs[r]);
+    }
+    const char *off = getenv("TRI_NO_NCCL");
+    if (off && *off && strcmp(off, "0") != 0)
+        return tri__fail(TRI_STATUS_NOT_FOUND, "NCCL is turned off (TRI_NO_NCCL)");
+    pthread_once(&nccl_once, nccl_load);
+    if (!nccl.all_reduce) return tri__fail(TRI_STATUS_NOT_FOUND, "%s", nccl_why);
+    tri__comm *c = (tri__comm *)calloc(1, sizeof *c);
+    if (c) c->comms = (ncclComm_t *)calloc((size_t)n, sizeof *c->comms);
+    if (!c || !c->comms) {
+        free(c);
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cuda: a communicator of %d ranks", n);
+    }
+    ncclResult_t r = nccl.comm_init_all(c->comms, n, devs);
+    if (r != ncclSuccess) {
+        free(c->comms);
+        free(c);
+        return nccl_status(r, __FILE__, __LINE__, "ncclCommInitAll");
+    }
+    c->n = n;
+    int v = 0;
+    if (nccl.get_version(&v) == ncclSuccess && v >= 10000)  // 2.9 on: major * 10000 + minor * 100 + patch
+        tri__log(TRI_LOG_LEVEL_INFO, "cuda: NCCL %d.%d.%d over %d devices", v / 10000, v / 100 % 100, v % 100, n);
+    else
+        tri__log(TRI_LOG_LEVEL_INFO, "cuda: NCCL over %d devices", n);
+    *out = c;
+    return TRI_STATUS_OK;
+}
+
 // ---- steps driven from device memory, and graphs ----
 
 static tri_status cuda_get_rows_dev(tri__backend *be, float *out, const void *table, tri_dtype type, int64_t n_rows,
@@ -974,6 +1111,9 @@ static const tri__backend_ops cuda_ops = {
     /* .add_rows = */ cuda_add_rows,
     /* .peer_enable = */ cuda_peer_enable,
     /* .copy_peer = */ cuda_copy_peer,
+    /* .comm_create = */ cuda_comm_create,
+    /* .comm_free = */ cuda_comm_free,
+    /* .allreduce = */ cuda_allreduce,
     /* .get_rows_dev = */ cuda_get_rows_dev,
     /* .rope_dev = */ cuda_rope_dev,
     /* .attention_dev = */ cuda_attention_dev,

@@ -35,6 +35,7 @@
 typedef struct tri__backend tri__backend;
 typedef struct tri__event tri__event;  // a point in a stream's queue, backend-owned (opaque)
 typedef struct tri__graph tri__graph;  // recorded ops to replay, backend-owned (opaque)
+typedef struct tri__comm tri__comm;    // a communicator over several instances' devices, backend-owned (opaque)
 
 // The two queues of a backend instance: every op and the plain copies run on COMPUTE; TRANSFER
 // carries the offload engine's copies so that they overlap with compute (backends with streams).
@@ -251,6 +252,21 @@ typedef struct tri__backend_ops {
     // queued on be's COMPUTE stream (src must be complete; it is read until be synchronizes).
     // Required where peer_enable is.
     tri_status (*copy_peer)(tri__backend *be, void *dst, tri__backend *other, const void *src, size_t bytes);
+
+    // Collectives (NCCL on CUDA). Optional: NULL, and comm_create NOT_FOUND where the library is
+    // absent or turned off, mean the caller sums through host memory or peer copies instead.
+    // A communicator over bes (n >= 2 instances of this table on distinct devices; rank r is
+    // bes[r]); free it with comm_free (NULL: a no-op) once the ranks' work is synchronized, before
+    // the instances. NOT_FOUND, saying why, when the collective library cannot be loaded.
+    tri_status (*comm_create)(tri__backend *const *bes, int32_t n, tri__comm **out);
+    void (*comm_free)(tri__comm *comm);
+    // x (n) f32, be's memory, becomes the sum over the ranks of their x, in place; queued on be's
+    // COMPUTE stream (after the work that writes x, before the work queued after it), so the host
+    // does not wait, and recorded like any op between graph_begin and graph_end. be is rank
+    // rank of comm. Every rank makes the same calls with the same n in the same order, each from
+    // its own host thread: the calls meet on the devices, so a rank must not wait on the host
+    // for another rank that has yet to make its call.
+    tri_status (*allreduce)(tri__backend *be, tri__comm *comm, int32_t rank, float *x, int64_t n);
 
     // ---- steps driven from backend memory, and graphs (runtime/model/stream-step.h) ----
     //

@@ -285,6 +285,9 @@ struct tri__tp {
     float *xptr[TRI_TP_MAX];    // each rank's x of the current all-reduce (its backend's memory)
     float *acc[TRI_TP_MAX], *tmp[TRI_TP_MAX];  // (dcap) each, rank r's backend memory
     int64_t dcap[TRI_TP_MAX];
+    // the backend's collective (NCCL on CUDA devices) where it has one: the all-reduce is one op on
+    // each rank's compute stream, with no host wait and no barrier
+    tri__comm *comm;
     // recorded on each rank's compute stream when its x is complete: the all-reduce waits for that
     // work only, not for the next layer's KV or weights the transfer stream is prefetching
     tri__event *done[TRI_TP_MAX];
@@ -373,6 +376,10 @@ void tri__tp_free(tri__tp *tp) {
     pthread_cond_broadcast(&tp->cv);
     pthread_mutex_unlock(&tp->mu);
     for (int32_t r = 1; r <= tp->started; r++) pthread_join(tp->thread[r], NULL);
+    if (tp->comm) {  // after the ranks' work: a synchronize of each first
+        for (int32_t r = 0; r < tp->n; r++) (void)tp->be[r]->ops->synchronize(tp->be[r]);
+        tp->be[0]->ops->comm_free(tp->comm);
+    }
     for (int32_t r = 0; r < tp->n; r++) {
         buf_release(tp, r);
         tp->be[r]->ops->free(tp->be[r], tp->acc[r]);
@@ -408,8 +415,20 @@ tri_status tri__tp_create(int32_t n, tri__backend *const *bes, const int32_t *no
         }
         tp->started = r;
     }
-    // peer copies where every pair of devices allows them (and the backend can add and copy)
-    tp->peer = true;
+    // the backend's collective where every rank has the same backend and it has one (NCCL, unless
+    // TRI_NO_NCCL is set); else peer copies where every pair of devices allows them (and the
+    // backend can add and copy); else host memory
+    bool same = true;
+    for (int32_t r = 1; r < n; r++) same = same && bes[r]->ops == bes[0]->ops;
+    if (same && bes[0]->ops->comm_create && bes[0]->ops->allreduce) {
+        tri_status st = bes[0]->ops->comm_create(bes, n, &tp->comm);
+        if (st) {
+            tp->comm = NULL;
+            tri__log(st == TRI_STATUS_NOT_FOUND ? TRI_LOG_LEVEL_INFO : TRI_LOG_LEVEL_WARN,
+                     "tensor parallel: no collective library (%s); the all-reduce goes another way", tri_last_error());
+        }
+    }
+    tp->peer = !tp->comm;
     for (int32_t r = 0; r < n && tp->peer; r++) {
         const tri__backend_ops *op = bes[r]->ops;
         tp->peer = op->peer_enable && op->copy_peer && op->copy && op->add;
@@ -417,12 +436,16 @@ tri_status tri__tp_create(int32_t n, tri__backend *const *bes, const int32_t *no
             if (s != r) tp->peer = op->peer_enable(bes[r], bes[s]);
     }
     tri__log(TRI_LOG_LEVEL_INFO, "tensor parallel: %d devices, all-reduce %s", n,
-             tp->peer ? "by peer copies" : "through host memory");
+             tp->comm   ? "by the backend's collective (NCCL)"
+             : tp->peer ? "by peer copies"
+                        : "through host memory");
     *out = tp;
     return TRI_STATUS_OK;
 }
 
 bool tri__tp_uses_peers(const tri__tp *tp) { return tp && tp->peer; }
+
+bool tri__tp_uses_comm(const tri__tp *tp) { return tp && tp->comm; }
 
 tri_status tri__tp_run(tri__tp *tp, tri__tp_fn fn, void *ctx) {
     pthread_mutex_lock(&tp->mu);
@@ -542,6 +565,18 @@ static tri_status allreduce_peer(tri__tp *tp, int32_t rank, float *x, int64_t n)
 }
 
 tri_status tri__tp_allreduce(tri__tp *tp, int32_t rank, float *x, int64_t n) {
+    if (tp->comm) {
+        // queued on the compute stream, where the other ranks' calls meet it on their devices; a
+        // rank that failed before its call would leave them waiting there, so no call is made
+        // once another rank has failed (one that fails after the others queued theirs still
+        // leaves them waiting: NCCL's abort is not wired in, docs/offload.md)
+        pthread_mutex_lock(&tp->mu);
+        tri_status failed = tp->failed >= 0 ? tp->st[tp->failed] : TRI_STATUS_OK;
+        pthread_mutex_unlock(&tp->mu);
+        if (failed) return tri__fail(failed, "tensor parallel: another device failed; the all-reduce stops");
+        tri__backend *be = tp->be[rank];
+        return be->ops->allreduce(be, tp->comm, rank, x, n);
+    }
     if (tp->peer) return allreduce_peer(tp, rank, x, n);
     tri__backend *be = tp->be[rank];
     const size_t bytes = (size_t)n * sizeof(float);
@@ -618,7 +653,7 @@ tri_status tri__tp_group_open(tri__tp_group *g, const tri_model *model, const tr
     const tri__topology *topo = NULL;
     (void)tri__host_node_near(NULL, &topo);
     const int32_t n_nodes = topo ? tri__topology_n_nodes(topo) : 1;
-    int32_t nodes[TRI_TP_MAX];
+    int32_t nodes[TRI_TP_MAX] = {0};  // each set below (zeroed for gcc -O2 -Wmaybe-uninitialized)
     // each CPU rank its share of the cores (the caller's thread is rank 0's)
     int32_t threads = sp->n_threads > 0 ? sp->n_threads : (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
     int32_t per = threads / n > 0 ? threads / n : 1;

@@ -11,7 +11,9 @@
 // only, which is the rank whose logits the caller reads.
 //
 // The ranks run concurrently, one host thread each (rank 0 is the caller's thread), each driving
-// its own backend; the all-reduce goes through host memory (pinned where the backend can pin):
+// its own backend. On CUDA devices the all-reduce is NCCL's, queued on each rank's compute
+// stream (loaded at run time; tri__tp_uses_comm). Elsewhere (CPU ranks, no NCCL) it goes through
+// host memory (pinned where the backend can pin):
 // a rank copies its partial to its host buffer, waits for every rank to arrive, sums the N
 // buffers and copies the sum back. No device-to-device path is needed (RTX 4090s have none);
 // where every pair of devices has peer access, each rank instead reads the others' partials
@@ -88,6 +90,12 @@ tri_status tri__tp_run(tri__tp *tp, tri__tp_fn fn, void *ctx);
 // ranks of their x, added in rank order (x_0 + x_1) + x_2 ... (the same bits on every rank).
 // Every rank must call it with the same n, in the same order.
 tri_status tri__tp_allreduce(tri__tp *tp, int32_t rank, float *x, int64_t n);
+
+// Whether the all-reduce is the backend's collective (tri__backend_ops.comm_create: NCCL on CUDA
+// devices), one op on each rank's compute stream that the host does not wait for. It is where
+// every rank is a device of one backend that has one and its library loads (not with TRI_NO_NCCL
+// set); else the two paths below.
+bool tri__tp_uses_comm(const tri__tp *tp);
 
 // Whether the all-reduce reads the other devices' partials by peer copies (every pair of devices
 // has peer access: tri__backend_ops.peer_enable) instead of through host memory.

@@ -366,8 +366,9 @@ Test(tp, default_model_logits, .timeout = TT_TIMEOUT(300)) {
     tri_model_free(m);
 }
 
-// Two CUDA devices (the emulated GPU in CI: CUDAEMU_DEVICES=2): logits against one device, and
-// greedy speculative output equal to plain output on both. Skipped with fewer than two devices.
+// Two CUDA devices (the emulated GPU in CI: CUDAEMU_DEVICES=2): logits against one device on each
+// all-reduce path, and greedy speculative output equal to plain output on both (by NCCL). Skipped
+// with fewer than two devices.
 // The all-reduce waits for each rank's compute stream, not for its transfer stream: a copy queued
 // there just before (the next layer's prefetch) is still pending when the all-reduce returns, on
 // both paths. The emulator's streams run queued work only when something waits for it, so a
@@ -399,12 +400,16 @@ static tri_status ar_job(void *p, int32_t rank) {
     return st;
 }
 
+// All three paths: NCCL (with and without peer access: NCCL needs none) and, with TRI_NO_NCCL set,
+// peer copies and host memory.
 Test(tp, allreduce_does_not_wait_for_the_transfer_stream) {
     const char *build = tri__cuda_module_build();
     if (!build || !strstr(build, "emulated")) cr_skip_test("needs the emulated CUDA runtime's deferred streams");
     if (tri_device_count() < 2) cr_skip_test("fewer than two CUDA devices");
-    for (int peer = 0; peer < 2; peer++) {
+    for (int k = 0; k < 4; k++) {
+        const int peer = k % 2, nccl = k < 2;
         setenv("CUDAEMU_P2P", peer ? "1" : "0", 1);
+        setenv("TRI_NO_NCCL", nccl ? "0" : "1", 1);
         ar_ctx c = {0};
         float fill[AR_N];
         for (int i = 0; i < AR_N; i++) fill[i] = 42.0f;
@@ -421,11 +426,13 @@ Test(tp, allreduce_does_not_wait_for_the_transfer_stream) {
         }
         int32_t nodes[2] = {-1, -1};
         cr_assert_eq(tri__tp_create(2, c.be, nodes, &c.tp), TRI_STATUS_OK, "%s", tri_last_error());
-        cr_assert_eq(tri__tp_uses_peers(c.tp), peer == 1);
+        cr_assert_eq(tri__tp_uses_comm(c.tp), nccl, "NCCL %d, peer %d", nccl, peer);
+        cr_assert_eq(tri__tp_uses_peers(c.tp), !nccl && peer == 1);
         cr_assert_eq(tri__tp_run(c.tp, ar_job, &c), TRI_STATUS_OK, "%s", tri_last_error());
         for (int r = 0; r < 2; r++) {
-            cr_assert(c.pending[r], "peer %d, rank %d: the all-reduce waited for the transfer stream", peer, r);
-            cr_assert(c.arrived[r], "peer %d, rank %d: the transfer never ran", peer, r);
+            cr_assert(c.pending[r], "NCCL %d, peer %d, rank %d: the all-reduce waited for the transfer stream", nccl,
+                      peer, r);
+            cr_assert(c.arrived[r], "NCCL %d, peer %d, rank %d: the transfer never ran", nccl, peer, r);
             for (int i = 0; i < AR_N; i++) cr_assert_eq(c.sum[r][i], 3.0f * (float)i, "rank %d, element %d", r, i);
         }
         tri__tp_free(c.tp);
@@ -438,6 +445,62 @@ Test(tp, allreduce_does_not_wait_for_the_transfer_stream) {
         }
     }
     setenv("CUDAEMU_P2P", "0", 1);
+    unsetenv("TRI_NO_NCCL");
+}
+
+// The NCCL all-reduce is an op on the compute stream like any other: recorded into a graph (the
+// draft's one-token steps are), each replay sums what the ranks' x hold when it runs.
+typedef struct graph_ctx {
+    tri__tp *tp;
+    tri__backend *be[2];
+    float *x[2];
+    float out[2][3][AR_N];
+} graph_ctx;
+
+static tri_status graph_job(void *p, int32_t rank) {
+    graph_ctx *c = p;
+    tri__backend *be = c->be[rank];
+    tri__graph *g = NULL;
+    tri_status st = be->ops->graph_begin(be);
+    if (!st) {
+        st = tri__tp_allreduce(c->tp, rank, c->x[rank], AR_N);
+        tri_status st2 = be->ops->graph_end(be, &g);  // ends the recording whatever happened
+        if (!st) st = st2;
+    }
+    float host[AR_N];
+    for (int t = 0; !st && t < 3; t++) {
+        for (int i = 0; i < AR_N; i++) host[i] = (float)((rank + 1) * (t + 1)) * (float)i;
+        st = be->ops->copy_to_backend(be, c->x[rank], host, sizeof host);
+        if (!st) st = be->ops->graph_launch(be, g);
+        if (!st) st = be->ops->copy_to_host(be, c->out[rank][t], c->x[rank], sizeof host);
+    }
+    if (!st) st = be->ops->synchronize(be);
+    be->ops->graph_free(be, g);
+    return st;
+}
+
+Test(tp, nccl_allreduce_replays_in_a_graph) {
+    const char *build = tri__cuda_module_build();
+    if (!build || !strstr(build, "emulated")) cr_skip_test("the NCCL of the emulated CUDA runtime");
+    if (tri_device_count() < 2) cr_skip_test("fewer than two CUDA devices");
+    graph_ctx c = {0};
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(tri__backend_cuda_create(r, &c.be[r]), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(c.be[r]->ops->alloc(c.be[r], sizeof(float) * AR_N, (void **)&c.x[r]), TRI_STATUS_OK);
+    }
+    cr_assert_eq(tri__tp_create(2, c.be, NULL, &c.tp), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert(tri__tp_uses_comm(c.tp));
+    cr_assert_eq(tri__tp_run(c.tp, graph_job, &c), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < 3; t++)
+            for (int i = 0; i < AR_N; i++)
+                cr_assert_eq(c.out[r][t][i], (float)(3 * (t + 1)) * (float)i, "rank %d, replay %d, element %d", r, t,
+                             i);
+    tri__tp_free(c.tp);
+    for (int r = 0; r < 2; r++) {
+        c.be[r]->ops->free(c.be[r], c.x[r]);
+        tri__backend_free(c.be[r]);
+    }
 }
 
 Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
@@ -450,19 +513,27 @@ Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
     // the emulator's peer access follows CUDAEMU_P2P (read at each call): both all-reduce paths
     const char *build = tri__cuda_module_build();
     const bool emulated = build && strstr(build, "emulated");
-    float *l[3];
-    const char *lists[3] = {"cuda:0", "cuda:0,cuda:1", "cuda:0,cuda:1"};
-    for (int k = 0; k < 3; k++) {
-        if (emulated) setenv("CUDAEMU_P2P", k == 2 ? "1" : "0", 1);
+    // one device; two through host memory and by peer copies (TRI_NO_NCCL), by NCCL without and
+    // with peer access
+    enum { K = 5 };
+    float *l[K];
+    const char *lists[K] = {"cuda:0", "cuda:0,cuda:1", "cuda:0,cuda:1", "cuda:0,cuda:1", "cuda:0,cuda:1"};
+    for (int k = 0; k < K; k++) {
+        if (emulated) setenv("CUDAEMU_P2P", k == 2 || k == 4 ? "1" : "0", 1);
+        setenv("TRI_NO_NCCL", k < 3 ? "1" : "0", 1);
         tri_session_params sp = tri_session_default_params();
         sp.n_ctx = 64;
         sp.devices = lists[k];
         if (k > 0) {
             tri__tp_group g;
             cr_assert_eq(tri__tp_group_open(&g, m, &sp), TRI_STATUS_OK, "%s", tri_last_error());
-            printf("tp cuda:0,cuda:1: all-reduce %s\n",
-                   tri__tp_uses_peers(g.tp) ? "by peer copies" : "through host memory");
-            if (emulated) cr_assert_eq(tri__tp_uses_peers(g.tp), k == 2);
+            printf("tp cuda:0,cuda:1: all-reduce %s\n", tri__tp_uses_comm(g.tp)    ? "by NCCL"
+                                                        : tri__tp_uses_peers(g.tp) ? "by peer copies"
+                                                                                   : "through host memory");
+            if (emulated) {
+                cr_assert_eq(tri__tp_uses_comm(g.tp), k >= 3, "case %d", k);
+                cr_assert_eq(tri__tp_uses_peers(g.tp), k == 2, "case %d", k);
+            }
             tri__tp_group_close(&g);
         }
         tri_session *s;
@@ -478,37 +549,53 @@ Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
     cr_assert(d <= 1e-3, "max |dlogit| %g", d);
     // the two paths add the same f32 values in the same order
     cr_assert_eq(memcmp(l[1], l[2], sizeof(float) * 12 * V), 0, "peer copies and host memory differ");
-    for (int k = 0; k < 3; k++) free(l[k]);
-    if (emulated) setenv("CUDAEMU_P2P", "1", 1);  // the decoding below takes the peer path
+    // NCCL sums in its own order (two ranks: the same bits, a + b = b + a; more: within rounding)
+    for (int k = 3; k < K; k++) {
+        d = max_diff(l[1], l[k], 12 * V, &scale);
+        printf("tp cuda:0,cuda:1 by NCCL (peer access %s) vs through host memory: max |dlogit| %.3g\n",
+               k == 4 ? "on" : "off", d);
+        cr_assert(d <= 1e-5, "NCCL, case %d: max |dlogit| %g", k, d);
+    }
+    for (int k = 0; k < K; k++) free(l[k]);
+    if (emulated) setenv("CUDAEMU_P2P", "1", 1);
 
-    // plain and speculative greedy decoding on the two devices
-    tri_session_params sp = tri_session_default_params();
-    sp.n_ctx = 64;
-    sp.devices = "cuda:0,cuda:1";
-    tri_session *s;
-    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
-    tri_generate_params gp = tri_generate_default_params();
-    gp.n_predict = 12;
-    gp.stop_at_eos = false;
-    collect want = {.n = 0}, got = {.n = 0};
-    cr_assert_eq(tri_generate(s, prompt, 12, &gp, on_token, &want, NULL), TRI_STATUS_OK, "%s", tri_last_error());
-    tri_session_free(s);
-    static const int32_t layers[] = {0};
-    tri_spec_params p = tri_spec_default_params();
-    p.mode = TRI_SPEC_MODE_TRIFORCE;
-    p.drafter = TRI_SPEC_DRAFTER_LAYERS;
-    p.draft_layers = layers;
-    p.n_draft_layers = 1;
-    p.budget = 8;
-    p.chunk = 4;
-    p.gamma1 = 2;
-    p.gamma2 = 4;
-    tri_spec *e;
-    cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(tri_generate_spec(e, prompt, 12, &gp, on_token, &got, NULL), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(got.n, 12);
-    for (int t = 0; t < 12; t++) cr_assert_eq(got.tok[t], want.tok[t], "token %d", t);
-    tri_spec_free(e);
+    // plain and speculative greedy decoding on the two devices, by NCCL and (TRI_NO_NCCL) by peer
+    // copies; the self-draft's StreamingLLM window makes its one-token steps recorded graphs, with
+    // NCCL's all-reduce inside them (the other paths wait on the host: its steps are not recorded)
+    for (int nccl = 1; nccl >= 0; nccl--) {
+        setenv("TRI_NO_NCCL", nccl ? "0" : "1", 1);
+        tri_session_params sp = tri_session_default_params();
+        sp.n_ctx = 64;
+        sp.devices = "cuda:0,cuda:1";
+        tri_session *s;
+        cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        tri_generate_params gp = tri_generate_default_params();
+        gp.n_predict = 12;
+        gp.stop_at_eos = false;
+        collect want = {.n = 0}, got = {.n = 0};
+        cr_assert_eq(tri_generate(s, prompt, 12, &gp, on_token, &want, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+        tri_session_free(s);
+        static const int32_t layers[] = {0};
+        tri_spec_params p = tri_spec_default_params();
+        p.mode = TRI_SPEC_MODE_TRIFORCE;
+        p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+        p.draft_layers = layers;
+        p.n_draft_layers = 1;
+        p.budget = 8;
+        p.chunk = 4;
+        p.gamma1 = 2;
+        p.gamma2 = 4;
+        p.draft_window = 12;
+        p.draft_sink = 2;
+        tri_spec *e;
+        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_generate_spec(e, prompt, 12, &gp, on_token, &got, NULL), TRI_STATUS_OK, "NCCL %d: %s", nccl,
+                     tri_last_error());
+        cr_assert_eq(got.n, 12);
+        for (int t = 0; t < 12; t++) cr_assert_eq(got.tok[t], want.tok[t], "NCCL %d: token %d", nccl, t);
+        tri_spec_free(e);
+    }
+    unsetenv("TRI_NO_NCCL");
     tri_model_free(m);
 }
 

@@ -521,9 +521,11 @@ bool tri__llama_step_supported(const tri__llama *ll, const tri__kv_policy *pol) 
     int32_t e = pol->p.evict_every > 1 ? pol->p.evict_every : 1;
     return op->get_rows_dev && op->rope_dev && op->attention_dev && op->set_rows && op->window_rows &&
            pol->p.kind == TRI_KV_POLICY_STREAMING && !pol->src && !pol->measure && !pol->kv->off && pol->be == ll->be &&
+           // a split model's all-reduce records only where it is the backend's collective (NCCL),
+           // and needs not where nothing records (the CPU);
            // the recorded step rotates with one table: the length rules (rope.h) take the pass
-           !ll->tp && !ll->model->stream && ll->rope.scaling != TRI_ROPE_SCALING_DYNAMIC &&
-           ll->rope.scaling != TRI_ROPE_SCALING_LONGROPE &&
+           (!ll->tp || tri__tp_uses_comm(ll->tp) || !op->graph_begin) && !ll->model->stream &&
+           ll->rope.scaling != TRI_ROPE_SCALING_DYNAMIC && ll->rope.scaling != TRI_ROPE_SCALING_LONGROPE &&
            (c->sliding_window <= 0 || pol->p.budget + e <= c->sliding_window);
 }
 

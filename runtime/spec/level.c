@@ -114,6 +114,8 @@ void tri__level_set_ranks(tri__level *lv, tri__level *peers, int32_t n_ranks, st
         tri__level *x = tri__level_rank(lv, r);
         x->ll.tp = tp;
         x->ll.rank = r;
+        // a step made before the split was known: kept only where its all-reduce can be recorded
+        if (x->step.ll && !tri__llama_step_supported(&x->ll, &x->pol)) tri__llama_step_free(&x->step);
     }
 }
 

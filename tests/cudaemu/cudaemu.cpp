@@ -16,16 +16,19 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cublas_v2.h"
 #include "cudaemu.h"
+#include "nccl.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define CUDAEMU_ASAN 1
@@ -425,11 +428,59 @@ static void run_grid(const char *name, const char *file, int line, dim3 grid, di
 // program may call the runtime from several threads (a reader thread queuing copies, two sessions
 // in two threads). Every entry point holds this lock, so calls are serialized, as if one GPU
 // front end took them in turn; queued work runs inside whichever call drains it.
-static std::recursive_mutex &runtime_lock() {
-    static std::recursive_mutex m;
+//
+// A thread inside the runtime may have to wait for another: an NCCL all-reduce running on one
+// device's stream needs the other ranks' calls, which their own host threads make. It waits with
+// wait_released, which gives the lock up entirely (whatever its depth) until another thread calls
+// wake, and takes it back at the same depth.
+struct runtime_mutex {
+    std::mutex m;
+    std::condition_variable cv;
+    std::thread::id owner;
+    int depth = 0;
+    uint64_t gen = 0;  // wake calls
+    void lock() {
+        std::unique_lock<std::mutex> l(m);
+        const std::thread::id me = std::this_thread::get_id();
+        if (depth > 0 && owner == me) {
+            depth++;
+            return;
+        }
+        cv.wait(l, [&]() { return depth == 0; });
+        owner = me;
+        depth = 1;
+    }
+    void unlock() {
+        std::unique_lock<std::mutex> l(m);
+        if (--depth == 0) {
+            owner = std::thread::id();
+            cv.notify_all();
+        }
+    }
+    // Held by the caller: released until the next wake by another thread, then held again.
+    void wait_released() {
+        std::unique_lock<std::mutex> l(m);
+        const int d = depth;
+        const uint64_t g = gen;
+        depth = 0;
+        owner = std::thread::id();
+        cv.notify_all();
+        cv.wait(l, [&]() { return gen != g && depth == 0; });
+        owner = std::this_thread::get_id();
+        depth = d;
+    }
+    // Held by the caller: what threads in wait_released wait for may have changed.
+    void wake() {
+        std::unique_lock<std::mutex> l(m);
+        gen++;
+        cv.notify_all();
+    }
+};
+static runtime_mutex &runtime_lock() {
+    static runtime_mutex m;
     return m;
 }
-#define CUDAEMU_LOCK std::lock_guard<std::recursive_mutex> cudaemu_lock_(runtime_lock())
+#define CUDAEMU_LOCK std::lock_guard<runtime_mutex> cudaemu_lock_(runtime_lock())
 
 // ---- streams and events ----
 
@@ -438,6 +489,9 @@ struct cudaemu_stream {
     std::deque<std::function<void()>> q;
     uint64_t enq = 0, done = 0;
     bool destroyed = false;
+    // the host thread running the stream's front item, when that item waits for another thread
+    // (an NCCL all-reduce for the other ranks): no other thread runs the items behind it meanwhile
+    std::thread::id runner;
     int device = 0;  // the device current when it was created; the legacy stream: any
     // stream capture (cudaStreamBeginCapture .. cudaStreamEndCapture): work is recorded, not queued
     int capture_mode = -1;  // a cudaStreamCaptureMode while capturing, else -1
@@ -482,17 +536,30 @@ static cudaemu_stream *legacy() {
 }
 static cudaemu_stream *S(cudaStream_t s) { return s ? (cudaemu_stream *)s : legacy(); }
 
-static void drain(cudaemu_stream *s, uint64_t upto) {
+// Runs s's queued work up to position upto. A stream another thread is running (its front item
+// waits for a third: an all-reduce) is waited for (wait), or left to that thread (a device-wide
+// synchronize: the stream is another device's, which CUDA would not wait for either).
+static void drain(cudaemu_stream *s, uint64_t upto, bool wait = true) {
+    const std::thread::id me = std::this_thread::get_id();
     while (s->done < upto && !s->q.empty()) {
+        if (s->runner != std::thread::id() && s->runner != me) {
+            if (!wait) return;
+            runtime_lock().wait_released();
+            continue;
+        }
         std::function<void()> f = std::move(s->q.front());
         s->q.pop_front();
+        const std::thread::id prev = s->runner;
+        s->runner = me;
         f();
+        s->runner = prev;
         s->done++;
+        if (prev == std::thread::id()) runtime_lock().wake();
     }
 }
 static void drain_all() {
-    drain(legacy(), legacy()->enq);
-    for (cudaemu_stream *s : all_streams()) drain(s, s->enq);
+    drain(legacy(), legacy()->enq, false);
+    for (cudaemu_stream *s : all_streams()) drain(s, s->enq, false);
 }
 static void enqueue(cudaStream_t st, std::function<void()> f) {
     cudaemu_stream *s = S(st);
@@ -1056,6 +1123,136 @@ cudaError_t cudaMemcpyPeer(void *dst, int dst_device, const void *src, int src_d
     cudaError_t e = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, 0);
     drain_all();
     return e;
+}
+
+// ---- NCCL: the communicators and the all-reduce our module uses (include/nccl.h) ----
+//
+// Communicators made together (ncclCommInitAll) form a clique. An all-reduce is queued on the
+// caller's stream like a kernel; when its stream reaches it, that rank arrives at the call's
+// meeting (the clique's calls are numbered in each rank's stream order) and waits for every other
+// rank to arrive at the same call: it runs their streams up to their call where it can (their work
+// before the call is what the sum needs, as a GPU would run it meanwhile), and otherwise, when a
+// rank's host thread has not queued the call yet, gives the runtime lock up until something
+// changes. The last rank to arrive adds the ranks' buffers in rank order (x_0 + x_1) + x_2 ...
+// and writes the sum into every rank's buffer. Peer access plays no part (NCCL goes through host
+// memory without it).
+
+struct nccl_meeting {
+    int arrived = 0, left = 0;
+    bool done = false;
+    size_t count = 0;
+    std::vector<const float *> send;
+    std::vector<float *> recv;
+    std::vector<bool> here;
+};
+struct nccl_clique {
+    int n = 0, alive = 0;
+    std::vector<ncclComm_t> comms;
+    std::map<uint64_t, nccl_meeting> meetings;  // by call number
+};
+struct ncclComm {
+    nccl_clique *clique;
+    int rank, device;
+    uint64_t arrivals = 0;             // calls this rank's stream has reached
+    cudaemu_stream *stream = nullptr;  // of its latest call: where the others drive it
+};
+
+ncclResult_t ncclGetVersion(int *version) {
+    if (!version) return ncclInvalidArgument;
+    *version = 22800;  // plays NCCL 2.28
+    return ncclSuccess;
+}
+const char *ncclGetErrorString(ncclResult_t r) {
+    switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (cudaemu)";
+    case ncclSystemError: return "unhandled system error (cudaemu)";
+    case ncclInternalError: return "internal error (cudaemu)";
+    case ncclInvalidArgument: return "invalid argument (cudaemu)";
+    case ncclInvalidUsage: return "invalid usage (cudaemu)";
+    default: return "unknown result code (cudaemu)";
+    }
+}
+ncclResult_t ncclCommInitAll(ncclComm_t *comms, int n, const int *devlist) {
+    CUDAEMU_LOCK;
+    if (!comms || n < 1 || n > 64) return ncclInvalidArgument;
+    for (int i = 0; i < n; i++) {
+        int d = devlist ? devlist[i] : i;
+        if (!valid_device(d)) return ncclInvalidArgument;
+        for (int j = 0; j < i; j++)
+            if ((devlist ? devlist[j] : j) == d) return ncclInvalidUsage;  // one rank per device
+    }
+    nccl_clique *c = new nccl_clique;
+    c->n = c->alive = n;
+    for (int i = 0; i < n; i++) {
+        comms[i] = new ncclComm{c, i, devlist ? devlist[i] : i};
+        c->comms.push_back(comms[i]);
+    }
+    return ncclSuccess;
+}
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    CUDAEMU_LOCK;
+    if (!comm) return ncclInvalidArgument;
+    nccl_clique *c = comm->clique;
+    c->comms[comm->rank] = nullptr;
+    delete comm;
+    if (--c->alive == 0) delete c;
+    return ncclSuccess;
+}
+
+// Rank comm->rank's stream reached its next call.
+static void nccl_arrive(ncclComm_t comm, const float *send, float *recv, size_t count) {
+    nccl_clique *c = comm->clique;
+    const uint64_t call = comm->arrivals++;
+    nccl_meeting &m = c->meetings[call];
+    if (m.here.empty()) m.send.resize(c->n), m.recv.resize(c->n), m.here.resize(c->n), m.count = count;
+    if (count != m.count)
+        cudaemu::report("ncclAllReduce: call %llu has %zu elements on rank %d, %zu on another rank",
+                        (unsigned long long)call, count, comm->rank, m.count);
+    m.send[comm->rank] = send, m.recv[comm->rank] = recv, m.here[comm->rank] = true;
+    if (++m.arrived == c->n) {
+        std::vector<float> sum(m.send[0], m.send[0] + m.count);
+        for (int r = 1; r < c->n; r++)
+            for (size_t i = 0; i < m.count; i++) sum[i] += m.send[r][i];
+        for (int r = 0; r < c->n; r++) memcpy(m.recv[r], sum.data(), m.count * sizeof(float));
+        m.done = true;
+        runtime_lock().wake();
+    }
+    const std::thread::id me = std::this_thread::get_id();
+    while (!m.done) {
+        bool ran = false;
+        for (int r = 0; r < c->n && !ran; r++) {
+            cudaemu_stream *s = c->comms[r] ? c->comms[r]->stream : nullptr;
+            if (m.here[r] || !s || s->q.empty() || (s->runner != std::thread::id() && s->runner != me)) continue;
+            drain(s, s->done + 1);  // one item of rank r's stream, its call at the latest
+            ran = true;
+        }
+        if (!ran) runtime_lock().wait_released();  // a rank's host thread has yet to queue its call
+    }
+    if (++m.left == c->n) c->meetings.erase(call);
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
+    CUDAEMU_LOCK;
+    if (!comm || !comm->clique->comms[comm->rank]) return ncclInvalidArgument;
+    if (type != ncclFloat32 || op != ncclSum) {
+        cudaemu::report("ncclAllReduce: only the f32 sum is emulated (type %d, op %d)", (int)type, (int)op);
+        return ncclInvalidArgument;
+    }
+    if (!stream || ((cudaemu_stream *)stream)->device != comm->device) {
+        cudaemu::report("ncclAllReduce: rank %d of device %d called on a stream of device %d", comm->rank, comm->device,
+                        stream ? ((cudaemu_stream *)stream)->device : -1);
+        return ncclInvalidArgument;
+    }
+    check_span_on("ncclAllReduce send buffer", send, count * sizeof(float), true, comm->device);
+    check_span_on("ncclAllReduce receive buffer", recv, count * sizeof(float), true, comm->device);
+    comm->stream = (cudaemu_stream *)stream;
+    const float *x = (const float *)send;
+    float *y = (float *)recv;
+    enqueue(stream, [comm, x, y, count]() { nccl_arrive(comm, x, y, count); });
+    runtime_lock().wake();  // a rank waiting for this one may run its stream now
+    return ncclSuccess;
 }
 
 // ---- cuBLAS ----
