@@ -142,7 +142,8 @@ static double fma_peak(int nt, const char **isa) {
     double best = 0;
     *isa = "none";
 #if BENCH_X86
-    int w512 = __builtin_cpu_supports("avx512f"), w256 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    int w512 = __builtin_cpu_supports("avx512f");
+    int w256 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if (!w512 && !w256) return 0;
     *isa = w512 ? "avx512f" : "avx2+fma";
     for (int rep = 0; rep < 3; rep++) {
