@@ -120,6 +120,22 @@ __attribute__((target("avx512f"))) static double fma_run_avx512(int64_t iters) {
     (void)sink;
     return 2.0 * 16 * 12 * (double)iters / dt;
 }
+// The same with AVX512-BF16's vdpbf16ps: 32 bf16 products summed pairwise into 16 f32 lanes per
+// instruction, 64 FLOPs; what a bf16 QK^T could reach (not used by the attention kernels).
+__attribute__((target("avx512f,avx512bf16"))) static double bf16_run(int64_t iters) {
+    __m512 a[12];
+    __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3380);  // 1.0, 6e-8
+    for (int j = 0; j < 12; j++) a[j] = _mm512_set1_ps((float)j);
+    double t0 = bench_now();
+    for (int64_t i = 0; i < iters; i++)
+        for (int j = 0; j < 12; j++) a[j] = _mm512_dpbf16_ps(a[j], x, y);
+    double dt = bench_now() - t0;
+    __m512 s = a[0];
+    for (int j = 1; j < 12; j++) s = _mm512_add_ps(s, a[j]);
+    volatile float sink = _mm512_reduce_add_ps(s);
+    (void)sink;
+    return 2.0 * 32 * 12 * (double)iters / dt;
+}
 __attribute__((target("avx2,fma"))) static double fma_run_avx2(int64_t iters) {
     __m256 a[12], x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
     for (int j = 0; j < 12; j++) a[j] = _mm256_set1_ps((float)j);
@@ -152,6 +168,24 @@ static double fma_peak(int nt, const char **isa) {
 #pragma omp parallel num_threads(nt) reduction(+ : sum)
 #endif
         sum += w512 ? fma_run_avx512(20000000) : fma_run_avx2(20000000);
+        if (sum > best) best = sum;
+    }
+#endif
+    (void)nt;
+    return best;
+}
+
+// The bf16 dot-product peak of nt threads (best of 3), 0 without AVX512-BF16.
+static double bf16_peak(int nt) {
+    double best = 0;
+#if BENCH_X86
+    if (!__builtin_cpu_supports("avx512bf16")) return 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double sum = 0;
+#if TRI_HAVE_OPENMP
+#pragma omp parallel num_threads(nt) reduction(+ : sum)
+#endif
+        sum += bf16_run(20000000);
         if (sum > best) best = sum;
     }
 #endif
@@ -340,10 +374,11 @@ int main(int argc, char **argv) {
 split:;
     // the host half of split attention, against this machine's FMA and read limits
     const char *isa;
-    double fpk = fma_peak(nt, &isa), rpk = read_peak(nt);
+    double fpk = fma_peak(nt, &isa), bpk = bf16_peak(nt), rpk = read_peak(nt);
     printf("\nsplit attention, host half (chunks + merge), f16 rows, every query sees every row\n");
     printf("f32 FMA peak %.1f GFLOP/s (%s, %d threads); streaming read peak %.2f GB/s, copy %.2f GB/s\n", fpk / 1e9,
            isa, nt, rpk / 1e9, peak / 1e9);
+    if (bpk > 0) printf("bf16 dot-product peak (vdpbf16ps) %.1f GFLOP/s, %.2fx the f32 FMA's\n", bpk / 1e9, bpk / fpk);
     printf("%-10s %7s %4s %9s %9s %8s %9s %8s %8s %9s\n", "shape", "rows", "m", "ms", "GFLOP/s", "of FMA", "K/V GB/s",
            "of read", "of copy", "max err");
     int64_t split_rows = max_keys < 16384 ? max_keys : 16384;
