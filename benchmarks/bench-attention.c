@@ -5,6 +5,7 @@
 // usage: bench-attention [n_threads] [simd: scalar|avx2|avx512|avx512vnni] [max_keys]
 //   (defaults: all cores, best level, 131072). Shapes: SmolLM2-135M (9 heads over 3 KV heads,
 //   head_dim 64) and Llama2-7B (32 over 32, head_dim 128), f16 cache, one layer, one span per head.
+//   BENCH_SPLIT_ONLY=1 in the environment skips to the split attention rows below.
 // Every configuration is first checked against a double-precision reference on a few heads.
 //
 // Then the host's half of split attention (docs/offload.md, "Attending where the KV lives"):
