@@ -5,7 +5,14 @@
 // usage: bench-attention [n_threads] [simd: scalar|avx2|avx512|avx512vnni] [max_keys]
 //   (defaults: all cores, best level, 131072). Shapes: SmolLM2-135M (9 heads over 3 KV heads,
 //   head_dim 64) and Llama2-7B (32 over 32, head_dim 128), f16 cache, one layer, one span per head.
+//   BENCH_SPLIT_ONLY=1 in the environment skips to the split attention rows below.
 // Every configuration is first checked against a double-precision reference on a few heads.
+//
+// Then the host's half of split attention (docs/offload.md, "Attending where the KV lives"):
+// tri__cpu_attention_chunks + tri__cpu_attention_merge over a span of Llama2-7B f16 rows (32 heads
+// over 32 KV heads, head_dim 128) at m = 1, 13 and 64 queries per row, in GFLOP/s (4 m n_head
+// head_dim FLOPs per KV row) against this machine's measured f32 FMA peak (all threads) and in
+// GB/s of K/V read against its measured streaming-read and copy peaks.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +21,13 @@
 #include "backend.h"
 #include "dtype.h"
 #include "bench-util.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define BENCH_X86 1
+#else
+#define BENCH_X86 0
+#endif
 
 typedef struct shape {
     const char *name;
@@ -91,6 +105,203 @@ static double time_attention(tri__backend *be, float *out, const float *q, const
     return best;
 }
 
+// f32 FMA peak of one thread: 12 independent chains of vector FMAs (enough to cover the FMA
+// latency on every x86 core we know), in FLOPs (2 per lane per FMA) per second.
+#if BENCH_X86
+__attribute__((target("avx512f"))) static double fma_run_avx512(int64_t iters) {
+    __m512 a[12], x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
+    for (int j = 0; j < 12; j++) a[j] = _mm512_set1_ps((float)j);
+    double t0 = bench_now();
+    for (int64_t i = 0; i < iters; i++)
+        for (int j = 0; j < 12; j++) a[j] = _mm512_fmadd_ps(a[j], x, y);
+    double dt = bench_now() - t0;
+    __m512 s = a[0];
+    for (int j = 1; j < 12; j++) s = _mm512_add_ps(s, a[j]);
+    volatile float sink = _mm512_reduce_add_ps(s);
+    (void)sink;
+    return 2.0 * 16 * 12 * (double)iters / dt;
+}
+// The same with AVX512-BF16's vdpbf16ps: 32 bf16 products summed pairwise into 16 f32 lanes per
+// instruction, 64 FLOPs; what a bf16 QK^T could reach (not used by the attention kernels).
+__attribute__((target("avx512f,avx512bf16"))) static double bf16_run(int64_t iters) {
+    __m512 a[12];
+    __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3380);  // 1.0, 6e-8
+    for (int j = 0; j < 12; j++) a[j] = _mm512_set1_ps((float)j);
+    double t0 = bench_now();
+    for (int64_t i = 0; i < iters; i++)
+        for (int j = 0; j < 12; j++) a[j] = _mm512_dpbf16_ps(a[j], x, y);
+    double dt = bench_now() - t0;
+    __m512 s = a[0];
+    for (int j = 1; j < 12; j++) s = _mm512_add_ps(s, a[j]);
+    volatile float sink = _mm512_reduce_add_ps(s);
+    (void)sink;
+    return 2.0 * 32 * 12 * (double)iters / dt;
+}
+__attribute__((target("avx2,fma"))) static double fma_run_avx2(int64_t iters) {
+    __m256 a[12], x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+    for (int j = 0; j < 12; j++) a[j] = _mm256_set1_ps((float)j);
+    double t0 = bench_now();
+    for (int64_t i = 0; i < iters; i++)
+        for (int j = 0; j < 12; j++) a[j] = _mm256_fmadd_ps(a[j], x, y);
+    double dt = bench_now() - t0;
+    __m256 s = a[0];
+    for (int j = 1; j < 12; j++) s = _mm256_add_ps(s, a[j]);
+    float l[8];
+    _mm256_storeu_ps(l, s);
+    volatile float sink = l[0];
+    (void)sink;
+    return 2.0 * 8 * 12 * (double)iters / dt;
+}
+#endif
+
+// f32 FMA peak of nt threads at once (the sum of their rates; best of 3), and the ISA it used.
+static double fma_peak(int nt, const char **isa) {
+    double best = 0;
+    *isa = "none";
+#if BENCH_X86
+    int w512 = __builtin_cpu_supports("avx512f");
+    int w256 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (!w512 && !w256) return 0;
+    *isa = w512 ? "avx512f" : "avx2+fma";
+    for (int rep = 0; rep < 3; rep++) {
+        double sum = 0;
+#if TRI_HAVE_OPENMP
+#pragma omp parallel num_threads(nt) reduction(+ : sum)
+#endif
+        sum += w512 ? fma_run_avx512(20000000) : fma_run_avx2(20000000);
+        if (sum > best) best = sum;
+    }
+#endif
+    (void)nt;
+    return best;
+}
+
+// The bf16 dot-product peak of nt threads (best of 3), 0 without AVX512-BF16.
+static double bf16_peak(int nt) {
+    double best = 0;
+#if BENCH_X86
+    if (!__builtin_cpu_supports("avx512bf16")) return 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double sum = 0;
+#if TRI_HAVE_OPENMP
+#pragma omp parallel num_threads(nt) reduction(+ : sum)
+#endif
+        sum += bf16_run(20000000);
+        if (sum > best) best = sum;
+    }
+#endif
+    (void)nt;
+    return best;
+}
+
+// Streaming read of 512 MiB (far beyond the caches) with nt threads, bytes read per second, best
+// of 5: the limit of attention's reads of K and V.
+#if BENCH_X86
+__attribute__((target("avx2"))) static uint64_t read_sum_avx2(const uint64_t *p, size_t n) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 16 <= n; i += 16) {
+        a0 = _mm256_xor_si256(a0, _mm256_loadu_si256((const __m256i *)(p + i)));
+        a1 = _mm256_xor_si256(a1, _mm256_loadu_si256((const __m256i *)(p + i + 4)));
+        a2 = _mm256_xor_si256(a2, _mm256_loadu_si256((const __m256i *)(p + i + 8)));
+        a3 = _mm256_xor_si256(a3, _mm256_loadu_si256((const __m256i *)(p + i + 12)));
+    }
+    uint64_t l[4];
+    _mm256_storeu_si256((__m256i *)l, _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3)));
+    return l[0] ^ l[1] ^ l[2] ^ l[3];
+}
+#endif
+static uint64_t read_sum(const uint64_t *p, size_t n) {
+#if BENCH_X86
+    if (__builtin_cpu_supports("avx2")) return read_sum_avx2(p, n);
+#endif
+    uint64_t s = 0;
+    for (size_t i = 0; i < n; i++) s ^= p[i];
+    return s;
+}
+
+static double read_peak(int nt) {
+    size_t n = (size_t)64 << 20;  // 64 Mi words = 512 MiB
+    uint64_t *a = malloc(n * sizeof(uint64_t));
+    if (!a) return 0.0;
+    for (size_t i = 0; i < n; i++) a[i] = i;
+    double best = 0;
+    volatile uint64_t sink = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        uint64_t x = 0;
+        double t0 = bench_now();
+#if TRI_HAVE_OPENMP
+#pragma omp parallel num_threads(nt) reduction(^ : x)
+        {
+            size_t per = (n / (size_t)omp_get_num_threads()) & ~(size_t)15, t = (size_t)omp_get_thread_num();
+            x ^= read_sum(a + t * per, per);
+        }
+#else
+        x = read_sum(a, n);
+#endif
+        double bw = (double)(n * sizeof(uint64_t)) / (bench_now() - t0);
+        sink ^= x;
+        if (bw > best) best = bw;
+    }
+    (void)nt;
+    free(a);
+    return best;
+}
+
+// The host half of split attention over n f16 rows of shape s at m queries, all after the rows
+// (each sees every row): chunks then merge into a fresh state, as the store runs it. Checks against
+// the double reference first (returns -1 on failure), prints one line.
+static int split_row(tri__backend *be, const shape *s, const cache *c, int64_t n, int64_t m, double flop_peak,
+                     double rd_peak, double cp_peak) {
+    int64_t hd = s->hd, rows = m * s->n_head, n_chunk = 0;
+    float *q = malloc(sizeof(float) * (size_t)(rows * hd)), *out = malloc(sizeof(float) * (size_t)(rows * hd));
+    float *state = malloc(sizeof(float) * (size_t)(rows * (hd + 2)));
+    int32_t *qpos = malloc(sizeof(int32_t) * (size_t)m);
+    int rc = -1;
+    if (!q || !out || !state || !qpos) goto done;
+    for (int64_t i = 0; i < rows * hd; i++) q[i] = frand();
+    for (int64_t i = 0; i < m; i++) qpos[i] = (int32_t)(n + i);
+    tri__cpu_attention_chunks(be, NULL, &n_chunk, q, qpos, m, s->n_head, hd, &c->view);
+    float *chunks = malloc(sizeof(float) * (size_t)(n_chunk * rows * (hd + 2)));
+    if (!chunks) goto done;
+    double best = 1e30, spent = 0, err = 0;
+    for (int rep = 0; rep < 20 && (rep < 2 || spent < 2.0); rep++) {
+        double t0 = bench_now();
+        for (int64_t r = 0; r < rows; r++) {  // empty state: acc 0, max -inf, sum 0
+            memset(state + r * (hd + 2), 0, sizeof(float) * (size_t)(hd + 2));
+            state[r * (hd + 2) + hd] = -INFINITY;
+        }
+        if (tri__cpu_attention_chunks(be, chunks, &n_chunk, q, qpos, m, s->n_head, hd, &c->view) != TRI_STATUS_OK) {
+            fprintf(stderr, "%s\n", tri_last_error());
+            free(chunks);
+            goto done;
+        }
+        tri__cpu_attention_merge(out, state, chunks, n_chunk, rows, hd);
+        double dt = bench_now() - t0;
+        spent += dt;
+        if (dt < best) best = dt;
+        if (rep == 0) {
+            for (int64_t i = 0; i < m; i += m > 1 ? (m - 1) / 2 : 1)
+                for (int64_t h = 0; h < s->n_head; h += s->n_head / 4)
+                    err = fmax(err, check_head(s, c, n, q, qpos, out, i, h));
+            if (err > 1e-3) {
+                printf("split %lld rows m=%lld CHECK FAILED: max error %.3g\n", (long long)n, (long long)m, err);
+                free(chunks);
+                goto done;
+            }
+        }
+    }
+    free(chunks);
+    double flops = 4.0 * (double)(m * s->n_head * hd) * (double)n;
+    double bytes = (double)(s->n_head_kv * n * hd * 2 * 2);
+    printf("%-10s %7lld %4lld %9.2f %9.1f %7.1f%% %9.2f %7.0f%% %7.0f%% %9.1e\n", s->name, (long long)n,
+           (long long)m, best * 1e3, flops / best / 1e9, 100 * flops / best / flop_peak, bytes / best / 1e9,
+           100 * bytes / best / rd_peak, 100 * bytes / best / cp_peak, err);
+    rc = 0;
+done:
+    free(q), free(out), free(state), free(qpos);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     int nt = argc > 1 ? atoi(argv[1]) : 0;
     tri__cpu_simd simd = TRI_CPU_SIMD_AUTO;
@@ -109,6 +320,7 @@ int main(int argc, char **argv) {
            tri__cpu_simd_name(simd == TRI_CPU_SIMD_AUTO ? tri__cpu_simd_detect() : simd), peak / 1e9);
 
     const shape shapes[2] = {{"smollm2", 9, 3, 64}, {"llama2-7b", 32, 32, 128}};
+    if (getenv("BENCH_SPLIT_ONLY")) goto split;
     printf("%-10s %-8s %7s %6s %10s %9s %8s %9s\n", "shape", "phase", "keys", "m", "ms", "K/V GB/s", "of peak",
            "max err");
     for (int si = 0; si < 2; si++) {
@@ -159,6 +371,33 @@ int main(int argc, char **argv) {
             cache_free(&c);
         }
     }
+
+split:;
+    // the host half of split attention, against this machine's FMA and read limits
+    const char *isa;
+    double fpk = fma_peak(nt, &isa), bpk = bf16_peak(nt), rpk = read_peak(nt);
+    printf("\nsplit attention, host half (chunks + merge), f16 rows, every query sees every row\n");
+    printf("f32 FMA peak %.1f GFLOP/s (%s, %d threads); streaming read peak %.2f GB/s, copy %.2f GB/s\n", fpk / 1e9,
+           isa, nt, rpk / 1e9, peak / 1e9);
+    if (bpk > 0) printf("bf16 dot-product peak (vdpbf16ps) %.1f GFLOP/s, %.2fx the f32 FMA's\n", bpk / 1e9, bpk / fpk);
+    printf("%-10s %7s %4s %9s %9s %8s %9s %8s %8s %9s\n", "shape", "rows", "m", "ms", "GFLOP/s", "of FMA", "K/V GB/s",
+           "of read", "of copy", "max err");
+    int64_t split_rows = max_keys < 16384 ? max_keys : 16384;
+    cache c;
+    if (cache_make(&c, &shapes[1], split_rows)) {
+        printf("split: cannot allocate %lld rows\n", (long long)split_rows);
+        cache_free(&c);
+        tri__backend_free(be);
+        return 1;
+    }
+    const int64_t ms[3] = {1, 13, 64};
+    for (int mi = 0; mi < 3; mi++)
+        if (split_row(be, &shapes[1], &c, split_rows, ms[mi], fpk, rpk, peak)) {
+            cache_free(&c);
+            tri__backend_free(be);
+            return 1;
+        }
+    cache_free(&c);
     tri__backend_free(be);
     return 0;
 }
