@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -492,6 +493,10 @@ struct cudaemu_stream {
     // the host thread running the stream's front item, when that item waits for another thread
     // (an NCCL all-reduce for the other ranks): no other thread runs the items behind it meanwhile
     std::thread::id runner;
+    // positions (0 = the first item ever queued) of the NCCL all-reduce calls still queued: a
+    // device-wide drain leaves them to the stream's own waiters, since the thread draining may be
+    // another rank's host thread whose own call the all-reduce would wait for
+    std::set<uint64_t> nccl_at;
     int device = 0;  // the device current when it was created; the legacy stream: any
     // stream capture (cudaStreamBeginCapture .. cudaStreamEndCapture): work is recorded, not queued
     int capture_mode = -1;  // a cudaStreamCaptureMode while capturing, else -1
@@ -542,6 +547,7 @@ static cudaemu_stream *S(cudaStream_t s) { return s ? (cudaemu_stream *)s : lega
 static void drain(cudaemu_stream *s, uint64_t upto, bool wait = true) {
     const std::thread::id me = std::this_thread::get_id();
     while (s->done < upto && !s->q.empty()) {
+        if (!wait && s->nccl_at.count(s->done)) return;
         if (s->runner != std::thread::id() && s->runner != me) {
             if (!wait) return;
             runtime_lock().wait_released();
@@ -553,6 +559,7 @@ static void drain(cudaemu_stream *s, uint64_t upto, bool wait = true) {
         s->runner = me;
         f();
         s->runner = prev;
+        s->nccl_at.erase(s->done);
         s->done++;
         if (prev == std::thread::id()) runtime_lock().wake();
     }
@@ -1250,6 +1257,8 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     comm->stream = (cudaemu_stream *)stream;
     const float *x = (const float *)send;
     float *y = (float *)recv;
+    cudaemu_stream *es = S(stream);
+    if (es->capture_mode < 0) es->nccl_at.insert(es->enq);
     enqueue(stream, [comm, x, y, count]() { nccl_arrive(comm, x, y, count); });
     runtime_lock().wake();  // a rank waiting for this one may run its stream now
     return ncclSuccess;
