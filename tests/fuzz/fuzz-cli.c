@@ -41,7 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case 1: {  // --draft-layers: strictly increasing, non-negative layer numbers
         int32_t n = 0;
-        int32_t *v = parse_layers(s, &n);
+        int32_t *v = tri_cli_parse_layers("fuzz", "--draft-layers", s, &n);
         if (v) {
             if (n < 1) abort();
             for (int32_t i = 0; i < n; i++)
@@ -62,12 +62,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case 4: {
         int32_t v;
-        if (parse_int(s, &v) && v < 0) abort();
+        if (parse_int("--fuzz", s, &v) && v < 0) abort();
         break;
     }
     case 5: {
         double v;
-        if (parse_real(s, &v) && !(v >= 0)) abort();
+        if (parse_real("--fuzz", s, &v) && !(v >= 0)) abort();
         break;
     }
     case 6: {
