@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../../cli/cli-common.c"
+#include "../../cli/cli-sampling.c"  // generate's sampling options
 #include "../../cli/cli-generate.c"
 #define usage plan_usage  // cli-plan.c's statics beside cli-generate.c's
 #include "../../cli/cli-plan.c"
