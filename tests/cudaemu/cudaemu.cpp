@@ -90,9 +90,11 @@ static const size_t STACK = 128 * 1024;
 static std::vector<Thread> threads;
 static unsigned char *stack_area;
 static void *sched_sp;
+#if CUDAEMU_ASAN  // ASan's record of the scheduler's stack, for its fiber switches
 static void *sched_fake;
 static const void *sched_bottom;
 static size_t sched_size;
+#endif
 static const std::function<void()> *cur_body;
 static const char *cur_kernel;
 static const char *cur_file;
