@@ -27,6 +27,13 @@ meson test -C build-test --print-errorlogs --num-processes "$(nproc)" || rc=$?
 # report on every target architecture (no spills, registers x threads within an SM).
 python3 scripts/check-cuda.py build-test > build-test/check-cuda.log || { tail -20 build-test/check-cuda.log; rc=1; }
 tail -1 build-test/check-cuda.log
+# The CUDA module compiled with CUDA 12.4 too (warnings as errors), for the R535-R570 drivers that
+# CUDA 13 binaries refuse: the toolkit is fetched into ~/.cache/triforce-cuda12 on the first run
+# (docs/cuda.md, "CUDA 12").
+echo "CUDA 12 compile of cuda/*.cu:"
+./scripts/cuda12-compile.sh build-test > build-test/cuda12-compile.log 2>&1 ||
+  { tail -40 build-test/cuda12-compile.log; rc=1; }
+tail -1 build-test/cuda12-compile.log
 
 # The sanitizer build: ASan + UBSan (+ LeakSanitizer), with the CUDA backend compiled for the CPU
 # emulator in tests/cudaemu (docs/cuda.md, docs/reliability.md).
