@@ -74,7 +74,8 @@ setup_toolkit() {
   # pip: the wheels, by hash, no dependencies, nothing installed
   echo "$WHEELS" > "$tmp/wheels.txt"
   "$PY" -m pip download -q --no-deps --no-cache-dir --require-hashes --only-binary=:all: \
-    --platform manylinux2014_x86_64 -r "$tmp/wheels.txt" -d "$tmp/whl" || die "pip download of the CUDA 12 wheels failed"
+    --platform manylinux2014_x86_64 -r "$tmp/wheels.txt" -d "$tmp/whl" ||
+    die "pip download of the CUDA 12 wheels failed"
   local w
   for w in "$tmp"/whl/*.whl; do
     unzip -q -o "$w" 'nvidia/*/include/*' -d "$tmp/whl"
