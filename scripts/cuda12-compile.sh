@@ -22,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-test}
-CACHE=${CUDA12_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/triforce-cuda12}
+CACHE=${CUDA12_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/triforce-cuda12}
 JOBS=${CUDA12_JOBS:-$(nproc)}
 PY=python3
 [ -x .venv/bin/python3 ] && PY=.venv/bin/python3
@@ -51,6 +51,7 @@ grep -q '^#define TRI_CUDA_EMULATED 0' "$BUILD/tri-config.h" ||
 setup_toolkit() {
   local tmp
   mkdir -p "$CACHE"
+  rm -rf "$CACHE"/setup.*  # what a run killed midway left
   tmp=$(mktemp -d "$CACHE/setup.XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
   echo "cuda12-compile: assembling the CUDA 12.4 toolkit in $TK (first run only)"
