@@ -539,3 +539,172 @@ Test(sim, acceptance_curve_errors_name_file_and_line) {
     }
     cr_assert_eq(tri__sim_curve_read("/nonexistent/curve", &c), TRI_STATUS_IO);
 }
+
+// ---- token trees: the expected tokens of a tree verified in one pass (offload/planner.h) ----
+
+#include "planner.h"
+
+// Every ordered forest of n nodes, by its preorder depth sequence (depth[0] = 1, depth[i + 1] in
+// 1 .. depth[i] + 1: one sequence per forest); for each, the expected tokens computed here from the
+// definition (product of each node's child chance along its path), independently of the planner.
+static double brute_value(const tri__accept_table *t, const int32_t *depth, int32_t n, tri__tree_shape *s) {
+    double chance[16], e = 1;
+    int32_t last_at[17], next_rank[16];  // the latest node of each depth; per node, its next child's rank
+    int32_t roots = 1;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t d = depth[i], p = d == 1 ? -1 : last_at[d - 1];
+        int32_t r = p < 0 ? roots++ : next_rank[p]++;
+        double ch = t->a[d][r];
+        for (int32_t j = 1; j < r; j++) ch *= 1 - t->a[d][j];
+        chance[i] = ch * (p < 0 ? 1 : chance[p]);
+        e += chance[i];
+        last_at[d] = i;
+        next_rank[i] = 1;
+        s->parent[i] = p;
+        s->rank[i] = r;
+    }
+    s->n = n;
+    return e;
+}
+
+static void brute_best(const tri__accept_table *t, int32_t *depth, int32_t i, int32_t n, double *best, int64_t *count) {
+    if (i == n) {
+        tri__tree_shape s;
+        double e = brute_value(t, depth, n, &s);
+        (*count)++;
+        // the planner's own evaluation of the same tree agrees with the definition
+        cr_assert(fabs(tri__accept_tree_expected(t, &s) - e) < 1e-12, "tree of %d: %.15g vs %.15g", n,
+                  tri__accept_tree_expected(t, &s), e);
+        if (e > *best) *best = e;
+        return;
+    }
+    int32_t hi = i == 0 ? 1 : depth[i - 1] + 1;
+    for (int32_t d = 1; d <= hi; d++) {
+        depth[i] = d;
+        brute_best(t, depth, i + 1, n, best, count);
+    }
+}
+
+Test(sim, best_tree_equals_brute_force_enumeration) {
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int trial = 0; trial < 6; trial++) {
+        tri__accept_table t;
+        memset(&t, 0, sizeof t);
+        for (int32_t d = 1; d <= TRI_PLAN_TREE_DEPTH; d++)
+            for (int32_t r = 1; r <= TRI_PLAN_TREE_RANKS; r++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                // rank 1 high, later ranks lower, varying by depth (trial 0: one rate everywhere)
+                double u = (double)(x >> 11) / 9007199254740992.0;
+                t.a[d][r] = trial == 0 ? 0.6 : (r == 1 ? 0.5 + 0.5 * u : 0.6 * u);
+            }
+        for (int32_t n = 1; n <= 7; n++) {
+            double best = 1;
+            int64_t count = 0;
+            int32_t depth[16];
+            for (int32_t k = 1; k <= n; k++) brute_best(&t, depth, 0, k, &best, &count);  // at most n nodes
+            tri__tree_shape s;
+            cr_assert_eq(tri__accept_tree_best(&t, n, &s), TRI_STATUS_OK);
+            cr_assert(fabs(s.expected - best) < 1e-12 * best, "trial %d, %d nodes: programme %.15g, enumeration %.15g "
+                      "over %lld trees", trial, n, s.expected, best, (long long)count);
+            cr_assert(s.n <= n);
+            cr_assert(fabs(tri__accept_tree_expected(&t, &s) - s.expected) < 1e-12, "its tree has its value");
+        }
+    }
+}
+
+Test(sim, a_chain_curve_gives_the_chain_formula) {
+    tri__accept_table t;
+    // one rate, no sibling ever kept: the best tree of N is the chain of N, (1 - a^(N+1)) / (1 - a)
+    tri__accept_table_constant(&t, 0.8, 0.0);
+    for (int32_t n = 1; n <= TRI_PLAN_TREE_DEPTH; n *= 2) {  // (the deepest a tree can be)
+        tri__tree_shape s;
+        cr_assert_eq(tri__accept_tree_best(&t, n, &s), TRI_STATUS_OK);
+        assert_near(s.expected, (1 - pow(0.8, n + 1)) / (1 - 0.8), "chain formula");
+        cr_assert(s.n == n && s.depth_max == n, "a chain: %d nodes, depth %d", s.n, s.depth_max);
+        assert_near(tri__accept_chain_expected(&t, n), s.expected, "chain expected");
+    }
+    // a measured chain curve (depth-dependent) with no sibling kept: the file's chain expectation
+    tri__sim_curve c;
+    const char *text = "l1 1 10 7\nl2 1 10 9\nl2 2 9 6\nl2 3 6 3\n";
+    cr_assert_eq(tri__sim_curve_parse("chain", text, strlen(text), &c), TRI_STATUS_OK, "%s", tri_last_error());
+    bool measured;
+    tri__sim_curve_table(&c, 1, 0.0, &t, &measured);
+    cr_assert(!measured);
+    for (int32_t n = 1; n <= 8; n++) {
+        tri__tree_shape s;
+        cr_assert_eq(tri__accept_tree_best(&t, n, &s), TRI_STATUS_OK);
+        assert_near(s.expected, tri__sim_curve_expected(&c, 1, n), "curve chain");
+    }
+    // by hand: 0.9, then 0.9 x 6/9, then x 3/6
+    assert_near(tri__sim_curve_expected(&c, 1, 3), 1 + 0.9 + 0.6 + 0.3, "by hand");
+}
+
+Test(sim, tree_by_hand_and_its_drafting) {
+    tri__accept_table t;
+    tri__accept_table_constant(&t, 0.8, 0.5);  // rank 2: 0.4, kept in 0.2 x 0.4 = 0.08 of verifications
+    // two children of the context: 1 + 0.8 + 0.08
+    tri__tree_shape s = {.n = 2, .parent = {-1, -1}, .rank = {1, 2}};
+    assert_near(tri__accept_tree_expected(&t, &s), 1.88, "two siblings");
+    // a rank that skips one, a parent after its child: not trees
+    tri__tree_shape bad = {.n = 2, .parent = {-1, -1}, .rank = {1, 3}};
+    cr_assert_lt(tri__accept_tree_expected(&t, &bad), 0);
+    tri__tree_shape bad2 = {.n = 2, .parent = {1, -1}, .rank = {1, 1}};
+    cr_assert_lt(tri__accept_tree_expected(&t, &bad2), 0);
+    // the best tree of 64 beats the chain of 64 at these rates, and the chain of 16 by more
+    tri__tree_shape best;
+    cr_assert_eq(tri__accept_tree_best(&t, 64, &best), TRI_STATUS_OK);
+    cr_assert_gt(best.expected, tri__accept_chain_expected(&t, 64) + 0.1);
+    cr_assert(best.depth_max < 64 && best.width[1] >= 2, "depth %d, %d at depth 1", best.depth_max, best.width[1]);
+    // drafting: a chain of 6 with L1 giving 2 per L2 pass: 3 passes, nothing off the path
+    tri__tree_shape chain = {.n = 6, .parent = {-1, 0, 1, 2, 3, 4}, .rank = {1, 1, 1, 1, 1, 1}};
+    cr_assert_gt(tri__accept_tree_expected(&t, &chain), 0);
+    double passes;
+    int32_t extra;
+    tri__accept_tree_drafting(&chain, 2.0, &passes, &extra);
+    assert_near(passes, 3.0, "chain passes");
+    cr_assert_eq(extra, 0);
+    // a side branch of three below the first node's sibling: that sibling (off the path, drafted
+    // with pass 0's distribution) is evaluated in pass 1, its child in pass 2: 3 passes either way,
+    // 2 off-path nodes to evaluate (the last is a leaf)
+    tri__tree_shape side = {.n = 5, .parent = {-1, 0, -1, 2, 3}, .rank = {1, 1, 2, 1, 1}};
+    cr_assert_gt(tri__accept_tree_expected(&t, &side), 0);
+    tri__accept_tree_drafting(&side, 2.0, &passes, &extra);
+    assert_near(passes, 2.0, "side passes: the branch's second evaluation in pass 1, done by 2");
+    cr_assert_eq(extra, 2);
+    cr_assert_eq(tri__accept_tree_best(&t, TRI_PLAN_TREE_MAX_NODES + 1, &best), TRI_STATUS_INVALID_ARGUMENT);
+}
+
+Test(sim, tree_curve_records_read_and_errors_name_file_line_and_field) {
+    tri__sim_curve c;
+    const char *text = "gamma1 2\ngamma2 16\ntree_nodes 32\nl1 1 10 7\nl2 1 10 8\n"
+                       "tree 1 1 10 8\ntree 1 2 2 1\ntree 1 3 1 0\ntree 2 1 8 4\ntree 2 2 4 1\n";
+    cr_assert_eq(tri__sim_curve_parse("t", text, strlen(text), &c), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert(c.tree_depth == 2 && c.tree_ranks[1] == 3 && c.tree_ranks[2] == 2 && c.tree_nodes == 32);
+    assert_near(c.tree[1][2], 0.5, "depth 1 rank 2");
+    assert_near(c.tree_pooled[2], 2.0 / 6.0, "rank 2 pooled over depths");
+    tri__accept_table t;
+    bool measured;
+    tri__sim_curve_table(&c, 1, 0.5, &t, &measured);
+    cr_assert(measured);
+    assert_near(t.a[2][1], 0.5, "measured");
+    assert_near(t.a[5][1], 12.0 / 18.0, "beyond the deepest depth: the rank's pooled rate");
+    assert_near(t.a[2][3], 0.0, "rank 3 at depth 2 ... pooled over the depths that measured it");
+    cr_assert_eq(t.a[1][4], 0, "a rank never measured is never drafted");
+    // errors: file, line and field named
+    const char *bad[] = {"l1 1 10 7\nl2 1 5 5\ntree 1 2 3 1\n",    // rank 2 before rank 1
+                         "l1 1 10 7\nl2 1 5 5\ntree 1 1 3 4\n",    // accepted > reached
+                         "l1 1 10 7\nl2 1 5 5\ntree 1 1 3\n",      // a field missing
+                         "l1 1 10 7\nl2 1 5 x5\n",                 // not a count
+                         "l1 1 10 7\nl2 1 5 5 9\n",                // one too many
+                         "l1 1 10 7\nl2 1 5 5\ntree 1 9 3 1\n",    // rank past the limit (and order)
+                         "l1 1 10 7\nl2 1 5 5\ntokens_per_l3 0.5\n"};
+    const char *want[] = {":3: field RANK", ":3: field ACCEPTED", ":3: field ACCEPTED missing", ":2: field ACCEPTED",
+                          ":2: '9' after", ":3: field RANK", ":3: field X"};
+    for (int i = 0; i < 7; i++) {
+        char *path = curve_file(bad[i]);
+        cr_assert_eq(tri__sim_curve_read(path, &c), TRI_STATUS_BAD_FORMAT, "case %d", i);
+        cr_assert(strstr(tri_last_error(), path) && strstr(tri_last_error(), want[i]), "case %d: %s", i,
+                  tri_last_error());
+        unlink(path);
+    }
+}
