@@ -114,12 +114,12 @@ static void tree_build(const tree_dp *dp, int32_t d, int32_t n, int32_t parent, 
     }
 }
 
-tri_status tri__accept_tree_best(const tri__accept_table *t, int32_t n_nodes, tri__tree_shape *out) {
+tri_status tri__accept_tree_best(const tri__accept_table *t, int32_t n_nodes, int32_t max_depth, tri__tree_shape *out) {
     memset(out, 0, sizeof *out);
-    if (n_nodes < 0 || n_nodes > TRI_PLAN_TREE_MAX_NODES)
-        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "token tree: %d nodes (0 .. %d)", n_nodes,
-                         TRI_PLAN_TREE_MAX_NODES);
-    const int32_t D = TRI_PLAN_TREE_DEPTH, R = TRI_PLAN_TREE_RANKS, N = n_nodes;
+    if (n_nodes < 0 || n_nodes > TRI_PLAN_TREE_MAX_NODES || max_depth < 0 || max_depth > TRI_PLAN_TREE_DEPTH)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "token tree: %d nodes (0 .. %d), depth at most %d (0 .. %d)",
+                         n_nodes, TRI_PLAN_TREE_MAX_NODES, max_depth, TRI_PLAN_TREE_DEPTH);
+    const int32_t D = max_depth ? max_depth : TRI_PLAN_TREE_DEPTH, R = TRI_PLAN_TREE_RANKS, N = n_nodes;
     tree_dp dp = {.N = N};
     dp.C = calloc((size_t)(D + 2) * (size_t)(N + 1), sizeof *dp.C);
     dp.G = calloc((size_t)(R + 2) * (size_t)(N + 1), sizeof *dp.G);
@@ -494,20 +494,38 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
         out->tokens_per_round = tri__accept_chain_expected(x->l2, p->gamma2);
         out->tree_depth = p->gamma2;
         if (p->tree_nodes > 0) {
+            // the deeper the tree, the more L2 passes draft it: of the best trees of tree_nodes
+            // nodes at each depth limit, the one with the least time per token (L3 and L2 passes
+            // at their rows)
             tri__tree_shape *ts = malloc(sizeof *ts);
             if (!ts) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "plan: token tree");
-            tri_status st = tri__accept_tree_best(x->l2, p->tree_nodes, ts);
-            if (st) {
-                free(ts);
-                return st;
+            static const int32_t depths[] = {4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64};
+            double best = -1;
+            int64_t c_l2b = c_l2;
+            for (size_t k = 0; k < sizeof depths / sizeof *depths; k++) {
+                if (depths[k] > p->tree_nodes && k > 0 && depths[k - 1] >= p->tree_nodes) break;
+                tri_status st = tri__accept_tree_best(x->l2, p->tree_nodes, depths[k], ts);
+                if (st) {
+                    free(ts);
+                    return st;
+                }
+                double passes;
+                int32_t extra;
+                tri__accept_tree_drafting(ts, e1, &passes, &extra);
+                int64_t m2k = (int64_t)p->gamma1 + 1 + (int64_t)ceil(extra / fmax(passes, 1.0));
+                double t = (pass_time(x, out, (int64_t)ts->n + 1, p->n_ctx, true, NULL, true, NULL, NULL) +
+                            passes * pass_time(x, out, m2k, c_l2b, false, NULL, false, NULL, NULL)) /
+                           ts->expected;
+                if (best < 0 || t < best) {
+                    best = t;
+                    out->l2_passes = passes;
+                    m3 = (int64_t)ts->n + 1;
+                    m2 = m2k;
+                    out->tokens_per_round = ts->expected;
+                    out->tree_nodes_used = ts->n;
+                    out->tree_depth = ts->depth_max;
+                }
             }
-            int32_t extra;
-            tri__accept_tree_drafting(ts, e1, &out->l2_passes, &extra);
-            m3 = (int64_t)ts->n + 1;
-            m2 += (int64_t)ceil(extra / fmax(out->l2_passes, 1.0));
-            out->tokens_per_round = ts->expected;
-            out->tree_nodes_used = ts->n;
-            out->tree_depth = ts->depth_max;
             free(ts);
         }
         out->l3_rows = (int32_t)m3;

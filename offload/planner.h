@@ -59,10 +59,11 @@ typedef struct tri__tree_shape {
 // Expected tokens of the tree in s (n, parent, rank; depth is recomputed); -1 when the tree is not
 // one (a parent after its child, a rank that skips one among its siblings, too deep).
 double tri__accept_tree_expected(const tri__accept_table *t, tri__tree_shape *s);
-// The tree of at most n_nodes nodes (<= TRI_PLAN_TREE_MAX_NODES) with the most expected tokens
-// under t (Sequoia's dynamic programme over depth, sibling rank and nodes left; a node that adds
-// nothing is left out); INVALID_ARGUMENT for a bad n_nodes, OUT_OF_MEMORY.
-tri_status tri__accept_tree_best(const tri__accept_table *t, int32_t n_nodes, tri__tree_shape *out);
+// The tree of at most n_nodes nodes (<= TRI_PLAN_TREE_MAX_NODES) and at most max_depth deep (0:
+// TRI_PLAN_TREE_DEPTH) with the most expected tokens under t (Sequoia's dynamic programme over
+// depth, sibling rank and nodes left; a node that adds nothing is left out); INVALID_ARGUMENT for a
+// bad n_nodes or depth, OUT_OF_MEMORY.
+tri_status tri__accept_tree_best(const tri__accept_table *t, int32_t n_nodes, int32_t max_depth, tri__tree_shape *out);
 
 // What drafting the tree costs L2 (a stated model, docs/offload.md): its main path (the rank-1 chain
 // from the context) is drafted as today's chain, L1 proposing gamma1 at a time, e1 tokens per L2

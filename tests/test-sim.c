@@ -603,7 +603,7 @@ Test(sim, best_tree_equals_brute_force_enumeration) {
             int32_t depth[16];
             for (int32_t k = 1; k <= n; k++) brute_best(&t, depth, 0, k, &best, &count);  // at most n nodes
             tri__tree_shape s;
-            cr_assert_eq(tri__accept_tree_best(&t, n, &s), TRI_STATUS_OK);
+            cr_assert_eq(tri__accept_tree_best(&t, n, 0, &s), TRI_STATUS_OK);
             cr_assert(fabs(s.expected - best) < 1e-12 * best, "trial %d, %d nodes: programme %.15g, enumeration %.15g "
                       "over %lld trees", trial, n, s.expected, best, (long long)count);
             cr_assert(s.n <= n);
@@ -618,7 +618,7 @@ Test(sim, a_chain_curve_gives_the_chain_formula) {
     tri__accept_table_constant(&t, 0.8, 0.0);
     for (int32_t n = 1; n <= TRI_PLAN_TREE_DEPTH; n *= 2) {  // (the deepest a tree can be)
         tri__tree_shape s;
-        cr_assert_eq(tri__accept_tree_best(&t, n, &s), TRI_STATUS_OK);
+        cr_assert_eq(tri__accept_tree_best(&t, n, 0, &s), TRI_STATUS_OK);
         assert_near(s.expected, (1 - pow(0.8, n + 1)) / (1 - 0.8), "chain formula");
         cr_assert(s.n == n && s.depth_max == n, "a chain: %d nodes, depth %d", s.n, s.depth_max);
         assert_near(tri__accept_chain_expected(&t, n), s.expected, "chain expected");
@@ -632,7 +632,7 @@ Test(sim, a_chain_curve_gives_the_chain_formula) {
     cr_assert(!measured);
     for (int32_t n = 1; n <= 8; n++) {
         tri__tree_shape s;
-        cr_assert_eq(tri__accept_tree_best(&t, n, &s), TRI_STATUS_OK);
+        cr_assert_eq(tri__accept_tree_best(&t, n, 0, &s), TRI_STATUS_OK);
         assert_near(s.expected, tri__sim_curve_expected(&c, 1, n), "curve chain");
     }
     // by hand: 0.9, then 0.9 x 6/9, then x 3/6
@@ -652,7 +652,7 @@ Test(sim, tree_by_hand_and_its_drafting) {
     cr_assert_lt(tri__accept_tree_expected(&t, &bad2), 0);
     // the best tree of 64 beats the chain of 64 at these rates, and the chain of 16 by more
     tri__tree_shape best;
-    cr_assert_eq(tri__accept_tree_best(&t, 64, &best), TRI_STATUS_OK);
+    cr_assert_eq(tri__accept_tree_best(&t, 64, 0, &best), TRI_STATUS_OK);
     cr_assert_gt(best.expected, tri__accept_chain_expected(&t, 64) + 0.1);
     cr_assert(best.depth_max < 64 && best.width[1] >= 2, "depth %d, %d at depth 1", best.depth_max, best.width[1]);
     // drafting: a chain of 6 with L1 giving 2 per L2 pass: 3 passes, nothing off the path
@@ -671,7 +671,7 @@ Test(sim, tree_by_hand_and_its_drafting) {
     tri__accept_tree_drafting(&side, 2.0, &passes, &extra);
     assert_near(passes, 2.0, "side passes: the branch's second evaluation in pass 1, done by 2");
     cr_assert_eq(extra, 2);
-    cr_assert_eq(tri__accept_tree_best(&t, TRI_PLAN_TREE_MAX_NODES + 1, &best), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri__accept_tree_best(&t, TRI_PLAN_TREE_MAX_NODES + 1, 0, &best), TRI_STATUS_INVALID_ARGUMENT);
 }
 
 Test(sim, tree_curve_records_read_and_errors_name_file_line_and_field) {
