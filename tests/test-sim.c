@@ -567,7 +567,8 @@ static double brute_value(const tri__accept_table *t, const int32_t *depth, int3
     return e;
 }
 
-static void brute_best(const tri__accept_table *t, int32_t *depth, int32_t i, int32_t n, double *best, int64_t *count) {
+static void brute_best(const tri__accept_table *t, int32_t *depth, int32_t i, int32_t n, int32_t limit, double *best,
+                       int64_t *count) {
     if (i == n) {
         tri__tree_shape s;
         double e = brute_value(t, depth, n, &s);
@@ -579,9 +580,9 @@ static void brute_best(const tri__accept_table *t, int32_t *depth, int32_t i, in
         return;
     }
     int32_t hi = i == 0 ? 1 : depth[i - 1] + 1;
-    for (int32_t d = 1; d <= hi; d++) {
+    for (int32_t d = 1; d <= hi && d <= limit; d++) {
         depth[i] = d;
-        brute_best(t, depth, i + 1, n, best, count);
+        brute_best(t, depth, i + 1, n, limit, best, count);
     }
 }
 
@@ -597,18 +598,20 @@ Test(sim, best_tree_equals_brute_force_enumeration) {
                 double u = (double)(x >> 11) / 9007199254740992.0;
                 t.a[d][r] = trial == 0 ? 0.6 : (r == 1 ? 0.5 + 0.5 * u : 0.6 * u);
             }
-        for (int32_t n = 1; n <= 7; n++) {
-            double best = 1;
-            int64_t count = 0;
-            int32_t depth[16];
-            for (int32_t k = 1; k <= n; k++) brute_best(&t, depth, 0, k, &best, &count);  // at most n nodes
-            tri__tree_shape s;
-            cr_assert_eq(tri__accept_tree_best(&t, n, 0, &s), TRI_STATUS_OK);
-            cr_assert(fabs(s.expected - best) < 1e-12 * best, "trial %d, %d nodes: programme %.15g, enumeration %.15g "
-                      "over %lld trees", trial, n, s.expected, best, (long long)count);
-            cr_assert(s.n <= n);
-            cr_assert(fabs(tri__accept_tree_expected(&t, &s) - s.expected) < 1e-12, "its tree has its value");
-        }
+        for (int32_t n = 1; n <= 7; n++)
+            for (int32_t limit = 0; limit <= 3; limit++) {  // 0: no depth limit but the table's
+                double best = 1;
+                int64_t count = 0;
+                int32_t depth[16];
+                for (int32_t k = 1; k <= n; k++)  // at most n nodes
+                    brute_best(&t, depth, 0, k, limit ? limit : TRI_PLAN_TREE_DEPTH, &best, &count);
+                tri__tree_shape s;
+                cr_assert_eq(tri__accept_tree_best(&t, n, limit, &s), TRI_STATUS_OK);
+                cr_assert(fabs(s.expected - best) < 1e-12 * best, "trial %d, %d nodes, depth <= %d: programme %.15g, "
+                          "enumeration %.15g over %lld trees", trial, n, limit, s.expected, best, (long long)count);
+                cr_assert(s.n <= n && (limit == 0 || s.depth_max <= limit));
+                cr_assert(fabs(tri__accept_tree_expected(&t, &s) - s.expected) < 1e-12, "its tree has its value");
+            }
     }
 }
 
@@ -707,4 +710,40 @@ Test(sim, tree_curve_records_read_and_errors_name_file_line_and_field) {
                   tri_last_error());
         unlink(path);
     }
+}
+
+Test(sim, planner_trees_cost_a_flat_pass_and_the_choice_is_the_fastest) {
+    tri_model_config c;
+    memset(&c, 0, sizeof c);
+    c.n_layer = 32, c.n_embd = 4096, c.n_head = 32, c.n_head_kv = 32, c.head_dim = 128, c.n_ff = 11008;
+    c.n_vocab = 32000, c.n_ctx_train = 131072;
+    tri_plan_model m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    tri_plan_params p = tri_plan_default_params();
+    p.n_ctx = 127 * 1024 + 129;
+    p.gamma2 = 16;
+    p.retrieval_budget = 8192;
+    tri_plan chain, tree;
+    cr_assert_eq(tri_plan_compute(&m, &p, &chain), TRI_STATUS_OK, "%s", tri_last_error());
+    p.tree_nodes = 64;
+    cr_assert_eq(tri_plan_compute(&m, &p, &tree), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(chain.l3_rows, 17);
+    cr_assert(chain.tree_nodes_used == 0 && chain.tree_depth == 16);
+    cr_assert(tree.l3_rows == tree.tree_nodes_used + 1 && tree.tree_nodes_used <= 64 && tree.tree_nodes_used > 16);
+    // PCIe-bound: 4x the rows cost the L3 pass a few percent; more tokens per pass
+    cr_assert(tree.t_l3 < chain.t_l3 * 1.05, "tree pass %.1f ms, chain %.1f ms", 1e3 * tree.t_l3, 1e3 * chain.t_l3);
+    cr_assert_gt(tree.tokens_per_round, chain.tokens_per_round + 1);
+    // the same tree by hand: the best at the chosen depth under alpha 0.9, decay 0.5
+    tri__accept_table t;
+    tri__accept_table_constant(&t, 0.9, 0.5);
+    tri__tree_shape s;
+    cr_assert_eq(tri__accept_tree_best(&t, 64, tree.tree_depth, &s), TRI_STATUS_OK);
+    assert_near(tree.tokens_per_round, s.expected, "the planner's tree");
+    // the chooser: the faster of the two
+    int32_t chains[] = {16}, trees[] = {64};
+    tri_plan best;
+    p.tree_nodes = 0;
+    cr_assert_eq(tri__plan_choose(&m, &p, NULL, NULL, 0, 0, chains, 1, trees, 1, &best), TRI_STATUS_OK);
+    assert_near(best.t_token, fmin(chain.t_token, tree.t_token), "choice");
+    p.tree_nodes = TRI_PLAN_TREE_MAX_NODES + 1;
+    cr_assert_eq(tri_plan_compute(&m, &p, &best), TRI_STATUS_INVALID_ARGUMENT);
 }
