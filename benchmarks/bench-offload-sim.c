@@ -950,6 +950,16 @@ static int run_engine(const sim_opts *o) {
     }
     tri__sim_profile p = *prof;
     if (o->gpu_mem) p.mem_bytes = o->gpu_mem;
+    tri__sim_curve curve;
+    tri__accept_table tab[2];  // the curve's, for the planner's prediction
+    if (o->curve_path) {
+        if (tri__sim_curve_read(o->curve_path, &curve)) {
+            fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+            return 2;
+        }
+        tri__sim_curve_table(&curve, 0, o->rank_decay, &tab[0], NULL);
+        tri__sim_curve_table(&curve, 1, o->rank_decay, &tab[1], NULL);
+    }
     measure_host_rates(&p);
     engine_profile = &p;
     tri_model_config tc, dc;
@@ -986,7 +996,8 @@ static int run_engine(const sim_opts *o) {
     int rc = 1;
     tri_spec *spec = NULL;
     int32_t *prompt = NULL;
-    if (tri_plan_compute(&pm, &pp, &plan)) goto fail;
+    if (tri__plan_compute_accept(&pm, &pp, o->curve_path ? &tab[0] : NULL, o->curve_path ? &tab[1] : NULL, &plan))
+        goto fail;
     tri_session_params sp = tri_session_default_params();
     sp.device_kind = TRI_DEVICE_CPU;  // the factory makes it the simulated device
     sp.n_ctx = n_ctx;
@@ -1003,7 +1014,13 @@ static int run_engine(const sim_opts *o) {
     tri_status st = tri_spec_create(target, &sp, &spp, &spec);
     tri__backend_cpu_factory = NULL;
     if (st) goto fail;
-    tri__spec_force_accept(spec, o->beta, o->alpha, 42);
+    if (o->curve_path) {  // acceptance by depth as measured; beyond the deepest, the pooled rate
+        tri__spec_force_accept(spec, curve.pooled[0], curve.pooled[1], 42);
+        tri__spec_force_accept_depth(spec, 0, curve.rate[0], curve.depth[0]);
+        tri__spec_force_accept_depth(spec, 1, curve.rate[1], curve.depth[1]);
+    } else {
+        tri__spec_force_accept(spec, o->beta, o->alpha, 42);
+    }
     prompt = malloc(sizeof *prompt * (size_t)o->ctx);
     if (!prompt) goto fail;
     for (int32_t i = 0; i < o->ctx; i++) prompt[i] = (int32_t)((7u * (uint32_t)i + 3u) % (uint32_t)tc.n_vocab);
@@ -1025,9 +1042,14 @@ static int run_engine(const sim_opts *o) {
            o->shape, o->ctx, budget, o->gamma1, g2, tc.n_layer - sp.weight_layers_streamed, tc.n_layer, plan.on_chip);
     printf("host-side work on offloaded rows at this machine's rates: gathers %.2f GB/s, chunk summaries %.2f GB/s\n",
            p.host_copy_gbps, p.host_reduce_gbps);
-    printf("acceptance forced inside the engine's loop: L2 keeps an L1 token with probability %.2f, L3 an L2 token with "
-           "%.2f\n",
-           o->beta, o->alpha);
+    if (o->curve_path)
+        printf("acceptance forced inside the engine's loop by depth, as measured in %s (pooled: L2 keeps %.2f of L1's "
+               "tokens, L3 %.2f of L2's)\n",
+               o->curve_path, curve.pooled[0], curve.pooled[1]);
+    else
+        printf("acceptance forced inside the engine's loop: L2 keeps an L1 token with probability %.2f, L3 an L2 token "
+               "with %.2f\n",
+               o->beta, o->alpha);
     printf("\n| tokens | L3 passes | tokens / L3 pass | L2 verifications | L1 accepted / proposed | L2 accepted / proposed "
            "| L2 selections | ms/token (simulated) | planner ms/token | MB up/token | host work ms/token | transfer hidden "
            "| run on this machine s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -308,6 +308,8 @@ static tri_status sim_factory(int32_t n_threads, tri__backend **out) {
 // alpha and L2 accepting L1's at beta; *st_out gets the engine's counts, *sim_out the timeline.
 // L3's acceptance of the first drafted token in the last forced_run
 static double forced_depth1;
+static const double *forced_l3_depth;  // L3's acceptance by depth (index 1..forced_l3_n), or NULL
+static int32_t forced_l3_n;
 
 static void forced_run(double alpha, double beta, int32_t n, tri_spec_stats *st_out, tri__sim_stats *sim_out) {
     tri_model_config c = small_shape(), dc = small_shape();
@@ -336,6 +338,7 @@ static void forced_run(double alpha, double beta, int32_t n, tri_spec_stats *st_
     cr_assert_eq(st, TRI_STATUS_OK, "%s", tri_last_error());
     cr_assert(tri__backend_is_sim(engine_be));
     tri__spec_force_accept(spec, beta, alpha, 7);
+    if (forced_l3_depth) tri__spec_force_accept_depth(spec, 1, forced_l3_depth, forced_l3_n);
     int32_t prompt[600];
     for (int i = 0; i < 600; i++) prompt[i] = (3 * i + 1) % c.n_vocab;
     tri_generate_params gp = tri_generate_default_params();
@@ -759,4 +762,19 @@ Test(sim, planner_trees_cost_a_flat_pass_and_the_choice_is_the_fastest) {
     assert_near(best.t_token, fmin(chain.t_token, tree.t_token), "choice");
     p.tree_nodes = TRI_PLAN_TREE_MAX_NODES + 1;
     cr_assert_eq(tri_plan_compute(&m, &p, &best), TRI_STATUS_INVALID_ARGUMENT);
+}
+
+Test(sim, engine_acceptance_forced_by_depth) {
+    // L3 keeps the first drafted token always, the second never (a curve), the rest at 0.5: every
+    // pass emits exactly two tokens, the kept first and the replacement of the second
+    static const double by_depth[] = {0, 1.0, 0.0};
+    forced_l3_depth = by_depth;
+    forced_l3_n = 2;
+    tri_spec_stats st;
+    tri__sim_stats sim;
+    forced_run(0.5, 0.7, 40, &st, &sim);
+    forced_l3_depth = NULL;
+    cr_assert_eq(st.n_generated, 40);
+    cr_assert_eq(st.n_l3_verify, 20, "%lld passes", (long long)st.n_l3_verify);
+    cr_assert_eq(st.l2_accepted, 20);
 }
