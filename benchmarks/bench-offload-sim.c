@@ -87,6 +87,7 @@ typedef struct sim_opts {
     int32_t trees[MAX_LIST], n_trees;  // --trees: token trees of these node counts beside the chains
     double rank_decay;                 // --rank-decay: a sibling of rank r kept at rate x decay^(r - 1)
     bool host_bf16;                    // --host-bf16: the host's attention at its bf16 dot-product rate
+    bool tree_general;                 // --tree-general: any tree (Sequoia's), not the engine's shape
 } sim_opts;
 
 static void sim_usage(void) {
@@ -99,6 +100,7 @@ static void sim_usage(void) {
                     "                     [--hosts desktop,workstation|none]\n"
                     "                     [--kv-type f16,q8_0,q4_0 (default f16,q8_0)]\n"
                     "                     [--trees 16,32,64,128|none] [--rank-decay 0.5] [--host-bf16]\n"
+                    "                     [--tree-general]\n"
                     "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
                     "                     [--threads N] [--rounds N]\n"
                     "profiles:");
@@ -303,6 +305,7 @@ static tri_status tree_rows(const l3_ctx *x, const tri_plan_model *pm, const tri
     pass_cache *cache = calloc(1, sizeof *cache);
     tri_status st = tab && ts && cache ? TRI_STATUS_OK : tri__fail(TRI_STATUS_OUT_OF_MEMORY, "bench-offload: trees");
     const char *kvn = tri_dtype_name(x->kvt);
+    const int flags = o->tree_general ? TRI__PLAN_TREE_GENERAL : 0;
     for (int ai = 0; !st && ai < (cv ? 2 : 1); ai++) {
         bool measured = false;
         if (ai == 0) {
@@ -333,12 +336,12 @@ static tri_status tree_rows(const l3_ctx *x, const tri_plan_model *pm, const tri
                     ps.host_dram_gbps = h->dram_gbps;
                 }
                 tri_plan pls;
-                bool planned = tri__plan_compute_accept(pm, &ps, &tab[0], &tab[1], &pls) == TRI_STATUS_OK;
+                bool planned = tri__plan_compute_accept(pm, &ps, &tab[0], &tab[1], flags, &pls) == TRI_STATUS_OK;
                 int32_t m3 = N + 1, m2 = o->gamma1 + 1, depth = N, nodes = N;
                 double passes = N / e1, per_round = tri__accept_chain_expected(&tab[1], N);
                 if (tree) {
                     int32_t extra;
-                    if ((st = tri__accept_tree_best(&tab[1], N, planned ? pls.tree_depth : 0, ts))) break;
+                    if ((st = tri__accept_tree_best(&tab[1], N, planned ? pls.tree_depth : 0, !flags, ts))) break;
                     tri__accept_tree_drafting(ts, e1, &passes, &extra);
                     m3 = ts->n + 1;
                     m2 += (int32_t)ceil(extra / fmax(passes, 1.0));
@@ -397,7 +400,7 @@ static tri_status tree_rows(const l3_ctx *x, const tri_plan_model *pm, const tri
             const tri__sim_host *h = hi >= 0 ? hosts[hi] : NULL;
             tri_plan ch;
             double tflops = h ? (o->host_bf16 ? h->bf16_tflops : h->f32_tflops) : 0;
-            if (tri__plan_choose(pm, pp, &tab[0], &tab[1], tflops, h ? h->dram_gbps : 0, o->gamma2s, o->n_gamma2,
+            if (tri__plan_choose(pm, pp, &tab[0], &tab[1], flags, tflops, h ? h->dram_gbps : 0, o->gamma2s, o->n_gamma2,
                                  o->trees, o->n_trees, &ch))
                 continue;
             char what[32];
@@ -996,7 +999,7 @@ static int run_engine(const sim_opts *o) {
     int rc = 1;
     tri_spec *spec = NULL;
     int32_t *prompt = NULL;
-    if (tri__plan_compute_accept(&pm, &pp, o->curve_path ? &tab[0] : NULL, o->curve_path ? &tab[1] : NULL, &plan))
+    if (tri__plan_compute_accept(&pm, &pp, o->curve_path ? &tab[0] : NULL, o->curve_path ? &tab[1] : NULL, 0, &plan))
         goto fail;
     tri_session_params sp = tri_session_default_params();
     sp.device_kind = TRI_DEVICE_CPU;  // the factory makes it the simulated device
@@ -1114,6 +1117,7 @@ int bench_offload_sim(int argc, char **argv) {
             ok = ok && (o.n_trees > 0 || !strcmp(v, "none"));
         } else if (!strcmp(a, "--rank-decay") && v) ok = (o.rank_decay = atof(v)) >= 0 && o.rank_decay <= 1;
         else if (!strcmp(a, "--host-bf16")) o.host_bf16 = ok = true, i--;
+        else if (!strcmp(a, "--tree-general")) o.tree_general = ok = true, i--;
         else if (!strcmp(a, "--kv-type") && v) {
             o.n_kv = 0;
             for (const char *t = v; ok && *t && o.n_kv < MAX_LIST;) {

@@ -114,7 +114,8 @@ static void tree_build(const tree_dp *dp, int32_t d, int32_t n, int32_t parent, 
     }
 }
 
-tri_status tri__accept_tree_best(const tri__accept_table *t, int32_t n_nodes, int32_t max_depth, tri__tree_shape *out) {
+tri_status tri__accept_tree_best(const tri__accept_table *t, int32_t n_nodes, int32_t max_depth, bool leaf_siblings,
+                                 tri__tree_shape *out) {
     memset(out, 0, sizeof *out);
     if (n_nodes < 0 || n_nodes > TRI_PLAN_TREE_MAX_NODES || max_depth < 0 || max_depth > TRI_PLAN_TREE_DEPTH)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "token tree: %d nodes (0 .. %d), depth at most %d (0 .. %d)",
@@ -138,7 +139,7 @@ tri_status tri__accept_tree_best(const tri__accept_table *t, int32_t n_nodes, in
             for (int32_t n = 0; n <= N; n++) {
                 double best = 0;
                 int32_t pick = 0;
-                for (int32_t s = 1; s <= n; s++) {
+                for (int32_t s = 1; s <= (leaf_siblings && r > 1 && n > 0 ? 1 : n); s++) {
                     double v = ch * (1.0 + DP_C(&dp, d + 1, s - 1)) + next[n - s];
                     if (v > best * (1 + 1e-12) + 1e-15) best = v, pick = s;  // a tie keeps fewer nodes
                 }
@@ -294,6 +295,7 @@ typedef struct ctx {
     double sh_w, sh_kv;
     double ar_link;       // one GPU's PCIe bytes/s, for the all-reduces
     const tri__accept_table *l1, *l2;  // acceptance by depth and rank: L2 of L1's, L3 of L2's
+    int tree_flags;                    // TRI__PLAN_TREE_GENERAL: any tree; 0: the engine's
 } ctx;
 
 // Per all-reduce (two per layer and pass with G > 1): a device-to-host copy, the wait for every
@@ -500,11 +502,17 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
             tri__tree_shape *ts = malloc(sizeof *ts);
             if (!ts) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "plan: token tree");
             static const int32_t depths[] = {4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64};
+            const bool general = x->tree_flags & TRI__PLAN_TREE_GENERAL;
+            const int32_t deepest = general ? p->tree_nodes : p->tree_nodes < p->gamma2 ? p->tree_nodes : p->gamma2;
             double best = -1;
             int64_t c_l2b = c_l2;
-            for (size_t k = 0; k < sizeof depths / sizeof *depths; k++) {
-                if (depths[k] > p->tree_nodes && k > 0 && depths[k - 1] >= p->tree_nodes) break;
-                tri_status st = tri__accept_tree_best(x->l2, p->tree_nodes, depths[k], ts);
+            int32_t cand[sizeof depths / sizeof *depths + 1], n_cand = 0;  // those below the deepest, and it
+            for (size_t k = 0; k < sizeof depths / sizeof *depths; k++)
+                if (depths[k] < deepest) cand[n_cand++] = depths[k];
+            cand[n_cand++] = deepest;
+            for (int32_t k = 0; k < n_cand; k++) {
+                const int32_t dk = cand[k];
+                tri_status st = tri__accept_tree_best(x->l2, p->tree_nodes, dk, !general, ts);
                 if (st) {
                     free(ts);
                     return st;
@@ -569,11 +577,12 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
 
 tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *params,
                             tri_plan *out) {
-    return tri__plan_compute_accept(model, params, NULL, NULL, out);
+    return tri__plan_compute_accept(model, params, NULL, NULL, 0, out);
 }
 
 tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_params *params,
-                                    const tri__accept_table *l1, const tri__accept_table *l2, tri_plan *out) {
+                                    const tri__accept_table *l1, const tri__accept_table *l2, int tree_flags,
+                                    tri_plan *out) {
     if (!model || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_plan_compute: NULL argument");
     memset(out, 0, sizeof *out);
     tri_plan_params p = params ? *params : tri_plan_default_params();
@@ -634,7 +643,8 @@ tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_
     tri__accept_table stated[2];  // 9 KiB
     tri__accept_table_constant(&stated[0], p.accept_l1, p.accept_rank_decay);
     tri__accept_table_constant(&stated[1], p.accept_l2, p.accept_rank_decay);
-    ctx x = {.p = p, .c = c, .L = c->n_layer, .G = p.n_gpu, .l1 = l1 ? l1 : &stated[0], .l2 = l2 ? l2 : &stated[1]};
+    ctx x = {.p = p, .c = c, .L = c->n_layer, .G = p.n_gpu, .l1 = l1 ? l1 : &stated[0], .l2 = l2 ? l2 : &stated[1],
+             .tree_flags = tree_flags};
     x.W = m.layer_bytes;
     x.other = m.other_bytes;
     // K and V rows of the cache's type, a quantized type's f16 scales included
@@ -697,7 +707,7 @@ tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_
 }
 
 tri_status tri__plan_choose(const tri_plan_model *model, const tri_plan_params *params, const tri__accept_table *l1,
-                            const tri__accept_table *l2, double host_tflops, double host_dram_gbps,
+                            const tri__accept_table *l2, int tree_flags, double host_tflops, double host_dram_gbps,
                             const int32_t *chains, int n_chains, const int32_t *trees, int n_trees, tri_plan *out) {
     if (!model || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "plan choose: NULL argument");
     const tri_model_config *c = &model->config;
@@ -719,7 +729,7 @@ tri_status tri__plan_choose(const tri_plan_model *model, const tri_plan_params *
             p.host_attn_gbps = fmin(host_dram_gbps, host_tflops * 1e3 / flop_per_byte);
             p.host_dram_gbps = host_dram_gbps;
         }
-        if (tri__plan_compute_accept(model, &p, l1, l2, cand) != TRI_STATUS_OK) continue;
+        if (tri__plan_compute_accept(model, &p, l1, l2, tree_flags, cand) != TRI_STATUS_OK) continue;
         if (!have || cand->t_token < out->t_token) *out = *cand;
         have = true;
     }

@@ -3,6 +3,7 @@
 #ifndef TRI_PLANNER_H
 #define TRI_PLANNER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "triforce.h"
@@ -29,7 +30,7 @@ uint64_t tri__plan_other_bytes(const tri_model_config *config, tri_dtype weight_
 // chain uses rank 1 only. Every entry d = 1..TRI_PLAN_TREE_DEPTH, r = 1..TRI_PLAN_TREE_RANKS is
 // filled (rows and columns 0 unused).
 #define TRI_PLAN_TREE_DEPTH 64
-#define TRI_PLAN_TREE_RANKS 8
+#define TRI_PLAN_TREE_RANKS 17
 #define TRI_PLAN_TREE_MAX_NODES 256
 typedef struct tri__accept_table {
     double a[TRI_PLAN_TREE_DEPTH + 1][TRI_PLAN_TREE_RANKS + 1];
@@ -61,9 +62,12 @@ typedef struct tri__tree_shape {
 double tri__accept_tree_expected(const tri__accept_table *t, tri__tree_shape *s);
 // The tree of at most n_nodes nodes (<= TRI_PLAN_TREE_MAX_NODES) and at most max_depth deep (0:
 // TRI_PLAN_TREE_DEPTH) with the most expected tokens under t (Sequoia's dynamic programme over
-// depth, sibling rank and nodes left; a node that adds nothing is left out); INVALID_ARGUMENT for a
-// bad n_nodes or depth, OUT_OF_MEMORY.
-tri_status tri__accept_tree_best(const tri__accept_table *t, int32_t n_nodes, int32_t max_depth, tri__tree_shape *out);
+// depth, sibling rank and nodes left; a node that adds nothing is left out). leaf_siblings: only
+// the trees the engine drafts (runtime/spec, docs/speculative.md "Token trees"): a chain of rank-1
+// nodes with siblings (rank >= 2) that are leaves; else any tree. INVALID_ARGUMENT for a bad
+// n_nodes or depth, OUT_OF_MEMORY.
+tri_status tri__accept_tree_best(const tri__accept_table *t, int32_t n_nodes, int32_t max_depth, bool leaf_siblings,
+                                 tri__tree_shape *out);
 
 // What drafting the tree costs L2 (a stated model, docs/offload.md): its main path (the rank-1 chain
 // from the context) is drafted as today's chain, L1 proposing gamma1 at a time, e1 tokens per L2
@@ -73,11 +77,17 @@ tri_status tri__accept_tree_best(const tri__accept_table *t, int32_t n_nodes, in
 // latest off-path evaluation), *extra_rows the off-path nodes L2 evaluates (spread over the passes).
 void tri__accept_tree_drafting(const tri__tree_shape *s, double e1, double *passes, int32_t *extra_rows);
 
+// Which trees the planner considers: the engine's (a chain of at most gamma2 with leaf siblings,
+// 0) or any tree of at most TRI_PLAN_TREE_DEPTH (TRI__PLAN_TREE_GENERAL: Sequoia's, a design step
+// the engine does not draft).
+#define TRI__PLAN_TREE_GENERAL 1
+
 // tri_plan_compute with acceptance tables instead of accept_l1 / accept_l2 (and the rank decay):
 // l1 for L2 verifying L1's chain of gamma1, l2 for L3 verifying L2's chain or tree; NULL: the
-// stated rate's table.
+// stated rate's table. tree_flags: TRI__PLAN_TREE_GENERAL or 0.
 tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_params *params,
-                                    const tri__accept_table *l1, const tri__accept_table *l2, tri_plan *out);
+                                    const tri__accept_table *l1, const tri__accept_table *l2, int tree_flags,
+                                    tri_plan *out);
 
 // The planner's choice of how L3 verifies: each chain of chains[i] and tree of trees[i] nodes
 // planned under params (their gamma2 / tree_nodes replaced), with the split on a host whose
@@ -86,7 +96,7 @@ tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_
 // bytes)); host_dram_gbps 0: no split), the acceptance from l1 / l2 (NULL: the stated rates). *out
 // receives the fastest plan per token; INVALID_ARGUMENT when no candidate can be planned.
 tri_status tri__plan_choose(const tri_plan_model *model, const tri_plan_params *params, const tri__accept_table *l1,
-                            const tri__accept_table *l2, double host_tflops, double host_dram_gbps,
+                            const tri__accept_table *l2, int tree_flags, double host_tflops, double host_dram_gbps,
                             const int32_t *chains, int n_chains, const int32_t *trees, int n_trees, tri_plan *out);
 
 #endif  // TRI_PLANNER_H

@@ -172,18 +172,20 @@ tri_status tri__sim_curve_parse(const char *name, const char *text, size_t len, 
         } else if (!strcmp(kw, "tree")) {
             if ((st = curve_fields(name, ln + 1, rest, 4, tree_names, v))) break;
             int32_t d = c->tree_depth;
-            bool next_rank = d > 0 && v[0] == d && v[1] == c->tree_ranks[d] + 1;
+            v[1]++;  // the file's rank 0 is the chain's token: rank 1 here
+            // depths 1, 2, ... in order; within a depth, ascending ranks starting with the chain's
+            bool next_rank = d > 0 && v[0] == d && v[1] > c->tree_ranks[d];
             bool next_depth = v[0] == d + 1 && v[1] == 1;
             if (!next_rank && !next_depth) {
                 st = tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: field %s: depth %lld rank %lld, want "
-                               "depth %d rank %d or depth %d rank 1 (ranks 1, 2, ... of each depth, depths in order)",
-                               name, ln + 1, v[0] != d && v[0] != d + 1 ? "DEPTH" : "RANK", v[0], v[1], d,
-                               d > 0 ? c->tree_ranks[d] + 1 : 1, d + 1);
+                               "depth %d with a rank above %d or depth %d rank 0 (depths in order, each from rank 0 "
+                               "up)", name, ln + 1, v[0] != d && v[0] != d + 1 ? "DEPTH" : "RANK", v[0], v[1] - 1, d,
+                               d > 0 ? c->tree_ranks[d] - 1 : -1, d + 1);
             } else if (v[0] > TRI_SIM_CURVE_DEPTH || v[1] > TRI_SIM_TREE_RANKS) {
                 st = tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: field %s: %lld, at most %d", name,
                                ln + 1, v[0] > TRI_SIM_CURVE_DEPTH ? "DEPTH" : "RANK",
-                               v[0] > TRI_SIM_CURVE_DEPTH ? v[0] : v[1],
-                               v[0] > TRI_SIM_CURVE_DEPTH ? TRI_SIM_CURVE_DEPTH : TRI_SIM_TREE_RANKS);
+                               v[0] > TRI_SIM_CURVE_DEPTH ? v[0] : v[1] - 1,
+                               v[0] > TRI_SIM_CURVE_DEPTH ? TRI_SIM_CURVE_DEPTH : TRI_SIM_TREE_RANKS - 1);
             } else if (v[2] < 1 || v[3] > v[2]) {
                 st = tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: field %s: want REACHED >= 1 and "
                                "0 <= ACCEPTED <= REACHED (%lld, %lld)", name, ln + 1, v[2] < 1 ? "REACHED" : "ACCEPTED",
@@ -192,6 +194,7 @@ tri_status tri__sim_curve_parse(const char *name, const char *text, size_t len, 
                 c->tree_depth = (int32_t)v[0];
                 c->tree_ranks[v[0]] = (int32_t)v[1];
                 c->tree[v[0]][v[1]] = (double)v[3] / (double)v[2];
+                c->tree_reached[v[0]][v[1]] = (double)v[2];
                 tr[v[1]] += (double)v[2], ta[v[1]] += (double)v[3];
             }
         } else if (!strcmp(kw, "gamma1") || !strcmp(kw, "gamma2") || !strcmp(kw, "tree_nodes")) {
@@ -266,7 +269,7 @@ void tri__sim_curve_table(const tri__sim_curve *c, int w, double decay, tri__acc
         for (int32_t r = 1; r <= TRI_PLAN_TREE_RANKS; r++) {
             if (!tree) {
                 t->a[d][r] = a1 * pow(decay, r - 1);
-            } else if (r <= TRI_SIM_TREE_RANKS && d <= c->tree_depth && r <= c->tree_ranks[d]) {
+            } else if (r <= TRI_SIM_TREE_RANKS && d <= c->tree_depth && c->tree_reached[d][r] > 0) {
                 t->a[d][r] = c->tree[d][r];
             } else {
                 t->a[d][r] = r <= TRI_SIM_TREE_RANKS ? c->tree_pooled[r] : 0;

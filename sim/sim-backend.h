@@ -105,10 +105,13 @@ double tri__sim_host_attn_gbps(const tri__sim_host *h, int32_t m, int32_t n_head
 
 // rate[0][d]: L2 keeping L1's d-th drafted token of a chain, rate[1][d]: L3 keeping L2's, given
 // every one before it was kept (d = 1..depth[w]); beyond depth[w] the level's pooled rate.
-// Optional `tree` records: L3 keeping L2's tree node of sibling rank r at depth d, given its parent
-// kept and every lower rank rejected (tree[d][r], r = 1..tree_ranks[d], d = 1..tree_depth).
+// Optional `tree` records (wt-tree's bench-accept --tree-nodes, docs/speculative.md): L3 keeping the
+// tree's candidate of rank r at depth d, given its parent kept and every lower rank rejected; the
+// file counts ranks from 0 (the chain's own token), held here from 1 (tree[d][file rank + 1];
+// tree_ranks[d]: the highest rank held at depth d; a rank the file skips is 0 with
+// tree_reached[d][r] 0).
 #define TRI_SIM_CURVE_DEPTH 64
-#define TRI_SIM_TREE_RANKS 8
+#define TRI_SIM_TREE_RANKS 17  // ranks 1..17 here: the file's 0 (the chain's token) .. 16
 typedef struct tri__sim_curve {
     double rate[2][TRI_SIM_CURVE_DEPTH + 1];
     int32_t depth[2];       // deepest depth measured, per level
@@ -116,7 +119,8 @@ typedef struct tri__sim_curve {
     double tokens_per_l3;   // as measured (0 when the file does not say)
     int32_t gamma1, gamma2; // the chains it was measured with (0 when not said)
     double tree[TRI_SIM_CURVE_DEPTH + 1][TRI_SIM_TREE_RANKS + 1];
-    int32_t tree_ranks[TRI_SIM_CURVE_DEPTH + 1];  // ranks measured at each depth (0: none)
+    int32_t tree_ranks[TRI_SIM_CURVE_DEPTH + 1];  // highest rank measured at each depth (0: none)
+    double tree_reached[TRI_SIM_CURVE_DEPTH + 1][TRI_SIM_TREE_RANKS + 1];  // REACHED of each record
     int32_t tree_depth;                           // deepest depth of a tree record (0: no tree)
     double tree_pooled[TRI_SIM_TREE_RANKS + 1];   // per rank, over every depth measured
     int32_t tree_nodes;     // the tree size it was measured with ('tree_nodes N'; 0 when not said)
