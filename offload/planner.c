@@ -503,7 +503,8 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
             if (!ts) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "plan: token tree");
             static const int32_t depths[] = {4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64};
             const bool general = x->tree_flags & TRI__PLAN_TREE_GENERAL;
-            const int32_t deepest = general ? p->tree_nodes : p->tree_nodes < p->gamma2 ? p->tree_nodes : p->gamma2;
+            int32_t deepest = general ? TRI_PLAN_TREE_DEPTH : p->gamma2;
+            if (deepest > p->tree_nodes) deepest = p->tree_nodes;
             double best = -1;
             int64_t c_l2b = c_l2;
             int32_t cand[sizeof depths / sizeof *depths + 1], n_cand = 0;  // those below the deepest, and it
