@@ -8,6 +8,7 @@
 //                      that its command line runs as is; the timeline repeats exactly)
 //                      [--accept-curve FILE] [--hosts desktop,workstation|none]
 //                      [--kv-type f16,q8_0,q4_0]   (the table once per KV cache type; default f16,q8_0)
+//                      [--trees 16,32,64,128|none] [--rank-decay 0.5] [--host-bf16] [--tree-general]
 //        bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N] [--threads N]
 //                      [--rounds N]
 //
@@ -29,7 +30,9 @@
 //     L2's selections and refreshes, with acceptance forced inside its loop at the same rates
 //     (tri__spec_force_accept), timed on the sim from the end of the prefill. Host-side work on
 //     offloaded rows (gathers of a selection's chunks, summaries of host-resident keys) is not
-//     done but put on the host's clock at this machine's rates, measured at start; the engine's
+//     done but put on the host's clock at this machine's rates, measured at start (L2's later
+//     selections are made during L3's passes from device rows, so only a selection L2 cannot
+//     draft without does any); the engine's
 //     other host work (sampling over the vocabulary, the chunk index's top-k) runs on this machine
 //     and is not on the simulated clock; the chunk summaries of the whole context live in host memory
 //     (n_ctx / 8 x n_embd floats per layer: 8.5 GB at 127K), so keep --ctx moderate here;
@@ -40,7 +43,13 @@
 //     (tri__sim_host_split_seconds), the pass is the later of the two;
 //   - --accept-curve FILE (bench-accept's, docs/formats.md): the split table's rows again with the
 //     measured acceptance by depth in place of alpha and beta (tokens per round and L2 passes per
-//     round from the curve);
+//     round from the curve); with --engine, the engine's forced acceptance follows it by depth;
+//   - chain vs tree (--trees, docs/offload.md "Token trees in the planner and the simulator"): each
+//     chain of --gamma2 and tree of --trees nodes (the engine's shape, or any tree with
+//     --tree-general), all streamed and split on each host, at the stated rates (siblings at
+//     rate x --rank-decay^(r - 1), a stated model) and at the curve; the L3 and L2 passes timed on
+//     the sim at the shape's rows; and the planner's choice per host (tri__plan_choose);
+//     --host-bf16 times the host's attention at its bf16 dot-product rate (a kernel not built);
 //   - --gpus 2: the engine splits over two devices (runtime/tensor-parallel.c); here one device is
 //     simulated with one GPU's share of the work as the planner assumes it (half the heads, half
 //     the feed-forward width, the full vocabulary; the KV of its heads over its own link), plus
