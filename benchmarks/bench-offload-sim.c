@@ -102,17 +102,18 @@ typedef struct sim_opts {
 static void sim_usage(void) {
     int n;
     const tri__sim_profile *p = tri__sim_profiles(&n);
-    fprintf(stderr, "usage: bench-offload --device sim:PROFILE [--gpus 1|2] [--shape llama2-7b|tiny] [--ctx N]\n"
-                    "                     [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]\n"
-                    "                     [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]\n"
-                    "                     [--reserve SIZE] [--passes N] [--accept-curve FILE]\n"
-                    "                     [--hosts desktop,workstation|none]\n"
-                    "                     [--kv-type f16,q8_0,q4_0 (default f16,q8_0)]\n"
-                    "                     [--trees 16,32,64,128|none] [--rank-decay 0.5] [--host-bf16]\n"
-                    "                     [--tree-general]\n"
-                    "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
-                    "                     [--threads N] [--rounds N]\n"
-                    "profiles:");
+    fprintf(stderr,
+            "usage: bench-offload --device sim:PROFILE [--gpus 1|2] [--shape llama2-7b|tiny] [--ctx N]\n"
+            "                     [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]\n"
+            "                     [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]\n"
+            "                     [--reserve SIZE] [--passes N] [--accept-curve FILE]\n"
+            "                     [--hosts desktop,workstation|none]\n"
+            "                     [--kv-type f16,q8_0,q4_0 (default f16,q8_0)]\n"
+            "                     [--trees 16,32,64,128|none] [--rank-decay 0.5] [--host-bf16]\n"
+            "                     [--tree-general]\n"
+            "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
+            "                     [--threads N] [--rounds N]\n"
+            "profiles:");
     for (int i = 0; i < n; i++) fprintf(stderr, " %s", p[i].name);
     fprintf(stderr, " (and cpu, measured here, for --self-check)\n");
 }
@@ -340,8 +341,8 @@ static tri_status tree_rows(const l3_ctx *x, const tri_plan_model *pm, const tri
                 ps.tree_nodes = tree ? N : 0;
                 double row_full = 2.0 * full->n_head_kv * (double)tri__dtype_row_bytes(x->kvt, full->head_dim);
                 if (h) {
-                    ps.host_attn_gbps = tri__sim_host_attn_gbps(h, N + 1, full->n_head, full->head_dim, row_full,
-                                                                o->host_bf16);
+                    ps.host_attn_gbps =
+                        tri__sim_host_attn_gbps(h, N + 1, full->n_head, full->head_dim, row_full, o->host_bf16);
                     ps.host_dram_gbps = h->dram_gbps;
                 }
                 tri_plan pls;
@@ -398,8 +399,9 @@ static tri_status tree_rows(const l3_ctx *x, const tri_plan_model *pm, const tri
                     best_ms[hi + 1] = ms;
                     snprintf(best_what[hi + 1], sizeof best_what[0], "%s", what);
                 }
-                sput(out, "| %s | %d | %s | %s | %s | %d | %d | %d | %.2f | %.2f | %d | %.2f | %.1f | %.1f | %.1f | %.1f "
-                          "| %.0f |\n",
+                sput(out,
+                     "| %s | %d | %s | %s | %s | %d | %d | %d | %.2f | %.2f | %d | %.2f | %.1f | %.1f | %.1f | %.1f "
+                     "| %.0f |\n",
                      kvn, budget, acc, h ? h->name : "none (all streamed)", what, nodes, depth, m3, per_round, passes,
                      m2, f, 1e3 * t3s, 1e3 * t21, ms, planned ? 1e3 * pls.t_token : NAN, paper);
             }
@@ -415,8 +417,9 @@ static tri_status tree_rows(const l3_ctx *x, const tri_plan_model *pm, const tri
             char what[32];
             snprintf(what, sizeof what, ch.params.tree_nodes > 0 ? "tree of %d" : "chain of %d",
                      ch.params.tree_nodes > 0 ? ch.params.tree_nodes : ch.params.gamma2);
-            sput(out, "| %s | %d | %s | %s | **planner's choice: %s** (best simulated: %s, %.1f ms/token) | | | | %.2f | "
-                      "%.2f | | %.2f | %.1f | | | %.1f | %.0f |\n",
+            sput(out,
+                 "| %s | %d | %s | %s | **planner's choice: %s** (best simulated: %s, %.1f ms/token) | | | | %.2f | "
+                 "%.2f | | %.2f | %.1f | | | %.1f | %.0f |\n",
                  kvn, budget, acc, h ? h->name : "none (all streamed)", what, best_what[hi + 1], best_ms[hi + 1],
                  ch.tokens_per_round, ch.l2_passes, ch.kv_host_fraction, 1e3 * ch.t_l3, 1e3 * ch.t_token, paper);
         }
@@ -569,8 +572,16 @@ static int run_paper(const sim_opts *o) {
         if (!st && !ar) st = sim_time_pass(tv, be, &l2, o->gamma1 + 1, &p2);
         if (!st && !ar) st = sim_time_pass(dv, be, &l1, 1, &p1);
         if (o->gpus == 2 && !ar) p2.seconds += allreduce_seconds(&tc, &p, o->gamma1 + 1);
-        l3_ctx lx = {.o = o, .be = be, .p = &p, .tv = tv, .l3 = &l3, .kvt = kvt, .tc = &tc, .full = &full,
-                     .capacity = cap3, .on_chip = plan.on_chip};
+        l3_ctx lx = {.o = o,
+                     .be = be,
+                     .p = &p,
+                     .tv = tv,
+                     .l3 = &l3,
+                     .kvt = kvt,
+                     .tc = &tc,
+                     .full = &full,
+                     .capacity = cap3,
+                     .on_chip = plan.on_chip};
         for (int gi = 0; !st && gi < (ar ? 1 : o->n_gamma2); gi++) {
             int32_t g2 = ar ? 0 : o->gamma2s[gi];
             sim_pass p3;
@@ -671,18 +682,21 @@ static int run_paper(const sim_opts *o) {
     }
     free(rows);
     if (trows.len > 0) {
-        printf("\nchain vs tree (docs/offload.md, \"Token trees\"): L3 verifies a chain of gamma2 or the best tree of at "
-               "most N nodes (Sequoia's programme) under the acceptance by depth and sibling rank in one pass of its "
-               "nodes + 1 rows; a sibling of rank r >= 2 is kept at the depth's rate x %.2f^(r - 1) (stated model) "
-               "unless the curve measured ranks; L2 drafts the tree's main path as the chain (L1 feeding it) and "
-               "evaluates each internal off-path node one pass after its parent's, beside it (tri__accept_tree_drafting); "
-               "host none: every offloaded row streams; the split's f is the planner's for the host at the pass's query "
-               "count; simulated L3 and L2 passes at their row counts\n",
-               o->rank_decay);
-        printf("\n| KV | budget | acceptance | host | L3 verifies | nodes | depth | rows / L3 pass | tokens / L3 pass "
-               "| L2 passes / round | L2 rows | split f | L3 pass ms | L2 + L1 ms / round | ms/token (simulated) | planner "
-               "ms/token | paper ms/token |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n%s",
-               trows.buf);
+        printf(
+            "\nchain vs tree (docs/offload.md, \"Token trees\"): L3 verifies a chain of gamma2 or the best tree of at "
+            "most N nodes (Sequoia's programme) under the acceptance by depth and sibling rank in one pass of its "
+            "nodes + 1 rows; a sibling of rank r >= 2 is kept at the depth's rate x %.2f^(r - 1) (stated model) "
+            "unless the curve measured ranks; L2 drafts the tree's main path as the chain (L1 feeding it) and "
+            "evaluates each internal off-path node one pass after its parent's, beside it (tri__accept_tree_drafting); "
+            "host none: every offloaded row streams; the split's f is the planner's for the host at the pass's query "
+            "count; simulated L3 and L2 passes at their row counts\n",
+            o->rank_decay);
+        printf(
+            "\n| KV | budget | acceptance | host | L3 verifies | nodes | depth | rows / L3 pass | tokens / L3 pass "
+            "| L2 passes / round | L2 rows | split f | L3 pass ms | L2 + L1 ms / round | ms/token (simulated) | "
+            "planner "
+            "ms/token | paper ms/token |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n%s",
+            trows.buf);
     }
     free(trows.buf);
     tri__sim_stats s;
@@ -1055,13 +1069,15 @@ static int run_engine(const sim_opts *o) {
     printf("host-side work on offloaded rows at this machine's rates: gathers %.2f GB/s, chunk summaries %.2f GB/s\n",
            p.host_copy_gbps, p.host_reduce_gbps);
     if (o->curve_path)
-        printf("acceptance forced inside the engine's loop by depth, as measured in %s (pooled: L2 keeps %.2f of L1's "
-               "tokens, L3 %.2f of L2's)\n",
-               o->curve_path, curve.pooled[0], curve.pooled[1]);
+        printf(
+            "acceptance forced inside the engine's loop by depth, as measured in %s (pooled: L2 keeps %.2f of L1's "
+            "tokens, L3 %.2f of L2's)\n",
+            o->curve_path, curve.pooled[0], curve.pooled[1]);
     else
-        printf("acceptance forced inside the engine's loop: L2 keeps an L1 token with probability %.2f, L3 an L2 token "
-               "with %.2f\n",
-               o->beta, o->alpha);
+        printf(
+            "acceptance forced inside the engine's loop: L2 keeps an L1 token with probability %.2f, L3 an L2 token "
+            "with %.2f\n",
+            o->beta, o->alpha);
     printf("\n| tokens | L3 passes | tokens / L3 pass | L2 verifications | L1 accepted / proposed | L2 accepted / proposed "
            "| L2 selections | ms/token (simulated) | planner ms/token | MB up/token | host work ms/token | transfer hidden "
            "| run on this machine s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -1092,10 +1108,26 @@ static bool sim_size(const char *s, uint64_t *out) {
 }
 
 int bench_offload_sim(int argc, char **argv) {
-    sim_opts o = {.shape = "llama2-7b", .ctx = 130048, .gamma1 = 2, .gpus = 1, .prompt = 256, .tokens = 32, .threads = 0, .rounds = 3,
-                  .budgets = {8192, 12288}, .n_budgets = 2, .gamma2s = {12, 16}, .n_gamma2 = 2, .alpha = 0.9,
-                  .beta = 0.7, .weights = TRI_DTYPE_F16, .hosts = "desktop,workstation",
-                  .kv_types = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0}, .n_kv = 2, .trees = {16, 32, 64, 128}, .n_trees = 4,
+    sim_opts o = {.shape = "llama2-7b",
+                  .ctx = 130048,
+                  .gamma1 = 2,
+                  .gpus = 1,
+                  .prompt = 256,
+                  .tokens = 32,
+                  .threads = 0,
+                  .rounds = 3,
+                  .budgets = {8192, 12288},
+                  .n_budgets = 2,
+                  .gamma2s = {12, 16},
+                  .n_gamma2 = 2,
+                  .alpha = 0.9,
+                  .beta = 0.7,
+                  .weights = TRI_DTYPE_F16,
+                  .hosts = "desktop,workstation",
+                  .kv_types = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0},
+                  .n_kv = 2,
+                  .trees = {16, 32, 64, 128},
+                  .n_trees = 4,
                   .rank_decay = 0.5};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1124,9 +1156,12 @@ int bench_offload_sim(int argc, char **argv) {
             o.n_trees = !strcmp(v, "none") ? 0 : sim_list(v, o.trees);
             for (int t = 0; ok && t < o.n_trees; t++) ok = o.trees[t] <= TRI_PLAN_TREE_MAX_NODES;
             ok = ok && (o.n_trees > 0 || !strcmp(v, "none"));
-        } else if (!strcmp(a, "--rank-decay") && v) ok = (o.rank_decay = atof(v)) >= 0 && o.rank_decay <= 1;
-        else if (!strcmp(a, "--host-bf16")) o.host_bf16 = ok = true, i--;
-        else if (!strcmp(a, "--tree-general")) o.tree_general = ok = true, i--;
+        } else if (!strcmp(a, "--rank-decay") && v)
+            ok = (o.rank_decay = atof(v)) >= 0 && o.rank_decay <= 1;
+        else if (!strcmp(a, "--host-bf16"))
+            o.host_bf16 = ok = true, i--;
+        else if (!strcmp(a, "--tree-general"))
+            o.tree_general = ok = true, i--;
         else if (!strcmp(a, "--kv-type") && v) {
             o.n_kv = 0;
             for (const char *t = v; ok && *t && o.n_kv < MAX_LIST;) {

@@ -990,9 +990,9 @@ typedef struct tri_plan {
     int32_t tp_kv_heads_max;         // the largest share of KV heads one GPU holds
     int32_t tp_ff_rows_max;          // the largest share of FFN rows
     // token trees (params.tree_nodes > 0): the tree L3 verifies
-    int32_t l3_rows;                 // query rows of one L3 pass: gamma2 + 1, or the tree's nodes + 1
-    int32_t tree_nodes_used;         // nodes of the best tree (at most tree_nodes); 0 for a chain
-    int32_t tree_depth;              // its depth (the chain L2 drafts along); gamma2 for a chain
+    int32_t l3_rows;          // query rows of one L3 pass: gamma2 + 1, or the tree's nodes + 1
+    int32_t tree_nodes_used;  // nodes of the best tree (at most tree_nodes); 0 for a chain
+    int32_t tree_depth;       // its depth (the chain L2 drafts along); gamma2 for a chain
 } tri_plan;
 
 // Plans model under params (NULL: defaults). INVALID_ARGUMENT for impossible parameters;

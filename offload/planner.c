@@ -612,12 +612,11 @@ tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_
     if (p.accept_rank_decay == 0) p.accept_rank_decay = 0.5;
     if (p.draft_bytes == 0) p.draft_bytes = 136000000;
     if (p.draft_n_layer == 0) p.draft_n_layer = 2;
-    if (p.n_ctx < 1 || p.n_gpu < 1 || p.n_gpu > 64 || p.pcie_gbps < 0 || p.disk_gbps < 0 ||
-        p.gpu_mem_gbps < 0 || p.gpu_tflops < 0 || p.layer_overhead_us < 0 ||
-        !tri__kv_type_ok(p.kv_type) || p.retrieval_budget < 1 ||
-        p.chunk_size < 1 || p.gamma1 < 1 || p.gamma2 < 1 || p.accept_l1 < 0 || p.accept_l1 > 1 ||
-        p.accept_l2 < 0 || p.accept_l2 > 1 || p.draft_n_layer < 1 || !(p.host_attn_gbps >= 0) ||
-        !(p.host_dram_gbps >= 0) || p.tree_nodes < 0 || p.tree_nodes > TRI_PLAN_TREE_MAX_NODES ||
+    if (p.n_ctx < 1 || p.n_gpu < 1 || p.n_gpu > 64 || p.pcie_gbps < 0 || p.disk_gbps < 0 || p.gpu_mem_gbps < 0 ||
+        p.gpu_tflops < 0 || p.layer_overhead_us < 0 || !tri__kv_type_ok(p.kv_type) || p.retrieval_budget < 1 ||
+        p.chunk_size < 1 || p.gamma1 < 1 || p.gamma2 < 1 || p.accept_l1 < 0 || p.accept_l1 > 1 || p.accept_l2 < 0 ||
+        p.accept_l2 > 1 || p.draft_n_layer < 1 || !(p.host_attn_gbps >= 0) || !(p.host_dram_gbps >= 0) ||
+        p.tree_nodes < 0 || p.tree_nodes > TRI_PLAN_TREE_MAX_NODES ||
         !(p.accept_rank_decay >= 0 && p.accept_rank_decay <= 1) ||
         (p.mode != TRI_PLAN_MODE_TRIFORCE && p.mode != TRI_PLAN_MODE_AUTOREGRESSIVE))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
@@ -625,8 +624,8 @@ tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_
                          "bandwidths >= 0, kv_type f16/f32/q8_0/q4_0, budget %d, chunk %d, "
                          "gamma1 %d, gamma2 %d, acceptance rates and rank decay in [0, 1], tree_nodes %d in "
                          "[0, %d])",
-                         p.n_ctx, p.n_gpu, p.retrieval_budget,
-                         p.chunk_size, p.gamma1, p.gamma2, p.tree_nodes, TRI_PLAN_TREE_MAX_NODES);
+                         p.n_ctx, p.n_gpu, p.retrieval_budget, p.chunk_size, p.gamma1, p.gamma2, p.tree_nodes,
+                         TRI_PLAN_TREE_MAX_NODES);
     // the engine's split over the GPUs (uneven where the KV heads do not divide)
     tri__tp_split split;
     if (tri__tp_split_plan(c, p.n_gpu, &split) != TRI_STATUS_OK) {
@@ -644,7 +643,12 @@ tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_
     tri__accept_table stated[2];  // 9 KiB
     tri__accept_table_constant(&stated[0], p.accept_l1, p.accept_rank_decay);
     tri__accept_table_constant(&stated[1], p.accept_l2, p.accept_rank_decay);
-    ctx x = {.p = p, .c = c, .L = c->n_layer, .G = p.n_gpu, .l1 = l1 ? l1 : &stated[0], .l2 = l2 ? l2 : &stated[1],
+    ctx x = {.p = p,
+             .c = c,
+             .L = c->n_layer,
+             .G = p.n_gpu,
+             .l1 = l1 ? l1 : &stated[0],
+             .l2 = l2 ? l2 : &stated[1],
              .tree_flags = tree_flags};
     x.W = m.layer_bytes;
     x.other = m.other_bytes;
@@ -721,8 +725,10 @@ tri_status tri__plan_choose(const tri_plan_model *model, const tri_plan_params *
     for (int i = 0; i < n_chains + n_trees; i++) {
         tri_plan_params p = base;
         bool tree = i >= n_chains;
-        if (tree) p.tree_nodes = trees[i - n_chains];
-        else p.gamma2 = chains[i], p.tree_nodes = 0;
+        if (tree)
+            p.tree_nodes = trees[i - n_chains];
+        else
+            p.gamma2 = chains[i], p.tree_nodes = 0;
         if (host_dram_gbps > 0 && host_tflops > 0 && row > 0) {
             // the host's rate at this candidate's query count: bandwidth- or FLOP-bound
             int32_t m = (tree ? p.tree_nodes : p.gamma2) + 1;
@@ -829,8 +835,7 @@ tri_status tri_plan_format(const tri_plan *pl, char *buf, size_t cap, size_t *n_
             pl->tokens_per_round);
         if (p->tree_nodes > 0)
             put(&s, "  %-32s %9d nodes  depth %d, %d rows per L3 pass (rank decay %.2f, assumed)\n",
-                "token tree verified by L3", pl->tree_nodes_used, pl->tree_depth, pl->l3_rows,
-                p->accept_rank_decay);
+                "token tree verified by L3", pl->tree_nodes_used, pl->tree_depth, pl->l3_rows, p->accept_rank_decay);
     }
     put(&s, "  %-32s %9.1f ms   PCIe floor %.1f ms (%.2f GB per token)\n", "per token",
         pl->t_token * 1e3, pl->t_token_pcie_floor * 1e3, pl->pcie_bytes_token / 1e9);

@@ -48,13 +48,13 @@ double tri__accept_chain_expected(const tri__accept_table *t, int32_t g);
 // of (1 - a[d][j]); the expected tokens of its verification are 1 + the sum of those chances
 // (Sequoia's expected gain; each node's marginal chance that it is accepted).
 typedef struct tri__tree_shape {
-    int32_t n;                                  // nodes
-    int32_t depth_max;                          // deepest node's depth (0 when empty)
-    double expected;                            // tokens per verification
+    int32_t n;          // nodes
+    int32_t depth_max;  // deepest node's depth (0 when empty)
+    double expected;    // tokens per verification
     int32_t parent[TRI_PLAN_TREE_MAX_NODES];
     int32_t depth[TRI_PLAN_TREE_MAX_NODES];
     int32_t rank[TRI_PLAN_TREE_MAX_NODES];
-    int32_t width[TRI_PLAN_TREE_DEPTH + 1];     // nodes at each depth
+    int32_t width[TRI_PLAN_TREE_DEPTH + 1];  // nodes at each depth
 } tri__tree_shape;
 
 // Expected tokens of the tree in s (n, parent, rank; depth is recomputed); -1 when the tree is not

@@ -157,13 +157,15 @@ tri_status tri__sim_curve_parse(const char *name, const char *text, size_t len, 
             int w = kw[1] - '1';
             if ((st = curve_fields(name, ln + 1, rest, 3, chain_names, v))) break;
             if (v[0] != c->depth[w] + 1 || v[0] > TRI_SIM_CURVE_DEPTH) {
-                st = tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: field DEPTH: %lld, want %s depth %d "
-                               "(depths 1, 2, ... up to %d in order)", name, ln + 1, v[0], kw, c->depth[w] + 1,
-                               TRI_SIM_CURVE_DEPTH);
+                st = tri__fail(TRI_STATUS_BAD_FORMAT,
+                               "acceptance curve %s:%d: field DEPTH: %lld, want %s depth %d "
+                               "(depths 1, 2, ... up to %d in order)",
+                               name, ln + 1, v[0], kw, c->depth[w] + 1, TRI_SIM_CURVE_DEPTH);
             } else if (v[1] < 1 || v[2] > v[1]) {
-                st = tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: field %s: want REACHED >= 1 and "
-                               "0 <= ACCEPTED <= REACHED (%lld, %lld)", name, ln + 1, v[1] < 1 ? "REACHED" : "ACCEPTED",
-                               v[1], v[2]);
+                st = tri__fail(TRI_STATUS_BAD_FORMAT,
+                               "acceptance curve %s:%d: field %s: want REACHED >= 1 and "
+                               "0 <= ACCEPTED <= REACHED (%lld, %lld)",
+                               name, ln + 1, v[1] < 1 ? "REACHED" : "ACCEPTED", v[1], v[2]);
             } else {
                 c->rate[w][v[0]] = (double)v[2] / (double)v[1];
                 c->depth[w] = (int32_t)v[0];
@@ -177,9 +179,11 @@ tri_status tri__sim_curve_parse(const char *name, const char *text, size_t len, 
             bool next_rank = d > 0 && v[0] == d && v[1] > c->tree_ranks[d];
             bool next_depth = v[0] == d + 1 && v[1] == 1;
             if (!next_rank && !next_depth) {
-                st = tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: field %s: depth %lld rank %lld, want "
+                st = tri__fail(TRI_STATUS_BAD_FORMAT,
+                               "acceptance curve %s:%d: field %s: depth %lld rank %lld, want "
                                "depth %d with a rank above %d or depth %d rank 0 (depths in order, each from rank 0 "
-                               "up)", name, ln + 1, v[0] != d && v[0] != d + 1 ? "DEPTH" : "RANK", v[0], v[1] - 1, d,
+                               "up)",
+                               name, ln + 1, v[0] != d && v[0] != d + 1 ? "DEPTH" : "RANK", v[0], v[1] - 1, d,
                                d > 0 ? c->tree_ranks[d] - 1 : -1, d + 1);
             } else if (v[0] > TRI_SIM_CURVE_DEPTH || v[1] > TRI_SIM_TREE_RANKS) {
                 st = tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: field %s: %lld, at most %d", name,
@@ -187,9 +191,10 @@ tri_status tri__sim_curve_parse(const char *name, const char *text, size_t len, 
                                v[0] > TRI_SIM_CURVE_DEPTH ? v[0] : v[1] - 1,
                                v[0] > TRI_SIM_CURVE_DEPTH ? TRI_SIM_CURVE_DEPTH : TRI_SIM_TREE_RANKS - 1);
             } else if (v[2] < 1 || v[3] > v[2]) {
-                st = tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: field %s: want REACHED >= 1 and "
-                               "0 <= ACCEPTED <= REACHED (%lld, %lld)", name, ln + 1, v[2] < 1 ? "REACHED" : "ACCEPTED",
-                               v[2], v[3]);
+                st = tri__fail(TRI_STATUS_BAD_FORMAT,
+                               "acceptance curve %s:%d: field %s: want REACHED >= 1 and "
+                               "0 <= ACCEPTED <= REACHED (%lld, %lld)",
+                               name, ln + 1, v[2] < 1 ? "REACHED" : "ACCEPTED", v[2], v[3]);
             } else {
                 c->tree_depth = (int32_t)v[0];
                 c->tree_ranks[v[0]] = (int32_t)v[1];
@@ -210,8 +215,10 @@ tri_status tri__sim_curve_parse(const char *name, const char *text, size_t len, 
             rest += strspn(rest, " \t");
             x = strtod(rest, &end);
             if (end == rest || !(x >= 1 && x < 1e6) || end[strspn(end, " \t\r")]) {
-                st = tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: field X of tokens_per_l3: want a number "
-                               ">= 1", name, ln + 1);
+                st = tri__fail(TRI_STATUS_BAD_FORMAT,
+                               "acceptance curve %s:%d: field X of tokens_per_l3: want a number "
+                               ">= 1",
+                               name, ln + 1);
                 break;
             }
             c->tokens_per_l3 = x;

@@ -121,9 +121,9 @@ typedef struct tri__sim_curve {
     double tree[TRI_SIM_CURVE_DEPTH + 1][TRI_SIM_TREE_RANKS + 1];
     int32_t tree_ranks[TRI_SIM_CURVE_DEPTH + 1];  // highest rank measured at each depth (0: none)
     double tree_reached[TRI_SIM_CURVE_DEPTH + 1][TRI_SIM_TREE_RANKS + 1];  // REACHED of each record
-    int32_t tree_depth;                           // deepest depth of a tree record (0: no tree)
-    double tree_pooled[TRI_SIM_TREE_RANKS + 1];   // per rank, over every depth measured
-    int32_t tree_nodes;     // the tree size it was measured with ('tree_nodes N'; 0 when not said)
+    int32_t tree_depth;                          // deepest depth of a tree record (0: no tree)
+    double tree_pooled[TRI_SIM_TREE_RANKS + 1];  // per rank, over every depth measured
+    int32_t tree_nodes;                          // the tree size it was measured with ('tree_nodes N'; 0 when not said)
 } tri__sim_curve;
 
 // Reads a curve file; BAD_FORMAT naming the file, line and field for a bad line or a missing level,

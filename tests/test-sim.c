@@ -619,22 +619,23 @@ Test(sim, best_tree_equals_brute_force_enumeration) {
             }
         for (int32_t n = 1; n <= 7; n++)
             for (int32_t limit = 0; limit <= 3; limit++)  // 0: no depth limit but the table's
-                for (int leaf = 0; leaf < 2; leaf++) {     // any tree, or the engine's (leaf siblings)
-                double best = 1;
-                int64_t count = 0;
-                int32_t depth[16];
-                for (int32_t k = 1; k <= n; k++)  // at most n nodes
-                    brute_best(&t, depth, 0, k, limit ? limit : TRI_PLAN_TREE_DEPTH, leaf, &best, &count);
-                tri__tree_shape s;
-                cr_assert_eq(tri__accept_tree_best(&t, n, limit, leaf, &s), TRI_STATUS_OK);
-                cr_assert(fabs(s.expected - best) < 1e-12 * best, "trial %d, %d nodes, depth <= %d, leaf %d: programme "
-                          "%.15g, enumeration %.15g over %lld trees", trial, n, limit, leaf, s.expected, best,
-                          (long long)count);
-                for (int32_t i = 0; leaf && i < s.n; i++)
-                    cr_assert(s.parent[i] < 0 || s.rank[s.parent[i]] == 1, "a sibling with a child");
-                cr_assert(s.n <= n && (limit == 0 || s.depth_max <= limit));
-                cr_assert(fabs(tri__accept_tree_expected(&t, &s) - s.expected) < 1e-12, "its tree has its value");
-            }
+                for (int leaf = 0; leaf < 2; leaf++) {    // any tree, or the engine's (leaf siblings)
+                    double best = 1;
+                    int64_t count = 0;
+                    int32_t depth[16];
+                    for (int32_t k = 1; k <= n; k++)  // at most n nodes
+                        brute_best(&t, depth, 0, k, limit ? limit : TRI_PLAN_TREE_DEPTH, leaf, &best, &count);
+                    tri__tree_shape s;
+                    cr_assert_eq(tri__accept_tree_best(&t, n, limit, leaf, &s), TRI_STATUS_OK);
+                    cr_assert(fabs(s.expected - best) < 1e-12 * best,
+                              "trial %d, %d nodes, depth <= %d, leaf %d: programme "
+                              "%.15g, enumeration %.15g over %lld trees",
+                              trial, n, limit, leaf, s.expected, best, (long long)count);
+                    for (int32_t i = 0; leaf && i < s.n; i++)
+                        cr_assert(s.parent[i] < 0 || s.rank[s.parent[i]] == 1, "a sibling with a child");
+                    cr_assert(s.n <= n && (limit == 0 || s.depth_max <= limit));
+                    cr_assert(fabs(tri__accept_tree_expected(&t, &s) - s.expected) < 1e-12, "its tree has its value");
+                }
     }
 }
 
@@ -702,8 +703,9 @@ Test(sim, tree_by_hand_and_its_drafting) {
 
 Test(sim, tree_curve_records_read_and_errors_name_file_line_and_field) {
     tri__sim_curve c;
-    const char *text = "gamma1 2\ngamma2 16\ntree_nodes 32\nl1 1 10 7\nl2 1 10 8\n"
-                       "tree 1 0 10 8\ntree 1 1 2 1\ntree 1 2 1 0\ntree 2 0 8 4\ntree 2 1 4 1\n";
+    const char *text =
+        "gamma1 2\ngamma2 16\ntree_nodes 32\nl1 1 10 7\nl2 1 10 8\n"
+        "tree 1 0 10 8\ntree 1 1 2 1\ntree 1 2 1 0\ntree 2 0 8 4\ntree 2 1 4 1\n";
     cr_assert_eq(tri__sim_curve_parse("t", text, strlen(text), &c), TRI_STATUS_OK, "%s", tri_last_error());
     cr_assert(c.tree_depth == 2 && c.tree_ranks[1] == 3 && c.tree_ranks[2] == 2 && c.tree_nodes == 32);
     assert_near(c.tree[1][2], 0.5, "depth 1 rank 2");
@@ -717,16 +719,17 @@ Test(sim, tree_curve_records_read_and_errors_name_file_line_and_field) {
     assert_near(t.a[2][3], 0.0, "rank 3 at depth 2 ... pooled over the depths that measured it");
     cr_assert_eq(t.a[1][4], 0, "a rank never measured is never drafted");
     // errors: file, line and field named
-    const char *bad[] = {"l1 1 10 7\nl2 1 5 5\ntree 1 1 3 1\n",               // rank 1 before the chain's (0)
-                         "l1 1 10 7\nl2 1 5 5\ntree 1 0 3 4\n",               // accepted > reached
-                         "l1 1 10 7\nl2 1 5 5\ntree 1 0 3\n",                 // a field missing
-                         "l1 1 10 7\nl2 1 5 x5\n",                            // not a count
-                         "l1 1 10 7\nl2 1 5 5 9\n",                           // one too many
+    const char *bad[] = {"l1 1 10 7\nl2 1 5 5\ntree 1 1 3 1\n",                 // rank 1 before the chain's (0)
+                         "l1 1 10 7\nl2 1 5 5\ntree 1 0 3 4\n",                 // accepted > reached
+                         "l1 1 10 7\nl2 1 5 5\ntree 1 0 3\n",                   // a field missing
+                         "l1 1 10 7\nl2 1 5 x5\n",                              // not a count
+                         "l1 1 10 7\nl2 1 5 5 9\n",                             // one too many
                          "l1 1 10 7\nl2 1 5 5\ntree 1 0 3 1\ntree 1 17 3 1\n",  // rank past the limit
                          "l1 1 10 7\nl2 1 5 5\ntokens_per_l3 0.5\n",
-                         "l1 1 10 7\nl2 1 5 5\ntree 1 0 3 1\ntree 3 0 3 1\n"};   // a depth skipped
-    const char *want[] = {":3: field RANK", ":3: field ACCEPTED", ":3: field ACCEPTED missing", ":2: field ACCEPTED",
-                          ":2: '9' after", ":4: field RANK", ":3: field X", ":4: field DEPTH"};
+                         "l1 1 10 7\nl2 1 5 5\ntree 1 0 3 1\ntree 3 0 3 1\n"};  // a depth skipped
+    const char *want[] = {":3: field RANK",     ":3: field ACCEPTED", ":3: field ACCEPTED missing",
+                          ":2: field ACCEPTED", ":2: '9' after",      ":4: field RANK",
+                          ":3: field X",        ":4: field DEPTH"};
     for (int i = 0; i < 8; i++) {
         char *path = curve_file(bad[i]);
         cr_assert_eq(tri__sim_curve_read(path, &c), TRI_STATUS_BAD_FORMAT, "case %d", i);

@@ -1583,8 +1583,9 @@ Test(spec, l2_over_offloaded_l3_exact_greedy, .timeout = TT_TIMEOUT(120)) {
             // the later selections were made during L3's verification passes, from the rows those
             // passes had on the device: nothing gathered out of host memory; one or two offloaded
             // layers stay in their buffers, three stream through two
-            cr_assert(gathered == 0 && (off < 3 || st.kv_bytes_up > 0), "%s, %d offloaded: %llu bytes up, %llu gathered",
-                      mode_name(mode), off, (unsigned long long)st.kv_bytes_up, (unsigned long long)gathered);
+            cr_assert(gathered == 0 && (off < 3 || st.kv_bytes_up > 0),
+                      "%s, %d offloaded: %llu bytes up, %llu gathered", mode_name(mode), off,
+                      (unsigned long long)st.kv_bytes_up, (unsigned long long)gathered);
             tri_spec_free(s);
         }
     tri_model_free(draft);

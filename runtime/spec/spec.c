@@ -291,8 +291,8 @@ void tri__spec_depth_counts(const tri_spec *s, int which, int64_t *reached, int6
 // tri__spec_verify with the decision forced: each drafted token is kept with probability rate
 // until the first that is not; that one is replaced by another token, or a bonus follows when all
 // were kept and want_bonus. The distributions handed up (out) are one-hot, as at temperature 0.
-static tri_status forced_verify(tri_spec *s, int w, const tri__spec_draft *d, bool want_bonus,
-                                tri__spec_draft *out, int32_t *n_accepted, int32_t *next) {
+static tri_status forced_verify(tri_spec *s, int w, const tri__spec_draft *d, bool want_bonus, tri__spec_draft *out,
+                                int32_t *n_accepted, int32_t *next) {
     const int32_t V = s->n_vocab;
     *n_accepted = 0;
     *next = -1;
@@ -300,7 +300,8 @@ static tri_status forced_verify(tri_spec *s, int w, const tri__spec_draft *d, bo
         return tri__fail(TRI_STATUS_INTERNAL, "verify: %d + %d tokens may not fit a draft of %d", out->n,
                          d->n + (want_bonus ? 1 : 0), out->cap);
     int32_t k = 0;
-    while (k < d->n && tri__rng_uniform(&s->force_rng) < (k < s->force_n[w] ? s->force_depth[w][k + 1] : s->force_rate[w]))
+    while (k < d->n &&
+           tri__rng_uniform(&s->force_rng) < (k < s->force_n[w] ? s->force_depth[w][k + 1] : s->force_rate[w]))
         k++;
     int32_t z = -1;
     if (k < d->n) z = (d->tokens[k] + 1) % V;  // a token other than the rejected one
@@ -439,7 +440,8 @@ static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
         TRY(level_run(s, s->lv2, b, d1->n, &row0));
         // no bonus when it would overfill d2: L3 verifies exactly g2 tokens
         bool want_bonus = d2->n + d1->n < g2;
-        if (s->forced) TRY(forced_verify(s, 0, d1, want_bonus, d2, &k, &z));
+        if (s->forced)
+            TRY(forced_verify(s, 0, d1, want_bonus, d2, &k, &z));
         else TRY(tri__spec_verify(&s->sampler, s->rule, s->seq, b, tri__level_logits(s->lv2, row0), d1,
                                   want_bonus, &s->rng, &s->work, d2, &k, &z));
         s->stats->n_l2_verify++;
@@ -678,7 +680,8 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
         } else {
             TRY(level_run(s, &s->l3, n, d3->n, &row0));
         }
-        if (s->forced) TRY(forced_verify(s, 1, d3, true, NULL, &k, &z));
+        if (s->forced)
+            TRY(forced_verify(s, 1, d3, true, NULL, &k, &z));
         else TRY(tri__spec_verify(&s->sampler, s->rule, s->seq, n, tri__level_logits(&s->l3, row0), d3, true,
                                   &s->rng, &s->work, NULL, &k, &z));
         stats->n_l3_verify++;
