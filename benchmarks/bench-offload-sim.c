@@ -8,6 +8,7 @@
 //                      that its command line runs as is; the timeline repeats exactly)
 //                      [--accept-curve FILE] [--hosts desktop,workstation|none]
 //                      [--kv-type f16,q8_0,q4_0]   (the table once per KV cache type; default f16,q8_0)
+//                      [--trees 16,32,64,128|none] [--rank-decay 0.5] [--host-bf16] [--tree-general]
 //        bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N] [--threads N]
 //                      [--rounds N]
 //
@@ -29,7 +30,9 @@
 //     L2's selections and refreshes, with acceptance forced inside its loop at the same rates
 //     (tri__spec_force_accept), timed on the sim from the end of the prefill. Host-side work on
 //     offloaded rows (gathers of a selection's chunks, summaries of host-resident keys) is not
-//     done but put on the host's clock at this machine's rates, measured at start; the engine's
+//     done but put on the host's clock at this machine's rates, measured at start (L2's later
+//     selections are made during L3's passes from device rows, so only a selection L2 cannot
+//     draft without does any); the engine's
 //     other host work (sampling over the vocabulary, the chunk index's top-k) runs on this machine
 //     and is not on the simulated clock; the chunk summaries of the whole context live in host memory
 //     (n_ctx / 8 x n_embd floats per layer: 8.5 GB at 127K), so keep --ctx moderate here;
@@ -40,7 +43,13 @@
 //     (tri__sim_host_split_seconds), the pass is the later of the two;
 //   - --accept-curve FILE (bench-accept's, docs/formats.md): the split table's rows again with the
 //     measured acceptance by depth in place of alpha and beta (tokens per round and L2 passes per
-//     round from the curve);
+//     round from the curve); with --engine, the engine's forced acceptance follows it by depth;
+//   - chain vs tree (--trees, docs/offload.md "Token trees in the planner and the simulator"): each
+//     chain of --gamma2 and tree of --trees nodes (the engine's shape, or any tree with
+//     --tree-general), all streamed and split on each host, at the stated rates (siblings at
+//     rate x --rank-decay^(r - 1), a stated model) and at the curve; the L3 and L2 passes timed on
+//     the sim at the shape's rows; and the planner's choice per host (tri__plan_choose);
+//     --host-bf16 times the host's attention at its bf16 dot-product rate (a kernel not built);
 //   - --gpus 2: the engine splits over two devices (runtime/tensor-parallel.c); here one device is
 //     simulated with one GPU's share of the work as the planner assumes it (half the heads, half
 //     the feed-forward width, the full vocabulary; the KV of its heads over its own link), plus
@@ -48,6 +57,7 @@
 //     (the split itself runs on CPU backends and emulated GPUs, not on two real ones yet).
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +71,7 @@
 #include "llama.h"
 #include "model-synthetic.h"
 #include "model.h"
+#include "error.h"
 #include "planner.h"
 #include "sim-backend.h"
 #include "spec.h"
@@ -82,20 +93,27 @@ typedef struct sim_opts {
     const char *hosts;       // --hosts: host profiles for the split rows
     tri_dtype kv_types[MAX_LIST];  // --kv-type f16,q8_0,q4_0: the table once per cache type
     int32_t n_kv;
+    int32_t trees[MAX_LIST], n_trees;  // --trees: token trees of these node counts beside the chains
+    double rank_decay;                 // --rank-decay: a sibling of rank r kept at rate x decay^(r - 1)
+    bool host_bf16;                    // --host-bf16: the host's attention at its bf16 dot-product rate
+    bool tree_general;                 // --tree-general: any tree (Sequoia's), not the engine's shape
 } sim_opts;
 
 static void sim_usage(void) {
     int n;
     const tri__sim_profile *p = tri__sim_profiles(&n);
-    fprintf(stderr, "usage: bench-offload --device sim:PROFILE [--gpus 1|2] [--shape llama2-7b|tiny] [--ctx N]\n"
-                    "                     [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]\n"
-                    "                     [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]\n"
-                    "                     [--reserve SIZE] [--passes N] [--accept-curve FILE]\n"
-                    "                     [--hosts desktop,workstation|none]\n"
-                    "                     [--kv-type f16,q8_0,q4_0 (default f16,q8_0)]\n"
-                    "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
-                    "                     [--threads N] [--rounds N]\n"
-                    "profiles:");
+    fprintf(stderr,
+            "usage: bench-offload --device sim:PROFILE [--gpus 1|2] [--shape llama2-7b|tiny] [--ctx N]\n"
+            "                     [--budgets 8192,12288] [--gamma2 12,16] [--gamma1 2] [--accept 0.9]\n"
+            "                     [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]\n"
+            "                     [--reserve SIZE] [--passes N] [--accept-curve FILE]\n"
+            "                     [--hosts desktop,workstation|none]\n"
+            "                     [--kv-type f16,q8_0,q4_0 (default f16,q8_0)]\n"
+            "                     [--trees 16,32,64,128|none] [--rank-decay 0.5] [--host-bf16]\n"
+            "                     [--tree-general]\n"
+            "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
+            "                     [--threads N] [--rounds N]\n"
+            "profiles:");
     for (int i = 0; i < n; i++) fprintf(stderr, " %s", p[i].name);
     fprintf(stderr, " (and cpu, measured here, for --self-check)\n");
 }
@@ -187,6 +205,231 @@ static double allreduce_seconds(const tri_model_config *c, const tri__sim_profil
 
 // ---- the experiment ----
 
+// What an L3 pass is timed against: the target's shard on the sim, its store, the placement.
+typedef struct l3_ctx {
+    const sim_opts *o;
+    tri__backend *be;
+    const tri__sim_profile *p;
+    const tri_model *tv;
+    tri__kv_store *l3;
+    tri_dtype kvt;
+    const tri_model_config *tc, *full;
+    int32_t capacity, on_chip;
+} l3_ctx;
+
+// The split L3 pass of m rows with the host attending f of every offloaded layer's rows: the
+// device's part timed on the sim over the rest (the store made again holding them: two would not
+// fit the device; the layers on the device attend the host's share too, at the device's memory
+// rate), the host's part from its FLOPs and bytes with every GPU's DMA sharing its DRAM
+// (tri__sim_host_split_seconds) and 30 us per layer for the queries down, the partial state down
+// and the output up. The store is left holding ctx rows.
+static tri_status split_pass(const l3_ctx *x, const tri__sim_host *h, int32_t m, double f, double *dev, double *host) {
+    const sim_opts *o = x->o;
+    const tri_model_config *tc = x->tc, *full = x->full;
+    int32_t n_dev = o->ctx - (int32_t)(f * o->ctx);
+    double row_full = 2.0 * full->n_head_kv * (double)tri__dtype_row_bytes(x->kvt, full->head_dim);
+    double row_shard = 2.0 * tc->n_head_kv * (double)tri__dtype_row_bytes(x->kvt, tc->head_dim);
+    sim_pass ps3 = {0};
+    tri__kv_store_free(x->l3);
+    tri_status st = sim_store(x->l3, x->be, x->kvt, tc, x->capacity, x->on_chip, n_dev);
+    if (!st) st = sim_time_pass(x->tv, x->be, x->l3, m, &ps3);
+    tri__kv_store_free(x->l3);
+    tri_status st2 = sim_store(x->l3, x->be, x->kvt, tc, x->capacity, x->on_chip, o->ctx);
+    if (st || st2) return st ? st : st2;
+    *dev = ps3.seconds + x->on_chip * (double)(o->ctx - n_dev) * row_shard / (x->p->mem_gbps * 1e9);
+    if (o->gpus == 2) *dev += allreduce_seconds(tc, x->p, m);
+    int32_t n_off = tc->n_layer - x->on_chip;
+    double dma = (ps3.kv_up + ps3.w_up) * o->gpus;  // every GPU's DMA reads this host's memory
+    *host = tri__sim_host_split_seconds(h, (double)n_off * (o->ctx - n_dev), m, full->n_head, full->head_dim, row_full,
+                                        o->host_bf16, dma, x->p->h2d_gbps * o->gpus) +
+            n_off * 30e-6;
+    return TRI_STATUS_OK;
+}
+
+// Simulated passes by rows (the L3 pass, full or split, and the L2 pass depend on nothing else here).
+#define PASS_CACHE 64
+typedef struct pass_cache {
+    int32_t n;
+    struct {
+        int32_t m, host;  // host: -1 the whole L3 pass, -2 the L2 pass, else the host profile's index
+        double a, b[2];   // seconds: the pass (or the split's device part); the split's f and host part
+    } e[PASS_CACHE];
+} pass_cache;
+
+static double *cache_find(pass_cache *c, int32_t m, int32_t host, double **b) {
+    for (int32_t i = 0; i < c->n; i++)
+        if (c->e[i].m == m && c->e[i].host == host) {
+            *b = c->e[i].b;
+            return &c->e[i].a;
+        }
+    return NULL;
+}
+
+static double *cache_add(pass_cache *c, int32_t m, int32_t host, double **b) {
+    if (c->n == PASS_CACHE) c->n = 0;  // forget all: a rerun is exact
+    c->e[c->n].m = m;
+    c->e[c->n].host = host;
+    *b = c->e[c->n].b;
+    return &c->e[c->n++].a;
+}
+
+// A growing text buffer for a table.
+typedef struct sbuf {
+    char *buf;
+    size_t len, cap;
+} sbuf;
+
+TRI__PRINTF(2, 3)
+static void sput(sbuf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (b->len + (size_t)n + 1 > b->cap) {
+        size_t cap = (b->cap ? b->cap : 4096);
+        while (cap < b->len + (size_t)n + 1) cap *= 2;
+        char *q = realloc(b->buf, cap);
+        if (!q) return;
+        b->buf = q;
+        b->cap = cap;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->buf + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+// The chain vs tree rows of one TriForce placement: for each acceptance (stated, and the curve's
+// when there is one), each chain of --gamma2 and tree of --trees, each host (none: all rows
+// stream; then --hosts with the split): the L3 pass at the shape's rows and the L2 pass at its
+// drafting's rows timed on the sim, tokens per pass from the best tree under the acceptance table,
+// and the planner's choice per host (tri__plan_choose) against the best simulated row.
+static tri_status tree_rows(const l3_ctx *x, const tri_plan_model *pm, const tri_plan_params *pp,
+                            const tri__sim_curve *cv, const tri__sim_host *const *hosts, int n_hosts, int32_t budget,
+                            double t1, tri__kv_store *l2, sbuf *out, double paper) {
+    const sim_opts *o = x->o;
+    const tri_model_config *full = x->full;
+    tri__accept_table *tab = malloc(2 * sizeof *tab);
+    tri__tree_shape *ts = malloc(sizeof *ts);
+    pass_cache *cache = calloc(1, sizeof *cache);
+    tri_status st = tab && ts && cache ? TRI_STATUS_OK : tri__fail(TRI_STATUS_OUT_OF_MEMORY, "bench-offload: trees");
+    const char *kvn = tri_dtype_name(x->kvt);
+    const int flags = o->tree_general ? TRI__PLAN_TREE_GENERAL : 0;
+    for (int ai = 0; !st && ai < (cv ? 2 : 1); ai++) {
+        bool measured = false;
+        if (ai == 0) {
+            tri__accept_table_constant(&tab[0], o->beta, o->rank_decay);
+            tri__accept_table_constant(&tab[1], o->alpha, o->rank_decay);
+        } else {
+            tri__sim_curve_table(cv, 0, o->rank_decay, &tab[0], NULL);
+            tri__sim_curve_table(cv, 1, o->rank_decay, &tab[1], &measured);
+        }
+        const char *acc = ai == 0 ? "stated" : measured ? "curve, ranks measured" : "curve, ranks modelled";
+        double e1 = tri__accept_chain_expected(&tab[0], o->gamma1);
+        double best_ms[5] = {0, 0, 0, 0, 0};
+        char best_what[5][32] = {"", "", "", "", ""};
+        for (int si = 0; !st && si < o->n_gamma2 + o->n_trees; si++) {
+            bool tree = si >= o->n_gamma2;
+            int32_t N = tree ? o->trees[si - o->n_gamma2] : o->gamma2s[si];
+            for (int hi = -1; !st && hi < n_hosts; hi++) {
+                const tri__sim_host *h = hi >= 0 ? hosts[hi] : NULL;
+                // the planner first: the split's f and, for a tree, its depth (the best tree of N
+                // at the depth that costs least per token on this host)
+                tri_plan_params ps = *pp;
+                ps.gamma2 = tree ? pp->gamma2 : N;
+                ps.tree_nodes = tree ? N : 0;
+                double row_full = 2.0 * full->n_head_kv * (double)tri__dtype_row_bytes(x->kvt, full->head_dim);
+                if (h) {
+                    ps.host_attn_gbps =
+                        tri__sim_host_attn_gbps(h, N + 1, full->n_head, full->head_dim, row_full, o->host_bf16);
+                    ps.host_dram_gbps = h->dram_gbps;
+                }
+                tri_plan pls;
+                bool planned = tri__plan_compute_accept(pm, &ps, &tab[0], &tab[1], flags, &pls) == TRI_STATUS_OK;
+                int32_t m3 = N + 1, m2 = o->gamma1 + 1, depth = N, nodes = N;
+                double passes = N / e1, per_round = tri__accept_chain_expected(&tab[1], N);
+                if (tree) {
+                    int32_t extra;
+                    if ((st = tri__accept_tree_best(&tab[1], N, planned ? pls.tree_depth : 0, !flags, ts))) break;
+                    tri__accept_tree_drafting(ts, e1, &passes, &extra);
+                    m3 = ts->n + 1;
+                    m2 += (int32_t)ceil(extra / fmax(passes, 1.0));
+                    per_round = ts->expected;
+                    depth = ts->depth_max;
+                    nodes = ts->n;
+                }
+                // the whole L3 pass and the L2 pass at their rows, on the sim
+                double *a, *b, t3, t2;
+                if ((a = cache_find(cache, m3, -1, &b))) {
+                    t3 = *a;
+                } else {
+                    sim_pass q;
+                    if ((st = sim_time_pass(x->tv, x->be, x->l3, m3, &q))) break;
+                    t3 = q.seconds + (o->gpus == 2 ? allreduce_seconds(x->tc, x->p, m3) : 0);
+                    *cache_add(cache, m3, -1, &b) = t3;
+                }
+                if ((a = cache_find(cache, m2, -2, &b))) {
+                    t2 = *a;
+                } else {
+                    sim_pass q;
+                    if ((st = sim_time_pass(x->tv, x->be, l2, m2, &q))) break;
+                    t2 = q.seconds + (o->gpus == 2 ? allreduce_seconds(x->tc, x->p, m2) : 0);
+                    *cache_add(cache, m2, -2, &b) = t2;
+                }
+                double t21 = passes * t2 + passes * o->gamma1 * t1;
+                double f = planned && h ? pls.kv_host_fraction : 0, t3s = t3;
+                if (h && f > 0) {
+                    double dev, host;
+                    if ((a = cache_find(cache, m3, hi, &b)) && fabs(*b - f) < 1e-12) {
+                        dev = *a, host = b[1];
+                    } else {
+                        if ((st = split_pass(x, h, m3, f, &dev, &host))) break;
+                        double *fb;
+                        *cache_add(cache, m3, hi, &fb) = dev;
+                        fb[0] = f;
+                        fb[1] = host;
+                    }
+                    t3s = fmax(dev, host);
+                }
+                double ms = 1e3 * (t3s + t21) / per_round;
+                char what[32];
+                snprintf(what, sizeof what, tree ? "tree of %d" : "chain of %d", N);
+                if (best_what[hi + 1][0] == 0 || ms < best_ms[hi + 1]) {
+                    best_ms[hi + 1] = ms;
+                    snprintf(best_what[hi + 1], sizeof best_what[0], "%s", what);
+                }
+                sput(out,
+                     "| %s | %d | %s | %s | %s | %d | %d | %d | %.2f | %.2f | %d | %.2f | %.1f | %.1f | %.1f | %.1f "
+                     "| %.0f |\n",
+                     kvn, budget, acc, h ? h->name : "none (all streamed)", what, nodes, depth, m3, per_round, passes,
+                     m2, f, 1e3 * t3s, 1e3 * t21, ms, planned ? 1e3 * pls.t_token : NAN, paper);
+            }
+        }
+        // the planner's choice per host, against the best simulated row
+        for (int hi = -1; !st && hi < n_hosts; hi++) {
+            const tri__sim_host *h = hi >= 0 ? hosts[hi] : NULL;
+            tri_plan ch;
+            double tflops = h ? (o->host_bf16 ? h->bf16_tflops : h->f32_tflops) : 0;
+            if (tri__plan_choose(pm, pp, &tab[0], &tab[1], flags, tflops, h ? h->dram_gbps : 0, o->gamma2s, o->n_gamma2,
+                                 o->trees, o->n_trees, &ch))
+                continue;
+            char what[32];
+            snprintf(what, sizeof what, ch.params.tree_nodes > 0 ? "tree of %d" : "chain of %d",
+                     ch.params.tree_nodes > 0 ? ch.params.tree_nodes : ch.params.gamma2);
+            sput(out,
+                 "| %s | %d | %s | %s | **planner's choice: %s** (best simulated: %s, %.1f ms/token) | | | | %.2f | "
+                 "%.2f | | %.2f | %.1f | | | %.1f | %.0f |\n",
+                 kvn, budget, acc, h ? h->name : "none (all streamed)", what, best_what[hi + 1], best_ms[hi + 1],
+                 ch.tokens_per_round, ch.l2_passes, ch.kv_host_fraction, 1e3 * ch.t_l3, 1e3 * ch.t_token, paper);
+        }
+    }
+    free(cache);
+    free(ts);
+    free(tab);
+    return st;
+}
+
 static int run_paper(const sim_opts *o) {
     const tri__sim_profile *prof = tri__sim_profile_find(o->profile);
     if (!prof) {
@@ -259,6 +502,7 @@ static int run_paper(const sim_opts *o) {
     int rc = 0;
     size_t cap_rows = 1 << 16, n_rows = 0;
     char *rows = calloc(1, cap_rows);  // the split table, printed after the main one
+    sbuf trows = {0};                  // the chain vs tree table, after that
     if (!rows) {
         tri__model_synthetic_free(draft);
         tri__model_synthetic_free(target);
@@ -272,10 +516,13 @@ static int run_paper(const sim_opts *o) {
         int32_t budget = ar ? 0 : o->budgets[run % (o->n_budgets + 1) - 1];
         int32_t g2max = 1;
         for (int i = 0; i < o->n_gamma2; i++) g2max = o->gamma2s[i] > g2max ? o->gamma2s[i] : g2max;
+        int32_t rows_max = g2max;  // the L3 store holds the longest pass's rows past the context
+        for (int i = 0; i < o->n_trees; i++) rows_max = o->trees[i] > rows_max ? o->trees[i] : rows_max;
         // the planner, on the whole model and both GPUs, with the profile's rates
         tri_plan_params pp = tri_plan_default_params();
         pp.mode = ar ? TRI_PLAN_MODE_AUTOREGRESSIVE : TRI_PLAN_MODE_TRIFORCE;
-        pp.n_ctx = o->ctx + g2max + 1;
+        pp.n_ctx = o->ctx + g2max + 1;  // the chains' placement; a tree's longer pass takes a few more rows
+        const int32_t cap3 = o->ctx + rows_max + 1;
         pp.n_gpu = o->gpus;
         pp.gpu_mem_bytes = p.mem_bytes;
         pp.pcie_gbps = p.h2d_gbps;
@@ -315,7 +562,7 @@ static int run_paper(const sim_opts *o) {
         tri_model *tv = NULL, *dv = NULL;
         tri__kv_store l3 = {0}, l2 = {0}, l1 = {0};
         tri_status st = tri__model_on_backend(target, be, streamed, 0, &tv);
-        if (!st) st = sim_store(&l3, be, kvt, &tc, pp.n_ctx, plan.on_chip, o->ctx);
+        if (!st) st = sim_store(&l3, be, kvt, &tc, cap3, plan.on_chip, o->ctx);
         if (!st && !ar) {
             st = sim_store(&l2, be, kvt, &tc, budget + 256, tc.n_layer, budget);
             if (!st) st = tri__model_on_backend(draft, be, 0, 0, &dv);
@@ -325,6 +572,16 @@ static int run_paper(const sim_opts *o) {
         if (!st && !ar) st = sim_time_pass(tv, be, &l2, o->gamma1 + 1, &p2);
         if (!st && !ar) st = sim_time_pass(dv, be, &l1, 1, &p1);
         if (o->gpus == 2 && !ar) p2.seconds += allreduce_seconds(&tc, &p, o->gamma1 + 1);
+        l3_ctx lx = {.o = o,
+                     .be = be,
+                     .p = &p,
+                     .tv = tv,
+                     .l3 = &l3,
+                     .kvt = kvt,
+                     .tc = &tc,
+                     .full = &full,
+                     .capacity = cap3,
+                     .on_chip = plan.on_chip};
         for (int gi = 0; !st && gi < (ar ? 1 : o->n_gamma2); gi++) {
             int32_t g2 = ar ? 0 : o->gamma2s[gi];
             sim_pass p3;
@@ -361,34 +618,15 @@ static int run_paper(const sim_opts *o) {
             for (int hi = 0; !st && hi < n_hosts; hi++) {
                 const tri__sim_host *h = hosts[hi];
                 int32_t m = g2 + 1;
-                // K and V of the KV type, every GPU's heads / this GPU's
+                // K and V of the KV type, every GPU's heads
                 double row_full = 2.0 * full.n_head_kv * (double)tri__dtype_row_bytes(kvt, full.head_dim);
-                double row_shard = 2.0 * tc.n_head_kv * (double)tri__dtype_row_bytes(kvt, tc.head_dim);
                 tri_plan_params ps = pg;
-                ps.host_attn_gbps = tri__sim_host_attn_gbps(h, m, full.n_head, full.head_dim, row_full, false);
+                ps.host_attn_gbps = tri__sim_host_attn_gbps(h, m, full.n_head, full.head_dim, row_full, o->host_bf16);
                 ps.host_dram_gbps = h->dram_gbps;
                 tri_plan pls;
                 if (tri_plan_compute(&pm, &ps, &pls)) continue;
-                double f = pls.kv_host_fraction;
-                int32_t n_dev = o->ctx - (int32_t)(f * o->ctx);
-                // the device's part: the same store holding n_dev rows (freed and made again: two
-                // would not fit the device)
-                sim_pass ps3 = {0};
-                tri__kv_store_free(&l3);
-                if ((st = sim_store(&l3, be, kvt, &tc, pp.n_ctx, plan.on_chip, n_dev))) break;
-                st = sim_time_pass(tv, be, &l3, m, &ps3);
-                tri__kv_store_free(&l3);
-                if (!st) st = sim_store(&l3, be, kvt, &tc, pp.n_ctx, plan.on_chip, o->ctx);
-                if (st) break;
-                // the store holds n_dev rows in every layer: the layers on the device attend the
-                // host's share too, at the device's memory rate
-                double dev = ps3.seconds + plan.on_chip * (double)(o->ctx - n_dev) * row_shard / (p.mem_gbps * 1e9);
-                if (o->gpus == 2) dev += allreduce_seconds(&tc, &p, m);
-                int32_t n_off = tc.n_layer - plan.on_chip;
-                double dma = (ps3.kv_up + ps3.w_up) * o->gpus;  // every GPU's DMA reads this host's memory
-                double host = tri__sim_host_split_seconds(h, (double)n_off * (o->ctx - n_dev), m, full.n_head,
-                                                          full.head_dim, row_full, false, dma, p.h2d_gbps * o->gpus) +
-                              n_off * 30e-6;  // per layer: queries down, partial state down, output up
+                double f = pls.kv_host_fraction, dev = 0, host = 0;
+                if ((st = split_pass(&lx, h, m, f, &dev, &host))) break;
                 double t3s = fmax(dev, host);
                 for (int ai = 0; ai < (cv && !ar ? 2 : 1); ai++) {
                     bool use_curve = ai == 1;
@@ -413,6 +651,8 @@ static int run_paper(const sim_opts *o) {
                                 "counted %.0f (KV and weights; the rest are small copies)\n",
                         p3.h2d_bytes, p3.kv_up + p3.w_up);
         }
+        if (!st && !ar && o->n_trees > 0)
+            st = tree_rows(&lx, &pm, &pp, cv, hosts, n_hosts, budget, p1.seconds, &l2, &trows, paper_tf);
         if (st) {
             fprintf(stderr, "bench-offload: %s: %s\n", ar ? "autoregressive" : "TriForce", tri_last_error());
             rc = 1;
@@ -441,6 +681,24 @@ static int run_paper(const sim_opts *o) {
                rows);
     }
     free(rows);
+    if (trows.len > 0) {
+        printf(
+            "\nchain vs tree (docs/offload.md, \"Token trees\"): L3 verifies a chain of gamma2 or the best tree of at "
+            "most N nodes (Sequoia's programme) under the acceptance by depth and sibling rank in one pass of its "
+            "nodes + 1 rows; a sibling of rank r >= 2 is kept at the depth's rate x %.2f^(r - 1) (stated model) "
+            "unless the curve measured ranks; L2 drafts the tree's main path as the chain (L1 feeding it) and "
+            "evaluates each internal off-path node one pass after its parent's, beside it (tri__accept_tree_drafting); "
+            "host none: every offloaded row streams; the split's f is the planner's for the host at the pass's query "
+            "count; simulated L3 and L2 passes at their row counts\n",
+            o->rank_decay);
+        printf(
+            "\n| KV | budget | acceptance | host | L3 verifies | nodes | depth | rows / L3 pass | tokens / L3 pass "
+            "| L2 passes / round | L2 rows | split f | L3 pass ms | L2 + L1 ms / round | ms/token (simulated) | "
+            "planner "
+            "ms/token | paper ms/token |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n%s",
+            trows.buf);
+    }
+    free(trows.buf);
     tri__sim_stats s;
     tri__sim_stats_get(be, &s);
     printf("\npaper (Llama2-7B-128K, 127K-token prompt): autoregressive 1516 ms/token on one RTX 4090 and 840 on "
@@ -718,6 +976,16 @@ static int run_engine(const sim_opts *o) {
     }
     tri__sim_profile p = *prof;
     if (o->gpu_mem) p.mem_bytes = o->gpu_mem;
+    tri__sim_curve curve;
+    tri__accept_table tab[2];  // the curve's, for the planner's prediction
+    if (o->curve_path) {
+        if (tri__sim_curve_read(o->curve_path, &curve)) {
+            fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+            return 2;
+        }
+        tri__sim_curve_table(&curve, 0, o->rank_decay, &tab[0], NULL);
+        tri__sim_curve_table(&curve, 1, o->rank_decay, &tab[1], NULL);
+    }
     measure_host_rates(&p);
     engine_profile = &p;
     tri_model_config tc, dc;
@@ -754,7 +1022,8 @@ static int run_engine(const sim_opts *o) {
     int rc = 1;
     tri_spec *spec = NULL;
     int32_t *prompt = NULL;
-    if (tri_plan_compute(&pm, &pp, &plan)) goto fail;
+    if (tri__plan_compute_accept(&pm, &pp, o->curve_path ? &tab[0] : NULL, o->curve_path ? &tab[1] : NULL, 0, &plan))
+        goto fail;
     tri_session_params sp = tri_session_default_params();
     sp.device_kind = TRI_DEVICE_CPU;  // the factory makes it the simulated device
     sp.n_ctx = n_ctx;
@@ -771,7 +1040,13 @@ static int run_engine(const sim_opts *o) {
     tri_status st = tri_spec_create(target, &sp, &spp, &spec);
     tri__backend_cpu_factory = NULL;
     if (st) goto fail;
-    tri__spec_force_accept(spec, o->beta, o->alpha, 42);
+    if (o->curve_path) {  // acceptance by depth as measured; beyond the deepest, the pooled rate
+        tri__spec_force_accept(spec, curve.pooled[0], curve.pooled[1], 42);
+        tri__spec_force_accept_depth(spec, 0, curve.rate[0], curve.depth[0]);
+        tri__spec_force_accept_depth(spec, 1, curve.rate[1], curve.depth[1]);
+    } else {
+        tri__spec_force_accept(spec, o->beta, o->alpha, 42);
+    }
     prompt = malloc(sizeof *prompt * (size_t)o->ctx);
     if (!prompt) goto fail;
     for (int32_t i = 0; i < o->ctx; i++) prompt[i] = (int32_t)((7u * (uint32_t)i + 3u) % (uint32_t)tc.n_vocab);
@@ -793,9 +1068,16 @@ static int run_engine(const sim_opts *o) {
            o->shape, o->ctx, budget, o->gamma1, g2, tc.n_layer - sp.weight_layers_streamed, tc.n_layer, plan.on_chip);
     printf("host-side work on offloaded rows at this machine's rates: gathers %.2f GB/s, chunk summaries %.2f GB/s\n",
            p.host_copy_gbps, p.host_reduce_gbps);
-    printf("acceptance forced inside the engine's loop: L2 keeps an L1 token with probability %.2f, L3 an L2 token with "
-           "%.2f\n",
-           o->beta, o->alpha);
+    if (o->curve_path)
+        printf(
+            "acceptance forced inside the engine's loop by depth, as measured in %s (pooled: L2 keeps %.2f of L1's "
+            "tokens, L3 %.2f of L2's)\n",
+            o->curve_path, curve.pooled[0], curve.pooled[1]);
+    else
+        printf(
+            "acceptance forced inside the engine's loop: L2 keeps an L1 token with probability %.2f, L3 an L2 token "
+            "with %.2f\n",
+            o->beta, o->alpha);
     printf("\n| tokens | L3 passes | tokens / L3 pass | L2 verifications | L1 accepted / proposed | L2 accepted / proposed "
            "| L2 selections | ms/token (simulated) | planner ms/token | MB up/token | host work ms/token | transfer hidden "
            "| run on this machine s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -826,10 +1108,27 @@ static bool sim_size(const char *s, uint64_t *out) {
 }
 
 int bench_offload_sim(int argc, char **argv) {
-    sim_opts o = {.shape = "llama2-7b", .ctx = 130048, .gamma1 = 2, .gpus = 1, .prompt = 256, .tokens = 32, .threads = 0, .rounds = 3,
-                  .budgets = {8192, 12288}, .n_budgets = 2, .gamma2s = {12, 16}, .n_gamma2 = 2, .alpha = 0.9,
-                  .beta = 0.7, .weights = TRI_DTYPE_F16, .hosts = "desktop,workstation",
-                  .kv_types = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0}, .n_kv = 2};
+    sim_opts o = {.shape = "llama2-7b",
+                  .ctx = 130048,
+                  .gamma1 = 2,
+                  .gpus = 1,
+                  .prompt = 256,
+                  .tokens = 32,
+                  .threads = 0,
+                  .rounds = 3,
+                  .budgets = {8192, 12288},
+                  .n_budgets = 2,
+                  .gamma2s = {12, 16},
+                  .n_gamma2 = 2,
+                  .alpha = 0.9,
+                  .beta = 0.7,
+                  .weights = TRI_DTYPE_F16,
+                  .hosts = "desktop,workstation",
+                  .kv_types = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0},
+                  .n_kv = 2,
+                  .trees = {16, 32, 64, 128},
+                  .n_trees = 4,
+                  .rank_decay = 0.5};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
@@ -853,6 +1152,16 @@ int bench_offload_sim(int argc, char **argv) {
         else if (!strcmp(a, "--accept-l1") && v) ok = (o.beta = atof(v)) > 0 && o.beta <= 1;
         else if (!strcmp(a, "--accept-curve") && v) o.curve_path = v;
         else if (!strcmp(a, "--hosts") && v) o.hosts = v;
+        else if (!strcmp(a, "--trees") && v) {
+            o.n_trees = !strcmp(v, "none") ? 0 : sim_list(v, o.trees);
+            for (int t = 0; ok && t < o.n_trees; t++) ok = o.trees[t] <= TRI_PLAN_TREE_MAX_NODES;
+            ok = ok && (o.n_trees > 0 || !strcmp(v, "none"));
+        } else if (!strcmp(a, "--rank-decay") && v)
+            ok = (o.rank_decay = atof(v)) >= 0 && o.rank_decay <= 1;
+        else if (!strcmp(a, "--host-bf16"))
+            o.host_bf16 = ok = true, i--;
+        else if (!strcmp(a, "--tree-general"))
+            o.tree_general = ok = true, i--;
         else if (!strcmp(a, "--kv-type") && v) {
             o.n_kv = 0;
             for (const char *t = v; ok && *t && o.n_kv < MAX_LIST;) {

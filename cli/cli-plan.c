@@ -35,6 +35,8 @@ static void usage(FILE *f) {
           "      --accept-l1 P    L2's acceptance rate of L1 tokens, assumed (default 0.7; generate\n"
           "                       --stats measures it)\n"
           "      --accept-l2 P    L3's acceptance rate of L2 tokens, assumed (default 0.9)\n"
+          "      --tree-nodes N   L3 verifies a token tree of up to N nodes per pass (default 0: a\n"
+          "                       chain of gamma2); siblings assumed kept at accept-l2 x 0.5^(rank - 1)\n"
           "      --kv-type T      f16 (default), f32, q8_0 or q4_0\n"
           "      --host-attn-gbps X  KV GB/s the host's attention reads at the pass's query count:\n"
           "                       split each offloaded layer between PCIe and host attention\n"
@@ -102,7 +104,7 @@ static bool config_only(const char *path, char *config, size_t n) {
 int tri_cli_plan(int argc, char **argv) {
     enum {
         O_CTX = 256, O_GPU_MEM, O_GPUS, O_HOST_MEM, O_RESERVE, O_PCIE, O_DISK, O_GPU_GBPS,
-        O_TFLOPS, O_BUDGET, O_GAMMA1, O_GAMMA2, O_ACC1, O_ACC2, O_KV, O_AR, O_HOST_ATTN,
+        O_TFLOPS, O_BUDGET, O_GAMMA1, O_GAMMA2, O_ACC1, O_ACC2, O_KV, O_AR, O_HOST_ATTN, O_TREE,
     };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
@@ -123,6 +125,7 @@ int tri_cli_plan(int argc, char **argv) {
         {"kv-type", required_argument, NULL, O_KV},
         {"ar", no_argument, NULL, O_AR},
         {"host-attn-gbps", required_argument, NULL, O_HOST_ATTN},
+        {"tree-nodes", required_argument, NULL, O_TREE},
         {"help", no_argument, NULL, 'h'},
         {0},
     };
@@ -161,6 +164,7 @@ int tri_cli_plan(int argc, char **argv) {
             break;
         case O_AR: p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE; break;
         case O_HOST_ATTN: ok = parse_real(opt, optarg, &p.host_attn_gbps); break;
+        case O_TREE: ok = parse_int(opt, optarg, &p.tree_nodes); break;
         case 'h': usage(stdout); return 0;
         default: return tri_cli_see_help();
         }

@@ -924,6 +924,12 @@ typedef struct tri_plan_params {
     double host_dram_gbps;       // host memory GB/s that the split's host reads and every GPU's DMA
                                  // share (a layer takes at least its streamed plus host-read bytes
                                  // over it); 0: not limited
+    int32_t tree_nodes;          // TriForce: L3 verifies a token tree of this many nodes drafted by
+                                 // L2 in one pass (tree_nodes + 1 rows), the best tree of that size
+                                 // under the acceptance by depth and sibling rank; 0: a chain of
+                                 // gamma2 (docs/offload.md, "Token trees in the planner")
+    double accept_rank_decay;    // acceptance of L2's sibling of rank r >= 2 (given the ranks before
+                                 // it rejected) is accept_l2 x decay^(r - 1) (assumed); 0: 0.5
 } tri_plan_params;
 
 TRI_API tri_plan_params tri_plan_default_params(void);
@@ -983,6 +989,10 @@ typedef struct tri_plan {
     double allreduce_bytes_token;    // bytes each GPU copies down and up for them, per token
     int32_t tp_kv_heads_max;         // the largest share of KV heads one GPU holds
     int32_t tp_ff_rows_max;          // the largest share of FFN rows
+    // token trees (params.tree_nodes > 0): the tree L3 verifies
+    int32_t l3_rows;          // query rows of one L3 pass: gamma2 + 1, or the tree's nodes + 1
+    int32_t tree_nodes_used;  // nodes of the best tree (at most tree_nodes); 0 for a chain
+    int32_t tree_depth;       // its depth (the chain L2 drafts along); gamma2 for a chain
 } tri_plan;
 
 // Plans model under params (NULL: defaults). INVALID_ARGUMENT for impossible parameters;

@@ -36,6 +36,155 @@ double tri__plan_expected_tokens(double alpha, int32_t gamma) {
     return (1.0 - pow(alpha, (double)gamma + 1.0)) / (1.0 - alpha);
 }
 
+// ---- token trees ----
+
+void tri__accept_table_constant(tri__accept_table *t, double rate, double decay) {
+    memset(t, 0, sizeof *t);
+    for (int32_t d = 1; d <= TRI_PLAN_TREE_DEPTH; d++) {
+        double a = rate;
+        for (int32_t r = 1; r <= TRI_PLAN_TREE_RANKS; r++, a *= decay) t->a[d][r] = a;
+    }
+}
+
+double tri__accept_chain_expected(const tri__accept_table *t, int32_t g) {
+    double e = 1, all = 1;
+    for (int32_t d = 1; d <= g && d <= TRI_PLAN_TREE_DEPTH; d++) {
+        all *= t->a[d][1];
+        e += all;
+    }
+    return e;
+}
+
+// P(the child of rank r at depth d is the one kept | its parent kept): every lower rank rejected,
+// then this one kept.
+static double child_chance(const tri__accept_table *t, int32_t d, int32_t r) {
+    double p = t->a[d][r];
+    for (int32_t j = 1; j < r; j++) p *= 1.0 - t->a[d][j];
+    return p;
+}
+
+double tri__accept_tree_expected(const tri__accept_table *t, tri__tree_shape *s) {
+    if (s->n < 0 || s->n > TRI_PLAN_TREE_MAX_NODES) return -1;
+    double chance[TRI_PLAN_TREE_MAX_NODES], e = 1;
+    int32_t next_rank[TRI_PLAN_TREE_MAX_NODES + 1];  // per parent (+1: the context), the rank due next
+    for (int32_t i = 0; i <= s->n; i++) next_rank[i] = 1;
+    memset(s->width, 0, sizeof s->width);
+    s->depth_max = 0;
+    for (int32_t i = 0; i < s->n; i++) {
+        int32_t p = s->parent[i], d = p < 0 ? 1 : s->depth[p] + 1, r = s->rank[i];
+        if (p >= i || p < -1 || d > TRI_PLAN_TREE_DEPTH || r != next_rank[p + 1] || r > TRI_PLAN_TREE_RANKS) return -1;
+        next_rank[p + 1]++;
+        s->depth[i] = d;
+        s->width[d]++;
+        if (d > s->depth_max) s->depth_max = d;
+        chance[i] = child_chance(t, d, r) * (p < 0 ? 1.0 : chance[p]);
+        e += chance[i];
+    }
+    s->expected = e;
+    return e;
+}
+
+// Sequoia's programme. C(d, n): the most a forest of children at depth d (under one kept parent)
+// adds with at most n nodes; G(d, r, n): the same with the children of ranks r, r + 1, ... only
+// (those of lower rank already placed). A child of rank r whose subtree has s nodes adds
+// chance(d, r) x (1 + C(d + 1, s - 1)):
+//   G(d, r, n) = max(0, max over s = 1..n of chance(d, r) (1 + C(d + 1, s - 1)) + G(d, r + 1, n - s)),
+//   C(d, n) = G(d, 1, n), C(depth limit + 1, n) = 0.
+typedef struct tree_dp {
+    int32_t N;
+    double *C;      // (D + 2, N + 1)
+    double *G;      // (R + 2, N + 1) for the depth being computed
+    int16_t *pick;  // (D + 1, R + 1, N + 1): the s that G(d, r, n) took (0: no child of rank r)
+} tree_dp;
+
+#define DP_C(dp, d, n) (dp)->C[(size_t)(d) * (size_t)((dp)->N + 1) + (size_t)(n)]
+#define DP_PICK(dp, d, r, n) \
+    (dp)->pick[((size_t)(d) * (TRI_PLAN_TREE_RANKS + 1) + (size_t)(r)) * (size_t)((dp)->N + 1) + (size_t)(n)]
+
+static void tree_build(const tree_dp *dp, int32_t d, int32_t n, int32_t parent, tri__tree_shape *out) {
+    for (int32_t r = 1; n > 0 && r <= TRI_PLAN_TREE_RANKS; r++) {
+        int32_t s = DP_PICK(dp, d, r, n);
+        if (s == 0) break;
+        int32_t me = out->n++;
+        out->parent[me] = parent;
+        out->rank[me] = r;
+        out->depth[me] = d;
+        tree_build(dp, d + 1, s - 1, me, out);
+        n -= s;
+    }
+}
+
+tri_status tri__accept_tree_best(const tri__accept_table *t, int32_t n_nodes, int32_t max_depth, bool leaf_siblings,
+                                 tri__tree_shape *out) {
+    memset(out, 0, sizeof *out);
+    if (n_nodes < 0 || n_nodes > TRI_PLAN_TREE_MAX_NODES || max_depth < 0 || max_depth > TRI_PLAN_TREE_DEPTH)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "token tree: %d nodes (0 .. %d), depth at most %d (0 .. %d)",
+                         n_nodes, TRI_PLAN_TREE_MAX_NODES, max_depth, TRI_PLAN_TREE_DEPTH);
+    const int32_t D = max_depth ? max_depth : TRI_PLAN_TREE_DEPTH, R = TRI_PLAN_TREE_RANKS, N = n_nodes;
+    tree_dp dp = {.N = N};
+    dp.C = calloc((size_t)(D + 2) * (size_t)(N + 1), sizeof *dp.C);
+    dp.G = calloc((size_t)(R + 2) * (size_t)(N + 1), sizeof *dp.G);
+    dp.pick = calloc((size_t)(D + 1) * (R + 1) * (size_t)(N + 1), sizeof *dp.pick);
+    if (!dp.C || !dp.G || !dp.pick) {
+        free(dp.C), free(dp.G), free(dp.pick);
+        return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "token tree: programme for %d nodes", N);
+    }
+    for (int32_t d = D; d >= 1; d--) {
+        double *G = dp.G;
+        for (int32_t n = 0; n <= N; n++) G[(size_t)(R + 1) * (size_t)(N + 1) + (size_t)n] = 0;
+        for (int32_t r = R; r >= 1; r--) {
+            const double ch = child_chance(t, d, r);
+            const double *next = G + (size_t)(r + 1) * (size_t)(N + 1);
+            double *cur = G + (size_t)r * (size_t)(N + 1);
+            for (int32_t n = 0; n <= N; n++) {
+                double best = 0;
+                int32_t pick = 0;
+                for (int32_t s = 1; s <= (leaf_siblings && r > 1 && n > 0 ? 1 : n); s++) {
+                    double v = ch * (1.0 + DP_C(&dp, d + 1, s - 1)) + next[n - s];
+                    if (v > best * (1 + 1e-12) + 1e-15) best = v, pick = s;  // a tie keeps fewer nodes
+                }
+                cur[n] = best;
+                DP_PICK(&dp, d, r, n) = (int16_t)pick;
+            }
+        }
+        for (int32_t n = 0; n <= N; n++) DP_C(&dp, d, n) = G[(size_t)(N + 1) + (size_t)n];
+    }
+    tree_build(&dp, 1, N, -1, out);
+    double e = tri__accept_tree_expected(t, out);
+    TRI_ASSERT(e >= 1 && fabs(e - (1.0 + DP_C(&dp, 1, N))) <= 1e-9 * e);
+    free(dp.C), free(dp.G), free(dp.pick);
+    return TRI_STATUS_OK;
+}
+
+void tri__accept_tree_drafting(const tri__tree_shape *s, double e1, double *passes, int32_t *extra_rows) {
+    double when[TRI_PLAN_TREE_MAX_NODES];  // the L2 pass (counted from 0) that produced node i
+    bool main_path[TRI_PLAN_TREE_MAX_NODES], internal[TRI_PLAN_TREE_MAX_NODES];
+    int32_t main_depth = 0;
+    for (int32_t i = 0; i < s->n; i++) internal[i] = false;
+    for (int32_t i = 0; i < s->n; i++)
+        if (s->parent[i] >= 0) internal[s->parent[i]] = true;
+    double last = 0;
+    int32_t extra = 0;
+    for (int32_t i = 0; i < s->n; i++) {
+        int32_t p = s->parent[i];
+        main_path[i] = s->rank[i] == 1 && (p < 0 || main_path[p]);
+        if (main_path[i]) {
+            when[i] = s->depth[i] / e1;  // the chain advances e1 tokens per pass
+            if (s->depth[i] > main_depth) main_depth = s->depth[i];
+        } else {
+            // its parent's distribution: from the main path's pass (siblings of a main-path node come
+            // with it), or from the pass that evaluated an off-path parent, one after it was drafted
+            when[i] = p < 0 ? 0 : main_path[p] ? when[p] : when[p] + 1;
+            if (internal[i]) {
+                extra++;
+                if (when[i] + 1 > last) last = when[i] + 1;
+            }
+        }
+    }
+    *passes = fmax((double)main_depth / e1, last);
+    *extra_rows = extra;
+}
+
 static uint64_t matrix_bytes(tri_dtype t, int64_t rows, int64_t cols) {
     int64_t row = tri__dtype_row_bytes(t, cols);
     return row < 0 ? 0 : (uint64_t)row * (uint64_t)rows;
@@ -145,6 +294,8 @@ typedef struct ctx {
     // that GPU sets the time, so the aggregate rates above are one GPU's over that share
     double sh_w, sh_kv;
     double ar_link;       // one GPU's PCIe bytes/s, for the all-reduces
+    const tri__accept_table *l1, *l2;  // acceptance by depth and rank: L2 of L1's, L3 of L2's
+    int tree_flags;                    // TRI__PLAN_TREE_GENERAL: any tree; 0: the engine's
 } ctx;
 
 // Per all-reduce (two per layer and pass with G > 1): a device-to-host copy, the wait for every
@@ -241,7 +392,7 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
     // activations: a step of the default batch of 128 (the prefill; a verification pass has
     // gamma2 + 1 rows of logits), the hidden states of a layer-major prefill span (llama.h: 8,192
     // tokens) and the attention tiles
-    int64_t m_max = tf ? (int64_t)p->gamma2 + 1 : 1;
+    int64_t m_max = tf ? (int64_t)(p->tree_nodes > p->gamma2 ? p->tree_nodes : p->gamma2) + 1 : 1;
     const tri_model_config *c = x->c;
     out->gpu_act_bytes = ((uint64_t)128 * ((uint64_t)6 * c->n_embd + 3 * (uint64_t)c->n_ff) +
                           (uint64_t)m_max * (uint64_t)c->n_vocab + (uint64_t)8192 * c->n_embd) * 4 +
@@ -338,22 +489,69 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
     if (tf) {
         int64_t c_l2 = (int64_t)p->retrieval_budget + RETRIEVAL_SLACK(p);
         if (c_l2 > p->n_ctx) c_l2 = p->n_ctx;
-        out->t_l3 = pass_time(x, out, (int64_t)p->gamma2 + 1, p->n_ctx, true, &out->pcie_bytes_l3, true,
-                              &out->host_kv_read_bytes_l3, &out->kv_host_fraction);
-        t_l3_streamed = pass_time(x, out, (int64_t)p->gamma2 + 1, p->n_ctx, true, NULL, false, NULL, NULL);
-        out->t_l2 = pass_time(x, out, (int64_t)p->gamma1 + 1, c_l2, false, &out->pcie_bytes_l2, false, NULL, NULL);
+        // a chain of gamma2, or the best tree of tree_nodes under the acceptance by depth and rank
+        double e1 = tri__accept_chain_expected(x->l1, p->gamma1);
+        int64_t m3 = (int64_t)p->gamma2 + 1, m2 = (int64_t)p->gamma1 + 1;
+        out->l2_passes = (double)p->gamma2 / e1;
+        out->tokens_per_round = tri__accept_chain_expected(x->l2, p->gamma2);
+        out->tree_depth = p->gamma2;
+        if (p->tree_nodes > 0) {
+            // the deeper the tree, the more L2 passes draft it: of the best trees of tree_nodes
+            // nodes at each depth limit, the one with the least time per token (L3 and L2 passes
+            // at their rows)
+            tri__tree_shape *ts = malloc(sizeof *ts);
+            if (!ts) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "plan: token tree");
+            static const int32_t depths[] = {4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64};
+            const bool general = x->tree_flags & TRI__PLAN_TREE_GENERAL;
+            int32_t deepest = general ? TRI_PLAN_TREE_DEPTH : p->gamma2;
+            if (deepest > p->tree_nodes) deepest = p->tree_nodes;
+            double best = -1;
+            int64_t c_l2b = c_l2;
+            int32_t cand[sizeof depths / sizeof *depths + 1], n_cand = 0;  // those below the deepest, and it
+            for (size_t k = 0; k < sizeof depths / sizeof *depths; k++)
+                if (depths[k] < deepest) cand[n_cand++] = depths[k];
+            cand[n_cand++] = deepest;
+            for (int32_t k = 0; k < n_cand; k++) {
+                const int32_t dk = cand[k];
+                tri_status st = tri__accept_tree_best(x->l2, p->tree_nodes, dk, !general, ts);
+                if (st) {
+                    free(ts);
+                    return st;
+                }
+                double passes;
+                int32_t extra;
+                tri__accept_tree_drafting(ts, e1, &passes, &extra);
+                int64_t m2k = (int64_t)p->gamma1 + 1 + (int64_t)ceil(extra / fmax(passes, 1.0));
+                double t = (pass_time(x, out, (int64_t)ts->n + 1, p->n_ctx, true, NULL, true, NULL, NULL) +
+                            passes * pass_time(x, out, m2k, c_l2b, false, NULL, false, NULL, NULL)) /
+                           ts->expected;
+                if (best < 0 || t < best) {
+                    best = t;
+                    out->l2_passes = passes;
+                    m3 = (int64_t)ts->n + 1;
+                    m2 = m2k;
+                    out->tokens_per_round = ts->expected;
+                    out->tree_nodes_used = ts->n;
+                    out->tree_depth = ts->depth_max;
+                }
+            }
+            free(ts);
+        }
+        out->l3_rows = (int32_t)m3;
+        out->t_l3 = pass_time(x, out, m3, p->n_ctx, true, &out->pcie_bytes_l3, true, &out->host_kv_read_bytes_l3,
+                              &out->kv_host_fraction);
+        t_l3_streamed = pass_time(x, out, m3, p->n_ctx, true, NULL, false, NULL, NULL);
+        out->t_l2 = pass_time(x, out, m2, c_l2, false, &out->pcie_bytes_l2, false, NULL, NULL);
         out->t_l1 = (double)out->gpu_draft_bytes / (p->gpu_mem_gbps * 1e9) +
                     (p->draft_n_layer + 1) * p->layer_overhead_us * 1e-6;
-        double e1 = tri__plan_expected_tokens(p->accept_l1, p->gamma1);
-        out->l2_passes = (double)p->gamma2 / e1;
         out->l1_passes = out->l2_passes * p->gamma1;
-        out->tokens_per_round = tri__plan_expected_tokens(p->accept_l2, p->gamma2);
         out->t_round = out->t_l3 + out->l2_passes * out->t_l2 + out->l1_passes * out->t_l1;
     } else {
         out->t_l3 = pass_time(x, out, 1, p->n_ctx, true, &out->pcie_bytes_l3, true, &out->host_kv_read_bytes_l3,
                               &out->kv_host_fraction);
         t_l3_streamed = pass_time(x, out, 1, p->n_ctx, true, NULL, false, NULL, NULL);
         out->pcie_bytes_l2 = 0;
+        out->l3_rows = 1;
         out->tokens_per_round = 1;
         out->t_round = out->t_l3;
     }
@@ -366,7 +564,7 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
     out->t_token_pcie_floor = out->pcie_bytes_token / x->B;
     if (!tf) out->t_token_ar = out->t_token;
     if (G > 1) {  // the all-reduces' share of the time (in the passes above), per emitted token
-        int64_t m3 = tf ? (int64_t)p->gamma2 + 1 : 1, m2 = (int64_t)p->gamma1 + 1;
+        int64_t m3 = out->l3_rows, m2 = (int64_t)p->gamma1 + 1;
         double t3 = L * tri__plan_allreduce_seconds(c, m3, x->ar_link);
         double t2 = tf ? L * tri__plan_allreduce_seconds(c, m2, x->ar_link) : 0;
         out->t_allreduce_token = (t3 + out->l2_passes * t2) / out->tokens_per_round;
@@ -380,6 +578,12 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
 
 tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *params,
                             tri_plan *out) {
+    return tri__plan_compute_accept(model, params, NULL, NULL, 0, out);
+}
+
+tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_params *params,
+                                    const tri__accept_table *l1, const tri__accept_table *l2, int tree_flags,
+                                    tri_plan *out) {
     if (!model || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_plan_compute: NULL argument");
     memset(out, 0, sizeof *out);
     tri_plan_params p = params ? *params : tri_plan_default_params();
@@ -405,21 +609,23 @@ tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *
     if (p.gamma2 == 0) p.gamma2 = 12;
     if (p.accept_l1 == 0) p.accept_l1 = 0.7;
     if (p.accept_l2 == 0) p.accept_l2 = 0.9;
+    if (p.accept_rank_decay == 0) p.accept_rank_decay = 0.5;
     if (p.draft_bytes == 0) p.draft_bytes = 136000000;
     if (p.draft_n_layer == 0) p.draft_n_layer = 2;
-    if (p.n_ctx < 1 || p.n_gpu < 1 || p.n_gpu > 64 || p.pcie_gbps < 0 || p.disk_gbps < 0 ||
-        p.gpu_mem_gbps < 0 || p.gpu_tflops < 0 || p.layer_overhead_us < 0 ||
-        !tri__kv_type_ok(p.kv_type) || p.retrieval_budget < 1 ||
-        p.chunk_size < 1 || p.gamma1 < 1 || p.gamma2 < 1 || p.accept_l1 < 0 || p.accept_l1 > 1 ||
-        p.accept_l2 < 0 || p.accept_l2 > 1 || p.draft_n_layer < 1 || !(p.host_attn_gbps >= 0) ||
-        !(p.host_dram_gbps >= 0) ||
+    if (p.n_ctx < 1 || p.n_gpu < 1 || p.n_gpu > 64 || p.pcie_gbps < 0 || p.disk_gbps < 0 || p.gpu_mem_gbps < 0 ||
+        p.gpu_tflops < 0 || p.layer_overhead_us < 0 || !tri__kv_type_ok(p.kv_type) || p.retrieval_budget < 1 ||
+        p.chunk_size < 1 || p.gamma1 < 1 || p.gamma2 < 1 || p.accept_l1 < 0 || p.accept_l1 > 1 || p.accept_l2 < 0 ||
+        p.accept_l2 > 1 || p.draft_n_layer < 1 || !(p.host_attn_gbps >= 0) || !(p.host_dram_gbps >= 0) ||
+        p.tree_nodes < 0 || p.tree_nodes > TRI_PLAN_TREE_MAX_NODES ||
+        !(p.accept_rank_decay >= 0 && p.accept_rank_decay <= 1) ||
         (p.mode != TRI_PLAN_MODE_TRIFORCE && p.mode != TRI_PLAN_MODE_AUTOREGRESSIVE))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "plan: invalid parameters (n_ctx %d, n_gpu %d, "
                          "bandwidths >= 0, kv_type f16/f32/q8_0/q4_0, budget %d, chunk %d, "
-                         "gamma1 %d, gamma2 %d, acceptance rates in [0, 1])",
-                         p.n_ctx, p.n_gpu, p.retrieval_budget,
-                         p.chunk_size, p.gamma1, p.gamma2);
+                         "gamma1 %d, gamma2 %d, acceptance rates and rank decay in [0, 1], tree_nodes %d in "
+                         "[0, %d])",
+                         p.n_ctx, p.n_gpu, p.retrieval_budget, p.chunk_size, p.gamma1, p.gamma2, p.tree_nodes,
+                         TRI_PLAN_TREE_MAX_NODES);
     // the engine's split over the GPUs (uneven where the KV heads do not divide)
     tri__tp_split split;
     if (tri__tp_split_plan(c, p.n_gpu, &split) != TRI_STATUS_OK) {
@@ -434,7 +640,16 @@ tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *
                          "plan: weight type %s does not fit rows of %d and %d elements",
                          tri_dtype_name(m.weight_type), c->n_embd, c->n_ff);
 
-    ctx x = {.p = p, .c = c, .L = c->n_layer, .G = p.n_gpu};
+    tri__accept_table stated[2];  // 9 KiB
+    tri__accept_table_constant(&stated[0], p.accept_l1, p.accept_rank_decay);
+    tri__accept_table_constant(&stated[1], p.accept_l2, p.accept_rank_decay);
+    ctx x = {.p = p,
+             .c = c,
+             .L = c->n_layer,
+             .G = p.n_gpu,
+             .l1 = l1 ? l1 : &stated[0],
+             .l2 = l2 ? l2 : &stated[1],
+             .tree_flags = tree_flags};
     x.W = m.layer_bytes;
     x.other = m.other_bytes;
     // K and V rows of the cache's type, a quantized type's f16 scales included
@@ -494,6 +709,41 @@ tri_status tri_plan_compute(const tri_plan_model *model, const tri_plan_params *
         out->t_token_ar = plan_mode(&xa, &ar) == TRI_STATUS_OK ? ar.t_token : 0;
     }
     return TRI_STATUS_OK;
+}
+
+tri_status tri__plan_choose(const tri_plan_model *model, const tri_plan_params *params, const tri__accept_table *l1,
+                            const tri__accept_table *l2, int tree_flags, double host_tflops, double host_dram_gbps,
+                            const int32_t *chains, int n_chains, const int32_t *trees, int n_trees, tri_plan *out) {
+    if (!model || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "plan choose: NULL argument");
+    const tri_model_config *c = &model->config;
+    tri_plan_params base = params ? *params : tri_plan_default_params();
+    tri_dtype kvt = base.kv_type == TRI_DTYPE_COUNT ? TRI_DTYPE_F16 : base.kv_type;
+    double row = 2.0 * (double)tri__dtype_row_bytes(kvt, (int64_t)c->n_head_kv * c->head_dim);  // K and V
+    tri_plan *cand = malloc(sizeof *cand);
+    if (!cand) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "plan choose");
+    bool have = false;
+    for (int i = 0; i < n_chains + n_trees; i++) {
+        tri_plan_params p = base;
+        bool tree = i >= n_chains;
+        if (tree)
+            p.tree_nodes = trees[i - n_chains];
+        else
+            p.gamma2 = chains[i], p.tree_nodes = 0;
+        if (host_dram_gbps > 0 && host_tflops > 0 && row > 0) {
+            // the host's rate at this candidate's query count: bandwidth- or FLOP-bound
+            int32_t m = (tree ? p.tree_nodes : p.gamma2) + 1;
+            double flop_per_byte = 4.0 * m * (double)c->n_head * c->head_dim / row;
+            p.host_attn_gbps = fmin(host_dram_gbps, host_tflops * 1e3 / flop_per_byte);
+            p.host_dram_gbps = host_dram_gbps;
+        }
+        if (tri__plan_compute_accept(model, &p, l1, l2, tree_flags, cand) != TRI_STATUS_OK) continue;
+        if (!have || cand->t_token < out->t_token) *out = *cand;
+        have = true;
+    }
+    free(cand);
+    return have ? TRI_STATUS_OK
+                : tri__fail(TRI_STATUS_INVALID_ARGUMENT, "plan choose: none of %d chains and %d trees can be planned",
+                            n_chains, n_trees);
 }
 
 // ---- printing ----
@@ -583,6 +833,9 @@ tri_status tri_plan_format(const tri_plan *pl, char *buf, size_t cap, size_t *n_
             pl->l1_passes);
         put(&s, "  %-32s %9.1f ms   %.2f tokens expected\n", "round", pl->t_round * 1e3,
             pl->tokens_per_round);
+        if (p->tree_nodes > 0)
+            put(&s, "  %-32s %9d nodes  depth %d, %d rows per L3 pass (rank decay %.2f, assumed)\n",
+                "token tree verified by L3", pl->tree_nodes_used, pl->tree_depth, pl->l3_rows, p->accept_rank_decay);
     }
     put(&s, "  %-32s %9.1f ms   PCIe floor %.1f ms (%.2f GB per token)\n", "per token",
         pl->t_token * 1e3, pl->t_token_pcie_floor * 1e3, pl->pcie_bytes_token / 1e9);

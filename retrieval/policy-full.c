@@ -23,9 +23,12 @@ tri_status tri__full_layer(tri__kv_policy *p, int32_t il, const float *q, const 
                            const tri__kv_view **view) {
     TRY(tri__kv_store_write(p->kv, il, p->step_n0, p->step_m, k, v));
     *view = tri__kv_store_view(p->kv, il, end, &p->view);
-    if (p->tap) {  // every step of the armed pass: its last queries are what the selection reads
-        TRY(tri__ret_tap_queries(p->tap, il, q, p->step_n0, p->step_m, p->n_head));
-        if (end == p->tap_at) TRY(tri__ret_tap_layer(p->tap, il, p->n_head, *view));
+    if (p->tap && p->step_n0 < p->tap_at) {
+        // every step of the armed pass up to the tap's length (a verification step may run past
+        // it: its drafted rows do not count): its last queries are what the selection reads
+        int32_t m = p->tap_at - p->step_n0 < p->step_m ? p->tap_at - p->step_n0 : p->step_m;
+        TRY(tri__ret_tap_queries(p->tap, il, q, p->step_n0, m, p->n_head));
+        if (end >= p->tap_at) TRY(tri__ret_tap_layer(p->tap, il, p->n_head, *view));
     }
     return TRI_STATUS_OK;
 }

@@ -8,6 +8,7 @@
 
 #include "dtype.h"
 #include "error.h"
+#include "planner.h"
 
 // ---- profiles ----
 //
@@ -104,50 +105,184 @@ double tri__sim_host_attn_gbps(const tri__sim_host *h, int32_t m, int32_t n_head
 
 // ---- acceptance curves ----
 
-tri_status tri__sim_curve_read(const char *path, tri__sim_curve *c) {
+// One record's integer fields after its keyword: n of them into v, each named in names for the
+// message. BAD_FORMAT naming the file, line and field.
+static tri_status curve_fields(const char *name, int ln, char *rest, int n, const char *const *names, long long *v) {
+    char *save = NULL, *tok = strtok_r(rest, " \t\r\n", &save);
+    for (int i = 0; i < n; i++, tok = strtok_r(NULL, " \t\r\n", &save)) {
+        if (!tok)
+            return tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: field %s missing (want %d numbers)", name,
+                             ln, names[i], n);
+        char *end;
+        v[i] = strtoll(tok, &end, 10);
+        if (end == tok || *end || v[i] < 0 || v[i] > (long long)1 << 53)
+            return tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: field %s: '%.32s' is not a count", name,
+                             ln, names[i], tok);
+    }
+    if (tok)
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: '%.32s' after the %d fields", name, ln, tok,
+                         n);
+    return TRI_STATUS_OK;
+}
+
+tri_status tri__sim_curve_parse(const char *name, const char *text, size_t len, tri__sim_curve *c) {
     memset(c, 0, sizeof *c);
-    FILE *f = fopen(path, "r");
-    if (!f) return tri__fail(TRI_STATUS_IO, "acceptance curve %s: cannot open", path);
-    char line[512], name[16];
-    double sum_r[2] = {0, 0}, sum_a[2] = {0, 0};
+    double sum_r[2] = {0, 0}, sum_a[2] = {0, 0}, tr[TRI_SIM_TREE_RANKS + 1] = {0}, ta[TRI_SIM_TREE_RANKS + 1] = {0};
+    static const char *const chain_names[] = {"DEPTH", "REACHED", "ACCEPTED"};
+    static const char *const tree_names[] = {"DEPTH", "RANK", "REACHED", "ACCEPTED"};
+    char line[512];
     int ln = 0;
     tri_status st = TRI_STATUS_OK;
-    while (!st && fgets(line, sizeof line, f)) {
-        ln++;
-        long long r, a;
-        int d;
-        double v;
-        if (line[0] == '#' || line[strspn(line, " \t\r\n")] == 0) continue;
-        if (sscanf(line, "%15s %d %lld %lld", name, &d, &r, &a) == 4 && (!strcmp(name, "l1") || !strcmp(name, "l2"))) {
-            int w = name[1] - '1';
-            if (d != c->depth[w] + 1 || d > TRI_SIM_CURVE_DEPTH || r < 1 || a < 0 || a > r) {
+    for (size_t at = 0; !st && at < len; ln++) {
+        size_t eol = at;
+        while (eol < len && text[eol] != '\n') eol++;
+        size_t n = eol - at;
+        if (n >= sizeof line)
+            return tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: line longer than %zu bytes", name, ln + 1,
+                             sizeof line - 1);
+        memcpy(line, text + at, n);
+        line[n] = 0;
+        at = eol + 1;
+        if (memchr(line, 0, n))
+            return tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: a NUL byte", name, ln + 1);
+        char *kw = line + strspn(line, " \t\r");
+        if (*kw == '#' || *kw == 0 || *kw == '\n') continue;
+        size_t kl = strcspn(kw, " \t\r");
+        char *rest = kw[kl] ? kw + kl + 1 : kw + kl;
+        kw[kl] = 0;
+        long long v[4];
+        double x;
+        char *end;
+        if (!strcmp(kw, "l1") || !strcmp(kw, "l2")) {
+            int w = kw[1] - '1';
+            if ((st = curve_fields(name, ln + 1, rest, 3, chain_names, v))) break;
+            if (v[0] != c->depth[w] + 1 || v[0] > TRI_SIM_CURVE_DEPTH) {
                 st = tri__fail(TRI_STATUS_BAD_FORMAT,
-                               "acceptance curve %s:%d: want %s depth %d (depths 1, 2, ... up to %d in order), "
-                               "reached >= 1 and 0 <= accepted <= reached",
-                               path, ln, name, c->depth[w] + 1, TRI_SIM_CURVE_DEPTH);
+                               "acceptance curve %s:%d: field DEPTH: %lld, want %s depth %d "
+                               "(depths 1, 2, ... up to %d in order)",
+                               name, ln + 1, v[0], kw, c->depth[w] + 1, TRI_SIM_CURVE_DEPTH);
+            } else if (v[1] < 1 || v[2] > v[1]) {
+                st = tri__fail(TRI_STATUS_BAD_FORMAT,
+                               "acceptance curve %s:%d: field %s: want REACHED >= 1 and "
+                               "0 <= ACCEPTED <= REACHED (%lld, %lld)",
+                               name, ln + 1, v[1] < 1 ? "REACHED" : "ACCEPTED", v[1], v[2]);
+            } else {
+                c->rate[w][v[0]] = (double)v[2] / (double)v[1];
+                c->depth[w] = (int32_t)v[0];
+                sum_r[w] += (double)v[1], sum_a[w] += (double)v[2];
+            }
+        } else if (!strcmp(kw, "tree")) {
+            if ((st = curve_fields(name, ln + 1, rest, 4, tree_names, v))) break;
+            int32_t d = c->tree_depth;
+            v[1]++;  // the file's rank 0 is the chain's token: rank 1 here
+            // depths 1, 2, ... in order; within a depth, ascending ranks starting with the chain's
+            bool next_rank = d > 0 && v[0] == d && v[1] > c->tree_ranks[d];
+            bool next_depth = v[0] == d + 1 && v[1] == 1;
+            if (!next_rank && !next_depth) {
+                st = tri__fail(TRI_STATUS_BAD_FORMAT,
+                               "acceptance curve %s:%d: field %s: depth %lld rank %lld, want "
+                               "depth %d with a rank above %d or depth %d rank 0 (depths in order, each from rank 0 "
+                               "up)",
+                               name, ln + 1, v[0] != d && v[0] != d + 1 ? "DEPTH" : "RANK", v[0], v[1] - 1, d,
+                               d > 0 ? c->tree_ranks[d] - 1 : -1, d + 1);
+            } else if (v[0] > TRI_SIM_CURVE_DEPTH || v[1] > TRI_SIM_TREE_RANKS) {
+                st = tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: field %s: %lld, at most %d", name,
+                               ln + 1, v[0] > TRI_SIM_CURVE_DEPTH ? "DEPTH" : "RANK",
+                               v[0] > TRI_SIM_CURVE_DEPTH ? v[0] : v[1] - 1,
+                               v[0] > TRI_SIM_CURVE_DEPTH ? TRI_SIM_CURVE_DEPTH : TRI_SIM_TREE_RANKS - 1);
+            } else if (v[2] < 1 || v[3] > v[2]) {
+                st = tri__fail(TRI_STATUS_BAD_FORMAT,
+                               "acceptance curve %s:%d: field %s: want REACHED >= 1 and "
+                               "0 <= ACCEPTED <= REACHED (%lld, %lld)",
+                               name, ln + 1, v[2] < 1 ? "REACHED" : "ACCEPTED", v[2], v[3]);
+            } else {
+                c->tree_depth = (int32_t)v[0];
+                c->tree_ranks[v[0]] = (int32_t)v[1];
+                c->tree[v[0]][v[1]] = (double)v[3] / (double)v[2];
+                c->tree_reached[v[0]][v[1]] = (double)v[2];
+                tr[v[1]] += (double)v[2], ta[v[1]] += (double)v[3];
+            }
+        } else if (!strcmp(kw, "gamma1") || !strcmp(kw, "gamma2") || !strcmp(kw, "tree_nodes")) {
+            static const char *const one[] = {"N"};
+            if ((st = curve_fields(name, ln + 1, rest, 1, one, v))) break;
+            if (v[0] < 1 || v[0] > INT32_MAX) {
+                st = tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s:%d: field N of %s: %lld, want >= 1", name,
+                               ln + 1, kw, v[0]);
                 break;
             }
-            c->rate[w][d] = (double)a / (double)r;
-            c->depth[w] = d;
-            sum_r[w] += (double)r, sum_a[w] += (double)a;
-        } else if (sscanf(line, "gamma1 %d", &d) == 1 && d > 0) {
-            c->gamma1 = d;
-        } else if (sscanf(line, "gamma2 %d", &d) == 1 && d > 0) {
-            c->gamma2 = d;
-        } else if (sscanf(line, "tokens_per_l3 %lf", &v) == 1 && v >= 1) {
-            c->tokens_per_l3 = v;
+            *(!strcmp(kw, "gamma1") ? &c->gamma1 : !strcmp(kw, "gamma2") ? &c->gamma2 : &c->tree_nodes) = (int32_t)v[0];
+        } else if (!strcmp(kw, "tokens_per_l3")) {
+            rest += strspn(rest, " \t");
+            x = strtod(rest, &end);
+            if (end == rest || !(x >= 1 && x < 1e6) || end[strspn(end, " \t\r")]) {
+                st = tri__fail(TRI_STATUS_BAD_FORMAT,
+                               "acceptance curve %s:%d: field X of tokens_per_l3: want a number "
+                               ">= 1",
+                               name, ln + 1);
+                break;
+            }
+            c->tokens_per_l3 = x;
         } else {
             st = tri__fail(TRI_STATUS_BAD_FORMAT,
-                           "acceptance curve %s:%d: not a curve line (want 'l1|l2 DEPTH REACHED ACCEPTED', "
-                           "'gamma1 N', 'gamma2 N', 'tokens_per_l3 X' or a '#' comment)",
-                           path, ln);
+                           "acceptance curve %s:%d: not a curve line (want 'l1|l2 DEPTH REACHED ACCEPTED', 'tree DEPTH "
+                           "RANK REACHED ACCEPTED', 'gamma1 N', 'gamma2 N', 'tree_nodes N', 'tokens_per_l3 X' or a '#' "
+                           "comment)",
+                           name, ln + 1);
         }
     }
-    fclose(f);
     if (!st && (c->depth[0] == 0 || c->depth[1] == 0))
-        st = tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s: needs both an l1 and an l2 level", path);
+        st = tri__fail(TRI_STATUS_BAD_FORMAT, "acceptance curve %s: needs both an l1 and an l2 level", name);
     for (int w = 0; !st && w < 2; w++) c->pooled[w] = sum_a[w] / sum_r[w];
+    for (int r = 1; !st && r <= TRI_SIM_TREE_RANKS; r++) c->tree_pooled[r] = tr[r] > 0 ? ta[r] / tr[r] : 0;
     return st;
+}
+
+tri_status tri__sim_curve_read(const char *path, tri__sim_curve *c) {
+    memset(c, 0, sizeof *c);
+    FILE *f = fopen(path, "rb");
+    if (!f) return tri__fail(TRI_STATUS_IO, "acceptance curve %s: cannot open", path);
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        len += fread(buf + len, 1, cap - len, f);
+        if (len < cap) break;
+        char *b = cap < ((size_t)64 << 20) ? realloc(buf, cap * 2) : NULL;
+        if (!b) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = b;
+        cap *= 2;
+    }
+    bool err = ferror(f);
+    fclose(f);
+    if (!buf || err) {
+        free(buf);
+        return tri__fail(err ? TRI_STATUS_IO : TRI_STATUS_BAD_FORMAT, "acceptance curve %s: %s", path,
+                         err ? "read error" : "larger than 64 MiB or out of memory");
+    }
+    tri_status st = tri__sim_curve_parse(path, buf, len, c);
+    free(buf);
+    return st;
+}
+
+void tri__sim_curve_table(const tri__sim_curve *c, int w, double decay, tri__accept_table *t, bool *measured_ranks) {
+    memset(t, 0, sizeof *t);
+    bool tree = w == 1 && c->tree_depth > 0;
+    if (measured_ranks) *measured_ranks = tree;
+    for (int32_t d = 1; d <= TRI_PLAN_TREE_DEPTH; d++) {
+        double a1 = d <= c->depth[w] ? c->rate[w][d] : c->pooled[w];
+        for (int32_t r = 1; r <= TRI_PLAN_TREE_RANKS; r++) {
+            if (!tree) {
+                t->a[d][r] = a1 * pow(decay, r - 1);
+            } else if (r <= TRI_SIM_TREE_RANKS && d <= c->tree_depth && c->tree_reached[d][r] > 0) {
+                t->a[d][r] = c->tree[d][r];
+            } else {
+                t->a[d][r] = r <= TRI_SIM_TREE_RANKS ? c->tree_pooled[r] : 0;
+            }
+        }
+    }
 }
 
 double tri__sim_curve_expected(const tri__sim_curve *c, int w, int32_t g) {

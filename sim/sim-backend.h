@@ -105,18 +105,41 @@ double tri__sim_host_attn_gbps(const tri__sim_host *h, int32_t m, int32_t n_head
 
 // rate[0][d]: L2 keeping L1's d-th drafted token of a chain, rate[1][d]: L3 keeping L2's, given
 // every one before it was kept (d = 1..depth[w]); beyond depth[w] the level's pooled rate.
+// Optional `tree` records (wt-tree's bench-accept --tree-nodes, docs/speculative.md): L3 keeping the
+// tree's candidate of rank r at depth d, given its parent kept and every lower rank rejected; the
+// file counts ranks from 0 (the chain's own token), held here from 1 (tree[d][file rank + 1];
+// tree_ranks[d]: the highest rank held at depth d; a rank the file skips is 0 with
+// tree_reached[d][r] 0).
 #define TRI_SIM_CURVE_DEPTH 64
+#define TRI_SIM_TREE_RANKS 17  // ranks 1..17 here: the file's 0 (the chain's token) .. 16
 typedef struct tri__sim_curve {
     double rate[2][TRI_SIM_CURVE_DEPTH + 1];
     int32_t depth[2];       // deepest depth measured, per level
     double pooled[2];       // all accepted / all reached, per level
     double tokens_per_l3;   // as measured (0 when the file does not say)
     int32_t gamma1, gamma2; // the chains it was measured with (0 when not said)
+    double tree[TRI_SIM_CURVE_DEPTH + 1][TRI_SIM_TREE_RANKS + 1];
+    int32_t tree_ranks[TRI_SIM_CURVE_DEPTH + 1];  // highest rank measured at each depth (0: none)
+    double tree_reached[TRI_SIM_CURVE_DEPTH + 1][TRI_SIM_TREE_RANKS + 1];  // REACHED of each record
+    int32_t tree_depth;                          // deepest depth of a tree record (0: no tree)
+    double tree_pooled[TRI_SIM_TREE_RANKS + 1];  // per rank, over every depth measured
+    int32_t tree_nodes;                          // the tree size it was measured with ('tree_nodes N'; 0 when not said)
 } tri__sim_curve;
 
-// Reads a curve file; BAD_FORMAT naming the file and line for a bad line or a missing level, IO
-// for a file that cannot be opened.
+// Reads a curve file; BAD_FORMAT naming the file, line and field for a bad line or a missing level,
+// IO for a file that cannot be opened.
 tri_status tri__sim_curve_read(const char *path, tri__sim_curve *out);
+// The same from text in memory (len bytes, need not end in NUL); name: for messages.
+tri_status tri__sim_curve_parse(const char *name, const char *text, size_t len, tri__sim_curve *out);
+// The acceptance table (offload/planner.h) of level w (0: L1 -> L2, 1: L2 -> L3): rank 1 the
+// chain's rate by depth (the pooled rate beyond the deepest measured). For w = 1 with tree records,
+// each measured (depth, rank) its rate, a rank beyond its deepest depth its pooled rate, a rank
+// never measured 0 (not drafted). Without them (and for w = 0) rank r >= 2 is the depth's rank-1
+// rate x decay^(r - 1): a stated model, not a measurement. *measured_ranks: whether the tree's ranks
+// came from the file.
+struct tri__accept_table;
+void tri__sim_curve_table(const tri__sim_curve *c, int w, double decay, struct tri__accept_table *t,
+                          bool *measured_ranks);
 // Expected tokens out of one verification of a chain of g under level w (0: L1 -> L2, 1: L2 ->
 // L3): the kept prefix plus the corrected or bonus token, 1 + sum over d = 1..g of the product of
 // the rates at depths 1..d.

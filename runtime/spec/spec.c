@@ -229,6 +229,8 @@ struct tri_spec {
     // accepting L2's (or the drafter's); used instead of the logits when forced
     bool forced;
     double force_rate[2];
+    double force_depth[2][TRI__SPEC_MAX_DEPTH + 1];  // by depth (tri__spec_force_accept_depth): 1..force_n
+    int32_t force_n[2];
     tri__rng force_rng;
     // acceptance by depth (tri__spec_depth_counts): [0] L2 verifying L1's tokens, [1] L3 verifying
     int64_t depth_reached[2][TRI__SPEC_MAX_DEPTH + 1], depth_accepted[2][TRI__SPEC_MAX_DEPTH + 1];
@@ -260,7 +262,15 @@ void tri__spec_force_accept(tri_spec *s, double l2_accept, double l3_accept, uin
     s->forced = l2_accept > 0 || l3_accept > 0;
     s->force_rate[0] = l2_accept;
     s->force_rate[1] = l3_accept;
+    s->force_n[0] = s->force_n[1] = 0;
     tri__rng_seed(&s->force_rng, seed);
+}
+
+void tri__spec_force_accept_depth(tri_spec *s, int which, const double *rate, int32_t n) {
+    if (which < 0 || which > 1) return;
+    if (n > TRI__SPEC_MAX_DEPTH) n = TRI__SPEC_MAX_DEPTH;
+    s->force_n[which] = n > 0 ? n : 0;
+    for (int32_t d = 1; d <= s->force_n[which]; d++) s->force_depth[which][d] = rate[d];
 }
 
 // One verification of n drafted tokens of which the first k were kept, counted by depth.
@@ -281,8 +291,8 @@ void tri__spec_depth_counts(const tri_spec *s, int which, int64_t *reached, int6
 // tri__spec_verify with the decision forced: each drafted token is kept with probability rate
 // until the first that is not; that one is replaced by another token, or a bonus follows when all
 // were kept and want_bonus. The distributions handed up (out) are one-hot, as at temperature 0.
-static tri_status forced_verify(tri_spec *s, double rate, const tri__spec_draft *d, bool want_bonus,
-                                tri__spec_draft *out, int32_t *n_accepted, int32_t *next) {
+static tri_status forced_verify(tri_spec *s, int w, const tri__spec_draft *d, bool want_bonus, tri__spec_draft *out,
+                                int32_t *n_accepted, int32_t *next) {
     const int32_t V = s->n_vocab;
     *n_accepted = 0;
     *next = -1;
@@ -290,7 +300,9 @@ static tri_status forced_verify(tri_spec *s, double rate, const tri__spec_draft 
         return tri__fail(TRI_STATUS_INTERNAL, "verify: %d + %d tokens may not fit a draft of %d", out->n,
                          d->n + (want_bonus ? 1 : 0), out->cap);
     int32_t k = 0;
-    while (k < d->n && tri__rng_uniform(&s->force_rng) < rate) k++;
+    while (k < d->n &&
+           tri__rng_uniform(&s->force_rng) < (k < s->force_n[w] ? s->force_depth[w][k + 1] : s->force_rate[w]))
+        k++;
     int32_t z = -1;
     if (k < d->n) z = (d->tokens[k] + 1) % V;  // a token other than the rejected one
     else if (want_bonus) z = d->n > 0 ? (d->tokens[d->n - 1] + 1) % V : 1;
@@ -428,7 +440,8 @@ static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
         TRY(level_run(s, s->lv2, b, d1->n, &row0));
         // no bonus when it would overfill d2: L3 verifies exactly g2 tokens
         bool want_bonus = d2->n + d1->n < g2;
-        if (s->forced) TRY(forced_verify(s, s->force_rate[0], d1, want_bonus, d2, &k, &z));
+        if (s->forced)
+            TRY(forced_verify(s, 0, d1, want_bonus, d2, &k, &z));
         else TRY(tri__spec_verify(&s->sampler, s->rule, s->seq, b, tri__level_logits(s->lv2, row0), d1,
                                   want_bonus, &s->rng, &s->work, d2, &k, &z));
         s->stats->n_l2_verify++;
@@ -446,26 +459,38 @@ static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
     return TRI_STATUS_OK;
 }
 
-// Whether L2 (a retrieval level) should select its chunks afresh before the round at context
-// length n, which runs it up to n + g2: it has no selection (after a prompt or a rollback below
-// it), `refresh` tokens came since its last one, L3 accepted less than refresh_accept of L2's
-// tokens over the last ACC_ROUNDS passes, or its ring of own rows would overflow in the round (with
-// one row to spare, so that the next round's refresh step still fits).
-static bool l2_refresh_due(const tri_spec *s, int32_t n, int32_t g2) {
-    if (!s->lv2 || s->lv2->pol.p.kind != TRI_KV_POLICY_RETRIEVAL) return false;
+// Why L2 (a retrieval level) should select its chunks afresh (l2_refresh_due).
+typedef enum refresh_why {
+    REFRESH_NO = 0,
+    REFRESH_NOW,   // before it drafts this round: no selection, or its ring would overflow
+    REFRESH_DUE,   // by count or by falling acceptance
+    REFRESH_SOON,  // the ring or the count would make it due within the next round
+} refresh_why;
+
+// Whether L2 should select its chunks afresh around the round at context length n, which runs it
+// up to n + g2: it has no selection (after a prompt or a rollback below it) or its ring of own rows
+// would overflow in the round (with one row to spare, so that the next round's refresh step still
+// fits): NOW; `refresh` tokens came since its last one, or L3 accepted less than refresh_accept of
+// L2's tokens over the last ACC_ROUNDS passes: DUE; the ring or the count would be short after the
+// round however many tokens it emits (at most g2 + 1): SOON.
+static refresh_why l2_refresh_due(const tri_spec *s, int32_t n, int32_t g2) {
+    if (!s->lv2 || s->lv2->pol.p.kind != TRI_KV_POLICY_RETRIEVAL) return REFRESH_NO;
     int32_t last = tri__level_last_refresh(s->lv2);
-    if (last < 0) return true;
-    if (tri__level_room(s->lv2) < n + g2 + 1 - tri__level_n_past(s->lv2)) return true;
-    if (s->params.refresh > 0 && n - last >= s->params.refresh) return true;
+    if (last < 0) return REFRESH_NOW;
+    int32_t room = tri__level_room(s->lv2), np = tri__level_n_past(s->lv2);
+    if (room < n + g2 + 1 - np) return REFRESH_NOW;
+    if (s->params.refresh > 0 && n - last >= s->params.refresh) return REFRESH_DUE;
     if (s->params.refresh_accept > 0.0f && s->n_acc >= ACC_ROUNDS) {
         int64_t prop = 0, acc = 0;
         for (int i = 0; i < ACC_ROUNDS; i++) {
             prop += s->acc_proposed[i];
             acc += s->acc_accepted[i];
         }
-        if (prop > 0 && (double)acc < (double)s->params.refresh_accept * (double)prop) return true;
+        if (prop > 0 && (double)acc < (double)s->params.refresh_accept * (double)prop) return REFRESH_DUE;
     }
-    return false;
+    const int32_t next = n + g2 + 1;  // the next round's length at most
+    if (room < next + g2 + 1 - np || (s->params.refresh > 0 && next - last >= s->params.refresh)) return REFRESH_SOON;
+    return REFRESH_NO;
 }
 
 static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_prompt,
@@ -622,7 +647,15 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
         if (mode == TRI_SPEC_MODE_NONE) g2 = 0;
         d3->tokens = s->seq + n;
         d3->n = 0;
-        if (l2_refresh_due(s, n, g2)) s->refresh_next = true;
+        // L2's selections after the prompt's: made during this round's L3 pass, from L3's query of
+        // the context's last token and the rows that pass brings to the device anyway (L2 borrows
+        // L3's store), when one is due or soon would be; L2 drafts this round on the one it has.
+        // Otherwise, and when L2 cannot draft without one, in a step of its own before it drafts.
+        const bool can_tap = s->lv2 && s->lv2->pol.src == s->l3.pol.kv && g2 > 0 && mode != TRI_SPEC_MODE_DRAFT &&
+                             tri__level_n_past(&s->l3) < n;
+        const refresh_why why = l2_refresh_due(s, n, g2);
+        const bool tap = can_tap && (why == REFRESH_DUE || why == REFRESH_SOON);
+        if (why == REFRESH_NOW || (why == REFRESH_DUE && !tap)) s->refresh_next = true;
         if (g2 > 0) {
             if (mode == TRI_SPEC_MODE_DRAFT) {
                 TRY(l1_draft(s, n, g2, d3));
@@ -637,8 +670,18 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
 
         double t3 = now_seconds();
         int32_t row0, k, z;
-        TRY(level_run(s, &s->l3, n, d3->n, &row0));
-        if (s->forced) TRY(forced_verify(s, s->force_rate[1], d3, true, NULL, &k, &z));
+        bool tapped = false;
+        if (tap && d3->n > 0) {
+            TRY(tri__level_select_during(s->lv2, &s->l3, n));
+            tri_status st = level_run(s, &s->l3, n, d3->n, &row0);
+            tapped = tri__level_took_selection(s->lv2);  // disarms L3 when the pass failed
+            TRY(st);
+            stats->n_l2_refresh += tapped;
+        } else {
+            TRY(level_run(s, &s->l3, n, d3->n, &row0));
+        }
+        if (s->forced)
+            TRY(forced_verify(s, 1, d3, true, NULL, &k, &z));
         else TRY(tri__spec_verify(&s->sampler, s->rule, s->seq, n, tri__level_logits(&s->l3, row0), d3, true,
                                   &s->rng, &s->work, NULL, &k, &z));
         stats->n_l3_verify++;
@@ -652,6 +695,7 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
             int32_t slot = s->n_acc++ % ACC_ROUNDS;
             s->acc_proposed[slot] = d3->n;
             s->acc_accepted[slot] = k;
+            if (tapped) s->n_acc = 0;  // a new selection: its acceptance is judged from the next pass
         }
         TRY(cut_at(s, n + k));
         s->seq[n + k] = z;

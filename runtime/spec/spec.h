@@ -76,6 +76,11 @@ void tri__spec_set_rule(tri_spec *spec, tri__spec_rule rule);
 // it replaces by another token; a bonus follows when all were kept. The rest of the engine (drafts,
 // passes, rollbacks, L2's selections and refreshes) runs as it is. Both rates 0: off (the default).
 void tri__spec_force_accept(tri_spec *spec, double l2_accept, double l3_accept, uint64_t seed);
+// After tri__spec_force_accept: which = 0 (L2 verifying L1's tokens) or 1 (L3 verifying) keeps its
+// d-th drafted token with probability rate[d] (d = 1..n, at most TRI__SPEC_MAX_DEPTH; index 0
+// unused) given every one before it kept, and with the rate given there beyond n (a measured
+// acceptance curve, sim-backend.h); n 0: that rate at every depth.
+void tri__spec_force_accept_depth(tri_spec *spec, int which, const double *rate, int32_t n);
 tri__level *tri__spec_level(tri_spec *spec, int level);
 // Benchmark hook: acceptance by depth since create, for which = 0 (L2 verifying L1's tokens in
 // TRIFORCE) or 1 (L3 verifying the tokens under it). reached[d] counts the verifications in which
