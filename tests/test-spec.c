@@ -1962,3 +1962,103 @@ Test(spec, tree_greedy_equals_plain_decoding, .timeout = TT_TIMEOUT(300)) {
     tri_model_free(draft);
     tri_model_free(target);
 }
+
+// The chi-square setting above (chi_check) with a tree of tree_nodes: L3 verifies the chain of 3
+// and its siblings; L3 must have kept some siblings (else the multi-candidate rule went untested).
+static chi_result chi_check_tree(const chi_fixture *f, chi_case cc, tri__spec_rule rule, const tri_sampler_params *sp,
+                                 const chi_law *law, int32_t tree_nodes, int64_t *sib_kept) {
+    static const int32_t layer0[] = {0};
+    drafter_case d = {"", cc.drafter, cc.drafter == TRI_SPEC_DRAFTER_MODEL ? f->draft : NULL,
+                      cc.drafter == TRI_SPEC_DRAFTER_LAYERS ? layer0 : NULL,
+                      cc.drafter == TRI_SPEC_DRAFTER_LAYERS ? 1 : 0, 2};
+    tri_spec_params p = params_of(cc.mode, &d, 2, CHI_GEN - 1);
+    p.budget = 8;
+    p.chunk = 4;
+    p.draft_window = 12;
+    p.draft_sink = 2;
+    p.tree_nodes = tree_nodes;
+    tri_spec *s = spec_new(f->target, &p, CHI_CTX);
+    tri__spec_set_rule(s, rule);
+    chi_result r = chi_square(s, sp, law, CHI_V);
+    int64_t tested;
+    tree_sibling_counts(s, &tested, sib_kept);
+    tri_spec_free(s);
+    cr_assert(*sib_kept > CHI_RUNS / 50, "%s/%s tree %d: siblings kept %lld times of %lld tested", mode_name(cc.mode),
+              drafter_name(cc.drafter), tree_nodes, (long long)*sib_kept, (long long)tested);
+    return r;
+}
+
+// (a separate draft model of another seed proposes siblings L3 rarely keeps: the self-draft does)
+static const chi_case chi_tree_cases[] = {
+    {TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS},
+    {TRI_SPEC_MODE_RETRIEVAL, TRI_SPEC_DRAFTER_MODEL},
+    {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_MODEL},
+    {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS},
+};
+
+static void chi_tree_exact(const char *tag, const tri_sampler_params *sp_in) {
+    chi_fixture f = chi_models(tag);
+    tri_sampler_params sp = *sp_in;
+    chi_law law = exact_law(f.target, &sp);
+    for (size_t c = 0; c < sizeof chi_tree_cases / sizeof chi_tree_cases[0]; c++) {
+        sp.seed = 29 + c;
+        int64_t kept;
+        chi_result r = chi_check_tree(&f, chi_tree_cases[c], TRI_SPEC_RULE_EXACT, &sp, &law, 12, &kept);
+        const char *mode = mode_name(chi_tree_cases[c].mode), *dr = drafter_name(chi_tree_cases[c].drafter);
+        cr_log_info("tree, T %.1f %s/%s: (x1, x2) chi2 %.1f, %d dof, limit %.1f; x3 chi2 %.1f, %d dof, limit %.1f; "
+                    "siblings kept %lld",
+                    (double)sp.temperature, mode, dr, r.pair.chi2, r.pair.dof, r.pair.limit, r.third.chi2,
+                    r.third.dof, r.third.limit, (long long)kept);
+        cr_assert(r.pair.chi2 < r.pair.limit, "tree, T %.1f %s/%s: (x1, x2) chi2 %.1f over %d dof > %.1f",
+                  (double)sp.temperature, mode, dr, r.pair.chi2, r.pair.dof, r.pair.limit);
+        cr_assert(r.third.chi2 < r.third.limit, "tree, T %.1f %s/%s: x3 chi2 %.1f over %d dof > %.1f",
+                  (double)sp.temperature, mode, dr, r.third.chi2, r.third.dof, r.third.limit);
+    }
+    chi_law_free(&law);
+    tri_model_free(f.draft);
+    tri_model_free(f.target);
+}
+
+// Trees of 12 nodes (the chain of 3 and 9 siblings) at T = 0.6 / top-p 0.9 and T = 1.0 / top-p 0.95
+// / top-k 100: the emitted tokens follow the target's law.
+Test(spec, tree_sampling_follows_the_target_distribution_t06, .timeout = TT_TIMEOUT(300)) {
+    tri_sampler_params sp = tri_sampler_default_params();
+    sp.temperature = 0.6f;
+    sp.top_p = 0.9f;
+    chi_tree_exact("chi-tree-t06", &sp);
+}
+
+Test(spec, tree_sampling_follows_the_target_distribution_t10, .timeout = TT_TIMEOUT(300)) {
+    tri_sampler_params sp = tri_sampler_default_params();
+    sp.temperature = 1.0f;
+    sp.top_p = 0.95f;
+    sp.top_k = 100;
+    chi_tree_exact("chi-tree-t10", &sp);
+}
+
+// The same check fails when the siblings are tested against L3's p itself instead of the residual
+// left by the candidates rejected before them (TRI_SPEC_RULE_TREE_NO_RESIDUAL).
+Test(spec, tree_sampling_test_catches_no_residual, .timeout = TT_TIMEOUT(300)) {
+    chi_fixture f = chi_models("chi-tree-broken");
+    tri_sampler_params sp = tri_sampler_default_params();
+    sp.temperature = 1.0f;
+    sp.top_p = 0.95f;
+    sp.seed = 5;
+    chi_law law = exact_law(f.target, &sp);
+    // where the self-draft proposes the siblings (they are kept most often, so the error is largest)
+    static const chi_case cases[] = {{TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS},
+                                     {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t kept;
+        chi_result r = chi_check_tree(&f, cases[c], TRI_SPEC_RULE_TREE_NO_RESIDUAL, &sp, &law, 12, &kept);
+        const char *mode = mode_name(cases[c].mode), *dr = drafter_name(cases[c].drafter);
+        cr_log_info("tree, no residual, %s/%s: (x1, x2) chi2 %.1f, %d dof, limit %.1f; x3 chi2 %.1f, %d dof, limit %.1f",
+                    mode, dr, r.pair.chi2, r.pair.dof, r.pair.limit, r.third.chi2, r.third.dof, r.third.limit);
+        cr_assert(r.pair.chi2 > r.pair.limit || r.third.chi2 > r.third.limit,
+                  "no residual in %s/%s went unnoticed: chi2 %.1f <= %.1f and %.1f <= %.1f", mode, dr, r.pair.chi2,
+                  r.pair.limit, r.third.chi2, r.third.limit);
+    }
+    chi_law_free(&law);
+    tri_model_free(f.draft);
+    tri_model_free(f.target);
+}
