@@ -243,6 +243,7 @@ struct tri_spec {
     int32_t *tree_parent;    // (tree_nodes) node i's parent (chain nodes first, then siblings), -1: root
     int32_t *tree_pos;       // (tree_nodes) node i's position: the context's length + depth - 1
     uint32_t *tree_anc;      // (tree_nodes, (tree_nodes + 31) / 32) ancestor-or-self masks
+    int32_t tree_cap;        // the tree_nodes the arrays were made for
     int64_t tree_reached[(TRI__SPEC_MAX_DEPTH + 1) * (TRI__TREE_MAX_RANK + 1)];
     int64_t tree_accepted[(TRI__SPEC_MAX_DEPTH + 1) * (TRI__TREE_MAX_RANK + 1)];
     // L2's refreshes: the next L2 run selects its chunks afresh (see l2_refresh_due); the L2 -> L3
@@ -290,6 +291,13 @@ void tri__spec_depth_counts(const tri_spec *s, int which, int64_t *reached, int6
     }
 }
 
+void tri__spec_set_tree_nodes(tri_spec *s, int32_t tree_nodes) {
+    TRI_ASSERT(tree_nodes >= 0 && tree_nodes <= s->tree_cap);
+    s->params.tree_nodes = tree_nodes;
+    memset(s->tree_reached, 0, sizeof s->tree_reached);
+    memset(s->tree_accepted, 0, sizeof s->tree_accepted);
+}
+
 void tri__spec_tree_counts(const tri_spec *s, int64_t *reached, int64_t *accepted) {
     memcpy(reached, s->tree_reached, sizeof s->tree_reached);
     memcpy(accepted, s->tree_accepted, sizeof s->tree_accepted);
@@ -333,6 +341,40 @@ void tri__spec_tree_shape(const tri_spec *s, int32_t g, int32_t siblings, const 
     }
 }
 
+int32_t tri__spec_tree_chain(const tri_spec *s, int32_t gmax) {
+    const int32_t N = s->params.tree_nodes;
+    if (gmax > TRI__SPEC_MAX_DEPTH) gmax = TRI__SPEC_MAX_DEPTH;
+    if (gmax > N) gmax = N;
+    if (gmax <= 1) return gmax;
+    // the same greedy as tri__spec_tree_shape over the chain's next node and every depth's next
+    // sibling (as if each depth had all TRI__TREE_MAX_RANK candidates), for N nodes
+    int32_t g = 1, shape[TRI__SPEC_MAX_DEPTH + 1] = {0};
+    double reach[TRI__SPEC_MAX_DEPTH + 2], miss[TRI__SPEC_MAX_DEPTH + 1];
+    reach[1] = 1.0;
+    miss[1] = 1.0 - tree_rate(s, 1, 0);
+    reach[2] = tree_rate(s, 1, 0);
+    for (int32_t placed = 1; placed < N; placed++) {
+        int32_t best = -1;  // 0: the chain's next node; d >= 1: depth d's next sibling
+        double gain = 0.0;
+        if (g < gmax) gain = reach[g + 1] * tree_rate(s, g + 1, 0), best = 0;
+        for (int32_t d = 1; d <= g; d++) {
+            int32_t r = shape[d] + 1;
+            if (r > TRI__TREE_MAX_RANK) continue;
+            double x = reach[d] * miss[d] * tree_rate(s, d, r);
+            if (x > gain) gain = x, best = d;
+        }
+        if (best < 0) break;
+        if (best == 0) {
+            g++;
+            miss[g] = 1.0 - tree_rate(s, g, 0);
+            reach[g + 1] = reach[g] * tree_rate(s, g, 0);
+        } else {
+            miss[best] *= 1.0 - tree_rate(s, best, ++shape[best]);
+        }
+    }
+    return g;
+}
+
 // The k most likely tokens by logits (descending, lower id first on ties) into out; returns k
 // (fewer when the vocabulary is smaller).
 static int32_t top_tokens(const float *logits, int32_t V, int32_t k, int32_t *out) {
@@ -353,7 +395,7 @@ static int32_t top_tokens(const float *logits, int32_t V, int32_t k, int32_t *ou
 
 // Records the drafting level's candidates at slot i of the round's draft for L3 (a tree round).
 static void record_cands(tri_spec *s, int32_t i, const float *logits) {
-    if (!s->cand || i < 0 || i >= s->params.gamma2) return;
+    if (!s->cand || s->params.tree_nodes <= 0 || i < 0 || i >= s->params.gamma2) return;
     s->n_cand[i] = top_tokens(logits, s->n_vocab, TRI__TREE_MAX_RANK + 1, s->cand + (int64_t)i * (TRI__TREE_MAX_RANK + 1));
 }
 
@@ -870,8 +912,9 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
         if (g2 > s->n_ctx - n) g2 = s->n_ctx - n;                       // L3 runs seq[.. n + g2)
         if (g2 > n_max - stats->n_generated - 1) g2 = n_max - stats->n_generated - 1;  // no waste
         if (mode == TRI_SPEC_MODE_NONE) g2 = 0;
-        if (s->cand) {  // a tree of tree_nodes: the chain within it; candidates recorded afresh
-            if (g2 > s->params.tree_nodes) g2 = s->params.tree_nodes;
+        const bool tree = s->cand && s->params.tree_nodes > 0;
+        if (tree) {  // a tree of tree_nodes: the chain within it; candidates recorded afresh
+            g2 = tri__spec_tree_chain(s, g2);
             memset(s->n_cand, 0, (size_t)s->params.gamma2 * sizeof *s->n_cand);
         }
         d3->tokens = s->seq + n;
@@ -891,17 +934,17 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
 
         double t3 = now_seconds();
         int32_t row0, k, z, sib = -1;
-        const int32_t S = s->cand && !s->forced ? tree_build(s, n, d3->n) : 0;
+        const int32_t S = tree && !s->forced ? tree_build(s, n, d3->n) : 0;
         if (S > 0) {  // one pass over the chain and its siblings, then the walk down the tree
             TRY(tree_run(s, n, d3->n, S, &row0));
             TRY(tree_verify(s, n, tri__level_logits(&s->l3, row0), d3, d3->n, &k, &sib, &z));
-            stats->n_l3_tree_nodes += d3->n + S;
         } else {
             TRY(level_run(s, &s->l3, n, d3->n, &row0));
             if (s->forced) TRY(forced_verify(s, s->force_rate[1], d3, true, NULL, &k, &z));
             else TRY(tri__spec_verify(&s->sampler, s->rule, s->seq, n, tri__level_logits(&s->l3, row0), d3, true,
                                       &s->rng, &s->work, NULL, &k, &z));
         }
+        if (tree) stats->n_l3_tree_nodes += d3->n + S;
         if (sib >= 0) {
             // the kept sibling's row to its place on the path (L3 keeps the path's rows and drops the
             // rest below); L1 and L2 ran the chain's token there, which the sibling replaced
@@ -1251,6 +1294,7 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
             goto fail;
         }
         int32_t T = p.tree_nodes, W = (T + 31) / 32;
+        s->tree_cap = T;
         s->cand = malloc((size_t)p.gamma2 * (TRI__TREE_MAX_RANK + 1) * sizeof *s->cand);
         s->n_cand = calloc((size_t)p.gamma2, sizeof *s->n_cand);
         s->tree_shape = calloc((size_t)p.gamma2, sizeof *s->tree_shape);

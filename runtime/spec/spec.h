@@ -92,12 +92,18 @@ tri__level *tri__spec_level(tri_spec *spec, int level);
 // that kept it. Arrays of (TRI__SPEC_MAX_DEPTH + 1) * (TRI__TREE_MAX_RANK + 1), index [d * (R + 1) + r].
 #define TRI__TREE_MAX_RANK 16
 void tri__spec_tree_counts(const tri_spec *spec, int64_t *reached, int64_t *accepted);
+// Benchmark hook: trees of tree_nodes from the next round on (0: chains; at most the tree_nodes the
+// engine was created with), the counts above cleared.
+void tri__spec_set_tree_nodes(tri_spec *spec, int32_t tree_nodes);
 // The siblings per depth (shape[d - 1], d = 1 .. g) of the next tree with a chain of g and
 // `siblings` siblings to place, from the acceptance measured so far blended with a prior (the
 // fixed default shape when nothing is measured yet); avail[d - 1] caps each depth. Greedy:
 // adds the sibling with the largest probability of being on the accepted path (Sequoia's rule
 // for this family of trees). Exposed for the tests and the benchmarks.
 void tri__spec_tree_shape(const tri_spec *spec, int32_t g, int32_t siblings, const int32_t *avail, int32_t *shape);
+// The chain to draft for the next tree of tree_nodes (at most gmax, the round's gamma2): the same
+// greedy over the chain's next node and the siblings, before the chain exists.
+int32_t tri__spec_tree_chain(const tri_spec *spec, int32_t gmax);
 void tri__spec_depth_counts(const tri_spec *spec, int which, int64_t *reached, int64_t *accepted);
 // The context: tri_spec_n_past tokens, valid until the next call on spec.
 const int32_t *tri__spec_tokens(const tri_spec *spec);
