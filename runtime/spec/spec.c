@@ -912,7 +912,7 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
         if (g2 > s->n_ctx - n) g2 = s->n_ctx - n;                       // L3 runs seq[.. n + g2)
         if (g2 > n_max - stats->n_generated - 1) g2 = n_max - stats->n_generated - 1;  // no waste
         if (mode == TRI_SPEC_MODE_NONE) g2 = 0;
-        const bool tree = s->cand && s->params.tree_nodes > 0;
+        const bool tree = s->cand && s->params.tree_nodes > 0 && !s->forced;  // (forced: chains)
         if (tree) {  // a tree of tree_nodes: the chain within it; candidates recorded afresh
             g2 = tri__spec_tree_chain(s, g2);
             memset(s->n_cand, 0, (size_t)s->params.gamma2 * sizeof *s->n_cand);
@@ -934,7 +934,7 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
 
         double t3 = now_seconds();
         int32_t row0, k, z, sib = -1;
-        const int32_t S = tree && !s->forced ? tree_build(s, n, d3->n) : 0;
+        const int32_t S = tree ? tree_build(s, n, d3->n) : 0;
         if (S > 0) {  // one pass over the chain and its siblings, then the walk down the tree
             TRY(tree_run(s, n, d3->n, S, &row0));
             TRY(tree_verify(s, n, tri__level_logits(&s->l3, row0), d3, d3->n, &k, &sib, &z));
