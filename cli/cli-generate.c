@@ -264,7 +264,8 @@ static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
             (long long)st->n_l3_verify, st->n_l3_verify ? (double)st->n_generated / (double)st->n_l3_verify : 0.0);
     if (st->n_l3_tree_nodes > 0)
         fprintf(stderr, "  token trees:       %lld drafted tokens verified (%.1f per pass)\n",
-                (long long)st->n_l3_tree_nodes, st->n_l3_verify ? (double)st->n_l3_tree_nodes / (double)st->n_l3_verify : 0.0);
+                (long long)st->n_l3_tree_nodes,
+                st->n_l3_verify ? (double)st->n_l3_tree_nodes / (double)st->n_l3_verify : 0.0);
     if (mode == TRI_SPEC_MODE_DRAFT || mode == TRI_SPEC_MODE_TRIFORCE)
         fprintf(stderr, "  L1 drafter:        %lld of %lld accepted (%.3f)\n", (long long)st->l1_accepted,
                 (long long)st->l1_proposed, st->l1_proposed ? (double)st->l1_accepted / (double)st->l1_proposed : 0.0);

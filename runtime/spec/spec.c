@@ -912,7 +912,8 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
         if (g2 > s->n_ctx - n) g2 = s->n_ctx - n;                       // L3 runs seq[.. n + g2)
         if (g2 > n_max - stats->n_generated - 1) g2 = n_max - stats->n_generated - 1;  // no waste
         if (mode == TRI_SPEC_MODE_NONE) g2 = 0;
-        const bool tree = s->cand && s->params.tree_nodes > 0 && !s->forced;  // (forced: chains)
+        // (forced: chains; the n-gram drafter straight to L3 proposes no siblings)
+        const bool tree = s->cand && s->params.tree_nodes > 0 && !s->forced && (mode != TRI_SPEC_MODE_DRAFT || s->lv1);
         if (tree) {  // a tree of tree_nodes: the chain within it; candidates recorded afresh
             g2 = tri__spec_tree_chain(s, g2);
             memset(s->n_cand, 0, (size_t)s->params.gamma2 * sizeof *s->n_cand);
