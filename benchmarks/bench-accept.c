@@ -194,8 +194,10 @@ int main(int argc, char **argv) {
         }
         char path[4096];
         const char *dot = strrchr(argv[3], '.');
-        if (trees[t] == 0 || !dot) snprintf(path, sizeof path, trees[t] ? "%s-tree%d" : "%s", argv[3], trees[t]);
-        else snprintf(path, sizeof path, "%.*s-tree%d%s", (int)(dot - argv[3]), argv[3], trees[t], dot);
+        if (trees[t] == 0 || !dot)
+            snprintf(path, sizeof path, trees[t] ? "%s-tree%d" : "%s", argv[3], trees[t]);
+        else
+            snprintf(path, sizeof path, "%.*s-tree%d%s", (int)(dot - argv[3]), argv[3], trees[t], dot);
         FILE *f = fopen(path, "w");
         if (!f) {
             fprintf(stderr, "bench-accept: %s: cannot write\n", path);
@@ -208,18 +210,20 @@ int main(int argc, char **argv) {
             r2[d] -= b2[0][d], a2[d] -= b2[1][d];
         }
         double tpp = (double)st.n_generated / (double)st.n_l3_verify;
-        fprintf(f, "# triforce acceptance curve\n# bench-accept: %s, text %s, prompt %d tokens, %d generated, "
-                   "temperature %.2f\n# L1 self-draft layers %s over a %d-token StreamingLLM cache, L2 retrieval "
-                   "budget %d, gamma1 %d, gamma2 %d, tree of %d nodes\n",
+        fprintf(f,
+                "# triforce acceptance curve\n# bench-accept: %s, text %s, prompt %d tokens, %d generated, "
+                "temperature %.2f\n# L1 self-draft layers %s over a %d-token StreamingLLM cache, L2 retrieval "
+                "budget %d, gamma1 %d, gamma2 %d, tree of %d nodes\n",
                 strrchr(argv[1], '/') ? strrchr(argv[1], '/') + 1 : argv[1], base ? base + 1 : argv[2], n_prompt,
                 st.n_generated, temp, layers_arg, window, budget, gamma1, gamma2, trees[t]);
         fprintf(f, "gamma1 %d\ngamma2 %d\ntokens_per_l3 %.4f\n", gamma1, gamma2, tpp);
         if (trees[t] > 0) fprintf(f, "tree_nodes %d\n", trees[t]);
-        printf("%s, tree %d: prompt %d, %d generated, %lld L3 passes (%.2f tokens each, %.1f drafted tokens "
-               "verified each), %lld L2 verifications, %.1f s decoding; acceptance by depth\n",
-               argv[2], trees[t], n_prompt, st.n_generated, (long long)st.n_l3_verify, tpp,
-               st.n_l3_verify && trees[t] ? (double)st.n_l3_tree_nodes / (double)st.n_l3_verify : 0.0,
-               (long long)st.n_l2_verify, st.decode_seconds);
+        printf(
+            "%s, tree %d: prompt %d, %d generated, %lld L3 passes (%.2f tokens each, %.1f drafted tokens "
+            "verified each), %lld L2 verifications, %.1f s decoding; acceptance by depth\n",
+            argv[2], trees[t], n_prompt, st.n_generated, (long long)st.n_l3_verify, tpp,
+            st.n_l3_verify && trees[t] ? (double)st.n_l3_tree_nodes / (double)st.n_l3_verify : 0.0,
+            (long long)st.n_l2_verify, st.decode_seconds);
         put_level(f, "l1", r1, a1, gamma1);
         put_level(f, "l2", r2, a2, gamma2);
         if (trees[t] > 0) {

@@ -713,7 +713,8 @@ static void attn_chunk(const attn_job *jb, int64_t h, int64_t c, int64_t i0, int
                 kr->attn_scores_f32(w->s, ATTN_TILE, w->q, rows, (const float *)sp->k + j0 * sp->stride, sp->stride,
                                     nk, hd);
             const tri__kv_tree *t = kv->tree;
-            if (kp_max > qmin || (t && kp_max >= t->row0 && qmax >= t->row0)) attn_mask(jb, sp, j0, nk, kp_max, i0, nq, w->s);
+            if (kp_max > qmin || (t && kp_max >= t->row0 && qmax >= t->row0))
+                attn_mask(jb, sp, j0, nk, kp_max, i0, nq, w->s);
             for (int64_t r = 0; r < rows; r++) {
                 float old = w->mx[r], f = kr->attn_softmax(w->s + r * ATTN_TILE, nk, &w->mx[r], &w->sum[r]);
                 if (f != 1.0f && old != -INFINITY)  // (while the max is -inf, acc holds zeros)

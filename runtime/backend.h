@@ -64,10 +64,10 @@ typedef struct tri__kv_span {
 // c only when c is r or one of r's ancestors. Every other (query, key) pair keeps the causal rule
 // (so a query before row0 sees no node, a node sees every key before row0).
 typedef struct tri__kv_tree {
-    int32_t row0;          // position of node 0
-    int32_t n;             // nodes, >= 1
-    int32_t words;         // uint32 words per node in anc: (n + 31) / 32
-    const uint32_t *anc;   // (n, words) host: bit c of node r's words set iff c is r or an ancestor of r
+    int32_t row0;         // position of node 0
+    int32_t n;            // nodes, >= 1
+    int32_t words;        // uint32 words per node in anc: (n + 31) / 32
+    const uint32_t *anc;  // (n, words) host: bit c of node r's words set iff c is r or an ancestor of r
 } tri__kv_tree;
 
 // Whether query position qp sees key position kp under the causal rule and the tree (NULL: none).

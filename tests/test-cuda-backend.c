@@ -1177,11 +1177,14 @@ Test(cuda_backend, attention_tree_mask_matches_cpu) {
         const int64_t rows = (int64_t)M * NH;
         float *q = malloc(sizeof(float) * (size_t)(rows * HD)), *out = malloc(sizeof(float) * (size_t)(rows * HD));
         float *want = malloc(sizeof(float) * (size_t)(rows * HD));
-        float *st = malloc(sizeof(float) * (size_t)(rows * (HD + 2))), *stc = malloc(sizeof(float) * (size_t)(rows * (HD + 2)));
+        float *st = malloc(sizeof(float) * (size_t)(rows * (HD + 2))),
+              *stc = malloc(sizeof(float) * (size_t)(rows * (HD + 2)));
         float *ws = malloc(sizeof(float) * NKV * NK), *wsc = malloc(sizeof(float) * NKV * NK);
         fill(q, rows * HD, 1.0f);
-        float *dq = up(gpu, q, sizeof(float) * (size_t)(rows * HD)), *dout = dalloc(gpu, sizeof(float) * (size_t)(rows * HD));
-        float *dws = dalloc(gpu, sizeof(float) * NKV * NK), *dst = dalloc(gpu, sizeof(float) * (size_t)(rows * (HD + 2)));
+        float *dq = up(gpu, q, sizeof(float) * (size_t)(rows * HD)),
+              *dout = dalloc(gpu, sizeof(float) * (size_t)(rows * HD));
+        float *dws = dalloc(gpu, sizeof(float) * NKV * NK),
+              *dst = dalloc(gpu, sizeof(float) * (size_t)(rows * (HD + 2)));
         cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, M, NH, HD, &view, dws), TRI_STATUS_OK, "%s",
                      tri_last_error());
         cr_assert_eq(gpu->ops->attention_state(gpu, dst, dq, qpos, M, NH, HD, &view), TRI_STATUS_OK, "%s",

@@ -1816,12 +1816,17 @@ Test(spec, tree_attention_matches_reference) {
                 int32_t at = cut ? L + 5 : N;  // one span, or two: rows [0, L + 5) and the rest
                 for (int32_t h = 0; h < NKV; h++) {
                     hs[h] = h * (cut ? 2 : 1);
-                    spans[hs[h]] = (tri__kv_span){.pos0 = 0, .n = at, .k = (const char *)K + h * HD * es,
-                                                  .v = (const char *)V + h * HD * es, .stride = kd};
+                    spans[hs[h]] = (tri__kv_span){.pos0 = 0,
+                                                  .n = at,
+                                                  .k = (const char *)K + h * HD * es,
+                                                  .v = (const char *)V + h * HD * es,
+                                                  .stride = kd};
                     if (cut)
-                        spans[hs[h] + 1] = (tri__kv_span){.pos0 = at, .n = N - at,
+                        spans[hs[h] + 1] = (tri__kv_span){.pos0 = at,
+                                                          .n = N - at,
                                                           .k = (const char *)K + (at * kd + h * HD) * es,
-                                                          .v = (const char *)V + (at * kd + h * HD) * es, .stride = kd};
+                                                          .v = (const char *)V + (at * kd + h * HD) * es,
+                                                          .stride = kd};
                 }
                 hs[NKV] = NKV * (cut ? 2 : 1);
                 tri__kv_view view = {.type = dt, .n_head_kv = NKV, .spans = spans, .head_span = hs, .tree = &tree};
@@ -1842,8 +1847,9 @@ Test(spec, tree_attention_matches_reference) {
                     h1[NKV] = NKV;
                     tri__kv_view plain = {.type = dt, .n_head_kv = NKV, .spans = s1, .head_span = h1};
                     int32_t qp = L + c;
-                    cr_assert_eq(be->ops->attention(be, out2, q + (int64_t)(3 + c) * NH * HD, &qp, 1, NH, HD, &plain,
-                                                     NULL), TRI_STATUS_OK);
+                    cr_assert_eq(
+                        be->ops->attention(be, out2, q + (int64_t)(3 + c) * NH * HD, &qp, 1, NH, HD, &plain, NULL),
+                        TRI_STATUS_OK);
                     cr_assert(memcmp(out2, out + (int64_t)(3 + c) * NH * HD, sizeof(float) * NH * HD) == 0,
                               "type %d threads %d: chain node %d differs from attention without the tree", type,
                               threads, c);
@@ -1856,8 +1862,11 @@ Test(spec, tree_attention_matches_reference) {
                     for (int32_t h = 0; h < NKV; h++) {
                         sd[h] = spans[h];
                         sd[h].n = S;
-                        sh[h] = (tri__kv_span){.pos0 = S, .n = N - S, .k = (const char *)K + (S * kd + h * HD) * es,
-                                               .v = (const char *)V + (S * kd + h * HD) * es, .stride = kd};
+                        sh[h] = (tri__kv_span){.pos0 = S,
+                                               .n = N - S,
+                                               .k = (const char *)K + (S * kd + h * HD) * es,
+                                               .v = (const char *)V + (S * kd + h * HD) * es,
+                                               .stride = kd};
                         h1[h] = h;
                     }
                     h1[NKV] = NKV;
@@ -1901,7 +1910,8 @@ static void tree_sibling_counts(const tri_spec *s, int64_t *tested, int64_t *kep
 // (chunks of 4), so it is often wrong and siblings are kept (asserted).
 Test(spec, tree_greedy_equals_plain_decoding, .timeout = TT_TIMEOUT(300)) {
     tri_model *target = load(gen_model("tree-t", "--seed 11 --layers 3 --vocab 270 --ctx 2048"));
-    tri_model *draft = load(gen_model("tree-d", "--seed 12 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1 --vocab 270"));
+    tri_model *draft =
+        load(gen_model("tree-d", "--seed 12 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1 --vocab 270"));
     static const int32_t first[] = {0};
     drafter_case drafters[] = {
         {"model", TRI_SPEC_DRAFTER_MODEL, draft, NULL, 0, 0},
@@ -1922,7 +1932,7 @@ Test(spec, tree_greedy_equals_plain_decoding, .timeout = TT_TIMEOUT(300)) {
             for (int di = 0; di < (uses_l1 ? 3 : 1); di++)
                 for (size_t ni = 0; ni < sizeof nodes / sizeof nodes[0]; ni++) {
                     if (place > 0 && ni != 2) continue;  // offloaded: one tree size
-                    const bool lng = place == 2;  // the long prompt (split needs rows past a chunk)
+                    const bool lng = place == 2;         // the long prompt (split needs rows past a chunk)
                     tri_spec_params p = params_of((tri_spec_mode)mode, &drafters[di], 2, 6);
                     p.budget = 16;
                     p.chunk = 4;
@@ -1938,15 +1948,17 @@ Test(spec, tree_greedy_equals_plain_decoding, .timeout = TT_TIMEOUT(300)) {
                     gp.stop_at_eos = false;
                     collect c = {got, 0, NG};
                     tri_spec_stats st;
-                    cr_assert_eq(tri_generate_spec(s, lng ? prompt : prompt + NP - 40, lng ? NP : 40, &gp, on_token,
-                                                   &c, &st), TRI_STATUS_OK, "%s", tri_last_error());
+                    cr_assert_eq(
+                        tri_generate_spec(s, lng ? prompt : prompt + NP - 40, lng ? NP : 40, &gp, on_token, &c, &st),
+                        TRI_STATUS_OK, "%s", tri_last_error());
                     cr_assert_eq(c.n, NG);
                     for (int i = 0; i < NG; i++)
                         cr_assert_eq(got[i], lng ? want[i] : want_short[i],
                                      "%s/%s, tree %d, placement %d: token %d is %d, plain %d", mode_name(mode),
                                      uses_l1 ? drafters[di].name : "-", nodes[ni], place, i, got[i],
                                      lng ? want[i] : want_short[i]);
-                    if (place == 2) cr_assert(st.kv_bytes_host > 0, "%s: nothing attended on the host", mode_name(mode));
+                    if (place == 2)
+                        cr_assert(st.kv_bytes_host > 0, "%s: nothing attended on the host", mode_name(mode));
                     int64_t t, k;
                     tree_sibling_counts(s, &t, &k);
                     tested += t, kept += k;
@@ -1968,9 +1980,12 @@ Test(spec, tree_greedy_equals_plain_decoding, .timeout = TT_TIMEOUT(300)) {
 static chi_result chi_check_tree(const chi_fixture *f, chi_case cc, tri__spec_rule rule, const tri_sampler_params *sp,
                                  const chi_law *law, int32_t tree_nodes, int64_t *sib_kept) {
     static const int32_t layer0[] = {0};
-    drafter_case d = {"", cc.drafter, cc.drafter == TRI_SPEC_DRAFTER_MODEL ? f->draft : NULL,
+    drafter_case d = {"",
+                      cc.drafter,
+                      cc.drafter == TRI_SPEC_DRAFTER_MODEL ? f->draft : NULL,
                       cc.drafter == TRI_SPEC_DRAFTER_LAYERS ? layer0 : NULL,
-                      cc.drafter == TRI_SPEC_DRAFTER_LAYERS ? 1 : 0, 2};
+                      cc.drafter == TRI_SPEC_DRAFTER_LAYERS ? 1 : 0,
+                      2};
     tri_spec_params p = params_of(cc.mode, &d, 2, CHI_GEN - 1);
     p.budget = 8;
     p.chunk = 4;
@@ -2005,10 +2020,11 @@ static void chi_tree_exact(const char *tag, const tri_sampler_params *sp_in) {
         int64_t kept;
         chi_result r = chi_check_tree(&f, chi_tree_cases[c], TRI_SPEC_RULE_EXACT, &sp, &law, 12, &kept);
         const char *mode = mode_name(chi_tree_cases[c].mode), *dr = drafter_name(chi_tree_cases[c].drafter);
-        cr_log_info("tree, T %.1f %s/%s: (x1, x2) chi2 %.1f, %d dof, limit %.1f; x3 chi2 %.1f, %d dof, limit %.1f; "
-                    "siblings kept %lld",
-                    (double)sp.temperature, mode, dr, r.pair.chi2, r.pair.dof, r.pair.limit, r.third.chi2,
-                    r.third.dof, r.third.limit, (long long)kept);
+        cr_log_info(
+            "tree, T %.1f %s/%s: (x1, x2) chi2 %.1f, %d dof, limit %.1f; x3 chi2 %.1f, %d dof, limit %.1f; "
+            "siblings kept %lld",
+            (double)sp.temperature, mode, dr, r.pair.chi2, r.pair.dof, r.pair.limit, r.third.chi2, r.third.dof,
+            r.third.limit, (long long)kept);
         cr_assert(r.pair.chi2 < r.pair.limit, "tree, T %.1f %s/%s: (x1, x2) chi2 %.1f over %d dof > %.1f",
                   (double)sp.temperature, mode, dr, r.pair.chi2, r.pair.dof, r.pair.limit);
         cr_assert(r.third.chi2 < r.third.limit, "tree, T %.1f %s/%s: x3 chi2 %.1f over %d dof > %.1f",
@@ -2052,8 +2068,9 @@ Test(spec, tree_sampling_test_catches_no_residual, .timeout = TT_TIMEOUT(300)) {
         int64_t kept;
         chi_result r = chi_check_tree(&f, cases[c], TRI_SPEC_RULE_TREE_NO_RESIDUAL, &sp, &law, 12, &kept);
         const char *mode = mode_name(cases[c].mode), *dr = drafter_name(cases[c].drafter);
-        cr_log_info("tree, no residual, %s/%s: (x1, x2) chi2 %.1f, %d dof, limit %.1f; x3 chi2 %.1f, %d dof, limit %.1f",
-                    mode, dr, r.pair.chi2, r.pair.dof, r.pair.limit, r.third.chi2, r.third.dof, r.third.limit);
+        cr_log_info(
+            "tree, no residual, %s/%s: (x1, x2) chi2 %.1f, %d dof, limit %.1f; x3 chi2 %.1f, %d dof, limit %.1f", mode,
+            dr, r.pair.chi2, r.pair.dof, r.pair.limit, r.third.chi2, r.third.dof, r.third.limit);
         cr_assert(r.pair.chi2 > r.pair.limit || r.third.chi2 > r.third.limit,
                   "no residual in %s/%s went unnoticed: chi2 %.1f <= %.1f and %.1f <= %.1f", mode, dr, r.pair.chi2,
                   r.pair.limit, r.third.chi2, r.third.limit);

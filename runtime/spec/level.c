@@ -224,7 +224,8 @@ tri_status tri__level_eval_tree(tri__level *lv, const int32_t *tokens, int32_t n
 
 tri_status tri__level_move_row(tri__level *lv, int32_t from, int32_t to) {
     if (lv->pol.p.kind != TRI_KV_POLICY_FULL || lv->pol.src)
-        return tri__fail(TRI_STATUS_UNSUPPORTED, "level: moving rows of a %s cache", tri__kv_policy_name(lv->pol.p.kind));
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "level: moving rows of a %s cache",
+                         tri__kv_policy_name(lv->pol.p.kind));
     if (from == to) return TRI_STATUS_OK;
     for (int32_t r = 0; r < lv->n_ranks; r++) {
         tri__kv_store *kv = tri__level_rank(lv, r)->pol.kv;

@@ -236,14 +236,14 @@ struct tri_spec {
     // token trees (params.tree_nodes > 0, docs/speculative.md "Token trees"): per slot of the
     // round's draft for L3, the drafting level's most likely tokens there (by its logits,
     // descending), of which those other than the chain's token are the slot's sibling candidates
-    int32_t *cand;           // (gamma2, TRI__TREE_MAX_RANK + 1)
-    int32_t *n_cand;         // (gamma2) candidates recorded this round, 0: none
-    int32_t *tree_shape;     // (gamma2) siblings at depth d + 1 in this round's tree
-    int32_t *tree_first;     // (gamma2) index of depth d + 1's first sibling among the siblings
-    int32_t *tree_parent;    // (tree_nodes) node i's parent (chain nodes first, then siblings), -1: root
-    int32_t *tree_pos;       // (tree_nodes) node i's position: the context's length + depth - 1
-    uint32_t *tree_anc;      // (tree_nodes, (tree_nodes + 31) / 32) ancestor-or-self masks
-    int32_t tree_cap;        // the tree_nodes the arrays were made for
+    int32_t *cand;         // (gamma2, TRI__TREE_MAX_RANK + 1)
+    int32_t *n_cand;       // (gamma2) candidates recorded this round, 0: none
+    int32_t *tree_shape;   // (gamma2) siblings at depth d + 1 in this round's tree
+    int32_t *tree_first;   // (gamma2) index of depth d + 1's first sibling among the siblings
+    int32_t *tree_parent;  // (tree_nodes) node i's parent (chain nodes first, then siblings), -1: root
+    int32_t *tree_pos;     // (tree_nodes) node i's position: the context's length + depth - 1
+    uint32_t *tree_anc;    // (tree_nodes, (tree_nodes + 31) / 32) ancestor-or-self masks
+    int32_t tree_cap;      // the tree_nodes the arrays were made for
     int64_t tree_reached[(TRI__SPEC_MAX_DEPTH + 1) * (TRI__TREE_MAX_RANK + 1)];
     int64_t tree_accepted[(TRI__SPEC_MAX_DEPTH + 1) * (TRI__TREE_MAX_RANK + 1)];
     // L2's refreshes: the next L2 run selects its chunks afresh (see l2_refresh_due); the L2 -> L3
@@ -396,7 +396,8 @@ static int32_t top_tokens(const float *logits, int32_t V, int32_t k, int32_t *ou
 // Records the drafting level's candidates at slot i of the round's draft for L3 (a tree round).
 static void record_cands(tri_spec *s, int32_t i, const float *logits) {
     if (!s->cand || s->params.tree_nodes <= 0 || i < 0 || i >= s->params.gamma2) return;
-    s->n_cand[i] = top_tokens(logits, s->n_vocab, TRI__TREE_MAX_RANK + 1, s->cand + (int64_t)i * (TRI__TREE_MAX_RANK + 1));
+    s->n_cand[i] =
+        top_tokens(logits, s->n_vocab, TRI__TREE_MAX_RANK + 1, s->cand + (int64_t)i * (TRI__TREE_MAX_RANK + 1));
 }
 
 // tri__spec_verify with the decision forced: each drafted token is kept with probability rate
@@ -490,8 +491,7 @@ static tri_status level_run(tri_spec *s, tri__level *lv, int32_t m, int32_t extr
 
 // Drafts up to n_max tokens after seq[0..m) autoregressively from lv's own distribution under the
 // call's sampler, writing them to seq[m..) and their distributions to d (d->tokens = seq + m).
-static tri_status model_draft(tri_spec *s, tri__level *lv, int32_t m, int32_t n_max, tri__spec_draft *d,
-                              bool cands) {
+static tri_status model_draft(tri_spec *s, tri__level *lv, int32_t m, int32_t n_max, tri__spec_draft *d, bool cands) {
     const int32_t V = s->n_vocab;
     d->tokens = s->seq + m;
     d->n = 0;
@@ -559,8 +559,7 @@ static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
         count_depth(s, 0, d1->n, k);
         if (!s->lv1) s->ngram_len = tri__ngram_next_len(s->ngram_len, d1->n, k, s->params.gamma1);
         if (s->cand && !s->forced)  // L2's distributions at the slots it fills: the siblings' source
-            for (int32_t i = 0; i < k + (z >= 0); i++)
-                record_cands(s, d2->n + i, tri__level_logits(s->lv2, row0 + i));
+            for (int32_t i = 0; i < k + (z >= 0); i++) record_cands(s, d2->n + i, tri__level_logits(s->lv2, row0 + i));
         d2->n += k;
         if (z >= 0) {
             TRY(cut_at(s, b + k));
@@ -941,9 +940,11 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
             TRY(tree_verify(s, n, tri__level_logits(&s->l3, row0), d3, d3->n, &k, &sib, &z));
         } else {
             TRY(level_run(s, &s->l3, n, d3->n, &row0));
-            if (s->forced) TRY(forced_verify(s, s->force_rate[1], d3, true, NULL, &k, &z));
-            else TRY(tri__spec_verify(&s->sampler, s->rule, s->seq, n, tri__level_logits(&s->l3, row0), d3, true,
-                                      &s->rng, &s->work, NULL, &k, &z));
+            if (s->forced)
+                TRY(forced_verify(s, s->force_rate[1], d3, true, NULL, &k, &z));
+            else
+                TRY(tri__spec_verify(&s->sampler, s->rule, s->seq, n, tri__level_logits(&s->l3, row0), d3, true,
+                                     &s->rng, &s->work, NULL, &k, &z));
         }
         if (tree) stats->n_l3_tree_nodes += d3->n + S;
         if (sib >= 0) {
@@ -1290,8 +1291,10 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     // token trees: the candidates of the draft's slots, the tree's layout (not in NONE mode)
     if (p.tree_nodes > 0 && p.mode != TRI_SPEC_MODE_NONE) {
         if (!s->be->ops->tree_attention) {
-            st = tri__fail(TRI_STATUS_UNSUPPORTED, "speculative: tree_nodes %d: the %s backend's attention takes no "
-                           "tree mask", p.tree_nodes, s->be->ops->name);
+            st = tri__fail(TRI_STATUS_UNSUPPORTED,
+                           "speculative: tree_nodes %d: the %s backend's attention takes no "
+                           "tree mask",
+                           p.tree_nodes, s->be->ops->name);
             goto fail;
         }
         int32_t T = p.tree_nodes, W = (T + 31) / 32;
