@@ -305,18 +305,34 @@ void tri__spec_tree_counts(const tri_spec *s, int64_t *reached, int64_t *accepte
 
 // ---- token trees ----
 
-// The acceptance of rank r at depth d as measured, blended with a prior of TREE_PRIOR_W tests at
-// rate 0.7 for the chain's token and 0.25 / r for the r-th sibling (which, with nothing measured,
-// gives the fixed default shape: the siblings go to the shallow depths first, a few per depth).
+// The acceptance of rank r at depth d as measured, shrunk towards the rank's rate pooled over
+// every depth by TREE_PRIOR_W tests, which is itself the rank's measured rate shrunk towards a
+// base of 0.8 for the chain's token and 0.3 / r for the r-th sibling by TREE_PRIOR_W tests. With
+// nothing measured the base rates give the fixed default shape (a chain of a few tokens, then
+// siblings at the shallow depths first); as L3 verifies, a depth's own rate takes over where it
+// has been tested often, the rank's pooled rate where it has not.
 #define TREE_PRIOR_W 4.0
-static double tree_rate(const tri_spec *s, int32_t d, int32_t r) {
+static void tree_pooled(const tri_spec *s, double *pooled) {
+    for (int32_t r = 0; r <= TRI__TREE_MAX_RANK; r++) {
+        int64_t acc = 0, tested = 0;
+        for (int32_t d = 1; d <= TRI__SPEC_MAX_DEPTH; d++) {
+            acc += s->tree_accepted[(int64_t)d * (TRI__TREE_MAX_RANK + 1) + r];
+            tested += s->tree_reached[(int64_t)d * (TRI__TREE_MAX_RANK + 1) + r];
+        }
+        double base = r == 0 ? 0.8 : 0.3 / r;
+        pooled[r] = ((double)acc + TREE_PRIOR_W * base) / ((double)tested + TREE_PRIOR_W);
+    }
+}
+
+static double tree_rate(const tri_spec *s, const double *pooled, int32_t d, int32_t r) {
     if (d > TRI__SPEC_MAX_DEPTH) d = TRI__SPEC_MAX_DEPTH;
     int64_t i = (int64_t)d * (TRI__TREE_MAX_RANK + 1) + r;
-    double prior = r == 0 ? 0.7 : 0.25 / r;
-    return ((double)s->tree_accepted[i] + TREE_PRIOR_W * prior) / ((double)s->tree_reached[i] + TREE_PRIOR_W);
+    return ((double)s->tree_accepted[i] + TREE_PRIOR_W * pooled[r]) / ((double)s->tree_reached[i] + TREE_PRIOR_W);
 }
 
 void tri__spec_tree_shape(const tri_spec *s, int32_t g, int32_t siblings, const int32_t *avail, int32_t *shape) {
+    double pooled[TRI__TREE_MAX_RANK + 1];
+    tree_pooled(s, pooled);
     // the chance to reach depth d (every chain token before it kept), and that every candidate
     // placed at depth d so far is rejected given that
     double reach = 1.0, reach_d[TRI__SPEC_MAX_DEPTH + 1], miss[TRI__SPEC_MAX_DEPTH + 1];
@@ -324,8 +340,8 @@ void tri__spec_tree_shape(const tri_spec *s, int32_t g, int32_t siblings, const 
     for (int32_t d = 1; d <= g; d++) shape[d - 1] = 0;
     for (int32_t d = 1; d <= gd; d++) {
         reach_d[d] = reach;
-        miss[d] = 1.0 - tree_rate(s, d, 0);
-        reach *= tree_rate(s, d, 0);
+        miss[d] = 1.0 - tree_rate(s, pooled, d, 0);
+        reach *= tree_rate(s, pooled, d, 0);
     }
     for (int32_t b = 0; b < siblings; b++) {
         int32_t best = 0;
@@ -333,11 +349,11 @@ void tri__spec_tree_shape(const tri_spec *s, int32_t g, int32_t siblings, const 
         for (int32_t d = 1; d <= gd; d++) {
             int32_t r = shape[d - 1] + 1;
             if (r > avail[d - 1] || r > TRI__TREE_MAX_RANK) continue;
-            double gd_ = reach_d[d] * miss[d] * tree_rate(s, d, r);  // P(the sibling is on the path)
+            double gd_ = reach_d[d] * miss[d] * tree_rate(s, pooled, d, r);  // P(the sibling is on the path)
             if (gd_ > gain) gain = gd_, best = d;
         }
         if (best == 0) break;
-        miss[best] *= 1.0 - tree_rate(s, best, ++shape[best - 1]);
+        miss[best] *= 1.0 - tree_rate(s, pooled, best, ++shape[best - 1]);
     }
 }
 
@@ -346,30 +362,32 @@ int32_t tri__spec_tree_chain(const tri_spec *s, int32_t gmax) {
     if (gmax > TRI__SPEC_MAX_DEPTH) gmax = TRI__SPEC_MAX_DEPTH;
     if (gmax > N) gmax = N;
     if (gmax <= 1) return gmax;
+    double pooled[TRI__TREE_MAX_RANK + 1];
+    tree_pooled(s, pooled);
     // the same greedy as tri__spec_tree_shape over the chain's next node and every depth's next
     // sibling (as if each depth had all TRI__TREE_MAX_RANK candidates), for N nodes
     int32_t g = 1, shape[TRI__SPEC_MAX_DEPTH + 1] = {0};
     double reach[TRI__SPEC_MAX_DEPTH + 2], miss[TRI__SPEC_MAX_DEPTH + 1];
     reach[1] = 1.0;
-    miss[1] = 1.0 - tree_rate(s, 1, 0);
-    reach[2] = tree_rate(s, 1, 0);
+    miss[1] = 1.0 - tree_rate(s, pooled, 1, 0);
+    reach[2] = tree_rate(s, pooled, 1, 0);
     for (int32_t placed = 1; placed < N; placed++) {
         int32_t best = -1;  // 0: the chain's next node; d >= 1: depth d's next sibling
         double gain = 0.0;
-        if (g < gmax) gain = reach[g + 1] * tree_rate(s, g + 1, 0), best = 0;
+        if (g < gmax) gain = reach[g + 1] * tree_rate(s, pooled, g + 1, 0), best = 0;
         for (int32_t d = 1; d <= g; d++) {
             int32_t r = shape[d] + 1;
             if (r > TRI__TREE_MAX_RANK) continue;
-            double x = reach[d] * miss[d] * tree_rate(s, d, r);
+            double x = reach[d] * miss[d] * tree_rate(s, pooled, d, r);
             if (x > gain) gain = x, best = d;
         }
         if (best < 0) break;
         if (best == 0) {
             g++;
-            miss[g] = 1.0 - tree_rate(s, g, 0);
-            reach[g + 1] = reach[g] * tree_rate(s, g, 0);
+            miss[g] = 1.0 - tree_rate(s, pooled, g, 0);
+            reach[g + 1] = reach[g] * tree_rate(s, pooled, g, 0);
         } else {
-            miss[best] *= 1.0 - tree_rate(s, best, ++shape[best]);
+            miss[best] *= 1.0 - tree_rate(s, pooled, best, ++shape[best]);
         }
     }
     return g;
