@@ -1150,13 +1150,13 @@ Test(cuda_backend, attention_state_merges_with_host_chunks) {
 
 // ---- token trees (backend.h tri__kv_tree) ----
 
-// A tree of 40 nodes (random parents) over the last rows of a 600-key cache cut into spans (one
+// A tree of 24 nodes (random parents) over the last rows of a 300-key cache cut into spans (one
 // cut inside the tree): every node and a query before the tree, attention and weight sums and the
 // state form, on the device against the CPU backend (whose tree mask the spec suite checks against
 // a reference written from the rule).
 Test(cuda_backend, attention_tree_mask_matches_cpu) {
     NEED_GPU();
-    enum { T = 40, NK = 600, NH = 8, NKV = 2, HD = 64, M = T + 1 };
+    enum { T = 24, NK = 300, NH = 8, NKV = 2, HD = 64, M = T + 1 };
     for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_F16; t++) {
         test_cache c;
         cache_make(gpu, &c, NKV, NK, HD, t, 2.0f);
@@ -1167,7 +1167,7 @@ Test(cuda_backend, attention_tree_mask_matches_cpu) {
         tri__kv_tree tree = {.row0 = c.kpos[NK - T], .n = T, .words = (T + 31) / 32, .anc = anc};
         int32_t qpos[M];
         for (int i = 0; i < M; i++) qpos[i] = c.kpos[NK - T] - 1 + i;
-        int64_t cuts[2] = {200, NK - 17};
+        int64_t cuts[2] = {100, NK - 11};
         tri__kv_span spans[NKV * 3], hspans[NKV * 3];
         int32_t hs[NKV + 1], hhs[NKV + 1];
         tri__kv_view view, hview;

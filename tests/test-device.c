@@ -1050,9 +1050,9 @@ Test(device, cuda_engine_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
 }
 
 // Token trees on the device (docs/speculative.md, "Token trees"): greedy speculative decoding with
-// trees of 24 nodes gives the CPU's plain tokens in DRAFT (self-draft), RETRIEVAL and TRIFORCE
-// (self-draft) modes, with the KV resident, one layer offloaded, and offloaded and split with the
-// host; L2 keeps 16 rows, so L3 rejects chains and keeps siblings (counted).
+// trees of 24 nodes gives the CPU's plain tokens: DRAFT (self-draft) and TRIFORCE (self-draft) with
+// the KV resident, TRIFORCE with one layer offloaded, RETRIEVAL offloaded and split with the host;
+// L2 keeps 16 rows, so L3 rejects chains and keeps siblings (counted).
 Test(device, cuda_engine_tree_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
     if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
     tri_model *m;
@@ -1077,42 +1077,48 @@ Test(device, cuda_engine_tree_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
     tri_session_free(s);
     static const int32_t first_layer[] = {0};
     int64_t kept = 0;
-    for (int place = 0; place < 3; place++)
-        for (int mode = TRI_SPEC_MODE_DRAFT; mode <= TRI_SPEC_MODE_TRIFORCE; mode++) {
-            sp.device_kind = TRI_DEVICE_CUDA;
-            sp.kv_layers_offloaded = place ? 1 : 0;
-            sp.kv_host_fraction = place == 2 ? 1.0 : 0.0;
-            sp.kv_host_threads = 1;
-            tri_spec_params p = tri_spec_default_params();
-            p.mode = (tri_spec_mode)mode;
-            p.drafter = TRI_SPEC_DRAFTER_LAYERS;
-            p.draft_layers = first_layer;
-            p.n_draft_layers = 1;
-            p.draft_window = 12;
-            p.draft_sink = 4;
-            p.budget = 16;
-            p.chunk = 4;
-            p.gamma2 = 6;
-            p.tree_nodes = 24;
-            tri_spec *e;
-            cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
-            int32_t *g = got;
-            tri_spec_stats st;
-            cr_assert_eq(tri_generate_spec(e, prompt, NP, &gp, collect, &g, &st), TRI_STATUS_OK, "%s",
-                         tri_last_error());
-            cr_assert_eq(g - got, NG);
-            cr_assert(st.n_l3_tree_nodes > 0, "no tree verified");
-            for (int i = 0; i < NG; i++)
-                cr_assert_eq(got[i], want[i], "%s, mode %d, placement %d, trees: token %d: %d vs the CPU's %d",
-                             tri_spec_device(e), mode, place, i, got[i], want[i]);
-            if (place == 2) cr_assert(st.kv_bytes_host > 0, "nothing attended on the host");
-            enum { R1 = TRI__TREE_MAX_RANK + 1 };
-            static int64_t reached[(TRI__SPEC_MAX_DEPTH + 1) * R1], accepted[(TRI__SPEC_MAX_DEPTH + 1) * R1];
-            tri__spec_tree_counts(e, reached, accepted);
-            for (int d = 1; d <= TRI__SPEC_MAX_DEPTH; d++)
-                for (int r = 1; r < R1; r++) kept += accepted[d * R1 + r];
-            tri_spec_free(e);
-        }
+    static const struct {
+        int place;  // 0 resident, 1 one layer offloaded, 2 offloaded and split
+        tri_spec_mode mode;
+    } runs[] = {{0, TRI_SPEC_MODE_DRAFT}, {0, TRI_SPEC_MODE_TRIFORCE}, {1, TRI_SPEC_MODE_TRIFORCE},
+                {2, TRI_SPEC_MODE_RETRIEVAL}};
+    for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
+        const int place = runs[ri].place;
+        const tri_spec_mode mode = runs[ri].mode;
+        sp.device_kind = TRI_DEVICE_CUDA;
+        sp.kv_layers_offloaded = place ? 1 : 0;
+        sp.kv_host_fraction = place == 2 ? 1.0 : 0.0;
+        sp.kv_host_threads = 1;
+        tri_spec_params p = tri_spec_default_params();
+        p.mode = mode;
+        p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+        p.draft_layers = first_layer;
+        p.n_draft_layers = 1;
+        p.draft_window = 12;
+        p.draft_sink = 4;
+        p.budget = 16;
+        p.chunk = 4;
+        p.gamma2 = 6;
+        p.tree_nodes = 24;
+        tri_spec *e;
+        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+        int32_t *g = got;
+        tri_spec_stats st;
+        cr_assert_eq(tri_generate_spec(e, prompt, NP, &gp, collect, &g, &st), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(g - got, NG);
+        cr_assert(st.n_l3_tree_nodes > 0, "no tree verified");
+        for (int i = 0; i < NG; i++)
+            cr_assert_eq(got[i], want[i], "%s, mode %d, placement %d, trees: token %d: %d vs the CPU's %d",
+                         tri_spec_device(e), (int)mode, place, i, got[i], want[i]);
+        if (place == 2) cr_assert(st.kv_bytes_host > 0, "nothing attended on the host");
+        enum { R1 = TRI__TREE_MAX_RANK + 1 };
+        static int64_t reached[(TRI__SPEC_MAX_DEPTH + 1) * R1], accepted[(TRI__SPEC_MAX_DEPTH + 1) * R1];
+        tri__spec_tree_counts(e, reached, accepted);
+        for (int d = 1; d <= TRI__SPEC_MAX_DEPTH; d++)
+            for (int r = 1; r < R1; r++) kept += accepted[d * R1 + r];
+        tri_spec_free(e);
+    }
     cr_assert(kept > 0, "no sibling was ever kept: the tree path went untested");
     tri_model_free(m);
 }
