@@ -6,12 +6,17 @@
 //
 // usage: bench-accept MODEL TEXT OUT [--n-prompt N] [--n-gen N] [--threads N] [--gamma1 N]
 //                     [--gamma2 N] [--budget N] [--window N] [--draft-layers LIST] [--temp T]
+//                     [--tree-nodes N,N,...]
 // TEXT: a plain text file (UTF-8); its first --n-prompt tokens (default 1024, CI-sized; the run in
 // docs/benchmarks.md uses 4096) are the prompt, then --n-gen tokens (default 64) are generated at
 // temperature --temp (default 0: greedy, the acceptance of exact greedy verification). L1 is the
 // target running --draft-layers (bench-spec's default self-draft, 22 of SmolLM2's 30 layers) over
 // a StreamingLLM cache of --window tokens (256), L2 the target over a retrieval cache of --budget
 // tokens (256: 1/16 of a 4K context, TriForce's 8K of 128K), gamma1 2, gamma2 16 by default.
+// --tree-nodes: L3 verifies token trees of each size in turn (0: the chain; docs/speculative.md,
+// "Token trees"), the same prompt prefilled once (the engine rolled back to it between runs), each
+// run's curve written to OUT with "-treeN" before its extension (OUT itself for 0), with the
+// acceptance by depth and sibling rank ("tree" lines).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +78,7 @@ int main(int argc, char **argv) {
     int32_t n_prompt = 1024, n_gen = 64, threads = 2, gamma1 = 2, gamma2 = 16, budget = 256, window = 256;
     const char *layers_arg = "0-11,13,15,17,19,21,23,25,27-29";
     float temp = 0;
+    int32_t trees[16] = {0}, n_trees = 1, tree_max = 0;
     for (int i = 4; i < argc; i += 2) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int32_t *dst = !strcmp(k, "--n-prompt") ? &n_prompt : !strcmp(k, "--n-gen") ? &n_gen
@@ -87,6 +93,19 @@ int main(int argc, char **argv) {
             }
         } else if (v && !strcmp(k, "--draft-layers")) {
             layers_arg = v;
+        } else if (v && !strcmp(k, "--tree-nodes")) {
+            n_trees = 0;
+            for (const char *t = v; *t && n_trees < 16;) {
+                char *end;
+                long x = strtol(t, &end, 10);
+                if (end == t || x < 0 || x > 1024 || (*end && *end != ',')) {
+                    fprintf(stderr, "bench-accept: --tree-nodes: bad list '%s' (sizes 0..1024, commas)\n", v);
+                    return 2;
+                }
+                trees[n_trees++] = (int32_t)x;
+                tree_max = (int32_t)x > tree_max ? (int32_t)x : tree_max;
+                t = *end ? end + 1 : end;
+            }
         } else if (v && !strcmp(k, "--temp")) {
             temp = (float)atof(v);
         } else {
@@ -132,7 +151,7 @@ int main(int argc, char **argv) {
         goto done;
     }
     tri_session_params sp = tri_session_default_params();
-    sp.n_ctx = n_prompt + n_gen + gamma2 + 16;
+    sp.n_ctx = n_prompt + n_gen + gamma2 + 16 + tree_max;
     sp.n_threads = threads;
     tri_spec_params p = tri_spec_default_params();
     p.mode = TRI_SPEC_MODE_TRIFORCE;
@@ -143,6 +162,7 @@ int main(int argc, char **argv) {
     p.gamma2 = gamma2;
     p.budget = budget;
     p.draft_window = window;
+    p.tree_nodes = tree_max;
     if (tri_spec_create(m, &sp, &p, &s)) {
         fprintf(stderr, "bench-accept: %s\n", tri_last_error());
         goto done;
@@ -152,35 +172,80 @@ int main(int argc, char **argv) {
     gp.stop_at_eos = false;
     gp.sampler.temperature = temp;
     gp.sampler.seed = 42;
-    tri_spec_stats st;
-    if (tri_generate_spec(s, ids, n_prompt, &gp, NULL, NULL, &st)) {
-        fprintf(stderr, "bench-accept: %s\n", tri_last_error());
-        goto done;
-    }
-    FILE *f = fopen(argv[3], "w");
-    if (!f) {
-        fprintf(stderr, "bench-accept: %s: cannot write\n", argv[3]);
-        goto done;
-    }
+    enum { R1 = TRI__TREE_MAX_RANK + 1 };
+    static int64_t tr[(TRI__SPEC_MAX_DEPTH + 1) * R1], ta[(TRI__SPEC_MAX_DEPTH + 1) * R1];
     int64_t r1[TRI__SPEC_MAX_DEPTH + 1], a1[TRI__SPEC_MAX_DEPTH + 1], r2[TRI__SPEC_MAX_DEPTH + 1],
-        a2[TRI__SPEC_MAX_DEPTH + 1];
-    tri__spec_depth_counts(s, 0, r1, a1);
-    tri__spec_depth_counts(s, 1, r2, a2);
-    double tpp = (double)st.n_generated / (double)st.n_l3_verify;
+        a2[TRI__SPEC_MAX_DEPTH + 1], b1[2][TRI__SPEC_MAX_DEPTH + 1], b2[2][TRI__SPEC_MAX_DEPTH + 1];
     const char *base = strrchr(argv[2], '/');
-    fprintf(f, "# triforce acceptance curve\n# bench-accept: %s, text %s, prompt %d tokens, %d generated, "
-               "temperature %.2f\n# L1 self-draft layers %s over a %d-token StreamingLLM cache, L2 retrieval "
-               "budget %d, gamma1 %d, gamma2 %d\n",
-            strrchr(argv[1], '/') ? strrchr(argv[1], '/') + 1 : argv[1], base ? base + 1 : argv[2], n_prompt,
-            st.n_generated, temp, layers_arg, window, budget, gamma1, gamma2);
-    fprintf(f, "gamma1 %d\ngamma2 %d\ntokens_per_l3 %.4f\n", gamma1, gamma2, tpp);
-    printf("%s: prompt %d, %d generated, %lld L3 passes (%.2f tokens each), %lld L2 verifications; acceptance by "
-           "depth\n",
-           argv[2], n_prompt, st.n_generated, (long long)st.n_l3_verify, tpp, (long long)st.n_l2_verify);
-    put_level(f, "l1", r1, a1, gamma1);
-    put_level(f, "l2", r2, a2, gamma2);
-    rc = fclose(f) ? 1 : 0;
-    if (rc) fprintf(stderr, "bench-accept: %s: write failed\n", argv[3]);
+    for (int t = 0; t < n_trees; t++) {
+        tri__spec_set_tree_nodes(s, trees[t]);
+        tri__spec_depth_counts(s, 0, b1[0], b1[1]);  // the counts so far: this run's are the difference
+        tri__spec_depth_counts(s, 1, b2[0], b2[1]);
+        tri_spec_stats st;
+        // the first run prefills the prompt; the others roll back to its last token and run it again
+        bool again = t > 0 && !tri_spec_truncate(s, n_prompt - 1);
+        if (t > 0 && !again) {
+            fprintf(stderr, "bench-accept: %s\n", tri_last_error());
+            goto done;
+        }
+        if (tri_generate_spec(s, again ? ids + n_prompt - 1 : ids, again ? 1 : n_prompt, &gp, NULL, NULL, &st)) {
+            fprintf(stderr, "bench-accept: %s\n", tri_last_error());
+            goto done;
+        }
+        char path[4096];
+        const char *dot = strrchr(argv[3], '.');
+        if (trees[t] == 0 || !dot)
+            snprintf(path, sizeof path, trees[t] ? "%s-tree%d" : "%s", argv[3], trees[t]);
+        else
+            snprintf(path, sizeof path, "%.*s-tree%d%s", (int)(dot - argv[3]), argv[3], trees[t], dot);
+        FILE *f = fopen(path, "w");
+        if (!f) {
+            fprintf(stderr, "bench-accept: %s: cannot write\n", path);
+            goto done;
+        }
+        tri__spec_depth_counts(s, 0, r1, a1);
+        tri__spec_depth_counts(s, 1, r2, a2);
+        for (int d = 0; d <= TRI__SPEC_MAX_DEPTH; d++) {
+            r1[d] -= b1[0][d], a1[d] -= b1[1][d];
+            r2[d] -= b2[0][d], a2[d] -= b2[1][d];
+        }
+        double tpp = (double)st.n_generated / (double)st.n_l3_verify;
+        fprintf(f,
+                "# triforce acceptance curve\n# bench-accept: %s, text %s, prompt %d tokens, %d generated, "
+                "temperature %.2f\n# L1 self-draft layers %s over a %d-token StreamingLLM cache, L2 retrieval "
+                "budget %d, gamma1 %d, gamma2 %d, tree of %d nodes\n",
+                strrchr(argv[1], '/') ? strrchr(argv[1], '/') + 1 : argv[1], base ? base + 1 : argv[2], n_prompt,
+                st.n_generated, temp, layers_arg, window, budget, gamma1, gamma2, trees[t]);
+        fprintf(f, "gamma1 %d\ngamma2 %d\ntokens_per_l3 %.4f\n", gamma1, gamma2, tpp);
+        if (trees[t] > 0) fprintf(f, "tree_nodes %d\n", trees[t]);
+        printf(
+            "%s, tree %d: prompt %d, %d generated, %lld L3 passes (%.2f tokens each, %.1f drafted tokens "
+            "verified each), %lld L2 verifications, %.1f s decoding; acceptance by depth\n",
+            argv[2], trees[t], n_prompt, st.n_generated, (long long)st.n_l3_verify, tpp,
+            st.n_l3_verify && trees[t] ? (double)st.n_l3_tree_nodes / (double)st.n_l3_verify : 0.0,
+            (long long)st.n_l2_verify, st.decode_seconds);
+        put_level(f, "l1", r1, a1, gamma1);
+        put_level(f, "l2", r2, a2, gamma2);
+        if (trees[t] > 0) {
+            tri__spec_tree_counts(s, tr, ta);
+            printf("tree (depth: accepted/tested by rank 0, 1, ...):\n");
+            for (int d = 1; d <= TRI__SPEC_MAX_DEPTH; d++) {
+                if (tr[d * R1] == 0) break;
+                printf("  %2d:", d);
+                for (int r = 0; r < R1; r++) {
+                    if (tr[d * R1 + r] == 0) continue;
+                    fprintf(f, "tree %d %d %lld %lld\n", d, r, (long long)tr[d * R1 + r], (long long)ta[d * R1 + r]);
+                    printf(" %lld/%lld", (long long)ta[d * R1 + r], (long long)tr[d * R1 + r]);
+                }
+                printf("\n");
+            }
+        }
+        if (fclose(f)) {
+            fprintf(stderr, "bench-accept: %s: write failed\n", path);
+            goto done;
+        }
+    }
+    rc = 0;
 done:
     tri_spec_free(s);
     free(ids);

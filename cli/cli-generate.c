@@ -88,6 +88,9 @@ static void usage(FILE *f) {
           "      --draft-ngram N  L1 is prompt lookup of n-grams up to N tokens (no model)\n"
           "      --gamma1 N       tokens L1 drafts per retrieval-level check (default 2)\n"
           "      --gamma2 N       tokens the full-cache level checks per pass (default 6)\n"
+          "      --tree-nodes N   the full-cache level checks a token tree of up to N drafted\n"
+          "                       tokens per pass: the chain and siblings at each depth\n"
+          "                       (default 0: the chain alone)\n"
           "      --budget N, --chunk N, --refresh N, --kv-index I  L2's retrieval cache, as for\n"
           "                       --kv retrieval\n"
           "      --draft-window N L1's StreamingLLM cache in tokens, sinks included (default 256)\n"
@@ -259,6 +262,10 @@ static void print_figures(const tri_generate_stats *st) {
 static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
     fprintf(stderr, "speculation: %d tokens in %lld full-cache passes (%.2f tokens per pass)\n", st->n_generated,
             (long long)st->n_l3_verify, st->n_l3_verify ? (double)st->n_generated / (double)st->n_l3_verify : 0.0);
+    if (st->n_l3_tree_nodes > 0)
+        fprintf(stderr, "  token trees:       %lld drafted tokens verified (%.1f per pass)\n",
+                (long long)st->n_l3_tree_nodes,
+                st->n_l3_verify ? (double)st->n_l3_tree_nodes / (double)st->n_l3_verify : 0.0);
     if (mode == TRI_SPEC_MODE_DRAFT || mode == TRI_SPEC_MODE_TRIFORCE)
         fprintf(stderr, "  L1 drafter:        %lld of %lld accepted (%.3f)\n", (long long)st->l1_accepted,
                 (long long)st->l1_proposed, st->l1_proposed ? (double)st->l1_accepted / (double)st->l1_proposed : 0.0);
@@ -447,7 +454,7 @@ int tri_cli_generate(int argc, char **argv) {
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
            OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
            OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS, OPT_WEIGHTS_FROM_DISK, OPT_GPU_MEM, OPT_HOST_MEM,
-           OPT_KV_INDEX, OPT_KV_HOST, OPT_HOST_ATTN, OPT_PROMPT_CACHE, OPT_DRAFT_KV };
+           OPT_KV_INDEX, OPT_KV_HOST, OPT_HOST_ATTN, OPT_PROMPT_CACHE, OPT_DRAFT_KV, OPT_TREE_NODES };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -481,6 +488,7 @@ int tri_cli_generate(int argc, char **argv) {
         {"kv-host", required_argument, NULL, OPT_KV_HOST},
         {"host-attn-gbps", required_argument, NULL, OPT_HOST_ATTN},
         {"prompt-cache", required_argument, NULL, OPT_PROMPT_CACHE},
+        {"tree-nodes", required_argument, NULL, OPT_TREE_NODES},
         {"help", no_argument, NULL, 'h'},          {0},
     };
     const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
@@ -492,7 +500,7 @@ int tri_cli_generate(int argc, char **argv) {
     const char *draft_path = NULL, *draft_layers = NULL;
     // 0: not given (every one of these options wants a positive number)
     long ngram = 0, gamma1 = 0, gamma2 = 0, budget = 0, chunk = 0;
-    long sink = 0, refresh = 0, draft_window = 0, draft_sink = 0;
+    long sink = 0, refresh = 0, draft_window = 0, draft_sink = 0, tree_nodes = 0;
     bool draft_kv_set = false;
     tri_dtype draft_kv = TRI_DTYPE_F16;
     bool kv_set = false, refresh_accept_set = false, index_set = false, kv_host_set = false;
@@ -560,6 +568,7 @@ int tri_cli_generate(int argc, char **argv) {
         case OPT_DRAFT_NGRAM: ok = tri_cli_parse_long(me, "--draft-ngram", optarg, 1, 64, &ngram); break;
         case OPT_GAMMA1: ok = tri_cli_parse_long(me, "--gamma1", optarg, 1, 64, &gamma1); break;
         case OPT_GAMMA2: ok = tri_cli_parse_long(me, "--gamma2", optarg, 1, 256, &gamma2); break;
+        case OPT_TREE_NODES: ok = tri_cli_parse_long(me, "--tree-nodes", optarg, 0, 1024, &tree_nodes); break;
         case OPT_BUDGET:
         case OPT_KV_BUDGET:
             ok = tri_cli_parse_long(me, c == OPT_BUDGET ? "--budget" : "--kv-budget", optarg, 1, INT32_MAX, &budget);
@@ -686,6 +695,8 @@ int tri_cli_generate(int argc, char **argv) {
         !tri_cli_applies("offload-run generate", "--gamma1", gamma1, mode == TRI_SPEC_MODE_TRIFORCE,
                          "--spec triforce") ||
         !tri_cli_applies("offload-run generate", "--gamma2", gamma2, !plain, "--spec draft, retrieval or triforce") ||
+        !tri_cli_applies("offload-run generate", "--tree-nodes", tree_nodes, !plain,
+                         "--spec draft, retrieval or triforce") ||
         !tri_cli_applies("offload-run generate", "--refresh-accept", refresh_accept_set, has_l2,
                          "--spec retrieval or triforce"))
         return 2;
@@ -702,6 +713,7 @@ int tri_cli_generate(int argc, char **argv) {
     spec_params.ngram_n = (int32_t)ngram;
     spec_params.gamma1 = (int32_t)gamma1;
     spec_params.gamma2 = (int32_t)gamma2;
+    spec_params.tree_nodes = (int32_t)tree_nodes;
     spec_params.budget = (int32_t)budget;
     spec_params.chunk = (int32_t)chunk;
     if (draft_path) spec_params.drafter = TRI_SPEC_DRAFTER_MODEL;

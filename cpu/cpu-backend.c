@@ -652,12 +652,17 @@ static void attn_rows_f32(float *out, tri_dtype type, const void *base, int64_t 
 // i0 + nq that do not see all of them.
 static void attn_mask(const attn_job *jb, const tri__kv_span *sp, int64_t j0, int64_t nk, int32_t kp_max, int64_t i0,
                       int64_t nq, float *s) {
+    const tri__kv_tree *t = jb->kv->tree;
     for (int64_t qi = 0; qi < nq; qi++) {
         int32_t qp = jb->q_pos[i0 + qi];
-        if (qp >= kp_max) continue;
+        bool in_tree = t && qp >= t->row0 && qp < t->row0 + t->n && kp_max >= t->row0;
+        if (qp >= kp_max && !in_tree) continue;
         for (int64_t a = 0; a < jb->g; a++) {
             float *row = s + (qi * jb->g + a) * ATTN_TILE;
-            if (!sp->pos) {  // keys before qp + 1 visible
+            if (in_tree) {  // a tree node: its ancestors among the tree's keys
+                for (int64_t j = 0; j < nk; j++)
+                    if (!tri__kv_tree_sees(t, qp, attn_key_pos(sp, j0 + j))) row[j] = -INFINITY;
+            } else if (!sp->pos) {  // keys before qp + 1 visible
                 int64_t vis = (int64_t)qp - (sp->pos0 + j0) + 1;
                 for (int64_t j = vis < 0 ? 0 : vis; j < nk; j++) row[j] = -INFINITY;
             } else {
@@ -707,7 +712,9 @@ static void attn_chunk(const attn_job *jb, int64_t h, int64_t c, int64_t i0, int
             } else
                 kr->attn_scores_f32(w->s, ATTN_TILE, w->q, rows, (const float *)sp->k + j0 * sp->stride, sp->stride,
                                     nk, hd);
-            if (kp_max > qmin) attn_mask(jb, sp, j0, nk, kp_max, i0, nq, w->s);
+            const tri__kv_tree *t = kv->tree;
+            if (kp_max > qmin || (t && kp_max >= t->row0 && qmax >= t->row0))
+                attn_mask(jb, sp, j0, nk, kp_max, i0, nq, w->s);
             for (int64_t r = 0; r < rows; r++) {
                 float old = w->mx[r], f = kr->attn_softmax(w->s + r * ATTN_TILE, nk, &w->mx[r], &w->sum[r]);
                 if (f != 1.0f && old != -INFINITY)  // (while the max is -inf, acc holds zeros)
@@ -850,7 +857,7 @@ static void attn_weight_sums(void *arg, int64_t h0, int64_t h1) {
                 int32_t kp = attn_key_pos(sp, j);
                 double w = 0;
                 for (int64_t i = 0; i < jb->m; i++) {
-                    if (kp > jb->q_pos[i]) continue;
+                    if (!tri__kv_tree_sees(kv->tree, jb->q_pos[i], kp)) continue;
                     for (int64_t a = 0; a < g; a++) {
                         int64_t qa = i * n_head + h * g + a;
                         float sc = attn_dot(jb->kr, kv->type, jb->q + qa * hd, sp->k, j, sp->stride, hd) * jb->scale;
@@ -1048,6 +1055,7 @@ static const tri__backend_ops cpu_ops = {
     .attention_dev = cpu_attention_dev,
     .set_rows = cpu_set_rows,
     .window_rows = cpu_window_rows,
+    .tree_attention = true,
 };
 
 tri_status tri__backend_cpu_create(int32_t n_threads, tri__cpu_simd simd, tri__backend **out) {

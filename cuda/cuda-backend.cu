@@ -608,13 +608,16 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
                          (long long)g, (long long)hd);
     if (n_chunks > INT32_MAX) return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %lld chunks", (long long)n_chunks);
 
-    // One upload: q_pos | head_span | head_chunk | positions | spans | chunks.
+    // One upload: q_pos | head_span | head_chunk | positions | spans | chunks | tree masks.
     size_t o_qpos = 0, o_hs = align16(sizeof(int32_t) * (size_t)m);
     size_t o_hc = o_hs + align16(sizeof(int32_t) * (size_t)(nkv + 1));
     size_t o_pos = o_hc + align16(sizeof(int32_t) * (size_t)(nkv + 1));
     size_t o_sp = o_pos + align16(sizeof(int32_t) * (size_t)n_pos);
     size_t o_ch = o_sp + align16(sizeof(tri__cuda_span) * (size_t)n_spans);
-    size_t bytes = o_ch + sizeof(tri__cuda_chunk) * (size_t)n_chunks;
+    size_t o_tree = o_ch + align16(sizeof(tri__cuda_chunk) * (size_t)n_chunks);
+    const tri__kv_tree *tree = kv->tree;
+    size_t tree_bytes = tree ? sizeof(uint32_t) * (size_t)tree->n * (size_t)tree->words : 0;
+    size_t bytes = o_tree + tree_bytes;
     unsigned char *h, *d;
     TRY(upload_begin(st, bytes, &h));
     if (!q_pos_dev) memcpy(h + o_qpos, q_pos, sizeof(int32_t) * (size_t)m);
@@ -640,6 +643,7 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
     }
     hc[nkv] = (int32_t)nc;
     TRI_ASSERT(nc == n_chunks && key == n_keys && np == n_pos);
+    if (tree) memcpy(h + o_tree, tree->anc, tree_bytes);
     TRY(upload_finish(st, bytes, &d));
 
     tri__cuda_attn_args a;
@@ -656,6 +660,10 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
     a.scale = 1.0f / sqrtf((float)hd);
     a.f16 = kv->type == TRI_DTYPE_F16;
     a.state = state;
+    if (tree) {
+        a.tree_anc = (const uint32_t *)(d + o_tree);
+        a.tree_row0 = tree->row0, a.tree_n = tree->n, a.tree_words = tree->words;
+    }
 
     // Scratch: stats (m, n_head, 2) | partials of a tile of mt queries, sized to limits.attn_partial_bytes.
     size_t per_query = sizeof(float) * (size_t)(n_chunks > 0 ? n_chunks : 1) * (size_t)(g * (hd + 2));
@@ -1123,6 +1131,7 @@ static const tri__backend_ops cuda_ops = {
     /* .graph_end = */ cuda_graph_end,
     /* .graph_launch = */ cuda_graph_launch,
     /* .graph_free = */ cuda_graph_free,
+    /* .tree_attention = */ true,
 };
 
 static tri_status create(int device, tri__backend *be, cuda_state *st) {

@@ -215,6 +215,10 @@ typedef struct tri__cuda_attn_args {
     float *stats;   // (m, n_head, 2): final max and sum per query head
     float *state;   // NULL, or (m, n_head, hd + 2) instead of out: accumulator, max, sum before the
                     // division (attention_state)
+    // a token tree among the keys (tri__kv_tree, backend.h): nodes at positions tree_row0 ..
+    // tree_row0 + tree_n - 1, tree_anc (tree_n, tree_words) device; tree_n 0: none
+    const uint32_t *tree_anc;
+    int32_t tree_row0, tree_n, tree_words;
 } tri__cuda_attn_args;
 
 // Shared memory a partial block needs; 0 if it exceeds what a block can have.

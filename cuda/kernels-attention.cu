@@ -51,6 +51,15 @@ __device__ __forceinline__ int32_t key_pos(const tri__cuda_attn_args &a, const t
     return sp.pos_at >= 0 ? a.pos[sp.pos_at + r] : sp.pos0 + (int32_t)r;
 }
 
+// Whether query position qp sees key position kp: the causal rule, and among a tree's nodes the
+// tree's (tri__kv_tree_sees).
+__device__ __forceinline__ bool key_visible(const tri__cuda_attn_args &a, int32_t qp, int32_t kp) {
+    if (kp > qp) return false;
+    if (a.tree_n == 0 || kp < a.tree_row0 || qp >= a.tree_row0 + a.tree_n) return true;
+    int32_t r = qp - a.tree_row0, c = kp - a.tree_row0;
+    return (a.tree_anc[(int64_t)r * a.tree_words + c / 32] >> (c % 32)) & 1u;
+}
+
 static __host__ __device__ size_t align8(size_t n) { return (n + 7) / 8 * 8; }
 
 // Shared memory of pass 1: q (group, hd) f32 | scores (group, C) f32 | key and value row
@@ -86,7 +95,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_partial(tri__cuda_attn_ar
         int64_t key = ch.key0 + t;
         const tri__cuda_span &sp = a.spans[find_span(a, h, key)];
         int64_t r = key - sp.key0;
-        vis[t] = key_pos(a, sp, r) <= qpos;
+        vis[t] = key_visible(a, qpos, key_pos(a, sp, r));
         if (vis[t]) atomicAdd(&n_vis, 1);
         kp[t] = (const unsigned char *)sp.k + (size_t)(r * sp.stride) * es;
         vp[t] = (const unsigned char *)sp.v + (size_t)(r * sp.stride) * es;
@@ -191,7 +200,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_weight_sums(float *ws, tr
         const void *krow = (const unsigned char *)sp.k + (size_t)(r * sp.stride) * es;
         double w = 0;
         for (int64_t i = 0; i < a.m; i++) {
-            if (kpos > a.q_pos[i]) continue;  // uniform within the warp
+            if (!key_visible(a, a.q_pos[i], kpos)) continue;  // uniform within the warp
             for (int64_t aa = 0; aa < g; aa++) {
                 int64_t qa = i * a.n_head + (int64_t)ch.head * g + aa;
                 float s = warp_score<F16>(a.q + qa * hd, krow, hd, a.scale, lane);

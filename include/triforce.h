@@ -782,6 +782,14 @@ typedef struct tri_spec_params {
                                     // changes acceptance, never the output. Q8_0 / Q4_0 need the
                                     // draft's head_dim a multiple of 32 and the CPU; refused
                                     // naming draft_kv_type otherwise
+    int32_t tree_nodes;             // L3 verifies a token tree of up to this many drafted tokens
+                                    // in one pass: the chain of gamma2 (fewer when tree_nodes is
+                                    // smaller) plus siblings at each depth, the drafting level's
+                                    // next most likely tokens, as many per depth as the acceptance
+                                    // measured by depth and rank makes worth it; exact for every
+                                    // sampler (docs/speculative.md, "Token trees"). 0: the chain
+                                    // alone. Not in NONE mode; the n-gram drafter proposes no
+                                    // siblings. At most 1024
 } tri_spec_params;
 
 // Figures of one tri_generate_spec call. Acceptance rates are accepted / proposed.
@@ -808,6 +816,8 @@ typedef struct tri_spec_stats {
     uint64_t kv_bytes_host;   // while decoding: L3's offloaded KV read in place by the host's
                               // attention (kv_host_fraction); 0 when nothing is split
     tri_stop_reason stop_reason;  // why the call stopped
+    int64_t n_l3_tree_nodes;  // drafted tokens L3's tree passes verified (chains and siblings,
+                              // tree_nodes); 0 without trees
 } tri_spec_stats;
 
 typedef struct tri_spec tri_spec;

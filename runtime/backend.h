@@ -57,6 +57,42 @@ typedef struct tri__kv_span {
     const int32_t *pos;  // (n) host, per-row positions overriding pos0 + j, or NULL
 } tri__kv_span;
 
+// A token tree among a pass's own rows (speculative verification of several candidates per
+// position, docs/speculative.md, "Token trees"): the keys at positions row0 .. row0 + n - 1 (as the
+// view gives positions) are the tree's nodes 0 .. n - 1, each after its parent, and so are the
+// queries at those q_pos. Between two nodes the causal rule is replaced: query node r sees key node
+// c only when c is r or one of r's ancestors. Every other (query, key) pair keeps the causal rule
+// (so a query before row0 sees no node, a node sees every key before row0).
+typedef struct tri__kv_tree {
+    int32_t row0;         // position of node 0
+    int32_t n;            // nodes, >= 1
+    int32_t words;        // uint32 words per node in anc: (n + 31) / 32
+    const uint32_t *anc;  // (n, words) host: bit c of node r's words set iff c is r or an ancestor of r
+} tri__kv_tree;
+
+// Whether query position qp sees key position kp under the causal rule and the tree (NULL: none).
+static inline bool tri__kv_tree_sees(const tri__kv_tree *t, int32_t qp, int32_t kp) {
+    if (kp > qp) return false;
+    if (!t || kp < t->row0 || qp >= t->row0 + t->n) return true;  // kp < row0 + n follows from kp <= qp
+    int32_t r = qp - t->row0, c = kp - t->row0;
+    return (t->anc[(int64_t)r * t->words + c / 32] >> (c % 32)) & 1u;
+}
+
+// anc (n, (n + 31) / 32) = the ancestor-or-self masks of the tree whose node i has parent
+// parent[i] (< i; -1: the tree's root level).
+static inline void tri__kv_tree_masks(uint32_t *anc, const int32_t *parent, int32_t n) {
+    int32_t w = (n + 31) / 32;
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t *a = anc + (int64_t)i * w;
+        if (parent[i] >= 0) {
+            for (int32_t e = 0; e < w; e++) a[e] = anc[(int64_t)parent[i] * w + e];
+        } else {
+            for (int32_t e = 0; e < w; e++) a[e] = 0;
+        }
+        a[i / 32] |= 1u << (i % 32);
+    }
+}
+
 // Keys and values for every KV head of one layer. The spans of KV head h are
 // spans[head_span[h] .. head_span[h + 1]); a head may have any number of spans (a full cache is
 // one span, StreamingLLM two: sinks and window, retrieval one per selected chunk plus the recent
@@ -68,6 +104,7 @@ typedef struct tri__kv_view {
     int32_t n_head_kv;
     const tri__kv_span *spans;    // host
     const int32_t *head_span;     // (n_head_kv + 1) host, non-decreasing, head_span[0] == 0
+    const tri__kv_tree *tree;     // host, or NULL: the plain causal mask (tri__kv_tree_sees)
 } tri__kv_view;
 
 // ---- ops ----
@@ -153,7 +190,8 @@ typedef struct tri__backend_ops {
     // Causal attention with grouped-query heads over a KV view.
     //   q (m, n_head, head_dim) f32: query i sits at position q_pos[i] (host, m int32)
     //   out (m, n_head, head_dim) f32: softmax(q . K^T * scale) @ V, where query head h reads KV
-    //     head h / (n_head / kv->n_head_kv) and key j is visible iff its position <= q_pos[i].
+    //     head h / (n_head / kv->n_head_kv) and key j is visible iff its position <= q_pos[i]
+    //     (and, with kv->tree, the tree allows it: tri__kv_tree_sees).
     //     scale = 1 / sqrt(head_dim). A query that sees no key gets zeros.
     //   weight_sums: NULL, or (sum over heads of their keys) f32: for KV head h and its j-th key in
     //     span order, at offset (keys of heads 0 .. h-1) + j, the attention probability that key
@@ -310,6 +348,10 @@ typedef struct tri__backend_ops {
     tri_status (*graph_end)(tri__backend *be, tri__graph **out);
     tri_status (*graph_launch)(tri__backend *be, tri__graph *g);
     void (*graph_free)(tri__backend *be, tri__graph *g);
+
+    // attention and attention_state honour a view's tree (tri__kv_tree); false: they would ignore
+    // it, and the speculative engine refuses token trees on the backend
+    bool tree_attention;
 } tri__backend_ops;
 
 enum { TRI_HOST_WORK_COPY = 0, TRI_HOST_WORK_REDUCE = 1 };

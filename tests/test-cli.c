@@ -185,14 +185,18 @@ Test(cli, every_spec_mode_prints_the_plain_greedy_tokens) {
                            "--spec draft --draft-layers 0-1 --draft-window 8 --draft-sink 2",
                            "--spec retrieval --budget 8 --chunk 4 --refresh 4",
                            "--spec triforce --draft-layers 0,2 --draft-window 8 --draft-sink 2 --budget 8 --chunk 4 "
-                           "--refresh-accept 0.9 --stats"};
+                           "--refresh-accept 0.9 --stats",
+                           // token trees
+                           "--spec retrieval --budget 8 --chunk 4 --tree-nodes 12 --stats",
+                           "--spec triforce --draft-layers 0 --budget 8 --chunk 4 --tree-nodes 40 --stats"};
     for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
         snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos %s", m,
                  modes[i]);
         cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", modes[i], err);
         cr_assert_str_eq(out, plain, "%s", modes[i]);
     }
-    cr_assert(strstr(err, "full-cache passes") && strstr(err, "selections"), "--stats: %s", err);
+    cr_assert(strstr(err, "full-cache passes") && strstr(err, "selections") && strstr(err, "token trees:"),
+              "--stats: %s", err);
     // plain decoding (--spec none, the default) prints its own figures
     snprintf(args, sizeof args, "generate -m '%s' -p 'the quick brown fox' -n 24 --ids --ignore-eos --spec none --stats",
              m);
@@ -435,6 +439,8 @@ Test(cli, cache_options_that_do_not_apply_are_refused) {
         {"--spec triforce --draft-ngram 2 --draft-sink 2", 2, "--draft-sink applies only"},
         {"--spec draft --draft-ngram 2 --gamma1 2", 2, "--gamma1 applies only to --spec triforce"},
         {"--gamma2 4", 2, "--gamma2 applies only"},
+        {"--tree-nodes 8", 2, "--tree-nodes applies only to --spec draft, retrieval or triforce"},
+        {"--spec retrieval --tree-nodes 1025", 2, "--tree-nodes '1025': want a whole number in [0, 1024]"},
         // values the policy refuses: budget past the context, chunk not dividing, sink >= budget
         {"--spec retrieval --budget 128 --chunk 3 --ctx 256", 1, "chunk size 3 must divide the budget 128"},
         {"--spec retrieval --budget 256 --chunk 3 --ctx 256", 1, "chunk size 3 must divide the budget 256"},

@@ -1120,8 +1120,8 @@ Test(cuda_backend, attention_state_merges_with_host_chunks) {
             host[h] = (tri__kv_span){.n = (int32_t)(nk - S), .k = (uint8_t *)c.ks + at_s, .v = (uint8_t *)c.vs + at_s,
                                      .stride = c.stride, .pos = c.kpos + S};
         }
-        tri__kv_view vall = {t, (int32_t)nkv, all, hs}, vdev = {t, (int32_t)nkv, dev, hs};
-        tri__kv_view vhost = {t, (int32_t)nkv, host, hs};
+        tri__kv_view vall = {t, (int32_t)nkv, all, hs, NULL}, vdev = {t, (int32_t)nkv, dev, hs, NULL};
+        tri__kv_view vhost = {t, (int32_t)nkv, host, hs, NULL};
         float *q = malloc(sizeof(float) * (size_t)(rows * hd)), *want = malloc(sizeof(float) * (size_t)(rows * hd));
         float *got = malloc(sizeof(float) * (size_t)(rows * hd)), *state = malloc(sizeof(float) * (size_t)(rows * (hd + 2)));
         fill(q, rows * hd, 1.0f);
@@ -1143,6 +1143,72 @@ Test(cuda_backend, attention_state_merges_with_host_chunks) {
         gpu->ops->free(gpu, dq);
         gpu->ops->free(gpu, dstate);
         free(q), free(want), free(got), free(state), free(chunks);
+        cache_free(gpu, &c);
+    }
+    DONE();
+}
+
+// ---- token trees (backend.h tri__kv_tree) ----
+
+// A tree of 24 nodes (random parents) over the last rows of a 300-key cache cut into spans (one
+// cut inside the tree): every node and a query before the tree, attention and weight sums and the
+// state form, on the device against the CPU backend (whose tree mask the spec suite checks against
+// a reference written from the rule).
+Test(cuda_backend, attention_tree_mask_matches_cpu) {
+    NEED_GPU();
+    enum { T = 24, NK = 300, NH = 8, NKV = 2, HD = 64, M = T + 1 };
+    for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_F16; t++) {
+        test_cache c;
+        cache_make(gpu, &c, NKV, NK, HD, t, 2.0f);
+        int32_t par[T];
+        for (int i = 0; i < T; i++) par[i] = i < 5 ? i - 1 : (int32_t)((frand() + 1.0f) * 1e6f) % (i + 1) - 1;
+        uint32_t anc[T * ((T + 31) / 32)];
+        tri__kv_tree_masks(anc, par, T);
+        tri__kv_tree tree = {.row0 = c.kpos[NK - T], .n = T, .words = (T + 31) / 32, .anc = anc};
+        int32_t qpos[M];
+        for (int i = 0; i < M; i++) qpos[i] = c.kpos[NK - T] - 1 + i;
+        int64_t cuts[2] = {100, NK - 11};
+        tri__kv_span spans[NKV * 3], hspans[NKV * 3];
+        int32_t hs[NKV + 1], hhs[NKV + 1];
+        tri__kv_view view, hview;
+        cache_view(&c, true, cuts, 2, spans, hs, &view);
+        cache_view(&c, false, cuts, 2, hspans, hhs, &hview);
+        view.tree = hview.tree = &tree;
+        const int64_t rows = (int64_t)M * NH;
+        float *q = malloc(sizeof(float) * (size_t)(rows * HD)), *out = malloc(sizeof(float) * (size_t)(rows * HD));
+        float *want = malloc(sizeof(float) * (size_t)(rows * HD));
+        float *st = malloc(sizeof(float) * (size_t)(rows * (HD + 2))),
+              *stc = malloc(sizeof(float) * (size_t)(rows * (HD + 2)));
+        float *ws = malloc(sizeof(float) * NKV * NK), *wsc = malloc(sizeof(float) * NKV * NK);
+        fill(q, rows * HD, 1.0f);
+        float *dq = up(gpu, q, sizeof(float) * (size_t)(rows * HD)),
+              *dout = dalloc(gpu, sizeof(float) * (size_t)(rows * HD));
+        float *dws = dalloc(gpu, sizeof(float) * NKV * NK),
+              *dst = dalloc(gpu, sizeof(float) * (size_t)(rows * (HD + 2)));
+        cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, M, NH, HD, &view, dws), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(gpu->ops->attention_state(gpu, dst, dq, qpos, M, NH, HD, &view), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        down(gpu, out, dout, sizeof(float) * (size_t)(rows * HD));
+        down(gpu, ws, dws, sizeof(float) * NKV * NK);
+        down(gpu, st, dst, sizeof(float) * (size_t)(rows * (HD + 2)));
+        cr_assert_eq(cpu->ops->attention(cpu, want, q, qpos, M, NH, HD, &hview, wsc), TRI_STATUS_OK);
+        cr_assert_eq(cpu->ops->attention_state(cpu, stc, q, qpos, M, NH, HD, &hview), TRI_STATUS_OK);
+        for (int64_t i = 0; i < rows * HD; i++)
+            cr_assert(fabsf(out[i] - want[i]) <= 4e-5f * (1 + fabsf(want[i])), "%s [%lld] %g vs cpu %g",
+                      tri_dtype_name(t), (long long)i, (double)out[i], (double)want[i]);
+        for (int64_t j = 0; j < NKV * NK; j++)
+            cr_assert(fabsf(ws[j] - wsc[j]) <= 1e-4f * (1 + wsc[j]), "%s weight sum %lld: %g vs cpu %g",
+                      tri_dtype_name(t), (long long)j, (double)ws[j], (double)wsc[j]);
+        for (int64_t r = 0; r < rows; r++)  // the state's quotient: the output
+            for (int64_t e = 0; e < HD; e++) {
+                float a = st[r * (HD + 2) + e] / st[r * (HD + 2) + HD + 1];
+                float b = stc[r * (HD + 2) + e] / stc[r * (HD + 2) + HD + 1];
+                cr_assert(fabsf(a - b) <= 4e-5f * (1 + fabsf(b)), "%s state row %lld [%lld] %g vs cpu %g",
+                          tri_dtype_name(t), (long long)r, (long long)e, (double)a, (double)b);
+            }
+        gpu->ops->free(gpu, dq), gpu->ops->free(gpu, dout), gpu->ops->free(gpu, dws), gpu->ops->free(gpu, dst);
+        free(q), free(out), free(want), free(st), free(stc), free(ws), free(wsc);
         cache_free(gpu, &c);
     }
     DONE();

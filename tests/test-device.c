@@ -17,6 +17,7 @@
 #include "level.h"
 #include "llama.h"
 #include "model.h"
+#include "spec.h"
 #include "test-util.h"
 
 #define N_TOK 20
@@ -1045,6 +1046,80 @@ Test(device, cuda_engine_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
     }
     for (int i = 0; i < NG; i++)
         cr_assert_eq(got[i], want[i], "StreamingLLM on the device: token %d: %d vs the CPU's %d", i, got[i], want[i]);
+    tri_model_free(m);
+}
+
+// Token trees on the device (docs/speculative.md, "Token trees"): greedy speculative decoding with
+// trees of 24 nodes gives the CPU's plain tokens: DRAFT (self-draft) and TRIFORCE (self-draft) with
+// the KV resident, TRIFORCE with one layer offloaded, RETRIEVAL offloaded and split with the host;
+// L2 keeps 16 rows, so L3 rejects chains and keeps siblings (counted).
+Test(device, cuda_engine_tree_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
+    if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("gpu-tree", "--layers 2 --vocab 300 --seed 21"), NULL, &m), TRI_STATUS_OK);
+    enum { NP = 40, NG = 16 };
+    int32_t prompt[NP], want[NG], got[NG];
+    for (int i = 0; i < NP; i++) prompt[i] = i % 13 < 9 ? (i % 13) * 11 + 5 : (i * 31) % 290 + 3;
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 96;
+    sp.n_batch = 16;
+    sp.n_threads = 1;
+    sp.kv_type = TRI_DTYPE_F16;
+    sp.device_kind = TRI_DEVICE_CPU;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = NG;
+    gp.stop_at_eos = false;
+    gp.sampler.temperature = 0.0f;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    int32_t *w = want;
+    cr_assert_eq(tri_generate(s, prompt, NP, &gp, collect, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_free(s);
+    static const int32_t first_layer[] = {0};
+    int64_t kept = 0;
+    static const struct {
+        int place;  // 0 resident, 1 one layer offloaded, 2 offloaded and split
+        tri_spec_mode mode;
+    } runs[] = {{0, TRI_SPEC_MODE_DRAFT}, {0, TRI_SPEC_MODE_TRIFORCE}, {1, TRI_SPEC_MODE_TRIFORCE},
+                {2, TRI_SPEC_MODE_RETRIEVAL}};
+    for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
+        const int place = runs[ri].place;
+        const tri_spec_mode mode = runs[ri].mode;
+        sp.device_kind = TRI_DEVICE_CUDA;
+        sp.kv_layers_offloaded = place ? 1 : 0;
+        sp.kv_host_fraction = place == 2 ? 1.0 : 0.0;
+        sp.kv_host_threads = 1;
+        tri_spec_params p = tri_spec_default_params();
+        p.mode = mode;
+        p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+        p.draft_layers = first_layer;
+        p.n_draft_layers = 1;
+        p.draft_window = 12;
+        p.draft_sink = 4;
+        p.budget = 16;
+        p.chunk = 4;
+        p.gamma2 = 6;
+        p.tree_nodes = 24;
+        tri_spec *e;
+        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+        int32_t *g = got;
+        tri_spec_stats st;
+        cr_assert_eq(tri_generate_spec(e, prompt, NP, &gp, collect, &g, &st), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(g - got, NG);
+        cr_assert(st.n_l3_tree_nodes > 0, "no tree verified");
+        for (int i = 0; i < NG; i++)
+            cr_assert_eq(got[i], want[i], "%s, mode %d, placement %d, trees: token %d: %d vs the CPU's %d",
+                         tri_spec_device(e), (int)mode, place, i, got[i], want[i]);
+        if (place == 2) cr_assert(st.kv_bytes_host > 0, "nothing attended on the host");
+        enum { R1 = TRI__TREE_MAX_RANK + 1 };
+        static int64_t reached[(TRI__SPEC_MAX_DEPTH + 1) * R1], accepted[(TRI__SPEC_MAX_DEPTH + 1) * R1];
+        tri__spec_tree_counts(e, reached, accepted);
+        for (int d = 1; d <= TRI__SPEC_MAX_DEPTH; d++)
+            for (int r = 1; r < R1; r++) kept += accepted[d * R1 + r];
+        tri_spec_free(e);
+    }
+    cr_assert(kept > 0, "no sibling was ever kept: the tree path went untested");
     tri_model_free(m);
 }
 

@@ -93,7 +93,7 @@ static void check_attention(tri_dtype type) {
         sf[2 * h + 1] = (tri__kv_span){.n = 40, .k = kf + 260 * stride + h * HD, .v = vf + 260 * stride + h * HD,
                                        .stride = stride, .pos = pos2};
     }
-    tri__kv_view vq_view = {type, NKV, sq, head_span}, vf_view = {TRI_DTYPE_F32, NKV, sf, head_span};
+    tri__kv_view vq_view = {type, NKV, sq, head_span, NULL}, vf_view = {TRI_DTYPE_F32, NKV, sf, head_span, NULL};
     for (int lvl = TRI_CPU_SIMD_SCALAR; lvl <= (int)tri__cpu_simd_detect(); lvl++) {
         tri__backend *be = NULL;
         cr_assert_eq(tri__backend_cpu_create(2, (tri__cpu_simd)lvl, &be), TRI_STATUS_OK, "%s", tri_last_error());

@@ -1737,3 +1737,348 @@ Test(spec, failed_tap_keeps_l2_own_rows) {
     tri__backend_free(be);
     tri_model_free(m);
 }
+
+// ---- token trees (tri_spec_params.tree_nodes, docs/speculative.md "Token trees") ----
+
+// Whether c is r or an ancestor of r in the tree of parents par (walked, not the masks).
+static bool tree_ancestor(const int32_t *par, int32_t r, int32_t c) {
+    for (; r >= 0; r = par[r])
+        if (r == c) return true;
+    return false;
+}
+
+// The attention op over a cache whose last T rows are a tree (random parents, nodes 0 .. 7 a chain)
+// against a reference in double written from the rule itself: a query before the tree sees the
+// rows up to its own, a node sees the rows before the tree and its ancestors-or-self among the
+// nodes. f32 and f16 keys, the cache in one span and cut in two per head, 1 and 2 threads. Then,
+// as the greedy equality needs: the chain's nodes get the same bits as attention without the
+// other nodes' rows (no tree); and the split form (attention_state over the first rows, the host's
+// chunks over the rest with the tree, merged) gives attention's bits.
+Test(spec, tree_attention_matches_reference) {
+    enum { L = 1100, T = 40, N = L + T, NKV = 2, G = 2, NH = NKV * G, HD = 32, M = 3 + T };
+    const int64_t kd = NKV * HD;
+    float *kf = malloc(sizeof(float) * N * kd), *vf = malloc(sizeof(float) * N * kd);
+    uint16_t *kh = malloc(sizeof(uint16_t) * N * kd), *vh = malloc(sizeof(uint16_t) * N * kd);
+    float *q = malloc(sizeof(float) * M * NH * HD), *out = malloc(sizeof(float) * M * NH * HD);
+    float *out2 = malloc(sizeof(float) * M * NH * HD);
+    tri__rng rng;
+    tri__rng_seed(&rng, 7);
+    for (int64_t i = 0; i < N * kd; i++) {
+        kf[i] = (float)(tri__rng_uniform(&rng) * 2 - 1);
+        vf[i] = (float)(tri__rng_uniform(&rng) * 2 - 1);
+    }
+    for (int64_t i = 0; i < N * kd; i++) kh[i] = tri__f32_to_f16(kf[i]), vh[i] = tri__f32_to_f16(vf[i]);
+    for (int64_t i = 0; i < M * NH * HD; i++) q[i] = (float)(tri__rng_uniform(&rng) * 4 - 2);
+    int32_t par[T], qpos[M];
+    for (int32_t i = 0; i < T; i++) par[i] = i < 8 ? i - 1 : (int32_t)(tri__rng_next(&rng) % (uint64_t)(i + 1)) - 1;
+    uint32_t anc[T * ((T + 31) / 32)];
+    tri__kv_tree_masks(anc, par, T);
+    tri__kv_tree tree = {.row0 = L, .n = T, .words = (T + 31) / 32, .anc = anc};
+    for (int32_t i = 0; i < M; i++) qpos[i] = L - 3 + i;  // three rows before the tree, then every node
+    for (int type = 0; type < 2; type++) {
+        const void *K = type ? (const void *)kh : kf, *V = type ? (const void *)vh : vf;
+        tri_dtype dt = type ? TRI_DTYPE_F16 : TRI_DTYPE_F32;
+        const int64_t es = type ? 2 : 4;
+        // the reference, from the f32 values the cache holds
+        float *kr = malloc(sizeof(float) * N * kd), *vr = malloc(sizeof(float) * N * kd);
+        for (int64_t i = 0; i < N * kd; i++) {
+            kr[i] = type ? tri__f16_to_f32(kh[i]) : kf[i];
+            vr[i] = type ? tri__f16_to_f32(vh[i]) : vf[i];
+        }
+        double *ref = calloc((size_t)M * NH * HD, sizeof(double));
+        for (int32_t i = 0; i < M; i++)
+            for (int32_t h = 0; h < NH; h++) {
+                const float *qi = q + ((int64_t)i * NH + h) * HD;
+                int32_t hk = h / G;
+                double mx = -INFINITY, sum = 0, *o = ref + ((int64_t)i * NH + h) * HD;
+                double *sc = malloc(sizeof(double) * N);
+                for (int32_t j = 0; j < N; j++) {
+                    bool vis = qpos[i] < L ? j <= qpos[i] : j < L || tree_ancestor(par, qpos[i] - L, j - L);
+                    sc[j] = -INFINITY;
+                    if (!vis) continue;
+                    double d = 0;
+                    for (int e = 0; e < HD; e++) d += (double)qi[e] * kr[(int64_t)j * kd + hk * HD + e];
+                    sc[j] = d / sqrt((double)HD);
+                    mx = sc[j] > mx ? sc[j] : mx;
+                }
+                for (int32_t j = 0; j < N; j++) {
+                    if (sc[j] == -INFINITY) continue;
+                    double w = exp(sc[j] - mx);
+                    sum += w;
+                    for (int e = 0; e < HD; e++) o[e] += w * vr[(int64_t)j * kd + hk * HD + e];
+                }
+                for (int e = 0; e < HD; e++) o[e] /= sum;
+                free(sc);
+            }
+        for (int threads = 1; threads <= 2; threads++)
+            for (int cut = 0; cut < 2; cut++) {
+                tri__backend *be;
+                cr_assert_eq(tri__backend_cpu_create(threads, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK);
+                tri__kv_span spans[2 * NKV];
+                int32_t hs[NKV + 1];
+                int32_t at = cut ? L + 5 : N;  // one span, or two: rows [0, L + 5) and the rest
+                for (int32_t h = 0; h < NKV; h++) {
+                    hs[h] = h * (cut ? 2 : 1);
+                    spans[hs[h]] = (tri__kv_span){.pos0 = 0,
+                                                  .n = at,
+                                                  .k = (const char *)K + h * HD * es,
+                                                  .v = (const char *)V + h * HD * es,
+                                                  .stride = kd};
+                    if (cut)
+                        spans[hs[h] + 1] = (tri__kv_span){.pos0 = at,
+                                                          .n = N - at,
+                                                          .k = (const char *)K + (at * kd + h * HD) * es,
+                                                          .v = (const char *)V + (at * kd + h * HD) * es,
+                                                          .stride = kd};
+                }
+                hs[NKV] = NKV * (cut ? 2 : 1);
+                tri__kv_view view = {.type = dt, .n_head_kv = NKV, .spans = spans, .head_span = hs, .tree = &tree};
+                cr_assert_eq(be->ops->attention(be, out, q, qpos, M, NH, HD, &view, NULL), TRI_STATUS_OK);
+                for (int64_t e = 0; e < (int64_t)M * NH * HD; e++)
+                    cr_assert(fabs(out[e] - ref[e]) < 2e-5 + 2e-5 * fabs(ref[e]),
+                              "type %d threads %d cut %d: out[%lld] = %g, reference %g", type, threads, cut,
+                              (long long)e, (double)out[e], ref[e]);
+                // the chain's nodes (0 .. 7): the bits of attention over their rows alone, no tree
+                for (int32_t c = 0; c < 8; c++) {
+                    tri__kv_span s1[NKV];
+                    int32_t h1[NKV + 1];
+                    for (int32_t h = 0; h < NKV; h++) {
+                        s1[h] = spans[hs[h]];
+                        s1[h].n = L + c + 1;
+                        h1[h] = h;
+                    }
+                    h1[NKV] = NKV;
+                    tri__kv_view plain = {.type = dt, .n_head_kv = NKV, .spans = s1, .head_span = h1};
+                    int32_t qp = L + c;
+                    cr_assert_eq(
+                        be->ops->attention(be, out2, q + (int64_t)(3 + c) * NH * HD, &qp, 1, NH, HD, &plain, NULL),
+                        TRI_STATUS_OK);
+                    cr_assert(memcmp(out2, out + (int64_t)(3 + c) * NH * HD, sizeof(float) * NH * HD) == 0,
+                              "type %d threads %d: chain node %d differs from attention without the tree", type,
+                              threads, c);
+                }
+                // split: the state of rows [0, 1024) and the host's chunks of the rest, with the tree
+                if (!cut) {
+                    enum { S = TRI_ATTN_CHUNK };
+                    tri__kv_span sd[NKV], sh[NKV];
+                    int32_t h1[NKV + 1];
+                    for (int32_t h = 0; h < NKV; h++) {
+                        sd[h] = spans[h];
+                        sd[h].n = S;
+                        sh[h] = (tri__kv_span){.pos0 = S,
+                                               .n = N - S,
+                                               .k = (const char *)K + (S * kd + h * HD) * es,
+                                               .v = (const char *)V + (S * kd + h * HD) * es,
+                                               .stride = kd};
+                        h1[h] = h;
+                    }
+                    h1[NKV] = NKV;
+                    tri__kv_view dv = {.type = dt, .n_head_kv = NKV, .spans = sd, .head_span = h1, .tree = &tree};
+                    tri__kv_view hv = {.type = dt, .n_head_kv = NKV, .spans = sh, .head_span = h1, .tree = &tree};
+                    float *state = malloc(sizeof(float) * M * NH * (HD + 2));
+                    int64_t nc;
+                    cr_assert_eq(be->ops->attention_state(be, state, q, qpos, M, NH, HD, &dv), TRI_STATUS_OK);
+                    cr_assert_eq(tri__cpu_attention_chunks(be, NULL, &nc, q, qpos, M, NH, HD, &hv), TRI_STATUS_OK);
+                    float *chunks = malloc(sizeof(float) * (size_t)(nc * M * NH * (HD + 2)));
+                    cr_assert_eq(tri__cpu_attention_chunks(be, chunks, &nc, q, qpos, M, NH, HD, &hv), TRI_STATUS_OK);
+                    tri__cpu_attention_merge(out2, state, chunks, nc, (int64_t)M * NH, HD);
+                    cr_assert(memcmp(out2, out, sizeof(float) * M * NH * HD) == 0,
+                              "type %d threads %d: the split attention with a tree differs", type, threads);
+                    free(state);
+                    free(chunks);
+                }
+                tri__backend_free(be);
+            }
+        free(ref);
+        free(kr);
+        free(vr);
+    }
+    free(kf), free(vf), free(kh), free(vh), free(q), free(out), free(out2);
+}
+
+// Sibling candidates tested by L3 at ranks >= 1, and how many it kept, over the engine's life.
+static void tree_sibling_counts(const tri_spec *s, int64_t *tested, int64_t *kept) {
+    enum { R1 = TRI__TREE_MAX_RANK + 1 };
+    static int64_t reached[(TRI__SPEC_MAX_DEPTH + 1) * R1], accepted[(TRI__SPEC_MAX_DEPTH + 1) * R1];
+    tri__spec_tree_counts(s, reached, accepted);
+    *tested = *kept = 0;
+    for (int d = 1; d <= TRI__SPEC_MAX_DEPTH; d++)
+        for (int r = 1; r < R1; r++) *tested += reached[d * R1 + r], *kept += accepted[d * R1 + r];
+}
+
+// Greedy with trees equals plain greedy decoding token for token: every mode and drafter, trees
+// of 3 (smaller than the chain), 10, 40 and 200 nodes (more than a round can use), over a cache
+// in backend memory, with 2 of 3 layers offloaded, and split between the device and the host
+// (prompt past TRI_ATTN_CHUNK rows, so both halves attend); L2 keeps 16 of the context's rows
+// (chunks of 4), so it is often wrong and siblings are kept (asserted).
+Test(spec, tree_greedy_equals_plain_decoding, .timeout = TT_TIMEOUT(300)) {
+    tri_model *target = load(gen_model("tree-t", "--seed 11 --layers 3 --vocab 270 --ctx 2048"));
+    tri_model *draft =
+        load(gen_model("tree-d", "--seed 12 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1 --vocab 270"));
+    static const int32_t first[] = {0};
+    drafter_case drafters[] = {
+        {"model", TRI_SPEC_DRAFTER_MODEL, draft, NULL, 0, 0},
+        {"layers-0", TRI_SPEC_DRAFTER_LAYERS, NULL, first, 1, 0},
+        {"ngram-3", TRI_SPEC_DRAFTER_NGRAM, NULL, NULL, 0, 3},
+    };
+    enum { NP = 1100, NG = 40, CTX = 1200 };
+    int32_t *prompt = malloc(sizeof(int32_t) * NP), want[NG], want_short[NG], got[NG];
+    for (int i = 0; i < NP; i++) prompt[i] = i % 19 < 12 ? (i % 19) * 13 + 5 : (i * 41) % 260 + 3;
+    plain_greedy(target, prompt, NP, NG, CTX, want);
+    plain_greedy(target, prompt + NP - 40, 40, NG, 128, want_short);
+    static const int32_t nodes[] = {3, 10, 40, 200};
+    int64_t tested = 0, kept = 0;
+    // placements: 0 in backend memory, 1 two layers offloaded, 2 offloaded and split
+    for (int place = 0; place < 3; place++)
+        for (int mode = TRI_SPEC_MODE_DRAFT; mode <= TRI_SPEC_MODE_TRIFORCE; mode++) {
+            bool uses_l1 = mode != TRI_SPEC_MODE_RETRIEVAL;
+            for (int di = 0; di < (uses_l1 ? 3 : 1); di++)
+                for (size_t ni = 0; ni < sizeof nodes / sizeof nodes[0]; ni++) {
+                    if (place > 0 && ni != 2) continue;  // offloaded: one tree size
+                    const bool lng = place == 2;         // the long prompt (split needs rows past a chunk)
+                    tri_spec_params p = params_of((tri_spec_mode)mode, &drafters[di], 2, 6);
+                    p.budget = 16;
+                    p.chunk = 4;
+                    p.tree_nodes = nodes[ni];
+                    tri_session_params sp = small_session(lng ? CTX : 128);
+                    sp.kv_layers_offloaded = place ? 2 : 0;
+                    sp.kv_host_fraction = place == 2 ? 1.0 : 0.0;
+                    sp.kv_host_threads = 1;
+                    tri_spec *s;
+                    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_OK, "%s", tri_last_error());
+                    tri_generate_params gp = tri_generate_default_params();
+                    gp.n_predict = NG;
+                    gp.stop_at_eos = false;
+                    collect c = {got, 0, NG};
+                    tri_spec_stats st;
+                    cr_assert_eq(
+                        tri_generate_spec(s, lng ? prompt : prompt + NP - 40, lng ? NP : 40, &gp, on_token, &c, &st),
+                        TRI_STATUS_OK, "%s", tri_last_error());
+                    cr_assert_eq(c.n, NG);
+                    for (int i = 0; i < NG; i++)
+                        cr_assert_eq(got[i], lng ? want[i] : want_short[i],
+                                     "%s/%s, tree %d, placement %d: token %d is %d, plain %d", mode_name(mode),
+                                     uses_l1 ? drafters[di].name : "-", nodes[ni], place, i, got[i],
+                                     lng ? want[i] : want_short[i]);
+                    if (place == 2)
+                        cr_assert(st.kv_bytes_host > 0, "%s: nothing attended on the host", mode_name(mode));
+                    int64_t t, k;
+                    tree_sibling_counts(s, &t, &k);
+                    tested += t, kept += k;
+                    if (drafters[di].drafter == TRI_SPEC_DRAFTER_NGRAM && mode == TRI_SPEC_MODE_DRAFT)
+                        cr_assert_eq(t, 0, "the n-gram drafter proposes no siblings");
+                    tri_spec_free(s);
+                }
+        }
+    cr_log_info("tree greedy: %lld siblings tested, %lld kept", (long long)tested, (long long)kept);
+    cr_assert(kept > 10, "siblings were kept %lld times of %lld tested: the sibling path is untested", (long long)kept,
+              (long long)tested);
+    free(prompt);
+    tri_model_free(draft);
+    tri_model_free(target);
+}
+
+// The chi-square setting above (chi_check) with a tree of tree_nodes: L3 verifies the chain of 3
+// and its siblings; L3 must have kept some siblings (else the multi-candidate rule went untested).
+static chi_result chi_check_tree(const chi_fixture *f, chi_case cc, tri__spec_rule rule, const tri_sampler_params *sp,
+                                 const chi_law *law, int32_t tree_nodes, int64_t *sib_kept) {
+    static const int32_t layer0[] = {0};
+    drafter_case d = {"",
+                      cc.drafter,
+                      cc.drafter == TRI_SPEC_DRAFTER_MODEL ? f->draft : NULL,
+                      cc.drafter == TRI_SPEC_DRAFTER_LAYERS ? layer0 : NULL,
+                      cc.drafter == TRI_SPEC_DRAFTER_LAYERS ? 1 : 0,
+                      2};
+    tri_spec_params p = params_of(cc.mode, &d, 2, CHI_GEN - 1);
+    p.budget = 8;
+    p.chunk = 4;
+    p.draft_window = 12;
+    p.draft_sink = 2;
+    p.tree_nodes = tree_nodes;
+    tri_spec *s = spec_new(f->target, &p, CHI_CTX);
+    tri__spec_set_rule(s, rule);
+    chi_result r = chi_square(s, sp, law, CHI_V);
+    int64_t tested;
+    tree_sibling_counts(s, &tested, sib_kept);
+    tri_spec_free(s);
+    cr_assert(*sib_kept > CHI_RUNS / 50, "%s/%s tree %d: siblings kept %lld times of %lld tested", mode_name(cc.mode),
+              drafter_name(cc.drafter), tree_nodes, (long long)*sib_kept, (long long)tested);
+    return r;
+}
+
+// (a separate draft model of another seed proposes siblings L3 rarely keeps: the self-draft does)
+static const chi_case chi_tree_cases[] = {
+    {TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS},
+    {TRI_SPEC_MODE_RETRIEVAL, TRI_SPEC_DRAFTER_MODEL},
+    {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_MODEL},
+    {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS},
+};
+
+static void chi_tree_exact(const char *tag, const tri_sampler_params *sp_in) {
+    chi_fixture f = chi_models(tag);
+    tri_sampler_params sp = *sp_in;
+    chi_law law = exact_law(f.target, &sp);
+    for (size_t c = 0; c < sizeof chi_tree_cases / sizeof chi_tree_cases[0]; c++) {
+        sp.seed = 29 + c;
+        int64_t kept;
+        chi_result r = chi_check_tree(&f, chi_tree_cases[c], TRI_SPEC_RULE_EXACT, &sp, &law, 12, &kept);
+        const char *mode = mode_name(chi_tree_cases[c].mode), *dr = drafter_name(chi_tree_cases[c].drafter);
+        cr_log_info(
+            "tree, T %.1f %s/%s: (x1, x2) chi2 %.1f, %d dof, limit %.1f; x3 chi2 %.1f, %d dof, limit %.1f; "
+            "siblings kept %lld",
+            (double)sp.temperature, mode, dr, r.pair.chi2, r.pair.dof, r.pair.limit, r.third.chi2, r.third.dof,
+            r.third.limit, (long long)kept);
+        cr_assert(r.pair.chi2 < r.pair.limit, "tree, T %.1f %s/%s: (x1, x2) chi2 %.1f over %d dof > %.1f",
+                  (double)sp.temperature, mode, dr, r.pair.chi2, r.pair.dof, r.pair.limit);
+        cr_assert(r.third.chi2 < r.third.limit, "tree, T %.1f %s/%s: x3 chi2 %.1f over %d dof > %.1f",
+                  (double)sp.temperature, mode, dr, r.third.chi2, r.third.dof, r.third.limit);
+    }
+    chi_law_free(&law);
+    tri_model_free(f.draft);
+    tri_model_free(f.target);
+}
+
+// Trees of 12 nodes (the chain of 3 and 9 siblings) at T = 0.6 / top-p 0.9 and T = 1.0 / top-p 0.95
+// / top-k 100: the emitted tokens follow the target's law.
+Test(spec, tree_sampling_follows_the_target_distribution_t06, .timeout = TT_TIMEOUT(300)) {
+    tri_sampler_params sp = tri_sampler_default_params();
+    sp.temperature = 0.6f;
+    sp.top_p = 0.9f;
+    chi_tree_exact("chi-tree-t06", &sp);
+}
+
+Test(spec, tree_sampling_follows_the_target_distribution_t10, .timeout = TT_TIMEOUT(300)) {
+    tri_sampler_params sp = tri_sampler_default_params();
+    sp.temperature = 1.0f;
+    sp.top_p = 0.95f;
+    sp.top_k = 100;
+    chi_tree_exact("chi-tree-t10", &sp);
+}
+
+// The same check fails when the siblings are tested against L3's p itself instead of the residual
+// left by the candidates rejected before them (TRI_SPEC_RULE_TREE_NO_RESIDUAL).
+Test(spec, tree_sampling_test_catches_no_residual, .timeout = TT_TIMEOUT(300)) {
+    chi_fixture f = chi_models("chi-tree-broken");
+    tri_sampler_params sp = tri_sampler_default_params();
+    sp.temperature = 1.0f;
+    sp.top_p = 0.95f;
+    sp.seed = 5;
+    chi_law law = exact_law(f.target, &sp);
+    // where the self-draft proposes the siblings (they are kept most often, so the error is largest)
+    static const chi_case cases[] = {{TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS},
+                                     {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t kept;
+        chi_result r = chi_check_tree(&f, cases[c], TRI_SPEC_RULE_TREE_NO_RESIDUAL, &sp, &law, 12, &kept);
+        const char *mode = mode_name(cases[c].mode), *dr = drafter_name(cases[c].drafter);
+        cr_log_info(
+            "tree, no residual, %s/%s: (x1, x2) chi2 %.1f, %d dof, limit %.1f; x3 chi2 %.1f, %d dof, limit %.1f", mode,
+            dr, r.pair.chi2, r.pair.dof, r.pair.limit, r.third.chi2, r.third.dof, r.third.limit);
+        cr_assert(r.pair.chi2 > r.pair.limit || r.third.chi2 > r.third.limit,
+                  "no residual in %s/%s went unnoticed: chi2 %.1f <= %.1f and %.1f <= %.1f", mode, dr, r.pair.chi2,
+                  r.pair.limit, r.third.chi2, r.third.limit);
+    }
+    chi_law_free(&law);
+    tri_model_free(f.draft);
+    tri_model_free(f.target);
+}

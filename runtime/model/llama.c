@@ -282,7 +282,7 @@ static tri_status attend_window(tri__llama *ll, float *out, const float *q, cons
             }
         }
         ll->win_head_span[view->n_head_kv] = (int32_t)k;
-        tri__kv_view trimmed = {view->type, view->n_head_kv, ll->win_spans, ll->win_head_span};
+        tri__kv_view trimmed = {view->type, view->n_head_kv, ll->win_spans, ll->win_head_span, view->tree};
         TRY(op->attention(ll->be, out + i * q_dim, q + i * q_dim, q_pos + i, 1, c->n_head, hd, &trimmed, NULL));
     }
     return TRI_STATUS_OK;
@@ -332,14 +332,22 @@ static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t
 
     // attention
     TRY(block_qkv(ll, L, n));
-    TRY(tri__rope_apply(be, ll->q, n, c->n_head, ll->q_pos, &ll->rope));
+    // a tree's nodes rotate at their depth (ll->pos), not at their row (a FULL policy's q_pos)
+    TRY(tri__rope_apply(be, ll->q, n, c->n_head, ll->tree ? ll->pos : ll->q_pos, &ll->rope));
     // a policy that rotates keys itself (StreamingLLM, by position inside the cache) takes them raw
     if (!pol->raw_keys) TRY(tri__rope_apply(be, ll->k, n, c->n_head_kv, ll->pos, &ll->rope));
     const tri__kv_view *view;
     float *weight_sums;
     TRY(tri__kv_policy_layer(pol, il, ll->q, ll->k, ll->v, &view, &weight_sums));
+    tri__kv_view treed;
+    if (ll->tree) {  // the same rows, masked by the tree
+        treed = *view;
+        treed.tree = ll->tree;
+        view = &treed;
+    }
     if (tri__kv_store_splits(pol->kv, il))  // an offloaded layer, part attended where it lies on the host
-        TRY(tri__kv_store_attend_split(pol->kv, il, ll->att, ll->q, ll->q_pos, n, c->n_head, pol->step_n0 + n));
+        TRY(tri__kv_store_attend_split(pol->kv, il, ll->att, ll->q, ll->q_pos, n, c->n_head, pol->step_n0 + n,
+                                       ll->tree));
     else
         TRY(attend_window(ll, ll->att, ll->q, ll->q_pos, n, view, weight_sums));
     TRY(tri__kv_policy_observe(pol, il));
@@ -369,6 +377,15 @@ static tri_status forward_step(tri__llama *ll, tri__kv_policy *pol, const int32_
     const int64_t E = c->n_embd, V = c->n_vocab;
     int32_t pos0 = tri__kv_policy_len(pol);
     for (int32_t i = 0; i < nb; i++) ll->pos[i] = pos0 + i;
+    if (ll->tree) {  // a tree's nodes at their depth (rows and masks stay by row)
+        if (pol->p.kind != TRI_KV_POLICY_FULL || pol->src || c->sliding_window > 0)
+            return tri__fail(TRI_STATUS_UNSUPPORTED, "forward pass: a token tree over a %s cache%s",
+                             tri__kv_policy_name(pol->p.kind), c->sliding_window > 0 ? " with a sliding window" : "");
+        for (int32_t i = 0; i < nb; i++) {
+            int32_t r = pos0 + i - ll->tree->row0;
+            if (r >= 0 && r < ll->tree->n) ll->pos[i] = ll->tree_pos[r];
+        }
+    }
     TRY(tri__kv_policy_begin(pol, nb, &ll->rope, ll->q_pos));
 
     // the full cache's offloaded layers split between the device and the host (a level over it
@@ -579,7 +596,7 @@ static tri_status step_ops(tri__llama_step *s) {
     const int32_t kd = pol->n_head_kv * pol->head_dim, V = s->view_rows;
     int32_t *token = s->dev, *q_pos = s->dev + 2, *own = s->dev + 3, *rows = s->dev + 4;
     const tri__stream_window w = tri__kv_policy_window(pol);
-    const tri__kv_view view = {TRI_DTYPE_F32, pol->n_head_kv, s->spans, s->head_span};
+    const tri__kv_view view = {TRI_DTYPE_F32, pol->n_head_kv, s->spans, s->head_span, NULL};
     TRY(op->get_rows_dev(be, ll->x, m->tok_embd->data, m->tok_embd->type, c->n_vocab, c->n_embd, token, 1));
     TRY(scale_embeddings(ll, ll->x, 1));
     TRY(op->window_rows(be, s->dev, rows, V, &w));

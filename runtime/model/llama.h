@@ -36,6 +36,12 @@ typedef struct tri__llama {
     float *logits;  // (n_logits, n_vocab)
     int32_t *pos;   // (n_batch) host: absolute positions of the current chunk (keys rotate at them)
     int32_t *q_pos; // (n_batch) host: positions the cache policy rotates and masks queries at
+    // A token tree among the next passes' rows (tri__kv_tree, backend.h), set by the caller around
+    // a verification pass over a FULL policy: rows row0 .. row0 + n - 1 of the cache are its nodes,
+    // masked by it in every layer's attention, and node i's key and query rotate at tree_pos[i]
+    // (its prefix length + depth) instead of its row. NULL: none.
+    const tri__kv_tree *tree;
+    const int32_t *tree_pos;  // (tree->n) host
     tri__act_pool *pool;  // the activations above (but logits) are the pool's; NULL: its own
     // sliding window: one query's view trimmed to its window (host)
     tri__kv_span *win_spans;  // (win_cap)

@@ -201,6 +201,53 @@ static tri_status eval_one(tri__level *lv, const int32_t *tokens, int32_t n, boo
     return TRI_STATUS_OK;
 }
 
+tri_status tri__level_eval_tree(tri__level *lv, const int32_t *tokens, int32_t n, const tri__kv_tree *tree,
+                                const int32_t *tree_pos) {
+    if (lv->pol.p.kind != TRI_KV_POLICY_FULL || lv->pol.src)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "level eval: a token tree over a %s cache",
+                         tri__kv_policy_name(lv->pol.p.kind));
+    int32_t len = tri__level_n_past(lv);
+    if (tree->n < 1 || tree->row0 < len || tree->row0 + tree->n != len + n)
+        return tri__fail(TRI_STATUS_INTERNAL, "level eval: a tree of %d rows at %d is not the end of %d rows after %d",
+                         tree->n, tree->row0, n, len);
+    for (int32_t r = 0; r < lv->n_ranks; r++) {
+        tri__level_rank(lv, r)->ll.tree = tree;
+        tri__level_rank(lv, r)->ll.tree_pos = tree_pos;
+    }
+    tri_status st = tri__level_eval(lv, tokens, n, true);
+    for (int32_t r = 0; r < lv->n_ranks; r++) {
+        tri__level_rank(lv, r)->ll.tree = NULL;
+        tri__level_rank(lv, r)->ll.tree_pos = NULL;
+    }
+    return st;
+}
+
+tri_status tri__level_move_row(tri__level *lv, int32_t from, int32_t to) {
+    if (lv->pol.p.kind != TRI_KV_POLICY_FULL || lv->pol.src)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "level: moving rows of a %s cache",
+                         tri__kv_policy_name(lv->pol.p.kind));
+    if (from == to) return TRI_STATUS_OK;
+    for (int32_t r = 0; r < lv->n_ranks; r++) {
+        tri__kv_store *kv = tri__level_rank(lv, r)->pol.kv;
+        if (from < 0 || to < 0 || from >= kv->n || to >= kv->n)
+            return tri__fail(TRI_STATUS_INTERNAL, "level: move of row %d to %d, %d held", from, to, kv->n);
+        int64_t bytes = tri__kv_store_row_bytes(kv);
+        char *buf = malloc(2 * (size_t)bytes);
+        if (!buf) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "level: a row of %lld bytes", (long long)bytes);
+        tri_status st = TRI_STATUS_OK;
+        // wherever the layer lives: backend memory, or an offloaded layer's host region (whose
+        // stale device buffer load_rows drops)
+        for (int32_t il = 0; !st && il < kv->n_layer; il++) {
+            st = tri__kv_store_read_rows(kv, il, 0, from, 1, buf);
+            if (!st) st = tri__kv_store_read_rows(kv, il, 1, from, 1, buf + bytes);
+            if (!st) st = tri__kv_store_load_rows(kv, il, to, 1, buf, buf + bytes);
+        }
+        free(buf);
+        TRY(st);
+    }
+    return TRI_STATUS_OK;
+}
+
 tri_status tri__level_eval_more(tri__level *lv, const int32_t *tokens, int32_t n) {
     return fan_out(lv, OP_EVAL_MORE, tokens, n, true);
 }

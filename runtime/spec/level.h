@@ -104,6 +104,17 @@ static inline tri__level *tri__level_rank(tri__level *lv, int32_t r) { return r 
 // its cache depends only on the tokens, not on how the engine batched them: it is the cache that
 // one-token steps build (a step attends to its own tokens besides the window, docs/kv-policies.md).
 tri_status tri__level_eval(tri__level *lv, const int32_t *tokens, int32_t n, bool all_logits);
+// tri__level_eval of n tokens with all logits over a FULL level whose last tree->n tokens form a
+// token tree (tri__kv_tree, backend.h: rows row0 .. row0 + n - 1 with row0 + tree->n = n_past + n),
+// each rotated at tree_pos[i] (its prefix length + depth) and attending to its ancestors; the rows
+// stay in the cache (tri__level_move_row keeps a path's, tri__level_truncate drops the rest).
+// UNSUPPORTED for other policies.
+tri_status tri__level_eval_tree(tri__level *lv, const int32_t *tokens, int32_t n, const tri__kv_tree *tree,
+                                const int32_t *tree_pos);
+// Copies the keys and values of cached row from into row to (both < n_past) in every layer, on
+// every rank, wherever the layer lives: an accepted tree node's row moved to its place in the path.
+// FULL levels only (UNSUPPORTED otherwise).
+tri_status tri__level_move_row(tri__level *lv, int32_t from, int32_t to);
 // As tri__level_eval with all_logits, appending the n rows after the rows already there.
 tri_status tri__level_eval_more(tri__level *lv, const int32_t *tokens, int32_t n);
 // As tri__level_eval with the last row only, and a RETRIEVAL level then selects its chunks

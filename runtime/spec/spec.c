@@ -235,6 +235,19 @@ struct tri_spec {
     // acceptance by depth (tri__spec_depth_counts): [0] L2 verifying L1's tokens, [1] L3 verifying
     int64_t depth_reached[2][TRI__SPEC_MAX_DEPTH + 1], depth_accepted[2][TRI__SPEC_MAX_DEPTH + 1];
     int32_t ngram_len;       // the prompt-lookup drafter's current draft length (tri__ngram_next_len)
+    // token trees (params.tree_nodes > 0, docs/speculative.md "Token trees"): per slot of the
+    // round's draft for L3, the drafting level's most likely tokens there (by its logits,
+    // descending), of which those other than the chain's token are the slot's sibling candidates
+    int32_t *cand;         // (gamma2, TRI__TREE_MAX_RANK + 1)
+    int32_t *n_cand;       // (gamma2) candidates recorded this round, 0: none
+    int32_t *tree_shape;   // (gamma2) siblings at depth d + 1 in this round's tree
+    int32_t *tree_first;   // (gamma2) index of depth d + 1's first sibling among the siblings
+    int32_t *tree_parent;  // (tree_nodes) node i's parent (chain nodes first, then siblings), -1: root
+    int32_t *tree_pos;     // (tree_nodes) node i's position: the context's length + depth - 1
+    uint32_t *tree_anc;    // (tree_nodes, (tree_nodes + 31) / 32) ancestor-or-self masks
+    int32_t tree_cap;      // the tree_nodes the arrays were made for
+    int64_t tree_reached[(TRI__SPEC_MAX_DEPTH + 1) * (TRI__TREE_MAX_RANK + 1)];
+    int64_t tree_accepted[(TRI__SPEC_MAX_DEPTH + 1) * (TRI__TREE_MAX_RANK + 1)];
     // L2's refreshes: the next L2 run selects its chunks afresh (see l2_refresh_due); the L2 -> L3
     // acceptance of the L3 passes since the last selection, the last ACC_ROUNDS of them
     bool refresh_next;
@@ -286,6 +299,133 @@ void tri__spec_depth_counts(const tri_spec *s, int which, int64_t *reached, int6
         reached[d] = s->depth_reached[which][d];
         accepted[d] = s->depth_accepted[which][d];
     }
+}
+
+void tri__spec_set_tree_nodes(tri_spec *s, int32_t tree_nodes) {
+    TRI_ASSERT(tree_nodes >= 0 && tree_nodes <= s->tree_cap);
+    s->params.tree_nodes = tree_nodes;
+    memset(s->tree_reached, 0, sizeof s->tree_reached);
+    memset(s->tree_accepted, 0, sizeof s->tree_accepted);
+}
+
+void tri__spec_tree_counts(const tri_spec *s, int64_t *reached, int64_t *accepted) {
+    memcpy(reached, s->tree_reached, sizeof s->tree_reached);
+    memcpy(accepted, s->tree_accepted, sizeof s->tree_accepted);
+}
+
+// ---- token trees ----
+
+// The acceptance of rank r at depth d as measured, shrunk towards the rank's rate pooled over
+// every depth by TREE_PRIOR_W tests, which is itself the rank's measured rate shrunk towards a
+// base of 0.8 for the chain's token and 0.3 / r for the r-th sibling by TREE_PRIOR_W tests. With
+// nothing measured the base rates give the fixed default shape (a chain of a few tokens, then
+// siblings at the shallow depths first); as L3 verifies, a depth's own rate takes over where it
+// has been tested often, the rank's pooled rate where it has not.
+#define TREE_PRIOR_W 4.0
+static void tree_pooled(const tri_spec *s, double *pooled) {
+    for (int32_t r = 0; r <= TRI__TREE_MAX_RANK; r++) {
+        int64_t acc = 0, tested = 0;
+        for (int32_t d = 1; d <= TRI__SPEC_MAX_DEPTH; d++) {
+            acc += s->tree_accepted[(int64_t)d * (TRI__TREE_MAX_RANK + 1) + r];
+            tested += s->tree_reached[(int64_t)d * (TRI__TREE_MAX_RANK + 1) + r];
+        }
+        double base = r == 0 ? 0.8 : 0.3 / r;
+        pooled[r] = ((double)acc + TREE_PRIOR_W * base) / ((double)tested + TREE_PRIOR_W);
+    }
+}
+
+static double tree_rate(const tri_spec *s, const double *pooled, int32_t d, int32_t r) {
+    if (d > TRI__SPEC_MAX_DEPTH) d = TRI__SPEC_MAX_DEPTH;
+    int64_t i = (int64_t)d * (TRI__TREE_MAX_RANK + 1) + r;
+    return ((double)s->tree_accepted[i] + TREE_PRIOR_W * pooled[r]) / ((double)s->tree_reached[i] + TREE_PRIOR_W);
+}
+
+void tri__spec_tree_shape(const tri_spec *s, int32_t g, int32_t siblings, const int32_t *avail, int32_t *shape) {
+    double pooled[TRI__TREE_MAX_RANK + 1];
+    tree_pooled(s, pooled);
+    // the chance to reach depth d (every chain token before it kept), and that every candidate
+    // placed at depth d so far is rejected given that
+    double reach = 1.0, reach_d[TRI__SPEC_MAX_DEPTH + 1], miss[TRI__SPEC_MAX_DEPTH + 1];
+    int32_t gd = g < TRI__SPEC_MAX_DEPTH ? g : TRI__SPEC_MAX_DEPTH;
+    for (int32_t d = 1; d <= g; d++) shape[d - 1] = 0;
+    for (int32_t d = 1; d <= gd; d++) {
+        reach_d[d] = reach;
+        miss[d] = 1.0 - tree_rate(s, pooled, d, 0);
+        reach *= tree_rate(s, pooled, d, 0);
+    }
+    for (int32_t b = 0; b < siblings; b++) {
+        int32_t best = 0;
+        double gain = 0.0;
+        for (int32_t d = 1; d <= gd; d++) {
+            int32_t r = shape[d - 1] + 1;
+            if (r > avail[d - 1] || r > TRI__TREE_MAX_RANK) continue;
+            double gd_ = reach_d[d] * miss[d] * tree_rate(s, pooled, d, r);  // P(the sibling is on the path)
+            if (gd_ > gain) gain = gd_, best = d;
+        }
+        if (best == 0) break;
+        miss[best] *= 1.0 - tree_rate(s, pooled, best, ++shape[best - 1]);
+    }
+}
+
+int32_t tri__spec_tree_chain(const tri_spec *s, int32_t gmax) {
+    const int32_t N = s->params.tree_nodes;
+    if (gmax > TRI__SPEC_MAX_DEPTH) gmax = TRI__SPEC_MAX_DEPTH;
+    if (gmax > N) gmax = N;
+    if (gmax <= 1) return gmax;
+    double pooled[TRI__TREE_MAX_RANK + 1];
+    tree_pooled(s, pooled);
+    // the same greedy as tri__spec_tree_shape over the chain's next node and every depth's next
+    // sibling (as if each depth had all TRI__TREE_MAX_RANK candidates), for N nodes
+    int32_t g = 1, shape[TRI__SPEC_MAX_DEPTH + 1] = {0};
+    double reach[TRI__SPEC_MAX_DEPTH + 2], miss[TRI__SPEC_MAX_DEPTH + 1];
+    reach[1] = 1.0;
+    miss[1] = 1.0 - tree_rate(s, pooled, 1, 0);
+    reach[2] = tree_rate(s, pooled, 1, 0);
+    for (int32_t placed = 1; placed < N; placed++) {
+        int32_t best = -1;  // 0: the chain's next node; d >= 1: depth d's next sibling
+        double gain = 0.0;
+        if (g < gmax) gain = reach[g + 1] * tree_rate(s, pooled, g + 1, 0), best = 0;
+        for (int32_t d = 1; d <= g; d++) {
+            int32_t r = shape[d] + 1;
+            if (r > TRI__TREE_MAX_RANK) continue;
+            double x = reach[d] * miss[d] * tree_rate(s, pooled, d, r);
+            if (x > gain) gain = x, best = d;
+        }
+        if (best < 0) break;
+        if (best == 0) {
+            g++;
+            miss[g] = 1.0 - tree_rate(s, pooled, g, 0);
+            reach[g + 1] = reach[g] * tree_rate(s, pooled, g, 0);
+        } else {
+            miss[best] *= 1.0 - tree_rate(s, pooled, best, ++shape[best]);
+        }
+    }
+    return g;
+}
+
+// The k most likely tokens by logits (descending, lower id first on ties) into out; returns k
+// (fewer when the vocabulary is smaller).
+static int32_t top_tokens(const float *logits, int32_t V, int32_t k, int32_t *out) {
+    int32_t n = 0;
+    for (int32_t j = 0; j < V; j++) {
+        float x = logits[j];
+        if (x != x) continue;  // NaN
+        if (n == k && !(x > logits[out[n - 1]])) continue;
+        int32_t i = n < k ? n++ : n - 1;
+        while (i > 0 && x > logits[out[i - 1]]) {
+            out[i] = out[i - 1];
+            i--;
+        }
+        out[i] = j;
+    }
+    return n;
+}
+
+// Records the drafting level's candidates at slot i of the round's draft for L3 (a tree round).
+static void record_cands(tri_spec *s, int32_t i, const float *logits) {
+    if (!s->cand || s->params.tree_nodes <= 0 || i < 0 || i >= s->params.gamma2) return;
+    s->n_cand[i] =
+        top_tokens(logits, s->n_vocab, TRI__TREE_MAX_RANK + 1, s->cand + (int64_t)i * (TRI__TREE_MAX_RANK + 1));
 }
 
 // tri__spec_verify with the decision forced: each drafted token is kept with probability rate
@@ -381,7 +521,7 @@ static tri_status level_run(tri_spec *s, tri__level *lv, int32_t m, int32_t extr
 
 // Drafts up to n_max tokens after seq[0..m) autoregressively from lv's own distribution under the
 // call's sampler, writing them to seq[m..) and their distributions to d (d->tokens = seq + m).
-static tri_status model_draft(tri_spec *s, tri__level *lv, int32_t m, int32_t n_max, tri__spec_draft *d) {
+static tri_status model_draft(tri_spec *s, tri__level *lv, int32_t m, int32_t n_max, tri__spec_draft *d, bool cands) {
     const int32_t V = s->n_vocab;
     d->tokens = s->seq + m;
     d->n = 0;
@@ -389,6 +529,7 @@ static tri_status model_draft(tri_spec *s, tri__level *lv, int32_t m, int32_t n_
         int32_t row0;
         TRY(level_run(s, lv, m + i, 0, &row0));
         const float *logits = tri__level_logits(lv, row0);
+        if (cands) record_cands(s, i, logits);  // the draft for L3: its siblings
         int32_t tok;
         // the level's logits under the call's sampler, penalties from the same context as the
         // verifier's at this position (seq before it), so that acceptance stays frequent
@@ -412,7 +553,7 @@ static tri_status l1_draft(tri_spec *s, int32_t m, int32_t n_max, tri__spec_draf
     double t0 = now_seconds();
     tri_status st = TRI_STATUS_OK;
     if (s->lv1) {
-        st = model_draft(s, s->lv1, m, n_max, d);
+        st = model_draft(s, s->lv1, m, n_max, d, s->params.mode == TRI_SPEC_MODE_DRAFT);
     } else {
         d->tokens = s->seq + m;
         // only where the whole n-gram recurs, and as far as recent drafts were accepted
@@ -448,6 +589,8 @@ static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
         s->stats->l1_accepted += k;
         count_depth(s, 0, d1->n, k);
         if (!s->lv1) s->ngram_len = tri__ngram_next_len(s->ngram_len, d1->n, k, s->params.gamma1);
+        if (s->cand && !s->forced)  // L2's distributions at the slots it fills: the siblings' source
+            for (int32_t i = 0; i < k + (z >= 0); i++) record_cands(s, d2->n + i, tri__level_logits(s->lv2, row0 + i));
         d2->n += k;
         if (z >= 0) {
             TRY(cut_at(s, b + k));
@@ -456,6 +599,172 @@ static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
         }
         s->stats->l2_seconds += now_seconds() - t0;
     }
+    return TRI_STATUS_OK;
+}
+
+// ---- token trees: building and verifying ----
+
+// Lays out this round's tree after the chain of g tokens seq[n .. n + g) (docs/speculative.md,
+// "Token trees"): siblings from the recorded candidates, as many per depth as
+// tri__spec_tree_shape places within tree_nodes and the context, written to seq[n + g ..) in depth
+// order, with the parents, positions and ancestor masks of the g + siblings nodes. Returns the
+// siblings placed (0: a plain chain round).
+static int32_t tree_build(tri_spec *s, int32_t n, int32_t g) {
+    const int32_t R1 = TRI__TREE_MAX_RANK + 1;
+    int32_t budget = s->params.tree_nodes - g;
+    if (budget > s->n_ctx - n - g) budget = s->n_ctx - n - g;  // L3 holds the tree's rows for a pass
+    if (budget <= 0 || g <= 0) return 0;
+    int32_t *avail = s->tree_first;  // (reused: set below)
+    for (int32_t d = 1; d <= g; d++) {
+        int32_t a = 0;
+        for (int32_t r = 0; r < s->n_cand[d - 1]; r++) a += s->cand[(int64_t)(d - 1) * R1 + r] != s->seq[n + d - 1];
+        avail[d - 1] = a < TRI__TREE_MAX_RANK ? a : TRI__TREE_MAX_RANK;
+    }
+    tri__spec_tree_shape(s, g, budget, avail, s->tree_shape);
+    int32_t S = 0;
+    for (int32_t d = 1; d <= g; d++) {
+        s->tree_first[d - 1] = S;
+        const int32_t *c = s->cand + (int64_t)(d - 1) * R1;
+        for (int32_t r = 0, placed = 0; r < s->n_cand[d - 1] && placed < s->tree_shape[d - 1]; r++) {
+            if (c[r] == s->seq[n + d - 1]) continue;
+            s->seq[n + g + S] = c[r];
+            s->tree_parent[g + S] = d - 2;  // the chain's node at depth d - 1 (-1: the context)
+            s->tree_pos[g + S] = n + d - 1;
+            S++, placed++;
+        }
+    }
+    for (int32_t i = 0; i < g; i++) {
+        s->tree_parent[i] = i - 1;
+        s->tree_pos[i] = n + i;
+    }
+    if (S > 0) tri__kv_tree_masks(s->tree_anc, s->tree_parent, g + S);
+    return S;
+}
+
+// L3's pass over the context it has not run, the chain and the S siblings of tree_build, masked
+// by the tree; *row0 as level_run's (the logits row of position n - 1).
+static tri_status tree_run(tri_spec *s, int32_t n, int32_t g, int32_t S, int32_t *row0) {
+    tri__level *lv = &s->l3;
+    int32_t np = tri__level_n_past(lv);
+    if (np > n - 1) {
+        TRY(tri__level_truncate(lv, n - 1));
+        np = tri__level_n_past(lv);
+    }
+    tri__kv_tree tree = {.row0 = n, .n = g + S, .words = (g + S + 31) / 32, .anc = s->tree_anc};
+    TRY(tri__level_eval_tree(lv, s->seq + np, n + g + S - np, &tree, s->tree_pos));
+    *row0 = n - 1 - np;
+    return TRI_STATUS_OK;
+}
+
+// Draws from p (V entries, unnormalised, summing to mass > 0) by inverse CDF.
+static int32_t sample_mass(const float *p, int32_t V, double mass, tri__rng *rng) {
+    double target = tri__rng_uniform(rng) * mass, cum = 0.0;
+    int32_t last = -1;
+    for (int32_t j = 0; j < V; j++) {
+        if (p[j] <= 0.0f) continue;
+        cum += p[j];
+        last = j;
+        if (target < cum) return j;
+    }
+    TRI_ASSERT(last >= 0);
+    return last;
+}
+
+// L3's verification of the tree (docs/speculative.md, "Token trees"). logits: L3's rows from the
+// one of position n - 1: row d - 1 is the distribution at depth d (after the chain's first
+// d - 1 tokens), row g + 1 + j the one after sibling j. Walks down the chain: at depth d the
+// chain's token x (drawn from q, d's row) is kept with probability min(1, p(x) / q(x)); else p
+// becomes the residual norm(max(p - q, 0)), and the siblings at d, in rank order, are each kept
+// with probability p(s) under the current p, which loses s (renormalised) when s is rejected;
+// when all are rejected the token is drawn from what is left. *k: tokens kept (the chain's first
+// k, or its first k - 1 and then sibling *sib, written to seq[n + k - 1]); *next: the token after
+// them (the residual's draw, or the bonus from the last kept node's row).
+static tri_status tree_verify(tri_spec *s, int32_t n, const float *logits, const tri__spec_draft *d, int32_t g,
+                              int32_t *k, int32_t *sib, int32_t *next) {
+    const int32_t V = s->n_vocab, R1 = TRI__TREE_MAX_RANK + 1;
+    const bool greedy = s->sampler.temperature <= 0.0f;
+    const bool broken = s->rule == TRI_SPEC_RULE_TREE_NO_RESIDUAL;
+    float *p = s->work.p;
+    *k = 0;
+    *sib = -1;
+    *next = -1;
+    for (int32_t dd = 1; dd <= g; dd++) {
+        const float *row = logits + (int64_t)(dd - 1) * V;
+        const int32_t x = d->tokens[dd - 1], first = s->tree_first[dd - 1], ns = s->tree_shape[dd - 1];
+        int64_t *reached = s->tree_reached + (int64_t)(dd < TRI__SPEC_MAX_DEPTH ? dd : TRI__SPEC_MAX_DEPTH) * R1;
+        int64_t *accepted = s->tree_accepted + (reached - s->tree_reached);
+        int32_t take = -1;  // the sibling kept
+        if (greedy) {
+            int32_t best;
+            TRY(tri__sampler_greedy(&s->sampler, s->seq, n + dd - 1, row, V, &s->work.scratch, &best));
+            reached[0]++;
+            if (x == best) {
+                accepted[0]++;
+                (*k)++;
+                continue;
+            }
+            for (int32_t r = 0; r < ns && take < 0; r++) {
+                reached[r + 1]++;
+                if (s->seq[n + g + first + r] == best) accepted[r + 1]++, take = first + r;
+            }
+            if (take < 0) {
+                *next = best;  // the argmax, which no candidate was
+                return TRI_STATUS_OK;
+            }
+        } else {
+            TRY(tri__sampler_probs(&s->sampler, s->seq, n + dd - 1, row, V, p, &s->work.scratch));
+            const float *q = d->onehot[dd - 1] ? NULL : d->q + (int64_t)(dd - 1) * V;
+            double px = p[x], qx = q ? (double)q[x] : 1.0;
+            TRI_ASSERT(qx > 0.0);
+            reached[0]++;
+            if (tri__rng_uniform(&s->rng) * qx < px) {
+                accepted[0]++;
+                (*k)++;
+                continue;
+            }
+            if (!broken) residual_in_place(p, q, x, V);  // the law of the token given x's rejection
+            double mass = 1.0;
+            for (int32_t r = 0; r < ns && take < 0; r++) {
+                int32_t t = s->seq[n + g + first + r];
+                reached[r + 1]++;
+                double pt = p[t];
+                if (tri__rng_uniform(&s->rng) * mass < pt) {
+                    accepted[r + 1]++;
+                    take = first + r;
+                } else if (!broken) {  // the law given t's rejection too: t removed
+                    mass -= pt;
+                    p[t] = 0.0f;
+                }
+            }
+            if (take < 0) {
+                if (broken) {
+                    residual_in_place(p, q, x, V);
+                    mass = 1.0;
+                }
+                if (mass > 1e-9) {
+                    *next = sample_mass(p, V, mass, &s->rng);
+                } else {  // every bit of the residual was on rejected siblings: a rounding accident
+                    TRY(tri__sampler_probs(&s->sampler, s->seq, n + dd - 1, row, V, p, &s->work.scratch));
+                    *next = sample_residual(p, q, x, V, &s->rng);
+                }
+                return TRI_STATUS_OK;
+            }
+        }
+        // sibling `take` kept at depth dd: the path ends with it, the next token is its bonus
+        *k = dd;
+        *sib = take;
+        s->seq[n + dd - 1] = s->seq[n + g + take];
+        row = logits + (int64_t)(g + 1 + take) * V;
+        if (greedy) return tri__sampler_greedy(&s->sampler, s->seq, n + dd, row, V, &s->work.scratch, next);
+        TRY(tri__sampler_probs(&s->sampler, s->seq, n + dd, row, V, p, &s->work.scratch));
+        *next = tri__sample(p, V, &s->rng);
+        return TRI_STATUS_OK;
+    }
+    // the whole chain kept: the bonus after it
+    const float *row = logits + (int64_t)g * V;
+    if (greedy) return tri__sampler_greedy(&s->sampler, s->seq, n + g, row, V, &s->work.scratch, next);
+    TRY(tri__sampler_probs(&s->sampler, s->seq, n + g, row, V, p, &s->work.scratch));
+    *next = tri__sample(p, V, &s->rng);
     return TRI_STATUS_OK;
 }
 
@@ -645,6 +954,12 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
         if (g2 > s->n_ctx - n) g2 = s->n_ctx - n;                       // L3 runs seq[.. n + g2)
         if (g2 > n_max - stats->n_generated - 1) g2 = n_max - stats->n_generated - 1;  // no waste
         if (mode == TRI_SPEC_MODE_NONE) g2 = 0;
+        // (forced: chains; the n-gram drafter straight to L3 proposes no siblings)
+        const bool tree = s->cand && s->params.tree_nodes > 0 && !s->forced && (mode != TRI_SPEC_MODE_DRAFT || s->lv1);
+        if (tree) {  // a tree of tree_nodes: the chain within it; candidates recorded afresh
+            g2 = tri__spec_tree_chain(s, g2);
+            memset(s->n_cand, 0, (size_t)s->params.gamma2 * sizeof *s->n_cand);
+        }
         d3->tokens = s->seq + n;
         d3->n = 0;
         // L2's selections after the prompt's: made during this round's L3 pass, from L3's query of
@@ -661,7 +976,7 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
                 TRY(l1_draft(s, n, g2, d3));
             } else if (mode == TRI_SPEC_MODE_RETRIEVAL) {
                 double t2 = now_seconds();
-                TRY(model_draft(s, s->lv2, n, g2, d3));
+                TRY(model_draft(s, s->lv2, n, g2, d3, true));
                 stats->l2_seconds += now_seconds() - t2;
             } else {
                 TRY(hierarchy_draft(s, n, g2));
@@ -669,21 +984,39 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
         }
 
         double t3 = now_seconds();
-        int32_t row0, k, z;
+        int32_t row0, k, z, sib = -1;
         bool tapped = false;
-        if (tap && d3->n > 0) {
-            TRY(tri__level_select_during(s->lv2, &s->l3, n));
-            tri_status st = level_run(s, &s->l3, n, d3->n, &row0);
-            tapped = tri__level_took_selection(s->lv2);  // disarms L3 when the pass failed
-            TRY(st);
-            stats->n_l2_refresh += tapped;
+        const int32_t S = tree ? tree_build(s, n, d3->n) : 0;
+        if (S > 0) {  // one pass over the chain and its siblings, then the walk down the tree
+            if (tap) s->refresh_next = true;  // (a tree pass carries no selection: L2 takes a step of its own)
+            TRY(tree_run(s, n, d3->n, S, &row0));
+            TRY(tree_verify(s, n, tri__level_logits(&s->l3, row0), d3, d3->n, &k, &sib, &z));
         } else {
-            TRY(level_run(s, &s->l3, n, d3->n, &row0));
+            if (tap && d3->n > 0) {
+                TRY(tri__level_select_during(s->lv2, &s->l3, n));
+                tri_status st = level_run(s, &s->l3, n, d3->n, &row0);
+                tapped = tri__level_took_selection(s->lv2);  // disarms L3 when the pass failed
+                TRY(st);
+                stats->n_l2_refresh += tapped;
+            } else {
+                TRY(level_run(s, &s->l3, n, d3->n, &row0));
+            }
+            if (s->forced)
+                TRY(forced_verify(s, 1, d3, true, NULL, &k, &z));
+            else
+                TRY(tri__spec_verify(&s->sampler, s->rule, s->seq, n, tri__level_logits(&s->l3, row0), d3, true,
+                                     &s->rng, &s->work, NULL, &k, &z));
         }
-        if (s->forced)
-            TRY(forced_verify(s, 1, d3, true, NULL, &k, &z));
-        else TRY(tri__spec_verify(&s->sampler, s->rule, s->seq, n, tri__level_logits(&s->l3, row0), d3, true,
-                                  &s->rng, &s->work, NULL, &k, &z));
+        if (tree) stats->n_l3_tree_nodes += d3->n + S;
+        if (sib >= 0) {
+            // the kept sibling's row to its place on the path (L3 keeps the path's rows and drops the
+            // rest below); L1 and L2 ran the chain's token there, which the sibling replaced
+            TRY(tri__level_move_row(&s->l3, n + d3->n + sib, n + k - 1));
+            tri__level *dl[2] = {s->lv1, s->lv2};
+            for (int i = 0; i < 2; i++)
+                if (dl[i] && tri__level_n_past(dl[i]) > n + k - 1) TRY(tri__level_truncate(dl[i], n + k - 1));
+            if (tri__level_n_past(&s->l3) > n + k) TRY(tri__level_truncate(&s->l3, n + k));
+        }
         stats->n_l3_verify++;
         if (mode != TRI_SPEC_MODE_NONE) count_depth(s, 1, d3->n, k);
         if (mode == TRI_SPEC_MODE_DRAFT) {
@@ -838,6 +1171,13 @@ void tri_spec_free(tri_spec *s) {
     tri__spec_work_free(&s->work);
     free(s->layers);
     free(s->seq);
+    free(s->cand);
+    free(s->n_cand);
+    free(s->tree_shape);
+    free(s->tree_first);
+    free(s->tree_parent);
+    free(s->tree_pos);
+    free(s->tree_anc);
     free(s);
 }
 
@@ -861,6 +1201,11 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
                          "speculative: draft_window %d, draft_sink %d, refresh %d must be >= 0 and "
                          "refresh_accept %g in [0, 1]",
                          p.draft_window, p.draft_sink, p.refresh, (double)p.refresh_accept);
+    if (p.tree_nodes < 0 || p.tree_nodes > 1024)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative: tree_nodes %d outside [0, 1024]", p.tree_nodes);
+    if (p.tree_nodes > 0 && c->sliding_window > 0)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "speculative: tree_nodes %d with a sliding-window model (%s)",
+                         p.tree_nodes, target->path);
     if (sp.n_ctx < 0 || sp.n_batch < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative: n_ctx %d and n_batch %d must be >= 0",
                          sp.n_ctx, sp.n_batch);
@@ -1005,8 +1350,33 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         goto fail;
     if (has_l2 && (st = tri__spec_draft_init(&s->d2, p.gamma2, c->n_vocab))) goto fail;
     if ((st = tri__spec_work_init(&s->work, c->n_vocab))) goto fail;
-    // drafts run past the context by at most gamma2 tokens (gamma1 within them)
-    s->seq_cap = sp.n_ctx + p.gamma2 + p.gamma1 + 2;
+    // token trees: the candidates of the draft's slots, the tree's layout (not in NONE mode)
+    if (p.tree_nodes > 0 && p.mode != TRI_SPEC_MODE_NONE) {
+        if (!s->be->ops->tree_attention) {
+            st = tri__fail(TRI_STATUS_UNSUPPORTED,
+                           "speculative: tree_nodes %d: the %s backend's attention takes no "
+                           "tree mask",
+                           p.tree_nodes, s->be->ops->name);
+            goto fail;
+        }
+        int32_t T = p.tree_nodes, W = (T + 31) / 32;
+        s->tree_cap = T;
+        s->cand = malloc((size_t)p.gamma2 * (TRI__TREE_MAX_RANK + 1) * sizeof *s->cand);
+        s->n_cand = calloc((size_t)p.gamma2, sizeof *s->n_cand);
+        s->tree_shape = calloc((size_t)p.gamma2, sizeof *s->tree_shape);
+        s->tree_first = calloc((size_t)p.gamma2, sizeof *s->tree_first);
+        s->tree_parent = malloc((size_t)T * sizeof *s->tree_parent);
+        s->tree_pos = malloc((size_t)T * sizeof *s->tree_pos);
+        s->tree_anc = malloc((size_t)T * (size_t)W * sizeof *s->tree_anc);
+        if (!s->cand || !s->n_cand || !s->tree_shape || !s->tree_first || !s->tree_parent || !s->tree_pos ||
+            !s->tree_anc) {
+            st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "speculative: a tree of %d nodes", T);
+            goto fail;
+        }
+    }
+    // drafts run past the context by at most gamma2 tokens (gamma1 within them), and a tree's
+    // siblings after them
+    s->seq_cap = sp.n_ctx + p.gamma2 + p.gamma1 + 2 + p.tree_nodes;
     s->seq = malloc((size_t)s->seq_cap * sizeof *s->seq);
     if (!s->seq) {
         st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "speculative: %d-token sequence", s->seq_cap);

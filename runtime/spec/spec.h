@@ -24,6 +24,9 @@ typedef enum tri__spec_rule {
     // it accepted the drafter's token. Plausible, and wrong: conditioned on acceptance the token
     // has law min(p, q) / alpha, not p (docs/speculative.md, "Which q L3 gets").
     TRI_SPEC_RULE_BRANCH_Q = 2,
+    // Token trees: test each sibling against L3's p itself, not against the residual left by the
+    // candidates rejected before it (and keep them in it). Wrong: the siblings then over-emit.
+    TRI_SPEC_RULE_TREE_NO_RESIDUAL = 3,
 } tri__spec_rule;
 
 // A run of proposed tokens and the distributions they were drawn from.
@@ -87,6 +90,25 @@ tri__level *tri__spec_level(tri_spec *spec, int level);
 // the d-th drafted token was tested (drafted, and every token before it kept), accepted[d] those
 // that kept it; d = 1..TRI__SPEC_MAX_DEPTH (deeper ones are not counted), index 0 unused (0).
 #define TRI__SPEC_MAX_DEPTH 64
+// Token trees (tri_spec_params.tree_nodes): siblings per depth at most, and the acceptance L3's
+// verification measured per depth d (1 .. TRI__SPEC_MAX_DEPTH) and rank r (0: the chain's own
+// token, r >= 1: the r-th sibling by the drafter's logits): reached[d][r] counts the times the
+// candidate was tested (every candidate of lower rank at its node rejected), accepted[d][r] those
+// that kept it. Arrays of (TRI__SPEC_MAX_DEPTH + 1) * (TRI__TREE_MAX_RANK + 1), index [d * (R + 1) + r].
+#define TRI__TREE_MAX_RANK 16
+void tri__spec_tree_counts(const tri_spec *spec, int64_t *reached, int64_t *accepted);
+// Benchmark hook: trees of tree_nodes from the next round on (0: chains; at most the tree_nodes the
+// engine was created with), the counts above cleared.
+void tri__spec_set_tree_nodes(tri_spec *spec, int32_t tree_nodes);
+// The siblings per depth (shape[d - 1], d = 1 .. g) of the next tree with a chain of g and
+// `siblings` siblings to place, from the acceptance measured so far blended with a prior (the
+// fixed default shape when nothing is measured yet); avail[d - 1] caps each depth. Greedy:
+// adds the sibling with the largest probability of being on the accepted path (Sequoia's rule
+// for this family of trees). Exposed for the tests and the benchmarks.
+void tri__spec_tree_shape(const tri_spec *spec, int32_t g, int32_t siblings, const int32_t *avail, int32_t *shape);
+// The chain to draft for the next tree of tree_nodes (at most gmax, the round's gamma2): the same
+// greedy over the chain's next node and the siblings, before the chain exists.
+int32_t tri__spec_tree_chain(const tri_spec *spec, int32_t gmax);
 void tri__spec_depth_counts(const tri_spec *spec, int which, int64_t *reached, int64_t *accepted);
 // The context: tri_spec_n_past tokens, valid until the next call on spec.
 const int32_t *tri__spec_tokens(const tri_spec *spec);
