@@ -105,9 +105,11 @@ tri_status tri__kv_policy_check(const tri__kv_policy_params *params, int32_t cap
 
 typedef struct tri__h2o_state tri__h2o_state;
 typedef struct tri__retrieval_state tri__retrieval_state;
+typedef struct tri__kv_policy_ops tri__kv_policy_ops;  // what differs per policy (kv-policy-impl.h)
 
 typedef struct tri__kv_policy {
     tri__kv_policy_params p;
+    const tri__kv_policy_ops *ops;  // the policy's own file's table, by p.kind
     tri__kv_store own;        // the keys and values, unless wrapping an outside store
     tri__kv_store *kv;        // &own, or the wrapped store (tri__kv_policy_wrap_full)
     tri__backend *be;         // not owned

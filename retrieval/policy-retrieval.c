@@ -81,7 +81,7 @@ static bool layer_bound(const tri__kv_policy *p, int32_t il) {
     return p->p.bound || (p->p.bound_layers >> (il < 63 ? il : 63) & 1);
 }
 
-void tri__ret_free(tri__kv_policy *p) {
+static void ret_free(tri__kv_policy *p) {
     tri__retrieval_state *s = p->ret;
     if (!s) return;
     if (s->ix)
@@ -122,7 +122,8 @@ void tri__ret_free(tri__kv_policy *p) {
     p->ret = NULL;
 }
 
-tri_status tri__ret_init(tri__kv_policy *p) {
+// The state both kinds of retrieval policy keep (after the view descriptors).
+static tri_status ret_state_init(tri__kv_policy *p) {
     tri_status st = TRI_STATUS_OK;
     tri__retrieval_state *s = calloc(1, sizeof *s);
     if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval");
@@ -166,6 +167,7 @@ tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_
                          "kv policy retrieval: a ring of %d own rows is smaller than a chunk (%d) and a step (%d)",
                          ring, params->chunk, max_step);
     p->p = *params;
+    p->ops = &tri__kv_policy_retrieval_ops;
     p->be = src->be;
     p->src = src;
     p->n_layer = src->n_layer;
@@ -178,7 +180,7 @@ tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_
     // per head: one span per selected chunk and two for the ring (it may wrap), or, before a
     // selection, src's rows and the ring
     if ((st = tri__kv_policy_common_init(p, p->p.budget / p->p.chunk + 2))) goto fail;
-    if ((st = tri__ret_init(p))) goto fail;
+    if ((st = ret_state_init(p))) goto fail;
     tri__retrieval_state *s = p->ret;
     s->ring = ring;
     const int64_t rows = (int64_t)p->n_head_kv * p->p.budget, row_bytes = (int64_t)p->head_dim * esize(p);
@@ -208,10 +210,16 @@ fail:
 
 uint64_t tri__kv_policy_bytes_up(const tri__kv_policy *p) { return p->src ? p->ret->bytes_up : 0; }
 
-int32_t tri__ret_room(const tri__kv_policy *p) { return p->ret->ring - (p->len - p->ret->tail0); }
+// Borrowing: the own rows left in the ring; own store: the capacity left.
+static int32_t ret_room(const tri__kv_policy *p) {
+    if (!p->src) return tri__kv_policy_capacity(p) - tri__kv_policy_len(p);
+    return p->ret->ring - (p->len - p->ret->tail0);
+}
 
-tri_status tri__ret_begin(tri__kv_policy *p, int32_t m) {
-    if (m <= tri__ret_room(p)) return TRI_STATUS_OK;
+// Borrowing: whether a step of m tokens fits the ring.
+static tri_status ret_begin(tri__kv_policy *p, int32_t n0, int32_t m, int32_t *base) {
+    (void)n0, (void)base;
+    if (!p->src || m <= ret_room(p)) return TRI_STATUS_OK;
     return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                      "kv policy retrieval: %d more tokens do not fit the ring of %d own rows (%d since the tail at "
                      "%d): select again first", m, p->ret->ring, p->len - p->ret->tail0, p->ret->tail0);
@@ -837,7 +845,7 @@ static bool ret_due(const tri__kv_policy *p, int32_t len, bool armed) {
     return armed || (cur && p->p.refresh > 0 && len - cur->n_sel >= p->p.refresh);
 }
 
-tri_status tri__ret_truncate(tri__kv_policy *p, int32_t n) {
+static tri_status ret_truncate(tri__kv_policy *p, int32_t n) {
     tri__retrieval_state *s = p->ret;
     if (p->src) {  // rows below n stay src's or the ring's; the ring holds from the tail on
         if (s->tail0 > n) s->tail0 = n;
@@ -1001,10 +1009,46 @@ void tri__ret_tap_finish(tri__kv_policy *full, bool ok) {
     hist_ran(s, s->tq_lo, s->tq_hi - s->tq_lo);
 }
 
-// ---- the hooks of kv-policy.c ----
+// ---- the op table ----
 
-tri_status tri__ret_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
-                          int32_t end, const tri__kv_view **view) {
+static tri_status ret_check(const tri__kv_policy_params *p) {
+    if (p->chunk <= 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: chunk size %d must be positive", p->chunk);
+    if (p->chunk > p->budget || p->budget % p->chunk != 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "kv policy retrieval: chunk size %d must divide the budget %d (whole chunks are kept)",
+                         p->chunk, p->budget);
+    if (p->refresh < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: refresh interval %d must be >= 0",
+                         p->refresh);
+    if (p->group < TRI__KV_GROUP_SUM || p->group > TRI__KV_GROUP_SOFTMAX)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: unknown group scoring %d", (int)p->group);
+    if (p->window < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: recent window %d must be >= 0", p->window);
+    if (p->queries < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: queries %d must be >= 0", p->queries);
+    if (p->follow < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: follow %d must be >= 0", p->follow);
+    if (p->oracle && (p->bound || p->bound_layers))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: the oracle reads keys, not bounds");
+    if (p->index < TRI_CHUNK_INDEX_EXACT || p->index > TRI_CHUNK_INDEX_FAISS_IVF)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: unknown chunk index %d", (int)p->index);
+    if (p->index != TRI_CHUNK_INDEX_EXACT && !tri__chunk_index_have_faiss())
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: FAISS index asked for, but this build has no FAISS");
+    return TRI_STATUS_OK;
+}
+
+// An own store: one span per selected chunk, plus the tokens since the selection.
+static tri_status ret_init(tri__kv_policy *p) {
+    TRY(tri__kv_policy_common_init(p, p->p.budget / p->p.chunk + 1));
+    return ret_state_init(p);
+}
+
+// Stores the rows where borrowing (the ring), keeps the step's queries and returns the view
+// (everything before a selection).
+static tri_status ret_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
+                            int32_t end, const tri__kv_view **view, float **weight_sums) {
+    (void)weight_sums;
     const int32_t n0 = p->step_n0, m = p->step_m;
     if (p->src) {
         TRY(ring_write(p, il, n0, m, k, v));
@@ -1024,7 +1068,8 @@ tri_status tri__ret_layer(tri__kv_policy *p, int32_t il, const float *q, const f
     return TRI_STATUS_OK;
 }
 
-tri_status tri__ret_commit(tri__kv_policy *p, int32_t end) {
+// Summaries of the chunks completed, and the selection when one is due.
+static tri_status ret_commit(tri__kv_policy *p, int32_t end) {
     // borrowing, chunks are summarised from src's rows when a selection needs them
     if (!p->src) TRY(ret_summarise(p, end));
     p->ret->step_n0 = p->step_n0;
@@ -1035,12 +1080,13 @@ tri_status tri__ret_commit(tri__kv_policy *p, int32_t end) {
     return TRI_STATUS_OK;
 }
 
-void tri__ret_abort(tri__kv_policy *p) {
+static void ret_abort(tri__kv_policy *p) {
+    if (!p->in_step) return;
     // drop the summaries of a half-committed step; the previous step stays remembered
     tri__retrieval_state *s = p->ret;
     int32_t keep_m = s->step_m, keep_n0 = s->step_n0;
     s->step_m = 0;
-    (void)tri__ret_truncate(p, p->step_n0);
+    (void)ret_truncate(p, p->step_n0);
     s->step_m = keep_m;
     s->step_n0 = keep_n0;
     // the step's queries overwrote the rows of the positions hist before its own
@@ -1048,14 +1094,14 @@ void tri__ret_abort(tri__kv_policy *p) {
     if (s->hist_lo < gone) s->hist_lo = gone < s->hist_hi ? gone : s->hist_hi;
 }
 
-void tri__ret_reset(tri__kv_policy *p) {
+static void ret_reset(tri__kv_policy *p) {
     p->ret->step_m = 0;
     p->ret->hist_lo = p->ret->hist_hi = 0;
-    (void)tri__ret_truncate(p, 0);
+    (void)ret_truncate(p, 0);
     p->ret->armed = false;
 }
 
-tri_status tri__ret_adopt_borrowed(tri__kv_policy *p, tri__kv_store *src, int32_t n) {
+static tri_status ret_adopt_borrowed(tri__kv_policy *p, tri__kv_store *src, int32_t n) {
     if (src != p->src || n < p->len || n > src->n)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "kv policy retrieval: adopt to %d from %d out of %s store (holding %d)", n, p->len,
@@ -1068,14 +1114,17 @@ tri_status tri__ret_adopt_borrowed(tri__kv_policy *p, tri__kv_store *src, int32_
     return TRI_STATUS_OK;
 }
 
-bool tri__ret_attends_fully(const tri__kv_policy *p, int32_t n) { return !ret_current(p) && !ret_due(p, n, p->ret->armed); }
+// Own store: whether adopting up to n keeps the policy attending fully.
+static bool ret_attends_fully(const tri__kv_policy *p, int32_t n) {
+    return !ret_current(p) && !ret_due(p, n, p->ret->armed); }
 
-tri_status tri__ret_adopted(tri__kv_policy *p, int32_t len, int32_t n) {
+// Own store: the summaries of the adopted rows (len: the length before).
+static tri_status ret_adopted(tri__kv_policy *p, int32_t len, int32_t n) {
     // summarise now, as a step's commit would (a later commit would catch up, but the state
     // should not depend on one coming)
     tri_status st = ret_summarise(p, n);
     if (st) {
-        (void)tri__ret_truncate(p, len);  // drop the summaries made before the failure
+        (void)ret_truncate(p, len);  // drop the summaries made before the failure
         return st;
     }
     p->ret->step_m = 0;  // no step to replay: nothing was due in these positions
@@ -1116,7 +1165,7 @@ int32_t tri__kv_policy_selection(const tri__kv_policy *p, int32_t il, int32_t h,
     return e->cnt[i];
 }
 
-bool tri__ret_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out) {
+static bool ret_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out) {
     const int64_t es = esize(p), hd = p->head_dim, kd = kv_dim(p), row = hd * es;
     const sel_entry *e = ret_current(p);
     int32_t from_chunk = -1;  // the row of the selection's rows (own store: the position) holding pos
@@ -1142,3 +1191,21 @@ bool tri__ret_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int wh
     }
     return op->copy_to_host(p->be, out, src, (size_t)row) == TRI_STATUS_OK && op->synchronize(p->be) == TRI_STATUS_OK;
 }
+
+const tri__kv_policy_ops tri__kv_policy_retrieval_ops = {
+    .name = "retrieval",
+    .check = ret_check,
+    .init = ret_init,
+    .free = ret_free,
+    .room = ret_room,
+    .begin = ret_begin,
+    .layer = ret_layer,
+    .commit = ret_commit,
+    .abort = ret_abort,
+    .truncate = ret_truncate,
+    .reset = ret_reset,
+    .adopt_borrowed = ret_adopt_borrowed,
+    .attends_fully = ret_attends_fully,
+    .adopted = ret_adopted,
+    .peek = ret_peek,
+};
