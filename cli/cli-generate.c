@@ -92,7 +92,8 @@ static void usage(FILE *f) {
           "                       --kv retrieval\n"
           "      --draft-window N L1's StreamingLLM cache in tokens, sinks included (default 256)\n"
           "      --draft-sink N   L1's attention sinks (default 16)\n"
-          "      --draft-kv-type T  L1's cache type: f16 (default), f32, q8_0 or q4_0\n"
+          "      --draft-kv-type T  the draft caches' type (L1's cache, L2's gathered chunks): f16\n"
+          "                       (default), f32, q8_0 or q4_0\n"
           "      --refresh-accept X  L2 selects again when L3 accepts less than X of its tokens over\n"
           "                       4 passes (default 0.5; 0: never)\n"
           "      --stats          print acceptance rates, tokens per full-cache pass and time\n"
@@ -681,8 +682,9 @@ int tri_cli_generate(int argc, char **argv) {
                          "an L1 model or layers (--spec draft or triforce)") ||
         !tri_cli_applies("offload-run generate", "--draft-sink", draft_sink, l1_cache,
                          "an L1 model or layers (--spec draft or triforce)") ||
-        !tri_cli_applies("offload-run generate", "--draft-kv-type", draft_kv_set, l1_cache,
-                         "an L1 model or layers (--spec draft or triforce)") ||
+        !tri_cli_applies("offload-run generate", "--draft-kv-type", draft_kv_set, l1_cache || has_l2,
+                         "a draft cache: an L1 model or layers (--spec draft or triforce), or L2 (--spec "
+                         "retrieval or triforce)") ||
         !tri_cli_applies("offload-run generate", "--gamma1", gamma1, mode == TRI_SPEC_MODE_TRIFORCE,
                          "--spec triforce") ||
         !tri_cli_applies("offload-run generate", "--gamma2", gamma2, !plain, "--spec draft, retrieval or triforce") ||

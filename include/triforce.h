@@ -776,12 +776,15 @@ typedef struct tri_spec_params {
     float refresh_accept;           // L2 also selects afresh when L3 accepted less than this
                                     // share of L2's tokens over the last 4 L3 passes since its
                                     // last selection; 0: never; default 0.5
-    tri_dtype draft_kv_type;        // L1's cache type (its StreamingLLM or full cache): F16, F32,
-                                    // Q8_0 or Q4_0; TRI_DTYPE_COUNT (the default): the session's
-                                    // kv_type. L3 verifies every token, so a quantized draft cache
-                                    // changes acceptance, never the output. Q8_0 / Q4_0 need the
-                                    // draft's head_dim a multiple of 32 and the CPU; refused
-                                    // naming draft_kv_type otherwise
+    tri_dtype draft_kv_type;        // the draft caches' type: L1's cache (its StreamingLLM or
+                                    // full cache) and L2's gathered chunks (its ring of recent
+                                    // tokens keeps kv_type): F16, F32, Q8_0 or Q4_0;
+                                    // TRI_DTYPE_COUNT (the default): the session's kv_type. L3
+                                    // verifies every token, so a quantized draft cache changes
+                                    // acceptance, never the output; a budget left to 0 then holds
+                                    // the bytes of 4096 f16 tokens. Q8_0 / Q4_0 need head_dim a
+                                    // multiple of 32 and the CPU; refused naming draft_kv_type
+                                    // otherwise
 } tri_spec_params;
 
 // Figures of one tri_generate_spec call. Acceptance rates are accepted / proposed.

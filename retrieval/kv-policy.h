@@ -79,6 +79,10 @@ typedef struct tri__kv_policy_params {
     uint64_t bound_layers; // RETRIEVAL, an experiment (bench-table1 :boundA-B): bit il set, layer
                           // il summarises its chunks by bounds as `bound` does for every layer
                           // (layers past 63: bit 63); 0: none
+    tri_dtype gather_type; // RETRIEVAL over borrowed rows (a draft cache: L3 verifies its tokens):
+                          // Q8_0 or Q4_0 stores the gathered chunks' rows quantized (the ring of
+                          // its own tokens keeps the source's type; its views then carry span
+                          // types, backend.h; CPU only); anything else (0): the source's type
 } tri__kv_policy_params;
 
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: the first
@@ -344,9 +348,9 @@ static inline int32_t tri__kv_policy_window_chunks(const tri__kv_policy *p) {
 int32_t tri__kv_policy_mass_choice(const tri__kv_policy *p, const double *mass, int32_t n_chunks, int32_t *ids);
 // FULL and RETRIEVAL: copies the keys (which 0) or values (which 1) of position pos that layer il,
 // KV head h attends to now (from a selected chunk, the tokens since, the own store or, borrowing,
-// src, its gathered rows or its ring) into out (head_dim values of the cache type). Returns false
-// when the position is not in the current view (an unselected chunk, past the length) or on a
-// copy failure. Synchronizes the backend.
+// src, its gathered rows or its ring) into out (head_dim values of the cache type; gathered rows of
+// a quantized gather_type: one row of that type). Returns false when the position is not in the
+// current view (an unselected chunk, past the length) or on a copy failure. Synchronizes the backend.
 bool tri__kv_policy_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out);
 // H2O: the positions layer il, KV head h keeps, ascending, into pos (capacity budget + max_step);
 // returns their count.

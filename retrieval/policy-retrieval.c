@@ -10,6 +10,9 @@
 #include "dtype.h"
 #include "kv-policy-impl.h"
 
+// Rows of a quantized gather per get_rows / convert pair (bounds gf32).
+enum { GATHER_PIECE = 1024 };
+
 // Retrieval: one selection of chunks per (layer, KV head).
 typedef struct sel_entry {
     int32_t n_sel;   // cache length when it was made
@@ -54,6 +57,12 @@ struct tri__retrieval_state {
     int64_t *offs;            // (n_head_kv * budget) host: where each of those rows is in a layer
     void *stage;              // (n_head_kv * budget, head_dim) host: an offloaded layer's gather
     bool stage_pinned;
+    tri_dtype gtype;          // the type of gk/gv's rows: params.gather_type when quantized, else src's
+    int64_t grow;             // bytes of one of their rows (head_dim values of gtype)
+    float *gf32;              // (GATHER_PIECE, head_dim) f32 backend: quantized gathers go through it
+    int32_t *gids;            // (GATHER_PIECE) host: the rows of a piece, as get_rows ids
+    void *gstage;             // (n_head_kv * budget) rows of gtype, host: an offloaded layer's
+                              // gather quantized before its upload
     uint64_t bytes_up;        // host -> backend: offloaded layers' gathers and ring fills
     // a selection being made during the full cache's step (tri__kv_policy_tap)
     sel_entry tap;            // cnt/ids allocated while armed
@@ -107,6 +116,9 @@ static void ret_free(tri__kv_policy *p) {
     free(s->gk);
     free(s->gv);
     free(s->offs);
+    p->be->ops->free(p->be, s->gf32);
+    free(s->gids);
+    free(s->gstage);
     free(s->tap.cnt);
     free(s->tap.ids);
     p->be->ops->free(p->be, s->tap_rows);
@@ -184,11 +196,26 @@ tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_
     tri__retrieval_state *s = p->ret;
     s->ring = ring;
     const int64_t rows = (int64_t)p->n_head_kv * p->p.budget, row_bytes = (int64_t)p->head_dim * esize(p);
+    s->gtype = src->type;
+    if (tri__dtype_is_quantized(params->gather_type)) {
+        if (p->head_dim % TRI_QK != 0) {
+            st = tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                           "kv policy retrieval: gathered rows of %s need head_dim %d a multiple of %d",
+                           tri_dtype_name(params->gather_type), p->head_dim, TRI_QK);
+            goto fail;
+        }
+        s->gtype = params->gather_type;
+        ALLOC(s->gids, GATHER_PIECE);
+        if ((st = p->be->ops->alloc(p->be, sizeof(float) * (size_t)GATHER_PIECE * (size_t)p->head_dim,
+                                    (void **)&s->gf32)))
+            goto fail;
+    }
+    s->grow = tri__dtype_row_bytes(s->gtype, p->head_dim);
     ALLOC(s->gk, p->n_layer);
     ALLOC(s->gv, p->n_layer);
     for (int32_t il = 0; il < p->n_layer; il++) {
-        if ((st = p->be->ops->alloc(p->be, (size_t)(rows * row_bytes), &s->gk[il]))) goto fail;
-        if ((st = p->be->ops->alloc(p->be, (size_t)(rows * row_bytes), &s->gv[il]))) goto fail;
+        if ((st = p->be->ops->alloc(p->be, (size_t)(rows * s->grow), &s->gk[il]))) goto fail;
+        if ((st = p->be->ops->alloc(p->be, (size_t)(rows * s->grow), &s->gv[il]))) goto fail;
     }
     ALLOC(s->offs, rows);
     if (src->off) {  // an offloaded layer's chunks are gathered on the host and uploaded at once
@@ -201,6 +228,11 @@ tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_
         if (p->be->ops->host_register && p->be->ops->host_unregister &&
             p->be->ops->host_register(p->be, s->stage, (size_t)(rows * row_bytes)) == TRI_STATUS_OK)
             s->stage_pinned = true;
+        if (s->gtype != src->type && !(s->gstage = malloc((size_t)(rows * s->grow)))) {
+            st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: %lld bytes of quantized gather staging",
+                           (long long)(rows * s->grow));
+            goto fail;
+        }
     }
     return TRI_STATUS_OK;
 fail:
@@ -381,6 +413,40 @@ static tri_status ring_fill(tri__kv_policy *p, int32_t il, const layer_rows *L, 
     return ring_put(p, il, pos, n, L->k + pos * row_bytes(p), L->v + pos * row_bytes(p), L->region);
 }
 
+// Quantized gather out of backend memory: the rows at s->offs (bytes into from, rows of the
+// source's type) read as f32 by get_rows, a piece at a time, and converted into to (rows of gtype).
+// The layer's rows are a table of (capacity * n_head_kv) rows of head_dim values.
+static tri_status gather_quantized(tri__kv_policy *p, void *to, const char *from) {
+    tri__retrieval_state *s = p->ret;
+    const tri__backend_ops *op = p->be->ops;
+    const int64_t rows = (int64_t)p->n_head_kv * p->p.budget, hd = p->head_dim, srow = hd * esize(p);
+    const int64_t table = (int64_t)p->src->capacity * p->n_head_kv;
+    for (int64_t r0 = 0; r0 < rows; r0 += GATHER_PIECE) {
+        const int64_t n = rows - r0 < GATHER_PIECE ? rows - r0 : GATHER_PIECE;
+        for (int64_t r = 0; r < n; r++) s->gids[r] = (int32_t)(s->offs[r0 + r] / srow);
+        TRY(op->get_rows(p->be, s->gf32, from, p->src->type, table, hd, s->gids, n));
+        TRY(op->convert(p->be, (char *)to + r0 * s->grow, s->gtype, s->gf32, n * hd));
+    }
+    return TRI_STATUS_OK;
+}
+
+// An offloaded layer's gathered rows in s->stage (the source's type) quantized into s->gstage.
+static tri_status quantize_stage(tri__kv_policy *p) {
+    tri__retrieval_state *s = p->ret;
+    const int64_t rows = (int64_t)p->n_head_kv * p->p.budget, hd = p->head_dim;
+    const bool f16 = p->src->type == TRI_DTYPE_F16;
+    float *x = malloc(sizeof(float) * (size_t)hd);
+    if (!x) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: a row to quantize");
+    for (int64_t r = 0; r < rows; r++) {
+        const char *row = (const char *)s->stage + r * hd * esize(p);
+        for (int64_t d = 0; d < hd; d++)
+            x[d] = f16 ? tri__f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+        tri__quantize_row((char *)s->gstage + r * s->grow, x, s->gtype, hd);
+    }
+    free(x);
+    return TRI_STATUS_OK;
+}
+
 // Gathers layer il's chunks of selection e out of L into gk/gv.
 static tri_status gather_layer(tri__kv_policy *p, const sel_entry *e, int32_t il, const layer_rows *L) {
     tri__retrieval_state *s = p->ret;
@@ -394,9 +460,14 @@ static tri_status gather_layer(tri__kv_policy *p, const sel_entry *e, int32_t il
             for (int32_t t = 0; t < C; t++) s->offs[r++] = (((int64_t)ids[a] * C + t) * kd + (int64_t)h * hd) * es;
         for (; r < (int64_t)(h + 1) * budget; r++) s->offs[r] = 0;  // unused rows
     }
+    const bool quant = s->gtype != p->src->type;
     for (int which = 0; which < 2; which++) {
         const char *from = which ? L->v : L->k;
         void *to = which ? s->gv[il] : s->gk[il];
+        if (!L->region && quant) {
+            TRY(gather_quantized(p, to, from));
+            continue;
+        }
         if (!L->region) {
             TRY(op->gather(p->be, to, from, s->offs, rows, row_bytes));
             continue;
@@ -406,9 +477,14 @@ static tri_status gather_layer(tri__kv_policy *p, const sel_entry *e, int32_t il
         else
             for (int64_t r = 0; r < rows; r++)
                 memcpy((char *)s->stage + r * row_bytes, from + s->offs[r], (size_t)row_bytes);
-        TRY(op->copy_to_backend(p->be, to, s->stage, (size_t)(rows * row_bytes)));
+        const void *up = s->stage;
+        if (quant) {  // quantized on the host: fewer bytes cross
+            TRY(quantize_stage(p));
+            up = s->gstage;
+        }
+        TRY(op->copy_to_backend(p->be, to, up, (size_t)(rows * s->grow)));
         TRY(op->synchronize(p->be));  // the staging is refilled next
-        s->bytes_up += (uint64_t)(rows * row_bytes);
+        s->bytes_up += (uint64_t)(rows * s->grow);
     }
     return TRI_STATUS_OK;
 }
@@ -443,7 +519,7 @@ static void ring_spans(tri__kv_policy *p, int32_t il, int32_t h, int32_t from, i
         int32_t slot = from % R, n = end - from < R - slot ? end - from : R - slot;
         int64_t off = ((int64_t)slot * kd + (int64_t)h * p->head_dim) * es;
         p->spans[(*ns)++] = (tri__kv_span){.pos0 = from, .n = n, .k = (const char *)p->own.k[il] + off,
-                                           .v = (const char *)p->own.v[il] + off, .stride = kd};
+                                           .v = (const char *)p->own.v[il] + off, .stride = kd, .type = p->kv->type};
         from += n;
     }
 }
@@ -453,7 +529,7 @@ static void ring_spans(tri__kv_policy *p, int32_t il, int32_t h, int32_t from, i
 static tri_status ret_view_borrowed(tri__kv_policy *p, int32_t il, int32_t end) {
     tri__retrieval_state *s = p->ret;
     const sel_entry *e = ret_current(p);
-    const int64_t es = esize(p), hd = p->head_dim, C = p->p.chunk;
+    const int64_t hd = p->head_dim, C = p->p.chunk;
     const tri__kv_view *full = NULL;
     tri__kv_view storage;
     if (!e && s->tail0 > 0) TRY(tri__kv_store_view_read(p->src, il, s->tail0, &full, &storage));
@@ -474,15 +550,23 @@ static tri_status ret_view_borrowed(tri__kv_policy *p, int32_t il, int32_t end) 
                 p->spans[ns - 1].n += (int32_t)C;  // adjacent chunks are adjacent rows
                 continue;
             }
-            int64_t off = (((int64_t)h * p->p.budget + a * C) * hd) * es;
+            int64_t off = ((int64_t)h * p->p.budget + a * C) * s->grow;
             p->spans[ns++] = (tri__kv_span){.pos0 = start, .n = (int32_t)C, .k = (const char *)s->gk[il] + off,
-                                            .v = (const char *)s->gv[il] + off, .stride = hd};
+                                            .v = (const char *)s->gv[il] + off, .stride = hd, .type = s->gtype};
         }
         ring_spans(p, il, h, e->bound, end, &ns);
     }
     p->head_span[p->n_head_kv] = ns;
     TRI_ASSERT(ns <= p->spans_cap);
     return TRI_STATUS_OK;
+}
+
+// The view ret_view_borrowed made: with a selection of quantized rows (gather_type), its spans carry
+// their types (the gathered chunks', the ring's).
+static const tri__kv_view *borrowed_view(tri__kv_policy *p) {
+    const tri__kv_view *v = tri__kv_policy_own_view(p);
+    p->view.span_types = ret_current(p) && p->ret->gtype != p->kv->type;
+    return v;
 }
 
 // Writes the step's new rows into the ring (two writes where it wraps).
@@ -777,7 +861,7 @@ static tri_status ret_select(tri__kv_policy *p, int32_t len) {
         // while attending fully) src's rows and the ring, the view the step just attended to
         const tri__kv_view *view = NULL;
         if (by_mass(p, il, fully) && !p->src) view = tri__kv_store_view(p->kv, il, len, &p->view);
-        else if (by_mass(p, il, fully) && !(st = ret_view_borrowed(p, il, len))) view = tri__kv_policy_own_view(p);
+        else if (by_mass(p, il, fully) && !(st = ret_view_borrowed(p, il, len))) view = borrowed_view(p);
         if (!st) st = select_layer(p, &e, il, bound / p->p.chunk, view, s->hq, s->hist, s->hist_lo, s->hist_hi);
     }
     if (!st && p->src) {
@@ -1054,7 +1138,7 @@ static tri_status ret_layer(tri__kv_policy *p, int32_t il, const float *q, const
         TRY(ring_write(p, il, n0, m, k, v));
         TRY(ret_keep_query(p, il, q));
         TRY(ret_view_borrowed(p, il, end));
-        *view = tri__kv_policy_own_view(p);
+        *view = borrowed_view(p);
         return TRI_STATUS_OK;
     }
     TRY(tri__kv_store_write(p->kv, il, n0, m, k, v));
@@ -1116,7 +1200,8 @@ static tri_status ret_adopt_borrowed(tri__kv_policy *p, tri__kv_store *src, int3
 
 // Own store: whether adopting up to n keeps the policy attending fully.
 static bool ret_attends_fully(const tri__kv_policy *p, int32_t n) {
-    return !ret_current(p) && !ret_due(p, n, p->ret->armed); }
+    return !ret_current(p) && !ret_due(p, n, p->ret->armed);
+}
 
 // Own store: the summaries of the adopted rows (len: the length before).
 static tri_status ret_adopted(tri__kv_policy *p, int32_t len, int32_t n) {
@@ -1182,14 +1267,16 @@ static bool ret_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int 
     }
     tri__retrieval_state *s = p->ret;
     const char *src;
-    if (from_chunk >= 0) {
-        src = (const char *)(which ? s->gv : s->gk)[il] + ((int64_t)h * p->p.budget + from_chunk) * row;
+    int64_t bytes = row;
+    if (from_chunk >= 0) {  // of the gathered type (gather_type)
+        bytes = s->grow;
+        src = (const char *)(which ? s->gv : s->gk)[il] + ((int64_t)h * p->p.budget + from_chunk) * bytes;
     } else if (pos >= s->tail0) {
         src = (const char *)(which ? p->own.v : p->own.k)[il] + ((int64_t)(pos % s->ring) * kd + h * hd) * es;
     } else {  // below the tail with no selection: src's row
         return tri__kv_policy_peek_store(p->src, il, h, pos, which, out);
     }
-    return op->copy_to_host(p->be, out, src, (size_t)row) == TRI_STATUS_OK && op->synchronize(p->be) == TRI_STATUS_OK;
+    return op->copy_to_host(p->be, out, src, (size_t)bytes) == TRI_STATUS_OK && op->synchronize(p->be) == TRI_STATUS_OK;
 }
 
 const tri__kv_policy_ops tri__kv_policy_retrieval_ops = {

@@ -55,6 +55,7 @@ typedef struct tri__kv_span {
     const void *v;       // (n, stride) backend memory
     int64_t stride;      // elements (not bytes) between consecutive rows, >= head_dim
     const int32_t *pos;  // (n) host, per-row positions overriding pos0 + j, or NULL
+    tri_dtype type;      // with the view's span_types: this span's rows' type (else unused)
 } tri__kv_span;
 
 // Keys and values for every KV head of one layer. The spans of KV head h are
@@ -68,7 +69,15 @@ typedef struct tri__kv_view {
     int32_t n_head_kv;
     const tri__kv_span *spans;    // host
     const int32_t *head_span;     // (n_head_kv + 1) host, non-decreasing, head_span[0] == 0
+    bool span_types;              // each span's rows are of its own type (span.type), not `type`:
+                                  // a retrieval cache's gathered chunks quantized beside f16 rows
+                                  // (docs/kv-policies.md). CPU only: the other backends refuse it
 } tri__kv_view;
+
+// The type of span s's rows in view v.
+static inline tri_dtype tri__kv_span_type(const tri__kv_view *v, const tri__kv_span *s) {
+    return v->span_types ? s->type : v->type;
+}
 
 // ---- ops ----
 
