@@ -6,16 +6,21 @@
 //
 // usage: bench-accept MODEL TEXT OUT [--n-prompt N] [--n-gen N] [--threads N] [--gamma1 N]
 //                     [--gamma2 N] [--budget N] [--window N] [--draft-layers LIST] [--temp T]
+//                     [--draft-kv-type f16|q8_0|q4_0]
 // TEXT: a plain text file (UTF-8); its first --n-prompt tokens (default 1024, CI-sized; the run in
 // docs/benchmarks.md uses 4096) are the prompt, then --n-gen tokens (default 64) are generated at
 // temperature --temp (default 0: greedy, the acceptance of exact greedy verification). L1 is the
 // target running --draft-layers (bench-spec's default self-draft, 22 of SmolLM2's 30 layers) over
 // a StreamingLLM cache of --window tokens (256), L2 the target over a retrieval cache of --budget
 // tokens (256: 1/16 of a 4K context, TriForce's 8K of 128K), gamma1 2, gamma2 16 by default.
+// --draft-kv-type: the type of both draft caches' rows (L1's window, L2's gathered chunks; f16 by
+// default); the bytes each holds are printed, so that runs at equal memory give q8_0 / q4_0 the
+// larger --budget and --window that fit the f16 run's bytes.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "spec.h"
 #include "triforce.h"
 
@@ -67,12 +72,14 @@ static void put_level(FILE *f, const char *name, const int64_t *reached, const i
 int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: %s MODEL TEXT OUT [--n-prompt N] [--n-gen N] [--threads N] [--gamma1 N] [--gamma2 N] "
-                        "[--budget N] [--window N] [--draft-layers LIST] [--temp T]\n", argv[0]);
+                        "[--budget N] [--window N] [--draft-layers LIST] [--temp T] [--draft-kv-type T]\n",
+                argv[0]);
         return 2;
     }
     int32_t n_prompt = 1024, n_gen = 64, threads = 2, gamma1 = 2, gamma2 = 16, budget = 256, window = 256;
     const char *layers_arg = "0-11,13,15,17,19,21,23,25,27-29";
     float temp = 0;
+    tri_dtype draft_type = TRI_DTYPE_F16;
     for (int i = 4; i < argc; i += 2) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int32_t *dst = !strcmp(k, "--n-prompt") ? &n_prompt : !strcmp(k, "--n-gen") ? &n_gen
@@ -87,6 +94,13 @@ int main(int argc, char **argv) {
             }
         } else if (v && !strcmp(k, "--draft-layers")) {
             layers_arg = v;
+        } else if (v && !strcmp(k, "--draft-kv-type")) {
+            draft_type = !strcmp(v, "f16") ? TRI_DTYPE_F16 : !strcmp(v, "q8_0") ? TRI_DTYPE_Q8_0
+                       : !strcmp(v, "q4_0") ? TRI_DTYPE_Q4_0 : TRI_DTYPE_COUNT;
+            if (draft_type == TRI_DTYPE_COUNT) {
+                fprintf(stderr, "bench-accept: --draft-kv-type: want f16, q8_0 or q4_0, not '%s'\n", v);
+                return 2;
+            }
         } else if (v && !strcmp(k, "--temp")) {
             temp = (float)atof(v);
         } else {
@@ -143,6 +157,7 @@ int main(int argc, char **argv) {
     p.gamma2 = gamma2;
     p.budget = budget;
     p.draft_window = window;
+    p.draft_kv_type = draft_type;
     if (tri_spec_create(m, &sp, &p, &s)) {
         fprintf(stderr, "bench-accept: %s\n", tri_last_error());
         goto done;
@@ -167,16 +182,29 @@ int main(int argc, char **argv) {
     tri__spec_depth_counts(s, 0, r1, a1);
     tri__spec_depth_counts(s, 1, r2, a2);
     double tpp = (double)st.n_generated / (double)st.n_l3_verify;
+    // the draft caches' rows: L2's gathered keys and values per layer, L1's window (its layers)
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    const tri_model_config *c = &info.config;
+    const int64_t row = 2 * tri__dtype_row_bytes(draft_type, c->head_dim) * c->n_head_kv;
+    const double l2_mib = (double)budget * (double)row * c->n_layer / 1048576.0;
+    const double l1_mib = (double)window * (double)row * n_layers / 1048576.0;
     const char *base = strrchr(argv[2], '/');
     fprintf(f, "# triforce acceptance curve\n# bench-accept: %s, text %s, prompt %d tokens, %d generated, "
                "temperature %.2f\n# L1 self-draft layers %s over a %d-token StreamingLLM cache, L2 retrieval "
-               "budget %d, gamma1 %d, gamma2 %d\n",
+               "budget %d, gamma1 %d, gamma2 %d, draft caches %s (L2 %.2f MiB, L1 %.2f MiB)\n",
             strrchr(argv[1], '/') ? strrchr(argv[1], '/') + 1 : argv[1], base ? base + 1 : argv[2], n_prompt,
-            st.n_generated, temp, layers_arg, window, budget, gamma1, gamma2);
+            st.n_generated, temp, layers_arg, window, budget, gamma1, gamma2, tri_dtype_name(draft_type), l2_mib,
+            l1_mib);
     fprintf(f, "gamma1 %d\ngamma2 %d\ntokens_per_l3 %.4f\n", gamma1, gamma2, tpp);
-    printf("%s: prompt %d, %d generated, %lld L3 passes (%.2f tokens each), %lld L2 verifications; acceptance by "
-           "depth\n",
-           argv[2], n_prompt, st.n_generated, (long long)st.n_l3_verify, tpp, (long long)st.n_l2_verify);
+    printf("%s: prompt %d, %d generated, %lld L3 passes (%.2f tokens each), %lld L2 verifications; draft caches %s: "
+           "L2 %d tokens (%.2f MiB), L1 %d (%.2f MiB); acceptance by depth\n",
+           argv[2], n_prompt, st.n_generated, (long long)st.n_l3_verify, tpp, (long long)st.n_l2_verify,
+           tri_dtype_name(draft_type), budget, l2_mib, window, l1_mib);
+    printf("accepted: L1 %lld/%lld (%.3f), L2 %lld/%lld (%.3f)\n", (long long)st.l1_accepted,
+           (long long)st.l1_proposed, st.l1_proposed ? (double)st.l1_accepted / (double)st.l1_proposed : 0.0,
+           (long long)st.l2_accepted, (long long)st.l2_proposed,
+           st.l2_proposed ? (double)st.l2_accepted / (double)st.l2_proposed : 0.0);
     put_level(f, "l1", r1, a1, gamma1);
     put_level(f, "l2", r2, a2, gamma2);
     rc = fclose(f) ? 1 : 0;

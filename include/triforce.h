@@ -157,11 +157,14 @@ typedef enum tri_dtype {
     TRI_DTYPE_IQ4_NL = 13, // blocks of 32: f16 scale + 16 bytes of 4-bit indices into a fixed table
                            // of 16 non-uniform levels
     TRI_DTYPE_IQ4_XS = 14, // 4.25 bits: super-blocks of 256, IQ4_NL's 16 levels with a 6-bit scale per 32
-    TRI_DTYPE_COUNT
+    TRI_DTYPE_COUNT,
+    // Not a tensor type: a KV cache of two precisions (tri_session_params.kv_type, --kv-type
+    // mixed, after MiKV): the attention sinks and the recent window in f16, every row in q4_0
+    TRI_DTYPE_KV_MIXED = 64
 } tri_dtype;
 
 // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_K", "q3_K", "q4_K", "q5_K",
-// "q6_K", "iq4_nl", "iq4_xs" (GGML's names), or "?"; static storage.
+// "q6_K", "iq4_nl", "iq4_xs" (GGML's names), "mixed" (TRI_DTYPE_KV_MIXED), or "?"; static storage.
 TRI_API const char *tri_dtype_name(tri_dtype type);
 
 typedef enum tri_file_format {
@@ -523,8 +526,8 @@ typedef struct tri_prompt_cache_stats {
 // call left them (after a prefill: tri_generate_params.on_prefill at done == total is the moment),
 // and the model's identity (docs/formats.md). The FULL policy's cache, offloaded or not, and the
 // RETRIEVAL policy's (which holds every row too): UNSUPPORTED for STREAMING and H2O (their views
-// depend on what ran, not only on the rows) and for a session over several devices. stats may be
-// NULL.
+// depend on what ran, not only on the rows), for kv_type mixed (its f16 rows are not in the
+// format) and for a session over several devices. stats may be NULL.
 TRI_API tri_status tri_session_save_prompt(tri_session *session, const char *path, const int32_t *tokens,
                                            int32_t n_tokens, tri_prompt_cache_stats *stats);
 

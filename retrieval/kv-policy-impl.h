@@ -97,6 +97,7 @@ extern const tri__kv_policy_ops tri__kv_policy_full_ops;       // policy-full.c
 extern const tri__kv_policy_ops tri__kv_policy_streaming_ops;  // policy-streaming.c
 extern const tri__kv_policy_ops tri__kv_policy_h2o_ops;        // policy-h2o.c
 extern const tri__kv_policy_ops tri__kv_policy_retrieval_ops;  // policy-retrieval.c
+extern const tri__kv_policy_ops tri__kv_policy_mixed_ops;      // policy-mixed.c: FULL with kv_type mixed
 
 // ---- between policy-full.c and policy-retrieval.c (a retrieval cache selecting during the full
 // cache's pass, tri__kv_policy_tap) ----

@@ -109,8 +109,13 @@ tri_status tri__kv_policy_init(tri__kv_policy *p, const tri__kv_policy_params *p
     if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0 || max_step <= 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: %d heads over %d KV heads, steps of %d", n_head,
                          n_head_kv, max_step);
+    const bool mixed = kv_type == TRI_DTYPE_KV_MIXED;
+    if (mixed && (params->kind != TRI_KV_POLICY_FULL || head_dim % TRI_QK != 0))
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "kv_type mixed: the full cache with head_dim a multiple of %d only "
+                         "(policy %s, head_dim %d)", TRI_QK, tri__kv_policy_name(params->kind), head_dim);
     p->p = *params;
-    p->ops = ops_of(params->kind);
+    p->ops = mixed ? &tri__kv_policy_mixed_ops : ops_of(params->kind);
+    if (mixed) kv_type = TRI_DTYPE_Q4_0;  // every position; the f16 rows are the policy's
     p->be = be;
     p->n_layer = n_layer;
     p->n_head = n_head;

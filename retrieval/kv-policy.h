@@ -109,7 +109,8 @@ tri_status tri__kv_policy_check(const tri__kv_policy_params *params, int32_t cap
 
 typedef struct tri__h2o_state tri__h2o_state;
 typedef struct tri__retrieval_state tri__retrieval_state;
-typedef struct tri__kv_policy_ops tri__kv_policy_ops;  // what differs per policy (kv-policy-impl.h)
+typedef struct tri__kv_policy_ops tri__kv_policy_ops;
+typedef struct tri__mixed_state tri__mixed_state;  // what differs per policy (kv-policy-impl.h)
 
 typedef struct tri__kv_policy {
     tri__kv_policy_params p;
@@ -171,10 +172,12 @@ typedef struct tri__kv_policy {
     double mass_sum;          // sum over (layer, KV head, query) of the full-attention mass the view
                               // holds, as a fraction of the group's total
     int64_t mass_n;           // terms in mass_sum
+    tri__mixed_state *mixed;  // FULL with kv_type mixed (policy-mixed.c): the f16 sinks and window
 } tri__kv_policy;
 
-// A policy over a new store of capacity positions of type kv_type (F16/F32) in be's memory, for
-// steps of at most max_step tokens. Checks params first. Free with tri__kv_policy_free.
+// A policy over a new store of capacity positions of type kv_type (F16/F32; for FULL also Q8_0,
+// Q4_0 and TRI_DTYPE_KV_MIXED: a q4_0 store with the sinks and the recent window in f16 as well,
+// policy-mixed.c) in be's memory, for steps of at most max_step tokens. Checks params first. Free with tri__kv_policy_free.
 tri_status tri__kv_policy_init(tri__kv_policy *p, const tri__kv_policy_params *params, tri__backend *be,
                                tri_dtype kv_type, int32_t n_layer, int32_t n_head, int32_t n_head_kv,
                                int32_t head_dim, int32_t capacity, int32_t max_step);

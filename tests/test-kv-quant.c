@@ -203,7 +203,15 @@ typedef struct ref_out {
 
 // llama_ref.py over the HF half of the model at hf, its cache quantized as kv_quant ("" none) with
 // the keys' elements in order ("hf" or "gguf") while quantized.
+static void reference_opts(ref_out *r, const char *hf, const char *kv_quant, const char *order, const char *tag,
+                           const char *opts);
 static void reference(ref_out *r, const char *hf, const char *kv_quant, const char *order, const char *tag) {
+    reference_opts(r, hf, kv_quant, order, tag, "");
+}
+
+// The same with more options of llama_ref.py (opts: "--kv-mixed S,W --batch B").
+static void reference_opts(ref_out *r, const char *hf, const char *kv_quant, const char *order, const char *tag,
+                           const char *opts) {
     const char *py = getenv("TRI_TEST_PYTHON"), *src = getenv("TRI_TEST_SRC");
     cr_assert(py && src, "TRI_TEST_PYTHON, TRI_TEST_SRC: run through meson test");
     char name[128], out[4096], gout[4096], cmd[16384], toks[512];
@@ -216,8 +224,8 @@ static void reference(ref_out *r, const char *hf, const char *kv_quant, const ch
         len += snprintf(toks + len, sizeof toks - (size_t)len, "%s%d", i ? "," : "", prompt[i]);
     snprintf(cmd, sizeof cmd,
              "'%s' '%s/reference/llama_ref.py' --model '%s' --tokens %s --out '%s' --greedy %d --kv-quant-order %s "
-             "%s%s > '%s'",
-             py, src, hf, toks, out, N_GEN, order, *kv_quant ? "--kv-quant " : "", kv_quant, gout);
+             "%s%s %s > '%s'",
+             py, src, hf, toks, out, N_GEN, order, *kv_quant ? "--kv-quant " : "", kv_quant, opts, gout);
     cr_assert_eq(run(cmd), 0, "reference failed: %s", cmd);
     size_t n;
     r->logits = tt_read_file(out, &n);
@@ -326,6 +334,63 @@ Test(kv_quant, q4_0_cache_is_the_reference_with_a_q4_0_cache, .timeout = TT_TIME
     check_model(TRI_DTYPE_Q4_0, "kvq4", "--dtype f32 --heads 4 --kv-heads 4 --head-dim 64 --layers 3");
 }
 
+// ---- kv_type mixed: f16 sinks and window, q4_0 rows between ----
+
+// Our prompt logits (passes of 4 tokens) and greedy tokens with kv_type mixed: 2 sinks and a window
+// of 4 in f16 (kv_budget 6), or with plain kv_type type when not mixed.
+static void ours_mixed(const char *gguf, tri_dtype type, float *logits, int32_t n_vocab, int32_t *greedy) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gguf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_params sp = tri_session_default_params();
+    sp.kv_type = type;
+    sp.n_ctx = 64;
+    sp.n_batch = 4;
+    if (type == TRI_DTYPE_KV_MIXED) sp.kv_sink = 2, sp.kv_budget = 6;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_eval(s, prompt, N_PROMPT, true), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int i = 0; i < N_PROMPT; i++)
+        memcpy(logits + (int64_t)i * n_vocab, tri_session_logits(s, i), sizeof(float) * (size_t)n_vocab);
+    tri_session_free(s);
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    int32_t *w = greedy;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = N_GEN;
+    gp.stop_at_eos = false;
+    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, collect, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_free(s);
+    tri_model_free(m);
+}
+
+// kv_type mixed is the reference model whose cache holds every row in q4_0 and the sinks and the
+// recent window before each pass in f16 as well (llama_ref.py --kv-mixed 2,4, the prompt in passes
+// of 4 as ours): logits within f32 rounding, greedy tokens equal; and measurably neither the
+// model with an f16-rounded cache nor the one with a q4_0 cache.
+Test(kv_quant, mixed_cache_is_the_reference_with_f16_sinks_and_window, .timeout = TT_TIMEOUT(120)) {
+    tt_need_fixtures("kv-quant");
+    char gguf[4096], hf[4096];
+    snprintf(gguf, sizeof gguf, "%s", tt_gen_model("kvqm", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 32 "
+                                                          "--layers 3"));
+    snprintf(hf, sizeof hf, "%.*s.hf", (int)(strlen(gguf) - 5), gguf);
+    ref_out rm, r4;
+    reference_opts(&rm, hf, "", "gguf", "kvqm", "--kv-mixed 2,4 --batch 4");
+    reference_opts(&r4, hf, "q4_0", "gguf", "kvqm", "--batch 4");
+    int32_t nv = rm.n_vocab, g[N_GEN], g16[N_GEN];
+    float *l = malloc(sizeof(float) * (size_t)N_PROMPT * (size_t)nv);
+    float *l16 = malloc(sizeof(float) * (size_t)N_PROMPT * (size_t)nv);
+    ours_mixed(gguf, TRI_DTYPE_KV_MIXED, l, nv, g);
+    ours_mixed(gguf, TRI_DTYPE_F16, l16, nv, g16);
+    double dm = max_diff(l, &rm), d4 = max_diff(l, &r4), d16 = 0;
+    for (int64_t i = 0; i < (int64_t)N_PROMPT * nv; i++) d16 = fmax(d16, fabs((double)l[i] - (double)l16[i]));
+    cr_log_info("mixed: logits vs the mixed reference %.2e, vs q4_0's %.2e, vs our f16 cache %.2e", dm, d4, d16);
+    for (int i = 0; i < N_GEN; i++)
+        cr_assert_eq(g[i], rm.greedy[i], "mixed cache: greedy token %d: %d, the reference's %d", i, g[i], rm.greedy[i]);
+    cr_assert(dm <= 1e-5, "mixed: logits %.3e from the reference with a mixed cache", dm);
+    cr_assert(d4 > 4 * dm && d16 > 4 * dm, "mixed: should be measurably nearer its own reference (%.2e) than "
+              "q4_0's (%.2e) and f16's (%.2e)", dm, d4, d16);
+    free(l), free(l16), free(rm.logits), free(r4.logits);
+}
+
 // ---- refusals ----
 
 static void expect_refused(const tri_model *m, const tri_session_params *sp, const char *want) {
@@ -360,6 +425,26 @@ Test(kv_quant, refusals_name_kv_type) {
     cr_assert(!spec && strstr(tri_last_error(), "kv_type q8_0"), "%s", tri_last_error());
     tri_session *s = NULL;
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());  // the full cache: fine
+    tri_session_free(s);
+    // kv_type mixed: the full cache in backend memory, sinks inside its f16 tokens, no speculative
+    // levels, no prompt cache file
+    sp.kv_type = TRI_DTYPE_KV_MIXED;
+    sp.kv_layers_offloaded = 1;
+    expect_refused(m, &sp, "kv_type mixed");
+    sp.kv_layers_offloaded = 0;
+    sp.kv_policy = TRI_KV_POLICY_H2O;
+    sp.kv_budget = 64;
+    expect_refused(m, &sp, "kv_type mixed");
+    sp.kv_policy = TRI_KV_POLICY_FULL;
+    sp.kv_sink = 64;
+    expect_refused(m, &sp, "kv_sink 64 must be < kv_budget 64");
+    sp.kv_sink = 0;
+    cr_assert_neq(tri_spec_create(m, &sp, &pp, &spec), TRI_STATUS_OK);
+    cr_assert(!spec && strstr(tri_last_error(), "kv_type mixed"), "%s", tri_last_error());
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_eval(s, prompt, N_PROMPT, false), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_neq(tri_session_save_prompt(s, tt_tmp("kvq-mixed.cache"), prompt, N_PROMPT, NULL), TRI_STATUS_OK);
+    cr_assert(strstr(tri_last_error(), "kv_type mixed"), "%s", tri_last_error());
     tri_session_free(s);
     tri_model_free(m);
 

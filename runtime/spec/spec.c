@@ -835,7 +835,8 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
                          sp.n_ctx, sp.n_batch);
     // the levels' caches (retrieval's chunk means, StreamingLLM's window) read f16 or f32 rows
     if (sp.kv_type != TRI_DTYPE_F16 && sp.kv_type != TRI_DTYPE_F32)
-        return tri__fail(sp.kv_type == TRI_DTYPE_Q8_0 || sp.kv_type == TRI_DTYPE_Q4_0 ? TRI_STATUS_UNSUPPORTED
+        return tri__fail(sp.kv_type == TRI_DTYPE_Q8_0 || sp.kv_type == TRI_DTYPE_Q4_0 ||
+                                 sp.kv_type == TRI_DTYPE_KV_MIXED ? TRI_STATUS_UNSUPPORTED
                                                                                      : TRI_STATUS_INVALID_ARGUMENT,
                          "speculative: kv_type %s: speculative modes hold f16 or f32 caches (q8_0 and q4_0: "
                          "autoregressive decoding only)", tri_dtype_name(sp.kv_type));
