@@ -782,7 +782,8 @@ typedef struct tri_spec_params {
     tri_dtype draft_kv_type;        // the draft caches' type: L1's cache (its StreamingLLM or
                                     // full cache) and L2's gathered chunks (its ring of recent
                                     // tokens keeps kv_type): F16, F32, Q8_0 or Q4_0;
-                                    // TRI_DTYPE_COUNT (the default): the session's kv_type. L3
+                                    // TRI_DTYPE_COUNT (the default): Q8_0 on the CPU over an F16
+                                    // session (head_dims multiples of 32), else kv_type. L3
                                     // verifies every token, so a quantized draft cache changes
                                     // acceptance, never the output; a budget left to 0 then holds
                                     // the bytes of 4096 f16 tokens. Q8_0 / Q4_0 need head_dim a
