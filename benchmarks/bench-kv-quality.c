@@ -124,9 +124,10 @@ static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int
     double ppl0 = exp(nll[0] / (n - 1));
     for (int t = 0; t < NT; t++) {
         double ppl = exp(nll[t] / (n - 1));
-        // mixed: its q4_0 rows and, over the n tokens, its 256 f16 rows (sinks and window) besides
+        // mixed: its q4_0 rows and, over the n tokens, its f16 rows besides: 16 sinks, the window of
+        // 240 and two passes (policy-mixed.c)
         double bpv = types[t] == TRI_DTYPE_KV_MIXED
-                         ? (double)tri__dtype_row_bytes(TRI_DTYPE_Q4_0, TRI_QK) / TRI_QK + 2.0 * 256 / n
+                         ? (double)tri__dtype_row_bytes(TRI_DTYPE_Q4_0, TRI_QK) / TRI_QK + 2.0 * (256 + 2 * PASS) / n
                          : (double)tri__dtype_row_bytes(types[t], TRI_QK) / TRI_QK;
         printf("%-6s %11.4f %9.4f %+9.4f %8.4f %9.4f %10.6f %12.2f\n", tri_dtype_name(types[t]), bpv, ppl, ppl - ppl0, top1[t] / n, acc[t] / n,
                kl[t] / n, secs[t] * 1e3 / n);
