@@ -129,7 +129,8 @@ static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int
         double bpv = types[t] == TRI_DTYPE_KV_MIXED
                          ? (double)tri__dtype_row_bytes(TRI_DTYPE_Q4_0, TRI_QK) / TRI_QK + 2.0 * (256 + 2 * PASS) / n
                          : (double)tri__dtype_row_bytes(types[t], TRI_QK) / TRI_QK;
-        printf("%-6s %11.4f %9.4f %+9.4f %8.4f %9.4f %10.6f %12.2f\n", tri_dtype_name(types[t]), bpv, ppl, ppl - ppl0, top1[t] / n, acc[t] / n,
+        printf("%-6s %11.4f %9.4f %+9.4f %8.4f %9.4f %10.6f %12.2f\n", tri_dtype_name(types[t]), bpv, ppl,
+               ppl - ppl0, top1[t] / n, acc[t] / n,
                kl[t] / n, secs[t] * 1e3 / n);
         free(lg[t]);
         tri__kv_policy_free(&pol[t]);

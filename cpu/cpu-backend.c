@@ -854,7 +854,9 @@ static void attn_weight_sums(void *arg, int64_t h0, int64_t h1) {
                     if (kp > jb->q_pos[i]) continue;
                     for (int64_t a = 0; a < g; a++) {
                         int64_t qa = i * n_head + h * g + a;
-                        float sc = attn_dot(jb->kr, tri__kv_span_type(kv, sp), jb->q + qa * hd, sp->k, j, sp->stride, hd) * jb->scale;
+                        float sc = attn_dot(jb->kr, tri__kv_span_type(kv, sp), jb->q + qa * hd, sp->k, j, sp->stride,
+                                            hd) *
+                                   jb->scale;
                         w += (double)(expf(sc - stats[2 * qa]) / stats[2 * qa + 1]);
                     }
                 }

@@ -177,7 +177,8 @@ typedef struct tri__kv_policy {
 
 // A policy over a new store of capacity positions of type kv_type (F16/F32; for FULL also Q8_0,
 // Q4_0 and TRI_DTYPE_KV_MIXED: a q4_0 store with the sinks and the recent window in f16 as well,
-// policy-mixed.c) in be's memory, for steps of at most max_step tokens. Checks params first. Free with tri__kv_policy_free.
+// policy-mixed.c) in be's memory, for steps of at most max_step tokens. Checks params first. Free
+// with tri__kv_policy_free.
 tri_status tri__kv_policy_init(tri__kv_policy *p, const tri__kv_policy_params *params, tri__backend *be,
                                tri_dtype kv_type, int32_t n_layer, int32_t n_head, int32_t n_head_kv,
                                int32_t head_dim, int32_t capacity, int32_t max_step);

@@ -1118,7 +1118,8 @@ static tri_status ret_check(const tri__kv_policy_params *p) {
     if (p->index < TRI_CHUNK_INDEX_EXACT || p->index > TRI_CHUNK_INDEX_FAISS_IVF)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: unknown chunk index %d", (int)p->index);
     if (p->index != TRI_CHUNK_INDEX_EXACT && !tri__chunk_index_have_faiss())
-        return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: FAISS index asked for, but this build has no FAISS");
+        return tri__fail(TRI_STATUS_UNSUPPORTED,
+                         "kv policy retrieval: FAISS index asked for, but this build has no FAISS");
     return TRI_STATUS_OK;
 }
 

@@ -171,8 +171,8 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     s->be = s->group.be[0];
     s->weights = s->group.weights[0];
     if (kv_mixed && strcmp(s->be->ops->name, "cpu") != 0) {  // its views mix two types (backend.h span_types)
-        st = tri__fail(TRI_STATUS_UNSUPPORTED, "session: kv_type mixed is not supported on the %s backend yet (CPU only)",
-                       s->be->ops->name);
+        st = tri__fail(TRI_STATUS_UNSUPPORTED,
+                       "session: kv_type mixed is not supported on the %s backend yet (CPU only)", s->be->ops->name);
         goto fail;
     }
     if (s->group.n > 1 && !(s->peers = calloc((size_t)s->group.n - 1, sizeof *s->peers))) {
