@@ -70,8 +70,11 @@ typedef struct tri__kv_view {
     const tri__kv_span *spans;    // host
     const int32_t *head_span;     // (n_head_kv + 1) host, non-decreasing, head_span[0] == 0
     bool span_types;              // each span's rows are of its own type (span.type), not `type`:
-                                  // a retrieval cache's gathered chunks quantized beside f16 rows
-                                  // (docs/kv-policies.md). CPU only: the other backends refuse it
+                                  // a retrieval cache's gathered chunks quantized beside f16 rows,
+                                  // kv_type mixed's q4_0 rows beside its f16 sinks and window
+                                  // (docs/kv-policies.md). Read by the CPU attention only: the
+                                  // callers (spec.c, session.c) refuse to make such views for any
+                                  // other backend, naming draft_kv_type or kv_type
 } tri__kv_view;
 
 // The type of span s's rows in view v.
