@@ -7,6 +7,7 @@
 // usage: bench-accept MODEL TEXT OUT [--n-prompt N] [--n-gen N] [--threads N] [--gamma1 N]
 //                     [--gamma2 N] [--budget N] [--window N] [--draft-layers LIST] [--temp T]
 //                     [--tree-nodes N,N,...]
+//                     [--draft-kv-type f16|q8_0|q4_0]
 // TEXT: a plain text file (UTF-8); its first --n-prompt tokens (default 1024, CI-sized; the run in
 // docs/benchmarks.md uses 4096) are the prompt, then --n-gen tokens (default 64) are generated at
 // temperature --temp (default 0: greedy, the acceptance of exact greedy verification). L1 is the
@@ -17,10 +18,14 @@
 // "Token trees"), the same prompt prefilled once (the engine rolled back to it between runs), each
 // run's curve written to OUT with "-treeN" before its extension (OUT itself for 0), with the
 // acceptance by depth and sibling rank ("tree" lines).
+// --draft-kv-type: the type of both draft caches' rows (L1's window, L2's gathered chunks; f16 by
+// default); the bytes each holds are printed, so that runs at equal memory give q8_0 / q4_0 the
+// larger --budget and --window that fit the f16 run's bytes.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "spec.h"
 #include "triforce.h"
 
@@ -72,13 +77,15 @@ static void put_level(FILE *f, const char *name, const int64_t *reached, const i
 int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: %s MODEL TEXT OUT [--n-prompt N] [--n-gen N] [--threads N] [--gamma1 N] [--gamma2 N] "
-                        "[--budget N] [--window N] [--draft-layers LIST] [--temp T]\n", argv[0]);
+                        "[--budget N] [--window N] [--draft-layers LIST] [--temp T] [--draft-kv-type T]\n",
+                argv[0]);
         return 2;
     }
     int32_t n_prompt = 1024, n_gen = 64, threads = 2, gamma1 = 2, gamma2 = 16, budget = 256, window = 256;
     const char *layers_arg = "0-11,13,15,17,19,21,23,25,27-29";
     float temp = 0;
     int32_t trees[16] = {0}, n_trees = 1, tree_max = 0;
+    tri_dtype draft_type = TRI_DTYPE_F16;
     for (int i = 4; i < argc; i += 2) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int32_t *dst = !strcmp(k, "--n-prompt") ? &n_prompt : !strcmp(k, "--n-gen") ? &n_gen
@@ -105,6 +112,13 @@ int main(int argc, char **argv) {
                 trees[n_trees++] = (int32_t)x;
                 tree_max = (int32_t)x > tree_max ? (int32_t)x : tree_max;
                 t = *end ? end + 1 : end;
+            }
+        } else if (v && !strcmp(k, "--draft-kv-type")) {
+            draft_type = !strcmp(v, "f16") ? TRI_DTYPE_F16 : !strcmp(v, "q8_0") ? TRI_DTYPE_Q8_0
+                       : !strcmp(v, "q4_0") ? TRI_DTYPE_Q4_0 : TRI_DTYPE_COUNT;
+            if (draft_type == TRI_DTYPE_COUNT) {
+                fprintf(stderr, "bench-accept: --draft-kv-type: want f16, q8_0 or q4_0, not '%s'\n", v);
+                return 2;
             }
         } else if (v && !strcmp(k, "--temp")) {
             temp = (float)atof(v);
@@ -163,6 +177,7 @@ int main(int argc, char **argv) {
     p.budget = budget;
     p.draft_window = window;
     p.tree_nodes = tree_max;
+    p.draft_kv_type = draft_type;
     if (tri_spec_create(m, &sp, &p, &s)) {
         fprintf(stderr, "bench-accept: %s\n", tri_last_error());
         goto done;
@@ -176,6 +191,15 @@ int main(int argc, char **argv) {
     static int64_t tr[(TRI__SPEC_MAX_DEPTH + 1) * R1], ta[(TRI__SPEC_MAX_DEPTH + 1) * R1];
     int64_t r1[TRI__SPEC_MAX_DEPTH + 1], a1[TRI__SPEC_MAX_DEPTH + 1], r2[TRI__SPEC_MAX_DEPTH + 1],
         a2[TRI__SPEC_MAX_DEPTH + 1], b1[2][TRI__SPEC_MAX_DEPTH + 1], b2[2][TRI__SPEC_MAX_DEPTH + 1];
+    // the draft caches' rows: L2's gathered keys and values per layer, L1's window (its layers)
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    const tri_model_config *c = &info.config;
+    const int64_t row = 2 * tri__dtype_row_bytes(draft_type, c->head_dim) * c->n_head_kv;
+    const double l2_mib = (double)budget * (double)row * c->n_layer / 1048576.0;
+    const double l1_mib = (double)window * (double)row * n_layers / 1048576.0;
+    printf("draft caches %s: L2 %d tokens (%.2f MiB), L1 %d (%.2f MiB)\n", tri_dtype_name(draft_type), budget, l2_mib,
+           window, l1_mib);
     const char *base = strrchr(argv[2], '/');
     for (int t = 0; t < n_trees; t++) {
         tri__spec_set_tree_nodes(s, trees[t]);
@@ -213,9 +237,10 @@ int main(int argc, char **argv) {
         fprintf(f,
                 "# triforce acceptance curve\n# bench-accept: %s, text %s, prompt %d tokens, %d generated, "
                 "temperature %.2f\n# L1 self-draft layers %s over a %d-token StreamingLLM cache, L2 retrieval "
-                "budget %d, gamma1 %d, gamma2 %d, tree of %d nodes\n",
+                "budget %d, gamma1 %d, gamma2 %d, tree of %d nodes, draft caches %s\n",
                 strrchr(argv[1], '/') ? strrchr(argv[1], '/') + 1 : argv[1], base ? base + 1 : argv[2], n_prompt,
-                st.n_generated, temp, layers_arg, window, budget, gamma1, gamma2, trees[t]);
+                st.n_generated, temp, layers_arg, window, budget, gamma1, gamma2, trees[t],
+                tri_dtype_name(draft_type));
         fprintf(f, "gamma1 %d\ngamma2 %d\ntokens_per_l3 %.4f\n", gamma1, gamma2, tpp);
         if (trees[t] > 0) fprintf(f, "tree_nodes %d\n", trees[t]);
         printf(

@@ -6,7 +6,7 @@
 // usage: bench-kv-quality MODEL.gguf IDS.txt [context 2048] [positions 64] [budgets 128,256,512,1024]
 //                         [threads 0]
 //        bench-kv-quality MODEL.gguf IDS.txt CONTEXT 0 types [threads 0]
-// The second form compares the KV cache's types (f16, q8_0, q4_0: full cache) over the first
+// The second form compares the KV cache's types (f16, q8_0, q4_0, mixed: full cache) over the first
 // CONTEXT tokens of the text, every position scored (kv_types below).
 // IDS.txt: token ids, one per line (scripts/tokenize-gguf.py). The first `context` ids are the
 // prompt; the next `positions` are fed one by one (teacher forcing) and compared.
@@ -79,8 +79,9 @@ static void run(tri__llama *ll, const tri_model *m, tri__kv_policy_params *pp, c
 // of the f16 cache: top-1 agreement, accept = sum_x min(p, q), KL(p || q), and the perplexity of
 // the text's next tokens under each.
 static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int32_t n) {
-    enum { NT = 3, PASS = 128 };
-    const tri_dtype types[NT] = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    enum { NT = 4, PASS = 128 };
+    // mixed: q4_0 with 16 sinks and a window of 240 before each pass in f16 too (policy-mixed.c)
+    const tri_dtype types[NT] = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0, TRI_DTYPE_KV_MIXED};
     const tri_model_config *c = &m->config;
     const int32_t V = c->n_vocab;
     tri__kv_policy pol[NT];
@@ -123,8 +124,13 @@ static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int
     double ppl0 = exp(nll[0] / (n - 1));
     for (int t = 0; t < NT; t++) {
         double ppl = exp(nll[t] / (n - 1));
-        printf("%-6s %11.4f %9.4f %+9.4f %8.4f %9.4f %10.6f %12.2f\n", tri_dtype_name(types[t]),
-               (double)tri__dtype_row_bytes(types[t], TRI_QK) / TRI_QK, ppl, ppl - ppl0, top1[t] / n, acc[t] / n,
+        // mixed: its q4_0 rows and, over the n tokens, its f16 rows besides: 16 sinks, the window of
+        // 240 and two passes (policy-mixed.c)
+        double bpv = types[t] == TRI_DTYPE_KV_MIXED
+                         ? (double)tri__dtype_row_bytes(TRI_DTYPE_Q4_0, TRI_QK) / TRI_QK + 2.0 * (256 + 2 * PASS) / n
+                         : (double)tri__dtype_row_bytes(types[t], TRI_QK) / TRI_QK;
+        printf("%-6s %11.4f %9.4f %+9.4f %8.4f %9.4f %10.6f %12.2f\n", tri_dtype_name(types[t]), bpv, ppl,
+               ppl - ppl0, top1[t] / n, acc[t] / n,
                kl[t] / n, secs[t] * 1e3 / n);
         free(lg[t]);
         tri__kv_policy_free(&pol[t]);

@@ -401,6 +401,11 @@ bool tri_cli_parse_kv_type(const char *cmd, const char *opt, const char *arg, tr
             return true;
         }
     }
-    fprintf(stderr, "%s: %s '%s': want f16, f32, q8_0 or q4_0\n", cmd, opt, arg);
+    const bool whole = strcmp(opt, "--kv-type") == 0;  // mixed: the whole cache only, not a draft's
+    if (whole && strcmp(arg, "mixed") == 0) {
+        *out = TRI_DTYPE_KV_MIXED;
+        return true;
+    }
+    fprintf(stderr, "%s: %s '%s': want f16, f32, q8_0%s\n", cmd, opt, arg, whole ? ", q4_0 or mixed" : " or q4_0");
     return false;
 }

@@ -60,7 +60,8 @@ static void usage(FILE *f) {
           "      --host-attn-gbps X  host attention GB/s for the planner's split (default: measured\n"
           "                       at start-up when the planner runs on a GPU)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
-          "      --kv-type T      f16 (default), f32, q8_0 or q4_0 KV cache\n"
+          "      --kv-type T      f16 (default), f32, q8_0, q4_0 or mixed KV cache (mixed: q4_0 with\n"
+          "                       the sinks and the recent window in f16 too; --kv-budget, --sink)\n"
           "      --ignore-eos     keep generating after the end-of-sequence token\n"
           "      --ids            print token ids instead of text\n"
           "\n"
@@ -95,7 +96,8 @@ static void usage(FILE *f) {
           "                       --kv retrieval\n"
           "      --draft-window N L1's StreamingLLM cache in tokens, sinks included (default 256)\n"
           "      --draft-sink N   L1's attention sinks (default 16)\n"
-          "      --draft-kv-type T  L1's cache type: f16 (default), f32, q8_0 or q4_0\n"
+          "      --draft-kv-type T  the draft caches' type (L1's cache, L2's gathered chunks): f16,\n"
+          "                       f32, q8_0 or q4_0 (default: q8_0 on the CPU over f16)\n"
           "      --refresh-accept X  L2 selects again when L3 accepts less than X of its tokens over\n"
           "                       4 passes (default 0.5; 0: never)\n"
           "      --stats          print acceptance rates, tokens per full-cache pass and time\n"
@@ -672,10 +674,12 @@ int tri_cli_generate(int argc, char **argv) {
     const bool has_l2 = mode == TRI_SPEC_MODE_RETRIEVAL || mode == TRI_SPEC_MODE_TRIFORCE;
     const bool l1_cache = needs_drafter && ngram == 0;  // the n-gram drafter has no cache
     const tri_kv_policy pol = sp.kv_policy;
+    const bool mixed = sp.kv_type == TRI_DTYPE_KV_MIXED;  // --budget, --sink: its f16 tokens and sinks
     if (!tri_cli_applies("offload-run generate", "--kv", kv_set, plain,
                          "plain decoding; the levels of --spec have their own caches") ||
-        !tri_cli_applies("offload-run generate", "--budget", budget, plain ? pol != TRI_KV_POLICY_FULL : has_l2,
-                         plain ? "--kv streaming, h2o or retrieval (the cache policy is full)"
+        !tri_cli_applies("offload-run generate", "--budget", budget,
+                         plain ? pol != TRI_KV_POLICY_FULL || mixed : has_l2,
+                         plain ? "--kv streaming, h2o or retrieval, or --kv-type mixed (the cache policy is full)"
                                : "L2, the retrieval cache of --spec retrieval and triforce") ||
         !tri_cli_applies("offload-run generate", "--chunk", chunk, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
                          plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
@@ -684,14 +688,15 @@ int tri_cli_generate(int argc, char **argv) {
                          plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
         !tri_cli_applies("offload-run generate", "--refresh", refresh, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
                          plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
-        !tri_cli_applies("offload-run generate", "--sink", sink, plain && pol == TRI_KV_POLICY_STREAMING,
+        !tri_cli_applies("offload-run generate", "--sink", sink, plain && (pol == TRI_KV_POLICY_STREAMING || mixed),
                          plain ? "--kv streaming" : "--kv streaming (L1's sinks are --draft-sink)") ||
         !tri_cli_applies("offload-run generate", "--draft-window", draft_window, l1_cache,
                          "an L1 model or layers (--spec draft or triforce)") ||
         !tri_cli_applies("offload-run generate", "--draft-sink", draft_sink, l1_cache,
                          "an L1 model or layers (--spec draft or triforce)") ||
-        !tri_cli_applies("offload-run generate", "--draft-kv-type", draft_kv_set, l1_cache,
-                         "an L1 model or layers (--spec draft or triforce)") ||
+        !tri_cli_applies("offload-run generate", "--draft-kv-type", draft_kv_set, l1_cache || has_l2,
+                         "a draft cache: an L1 model or layers (--spec draft or triforce), or L2 (--spec "
+                         "retrieval or triforce)") ||
         !tri_cli_applies("offload-run generate", "--gamma1", gamma1, mode == TRI_SPEC_MODE_TRIFORCE,
                          "--spec triforce") ||
         !tri_cli_applies("offload-run generate", "--gamma2", gamma2, !plain, "--spec draft, retrieval or triforce") ||

@@ -161,6 +161,11 @@ int tri_cli_plan(int argc, char **argv) {
         case O_ACC2: ok = parse_rate(opt, optarg, &p.accept_l2); break;
         case O_KV:
             if (!tri_cli_parse_kv_type("offload-run plan", "--kv-type", optarg, &p.kv_type)) return tri_cli_see_help();
+            if (p.kv_type == TRI_DTYPE_KV_MIXED) {  // not streamed: nothing to place
+                fprintf(stderr, "offload-run plan: --kv-type mixed: the planner places f16, f32, q8_0 or q4_0 caches "
+                                "(a mixed cache stays in backend memory: q4_0's bytes plus 512 f16 rows per layer)\n");
+                return 2;
+            }
             break;
         case O_AR: p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE; break;
         case O_HOST_ATTN: ok = parse_real(opt, optarg, &p.host_attn_gbps); break;

@@ -703,11 +703,12 @@ static void attn_chunk(const attn_job *jb, int64_t h, int64_t c, int64_t i0, int
                     kp_max = sp->pos[j0 + j] > kp_max ? sp->pos[j0 + j] : kp_max;
                 }
             if (kp_min > qmax) continue;  // no query sees any key of the block
-            if (kv->type == TRI_DTYPE_F16)
+            const tri_dtype ty = tri__kv_span_type(kv, sp);
+            if (ty == TRI_DTYPE_F16)
                 kr->attn_scores_f16(w->s, ATTN_TILE, w->q, rows, (const uint16_t *)sp->k + j0 * sp->stride, sp->stride,
                                     nk, hd);
-            else if (kv->type != TRI_DTYPE_F32) {  // quantized: the block's keys in f32, then as f32 rows
-                attn_rows_f32(w->kq, kv->type, sp->k, j0, nk, sp->stride, hd);
+            else if (ty != TRI_DTYPE_F32) {  // quantized: the block's keys in f32, then as f32 rows
+                attn_rows_f32(w->kq, ty, sp->k, j0, nk, sp->stride, hd);
                 kr->attn_scores_f32(w->s, ATTN_TILE, w->q, rows, w->kq, hd, nk, hd);
             } else
                 kr->attn_scores_f32(w->s, ATTN_TILE, w->q, rows, (const float *)sp->k + j0 * sp->stride, sp->stride,
@@ -720,11 +721,11 @@ static void attn_chunk(const attn_job *jb, int64_t h, int64_t c, int64_t i0, int
                 if (f != 1.0f && old != -INFINITY)  // (while the max is -inf, acc holds zeros)
                     for (int64_t e = 0; e < hd; e++) w->acc[r * hd + e] *= f;
             }
-            if (kv->type == TRI_DTYPE_F16)
+            if (ty == TRI_DTYPE_F16)
                 kr->attn_accum_f16(w->acc, w->s, ATTN_TILE, rows, (const uint16_t *)sp->v + j0 * sp->stride,
                                    sp->stride, nk, hd);
-            else if (kv->type != TRI_DTYPE_F32) {
-                attn_rows_f32(w->kq, kv->type, sp->v, j0, nk, sp->stride, hd);
+            else if (ty != TRI_DTYPE_F32) {
+                attn_rows_f32(w->kq, ty, sp->v, j0, nk, sp->stride, hd);
                 kr->attn_accum_f32(w->acc, w->s, ATTN_TILE, rows, w->kq, hd, nk, hd);
             } else
                 kr->attn_accum_f32(w->acc, w->s, ATTN_TILE, rows, (const float *)sp->v + j0 * sp->stride, sp->stride,
@@ -799,7 +800,7 @@ static void attn_task(attn_job *jb, int64_t t, attn_scratch *w) {
 static void attn_tasks(void *arg, int64_t t0, int64_t t1) {
     attn_job *jb = arg;
     int64_t rows = jb->qb * jb->g, hd = jb->hd;
-    bool quant = tri__dtype_is_quantized(jb->kv->type);
+    bool quant = tri__dtype_is_quantized(jb->kv->type) || jb->kv->span_types;
     float *base = malloc(sizeof(float) * (size_t)(rows * (3 * hd + ATTN_TILE + 4) + (quant ? ATTN_TILE * hd : 0)));
     if (!base) {
         jb->oom = true;  // benign race: every writer stores true
@@ -860,7 +861,9 @@ static void attn_weight_sums(void *arg, int64_t h0, int64_t h1) {
                     if (!tri__kv_tree_sees(kv->tree, jb->q_pos[i], kp)) continue;
                     for (int64_t a = 0; a < g; a++) {
                         int64_t qa = i * n_head + h * g + a;
-                        float sc = attn_dot(jb->kr, kv->type, jb->q + qa * hd, sp->k, j, sp->stride, hd) * jb->scale;
+                        float sc = attn_dot(jb->kr, tri__kv_span_type(kv, sp), jb->q + qa * hd, sp->k, j, sp->stride,
+                                            hd) *
+                                   jb->scale;
                         w += (double)(expf(sc - stats[2 * qa]) / stats[2 * qa + 1]);
                     }
                 }
@@ -869,6 +872,16 @@ static void attn_weight_sums(void *arg, int64_t h0, int64_t h1) {
             off += sp->n;
         }
     }
+}
+
+// Whether the attention reads keys and values of type ty (quantized: whole blocks per head, no
+// weight sums).
+static tri_status attn_type_ok(tri_dtype ty, int64_t hd, const float *weight_sums) {
+    if (!tri__kv_type_ok(ty)) return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys", tri_dtype_name(ty));
+    if (tri__dtype_is_quantized(ty) && (hd % TRI_QK != 0 || weight_sums))
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys with head_dim %lld%s", tri_dtype_name(ty),
+                         (long long)hd, weight_sums ? " and weight sums (H2O)" : "");
+    return TRI_STATUS_OK;
 }
 
 // The attention op and its two partial forms. out (m, n_head, hd) as the op; or state (m, n_head,
@@ -880,18 +893,17 @@ static tri_status attn_run(tri__backend *be, float *out, float *state, float *ch
                            float *weight_sums) {
     cpu_state *st = cpu_priv(be);
     int64_t nkv = kv->n_head_kv;
-    if (!tri__kv_type_ok(kv->type))
-        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys", tri_dtype_name(kv->type));
-    if (tri__dtype_is_quantized(kv->type) && (hd % TRI_QK != 0 || weight_sums))
-        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys with head_dim %lld%s",
-                         tri_dtype_name(kv->type), (long long)hd, weight_sums ? " and weight sums (H2O)" : "");
     if (nkv <= 0 || n_head <= 0 || n_head % nkv != 0 || hd <= 0 || m < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu attention: %lld heads over %lld KV heads, head_dim %lld",
                          (long long)n_head, (long long)nkv, (long long)hd);
     int64_t n_keys = 0;
+    if (!kv->span_types) TRY(attn_type_ok(kv->type, hd, weight_sums));
+    for (int32_t si = 0; kv->span_types && si < kv->head_span[nkv]; si++)
+        TRY(attn_type_ok(kv->spans[si].type, hd, weight_sums));
     for (int32_t si = 0; si < kv->head_span[nkv]; si++) {
+        const tri_dtype ty = tri__kv_span_type(kv, &kv->spans[si]);
         if (kv->spans[si].n < 0 || (kv->spans[si].n > 0 && kv->spans[si].stride < hd) ||
-            (tri__dtype_is_quantized(kv->type) && kv->spans[si].stride % TRI_QK != 0))
+            (tri__dtype_is_quantized(ty) && kv->spans[si].stride % TRI_QK != 0))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu attention: span %d has %d rows of stride %lld", si,
                              kv->spans[si].n, (long long)kv->spans[si].stride);
         n_keys += kv->spans[si].n;

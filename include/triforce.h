@@ -157,11 +157,14 @@ typedef enum tri_dtype {
     TRI_DTYPE_IQ4_NL = 13, // blocks of 32: f16 scale + 16 bytes of 4-bit indices into a fixed table
                            // of 16 non-uniform levels
     TRI_DTYPE_IQ4_XS = 14, // 4.25 bits: super-blocks of 256, IQ4_NL's 16 levels with a 6-bit scale per 32
-    TRI_DTYPE_COUNT
+    TRI_DTYPE_COUNT,
+    // Not a tensor type: a KV cache of two precisions (tri_session_params.kv_type, --kv-type
+    // mixed, after MiKV): the attention sinks and the recent window in f16, every row in q4_0
+    TRI_DTYPE_KV_MIXED = 64
 } tri_dtype;
 
 // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_K", "q3_K", "q4_K", "q5_K",
-// "q6_K", "iq4_nl", "iq4_xs" (GGML's names), or "?"; static storage.
+// "q6_K", "iq4_nl", "iq4_xs" (GGML's names), "mixed" (TRI_DTYPE_KV_MIXED), or "?"; static storage.
 TRI_API const char *tri_dtype_name(tri_dtype type);
 
 typedef enum tri_file_format {
@@ -523,8 +526,8 @@ typedef struct tri_prompt_cache_stats {
 // call left them (after a prefill: tri_generate_params.on_prefill at done == total is the moment),
 // and the model's identity (docs/formats.md). The FULL policy's cache, offloaded or not, and the
 // RETRIEVAL policy's (which holds every row too): UNSUPPORTED for STREAMING and H2O (their views
-// depend on what ran, not only on the rows) and for a session over several devices. stats may be
-// NULL.
+// depend on what ran, not only on the rows), for kv_type mixed (its f16 rows are not in the
+// format) and for a session over several devices. stats may be NULL.
 TRI_API tri_status tri_session_save_prompt(tri_session *session, const char *path, const int32_t *tokens,
                                            int32_t n_tokens, tri_prompt_cache_stats *stats);
 
@@ -776,12 +779,16 @@ typedef struct tri_spec_params {
     float refresh_accept;           // L2 also selects afresh when L3 accepted less than this
                                     // share of L2's tokens over the last 4 L3 passes since its
                                     // last selection; 0: never; default 0.5
-    tri_dtype draft_kv_type;        // L1's cache type (its StreamingLLM or full cache): F16, F32,
-                                    // Q8_0 or Q4_0; TRI_DTYPE_COUNT (the default): the session's
-                                    // kv_type. L3 verifies every token, so a quantized draft cache
-                                    // changes acceptance, never the output. Q8_0 / Q4_0 need the
-                                    // draft's head_dim a multiple of 32 and the CPU; refused
-                                    // naming draft_kv_type otherwise
+    tri_dtype draft_kv_type;        // the draft caches' type: L1's cache (its StreamingLLM or
+                                    // full cache) and L2's gathered chunks (its ring of recent
+                                    // tokens keeps kv_type): F16, F32, Q8_0 or Q4_0;
+                                    // TRI_DTYPE_COUNT (the default): Q8_0 on the CPU over an F16
+                                    // session (head_dims multiples of 32), else kv_type. L3
+                                    // verifies every token, so a quantized draft cache changes
+                                    // acceptance, never the output; a budget left to 0 then holds
+                                    // the bytes of 4096 f16 tokens. Q8_0 / Q4_0 need head_dim a
+                                    // multiple of 32 and the CPU; refused naming draft_kv_type
+                                    // otherwise
     int32_t tree_nodes;             // L3 verifies a token tree of up to this many drafted tokens
                                     // in one pass: the chain of gamma2 (fewer when tree_nodes is
                                     // smaller) plus siblings at each depth, the drafting level's

@@ -2,7 +2,8 @@
 //
 // kv-policy.c holds the parameters, the life cycle and the step that every policy goes through
 // (begin, layer, observe, commit, abort, truncate, reset, adopt) and the measurement; it calls
-// into the one file of each policy for what differs:
+// through the policy's op table (tri__kv_policy_ops, below) into the one file of each policy for
+// what differs:
 //   policy-full.c       the full cache (and the tap that lets a retrieval cache select during it)
 //   policy-streaming.c  StreamingLLM: sinks and a window, keys rotated by cache position
 //   policy-h2o.c        H2O: heavy hitters and a recent window per (layer, KV head)
@@ -44,65 +45,63 @@ static inline const tri__kv_view *tri__kv_policy_own_view(tri__kv_policy *p) {
     return &p->view;
 }
 
-// ---- policy-full.c ----
+// ---- the op table ----
 
-// Layer il of a FULL step ending at end: stores k and v, returns the store's view, and makes an
-// armed tap's selection for that layer (tri__kv_policy_tap) when the step ends at its length.
-tri_status tri__full_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v, int32_t end,
-                           const tri__kv_view **view);
+// What differs between policies: each policy's file defines one `const tri__kv_policy_ops`, and
+// kv-policy.c reaches a policy only through p->ops (a new policy is one new file and one line in
+// kv-policy.c's table of kinds). Slots marked optional may be NULL. Every slot but free and check
+// is called on a policy whose init succeeded.
+struct tri__kv_policy_ops {
+    const char *name;  // "full", "streaming", ... (tri__kv_policy_name)
+    // Optional: the policy's own parameters, once the budget is known positive and within the
+    // capacity; INVALID_ARGUMENT naming the field.
+    tri_status (*check)(const tri__kv_policy_params *params);
+    // Optional, before the store exists: defaults the policy fills in, and a bounded store's size
+    // (*store_rows, set when smaller than the capacity).
+    tri_status (*setup)(tri__kv_policy *p, int32_t capacity, int32_t *store_rows);
+    // After the store: the view descriptors (tri__kv_policy_common_init) and the policy's state.
+    tri_status (*init)(tri__kv_policy *p);
+    // Optional: frees what init made; also after a failed init (what it made so far).
+    void (*free)(tri__kv_policy *p);
+    // Optional: positions a step may still add (NULL: capacity - len).
+    int32_t (*room)(const tri__kv_policy *p);
+    // Optional: a step of m tokens at n0 (p->step_n0, step_m, rope already set): what its view
+    // will hold; *base (n0 on entry): the cache position of its first query.
+    tri_status (*begin)(tri__kv_policy *p, int32_t n0, int32_t m, int32_t *base);
+    // Layer il of the step ending at end: stores k and v, returns the view (and the weight sums
+    // the attention should fill, or leaves *weight_sums NULL).
+    tri_status (*layer)(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v, int32_t end,
+                        const tri__kv_view **view, float **weight_sums);
+    // Optional: after layer il's attention (reads the weight sums).
+    tri_status (*observe)(tri__kv_policy *p, int32_t il);
+    // Optional: the step succeeded up to end (the policy is aborted if this fails).
+    tri_status (*commit)(tri__kv_policy *p, int32_t end);
+    // Optional: tri__kv_policy_abort, in a step (p->in_step still set) or out of one.
+    void (*abort)(tri__kv_policy *p);
+    // Optional: a rollback to n (checked within [0, len]), before the length moves.
+    tri_status (*truncate)(tri__kv_policy *p, int32_t n);
+    // Optional: forget everything, before the length becomes 0.
+    void (*reset)(tri__kv_policy *p);
+    // Optional: tri__kv_policy_adopt of a policy over borrowed rows (p->src set).
+    tri_status (*adopt_borrowed)(tri__kv_policy *p, tri__kv_store *src, int32_t n);
+    // Optional: whether up to n positions the policy attends to every row, so that rows computed
+    // elsewhere may be adopted or loaded into its store; NULL: never (its rows depend on its view).
+    bool (*attends_fully)(const tri__kv_policy *p, int32_t n);
+    // Optional: after rows len .. n - 1 were adopted or loaded into the store.
+    tri_status (*adopted)(tri__kv_policy *p, int32_t len, int32_t n);
+    // Optional: tri__kv_policy_peek (arguments checked); NULL: its rows cannot be read back.
+    bool (*peek)(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out);
+};
 
-// ---- policy-streaming.c ----
+extern const tri__kv_policy_ops tri__kv_policy_full_ops;       // policy-full.c
+extern const tri__kv_policy_ops tri__kv_policy_streaming_ops;  // policy-streaming.c
+extern const tri__kv_policy_ops tri__kv_policy_h2o_ops;        // policy-h2o.c
+extern const tri__kv_policy_ops tri__kv_policy_retrieval_ops;  // policy-retrieval.c
+extern const tri__kv_policy_ops tri__kv_policy_mixed_ops;      // policy-mixed.c: FULL with kv_type mixed
 
-// Before the store exists: checks the streaming parameters and sizes a bounded store (ring_rows,
-// cap), setting *store_rows when it is smaller than the capacity.
-tri_status tri__streaming_setup(tri__kv_policy *p, int32_t capacity, int32_t *store_rows);
-// After: the scratch of a step's gathered, rotated view.
-tri_status tri__streaming_init(tri__kv_policy *p);
-void tri__streaming_free(tri__kv_policy *p);
-// A step of m tokens at n0: which rows its view gathers; *base: where its queries sit in the cache.
-tri_status tri__streaming_begin(tri__kv_policy *p, int32_t n0, int32_t m, int32_t *base);
-// Stores the step's rows of layer il and returns its view, gathered and rotated by cache position.
-tri_status tri__streaming_layer(tri__kv_policy *p, int32_t il, const float *k, const float *v,
-                                const tri__kv_view **view);
-// Whether a rollback to n finds the rows it needs in a bounded store.
-tri_status tri__streaming_truncate(tri__kv_policy *p, int32_t n);
+// ---- between policy-full.c and policy-retrieval.c (a retrieval cache selecting during the full
+// cache's pass, tri__kv_policy_tap) ----
 
-// ---- policy-h2o.c ----
-
-// Before the store exists: the defaults of recent and history, and a bounded store's size.
-void tri__h2o_setup(tri__kv_policy *p, int32_t capacity, int32_t *store_rows);
-tri_status tri__h2o_init(tri__kv_policy *p);
-void tri__h2o_free(tri__kv_policy *p);
-tri_status tri__h2o_begin(tri__kv_policy *p, int32_t n0, int32_t m);
-tri_status tri__h2o_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
-                          const tri__kv_view **view, float **weight_sums);
-tri_status tri__h2o_observe(tri__kv_policy *p, int32_t il);
-void tri__h2o_commit(tri__kv_policy *p, int32_t end);
-void tri__h2o_abort(tri__kv_policy *p);
-tri_status tri__h2o_truncate(tri__kv_policy *p, int32_t n);
-void tri__h2o_reset(tri__kv_policy *p);
-
-// ---- policy-retrieval.c ----
-
-tri_status tri__ret_init(tri__kv_policy *p);
-void tri__ret_free(tri__kv_policy *p);
-// Layer il of a step ending at end: stores the rows where borrowing (the ring), keeps the step's
-// queries and returns the view (everything before a selection).
-tri_status tri__ret_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
-                          int32_t end, const tri__kv_view **view);
-// Summaries of the chunks completed, and the selection when one is due.
-tri_status tri__ret_commit(tri__kv_policy *p, int32_t end);
-void tri__ret_abort(tri__kv_policy *p);
-tri_status tri__ret_truncate(tri__kv_policy *p, int32_t n);
-void tri__ret_reset(tri__kv_policy *p);
-// Borrowing: tri__kv_policy_adopt. Own store: whether adopting up to n keeps the policy attending
-// fully, and the summaries of the adopted rows (len: the length before).
-tri_status tri__ret_adopt_borrowed(tri__kv_policy *p, tri__kv_store *src, int32_t n);
-bool tri__ret_attends_fully(const tri__kv_policy *p, int32_t n);
-tri_status tri__ret_adopted(tri__kv_policy *p, int32_t len, int32_t n);
-// Borrowing: the own rows left in the ring, and whether a step of m tokens fits it.
-int32_t tri__ret_room(const tri__kv_policy *p);
-tri_status tri__ret_begin(tri__kv_policy *p, int32_t m);
 // The FULL policy's side of a tap: layer il's queries q (m, n_head * head_dim) f32 backend memory of
 // every step n0 .. n0 + m - 1 of the armed pass (the last `queries` positions are kept), one layer
 // of the selection in the step that ends at the tap's length, and its end (ok: the pass succeeded).
@@ -110,7 +109,5 @@ tri_status tri__ret_tap_queries(tri__kv_policy *ret, int32_t il, const float *q,
                                 int32_t n_head);
 tri_status tri__ret_tap_layer(tri__kv_policy *ret, int32_t il, int32_t n_head, const tri__kv_view *view);
 void tri__ret_tap_finish(tri__kv_policy *full, bool ok);
-// tri__kv_policy_peek of a RETRIEVAL policy (arguments checked).
-bool tri__ret_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out);
 
 #endif  // TRI_KV_POLICY_IMPL_H

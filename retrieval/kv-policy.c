@@ -9,14 +9,23 @@
 #include "error.h"
 #include "kv-policy-impl.h"
 
+// The policies, by kind: the one place that names them all.
+static const tri__kv_policy_ops *const policy_ops[] = {
+    [TRI_KV_POLICY_FULL] = &tri__kv_policy_full_ops,
+    [TRI_KV_POLICY_STREAMING] = &tri__kv_policy_streaming_ops,
+    [TRI_KV_POLICY_H2O] = &tri__kv_policy_h2o_ops,
+    [TRI_KV_POLICY_RETRIEVAL] = &tri__kv_policy_retrieval_ops,
+};
+
+// kind's op table, or NULL for an unknown kind.
+static const tri__kv_policy_ops *ops_of(tri_kv_policy kind) {
+    if ((int)kind < 0 || (size_t)kind >= sizeof policy_ops / sizeof *policy_ops) return NULL;
+    return policy_ops[kind];
+}
+
 const char *tri__kv_policy_name(tri_kv_policy kind) {
-    switch (kind) {
-    case TRI_KV_POLICY_FULL: return "full";
-    case TRI_KV_POLICY_STREAMING: return "streaming";
-    case TRI_KV_POLICY_H2O: return "h2o";
-    case TRI_KV_POLICY_RETRIEVAL: return "retrieval";
-    }
-    return "?";
+    const tri__kv_policy_ops *ops = ops_of(kind);
+    return ops ? ops->name : "?";
 }
 
 tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t capacity) {
@@ -47,7 +56,7 @@ void tri__kv_policy_cover(tri__kv_policy_params *p, int32_t capacity) {
 
 tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity) {
     const char *name = tri__kv_policy_name(p->kind);
-    if (p->kind < TRI_KV_POLICY_FULL || p->kind > TRI_KV_POLICY_RETRIEVAL)
+    if (!ops_of(p->kind))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: unknown policy %d", (int)p->kind);
     if (p->kind == TRI_KV_POLICY_FULL) return TRI_STATUS_OK;
     if (p->budget <= 0)
@@ -55,58 +64,14 @@ tri_status tri__kv_policy_check(const tri__kv_policy_params *p, int32_t capacity
     if (p->budget > capacity)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy %s: budget %d is larger than the context (%d positions)",
                          name, p->budget, capacity);
-    switch (p->kind) {
-    case TRI_KV_POLICY_STREAMING:
-        if (p->sink < 0 || p->sink >= p->budget)
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
-                             "kv policy streaming: sink %d must be in [0, budget %d) to leave room for recent tokens",
-                             p->sink, p->budget);
-        break;
-    case TRI_KV_POLICY_H2O:
-        if (p->recent < 0 || p->recent >= p->budget)
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
-                             "kv policy h2o: recent window %d must be in [0, budget %d) to leave room for heavy hitters",
-                             p->recent, p->budget);
-        if (p->history < 0)
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy h2o: history %d must be >= 0", p->history);
-        break;
-    case TRI_KV_POLICY_RETRIEVAL:
-        if (p->chunk <= 0)
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: chunk size %d must be positive", p->chunk);
-        if (p->chunk > p->budget || p->budget % p->chunk != 0)
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
-                             "kv policy retrieval: chunk size %d must divide the budget %d (whole chunks are kept)",
-                             p->chunk, p->budget);
-        if (p->refresh < 0)
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: refresh interval %d must be >= 0",
-                             p->refresh);
-        if (p->group < TRI__KV_GROUP_SUM || p->group > TRI__KV_GROUP_SOFTMAX)
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: unknown group scoring %d", (int)p->group);
-        if (p->window < 0)
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: recent window %d must be >= 0",
-                             p->window);
-        if (p->queries < 0)
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: queries %d must be >= 0", p->queries);
-        if (p->follow < 0)
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: follow %d must be >= 0", p->follow);
-        if (p->oracle && (p->bound || p->bound_layers))
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: the oracle reads keys, not bounds");
-        if (p->index < TRI_CHUNK_INDEX_EXACT || p->index > TRI_CHUNK_INDEX_FAISS_IVF)
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: unknown chunk index %d", (int)p->index);
-        if (p->index != TRI_CHUNK_INDEX_EXACT && !tri__chunk_index_have_faiss())
-            return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: FAISS index asked for, but this build has no FAISS");
-        break;
-    default: break;
-    }
-    return TRI_STATUS_OK;
+    const tri__kv_policy_ops *ops = ops_of(p->kind);
+    return ops->check ? ops->check(p) : TRI_STATUS_OK;
 }
 
 // ---- life cycle ----
 
 void tri__kv_policy_free(tri__kv_policy *p) {
-    if (p->h2o) tri__h2o_free(p);
-    if (p->ret) tri__ret_free(p);
-    tri__streaming_free(p);
+    if (p->ops && p->ops->free) p->ops->free(p);
     if (p->be) {
         p->be->ops->free(p->be, p->m_ws);
         p->be->ops->free(p->be, p->m_out);
@@ -144,7 +109,13 @@ tri_status tri__kv_policy_init(tri__kv_policy *p, const tri__kv_policy_params *p
     if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0 || max_step <= 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: %d heads over %d KV heads, steps of %d", n_head,
                          n_head_kv, max_step);
+    const bool mixed = kv_type == TRI_DTYPE_KV_MIXED;
+    if (mixed && (params->kind != TRI_KV_POLICY_FULL || head_dim % TRI_QK != 0))
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "kv_type mixed: the full cache with head_dim a multiple of %d only "
+                         "(policy %s, head_dim %d)", TRI_QK, tri__kv_policy_name(params->kind), head_dim);
     p->p = *params;
+    p->ops = mixed ? &tri__kv_policy_mixed_ops : ops_of(params->kind);
+    if (mixed) kv_type = TRI_DTYPE_Q4_0;  // every position; the f16 rows are the policy's
     p->be = be;
     p->n_layer = n_layer;
     p->n_head = n_head;
@@ -152,29 +123,10 @@ tri_status tri__kv_policy_init(tri__kv_policy *p, const tri__kv_policy_params *p
     p->head_dim = head_dim;
     p->max_step = max_step;
     int32_t store_rows = capacity;
-    if (p->p.kind == TRI_KV_POLICY_STREAMING && (st = tri__streaming_setup(p, capacity, &store_rows))) goto fail;
-    if (p->p.kind == TRI_KV_POLICY_H2O) tri__h2o_setup(p, capacity, &store_rows);
+    if (p->ops->setup && (st = p->ops->setup(p, capacity, &store_rows))) goto fail;
     if ((st = tri__kv_store_init(&p->own, be, kv_type, n_layer, n_head_kv, head_dim, store_rows))) goto fail;
     p->kv = &p->own;
-    switch (p->p.kind) {
-    case TRI_KV_POLICY_FULL:
-        if ((st = tri__kv_policy_common_init(p, 1))) goto fail;
-        break;
-    case TRI_KV_POLICY_STREAMING:
-        if ((st = tri__kv_policy_common_init(p, 1))) goto fail;
-        if ((st = tri__streaming_init(p))) goto fail;
-        break;
-    case TRI_KV_POLICY_H2O:
-        // one span per run of kept positions: at most one per kept row, plus the step's tokens
-        if ((st = tri__kv_policy_common_init(p, p->p.budget + 1))) goto fail;
-        if ((st = tri__h2o_init(p))) goto fail;
-        break;
-    case TRI_KV_POLICY_RETRIEVAL:
-        // one span per selected chunk, plus the tokens since the selection
-        if ((st = tri__kv_policy_common_init(p, p->p.budget / p->p.chunk + 1))) goto fail;
-        if ((st = tri__ret_init(p))) goto fail;
-        break;
-    }
+    if ((st = p->ops->init(p))) goto fail;
     return TRI_STATUS_OK;
 fail:
     tri__kv_policy_free(p);
@@ -182,7 +134,7 @@ fail:
 }
 
 int32_t tri__kv_policy_room(const tri__kv_policy *p) {
-    if (p->src) return tri__ret_room(p);
+    if (p->ops->room) return p->ops->room(p);
     return tri__kv_policy_capacity(p) - tri__kv_policy_len(p);
 }
 
@@ -194,13 +146,11 @@ tri_status tri__kv_policy_begin(tri__kv_policy *p, int32_t m, const tri__rope *r
     if (m <= 0 || m > p->max_step || n0 > cap - m)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: step of %d tokens after %d (steps of at most %d, capacity %d)",
                          m, n0, p->max_step, cap);
-    if (p->src) TRY(tri__ret_begin(p, m));
     p->step_n0 = n0;
     p->step_m = m;
     p->rope = rope;
     int32_t base = n0;
-    if (p->p.kind == TRI_KV_POLICY_STREAMING) TRY(tri__streaming_begin(p, n0, m, &base));
-    if (p->h2o) TRY(tri__h2o_begin(p, n0, m));
+    if (p->ops->begin) TRY(p->ops->begin(p, n0, m, &base));
     for (int32_t i = 0; i < m; i++) q_pos[i] = base + i;
     p->in_step = true;
     return TRI_STATUS_OK;
@@ -213,12 +163,7 @@ tri_status tri__kv_policy_layer(tri__kv_policy *p, int32_t il, const float *q, c
     TRI_ASSERT(p->in_step && il >= 0 && il < p->n_layer);
     const int32_t end = p->step_n0 + p->step_m;
     *weight_sums = NULL;
-    switch (p->p.kind) {
-    case TRI_KV_POLICY_FULL: TRY(tri__full_layer(p, il, q, k, v, end, view)); break;
-    case TRI_KV_POLICY_STREAMING: TRY(tri__streaming_layer(p, il, k, v, view)); break;
-    case TRI_KV_POLICY_H2O: TRY(tri__h2o_layer(p, il, q, k, v, view, weight_sums)); break;
-    case TRI_KV_POLICY_RETRIEVAL: TRY(tri__ret_layer(p, il, q, k, v, end, view)); break;
-    }
+    TRY(p->ops->layer(p, il, q, k, v, end, view, weight_sums));
     if (p->measure && p->step_m == 1) TRY(measure_layer(p, il, q, *view));
     return TRI_STATUS_OK;
 }
@@ -302,15 +247,14 @@ static tri_status measure_layer(tri__kv_policy *p, int32_t il, const float *q, c
 }
 
 tri_status tri__kv_policy_observe(tri__kv_policy *p, int32_t il) {
-    return p->h2o ? tri__h2o_observe(p, il) : TRI_STATUS_OK;
+    return p->ops->observe ? p->ops->observe(p, il) : TRI_STATUS_OK;
 }
 
 tri_status tri__kv_policy_commit(tri__kv_policy *p) {
     TRI_ASSERT(p->in_step);
     int32_t end = p->step_n0 + p->step_m;
     tri_status st = TRI_STATUS_OK;
-    if (p->h2o) tri__h2o_commit(p, end);
-    if (p->ret && (st = tri__ret_commit(p, end))) {
+    if (p->ops->commit && (st = p->ops->commit(p, end))) {
         tri__kv_policy_abort(p);
         return st;
     }
@@ -323,16 +267,13 @@ tri_status tri__kv_policy_commit(tri__kv_policy *p) {
 }
 
 void tri__kv_policy_abort(tri__kv_policy *p) {
-    if (p->tap) tri__ret_tap_finish(p, false);
-    if (!p->in_step) return;
+    if (p->ops->abort) p->ops->abort(p);
     p->in_step = false;
-    if (p->h2o) tri__h2o_abort(p);
-    if (p->ret) tri__ret_abort(p);
 }
 
 tri_status tri__kv_policy_adopt(tri__kv_policy *p, tri__kv_store *src, int32_t n) {
     TRI_ASSERT(!p->in_step);
-    if (p->src) return tri__ret_adopt_borrowed(p, src, n);
+    if (p->src) return p->ops->adopt_borrowed(p, src, n);
     if (p->cap)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy %s: rows computed over its own view cannot be adopted",
                          tri__kv_policy_name(p->p.kind));
@@ -340,27 +281,26 @@ tri_status tri__kv_policy_adopt(tri__kv_policy *p, tri__kv_store *src, int32_t n
     if (n < len || n > src->n || n > p->kv->capacity)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: adopt to %d from %d (source holds %d)", n, len,
                          src->n);
-    bool full_attention = p->p.kind == TRI_KV_POLICY_FULL ||
-                          (p->p.kind == TRI_KV_POLICY_RETRIEVAL && tri__ret_attends_fully(p, n));
-    if (!full_attention)
+    if (!p->ops->attends_fully || !p->ops->attends_fully(p, n))
         return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy %s: rows computed over its own view cannot be adopted",
                          tri__kv_policy_name(p->p.kind));
     tri_status st = tri__kv_store_copy_rows(p->kv, src, len, n - len);
-    if (!st && p->ret) st = tri__ret_adopted(p, len, n);
+    if (!st && p->ops->adopted) st = p->ops->adopted(p, len, n);
     return st ? st : tri__kv_store_set_len(p->kv, n);
 }
 
 tri_status tri__kv_policy_loaded(tri__kv_policy *p, int32_t n) {
     TRI_ASSERT(!p->in_step);
-    if (p->src || p->cap || (p->p.kind != TRI_KV_POLICY_FULL && p->p.kind != TRI_KV_POLICY_RETRIEVAL))
+    if (p->src || p->cap || !p->ops->attends_fully)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy %s: rows cannot be loaded into it",
                          tri__kv_policy_name(p->p.kind));
     if (p->kv->n != 0 || n < 0 || n > p->kv->capacity)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: load of %d rows into a cache of %d holding %d", n,
                          p->kv->capacity, p->kv->n);
-    if (p->ret && !tri__ret_attends_fully(p, n))
-        return tri__fail(TRI_STATUS_INTERNAL, "kv policy retrieval: a selection is due in an empty cache");
-    tri_status st = p->ret ? tri__ret_adopted(p, 0, n) : TRI_STATUS_OK;
+    if (!p->ops->attends_fully(p, n))
+        return tri__fail(TRI_STATUS_INTERNAL, "kv policy %s: a selection is due in an empty cache",
+                         tri__kv_policy_name(p->p.kind));
+    tri_status st = p->ops->adopted ? p->ops->adopted(p, 0, n) : TRI_STATUS_OK;
     return st ? st : tri__kv_store_set_len(p->kv, n);
 }
 
@@ -369,14 +309,8 @@ tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n) {
     int32_t len = tri__kv_policy_len(p);
     if (n < 0 || n > len)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy: truncate to %d outside [0, %d]", n, len);
-    if (p->ring_rows) {
-        TRY(tri__streaming_truncate(p, n));
-        p->len = n;
-        return TRI_STATUS_OK;
-    }
-    if (p->h2o) TRY(tri__h2o_truncate(p, n));
-    if (p->ret) TRY(tri__ret_truncate(p, n));
-    if (p->cap) {
+    if (p->ops->truncate) TRY(p->ops->truncate(p, n));
+    if (p->cap) {  // a bounded store (STREAMING's ring among them)
         p->len = n;
         return TRI_STATUS_OK;
     }
@@ -385,8 +319,7 @@ tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n) {
 
 void tri__kv_policy_reset(tri__kv_policy *p) {
     p->in_step = false;
-    if (p->h2o) tri__h2o_reset(p);
-    if (p->ret) tri__ret_reset(p);
+    if (p->ops->reset) p->ops->reset(p);
     p->kv->n = 0;
     p->len = 0;
     p->hw = 0;
@@ -405,8 +338,7 @@ bool tri__kv_policy_peek_store(tri__kv_store *kv, int32_t il, int32_t h, int32_t
 
 bool tri__kv_policy_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out) {
     if (il < 0 || il >= p->n_layer || h < 0 || h >= p->n_head_kv || pos < 0 || pos >= tri__kv_policy_len(p) ||
-        (p->p.kind != TRI_KV_POLICY_FULL && p->p.kind != TRI_KV_POLICY_RETRIEVAL))
+        !p->ops->peek)
         return false;
-    if (p->ret) return tri__ret_peek(p, il, h, pos, which, out);
-    return tri__kv_policy_peek_store(p->kv, il, h, pos, which, out);
+    return p->ops->peek(p, il, h, pos, which, out);
 }

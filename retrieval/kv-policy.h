@@ -79,6 +79,10 @@ typedef struct tri__kv_policy_params {
     uint64_t bound_layers; // RETRIEVAL, an experiment (bench-table1 :boundA-B): bit il set, layer
                           // il summarises its chunks by bounds as `bound` does for every layer
                           // (layers past 63: bit 63); 0: none
+    tri_dtype gather_type; // RETRIEVAL over borrowed rows (a draft cache: L3 verifies its tokens):
+                          // Q8_0 or Q4_0 stores the gathered chunks' rows quantized (the ring of
+                          // its own tokens keeps the source's type; its views then carry span
+                          // types, backend.h; CPU only); anything else (0): the source's type
 } tri__kv_policy_params;
 
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: the first
@@ -105,9 +109,12 @@ tri_status tri__kv_policy_check(const tri__kv_policy_params *params, int32_t cap
 
 typedef struct tri__h2o_state tri__h2o_state;
 typedef struct tri__retrieval_state tri__retrieval_state;
+typedef struct tri__kv_policy_ops tri__kv_policy_ops;
+typedef struct tri__mixed_state tri__mixed_state;  // what differs per policy (kv-policy-impl.h)
 
 typedef struct tri__kv_policy {
     tri__kv_policy_params p;
+    const tri__kv_policy_ops *ops;  // the policy's own file's table, by p.kind
     tri__kv_store own;        // the keys and values, unless wrapping an outside store
     tri__kv_store *kv;        // &own, or the wrapped store (tri__kv_policy_wrap_full)
     tri__backend *be;         // not owned
@@ -165,10 +172,13 @@ typedef struct tri__kv_policy {
     double mass_sum;          // sum over (layer, KV head, query) of the full-attention mass the view
                               // holds, as a fraction of the group's total
     int64_t mass_n;           // terms in mass_sum
+    tri__mixed_state *mixed;  // FULL with kv_type mixed (policy-mixed.c): the f16 sinks and window
 } tri__kv_policy;
 
-// A policy over a new store of capacity positions of type kv_type (F16/F32) in be's memory, for
-// steps of at most max_step tokens. Checks params first. Free with tri__kv_policy_free.
+// A policy over a new store of capacity positions of type kv_type (F16/F32; for FULL also Q8_0,
+// Q4_0 and TRI_DTYPE_KV_MIXED: a q4_0 store with the sinks and the recent window in f16 as well,
+// policy-mixed.c) in be's memory, for steps of at most max_step tokens. Checks params first. Free
+// with tri__kv_policy_free.
 tri_status tri__kv_policy_init(tri__kv_policy *p, const tri__kv_policy_params *params, tri__backend *be,
                                tri_dtype kv_type, int32_t n_layer, int32_t n_head, int32_t n_head_kv,
                                int32_t head_dim, int32_t capacity, int32_t max_step);
@@ -342,9 +352,9 @@ static inline int32_t tri__kv_policy_window_chunks(const tri__kv_policy *p) {
 int32_t tri__kv_policy_mass_choice(const tri__kv_policy *p, const double *mass, int32_t n_chunks, int32_t *ids);
 // FULL and RETRIEVAL: copies the keys (which 0) or values (which 1) of position pos that layer il,
 // KV head h attends to now (from a selected chunk, the tokens since, the own store or, borrowing,
-// src, its gathered rows or its ring) into out (head_dim values of the cache type). Returns false
-// when the position is not in the current view (an unselected chunk, past the length) or on a
-// copy failure. Synchronizes the backend.
+// src, its gathered rows or its ring) into out (head_dim values of the cache type; gathered rows of
+// a quantized gather_type: one row of that type). Returns false when the position is not in the
+// current view (an unselected chunk, past the length) or on a copy failure. Synchronizes the backend.
 bool tri__kv_policy_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out);
 // H2O: the positions layer il, KV head h keeps, ascending, into pos (capacity budget + max_step);
 // returns their count.

@@ -47,7 +47,7 @@ struct tri__h2o_state {
 
 // ---- life cycle ----
 
-void tri__h2o_free(tri__kv_policy *p) {
+static void h2o_free(tri__kv_policy *p) {
     tri__h2o_state *s = p->h2o;
     if (!s) return;
     free(s->cnt);
@@ -79,8 +79,10 @@ void tri__h2o_free(tri__kv_policy *p) {
     p->h2o = NULL;
 }
 
-tri_status tri__h2o_init(tri__kv_policy *p) {
+static tri_status h2o_init(tri__kv_policy *p) {
     tri_status st = TRI_STATUS_OK;
+    // one span per run of kept positions: at most one per kept row, plus the step's tokens
+    TRY(tri__kv_policy_common_init(p, p->p.budget + 1));
     tri__h2o_state *s = calloc(1, sizeof *s);
     if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy h2o");
     p->h2o = s;
@@ -362,7 +364,7 @@ static tri_status h2o_place(tri__kv_policy *p, int32_t n0, int32_t m) {
     return TRI_STATUS_OK;
 }
 
-tri_status tri__h2o_truncate(tri__kv_policy *p, int32_t n) {
+static tri_status h2o_truncate(tri__kv_policy *p, int32_t n) {
     tri__h2o_state *s = p->h2o;
     int32_t len = tri__kv_policy_len(p);
     if (n == len) return TRI_STATUS_OK;
@@ -384,9 +386,20 @@ tri_status tri__h2o_truncate(tri__kv_policy *p, int32_t n) {
     return TRI_STATUS_OK;
 }
 
-// ---- the hooks of kv-policy.c ----
+// ---- the op table ----
 
-void tri__h2o_setup(tri__kv_policy *p, int32_t capacity, int32_t *store_rows) {
+static tri_status h2o_check(const tri__kv_policy_params *p) {
+    if (p->recent < 0 || p->recent >= p->budget)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "kv policy h2o: recent window %d must be in [0, budget %d) to leave room for heavy hitters",
+                         p->recent, p->budget);
+    if (p->history < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy h2o: history %d must be >= 0", p->history);
+    return TRI_STATUS_OK;
+}
+
+// The defaults of recent and history, and a bounded store's size.
+static tri_status h2o_setup(tri__kv_policy *p, int32_t capacity, int32_t *store_rows) {
     if (p->p.recent == 0) p->p.recent = p->p.budget / 2;
     if (p->p.history == 0) p->p.history = 8;
     if (!p->p.keep_all) {
@@ -398,16 +411,19 @@ void tri__h2o_setup(tri__kv_policy *p, int32_t capacity, int32_t *store_rows) {
             *store_rows = (int32_t)rows;
         }
     }
+    return TRI_STATUS_OK;
 }
 
-tri_status tri__h2o_begin(tri__kv_policy *p, int32_t n0, int32_t m) {
+static tri_status h2o_begin(tri__kv_policy *p, int32_t n0, int32_t m, int32_t *base) {
+    (void)base;
     TRY(h2o_place(p, n0, m));
     h2o_push(p, n0, m);
     return TRI_STATUS_OK;
 }
 
-tri_status tri__h2o_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
-                          const tri__kv_view **view, float **weight_sums) {
+static tri_status h2o_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
+                            int32_t end, const tri__kv_view **view, float **weight_sums) {
+    (void)end;
     const int32_t n0 = p->step_n0, m = p->step_m;
     if (p->h2o->bounded) TRY(tri__kv_store_write(p->kv, il, p->h2o->step_row0[0], m, k, v));
     else TRY(tri__kv_store_write(p->kv, il, n0, m, k, v));
@@ -420,7 +436,7 @@ tri_status tri__h2o_layer(tri__kv_policy *p, int32_t il, const float *q, const f
     return TRI_STATUS_OK;
 }
 
-tri_status tri__h2o_observe(tri__kv_policy *p, int32_t il) {
+static tri_status h2o_observe(tri__kv_policy *p, int32_t il) {
     int64_t n_keys = 0;
     for (int32_t si = 0; si < p->head_span[p->n_head_kv]; si++) n_keys += p->spans[si].n;
     TRY(p->be->ops->copy_to_host(p->be, p->h2o->ws, p->h2o->ws_dev, sizeof(float) * (size_t)n_keys));
@@ -429,18 +445,19 @@ tri_status tri__h2o_observe(tri__kv_policy *p, int32_t il) {
     return TRI_STATUS_OK;
 }
 
-void tri__h2o_commit(tri__kv_policy *p, int32_t end) {
+static tri_status h2o_commit(tri__kv_policy *p, int32_t end) {
     for (int32_t il = 0; il < p->n_layer; il++) h2o_evict(p, il, end);
+    return TRI_STATUS_OK;
 }
 
-void tri__h2o_abort(tri__kv_policy *p) {
-    if (p->h2o->n_rec > 0) {
+static void h2o_abort(tri__kv_policy *p) {
+    if (p->in_step && p->h2o->n_rec > 0) {
         h2o_restore(p, &p->h2o->rec[p->h2o->n_rec - 1]);
         p->h2o->n_rec--;
     }
 }
 
-void tri__h2o_reset(tri__kv_policy *p) {
+static void h2o_reset(tri__kv_policy *p) {
     memset(p->h2o->cnt, 0, sizeof *p->h2o->cnt * (size_t)(p->n_layer * p->n_head_kv));
     p->h2o->n_rec = 0;
     p->h2o->top = 0;
@@ -452,3 +469,18 @@ int32_t tri__kv_policy_h2o_kept(const tri__kv_policy *p, int32_t il, int32_t h, 
     memcpy(pos, h2o_pos(p, il, h), sizeof *pos * (size_t)cnt);
     return cnt;
 }
+
+const tri__kv_policy_ops tri__kv_policy_h2o_ops = {
+    .name = "h2o",
+    .check = h2o_check,
+    .setup = h2o_setup,
+    .init = h2o_init,
+    .free = h2o_free,
+    .begin = h2o_begin,
+    .layer = h2o_layer,
+    .observe = h2o_observe,
+    .commit = h2o_commit,
+    .abort = h2o_abort,
+    .truncate = h2o_truncate,
+    .reset = h2o_reset,
+};

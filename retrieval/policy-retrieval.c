@@ -10,6 +10,9 @@
 #include "dtype.h"
 #include "kv-policy-impl.h"
 
+// Rows of a quantized gather per get_rows / convert pair (bounds gf32).
+enum { GATHER_PIECE = 1024 };
+
 // Retrieval: one selection of chunks per (layer, KV head).
 typedef struct sel_entry {
     int32_t n_sel;   // cache length when it was made
@@ -54,6 +57,12 @@ struct tri__retrieval_state {
     int64_t *offs;            // (n_head_kv * budget) host: where each of those rows is in a layer
     void *stage;              // (n_head_kv * budget, head_dim) host: an offloaded layer's gather
     bool stage_pinned;
+    tri_dtype gtype;          // the type of gk/gv's rows: params.gather_type when quantized, else src's
+    int64_t grow;             // bytes of one of their rows (head_dim values of gtype)
+    float *gf32;              // (GATHER_PIECE, head_dim) f32 backend: quantized gathers go through it
+    int32_t *gids;            // (GATHER_PIECE) host: the rows of a piece, as get_rows ids
+    void *gstage;             // (n_head_kv * budget) rows of gtype, host: an offloaded layer's
+                              // gather quantized before its upload
     uint64_t bytes_up;        // host -> backend: offloaded layers' gathers and ring fills
     // a selection being made during the full cache's step (tri__kv_policy_tap)
     sel_entry tap;            // cnt/ids allocated while armed
@@ -81,7 +90,7 @@ static bool layer_bound(const tri__kv_policy *p, int32_t il) {
     return p->p.bound || (p->p.bound_layers >> (il < 63 ? il : 63) & 1);
 }
 
-void tri__ret_free(tri__kv_policy *p) {
+static void ret_free(tri__kv_policy *p) {
     tri__retrieval_state *s = p->ret;
     if (!s) return;
     if (s->ix)
@@ -107,6 +116,9 @@ void tri__ret_free(tri__kv_policy *p) {
     free(s->gk);
     free(s->gv);
     free(s->offs);
+    p->be->ops->free(p->be, s->gf32);
+    free(s->gids);
+    free(s->gstage);
     free(s->tap.cnt);
     free(s->tap.ids);
     p->be->ops->free(p->be, s->tap_rows);
@@ -122,7 +134,8 @@ void tri__ret_free(tri__kv_policy *p) {
     p->ret = NULL;
 }
 
-tri_status tri__ret_init(tri__kv_policy *p) {
+// The state both kinds of retrieval policy keep (after the view descriptors).
+static tri_status ret_state_init(tri__kv_policy *p) {
     tri_status st = TRI_STATUS_OK;
     tri__retrieval_state *s = calloc(1, sizeof *s);
     if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval");
@@ -166,6 +179,7 @@ tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_
                          "kv policy retrieval: a ring of %d own rows is smaller than a chunk (%d) and a step (%d)",
                          ring, params->chunk, max_step);
     p->p = *params;
+    p->ops = &tri__kv_policy_retrieval_ops;
     p->be = src->be;
     p->src = src;
     p->n_layer = src->n_layer;
@@ -178,15 +192,30 @@ tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_
     // per head: one span per selected chunk and two for the ring (it may wrap), or, before a
     // selection, src's rows and the ring
     if ((st = tri__kv_policy_common_init(p, p->p.budget / p->p.chunk + 2))) goto fail;
-    if ((st = tri__ret_init(p))) goto fail;
+    if ((st = ret_state_init(p))) goto fail;
     tri__retrieval_state *s = p->ret;
     s->ring = ring;
     const int64_t rows = (int64_t)p->n_head_kv * p->p.budget, row_bytes = (int64_t)p->head_dim * esize(p);
+    s->gtype = src->type;
+    if (tri__dtype_is_quantized(params->gather_type)) {
+        if (p->head_dim % TRI_QK != 0) {
+            st = tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                           "kv policy retrieval: gathered rows of %s need head_dim %d a multiple of %d",
+                           tri_dtype_name(params->gather_type), p->head_dim, TRI_QK);
+            goto fail;
+        }
+        s->gtype = params->gather_type;
+        ALLOC(s->gids, GATHER_PIECE);
+        if ((st = p->be->ops->alloc(p->be, sizeof(float) * (size_t)GATHER_PIECE * (size_t)p->head_dim,
+                                    (void **)&s->gf32)))
+            goto fail;
+    }
+    s->grow = tri__dtype_row_bytes(s->gtype, p->head_dim);
     ALLOC(s->gk, p->n_layer);
     ALLOC(s->gv, p->n_layer);
     for (int32_t il = 0; il < p->n_layer; il++) {
-        if ((st = p->be->ops->alloc(p->be, (size_t)(rows * row_bytes), &s->gk[il]))) goto fail;
-        if ((st = p->be->ops->alloc(p->be, (size_t)(rows * row_bytes), &s->gv[il]))) goto fail;
+        if ((st = p->be->ops->alloc(p->be, (size_t)(rows * s->grow), &s->gk[il]))) goto fail;
+        if ((st = p->be->ops->alloc(p->be, (size_t)(rows * s->grow), &s->gv[il]))) goto fail;
     }
     ALLOC(s->offs, rows);
     if (src->off) {  // an offloaded layer's chunks are gathered on the host and uploaded at once
@@ -199,6 +228,11 @@ tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_
         if (p->be->ops->host_register && p->be->ops->host_unregister &&
             p->be->ops->host_register(p->be, s->stage, (size_t)(rows * row_bytes)) == TRI_STATUS_OK)
             s->stage_pinned = true;
+        if (s->gtype != src->type && !(s->gstage = malloc((size_t)(rows * s->grow)))) {
+            st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: %lld bytes of quantized gather staging",
+                           (long long)(rows * s->grow));
+            goto fail;
+        }
     }
     return TRI_STATUS_OK;
 fail:
@@ -208,10 +242,16 @@ fail:
 
 uint64_t tri__kv_policy_bytes_up(const tri__kv_policy *p) { return p->src ? p->ret->bytes_up : 0; }
 
-int32_t tri__ret_room(const tri__kv_policy *p) { return p->ret->ring - (p->len - p->ret->tail0); }
+// Borrowing: the own rows left in the ring; own store: the capacity left.
+static int32_t ret_room(const tri__kv_policy *p) {
+    if (!p->src) return tri__kv_policy_capacity(p) - tri__kv_policy_len(p);
+    return p->ret->ring - (p->len - p->ret->tail0);
+}
 
-tri_status tri__ret_begin(tri__kv_policy *p, int32_t m) {
-    if (m <= tri__ret_room(p)) return TRI_STATUS_OK;
+// Borrowing: whether a step of m tokens fits the ring.
+static tri_status ret_begin(tri__kv_policy *p, int32_t n0, int32_t m, int32_t *base) {
+    (void)n0, (void)base;
+    if (!p->src || m <= ret_room(p)) return TRI_STATUS_OK;
     return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                      "kv policy retrieval: %d more tokens do not fit the ring of %d own rows (%d since the tail at "
                      "%d): select again first", m, p->ret->ring, p->len - p->ret->tail0, p->ret->tail0);
@@ -373,6 +413,40 @@ static tri_status ring_fill(tri__kv_policy *p, int32_t il, const layer_rows *L, 
     return ring_put(p, il, pos, n, L->k + pos * row_bytes(p), L->v + pos * row_bytes(p), L->region);
 }
 
+// Quantized gather out of backend memory: the rows at s->offs (bytes into from, rows of the
+// source's type) read as f32 by get_rows, a piece at a time, and converted into to (rows of gtype).
+// The layer's rows are a table of (capacity * n_head_kv) rows of head_dim values.
+static tri_status gather_quantized(tri__kv_policy *p, void *to, const char *from) {
+    tri__retrieval_state *s = p->ret;
+    const tri__backend_ops *op = p->be->ops;
+    const int64_t rows = (int64_t)p->n_head_kv * p->p.budget, hd = p->head_dim, srow = hd * esize(p);
+    const int64_t table = (int64_t)p->src->capacity * p->n_head_kv;
+    for (int64_t r0 = 0; r0 < rows; r0 += GATHER_PIECE) {
+        const int64_t n = rows - r0 < GATHER_PIECE ? rows - r0 : GATHER_PIECE;
+        for (int64_t r = 0; r < n; r++) s->gids[r] = (int32_t)(s->offs[r0 + r] / srow);
+        TRY(op->get_rows(p->be, s->gf32, from, p->src->type, table, hd, s->gids, n));
+        TRY(op->convert(p->be, (char *)to + r0 * s->grow, s->gtype, s->gf32, n * hd));
+    }
+    return TRI_STATUS_OK;
+}
+
+// An offloaded layer's gathered rows in s->stage (the source's type) quantized into s->gstage.
+static tri_status quantize_stage(tri__kv_policy *p) {
+    tri__retrieval_state *s = p->ret;
+    const int64_t rows = (int64_t)p->n_head_kv * p->p.budget, hd = p->head_dim;
+    const bool f16 = p->src->type == TRI_DTYPE_F16;
+    float *x = malloc(sizeof(float) * (size_t)hd);
+    if (!x) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: a row to quantize");
+    for (int64_t r = 0; r < rows; r++) {
+        const char *row = (const char *)s->stage + r * hd * esize(p);
+        for (int64_t d = 0; d < hd; d++)
+            x[d] = f16 ? tri__f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+        tri__quantize_row((char *)s->gstage + r * s->grow, x, s->gtype, hd);
+    }
+    free(x);
+    return TRI_STATUS_OK;
+}
+
 // Gathers layer il's chunks of selection e out of L into gk/gv.
 static tri_status gather_layer(tri__kv_policy *p, const sel_entry *e, int32_t il, const layer_rows *L) {
     tri__retrieval_state *s = p->ret;
@@ -386,9 +460,14 @@ static tri_status gather_layer(tri__kv_policy *p, const sel_entry *e, int32_t il
             for (int32_t t = 0; t < C; t++) s->offs[r++] = (((int64_t)ids[a] * C + t) * kd + (int64_t)h * hd) * es;
         for (; r < (int64_t)(h + 1) * budget; r++) s->offs[r] = 0;  // unused rows
     }
+    const bool quant = s->gtype != p->src->type;
     for (int which = 0; which < 2; which++) {
         const char *from = which ? L->v : L->k;
         void *to = which ? s->gv[il] : s->gk[il];
+        if (!L->region && quant) {
+            TRY(gather_quantized(p, to, from));
+            continue;
+        }
         if (!L->region) {
             TRY(op->gather(p->be, to, from, s->offs, rows, row_bytes));
             continue;
@@ -398,9 +477,14 @@ static tri_status gather_layer(tri__kv_policy *p, const sel_entry *e, int32_t il
         else
             for (int64_t r = 0; r < rows; r++)
                 memcpy((char *)s->stage + r * row_bytes, from + s->offs[r], (size_t)row_bytes);
-        TRY(op->copy_to_backend(p->be, to, s->stage, (size_t)(rows * row_bytes)));
+        const void *up = s->stage;
+        if (quant) {  // quantized on the host: fewer bytes cross
+            TRY(quantize_stage(p));
+            up = s->gstage;
+        }
+        TRY(op->copy_to_backend(p->be, to, up, (size_t)(rows * s->grow)));
         TRY(op->synchronize(p->be));  // the staging is refilled next
-        s->bytes_up += (uint64_t)(rows * row_bytes);
+        s->bytes_up += (uint64_t)(rows * s->grow);
     }
     return TRI_STATUS_OK;
 }
@@ -435,7 +519,7 @@ static void ring_spans(tri__kv_policy *p, int32_t il, int32_t h, int32_t from, i
         int32_t slot = from % R, n = end - from < R - slot ? end - from : R - slot;
         int64_t off = ((int64_t)slot * kd + (int64_t)h * p->head_dim) * es;
         p->spans[(*ns)++] = (tri__kv_span){.pos0 = from, .n = n, .k = (const char *)p->own.k[il] + off,
-                                           .v = (const char *)p->own.v[il] + off, .stride = kd};
+                                           .v = (const char *)p->own.v[il] + off, .stride = kd, .type = p->kv->type};
         from += n;
     }
 }
@@ -445,7 +529,7 @@ static void ring_spans(tri__kv_policy *p, int32_t il, int32_t h, int32_t from, i
 static tri_status ret_view_borrowed(tri__kv_policy *p, int32_t il, int32_t end) {
     tri__retrieval_state *s = p->ret;
     const sel_entry *e = ret_current(p);
-    const int64_t es = esize(p), hd = p->head_dim, C = p->p.chunk;
+    const int64_t hd = p->head_dim, C = p->p.chunk;
     const tri__kv_view *full = NULL;
     tri__kv_view storage;
     if (!e && s->tail0 > 0) TRY(tri__kv_store_view_read(p->src, il, s->tail0, &full, &storage));
@@ -466,15 +550,23 @@ static tri_status ret_view_borrowed(tri__kv_policy *p, int32_t il, int32_t end) 
                 p->spans[ns - 1].n += (int32_t)C;  // adjacent chunks are adjacent rows
                 continue;
             }
-            int64_t off = (((int64_t)h * p->p.budget + a * C) * hd) * es;
+            int64_t off = ((int64_t)h * p->p.budget + a * C) * s->grow;
             p->spans[ns++] = (tri__kv_span){.pos0 = start, .n = (int32_t)C, .k = (const char *)s->gk[il] + off,
-                                            .v = (const char *)s->gv[il] + off, .stride = hd};
+                                            .v = (const char *)s->gv[il] + off, .stride = hd, .type = s->gtype};
         }
         ring_spans(p, il, h, e->bound, end, &ns);
     }
     p->head_span[p->n_head_kv] = ns;
     TRI_ASSERT(ns <= p->spans_cap);
     return TRI_STATUS_OK;
+}
+
+// The view ret_view_borrowed made: with a selection of quantized rows (gather_type), its spans carry
+// their types (the gathered chunks', the ring's).
+static const tri__kv_view *borrowed_view(tri__kv_policy *p) {
+    const tri__kv_view *v = tri__kv_policy_own_view(p);
+    p->view.span_types = ret_current(p) && p->ret->gtype != p->kv->type;
+    return v;
 }
 
 // Writes the step's new rows into the ring (two writes where it wraps).
@@ -769,7 +861,7 @@ static tri_status ret_select(tri__kv_policy *p, int32_t len) {
         // while attending fully) src's rows and the ring, the view the step just attended to
         const tri__kv_view *view = NULL;
         if (by_mass(p, il, fully) && !p->src) view = tri__kv_store_view(p->kv, il, len, &p->view);
-        else if (by_mass(p, il, fully) && !(st = ret_view_borrowed(p, il, len))) view = tri__kv_policy_own_view(p);
+        else if (by_mass(p, il, fully) && !(st = ret_view_borrowed(p, il, len))) view = borrowed_view(p);
         if (!st) st = select_layer(p, &e, il, bound / p->p.chunk, view, s->hq, s->hist, s->hist_lo, s->hist_hi);
     }
     if (!st && p->src) {
@@ -837,7 +929,7 @@ static bool ret_due(const tri__kv_policy *p, int32_t len, bool armed) {
     return armed || (cur && p->p.refresh > 0 && len - cur->n_sel >= p->p.refresh);
 }
 
-tri_status tri__ret_truncate(tri__kv_policy *p, int32_t n) {
+static tri_status ret_truncate(tri__kv_policy *p, int32_t n) {
     tri__retrieval_state *s = p->ret;
     if (p->src) {  // rows below n stay src's or the ring's; the ring holds from the tail on
         if (s->tail0 > n) s->tail0 = n;
@@ -1001,16 +1093,53 @@ void tri__ret_tap_finish(tri__kv_policy *full, bool ok) {
     hist_ran(s, s->tq_lo, s->tq_hi - s->tq_lo);
 }
 
-// ---- the hooks of kv-policy.c ----
+// ---- the op table ----
 
-tri_status tri__ret_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
-                          int32_t end, const tri__kv_view **view) {
+static tri_status ret_check(const tri__kv_policy_params *p) {
+    if (p->chunk <= 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: chunk size %d must be positive", p->chunk);
+    if (p->chunk > p->budget || p->budget % p->chunk != 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "kv policy retrieval: chunk size %d must divide the budget %d (whole chunks are kept)",
+                         p->chunk, p->budget);
+    if (p->refresh < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: refresh interval %d must be >= 0",
+                         p->refresh);
+    if (p->group < TRI__KV_GROUP_SUM || p->group > TRI__KV_GROUP_SOFTMAX)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: unknown group scoring %d", (int)p->group);
+    if (p->window < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: recent window %d must be >= 0", p->window);
+    if (p->queries < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: queries %d must be >= 0", p->queries);
+    if (p->follow < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: follow %d must be >= 0", p->follow);
+    if (p->oracle && (p->bound || p->bound_layers))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: the oracle reads keys, not bounds");
+    if (p->index < TRI_CHUNK_INDEX_EXACT || p->index > TRI_CHUNK_INDEX_FAISS_IVF)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv policy retrieval: unknown chunk index %d", (int)p->index);
+    if (p->index != TRI_CHUNK_INDEX_EXACT && !tri__chunk_index_have_faiss())
+        return tri__fail(TRI_STATUS_UNSUPPORTED,
+                         "kv policy retrieval: FAISS index asked for, but this build has no FAISS");
+    return TRI_STATUS_OK;
+}
+
+// An own store: one span per selected chunk, plus the tokens since the selection.
+static tri_status ret_init(tri__kv_policy *p) {
+    TRY(tri__kv_policy_common_init(p, p->p.budget / p->p.chunk + 1));
+    return ret_state_init(p);
+}
+
+// Stores the rows where borrowing (the ring), keeps the step's queries and returns the view
+// (everything before a selection).
+static tri_status ret_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
+                            int32_t end, const tri__kv_view **view, float **weight_sums) {
+    (void)weight_sums;
     const int32_t n0 = p->step_n0, m = p->step_m;
     if (p->src) {
         TRY(ring_write(p, il, n0, m, k, v));
         TRY(ret_keep_query(p, il, q));
         TRY(ret_view_borrowed(p, il, end));
-        *view = tri__kv_policy_own_view(p);
+        *view = borrowed_view(p);
         return TRI_STATUS_OK;
     }
     TRY(tri__kv_store_write(p->kv, il, n0, m, k, v));
@@ -1024,7 +1153,8 @@ tri_status tri__ret_layer(tri__kv_policy *p, int32_t il, const float *q, const f
     return TRI_STATUS_OK;
 }
 
-tri_status tri__ret_commit(tri__kv_policy *p, int32_t end) {
+// Summaries of the chunks completed, and the selection when one is due.
+static tri_status ret_commit(tri__kv_policy *p, int32_t end) {
     // borrowing, chunks are summarised from src's rows when a selection needs them
     if (!p->src) TRY(ret_summarise(p, end));
     p->ret->step_n0 = p->step_n0;
@@ -1035,12 +1165,13 @@ tri_status tri__ret_commit(tri__kv_policy *p, int32_t end) {
     return TRI_STATUS_OK;
 }
 
-void tri__ret_abort(tri__kv_policy *p) {
+static void ret_abort(tri__kv_policy *p) {
+    if (!p->in_step) return;
     // drop the summaries of a half-committed step; the previous step stays remembered
     tri__retrieval_state *s = p->ret;
     int32_t keep_m = s->step_m, keep_n0 = s->step_n0;
     s->step_m = 0;
-    (void)tri__ret_truncate(p, p->step_n0);
+    (void)ret_truncate(p, p->step_n0);
     s->step_m = keep_m;
     s->step_n0 = keep_n0;
     // the step's queries overwrote the rows of the positions hist before its own
@@ -1048,14 +1179,14 @@ void tri__ret_abort(tri__kv_policy *p) {
     if (s->hist_lo < gone) s->hist_lo = gone < s->hist_hi ? gone : s->hist_hi;
 }
 
-void tri__ret_reset(tri__kv_policy *p) {
+static void ret_reset(tri__kv_policy *p) {
     p->ret->step_m = 0;
     p->ret->hist_lo = p->ret->hist_hi = 0;
-    (void)tri__ret_truncate(p, 0);
+    (void)ret_truncate(p, 0);
     p->ret->armed = false;
 }
 
-tri_status tri__ret_adopt_borrowed(tri__kv_policy *p, tri__kv_store *src, int32_t n) {
+static tri_status ret_adopt_borrowed(tri__kv_policy *p, tri__kv_store *src, int32_t n) {
     if (src != p->src || n < p->len || n > src->n)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "kv policy retrieval: adopt to %d from %d out of %s store (holding %d)", n, p->len,
@@ -1068,14 +1199,18 @@ tri_status tri__ret_adopt_borrowed(tri__kv_policy *p, tri__kv_store *src, int32_
     return TRI_STATUS_OK;
 }
 
-bool tri__ret_attends_fully(const tri__kv_policy *p, int32_t n) { return !ret_current(p) && !ret_due(p, n, p->ret->armed); }
+// Own store: whether adopting up to n keeps the policy attending fully.
+static bool ret_attends_fully(const tri__kv_policy *p, int32_t n) {
+    return !ret_current(p) && !ret_due(p, n, p->ret->armed);
+}
 
-tri_status tri__ret_adopted(tri__kv_policy *p, int32_t len, int32_t n) {
+// Own store: the summaries of the adopted rows (len: the length before).
+static tri_status ret_adopted(tri__kv_policy *p, int32_t len, int32_t n) {
     // summarise now, as a step's commit would (a later commit would catch up, but the state
     // should not depend on one coming)
     tri_status st = ret_summarise(p, n);
     if (st) {
-        (void)tri__ret_truncate(p, len);  // drop the summaries made before the failure
+        (void)ret_truncate(p, len);  // drop the summaries made before the failure
         return st;
     }
     p->ret->step_m = 0;  // no step to replay: nothing was due in these positions
@@ -1116,7 +1251,7 @@ int32_t tri__kv_policy_selection(const tri__kv_policy *p, int32_t il, int32_t h,
     return e->cnt[i];
 }
 
-bool tri__ret_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out) {
+static bool ret_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out) {
     const int64_t es = esize(p), hd = p->head_dim, kd = kv_dim(p), row = hd * es;
     const sel_entry *e = ret_current(p);
     int32_t from_chunk = -1;  // the row of the selection's rows (own store: the position) holding pos
@@ -1133,12 +1268,32 @@ bool tri__ret_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int wh
     }
     tri__retrieval_state *s = p->ret;
     const char *src;
-    if (from_chunk >= 0) {
-        src = (const char *)(which ? s->gv : s->gk)[il] + ((int64_t)h * p->p.budget + from_chunk) * row;
+    int64_t bytes = row;
+    if (from_chunk >= 0) {  // of the gathered type (gather_type)
+        bytes = s->grow;
+        src = (const char *)(which ? s->gv : s->gk)[il] + ((int64_t)h * p->p.budget + from_chunk) * bytes;
     } else if (pos >= s->tail0) {
         src = (const char *)(which ? p->own.v : p->own.k)[il] + ((int64_t)(pos % s->ring) * kd + h * hd) * es;
     } else {  // below the tail with no selection: src's row
         return tri__kv_policy_peek_store(p->src, il, h, pos, which, out);
     }
-    return op->copy_to_host(p->be, out, src, (size_t)row) == TRI_STATUS_OK && op->synchronize(p->be) == TRI_STATUS_OK;
+    return op->copy_to_host(p->be, out, src, (size_t)bytes) == TRI_STATUS_OK && op->synchronize(p->be) == TRI_STATUS_OK;
 }
+
+const tri__kv_policy_ops tri__kv_policy_retrieval_ops = {
+    .name = "retrieval",
+    .check = ret_check,
+    .init = ret_init,
+    .free = ret_free,
+    .room = ret_room,
+    .begin = ret_begin,
+    .layer = ret_layer,
+    .commit = ret_commit,
+    .abort = ret_abort,
+    .truncate = ret_truncate,
+    .reset = ret_reset,
+    .adopt_borrowed = ret_adopt_borrowed,
+    .attends_fully = ret_attends_fully,
+    .adopted = ret_adopted,
+    .peek = ret_peek,
+};

@@ -43,9 +43,18 @@ static tri_status stream_check_rollback(const tri__kv_policy *p, int32_t n) {
                      n, p->len, p->p.rollback, n, need, have - 1);
 }
 
-// ---- the hooks of kv-policy.c ----
+// ---- the op table ----
 
-tri_status tri__streaming_setup(tri__kv_policy *p, int32_t capacity, int32_t *store_rows) {
+static tri_status streaming_check(const tri__kv_policy_params *p) {
+    if (p->sink < 0 || p->sink >= p->budget)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "kv policy streaming: sink %d must be in [0, budget %d) to leave room for recent tokens",
+                         p->sink, p->budget);
+    return TRI_STATUS_OK;
+}
+
+// Checks the streaming parameters and sizes a bounded store (ring_rows, cap).
+static tri_status streaming_setup(tri__kv_policy *p, int32_t capacity, int32_t *store_rows) {
     const int32_t max_step = p->max_step;
     if (p->p.evict_every < 0 || p->p.evict_every > max_step || p->p.rollback < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
@@ -63,8 +72,10 @@ tri_status tri__streaming_setup(tri__kv_policy *p, int32_t capacity, int32_t *st
     return TRI_STATUS_OK;
 }
 
-tri_status tri__streaming_init(tri__kv_policy *p) {
+// The scratch of a step's gathered, rotated view.
+static tri_status streaming_init(tri__kv_policy *p) {
     tri_status st = TRI_STATUS_OK;
+    TRY(tri__kv_policy_common_init(p, 1));
     tri__backend *be = p->be;
     p->raw_keys = true;
     int64_t rows = (int64_t)p->p.budget + p->max_step;
@@ -78,7 +89,7 @@ fail:
     return st;
 }
 
-void tri__streaming_free(tri__kv_policy *p) {
+static void streaming_free(tri__kv_policy *p) {
     if (p->be) {
         p->be->ops->free(p->be, p->sk);
         p->be->ops->free(p->be, p->sv);
@@ -87,7 +98,8 @@ void tri__streaming_free(tri__kv_policy *p) {
     free(p->cache_pos);
 }
 
-tri_status tri__streaming_begin(tri__kv_policy *p, int32_t n0, int32_t m, int32_t *base) {
+// Which rows the step's view gathers; *base: where its queries sit in the cache.
+static tri_status streaming_begin(tri__kv_policy *p, int32_t n0, int32_t m, int32_t *base) {
     // sinks and the most recent tokens before the step's eviction interval, then the tokens of
     // the interval before the step: the rows holding them, rotated by their rank in the cache
     // (stream-window.h: the same functions give a device the view of a step it computes itself)
@@ -107,8 +119,10 @@ tri_status tri__streaming_begin(tri__kv_policy *p, int32_t n0, int32_t m, int32_
     return TRI_STATUS_OK;
 }
 
-tri_status tri__streaming_layer(tri__kv_policy *p, int32_t il, const float *k, const float *v,
-                                const tri__kv_view **view) {
+// Stores the step's rows of layer il and returns its view, gathered and rotated by cache position.
+static tri_status streaming_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
+                                  int32_t end, const tri__kv_view **view, float **weight_sums) {
+    (void)q, (void)end, (void)weight_sums;
     const int32_t n0 = p->step_n0, m = p->step_m;
     if (p->ring_rows) TRY(stream_write(p, il, n0, m, k, v));
     else TRY(tri__kv_store_write(p->kv, il, n0, m, k, v));
@@ -129,7 +143,19 @@ tri_status tri__streaming_layer(tri__kv_policy *p, int32_t il, const float *k, c
     return TRI_STATUS_OK;
 }
 
-tri_status tri__streaming_truncate(tri__kv_policy *p, int32_t n) {
+// Whether a rollback to n finds the rows it needs in a bounded store.
+static tri_status streaming_truncate(tri__kv_policy *p, int32_t n) {
     if (p->ring_rows) TRY(stream_check_rollback(p, n));
     return TRI_STATUS_OK;
 }
+
+const tri__kv_policy_ops tri__kv_policy_streaming_ops = {
+    .name = "streaming",
+    .check = streaming_check,
+    .setup = streaming_setup,
+    .init = streaming_init,
+    .free = streaming_free,
+    .begin = streaming_begin,
+    .layer = streaming_layer,
+    .truncate = streaming_truncate,
+};

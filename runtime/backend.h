@@ -55,6 +55,7 @@ typedef struct tri__kv_span {
     const void *v;       // (n, stride) backend memory
     int64_t stride;      // elements (not bytes) between consecutive rows, >= head_dim
     const int32_t *pos;  // (n) host, per-row positions overriding pos0 + j, or NULL
+    tri_dtype type;      // with the view's span_types: this span's rows' type (else unused)
 } tri__kv_span;
 
 // A token tree among a pass's own rows (speculative verification of several candidates per
@@ -105,7 +106,18 @@ typedef struct tri__kv_view {
     const tri__kv_span *spans;    // host
     const int32_t *head_span;     // (n_head_kv + 1) host, non-decreasing, head_span[0] == 0
     const tri__kv_tree *tree;     // host, or NULL: the plain causal mask (tri__kv_tree_sees)
+    bool span_types;              // each span's rows are of its own type (span.type), not `type`:
+                                  // a retrieval cache's gathered chunks quantized beside f16 rows,
+                                  // kv_type mixed's q4_0 rows beside its f16 sinks and window
+                                  // (docs/kv-policies.md). Read by the CPU attention only: the
+                                  // callers (spec.c, session.c) refuse to make such views for any
+                                  // other backend, naming draft_kv_type or kv_type
 } tri__kv_view;
+
+// The type of span s's rows in view v.
+static inline tri_dtype tri__kv_span_type(const tri__kv_view *v, const tri__kv_span *s) {
+    return v->span_types ? s->type : v->type;
+}
 
 // ---- ops ----
 

@@ -31,6 +31,7 @@ static const struct {
 static bool dtype_valid(tri_dtype type) { return (unsigned)type < TRI_DTYPE_COUNT; }
 
 const char *tri_dtype_name(tri_dtype type) {
+    if (type == TRI_DTYPE_KV_MIXED) return "mixed";
     return dtype_valid(type) ? dtype_traits[type].name : "?";
 }
 

@@ -138,13 +138,27 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     if (!(p.kv_host_fraction >= 0 && p.kv_host_fraction <= 1))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: kv_host_fraction %g outside [0, 1]", p.kv_host_fraction);
     // the cache's type: f16, f32, or the blocks of q8_0 / q4_0 (the full cache, offloaded or not)
-    if (!tri__kv_type_ok(p.kv_type))
-        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: kv_type %s (%d): want f16, f32, q8_0 or q4_0",
+    const bool kv_mixed = p.kv_type == TRI_DTYPE_KV_MIXED;  // q4_0 with f16 sinks and window (policy-mixed.c)
+    if (!tri__kv_type_ok(p.kv_type) && !kv_mixed)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: kv_type %s (%d): want f16, f32, q8_0, q4_0 or mixed",
                          tri_dtype_name(p.kv_type), (int)p.kv_type);
-    if (tri__dtype_is_quantized(p.kv_type) && kp.kind != TRI_KV_POLICY_FULL)
+    if (kv_mixed && p.kv_layers_offloaded > 0)
+        return tri__fail(TRI_STATUS_UNSUPPORTED,
+                         "session: kv_type mixed keeps the cache in backend memory (kv_layers_offloaded %d: q8_0 or "
+                         "q4_0 stream)", p.kv_layers_offloaded);
+    if ((tri__dtype_is_quantized(p.kv_type) || kv_mixed) && kp.kind != TRI_KV_POLICY_FULL)
         return tri__fail(TRI_STATUS_UNSUPPORTED,
                          "session: kv_type %s holds only the full cache; policy %s keeps f16 or f32",
                          tri_dtype_name(p.kv_type), tri__kv_policy_name(kp.kind));
+    if (kv_mixed) {  // kv_budget: the tokens kept in f16 as well, sinks (kv_sink) and window
+        kp.sink = p.kv_sink > 0 ? p.kv_sink : 16;
+        const int32_t f16 = p.kv_budget > 0 ? p.kv_budget : 256;
+        if (kp.sink >= f16)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "session: kv_type mixed: kv_sink %d must be < kv_budget %d (the tokens kept in f16: "
+                             "sinks and the recent window)", kp.sink, f16);
+        kp.recent = f16 - kp.sink;
+    }
     if (p.kv_layers_offloaded > 0 && p.kv_policy != TRI_KV_POLICY_FULL)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "session: kv_layers_offloaded streams the full cache; policy %s keeps its cache on the device",
@@ -156,6 +170,11 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     if ((st = tri__tp_group_open(&s->group, model, &p))) goto fail;
     s->be = s->group.be[0];
     s->weights = s->group.weights[0];
+    if (kv_mixed && strcmp(s->be->ops->name, "cpu") != 0) {  // its views mix two types (backend.h span_types)
+        st = tri__fail(TRI_STATUS_UNSUPPORTED,
+                       "session: kv_type mixed is not supported on the %s backend yet (CPU only)", s->be->ops->name);
+        goto fail;
+    }
     if (s->group.n > 1 && !(s->peers = calloc((size_t)s->group.n - 1, sizeof *s->peers))) {
         st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "session: %d ranks", s->group.n);
         goto fail;
@@ -534,6 +553,9 @@ static tri_status cache_store(tri_session *s, const char *path, const char *what
                          "prompt cache %s: cannot %s a %s cache: only the full and retrieval policies' caches, which "
                          "hold every row, are saved and loaded",
                          path, what, tri__kv_policy_name(kind));
+    if (s->kv.mixed)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "prompt cache %s: cannot %s a cache of kv_type mixed (its f16 rows "
+                         "are not in the file format)", path, what);
     *out = s->kv.kv;
     return TRI_STATUS_OK;
 }

@@ -1120,8 +1120,8 @@ Test(cuda_backend, attention_state_merges_with_host_chunks) {
             host[h] = (tri__kv_span){.n = (int32_t)(nk - S), .k = (uint8_t *)c.ks + at_s, .v = (uint8_t *)c.vs + at_s,
                                      .stride = c.stride, .pos = c.kpos + S};
         }
-        tri__kv_view vall = {t, (int32_t)nkv, all, hs, NULL}, vdev = {t, (int32_t)nkv, dev, hs, NULL};
-        tri__kv_view vhost = {t, (int32_t)nkv, host, hs, NULL};
+        tri__kv_view vall = {t, (int32_t)nkv, all, hs, NULL, false}, vdev = {t, (int32_t)nkv, dev, hs, NULL, false};
+        tri__kv_view vhost = {t, (int32_t)nkv, host, hs, NULL, false};
         float *q = malloc(sizeof(float) * (size_t)(rows * hd)), *want = malloc(sizeof(float) * (size_t)(rows * hd));
         float *got = malloc(sizeof(float) * (size_t)(rows * hd)), *state = malloc(sizeof(float) * (size_t)(rows * (hd + 2)));
         fill(q, rows * hd, 1.0f);

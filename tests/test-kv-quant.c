@@ -13,6 +13,9 @@
 
 #include "backend.h"
 #include "dtype.h"
+#include "kv-policy.h"
+#include "level.h"
+#include "spec.h"
 #include "test-util.h"
 #include "triforce.h"
 
@@ -93,7 +96,7 @@ static void check_attention(tri_dtype type) {
         sf[2 * h + 1] = (tri__kv_span){.n = 40, .k = kf + 260 * stride + h * HD, .v = vf + 260 * stride + h * HD,
                                        .stride = stride, .pos = pos2};
     }
-    tri__kv_view vq_view = {type, NKV, sq, head_span, NULL}, vf_view = {TRI_DTYPE_F32, NKV, sf, head_span, NULL};
+    tri__kv_view vq_view = {type, NKV, sq, head_span, NULL, false}, vf_view = {TRI_DTYPE_F32, NKV, sf, head_span, NULL, false};
     for (int lvl = TRI_CPU_SIMD_SCALAR; lvl <= (int)tri__cpu_simd_detect(); lvl++) {
         tri__backend *be = NULL;
         cr_assert_eq(tri__backend_cpu_create(2, (tri__cpu_simd)lvl, &be), TRI_STATUS_OK, "%s", tri_last_error());
@@ -112,6 +115,68 @@ static void check_attention(tri_dtype type) {
         tri__backend_free(be);
     }
     free(kf), free(vf), free(kq), free(vq), free(q), free(o1), free(o2);
+}
+
+// A view whose spans carry their own types (backend.h span_types): per head a span of q8_0 / q4_0
+// rows and a span of f16 rows with explicit positions, as a retrieval draft cache's gathered chunks
+// beside its ring, against the f32 attention over the values both hold.
+static void check_mixed_attention(tri_dtype type) {
+    enum { NKV = 2, G = 2, HD = 64, N = 200, NQ = 150, M = 4 };
+    const int64_t stride = NKV * HD, row = tri__dtype_row_bytes(type, stride);
+    float *kf = malloc(sizeof(float) * N * stride), *vf = malloc(sizeof(float) * N * stride);
+    uint8_t *kq = malloc((size_t)(row * NQ)), *vq = malloc((size_t)(row * NQ));
+    uint16_t *kh = malloc(sizeof(uint16_t) * (N - NQ) * stride), *vh = malloc(sizeof(uint16_t) * (N - NQ) * stride);
+    float *q = malloc(sizeof(float) * M * NKV * G * HD), *o1 = malloc(sizeof(float) * M * NKV * G * HD),
+          *o2 = malloc(sizeof(float) * M * NKV * G * HD);
+    for (int64_t i = 0; i < N * stride; i++) kf[i] = sinf((float)i * 0.71f) * 2.5f, vf[i] = cosf((float)i * 0.29f);
+    for (int64_t i = 0; i < M * NKV * G * HD; i++) q[i] = sinf((float)i * 0.37f);
+    for (int j = 0; j < NQ; j++) {  // rows 0 .. NQ - 1 quantized, the rest f16: the values each holds
+        cr_assert(tri__quantize_row(kq + j * row, kf + j * stride, type, stride));
+        cr_assert(tri__quantize_row(vq + j * row, vf + j * stride, type, stride));
+        tri__dequantize_row(kf + j * stride, kq + j * row, type, stride);
+        tri__dequantize_row(vf + j * stride, vq + j * row, type, stride);
+    }
+    for (int64_t i = NQ * stride; i < N * stride; i++) {
+        kh[i - NQ * stride] = tri__f32_to_f16(kf[i]), kf[i] = tri__f16_to_f32(kh[i - NQ * stride]);
+        vh[i - NQ * stride] = tri__f32_to_f16(vf[i]), vf[i] = tri__f16_to_f32(vh[i - NQ * stride]);
+    }
+    int32_t pos2[N - NQ], q_pos[M] = {199, 120, 180, 200};
+    for (int j = 0; j < N - NQ; j++) pos2[j] = NQ + j;
+    tri__kv_span sm[2 * NKV], sf[2 * NKV];
+    int32_t head_span[NKV + 1] = {0, 2, 4};
+    for (int h = 0; h < NKV; h++) {
+        sm[2 * h] = (tri__kv_span){.pos0 = 0, .n = NQ, .k = kq + tri__dtype_row_bytes(type, h * HD),
+                                   .v = vq + tri__dtype_row_bytes(type, h * HD), .stride = stride, .type = type};
+        sm[2 * h + 1] = (tri__kv_span){.n = N - NQ, .k = kh + h * HD, .v = vh + h * HD, .stride = stride,
+                                       .pos = pos2, .type = TRI_DTYPE_F16};
+        sf[2 * h] = (tri__kv_span){.pos0 = 0, .n = NQ, .k = kf + h * HD, .v = vf + h * HD, .stride = stride};
+        sf[2 * h + 1] = (tri__kv_span){.n = N - NQ, .k = kf + NQ * stride + h * HD, .v = vf + NQ * stride + h * HD,
+                                       .stride = stride, .pos = pos2};
+    }
+    // the view's own type is a decoy: with span_types only the spans' count
+    tri__kv_view vm = {TRI_DTYPE_F32, NKV, sm, head_span, NULL, true}, vf_view = {TRI_DTYPE_F32, NKV, sf, head_span, NULL, false};
+    tri__backend *be = NULL;
+    cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int m = 1; m <= M; m += M - 1) {
+        cr_assert_eq(be->ops->attention(be, o1, q, q_pos, m, NKV * G, HD, &vm, NULL), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(be->ops->attention(be, o2, q, q_pos, m, NKV * G, HD, &vf_view, NULL), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        for (int64_t i = 0; i < (int64_t)m * NKV * G * HD; i++)
+            cr_assert(fabsf(o1[i] - o2[i]) <= 1e-5f * (1.0f + fabsf(o2[i])),
+                      "%s + f16 spans, %d queries: output %lld is %g, the f32 attention over their values %g",
+                      tri_dtype_name(type), m, (long long)i, (double)o1[i], (double)o2[i]);
+    }
+    sm[1].type = TRI_DTYPE_Q5_0;  // a span of a type the attention does not read is refused
+    cr_assert_eq(be->ops->attention(be, o1, q, q_pos, 1, NKV * G, HD, &vm, NULL), TRI_STATUS_UNSUPPORTED);
+    cr_assert(strstr(tri_last_error(), "q5_0"), "%s", tri_last_error());
+    tri__backend_free(be);
+    free(kf), free(vf), free(kq), free(vq), free(kh), free(vh), free(q), free(o1), free(o2);
+}
+
+Test(kv_quant, cpu_attention_reads_spans_of_their_own_types) {
+    check_mixed_attention(TRI_DTYPE_Q8_0);
+    check_mixed_attention(TRI_DTYPE_Q4_0);
 }
 
 Test(kv_quant, cpu_attention_q8_0_reads_rows_in_place) { check_attention(TRI_DTYPE_Q8_0); }
@@ -138,7 +203,15 @@ typedef struct ref_out {
 
 // llama_ref.py over the HF half of the model at hf, its cache quantized as kv_quant ("" none) with
 // the keys' elements in order ("hf" or "gguf") while quantized.
+static void reference_opts(ref_out *r, const char *hf, const char *kv_quant, const char *order, const char *tag,
+                           const char *opts);
 static void reference(ref_out *r, const char *hf, const char *kv_quant, const char *order, const char *tag) {
+    reference_opts(r, hf, kv_quant, order, tag, "");
+}
+
+// The same with more options of llama_ref.py (opts: "--kv-mixed S,W --batch B").
+static void reference_opts(ref_out *r, const char *hf, const char *kv_quant, const char *order, const char *tag,
+                           const char *opts) {
     const char *py = getenv("TRI_TEST_PYTHON"), *src = getenv("TRI_TEST_SRC");
     cr_assert(py && src, "TRI_TEST_PYTHON, TRI_TEST_SRC: run through meson test");
     char name[128], out[4096], gout[4096], cmd[16384], toks[512];
@@ -151,8 +224,8 @@ static void reference(ref_out *r, const char *hf, const char *kv_quant, const ch
         len += snprintf(toks + len, sizeof toks - (size_t)len, "%s%d", i ? "," : "", prompt[i]);
     snprintf(cmd, sizeof cmd,
              "'%s' '%s/reference/llama_ref.py' --model '%s' --tokens %s --out '%s' --greedy %d --kv-quant-order %s "
-             "%s%s > '%s'",
-             py, src, hf, toks, out, N_GEN, order, *kv_quant ? "--kv-quant " : "", kv_quant, gout);
+             "%s%s %s > '%s'",
+             py, src, hf, toks, out, N_GEN, order, *kv_quant ? "--kv-quant " : "", kv_quant, opts, gout);
     cr_assert_eq(run(cmd), 0, "reference failed: %s", cmd);
     size_t n;
     r->logits = tt_read_file(out, &n);
@@ -261,6 +334,63 @@ Test(kv_quant, q4_0_cache_is_the_reference_with_a_q4_0_cache, .timeout = TT_TIME
     check_model(TRI_DTYPE_Q4_0, "kvq4", "--dtype f32 --heads 4 --kv-heads 4 --head-dim 64 --layers 3");
 }
 
+// ---- kv_type mixed: f16 sinks and window, q4_0 rows between ----
+
+// Our prompt logits (passes of 4 tokens) and greedy tokens with kv_type mixed: 2 sinks and a window
+// of 4 in f16 (kv_budget 6), or with plain kv_type type when not mixed.
+static void ours_mixed(const char *gguf, tri_dtype type, float *logits, int32_t n_vocab, int32_t *greedy) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gguf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_params sp = tri_session_default_params();
+    sp.kv_type = type;
+    sp.n_ctx = 64;
+    sp.n_batch = 4;
+    if (type == TRI_DTYPE_KV_MIXED) sp.kv_sink = 2, sp.kv_budget = 6;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_eval(s, prompt, N_PROMPT, true), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int i = 0; i < N_PROMPT; i++)
+        memcpy(logits + (int64_t)i * n_vocab, tri_session_logits(s, i), sizeof(float) * (size_t)n_vocab);
+    tri_session_free(s);
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    int32_t *w = greedy;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = N_GEN;
+    gp.stop_at_eos = false;
+    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, collect, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_free(s);
+    tri_model_free(m);
+}
+
+// kv_type mixed is the reference model whose cache holds every row in q4_0 and the sinks and the
+// recent window before each pass in f16 as well (llama_ref.py --kv-mixed 2,4, the prompt in passes
+// of 4 as ours): logits within f32 rounding, greedy tokens equal; and measurably neither the
+// model with an f16-rounded cache nor the one with a q4_0 cache.
+Test(kv_quant, mixed_cache_is_the_reference_with_f16_sinks_and_window, .timeout = TT_TIMEOUT(120)) {
+    tt_need_fixtures("kv-quant");
+    char gguf[4096], hf[4096];
+    snprintf(gguf, sizeof gguf, "%s", tt_gen_model("kvqm", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 32 "
+                                                          "--layers 3"));
+    snprintf(hf, sizeof hf, "%.*s.hf", (int)(strlen(gguf) - 5), gguf);
+    ref_out rm, r4;
+    reference_opts(&rm, hf, "", "gguf", "kvqm", "--kv-mixed 2,4 --batch 4");
+    reference_opts(&r4, hf, "q4_0", "gguf", "kvqm", "--batch 4");
+    int32_t nv = rm.n_vocab, g[N_GEN], g16[N_GEN];
+    float *l = malloc(sizeof(float) * (size_t)N_PROMPT * (size_t)nv);
+    float *l16 = malloc(sizeof(float) * (size_t)N_PROMPT * (size_t)nv);
+    ours_mixed(gguf, TRI_DTYPE_KV_MIXED, l, nv, g);
+    ours_mixed(gguf, TRI_DTYPE_F16, l16, nv, g16);
+    double dm = max_diff(l, &rm), d4 = max_diff(l, &r4), d16 = 0;
+    for (int64_t i = 0; i < (int64_t)N_PROMPT * nv; i++) d16 = fmax(d16, fabs((double)l[i] - (double)l16[i]));
+    cr_log_info("mixed: logits vs the mixed reference %.2e, vs q4_0's %.2e, vs our f16 cache %.2e", dm, d4, d16);
+    for (int i = 0; i < N_GEN; i++)
+        cr_assert_eq(g[i], rm.greedy[i], "mixed cache: greedy token %d: %d, the reference's %d", i, g[i], rm.greedy[i]);
+    cr_assert(dm <= 1e-5, "mixed: logits %.3e from the reference with a mixed cache", dm);
+    cr_assert(d4 > 4 * dm && d16 > 4 * dm, "mixed: should be measurably nearer its own reference (%.2e) than "
+              "q4_0's (%.2e) and f16's (%.2e)", dm, d4, d16);
+    free(l), free(l16), free(rm.logits), free(r4.logits);
+}
+
 // ---- refusals ----
 
 static void expect_refused(const tri_model *m, const tri_session_params *sp, const char *want) {
@@ -295,6 +425,26 @@ Test(kv_quant, refusals_name_kv_type) {
     cr_assert(!spec && strstr(tri_last_error(), "kv_type q8_0"), "%s", tri_last_error());
     tri_session *s = NULL;
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());  // the full cache: fine
+    tri_session_free(s);
+    // kv_type mixed: the full cache in backend memory, sinks inside its f16 tokens, no speculative
+    // levels, no prompt cache file
+    sp.kv_type = TRI_DTYPE_KV_MIXED;
+    sp.kv_layers_offloaded = 1;
+    expect_refused(m, &sp, "kv_type mixed");
+    sp.kv_layers_offloaded = 0;
+    sp.kv_policy = TRI_KV_POLICY_H2O;
+    sp.kv_budget = 64;
+    expect_refused(m, &sp, "kv_type mixed");
+    sp.kv_policy = TRI_KV_POLICY_FULL;
+    sp.kv_sink = 64;
+    expect_refused(m, &sp, "kv_sink 64 must be < kv_budget 64");
+    sp.kv_sink = 0;
+    cr_assert_neq(tri_spec_create(m, &sp, &pp, &spec), TRI_STATUS_OK);
+    cr_assert(!spec && strstr(tri_last_error(), "kv_type mixed"), "%s", tri_last_error());
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_eval(s, prompt, N_PROMPT, false), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_neq(tri_session_save_prompt(s, tt_tmp("kvq-mixed.cache"), prompt, N_PROMPT, NULL), TRI_STATUS_OK);
+    cr_assert(strstr(tri_last_error(), "kv_type mixed"), "%s", tri_last_error());
     tri_session_free(s);
     tri_model_free(m);
 
@@ -361,9 +511,42 @@ Test(kv_quant, planner_counts_the_type) {
 
 static bool collect_all(int32_t tok, void *user) { return collect(tok, user); }
 
-// L1's cache (a StreamingLLM window of 24 over a 96-token context, or the full cache) in q8_0 or
-// q4_0: L3 verifies every token, so greedy speculative decoding gives plain decoding's tokens in
-// the modes with an L1 (draft and triforce), whatever the draft's cache holds.
+// Whether L2's gathered rows (spec's level 2, a retrieval cache over L3's f16 rows) hold type's
+// blocks of L3's rows: the last layer's first selected chunk of each KV head (an offloaded layer
+// when L3 offloads any), keys and values, against L3's row quantized here. Returns the rows
+// compared (0: no selection).
+static int check_l2_gathered(tri_spec *spec, tri_dtype type) {
+    tri__level *l2 = tri__spec_level(spec, 2), *l3 = tri__spec_level(spec, 3);
+    cr_assert(l2 && l3 && l3->pol.kv->type == TRI_DTYPE_F16);
+    if (tri__kv_policy_selected_at(&l2->pol) < 0) return 0;
+    const int32_t hd = l2->model->config.head_dim, C = l2->pol.p.chunk, il = l2->model->config.n_layer - 1;
+    int compared = 0;
+    for (int32_t h = 0; h < l2->pol.n_head_kv; h++) {
+        int32_t ids[64], n_sel;
+        if (tri__kv_policy_selection(&l2->pol, il, h, ids, &n_sel) <= 0) continue;
+        for (int which = 0; which < 2; which++) {
+            uint16_t r3[64];
+            uint8_t got[64], want[64];
+            float x[64];
+            cr_assert(hd <= 64);
+            cr_assert(tri__kv_policy_peek(&l3->pol, il, h, ids[0] * C, which, r3));
+            for (int32_t d = 0; d < hd; d++) x[d] = tri__f16_to_f32(r3[d]);
+            cr_assert(tri__quantize_row(want, x, type, hd));
+            cr_assert(tri__kv_policy_peek(&l2->pol, il, h, ids[0] * C, which, got));
+            cr_assert(memcmp(got, want, (size_t)tri__dtype_row_bytes(type, hd)) == 0,
+                      "L2's gathered %s row of position %d (head %d) is not L3's row quantized",
+                      which ? "value" : "key", ids[0] * C, h);
+            compared++;
+        }
+    }
+    return compared;
+}
+
+// The draft caches in q8_0 or q4_0: L1's (a StreamingLLM window of 24 over a 96-token context, or
+// the full cache) and L2's gathered chunks (a retrieval cache of 32 tokens over L3's f16 rows).
+// L3 verifies every token, so greedy speculative decoding gives plain decoding's tokens in every
+// mode with a draft cache (draft, retrieval, triforce), whatever the draft caches hold; L2's rows
+// are checked to be L3's quantized, so that the test sees the quantized cache in use.
 Test(kv_quant, quantized_draft_caches_keep_greedy_output, .timeout = TT_TIMEOUT(120)) {
     const char *path = tt_gen_model("kvq-draft", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 32 --layers 3");
     tri_model *m;
@@ -381,12 +564,15 @@ Test(kv_quant, quantized_draft_caches_keep_greedy_output, .timeout = TT_TIMEOUT(
     tri_session_free(s);
     static const int32_t layer0[1] = {0};
     const tri_dtype types[2] = {TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
-    const tri_spec_mode modes[2] = {TRI_SPEC_MODE_DRAFT, TRI_SPEC_MODE_TRIFORCE};
+    const tri_spec_mode modes[3] = {TRI_SPEC_MODE_DRAFT, TRI_SPEC_MODE_RETRIEVAL, TRI_SPEC_MODE_TRIFORCE};
+    int gathered = 0, gathered_offloaded = 0;
     for (int t = 0; t < 2; t++)
-        for (int mi = 0; mi < 2; mi++)
+        for (int mi = 0; mi < 4; mi++)  // the last: triforce with L3's last two layers offloaded
             for (int window = 24; window <= N_CTX; window += N_CTX - 24) {
                 tri_spec_params p = tri_spec_default_params();
-                p.mode = modes[mi];
+                tri_session_params spo = sp;
+                spo.kv_layers_offloaded = mi == 3 ? 2 : 0;
+                p.mode = modes[mi < 3 ? mi : 2];
                 p.drafter = TRI_SPEC_DRAFTER_LAYERS;
                 p.draft_layers = layer0;
                 p.n_draft_layers = 1;
@@ -398,18 +584,26 @@ Test(kv_quant, quantized_draft_caches_keep_greedy_output, .timeout = TT_TIMEOUT(
                 p.draft_sink = 4;
                 p.draft_kv_type = types[t];
                 tri_spec *spec;
-                cr_assert_eq(tri_spec_create(m, &sp, &p, &spec), TRI_STATUS_OK, "%s", tri_last_error());
+                cr_assert_eq(tri_spec_create(m, &spo, &p, &spec), TRI_STATUS_OK, "%s", tri_last_error());
                 w = got;
                 tri_spec_stats st;
                 cr_assert_eq(tri_generate_spec(spec, prompt, N_PROMPT, &gp, collect_all, &w, &st), TRI_STATUS_OK, "%s",
                              tri_last_error());
                 cr_assert_eq(w - got, GEN);
                 for (int i = 0; i < GEN; i++)
-                    cr_assert_eq(got[i], want[i], "%s draft cache, mode %d, window %d: token %d is %d, plain %d",
-                                 tri_dtype_name(types[t]), (int)modes[mi], window, i, got[i], want[i]);
-                cr_assert(st.l1_proposed > 0);
+                    cr_assert_eq(got[i], want[i], "%s draft cache, mode %d%s, window %d: token %d is %d, plain %d",
+                                 tri_dtype_name(types[t]), (int)p.mode, mi == 3 ? " offloaded" : "", window, i, got[i],
+                                 want[i]);
+                cr_assert(st.l1_proposed > 0 || st.l2_proposed > 0);
+                if (p.mode != TRI_SPEC_MODE_DRAFT) {
+                    int n = check_l2_gathered(spec, types[t]);
+                    gathered += n;
+                    if (mi == 3) gathered_offloaded += n;
+                }
                 tri_spec_free(spec);
             }
+    cr_assert(gathered > 0 && gathered_offloaded > 0, "no L2 selection was made%s: the quantized gather went untested",
+              gathered ? " over offloaded rows" : "");
     // refusals name the field: an unknown type, and a draft whose head_dim is not whole blocks
     tri_spec_params p = tri_spec_default_params();
     p.mode = TRI_SPEC_MODE_DRAFT;

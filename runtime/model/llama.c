@@ -273,8 +273,9 @@ static tri_status attend_window(tri__llama *ll, float *out, const float *q, cons
                     tri__kv_span t = *sp;
                     t.pos0 = sp->pos0 + j;
                     t.n = e - j;
-                    t.k = (const char *)sp->k + tri__dtype_row_bytes(view->type, (int64_t)j * sp->stride);
-                    t.v = (const char *)sp->v + tri__dtype_row_bytes(view->type, (int64_t)j * sp->stride);
+                    const int64_t skip = tri__dtype_row_bytes(tri__kv_span_type(view, sp), (int64_t)j * sp->stride);
+                    t.k = (const char *)sp->k + skip;
+                    t.v = (const char *)sp->v + skip;
                     t.pos = sp->pos ? sp->pos + j : NULL;
                     ll->win_spans[k++] = t;
                     j = e;
@@ -282,7 +283,7 @@ static tri_status attend_window(tri__llama *ll, float *out, const float *q, cons
             }
         }
         ll->win_head_span[view->n_head_kv] = (int32_t)k;
-        tri__kv_view trimmed = {view->type, view->n_head_kv, ll->win_spans, ll->win_head_span, view->tree};
+        tri__kv_view trimmed = {view->type, view->n_head_kv, ll->win_spans, ll->win_head_span, view->tree, view->span_types};
         TRY(op->attention(ll->be, out + i * q_dim, q + i * q_dim, q_pos + i, 1, c->n_head, hd, &trimmed, NULL));
     }
     return TRI_STATUS_OK;
@@ -596,7 +597,7 @@ static tri_status step_ops(tri__llama_step *s) {
     const int32_t kd = pol->n_head_kv * pol->head_dim, V = s->view_rows;
     int32_t *token = s->dev, *q_pos = s->dev + 2, *own = s->dev + 3, *rows = s->dev + 4;
     const tri__stream_window w = tri__kv_policy_window(pol);
-    const tri__kv_view view = {TRI_DTYPE_F32, pol->n_head_kv, s->spans, s->head_span, NULL};
+    const tri__kv_view view = {TRI_DTYPE_F32, pol->n_head_kv, s->spans, s->head_span, NULL, false};
     TRY(op->get_rows_dev(be, ll->x, m->tok_embd->data, m->tok_embd->type, c->n_vocab, c->n_embd, token, 1));
     TRY(scale_embeddings(ll, ll->x, 1));
     TRY(op->window_rows(be, s->dev, rows, V, &w));

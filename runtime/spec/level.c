@@ -52,6 +52,7 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
         kp.chunk = params->chunk;
         kp.index = params->index;
         kp.refresh = 0;  // the engine decides when to select (tri__level_eval_refresh)
+        kp.gather_type = params->gather_type;
         break;
     default:
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "level: policy %s is not one a level serves",

@@ -43,6 +43,8 @@ typedef struct tri__level_params {
                            // n_batch + rollback rows, not the context); 0: n_batch
     int32_t evict_every;   // STREAMING: past the window, tokens between evictions (kv-policy.h);
                            // 0 or 1: every token; at most n_batch
+    tri_dtype gather_type; // RETRIEVAL with kv_source: Q8_0 / Q4_0 quantizes the gathered chunks
+                           // (kv-policy.h, gather_type); else (0) kv_source's type
 } tri__level_params;
 
 typedef struct tri__level {

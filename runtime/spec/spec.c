@@ -1069,6 +1069,19 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
 // and the bos/eos ids where both define them (-1 is "none"; a draft's own bos/eos is never used,
 // but two tokenizers that name different ones are not the same). Without two tokenizers, two GGUF
 // files are still compared by their token lists; otherwise the sizes are all there is.
+// L2's budget left to the default (tri__kv_policy_default_budget): 4096 tokens of f16 rows, in
+// bytes, so that a quantized draft type (gather_type) holds more tokens in the same memory (q8_0
+// about 1.9x, q4_0 about 3.6x), in whole chunks; the full cache when that covers the context.
+static void default_l2_budget(tri__kv_policy_params *kp, int32_t n_ctx, tri_dtype draft, int32_t head_dim) {
+    tri__kv_policy_default_budget(kp, n_ctx);
+    if (kp->kind != TRI_KV_POLICY_RETRIEVAL || !tri__dtype_is_quantized(draft)) return;
+    int64_t budget = (int64_t)kp->budget * tri__dtype_row_bytes(TRI_DTYPE_F16, head_dim) /
+                     tri__dtype_row_bytes(draft, head_dim);
+    budget -= budget % kp->chunk;
+    if (budget >= n_ctx) *kp = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, n_ctx);
+    else kp->budget = (int32_t)budget;
+}
+
 static tri_status check_same_vocab(const tri_model *t, const tri_model *d) {
     if (t->config.n_vocab != d->config.n_vocab)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
@@ -1211,7 +1224,8 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
                          sp.n_ctx, sp.n_batch);
     // the levels' caches (retrieval's chunk means, StreamingLLM's window) read f16 or f32 rows
     if (sp.kv_type != TRI_DTYPE_F16 && sp.kv_type != TRI_DTYPE_F32)
-        return tri__fail(sp.kv_type == TRI_DTYPE_Q8_0 || sp.kv_type == TRI_DTYPE_Q4_0 ? TRI_STATUS_UNSUPPORTED
+        return tri__fail(sp.kv_type == TRI_DTYPE_Q8_0 || sp.kv_type == TRI_DTYPE_Q4_0 ||
+                                 sp.kv_type == TRI_DTYPE_KV_MIXED ? TRI_STATUS_UNSUPPORTED
                                                                                      : TRI_STATUS_INVALID_ARGUMENT,
                          "speculative: kv_type %s: speculative modes hold f16 or f32 caches (q8_0 and q4_0: "
                          "autoregressive decoding only)", tri_dtype_name(sp.kv_type));
@@ -1241,17 +1255,20 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative: drafter 'model' without a draft model");
         TRY(check_same_vocab(target, p.draft_model));
     }
-    if (p.draft_kv_type == TRI_DTYPE_COUNT) p.draft_kv_type = sp.kv_type;
-    if (has_l1 && p.drafter != TRI_SPEC_DRAFTER_NGRAM) {  // L1's own cache
+    const bool draft_default = p.draft_kv_type == TRI_DTYPE_COUNT;  // may become q8_0 below
+    if (draft_default) p.draft_kv_type = sp.kv_type;
+    if ((has_l1 && p.drafter != TRI_SPEC_DRAFTER_NGRAM) || has_l2) {  // L1's own cache, L2's gathered chunks
         if (!tri__kv_type_ok(p.draft_kv_type))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                              "speculative: draft_kv_type %s (%d): want f16, f32, q8_0 or q4_0",
                              tri_dtype_name(p.draft_kv_type), (int)p.draft_kv_type);
-        int32_t hd = p.drafter == TRI_SPEC_DRAFTER_MODEL ? p.draft_model->config.head_dim : c->head_dim;
-        if (tri__dtype_is_quantized(p.draft_kv_type) && hd % TRI_QK != 0)
+        int32_t hd = has_l1 && p.drafter == TRI_SPEC_DRAFTER_MODEL ? p.draft_model->config.head_dim : c->head_dim;
+        if (has_l2 && c->head_dim < hd) hd = c->head_dim;  // whichever fails (both when equal)
+        if (tri__dtype_is_quantized(p.draft_kv_type) && (hd % TRI_QK != 0 || (has_l2 && c->head_dim % TRI_QK != 0)))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                              "speculative: draft_kv_type %s quantizes blocks of %d values; the draft's head_dim %d is "
-                             "not a multiple", tri_dtype_name(p.draft_kv_type), TRI_QK, hd);
+                             "not a multiple", tri_dtype_name(p.draft_kv_type), TRI_QK,
+                             has_l2 && c->head_dim % TRI_QK != 0 ? c->head_dim : hd);
     }
 
     tri_spec *s = calloc(1, sizeof *s);
@@ -1265,6 +1282,13 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     s->be = s->group.be[0];
     s->tw = s->group.weights[0];
     const int32_t n_ranks = s->group.n;
+    // draft caches left to the default: q8_0 where they can be, over an f16 target (measured: more
+    // tokens per L3 pass at equal memory, docs/benchmarks.md "Quantized draft caches"), else the
+    // session's type
+    if (draft_default && sp.kv_type == TRI_DTYPE_F16 && strcmp(s->be->ops->name, "cpu") == 0 &&
+        c->head_dim % TRI_QK == 0 &&
+        !(has_l1 && p.drafter == TRI_SPEC_DRAFTER_MODEL && p.draft_model->config.head_dim % TRI_QK != 0))
+        p.draft_kv_type = TRI_DTYPE_Q8_0;
     if (has_l1 && p.drafter == TRI_SPEC_DRAFTER_LAYERS) {
         if ((st = tri__model_layer_view(s->tw, p.draft_layers, p.n_draft_layers, &s->view))) goto fail;
         for (int32_t r = 1; r < n_ranks; r++)  // the self-draft splits as the target does
@@ -1302,8 +1326,18 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         tri__kv_policy_params kp = tri__kv_policy_default_params(TRI_KV_POLICY_RETRIEVAL, sp.n_ctx);
         kp.chunk = p.chunk;
         if (p.budget > 0) kp.budget = p.budget;
-        else tri__kv_policy_default_budget(&kp, sp.n_ctx);
+        else default_l2_budget(&kp, sp.n_ctx, p.draft_kv_type, c->head_dim);
         tri__level_params l2p = lp;
+        if (tri__dtype_is_quantized(p.draft_kv_type)) {
+            if (strcmp(s->be->ops->name, "cpu") != 0) {
+                st = tri__fail(TRI_STATUS_UNSUPPORTED,
+                               "speculative: draft_kv_type %s is not supported on the %s backend yet (CPU only): L2's "
+                               "view would mix quantized and %s rows", tri_dtype_name(p.draft_kv_type),
+                               s->be->ops->name, tri_dtype_name(sp.kv_type));
+                goto fail;
+            }
+            l2p.gather_type = p.draft_kv_type;
+        }
         l2p.policy = kp.kind;
         l2p.budget = kp.budget;
         l2p.chunk = kp.chunk;

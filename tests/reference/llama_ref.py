@@ -17,7 +17,10 @@ usage:
 --greedy N prints N greedily generated ids after the prompt, comma-separated, decoding one token
 at a time with a KV cache (as transformers' generate does). --kv-quant q8_0|q4_0 makes that cache
 (and the prompt pass's) hold GGML-quantized rows, quantized by the gguf package: the model of a
-quantized KV cache.
+quantized KV cache. --kv-mixed S,W models kv_type mixed: every row in q4_0 (as --kv-quant q4_0) and
+also in f16; a pass starting at position n0 reads the f16 rows of positions below S (the sinks) and
+from n0 - W on (the recent window, and the pass's own), the q4_0 rows between. --batch B runs the
+prompt in passes of B tokens (as a runtime's n_batch), which matters only for --kv-mixed.
 
 Also importable: Llama(dir).forward(tokens, start_pos, cache) for tests, or
 Llama(cfg=config_dict, weights=arrays) for weights converted in memory.
@@ -169,7 +172,8 @@ def apply_rope(x, positions, inv_freq, scaling):
 # ---- the model ----
 
 class Llama:
-    def __init__(self, model_dir=None, *, cfg=None, weights=None, kv_quant=None, kv_quant_order="hf"):
+    def __init__(self, model_dir=None, *, cfg=None, weights=None, kv_quant=None, kv_quant_order="hf",
+                 kv_mixed=None):
         """From an HF directory, or from a config.json dict and HF-named float64 arrays (rows in the
         HF layout) already in memory, e.g. converted from another format. kv_quant "q8_0" or "q4_0":
         every key (after rope) and value row entering the cache is rounded to float32, quantized
@@ -178,6 +182,9 @@ class Llama:
         halves, as here) or "gguf" (llama.cpp's permuted rows: rope pairs adjacent, so element 2i
         is HF's i and 2i + 1 is i + head_dim / 2); with head_dim over 32 the two differ."""
         self.kv_quant = kv_quant
+        self.kv_mixed = kv_mixed  # (sinks, window): full rows rounded to f16 there, kv_quant elsewhere
+        if kv_mixed:
+            self.kv_quant = "q4_0"
         self.kv_quant_order = kv_quant_order
         if model_dir is not None:
             cfg = json.loads((Path(model_dir) / "config.json").read_text())
@@ -229,6 +236,9 @@ class Llama:
         """Logits (T, n_vocab) float64 of tokens at positions start_pos.., appending to cache."""
         if cache is None:
             cache = self.new_cache()
+        if self.kv_mixed and len(cache[0]) == 2:  # the f16 rows beside the quantized ones
+            for c in cache:
+                c.extend([c[0], c[1]])
         tokens = np.asarray(tokens, dtype=np.int64)
         T = len(tokens)
         pos = np.arange(start_pos, start_pos + T)
@@ -245,13 +255,23 @@ class Llama:
             v = (h @ self.w[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
             q = apply_rope(q, pos, inv_freq, rope_scale)
             k = apply_rope(k, pos, inv_freq, rope_scale)
+            if self.kv_mixed:
+                f16 = lambda a: a.astype(np.float32).astype(np.float16).astype(np.float64)
+                cache[l][2] = np.concatenate([cache[l][2], f16(k)], axis=1)
+                cache[l][3] = np.concatenate([cache[l][3], f16(v)], axis=1)
             if self.kv_quant:
                 k, v = self.round_kv(k, self.kv_quant_order == "gguf"), self.round_kv(v)
             cache[l][0] = np.concatenate([cache[l][0], k], axis=1)
             cache[l][1] = np.concatenate([cache[l][1], v], axis=1)
+            Kc, Vc = cache[l][0], cache[l][1]
+            if self.kv_mixed:  # f16 rows for the sinks and from start_pos - W on
+                sinks, window = self.kv_mixed
+                kp = np.arange(Kc.shape[1])
+                full = ((kp < sinks) | (kp >= start_pos - window))[None, :, None]
+                Kc, Vc = np.where(full, cache[l][2], Kc), np.where(full, cache[l][3], Vc)
             # repeat_kv: KV head j serves query heads j * n_rep .. (j + 1) * n_rep - 1
-            K = np.repeat(cache[l][0], nh // nkv, axis=0)  # (nh, S, hd)
-            V = np.repeat(cache[l][1], nh // nkv, axis=0)
+            K = np.repeat(Kc, nh // nkv, axis=0)  # (nh, S, hd)
+            V = np.repeat(Vc, nh // nkv, axis=0)
             s = q @ K.transpose(0, 2, 1) / math.sqrt(hd)    # (nh, T, S)
             s = np.where(mask[None], -np.inf, s)
             s = np.exp(s - s.max(axis=-1, keepdims=True))
@@ -265,10 +285,15 @@ class Llama:
         x = self.rms_norm(x, self.w["model.norm.weight"])
         return x @ self.lm_head.T
 
-    def greedy(self, prompt, n):
-        """n greedy ids after prompt: one prompt pass, then one token per pass with the cache."""
+    def prefill(self, prompt, cache, batch=0):
+        """Logits of the prompt in passes of batch tokens (0: one pass)."""
+        batch = batch or len(prompt)
+        return np.concatenate([self.forward(prompt[i:i + batch], i, cache) for i in range(0, len(prompt), batch)])
+
+    def greedy(self, prompt, n, batch=0):
+        """n greedy ids after prompt: the prompt's passes, then one token per pass with the cache."""
         cache = self.new_cache()
-        logits = self.forward(prompt, 0, cache)
+        logits = self.prefill(prompt, cache, batch)
         out = []
         pos = len(prompt)
         for _ in range(n):
@@ -290,6 +315,8 @@ def main(argv=None):
                     help="quantize the cache's key and value rows (gguf.quants) as a q8_0 / q4_0 KV cache")
     ap.add_argument("--kv-quant-order", choices=["hf", "gguf"], default="hf",
                     help="element order of a key while quantized: HF's halves or GGUF's adjacent pairs")
+    ap.add_argument("--kv-mixed", help="S,W: kv_type mixed, f16 sinks and window of W before each pass, q4_0 rows")
+    ap.add_argument("--batch", type=int, default=0, help="the prompt in passes of this many tokens")
     a = ap.parse_args(argv)
     if (a.tokens is None) == (a.text is None):
         ap.error("give exactly one of --tokens and --text")
@@ -300,14 +327,15 @@ def main(argv=None):
         prompt = Tokenizer.from_file(str(Path(a.model) / "tokenizer.json")).encode(a.text).ids
     if not prompt:
         ap.error("empty prompt")
-    m = Llama(a.model, kv_quant=a.kv_quant, kv_quant_order=a.kv_quant_order)
+    mixed = tuple(int(x) for x in a.kv_mixed.split(",")) if a.kv_mixed else None
+    m = Llama(a.model, kv_quant=a.kv_quant, kv_quant_order=a.kv_quant_order, kv_mixed=mixed)
     vocab = m.embed.shape[0]
     if min(prompt) < 0 or max(prompt) >= vocab:
         ap.error(f"token ids must be in [0, {vocab})")
     if a.out:
-        m.forward(prompt).astype("<f4").tofile(a.out)
+        m.prefill(prompt, m.new_cache(), a.batch).astype("<f4").tofile(a.out)
     if a.greedy:
-        print(",".join(str(t) for t in m.greedy(prompt, a.greedy)))
+        print(",".join(str(t) for t in m.greedy(prompt, a.greedy, a.batch)))
     return 0
 
 

@@ -566,8 +566,8 @@ tri_status tri__kv_store_attend_split(tri__kv_store *kv, int32_t il, float *out,
         o->host_spans[h] = (tri__kv_span){.pos0 = S, .n = end - S, .k = (const char *)o->host_k[il] + S * row + off,
                                           .v = (const char *)o->host_v[il] + S * row + off, .stride = stride};
     }
-    tri__kv_view dev = {kv->type, kv->n_head_kv, o->dev_spans, o->split_head_span, tree};
-    tri__kv_view host = {kv->type, kv->n_head_kv, o->host_spans, o->split_head_span, tree};
+    tri__kv_view dev = {kv->type, kv->n_head_kv, o->dev_spans, o->split_head_span, tree, false};
+    tri__kv_view host = {kv->type, kv->n_head_kv, o->host_spans, o->split_head_span, tree, false};
     int64_t n_chunk;
     TRY(tri__cpu_attention_chunks(o->host_be, NULL, &n_chunk, NULL, q_pos, m, n_head, hd, &host));
     TRY(split_reserve(kv, rows, n_chunk * rows * (hd + 2)));
@@ -633,7 +633,7 @@ tri_status tri__kv_host_attention_gbps(int32_t n_threads, int32_t m, int32_t n_h
         head_span[h] = h;
     }
     head_span[n_head_kv] = n_head_kv;
-    tri__kv_view view = {TRI_DTYPE_F16, n_head_kv, spans, head_span, NULL};
+    tri__kv_view view = {TRI_DTYPE_F16, n_head_kv, spans, head_span, NULL, false};
     if (n_threads <= 0) n_threads = split_default_threads(NULL);  // the machine's cores less one
     if ((st = tri__backend_cpu_create(n_threads, TRI_CPU_SIMD_AUTO, &be))) goto done;
     int64_t n_chunk;
