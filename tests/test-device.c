@@ -1057,7 +1057,7 @@ Test(device, cuda_engine_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
 // where it lies, reading the blocks in place; the device half of a split, attention_state over
 // quantized rows, is checked in the cuda-backend suite, since 1024 rows of prompt cost minutes on
 // the emulator). The offloaded layers stream the blocks themselves: a decode step's bytes up are
-// 34/64 of f16's with q8_0 and 18/64 with q4_0, counted by the engine.
+// 34/64 of f16's with q8_0 and 18/64 with q4_0, counted by the engine. Then a q4_0 draft cache.
 Test(device, cuda_quantized_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
     if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
     tri_model *m;
@@ -1078,6 +1078,7 @@ Test(device, cuda_quantized_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
     gp.sampler.temperature = 0.0f;
     const tri_dtype types[3] = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
     uint64_t up[3] = {0};
+    int32_t want_f16[NG];
     for (int t = 0; t < 3; t++) {
         sp.kv_type = types[t];
         int32_t want[NG], got[NG];
@@ -1088,7 +1089,7 @@ Test(device, cuda_quantized_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
             double host;
         } runs[] = {{TRI_DEVICE_CPU, 0, 0}, {TRI_DEVICE_CUDA, 0, 0}, {TRI_DEVICE_CUDA, 3, 0}, {TRI_DEVICE_CUDA, 3, 0.5}};
         for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
-            if (t == 0 && r != 2) continue;  // f16: the streamed bytes only
+            if (t == 0 && r != 0 && r != 2) continue;  // f16: the CPU's tokens and the streamed bytes
             sp.device_kind = runs[r].kind;
             sp.kv_layers_offloaded = runs[r].off;
             sp.kv_host_fraction = runs[r].host;
@@ -1103,6 +1104,7 @@ Test(device, cuda_quantized_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
                              "the CPU's %d", tri_dtype_name(types[t]), tri_session_device(s), runs[r].off, runs[r].host,
                              i, got[i], want[i]);
             if (r == 2) up[t] = st.kv_bytes_up;
+            if (r == 0 && t == 0) memcpy(want_f16, want, sizeof want);
             if (r == 3) {  // nothing streamed: the host read every row of the 3 layers, K and V, in place
                 uint64_t host = 0;
                 for (int i = 0; i < NG - 1; i++)
@@ -1127,6 +1129,44 @@ Test(device, cuda_quantized_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
     cr_log_info("KV bytes up over %d decode steps: f16 %llu, q8_0 %llu (%.4fx), q4_0 %llu (%.4fx)", NG - 1,
                 (unsigned long long)up[0], (unsigned long long)up[1], (double)up[1] / (double)up[0],
                 (unsigned long long)up[2], (double)up[2] / (double)up[0]);
+    // an f16 target with a q4_0 L1 (the whole model as its own draft over a StreamingLLM window the
+    // prompt overflows; on the device its one-token steps are a recorded graph whose set_rows
+    // quantizes and whose get_rows_dev dequantizes): plain decoding's tokens, and the draft proposes
+    // and has accepted what the CPU's q4_0 draft does (set_rows' blocks themselves are checked byte
+    // by byte in the cuda-backend suite)
+    sp.kv_type = TRI_DTYPE_F16;
+    sp.kv_layers_offloaded = 0;
+    sp.kv_host_fraction = 0;
+    static const int32_t all_layers[] = {0, 1, 2};
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_DRAFT;
+    p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+    p.draft_layers = all_layers;
+    p.n_draft_layers = 3;
+    p.draft_window = 32;
+    p.draft_sink = 4;
+    p.draft_kv_type = TRI_DTYPE_Q4_0;
+    tri_spec_stats sst[2];
+    for (int r = 0; r < 2; r++) {
+        sp.device_kind = r ? TRI_DEVICE_CUDA : TRI_DEVICE_CPU;
+        tri_spec *e;
+        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+        int32_t got[NG], *g = got;
+        cr_assert_eq(tri_generate_spec(e, prompt, NP, &gp, collect, &g, &sst[r]), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(g - got, NG);
+        for (int i = 0; i < NG; i++)
+            cr_assert_eq(got[i], want_f16[i], "%s, a q4_0 draft cache: token %d: %d, plain %d", tri_spec_device(e), i,
+                         got[i], want_f16[i]);
+        tri_spec_free(e);
+    }
+    cr_log_info("q4_0 draft: device %lld proposed, %lld accepted; CPU %lld, %lld", (long long)sst[1].l1_proposed,
+                (long long)sst[1].l1_accepted, (long long)sst[0].l1_proposed, (long long)sst[0].l1_accepted);
+    cr_assert(sst[1].l1_accepted > 0 && sst[1].l1_proposed == sst[0].l1_proposed &&
+                  sst[1].l1_accepted == sst[0].l1_accepted,
+              "q4_0 draft on the device: %lld proposed, %lld accepted; on the CPU %lld, %lld",
+              (long long)sst[1].l1_proposed, (long long)sst[1].l1_accepted, (long long)sst[0].l1_proposed,
+              (long long)sst[0].l1_accepted);
     tri_model_free(m);
 }
 
