@@ -573,8 +573,8 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %s keys", tri_dtype_name(kv->type));
     // a quantized cache's rows are whole blocks of 32, read in place (the CPU's conditions)
     if (quant && (hd % TRI_QK != 0 || weight_sums))
-        return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %s keys with head_dim %lld%s", tri_dtype_name(kv->type),
-                         (long long)hd, weight_sums ? " and weight sums (H2O)" : "");
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %s keys with head_dim %lld%s",
+                         tri_dtype_name(kv->type), (long long)hd, weight_sums ? " and weight sums (H2O)" : "");
     // n_head 0 would make a group of 0 heads (a division by zero sizing the partials below)
     if (nkv <= 0 || n_head <= 0 || n_head % nkv != 0 || hd <= 0 || m < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda attention: %lld heads over %lld KV heads, head_dim %lld",

@@ -101,8 +101,8 @@ __device__ __forceinline__ void quantize_block(uint8_t *blk, const float *x, int
 // Blocks b < nb of src (nb * 32 f32, rows of bpr blocks): block j of row i goes to block j of row
 // rows[i] of dst (rows device, set_rows) or, rows NULL, to block b of dst (convert).
 template <int T>
-__global__ void __launch_bounds__(THREADS) k_quantize(uint8_t *dst, const float *src, const int32_t *rows, int64_t nb,
-                                                      int64_t bpr) {
+__global__ void __launch_bounds__(THREADS)
+    k_quantize(uint8_t *dst, const float *src, const int32_t *rows, int64_t nb, int64_t bpr) {
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (THREADS / 32);
     const int64_t bb = T == TRI_DTYPE_Q8_0 ? 34 : 18;
@@ -116,14 +116,17 @@ static cudaError_t quantize(void *dst, tri_dtype t, const float *src, const int3
                             cudaStream_t s) {
     if (nb <= 0) return cudaSuccess;
     unsigned int grid = grid_for(nb * 32);
-    if (t == TRI_DTYPE_Q8_0) TRI_LAUNCH((k_quantize<TRI_DTYPE_Q8_0>), grid, THREADS, 0, s, (uint8_t *)dst, src, rows, nb, bpr);
-    else TRI_LAUNCH((k_quantize<TRI_DTYPE_Q4_0>), grid, THREADS, 0, s, (uint8_t *)dst, src, rows, nb, bpr);
+    if (t == TRI_DTYPE_Q8_0)
+        TRI_LAUNCH((k_quantize<TRI_DTYPE_Q8_0>), grid, THREADS, 0, s, (uint8_t *)dst, src, rows, nb, bpr);
+    else
+        TRI_LAUNCH((k_quantize<TRI_DTYPE_Q4_0>), grid, THREADS, 0, s, (uint8_t *)dst, src, rows, nb, bpr);
     return cudaGetLastError();
 }
 
 cudaError_t tri__cuda_convert(void *dst, tri_dtype dst_type, const float *src, int64_t n, cudaStream_t s) {
     if (n <= 0) return cudaSuccess;
-    if (dst_type == TRI_DTYPE_Q8_0 || dst_type == TRI_DTYPE_Q4_0) return quantize(dst, dst_type, src, NULL, n / 32, 1, s);
+    if (dst_type == TRI_DTYPE_Q8_0 || dst_type == TRI_DTYPE_Q4_0)
+        return quantize(dst, dst_type, src, NULL, n / 32, 1, s);
     TRI_LAUNCH((k_convert), grid_for(n), THREADS, 0, s, (uint16_t *)dst, dst_type == TRI_DTYPE_BF16, src, n);
     return cudaGetLastError();
 }

@@ -426,7 +426,8 @@ Test(cuda_backend, convert_bit_exact) {
     cr_assert_eq(gpu->ops->convert(gpu, dh, TRI_DTYPE_F32, dx, n), TRI_STATUS_OK);
     down(gpu, back, dh, sizeof back);
     cr_assert_arr_eq(back, x, sizeof x);
-    cr_assert_eq(gpu->ops->convert(gpu, dh, TRI_DTYPE_Q8_0, dx, n), TRI_STATUS_INVALID_ARGUMENT, "17 values: no blocks");
+    cr_assert_eq(gpu->ops->convert(gpu, dh, TRI_DTYPE_Q8_0, dx, n), TRI_STATUS_INVALID_ARGUMENT,
+                 "17 values: no blocks");
     cr_assert_eq(gpu->ops->convert(gpu, dh, TRI_DTYPE_Q4_1, dx, 16), TRI_STATUS_UNSUPPORTED);
     gpu->ops->free(gpu, dx);
     gpu->ops->free(gpu, dbig);
@@ -445,8 +446,12 @@ static void quant_blocks(float *x, int64_t nb) {
         float scale = b % 5 == 0 ? 1e-6f : b % 5 == 1 ? 1.0f : b % 5 == 2 ? 300.0f : b % 5 == 3 ? 1e-38f : 3e4f;
         for (int e = 0; e < 32; e++) y[e] = frand() * scale;
         switch (b % 16) {
-        case 0: for (int e = 0; e < 32; e++) y[e] = 0.0f; break;
-        case 1: for (int e = 0; e < 32; e++) y[e] = -0.0f; break;
+        case 0:
+            for (int e = 0; e < 32; e++) y[e] = 0.0f;
+            break;
+        case 1:
+            for (int e = 0; e < 32; e++) y[e] = -0.0f;
+            break;
         case 2: y[3] = 8.0f, y[20] = -8.0f; break;  // ties of magnitude: the first wins (Q4_0 d = -1)
         case 3: y[0] = -8.0f, y[31] = 8.0f; break;
         case 4:  // exact halves: Q8_0 with amax 127 (d 1), Q4_0 with max -8 (d 1, x + 8.5 at .5 + .5)
@@ -457,8 +462,12 @@ static void quant_blocks(float *x, int64_t nb) {
         case 6: y[0] = NAN; break;
         case 7: y[9] = INFINITY; break;
         case 8: y[0] = -INFINITY, y[1] = INFINITY; break;
-        case 9: for (int e = 0; e < 32; e++) y[e] = NAN; break;
-        case 10: for (int e = 0; e < 32; e++) y[e] = 2.5f; break;  // all equal
+        case 9:
+            for (int e = 0; e < 32; e++) y[e] = NAN;
+            break;
+        case 10:  // all equal
+            for (int e = 0; e < 32; e++) y[e] = 2.5f;
+            break;
         default: break;
         }
     }
@@ -495,8 +504,8 @@ Test(cuda_backend, convert_and_set_rows_quantized_bit_exact) {
         cr_assert_eq(gpu->ops->set_rows(gpu, dstore, t, dx, drows, M, ROW), TRI_STATUS_OK, "%s", tri_last_error());
         down(gpu, hstore, dstore, rb * SLOTS);
         for (int i = 0; i < M; i++) cr_assert(tri__quantize_row(store + rows[i] * rb, x + i * ROW, t, ROW));
-        cr_assert(memcmp(hstore, store, rb * SLOTS) == 0, "%s set_rows: not tri__quantize_row's rows (others untouched)",
-                  tri_dtype_name(t));
+        cr_assert(memcmp(hstore, store, rb * SLOTS) == 0,
+                  "%s set_rows: not tri__quantize_row's rows (others untouched)", tri_dtype_name(t));
         cr_assert_eq(gpu->ops->set_rows(gpu, dstore, t, dx, drows, M, 40), TRI_STATUS_INVALID_ARGUMENT,
                      "rows of 40 values are not whole blocks");
         cr_assert_eq(gpu->ops->convert(gpu, dq, t, dx, 48), TRI_STATUS_INVALID_ARGUMENT);
@@ -960,7 +969,8 @@ Test(cuda_backend, attention_quantized_rows) {
     fill(q, 2 * 6 * 64, 1.0f);
     float *dq = up(gpu, q, sizeof q), *dout = dalloc(gpu, sizeof a);
     int32_t *dpos = up(gpu, qpos, sizeof qpos);
-    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, 2, 6, 64, &view, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, 2, 6, 64, &view, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
     down(gpu, a, dout, sizeof a);
     cr_assert_eq(gpu->ops->attention_dev(gpu, dout, dq, dpos, 2, 6, 64, &view), TRI_STATUS_OK, "%s", tri_last_error());
     down(gpu, b, dout, sizeof b);

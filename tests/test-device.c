@@ -1061,8 +1061,9 @@ Test(device, cuda_engine_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
 Test(device, cuda_quantized_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
     if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
     tri_model *m;
-    cr_assert_eq(tri_model_load(gen_model("kvq", "--layers 3 --heads 4 --kv-heads 2 --head-dim 32 --vocab 300 --seed 29 "
-                                                 "--ctx 2048 --dtype f32"),
+    cr_assert_eq(tri_model_load(gen_model("kvq",
+                                          "--layers 3 --heads 4 --kv-heads 2 --head-dim 32 --vocab 300 --seed 29 "
+                                          "--ctx 2048 --dtype f32"),
                                 NULL, &m),
                  TRI_STATUS_OK, "%s", tri_last_error());
     enum { NP = 40, NG = 6 };
@@ -1087,7 +1088,8 @@ Test(device, cuda_quantized_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
             tri_device_kind kind;
             int32_t off;
             double host;
-        } runs[] = {{TRI_DEVICE_CPU, 0, 0}, {TRI_DEVICE_CUDA, 0, 0}, {TRI_DEVICE_CUDA, 3, 0}, {TRI_DEVICE_CUDA, 3, 0.5}};
+        } runs[] = {
+            {TRI_DEVICE_CPU, 0, 0}, {TRI_DEVICE_CUDA, 0, 0}, {TRI_DEVICE_CUDA, 3, 0}, {TRI_DEVICE_CUDA, 3, 0.5}};
         for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
             if (t == 0 && r != 0 && r != 2) continue;  // f16: the CPU's tokens and the streamed bytes
             sp.device_kind = runs[r].kind;
@@ -1100,17 +1102,21 @@ Test(device, cuda_quantized_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
             cr_assert_eq(tri_generate(s, prompt, NP, &gp, collect, &w, &st), TRI_STATUS_OK, "%s", tri_last_error());
             cr_assert_eq(w - (r == 0 ? want : got), NG);
             for (int i = 0; r > 0 && t > 0 && i < NG; i++)
-                cr_assert_eq(got[i], want[i], "%s cache on %s, %d layers offloaded, host fraction %.2f: token %d: %d, "
-                             "the CPU's %d", tri_dtype_name(types[t]), tri_session_device(s), runs[r].off, runs[r].host,
-                             i, got[i], want[i]);
+                cr_assert_eq(got[i], want[i],
+                             "%s cache on %s, %d layers offloaded, host fraction %.2f: token %d: %d, "
+                             "the CPU's %d",
+                             tri_dtype_name(types[t]), tri_session_device(s), runs[r].off, runs[r].host, i, got[i],
+                             want[i]);
             if (r == 2) up[t] = st.kv_bytes_up;
             if (r == 0 && t == 0) memcpy(want_f16, want, sizeof want);
             if (r == 3) {  // nothing streamed: the host read every row of the 3 layers, K and V, in place
                 uint64_t host = 0;
                 for (int i = 0; i < NG - 1; i++)
                     host += 3 * 2 * (uint64_t)tri__dtype_row_bytes(types[t], 2 * 32) * (NP + 1 + (uint64_t)i);
-                cr_assert(st.kv_bytes_up == 0 && st.kv_bytes_host == host, "split: %llu bytes up, %llu read on the host "
-                          "(want 0, %llu)", (unsigned long long)st.kv_bytes_up, (unsigned long long)st.kv_bytes_host,
+                cr_assert(st.kv_bytes_up == 0 && st.kv_bytes_host == host,
+                          "split: %llu bytes up, %llu read on the host "
+                          "(want 0, %llu)",
+                          (unsigned long long)st.kv_bytes_up, (unsigned long long)st.kv_bytes_host,
                           (unsigned long long)host);
             }
             tri_session_free(s);
@@ -1162,11 +1168,10 @@ Test(device, cuda_quantized_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
     }
     cr_log_info("q4_0 draft: device %lld proposed, %lld accepted; CPU %lld, %lld", (long long)sst[1].l1_proposed,
                 (long long)sst[1].l1_accepted, (long long)sst[0].l1_proposed, (long long)sst[0].l1_accepted);
-    cr_assert(sst[1].l1_accepted > 0 && sst[1].l1_proposed == sst[0].l1_proposed &&
-                  sst[1].l1_accepted == sst[0].l1_accepted,
-              "q4_0 draft on the device: %lld proposed, %lld accepted; on the CPU %lld, %lld",
-              (long long)sst[1].l1_proposed, (long long)sst[1].l1_accepted, (long long)sst[0].l1_proposed,
-              (long long)sst[0].l1_accepted);
+    cr_assert(
+        sst[1].l1_accepted > 0 && sst[1].l1_proposed == sst[0].l1_proposed && sst[1].l1_accepted == sst[0].l1_accepted,
+        "q4_0 draft on the device: %lld proposed, %lld accepted; on the CPU %lld, %lld", (long long)sst[1].l1_proposed,
+        (long long)sst[1].l1_accepted, (long long)sst[0].l1_proposed, (long long)sst[0].l1_accepted);
     tri_model_free(m);
 }
 
