@@ -240,8 +240,8 @@ static void check_file(tri_dtype type, const char *tag, const char *path, const 
                      tri_dtype_name(type), i, g[i], tri_dtype_name(type), rq.greedy[i]);
     // (on a device, the default one in an emulated build, the split's host half is the CPU's
     // kernel: other rounding than the device's attention, so the offloaded logits are only close)
-    const bool same = cpu ? memcmp(l, l_off, sizeof(float) * (size_t)N_PROMPT * (size_t)nv) == 0
-                          : max_diff(l_off, &rq) <= 1e-5;
+    const bool same =
+        cpu ? memcmp(l, l_off, sizeof(float) * (size_t)N_PROMPT * (size_t)nv) == 0 : max_diff(l_off, &rq) <= 1e-5;
     cr_assert(memcmp(g, g_off, sizeof g) == 0 && same, "%s: the offloaded cache gives other %s", tri_dtype_name(type),
               cpu ? "bits" : "logits");
     cr_assert(dq <= 1e-5, "%s: logits %.3e from the reference with a %s cache", path, dq, tri_dtype_name(type));
