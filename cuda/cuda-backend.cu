@@ -414,8 +414,14 @@ static tri_status cuda_get_rows(tri__backend *be, float *out, const void *table,
 static tri_status cuda_convert(tri__backend *be, void *dst, tri_dtype type, const float *src, int64_t n) {
     cuda_state *st = priv(be);
     if (n < 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda convert: n = %lld", (long long)n);
-    if (type != TRI_DTYPE_F32 && type != TRI_DTYPE_F16 && type != TRI_DTYPE_BF16)
+    bool quant = type == TRI_DTYPE_Q8_0 || type == TRI_DTYPE_Q4_0;  // a quantized KV cache's rows
+    if (type != TRI_DTYPE_F32 && type != TRI_DTYPE_F16 && type != TRI_DTYPE_BF16 && !quant)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda convert: to %s", tri_dtype_name(type));
+    if (quant && n % TRI_QK != 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda convert: %lld values to %s, not whole blocks of %d",
+                         (long long)n, tri_dtype_name(type), TRI_QK);
+    if (!aligned(dst, elem_align(type)) || !aligned(src, 4))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda convert: misaligned rows");
     if (n == 0) return TRI_STATUS_OK;
     USE_DEVICE(st);
     if (type == TRI_DTYPE_F32) {
@@ -562,8 +568,13 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
                                 float *weight_sums) {
     cuda_state *st = priv(be);
     int64_t nkv = kv->n_head_kv;
-    if (kv->type != TRI_DTYPE_F16 && kv->type != TRI_DTYPE_F32)
+    const bool quant = kv->type == TRI_DTYPE_Q8_0 || kv->type == TRI_DTYPE_Q4_0;
+    if (kv->type != TRI_DTYPE_F16 && kv->type != TRI_DTYPE_F32 && !quant)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %s keys", tri_dtype_name(kv->type));
+    // a quantized cache's rows are whole blocks of 32, read in place (the CPU's conditions)
+    if (quant && (hd % TRI_QK != 0 || weight_sums))
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %s keys with head_dim %lld%s",
+                         tri_dtype_name(kv->type), (long long)hd, weight_sums ? " and weight sums (H2O)" : "");
     // n_head 0 would make a group of 0 heads (a division by zero sizing the partials below)
     if (nkv <= 0 || n_head <= 0 || n_head % nkv != 0 || hd <= 0 || m < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda attention: %lld heads over %lld KV heads, head_dim %lld",
@@ -577,7 +588,8 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
     int64_t n_pos = 0, n_keys = 0;
     for (int32_t si = 0; si < n_spans; si++) {
         const tri__kv_span *sp = &kv->spans[si];
-        if (sp->n < 0 || (sp->n > 0 && sp->stride < hd))
+        if (sp->n < 0 || (sp->n > 0 && sp->stride < hd) ||
+            (quant && sp->n > 0 && (sp->stride % TRI_QK != 0 || !aligned(sp->k, 2) || !aligned(sp->v, 2))))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda attention: span %d has %d rows of stride %lld", si, sp->n,
                              (long long)sp->stride);
         if (sp->pos) n_pos += sp->n;
@@ -658,7 +670,7 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
     a.m = m, a.n_head = n_head, a.hd = hd, a.group = g, a.n_chunks = n_chunks;
     a.chunk_keys = C;
     a.scale = 1.0f / sqrtf((float)hd);
-    a.f16 = kv->type == TRI_DTYPE_F16;
+    a.type = kv->type;
     a.state = state;
     if (tree) {
         a.tree_anc = (const uint32_t *)(d + o_tree);
@@ -723,7 +735,7 @@ static tri_status cuda_gather(tri__backend *be, void *dst, const void *src, cons
 static tri_status cuda_chunk_mean(tri__backend *be, float *out, const void *x, tri_dtype type, int64_t n_chunks,
                                   int64_t chunk, int64_t width, int64_t stride) {
     cuda_state *st = priv(be);
-    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32)
+    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32)  // (a q8_0 / q4_0 cache holds no retrieval policy)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda chunk_mean: %s rows", tri_dtype_name(type));
     if (n_chunks < 0 || chunk <= 0 || width < 0 || stride < width)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
@@ -997,10 +1009,12 @@ static tri_status cuda_attention_dev(tri__backend *be, float *out, const float *
 static tri_status cuda_set_rows(tri__backend *be, void *dst, tri_dtype type, const float *src, const int32_t *rows,
                                 int64_t m, int64_t n) {
     cuda_state *st = priv(be);
-    if (type != TRI_DTYPE_F32 && type != TRI_DTYPE_F16 && type != TRI_DTYPE_BF16)
+    bool quant = type == TRI_DTYPE_Q8_0 || type == TRI_DTYPE_Q4_0;  // a quantized cache's rows
+    if (type != TRI_DTYPE_F32 && type != TRI_DTYPE_F16 && type != TRI_DTYPE_BF16 && !quant)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda set_rows: to %s", tri_dtype_name(type));
-    if (m < 0 || n < 0)
-        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda set_rows: %lld rows of %lld", (long long)m, (long long)n);
+    if (m < 0 || n < 0 || (quant && n % TRI_QK != 0))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda set_rows: %lld rows of %lld%s", (long long)m, (long long)n,
+                         quant ? " (whole blocks of 32)" : "");
     if (!aligned(dst, elem_align(type)) || !aligned(rows, 4))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda set_rows: misaligned rows");
     if (m == 0 || n == 0) return TRI_STATUS_OK;

@@ -127,10 +127,11 @@ __device__ __forceinline__ uint16_t tri_dev_f32_to_bf16(float f) {
 // 1-D grids: blocks of 256 threads, at most this many blocks, grid-stride loops beyond.
 #define TRI_CUDA_MAX_BLOCKS 65535
 
-// dst (n) of dst_type (F16 or BF16) = src (n) f32, rounded to nearest even.
+// dst (n) of dst_type (F16 or BF16) = src (n) f32, rounded to nearest even; or dst (n / 32 blocks)
+// of Q8_0 / Q4_0 = src quantized bit for bit as tri__quantize_row (n a multiple of 32, dst 2-aligned).
 cudaError_t tri__cuda_convert(void *dst, tri_dtype dst_type, const float *src, int64_t n, cudaStream_t s);
-// out (m, n) f32: row i = row ids[i] of table, rows of row_bytes bytes of type t. ids (m) device.
-// Row rows[i] of dst (n elements of t: F32, F16, BF16) = row i of src (m, n) f32; rows (m) device.
+// Row rows[i] of dst (n elements of t: F32, F16, BF16, or Q8_0 / Q4_0 with n a multiple of 32) =
+// row i of src (m, n) f32; rows (m) device.
 cudaError_t tri__cuda_set_rows(void *dst, tri_dtype t, const float *src, const int32_t *rows, int64_t m, int64_t n,
                                cudaStream_t s);
 // A StreamingLLM one-token step's view from the length in state[1] (backend.h, window_rows).
@@ -142,6 +143,7 @@ cudaError_t tri__cuda_chunk_mean(float *out, const void *x, bool f16, int64_t n_
 // dst row i (row_bytes) = src + offsets[i]; words: row_bytes, offsets and pointers 4-aligned.
 cudaError_t tri__cuda_gather(void *dst, const void *src, const int64_t *offsets, int64_t n, int64_t row_bytes,
                              bool words, cudaStream_t s);
+// out (m, n) f32: row i = row ids[i] of table, rows of row_bytes bytes of type t. ids (m) device.
 cudaError_t tri__cuda_get_rows(float *out, const void *table, tri_dtype t, int64_t row_bytes, int64_t n,
                                const int32_t *ids, int64_t m, cudaStream_t s);
 // out (rows, k) of half type out_type (F16) = rows of w (type t, row_bytes each), dequantized.
@@ -208,7 +210,7 @@ typedef struct tri__cuda_attn_args {
     int64_t m, n_head, hd, group, n_chunks;
     int32_t chunk_keys;           // keys per chunk at most
     float scale;
-    bool f16;                     // K and V are F16, else F32
+    tri_dtype type;               // of K and V: F32, F16, Q8_0 or Q4_0 (whole blocks of 32 per row)
     // scratch
     float *part_o;  // (n_chunks, mt, group, hd)
     float *part_ml; // (n_chunks, mt, group, 2): chunk max and sum

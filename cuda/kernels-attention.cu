@@ -6,7 +6,8 @@
 // Pass 2: one block per (query, query head) combines the chunks of its KV head. Pass 3 (only for
 // weight_sums): one block per chunk recomputes every score with the same warp_dot and adds
 // exp(score - max) / sum over the group's heads and the queries. Scratch is per chunk, so a 128K
-// key view costs (keys / chunk_keys) partial rows per query head, not one score per key.
+// key view costs (keys / chunk_keys) partial rows per query head, not one score per key. Rows are
+// F32, F16, or the blocks of a quantized cache (Q8_0, Q4_0), dequantized in registers as read.
 #include <math.h>
 
 #include "cuda-common.cuh"
@@ -14,23 +15,43 @@
 #define ATTN_THREADS 128
 #define ATTN_WARPS (ATTN_THREADS / 32)
 
-// Key row element d; rows of F16 or F32.
-template <bool F16>
+// The cache's row types as template arguments: F32, F16, and the blocks of 32 of Q8_0 (f16 scale,
+// 32 int8) and Q4_0 (f16 scale, 16 bytes of nibbles), which are read where they lie: each thread
+// dequantizes the elements it uses into registers (d q, d (q - 8): the values tri__dequantize_row
+// gives, exact in f32), so no f16 or f32 copy of a quantized cache is ever made.
+enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2, KV_Q4_0 = 3 };
+
+// Bytes of n elements of a row (n a multiple of 32 for the block types).
+template <int KT>
+__device__ __forceinline__ size_t kv_bytes(int64_t n) {
+    return KT == KV_F32 ? (size_t)n * 4 : KT == KV_F16 ? (size_t)n * 2 : (size_t)(n / 32) * (KT == KV_Q8_0 ? 34 : 18);
+}
+
+// Key or value row element d.
+template <int KT>
 __device__ __forceinline__ float kv_elem(const void *row, int64_t d) {
-    return F16 ? tri_dev_f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+    if (KT == KV_F32) return ((const float *)row)[d];
+    if (KT == KV_F16) return tri_dev_f16_to_f32(((const uint16_t *)row)[d]);
+    const int e = (int)(d & 31);
+    const uint8_t *blk = (const uint8_t *)row + (d >> 5) * (KT == KV_Q8_0 ? 34 : 18);
+    const float scale = tri_dev_f16_to_f32(*(const uint16_t *)blk);  // blocks are 2-byte aligned
+    if (KT == KV_Q8_0) return scale * (float)(int8_t)blk[2 + e];
+    const int q = e < 16 ? blk[2 + e] & 15 : blk[2 + e - 16] >> 4;
+    return scale * (float)(q - 8);
 }
 
 // q . krow over hd elements, by a whole warp; every lane gets the same value (a butterfly sum of
 // the same operands). Explicit fmaf and __fmul_rn so that pass 1 and pass 3 compute bit-identical
 // scores whatever the compiler contracts.
-template <bool F16>
+template <int KT>
 __device__ __forceinline__ float warp_score(const float *q, const void *krow, int64_t hd, float scale, int lane) {
     float s = 0.0f;
-    // Unrolled by 2 for f16 rows and 4 for f32: other choices (the compiler's own among them) make
-    // ptxas spill in k_attn_weight_sums, f16 on sm_80 or f32 on sm_120 (scripts/check-cuda.py fails
-    // on any spill).
-#pragma unroll (F16 ? 2 : 4)
-    for (int64_t d = lane; d < hd; d += 32) s = fmaf(q[d], kv_elem<F16>(krow, d), s);
+    // Unrolled by 2 for f16 and block rows and 4 for f32: other choices (the compiler's own among
+    // them) make ptxas spill in k_attn_weight_sums, f16 on sm_80 or f32 on sm_120
+    // (scripts/check-cuda.py fails on any spill). A lane reads element lane of each block of 32: a
+    // warp reads a block's codes in one stretch and its scale once.
+#pragma unroll (KT == KV_F32 ? 4 : 2)
+    for (int64_t d = lane; d < hd; d += 32) s = fmaf(q[d], kv_elem<KT>(krow, d), s);
     for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
     return __fmul_rn(s, scale);
 }
@@ -71,7 +92,7 @@ size_t tri__cuda_attn_smem(int64_t group, int64_t hd, int32_t chunk_keys) {
     return bytes > 48 * 1024 - 256 ? 0 : bytes;  // 48 KiB per block without opting in, less n_vis
 }
 
-template <bool F16>
+template <int KT>
 __global__ void __launch_bounds__(ATTN_THREADS) k_attn_partial(tri__cuda_attn_args a, int64_t i0, int64_t mt) {
     TRI_DYN_SMEM(unsigned char, smem);
     const int64_t g = a.group, hd = a.hd, C = a.chunk_keys;
@@ -87,7 +108,6 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_partial(tri__cuda_attn_ar
     const int32_t h = ch.head, n = ch.n;
     const int32_t qpos = a.q_pos[i];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const size_t es = F16 ? 2 : 4;
     if (threadIdx.x == 0) n_vis = 0;
     __syncthreads();
 
@@ -97,8 +117,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_partial(tri__cuda_attn_ar
         int64_t r = key - sp.key0;
         vis[t] = key_visible(a, qpos, key_pos(a, sp, r));
         if (vis[t]) atomicAdd(&n_vis, 1);
-        kp[t] = (const unsigned char *)sp.k + (size_t)(r * sp.stride) * es;
-        vp[t] = (const unsigned char *)sp.v + (size_t)(r * sp.stride) * es;
+        kp[t] = (const unsigned char *)sp.k + kv_bytes<KT>(r * sp.stride);
+        vp[t] = (const unsigned char *)sp.v + kv_bytes<KT>(r * sp.stride);
     }
     const float *qg = a.q + (i * a.n_head + (int64_t)h * g) * hd;  // the group's g heads, contiguous
     for (int64_t e = threadIdx.x; e < g * hd; e += ATTN_THREADS) qs[e] = qg[e];
@@ -116,7 +136,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_partial(tri__cuda_attn_ar
     for (int32_t t = warp; t < n; t += ATTN_WARPS) {
         if (!vis[t]) continue;  // uniform within the warp
         for (int64_t aa = 0; aa < g; aa++) {
-            float s = warp_score<F16>(qs + aa * hd, kp[t], hd, a.scale, lane);
+            float s = warp_score<KT>(qs + aa * hd, kp[t], hd, a.scale, lane);
             if (lane == 0) sc[aa * C + t] = s;
         }
     }
@@ -146,7 +166,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_partial(tri__cuda_attn_ar
         const float *p = sc + aa * C;
         float acc = 0.0f;
         for (int32_t t = 0; t < n; t++)
-            if (vis[t]) acc = fmaf(p[t], kv_elem<F16>(vp[t], d), acc);  // masked rows are never read
+            if (vis[t]) acc = fmaf(p[t], kv_elem<KT>(vp[t], d), acc);  // masked rows are never read
         o[e] = acc;
     }
 }
@@ -186,24 +206,24 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_combine(float *out, tri__
     }
 }
 
-template <bool F16>
+// (F32 and F16 rows: the backend refuses weight sums over quantized rows, as the CPU does.)
+template <int KT>
 __global__ void __launch_bounds__(ATTN_THREADS) k_attn_weight_sums(float *ws, tri__cuda_attn_args a) {
     const tri__cuda_chunk ch = a.chunks[blockIdx.x];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t g = a.group, hd = a.hd;
-    const size_t es = F16 ? 2 : 4;
     for (int32_t t = warp; t < ch.n; t += ATTN_WARPS) {
         int64_t key = ch.key0 + t;
         const tri__cuda_span &sp = a.spans[find_span(a, ch.head, key)];
         int64_t r = key - sp.key0;
         int32_t kpos = key_pos(a, sp, r);
-        const void *krow = (const unsigned char *)sp.k + (size_t)(r * sp.stride) * es;
+        const void *krow = (const unsigned char *)sp.k + kv_bytes<KT>(r * sp.stride);
         double w = 0;
         for (int64_t i = 0; i < a.m; i++) {
             if (!key_visible(a, a.q_pos[i], kpos)) continue;  // uniform within the warp
             for (int64_t aa = 0; aa < g; aa++) {
                 int64_t qa = i * a.n_head + (int64_t)ch.head * g + aa;
-                float s = warp_score<F16>(a.q + qa * hd, krow, hd, a.scale, lane);
+                float s = warp_score<KT>(a.q + qa * hd, krow, hd, a.scale, lane);
                 w += (double)(expf(s - a.stats[2 * qa]) / a.stats[2 * qa + 1]);
             }
         }
@@ -217,10 +237,13 @@ cudaError_t tri__cuda_attention(float *out, const tri__cuda_attn_args *a, int64_
     int64_t blocks1 = a->n_chunks * mt, blocks2 = mt * a->n_head;
     if (smem == 0 || blocks1 > 0x7fffffff || blocks2 > 0x7fffffff) return cudaErrorInvalidValue;
     if (blocks1 > 0) {
-        if (a->f16)
-            TRI_LAUNCH((k_attn_partial<true>), (unsigned int)blocks1, ATTN_THREADS, smem, s, *a, i0, mt);
-        else
-            TRI_LAUNCH((k_attn_partial<false>), (unsigned int)blocks1, ATTN_THREADS, smem, s, *a, i0, mt);
+        const unsigned int nb = (unsigned int)blocks1;
+        switch (a->type) {
+        case TRI_DTYPE_F16: TRI_LAUNCH((k_attn_partial<KV_F16>), nb, ATTN_THREADS, smem, s, *a, i0, mt); break;
+        case TRI_DTYPE_Q8_0: TRI_LAUNCH((k_attn_partial<KV_Q8_0>), nb, ATTN_THREADS, smem, s, *a, i0, mt); break;
+        case TRI_DTYPE_Q4_0: TRI_LAUNCH((k_attn_partial<KV_Q4_0>), nb, ATTN_THREADS, smem, s, *a, i0, mt); break;
+        default: TRI_LAUNCH((k_attn_partial<KV_F32>), nb, ATTN_THREADS, smem, s, *a, i0, mt); break;
+        }
         cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return err;
     }
@@ -231,9 +254,10 @@ cudaError_t tri__cuda_attention(float *out, const tri__cuda_attn_args *a, int64_
 cudaError_t tri__cuda_attn_weight_sums(float *weight_sums, const tri__cuda_attn_args *a, cudaStream_t s) {
     if (a->n_chunks <= 0) return cudaSuccess;
     if (a->n_chunks > 0x7fffffff) return cudaErrorInvalidValue;
-    if (a->f16)
-        TRI_LAUNCH((k_attn_weight_sums<true>), (unsigned int)a->n_chunks, ATTN_THREADS, 0, s, weight_sums, *a);
+    if (a->type != TRI_DTYPE_F16 && a->type != TRI_DTYPE_F32) return cudaErrorInvalidValue;
+    if (a->type == TRI_DTYPE_F16)
+        TRI_LAUNCH((k_attn_weight_sums<KV_F16>), (unsigned int)a->n_chunks, ATTN_THREADS, 0, s, weight_sums, *a);
     else
-        TRI_LAUNCH((k_attn_weight_sums<false>), (unsigned int)a->n_chunks, ATTN_THREADS, 0, s, weight_sums, *a);
+        TRI_LAUNCH((k_attn_weight_sums<KV_F32>), (unsigned int)a->n_chunks, ATTN_THREADS, 0, s, weight_sums, *a);
     return cudaGetLastError();
 }

@@ -58,8 +58,75 @@ __global__ void __launch_bounds__(THREADS) k_convert(uint16_t *dst, bool bf16, c
         dst[i] = bf16 ? tri_dev_f32_to_bf16(src[i]) : tri_dev_f32_to_f16(src[i]);
 }
 
+// ---- quantizing (a Q8_0 / Q4_0 KV cache's new rows) ----
+//
+// One warp per block of 32 values, lane e holding value e: the block's scale comes from a warp
+// reduction, every step as tri__quantize_row (runtime/dtype.c) takes it, so the blocks are its bits
+// (NaN and infinities included). Q8_0: amax = max |x| (NaN ignored, from 0), d = amax / 127,
+// q = clamp(roundf(x (1 / d)), -127, 127). Q4_0: m = the value of largest magnitude, the first of
+// ties (NaN skipped, unless x[0] is NaN, which then wins: the CPU's loop starts from x[0] and a
+// comparison with NaN is false), d = m / -8, q = trunc(clamp(x (1 / d) + 8.5, 0, 15)), with the
+// product and the sum rounded separately. Divisions in IEEE f32 (__fdiv_rn), d stored as f16.
+template <int T>
+__device__ __forceinline__ void quantize_block(uint8_t *blk, const float *x, int lane) {
+    const float v = x[lane];
+    float d;
+    if (T == TRI_DTYPE_Q8_0) {
+        float a = fabsf(v);
+        for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        d = __fdiv_rn(fmaxf(0.0f, a), 127.0f);  // fmaxf ignores NaN: all NaN gives 0, as the CPU's
+    } else {
+        float a = v != v ? -1.0f : fabsf(v);  // NaN never wins over a number
+        int at = lane;
+        for (int o = 16; o > 0; o >>= 1) {
+            float oa = __shfl_xor_sync(0xffffffffu, a, o);
+            int oat = __shfl_xor_sync(0xffffffffu, at, o);
+            if (oa > a || (oa == a && oat < at)) a = oa, at = oat;
+        }
+        float mx = __shfl_sync(0xffffffffu, v, at), x0 = __shfl_sync(0xffffffffu, v, 0);
+        if (x0 != x0) mx = x0;
+        d = __fdiv_rn(mx, -8.0f);
+    }
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    if (lane == 0) *(uint16_t *)blk = tri_dev_f32_to_f16(d);  // blocks are 2-byte aligned
+    if (T == TRI_DTYPE_Q8_0) {
+        blk[2 + lane] = (uint8_t)(int8_t)fmaxf(-127.0f, fminf(127.0f, roundf(__fmul_rn(v, id))));
+    } else {
+        int q = (int)fmaxf(0.0f, fminf(15.0f, __fadd_rn(__fmul_rn(v, id), 8.5f)));
+        int hi = __shfl_sync(0xffffffffu, q, (lane + 16) & 31);
+        if (lane < 16) blk[2 + lane] = (uint8_t)(q | hi << 4);
+    }
+}
+
+// Blocks b < nb of src (nb * 32 f32, rows of bpr blocks): block j of row i goes to block j of row
+// rows[i] of dst (rows device, set_rows) or, rows NULL, to block b of dst (convert).
+template <int T>
+__global__ void __launch_bounds__(THREADS)
+    k_quantize(uint8_t *dst, const float *src, const int32_t *rows, int64_t nb, int64_t bpr) {
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (THREADS / 32);
+    const int64_t bb = T == TRI_DTYPE_Q8_0 ? 34 : 18;
+    for (int64_t b = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; b < nb; b += warps) {  // uniform per warp
+        int64_t at = rows ? (int64_t)rows[b / bpr] * bpr + b % bpr : b;
+        quantize_block<T>(dst + at * bb, src + b * 32, lane);
+    }
+}
+
+static cudaError_t quantize(void *dst, tri_dtype t, const float *src, const int32_t *rows, int64_t nb, int64_t bpr,
+                            cudaStream_t s) {
+    if (nb <= 0) return cudaSuccess;
+    unsigned int grid = grid_for(nb * 32);
+    if (t == TRI_DTYPE_Q8_0)
+        TRI_LAUNCH((k_quantize<TRI_DTYPE_Q8_0>), grid, THREADS, 0, s, (uint8_t *)dst, src, rows, nb, bpr);
+    else
+        TRI_LAUNCH((k_quantize<TRI_DTYPE_Q4_0>), grid, THREADS, 0, s, (uint8_t *)dst, src, rows, nb, bpr);
+    return cudaGetLastError();
+}
+
 cudaError_t tri__cuda_convert(void *dst, tri_dtype dst_type, const float *src, int64_t n, cudaStream_t s) {
     if (n <= 0) return cudaSuccess;
+    if (dst_type == TRI_DTYPE_Q8_0 || dst_type == TRI_DTYPE_Q4_0)
+        return quantize(dst, dst_type, src, NULL, n / 32, 1, s);
     TRI_LAUNCH((k_convert), grid_for(n), THREADS, 0, s, (uint16_t *)dst, dst_type == TRI_DTYPE_BF16, src, n);
     return cudaGetLastError();
 }
@@ -97,6 +164,7 @@ __global__ void __launch_bounds__(THREADS) k_set_rows(uint8_t *dst, tri_dtype t,
 cudaError_t tri__cuda_set_rows(void *dst, tri_dtype t, const float *src, const int32_t *rows, int64_t m, int64_t n,
                                cudaStream_t s) {
     if (m <= 0 || n <= 0) return cudaSuccess;
+    if (t == TRI_DTYPE_Q8_0 || t == TRI_DTYPE_Q4_0) return quantize(dst, t, src, rows, m * (n / 32), n / 32, s);
     TRI_LAUNCH((k_set_rows), grid_for(m * n), THREADS, 0, s, (uint8_t *)dst, t, src, rows, m, n);
     return cudaGetLastError();
 }

@@ -382,11 +382,11 @@ typedef struct tri_session_params {
                         // token at a time past its window, so batching never changes its contents)
     tri_dtype kv_type;  // TRI_DTYPE_F16 (the default), TRI_DTYPE_F32, or TRI_DTYPE_Q8_0 /
                         // TRI_DTYPE_Q4_0: GGML's blocks of 32 values of a (layer, KV head,
-                        // position) row, read in place by the CPU attention; the output is then
+                        // position) row, read in place by the attention; the output is then
                         // exactly that of the model with a q8_0 / q4_0-rounded cache, not the f16
                         // one's. Quantized types need head_dim a multiple of 32, the full cache
-                        // policy (offloaded or not), autoregressive decoding (not tri_spec) and
-                        // the CPU backend: elsewhere the session is refused, naming kv_type
+                        // policy (offloaded or not) and autoregressive decoding (not tri_spec),
+                        // on the CPU or CUDA backend: elsewhere the session is refused, naming kv_type
     // ---- KV policy (ignored for TRI_KV_POLICY_FULL) ----
     tri_kv_policy kv_policy;  // default TRI_KV_POLICY_FULL
     int32_t kv_budget;        // past tokens a step attends to besides its own (and, for retrieval,
@@ -787,8 +787,8 @@ typedef struct tri_spec_params {
                                     // verifies every token, so a quantized draft cache changes
                                     // acceptance, never the output; a budget left to 0 then holds
                                     // the bytes of 4096 f16 tokens. Q8_0 / Q4_0 need head_dim a
-                                    // multiple of 32 and the CPU; refused naming draft_kv_type
-                                    // otherwise
+                                    // multiple of 32 and the CPU, or CUDA for L1's cache alone (a
+                                    // mode without L2); refused naming draft_kv_type otherwise
     int32_t tree_nodes;             // L3 verifies a token tree of up to this many drafted tokens
                                     // in one pass: the chain of gamma2 (fewer when tree_nodes is
                                     // smaller) plus siblings at each depth, the drafting level's

@@ -221,10 +221,11 @@ tri_status tri__kv_store_init_offload(tri__kv_store *kv, tri__backend *be, tri_d
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "kv cache: kv_type %s quantizes blocks of %d values of a head; head_dim %d is not a multiple",
                          tri_dtype_name(type), TRI_QK, head_dim);
-    if (tri__dtype_is_quantized(type) && be && strcmp(be->ops->name, "cpu") != 0 && strcmp(be->ops->name, "sim") != 0)
+    if (tri__dtype_is_quantized(type) && be && strcmp(be->ops->name, "cpu") != 0 &&
+        strcmp(be->ops->name, "cuda") != 0 && strcmp(be->ops->name, "sim") != 0)
         return tri__fail(TRI_STATUS_UNSUPPORTED,
-                         "kv cache: kv_type %s is not supported on the %s backend yet (CPU only)", tri_dtype_name(type),
-                         be->ops->name);
+                         "kv cache: kv_type %s is not supported on the %s backend (CPU and CUDA only)",
+                         tri_dtype_name(type), be->ops->name);
     if (n_layer <= 0 || n_head_kv <= 0 || head_dim <= 0 || capacity <= 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "kv cache: sizes must be positive (layers %d, kv heads %d, head dim %d, "

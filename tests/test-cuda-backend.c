@@ -426,10 +426,95 @@ Test(cuda_backend, convert_bit_exact) {
     cr_assert_eq(gpu->ops->convert(gpu, dh, TRI_DTYPE_F32, dx, n), TRI_STATUS_OK);
     down(gpu, back, dh, sizeof back);
     cr_assert_arr_eq(back, x, sizeof x);
-    cr_assert_eq(gpu->ops->convert(gpu, dh, TRI_DTYPE_Q8_0, dx, n), TRI_STATUS_UNSUPPORTED);
+    cr_assert_eq(gpu->ops->convert(gpu, dh, TRI_DTYPE_Q8_0, dx, n), TRI_STATUS_INVALID_ARGUMENT,
+                 "17 values: no blocks");
+    cr_assert_eq(gpu->ops->convert(gpu, dh, TRI_DTYPE_Q4_1, dx, 16), TRI_STATUS_UNSUPPORTED);
     gpu->ops->free(gpu, dx);
     gpu->ops->free(gpu, dbig);
     gpu->ops->free(gpu, dh);
+    DONE();
+}
+
+// A quantized KV cache's rows: convert and set_rows to Q8_0 / Q4_0 give tri__quantize_row's blocks
+// bit for bit (that function is checked against the gguf package in the kv-quant suite): random
+// blocks at several scales, codes at exact halves (roundf's ties away from zero, Q4_0's + 8.5),
+// the largest magnitude twice with both signs (Q4_0 takes the first), zero and -0 blocks,
+// subnormal and huge scales, and NaN and infinities (first and later in a block).
+static void quant_blocks(float *x, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++) {
+        float *y = x + b * 32;
+        float scale = b % 5 == 0 ? 1e-6f : b % 5 == 1 ? 1.0f : b % 5 == 2 ? 300.0f : b % 5 == 3 ? 1e-38f : 3e4f;
+        for (int e = 0; e < 32; e++) y[e] = frand() * scale;
+        switch (b % 16) {
+        case 0:
+            for (int e = 0; e < 32; e++) y[e] = 0.0f;
+            break;
+        case 1:
+            for (int e = 0; e < 32; e++) y[e] = -0.0f;
+            break;
+        case 2: y[3] = 8.0f, y[20] = -8.0f; break;  // ties of magnitude: the first wins (Q4_0 d = -1)
+        case 3: y[0] = -8.0f, y[31] = 8.0f; break;
+        case 4:  // exact halves: Q8_0 with amax 127 (d 1), Q4_0 with max -8 (d 1, x + 8.5 at .5 + .5)
+            for (int e = 0; e < 32; e++) y[e] = (float)(e % 9) - 4.5f;
+            y[7] = 127.0f, y[8] = -8.0f;
+            break;
+        case 5: y[5] = NAN; break;
+        case 6: y[0] = NAN; break;
+        case 7: y[9] = INFINITY; break;
+        case 8: y[0] = -INFINITY, y[1] = INFINITY; break;
+        case 9:
+            for (int e = 0; e < 32; e++) y[e] = NAN;
+            break;
+        case 10:  // all equal
+            for (int e = 0; e < 32; e++) y[e] = 2.5f;
+            break;
+        default: break;
+        }
+    }
+}
+
+Test(cuda_backend, convert_and_set_rows_quantized_bit_exact) {
+    NEED_GPU();
+    enum { NB = 100, ROW = 96, M = 5, SLOTS = 11 };  // convert: 100 blocks; set_rows: 5 rows of 3 blocks
+    float x[NB * 32];
+    quant_blocks(x, NB);
+    float *dx = up(gpu, x, sizeof x);
+    const tri_dtype types[2] = {TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    for (int ti = 0; ti < 2; ti++) {
+        const tri_dtype t = types[ti];
+        const size_t bytes = (size_t)tri__dtype_row_bytes(t, NB * 32), rb = (size_t)tri__dtype_row_bytes(t, ROW);
+        uint8_t *want = malloc(bytes), *got = malloc(bytes);
+        void *dq = dalloc(gpu, bytes);
+        cr_assert(tri__quantize_row(want, x, t, NB * 32));
+        for (int64_t n = 32; n <= NB * 32; n += NB * 32 - 32) {  // one block, and every block
+            cr_assert_eq(gpu->ops->convert(gpu, dq, t, dx, n), TRI_STATUS_OK, "%s", tri_last_error());
+            down(gpu, got, dq, (size_t)tri__dtype_row_bytes(t, n));
+            for (int64_t b = 0; b < n / 32; b++) {
+                size_t bb = (size_t)tri__dtype_block_bytes(t);
+                cr_assert(memcmp(got + b * bb, want + b * bb, bb) == 0,
+                          "%s block %lld (x[0] %g, x[1] %g): not tri__quantize_row's bytes", tri_dtype_name(t),
+                          (long long)b, (double)x[b * 32], (double)x[b * 32 + 1]);
+            }
+        }
+        // set_rows: row i of x's first M rows of ROW values into store row rows[i] of SLOTS
+        int32_t rows[M] = {7, 0, 10, 3, 4}, *drows = up(gpu, rows, sizeof rows);
+        uint8_t *store = malloc(rb * SLOTS), *hstore = malloc(rb * SLOTS);
+        memset(store, 0x5a, rb * SLOTS);
+        void *dstore = up(gpu, store, rb * SLOTS);
+        cr_assert_eq(gpu->ops->set_rows(gpu, dstore, t, dx, drows, M, ROW), TRI_STATUS_OK, "%s", tri_last_error());
+        down(gpu, hstore, dstore, rb * SLOTS);
+        for (int i = 0; i < M; i++) cr_assert(tri__quantize_row(store + rows[i] * rb, x + i * ROW, t, ROW));
+        cr_assert(memcmp(hstore, store, rb * SLOTS) == 0,
+                  "%s set_rows: not tri__quantize_row's rows (others untouched)", tri_dtype_name(t));
+        cr_assert_eq(gpu->ops->set_rows(gpu, dstore, t, dx, drows, M, 40), TRI_STATUS_INVALID_ARGUMENT,
+                     "rows of 40 values are not whole blocks");
+        cr_assert_eq(gpu->ops->convert(gpu, dq, t, dx, 48), TRI_STATUS_INVALID_ARGUMENT);
+        gpu->ops->free(gpu, dq);
+        gpu->ops->free(gpu, dstore);
+        gpu->ops->free(gpu, drows);
+        free(want), free(got), free(store), free(hstore);
+    }
+    gpu->ops->free(gpu, dx);
     DONE();
 }
 
@@ -708,7 +793,9 @@ static void naive_attn(const float *q, int32_t qpos, int64_t hd, int64_t nk, con
 }
 
 // A layer's cache: per KV head nk keys with positions kpos (0 .. nk/2 - 1, then 1000 + j), stored
-// as f32 or f16 rows of stride hd + 3, in host memory (ks, vs) and on the device (dks, dvs).
+// as f32 or f16 rows of stride hd + 3, or Q8_0 / Q4_0 rows of stride hd + 32 (whole blocks, the
+// padding quantized too), in host memory (ks, vs) and on the device (dks, dvs); k and v hold the
+// values the rows hold (rounded to f16, or dequantized).
 typedef struct test_cache {
     int64_t nkv, nk, hd, stride;
     tri_dtype type;
@@ -719,31 +806,44 @@ typedef struct test_cache {
 
 static void cache_make(tri__backend *gpu, test_cache *c, int64_t nkv, int64_t nk, int64_t hd, tri_dtype type,
                        float kscale) {
-    c->nkv = nkv, c->nk = nk, c->hd = hd, c->stride = hd + 3, c->type = type;
-    size_t es = type == TRI_DTYPE_F16 ? 2 : 4;
+    const bool quant = type == TRI_DTYPE_Q8_0 || type == TRI_DTYPE_Q4_0;
+    c->nkv = nkv, c->nk = nk, c->hd = hd, c->stride = quant ? hd + 32 : hd + 3, c->type = type;
+    size_t bytes = (size_t)tri__dtype_row_bytes(type, nkv * nk * c->stride);
     c->k = malloc(sizeof(float) * (size_t)(nkv * nk * hd));
     c->v = malloc(sizeof(float) * (size_t)(nkv * nk * hd));
-    c->ks = calloc((size_t)(nkv * nk * c->stride), es);
-    c->vs = calloc((size_t)(nkv * nk * c->stride), es);
+    c->ks = calloc(bytes, 1);
+    c->vs = calloc(bytes, 1);
     c->kpos = malloc(sizeof(int32_t) * (size_t)nk);
     for (int64_t j = 0; j < nk; j++) c->kpos[j] = (int32_t)(j < nk / 2 ? j : 1000 + j);
-    for (int64_t h = 0; h < nkv; h++)
-        for (int64_t j = 0; j < nk; j++)
-            for (int64_t e = 0; e < hd; e++) {
-                float kv[2] = {frand() * kscale, frand() * 2};
-                for (int w = 0; w < 2; w++) {
-                    size_t at = (size_t)((h * nk + j) * c->stride + e);
-                    if (type == TRI_DTYPE_F16) {
-                        uint16_t hv = tri__f32_to_f16(kv[w]);
-                        ((uint16_t *)(w ? c->vs : c->ks))[at] = hv;
-                        kv[w] = tri__f16_to_f32(hv);
-                    } else {
-                        ((float *)(w ? c->vs : c->ks))[at] = kv[w];
-                    }
-                    (w ? c->v : c->k)[(h * nk + j) * hd + e] = kv[w];
-                }
+    if (quant) {  // rows quantized as the cache writes them, then the values they hold
+        float *row = malloc(sizeof(float) * (size_t)c->stride);
+        for (int64_t r = 0; r < nkv * nk; r++)
+            for (int w = 0; w < 2; w++) {
+                for (int64_t e = 0; e < c->stride; e++) row[e] = frand() * (w ? 2.0f : kscale);
+                uint8_t *dst = (uint8_t *)(w ? c->vs : c->ks) + tri__dtype_row_bytes(type, r * c->stride);
+                cr_assert(tri__quantize_row(dst, row, type, c->stride));
+                tri__dequantize_row(row, dst, type, c->stride);
+                memcpy((w ? c->v : c->k) + r * hd, row, sizeof(float) * (size_t)hd);
             }
-    size_t bytes = (size_t)(nkv * nk * c->stride) * es;
+        free(row);
+    } else {
+        for (int64_t h = 0; h < nkv; h++)
+            for (int64_t j = 0; j < nk; j++)
+                for (int64_t e = 0; e < hd; e++) {
+                    float kv[2] = {frand() * kscale, frand() * 2};
+                    for (int w = 0; w < 2; w++) {
+                        size_t at = (size_t)((h * nk + j) * c->stride + e);
+                        if (type == TRI_DTYPE_F16) {
+                            uint16_t hv = tri__f32_to_f16(kv[w]);
+                            ((uint16_t *)(w ? c->vs : c->ks))[at] = hv;
+                            kv[w] = tri__f16_to_f32(hv);
+                        } else {
+                            ((float *)(w ? c->vs : c->ks))[at] = kv[w];
+                        }
+                        (w ? c->v : c->k)[(h * nk + j) * hd + e] = kv[w];
+                    }
+                }
+    }
     c->dks = up(gpu, c->ks, bytes);
     c->dvs = up(gpu, c->vs, bytes);
 }
@@ -758,15 +858,14 @@ static void cache_free(tri__backend *gpu, test_cache *c) {
 // and every odd-numbered piece, carry explicit positions), over host (dev false) or device rows.
 static void cache_view(const test_cache *c, bool dev, const int64_t *cuts, int n_cuts, tri__kv_span *spans,
                        int32_t *head_span, tri__kv_view *view) {
-    size_t es = c->type == TRI_DTYPE_F16 ? 2 : 4;
     const uint8_t *kbase = dev ? c->dks : c->ks, *vbase = dev ? c->dvs : c->vs;
     int32_t ns = 0;
     for (int64_t h = 0; h < c->nkv; h++) {
         head_span[h] = ns;
         for (int p = 0; p <= n_cuts; p++) {
             int64_t a = p == 0 ? 0 : cuts[p - 1], b = p == n_cuts ? c->nk : cuts[p];
-            const uint8_t *kb = kbase + (size_t)((h * c->nk + a) * c->stride) * es;
-            const uint8_t *vb = vbase + (size_t)((h * c->nk + a) * c->stride) * es;
+            const uint8_t *kb = kbase + tri__dtype_row_bytes(c->type, (h * c->nk + a) * c->stride);
+            const uint8_t *vb = vbase + tri__dtype_row_bytes(c->type, (h * c->nk + a) * c->stride);
             bool consecutive = b == a || c->kpos[b - 1] - c->kpos[a] == b - 1 - a;
             spans[ns++] = (tri__kv_span){.pos0 = a < c->nk ? c->kpos[a] : 0, .n = (int32_t)(b - a), .k = kb, .v = vb,
                                          .stride = c->stride, .pos = (consecutive && p % 2 == 0) ? NULL : c->kpos + a};
@@ -777,7 +876,7 @@ static void cache_view(const test_cache *c, bool dev, const int64_t *cuts, int n
 }
 
 // Output within 2e-5 (1 + |ref|) of the double reference and 4e-5 (1 + |cpu|) of the CPU backend;
-// weight sums within 1e-5 (1 + ref) of the reference.
+// weight sums within 1e-5 (1 + ref) of the reference (refused over quantized rows, as on the CPU).
 static void check_attention(tri__backend *gpu, tri__backend *cpu, tri_dtype type, int64_t nh, int64_t nkv, int64_t hd,
                             int64_t nk, const int64_t *cuts, int n_cuts, float kscale) {
     int64_t m = 4, g = nh / nkv;
@@ -795,9 +894,14 @@ static void check_attention(tri__backend *gpu, tri__backend *cpu, tri_dtype type
     cache_view(&c, false, cuts, n_cuts, hspans, hhead, &hview);
     float *dq = up(gpu, q, sizeof(float) * (size_t)(m * nh * hd)), *dout = dalloc(gpu, sizeof(float) * (size_t)(m * nh * hd));
     float *dws = dalloc(gpu, sizeof(float) * (size_t)(nkv * nk)), *ws = malloc(sizeof(float) * (size_t)(nkv * nk));
-    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &view, dws), TRI_STATUS_OK, "%s", tri_last_error());
+    const bool quant = type == TRI_DTYPE_Q8_0 || type == TRI_DTYPE_Q4_0;
+    if (quant)
+        cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &view, dws), TRI_STATUS_UNSUPPORTED,
+                     "weight sums (H2O) over %s rows", tri_dtype_name(type));
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &view, quant ? NULL : dws), TRI_STATUS_OK, "%s",
+                 tri_last_error());
     down(gpu, out, dout, sizeof(float) * (size_t)(m * nh * hd));
-    down(gpu, ws, dws, sizeof(float) * (size_t)(nkv * nk));
+    if (!quant) down(gpu, ws, dws, sizeof(float) * (size_t)(nkv * nk));
     cr_assert_eq(cpu->ops->attention(cpu, outc, q, qpos, m, nh, hd, &hview, NULL), TRI_STATUS_OK);
     double *wref = calloc((size_t)(nkv * nk), sizeof(double)), *ref = malloc(sizeof(double) * (size_t)hd);
     for (int64_t i = 0; i < m; i++)
@@ -814,7 +918,7 @@ static void check_attention(tri__backend *gpu, tri__backend *cpu, tri_dtype type
                 cr_assert(fabsf(got - cv) <= 4e-5f * (1 + fabsf(cv)), "vs cpu %g %g", (double)got, (double)cv);
             }
         }
-    for (int64_t j = 0; j < nkv * nk; j++)
+    for (int64_t j = 0; !quant && j < nkv * nk; j++)
         cr_assert(fabs(ws[j] - wref[j]) <= 1e-5 * (1 + wref[j]), "weight sum %lld: %g vs %g", (long long)j,
                   (double)ws[j], wref[j]);
     gpu->ops->free(gpu, dq);
@@ -835,6 +939,55 @@ Test(cuda_backend, attention_gqa_spans) {
         check_attention(gpu, cpu, t, 9, 3, 64, 601, NULL, 0, 1.0f);       // SmolLM2: one span per head
         check_attention(gpu, cpu, t, 4, 4, 256, 300, cuts601, 1, 1.0f);    // MHA, head_dim 256
     }
+    DONE();
+}
+
+// Q8_0 and Q4_0 rows read in place (row stride hd + 32, spans cut with explicit positions, GQA
+// groups of 1, 3, 4 and 8, head_dim 32 to 256), against the double reference over the values
+// the blocks hold and the CPU's attention over the same blocks; attention_dev (q_pos in device
+// memory) gives attention's bits; misplaced rows are refused.
+Test(cuda_backend, attention_quantized_rows) {
+    NEED_GPU();
+    const tri_dtype types[2] = {TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    for (int ti = 0; ti < 2; ti++) {
+        const tri_dtype t = types[ti];
+        int64_t cuts20[3] = {1, 17, 18}, cuts601[3] = {1, 307, 599};
+        check_attention(gpu, cpu, t, 6, 2, 64, 601, cuts601, 3, 3.0f);   // several chunks, peaked scores
+        check_attention(gpu, cpu, t, 32, 8, 128, 300, cuts20, 3, 1.0f);  // Llama-3 grouping, head_dim 128
+        check_attention(gpu, cpu, t, 9, 3, 32, 40, cuts20, 2, 1.0f);     // one block per row
+        check_attention(gpu, cpu, t, 4, 4, 256, 100, NULL, 0, 1.0f);     // MHA, head_dim 256, one span
+    }
+    // attention_dev: the same kernels, the query positions read on the device
+    test_cache c;
+    cache_make(gpu, &c, 2, 70, 64, TRI_DTYPE_Q4_0, 1.0f);
+    int64_t cuts[1] = {33};
+    tri__kv_span spans[4];
+    int32_t head_span[3], qpos[2] = {20, 1040};
+    tri__kv_view view;
+    cache_view(&c, true, cuts, 1, spans, head_span, &view);
+    float q[2 * 6 * 64], a[2 * 6 * 64], b[2 * 6 * 64];
+    fill(q, 2 * 6 * 64, 1.0f);
+    float *dq = up(gpu, q, sizeof q), *dout = dalloc(gpu, sizeof a);
+    int32_t *dpos = up(gpu, qpos, sizeof qpos);
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, 2, 6, 64, &view, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    down(gpu, a, dout, sizeof a);
+    cr_assert_eq(gpu->ops->attention_dev(gpu, dout, dq, dpos, 2, 6, 64, &view), TRI_STATUS_OK, "%s", tri_last_error());
+    down(gpu, b, dout, sizeof b);
+    cr_assert(memcmp(a, b, sizeof a) == 0, "attention_dev over q4_0 rows: not attention's bits");
+    // refusals: a stride that is not whole blocks, a row that does not start a block, head_dim 48
+    spans[0].stride = 70;
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, 2, 6, 64, &view, NULL), TRI_STATUS_INVALID_ARGUMENT);
+    spans[0].stride = c.stride;
+    spans[0].k = (const uint8_t *)spans[0].k + 1;
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, 2, 6, 64, &view, NULL), TRI_STATUS_INVALID_ARGUMENT);
+    spans[0].k = (const uint8_t *)spans[0].k - 1;
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, 2, 6, 48, &view, NULL), TRI_STATUS_UNSUPPORTED);
+    cr_assert(strstr(tri_last_error(), "q4_0") && strstr(tri_last_error(), "head_dim 48"), "%s", tri_last_error());
+    gpu->ops->free(gpu, dq);
+    gpu->ops->free(gpu, dout);
+    gpu->ops->free(gpu, dpos);
+    cache_free(gpu, &c);
     DONE();
 }
 
@@ -1104,15 +1257,18 @@ Test(cuda_backend, auto_device_without_a_kernel_image_falls_back_to_the_cpu) {
 // attention tolerance (the device's fold rounds differently from the CPU's).
 Test(cuda_backend, attention_state_merges_with_host_chunks) {
     NEED_GPU();
-    for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_F16; t++) {
+    // f32, f16, and the quantized caches' blocks (split attention over an offloaded q8_0 / q4_0 layer)
+    const tri_dtype types[4] = {TRI_DTYPE_F32, TRI_DTYPE_F16, TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    for (int ti = 0; ti < 4; ti++) {
+        const tri_dtype t = types[ti];
         int64_t nh = 8, nkv = 2, hd = 64, nk = 2600, m = 3, S = 1024, rows = m * nh;
         test_cache c;
         cache_make(gpu, &c, nkv, nk, hd, t, 2.0f);
-        size_t es = t == TRI_DTYPE_F16 ? 2 : 4;
         tri__kv_span all[2], dev[2], host[2];
         int32_t hs[3] = {0, 1, 2};
         for (int64_t h = 0; h < nkv; h++) {
-            size_t at = (size_t)(h * nk * c.stride) * es, at_s = (size_t)((h * nk + S) * c.stride) * es;
+            size_t at = (size_t)tri__dtype_row_bytes(t, h * nk * c.stride);
+            size_t at_s = (size_t)tri__dtype_row_bytes(t, (h * nk + S) * c.stride);
             all[h] = (tri__kv_span){.n = (int32_t)nk, .k = (uint8_t *)c.ks + at, .v = (uint8_t *)c.vs + at,
                                     .stride = c.stride, .pos = c.kpos};
             dev[h] = (tri__kv_span){.n = (int32_t)S, .k = (uint8_t *)c.dks + at, .v = (uint8_t *)c.dvs + at,

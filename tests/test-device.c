@@ -13,6 +13,7 @@
 
 #include "async-backend.h"
 #include "backend-select.h"
+#include "dtype.h"
 #include "kv-store.h"
 #include "level.h"
 #include "llama.h"
@@ -1120,6 +1121,132 @@ Test(device, cuda_engine_tree_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
         tri_spec_free(e);
     }
     cr_assert(kept > 0, "no sibling was ever kept: the tree path went untested");
+    tri_model_free(m);
+}
+
+// ---- a quantized KV cache on the device (kv_type q8_0 / q4_0) ----
+
+// q8_0 and q4_0 caches on the device: greedy tokens equal the CPU's with the same cache type, the
+// cache in device memory, with its 3 layers offloaded (streamed through the store's two buffers),
+// and split (kv_host_fraction: under 1024 rows the host attends every row of an offloaded layer
+// where it lies, reading the blocks in place; the device half of a split, attention_state over
+// quantized rows, is checked in the cuda-backend suite, since 1024 rows of prompt cost minutes on
+// the emulator). The offloaded layers stream the blocks themselves: a decode step's bytes up are
+// 34/64 of f16's with q8_0 and 18/64 with q4_0, counted by the engine. Then a q4_0 draft cache.
+Test(device, cuda_quantized_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
+    if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("kvq",
+                                          "--layers 3 --heads 4 --kv-heads 2 --head-dim 32 --vocab 300 --seed 29 "
+                                          "--ctx 2048 --dtype f32"),
+                                NULL, &m),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    enum { NP = 40, NG = 6 };
+    int32_t prompt[NP];
+    long_prompt(prompt, NP);
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 64;
+    sp.n_batch = 16;
+    sp.n_threads = 1;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = NG;
+    gp.stop_at_eos = false;
+    gp.sampler.temperature = 0.0f;
+    const tri_dtype types[3] = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    uint64_t up[3] = {0};
+    int32_t want_f16[NG];
+    for (int t = 0; t < 3; t++) {
+        sp.kv_type = types[t];
+        int32_t want[NG], got[NG];
+        // CPU in memory; the device in memory, offloaded, split
+        const struct {
+            tri_device_kind kind;
+            int32_t off;
+            double host;
+        } runs[] = {
+            {TRI_DEVICE_CPU, 0, 0}, {TRI_DEVICE_CUDA, 0, 0}, {TRI_DEVICE_CUDA, 3, 0}, {TRI_DEVICE_CUDA, 3, 0.5}};
+        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+            if (t == 0 && r != 0 && r != 2) continue;  // f16: the CPU's tokens and the streamed bytes
+            sp.device_kind = runs[r].kind;
+            sp.kv_layers_offloaded = runs[r].off;
+            sp.kv_host_fraction = runs[r].host;
+            tri_session *s;
+            cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+            int32_t *w = r == 0 ? want : got;
+            tri_generate_stats st;
+            cr_assert_eq(tri_generate(s, prompt, NP, &gp, collect, &w, &st), TRI_STATUS_OK, "%s", tri_last_error());
+            cr_assert_eq(w - (r == 0 ? want : got), NG);
+            for (int i = 0; r > 0 && t > 0 && i < NG; i++)
+                cr_assert_eq(got[i], want[i],
+                             "%s cache on %s, %d layers offloaded, host fraction %.2f: token %d: %d, "
+                             "the CPU's %d",
+                             tri_dtype_name(types[t]), tri_session_device(s), runs[r].off, runs[r].host, i, got[i],
+                             want[i]);
+            if (r == 2) up[t] = st.kv_bytes_up;
+            if (r == 0 && t == 0) memcpy(want_f16, want, sizeof want);
+            if (r == 3) {  // nothing streamed: the host read every row of the 3 layers, K and V, in place
+                uint64_t host = 0;
+                for (int i = 0; i < NG - 1; i++)
+                    host += 3 * 2 * (uint64_t)tri__dtype_row_bytes(types[t], 2 * 32) * (NP + 1 + (uint64_t)i);
+                cr_assert(st.kv_bytes_up == 0 && st.kv_bytes_host == host,
+                          "split: %llu bytes up, %llu read on the host "
+                          "(want 0, %llu)",
+                          (unsigned long long)st.kv_bytes_up, (unsigned long long)st.kv_bytes_host,
+                          (unsigned long long)host);
+            }
+            tri_session_free(s);
+        }
+    }
+    // the same steps over the same lengths: bytes in the ratio of the rows' sizes (32 values: 64,
+    // 34, 18 bytes). Layers 0 and 2 share a buffer and upload every row before each step, K and V;
+    // layer 1 keeps its own
+    uint64_t f16 = 0;
+    for (int i = 0; i < NG - 1; i++) f16 += 2 * 2 * (uint64_t)(2 * 32 * 2) * (NP + (uint64_t)i);
+    cr_assert_eq(up[0], f16, "f16: %llu bytes up, want %llu", (unsigned long long)up[0], (unsigned long long)f16);
+    cr_assert_eq(up[1] * 64, up[0] * 34, "q8_0: %llu bytes up against f16's %llu (want 34/64)",
+                 (unsigned long long)up[1], (unsigned long long)up[0]);
+    cr_assert_eq(up[2] * 64, up[0] * 18, "q4_0: %llu bytes up against f16's %llu (want 18/64)",
+                 (unsigned long long)up[2], (unsigned long long)up[0]);
+    cr_log_info("KV bytes up over %d decode steps: f16 %llu, q8_0 %llu (%.4fx), q4_0 %llu (%.4fx)", NG - 1,
+                (unsigned long long)up[0], (unsigned long long)up[1], (double)up[1] / (double)up[0],
+                (unsigned long long)up[2], (double)up[2] / (double)up[0]);
+    // an f16 target with a q4_0 L1 (the whole model as its own draft over a StreamingLLM window the
+    // prompt overflows; on the device its one-token steps are a recorded graph whose set_rows
+    // quantizes and whose get_rows_dev dequantizes): plain decoding's tokens, and the draft proposes
+    // and has accepted what the CPU's q4_0 draft does (set_rows' blocks themselves are checked byte
+    // by byte in the cuda-backend suite)
+    sp.kv_type = TRI_DTYPE_F16;
+    sp.kv_layers_offloaded = 0;
+    sp.kv_host_fraction = 0;
+    static const int32_t all_layers[] = {0, 1, 2};
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_DRAFT;
+    p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+    p.draft_layers = all_layers;
+    p.n_draft_layers = 3;
+    p.draft_window = 32;
+    p.draft_sink = 4;
+    p.draft_kv_type = TRI_DTYPE_Q4_0;
+    tri_spec_stats sst[2];
+    for (int r = 0; r < 2; r++) {
+        sp.device_kind = r ? TRI_DEVICE_CUDA : TRI_DEVICE_CPU;
+        tri_spec *e;
+        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+        int32_t got[NG], *g = got;
+        cr_assert_eq(tri_generate_spec(e, prompt, NP, &gp, collect, &g, &sst[r]), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(g - got, NG);
+        for (int i = 0; i < NG; i++)
+            cr_assert_eq(got[i], want_f16[i], "%s, a q4_0 draft cache: token %d: %d, plain %d", tri_spec_device(e), i,
+                         got[i], want_f16[i]);
+        tri_spec_free(e);
+    }
+    cr_log_info("q4_0 draft: device %lld proposed, %lld accepted; CPU %lld, %lld", (long long)sst[1].l1_proposed,
+                (long long)sst[1].l1_accepted, (long long)sst[0].l1_proposed, (long long)sst[0].l1_accepted);
+    cr_assert(
+        sst[1].l1_accepted > 0 && sst[1].l1_proposed == sst[0].l1_proposed && sst[1].l1_accepted == sst[0].l1_accepted,
+        "q4_0 draft on the device: %lld proposed, %lld accepted; on the CPU %lld, %lld", (long long)sst[1].l1_proposed,
+        (long long)sst[1].l1_accepted, (long long)sst[0].l1_proposed, (long long)sst[0].l1_accepted);
     tri_model_free(m);
 }
 

@@ -249,7 +249,7 @@ static bool collect(int32_t tok, void *user) {
 // Our logits of every prompt position (out, (N_PROMPT, n_vocab)) and greedy tokens with a cache of
 // kv_type, its last `offloaded` layers in host memory and attended there in part (split).
 static void ours(const char *gguf, tri_dtype kv_type, int32_t offloaded, float *logits, int32_t n_vocab,
-                 int32_t *greedy) {
+                 int32_t *greedy, bool *on_cpu) {
     tri_model *m;
     cr_assert_eq(tri_model_load(gguf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
     tri_session_params sp = tri_session_default_params();
@@ -259,6 +259,7 @@ static void ours(const char *gguf, tri_dtype kv_type, int32_t offloaded, float *
     sp.kv_host_fraction = offloaded ? 0.5 : 0;  // and split: the host half reads the blocks in place
     tri_session *s;
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    *on_cpu = strcmp(tri_session_device(s), "cpu") == 0;
     cr_assert_eq(tri_session_eval(s, prompt, N_PROMPT, true), TRI_STATUS_OK, "%s", tri_last_error());
     for (int i = 0; i < N_PROMPT; i++)
         memcpy(logits + (int64_t)i * n_vocab, tri_session_logits(s, i), sizeof(float) * (size_t)n_vocab);
@@ -290,7 +291,8 @@ static double max_diff(const float *got, const ref_out *r) {
 // f32 weights, so the cache's rounding is the only approximation besides f32 arithmetic: our
 // q8_0 / q4_0 session is the reference model with that cache (greedy tokens equal, logits within
 // f32 rounding: 2e-7 of the logits' spread measured), and measurably not the model without it.
-// Offloading the cache to host memory, with split attention, gives the same bits. Blocks hold a key's
+// Offloading the cache to host memory, with split attention, gives the same bits (on the CPU; on
+// a device the same tokens and logits as close to the reference). Blocks hold a key's
 // elements in the order of the file's rows: the HF directory's rope halves, the GGUF's adjacent
 // pairs (llama.cpp's permutation), each against the reference quantizing in that order.
 static void check_file(tri_dtype type, const char *tag, const char *path, const char *order, const char *hf) {
@@ -300,16 +302,21 @@ static void check_file(tri_dtype type, const char *tag, const char *path, const 
     int32_t nv = rq.n_vocab, g[N_GEN], g_off[N_GEN];
     float *l = malloc(sizeof(float) * (size_t)N_PROMPT * (size_t)nv);
     float *l_off = malloc(sizeof(float) * (size_t)N_PROMPT * (size_t)nv);
-    ours(path, type, 0, l, nv, g);
-    ours(path, type, 2, l_off, nv, g_off);
+    bool cpu;
+    ours(path, type, 0, l, nv, g, &cpu);
+    ours(path, type, 2, l_off, nv, g_off, &cpu);
     double dq = max_diff(l, &rq), dn = max_diff(l, &rn);
     cr_log_info("%s (%s order): logits vs the reference with a %s cache %.2e, without %.2e", tag, order,
                 tri_dtype_name(type), dq, dn);
     for (int i = 0; i < N_GEN; i++)
         cr_assert_eq(g[i], rq.greedy[i], "%s, %s cache: greedy token %d: %d, reference with a %s cache %d", path,
                      tri_dtype_name(type), i, g[i], tri_dtype_name(type), rq.greedy[i]);
-    cr_assert(memcmp(g, g_off, sizeof g) == 0 && memcmp(l, l_off, sizeof(float) * (size_t)N_PROMPT * (size_t)nv) == 0,
-              "%s: the offloaded cache gives other bits", tri_dtype_name(type));
+    // (on a device, the default one in an emulated build, the split's host half is the CPU's
+    // kernel: other rounding than the device's attention, so the offloaded logits are only close)
+    const bool same =
+        cpu ? memcmp(l, l_off, sizeof(float) * (size_t)N_PROMPT * (size_t)nv) == 0 : max_diff(l_off, &rq) <= 1e-5;
+    cr_assert(memcmp(g, g_off, sizeof g) == 0 && same, "%s: the offloaded cache gives other %s", tri_dtype_name(type),
+              cpu ? "bits" : "logits");
     cr_assert(dq <= 1e-5, "%s: logits %.3e from the reference with a %s cache", path, dq, tri_dtype_name(type));
     cr_assert(dn > 4 * dq, "%s: the %s cache should be measurably nearer its own reference (%.2e) than the "
               "unquantized one (%.2e)", path, tri_dtype_name(type), dq, dn);

@@ -1353,9 +1353,10 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         const tri_model *m = p.drafter == TRI_SPEC_DRAFTER_MODEL ? s->dw : s->view;
         tri__level_params l1p = lp;
         l1p.kv_type = p.draft_kv_type;
-        if (tri__dtype_is_quantized(l1p.kv_type) && strcmp(s->be->ops->name, "cpu") != 0) {
+        if (tri__dtype_is_quantized(l1p.kv_type) && strcmp(s->be->ops->name, "cpu") != 0 &&
+            strcmp(s->be->ops->name, "cuda") != 0) {
             st = tri__fail(TRI_STATUS_UNSUPPORTED,
-                           "speculative: draft_kv_type %s is not supported on the %s backend yet (CPU only)",
+                           "speculative: draft_kv_type %s is not supported on the %s backend (CPU and CUDA only)",
                            tri_dtype_name(l1p.kv_type), s->be->ops->name);
             goto fail;
         }
