@@ -391,6 +391,32 @@ tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *c
     return st;
 }
 
+int32_t tri_batch_plan(const int32_t *n_left, int32_t n, int32_t budget, int32_t *n_take) {
+    if (!n_left || !n_take || n < 0 || budget < 1) return -1;
+    int32_t total = 0, n_prefill = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (n_left[i] < 0) return -1;
+        n_take[i] = n_left[i] == 1;  // decode steps first, whatever the budget
+        total += n_take[i];
+        n_prefill += n_left[i] > 1;
+    }
+    // the prompts share what is left in equal parts, again and again while some take less
+    while (total < budget && n_prefill > 0) {
+        int32_t share = (budget - total) / n_prefill, open = 0;
+        if (share < 1) share = 1;
+        for (int32_t i = 0; i < n && total < budget; i++) {
+            if (n_left[i] <= 1 || n_take[i] == n_left[i]) continue;
+            int32_t give = n_left[i] - n_take[i] < share ? n_left[i] - n_take[i] : share;
+            if (give > budget - total) give = budget - total;
+            n_take[i] += give;
+            total += give;
+            open += n_take[i] < n_left[i];
+        }
+        n_prefill = open;
+    }
+    return total;
+}
+
 const float *tri_session_logits(const tri_session *s, int32_t i) {
     if (!s || s->n_logits == 0) return NULL;
     if (i == -1) i = s->n_logits - 1;

@@ -156,3 +156,86 @@ Test(batch, refusals_name_the_session_and_change_nothing) {
     tri_model_free(m);
     tri_model_free(m2);
 }
+
+Test(batch, plan_shares_the_budget_decode_first) {
+    const int32_t left[5] = {1, 1000, 1, 5, 0};
+    int32_t take[5];
+    cr_assert_eq(tri_batch_plan(left, 5, 64, take), 64);
+    const int32_t want[5] = {1, 57, 1, 5, 0};  // 62 after the decodes: 31 each, then the 26 the short one left
+    for (int i = 0; i < 5; i++) cr_assert_eq(take[i], want[i], "sequence %d takes %d, not %d", i, take[i], want[i]);
+    const int32_t decodes[3] = {1, 1, 1};
+    cr_assert_eq(tri_batch_plan(decodes, 3, 2, take), 3, "every decode step runs, whatever the budget");
+    const int32_t few[2] = {3, 4};
+    cr_assert_eq(tri_batch_plan(few, 2, 64, take), 7);
+    cr_assert(take[0] == 3 && take[1] == 4);
+    const int32_t three[3] = {100, 100, 100};  // 10 over 3: 3 each, then the one left to the first
+    cr_assert_eq(tri_batch_plan(three, 3, 10, take), 10);
+    cr_assert(take[0] == 4 && take[1] == 3 && take[2] == 3, "%d %d %d", take[0], take[1], take[2]);
+    cr_assert_eq(tri_batch_plan(left, 5, 0, take), -1);
+    cr_assert_eq(tri_batch_plan(NULL, 5, 8, take), -1);
+    const int32_t neg[1] = {-1};
+    cr_assert_eq(tri_batch_plan(neg, 1, 8, take), -1);
+}
+
+// Dynamic SplitFuse: a long prompt prefills in planned chunks beside another sequence's decode
+// steps, and a short prompt arriving meanwhile starts at once; every logit is the one alone.
+Test(batch, prompt_chunks_fused_with_decode_steps_equal_alone, .timeout = TT_TIMEOUT(60)) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("batch-fuse"), NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    const int32_t V = tri_token_count(m);
+    enum { LONG = 70, SHORT = 6, BUDGET = 12, STEPS = 12 };
+    int32_t p_long[LONG], p_short[SHORT], p_dec[4];
+    prompt_of(1, LONG, V, p_long);
+    prompt_of(2, SHORT, V, p_short);
+    prompt_of(3, 4, V, p_dec);
+    const seq_case c = {TRI_KV_POLICY_FULL, TRI_DTYPE_F16, 0, 0, 16, 0};
+    // alone: the decoder's greedy steps, the prompts' last logits
+    float *dec_alone = malloc(sizeof(float) * (size_t)(STEPS * V)), *long_alone = malloc(sizeof(float) * (size_t)V);
+    float *short_alone = malloc(sizeof(float) * (size_t)V);
+    tri_session *s = make_session(m, &c);
+    cr_assert_eq(tri_session_eval(s, p_dec, 4, false), TRI_STATUS_OK);
+    for (int i = 0; i < STEPS; i++) {
+        int32_t t = argmax(tri_session_logits(s, -1), V);
+        cr_assert_eq(tri_session_eval(s, &t, 1, false), TRI_STATUS_OK);
+        memcpy(dec_alone + (int64_t)i * V, tri_session_logits(s, -1), sizeof(float) * (size_t)V);
+    }
+    tri_session_reset(s);
+    cr_assert_eq(tri_session_eval(s, p_long, LONG, false), TRI_STATUS_OK);
+    memcpy(long_alone, tri_session_logits(s, -1), sizeof(float) * (size_t)V);
+    tri_session_reset(s);
+    cr_assert_eq(tri_session_eval(s, p_short, SHORT, false), TRI_STATUS_OK);
+    memcpy(short_alone, tri_session_logits(s, -1), sizeof(float) * (size_t)V);
+    tri_session_free(s);
+
+    tri_session *ss[3] = {make_session(m, &c), make_session(m, &c), make_session(m, &c)};
+    cr_assert_eq(tri_session_eval(ss[0], p_dec, 4, false), TRI_STATUS_OK);
+    const int32_t *src[3] = {NULL, p_long, p_short};
+    int32_t done[3] = {0, 0, 0}, next = 0, short_passes = 0;
+    for (int pass = 0; pass < STEPS; pass++) {
+        int32_t left[3] = {1, LONG - done[1], pass >= 2 ? SHORT - done[2] : 0}, take[3];  // the short one comes later
+        int32_t all = 1 + left[1] + left[2];
+        cr_assert_eq(tri_batch_plan(left, 3, BUDGET, take), all < BUDGET ? all : BUDGET);
+        tri_session *run[3];
+        const int32_t *toks[3];
+        int32_t n[3], k = 0;
+        next = argmax(tri_session_logits(ss[0], -1), V);
+        for (int i = 0; i < 3; i++) {
+            if (!take[i]) continue;
+            run[k] = ss[i], n[k] = take[i], toks[k++] = i == 0 ? &next : src[i] + done[i];
+        }
+        cr_assert_eq(tri_session_eval_batch(run, toks, n, k), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert(memcmp(tri_session_logits(ss[0], -1), dec_alone + (int64_t)pass * V, sizeof(float) * (size_t)V) == 0,
+                  "decode step %d beside prompt chunks differs from decoding alone", pass);
+        for (int i = 1; i < 3; i++) done[i] += take[i];
+        short_passes += take[2] > 0;
+        if (take[2] && done[2] == SHORT)
+            cr_assert(memcmp(tri_session_logits(ss[2], -1), short_alone, sizeof(float) * (size_t)V) == 0);
+    }
+    cr_assert_eq(done[1], LONG, "the long prompt is done after %d passes", STEPS);
+    cr_assert(memcmp(tri_session_logits(ss[1], -1), long_alone, sizeof(float) * (size_t)V) == 0,
+              "the long prompt run in chunks beside the others ends with other logits than alone");
+    cr_assert_eq(short_passes, 2, "the short prompt waited: %d passes", short_passes);  // 5 + the 1 left
+    for (int i = 0; i < 3; i++) tri_session_free(ss[i]);
+    free(dec_alone), free(long_alone), free(short_alone);
+    tri_model_free(m);
+}
