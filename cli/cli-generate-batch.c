@@ -158,8 +158,9 @@ static int several_run(tri_model *model, const tri_cli_several *a, several_seq *
             for (int32_t j = 0; j < n_stop_ids; j++) end |= t == stop_ids[j];
             if (end || q[i].n_gen == q[i].n_max) {  // emitted, not run
                 q[i].done = true;
-                q[i].reason = end ? "end_token" : a->gp.n_predict > 0 && q[i].n_gen == a->gp.n_predict ? "length"
-                                                                                                          : "context";
+                q[i].reason = end                                                    ? "end_token"
+                              : a->gp.n_predict > 0 && q[i].n_gen == a->gp.n_predict ? "length"
+                                                                                     : "context";
                 continue;
             }
             run[k] = ss[i], toks[k] = &next[i], n_toks[k++] = 1;
@@ -191,14 +192,15 @@ static int several_run(tri_model *model, const tri_cli_several *a, several_seq *
         fputc('\n', stdout);
     }
     fflush(stdout);
-    fprintf(stderr, "prompts: %d, %lld tokens packed, prefill %.1f tok/s (%.3f s) | generated: %lld tokens in %lld "
+    fprintf(stderr,
+            "prompts: %d, %lld tokens packed, prefill %.1f tok/s (%.3f s) | generated: %lld tokens in %lld "
             "batched passes, decode %.1f tok/s together (%.3f s)\n",
             n, (long long)n_prompt, t1 > t0 ? (double)n_prompt / (t1 - t0) : 0.0, t1 - t0, (long long)n_gen,
             (long long)n_passes, t2 > t1 ? (double)(n_gen - n) / (t2 - t1) : 0.0, t2 - t1);
     if (a->print_stats)
         for (int32_t i = 0; i < n; i++)
-            fprintf(stderr, "  %s: %d prompt tokens, %d generated, stopped: %s\n", q[i].source, q[i].n_ids,
-                    q[i].n_gen, q[i].reason ? q[i].reason : "none");
+            fprintf(stderr, "  %s: %d prompt tokens, %d generated, stopped: %s\n", q[i].source, q[i].n_ids, q[i].n_gen,
+                    q[i].reason ? q[i].reason : "none");
     rc = 0;
 
 done:
@@ -217,8 +219,10 @@ int tri_cli_generate_several(tri_model *model, const tri_cli_several *a) {
     size_t longest;
     uint64_t most = tri_cli_prompt_bytes(model, room, &longest);
     char why[256];
-    snprintf(why, sizeof why, "more than a context of %lld tokens can hold (no token of the model is longer than %zu "
-             "bytes)%s", (long long)room, longest, a->ctx > 0 ? "" : "; --ctx N sets the context");
+    snprintf(why, sizeof why,
+             "more than a context of %lld tokens can hold (no token of the model is longer than %zu "
+             "bytes)%s",
+             (long long)room, longest, a->ctx > 0 ? "" : "; --ctx N sets the context");
     for (int32_t f = 0; f < a->n_files; f++) {
         several_seq *s = several_push(&q, &n, &cap);
         if (!s) goto oom;

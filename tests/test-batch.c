@@ -23,12 +23,9 @@ typedef struct seq_case {
 
 // Prompts of different lengths (longer than n_batch in places), each with its own policy.
 static const seq_case cases[N_SEQ] = {
-    {TRI_KV_POLICY_FULL, TRI_DTYPE_F16, 0, 0, 16, 37},
-    {TRI_KV_POLICY_FULL, TRI_DTYPE_F32, 0, 0, 16, 5},
-    {TRI_KV_POLICY_STREAMING, TRI_DTYPE_F16, 24, 0, 16, 41},
-    {TRI_KV_POLICY_FULL, TRI_DTYPE_F16, 0, 2, 8, 19},
-    {TRI_KV_POLICY_H2O, TRI_DTYPE_F32, 24, 0, 16, 30},
-    {TRI_KV_POLICY_RETRIEVAL, TRI_DTYPE_F16, 16, 0, 16, 1},
+    {TRI_KV_POLICY_FULL, TRI_DTYPE_F16, 0, 0, 16, 37},       {TRI_KV_POLICY_FULL, TRI_DTYPE_F32, 0, 0, 16, 5},
+    {TRI_KV_POLICY_STREAMING, TRI_DTYPE_F16, 24, 0, 16, 41}, {TRI_KV_POLICY_FULL, TRI_DTYPE_F16, 0, 2, 8, 19},
+    {TRI_KV_POLICY_H2O, TRI_DTYPE_F32, 24, 0, 16, 30},       {TRI_KV_POLICY_RETRIEVAL, TRI_DTYPE_F16, 16, 0, 16, 1},
 };
 
 static tri_session *make_session(const tri_model *m, const seq_case *c) {
