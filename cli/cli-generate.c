@@ -527,7 +527,8 @@ int tri_cli_generate(int argc, char **argv) {
         case 'p': prompt = optarg; break;
         case 'f':
             if (n_files == 64) {
-                fprintf(stderr, "offload-run generate: -f '%s': at most 64 files (--prompts FILE takes more)\n", optarg);
+                fprintf(stderr, "offload-run generate: -f '%s': at most 64 files (--prompts FILE takes more)\n",
+                        optarg);
                 ok = false;
                 break;
             }

@@ -1470,8 +1470,8 @@ Test(cli, generate_several_prompts_as_a_batch, .timeout = TT_TIMEOUT(120)) {
         cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
         snprintf(want[i], sizeof want[i], "%s", out);
     }
-    snprintf(args, sizeof args, "generate -m '%s' -f '%s' -f '%s' -f '%s' -n 12 --ids --ignore-eos --batch 8 --stats", m,
-             files[0], files[1], files[2]);
+    snprintf(args, sizeof args, "generate -m '%s' -f '%s' -f '%s' -f '%s' -n 12 --ids --ignore-eos --batch 8 --stats",
+             m, files[0], files[1], files[2]);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
     static char expect[1 << 18];
     size_t at = 0;
