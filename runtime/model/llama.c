@@ -772,8 +772,11 @@ static tri_status batch_pass(tri__llama *run, tri__llama_seq *seqs, const batch_
         if (!st) st = batch_block(run, seqs, steps, n_steps, il, rows);
     }
     for (int32_t k = 0; k < begun; k++) tri__kv_store_split_end(seqs[steps[k].seq].pol->kv);
-    int32_t committed = 0;
-    for (; !st && committed < n_steps; committed++) st = tri__kv_policy_commit(seqs[steps[committed].seq].pol);
+    int32_t committed = 0;  // (a commit that fails abandons its own step)
+    while (!st && committed < n_steps) {
+        st = tri__kv_policy_commit(seqs[steps[committed].seq].pol);
+        if (!st) committed++;
+    }
     if (st) {
         for (int32_t k = committed; k < begun; k++) tri__kv_policy_abort(seqs[steps[k].seq].pol);
         return st;
