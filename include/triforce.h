@@ -505,6 +505,36 @@ TRI_API void tri_session_seed(tri_session *session, uint64_t seed);
 TRI_API tri_status tri_session_sample(tri_session *session, const tri_sampler_params *params,
                                       int32_t *out_token);
 
+// Evaluates tokens[i] (n_tokens[i] >= 1 of them, ids in [0, n_vocab)) on sessions[i] for every
+// i < n_sessions, as tri_session_eval(sessions[i], tokens[i], n_tokens[i], false) would, in shared
+// forward passes: the rows of all sessions are concatenated for every matmul, so each weight is
+// read once per pass whatever the batch, while each session keeps its own cache (any policy,
+// offloaded or not), positions and causal mask and attends only to its own rows (several prompts
+// in one pass: block-diagonal attention, no padding). Afterwards each session's last token's
+// logits are readable with tri_session_logits(sessions[i], -1). On the CPU backend each session's
+// logits and cache are bit-identical to evaluating it alone (docs/api.md, "Batches"). The
+// sessions must be distinct, share one model and compute on the same device (or device list);
+// INVALID_ARGUMENT names the session and the problem otherwise, or a batch that does not fit a
+// session's context, before any session changes. The pass computes with the first session's
+// weights on its device (tensor parallelism: the same device list for all, each rank its share);
+// each session's cache stays its own. On a failure in a pass every session is rolled back to
+// where it was (its last logits gone). Not to be called while any of them generates.
+TRI_API tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *const *tokens,
+                                          const int32_t *n_tokens, int32_t n_sessions);
+
+// Plans one pass of a continuous batch, as DeepSpeed-FastGen's Dynamic SplitFuse does: n_left[i]
+// is what sequence i still has to run before it samples (1 for a decoding sequence, the rest of
+// its prompt while it prefills, 0 for an idle one). Every decoding sequence gets its token, so
+// decoding never waits for a prefill; the rest of budget tokens is shared among the prefilling
+// sequences in equal parts (what a shorter prompt leaves goes to the others), so a long prompt
+// runs in chunks beside the others' decode steps and a short one that arrives meanwhile starts at
+// once instead of waiting for the long one's whole prefill. Writes n_take[i] in [0, n_left[i]],
+// the tokens of sequence i for this pass (tri_session_eval_batch over those with n_take[i] > 0),
+// and returns their sum: budget, or less when less is left, or more when more sequences decode
+// than budget holds (each still gets its token). -1 for NULL arrays, n < 0, a negative n_left or
+// budget < 1.
+TRI_API int32_t tri_batch_plan(const int32_t *n_left, int32_t n, int32_t budget, int32_t *n_take);
+
 // ---- prompt cache: a session's KV on disk (docs/formats.md, "Prompt cache") ----
 
 // What a save or a load did.

@@ -20,6 +20,7 @@
 // What ranks 1 .. N-1 of a tensor-parallel session hold (rank 0's is the session's own).
 typedef struct session_rank {
     tri__llama ll;
+    tri__llama batch_ll;  // the rank's share of tri_session_eval_batch's pass (tri_session.batch_ll)
     tri__kv_policy kv;
     tri__kv_store store;
 } session_rank;
@@ -34,6 +35,8 @@ struct tri_session {
     tri__llama ll;
     tri__kv_policy kv;    // the cache and the policy that chooses what each layer attends to
     tri__kv_store store;  // with offloaded layers: the store kv wraps (FULL policy); else unused
+    tri__llama batch_ll;  // tri_session_eval_batch's pass when this session leads a batch (its rows:
+                          // one step of every session); unused until then
     tri__llama_step step; // StreamingLLM on a backend with graphs, one device: one-token evals as a
                           // recorded step (llama.h); else unused (step.ll NULL)
     tri__rng rng;
@@ -72,10 +75,12 @@ void tri_session_free(tri_session *s) {
     tri__kv_policy_free(&s->kv);
     tri__kv_store_free(&s->store);
     tri__llama_free(&s->ll);
+    tri__llama_free(&s->batch_ll);
     for (int32_t r = 1; s->peers && r < s->group.n; r++) {
         tri__kv_policy_free(&s->peers[r - 1].kv);
         tri__kv_store_free(&s->peers[r - 1].store);
         tri__llama_free(&s->peers[r - 1].ll);
+        tri__llama_free(&s->peers[r - 1].batch_ll);
     }
     free(s->peers);
     tri__tp_group_close(&s->group);
@@ -290,6 +295,162 @@ static tri_status eval(tri_session *s, const int32_t *tokens, int32_t n, bool al
     s->n_logits = rows;
     s->all_logits = all_logits;
     return TRI_STATUS_OK;
+}
+
+// ---- batches: several sessions in shared forward passes ----
+
+// Checks a batch before anything runs: distinct sessions of one model on one kind of device,
+// tokens in the vocabulary, each session's tokens fitting its context.
+static tri_status batch_check(tri_session *const *ss, const int32_t *const *tokens, const int32_t *n_tokens,
+                              int32_t n) {
+    if (!ss || !tokens || !n_tokens || n < 1)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_session_eval_batch: NULL argument or %d sessions", n);
+    for (int32_t i = 0; i < n; i++) {
+        const tri_session *s = ss[i];
+        if (!s || !tokens[i] || n_tokens[i] < 1)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "eval batch: session %d is NULL or has %d tokens", i,
+                             s && tokens[i] ? n_tokens[i] : 0);
+        if (s->model != ss[0]->model)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "eval batch: session %d runs another model than session 0",
+                             i);
+        if (strcmp(s->group.name, ss[0]->group.name) != 0 || s->group.n != ss[0]->group.n)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "eval batch: session %d computes on %s, session 0 on %s: one device per batch", i,
+                             s->group.name, ss[0]->group.name);
+        for (int32_t j = 0; j < i; j++)
+            if (ss[j] == s)
+                return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "eval batch: sessions %d and %d are the same session", j,
+                                 i);
+        const int32_t V = s->model->config.n_vocab;
+        for (int32_t t = 0; t < n_tokens[i]; t++)
+            if (tokens[i][t] < 0 || tokens[i][t] >= V)
+                return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                                 "eval batch: session %d: token %d at %d is outside the vocabulary [0, %d)", i,
+                                 tokens[i][t], t, V);
+        int32_t len = tri__kv_policy_len(&s->kv), cap = tri__kv_policy_capacity(&s->kv);
+        if (len > cap - n_tokens[i])
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "eval batch: session %d: context full: %d tokens in the cache + %d new > capacity %d", i,
+                             len, n_tokens[i], cap);
+    }
+    return TRI_STATUS_OK;
+}
+
+// The pass that carries a batch of rows rows, per rank: s's own, made (again) when it holds fewer.
+// It computes with s's weights and backends; each other session's cache and attention stay on its
+// own backend (on a GPU its own stream on the same device, whose memory the pass reads), which the
+// pass waits for where their work meets. Over several devices rank r's pass all-reduces through
+// s's ranks.
+static tri_status batch_runner(tri_session *s, int32_t rows) {
+    rows = (rows + 63) / 64 * 64;  // room to grow a little before the next reallocation
+    for (int32_t r = 0; r < s->group.n; r++) {
+        tri__llama *run = r ? &s->peers[r - 1].batch_ll : &s->batch_ll;
+        if (run->x && run->n_batch >= rows) continue;
+        tri__llama_free(run);
+        TRY(tri__llama_init(run, s->group.weights[r], s->group.be[r], rows));
+        run->tp = s->group.tp;
+        run->rank = r;
+    }
+    return TRI_STATUS_OK;
+}
+
+// Most rows of a batched pass (activations of 1024 rows: 0.5 GiB for a 7B Llama-2), unless one
+// session's step is longer.
+#define BATCH_ROWS 1024
+
+typedef struct batch_job {
+    tri_session *const *ss;
+    tri__llama_seq *seqs;  // (group.n, n): each rank's sequences
+    int32_t n;
+} batch_job;
+
+// One rank's share of a batch (tri__tp_run): its pass over its passes and caches of every session.
+static tri_status batch_rank(void *ctx, int32_t r) {
+    batch_job *j = ctx;
+    tri_session *s0 = j->ss[0];
+    return tri__llama_forward_batch(r ? &s0->peers[r - 1].batch_ll : &s0->batch_ll, j->seqs + (int64_t)r * j->n, j->n);
+}
+
+tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *const *tokens, const int32_t *n_tokens,
+                                  int32_t n_sessions) {
+    TRY(batch_check(sessions, tokens, n_tokens, n_sessions));
+    tri_session *s0 = sessions[0];
+    if (n_sessions == 1) return tri_session_eval(s0, tokens[0], n_tokens[0], false);
+    const int32_t V = s0->model->config.n_vocab, n_rank = s0->group.n;
+    tri__llama_seq *seqs = calloc((size_t)(n_sessions * n_rank), sizeof *seqs);
+    if (!seqs) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "eval batch: %d sessions", n_sessions);
+    // a pass holds one step of every session (the sum of their first steps), up to BATCH_ROWS rows
+    // unless one step is longer: the steps that do not fit wait for the next pass
+    int32_t rows = 0, most = 0;
+    tri_status st = TRI_STATUS_OK;
+    for (int32_t i = 0; !st && i < n_sessions; i++) {
+        tri_session *s = sessions[i];
+        int32_t nb = s->ll.n_batch;
+        rows += n_tokens[i] < nb ? n_tokens[i] : nb;
+        most = nb > most ? nb : most;
+        if (s->logits_cap < 1) {
+            float *l = realloc(s->logits, (size_t)V * sizeof *l);
+            if (!l) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "eval batch: logits");
+            else s->logits = l, s->logits_cap = 1;
+        }
+        for (int32_t r = 0; r < n_rank; r++)
+            seqs[r * n_sessions + i] = (tri__llama_seq){rank_ll(s, r), rank_kv(s, r), tokens[i], n_tokens[i],
+                                                        TRI_LOGITS_LAST, r ? NULL : s->logits};
+    }
+    if (rows > BATCH_ROWS) rows = BATCH_ROWS;
+    if (!st) st = batch_runner(s0, rows > most ? rows : most);
+    int32_t *len0 = malloc(sizeof *len0 * (size_t)n_sessions), *sel = malloc(sizeof *sel * (size_t)n_sessions);
+    if (!st && (!len0 || !sel)) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "eval batch: %d sessions", n_sessions);
+    for (int32_t i = 0; !st && i < n_sessions; i++) {  // as tri_session_eval
+        tri_session *s = sessions[i];
+        s->pending = -1;
+        len0[i] = tri__kv_policy_len(&s->kv);
+        if (len0[i] == 0) announce_prompt(s, 0);
+        sel[i] = tri__kv_policy_selected_at(&s->kv);
+        s->n_logits = 0;
+    }
+    batch_job job = {sessions, seqs, n_sessions};
+    if (!st) st = s0->group.tp ? tri__tp_run(s0->group.tp, batch_rank, &job) : batch_rank(&job, 0);
+    for (int32_t i = 0; !st && i < n_sessions; i++) {  // as eval after its pass
+        tri_session *s = sessions[i];
+        int32_t n = n_tokens[i];
+        if (len0[i] <= s->n_hist && len0[i] + n <= s->hist_cap) {
+            memcpy(s->hist + len0[i], tokens[i], (size_t)n * sizeof *tokens[i]);
+            s->n_hist = len0[i] + n;
+        }
+        int32_t sel_now = tri__kv_policy_selected_at(&s->kv);
+        if (sel_now >= 0 && sel_now != sel[i]) s->n_selections++;
+        s->n_logits = 1;
+        s->all_logits = false;
+    }
+    free(seqs), free(len0), free(sel);
+    return st;
+}
+
+int32_t tri_batch_plan(const int32_t *n_left, int32_t n, int32_t budget, int32_t *n_take) {
+    if (!n_left || !n_take || n < 0 || budget < 1) return -1;
+    int32_t total = 0, n_prefill = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (n_left[i] < 0) return -1;
+        n_take[i] = n_left[i] == 1;  // decode steps first, whatever the budget
+        total += n_take[i];
+        n_prefill += n_left[i] > 1;
+    }
+    // the prompts share what is left in equal parts, again and again while some take less
+    while (total < budget && n_prefill > 0) {
+        int32_t share = (budget - total) / n_prefill, open = 0;
+        if (share < 1) share = 1;
+        for (int32_t i = 0; i < n && total < budget; i++) {
+            if (n_left[i] <= 1 || n_take[i] == n_left[i]) continue;
+            int32_t give = n_left[i] - n_take[i] < share ? n_left[i] - n_take[i] : share;
+            if (give > budget - total) give = budget - total;
+            n_take[i] += give;
+            total += give;
+            open += n_take[i] < n_left[i];
+        }
+        n_prefill = open;
+    }
+    return total;
 }
 
 const float *tri_session_logits(const tri_session *s, int32_t i) {

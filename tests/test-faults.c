@@ -199,6 +199,60 @@ static void run_spec(const scenario *sc, run_out *o) {
     tri__backend_cpu_factory = NULL;
 }
 
+// Three sessions (full, streaming, retrieval) as one batch: their prompts (of different lengths)
+// packed, then NG sampled tokens each, every token one pass for all. Reseeded each time, so a
+// batch retried after a reset draws the unfaulted tokens.
+static tri_status batch_generate(tri_session **s, run_out *o) {
+    const int32_t *toks[3];
+    int32_t n[3], next[3];
+    tri_generate_params gp = gen_params(false);
+    for (int i = 0; i < 3; i++) {
+        tri_session_seed(s[i], 42 + (uint64_t)i);
+        toks[i] = prompt() + 7 * i;
+        n[i] = NP - 7 * i;
+    }
+    tri_status st = tri_session_eval_batch(s, toks, n, 3);
+    for (int k = 0; !st && k < NG; k++) {
+        for (int i = 0; !st && i < 3; i++) {
+            st = tri_session_sample(s[i], &gp.sampler, &next[i]);
+            if (!st) collect(next[i], o);
+            toks[i] = &next[i];
+            n[i] = 1;
+        }
+        if (!st) st = tri_session_eval_batch(s, toks, n, 3);
+    }
+    return st;
+}
+
+// Sessions created, then a batch; a batch that fails is retried from a reset of every session.
+static void run_batch(const scenario *sc, run_out *o) {
+    static const tri_kv_policy pol[3] = {TRI_KV_POLICY_FULL, TRI_KV_POLICY_STREAMING, TRI_KV_POLICY_RETRIEVAL};
+    tri_model *m = NULL;
+    tri_session *s[3] = {NULL, NULL, NULL};
+    o->st = tri_model_load(sc->target, NULL, &m);
+    for (int i = 0; i < 3 && !o->st; i++) {
+        tri_session_params sp = session_params(sc);
+        sp.kv_policy = pol[i];
+        o->st = tri_session_create(m, &sp, &s[i]);
+    }
+    o->calls_created = tri__fault_calls();
+    if (!o->st) {
+        o->st = batch_generate(s, o);
+        if (o->st) {
+            tri_status failed = o->st;
+            tri__fault_disarm();
+            for (int i = 0; i < 3; i++) tri_session_reset(s[i]);
+            o->n = 0;
+            cr_assert_eq(batch_generate(s, o), TRI_STATUS_OK, "%s: a batch after a failed one: %s", sc->name,
+                         tri_last_error());
+            o->st = failed;
+            o->reused = true;
+        }
+    }
+    for (int i = 0; i < 3; i++) tri_session_free(s[i]);
+    tri_model_free(m);
+}
+
 // ---- the sweep ----
 
 typedef struct sweep_stats {
@@ -336,6 +390,12 @@ Test(faults, session_each_policy, .timeout = 600) {
         scenario sc = {.name = pol[i].name, .run = run_session, .target = t, .policy = pol[i].p};
         sweep(&sc, ALLOC_KINDS, false, 0, 150);
     }
+}
+
+Test(faults, session_batch, .timeout = 600) {
+    need_wrapped();
+    scenario sc = {.name = "session batch", .run = run_batch, .target = model("faults-t", TARGET_OPTS)};
+    sweep(&sc, ALLOC_KINDS, false, 0, 150);
 }
 
 Test(faults, spec_engine, .timeout = 600) {
