@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""bench-serve.py: aggregate throughput of `offload-run serve` with N concurrent greedy clients
+against the same N requests served one after another, a ratio measured in one run.
+
+    benchmarks/bench-serve.py build/cli/offload-run [-m MODEL] [--clients 4] [--tokens 64]
+
+One server (--slots N, greedy, --ctx 1024) answers N completions with prompts of different lengths,
+each generating --tokens tokens past the end-of-sequence token (ignore_eos), first one at a time
+(each request sent when the previous has its answer), then all at once. The texts must be the same
+both ways (checked first: greedy output of a batched pass is the output alone); then it prints the
+wall time, the generated tokens per second of each way and their ratio, and the time to first token
+of a short request sent alone and sent while a long prompt prefills. Needs only the Python standard
+library. The machine it ran on goes with any figure quoted (docs/benchmarks.md).
+"""
+import argparse
+import http.client
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a village by the sea, there lived an old fisherman who",
+    "Write a short story about a robot who learns to paint. The robot lives in a small apartment in a big city "
+    "and has never seen a painting before. One day it finds a brush on the street.",
+    "List the planets of the solar system in order from the sun, and say one thing about each of them: its size, "
+    "its colour, how many moons it has or how long its day is. Then say which one you would visit first and why, "
+    "in a few sentences, as if you were writing to a friend who has never looked at the night sky.",
+    "Explain how a bicycle stays upright.",
+    "The three most important inventions of the nineteenth century were",
+    "Dear diary, today I",
+    "In the beginning of the project, the team decided to write everything in C because",
+]
+
+
+def machine():
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
+
+
+def request(port, prompt, n, stream=False, first=None):
+    """A greedy completion: (text, usage); first gets the time of the first streamed piece."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": stream}
+    c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        sys.exit(f"bench-serve: the server answered {r.status}: {r.read().decode()}")
+    if not stream:
+        out = json.loads(r.read())
+        c.close()
+        return out["choices"][0]["text"], out["usage"]
+    text = ""
+    for line in r:
+        line = line.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        ev = json.loads(line[6:])
+        if ev.get("choices") and ev["choices"][0].get("text"):
+            if first is not None and not first:
+                first.append(time.time())
+            text += ev["choices"][0]["text"]
+    c.close()
+    return text, None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cli", help="the offload-run binary")
+    ap.add_argument("-m", "--model", default=os.environ.get("TRI_TEST_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--clients", type=int, default=4, help="concurrent clients and slots (default 4)")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens each request generates (default 64)")
+    ap.add_argument("--batch", type=int, default=0, help="the server's --batch (default: its own)")
+    ap.add_argument("--threads", type=int, default=0, help="the server's -t (default: its own)")
+    a = ap.parse_args()
+    n = a.clients
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+    cmd = [a.cli, "serve", "-m", a.model, "--port", "0", "--slots", str(n), "--queue", str(n), "--ctx", "1024",
+           "--temp", "0"]
+    if a.batch:
+        cmd += ["--batch", str(a.batch)]
+    if a.threads:
+        cmd += ["-t", str(a.threads)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    port = None
+    for line in proc.stderr:
+        if line.startswith("listening on "):
+            port = int(line.split("//")[1].split("/")[0].rsplit(":", 1)[1])
+            break
+    if port is None:
+        sys.exit("bench-serve: the server did not start")
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # drain its log
+    try:
+        request(port, prompts[0], 8)  # warm: pages of the weights, the thread pool
+
+        t = time.time()
+        alone = [request(port, p, a.tokens) for p in prompts]
+        t_seq = time.time() - t
+
+        together = [None] * n
+
+        def run(i):
+            together[i] = request(port, prompts[i], a.tokens)
+
+        th = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+        t = time.time()
+        for x in th:
+            x.start()
+        for x in th:
+            x.join()
+        t_con = time.time() - t
+
+        bad = [i for i in range(n) if together[i][0] != alone[i][0]]
+        if bad:
+            sys.exit(f"bench-serve: FAILED: requests {bad} gave other texts concurrently than alone")
+        gen = sum(u["completion_tokens"] for _, u in alone)
+        ptok = [u["prompt_tokens"] for _, u in alone]
+
+        # time to first token of a short request: alone, then while a long prompt prefills
+        long_prompt = " ".join(PROMPTS) * 2
+        first = []
+        t = time.time()
+        request(port, PROMPTS[0], 2, stream=True, first=first)
+        ttft_alone = first[0] - t
+        lt = threading.Thread(target=request, args=(port, long_prompt, 2))
+        lt.start()
+        time.sleep(0.05)
+        first = []
+        t = time.time()
+        request(port, PROMPTS[0], 2, stream=True, first=first)
+        ttft_busy = first[0] - t
+        lt.join()
+    finally:
+        proc.terminate()
+        proc.wait()
+
+    print(f"machine: {machine()}")
+    print(f"model: {a.model}; {n} clients, prompts of {ptok} tokens, {a.tokens} tokens each (greedy, ignore_eos)")
+    print(f"texts: the same concurrently as one at a time ({n} of {n})")
+    print(f"one after another: {t_seq:7.2f} s, {gen / t_seq:7.1f} generated tokens/s")
+    print(f"{n} concurrent:      {t_con:7.2f} s, {gen / t_con:7.1f} generated tokens/s")
+    print(f"ratio: {t_seq / t_con:.2f}x aggregate throughput")
+    print(f"time to first token of a short request: {ttft_alone:.3f} s alone, {ttft_busy:.3f} s while a long "
+          f"prompt prefills")
+
+
+if __name__ == "__main__":
+    main()
