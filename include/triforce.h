@@ -502,6 +502,22 @@ TRI_API void tri_session_seed(tri_session *session, uint64_t seed);
 TRI_API tri_status tri_session_sample(tri_session *session, const tri_sampler_params *params,
                                       int32_t *out_token);
 
+// Evaluates tokens[i] (n_tokens[i] >= 1 of them, ids in [0, n_vocab)) on sessions[i] for every
+// i < n_sessions, as tri_session_eval(sessions[i], tokens[i], n_tokens[i], false) would, in shared
+// forward passes: the rows of all sessions are concatenated for every matmul, so each weight is
+// read once per pass whatever the batch, while each session keeps its own cache (any policy,
+// offloaded or not), positions and causal mask and attends only to its own rows (several prompts
+// in one pass: block-diagonal attention, no padding). Afterwards each session's last token's
+// logits are readable with tri_session_logits(sessions[i], -1). On the CPU backend each session's
+// logits and cache are bit-identical to evaluating it alone (docs/api.md, "Batches"). The
+// sessions must be distinct, share one model and compute on the same kind of device;
+// INVALID_ARGUMENT names the session and the problem otherwise, or a batch that does not fit a
+// session's context, before any session changes. Sessions over several devices or on CUDA are
+// evaluated one after another (the same results, no sharing yet). On a failure in a pass every
+// session is rolled back to where it was. Not to be called while any of them generates.
+TRI_API tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *const *tokens,
+                                          const int32_t *n_tokens, int32_t n_sessions);
+
 // ---- prompt cache: a session's KV on disk (docs/formats.md, "Prompt cache") ----
 
 // What a save or a load did.

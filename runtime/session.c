@@ -34,6 +34,8 @@ struct tri_session {
     tri__llama ll;
     tri__kv_policy kv;    // the cache and the policy that chooses what each layer attends to
     tri__kv_store store;  // with offloaded layers: the store kv wraps (FULL policy); else unused
+    tri__llama batch_ll;  // tri_session_eval_batch's pass when this session leads a batch (its rows:
+                          // one step of every session); unused until then
     tri__llama_step step; // StreamingLLM on a backend with graphs, one device: one-token evals as a
                           // recorded step (llama.h); else unused (step.ll NULL)
     tri__rng rng;
@@ -72,6 +74,7 @@ void tri_session_free(tri_session *s) {
     tri__kv_policy_free(&s->kv);
     tri__kv_store_free(&s->store);
     tri__llama_free(&s->ll);
+    tri__llama_free(&s->batch_ll);
     for (int32_t r = 1; s->peers && r < s->group.n; r++) {
         tri__kv_policy_free(&s->peers[r - 1].kv);
         tri__kv_store_free(&s->peers[r - 1].store);
@@ -271,6 +274,121 @@ static tri_status eval(tri_session *s, const int32_t *tokens, int32_t n, bool al
     s->n_logits = rows;
     s->all_logits = all_logits;
     return TRI_STATUS_OK;
+}
+
+// ---- batches: several sessions in shared forward passes ----
+
+// Checks a batch before anything runs: distinct sessions of one model on one kind of device,
+// tokens in the vocabulary, each session's tokens fitting its context.
+static tri_status batch_check(tri_session *const *ss, const int32_t *const *tokens, const int32_t *n_tokens,
+                              int32_t n) {
+    if (!ss || !tokens || !n_tokens || n < 1)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_session_eval_batch: NULL argument or %d sessions", n);
+    for (int32_t i = 0; i < n; i++) {
+        const tri_session *s = ss[i];
+        if (!s || !tokens[i] || n_tokens[i] < 1)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "eval batch: session %d is NULL or has %d tokens", i,
+                             s && tokens[i] ? n_tokens[i] : 0);
+        if (s->model != ss[0]->model)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "eval batch: session %d runs another model than session 0",
+                             i);
+        if (strcmp(s->be->ops->name, ss[0]->be->ops->name) != 0 || s->group.n != ss[0]->group.n)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "eval batch: session %d computes on %s, session 0 on %s: one kind of device per batch", i,
+                             s->group.name, ss[0]->group.name);
+        for (int32_t j = 0; j < i; j++)
+            if (ss[j] == s)
+                return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "eval batch: sessions %d and %d are the same session", j,
+                                 i);
+        const int32_t V = s->model->config.n_vocab;
+        for (int32_t t = 0; t < n_tokens[i]; t++)
+            if (tokens[i][t] < 0 || tokens[i][t] >= V)
+                return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                                 "eval batch: session %d: token %d at %d is outside the vocabulary [0, %d)", i,
+                                 tokens[i][t], t, V);
+        int32_t len = tri__kv_policy_len(&s->kv), cap = tri__kv_policy_capacity(&s->kv);
+        if (len > cap - n_tokens[i])
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "eval batch: session %d: context full: %d tokens in the cache + %d new > capacity %d", i,
+                             len, n_tokens[i], cap);
+    }
+    return TRI_STATUS_OK;
+}
+
+// Sessions over several devices, or on a backend whose streams are per session (CUDA): one after
+// another, each as tri_session_eval. A failure rolls the ones before it back.
+static tri_status batch_one_by_one(tri_session *const *ss, const int32_t *const *tokens, const int32_t *n_tokens,
+                                   int32_t n) {
+    tri_status st = TRI_STATUS_OK;
+    int32_t i = 0;
+    for (; !st && i < n; i++) st = tri_session_eval(ss[i], tokens[i], n_tokens[i], false);
+    for (int32_t j = 0; st && j < i - 1; j++) {
+        tri_status st2 = tri_session_truncate(ss[j], tri__kv_policy_len(&ss[j]->kv) - n_tokens[j]);
+        (void)st2;
+    }
+    return st;
+}
+
+// The pass that carries a batch of rows rows: s's own, made (again) when it holds fewer. It
+// computes with s's weights and backend; the other sessions' caches are in host memory too.
+static tri_status batch_runner(tri_session *s, int32_t rows) {
+    if (s->batch_ll.x && s->batch_ll.n_batch >= rows) return TRI_STATUS_OK;
+    tri__llama_free(&s->batch_ll);
+    rows = (rows + 63) / 64 * 64;  // room to grow a little before the next reallocation
+    return tri__llama_init(&s->batch_ll, s->weights, s->be, rows);
+}
+
+tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *const *tokens, const int32_t *n_tokens,
+                                  int32_t n_sessions) {
+    TRY(batch_check(sessions, tokens, n_tokens, n_sessions));
+    tri_session *s0 = sessions[0];
+    if (n_sessions == 1) return tri_session_eval(s0, tokens[0], n_tokens[0], false);
+    if (s0->group.n > 1 || strcmp(s0->be->ops->name, "cpu") != 0)
+        return batch_one_by_one(sessions, tokens, n_tokens, n_sessions);
+    const int32_t V = s0->model->config.n_vocab;
+    tri__llama_seq *seqs = calloc((size_t)n_sessions, sizeof *seqs);
+    if (!seqs) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "eval batch: %d sessions", n_sessions);
+    // a pass holds one step of every session: the sum of their first steps, at least the largest
+    int32_t rows = 0, most = 0;
+    tri_status st = TRI_STATUS_OK;
+    for (int32_t i = 0; !st && i < n_sessions; i++) {
+        tri_session *s = sessions[i];
+        int32_t nb = s->ll.n_batch;
+        rows += n_tokens[i] < nb ? n_tokens[i] : nb;
+        most = nb > most ? nb : most;
+        if (s->logits_cap < 1) {
+            float *l = realloc(s->logits, (size_t)V * sizeof *l);
+            if (!l) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "eval batch: logits");
+            else s->logits = l, s->logits_cap = 1;
+        }
+        seqs[i] = (tri__llama_seq){&s->ll, &s->kv, tokens[i], n_tokens[i], TRI_LOGITS_LAST, s->logits};
+    }
+    if (!st) st = batch_runner(s0, rows > most ? rows : most);
+    int32_t *len0 = malloc(sizeof *len0 * (size_t)n_sessions), *sel = malloc(sizeof *sel * (size_t)n_sessions);
+    if (!st && (!len0 || !sel)) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "eval batch: %d sessions", n_sessions);
+    for (int32_t i = 0; !st && i < n_sessions; i++) {  // as tri_session_eval
+        tri_session *s = sessions[i];
+        s->pending = -1;
+        len0[i] = tri__kv_policy_len(&s->kv);
+        if (len0[i] == 0) announce_prompt(s, 0);
+        sel[i] = tri__kv_policy_selected_at(&s->kv);
+        s->n_logits = 0;
+    }
+    if (!st) st = tri__llama_forward_batch(&s0->batch_ll, seqs, n_sessions);
+    for (int32_t i = 0; !st && i < n_sessions; i++) {  // as eval after its pass
+        tri_session *s = sessions[i];
+        int32_t n = n_tokens[i];
+        if (len0[i] <= s->n_hist && len0[i] + n <= s->hist_cap) {
+            memcpy(s->hist + len0[i], tokens[i], (size_t)n * sizeof *tokens[i]);
+            s->n_hist = len0[i] + n;
+        }
+        int32_t sel_now = tri__kv_policy_selected_at(&s->kv);
+        if (sel_now >= 0 && sel_now != sel[i]) s->n_selections++;
+        s->n_logits = 1;
+        s->all_logits = false;
+    }
+    free(seqs), free(len0), free(sel);
+    return st;
 }
 
 const float *tri_session_logits(const tri_session *s, int32_t i) {

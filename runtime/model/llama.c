@@ -653,3 +653,186 @@ tri_status tri__llama_step_run(tri__llama_step *s, int32_t token, float *logits)
     s->n_steps++;
     return tri__kv_policy_commit(pol);
 }
+
+// ---- batches: several sequences in one pass ----
+
+// One sequence's step in a pass: its rows [row0, row0 + nb) of run's activations, after the
+// done tokens it ran before.
+typedef struct batch_step {
+    int32_t seq, row0, nb, done;
+} batch_step;
+
+// One block over every step of the pass: the projections and the feed-forward over all rows at
+// once (each weight read once), rotary positions, the policy's view and attention per sequence.
+static tri_status batch_block(tri__llama *run, tri__llama_seq *seqs, const batch_step *steps, int32_t n_steps,
+                              int32_t il, int32_t rows) {
+    const tri_model_config *c = &run->model->config;
+    const tri__layer *L = &run->model->layers[il];
+    const int64_t qd = (int64_t)c->n_head * c->head_dim, kd = (int64_t)c->n_head_kv * c->head_dim;
+    TRY(block_qkv(run, L, rows));
+    for (int32_t k = 0; k < n_steps; k++) {
+        tri__llama *ll = seqs[steps[k].seq].ll;
+        tri__kv_policy *pol = seqs[steps[k].seq].pol;
+        const int32_t nb = steps[k].nb;
+        float *q = run->q + steps[k].row0 * qd, *kr = run->k + steps[k].row0 * kd, *v = run->v + steps[k].row0 * kd;
+        float *att = run->att + steps[k].row0 * qd;
+        TRY(tri__rope_apply(run->be, q, nb, c->n_head, ll->q_pos, &ll->rope));
+        if (!pol->raw_keys) TRY(tri__rope_apply(run->be, kr, nb, c->n_head_kv, ll->pos, &ll->rope));
+        const tri__kv_view *view;
+        float *weight_sums;
+        TRY(tri__kv_policy_layer(pol, il, q, kr, v, &view, &weight_sums));
+        if (tri__kv_store_splits(pol->kv, il))
+            TRY(tri__kv_store_attend_split(pol->kv, il, att, q, ll->q_pos, nb, c->n_head, pol->step_n0 + nb));
+        else
+            TRY(attend_window(ll, att, q, ll->q_pos, nb, view, weight_sums));
+        TRY(tri__kv_policy_observe(pol, il));
+    }
+    return block_out(run, L, rows);
+}
+
+// The logits the pass's steps want: their rows gathered into run->proj, through the output norm
+// and head together, then each sequence's rows to its host buffer.
+static tri_status batch_output(tri__llama *run, tri__llama_seq *seqs, const batch_step *steps, int32_t n_steps) {
+    const tri_model *m = run->model;
+    const tri_model_config *c = &m->config;
+    const tri__backend_ops *op = run->be->ops;
+    tri__backend *be = run->be;
+    const int64_t E = c->n_embd, V = c->n_vocab;
+    int32_t n_out = 0;
+    for (int32_t k = 0; k < n_steps; k++) {
+        const tri__llama_seq *sq = &seqs[steps[k].seq];
+        bool last = steps[k].done + steps[k].nb == sq->n;
+        int32_t r0 = sq->mode == TRI_LOGITS_ALL ? 0 : steps[k].nb - 1;
+        if (sq->mode == TRI_LOGITS_NONE || (sq->mode == TRI_LOGITS_LAST && !last)) continue;
+        for (int32_t r = r0; r < steps[k].nb; r++, n_out++) {
+            const float *src = run->x + (int64_t)(steps[k].row0 + r) * E;
+            float *dst = run->proj + (int64_t)n_out * E;
+            if (op->copy)
+                TRY(op->copy(be, dst, src, sizeof(float) * (size_t)E));
+            else
+                return tri__fail(TRI_STATUS_UNSUPPORTED, "batch: backend %s has no copy", op->name);
+        }
+    }
+    if (n_out == 0) return TRI_STATUS_OK;
+    TRY(ensure_logits(run, n_out));
+    TRY(op->rmsnorm(be, run->xb, run->proj, m->output_norm->data, m->output_norm->type, n_out, E, c->rms_eps));
+    TRY(op->matmul(be, run->logits, run->xb, m->output->data, m->output->type, n_out, V, E));
+    n_out = 0;
+    for (int32_t k = 0; k < n_steps; k++) {
+        const tri__llama_seq *sq = &seqs[steps[k].seq];
+        bool last = steps[k].done + steps[k].nb == sq->n;
+        if (sq->mode == TRI_LOGITS_NONE || (sq->mode == TRI_LOGITS_LAST && !last)) continue;
+        int32_t rows = sq->mode == TRI_LOGITS_ALL ? steps[k].nb : 1;
+        float *dst = sq->mode == TRI_LOGITS_ALL ? sq->logits + (int64_t)steps[k].done * V : sq->logits;
+        TRY(op->copy_to_host(be, dst, run->logits + (int64_t)n_out * V, sizeof(float) * (size_t)(rows * V)));
+        n_out += rows;
+    }
+    return TRI_STATUS_OK;
+}
+
+// One pass: every step begun at its policy's end, the tokens tok (rows, host) through every
+// layer, the steps committed, the logits asked for. On failure the steps begun are abandoned
+// (the ones committed before a failed commit are the caller's to roll back).
+static tri_status batch_pass(tri__llama *run, tri__llama_seq *seqs, const batch_step *steps, int32_t n_steps,
+                             const int32_t *tok, int32_t rows) {
+    const tri_model *m = run->model;
+    const tri_model_config *c = &m->config;
+    tri_status st = TRI_STATUS_OK;
+    int32_t begun = 0;
+    for (; begun < n_steps; begun++) {
+        tri__llama *ll = seqs[steps[begun].seq].ll;
+        tri__kv_policy *pol = seqs[steps[begun].seq].pol;
+        const int32_t nb = steps[begun].nb, pos0 = tri__kv_policy_len(pol);
+        for (int32_t i = 0; i < nb; i++) ll->pos[i] = pos0 + i;
+        if ((st = tri__kv_policy_begin(pol, nb, &ll->rope, ll->q_pos))) break;
+        // as forward_step: an offloaded full cache splits its layers between device and host
+        if (pol->p.kind == TRI_KV_POLICY_FULL && !pol->src && !pol->measure && !pol->tap &&
+            !(c->sliding_window > 0 && pos0 + nb > c->sliding_window))
+            tri__kv_store_split_begin(pol->kv, pos0, nb);
+    }
+    if (!st) st = run->be->ops->get_rows(run->be, run->x, m->tok_embd->data, m->tok_embd->type, c->n_vocab, c->n_embd,
+                                         tok, rows);
+    if (!st) st = scale_embeddings(run, run->x, rows);
+    for (int32_t il = 0; !st && il < c->n_layer; il++) {
+        st = tri__model_stream_layer(m, il);
+        if (!st) st = batch_block(run, seqs, steps, n_steps, il, rows);
+    }
+    for (int32_t k = 0; k < begun; k++) tri__kv_store_split_end(seqs[steps[k].seq].pol->kv);
+    int32_t committed = 0;
+    for (; !st && committed < n_steps; committed++) st = tri__kv_policy_commit(seqs[steps[committed].seq].pol);
+    if (st) {
+        for (int32_t k = committed; k < begun; k++) tri__kv_policy_abort(seqs[steps[k].seq].pol);
+        return st;
+    }
+    return batch_output(run, seqs, steps, n_steps);
+}
+
+tri_status tri__llama_forward_batch(tri__llama *run, tri__llama_seq *seqs, int32_t n_seqs) {
+    if (n_seqs < 1) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "batch: %d sequences", n_seqs);
+    if (!run->x) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "batch: its activation pool is not bound");
+    const tri_model_config *c = &run->model->config;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const tri__llama_seq *sq = &seqs[i];
+        const tri_model_config *ci = &sq->ll->model->config;
+        if (sq->n <= 0 || !sq->tokens) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "batch: sequence %d: %d tokens", i, sq->n);
+        int32_t n0 = tri__kv_policy_len(sq->pol), cap = tri__kv_policy_capacity(sq->pol);
+        if (n0 > cap - sq->n)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "batch: sequence %d: context full: %d tokens in the cache + %d new > capacity %d", i, n0,
+                             sq->n, cap);
+        if (sq->ll->n_batch > run->n_batch || sq->pol->max_step < sq->ll->n_batch)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "batch: sequence %d: steps of %d tokens, policy steps of %d, a pass of %d rows", i,
+                             sq->ll->n_batch, sq->pol->max_step, run->n_batch);
+        if (sq->ll->tp || ci->n_layer != c->n_layer || ci->n_embd != c->n_embd || ci->n_head != c->n_head ||
+            ci->n_head_kv != c->n_head_kv || ci->n_vocab != c->n_vocab)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "batch: sequence %d runs another model (or a tensor-parallel shard) than the batch", i);
+    }
+    int32_t *n0 = malloc(sizeof *n0 * (size_t)n_seqs), *done = calloc((size_t)n_seqs, sizeof *done);
+    int32_t *tok = malloc(sizeof *tok * (size_t)run->n_batch);
+    batch_step *steps = malloc(sizeof *steps * (size_t)n_seqs);
+    tri_status st = n0 && done && tok && steps ? TRI_STATUS_OK
+                                               : tri__fail(TRI_STATUS_OUT_OF_MEMORY, "batch: %d sequences", n_seqs);
+    for (int32_t i = 0; !st && i < n_seqs; i++) {
+        n0[i] = tri__kv_policy_len(seqs[i].pol);
+        // the first evaluation of an empty cache fixes the length rules' tables (rope.h)
+        tri__llama *ll = seqs[i].ll;
+        if (n0[i] == 0) tri__rope_set_prompt(&ll->rope, ll->n_prompt > 0 ? ll->n_prompt : seqs[i].n);
+    }
+    for (bool left = true; !st && left;) {
+        int32_t rows = 0, n_steps = 0;
+        left = false;
+        for (int32_t i = 0; i < n_seqs; i++) {
+            const tri__llama_seq *sq = &seqs[i];
+            if (done[i] == sq->n) continue;
+            // the step it takes alone: n_batch tokens, or fewer where its policy says
+            int32_t nb = sq->n - done[i] < sq->ll->n_batch ? sq->n - done[i] : sq->ll->n_batch;
+            int32_t lim = tri__kv_policy_step_limit(sq->pol);
+            if (nb > lim) nb = lim;
+            if (rows + nb > run->n_batch) {  // the next pass
+                left = true;
+                continue;
+            }
+            steps[n_steps++] = (batch_step){i, rows, nb, done[i]};
+            memcpy(tok + rows, sq->tokens + done[i], sizeof *tok * (size_t)nb);
+            rows += nb;
+        }
+        st = batch_pass(run, seqs, steps, n_steps, tok, rows);
+        for (int32_t k = 0; !st && k < n_steps; k++) {
+            done[steps[k].seq] += steps[k].nb;
+            if (done[steps[k].seq] < seqs[steps[k].seq].n) left = true;
+        }
+    }
+    if (!st) st = run->be->ops->synchronize(run->be);
+    for (int32_t i = 0; n0 && done && i < n_seqs; i++) {
+        tri__kv_policy *pol = seqs[i].pol;
+        tri__kv_policy_tap_settle(pol, !st);
+        if (st && tri__kv_policy_len(pol) != n0[i]) {  // a failed call leaves every cache as it was
+            tri_status st2 = tri__kv_policy_truncate(pol, n0[i]);
+            (void)st2;
+        }
+    }
+    free(n0), free(done), free(tok), free(steps);
+    return st;
+}

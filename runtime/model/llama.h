@@ -116,6 +116,32 @@ int32_t tri__llama_prefill_step(const tri__llama *ll, const tri__kv_policy *pol)
 tri_status tri__llama_forward(tri__llama *ll, tri__kv_store *kv, const int32_t *tokens, int32_t n,
                               tri__logits_mode mode, float *logits);
 
+// ---- batches: several sequences in one pass ----
+//
+// A sequence of a batch: its own pass ll (its rotary table, its position scratch of ll->n_batch,
+// its step size), its cache policy and its tokens. Its model must be the batch's (the same
+// weights: run's model, or a copy of it on the same kind of backend, whose memory run's ops read).
+typedef struct tri__llama_seq {
+    tri__llama *ll;          // not owned
+    tri__kv_policy *pol;     // not owned
+    const int32_t *tokens;   // (n) host
+    int32_t n;
+    tri__logits_mode mode;   // LAST: the last token's row; ALL: every token's; NONE
+    float *logits;           // host: (1, n_vocab) for LAST, (n, n_vocab) for ALL
+} tri__llama_seq;
+
+// Runs every sequence's tokens as tri__llama_forward_policy(seq.ll, seq.pol, ...) would, in shared
+// passes over run's activations: each pass concatenates one step of each sequence (its tokens in
+// steps of its ll->n_batch, or fewer where its policy's step limit says: the steps it takes
+// alone) up to run->n_batch rows, so every matmul reads each weight once for all of them, while
+// rotary positions, the cache policy's views and attention are each sequence's own (the mask is
+// block-diagonal: a row sees only its own cache). A step that does not fit the pass's room waits
+// for the next pass. On the CPU backend each sequence's logits and cache are bit for bit those
+// of running it alone. run->n_batch must be at least every seq.ll->n_batch; run's rotary table
+// and tensor parallelism are unused (one device). On failure every policy is rolled back to its
+// length before the call.
+tri_status tri__llama_forward_batch(tri__llama *run, tri__llama_seq *seqs, int32_t n_seqs);
+
 // ---- the one-token step of a StreamingLLM cache, computed from backend memory ----
 //
 // A draft level (L1) decodes one token per step over StreamingLLM: on a GPU a few hundred small
