@@ -134,7 +134,9 @@ def main():
         t = time.time()
         request(port, PROMPTS[0], 2, stream=True, first=first)
         ttft_alone = first[0] - t
-        lt = threading.Thread(target=request, args=(port, long_prompt, 2))
+        long_first = []
+        t_long = time.time()
+        lt = threading.Thread(target=request, args=(port, long_prompt, 2, True, long_first))
         lt.start()
         time.sleep(0.05)
         first = []
@@ -142,6 +144,8 @@ def main():
         request(port, PROMPTS[0], 2, stream=True, first=first)
         ttft_busy = first[0] - t
         lt.join()
+        ttft_long = long_first[0] - t_long
+        n_long = request(port, long_prompt, 1)[1]["prompt_tokens"]
     finally:
         proc.terminate()
         proc.wait()
@@ -153,7 +157,7 @@ def main():
     print(f"{n} concurrent:      {t_con:7.2f} s, {gen / t_con:7.1f} generated tokens/s")
     print(f"ratio: {t_seq / t_con:.2f}x aggregate throughput")
     print(f"time to first token of a short request: {ttft_alone:.3f} s alone, {ttft_busy:.3f} s while a long "
-          f"prompt prefills")
+          f"prompt of {n_long} tokens prefills (whose own first token came after {ttft_long:.3f} s)")
 
 
 if __name__ == "__main__":

@@ -596,14 +596,11 @@ static void *slot_thread(void *arg) {
 // ---- continuous batching: plain decoding's scheduler ----
 
 // The one place a pass runs: n sequences, tokens[i][0 .. n_tokens[i]) after what sessions[i]
-// holds, each leaving its last token's logits as tri_session_eval does.
+// holds, each leaving its last token's logits as tri_session_eval does, the weights read once for
+// all of them (on the CPU each sequence's logits are the bits it gets alone).
 static tri_status pass_eval(tri_session *const *sessions, const int32_t *const *tokens, const int32_t *n_tokens,
                             int32_t n) {
-    for (int32_t i = 0; i < n; i++) {
-        tri_status st = tri_session_eval(sessions[i], tokens[i], n_tokens[i], false);
-        if (st) return st;
-    }
-    return TRI_STATUS_OK;
+    return tri_session_eval_batch(sessions, tokens, n_tokens, n);
 }
 
 // The end of the job the scheduler runs on sl (st: a failure that ends it).
