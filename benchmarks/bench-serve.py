@@ -6,9 +6,10 @@ against the same N requests served one after another, a ratio measured in one ru
 
 One server (--slots N, greedy, --ctx 1024) answers N completions with prompts of different lengths,
 each generating --tokens tokens past the end-of-sequence token (ignore_eos), first one at a time
-(each request sent when the previous has its answer), then all at once. The texts must be the same
-both ways (checked first: greedy output of a batched pass is the output alone); then it prints the
-wall time, the generated tokens per second of each way and their ratio, and the time to first token
+(each request sent when the previous has its answer), then all at once, in --rounds rounds that
+alternate the order (a machine whose load drifts weighs on both ways alike). The texts must be the
+same both ways (checked first: greedy output of a batched pass is the output alone); then it prints
+the wall times, the generated tokens per second of each way and their ratio, and the time to first token
 of a short request sent alone and sent while a long prompt prefills. Needs only the Python standard
 library. The machine it ran on goes with any figure quoted (docs/benchmarks.md).
 """
@@ -84,6 +85,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=64, help="tokens each request generates (default 64)")
     ap.add_argument("--batch", type=int, default=0, help="the server's --batch (default: its own)")
     ap.add_argument("--threads", type=int, default=0, help="the server's -t (default: its own)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of both ways, alternating (default 3)")
     a = ap.parse_args()
     n = a.clients
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
@@ -105,23 +107,38 @@ def main():
     try:
         request(port, prompts[0], 8)  # warm: pages of the weights, the thread pool
 
-        t = time.time()
-        alone = [request(port, p, a.tokens) for p in prompts]
-        t_seq = time.time() - t
-
         together = [None] * n
 
         def run(i):
             together[i] = request(port, prompts[i], a.tokens)
 
-        th = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-        t = time.time()
-        for x in th:
-            x.start()
-        for x in th:
-            x.join()
-        t_con = time.time() - t
+        def one_by_one():
+            t = time.time()
+            out = [request(port, p, a.tokens) for p in prompts]
+            return time.time() - t, out
 
+        def all_at_once():
+            th = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+            t = time.time()
+            for x in th:
+                x.start()
+            for x in th:
+                x.join()
+            return time.time() - t
+
+        # rounds in the order seq, con, con, seq, seq, con, ...: a load that drifts during the run
+        # weighs on both ways alike
+        t_seq, t_con, alone = [], [], None
+        for r in range(a.rounds):
+            for way in ((0, 1) if r % 2 == 0 else (1, 0)):
+                if way == 0:
+                    dt, alone = one_by_one()
+                    t_seq.append(dt)
+                else:
+                    t_con.append(all_at_once())
+                    bad = [i for i in range(n) if together[i][0] != alone[i][0]] if alone else []
+                    if bad:
+                        sys.exit(f"bench-serve: FAILED: requests {bad} gave other texts concurrently than alone")
         bad = [i for i in range(n) if together[i][0] != alone[i][0]]
         if bad:
             sys.exit(f"bench-serve: FAILED: requests {bad} gave other texts concurrently than alone")
@@ -153,9 +170,14 @@ def main():
     print(f"machine: {machine()}")
     print(f"model: {a.model}; {n} clients, prompts of {ptok} tokens, {a.tokens} tokens each (greedy, ignore_eos)")
     print(f"texts: the same concurrently as one at a time ({n} of {n})")
-    print(f"one after another: {t_seq:7.2f} s, {gen / t_seq:7.1f} generated tokens/s")
-    print(f"{n} concurrent:      {t_con:7.2f} s, {gen / t_con:7.1f} generated tokens/s")
-    print(f"ratio: {t_seq / t_con:.2f}x aggregate throughput")
+    fmt = lambda ts: ", ".join(f"{x:.2f}" for x in ts)  # noqa: E731
+    print(f"one after another: {sum(t_seq):7.2f} s in all ({fmt(t_seq)}), {gen * len(t_seq) / sum(t_seq):7.1f} "
+          f"generated tokens/s")
+    print(f"{n} concurrent:      {sum(t_con):7.2f} s in all ({fmt(t_con)}), {gen * len(t_con) / sum(t_con):7.1f} "
+          f"generated tokens/s")
+    ratios = sorted(x / y for x, y in zip(t_seq, t_con))
+    print(f"ratio: {sum(t_seq) / sum(t_con):.2f}x aggregate throughput over {a.rounds} rounds (per round: "
+          f"{', '.join(f'{x:.2f}' for x in ratios)}; median {ratios[len(ratios) // 2]:.2f}x)")
     print(f"time to first token of a short request: {ttft_alone:.3f} s alone, {ttft_busy:.3f} s while a long "
           f"prompt of {n_long} tokens prefills (whose own first token came after {ttft_long:.3f} s)")
 
