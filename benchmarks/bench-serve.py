@@ -9,7 +9,9 @@ each generating --tokens tokens past the end-of-sequence token (ignore_eos), fir
 (each request sent when the previous has its answer), then all at once, in --rounds rounds that
 alternate the order (a machine whose load drifts weighs on both ways alike). The texts must be the
 same both ways (checked first: greedy output of a batched pass is the output alone); then it prints
-the wall times, the generated tokens per second of each way and their ratio, and the time to first token
+the wall times, the generated tokens per second of each way and their ratio, the server's CPU time
+each way (on a machine shared with other work, a server with more busy threads gets more of the
+CPUs: the ratio of CPU time is the figure that load does not bend), and the time to first token
 of a short request sent alone and sent while a long prompt prefills. Needs only the Python standard
 library. The machine it ran on goes with any figure quoted (docs/benchmarks.md).
 """
@@ -49,6 +51,13 @@ def machine():
     except OSError:
         pass
     return f"{cpu}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of process pid so far (/proc/PID/stat), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def request(port, prompt, n, stream=False, first=None):
@@ -113,22 +122,24 @@ def main():
             together[i] = request(port, prompts[i], a.tokens)
 
         def one_by_one():
-            t = time.time()
+            t, c = time.time(), cpu_seconds(proc.pid)
             out = [request(port, p, a.tokens) for p in prompts]
+            cpu_seq.append(cpu_seconds(proc.pid) - c)
             return time.time() - t, out
 
         def all_at_once():
             th = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-            t = time.time()
+            t, c = time.time(), cpu_seconds(proc.pid)
             for x in th:
                 x.start()
             for x in th:
                 x.join()
+            cpu_con.append(cpu_seconds(proc.pid) - c)
             return time.time() - t
 
         # rounds in the order seq, con, con, seq, seq, con, ...: a load that drifts during the run
         # weighs on both ways alike
-        t_seq, t_con, alone = [], [], None
+        t_seq, t_con, cpu_seq, cpu_con, alone = [], [], [], [], None
         for r in range(a.rounds):
             for way in ((0, 1) if r % 2 == 0 else (1, 0)):
                 if way == 0:
@@ -175,6 +186,9 @@ def main():
           f"generated tokens/s")
     print(f"{n} concurrent:      {sum(t_con):7.2f} s in all ({fmt(t_con)}), {gen * len(t_con) / sum(t_con):7.1f} "
           f"generated tokens/s")
+    print(f"server CPU time: {sum(cpu_seq):.2f} s one after another, {sum(cpu_con):.2f} s concurrent: "
+          f"{sum(cpu_seq) / sum(cpu_con):.2f}x the tokens per CPU second (load-independent: more threads do not "
+          f"win a larger share of a busy machine)")
     ratios = sorted(x / y for x, y in zip(t_seq, t_con))
     print(f"ratio: {sum(t_seq) / sum(t_con):.2f}x aggregate throughput over {a.rounds} rounds (per round: "
           f"{', '.join(f'{x:.2f}' for x in ratios)}; median {ratios[len(ratios) // 2]:.2f}x)")

@@ -55,7 +55,8 @@ static void usage(FILE *f) {
           "                       none: no key)\n"
           "      --alias NAME     the model's name in requests and /v1/models (default: the file\n"
           "                       name without .gguf)\n"
-          "      --slots N        requests generated at once, each with its own cache (default 1)\n"
+          "      --slots N        requests generated at once, each with its own cache (default 1);\n"
+          "                       plain decoding runs them together in batched passes\n"
           "      --queue N        requests that wait for a slot; more are answered 503 (default 8)\n"
           "      --ctx N          context of each slot in tokens (default 4096)\n"
           "  -n, --n-predict N    tokens per answer when a request sets no max_tokens (default 0:\n"
@@ -77,7 +78,9 @@ static void usage(FILE *f) {
           "                       placement as in offload-run generate\n"
           "      --gpu-mem SIZE, --host-mem SIZE  budgets for the planner, which then sets the\n"
           "                       placement (a slot gets 1/N of the device budget)\n"
-          "      --batch N        prompt tokens per prefill step (default 128)\n"
+          "      --batch N        prompt tokens per pass, shared by the prompts being prefilled\n"
+          "                       (default 128; smaller: a lower time to first token beside a long\n"
+          "                       prompt)\n"
           "      --kv-type T      f16 (default), f32, q8_0 or q4_0 KV cache\n"
           "      --kv POLICY, --budget N, --chunk N, --sink N, --refresh N, --kv-index I\n"
           "                       the KV cache policy of plain decoding, as in offload-run generate\n"
@@ -609,8 +612,8 @@ static void run_end(srv *s, slot *sl, tri_status st, bool length) {
     if (sl->t1 > 0) j->res.decode_seconds = now_s() - sl->t1;
     else j->res.prefill_seconds = now_s() - sl->t0;
     slot_settle(sl, j, st, sl->n_gen, length);
-    if (!st && sl->text.err) srv_fail(&j->err, 500, "server_error", NULL, NULL, "generation failed: %s",
-                                      tri_status_str(sl->text.err));
+    if (sl->text.err == TRI_STATUS_OUT_OF_MEMORY)  // the text's own buffer (tri_last_error says nothing)
+        srv_fail(&j->err, 500, "server_error", NULL, NULL, "out of memory");
     job_log(sl, j);
     srv_text_free(&sl->text);
     free(sl->g);
