@@ -21,7 +21,7 @@ static void usage(FILE *f) {
           "  -m, --model PATH     .gguf file or HF checkpoint directory\n"
           "  -p, --prompt TEXT    the prompt\n"
           "  -f, --file FILE      read the prompt from FILE ('-' for stdin), at most what the context\n"
-          "                       can hold\n"
+          "                       can hold; repeated: several prompts, run as a batch (below)\n"
           "      --tokens IDS     the prompt as comma-separated token ids\n"
           "      --chat           the prompt is one user turn of a conversation, rendered with the\n"
           "                       model's own chat template (GGUF tokenizer.chat_template or\n"
@@ -101,7 +101,15 @@ static void usage(FILE *f) {
           "      --prompt-cache FILE  reuse the KV of the longest prefix this prompt shares with\n"
           "                       FILE, and save the prompt's KV there after its prefill\n"
           "                       (plain decoding, --kv full or retrieval; docs/cli.md)\n"
+          "      --prompts FILE   several prompts, one JSON object {\"prompt\": TEXT} per line\n"
+          "                       (with or without -f files)\n"
           "  -h, --help           this help\n"
+          "\n"
+          "Several prompts (-f repeated, --prompts) run as a batch: one cache each, their prefills\n"
+          "packed into shared passes (no padding) and their decode steps in one pass per token, so\n"
+          "every weight is read once for all of them; each output is printed after the others end,\n"
+          "under a line '==> SOURCE <=='. Greedy output is what each prompt gives alone. Plain\n"
+          "decoding only (no --spec, --stop, --json, --prompt-cache).\n"
           "\n",
           f);
     tri_cli_sampling_usage(f, false);
@@ -447,7 +455,7 @@ int tri_cli_generate(int argc, char **argv) {
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
            OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
            OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS, OPT_WEIGHTS_FROM_DISK, OPT_GPU_MEM, OPT_HOST_MEM,
-           OPT_KV_INDEX, OPT_KV_HOST, OPT_HOST_ATTN, OPT_PROMPT_CACHE, OPT_DRAFT_KV };
+           OPT_KV_INDEX, OPT_KV_HOST, OPT_HOST_ATTN, OPT_PROMPT_CACHE, OPT_DRAFT_KV, OPT_PROMPTS };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -481,9 +489,12 @@ int tri_cli_generate(int argc, char **argv) {
         {"kv-host", required_argument, NULL, OPT_KV_HOST},
         {"host-attn-gbps", required_argument, NULL, OPT_HOST_ATTN},
         {"prompt-cache", required_argument, NULL, OPT_PROMPT_CACHE},
+        {"prompts", required_argument, NULL, OPT_PROMPTS},
         {"help", no_argument, NULL, 'h'},          {0},
     };
     const char *model_path = NULL, *prompt = NULL, *file = NULL, *tokens = NULL;
+    const char *files[64], *prompts_path = NULL;  // several prompts: -f repeated, --prompts
+    int32_t n_files = 0;
     bool chat = false, print_ids = false, print_stats = false;
     tri_chat_format chat_format = TRI_CHAT_FORMAT_AUTO;
     const char *system_msg = NULL, *json_path = NULL, *cache_path = NULL;
@@ -514,7 +525,16 @@ int tri_cli_generate(int argc, char **argv) {
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'p': prompt = optarg; break;
-        case 'f': file = optarg; break;
+        case 'f':
+            if (n_files == 64) {
+                fprintf(stderr, "offload-run generate: -f '%s': at most 64 files (--prompts FILE takes more)\n",
+                        optarg);
+                ok = false;
+                break;
+            }
+            file = files[n_files++] = optarg;
+            break;
+        case OPT_PROMPTS: prompts_path = optarg; break;
         case OPT_TOKENS: tokens = optarg; break;
         case OPT_CHAT: chat = true; break;
         case OPT_CHAT_FORMAT:
@@ -636,11 +656,12 @@ int tri_cli_generate(int argc, char **argv) {
         }
         if (!ok) return 2;
     }
-    int n_sources = (prompt != NULL) + (file != NULL) + (tokens != NULL);
+    const bool several = n_files > 1 || prompts_path;
+    int n_sources = (prompt != NULL) + (file != NULL || prompts_path) + (tokens != NULL);
     if (!model_path || n_sources != 1 || optind != argc) {
         fprintf(stderr, "offload-run generate: %s\n",
                 !model_path ? "-m MODEL is required"
-                : n_sources != 1 ? "give exactly one of -p TEXT, -f FILE, --tokens IDS"
+                : n_sources != 1 ? "give exactly one of -p TEXT, -f FILE (or several, or --prompts), --tokens IDS"
                                  : "unexpected argument");
         return tri_cli_see_help();
     }
@@ -708,9 +729,31 @@ int tri_cli_generate(int argc, char **argv) {
     if (draft_layers) spec_params.drafter = TRI_SPEC_DRAFTER_LAYERS;
     if (ngram) spec_params.drafter = TRI_SPEC_DRAFTER_NGRAM;
 
+    if (several && (!plain || cache_path || json_path || n_stops || gpu_mem)) {
+        fprintf(stderr, "offload-run generate: several prompts run as plain decoding in a batch: %s does not apply\n",
+                !plain ? "--spec" : cache_path ? "--prompt-cache" : json_path ? "--json" : n_stops ? "--stop"
+                                                                                               : "--gpu-mem");
+        return 2;
+    }
     double t_start = tri_cli_now();
     tri_model *model = tri_cli_load_model(model_path);
     if (!model) return 1;
+    if (several) {  // -f repeated or --prompts: a batch (cli-generate-batch.c)
+        sp.n_threads = (int32_t)threads;
+        sp.n_batch = (int32_t)batch;
+        sp.kv_layers_offloaded = (int32_t)kv_offload;
+        sp.weight_layers_streamed = (int32_t)stream_weights;
+        sp.weight_layers_from_disk = (int32_t)weights_from_disk;
+        sp.kv_host_fraction = kv_host;
+        gp.n_predict = (int32_t)n_predict;
+        tri_cli_sampling_resolve(&sampler, chat);
+        gp.sampler = sampler.p;
+        tri_cli_several a = {files, n_files, prompts_path, chat, chat_format, system_msg, print_ids, print_stats,
+                             ctx, sp, gp};
+        int rc = tri_cli_generate_several(model, &a);
+        tri_model_free(model);
+        return rc;
+    }
     double load_s = tri_cli_now() - t_start;
     int32_t stop_ids[16];
     int rc = 1;

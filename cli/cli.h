@@ -14,6 +14,24 @@ int tri_cli_generate(int argc, char **argv);
 int tri_cli_tokenize(int argc, char **argv);
 int tri_cli_chat(int argc, char **argv);
 
+// `generate` with several prompts (cli-generate-batch.c): what generate parsed.
+typedef struct tri_cli_several {
+    const char *const *files;  // -f FILE, each a prompt
+    int32_t n_files;
+    const char *prompts_path;  // --prompts FILE.jsonl, or NULL
+    bool chat;
+    tri_chat_format chat_format;
+    const char *system_msg;
+    bool print_ids, print_stats;
+    long ctx;                  // 0: the longest prompt + n_predict (+ 4096 with n_predict 0)
+    tri_session_params sp;     // every field but n_ctx
+    tri_generate_params gp;    // n_predict, stop_at_eos, sampler
+} tri_cli_several;
+// Tokenizes every prompt, runs them as a batch (their prefills packed into shared passes, their
+// decode steps together) and prints each output under a "==> SOURCE <==" line; returns the exit
+// status.
+int tri_cli_generate_several(tri_model *model, const tri_cli_several *a);
+
 // ---- messages ----
 // Every message of a subcommand starts with its name, "offload-run generate: ", getopt's too:
 // main sets the name (and passes it as the subcommand's argv[0]) before running it.

@@ -518,6 +518,19 @@ TRI_API tri_status tri_session_sample(tri_session *session, const tri_sampler_pa
 TRI_API tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *const *tokens,
                                           const int32_t *n_tokens, int32_t n_sessions);
 
+// Plans one pass of a continuous batch, as DeepSpeed-FastGen's Dynamic SplitFuse does: n_left[i]
+// is what sequence i still has to run before it samples (1 for a decoding sequence, the rest of
+// its prompt while it prefills, 0 for an idle one). Every decoding sequence gets its token, so
+// decoding never waits for a prefill; the rest of budget tokens is shared among the prefilling
+// sequences in equal parts (what a shorter prompt leaves goes to the others), so a long prompt
+// runs in chunks beside the others' decode steps and a short one that arrives meanwhile starts at
+// once instead of waiting for the long one's whole prefill. Writes n_take[i] in [0, n_left[i]],
+// the tokens of sequence i for this pass (tri_session_eval_batch over those with n_take[i] > 0),
+// and returns their sum: budget, or less when less is left, or more when more sequences decode
+// than budget holds (each still gets its token). -1 for NULL arrays, n < 0, a negative n_left or
+// budget < 1.
+TRI_API int32_t tri_batch_plan(const int32_t *n_left, int32_t n, int32_t budget, int32_t *n_take);
+
 // ---- prompt cache: a session's KV on disk (docs/formats.md, "Prompt cache") ----
 
 // What a save or a load did.

@@ -292,9 +292,9 @@ static tri_status batch_check(tri_session *const *ss, const int32_t *const *toke
         if (s->model != ss[0]->model)
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "eval batch: session %d runs another model than session 0",
                              i);
-        if (strcmp(s->be->ops->name, ss[0]->be->ops->name) != 0 || s->group.n != ss[0]->group.n)
+        if (strcmp(s->group.name, ss[0]->group.name) != 0 || s->group.n != ss[0]->group.n)
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
-                             "eval batch: session %d computes on %s, session 0 on %s: one kind of device per batch", i,
+                             "eval batch: session %d computes on %s, session 0 on %s: one device per batch", i,
                              s->group.name, ss[0]->group.name);
         for (int32_t j = 0; j < i; j++)
             if (ss[j] == s)
@@ -315,8 +315,8 @@ static tri_status batch_check(tri_session *const *ss, const int32_t *const *toke
     return TRI_STATUS_OK;
 }
 
-// Sessions over several devices, or on a backend whose streams are per session (CUDA): one after
-// another, each as tri_session_eval. A failure rolls the ones before it back.
+// Sessions over several devices (tensor parallelism): one after another, each as tri_session_eval.
+// A failure rolls the ones before it back.
 static tri_status batch_one_by_one(tri_session *const *ss, const int32_t *const *tokens, const int32_t *n_tokens,
                                    int32_t n) {
     tri_status st = TRI_STATUS_OK;
@@ -330,7 +330,9 @@ static tri_status batch_one_by_one(tri_session *const *ss, const int32_t *const 
 }
 
 // The pass that carries a batch of rows rows: s's own, made (again) when it holds fewer. It
-// computes with s's weights and backend; the other sessions' caches are in host memory too.
+// computes with s's weights and backend; each other session's cache and attention stay on its own
+// backend (on a GPU its own stream on the same device, whose memory the pass reads), which the pass
+// waits for where their work meets.
 static tri_status batch_runner(tri_session *s, int32_t rows) {
     if (s->batch_ll.x && s->batch_ll.n_batch >= rows) return TRI_STATUS_OK;
     tri__llama_free(&s->batch_ll);
@@ -343,8 +345,7 @@ tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *c
     TRY(batch_check(sessions, tokens, n_tokens, n_sessions));
     tri_session *s0 = sessions[0];
     if (n_sessions == 1) return tri_session_eval(s0, tokens[0], n_tokens[0], false);
-    if (s0->group.n > 1 || strcmp(s0->be->ops->name, "cpu") != 0)
-        return batch_one_by_one(sessions, tokens, n_tokens, n_sessions);
+    if (s0->group.n > 1) return batch_one_by_one(sessions, tokens, n_tokens, n_sessions);
     const int32_t V = s0->model->config.n_vocab;
     tri__llama_seq *seqs = calloc((size_t)n_sessions, sizeof *seqs);
     if (!seqs) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "eval batch: %d sessions", n_sessions);
@@ -389,6 +390,32 @@ tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *c
     }
     free(seqs), free(len0), free(sel);
     return st;
+}
+
+int32_t tri_batch_plan(const int32_t *n_left, int32_t n, int32_t budget, int32_t *n_take) {
+    if (!n_left || !n_take || n < 0 || budget < 1) return -1;
+    int32_t total = 0, n_prefill = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (n_left[i] < 0) return -1;
+        n_take[i] = n_left[i] == 1;  // decode steps first, whatever the budget
+        total += n_take[i];
+        n_prefill += n_left[i] > 1;
+    }
+    // the prompts share what is left in equal parts, again and again while some take less
+    while (total < budget && n_prefill > 0) {
+        int32_t share = (budget - total) / n_prefill, open = 0;
+        if (share < 1) share = 1;
+        for (int32_t i = 0; i < n && total < budget; i++) {
+            if (n_left[i] <= 1 || n_take[i] == n_left[i]) continue;
+            int32_t give = n_left[i] - n_take[i] < share ? n_left[i] - n_take[i] : share;
+            if (give > budget - total) give = budget - total;
+            n_take[i] += give;
+            total += give;
+            open += n_take[i] < n_left[i];
+        }
+        n_prefill = open;
+    }
+    return total;
 }
 
 const float *tri_session_logits(const tri_session *s, int32_t i) {

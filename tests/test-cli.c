@@ -1451,3 +1451,59 @@ Test(cli, info_and_generate_iq4_xs) {
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
     remove(gguf);
 }
+
+// Several prompts (-f repeated, --prompts FILE.jsonl) run as a batch: each output under its own
+// header is, token for token, what generate prints for that prompt alone.
+Test(cli, generate_several_prompts_as_a_batch, .timeout = TT_TIMEOUT(120)) {
+    const char *m = tiny_model();
+    static char args[1 << 15], want[3][1 << 16], files[3][4096], jsonl[4096];
+    const char *texts[3] = {"the quick brown fox", "a much longer prompt than the others, to pack beside them", "hi"};
+    for (int i = 0; i < 3; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "cli-several-%d-%d.txt", (int)getpid(), i);
+        snprintf(files[i], sizeof files[i], "%s", tt_tmp(name));
+        FILE *f = fopen(files[i], "w");
+        cr_assert(f);
+        fputs(texts[i], f);
+        fclose(f);
+        snprintf(args, sizeof args, "generate -m '%s' -f '%s' -n 12 --ids --ignore-eos --batch 8", m, files[i]);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+        snprintf(want[i], sizeof want[i], "%s", out);
+    }
+    snprintf(args, sizeof args, "generate -m '%s' -f '%s' -f '%s' -f '%s' -n 12 --ids --ignore-eos --batch 8 --stats",
+             m, files[0], files[1], files[2]);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    static char expect[1 << 18];
+    size_t at = 0;
+    for (int i = 0; i < 3; i++)
+        at += (size_t)snprintf(expect + at, sizeof expect - at, "%s==> %s <==\n%s", i ? "\n" : "", files[i], want[i]);
+    cr_assert_str_eq(out, expect);
+    cr_assert(strstr(err, "prompts: 3, ") && strstr(err, "generated: 36 tokens in 11 batched passes"), "%s", err);
+    // the same prompts from a JSONL file (a blank line, members besides "prompt" ignored)
+    snprintf(jsonl, sizeof jsonl, "%s", tt_tmp("cli-several.jsonl"));
+    FILE *f = fopen(jsonl, "w");
+    cr_assert(f);
+    fprintf(f, "{\"prompt\": \"%s\"}\n\n{\"id\": 7, \"prompt\": \"%s\"}\n", texts[1], texts[2]);
+    fclose(f);
+    snprintf(args, sizeof args, "generate -m '%s' --prompts '%s' -n 12 --ids --ignore-eos --batch 8", m, jsonl);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(expect, sizeof expect, "==> %.48s:1 <==\n%s\n==> %.48s:3 <==\n%s", jsonl, want[1], jsonl, want[2]);
+    cr_assert_str_eq(out, expect);
+    // bad lines and options that do not apply
+    f = fopen(jsonl, "w");
+    cr_assert(f);
+    fputs("{\"prompt\": \"ok\"}\n{\"text\": \"no prompt\"}\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "generate -m '%s' --prompts '%s'", m, jsonl);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1, "%s", err);
+    cr_assert(strstr(err, "line 2: want an object with a string \"prompt\""), "%s", err);
+    f = fopen(jsonl, "w");
+    cr_assert(f);
+    fputs("{\"prompt\": \"unterminated\n", f);
+    fclose(f);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1, "%s", err);
+    cr_assert(strstr(err, "line 1: not a JSON object"), "%s", err);
+    snprintf(args, sizeof args, "generate -m '%s' -f '%s' -f '%s' --spec draft --draft-ngram 2", m, files[0], files[1]);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2, "%s", err);
+    cr_assert(strstr(err, "several prompts run as plain decoding in a batch: --spec does not apply"), "%s", err);
+}

@@ -670,14 +670,23 @@ static tri_status batch_block(tri__llama *run, tri__llama_seq *seqs, const batch
     const tri__layer *L = &run->model->layers[il];
     const int64_t qd = (int64_t)c->n_head * c->head_dim, kd = (int64_t)c->n_head_kv * c->head_dim;
     TRY(block_qkv(run, L, rows));
+    bool others = false;  // a sequence whose cache another backend (a session's own stream) serves
+    for (int32_t k = 0; k < n_steps; k++) {
+        tri__llama *ll = seqs[steps[k].seq].ll;
+        const int32_t nb = steps[k].nb;
+        float *q = run->q + steps[k].row0 * qd, *kr = run->k + steps[k].row0 * kd;
+        TRY(tri__rope_apply(run->be, q, nb, c->n_head, ll->q_pos, &ll->rope));
+        if (!seqs[steps[k].seq].pol->raw_keys) TRY(tri__rope_apply(run->be, kr, nb, c->n_head_kv, ll->pos, &ll->rope));
+        others |= ll->be != run->be;
+    }
+    // the other backends' ops read the rows this one wrote, and this one's read their attention
+    if (others) TRY(run->be->ops->synchronize(run->be));
     for (int32_t k = 0; k < n_steps; k++) {
         tri__llama *ll = seqs[steps[k].seq].ll;
         tri__kv_policy *pol = seqs[steps[k].seq].pol;
         const int32_t nb = steps[k].nb;
         float *q = run->q + steps[k].row0 * qd, *kr = run->k + steps[k].row0 * kd, *v = run->v + steps[k].row0 * kd;
         float *att = run->att + steps[k].row0 * qd;
-        TRY(tri__rope_apply(run->be, q, nb, c->n_head, ll->q_pos, &ll->rope));
-        if (!pol->raw_keys) TRY(tri__rope_apply(run->be, kr, nb, c->n_head_kv, ll->pos, &ll->rope));
         const tri__kv_view *view;
         float *weight_sums;
         TRY(tri__kv_policy_layer(pol, il, q, kr, v, &view, &weight_sums));
@@ -686,6 +695,10 @@ static tri_status batch_block(tri__llama *run, tri__llama_seq *seqs, const batch
         else
             TRY(attend_window(ll, att, q, ll->q_pos, nb, view, weight_sums));
         TRY(tri__kv_policy_observe(pol, il));
+    }
+    for (int32_t k = 0; others && k < n_steps; k++) {
+        tri__backend *be = seqs[steps[k].seq].ll->be;
+        if (be != run->be) TRY(be->ops->synchronize(be));
     }
     return block_out(run, L, rows);
 }
@@ -774,7 +787,8 @@ tri_status tri__llama_forward_batch(tri__llama *run, tri__llama_seq *seqs, int32
     for (int32_t i = 0; i < n_seqs; i++) {
         const tri__llama_seq *sq = &seqs[i];
         const tri_model_config *ci = &sq->ll->model->config;
-        if (sq->n <= 0 || !sq->tokens) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "batch: sequence %d: %d tokens", i, sq->n);
+        if (sq->n <= 0 || !sq->tokens)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "batch: sequence %d: %d tokens", i, sq->n);
         int32_t n0 = tri__kv_policy_len(sq->pol), cap = tri__kv_policy_capacity(sq->pol);
         if (n0 > cap - sq->n)
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
@@ -825,6 +839,8 @@ tri_status tri__llama_forward_batch(tri__llama *run, tri__llama_seq *seqs, int32
         }
     }
     if (!st) st = run->be->ops->synchronize(run->be);
+    for (int32_t i = 0; !st && i < n_seqs; i++)  // what the policies queued on their own backends
+        if (seqs[i].ll->be != run->be) st = seqs[i].ll->be->ops->synchronize(seqs[i].ll->be);
     for (int32_t i = 0; n0 && done && i < n_seqs; i++) {
         tri__kv_policy *pol = seqs[i].pol;
         tri__kv_policy_tap_settle(pol, !st);

@@ -13,6 +13,7 @@
 #include "../../cli/cli-common.c"
 #include "../../cli/cli-sampling.c"  // generate's sampling options
 #include "../../cli/cli-generate.c"
+#include "../../cli/cli-generate-batch.c"  // generate with several prompts
 #define usage plan_usage  // cli-plan.c's statics beside cli-generate.c's
 #include "../../cli/cli-plan.c"
 #undef usage
