@@ -691,49 +691,35 @@ static void run_sample(srv *s, slot *sl) {
     run_end(s, sl, st, go && tok != sl->eos);
 }
 
-// Shares a pass's budget of prompt tokens (--batch) among the slots that prefill, so that a pass
-// keeps about one size whatever the number of prompts: the shortest rest first, each at most its
-// fair share of what is left and at least one token, so a short prompt is done in one pass beside
-// a long one, and every prompt moves on. Sets each one's step.
-static void share_prefill(srv *s, slot **pf, int n) {
-    for (int a = 1; a < n; a++)  // by the prompt tokens left, few slots: insertion sort
-        for (int b = a; b > 0 && pf[b]->run->rq.n_ids - pf[b]->next < pf[b - 1]->run->rq.n_ids - pf[b - 1]->next;
-             b--) {
-            slot *t = pf[b];
-            pf[b] = pf[b - 1];
-            pf[b - 1] = t;
-        }
-    int32_t left = s->chunk;
-    for (int k = 0; k < n; k++) {
-        slot *sl = pf[k];
-        int32_t rest = sl->run->rq.n_ids - sl->next, share = left / (n - k);
-        if (share < 1) share = 1;
-        sl->step = sl->whole || rest < share ? rest : share;
-        left -= sl->step < left ? sl->step : left;
-    }
-}
-
 // One pass: every running slot's next tokens through the model at once, then each samples.
 static void sched_pass(srv *s) {
     tri_session *ss[256];
     const int32_t *tk[256];
-    int32_t nt[256], n = 0;
-    slot *in[256], *pf[256];
-    int n_pf = 0;
+    int32_t nt[256], left[256], take[256], n = 0, n_decode = 0;
+    slot *in[256];
+    // what each slot has to run before it samples: its token, or the rest of its prompt
     for (int i = 0; i < s->n_slots; i++) {
         slot *sl = &s->slots[i];
         if (sl->run && atomic_load(&sl->run->cancel))  // the client went away, or the server stops
             run_end(s, sl, TRI_STATUS_OK, false);
-        else if (sl->run && sl->phase == RUN_PREFILL)
-            pf[n_pf++] = sl;
+        left[i] = !sl->run                      ? 0
+                  : sl->phase == RUN_DECODE     ? 1
+                  : sl->phase == RUN_PREFILL    ? sl->run->rq.n_ids - sl->next
+                                                : 0;
+        n_decode += sl->run && sl->phase == RUN_DECODE;
     }
-    share_prefill(s, pf, n_pf);
+    // Dynamic SplitFuse: every decoding slot's token, and --batch prompt tokens shared by the
+    // prefilling slots in equal parts (what a short prompt leaves goes to the others), so a pass
+    // keeps about one size and a short prompt beside a long one is done at once
+    tri_batch_plan(left, s->n_slots, s->chunk + n_decode, take);
     for (int i = 0; i < s->n_slots; i++) {
         slot *sl = &s->slots[i];
         if (!sl->run) continue;
         if (sl->phase == RUN_PREFILL) {
             const srv_request *rq = &sl->run->rq;
-            int32_t step = sl->step;
+            int32_t step = sl->whole ? left[i] : take[i];
+            if (step == 0) continue;  // more prompts than the budget's tokens: the next pass
+            sl->step = step;
             // the retrieval policy selects its chunks from the prompt's last query
             if (sl->next + step == rq->n_ids) tri_session_kv_refresh(sl->session);
             tk[n] = rq->ids + sl->next;
