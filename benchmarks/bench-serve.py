@@ -95,6 +95,7 @@ def main():
     ap.add_argument("--batch", type=int, default=0, help="the server's --batch (default: its own)")
     ap.add_argument("--threads", type=int, default=0, help="the server's -t (default: its own)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of both ways, alternating (default 3)")
+    ap.add_argument("--device", default="", help="the server's --device (default: its own)")
     a = ap.parse_args()
     n = a.clients
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
@@ -104,9 +105,13 @@ def main():
         cmd += ["--batch", str(a.batch)]
     if a.threads:
         cmd += ["-t", str(a.threads)]
+    if a.device:
+        cmd += ["--device", a.device]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    port = None
+    port, device = None, "?"
     for line in proc.stderr:
+        if line.startswith("device: "):
+            device = line[8:].strip()
         if line.startswith("listening on "):
             port = int(line.split("//")[1].split("/")[0].rsplit(":", 1)[1])
             break
@@ -178,7 +183,7 @@ def main():
         proc.terminate()
         proc.wait()
 
-    print(f"machine: {machine()}")
+    print(f"machine: {machine()}; server: {device}")
     print(f"model: {a.model}; {n} clients, prompts of {ptok} tokens, {a.tokens} tokens each (greedy, ignore_eos)")
     print(f"texts: the same concurrently as one at a time ({n} of {n})")
     fmt = lambda ts: ", ".join(f"{x:.2f}" for x in ts)  # noqa: E731
