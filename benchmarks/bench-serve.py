@@ -4,7 +4,7 @@ against the same N requests served one after another, a ratio measured in one ru
 
     benchmarks/bench-serve.py build/cli/offload-run [-m MODEL] [--clients 4] [--tokens 64]
 
-One server (--slots N, greedy, --ctx 1024) answers N completions with prompts of different lengths,
+One server (--slots N, greedy, --ctx 4096) answers N completions with prompts of different lengths,
 each generating --tokens tokens past the end-of-sequence token (ignore_eos), first one at a time
 (each request sent when the previous has its answer), then all at once, in --rounds rounds that
 alternate the order (a machine whose load drifts weighs on both ways alike). The texts must be the
@@ -61,7 +61,8 @@ def cpu_seconds(pid):
 
 
 def request(port, prompt, n, stream=False, first=None):
-    """A greedy completion: (text, usage); first gets the time of the first streamed piece."""
+    """A greedy completion: (text, usage); first gets the time of the first streamed event (the
+    first piece of text, or the closing chunk of an answer with none)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
     body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": stream}
     c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
@@ -78,9 +79,9 @@ def request(port, prompt, n, stream=False, first=None):
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
         ev = json.loads(line[6:])
+        if first is not None and not first:  # the first event: text, or the end when there is none
+            first.append(time.time())
         if ev.get("choices") and ev["choices"][0].get("text"):
-            if first is not None and not first:
-                first.append(time.time())
             text += ev["choices"][0]["text"]
     c.close()
     return text, None
@@ -99,7 +100,7 @@ def main():
     a = ap.parse_args()
     n = a.clients
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
-    cmd = [a.cli, "serve", "-m", a.model, "--port", "0", "--slots", str(n), "--queue", str(n), "--ctx", "1024",
+    cmd = [a.cli, "serve", "-m", a.model, "--port", "0", "--slots", str(n), "--queue", str(n), "--ctx", "4096",
            "--temp", "0"]
     if a.batch:
         cmd += ["--batch", str(a.batch)]
@@ -160,6 +161,21 @@ def main():
             sys.exit(f"bench-serve: FAILED: requests {bad} gave other texts concurrently than alone")
         gen = sum(u["completion_tokens"] for _, u in alone)
         ptok = [u["prompt_tokens"] for _, u in alone]
+        print(f"machine: {machine()}; server: {device}")
+        print(f"model: {a.model}; {n} clients, prompts of {ptok} tokens, {a.tokens} tokens each (greedy, "
+              f"ignore_eos)")
+        print(f"texts: the same concurrently as one at a time ({n} of {n})")
+        fmt = lambda ts: ", ".join(f"{x:.2f}" for x in ts)  # noqa: E731
+        print(f"one after another: {sum(t_seq):7.2f} s in all ({fmt(t_seq)}), "
+              f"{gen * len(t_seq) / sum(t_seq):7.1f} generated tokens/s")
+        print(f"{n} concurrent:      {sum(t_con):7.2f} s in all ({fmt(t_con)}), "
+              f"{gen * len(t_con) / sum(t_con):7.1f} generated tokens/s")
+        print(f"server CPU time: {sum(cpu_seq):.2f} s one after another, {sum(cpu_con):.2f} s concurrent: "
+              f"{sum(cpu_seq) / sum(cpu_con):.2f}x the tokens per CPU second (load-independent: more threads do "
+              f"not win a larger share of a busy machine)")
+        ratios = sorted(x / y for x, y in zip(t_seq, t_con))
+        print(f"ratio: {sum(t_seq) / sum(t_con):.2f}x aggregate throughput over {a.rounds} rounds (per round: "
+              f"{', '.join(f'{x:.2f}' for x in ratios)}; median {ratios[len(ratios) // 2]:.2f}x)", flush=True)
 
         # time to first token of a short request: alone, then while a long prompt prefills
         long_prompt = " ".join(PROMPTS) * 2
@@ -177,28 +193,12 @@ def main():
         request(port, PROMPTS[0], 2, stream=True, first=first)
         ttft_busy = first[0] - t
         lt.join()
-        ttft_long = long_first[0] - t_long
         n_long = request(port, long_prompt, 1)[1]["prompt_tokens"]
+        print(f"time to first token of a short request: {ttft_alone:.3f} s alone, {ttft_busy:.3f} s while a long "
+              f"prompt of {n_long} tokens prefills (whose own first token came after {long_first[0] - t_long:.3f} s)")
     finally:
         proc.terminate()
         proc.wait()
-
-    print(f"machine: {machine()}; server: {device}")
-    print(f"model: {a.model}; {n} clients, prompts of {ptok} tokens, {a.tokens} tokens each (greedy, ignore_eos)")
-    print(f"texts: the same concurrently as one at a time ({n} of {n})")
-    fmt = lambda ts: ", ".join(f"{x:.2f}" for x in ts)  # noqa: E731
-    print(f"one after another: {sum(t_seq):7.2f} s in all ({fmt(t_seq)}), {gen * len(t_seq) / sum(t_seq):7.1f} "
-          f"generated tokens/s")
-    print(f"{n} concurrent:      {sum(t_con):7.2f} s in all ({fmt(t_con)}), {gen * len(t_con) / sum(t_con):7.1f} "
-          f"generated tokens/s")
-    print(f"server CPU time: {sum(cpu_seq):.2f} s one after another, {sum(cpu_con):.2f} s concurrent: "
-          f"{sum(cpu_seq) / sum(cpu_con):.2f}x the tokens per CPU second (load-independent: more threads do not "
-          f"win a larger share of a busy machine)")
-    ratios = sorted(x / y for x, y in zip(t_seq, t_con))
-    print(f"ratio: {sum(t_seq) / sum(t_con):.2f}x aggregate throughput over {a.rounds} rounds (per round: "
-          f"{', '.join(f'{x:.2f}' for x in ratios)}; median {ratios[len(ratios) // 2]:.2f}x)")
-    print(f"time to first token of a short request: {ttft_alone:.3f} s alone, {ttft_busy:.3f} s while a long "
-          f"prompt of {n_long} tokens prefills (whose own first token came after {ttft_long:.3f} s)")
 
 
 if __name__ == "__main__":
