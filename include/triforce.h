@@ -510,11 +510,12 @@ TRI_API tri_status tri_session_sample(tri_session *session, const tri_sampler_pa
 // in one pass: block-diagonal attention, no padding). Afterwards each session's last token's
 // logits are readable with tri_session_logits(sessions[i], -1). On the CPU backend each session's
 // logits and cache are bit-identical to evaluating it alone (docs/api.md, "Batches"). The
-// sessions must be distinct, share one model and compute on the same kind of device;
+// sessions must be distinct, share one model and compute on the same device (or device list);
 // INVALID_ARGUMENT names the session and the problem otherwise, or a batch that does not fit a
-// session's context, before any session changes. Sessions over several devices or on CUDA are
-// evaluated one after another (the same results, no sharing yet). On a failure in a pass every
-// session is rolled back to where it was. Not to be called while any of them generates.
+// session's context, before any session changes. The pass computes with the first session's
+// weights on its device (tensor parallelism: the same device list for all, each rank its share);
+// each session's cache stays its own. On a failure in a pass every session is rolled back to
+// where it was (its last logits gone). Not to be called while any of them generates.
 TRI_API tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *const *tokens,
                                           const int32_t *n_tokens, int32_t n_sessions);
 

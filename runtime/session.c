@@ -20,6 +20,7 @@
 // What ranks 1 .. N-1 of a tensor-parallel session hold (rank 0's is the session's own).
 typedef struct session_rank {
     tri__llama ll;
+    tri__llama batch_ll;  // the rank's share of tri_session_eval_batch's pass (tri_session.batch_ll)
     tri__kv_policy kv;
     tri__kv_store store;
 } session_rank;
@@ -79,6 +80,7 @@ void tri_session_free(tri_session *s) {
         tri__kv_policy_free(&s->peers[r - 1].kv);
         tri__kv_store_free(&s->peers[r - 1].store);
         tri__llama_free(&s->peers[r - 1].ll);
+        tri__llama_free(&s->peers[r - 1].batch_ll);
     }
     free(s->peers);
     tri__tp_group_close(&s->group);
@@ -315,29 +317,39 @@ static tri_status batch_check(tri_session *const *ss, const int32_t *const *toke
     return TRI_STATUS_OK;
 }
 
-// Sessions over several devices (tensor parallelism): one after another, each as tri_session_eval.
-// A failure rolls the ones before it back.
-static tri_status batch_one_by_one(tri_session *const *ss, const int32_t *const *tokens, const int32_t *n_tokens,
-                                   int32_t n) {
-    tri_status st = TRI_STATUS_OK;
-    int32_t i = 0;
-    for (; !st && i < n; i++) st = tri_session_eval(ss[i], tokens[i], n_tokens[i], false);
-    for (int32_t j = 0; st && j < i - 1; j++) {
-        tri_status st2 = tri_session_truncate(ss[j], tri__kv_policy_len(&ss[j]->kv) - n_tokens[j]);
-        (void)st2;
+// The pass that carries a batch of rows rows, per rank: s's own, made (again) when it holds fewer.
+// It computes with s's weights and backends; each other session's cache and attention stay on its
+// own backend (on a GPU its own stream on the same device, whose memory the pass reads), which the
+// pass waits for where their work meets. Over several devices rank r's pass all-reduces through
+// s's ranks.
+static tri_status batch_runner(tri_session *s, int32_t rows) {
+    rows = (rows + 63) / 64 * 64;  // room to grow a little before the next reallocation
+    for (int32_t r = 0; r < s->group.n; r++) {
+        tri__llama *run = r ? &s->peers[r - 1].batch_ll : &s->batch_ll;
+        if (run->x && run->n_batch >= rows) continue;
+        tri__llama_free(run);
+        TRY(tri__llama_init(run, s->group.weights[r], s->group.be[r], rows));
+        run->tp = s->group.tp;
+        run->rank = r;
     }
-    return st;
+    return TRI_STATUS_OK;
 }
 
-// The pass that carries a batch of rows rows: s's own, made (again) when it holds fewer. It
-// computes with s's weights and backend; each other session's cache and attention stay on its own
-// backend (on a GPU its own stream on the same device, whose memory the pass reads), which the pass
-// waits for where their work meets.
-static tri_status batch_runner(tri_session *s, int32_t rows) {
-    if (s->batch_ll.x && s->batch_ll.n_batch >= rows) return TRI_STATUS_OK;
-    tri__llama_free(&s->batch_ll);
-    rows = (rows + 63) / 64 * 64;  // room to grow a little before the next reallocation
-    return tri__llama_init(&s->batch_ll, s->weights, s->be, rows);
+// Most rows of a batched pass (activations of 1024 rows: 0.5 GiB for a 7B Llama-2), unless one
+// session's step is longer.
+#define BATCH_ROWS 1024
+
+typedef struct batch_job {
+    tri_session *const *ss;
+    tri__llama_seq *seqs;  // (group.n, n): each rank's sequences
+    int32_t n;
+} batch_job;
+
+// One rank's share of a batch (tri__tp_run): its pass over its passes and caches of every session.
+static tri_status batch_rank(void *ctx, int32_t r) {
+    batch_job *j = ctx;
+    tri_session *s0 = j->ss[0];
+    return tri__llama_forward_batch(r ? &s0->peers[r - 1].batch_ll : &s0->batch_ll, j->seqs + (int64_t)r * j->n, j->n);
 }
 
 tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *const *tokens, const int32_t *n_tokens,
@@ -345,11 +357,11 @@ tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *c
     TRY(batch_check(sessions, tokens, n_tokens, n_sessions));
     tri_session *s0 = sessions[0];
     if (n_sessions == 1) return tri_session_eval(s0, tokens[0], n_tokens[0], false);
-    if (s0->group.n > 1) return batch_one_by_one(sessions, tokens, n_tokens, n_sessions);
-    const int32_t V = s0->model->config.n_vocab;
-    tri__llama_seq *seqs = calloc((size_t)n_sessions, sizeof *seqs);
+    const int32_t V = s0->model->config.n_vocab, n_rank = s0->group.n;
+    tri__llama_seq *seqs = calloc((size_t)(n_sessions * n_rank), sizeof *seqs);
     if (!seqs) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "eval batch: %d sessions", n_sessions);
-    // a pass holds one step of every session: the sum of their first steps, at least the largest
+    // a pass holds one step of every session (the sum of their first steps), up to BATCH_ROWS rows
+    // unless one step is longer: the steps that do not fit wait for the next pass
     int32_t rows = 0, most = 0;
     tri_status st = TRI_STATUS_OK;
     for (int32_t i = 0; !st && i < n_sessions; i++) {
@@ -362,8 +374,11 @@ tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *c
             if (!l) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "eval batch: logits");
             else s->logits = l, s->logits_cap = 1;
         }
-        seqs[i] = (tri__llama_seq){&s->ll, &s->kv, tokens[i], n_tokens[i], TRI_LOGITS_LAST, s->logits};
+        for (int32_t r = 0; r < n_rank; r++)
+            seqs[r * n_sessions + i] = (tri__llama_seq){rank_ll(s, r), rank_kv(s, r), tokens[i], n_tokens[i],
+                                                        TRI_LOGITS_LAST, r ? NULL : s->logits};
     }
+    if (rows > BATCH_ROWS) rows = BATCH_ROWS;
     if (!st) st = batch_runner(s0, rows > most ? rows : most);
     int32_t *len0 = malloc(sizeof *len0 * (size_t)n_sessions), *sel = malloc(sizeof *sel * (size_t)n_sessions);
     if (!st && (!len0 || !sel)) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "eval batch: %d sessions", n_sessions);
@@ -375,7 +390,8 @@ tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *c
         sel[i] = tri__kv_policy_selected_at(&s->kv);
         s->n_logits = 0;
     }
-    if (!st) st = tri__llama_forward_batch(&s0->batch_ll, seqs, n_sessions);
+    batch_job job = {sessions, seqs, n_sessions};
+    if (!st) st = s0->group.tp ? tri__tp_run(s0->group.tp, batch_rank, &job) : batch_rank(&job, 0);
     for (int32_t i = 0; !st && i < n_sessions; i++) {  // as eval after its pass
         tri_session *s = sessions[i];
         int32_t n = n_tokens[i];

@@ -711,6 +711,7 @@ static tri_status batch_output(tri__llama *run, tri__llama_seq *seqs, const batc
     const tri__backend_ops *op = run->be->ops;
     tri__backend *be = run->be;
     const int64_t E = c->n_embd, V = c->n_vocab;
+    if (run->tp && run->rank != 0) return TRI_STATUS_OK;  // every rank holds the same rows: rank 0's head
     int32_t n_out = 0;
     for (int32_t k = 0; k < n_steps; k++) {
         const tri__llama_seq *sq = &seqs[steps[k].seq];
@@ -798,10 +799,10 @@ tri_status tri__llama_forward_batch(tri__llama *run, tri__llama_seq *seqs, int32
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                              "batch: sequence %d: steps of %d tokens, policy steps of %d, a pass of %d rows", i,
                              sq->ll->n_batch, sq->pol->max_step, run->n_batch);
-        if (sq->ll->tp || ci->n_layer != c->n_layer || ci->n_embd != c->n_embd || ci->n_head != c->n_head ||
+        if (ci->n_layer != c->n_layer || ci->n_embd != c->n_embd || ci->n_head != c->n_head ||
             ci->n_head_kv != c->n_head_kv || ci->n_vocab != c->n_vocab)
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
-                             "batch: sequence %d runs another model (or a tensor-parallel shard) than the batch", i);
+                             "batch: sequence %d runs another model (or another shard of it) than the batch", i);
     }
     int32_t *n0 = malloc(sizeof *n0 * (size_t)n_seqs), *done = calloc((size_t)n_seqs, sizeof *done);
     int32_t *tok = malloc(sizeof *tok * (size_t)run->n_batch);

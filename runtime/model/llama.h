@@ -137,9 +137,10 @@ typedef struct tri__llama_seq {
 // rotary positions, the cache policy's views and attention are each sequence's own (the mask is
 // block-diagonal: a row sees only its own cache). A step that does not fit the pass's room waits
 // for the next pass. On the CPU backend each sequence's logits and cache are bit for bit those
-// of running it alone. run->n_batch must be at least every seq.ll->n_batch; run's rotary table
-// and tensor parallelism are unused (one device). On failure every policy is rolled back to its
-// length before the call.
+// of running it alone. run->n_batch must be at least every seq.ll->n_batch; run's rotary table is
+// unused. Tensor parallelism: one call per rank (tri__tp_run), run being that rank's pass over its
+// shard (run->tp, run->rank: its all-reduces) and the sequences that rank's passes and caches; only
+// rank 0 writes logits. On failure every policy is rolled back to its length before the call.
 tri_status tri__llama_forward_batch(tri__llama *run, tri__llama_seq *seqs, int32_t n_seqs);
 
 // ---- the one-token step of a StreamingLLM cache, computed from backend memory ----
