@@ -702,11 +702,9 @@ static void sched_pass(srv *s) {
         slot *sl = &s->slots[i];
         if (sl->run && atomic_load(&sl->run->cancel))  // the client went away, or the server stops
             run_end(s, sl, TRI_STATUS_OK, false);
-        left[i] = !sl->run                      ? 0
-                  : sl->phase == RUN_DECODE     ? 1
-                  : sl->phase == RUN_PREFILL    ? sl->run->rq.n_ids - sl->next
-                                                : 0;
-        n_decode += sl->run && sl->phase == RUN_DECODE;
+        left[i] = 0;
+        if (sl->run && sl->phase == RUN_DECODE) left[i] = 1, n_decode++;
+        else if (sl->run && sl->phase == RUN_PREFILL) left[i] = sl->run->rq.n_ids - sl->next;
     }
     // Dynamic SplitFuse: every decoding slot's token, and --batch prompt tokens shared by the
     // prefilling slots in equal parts (what a short prompt leaves goes to the others), so a pass
