@@ -518,6 +518,10 @@ static json_object *triforce_json(const srv_result *r) {
         // plain decoding: one full-cache pass per token
         json_object_object_add(t, "full_cache_passes", json_object_new_int(r->completion_tokens));
         json_object_object_add(t, "tokens_per_pass", json_object_new_double(r->completion_tokens ? 1.0 : 0.0));
+        // continuous batching: the passes that ran this request's tokens, and how many sequences
+        // (slots) they carried on average, this one included
+        json_object_object_add(t, "batch_passes", json_object_new_int64(r->batch_passes));
+        json_object_object_add(t, "batch_mean", ratio(r->batch_sequences, r->batch_passes));
     }
     return t;
 }

@@ -3,13 +3,21 @@
 // Threads: libmicrohttpd runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION), which
 // parses the request, checks it and tokenizes it (server-json.c), then hands it to the slots as a
 // job and waits: for the whole answer (a JSON response), or for each piece of it (server-sent
-// events, written by a blocking content reader). Each slot is a worker thread with its own
-// session (or speculative engine) on the one model; it keeps the tokens of its last
-// conversation, so a request that continues it prefills only what is new. A job goes to the idle
-// slot whose cached tokens share the longest prefix with its prompt; with every slot busy it
-// waits in a queue of --queue jobs, and past that the request is answered 503. A client that goes
-// away (the connection's socket reports the peer's hang-up, polled while it waits) cancels its
-// job. docs/server.md describes the endpoints.
+// events, written by a blocking content reader). Each slot has its own session (or speculative
+// engine) on the one model; it keeps the tokens of its last conversation, so a request that
+// continues it prefills only what is new. A job goes to the idle slot whose cached tokens share
+// the longest prefix with its prompt; with every slot busy it waits in a queue of --queue jobs,
+// and past that the request is answered 503. A client that goes away (the connection's socket
+// reports the peer's hang-up, polled while it waits) cancels its job.
+//
+// Plain decoding: one scheduler thread runs every slot in batched passes (continuous batching):
+// each pass runs the last sampled token of every decoding slot and a piece of the prompt of every
+// slot that is prefilling, all in one tri_session_eval_batch call, then samples each slot's next
+// token with its own parameters and streams it. A finished answer leaves and a waiting request
+// joins between passes; a long prompt prefills piece by piece beside the others' decoding, so no
+// request waits for another's whole prefill. Speculative decoding: each slot is a worker thread
+// running tri_generate_spec (its rounds do not batch across slots). docs/server.md describes the
+// endpoints.
 #include <errno.h>
 #include <getopt.h>
 #include <netdb.h>
@@ -47,7 +55,8 @@ static void usage(FILE *f) {
           "                       none: no key)\n"
           "      --alias NAME     the model's name in requests and /v1/models (default: the file\n"
           "                       name without .gguf)\n"
-          "      --slots N        requests generated at once, each with its own cache (default 1)\n"
+          "      --slots N        requests generated at once, each with its own cache (default 1);\n"
+          "                       plain decoding runs them together in batched passes\n"
           "      --queue N        requests that wait for a slot; more are answered 503 (default 8)\n"
           "      --ctx N          context of each slot in tokens (default 4096)\n"
           "  -n, --n-predict N    tokens per answer when a request sets no max_tokens (default 0:\n"
@@ -69,7 +78,9 @@ static void usage(FILE *f) {
           "                       placement as in offload-run generate\n"
           "      --gpu-mem SIZE, --host-mem SIZE  budgets for the planner, which then sets the\n"
           "                       placement (a slot gets 1/N of the device budget)\n"
-          "      --batch N        prompt tokens per prefill step (default 128)\n"
+          "      --batch N        prompt tokens per pass, shared by the prompts being prefilled\n"
+          "                       (default 128; smaller: a lower time to first token beside a long\n"
+          "                       prompt)\n"
           "      --kv-type T      f16 (default), f32, q8_0 or q4_0 KV cache\n"
           "      --kv POLICY, --budget N, --chunk N, --sink N, --refresh N, --kv-index I\n"
           "                       the KV cache policy of plain decoding, as in offload-run generate\n"
@@ -126,7 +137,20 @@ typedef struct slot {
     bool seeded;
     uint64_t last_used;          // a counter, for ties between slots
     job *job;                    // the job it runs, NULL when idle
+    // plain decoding: the job in the scheduler's hands and where it is (the scheduler's thread only)
+    job *run;                    // taken from job between passes; NULL: none
+    int phase;                   // RUN_PREFILL, RUN_DECODE, RUN_SAMPLE
+    int32_t next;                // the prompt's next token to run (an index into rq.ids)
+    int32_t step;                // the prompt tokens this pass runs
+    int32_t pending;             // the token sampled last, which the next pass runs
+    int32_t n_gen, n_max, eos;   // tokens generated, at most; the end-of-sequence token or -1
+    bool whole;                  // run the rest of the prompt in one piece (a length-dependent rope)
+    double t0, t1;               // when the job started, and when its prefill ended
+    struct gen_ctx *g;           // the callbacks' context
+    srv_text text;
 } slot;
+
+enum { RUN_PREFILL = 1, RUN_DECODE = 2, RUN_SAMPLE = 3 };
 
 struct srv {
     srv_model_ref ref;
@@ -148,6 +172,8 @@ struct srv {
     int n_queued, max_queue;
     bool stopping;
     uint64_t use_counter, id_counter;
+    int32_t chunk;               // plain decoding: prompt tokens a slot runs per pass at most
+    bool rope_by_length;         // the rope depends on the first evaluation's length
     // --prompt-cache: the file, the tokens it holds (when it fits the model), under pc_mu
     const char *pc_path;
     pthread_mutex_t pc_mu;
@@ -374,8 +400,10 @@ static bool prompt_cache_start(srv *s, bool plain) {
     return true;
 }
 
-// Runs job j on slot sl: reuses the cached prefix, generates, fills j's result.
-static void slot_generate(srv *s, slot *sl, job *j) {
+// The start of job j on slot sl: the result's first figures, the prefix the slot's cache shares
+// with the prompt kept (or a longer one loaded from --prompt-cache) and the rest dropped, the
+// slot's token list set to the prompt. The tokens to skip; -1 with j->err set on failure.
+static int32_t slot_prepare(srv *s, slot *sl, job *j) {
     srv_request *rq = &j->rq;
     srv_result *r = &j->res;
     r->slot = sl->idx;
@@ -408,15 +436,50 @@ static void slot_generate(srv *s, slot *sl, job *j) {
     if (sl->cap_tokens < rq->n_ids) {
         int32_t *t = realloc(sl->tokens, (size_t)rq->n_ids * sizeof *t);
         if (!t) {
+            sl->n_tokens = 0;
             srv_fail(&j->err, 500, "server_error", NULL, NULL, "out of memory");
-            return;
+            return -1;
         }
         sl->tokens = t;
         sl->cap_tokens = rq->n_ids;
     }
     memcpy(sl->tokens, rq->ids, (size_t)rq->n_ids * sizeof *rq->ids);  // a load replaced the slot's prefix too
     sl->n_tokens = rq->n_ids;
+    return keep;
+}
 
+// Tokens a request may generate on slot sl: its max_tokens (or -n), within the context.
+static int32_t slot_n_max(const srv *s, const srv_request *rq) {
+    int32_t room = s->ref.n_ctx - rq->n_ids;
+    int64_t want = rq->max_tokens ? rq->max_tokens : s->n_predict;
+    return want > 0 && want < room ? (int32_t)want : room;
+}
+
+// After a generation: the result's counts, and the slot's token list forgotten (its cache
+// emptied) unless it is exactly what the cache holds, a pending last token aside.
+static void slot_settle(slot *sl, job *j, tri_status st, int32_t n_gen, bool length) {
+    srv_result *r = &j->res;
+    sl->seeded = true;
+    sl->last_seed = j->sampler.seed;
+    r->completion_tokens = n_gen;
+    r->finish_reason = length ? "length" : "stop";
+    int32_t held = sl->spec ? tri_spec_n_past(sl->spec) : tri_session_n_past(sl->session);
+    if (st || sl->n_tokens < held || sl->n_tokens != j->rq.n_ids + n_gen) {
+        sl->n_tokens = 0;
+        if (sl->spec) tri_spec_reset(sl->spec);
+        else tri_session_reset(sl->session);
+    }
+    if (st) srv_fail(&j->err, 500, "server_error", NULL, NULL, "generation failed: %s", tri_last_error());
+    else if (j->oom) srv_fail(&j->err, 500, "server_error", NULL, NULL, "out of memory");
+}
+
+// Runs job j on slot sl in the slot's own thread (speculative decoding): reuses the cached
+// prefix, generates, fills j's result.
+static void slot_generate(srv *s, slot *sl, job *j) {
+    srv_request *rq = &j->rq;
+    srv_result *r = &j->res;
+    int32_t keep = slot_prepare(s, sl, j);
+    if (keep < 0) return;
     gen_ctx g = {s, sl, j, false};
     if (s->pc_path && sl->session && keep < rq->n_ids) {
         pthread_mutex_lock(&s->pc_mu);
@@ -424,9 +487,7 @@ static void slot_generate(srv *s, slot *sl, job *j) {
         pthread_mutex_unlock(&s->pc_mu);
     }
     tri_generate_params gp = tri_generate_default_params();
-    int32_t room = s->ref.n_ctx - rq->n_ids;
-    int64_t want = rq->max_tokens ? rq->max_tokens : s->n_predict;
-    gp.n_predict = want > 0 && want < room ? (int32_t)want : room;
+    gp.n_predict = slot_n_max(s, rq);
     gp.sampler = j->sampler;
     gp.stop = (const char *const *)rq->stop;
     gp.n_stop = rq->n_stop;
@@ -441,6 +502,7 @@ static void slot_generate(srv *s, slot *sl, job *j) {
     gp.user = &g;
     tri_stop_reason why;
     int32_t n_gen;
+    tri_status st;
     if (sl->spec) {
         tri_spec_stats ss;
         st = tri_generate_spec(sl->spec, rq->ids + keep, rq->n_ids - keep, &gp, on_token, &g, &ss);
@@ -462,19 +524,7 @@ static void slot_generate(srv *s, slot *sl, job *j) {
         r->prefill_seconds = gs.prefill_seconds;
         r->decode_seconds = gs.decode_seconds;
     }
-    sl->seeded = true;
-    sl->last_seed = j->sampler.seed;
-    r->completion_tokens = n_gen;
-    r->finish_reason = why == TRI_STOP_LENGTH || why == TRI_STOP_CONTEXT ? "length" : "stop";
-    // the token list must be what the cache holds: after a failure or a lost token, forget it
-    int32_t held = sl->spec ? tri_spec_n_past(sl->spec) : tri_session_n_past(sl->session);
-    if (st || sl->n_tokens < held || sl->n_tokens != rq->n_ids + n_gen) {
-        sl->n_tokens = 0;
-        if (sl->spec) tri_spec_reset(sl->spec);
-        else tri_session_reset(sl->session);
-    }
-    if (st) srv_fail(&j->err, 500, "server_error", NULL, NULL, "generation failed: %s", tri_last_error());
-    else if (j->oom) srv_fail(&j->err, 500, "server_error", NULL, NULL, "out of memory");
+    slot_settle(sl, j, st, n_gen, why == TRI_STOP_LENGTH || why == TRI_STOP_CONTEXT);
 }
 
 // The end of a job on slot sl: its closing events, then done, and the slot idle in the same step
@@ -512,6 +562,20 @@ static void job_finish(srv *s, slot *sl, job *j) {
 
 static const char *path_of(const job *j) { return j->rq.chat ? "/v1/chat/completions" : "/v1/completions"; }
 
+// The request's line on stderr.
+static void job_log(const slot *sl, job *j) {
+    bool gone = atomic_load(&j->cancel);
+    if (j->err.status)
+        fprintf(stderr, "POST %s %d %s slot %d: %s\n", path_of(j), j->err.status, j->id, sl->idx, j->err.message);
+    else
+        fprintf(stderr,
+                "POST %s %s %s slot %d: prompt %d tokens (%d cached), %d generated (%s), queue %.2f s, "
+                "prefill %.2f s, decode %.2f s%s\n",
+                path_of(j), gone ? "cancelled" : "200", j->id, sl->idx, j->res.prompt_tokens, j->res.cached_tokens,
+                j->res.completion_tokens, j->res.finish_reason, j->res.queue_seconds, j->res.prefill_seconds,
+                j->res.decode_seconds, gone ? " (the client went away)" : "");
+}
+
 static void *slot_thread(void *arg) {
     slot *sl = arg;
     srv *s = sl->s;
@@ -523,20 +587,192 @@ static void *slot_thread(void *arg) {
         pthread_mutex_unlock(&s->mu);
         if (!atomic_load(&j->cancel)) {
             slot_generate(s, sl, j);
-            bool gone = atomic_load(&j->cancel);
-            if (j->err.status)
-                fprintf(stderr, "POST %s %d %s slot %d: %s\n", path_of(j), j->err.status, j->id, sl->idx,
-                        j->err.message);
-            else
-                fprintf(stderr,
-                        "POST %s %s %s slot %d: prompt %d tokens (%d cached), %d generated (%s), queue %.2f s, "
-                        "prefill %.2f s, decode %.2f s%s\n",
-                        path_of(j), gone ? "cancelled" : "200", j->id, sl->idx,
-                        j->res.prompt_tokens, j->res.cached_tokens, j->res.completion_tokens, j->res.finish_reason,
-                        j->res.queue_seconds, j->res.prefill_seconds, j->res.decode_seconds,
-                        gone ? " (the client went away)" : "");
+            job_log(sl, j);
         }
         job_finish(s, sl, j);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+// ---- continuous batching: plain decoding's scheduler ----
+
+// The one place a pass runs: n sequences, tokens[i][0 .. n_tokens[i]) after what sessions[i]
+// holds, each leaving its last token's logits as tri_session_eval does, the weights read once for
+// all of them (on the CPU each sequence's logits are the bits it gets alone).
+static tri_status pass_eval(tri_session *const *sessions, const int32_t *const *tokens, const int32_t *n_tokens,
+                            int32_t n) {
+    return tri_session_eval_batch(sessions, tokens, n_tokens, n);
+}
+
+// The end of the job the scheduler runs on sl (st: a failure that ends it).
+static void run_end(srv *s, slot *sl, tri_status st, bool length) {
+    job *j = sl->run;
+    if (sl->t1 > 0) j->res.decode_seconds = now_s() - sl->t1;
+    else j->res.prefill_seconds = now_s() - sl->t0;
+    slot_settle(sl, j, st, sl->n_gen, length);
+    if (sl->text.err == TRI_STATUS_OUT_OF_MEMORY)  // the text's own buffer (tri_last_error says nothing)
+        srv_fail(&j->err, 500, "server_error", NULL, NULL, "out of memory");
+    job_log(sl, j);
+    srv_text_free(&sl->text);
+    free(sl->g);
+    sl->g = NULL;
+    sl->run = NULL;
+    job_finish(s, sl, j);
+}
+
+// Takes job j onto slot sl: its cached prefix, its seed, its limits; the prompt's rest is then
+// prefilled by the passes. A job that cannot start ends here.
+static void run_start(srv *s, slot *sl, job *j) {
+    srv_request *rq = &j->rq;
+    sl->run = j;
+    sl->n_gen = 0;
+    sl->t0 = now_s();
+    sl->t1 = 0;
+    if (atomic_load(&j->cancel)) {  // gone while it waited: no line, no work
+        sl->run = NULL;
+        job_finish(s, sl, j);
+        return;
+    }
+    int32_t keep = slot_prepare(s, sl, j);
+    gen_ctx *g = keep < 0 ? NULL : malloc(sizeof *g);
+    tri_status st = TRI_STATUS_OK;
+    if (keep >= 0 && !g) srv_fail(&j->err, 500, "server_error", NULL, NULL, "out of memory");
+    if (g) {
+        *g = (gen_ctx){s, sl, j, false};
+        if (s->pc_path && keep < rq->n_ids) {
+            pthread_mutex_lock(&s->pc_mu);
+            g->pc_save = s->pc_n == 0;
+            pthread_mutex_unlock(&s->pc_mu);
+        }
+        bool eot = rq->chat && !rq->ignore_eos;
+        st = srv_text_init(&sl->text, s->model, (const char *const *)rq->stop, rq->n_stop, eot ? s->stop_ids : NULL,
+                           eot ? s->n_stop_ids : 0, on_text, g);
+    }
+    sl->g = g;
+    if (keep < 0 || !g || st) {
+        run_end(s, sl, st, false);
+        return;
+    }
+    // the random stream of the request's seed from its start, as tri_generate seeds it
+    tri_session_seed(sl->session, j->sampler.seed);
+    sl->next = keep;
+    sl->pending = -1;
+    sl->n_max = slot_n_max(s, rq);
+    sl->eos = rq->ignore_eos ? -1 : tri_token_eos(s->model);
+    // a rope whose tables depend on the first evaluation's length sees the whole prompt at once,
+    // as tri_generate announces it
+    sl->whole = s->rope_by_length && keep == 0;
+    sl->phase = keep < rq->n_ids ? RUN_PREFILL : RUN_SAMPLE;  // all of it loaded, with its logits
+    if (sl->phase == RUN_SAMPLE) sl->t1 = now_s();
+}
+
+// Samples sl's next token from the logits its pass left, streams it, and ends the job or leaves
+// the token pending for the next pass (tri_generate's loop, a token at a time).
+static void run_sample(srv *s, slot *sl) {
+    job *j = sl->run;
+    int32_t tok;
+    tri_status st = tri_session_sample(sl->session, &j->sampler, &tok);
+    if (st) {
+        run_end(s, sl, st, false);
+        return;
+    }
+    sl->n_gen++;
+    bool go = on_token(tok, sl->g) && srv_text_push(&sl->text, tok);
+    if (go && tok != sl->eos && sl->n_gen < sl->n_max) {
+        sl->pending = tok;
+        sl->phase = RUN_DECODE;
+        return;
+    }
+    // emitted, not run: the slot's token list ends with it, and the next request's prefix match
+    // stops before it
+    st = srv_text_finish(&sl->text);
+    run_end(s, sl, st, go && tok != sl->eos);
+}
+
+// One pass: every running slot's next tokens through the model at once, then each samples.
+static void sched_pass(srv *s) {
+    tri_session *ss[256];
+    const int32_t *tk[256];
+    int32_t nt[256], left[256], take[256], n = 0, n_decode = 0;
+    slot *in[256];
+    // what each slot has to run before it samples: its token, or the rest of its prompt
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        if (sl->run && atomic_load(&sl->run->cancel))  // the client went away, or the server stops
+            run_end(s, sl, TRI_STATUS_OK, false);
+        left[i] = 0;
+        if (sl->run && sl->phase == RUN_DECODE) left[i] = 1, n_decode++;
+        else if (sl->run && sl->phase == RUN_PREFILL) left[i] = sl->run->rq.n_ids - sl->next;
+    }
+    // Dynamic SplitFuse: every decoding slot's token, and --batch prompt tokens shared by the
+    // prefilling slots in equal parts (what a short prompt leaves goes to the others), so a pass
+    // keeps about one size and a short prompt beside a long one is done at once
+    tri_batch_plan(left, s->n_slots, s->chunk + n_decode, take);
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        if (!sl->run) continue;
+        if (sl->phase == RUN_PREFILL) {
+            const srv_request *rq = &sl->run->rq;
+            int32_t step = sl->whole ? left[i] : take[i];
+            if (step == 0) continue;  // more prompts than the budget's tokens: the next pass
+            sl->step = step;
+            // the retrieval policy selects its chunks from the prompt's last query
+            if (sl->next + step == rq->n_ids) tri_session_kv_refresh(sl->session);
+            tk[n] = rq->ids + sl->next;
+            nt[n] = step;
+        } else if (sl->phase == RUN_DECODE) {
+            tk[n] = &sl->pending;
+            nt[n] = 1;
+        } else {
+            continue;
+        }
+        ss[n] = sl->session;
+        in[n++] = sl;
+    }
+    tri_status st = n ? pass_eval(ss, tk, nt, n) : TRI_STATUS_OK;
+    for (int32_t k = 0; k < n; k++) {
+        slot *sl = in[k];
+        if (st) {  // the pass is one call: every sequence in it fails
+            run_end(s, sl, st, false);
+            continue;
+        }
+        sl->run->res.batch_passes++;
+        sl->run->res.batch_sequences += n;
+        if (sl->phase == RUN_PREFILL) {
+            sl->next += sl->step;
+            if (sl->next < sl->run->rq.n_ids) continue;
+            sl->t1 = now_s();
+            sl->run->res.prefill_seconds = sl->t1 - sl->t0;
+            if (sl->g->pc_save) prompt_cache_save(s, sl, &sl->run->rq);
+        }
+        sl->phase = RUN_SAMPLE;
+    }
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].run && s->slots[i].phase == RUN_SAMPLE) run_sample(s, &s->slots[i]);
+}
+
+static void *sched_thread(void *arg) {
+    srv *s = arg;
+    job *start[256];
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        int busy = 0;
+        for (int i = 0; i < s->n_slots; i++) {
+            slot *sl = &s->slots[i];
+            start[i] = sl->job && !sl->run ? sl->job : NULL;  // joined since the last pass
+            busy += sl->job != NULL;
+        }
+        if (!busy) {
+            if (s->stopping) break;
+            pthread_cond_wait(&s->work, &s->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < s->n_slots; i++)
+            if (start[i]) run_start(s, &s->slots[i], start[i]);
+        sched_pass(s);
         pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
@@ -1268,8 +1504,16 @@ int tri_server_main(int argc, char **argv) {
     }
     s->ref.n_ctx = plain ? tri_session_n_ctx(s->slots[0].session) : (int32_t)ctx;
     if (s->pc_path && !prompt_cache_start(s, plain)) goto done;
-    for (; n_started < s->n_slots; n_started++) {
-        if (pthread_create(&s->slots[n_started].thread, NULL, slot_thread, &s->slots[n_started])) {
+    // plain decoding: one scheduler batches the slots; speculative: a thread per slot
+    s->chunk = sp.n_batch > 0 ? sp.n_batch : 128;
+    if (sp.kv_layers_offloaded > 0 || sp.weight_layers_streamed > 0) s->chunk = 8192;  // a pass streams: fewer
+    tri_model_info mi;
+    tri_model_get_info(s->model, &mi);
+    s->rope_by_length = mi.config.rope_scaling == TRI_ROPE_SCALING_DYNAMIC ||
+                        mi.config.rope_scaling == TRI_ROPE_SCALING_LONGROPE;
+    for (; n_started < (plain ? 1 : s->n_slots); n_started++) {
+        if (pthread_create(&s->slots[n_started].thread, NULL, plain ? sched_thread : slot_thread,
+                           plain ? (void *)s : (void *)&s->slots[n_started])) {
             fprintf(stderr, "%s: cannot start the slots' threads: %s\n", me, strerror(errno));
             goto done;
         }

@@ -93,6 +93,38 @@ bool srv_parse_request(const srv_model_ref *m, bool chat, const char *body, size
                        srv_error *err);
 void srv_request_free(srv_request *rq);
 
+// ---- text: an answer's tokens turned into text, with stop strings (server-text.c) ----
+
+// Called with text that is final (len bytes, NUL-terminated, valid during the call); false: stop.
+typedef bool (*srv_text_fn)(const char *text, size_t len, void *user);
+
+// What tri_generate_params' stop, stop_tokens and on_text do inside tri_generate, for a slot whose
+// tokens the scheduler samples itself: the same text, held back and cut the same way.
+typedef struct srv_text {
+    const char *const *stop;     // n_stop non-empty strings, the caller's (they must outlive t)
+    int32_t n_stop;
+    const int32_t *stop_tokens;  // n_stop_tokens end-of-turn ids, the caller's
+    int32_t n_stop_tokens;
+    srv_text_fn on_text;
+    void *user;
+    tri_detokenizer *detok;
+    char *held;                  // (cap + 1) bytes: decoded text not yet handed to on_text
+    size_t n_held, cap, max_stop;
+    bool stopped;                // a stop string or a stop token ended the answer
+    bool stop_token;             // ... a stop token
+    bool refused;                // on_text returned false
+    tri_status err;              // out of memory, or the detokenizer's failure
+} srv_text;
+
+tri_status srv_text_init(srv_text *t, const tri_model *model, const char *const *stop, int32_t n_stop,
+                         const int32_t *stop_tokens, int32_t n_stop_tokens, srv_text_fn on_text, void *user);
+// One generated token (emitted, counted): false when the answer ends here (a stop token, a stop
+// string, on_text's stop, or t->err).
+bool srv_text_push(srv_text *t, int32_t token);
+// The end of an answer that no stop ended: the text held back goes out. t->err or the detokenizer's.
+tri_status srv_text_finish(srv_text *t);
+void srv_text_free(srv_text *t);
+
 // ---- responses ----
 
 // What a generation gave, for the response's JSON.
@@ -109,6 +141,8 @@ typedef struct srv_result {
     const char *mode;            // "none", "draft", "retrieval", "triforce"
     double queue_seconds, prefill_seconds, decode_seconds;
     bool spec;                   // the figures below are set
+    int64_t batch_passes;        // plain decoding: the batched passes that ran this request's
+    int64_t batch_sequences;     // tokens, and the sequences they carried in all (this one included)
     int64_t full_cache_passes, l1_proposed, l1_accepted, l2_proposed, l2_accepted;
 } srv_result;
 

@@ -602,5 +602,94 @@ def t_prompt_cache():
 
 
 check("prompt_cache", t_prompt_cache)
+
+# continuous batching: four slots decoding together in batched passes, prompts prefilled in pieces of
+# --batch tokens fused with the other slots' decoding
+BATCH_PROMPTS = [("The capital of France is", 20),
+                 ("Once upon a time, in a village by the sea, there lived an old fisherman who", 36),
+                 (DOC + " Question: who built the lighthouse? Answer:", 12),
+                 ("List three colours:", 28)]
+
+
+def stream_completion(port, prompt, n, times=None):
+    """A streamed greedy completion past the end-of-sequence token: (text, triforce figures); times
+    gets the arrival of the first and the last piece of text."""
+    c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=300 * SCALE)
+    text, tf = "", None
+    for ch in c.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=n, temperature=0, stream=True,
+                                   extra_body={"ignore_eos": True}):
+        if ch.choices and ch.choices[0].text:
+            text += ch.choices[0].text
+            if times is not None:
+                times.append(time.time())
+        if ch.choices and ch.choices[0].finish_reason:
+            tf = extra(ch, "triforce")
+    return text, tf
+
+
+def t_batch():
+    """Four concurrent greedy clients (prompts of different lengths, different max_tokens, the
+    fourth joining once the first streams) each get the text `offload-run generate` gives for its
+    prompt alone, and the passes that ran them carried several sequences."""
+    want = [cli_text(["-p", p, "-n", str(n), "--temp", "0", "--repeat-penalty", "1.1", "--ignore-eos"])
+            for p, n in BATCH_PROMPTS]
+    b = Server("--slots", "4", "--queue", "4", "--batch", "16")
+    try:
+        out, figs, times = [None] * 4, [None] * 4, [[] for _ in range(4)]
+
+        def run(i):
+            out[i], figs[i] = stream_completion(b.port, *BATCH_PROMPTS[i], times=times[i])
+
+        th = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in th:
+            t.start()
+        wait_until(lambda: len(times[0]) > 0, 120, "the first client's first token")
+        th.append(threading.Thread(target=run, args=(3,)))
+        th[3].start()
+        for t in th:
+            t.join(300 * SCALE)
+        expect(out == want, f"concurrent {out}, offload-run generate {want}")
+        expect(all(f and f["batch_passes"] >= n for f, (_, n) in zip(figs, BATCH_PROMPTS)), f"figures {figs}")
+        # the joiner decoded beside the others: some of its passes carried several sequences
+        expect(times[3][0] < max(times[i][-1] for i in range(3)), f"the fourth client did not join mid-way: {times}")
+        expect(figs[3]["batch_mean"] > 1 and max(f["batch_mean"] for f in figs) > 2,
+               f"sequences per pass {[f['batch_mean'] for f in figs]}")
+    finally:
+        rc = b.stop()
+    expect(rc == 0, f"the server exited with {rc}:\n" + "".join(b.lines[-20:]))
+
+
+def t_prefill_split():
+    """A short request sent while a long prompt prefills (--batch tokens per pass) gets its
+    first token before the long one's prefill ends, with the text it gets alone."""
+    long_prompt = " ".join([DOC] * 5) + " In one word, the lamp burned"
+    short, n_short = "The capital of France is", 6
+    want = cli_text(["-p", short, "-n", str(n_short), "--temp", "0", "--repeat-penalty", "1.1", "--ignore-eos"])
+    b = Server("--slots", "2", "--queue", "2", "--ctx", "1024", "--batch", "32")
+    try:
+        t_long, t_short, res = [], [], {}
+
+        def run_long():
+            res["long"] = stream_completion(b.port, long_prompt, 2, times=t_long)
+
+        th = threading.Thread(target=run_long)
+        th.start()
+        wait_until(lambda: raw(b.port, "GET", "/health")[1]["slots_busy"] == 1, 60, "the long prompt to start")
+        text, tf = stream_completion(b.port, short, n_short, times=t_short)
+        th.join(300 * SCALE)
+        lt = res["long"][1]
+        expect(lt["prompt_tokens"] > 500 and lt["batch_passes"] >= lt["prompt_tokens"] // 32,
+               f"the long prompt: {lt}")
+        expect(t_short and t_long and t_short[0] < t_long[0],
+               f"the short request's first token came {t_short[0] - t_long[0]:.2f} s after the long prompt's "
+               f"first: it waited for the whole prefill")
+        expect(text == want, f"the short request {text!r}, offload-run generate {want!r}")
+    finally:
+        rc = b.stop()
+    expect(rc == 0, f"the server exited with {rc}:\n" + "".join(b.lines[-20:]))
+
+
+check("batch_four_clients", t_batch)
+check("prefill_split", t_prefill_split)
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
