@@ -709,7 +709,7 @@ static tri_status batch_block(tri__llama *run, tri__llama_seq *seqs, const batch
         float *weight_sums;
         TRY(tri__kv_policy_layer(pol, il, q, kr, v, &view, &weight_sums));
         if (tri__kv_store_splits(pol->kv, il))
-            TRY(tri__kv_store_attend_split(pol->kv, il, att, q, ll->q_pos, nb, c->n_head, pol->step_n0 + nb));
+            TRY(tri__kv_store_attend_split(pol->kv, il, att, q, ll->q_pos, nb, c->n_head, pol->step_n0 + nb, NULL));
         else
             TRY(attend_window(ll, att, q, ll->q_pos, nb, view, weight_sums));
         TRY(tri__kv_policy_observe(pol, il));
