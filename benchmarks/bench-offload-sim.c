@@ -9,6 +9,7 @@
 //                      [--accept-curve FILE] [--hosts desktop,workstation|none]
 //                      [--kv-type f16,q8_0,q4_0]   (the table once per KV cache type; default f16,q8_0)
 //                      [--trees 16,32,64,128|none] [--rank-decay 0.5] [--host-bf16] [--tree-general]
+//                      [--tree-nodes N]  (with --engine: token trees of N nodes at L3)
 //        bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N] [--threads N]
 //                      [--rounds N]
 //
@@ -43,7 +44,10 @@
 //     (tri__sim_host_split_seconds), the pass is the later of the two;
 //   - --accept-curve FILE (bench-accept's, docs/formats.md): the split table's rows again with the
 //     measured acceptance by depth in place of alpha and beta (tokens per round and L2 passes per
-//     round from the curve); with --engine, the engine's forced acceptance follows it by depth;
+//     round from the curve); with --engine, the engine's forced acceptance follows it by depth,
+//     and with --tree-nodes N (the engine's token trees) its siblings by depth and rank as the
+//     curve's tree lines give them (tri__spec_force_accept_tree; without them alpha x
+//     --rank-decay^rank);
 //   - chain vs tree (--trees, docs/offload.md "Token trees in the planner and the simulator"): each
 //     chain of --gamma2 and tree of --trees nodes (the engine's shape, or any tree with
 //     --tree-general), all streamed and split on each host, at the stated rates (siblings at
@@ -83,6 +87,7 @@ int bench_offload_sim(int argc, char **argv);
 typedef struct sim_opts {
     const char *shape, *profile, *self_check;
     int32_t engine;  // > 0: run the speculative engine for this many tokens (run_engine)
+    int32_t tree_nodes;  // --tree-nodes: the engine's L3 verifies token trees of this many nodes (0: chains)
     int32_t ctx, gamma1, gpus, prompt, tokens, threads, rounds;
     uint64_t gpu_mem, reserve;  // reserve: 0 the planner's default
     int32_t budgets[MAX_LIST], n_budgets;
@@ -110,7 +115,7 @@ static void sim_usage(void) {
             "                     [--hosts desktop,workstation|none]\n"
             "                     [--kv-type f16,q8_0,q4_0 (default f16,q8_0)]\n"
             "                     [--trees 16,32,64,128|none] [--rank-decay 0.5] [--host-bf16]\n"
-            "                     [--tree-general]\n"
+            "                     [--tree-general] [--tree-nodes N (with --engine)]\n"
             "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
             "                     [--threads N] [--rounds N]\n"
             "profiles:");
@@ -999,7 +1004,7 @@ static int run_engine(const sim_opts *o) {
         return 1;
     }
     int32_t budget = o->budgets[0], g2 = o->gamma2s[0];
-    int32_t n_ctx = o->ctx + o->engine + g2 + 2;
+    int32_t n_ctx = o->ctx + o->engine + g2 + 2 + o->tree_nodes;
     tri_plan_params pp = tri_plan_default_params();
     pp.mode = TRI_PLAN_MODE_TRIFORCE;
     pp.n_ctx = n_ctx;
@@ -1036,6 +1041,7 @@ static int run_engine(const sim_opts *o) {
     spp.gamma1 = o->gamma1;
     spp.gamma2 = g2;
     spp.budget = budget;
+    spp.tree_nodes = o->tree_nodes;
     tri__backend_cpu_factory = engine_factory;
     tri_status st = tri_spec_create(target, &sp, &spp, &spec);
     tri__backend_cpu_factory = NULL;
@@ -1046,6 +1052,25 @@ static int run_engine(const sim_opts *o) {
         tri__spec_force_accept_depth(spec, 1, curve.rate[1], curve.depth[1]);
     } else {
         tri__spec_force_accept(spec, o->beta, o->alpha, 42);
+    }
+    // a tree's siblings: by depth and rank as the curve's tree lines measured them (rank r >= 1 the
+    // file's r, its index r + 1 there; unmeasured, the rank's pooled rate), else alpha x
+    // --rank-decay^r (the tables' stated model)
+    const bool tree_curve = o->curve_path && curve.tree_depth > 0;
+    if (o->tree_nodes > 0) {
+        static double rate[(TRI__SPEC_MAX_DEPTH + 1) * (TRI__TREE_MAX_RANK + 1)];
+        const int32_t R1 = TRI__TREE_MAX_RANK + 1;
+        int32_t depths = tree_curve ? curve.tree_depth : 1;
+        if (depths > TRI__SPEC_MAX_DEPTH) depths = TRI__SPEC_MAX_DEPTH;
+        for (int32_t d = 1; d <= depths; d++)
+            for (int32_t r = 1; r <= TRI__TREE_MAX_RANK; r++) {
+                double a = o->alpha * pow(o->rank_decay, r);
+                if (tree_curve && r + 1 <= TRI_SIM_TREE_RANKS)
+                    a = d <= TRI_SIM_CURVE_DEPTH && curve.tree_reached[d][r + 1] > 0 ? curve.tree[d][r + 1]
+                                                                                     : curve.tree_pooled[r + 1];
+                rate[d * R1 + r] = a;
+            }
+        tri__spec_force_accept_tree(spec, rate, depths);
     }
     prompt = malloc(sizeof *prompt * (size_t)o->ctx);
     if (!prompt) goto fail;
@@ -1068,6 +1093,13 @@ static int run_engine(const sim_opts *o) {
            o->shape, o->ctx, budget, o->gamma1, g2, tc.n_layer - sp.weight_layers_streamed, tc.n_layer, plan.on_chip);
     printf("host-side work on offloaded rows at this machine's rates: gathers %.2f GB/s, chunk summaries %.2f GB/s\n",
            p.host_copy_gbps, p.host_reduce_gbps);
+    if (o->tree_nodes > 0) {
+        int64_t nodes = ss.n_l3_tree_nodes, passes = ss.n_l3_verify > 0 ? ss.n_l3_verify : 1;
+        printf("token trees of %d nodes at L3 (%.1f drafted nodes per pass), siblings kept by rank ", o->tree_nodes,
+               (double)nodes / (double)passes);
+        if (tree_curve) printf("as the curve's tree lines measured them\n");
+        else printf("at alpha x %.2f^rank (a stated model)\n", o->rank_decay);
+    }
     if (o->curve_path)
         printf(
             "acceptance forced inside the engine's loop by depth, as measured in %s (pooled: L2 keeps %.2f of L1's "
@@ -1136,6 +1168,7 @@ int bench_offload_sim(int argc, char **argv) {
         else if (!strcmp(a, "--shape") && v) ok = !strcmp((o.shape = v), "llama2-7b") || !strcmp(v, "tiny");
         else if (!strcmp(a, "--self-check") && v) o.self_check = v;
         else if (!strcmp(a, "--engine") && v) ok = (o.engine = atoi(v)) > 0;
+        else if (!strcmp(a, "--tree-nodes") && v) ok = (o.tree_nodes = atoi(v)) >= 0 && o.tree_nodes <= 1024;
         else if (!strcmp(a, "--ctx") && v) ok = (o.ctx = atoi(v)) > 0;
         else if (!strcmp(a, "--gpus") && v) ok = (o.gpus = atoi(v)) == 1 || o.gpus == 2;
         else if (!strcmp(a, "--prompt") && v) ok = (o.prompt = atoi(v)) > 0;

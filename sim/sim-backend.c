@@ -537,7 +537,10 @@ static tri_status sim_top_k(tri__backend *be, float *values, int32_t *indices, c
 }
 
 // Keys of every head are read once per call (the kernel tiles queries of a group over them); each
-// query does a dot product and an accumulation per visible key and head.
+// query does a dot product and an accumulation per visible key and head. A token tree's mask
+// (kv->tree) hides some of the tree's own rows from some queries but reads no fewer bytes, and the
+// products it saves are at most the tree's own m x m beside the context's m x n, so a tree pass of
+// m rows is timed as any pass of m rows over the same view (tree_attention below).
 static tri_status sim_attention(tri__backend *be, float *out, const float *q, const int32_t *q_pos, int64_t m,
                                 int64_t n_head, int64_t head_dim, const tri__kv_view *kv, float *weight_sums) {
     (void)out, (void)q, (void)q_pos, (void)weight_sums;
@@ -664,6 +667,7 @@ static const tri__backend_ops sim_ops = {
     .softmax = sim_softmax,
     .top_k = sim_top_k,
     .attention = sim_attention,
+    .tree_attention = true,
     .event_create = sim_event_create,
     .event_destroy = sim_event_destroy,
     .event_record = sim_event_record,

@@ -310,6 +310,9 @@ static tri_status sim_factory(int32_t n_threads, tri__backend **out) {
 static double forced_depth1;
 static const double *forced_l3_depth;  // L3's acceptance by depth (index 1..forced_l3_n), or NULL
 static int32_t forced_l3_n;
+static int32_t forced_tree_nodes;        // > 0: L3 verifies token trees of this many nodes
+static const double *forced_tree_rate;  // siblings' acceptance by depth and rank (tri__spec_force_accept_tree)
+static int32_t forced_tree_n;
 
 static void forced_run(double alpha, double beta, int32_t n, tri_spec_stats *st_out, tri__sim_stats *sim_out) {
     tri_model_config c = small_shape(), dc = small_shape();
@@ -331,6 +334,7 @@ static void forced_run(double alpha, double beta, int32_t n, tri_spec_stats *st_
     p.gamma1 = 2;
     p.gamma2 = 6;
     p.budget = 128;
+    p.tree_nodes = forced_tree_nodes;
     tri_spec *spec;
     tri__backend_cpu_factory = sim_factory;
     tri_status st = tri_spec_create(target, &sp, &p, &spec);
@@ -339,6 +343,7 @@ static void forced_run(double alpha, double beta, int32_t n, tri_spec_stats *st_
     cr_assert(tri__backend_is_sim(engine_be));
     tri__spec_force_accept(spec, beta, alpha, 7);
     if (forced_l3_depth) tri__spec_force_accept_depth(spec, 1, forced_l3_depth, forced_l3_n);
+    if (forced_tree_rate) tri__spec_force_accept_tree(spec, forced_tree_rate, forced_tree_n);
     int32_t prompt[600];
     for (int i = 0; i < 600; i++) prompt[i] = (3 * i + 1) % c.n_vocab;
     tri_generate_params gp = tri_generate_default_params();
@@ -790,4 +795,31 @@ Test(sim, engine_acceptance_forced_by_depth) {
     cr_assert_eq(st.n_generated, 40);
     cr_assert_eq(st.n_l3_verify, 20, "%lld passes", (long long)st.n_l3_verify);
     cr_assert_eq(st.l2_accepted, 20);
+}
+
+Test(sim, engine_runs_token_trees_with_siblings_forced_by_rank) {
+    // the simulated device takes a tree pass (ops->tree_attention), and forced acceptance covers the
+    // siblings: L3 never keeps the chain's first token but always the first sibling at depth 1, so
+    // every pass emits exactly two tokens (the sibling and the token after it), which a chain could
+    // not (it would emit one per pass), with a tree of siblings drafted at depth 1 in every pass
+    static const double by_depth[] = {0, 0.0};
+    static double by_rank[2 * (TRI__TREE_MAX_RANK + 1)];
+    by_rank[(TRI__TREE_MAX_RANK + 1) + 1] = 1.0;  // depth 1, rank 1; the other ranks never
+    forced_l3_depth = by_depth;
+    forced_l3_n = 1;
+    forced_tree_nodes = 24;
+    forced_tree_rate = by_rank;
+    forced_tree_n = 1;
+    tri_spec_stats st;
+    tri__sim_stats sim;
+    forced_run(0.5, 0.7, 40, &st, &sim);
+    forced_l3_depth = NULL;
+    forced_tree_nodes = 0;
+    forced_tree_rate = NULL;
+    cr_assert_eq(st.n_generated, 40);
+    cr_assert_eq(st.n_l3_verify, 20, "%lld passes", (long long)st.n_l3_verify);
+    cr_assert_eq(st.l2_accepted, 20, "%lld kept", (long long)st.l2_accepted);
+    cr_assert_gt(st.n_l3_tree_nodes, st.l2_proposed, "%lld tree nodes for %lld chain tokens",
+                 (long long)st.n_l3_tree_nodes, (long long)st.l2_proposed);
+    cr_assert_gt(sim.transfer_h2d_bytes, 0);
 }

@@ -231,6 +231,8 @@ struct tri_spec {
     double force_rate[2];
     double force_depth[2][TRI__SPEC_MAX_DEPTH + 1];  // by depth (tri__spec_force_accept_depth): 1..force_n
     int32_t force_n[2];
+    double force_tree[(TRI__SPEC_MAX_DEPTH + 1) * (TRI__TREE_MAX_RANK + 1)];  // by depth and rank (force_accept_tree)
+    int32_t force_tree_n;  // depths in force_tree; 0: forced runs verify chains
     tri__rng force_rng;
     // acceptance by depth (tri__spec_depth_counts): [0] L2 verifying L1's tokens, [1] L3 verifying
     int64_t depth_reached[2][TRI__SPEC_MAX_DEPTH + 1], depth_accepted[2][TRI__SPEC_MAX_DEPTH + 1];
@@ -276,6 +278,7 @@ void tri__spec_force_accept(tri_spec *s, double l2_accept, double l3_accept, uin
     s->force_rate[0] = l2_accept;
     s->force_rate[1] = l3_accept;
     s->force_n[0] = s->force_n[1] = 0;
+    s->force_tree_n = 0;
     tri__rng_seed(&s->force_rng, seed);
 }
 
@@ -284,6 +287,13 @@ void tri__spec_force_accept_depth(tri_spec *s, int which, const double *rate, in
     if (n > TRI__SPEC_MAX_DEPTH) n = TRI__SPEC_MAX_DEPTH;
     s->force_n[which] = n > 0 ? n : 0;
     for (int32_t d = 1; d <= s->force_n[which]; d++) s->force_depth[which][d] = rate[d];
+}
+
+void tri__spec_force_accept_tree(tri_spec *s, const double *rate, int32_t n) {
+    const int32_t R1 = TRI__TREE_MAX_RANK + 1;
+    if (n > TRI__SPEC_MAX_DEPTH) n = TRI__SPEC_MAX_DEPTH;
+    s->force_tree_n = n > 0 ? n : 0;
+    for (int32_t i = R1; i < (s->force_tree_n + 1) * R1; i++) s->force_tree[i] = rate[i];
 }
 
 // One verification of n drafted tokens of which the first k were kept, counted by depth.
@@ -589,7 +599,7 @@ static tri_status hierarchy_draft(tri_spec *s, int32_t n, int32_t g2) {
         s->stats->l1_accepted += k;
         count_depth(s, 0, d1->n, k);
         if (!s->lv1) s->ngram_len = tri__ngram_next_len(s->ngram_len, d1->n, k, s->params.gamma1);
-        if (s->cand && !s->forced)  // L2's distributions at the slots it fills: the siblings' source
+        if (s->cand && (!s->forced || s->force_tree_n > 0))  // L2's distributions at its slots: the siblings' source
             for (int32_t i = 0; i < k + (z >= 0); i++) record_cands(s, d2->n + i, tri__level_logits(s->lv2, row0 + i));
         d2->n += k;
         if (z >= 0) {
@@ -766,6 +776,45 @@ static tri_status tree_verify(tri_spec *s, int32_t n, const float *logits, const
     TRY(tri__sampler_probs(&s->sampler, s->seq, n + g, row, V, p, &s->work.scratch));
     *next = tri__sample(p, V, &s->rng);
     return TRI_STATUS_OK;
+}
+
+// tree_verify with acceptance forced (tri__spec_force_accept_tree): at depth dd the chain's token
+// is kept at the forced rate by depth, else its siblings in rank order each at their rank's rate;
+// the first kept ends the path as in tree_verify. The token after the path is one other than a
+// rejected one (as forced_verify's), counted per depth and rank as tree_verify counts.
+static void forced_tree_verify(tri_spec *s, int32_t n, const tri__spec_draft *d, int32_t g, int32_t *k, int32_t *sib,
+                               int32_t *next) {
+    const int32_t V = s->n_vocab, R1 = TRI__TREE_MAX_RANK + 1;
+    *k = 0;
+    *sib = -1;
+    *next = -1;
+    for (int32_t dd = 1; dd <= g; dd++) {
+        const int32_t x = d->tokens[dd - 1], first = s->tree_first[dd - 1], ns = s->tree_shape[dd - 1];
+        int64_t *reached = s->tree_reached + (int64_t)(dd < TRI__SPEC_MAX_DEPTH ? dd : TRI__SPEC_MAX_DEPTH) * R1;
+        int64_t *accepted = s->tree_accepted + (reached - s->tree_reached);
+        const double *rate = s->force_tree + (int64_t)(dd < s->force_tree_n ? dd : s->force_tree_n) * R1;
+        reached[0]++;
+        if (tri__rng_uniform(&s->force_rng) < (dd <= s->force_n[1] ? s->force_depth[1][dd] : s->force_rate[1])) {
+            accepted[0]++;
+            (*k)++;
+            continue;
+        }
+        int32_t take = -1;
+        for (int32_t r = 0; r < ns && take < 0; r++) {
+            reached[r + 1]++;
+            if (tri__rng_uniform(&s->force_rng) < rate[r + 1]) accepted[r + 1]++, take = first + r;
+        }
+        if (take < 0) {
+            *next = (x + 1) % V;
+            return;
+        }
+        *k = dd;
+        *sib = take;
+        s->seq[n + dd - 1] = s->seq[n + g + take];
+        *next = (s->seq[n + dd - 1] + 1) % V;
+        return;
+    }
+    *next = g > 0 ? (d->tokens[g - 1] + 1) % V : 1;
 }
 
 // Why L2 (a retrieval level) should select its chunks afresh (l2_refresh_due).
@@ -954,8 +1003,9 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
         if (g2 > s->n_ctx - n) g2 = s->n_ctx - n;                       // L3 runs seq[.. n + g2)
         if (g2 > n_max - stats->n_generated - 1) g2 = n_max - stats->n_generated - 1;  // no waste
         if (mode == TRI_SPEC_MODE_NONE) g2 = 0;
-        // (forced: chains; the n-gram drafter straight to L3 proposes no siblings)
-        const bool tree = s->cand && s->params.tree_nodes > 0 && !s->forced && (mode != TRI_SPEC_MODE_DRAFT || s->lv1);
+        // (forced: chains unless tri__spec_force_accept_tree; the n-gram drafter straight to L3 proposes no siblings)
+        const bool tree = s->cand && s->params.tree_nodes > 0 && (!s->forced || s->force_tree_n > 0) &&
+                          (mode != TRI_SPEC_MODE_DRAFT || s->lv1);
         if (tree) {  // a tree of tree_nodes: the chain within it; candidates recorded afresh
             g2 = tri__spec_tree_chain(s, g2);
             memset(s->n_cand, 0, (size_t)s->params.gamma2 * sizeof *s->n_cand);
@@ -990,7 +1040,10 @@ static tri_status spec_generate(tri_spec *s, const int32_t *prompt, int32_t n_pr
         if (S > 0) {  // one pass over the chain and its siblings, then the walk down the tree
             if (tap) s->refresh_next = true;  // (a tree pass carries no selection: L2 takes a step of its own)
             TRY(tree_run(s, n, d3->n, S, &row0));
-            TRY(tree_verify(s, n, tri__level_logits(&s->l3, row0), d3, d3->n, &k, &sib, &z));
+            if (s->forced)
+                forced_tree_verify(s, n, d3, d3->n, &k, &sib, &z);
+            else
+                TRY(tree_verify(s, n, tri__level_logits(&s->l3, row0), d3, d3->n, &k, &sib, &z));
         } else {
             if (tap && d3->n > 0) {
                 TRY(tri__level_select_during(s->lv2, &s->l3, n));

@@ -84,6 +84,12 @@ void tri__spec_force_accept(tri_spec *spec, double l2_accept, double l3_accept, 
 // unused) given every one before it kept, and with the rate given there beyond n (a measured
 // acceptance curve, sim-backend.h); n 0: that rate at every depth.
 void tri__spec_force_accept_depth(tri_spec *spec, int which, const double *rate, int32_t n);
+// After tri__spec_force_accept: token trees (tree_nodes) run when forced too, L3 keeping the
+// sibling of rank r (1..TRI__TREE_MAX_RANK) at depth d, tested once the chain's token and every
+// lower rank there were rejected, with probability rate[d * (TRI__TREE_MAX_RANK + 1) + r] (d = 1..n,
+// at most TRI__SPEC_MAX_DEPTH; deeper than n, depth n's): a measured curve's tree lines
+// (sim-backend.h). n 0: off (the default): forced runs verify chains only.
+void tri__spec_force_accept_tree(tri_spec *spec, const double *rate, int32_t n);
 tri__level *tri__spec_level(tri_spec *spec, int level);
 // Benchmark hook: acceptance by depth since create, for which = 0 (L2 verifying L1's tokens in
 // TRIFORCE) or 1 (L3 verifying the tokens under it). reached[d] counts the verifications in which
