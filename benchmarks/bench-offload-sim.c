@@ -321,14 +321,21 @@ static tri_status tree_rows(const l3_ctx *x, const tri_plan_model *pm, const tri
     tri_status st = tab && ts && cache ? TRI_STATUS_OK : tri__fail(TRI_STATUS_OUT_OF_MEMORY, "bench-offload: trees");
     const char *kvn = tri_dtype_name(x->kvt);
     const int flags = o->tree_general ? TRI__PLAN_TREE_GENERAL : 0;
-    for (int ai = 0; !st && ai < (cv ? 2 : 1); ai++) {
+    // a curve with tree records twice: its siblings modelled (rank 1's rate by depth x decay, as a
+    // chain curve's), then as measured per depth and rank, beside each other
+    const bool has_tree = cv && cv->tree_depth > 0;
+    tri__sim_curve *chain_only = has_tree ? malloc(sizeof *chain_only) : NULL;
+    if (has_tree && !chain_only) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "bench-offload: trees");
+    if (chain_only) *chain_only = *cv, chain_only->tree_depth = 0;
+    for (int ai = 0; !st && ai < (cv ? has_tree ? 3 : 2 : 1); ai++) {
         bool measured = false;
         if (ai == 0) {
             tri__accept_table_constant(&tab[0], o->beta, o->rank_decay);
             tri__accept_table_constant(&tab[1], o->alpha, o->rank_decay);
         } else {
-            tri__sim_curve_table(cv, 0, o->rank_decay, &tab[0], NULL);
-            tri__sim_curve_table(cv, 1, o->rank_decay, &tab[1], &measured);
+            const tri__sim_curve *c = ai == 1 && has_tree ? chain_only : cv;
+            tri__sim_curve_table(c, 0, o->rank_decay, &tab[0], NULL);
+            tri__sim_curve_table(c, 1, o->rank_decay, &tab[1], &measured);
         }
         const char *acc = ai == 0 ? "stated" : measured ? "curve, ranks measured" : "curve, ranks modelled";
         double e1 = tri__accept_chain_expected(&tab[0], o->gamma1);
@@ -430,6 +437,7 @@ static tri_status tree_rows(const l3_ctx *x, const tri_plan_model *pm, const tri
         }
     }
     free(cache);
+    free(chain_only);
     free(ts);
     free(tab);
     return st;
