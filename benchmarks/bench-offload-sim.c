@@ -86,7 +86,7 @@ int bench_offload_sim(int argc, char **argv);
 
 typedef struct sim_opts {
     const char *shape, *profile, *self_check;
-    int32_t engine;  // > 0: run the speculative engine for this many tokens (run_engine)
+    int32_t engine;      // > 0: run the speculative engine for this many tokens (run_engine)
     int32_t tree_nodes;  // --tree-nodes: the engine's L3 verifies token trees of this many nodes (0: chains)
     int32_t ctx, gamma1, gpus, prompt, tokens, threads, rounds;
     uint64_t gpu_mem, reserve;  // reserve: 0 the planner's default
