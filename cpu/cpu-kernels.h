@@ -146,8 +146,8 @@ bool tri__cpu_has_bf16(void);
 void tri__cpu_attn_scores_f16_bf16_ref(float *s, int64_t lds, const float *q, int64_t r, const uint16_t *k,
                                        int64_t stride, int64_t nk, int64_t hd);
 #if TRI_CPU_X86
-void tri__cpu_attn_scores_f16_bf16(float *s, int64_t lds, const float *q, int64_t r, const uint16_t *k,
-                                   int64_t stride, int64_t nk, int64_t hd);
+void tri__cpu_attn_scores_f16_bf16(float *s, int64_t lds, const float *q, int64_t r, const uint16_t *k, int64_t stride,
+                                   int64_t nk, int64_t hd);
 #endif
 
 #endif  // TRI_CPU_KERNELS_H

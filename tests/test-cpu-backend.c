@@ -1221,8 +1221,8 @@ Test(cpu_backend, attn_scores_bf16_matches_reference) {
                             d += p, mag += fabs(p);
                         }
                         float got = s[i * nk + j], want = s_ref[i * nk + j];
-                        cr_assert(fabs(want - d) <= 1e-6 * mag, "bf16 ref hd=%lld [%lld,%lld]: %g vs %g",
-                                  (long long)hd, (long long)i, (long long)j, (double)want, d);
+                        cr_assert(fabs(want - d) <= 1e-6 * mag, "bf16 ref hd=%lld [%lld,%lld]: %g vs %g", (long long)hd,
+                                  (long long)i, (long long)j, (double)want, d);
                         cr_assert(fabsf(got - want) <= 1e-6f * (float)mag,
                                   "bf16 kernel hd=%lld r=%lld nk=%lld [%lld,%lld]: %g vs %g", (long long)hd,
                                   (long long)rr, (long long)nn, (long long)i, (long long)j, (double)got, (double)want);
