@@ -5,7 +5,9 @@
 // dims taken 32 at a time (zeros past hd), dims 32 t + 2 l and 32 t + 2 l + 1 feed f32 lane l of 16:
 // lane += q[2l + 1] k[2l + 1], then lane += q[2l] k[2l] (products of bf16 values are exact in f32,
 // each sum rounded to nearest even), t = 0, 1, ...; then the 16 lanes a[0..15] are summed as
-// x_e = (a[e] + a[e + 8]) + (a[e + 4] + a[e + 12]), score = (x0 + x1) + (x2 + x3).
+// x_e = (a[e] + a[e + 8]) + (a[e + 4] + a[e + 12]), score = (x0 + x1) + (x2 + x3). One difference
+// the reference does not model: vdpbf16ps flushes subnormal operands and sums to zero, so scores
+// whose products fall below 2^-126 may differ (attention's scaled q and f16 keys stay far above).
 #include "cpu-kernels.h"
 #include "dtype.h"
 
