@@ -12,13 +12,21 @@
 // tri__cpu_attention_chunks + tri__cpu_attention_merge over a span of Llama2-7B f16 rows (32 heads
 // over 32 KV heads, head_dim 128) at m = 1, 13 and 64 queries per row, in GFLOP/s (4 m n_head
 // head_dim FLOPs per KV row) against this machine's measured f32 FMA peak (all threads) and in
-// GB/s of K/V read against its measured streaming-read and copy peaks.
+// GB/s of K/V read against its measured streaming-read and copy peaks; each m twice: f32 scores
+// (the default) and bf16 scores (tri__cpu_set_attn_bf16, where the CPU has AVX512-BF16), the bf16
+// rows with their output's largest difference from the f32 rows'.
+//
+// Last, the score kernel alone (attn_scores_f16: q . k over f16 keys, one thread, 128-key tiles
+// of one head's 16K keys): f32 FMAs against the bf16 kernel (vdpbf16ps) at 1, 13 and 64 query
+// rows, in GFLOP/s (2 m head_dim per key) against one thread's f32 FMA and bf16 dot-product peaks,
+// and the bf16 scores' largest error against the f32 ones (absolute, and over the largest |score|).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "cpu-kernels.h"
 #include "dtype.h"
 #include "bench-util.h"
 
@@ -251,14 +259,16 @@ static double read_peak(int nt) {
 // (each sees every row): chunks then merge into a fresh state, as the store runs it. Checks against
 // the double reference first (returns -1 on failure), prints one line.
 static int split_row(tri__backend *be, const shape *s, const cache *c, int64_t n, int64_t m, double flop_peak,
-                     double rd_peak, double cp_peak) {
+                     double rd_peak, double cp_peak, bool bf16, float *out_f32) {
     int64_t hd = s->hd, rows = m * s->n_head, n_chunk = 0;
     float *q = malloc(sizeof(float) * (size_t)(rows * hd)), *out = malloc(sizeof(float) * (size_t)(rows * hd));
     float *state = malloc(sizeof(float) * (size_t)(rows * (hd + 2)));
     int32_t *qpos = malloc(sizeof(int32_t) * (size_t)m);
     int rc = -1;
     if (!q || !out || !state || !qpos) goto done;
+    unsigned rng0 = rng;  // the f32 and bf16 rows of one m see the same queries
     for (int64_t i = 0; i < rows * hd; i++) q[i] = frand();
+    if (!bf16) rng = rng0;
     for (int64_t i = 0; i < m; i++) qpos[i] = (int32_t)(n + i);
     tri__cpu_attention_chunks(be, NULL, &n_chunk, q, qpos, m, s->n_head, hd, &c->view);
     float *chunks = malloc(sizeof(float) * (size_t)(n_chunk * rows * (hd + 2)));
@@ -283,7 +293,7 @@ static int split_row(tri__backend *be, const shape *s, const cache *c, int64_t n
             for (int64_t i = 0; i < m; i += m > 1 ? (m - 1) / 2 : 1)
                 for (int64_t h = 0; h < s->n_head; h += s->n_head / 4)
                     err = fmax(err, check_head(s, c, n, q, qpos, out, i, h));
-            if (err > 1e-3) {
+            if (err > (bf16 ? 5e-2 : 1e-3)) {  // bf16 scores: about 3 significant digits
                 printf("split %lld rows m=%lld CHECK FAILED: max error %.3g\n", (long long)n, (long long)m, err);
                 free(chunks);
                 goto done;
@@ -291,15 +301,84 @@ static int split_row(tri__backend *be, const shape *s, const cache *c, int64_t n
         }
     }
     free(chunks);
+    double dout = 0;  // bf16: the output's largest difference from the f32 row's
+    if (bf16)
+        for (int64_t i = 0; i < rows * hd; i++) dout = fmax(dout, fabs((double)out[i] - (double)out_f32[i]));
+    else
+        memcpy(out_f32, out, sizeof(float) * (size_t)(rows * hd));
     double flops = 4.0 * (double)(m * s->n_head * hd) * (double)n;
     double bytes = (double)(s->n_head_kv * n * hd * 2 * 2);
-    printf("%-10s %7lld %4lld %9.2f %9.1f %7.1f%% %9.2f %7.0f%% %7.0f%% %9.1e\n", s->name, (long long)n,
-           (long long)m, best * 1e3, flops / best / 1e9, 100 * flops / best / flop_peak, bytes / best / 1e9,
-           100 * bytes / best / rd_peak, 100 * bytes / best / cp_peak, err);
+    printf("%-10s %7lld %4lld %-6s %9.2f %9.1f %7.1f%% %9.2f %7.0f%% %7.0f%% %9.1e", s->name, (long long)n,
+           (long long)m, bf16 ? "bf16" : "f32", best * 1e3, flops / best / 1e9, 100 * flops / best / flop_peak,
+           bytes / best / 1e9, 100 * bytes / best / rd_peak, 100 * bytes / best / cp_peak, err);
+    if (bf16) printf(" %9.1e", dout);
+    printf("\n");
     rc = 0;
 done:
     free(q), free(out), free(state), free(qpos);
     return rc;
+}
+
+// The score kernel alone on one thread (see the top): f32 (the best level's attn_scores_f16) and,
+// with has_bf16, the bf16 kernel, over head 0's n keys in 128-key tiles.
+static void score_kernel(const cache *c, const shape *s, int64_t n, bool has_bf16) {
+    const tri__cpu_kernels *kr = &tri__cpu_kernels_scalar;
+#if BENCH_X86
+    tri__cpu_simd lvl = tri__cpu_simd_detect();
+    kr = lvl == TRI_CPU_SIMD_AVX512_VNNI ? &tri__cpu_kernels_avx512_vnni
+         : lvl == TRI_CPU_SIMD_AVX512    ? &tri__cpu_kernels_avx512
+         : lvl == TRI_CPU_SIMD_AVX2      ? &tri__cpu_kernels_avx2
+                                         : kr;
+#endif
+    const char *isa;
+    double fpk = fma_peak(1, &isa), bpk = bf16_peak(1);
+    int64_t hd = s->hd;
+    printf("\nscore kernel alone (q . k, f16 keys, 1 thread, %lld keys of one head in 128-key tiles)\n", (long long)n);
+    printf("one thread: f32 FMA peak %.1f GFLOP/s, bf16 dot-product peak %.1f GFLOP/s\n", fpk / 1e9, bpk / 1e9);
+    printf("%4s %-6s %9s %9s %8s %8s %9s %9s %9s\n", "m", "scores", "ms", "GFLOP/s", "of FMA", "of bf16", "K GB/s",
+           "max abs", "rel");
+    const int64_t ms[3] = {1, 13, 64};
+    for (int mi = 0; mi < 3; mi++) {
+        int64_t m = ms[mi];
+        float *q = malloc(sizeof(float) * (size_t)(m * hd)), *sf = malloc(sizeof(float) * (size_t)(m * n));
+        float *sb = malloc(sizeof(float) * (size_t)(m * n));
+        if (!q || !sf || !sb) {
+            free(q), free(sf), free(sb);
+            return;
+        }
+        for (int64_t i = 0; i < m * hd; i++) q[i] = frand() / sqrtf((float)hd);
+        for (int b = 0; b < (has_bf16 ? 2 : 1); b++) {
+            float *sc = b ? sb : sf;
+            double best = 1e30, spent = 0;
+            for (int rep = 0; rep < 50 && (rep < 2 || spent < 0.5); rep++) {
+                double t0 = bench_now();
+                for (int64_t j0 = 0; j0 < n; j0 += 128) {
+                    int64_t nk = n - j0 < 128 ? n - j0 : 128;
+#if BENCH_X86
+                    if (b)
+                        tri__cpu_attn_scores_f16_bf16(sc + j0, n, q, m, c->k + j0 * hd, hd, nk, hd);
+                    else
+#endif
+                        kr->attn_scores_f16(sc + j0, n, q, m, c->k + j0 * hd, hd, nk, hd);
+                }
+                double dt = bench_now() - t0;
+                spent += dt;
+                best = dt < best ? dt : best;
+            }
+            double flops = 2.0 * (double)(m * hd) * (double)n, bytes = (double)(n * hd * 2);
+            printf("%4lld %-6s %9.3f %9.1f %7.1f%% %7.1f%% %9.2f", (long long)m, b ? "bf16" : "f32", best * 1e3,
+                   flops / best / 1e9, 100 * flops / best / fpk, bpk > 0 ? 100 * flops / best / bpk : 0.0,
+                   bytes / best / 1e9);
+            if (b) {
+                double mabs = 0, mref = 0;
+                for (int64_t i = 0; i < m * n; i++)
+                    mabs = fmax(mabs, fabs((double)sb[i] - (double)sf[i])), mref = fmax(mref, fabs((double)sf[i]));
+                printf(" %9.1e %9.1e", mabs, mabs / mref);
+            }
+            printf("\n");
+        }
+        free(q), free(sf), free(sb);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -380,8 +459,8 @@ split:;
     printf("f32 FMA peak %.1f GFLOP/s (%s, %d threads); streaming read peak %.2f GB/s, copy %.2f GB/s\n", fpk / 1e9,
            isa, nt, rpk / 1e9, peak / 1e9);
     if (bpk > 0) printf("bf16 dot-product peak (vdpbf16ps) %.1f GFLOP/s, %.2fx the f32 FMA's\n", bpk / 1e9, bpk / fpk);
-    printf("%-10s %7s %4s %9s %9s %8s %9s %8s %8s %9s\n", "shape", "rows", "m", "ms", "GFLOP/s", "of FMA", "K/V GB/s",
-           "of read", "of copy", "max err");
+    printf("%-10s %7s %4s %-6s %9s %9s %8s %9s %8s %8s %9s %9s\n", "shape", "rows", "m", "scores", "ms", "GFLOP/s",
+           "of FMA", "K/V GB/s", "of read", "of copy", "max err", "vs f32");
     int64_t split_rows = max_keys < 16384 ? max_keys : 16384;
     cache c;
     if (cache_make(&c, &shapes[1], split_rows)) {
@@ -391,12 +470,22 @@ split:;
         return 1;
     }
     const int64_t ms[3] = {1, 13, 64};
+    bool has_bf16 = tri__cpu_set_attn_bf16(be, false) == TRI_STATUS_OK && tri__cpu_has_bf16();
+    float *out_f32 = malloc(sizeof(float) * (size_t)(64 * shapes[1].n_head * shapes[1].hd));
     for (int mi = 0; mi < 3; mi++)
-        if (split_row(be, &shapes[1], &c, split_rows, ms[mi], fpk, rpk, peak)) {
-            cache_free(&c);
-            tri__backend_free(be);
-            return 1;
+        for (int b = 0; b < (has_bf16 ? 2 : 1); b++) {
+            tri__cpu_set_attn_bf16(be, b == 1);
+            if (!out_f32 || split_row(be, &shapes[1], &c, split_rows, ms[mi], fpk, rpk, peak, b == 1, out_f32)) {
+                free(out_f32);
+                cache_free(&c);
+                tri__backend_free(be);
+                return 1;
+            }
         }
+    tri__cpu_set_attn_bf16(be, false);
+    free(out_f32);
+    if (!has_bf16) printf("(no bf16 rows: this CPU lacks AVX512-BF16)\n");
+    score_kernel(&c, &shapes[1], split_rows, has_bf16);
     cache_free(&c);
     tri__backend_free(be);
     return 0;

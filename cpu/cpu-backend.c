@@ -19,6 +19,8 @@
 typedef struct cpu_state {
     tri__cpu_simd simd;
     const tri__cpu_kernels *kr;
+    const tri__cpu_kernels *kr_base;  // the level's table; kr is kr_bf16 while bf16 scores are on
+    tri__cpu_kernels kr_bf16;         // kr_base with attn_scores_f16 on bf16 operands
     tri__cpu_pool *pool;  // the process-wide pool of the CPUs of the thread that ran the first
                           // parallel op (cpu-pool.h); jobs take up to be->n_threads of its threads
     void *xq;             // quantized activations of the current matmul, see cpu_quantize_x
@@ -1070,6 +1072,23 @@ static const tri__backend_ops cpu_ops = {
     .tree_attention = true,
 };
 
+tri_status tri__cpu_set_attn_bf16(tri__backend *be, bool on) {
+    cpu_state *st = cpu_priv(be);
+    if (!on) {
+        st->kr = st->kr_base;
+        return TRI_STATUS_OK;
+    }
+    if (!tri__cpu_has_bf16())
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu backend: bf16 attention scores: this CPU lacks AVX512-BF16");
+    st->kr_bf16 = *st->kr_base;
+    st->kr_bf16.attn_scores_f16 = tri__cpu_attn_scores_f16_bf16_ref;
+#if TRI_CPU_X86
+    if (st->simd >= TRI_CPU_SIMD_AVX512) st->kr_bf16.attn_scores_f16 = tri__cpu_attn_scores_f16_bf16;
+#endif
+    st->kr = &st->kr_bf16;
+    return TRI_STATUS_OK;
+}
+
 tri_status tri__backend_cpu_create(int32_t n_threads, tri__cpu_simd simd, tri__backend **out) {
     *out = NULL;
     tri__cpu_simd best = tri__cpu_simd_detect();
@@ -1091,6 +1110,7 @@ tri_status tri__backend_cpu_create(int32_t n_threads, tri__cpu_simd simd, tri__b
     if (simd == TRI_CPU_SIMD_AVX512) st->kr = &tri__cpu_kernels_avx512;
     if (simd == TRI_CPU_SIMD_AVX512_VNNI) st->kr = &tri__cpu_kernels_avx512_vnni;
 #endif
+    st->kr_base = st->kr;
     be->ops = &cpu_ops;
     be->n_threads = n_threads > 0 ? n_threads : cpu_max_threads();
     be->host_memory = true;

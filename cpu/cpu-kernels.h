@@ -138,4 +138,16 @@ void tri__cpu_tile_iq4_xs_scalar(float *y, int64_t ldy, const tri__cpu_xq *x, in
     default: body(4, 4); break;                       \
     }
 
+// ---- bf16 attention scores (opt-in: tri__cpu_set_attn_bf16; kernels-bf16.c) ----
+// attn_scores_f16's contract with q and k rounded to bf16 and f32 sums in the order kernels-bf16.c
+// states; the AVX512-BF16 version (vdpbf16ps) only where tri__cpu_has_bf16(), the scalar reference
+// everywhere.
+bool tri__cpu_has_bf16(void);
+void tri__cpu_attn_scores_f16_bf16_ref(float *s, int64_t lds, const float *q, int64_t r, const uint16_t *k,
+                                       int64_t stride, int64_t nk, int64_t hd);
+#if TRI_CPU_X86
+void tri__cpu_attn_scores_f16_bf16(float *s, int64_t lds, const float *q, int64_t r, const uint16_t *k, int64_t stride,
+                                   int64_t nk, int64_t hd);
+#endif
+
 #endif  // TRI_CPU_KERNELS_H

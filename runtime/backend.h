@@ -420,6 +420,11 @@ tri_status tri__cpu_attention_chunks(tri__backend *be, float *chunks, int64_t *n
 // attention_state over the first keys and chunks over the rest give attention over all of them.
 void tri__cpu_attention_merge(float *out, float *state, const float *chunks, int64_t n_chunk, int64_t rows,
                               int64_t head_dim);
+// Opt-in, off by default: with on, the attention of a CPU backend scores f16 keys with q and k
+// rounded to bf16 (AVX512-BF16's vdpbf16ps, f32 sums; cpu/kernels-bf16.c), which changes the scores
+// by bf16's rounding (about 3 significant digits); values and softmax stay f32. UNSUPPORTED where
+// the CPU lacks AVX512-BF16. Used by benchmarks/bench-attention; no default path turns it on.
+tri_status tri__cpu_set_attn_bf16(tri__backend *be, bool on);
 
 // Creates a CPU backend with n_threads threads, the caller included (<= 0: all cores)
 // using SIMD level simd (TRI_CPU_SIMD_AUTO: detect). A level the CPU lacks is UNSUPPORTED, so

@@ -1192,3 +1192,89 @@ static void check_split(tri__backend *be, int lvl) {
 Test(cpu_backend, attention_split_state_chunks_merge_bit_exact) {
     FOR_EACH_LEVEL({ check_split(be, lvl); });
 }
+
+// ---- bf16 attention scores (opt-in) ----
+
+// The AVX512-BF16 kernel against the scalar reference of the same arithmetic (kernels-bf16.c), over
+// tile edges (rows, keys) and head_dims with a tail of pairs; both against a double dot product of
+// the bf16-rounded operands, within f32 summation error.
+Test(cpu_backend, attn_scores_bf16_matches_reference) {
+    if (!tri__cpu_has_bf16()) cr_skip_test("this CPU lacks AVX512-BF16: the bf16 score kernel is not used here");
+#if TRI_CPU_X86
+    const int64_t hds[5] = {32, 40, 64, 72, 128};
+    for (int hi = 0; hi < 5; hi++) {
+        int64_t hd = hds[hi], stride = hd + 5, r = 7, nk = 11;
+        float *q = malloc(sizeof(float) * (size_t)(r * hd)), s[7 * 11], s_ref[7 * 11];
+        uint16_t *k = malloc(sizeof(uint16_t) * (size_t)(nk * stride));
+        fill(q, r * hd, 2.0f);
+        for (int64_t j = 0; j < nk * stride; j++) k[j] = tri__f32_to_f16((float)sin(0.37 * (double)j) * 1.5f);
+        for (int64_t rr = 1; rr <= r; rr += 3)
+            for (int64_t nn = 1; nn <= nk; nn += 2) {
+                tri__cpu_attn_scores_f16_bf16(s, nk, q, rr, k, stride, nn, hd);
+                tri__cpu_attn_scores_f16_bf16_ref(s_ref, nk, q, rr, k, stride, nn, hd);
+                for (int64_t i = 0; i < rr; i++)
+                    for (int64_t j = 0; j < nn; j++) {
+                        double d = 0, mag = 0;
+                        for (int64_t e = 0; e < hd; e++) {
+                            double p = (double)tri__bf16_to_f32(tri__f32_to_bf16(q[i * hd + e])) *
+                                       (double)tri__bf16_to_f32(tri__f32_to_bf16(tri__f16_to_f32(k[j * stride + e])));
+                            d += p, mag += fabs(p);
+                        }
+                        float got = s[i * nk + j], want = s_ref[i * nk + j];
+                        cr_assert(fabs(want - d) <= 1e-6 * mag, "bf16 ref hd=%lld [%lld,%lld]: %g vs %g", (long long)hd,
+                                  (long long)i, (long long)j, (double)want, d);
+                        cr_assert(fabsf(got - want) <= 1e-6f * (float)mag,
+                                  "bf16 kernel hd=%lld r=%lld nk=%lld [%lld,%lld]: %g vs %g", (long long)hd,
+                                  (long long)rr, (long long)nn, (long long)i, (long long)j, (double)got, (double)want);
+                    }
+            }
+        free(q);
+        free(k);
+    }
+#endif
+}
+
+// The opt-in: off by default (attention bit for bit as before), on it scores with bf16 operands
+// (the output moves, within bf16's rounding of the scores), off again restores f32 exactly.
+Test(cpu_backend, attention_bf16_opt_in) {
+    tri__backend *be = make_backend(TRI_CPU_SIMD_AUTO);
+    if (!tri__cpu_has_bf16()) {
+        cr_assert_eq(tri__cpu_set_attn_bf16(be, true), TRI_STATUS_UNSUPPORTED);
+        tri__backend_free(be);
+        cr_skip_test("this CPU lacks AVX512-BF16: checked only that the opt-in is refused");
+    }
+    int64_t nh = 6, nkv = 2, hd = 64, m = 3, nk = 300, g = nh / nkv;
+    test_cache c;
+    cache_make(&c, nkv, nk, hd, TRI_DTYPE_F16, 1.0f);
+    float q[3 * 6 * 64], out0[3 * 6 * 64], out1[3 * 6 * 64], out2[3 * 6 * 64];
+    fill(q, m * nh * hd, 1.0f);
+    int32_t qpos[3] = {1000 + 150, 1000 + 299, 1 << 20};
+    tri__kv_span spans[4];
+    int32_t head_span[3];
+    tri__kv_view view;
+    cache_view(&c, NULL, 0, spans, head_span, &view);
+    cr_assert_eq(be->ops->attention(be, out0, q, qpos, m, nh, hd, &view, NULL), TRI_STATUS_OK);
+    cr_assert_eq(tri__cpu_set_attn_bf16(be, true), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(be->ops->attention(be, out1, q, qpos, m, nh, hd, &view, NULL), TRI_STATUS_OK);
+    cr_assert_eq(tri__cpu_set_attn_bf16(be, false), TRI_STATUS_OK);
+    cr_assert_eq(be->ops->attention(be, out2, q, qpos, m, nh, hd, &view, NULL), TRI_STATUS_OK);
+    cr_assert(!memcmp(out0, out2, sizeof out0), "turning bf16 off must restore the f32 result bit for bit");
+    double ref[64], diff = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t h = 0; h < nh; h++) {
+            int64_t kh = h / g;
+            naive_attn(q + (i * nh + h) * hd, qpos[i], hd, nk, c.kpos, c.k + kh * nk * hd, c.v + kh * nk * hd, ref,
+                       NULL);
+            for (int64_t e = 0; e < hd; e++) {
+                float a = out0[(i * nh + h) * hd + e], b = out1[(i * nh + h) * hd + e];
+                cr_assert(fabs(a - ref[e]) <= 2e-5 * (1 + fabs(ref[e])));
+                // bf16 operands: each score off by up to about 2^-8 of sum |q_d k_d|
+                cr_assert(fabs(b - ref[e]) <= 2e-2 * (1 + fabs(ref[e])), "bf16 q%lld h%lld [%lld] %g vs %g",
+                          (long long)i, (long long)h, (long long)e, (double)b, ref[e]);
+                diff = fmax(diff, fabs((double)a - (double)b));
+            }
+        }
+    cr_assert(diff > 0, "bf16 scores on, yet attention's output did not change: the opt-in is not wired");
+    cache_free(&c);
+    tri__backend_free(be);
+}
