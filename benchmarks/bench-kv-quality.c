@@ -24,6 +24,7 @@
 #include "llama.h"
 #include "model.h"
 #include "tri-config.h"
+#include "bench-util.h"
 
 static double now(void) {
     struct timespec ts;
@@ -41,13 +42,6 @@ static void softmax(const float *l, double *p, int32_t n) {
     for (int32_t i = 0; i < n; i++) mx = fmax(mx, (double)l[i]);
     for (int32_t i = 0; i < n; i++) s += p[i] = exp((double)l[i] - mx);
     for (int32_t i = 0; i < n; i++) p[i] /= s;
-}
-
-static int32_t argmax(const float *l, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (l[i] > l[b]) b = i;
-    return b;
 }
 
 // Runs the prompt and the positions through a policy: logits (positions, n_vocab).
@@ -111,7 +105,7 @@ static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int
                 const float *lq = lg[t] + (int64_t)r * V;
                 softmax(lq, q, V);
                 if (pos + 1 < n) nll[t] -= log(q[ids[pos + 1]]);
-                top1[t] += argmax(lf, V) == argmax(lq, V);
+                top1[t] += bench_argmax(lf, V) == bench_argmax(lq, V);
                 for (int32_t x = 0; x < V; x++) {
                     if (p[x] > 0) kl[t] += p[x] * (log(p[x]) - log(fmax(q[x], 1e-300)));
                     acc[t] += fmin(p[x], q[x]);
@@ -226,7 +220,7 @@ int main(int argc, char **argv) {
                     if (p[x] > 0) kl += p[x] * (log(p[x]) - log(fmax(q[x], 1e-300)));
                     acc += fmin(p[x], q[x]);
                 }
-                top1 += argmax(lf, V) == argmax(lg, V);
+                top1 += bench_argmax(lf, V) == bench_argmax(lg, V);
                 if (i + 1 < npos) nll -= log(q[ids[ctx + i + 1]]);
             }
             printf("%-10s %7d %8.4f %8.4f %9.4f %9.5f %10.1f %9.3f\n", tri__kv_policy_name(kinds[k]), budget, mass,

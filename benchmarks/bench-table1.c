@@ -42,6 +42,7 @@
 #include "llama.h"
 #include "model.h"
 #include "tri-config.h"
+#include "bench-util.h"
 
 #define LAST 64     // tokens of the prompt's last step
 #define ANSWER 16   // greedy tokens of a needle answer
@@ -55,13 +56,6 @@ static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int32_t argmax(const float *l, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (l[i] > l[b]) b = i;
-    return b;
 }
 
 static void softmax_t(const float *l, double *p, int32_t n, double temp) {
@@ -283,7 +277,7 @@ static void run_text(rig *r, const int32_t *ids, int32_t ctx, int32_t npos, cons
                 else if (tri__llama_forward_policy(&r->ll, &pol, ids + ctx + i - 1, 1, TRI_LOGITS_LAST, got))
                     die("decode");
                 const float *lf = full + (int64_t)i * V;
-                top1 += argmax(lf, V) == argmax(got, V);
+                top1 += bench_argmax(lf, V) == bench_argmax(got, V);
                 softmax_t(lf, p, V, 0.6);
                 softmax_t(got, q, V, 0.6);
                 for (int32_t x = 0; x < V; x++) acc += fmin(p[x], q[x]);
@@ -309,7 +303,7 @@ static bool answer(rig *r, tri__kv_policy *pol, tri__kv_policy *base, const int3
     if (v && v->diag) diagnose(pol, v, lo, hi);
     int32_t k = 0;
     for (; k < ANSWER; k++) {
-        toks[k] = argmax(l, r->V);
+        toks[k] = bench_argmax(l, r->V);
         if (toks[k] == tri_token_eos(r->m) || tri_token_is_special(r->m, toks[k])) break;
         if (k + 1 < ANSWER && tri__llama_forward_policy(&r->ll, pol, &toks[k], 1, TRI_LOGITS_LAST, l)) die("decode");
     }

@@ -3,6 +3,7 @@
 #ifndef TRI_BENCH_UTIL_H
 #define TRI_BENCH_UTIL_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,14 @@ static inline double bench_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// The index of the largest of x[0 .. n), the first on ties (a greedy token from a row of logits).
+static inline int32_t bench_argmax(const float *x, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
 }
 
 // Stream-like copy of a buffer much larger than the caches with nt threads: the best of 5 runs,
