@@ -15,7 +15,7 @@
 // complete); with --screenshot the window is saved as a PNG once the last answer is complete, and
 // the program exits (how the test under Xvfb drives it);
 // --print writes each answer to stdout as well; --stop-after N presses Stop once N tokens of an
-// answer have arrived.
+// answer have arrived (the worker waits at that token for the click, so the test cannot race).
 #include <gtk/gtk.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -289,7 +289,11 @@ static bool on_token(int32_t id, void *user) {
     m->text = g_strndup(text, len);
     m->n_tokens = ++c->n_emitted;
     g_idle_add(on_text, m);
-    return true;
+    // --stop-after: the worker waits at the Nth token until the window has shown it and pressed
+    // Stop, so the test does not race the main loop (a loaded machine draws slower than we decode)
+    if (c->stop_after > 0 && c->n_emitted == c->stop_after)
+        for (int ms = 0; ms < 60000 && !atomic_load(&c->stop) && !atomic_load(&c->closing); ms++) g_usleep(1000);
+    return !atomic_load(&c->stop);
 }
 
 static void conv_add(chat *c, const char *role, const char *content) {
