@@ -37,7 +37,8 @@ static void usage(FILE *f) {
           "      --accept-l2 P    L3's acceptance rate of L2 tokens, assumed (default 0.9)\n"
           "      --tree-nodes N   L3 verifies a token tree of up to N nodes per pass (default 0: a\n"
           "                       chain of gamma2); siblings assumed kept at accept-l2 x 0.5^(rank - 1)\n"
-          "      --kv-type T      f16 (default), f32, q8_0 or q4_0\n"
+          "      --kv-type T      f16 (default), f32, q8_0, q4_0 or mixed (q4_0 rows stored and\n"
+          "                       streamed, 16 sinks and 240 recent rows also in f16 on the GPU)\n"
           "      --host-attn-gbps X  KV GB/s the host's attention reads at the pass's query count:\n"
           "                       split each offloaded layer between PCIe and host attention\n"
           "                       (default 0: every offloaded row streams; see bench-offload)\n"
@@ -161,11 +162,6 @@ int tri_cli_plan(int argc, char **argv) {
         case O_ACC2: ok = parse_rate(opt, optarg, &p.accept_l2); break;
         case O_KV:
             if (!tri_cli_parse_kv_type("offload-run plan", "--kv-type", optarg, &p.kv_type)) return tri_cli_see_help();
-            if (p.kv_type == TRI_DTYPE_KV_MIXED) {  // not streamed: nothing to place
-                fprintf(stderr, "offload-run plan: --kv-type mixed: the planner places f16, f32, q8_0 or q4_0 caches "
-                                "(a mixed cache stays in backend memory: q4_0's bytes plus 512 f16 rows per layer)\n");
-                return 2;
-            }
             break;
         case O_AR: p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE; break;
         case O_HOST_ATTN: ok = parse_real(opt, optarg, &p.host_attn_gbps); break;

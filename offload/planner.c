@@ -36,6 +36,10 @@ double tri__plan_expected_tokens(double alpha, int32_t gamma) {
     return (1.0 - pow(alpha, (double)gamma + 1.0)) / (1.0 - alpha);
 }
 
+tri_dtype tri__plan_kv_store_type(tri_dtype kv_type) {
+    return kv_type == TRI_DTYPE_KV_MIXED ? TRI_DTYPE_Q4_0 : kv_type;
+}
+
 // ---- token trees ----
 
 void tri__accept_table_constant(tri__accept_table *t, double rate, double decay) {
@@ -283,7 +287,11 @@ typedef struct ctx {
     const tri_model_config *c;
     int32_t L, G;
     uint64_t W, K;        // one block's weights, one layer's KV at n_ctx (all GPUs)
-    uint64_t kv_tok;      // KV bytes of one token in one layer (all GPUs)
+    uint64_t kv_tok;      // KV bytes of one token in one layer (all GPUs), as stored and streamed
+    // kv_type mixed: f16 K and V bytes of one token in one layer, the rows a full-cache pass
+    // attends in f16 (sinks and window) and those resident per layer (with the ring's two steps)
+    uint64_t kv_tok16;
+    int64_t f16_attend, f16_rows;
     uint64_t other;
     double params_layer;  // weight elements of one block
     double B, D, H, F;    // aggregate PCIe, disk, device memory bytes/s; FLOP/s
@@ -340,7 +348,9 @@ static double pass_time(const ctx *x, const tri_plan *plan, int64_t m, int64_t c
         double t_d = w_disk ? (double)x->W / x->D : 0;
         double flops = 2.0 * x->params_layer * (double)m +
                        4.0 * (double)m * (double)c_dev * cf->n_head * cf->head_dim;
-        double rd = (double)x->W + (double)c_dev * (double)x->kv_tok;
+        // kv_type mixed: a full-cache pass reads the sinks and window from the resident f16 rows
+        int64_t c16 = kv_streams && x->f16_attend > 0 ? (c_dev < x->f16_attend ? c_dev : x->f16_attend) : 0;
+        double rd = (double)x->W + (double)(c_dev - c16) * (double)x->kv_tok + (double)c16 * (double)x->kv_tok16;
         double t_c = fmax(rd / x->H, flops / x->F) + ovh;
         if (kv_host > 0) {  // the host's part runs beside the device's; the merge waits for both
             t_c = fmax(t_c, (double)kv_host / x->Hh + ovh) + SPLIT_LATENCY_US * 1e-6;
@@ -402,17 +412,21 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
                                       (uint64_t)L) * (G > 1 ? x->sh_kv : 1.0))
            : 0;
     out->gpu_draft_bytes = tf ? p->draft_bytes + DRAFT_EXTRA_BYTES : 0;
+    // kv_type mixed: every layer's f16 sinks, window and ring stay on the device, whether its q4_0
+    // rows are on chip or stream
+    out->gpu_kv_f16_bytes =
+        (uint64_t)ceil((double)((uint64_t)x->f16_rows * x->kv_tok16 * (uint64_t)L) * (G > 1 ? x->sh_kv : 1.0));
     uint64_t other_g = x->other;  // embeddings and head: every GPU holds them (replicated)
     uint64_t fixed = p->gpu_reserve_bytes + other_g + out->gpu_act_bytes +
-                     out->gpu_retrieval_bytes + out->gpu_draft_bytes;
+                     out->gpu_retrieval_bytes + out->gpu_draft_bytes + out->gpu_kv_f16_bytes;
     if (fixed > p->gpu_mem_bytes)
         return tri__fail(TRI_STATUS_DEVICE_OUT_OF_MEMORY,
                          "plan: a device budget of %.2f GiB per GPU cannot hold what must stay on "
                          "the GPU: %.2f GiB (reserve %.2f, embeddings and head %.2f, retrieval "
-                         "cache %.2f for %d tokens, draft %.2f, activations %.2f)",
+                         "cache %.2f for %d tokens, draft %.2f, activations %.2f, mixed KV's f16 rows %.2f)",
                          gib(p->gpu_mem_bytes), gib(fixed), gib(p->gpu_reserve_bytes),
                          gib(other_g), gib(out->gpu_retrieval_bytes), out->retrieval_budget,
-                         gib(out->gpu_draft_bytes), gib(out->gpu_act_bytes));
+                         gib(out->gpu_draft_bytes), gib(out->gpu_act_bytes), gib(out->gpu_kv_f16_bytes));
     uint64_t avail = p->gpu_mem_bytes - fixed;
 
     // ---- device: weights first, then KV ----
@@ -449,7 +463,8 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
     out->gpu_weight_buffer_bytes = (uint64_t)(n_stream < 2 ? n_stream : 2) * Wg;
     out->gpu_total_bytes = p->gpu_reserve_bytes + out->gpu_weight_bytes + out->gpu_kv_bytes +
                            out->gpu_kv_buffer_bytes + out->gpu_weight_buffer_bytes +
-                           out->gpu_retrieval_bytes + out->gpu_draft_bytes + out->gpu_act_bytes;
+                           out->gpu_retrieval_bytes + out->gpu_draft_bytes + out->gpu_act_bytes +
+                           out->gpu_kv_f16_bytes;
 
     // ---- host: offloaded KV and summaries must fit; streamed weights spill to disk ----
     out->host_kv_bytes = (uint64_t)out->n_kv_host * x->K;
@@ -612,8 +627,14 @@ tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_
     if (p.accept_rank_decay == 0) p.accept_rank_decay = 0.5;
     if (p.draft_bytes == 0) p.draft_bytes = 136000000;
     if (p.draft_n_layer == 0) p.draft_n_layer = 2;
+    const bool mixed = p.kv_type == TRI_DTYPE_KV_MIXED;
+    if (mixed && p.kv_sink == 0) p.kv_sink = 16;
+    if (mixed && p.kv_window == 0) p.kv_window = 240;
+    if (p.kv_sink < 0 || p.kv_window < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "plan: kv_sink %d and kv_window %d must be >= 0", p.kv_sink,
+                         p.kv_window);
     if (p.n_ctx < 1 || p.n_gpu < 1 || p.n_gpu > 64 || p.pcie_gbps < 0 || p.disk_gbps < 0 || p.gpu_mem_gbps < 0 ||
-        p.gpu_tflops < 0 || p.layer_overhead_us < 0 || !tri__kv_type_ok(p.kv_type) || p.retrieval_budget < 1 ||
+        p.gpu_tflops < 0 || p.layer_overhead_us < 0 || (!tri__kv_type_ok(p.kv_type) && !mixed) || p.retrieval_budget < 1 ||
         p.chunk_size < 1 || p.gamma1 < 1 || p.gamma2 < 1 || p.accept_l1 < 0 || p.accept_l1 > 1 || p.accept_l2 < 0 ||
         p.accept_l2 > 1 || p.draft_n_layer < 1 || !(p.host_attn_gbps >= 0) || !(p.host_dram_gbps >= 0) ||
         p.tree_nodes < 0 || p.tree_nodes > TRI_PLAN_TREE_MAX_NODES ||
@@ -621,7 +642,7 @@ tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_
         (p.mode != TRI_PLAN_MODE_TRIFORCE && p.mode != TRI_PLAN_MODE_AUTOREGRESSIVE))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "plan: invalid parameters (n_ctx %d, n_gpu %d, "
-                         "bandwidths >= 0, kv_type f16/f32/q8_0/q4_0, budget %d, chunk %d, "
+                         "bandwidths >= 0, kv_type f16/f32/q8_0/q4_0/mixed, budget %d, chunk %d, "
                          "gamma1 %d, gamma2 %d, acceptance rates and rank decay in [0, 1], tree_nodes %d in "
                          "[0, %d])",
                          p.n_ctx, p.n_gpu, p.retrieval_budget, p.chunk_size, p.gamma1, p.gamma2, p.tree_nodes,
@@ -652,13 +673,17 @@ tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_
              .tree_flags = tree_flags};
     x.W = m.layer_bytes;
     x.other = m.other_bytes;
-    // K and V rows of the cache's type, a quantized type's f16 scales included
-    int64_t kv_row = tri__dtype_row_bytes(p.kv_type, (int64_t)c->n_head_kv * c->head_dim);
-    if (tri__dtype_is_quantized(p.kv_type) && c->head_dim % TRI_QK != 0)
+    // K and V rows of the cache's type as stored (mixed: q4_0), a quantized type's f16 scales included
+    const tri_dtype kv_store = tri__plan_kv_store_type(p.kv_type);
+    int64_t kv_row = tri__dtype_row_bytes(kv_store, (int64_t)c->n_head_kv * c->head_dim);
+    if (tri__dtype_is_quantized(kv_store) && c->head_dim % TRI_QK != 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "plan: kv_type %s needs head_dim a multiple of %d (the model's: %d)",
                          tri_dtype_name(p.kv_type), TRI_QK, c->head_dim);
     x.kv_tok = 2 * (uint64_t)kv_row;
+    x.kv_tok16 = 2 * (uint64_t)tri__dtype_row_bytes(TRI_DTYPE_F16, (int64_t)c->n_head_kv * c->head_dim);
+    x.f16_attend = mixed ? (int64_t)p.kv_sink + p.kv_window : 0;
+    x.f16_rows = mixed ? x.f16_attend + 2 * TRI__PLAN_MIXED_STEP : 0;
     x.K = x.kv_tok * (uint64_t)p.n_ctx;
     x.params_layer = (double)c->n_embd * ((double)c->n_head + c->n_head_kv) * c->head_dim * 2.0 +
                      3.0 * (double)c->n_embd * c->n_ff;
@@ -717,7 +742,7 @@ tri_status tri__plan_choose(const tri_plan_model *model, const tri_plan_params *
     if (!model || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "plan choose: NULL argument");
     const tri_model_config *c = &model->config;
     tri_plan_params base = params ? *params : tri_plan_default_params();
-    tri_dtype kvt = base.kv_type == TRI_DTYPE_COUNT ? TRI_DTYPE_F16 : base.kv_type;
+    tri_dtype kvt = tri__plan_kv_store_type(base.kv_type == TRI_DTYPE_COUNT ? TRI_DTYPE_F16 : base.kv_type);
     double row = 2.0 * (double)tri__dtype_row_bytes(kvt, (int64_t)c->n_head_kv * c->head_dim);  // K and V
     tri_plan *cand = malloc(sizeof *cand);
     if (!cand) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "plan choose");
@@ -804,6 +829,9 @@ tri_status tri_plan_format(const tri_plan *pl, char *buf, size_t cap, size_t *n_
     put(&s, "  weights (resident + emb/head)    %9.2f\n", gib(pl->gpu_weight_bytes));
     put(&s, "  KV of on-chip layers             %9.2f\n", gib(pl->gpu_kv_bytes));
     put(&s, "  KV double buffer                 %9.2f\n", gib(pl->gpu_kv_buffer_bytes));
+    if (pl->gpu_kv_f16_bytes)
+        put(&s, "  KV f16 sinks and window (mixed)  %9.2f   %d + %d rows + a ring of 2 x %d per layer\n",
+            gib(pl->gpu_kv_f16_bytes), p->kv_sink, p->kv_window, TRI__PLAN_MIXED_STEP);
     put(&s, "  weight double buffer             %9.2f\n", gib(pl->gpu_weight_buffer_bytes));
     if (tf) {
         put(&s, "  retrieval cache                  %9.2f\n", gib(pl->gpu_retrieval_bytes));
