@@ -634,7 +634,8 @@ tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "plan: kv_sink %d and kv_window %d must be >= 0", p.kv_sink,
                          p.kv_window);
     if (p.n_ctx < 1 || p.n_gpu < 1 || p.n_gpu > 64 || p.pcie_gbps < 0 || p.disk_gbps < 0 || p.gpu_mem_gbps < 0 ||
-        p.gpu_tflops < 0 || p.layer_overhead_us < 0 || (!tri__kv_type_ok(p.kv_type) && !mixed) || p.retrieval_budget < 1 ||
+        p.gpu_tflops < 0 || p.layer_overhead_us < 0 || (!tri__kv_type_ok(p.kv_type) && !mixed) ||
+        p.retrieval_budget < 1 ||
         p.chunk_size < 1 || p.gamma1 < 1 || p.gamma2 < 1 || p.accept_l1 < 0 || p.accept_l1 > 1 || p.accept_l2 < 0 ||
         p.accept_l2 > 1 || p.draft_n_layer < 1 || !(p.host_attn_gbps >= 0) || !(p.host_dram_gbps >= 0) ||
         p.tree_nodes < 0 || p.tree_nodes > TRI_PLAN_TREE_MAX_NODES ||
