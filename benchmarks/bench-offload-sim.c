@@ -7,7 +7,7 @@
 //                      [--reserve SIZE] [--passes N]  (bench-offload's: the passes are accepted so
 //                      that its command line runs as is; the timeline repeats exactly)
 //                      [--accept-curve FILE] [--hosts desktop,workstation|none]
-//                      [--kv-type f16,q8_0,q4_0]   (the table once per KV cache type; default f16,q8_0)
+//                      [--kv-type f16,q8_0,q4_0,mixed]   (the table once per KV cache type; default f16,q8_0)
 //                      [--trees 16,32,64,128|none] [--rank-decay 0.5] [--host-bf16] [--tree-general]
 //                      [--tree-nodes N]  (with --engine: token trees of N nodes at L3)
 //        bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N] [--threads N]
@@ -113,7 +113,7 @@ static void sim_usage(void) {
             "                     [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]\n"
             "                     [--reserve SIZE] [--passes N] [--accept-curve FILE]\n"
             "                     [--hosts desktop,workstation|none]\n"
-            "                     [--kv-type f16,q8_0,q4_0 (default f16,q8_0)]\n"
+            "                     [--kv-type f16,q8_0,q4_0,mixed (default f16,q8_0)]\n"
             "                     [--trees 16,32,64,128|none] [--rank-decay 0.5] [--host-bf16]\n"
             "                     [--tree-general] [--tree-nodes N (with --engine)]\n"
             "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
@@ -217,10 +217,25 @@ typedef struct l3_ctx {
     const tri__sim_profile *p;
     const tri_model *tv;
     tri__kv_store *l3;
-    tri_dtype kvt;
+    tri_dtype kvt;  // the cache's type (its name in the tables)
+    tri_dtype kst;  // the type its rows are stored and streamed in (mixed: q4_0)
     const tri_model_config *tc, *full;
     int32_t capacity, on_chip;
+    double t_f16;   // kv_type mixed: seconds a full-cache pass reads the f16 sinks and window (0 otherwise)
 } l3_ctx;
+
+// kv_type mixed on the sim (docs/offload.md, "kv_type mixed in the planner"): the stores hold q4_0
+// rows (the offloaded ones stream as q4_0's), and every layer's f16 sinks, window and ring are one
+// device allocation (the planner's size for this GPU's heads), so the memory peak counts them. A
+// full-cache pass also reads the sink + window f16 rows of every layer: their bytes over the
+// profile's memory rate, added to the pass (not overlapped with its transfers: an upper bound).
+static tri_status mixed_f16_rows(tri__backend *be, const tri__sim_profile *p, const tri_model_config *tc,
+                                 void **buf, double *t_read) {
+    const double row16 = 2.0 * 2.0 * tc->n_head_kv * tc->head_dim;  // f16 K and V of one token and layer
+    const int64_t attend = 16 + 240, rows = attend + 2 * TRI__PLAN_MIXED_STEP;
+    *t_read = tc->n_layer * (double)attend * row16 / (p->mem_gbps * 1e9);
+    return be->ops->alloc(be, (size_t)(rows * tc->n_layer * row16), buf);
+}
 
 // The split L3 pass of m rows with the host attending f of every offloaded layer's rows: the
 // device's part timed on the sim over the rest (the store made again holding them: two would not
@@ -232,16 +247,16 @@ static tri_status split_pass(const l3_ctx *x, const tri__sim_host *h, int32_t m,
     const sim_opts *o = x->o;
     const tri_model_config *tc = x->tc, *full = x->full;
     int32_t n_dev = o->ctx - (int32_t)(f * o->ctx);
-    double row_full = 2.0 * full->n_head_kv * (double)tri__dtype_row_bytes(x->kvt, full->head_dim);
-    double row_shard = 2.0 * tc->n_head_kv * (double)tri__dtype_row_bytes(x->kvt, tc->head_dim);
+    double row_full = 2.0 * full->n_head_kv * (double)tri__dtype_row_bytes(x->kst, full->head_dim);
+    double row_shard = 2.0 * tc->n_head_kv * (double)tri__dtype_row_bytes(x->kst, tc->head_dim);
     sim_pass ps3 = {0};
     tri__kv_store_free(x->l3);
-    tri_status st = sim_store(x->l3, x->be, x->kvt, tc, x->capacity, x->on_chip, n_dev);
+    tri_status st = sim_store(x->l3, x->be, x->kst, tc, x->capacity, x->on_chip, n_dev);
     if (!st) st = sim_time_pass(x->tv, x->be, x->l3, m, &ps3);
     tri__kv_store_free(x->l3);
-    tri_status st2 = sim_store(x->l3, x->be, x->kvt, tc, x->capacity, x->on_chip, o->ctx);
+    tri_status st2 = sim_store(x->l3, x->be, x->kst, tc, x->capacity, x->on_chip, o->ctx);
     if (st || st2) return st ? st : st2;
-    *dev = ps3.seconds + x->on_chip * (double)(o->ctx - n_dev) * row_shard / (x->p->mem_gbps * 1e9);
+    *dev = ps3.seconds + x->t_f16 + x->on_chip * (double)(o->ctx - n_dev) * row_shard / (x->p->mem_gbps * 1e9);
     if (o->gpus == 2) *dev += allreduce_seconds(tc, x->p, m);
     int32_t n_off = tc->n_layer - x->on_chip;
     double dma = (ps3.kv_up + ps3.w_up) * o->gpus;  // every GPU's DMA reads this host's memory
@@ -351,7 +366,7 @@ static tri_status tree_rows(const l3_ctx *x, const tri_plan_model *pm, const tri
                 tri_plan_params ps = *pp;
                 ps.gamma2 = tree ? pp->gamma2 : N;
                 ps.tree_nodes = tree ? N : 0;
-                double row_full = 2.0 * full->n_head_kv * (double)tri__dtype_row_bytes(x->kvt, full->head_dim);
+                double row_full = 2.0 * full->n_head_kv * (double)tri__dtype_row_bytes(x->kst, full->head_dim);
                 if (h) {
                     ps.host_attn_gbps =
                         tri__sim_host_attn_gbps(h, N + 1, full->n_head, full->head_dim, row_full, o->host_bf16);
@@ -378,7 +393,7 @@ static tri_status tree_rows(const l3_ctx *x, const tri_plan_model *pm, const tri
                 } else {
                     sim_pass q;
                     if ((st = sim_time_pass(x->tv, x->be, x->l3, m3, &q))) break;
-                    t3 = q.seconds + (o->gpus == 2 ? allreduce_seconds(x->tc, x->p, m3) : 0);
+                    t3 = q.seconds + x->t_f16 + (o->gpus == 2 ? allreduce_seconds(x->tc, x->p, m3) : 0);
                     *cache_add(cache, m3, -1, &b) = t3;
                 }
                 if ((a = cache_find(cache, m2, -2, &b))) {
@@ -506,7 +521,8 @@ static int run_paper(const sim_opts *o) {
     printf("forced acceptance: alpha %.2f (L3 accepts an L2 token), beta %.2f (L2 accepts an L1 token), gamma1 %d\n",
            o->alpha, o->beta, o->gamma1);
     printf("every level's cache of the KV type in the first column (the planner's assumption; the runtime's "
-           "speculative modes hold f16 or f32 caches so far: q8_0 / q4_0 rows of TriForce are a prediction)\n");
+           "speculative modes hold f16 or f32 caches so far: q8_0 / q4_0 / mixed rows of TriForce are a prediction; "
+           "mixed: q4_0 rows streamed and stored, 16 + 240 f16 rows read from a resident ring of 512 per layer)\n");
     printf("\n| KV | mode | budget | gamma2 | resident blocks | KV layers on device | L3 pass ms | L2 pass ms | L1 pass ms | tokens/round "
            "| ms/token (simulated) | planner ms/token | MB over PCIe/token | PCIe floor ms/token | transfer hidden "
            "| compute overlapped | paper ms/token |\n");
@@ -523,7 +539,7 @@ static int run_paper(const sim_opts *o) {
         return 1;
     }
     for (int run = 0; run < (o->n_budgets + 1) * o->n_kv && !rc; run++) {
-        const tri_dtype kvt = o->kv_types[run / (o->n_budgets + 1)];
+        const tri_dtype kvt = o->kv_types[run / (o->n_budgets + 1)], kst = tri__plan_kv_store_type(kvt);
         const char *kvn = tri_dtype_name(kvt);
         bool ar = run % (o->n_budgets + 1) == 0;
         int32_t budget = ar ? 0 : o->budgets[run % (o->n_budgets + 1) - 1];
@@ -574,12 +590,15 @@ static int run_paper(const sim_opts *o) {
         int32_t streamed = plan.n_weights_host;
         tri_model *tv = NULL, *dv = NULL;
         tri__kv_store l3 = {0}, l2 = {0}, l1 = {0};
+        void *f16_rows = NULL;
+        double t_f16 = 0;
         tri_status st = tri__model_on_backend(target, be, streamed, 0, &tv);
-        if (!st) st = sim_store(&l3, be, kvt, &tc, cap3, plan.on_chip, o->ctx);
+        if (!st && kvt == TRI_DTYPE_KV_MIXED) st = mixed_f16_rows(be, &p, &tc, &f16_rows, &t_f16);
+        if (!st) st = sim_store(&l3, be, kst, &tc, cap3, plan.on_chip, o->ctx);
         if (!st && !ar) {
-            st = sim_store(&l2, be, kvt, &tc, budget + 256, tc.n_layer, budget);
+            st = sim_store(&l2, be, kst, &tc, budget + 256, tc.n_layer, budget);
             if (!st) st = tri__model_on_backend(draft, be, 0, 0, &dv);
-            if (!st) st = sim_store(&l1, be, kvt, &dc, 256 + 64, dc.n_layer, 256);
+            if (!st) st = sim_store(&l1, be, kst, &dc, 256 + 64, dc.n_layer, 256);
         }
         sim_pass p2 = {0}, p1 = {0};
         if (!st && !ar) st = sim_time_pass(tv, be, &l2, o->gamma1 + 1, &p2);
@@ -591,14 +610,17 @@ static int run_paper(const sim_opts *o) {
                      .tv = tv,
                      .l3 = &l3,
                      .kvt = kvt,
+                     .kst = kst,
                      .tc = &tc,
                      .full = &full,
                      .capacity = cap3,
-                     .on_chip = plan.on_chip};
+                     .on_chip = plan.on_chip,
+                     .t_f16 = t_f16};
         for (int gi = 0; !st && gi < (ar ? 1 : o->n_gamma2); gi++) {
             int32_t g2 = ar ? 0 : o->gamma2s[gi];
             sim_pass p3;
             if ((st = sim_time_pass(tv, be, &l3, g2 + 1, &p3))) break;
+            p3.seconds += t_f16;
             if (o->gpus == 2) p3.seconds += allreduce_seconds(&tc, &p, g2 + 1);
             double per_round = ar ? 1.0 : sim_expected(o->alpha, g2);
             double l2_passes = ar ? 0 : g2 / sim_expected(o->beta, o->gamma1);
@@ -632,7 +654,7 @@ static int run_paper(const sim_opts *o) {
                 const tri__sim_host *h = hosts[hi];
                 int32_t m = g2 + 1;
                 // K and V of the KV type, every GPU's heads
-                double row_full = 2.0 * full.n_head_kv * (double)tri__dtype_row_bytes(kvt, full.head_dim);
+                double row_full = 2.0 * full.n_head_kv * (double)tri__dtype_row_bytes(kst, full.head_dim);
                 tri_plan_params ps = pg;
                 ps.host_attn_gbps = tri__sim_host_attn_gbps(h, m, full.n_head, full.head_dim, row_full, o->host_bf16);
                 ps.host_dram_gbps = h->dram_gbps;
@@ -673,6 +695,7 @@ static int run_paper(const sim_opts *o) {
         tri__kv_store_free(&l1);
         tri__kv_store_free(&l2);
         tri__kv_store_free(&l3);
+        if (f16_rows) be->ops->free(be, f16_rows);
         tri__model_backend_free(dv);
         tri__model_backend_free(tv);
     }
@@ -1209,7 +1232,9 @@ int bench_offload_sim(int argc, char **argv) {
                 size_t len = strcspn(t, ",");
                 char name[16] = "";
                 if (len < sizeof name) memcpy(name, t, len);
-                ok = len < sizeof name && tri__kv_type_parse(name, &o.kv_types[o.n_kv++]);
+                ok = len < sizeof name && (tri__kv_type_parse(name, &o.kv_types[o.n_kv]) ||
+                                           (!strcmp(name, "mixed") && (o.kv_types[o.n_kv] = TRI_DTYPE_KV_MIXED)));
+                o.n_kv++;
                 t += len + (t[len] == ',');
             }
             ok = ok && o.n_kv > 0;
