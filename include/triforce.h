@@ -983,6 +983,13 @@ typedef struct tri_plan_params {
     // of 128 rows (docs/kv-policies.md, "Mixed precision"); ignored for other types
     int32_t kv_sink;             // f16 sink rows; 0: 16
     int32_t kv_window;           // f16 recent rows; 0: 240
+    // several sequences decoded together (issue 31, docs/offload.md "Batches in the planner"): each
+    // with n_ctx tokens of its own KV (on chip or offloaded with the rest), its own retrieval and
+    // draft caches; a pass carries every sequence's rows, reads the weights once and streams each
+    // sequence's offloaded KV once per layer; the levels step in lockstep (a round drafts until
+    // every sequence's L2 holds gamma2 tokens). Times and bytes per token are then per token of
+    // the batch (all sequences together); 0: 1
+    int32_t n_batch;
 } tri_plan_params;
 
 TRI_API tri_plan_params tri_plan_default_params(void);
@@ -1049,6 +1056,9 @@ typedef struct tri_plan {
     // kv_type mixed: the f16 sinks, window and ring of every layer, per GPU (in gpu_total_bytes);
     // 0 for other types
     uint64_t gpu_kv_f16_bytes;
+    // params.n_batch > 1: L2 passes per round over a lone sequence's (>= 1; included in l2_passes),
+    // what lockstep drafting costs: a round waits for the sequence that needs the most passes
+    double l2_lockstep;
 } tri_plan;
 
 // Plans model under params (NULL: defaults). INVALID_ARGUMENT for impossible parameters;

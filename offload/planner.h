@@ -43,6 +43,13 @@ typedef struct tri__accept_table {
     double a[TRI_PLAN_TREE_DEPTH + 1][TRI_PLAN_TREE_RANKS + 1];
 } tri__accept_table;
 
+// A batch's L2 passes per round against one sequence's: each L2 pass verifies L1's chain of gamma1
+// (rank-1 rates by depth from l1) and yields its kept prefix plus one token; a sequence needs N
+// passes to hold gamma2 tokens; n_batch sequences in lockstep need E[max of n_batch draws of N].
+// Returns E[max] / E[N] (1 for n_batch 1), exactly from N's distribution; *mean receives E[N]
+// (may be NULL).
+double tri__plan_lockstep(const tri__accept_table *l1, int32_t gamma1, int32_t gamma2, int32_t n_batch, double *mean);
+
 // The table of a constant rate: rank 1 `rate` at every depth, rank r >= 2 rate x decay^(r - 1).
 void tri__accept_table_constant(tri__accept_table *t, double rate, double decay);
 // Expected tokens of one verification of a chain of g (rank 1 at depths 1..g): the kept prefix

@@ -963,6 +963,84 @@ Test(offload, plan_kv_mixed_7b_127k_64g_host) {
     cr_assert_eq(tri_plan_compute(&m, &p, &mix), TRI_STATUS_INVALID_ARGUMENT);
 }
 
+// ---- planner: batches (issue 31) ----
+
+// Lockstep drafting by hand. gamma1 1 at rate 0.5, gamma2 2: a pass yields 2 tokens or 1 (1/2
+// each), so N = 1 or 2 passes (1/2 each): E[N] = 1.5; the max of two is 1 only if both are
+// (1/4): 1/4 + 3/4 x 2 = 1.75; of three, 1/8 + 7/8 x 2 = 1.875. gamma1 2 at 0.5, gamma2 3: a pass
+// yields 1, 2, 3 tokens with 1/2, 1/4, 1/4; P(N = 1, 2, 3) = 1/4, 1/2, 1/4, E[N] = 2; the max of
+// two: P(<= 1) = 1/16, P(<= 2) = 9/16: 1/16 + 2 x 8/16 + 3 x 7/16 = 2.375. Every draft kept: N is
+// gamma2 / (gamma1 + 1) exactly, and the batch waits for nobody.
+Test(offload, plan_batch_lockstep_by_hand) {
+    tri__accept_table t;
+    tri__accept_table_constant(&t, 0.5, 0.5);
+    double mean;
+    cr_assert_float_eq(tri__plan_lockstep(&t, 1, 2, 1, &mean), 1.0, 1e-12);
+    cr_assert_float_eq(mean, 1.5, 1e-12);
+    cr_assert_float_eq(tri__plan_lockstep(&t, 1, 2, 2, &mean), 1.75 / 1.5, 1e-12);
+    cr_assert_float_eq(tri__plan_lockstep(&t, 1, 2, 3, NULL), 1.875 / 1.5, 1e-12);
+    cr_assert_float_eq(tri__plan_lockstep(&t, 2, 3, 2, &mean), 2.375 / 2.0, 1e-12);
+    cr_assert_float_eq(mean, 2.0, 1e-12);
+    tri__accept_table_constant(&t, 1.0, 0.5);
+    cr_assert_float_eq(tri__plan_lockstep(&t, 2, 12, 8, &mean), 1.0, 1e-12);
+    cr_assert_float_eq(mean, 4.0, 1e-12);
+}
+
+// A batch of B Llama2-7B sequences of 19,456 tokens (TriForce's batch setting): each sequence's KV
+// (16,384 bytes per token and layer in f16), retrieval cache and draft cache are its own; the
+// weights are one copy. On a device that holds everything, B = 6 holds 6 x the KV and retrieval
+// bytes, 5 x 16 MiB more draft caches, and emits 6 x the tokens per round with the lockstep's
+// L2 passes. On one 24 GiB card, B = 2 streams both sequences' rows of every offloaded layer.
+Test(offload, plan_batch_7b_19k) {
+    tri_model_config c = llama2_7b_128k();
+    tri_plan_model m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    const uint64_t tok = 16384, n = 19456;
+    tri_plan_params p = tri_plan_default_params();
+    p.n_ctx = (int32_t)n;
+    p.retrieval_budget = 4096;
+    p.gpu_mem_bytes = (uint64_t)200 << 30;
+    tri_plan one, six;
+    cr_assert_eq(tri_plan_compute(&m, &p, &one), TRI_STATUS_OK, "%s", tri_last_error());
+    p.n_batch = 6;
+    cr_assert_eq(tri_plan_compute(&m, &p, &six), TRI_STATUS_OK, "%s", tri_last_error());
+    check_consistent(&six);
+    cr_assert_eq(one.params.n_batch, 1);
+    cr_assert_eq(one.l2_lockstep, 1.0);
+    cr_assert_eq(six.on_chip, 32);
+    cr_assert_eq(six.kv_layer_bytes, 6 * tok * n);
+    cr_assert_eq(six.gpu_kv_bytes, 32 * 6 * tok * n);
+    cr_assert_eq(six.gpu_retrieval_bytes, 6 * one.gpu_retrieval_bytes);
+    cr_assert_eq(six.gpu_draft_bytes - one.gpu_draft_bytes, 5 * ((uint64_t)16 << 20));
+    cr_assert_eq(six.gpu_weight_bytes, one.gpu_weight_bytes, "one copy of the weights");
+    tri__accept_table l1;
+    tri__accept_table_constant(&l1, 0.7, 0.5);
+    double lock = tri__plan_lockstep(&l1, 2, 12, 6, NULL);
+    cr_assert(lock > 1.0);
+    cr_assert_float_eq(six.l2_lockstep, lock, 1e-12);
+    cr_assert_float_eq(six.l2_passes, one.l2_passes * lock, 1e-9);
+    cr_assert_float_eq(six.tokens_per_round, 6 * one.tokens_per_round, 1e-9);
+    cr_assert_float_eq(six.t_token, six.t_round / six.tokens_per_round, 1e-15);
+    // the weights are read once per pass: six sequences' L2 pass costs less than two lone ones
+    cr_assert(six.t_l2 > one.t_l2 && six.t_l2 < 2 * one.t_l2, "%g %g", six.t_l2, one.t_l2);
+    // one 24 GiB card: every offloaded layer streams both sequences' rows
+    p.gpu_mem_bytes = (uint64_t)24 << 30;
+    p.n_batch = 2;
+    tri_plan two;
+    cr_assert_eq(tri_plan_compute(&m, &p, &two), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(two.n_weights_gpu, 32);
+    cr_assert(two.n_kv_host > 0);
+    cr_assert_eq(two.pcie_bytes_l3, (uint64_t)two.n_kv_host * 2 * tok * n);
+    cr_assert_eq(two.host_kv_bytes, (uint64_t)two.n_kv_host * 2 * tok * n);
+    // autoregressive: one token per sequence per pass
+    p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE;
+    p.n_batch = 4;
+    tri_plan ar;
+    cr_assert_eq(tri_plan_compute(&m, &p, &ar), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_float_eq(ar.tokens_per_round, 4.0, 1e-12);
+    p.n_batch = -1;
+    cr_assert_eq(tri_plan_compute(&m, &p, &ar), TRI_STATUS_INVALID_ARGUMENT);
+}
+
 // ---- planner: attending where the KV lives ----
 
 // With host attention at 60 GB/s beside 25 GB/s of PCIe, each offloaded layer is split so both
