@@ -506,9 +506,11 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
 
     // ---- host: offloaded KV and summaries must fit; streamed weights spill to disk ----
     out->host_kv_bytes = (uint64_t)out->n_kv_host * x->K;
-    out->host_summary_bytes =
-        tf ? div_up((uint64_t)p->n_ctx, (uint64_t)p->chunk_size) * (x->kv_tok / 2) * (uint64_t)L * (uint64_t)x->nb
-           : 0;
+    // chunk summaries: per chunk, layer and KV head the mean key in f32 (chunk-index.h), whatever
+    // the cache's type
+    out->host_summary_bytes = tf ? div_up((uint64_t)p->n_ctx, (uint64_t)p->chunk_size) * sizeof(float) *
+                                       (uint64_t)c->n_head_kv * (uint64_t)c->head_dim * (uint64_t)L * (uint64_t)x->nb
+                                 : 0;
     uint64_t must = out->host_kv_bytes + out->host_summary_bytes;
     int32_t n_host_w = n_stream;
     if (p->host_mem_bytes) {
