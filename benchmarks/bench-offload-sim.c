@@ -10,7 +10,8 @@
 //                      [--kv-type f16,q8_0,q4_0,mixed]   (the table once per KV cache type; default f16,q8_0)
 //                      [--trees 16,32,64,128|none] [--rank-decay 0.5] [--host-bf16] [--tree-general]
 //                      [--tree-nodes N]  (with --engine: token trees of N nodes at L3)
-//                      [--batch 1,2,4,6,8]  (the TriForce batch instead: B sequences of --ctx tokens each)
+//                      [--batch 1,2,4,6,8]  (the TriForce batch instead: B sequences of --ctx tokens each;
+//                      the first --kv-type, --budgets and --gamma2)
 //        bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N] [--threads N]
 //                      [--rounds N]
 //
@@ -55,6 +56,12 @@
 //     rate x --rank-decay^(r - 1), a stated model) and at the curve; the L3 and L2 passes timed on
 //     the sim at the shape's rows; and the planner's choice per host (tri__plan_choose);
 //     --host-bf16 times the host's attention at its bf16 dot-product rate (a kernel not built);
+//   - --batch B1,B2,... (run_batch, docs/offload.md "Batches in the planner and the simulator"): for
+//     each B, B sequences of --ctx tokens with the planner's placement for the batch; every level's
+//     pass carries all B sequences (tri__llama_forward_batch: the weights once, each sequence's own
+//     cache, each one's offloaded rows streamed); per round the planner's lockstep L2 passes and B x
+//     the tokens of one verification, at the stated rates and the curve's; the autoregressive batch
+//     beside it and the planner's prediction under each row;
 //   - --gpus 2: the engine splits over two devices (runtime/tensor-parallel.c); here one device is
 //     simulated with one GPU's share of the work as the planner assumes it (half the heads, half
 //     the feed-forward width, the full vocabulary; the KV of its heads over its own link), plus
@@ -118,7 +125,8 @@ static void sim_usage(void) {
             "                     [--kv-type f16,q8_0,q4_0,mixed (default f16,q8_0)]\n"
             "                     [--trees 16,32,64,128|none] [--rank-decay 0.5] [--host-bf16]\n"
             "                     [--tree-general] [--tree-nodes N (with --engine)]\n"
-            "                     [--batch 1,2,4,6,8 (B sequences of --ctx tokens in one pass per level)]\n"
+            "                     [--batch 1,2,4,6,8 (B sequences of --ctx tokens in one pass per level;\n"
+            "                     the first --kv-type, --budgets and --gamma2)]\n"
             "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
             "                     [--threads N] [--rounds N]\n"
             "profiles:");
