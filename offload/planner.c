@@ -489,8 +489,9 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
         return tri__fail(TRI_STATUS_DEVICE_OUT_OF_MEMORY,
                          "plan: a device budget of %.2f GiB per GPU leaves %.2f GiB after the "
                          "fixed parts, less than the double buffers for streaming: KV 2 x %.2f "
-                         "GiB (one layer at %d tokens) and weights 2 x %.2f GiB",
-                         gib(p->gpu_mem_bytes), gib(avail), gib(Kg), p->n_ctx, gib(Wg));
+                         "GiB (one layer at %d tokens%s) and weights 2 x %.2f GiB",
+                         gib(p->gpu_mem_bytes), gib(avail), gib(Kg), p->n_ctx,
+                         x->nb > 1 ? ", every sequence of the batch" : "", gib(Wg));
     out->n_weights_gpu = n_res;
     out->on_chip = on_chip;
     out->n_kv_host = L - on_chip;
