@@ -7,9 +7,11 @@
 //                      [--reserve SIZE] [--passes N]  (bench-offload's: the passes are accepted so
 //                      that its command line runs as is; the timeline repeats exactly)
 //                      [--accept-curve FILE] [--hosts desktop,workstation|none]
-//                      [--kv-type f16,q8_0,q4_0]   (the table once per KV cache type; default f16,q8_0)
+//                      [--kv-type f16,q8_0,q4_0,mixed]   (the table once per KV cache type; default f16,q8_0)
 //                      [--trees 16,32,64,128|none] [--rank-decay 0.5] [--host-bf16] [--tree-general]
 //                      [--tree-nodes N]  (with --engine: token trees of N nodes at L3)
+//                      [--batch 1,2,4,6,8]  (the TriForce batch instead: B sequences of --ctx tokens each;
+//                      the first --kv-type, --budgets and --gamma2)
 //        bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N] [--threads N]
 //                      [--rounds N]
 //
@@ -54,6 +56,12 @@
 //     rate x --rank-decay^(r - 1), a stated model) and at the curve; the L3 and L2 passes timed on
 //     the sim at the shape's rows; and the planner's choice per host (tri__plan_choose);
 //     --host-bf16 times the host's attention at its bf16 dot-product rate (a kernel not built);
+//   - --batch B1,B2,... (run_batch, docs/offload.md "Batches in the planner and the simulator"): for
+//     each B, B sequences of --ctx tokens with the planner's placement for the batch; every level's
+//     pass carries all B sequences (tri__llama_forward_batch: the weights once, each sequence's own
+//     cache, each one's offloaded rows streamed); per round the planner's lockstep L2 passes and B x
+//     the tokens of one verification, at the stated rates and the curve's; the autoregressive batch
+//     beside it and the planner's prediction under each row;
 //   - --gpus 2: the engine splits over two devices (runtime/tensor-parallel.c); here one device is
 //     simulated with one GPU's share of the work as the planner assumes it (half the heads, half
 //     the feed-forward width, the full vocabulary; the KV of its heads over its own link), plus
@@ -102,6 +110,7 @@ typedef struct sim_opts {
     double rank_decay;                 // --rank-decay: a sibling of rank r kept at rate x decay^(r - 1)
     bool host_bf16;                    // --host-bf16: the host's attention at its bf16 dot-product rate
     bool tree_general;                 // --tree-general: any tree (Sequoia's), not the engine's shape
+    int32_t batches[MAX_LIST], n_batches;  // --batch: the simulated TriForce batch (run_batch) at these sizes
 } sim_opts;
 
 static void sim_usage(void) {
@@ -113,9 +122,11 @@ static void sim_usage(void) {
             "                     [--accept-l1 0.7] [--gpu-mem SIZE] [--weights f16|q8_0|q4_0] [--engine N]\n"
             "                     [--reserve SIZE] [--passes N] [--accept-curve FILE]\n"
             "                     [--hosts desktop,workstation|none]\n"
-            "                     [--kv-type f16,q8_0,q4_0 (default f16,q8_0)]\n"
+            "                     [--kv-type f16,q8_0,q4_0,mixed (default f16,q8_0)]\n"
             "                     [--trees 16,32,64,128|none] [--rank-decay 0.5] [--host-bf16]\n"
             "                     [--tree-general] [--tree-nodes N (with --engine)]\n"
+            "                     [--batch 1,2,4,6,8 (B sequences of --ctx tokens in one pass per level;\n"
+            "                     the first --kv-type, --budgets and --gamma2)]\n"
             "       bench-offload --device sim:cpu --self-check MODEL.gguf [--prompt N] [--tokens N]\n"
             "                     [--threads N] [--rounds N]\n"
             "profiles:");
@@ -217,10 +228,25 @@ typedef struct l3_ctx {
     const tri__sim_profile *p;
     const tri_model *tv;
     tri__kv_store *l3;
-    tri_dtype kvt;
+    tri_dtype kvt;  // the cache's type (its name in the tables)
+    tri_dtype kst;  // the type its rows are stored and streamed in (mixed: q4_0)
     const tri_model_config *tc, *full;
     int32_t capacity, on_chip;
+    double t_f16;   // kv_type mixed: seconds a full-cache pass reads the f16 sinks and window (0 otherwise)
 } l3_ctx;
+
+// kv_type mixed on the sim (docs/offload.md, "kv_type mixed in the planner"): the stores hold q4_0
+// rows (the offloaded ones stream as q4_0's), and every layer's f16 sinks, window and ring are one
+// device allocation (the planner's size for this GPU's heads), so the memory peak counts them. A
+// full-cache pass also reads the sink + window f16 rows of every layer: their bytes over the
+// profile's memory rate, added to the pass (not overlapped with its transfers: an upper bound).
+static tri_status mixed_f16_rows(tri__backend *be, const tri__sim_profile *p, const tri_model_config *tc,
+                                 void **buf, double *t_read) {
+    const double row16 = 2.0 * 2.0 * tc->n_head_kv * tc->head_dim;  // f16 K and V of one token and layer
+    const int64_t attend = 16 + 240, rows = attend + 2 * TRI__PLAN_MIXED_STEP;
+    *t_read = tc->n_layer * (double)attend * row16 / (p->mem_gbps * 1e9);
+    return be->ops->alloc(be, (size_t)(rows * tc->n_layer * row16), buf);
+}
 
 // The split L3 pass of m rows with the host attending f of every offloaded layer's rows: the
 // device's part timed on the sim over the rest (the store made again holding them: two would not
@@ -232,16 +258,16 @@ static tri_status split_pass(const l3_ctx *x, const tri__sim_host *h, int32_t m,
     const sim_opts *o = x->o;
     const tri_model_config *tc = x->tc, *full = x->full;
     int32_t n_dev = o->ctx - (int32_t)(f * o->ctx);
-    double row_full = 2.0 * full->n_head_kv * (double)tri__dtype_row_bytes(x->kvt, full->head_dim);
-    double row_shard = 2.0 * tc->n_head_kv * (double)tri__dtype_row_bytes(x->kvt, tc->head_dim);
+    double row_full = 2.0 * full->n_head_kv * (double)tri__dtype_row_bytes(x->kst, full->head_dim);
+    double row_shard = 2.0 * tc->n_head_kv * (double)tri__dtype_row_bytes(x->kst, tc->head_dim);
     sim_pass ps3 = {0};
     tri__kv_store_free(x->l3);
-    tri_status st = sim_store(x->l3, x->be, x->kvt, tc, x->capacity, x->on_chip, n_dev);
+    tri_status st = sim_store(x->l3, x->be, x->kst, tc, x->capacity, x->on_chip, n_dev);
     if (!st) st = sim_time_pass(x->tv, x->be, x->l3, m, &ps3);
     tri__kv_store_free(x->l3);
-    tri_status st2 = sim_store(x->l3, x->be, x->kvt, tc, x->capacity, x->on_chip, o->ctx);
+    tri_status st2 = sim_store(x->l3, x->be, x->kst, tc, x->capacity, x->on_chip, o->ctx);
     if (st || st2) return st ? st : st2;
-    *dev = ps3.seconds + x->on_chip * (double)(o->ctx - n_dev) * row_shard / (x->p->mem_gbps * 1e9);
+    *dev = ps3.seconds + x->t_f16 + x->on_chip * (double)(o->ctx - n_dev) * row_shard / (x->p->mem_gbps * 1e9);
     if (o->gpus == 2) *dev += allreduce_seconds(tc, x->p, m);
     int32_t n_off = tc->n_layer - x->on_chip;
     double dma = (ps3.kv_up + ps3.w_up) * o->gpus;  // every GPU's DMA reads this host's memory
@@ -351,7 +377,7 @@ static tri_status tree_rows(const l3_ctx *x, const tri_plan_model *pm, const tri
                 tri_plan_params ps = *pp;
                 ps.gamma2 = tree ? pp->gamma2 : N;
                 ps.tree_nodes = tree ? N : 0;
-                double row_full = 2.0 * full->n_head_kv * (double)tri__dtype_row_bytes(x->kvt, full->head_dim);
+                double row_full = 2.0 * full->n_head_kv * (double)tri__dtype_row_bytes(x->kst, full->head_dim);
                 if (h) {
                     ps.host_attn_gbps =
                         tri__sim_host_attn_gbps(h, N + 1, full->n_head, full->head_dim, row_full, o->host_bf16);
@@ -378,7 +404,7 @@ static tri_status tree_rows(const l3_ctx *x, const tri_plan_model *pm, const tri
                 } else {
                     sim_pass q;
                     if ((st = sim_time_pass(x->tv, x->be, x->l3, m3, &q))) break;
-                    t3 = q.seconds + (o->gpus == 2 ? allreduce_seconds(x->tc, x->p, m3) : 0);
+                    t3 = q.seconds + x->t_f16 + (o->gpus == 2 ? allreduce_seconds(x->tc, x->p, m3) : 0);
                     *cache_add(cache, m3, -1, &b) = t3;
                 }
                 if ((a = cache_find(cache, m2, -2, &b))) {
@@ -506,7 +532,8 @@ static int run_paper(const sim_opts *o) {
     printf("forced acceptance: alpha %.2f (L3 accepts an L2 token), beta %.2f (L2 accepts an L1 token), gamma1 %d\n",
            o->alpha, o->beta, o->gamma1);
     printf("every level's cache of the KV type in the first column (the planner's assumption; the runtime's "
-           "speculative modes hold f16 or f32 caches so far: q8_0 / q4_0 rows of TriForce are a prediction)\n");
+           "speculative modes hold f16 or f32 caches so far: q8_0 / q4_0 / mixed rows of TriForce are a prediction; "
+           "mixed: q4_0 rows streamed and stored, 16 + 240 f16 rows read from a resident ring of 512 per layer)\n");
     printf("\n| KV | mode | budget | gamma2 | resident blocks | KV layers on device | L3 pass ms | L2 pass ms | L1 pass ms | tokens/round "
            "| ms/token (simulated) | planner ms/token | MB over PCIe/token | PCIe floor ms/token | transfer hidden "
            "| compute overlapped | paper ms/token |\n");
@@ -523,7 +550,7 @@ static int run_paper(const sim_opts *o) {
         return 1;
     }
     for (int run = 0; run < (o->n_budgets + 1) * o->n_kv && !rc; run++) {
-        const tri_dtype kvt = o->kv_types[run / (o->n_budgets + 1)];
+        const tri_dtype kvt = o->kv_types[run / (o->n_budgets + 1)], kst = tri__plan_kv_store_type(kvt);
         const char *kvn = tri_dtype_name(kvt);
         bool ar = run % (o->n_budgets + 1) == 0;
         int32_t budget = ar ? 0 : o->budgets[run % (o->n_budgets + 1) - 1];
@@ -574,12 +601,15 @@ static int run_paper(const sim_opts *o) {
         int32_t streamed = plan.n_weights_host;
         tri_model *tv = NULL, *dv = NULL;
         tri__kv_store l3 = {0}, l2 = {0}, l1 = {0};
+        void *f16_rows = NULL;
+        double t_f16 = 0;
         tri_status st = tri__model_on_backend(target, be, streamed, 0, &tv);
-        if (!st) st = sim_store(&l3, be, kvt, &tc, cap3, plan.on_chip, o->ctx);
+        if (!st && kvt == TRI_DTYPE_KV_MIXED) st = mixed_f16_rows(be, &p, &tc, &f16_rows, &t_f16);
+        if (!st) st = sim_store(&l3, be, kst, &tc, cap3, plan.on_chip, o->ctx);
         if (!st && !ar) {
-            st = sim_store(&l2, be, kvt, &tc, budget + 256, tc.n_layer, budget);
+            st = sim_store(&l2, be, kst, &tc, budget + 256, tc.n_layer, budget);
             if (!st) st = tri__model_on_backend(draft, be, 0, 0, &dv);
-            if (!st) st = sim_store(&l1, be, kvt, &dc, 256 + 64, dc.n_layer, 256);
+            if (!st) st = sim_store(&l1, be, kst, &dc, 256 + 64, dc.n_layer, 256);
         }
         sim_pass p2 = {0}, p1 = {0};
         if (!st && !ar) st = sim_time_pass(tv, be, &l2, o->gamma1 + 1, &p2);
@@ -591,14 +621,17 @@ static int run_paper(const sim_opts *o) {
                      .tv = tv,
                      .l3 = &l3,
                      .kvt = kvt,
+                     .kst = kst,
                      .tc = &tc,
                      .full = &full,
                      .capacity = cap3,
-                     .on_chip = plan.on_chip};
+                     .on_chip = plan.on_chip,
+                     .t_f16 = t_f16};
         for (int gi = 0; !st && gi < (ar ? 1 : o->n_gamma2); gi++) {
             int32_t g2 = ar ? 0 : o->gamma2s[gi];
             sim_pass p3;
             if ((st = sim_time_pass(tv, be, &l3, g2 + 1, &p3))) break;
+            p3.seconds += t_f16;
             if (o->gpus == 2) p3.seconds += allreduce_seconds(&tc, &p, g2 + 1);
             double per_round = ar ? 1.0 : sim_expected(o->alpha, g2);
             double l2_passes = ar ? 0 : g2 / sim_expected(o->beta, o->gamma1);
@@ -632,7 +665,7 @@ static int run_paper(const sim_opts *o) {
                 const tri__sim_host *h = hosts[hi];
                 int32_t m = g2 + 1;
                 // K and V of the KV type, every GPU's heads
-                double row_full = 2.0 * full.n_head_kv * (double)tri__dtype_row_bytes(kvt, full.head_dim);
+                double row_full = 2.0 * full.n_head_kv * (double)tri__dtype_row_bytes(kst, full.head_dim);
                 tri_plan_params ps = pg;
                 ps.host_attn_gbps = tri__sim_host_attn_gbps(h, m, full.n_head, full.head_dim, row_full, o->host_bf16);
                 ps.host_dram_gbps = h->dram_gbps;
@@ -673,6 +706,7 @@ static int run_paper(const sim_opts *o) {
         tri__kv_store_free(&l1);
         tri__kv_store_free(&l2);
         tri__kv_store_free(&l3);
+        if (f16_rows) be->ops->free(be, f16_rows);
         tri__model_backend_free(dv);
         tri__model_backend_free(tv);
     }
@@ -717,6 +751,304 @@ static int run_paper(const sim_opts *o) {
     printf("\npaper (Llama2-7B-128K, 127K-token prompt): autoregressive 1516 ms/token on one RTX 4090 and 840 on "
            "two; TriForce 312 ms/token on one, 108 on two. Simulated device memory at most %.2f GiB.\n",
            (double)s.mem_peak / (1 << 30));
+    tri__model_synthetic_free(draft);
+    tri__model_synthetic_free(target);
+    tri__backend_free(be);
+    return rc;
+}
+
+// ---- the TriForce batch (issue 31): B sequences in one pass per level ----
+
+// One batched pass of m tokens for each of the n sequences whose caches are kv[0 .. n) (each
+// rolled back after it), through tri__llama_forward_batch: one pass over the weights for the
+// n x m rows, each sequence's attention over its own cache (an offloaded layer streams each
+// sequence's rows). Timed on the sim after a warm-up pass, as sim_time_pass.
+static tri_status sim_time_batch(const tri_model *model, tri__backend *be, tri__kv_store *kv, int32_t n, int32_t m,
+                                 sim_pass *out) {
+    const tri_model_config *c = &model->config;
+    tri__llama run;
+    tri_status st = tri__llama_init(&run, model, be, n * m);
+    if (st) return st;
+    tri__llama *ll = calloc((size_t)n, sizeof *ll);
+    tri__kv_policy *pol = calloc((size_t)n, sizeof *pol);
+    tri__llama_seq *seq = calloc((size_t)n, sizeof *seq);
+    int32_t *tok = malloc(sizeof *tok * (size_t)m);
+    float *logits = malloc(sizeof(float) * (size_t)n * (size_t)m * (size_t)c->n_vocab);
+    int32_t n_ll = 0, n_pol = 0;
+    if (!ll || !pol || !seq || !tok || !logits)
+        st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "bench-offload: batch of %d", n);
+    for (int32_t i = 0; !st && i < m; i++) tok[i] = (7 * i + 3) % c->n_vocab;
+    for (int32_t i = 0; !st && i < n; i++) {
+        if (!(st = tri__llama_init(&ll[i], model, be, m))) n_ll++;
+        if (!st && !(st = tri__kv_policy_wrap_full(&pol[i], &kv[i], c->n_head, m))) n_pol++;
+        seq[i] = (tri__llama_seq){.ll = &ll[i],
+                                  .pol = &pol[i],
+                                  .tokens = tok,
+                                  .n = m,
+                                  .mode = m > 1 ? TRI_LOGITS_ALL : TRI_LOGITS_LAST,
+                                  .logits = logits + (size_t)i * (size_t)m * (size_t)c->n_vocab};
+    }
+    tri__kv_offload_stats k0 = {0}, k1;
+    tri__weight_stream_stats w0, w1;
+    for (int rep = 0; !st && rep < 2; rep++) {
+        if (rep == 1) {
+            memset(&k0, 0, sizeof k0);
+            for (int32_t i = 0; i < n; i++) {
+                tri__kv_offload_stats ki;
+                tri__kv_store_offload_stats(&kv[i], &ki);
+                k0.bytes_up += ki.bytes_up;
+            }
+            tri__model_stream_stats(model, &w0);
+            tri__sim_reset(be);
+        }
+        int32_t n0 = kv[0].n;
+        st = tri__llama_forward_batch(&run, seq, n);
+        for (int32_t i = 0; !st && i < n; i++) st = tri__kv_policy_truncate(&pol[i], n0);
+    }
+    if (!st) {
+        tri__sim_stats ss;
+        tri__sim_stats_get(be, &ss);
+        uint64_t up = 0;
+        for (int32_t i = 0; i < n; i++) {
+            tri__kv_store_offload_stats(&kv[i], &k1);
+            up += k1.bytes_up;
+        }
+        tri__model_stream_stats(model, &w1);
+        *out = (sim_pass){.seconds = ss.end,
+                          .transfer_busy = ss.transfer_busy,
+                          .compute_busy = ss.compute_busy,
+                          .hidden = ss.transfer_hidden,
+                          .h2d_bytes = (double)ss.h2d_bytes,
+                          .kv_up = (double)(up - k0.bytes_up),
+                          .w_up = (double)(w1.bytes_up - w0.bytes_up)};
+    }
+    for (int32_t i = 0; i < n_pol; i++) tri__kv_policy_free(&pol[i]);
+    for (int32_t i = 0; i < n_ll; i++) tri__llama_free(&ll[i]);
+    tri__llama_free(&run);
+    free(ll), free(pol), free(seq), free(tok), free(logits);
+    return st;
+}
+
+// n stores of one shape (capacity, on_chip, holding len rows), or none: on failure every one made
+// is freed.
+static tri_status sim_stores(tri__kv_store *kv, int32_t n, tri__backend *be, tri_dtype type, const tri_model_config *c,
+                             int32_t capacity, int32_t on_chip, int32_t len) {
+    for (int32_t i = 0; i < n; i++) {
+        tri_status st = sim_store(&kv[i], be, type, c, capacity, on_chip, len);
+        if (st) {
+            for (int32_t j = 0; j <= i; j++) tri__kv_store_free(&kv[j]);
+            return st;
+        }
+    }
+    return TRI_STATUS_OK;
+}
+
+static void sim_stores_free(tri__kv_store *kv, int32_t n) {
+    for (int32_t i = 0; i < n; i++) tri__kv_store_free(&kv[i]);
+}
+
+// What the batch table needs of one placement timed on the sim: its passes.
+typedef struct batch_times {
+    double t3, t2, t1;   // seconds of one batched L3 pass (gamma2 + 1 rows each), L2 (gamma1 + 1), L1 (1)
+    double kv_up, w_up;  // bytes the L3 pass uploaded: every sequence's offloaded KV, streamed weights
+} batch_times;
+
+// Places the plan's target (streamed blocks) and n sequences' caches on be and times the batched
+// passes; tf: the L2 and L1 passes too (n retrieval caches of budget rows, n draft caches of 256).
+static tri_status batch_time(const sim_opts *o, tri__backend *be, const tri__sim_profile *p, const tri_model *target,
+                             const tri_model *draft, const tri_model_config *tc, const tri_model_config *dc,
+                             const tri_plan *plan, tri_dtype kvt, int32_t n, int32_t budget, int32_t g2, bool tf,
+                             batch_times *out) {
+    const tri_dtype kst = tri__plan_kv_store_type(kvt);
+    tri__kv_store *l3 = calloc((size_t)n, sizeof *l3), *l2 = calloc((size_t)n, sizeof *l2),
+                  *l1 = calloc((size_t)n, sizeof *l1);
+    tri_model *tv = NULL, *dv = NULL;
+    void **f16 = calloc((size_t)n, sizeof *f16);  // kv_type mixed: each sequence's f16 rows
+    double t_f16 = 0;
+    bool h3 = false, h2 = false, h1 = false;
+    tri_status st = l3 && l2 && l1 && f16 ? TRI_STATUS_OK : tri__fail(TRI_STATUS_OUT_OF_MEMORY, "bench-offload: batch");
+    if (!st) st = tri__model_on_backend(target, be, plan->n_weights_host, 0, &tv);
+    if (!st && kvt == TRI_DTYPE_KV_MIXED) {  // every sequence's f16 rows, read by every L3 pass
+        for (int32_t i = 0; !st && i < n; i++) st = mixed_f16_rows(be, p, tc, &f16[i], &t_f16);
+        t_f16 *= n;
+    }
+    if (!st) h3 = !(st = sim_stores(l3, n, be, kst, tc, o->ctx + g2 + 1, plan->on_chip, o->ctx));
+    if (!st && tf) h2 = !(st = sim_stores(l2, n, be, kst, tc, budget + 256, tc->n_layer, budget));
+    if (!st && tf) st = tri__model_on_backend(draft, be, 0, 0, &dv);
+    if (!st && tf) h1 = !(st = sim_stores(l1, n, be, kst, dc, 256 + 64, dc->n_layer, 256));
+    sim_pass q = {0};
+    *out = (batch_times){0};
+    if (!st) st = sim_time_batch(tv, be, l3, n, tf ? g2 + 1 : 1, &q);
+    if (!st) {
+        out->t3 = q.seconds + t_f16 + (o->gpus == 2 ? allreduce_seconds(tc, p, n * (tf ? g2 + 1 : 1)) : 0);
+        out->kv_up = q.kv_up, out->w_up = q.w_up;
+    }
+    if (!st && tf && !(st = sim_time_batch(tv, be, l2, n, o->gamma1 + 1, &q)))
+        out->t2 = q.seconds + (o->gpus == 2 ? allreduce_seconds(tc, p, n * (o->gamma1 + 1)) : 0);
+    if (!st && tf && !(st = sim_time_batch(dv, be, l1, n, 1, &q))) out->t1 = q.seconds;
+    if (h1) sim_stores_free(l1, n);
+    if (h2) sim_stores_free(l2, n);
+    if (h3) sim_stores_free(l3, n);
+    for (int32_t i = 0; f16 && i < n; i++)
+        if (f16[i]) be->ops->free(be, f16[i]);
+    free(f16);
+    tri__model_backend_free(dv);
+    tri__model_backend_free(tv);
+    free(l1), free(l2), free(l3);
+    return st;
+}
+
+// The simulated TriForce batch: for each B of --batch, B sequences of --ctx tokens each, the
+// planner's placement for the batch (tri_plan_params.n_batch), the L3, L2 and L1 passes of the
+// whole batch timed on the sim, and per round: L2 passes = gamma2 / E(L1's chain) x the lockstep
+// factor (tri__plan_lockstep: the round waits for the sequence that needs the most), tokens =
+// B x E(L3's chain of gamma2); at the stated rates and, with --accept-curve, at the curve's. The
+// autoregressive batch beside it (its own placement, one row per sequence per pass).
+static int run_batch(const sim_opts *o) {
+    const tri__sim_profile *prof = tri__sim_profile_find(o->profile);
+    if (!prof) {
+        sim_usage();
+        return 2;
+    }
+    tri__sim_curve curve;
+    const tri__sim_curve *cv = NULL;
+    if (o->curve_path) {
+        if (tri__sim_curve_read(o->curve_path, &curve)) {
+            fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+            return 2;
+        }
+        cv = &curve;
+    }
+    tri_model_config full, tc, dc;
+    bench_shape(o->shape, &full);
+    bench_shape("llama-68m", &dc);
+    if (!strcmp(o->shape, "tiny")) dc = full, dc.n_layer = 1;
+    tc = full;
+    if (o->gpus == 2) tc.n_head /= 2, tc.n_head_kv /= 2, tc.n_ff /= 2;
+    tri__sim_profile p = *prof;
+    p.mem_bytes = o->gpu_mem ? o->gpu_mem : prof->mem_bytes;
+    const int32_t budget = o->budgets[0], g2 = o->gamma2s[0];
+    const tri_dtype kvt = o->kv_types[0];
+    tri__backend *be = NULL;
+    tri_model *target = NULL, *draft = NULL, *whole = NULL;
+    if (tri__backend_sim_create(&p, &be) || tri__model_synthetic_shape(&tc, o->weights, &target) ||
+        tri__model_synthetic_shape(&dc, TRI_DTYPE_F16, &draft) ||
+        tri__model_synthetic_shape(&full, o->weights, &whole)) {
+        fprintf(stderr, "bench-offload: %s\n", tri_last_error());
+        tri__backend_free(be);
+        tri__model_synthetic_free(target);
+        tri__model_synthetic_free(draft);
+        return 1;
+    }
+    tri_plan_model pm, dm;
+    tri_plan_model_from_model(whole, &pm);
+    tri__model_synthetic_free(whole);
+    tri_plan_model_from_model(draft, &dm);
+    bench_print_machine();
+    printf("device: SIMULATED sim:%s x %d: %s; memory %.1f GiB per GPU\n", p.name, o->gpus, p.desc,
+           (double)p.mem_bytes / (1 << 30));
+    printf(
+        "model: %s shape, %s weights (shape only), %s KV, every sequence %d tokens of context (KV never "
+        "materialised); retrieval budget %d per sequence, gamma1 %d, gamma2 %d\n",
+        o->shape, tri_dtype_name(o->weights), tri_dtype_name(kvt), o->ctx, budget, o->gamma1, g2);
+    printf(
+        "a batch of B: one pass per level carries every sequence's rows (tri__llama_forward_batch): the weights "
+        "read once, each sequence's attention over its own cache, each sequence's offloaded KV streamed once per "
+        "layer; L2 drafts in lockstep (a round waits for the sequence needing the most L2 passes)\n");
+    tri__accept_table *tab = malloc(2 * sizeof *tab);
+    if (!tab) return 1;
+    const int n_acc = cv ? 2 : 1;
+    printf(
+        "\n| GPUs | B | acceptance | resident blocks | KV layers on device | L3 pass ms | L2 pass ms | L1 pass ms "
+        "| L2 passes / round (lockstep x) | tokens / round | TriForce tokens/s (simulated) | x batch 1 | planner "
+        "tokens/s | autoregressive tokens/s (simulated) | TriForce / autoregressive | paper |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    double base[2] = {0, 0};
+    int rc = 0;
+    for (int bi = 0; bi < o->n_batches && !rc; bi++) {
+        const int32_t B = o->batches[bi];
+        tri_plan_params pp = tri_plan_default_params();
+        pp.n_ctx = o->ctx + g2 + 1;
+        pp.n_gpu = o->gpus;
+        pp.gpu_mem_bytes = p.mem_bytes;
+        pp.pcie_gbps = p.h2d_gbps;
+        pp.gpu_mem_gbps = p.mem_gbps;
+        pp.gpu_tflops = p.matmul_tflops;
+        pp.layer_overhead_us = 0;
+        pp.retrieval_budget = budget;
+        if (o->reserve) pp.gpu_reserve_bytes = o->reserve;
+        pp.gamma1 = o->gamma1;
+        pp.gamma2 = g2;
+        pp.accept_l1 = o->beta;
+        pp.accept_l2 = o->alpha;
+        pp.kv_type = kvt;
+        pp.draft_bytes = (uint64_t)dc.n_layer * dm.layer_bytes + dm.other_bytes;
+        pp.draft_n_layer = dc.n_layer;
+        pp.n_batch = B;
+        tri_plan pl, pa;
+        tri_plan_params pq = pp;
+        pq.mode = TRI_PLAN_MODE_AUTOREGRESSIVE;
+        bool ok_tf = tri_plan_compute(&pm, &pp, &pl) == TRI_STATUS_OK && pl.n_weights_disk == 0;
+        char why[256] = "";
+        if (!ok_tf) snprintf(why, sizeof why, "%s", pl.n_weights_disk ? "weights from disk" : tri_last_error());
+        bool ok_ar = tri_plan_compute(&pm, &pq, &pa) == TRI_STATUS_OK && pa.n_weights_disk == 0;
+        batch_times bt = {0}, ba = {0};
+        tri_status st = TRI_STATUS_OK;
+        if (ok_tf) st = batch_time(o, be, &p, target, draft, &tc, &dc, &pl, kvt, B, budget, g2, true, &bt);
+        if (!st && ok_ar) st = batch_time(o, be, &p, target, draft, &tc, &dc, &pa, kvt, B, budget, g2, false, &ba);
+        if (st) {
+            fprintf(stderr, "bench-offload: batch %d: %s\n", B, tri_last_error());
+            rc = 1;
+            break;
+        }
+        double ar_tps = ok_ar ? B / ba.t3 : NAN;
+        if (!ok_tf) {
+            printf("| %d | %d | | cannot place TriForce: %s | | | | | | | | | | %.1f | | %s |\n", o->gpus, B, why,
+                   ar_tps, B == 6 ? "~1.9x (batch 6, 19K)" : "");
+            continue;
+        }
+        for (int ai = 0; ai < n_acc; ai++) {
+            double e3, e1, lock;
+            if (ai == 0) {
+                tri__accept_table_constant(&tab[0], o->beta, o->rank_decay);
+                e3 = sim_expected(o->alpha, g2), e1 = sim_expected(o->beta, o->gamma1);
+            } else {
+                tri__sim_curve_table(cv, 0, o->rank_decay, &tab[0], NULL);
+                e3 = tri__sim_curve_expected(cv, 1, g2), e1 = tri__sim_curve_expected(cv, 0, o->gamma1);
+            }
+            lock = tri__plan_lockstep(&tab[0], o->gamma1, g2, B, NULL);
+            double passes = g2 / e1 * lock;
+            double t_round = bt.t3 + passes * (bt.t2 + o->gamma1 * bt.t1);
+            double tps = B * e3 / t_round;
+            if (B == 1) base[ai] = tps;
+            char ratio[32] = "-";
+            if (base[ai] > 0) snprintf(ratio, sizeof ratio, "%.2fx", tps / base[ai]);
+            printf(
+                "| %d | %d | %s | %d of %d | %d of %d | %.1f | %.2f | %.3f | %.2f (x %.3f) | %.1f | %.1f | %s | %s | "
+                "%.1f | %.2fx | %s |\n",
+                o->gpus, B, ai == 0 ? "stated" : "measured curve", pl.n_weights_gpu, tc.n_layer, pl.on_chip, tc.n_layer,
+                1e3 * bt.t3, 1e3 * bt.t2, 1e3 * bt.t1, passes, lock, B * e3, tps, ratio, ai == 0 ? "" : "", ar_tps,
+                tps / ar_tps, B == 6 ? "~1.9x (batch 6, 19K)" : "");
+            if (ai == 0) {
+                // the planner's own prediction, the same stated rates
+                printf(
+                    "|  |  | planner (stated) | | | %.1f | %.2f | %.3f | %.2f (x %.3f) | %.1f | | | %.1f | %.1f | "
+                    "%.2fx | |\n",
+                    1e3 * pl.t_l3, 1e3 * pl.t_l2, 1e3 * pl.t_l1, pl.l2_passes, pl.l2_lockstep, pl.tokens_per_round,
+                    1 / pl.t_token, 1 / pa.t_token, pa.t_token / pl.t_token);
+            }
+        }
+        fflush(stdout);
+    }
+    free(tab);
+    tri__sim_stats s;
+    tri__sim_stats_get(be, &s);
+    printf(
+        "\nL3 bytes uploaded per pass are every sequence's offloaded KV plus streamed weights; simulated device "
+        "memory at most %.2f GiB. Acceptance: stated alpha %.2f, beta %.2f",
+        (double)s.mem_peak / (1 << 30), o->alpha, o->beta);
+    if (cv) printf("; curve %s (L1 pooled %.2f, L2 pooled %.2f)", o->curve_path, cv->pooled[0], cv->pooled[1]);
+    printf(".\n");
     tri__model_synthetic_free(draft);
     tri__model_synthetic_free(target);
     tri__backend_free(be);
@@ -1193,6 +1525,10 @@ int bench_offload_sim(int argc, char **argv) {
         else if (!strcmp(a, "--accept-l1") && v) ok = (o.beta = atof(v)) > 0 && o.beta <= 1;
         else if (!strcmp(a, "--accept-curve") && v) o.curve_path = v;
         else if (!strcmp(a, "--hosts") && v) o.hosts = v;
+        else if (!strcmp(a, "--batch") && v) {
+            ok = (o.n_batches = sim_list(v, o.batches)) > 0;
+            for (int b = 0; ok && b < o.n_batches; b++) ok = o.batches[b] <= 64;
+        }
         else if (!strcmp(a, "--trees") && v) {
             o.n_trees = !strcmp(v, "none") ? 0 : sim_list(v, o.trees);
             for (int t = 0; ok && t < o.n_trees; t++) ok = o.trees[t] <= TRI_PLAN_TREE_MAX_NODES;
@@ -1209,7 +1545,9 @@ int bench_offload_sim(int argc, char **argv) {
                 size_t len = strcspn(t, ",");
                 char name[16] = "";
                 if (len < sizeof name) memcpy(name, t, len);
-                ok = len < sizeof name && tri__kv_type_parse(name, &o.kv_types[o.n_kv++]);
+                ok = len < sizeof name && (tri__kv_type_parse(name, &o.kv_types[o.n_kv]) ||
+                                           (!strcmp(name, "mixed") && (o.kv_types[o.n_kv] = TRI_DTYPE_KV_MIXED)));
+                o.n_kv++;
                 t += len + (t[len] == ',');
             }
             ok = ok && o.n_kv > 0;
@@ -1230,5 +1568,6 @@ int bench_offload_sim(int argc, char **argv) {
         }
         return run_self_check(&o);
     }
+    if (o.n_batches > 0) return run_batch(&o);
     return o.engine > 0 ? run_engine(&o) : run_paper(&o);
 }

@@ -37,10 +37,14 @@ static void usage(FILE *f) {
           "      --accept-l2 P    L3's acceptance rate of L2 tokens, assumed (default 0.9)\n"
           "      --tree-nodes N   L3 verifies a token tree of up to N nodes per pass (default 0: a\n"
           "                       chain of gamma2); siblings assumed kept at accept-l2 x 0.5^(rank - 1)\n"
-          "      --kv-type T      f16 (default), f32, q8_0 or q4_0\n"
+          "      --kv-type T      f16 (default), f32, q8_0, q4_0 or mixed (q4_0 rows stored and\n"
+          "                       streamed, 16 sinks and 240 recent rows also in f16 on the GPU)\n"
           "      --host-attn-gbps X  KV GB/s the host's attention reads at the pass's query count:\n"
           "                       split each offloaded layer between PCIe and host attention\n"
           "                       (default 0: every offloaded row streams; see bench-offload)\n"
+          "      --batch N        N sequences of --ctx tokens each, decoded together (one pass per\n"
+          "                       level reads the weights once; each sequence's KV, retrieval and\n"
+          "                       draft caches; default 1): times per token of the batch\n"
           "      --ar             plan plain autoregressive decoding instead\n"
           "  -h, --help           this help\n"
           "\n"
@@ -104,7 +108,7 @@ static bool config_only(const char *path, char *config, size_t n) {
 int tri_cli_plan(int argc, char **argv) {
     enum {
         O_CTX = 256, O_GPU_MEM, O_GPUS, O_HOST_MEM, O_RESERVE, O_PCIE, O_DISK, O_GPU_GBPS,
-        O_TFLOPS, O_BUDGET, O_GAMMA1, O_GAMMA2, O_ACC1, O_ACC2, O_KV, O_AR, O_HOST_ATTN, O_TREE,
+        O_TFLOPS, O_BUDGET, O_GAMMA1, O_GAMMA2, O_ACC1, O_ACC2, O_KV, O_AR, O_HOST_ATTN, O_TREE, O_BATCH,
     };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
@@ -126,6 +130,7 @@ int tri_cli_plan(int argc, char **argv) {
         {"ar", no_argument, NULL, O_AR},
         {"host-attn-gbps", required_argument, NULL, O_HOST_ATTN},
         {"tree-nodes", required_argument, NULL, O_TREE},
+        {"batch", required_argument, NULL, O_BATCH},
         {"help", no_argument, NULL, 'h'},
         {0},
     };
@@ -161,15 +166,11 @@ int tri_cli_plan(int argc, char **argv) {
         case O_ACC2: ok = parse_rate(opt, optarg, &p.accept_l2); break;
         case O_KV:
             if (!tri_cli_parse_kv_type("offload-run plan", "--kv-type", optarg, &p.kv_type)) return tri_cli_see_help();
-            if (p.kv_type == TRI_DTYPE_KV_MIXED) {  // not streamed: nothing to place
-                fprintf(stderr, "offload-run plan: --kv-type mixed: the planner places f16, f32, q8_0 or q4_0 caches "
-                                "(a mixed cache stays in backend memory: q4_0's bytes plus 512 f16 rows per layer)\n");
-                return 2;
-            }
             break;
         case O_AR: p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE; break;
         case O_HOST_ATTN: ok = parse_real(opt, optarg, &p.host_attn_gbps); break;
         case O_TREE: ok = parse_int(opt, optarg, &p.tree_nodes); break;
+        case O_BATCH: ok = parse_int(opt, optarg, &p.n_batch); break;
         case 'h': usage(stdout); return 0;
         default: return tri_cli_see_help();
         }

@@ -950,8 +950,9 @@ typedef struct tri_plan_params {
     double gpu_tflops;           // sustained f16 TFLOPS per GPU; 0: 80
     double layer_overhead_us;    // fixed cost per layer and forward pass (launches, sync) in us;
                                  // default 20; 0: none
-    tri_dtype kv_type;           // F16 (default), F32, Q8_0 or Q4_0 (34 or 18 bytes per 32 values:
-                                 // every level's cache, host memory and PCIe bytes counted so)
+    tri_dtype kv_type;           // F16 (default), F32, Q8_0, Q4_0 (34 or 18 bytes per 32 values:
+                                 // every level's cache, host memory and PCIe bytes counted so) or
+                                 // KV_MIXED (q4_0's bytes plus f16 sinks and window: kv_sink below)
     // TriForce levels (ignored in AUTOREGRESSIVE mode)
     int32_t retrieval_budget;    // tokens of the L2 retrieval cache; 0: 8192 on one GPU, 12288 on
                                  // two or more (the paper's offloading settings)
@@ -977,6 +978,18 @@ typedef struct tri_plan_params {
                                  // gamma2 (docs/offload.md, "Token trees in the planner")
     double accept_rank_decay;    // acceptance of L2's sibling of rank r >= 2 (given the ranks before
                                  // it rejected) is accept_l2 x decay^(r - 1) (assumed); 0: 0.5
+    // kv_type TRI_DTYPE_KV_MIXED: every row q4_0 (stored and streamed as q4_0's), and the sinks and
+    // the recent window also in f16, resident on every GPU for every layer with a ring of 2 steps
+    // of 128 rows (docs/kv-policies.md, "Mixed precision"); ignored for other types
+    int32_t kv_sink;             // f16 sink rows; 0: 16
+    int32_t kv_window;           // f16 recent rows; 0: 240
+    // several sequences decoded together (issue 31, docs/offload.md "Batches in the planner"): each
+    // with n_ctx tokens of its own KV (on chip or offloaded with the rest), its own retrieval and
+    // draft caches; a pass carries every sequence's rows, reads the weights once and streams each
+    // sequence's offloaded KV once per layer; the levels step in lockstep (a round drafts until
+    // every sequence's L2 holds gamma2 tokens). Times and bytes per token are then per token of
+    // the batch (all sequences together); 0: 1
+    int32_t n_batch;
 } tri_plan_params;
 
 TRI_API tri_plan_params tri_plan_default_params(void);
@@ -1040,6 +1053,12 @@ typedef struct tri_plan {
     int32_t l3_rows;          // query rows of one L3 pass: gamma2 + 1, or the tree's nodes + 1
     int32_t tree_nodes_used;  // nodes of the best tree (at most tree_nodes); 0 for a chain
     int32_t tree_depth;       // its depth (the chain L2 drafts along); gamma2 for a chain
+    // kv_type mixed: the f16 sinks, window and ring of every layer, per GPU (in gpu_total_bytes);
+    // 0 for other types
+    uint64_t gpu_kv_f16_bytes;
+    // params.n_batch > 1: L2 passes per round over a lone sequence's (>= 1; included in l2_passes),
+    // what lockstep drafting costs: a round waits for the sequence that needs the most passes
+    double l2_lockstep;
 } tri_plan;
 
 // Plans model under params (NULL: defaults). INVALID_ARGUMENT for impossible parameters;

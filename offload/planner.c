@@ -36,6 +36,43 @@ double tri__plan_expected_tokens(double alpha, int32_t gamma) {
     return (1.0 - pow(alpha, (double)gamma + 1.0)) / (1.0 - alpha);
 }
 
+tri_dtype tri__plan_kv_store_type(tri_dtype kv_type) {
+    return kv_type == TRI_DTYPE_KV_MIXED ? TRI_DTYPE_Q4_0 : kv_type;
+}
+
+double tri__plan_lockstep(const tri__accept_table *l1, int32_t gamma1, int32_t gamma2, int32_t n_batch, double *mean) {
+    if (mean) *mean = 0;
+    if (gamma1 < 1 || gamma2 < 1) return 1;
+    if (gamma1 > TRI_PLAN_TREE_DEPTH) gamma1 = TRI_PLAN_TREE_DEPTH;
+    // one pass keeps i of the gamma1 drafts (then adds a token): P(i) = a1 ... ai (1 - a(i+1)), all
+    // kept a1 ... a(gamma1); live[t]: P(not done, holding t < gamma2 tokens) after n passes
+    double keep[TRI_PLAN_TREE_DEPTH + 1], all = 1;
+    for (int32_t i = 0; i <= gamma1; i++) {
+        double next = i < gamma1 ? l1->a[i + 1][1] : 0;
+        keep[i] = all * (1 - next);
+        all *= next;
+    }
+    double *live = calloc((size_t)gamma2 * 2, sizeof *live);
+    if (!live) return 1;
+    double *nxt = live + gamma2, e_n = 0, e_max = 0;
+    live[0] = 1;
+    for (int32_t n = 0; n <= gamma2; n++) {  // each pass adds at least one token
+        double surv = 0;  // P(N > n)
+        for (int32_t t = 0; t < gamma2; t++) surv += live[t];
+        e_n += surv;
+        e_max += 1 - pow(1 - surv, n_batch);
+        if (surv <= 0) break;
+        memset(nxt, 0, sizeof *nxt * (size_t)gamma2);
+        for (int32_t t = 0; t < gamma2; t++)
+            for (int32_t i = 0; i <= gamma1 && live[t] > 0; i++)
+                if (t + i + 1 < gamma2) nxt[t + i + 1] += live[t] * keep[i];
+        memcpy(live, nxt, sizeof *live * (size_t)gamma2);
+    }
+    free(live);
+    if (mean) *mean = e_n;
+    return n_batch > 1 && e_n > 0 ? e_max / e_n : 1;
+}
+
 // ---- token trees ----
 
 void tri__accept_table_constant(tri__accept_table *t, double rate, double decay) {
@@ -282,8 +319,13 @@ typedef struct ctx {
     tri_plan_params p;
     const tri_model_config *c;
     int32_t L, G;
-    uint64_t W, K;        // one block's weights, one layer's KV at n_ctx (all GPUs)
-    uint64_t kv_tok;      // KV bytes of one token in one layer (all GPUs)
+    uint64_t W, K;        // one block's weights, one layer's KV at n_ctx (all GPUs, every sequence)
+    int32_t nb;           // sequences in a batch (params.n_batch); passes carry nb x m rows
+    uint64_t kv_tok;      // KV bytes of one token in one layer (all GPUs), as stored and streamed
+    // kv_type mixed: f16 K and V bytes of one token in one layer, the rows a full-cache pass
+    // attends in f16 (sinks and window) and those resident per layer (with the ring's two steps)
+    uint64_t kv_tok16;
+    int64_t f16_attend, f16_rows;
     uint64_t other;
     double params_layer;  // weight elements of one block
     double B, D, H, F;    // aggregate PCIe, disk, device memory bytes/s; FLOP/s
@@ -331,16 +373,20 @@ static double pass_time(const ctx *x, const tri_plan *plan, int64_t m, int64_t c
         bool w_gpu = i < plan->n_weights_gpu;
         bool w_disk = i >= plan->n_weights_gpu + plan->n_weights_host;
         bool kv = kv_streams && i >= plan->on_chip;
-        uint64_t kv_bytes = kv ? x->K * (uint64_t)c / (uint64_t)plan->params.n_ctx : 0;
+        uint64_t kv_bytes = kv ? x->K * (uint64_t)c / (uint64_t)plan->params.n_ctx : 0;  // every sequence's
         double f = split ? split_fraction(x, (double)kv_bytes, w_gpu ? 0 : (double)x->W) : 0;
         uint64_t kv_host = (uint64_t)((double)kv_bytes * f);
         int64_t c_dev = c - (int64_t)((double)c * f);  // the keys the device attends to
         uint64_t layer_pcie = kv_bytes - kv_host + (w_gpu ? 0 : x->W);
         double t_x = (double)layer_pcie / x->B;
         double t_d = w_disk ? (double)x->W / x->D : 0;
-        double flops = 2.0 * x->params_layer * (double)m +
-                       4.0 * (double)m * (double)c_dev * cf->n_head * cf->head_dim;
-        double rd = (double)x->W + (double)c_dev * (double)x->kv_tok;
+        // a batch: nb x m rows through the weights, each sequence's m rows over its own c keys
+        const double rows = (double)m * x->nb;
+        double flops = 2.0 * x->params_layer * rows + 4.0 * rows * (double)c_dev * cf->n_head * cf->head_dim;
+        // kv_type mixed: a full-cache pass reads the sinks and window from the resident f16 rows
+        int64_t c16 = kv_streams && x->f16_attend > 0 ? (c_dev < x->f16_attend ? c_dev : x->f16_attend) : 0;
+        double rd = (double)x->W +
+                    x->nb * ((double)(c_dev - c16) * (double)x->kv_tok + (double)c16 * (double)x->kv_tok16);
         double t_c = fmax(rd / x->H, flops / x->F) + ovh;
         if (kv_host > 0) {  // the host's part runs beside the device's; the merge waits for both
             t_c = fmax(t_c, (double)kv_host / x->Hh + ovh) + SPLIT_LATENCY_US * 1e-6;
@@ -361,7 +407,7 @@ static double pass_time(const ctx *x, const tri_plan *plan, int64_t m, int64_t c
     }
     // output norm and head: read once per pass
     t += (double)x->other / (x->c->tied_embeddings ? 1.0 : 2.0) / x->H + ovh;
-    if (x->G > 1) t += x->L * tri__plan_allreduce_seconds(cf, m, x->ar_link);
+    if (x->G > 1) t += x->L * tri__plan_allreduce_seconds(cf, m * x->nb, x->ar_link);
     if (pcie) *pcie = bytes;
     if (host_read) *host_read = host;
     if (frac) *frac = n_split ? f_sum / n_split : 0;
@@ -395,24 +441,30 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
     int64_t m_max = tf ? (int64_t)(p->tree_nodes > p->gamma2 ? p->tree_nodes : p->gamma2) + 1 : 1;
     const tri_model_config *c = x->c;
     out->gpu_act_bytes = ((uint64_t)128 * ((uint64_t)6 * c->n_embd + 3 * (uint64_t)c->n_ff) +
-                          (uint64_t)m_max * (uint64_t)c->n_vocab + (uint64_t)8192 * c->n_embd) * 4 +
+                          (uint64_t)m_max * (uint64_t)x->nb * (uint64_t)c->n_vocab + (uint64_t)8192 * c->n_embd) * 4 +
                          ((uint64_t)16 << 20);
     out->gpu_retrieval_bytes =
         tf ? (uint64_t)ceil((double)(((uint64_t)p->retrieval_budget + (uint64_t)RETRIEVAL_SLACK(p)) * x->kv_tok *
-                                      (uint64_t)L) * (G > 1 ? x->sh_kv : 1.0))
+                                      (uint64_t)L * (uint64_t)x->nb) * (G > 1 ? x->sh_kv : 1.0))
            : 0;
-    out->gpu_draft_bytes = tf ? p->draft_bytes + DRAFT_EXTRA_BYTES : 0;
+    // one draft model; each sequence its own StreamingLLM cache (and activations)
+    out->gpu_draft_bytes = tf ? p->draft_bytes + (uint64_t)x->nb * DRAFT_EXTRA_BYTES : 0;
+    // kv_type mixed: every layer's f16 sinks, window and ring stay on the device, whether its q4_0
+    // rows are on chip or stream
+    out->gpu_kv_f16_bytes =
+        (uint64_t)ceil((double)((uint64_t)x->f16_rows * x->kv_tok16 * (uint64_t)L * (uint64_t)x->nb) *
+                       (G > 1 ? x->sh_kv : 1.0));
     uint64_t other_g = x->other;  // embeddings and head: every GPU holds them (replicated)
     uint64_t fixed = p->gpu_reserve_bytes + other_g + out->gpu_act_bytes +
-                     out->gpu_retrieval_bytes + out->gpu_draft_bytes;
+                     out->gpu_retrieval_bytes + out->gpu_draft_bytes + out->gpu_kv_f16_bytes;
     if (fixed > p->gpu_mem_bytes)
         return tri__fail(TRI_STATUS_DEVICE_OUT_OF_MEMORY,
                          "plan: a device budget of %.2f GiB per GPU cannot hold what must stay on "
                          "the GPU: %.2f GiB (reserve %.2f, embeddings and head %.2f, retrieval "
-                         "cache %.2f for %d tokens, draft %.2f, activations %.2f)",
+                         "cache %.2f for %d tokens, draft %.2f, activations %.2f, mixed KV's f16 rows %.2f)",
                          gib(p->gpu_mem_bytes), gib(fixed), gib(p->gpu_reserve_bytes),
                          gib(other_g), gib(out->gpu_retrieval_bytes), out->retrieval_budget,
-                         gib(out->gpu_draft_bytes), gib(out->gpu_act_bytes));
+                         gib(out->gpu_draft_bytes), gib(out->gpu_act_bytes), gib(out->gpu_kv_f16_bytes));
     uint64_t avail = p->gpu_mem_bytes - fixed;
 
     // ---- device: weights first, then KV ----
@@ -437,8 +489,9 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
         return tri__fail(TRI_STATUS_DEVICE_OUT_OF_MEMORY,
                          "plan: a device budget of %.2f GiB per GPU leaves %.2f GiB after the "
                          "fixed parts, less than the double buffers for streaming: KV 2 x %.2f "
-                         "GiB (one layer at %d tokens) and weights 2 x %.2f GiB",
-                         gib(p->gpu_mem_bytes), gib(avail), gib(Kg), p->n_ctx, gib(Wg));
+                         "GiB (one layer at %d tokens%s) and weights 2 x %.2f GiB",
+                         gib(p->gpu_mem_bytes), gib(avail), gib(Kg), p->n_ctx,
+                         x->nb > 1 ? ", every sequence of the batch" : "", gib(Wg));
     out->n_weights_gpu = n_res;
     out->on_chip = on_chip;
     out->n_kv_host = L - on_chip;
@@ -449,13 +502,16 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
     out->gpu_weight_buffer_bytes = (uint64_t)(n_stream < 2 ? n_stream : 2) * Wg;
     out->gpu_total_bytes = p->gpu_reserve_bytes + out->gpu_weight_bytes + out->gpu_kv_bytes +
                            out->gpu_kv_buffer_bytes + out->gpu_weight_buffer_bytes +
-                           out->gpu_retrieval_bytes + out->gpu_draft_bytes + out->gpu_act_bytes;
+                           out->gpu_retrieval_bytes + out->gpu_draft_bytes + out->gpu_act_bytes +
+                           out->gpu_kv_f16_bytes;
 
     // ---- host: offloaded KV and summaries must fit; streamed weights spill to disk ----
     out->host_kv_bytes = (uint64_t)out->n_kv_host * x->K;
-    out->host_summary_bytes =
-        tf ? div_up((uint64_t)p->n_ctx, (uint64_t)p->chunk_size) * (x->kv_tok / 2) * (uint64_t)L
-           : 0;
+    // chunk summaries: per chunk, layer and KV head the mean key in f32 (chunk-index.h), whatever
+    // the cache's type
+    out->host_summary_bytes = tf ? div_up((uint64_t)p->n_ctx, (uint64_t)p->chunk_size) * sizeof(float) *
+                                       (uint64_t)c->n_head_kv * (uint64_t)c->head_dim * (uint64_t)L * (uint64_t)x->nb
+                                 : 0;
     uint64_t must = out->host_kv_bytes + out->host_summary_bytes;
     int32_t n_host_w = n_stream;
     if (p->host_mem_bytes) {
@@ -538,6 +594,9 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
             free(ts);
         }
         out->l3_rows = (int32_t)m3;
+        // a batch drafts in lockstep: the round waits for the sequence whose L2 needs the most passes
+        out->l2_lockstep = tri__plan_lockstep(x->l1, p->gamma1, out->tree_depth, x->nb, NULL);
+        out->l2_passes *= out->l2_lockstep;
         out->t_l3 = pass_time(x, out, m3, p->n_ctx, true, &out->pcie_bytes_l3, true, &out->host_kv_read_bytes_l3,
                               &out->kv_host_fraction);
         t_l3_streamed = pass_time(x, out, m3, p->n_ctx, true, NULL, false, NULL, NULL);
@@ -555,6 +614,7 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
         out->tokens_per_round = 1;
         out->t_round = out->t_l3;
     }
+    out->tokens_per_round *= x->nb;  // every sequence of the batch emits its own
     out->t_token = out->t_round / out->tokens_per_round;
     out->t_token_streamed = (out->t_round - out->t_l3 + t_l3_streamed) / out->tokens_per_round;
     out->host_kv_read_bytes_token = (double)out->host_kv_read_bytes_l3 / out->tokens_per_round;
@@ -564,7 +624,7 @@ static tri_status plan_mode(const ctx *x, tri_plan *out) {
     out->t_token_pcie_floor = out->pcie_bytes_token / x->B;
     if (!tf) out->t_token_ar = out->t_token;
     if (G > 1) {  // the all-reduces' share of the time (in the passes above), per emitted token
-        int64_t m3 = out->l3_rows, m2 = (int64_t)p->gamma1 + 1;
+        int64_t m3 = (int64_t)out->l3_rows * x->nb, m2 = ((int64_t)p->gamma1 + 1) * x->nb;
         double t3 = L * tri__plan_allreduce_seconds(c, m3, x->ar_link);
         double t2 = tf ? L * tri__plan_allreduce_seconds(c, m2, x->ar_link) : 0;
         out->t_allreduce_token = (t3 + out->l2_passes * t2) / out->tokens_per_round;
@@ -612,8 +672,18 @@ tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_
     if (p.accept_rank_decay == 0) p.accept_rank_decay = 0.5;
     if (p.draft_bytes == 0) p.draft_bytes = 136000000;
     if (p.draft_n_layer == 0) p.draft_n_layer = 2;
+    if (p.n_batch == 0) p.n_batch = 1;
+    if (p.n_batch < 0 || p.n_batch > 4096)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "plan: n_batch %d: want 1 .. 4096 sequences", p.n_batch);
+    const bool mixed = p.kv_type == TRI_DTYPE_KV_MIXED;
+    if (mixed && p.kv_sink == 0) p.kv_sink = 16;
+    if (mixed && p.kv_window == 0) p.kv_window = 240;
+    if (p.kv_sink < 0 || p.kv_window < 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "plan: kv_sink %d and kv_window %d must be >= 0", p.kv_sink,
+                         p.kv_window);
     if (p.n_ctx < 1 || p.n_gpu < 1 || p.n_gpu > 64 || p.pcie_gbps < 0 || p.disk_gbps < 0 || p.gpu_mem_gbps < 0 ||
-        p.gpu_tflops < 0 || p.layer_overhead_us < 0 || !tri__kv_type_ok(p.kv_type) || p.retrieval_budget < 1 ||
+        p.gpu_tflops < 0 || p.layer_overhead_us < 0 || (!tri__kv_type_ok(p.kv_type) && !mixed) ||
+        p.retrieval_budget < 1 ||
         p.chunk_size < 1 || p.gamma1 < 1 || p.gamma2 < 1 || p.accept_l1 < 0 || p.accept_l1 > 1 || p.accept_l2 < 0 ||
         p.accept_l2 > 1 || p.draft_n_layer < 1 || !(p.host_attn_gbps >= 0) || !(p.host_dram_gbps >= 0) ||
         p.tree_nodes < 0 || p.tree_nodes > TRI_PLAN_TREE_MAX_NODES ||
@@ -621,7 +691,7 @@ tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_
         (p.mode != TRI_PLAN_MODE_TRIFORCE && p.mode != TRI_PLAN_MODE_AUTOREGRESSIVE))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "plan: invalid parameters (n_ctx %d, n_gpu %d, "
-                         "bandwidths >= 0, kv_type f16/f32/q8_0/q4_0, budget %d, chunk %d, "
+                         "bandwidths >= 0, kv_type f16/f32/q8_0/q4_0/mixed, budget %d, chunk %d, "
                          "gamma1 %d, gamma2 %d, acceptance rates and rank decay in [0, 1], tree_nodes %d in "
                          "[0, %d])",
                          p.n_ctx, p.n_gpu, p.retrieval_budget, p.chunk_size, p.gamma1, p.gamma2, p.tree_nodes,
@@ -652,14 +722,19 @@ tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_
              .tree_flags = tree_flags};
     x.W = m.layer_bytes;
     x.other = m.other_bytes;
-    // K and V rows of the cache's type, a quantized type's f16 scales included
-    int64_t kv_row = tri__dtype_row_bytes(p.kv_type, (int64_t)c->n_head_kv * c->head_dim);
-    if (tri__dtype_is_quantized(p.kv_type) && c->head_dim % TRI_QK != 0)
+    // K and V rows of the cache's type as stored (mixed: q4_0), a quantized type's f16 scales included
+    const tri_dtype kv_store = tri__plan_kv_store_type(p.kv_type);
+    int64_t kv_row = tri__dtype_row_bytes(kv_store, (int64_t)c->n_head_kv * c->head_dim);
+    if (tri__dtype_is_quantized(kv_store) && c->head_dim % TRI_QK != 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "plan: kv_type %s needs head_dim a multiple of %d (the model's: %d)",
                          tri_dtype_name(p.kv_type), TRI_QK, c->head_dim);
     x.kv_tok = 2 * (uint64_t)kv_row;
-    x.K = x.kv_tok * (uint64_t)p.n_ctx;
+    x.kv_tok16 = 2 * (uint64_t)tri__dtype_row_bytes(TRI_DTYPE_F16, (int64_t)c->n_head_kv * c->head_dim);
+    x.f16_attend = mixed ? (int64_t)p.kv_sink + p.kv_window : 0;
+    x.f16_rows = mixed ? x.f16_attend + 2 * TRI__PLAN_MIXED_STEP : 0;
+    x.nb = p.n_batch;
+    x.K = x.kv_tok * (uint64_t)p.n_ctx * (uint64_t)p.n_batch;
     x.params_layer = (double)c->n_embd * ((double)c->n_head + c->n_head_kv) * c->head_dim * 2.0 +
                      3.0 * (double)c->n_embd * c->n_ff;
     double inf = 1e300;  // a bandwidth of 0 after defaults cannot happen; guard anyway
@@ -717,7 +792,7 @@ tri_status tri__plan_choose(const tri_plan_model *model, const tri_plan_params *
     if (!model || !out) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "plan choose: NULL argument");
     const tri_model_config *c = &model->config;
     tri_plan_params base = params ? *params : tri_plan_default_params();
-    tri_dtype kvt = base.kv_type == TRI_DTYPE_COUNT ? TRI_DTYPE_F16 : base.kv_type;
+    tri_dtype kvt = tri__plan_kv_store_type(base.kv_type == TRI_DTYPE_COUNT ? TRI_DTYPE_F16 : base.kv_type);
     double row = 2.0 * (double)tri__dtype_row_bytes(kvt, (int64_t)c->n_head_kv * c->head_dim);  // K and V
     tri_plan *cand = malloc(sizeof *cand);
     if (!cand) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "plan choose");
@@ -792,6 +867,13 @@ tri_status tri_plan_format(const tri_plan *pl, char *buf, size_t cap, size_t *n_
             p->retrieval_budget, p->chunk_size, p->gamma1, p->gamma2, p->accept_l1, p->accept_l2);
     else
         put(&s, "mode       autoregressive over the offloaded cache\n");
+    if (p->n_batch > 1) {
+        char lock[64] = "";
+        if (tf) snprintf(lock, sizeof lock, "; L2 in lockstep: x %.3f passes", pl->l2_lockstep);
+        put(&s, "batch      %d sequences of %d tokens each, in one pass per level (KV, retrieval and draft caches "
+                "per sequence%s); times and bytes per token of the batch\n",
+            p->n_batch, p->n_ctx, lock);
+    }
 
     put(&s, "\nplacement                          layers\n");
     put(&s, "  weights resident on GPU          %6d\n", pl->n_weights_gpu);
@@ -804,6 +886,9 @@ tri_status tri_plan_format(const tri_plan *pl, char *buf, size_t cap, size_t *n_
     put(&s, "  weights (resident + emb/head)    %9.2f\n", gib(pl->gpu_weight_bytes));
     put(&s, "  KV of on-chip layers             %9.2f\n", gib(pl->gpu_kv_bytes));
     put(&s, "  KV double buffer                 %9.2f\n", gib(pl->gpu_kv_buffer_bytes));
+    if (pl->gpu_kv_f16_bytes)
+        put(&s, "  KV f16 sinks and window (mixed)  %9.2f   %d + %d rows + a ring of 2 x %d per layer\n",
+            gib(pl->gpu_kv_f16_bytes), p->kv_sink, p->kv_window, TRI__PLAN_MIXED_STEP);
     put(&s, "  weight double buffer             %9.2f\n", gib(pl->gpu_weight_buffer_bytes));
     if (tf) {
         put(&s, "  retrieval cache                  %9.2f\n", gib(pl->gpu_retrieval_bytes));

@@ -16,6 +16,13 @@ double tri__plan_expected_tokens(double alpha, int32_t gamma);
 // link_bytes_per_s (host memory path: the partial down, the sum up, a fixed latency each).
 double tri__plan_allreduce_seconds(const tri_model_config *c, int64_t m, double link_bytes_per_s);
 
+// kv_type mixed (TRI_DTYPE_KV_MIXED): every row is stored and streamed as q4_0; its sinks and window
+// are also kept in f16 on the device, in a ring with room for two steps of this many rows (the
+// engine's batch, as policy-mixed.c sizes it).
+#define TRI__PLAN_MIXED_STEP 128
+// The type a cache of kv_type stores and streams its rows in: q4_0 for mixed, else kv_type.
+tri_dtype tri__plan_kv_store_type(tri_dtype kv_type);
+
 // Bytes of one transformer block of config stored as weight_type (norms f32); 0 when a row size
 // is not a whole number of blocks of a quantized type.
 uint64_t tri__plan_layer_bytes(const tri_model_config *config, tri_dtype weight_type);
@@ -35,6 +42,13 @@ uint64_t tri__plan_other_bytes(const tri_model_config *config, tri_dtype weight_
 typedef struct tri__accept_table {
     double a[TRI_PLAN_TREE_DEPTH + 1][TRI_PLAN_TREE_RANKS + 1];
 } tri__accept_table;
+
+// A batch's L2 passes per round against one sequence's: each L2 pass verifies L1's chain of gamma1
+// (rank-1 rates by depth from l1) and yields its kept prefix plus one token; a sequence needs N
+// passes to hold gamma2 tokens; n_batch sequences in lockstep need E[max of n_batch draws of N].
+// Returns E[max] / E[N] (1 for n_batch 1), exactly from N's distribution; *mean receives E[N]
+// (may be NULL).
+double tri__plan_lockstep(const tri__accept_table *l1, int32_t gamma1, int32_t gamma2, int32_t n_batch, double *mean);
 
 // The table of a constant rate: rank 1 `rate` at every depth, rank r >= 2 rate x decay^(r - 1).
 void tri__accept_table_constant(tri__accept_table *t, double rate, double decay);

@@ -41,6 +41,10 @@ static const tri__sim_profile profiles[] = {
     {.name = "h200", .desc = "H200 SXM (GH100, 141 GB HBM3e 4800 GB/s, 989 TFLOP/s f16 tensor), PCIe 5.0 x16",
      .matmul_tflops = 989.4 * MM_EFF, .vector_tflops = 66.9 * VEC_EFF, .mem_gbps = 4800.0 * MEM_EFF,
      .h2d_gbps = 50.0, .d2h_gbps = 50.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 141 * GIB},
+    // the GPU of TriForce's on-chip runs (its A100s; the 80 GB part, which holds a batch's KV)
+    {.name = "a100", .desc = "A100 SXM4 80 GB (GA100, HBM2e 2039 GB/s, 312 TFLOP/s f16 tensor), PCIe 4.0 x16",
+     .matmul_tflops = 312.0 * MM_EFF, .vector_tflops = 19.5 * VEC_EFF, .mem_gbps = 2039.0 * MEM_EFF,
+     .h2d_gbps = 25.0, .d2h_gbps = 25.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 80 * GIB},
 };
 
 const tri__sim_profile *tri__sim_profiles(int *n) {

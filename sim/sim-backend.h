@@ -58,7 +58,7 @@ typedef struct tri__sim_profile {
 } tri__sim_profile;
 
 // The built-in profiles: "rtx4090" (PCIe 4.0 x16), "rtx4090-x8", "rtx5090", "h100-pcie", "h100-sxm",
-// "h200". NULL
+// "h200", "a100" (80 GB SXM4). NULL
 // for another name.
 const tri__sim_profile *tri__sim_profile_find(const char *name);
 // The built-in profiles in order, *n receives their count (for usage messages).

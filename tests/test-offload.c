@@ -894,6 +894,153 @@ Test(offload, plan_autoregressive_and_gqa) {
     cr_assert(gqa.on_chip > tf.on_chip);
 }
 
+// ---- planner: kv_type mixed ----
+
+// Figures from the formats, not from the planner: a token of one Llama2-7B layer is 32 KV heads x
+// 128 dims = 4096 values each of K and V. q4_0 stores 32 values in 18 bytes (an f16 scale and 16
+// bytes of nibbles): 2 x 4096 / 32 x 18 = 4,608 bytes; f16: 2 x 4096 x 2 = 16,384. Mixed keeps
+// every row in q4_0 (host, stream, on-chip layers) and 16 sinks + 240 recent rows + a ring of two
+// 128-row steps = 512 f16 rows per layer on the GPU: 512 x 16,384 x 32 layers = 256 MiB (128 MiB on
+// each of two GPUs). On a 64 GiB host at 127K tokens the f16 cache (63.5 GiB + summaries) does not
+// fit, mixed does.
+Test(offload, plan_kv_mixed_7b_127k_64g_host) {
+    tri_model_config c = llama2_7b_128k();
+    tri_plan_model m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    const uint64_t q4_tok = 2 * 4096 / 32 * 18, f16_tok = 2 * 4096 * 2, n = CTX_127K;
+    cr_assert_eq(q4_tok, 4608);
+    tri_plan_params p = tri_plan_default_params();
+    p.n_ctx = CTX_127K;
+    p.host_mem_bytes = (uint64_t)64 << 30;
+    tri_plan f16, q4, mix;
+    cr_assert_eq(tri_plan_compute(&m, &p, &f16), TRI_STATUS_OUT_OF_MEMORY, "f16 KV in a 64 GiB host");
+    p.kv_type = TRI_DTYPE_Q4_0;
+    cr_assert_eq(tri_plan_compute(&m, &p, &q4), TRI_STATUS_OK, "%s", tri_last_error());
+    p.kv_type = TRI_DTYPE_KV_MIXED;
+    cr_assert_eq(tri_plan_compute(&m, &p, &mix), TRI_STATUS_OK, "%s", tri_last_error());
+    check_consistent(&mix);
+    cr_assert_eq(mix.params.kv_sink, 16);
+    cr_assert_eq(mix.params.kv_window, 240);
+    cr_assert_eq(mix.kv_layer_bytes, q4_tok * n);
+    cr_assert_eq(mix.gpu_kv_f16_bytes, 512 * f16_tok * 32);
+    cr_assert_eq(mix.gpu_kv_f16_bytes, (uint64_t)256 << 20);
+    cr_assert_eq(q4.gpu_kv_f16_bytes, 0);
+    cr_assert_eq(mix.n_weights_gpu, 32, "weights stay resident");
+    cr_assert_eq(mix.host_kv_bytes, (uint64_t)mix.n_kv_host * q4_tok * n);
+    cr_assert(mix.host_total_bytes <= p.host_mem_bytes);
+    // an L3 pass streams every offloaded layer's q4_0 rows (the store moves a layer whole)
+    cr_assert_eq(mix.pcie_bytes_l3, (uint64_t)mix.n_kv_host * q4_tok * n);
+    cr_assert_eq(mix.gpu_total_bytes, mix.params.gpu_reserve_bytes + mix.gpu_weight_bytes +
+                                          (uint64_t)mix.on_chip * q4_tok * n + mix.gpu_kv_buffer_bytes +
+                                          mix.gpu_retrieval_bytes + mix.gpu_draft_bytes + mix.gpu_act_bytes +
+                                          ((uint64_t)256 << 20));
+    // against q4_0: the f16 rows take 256 MiB of the card (never more KV layers on chip) and their
+    // reads a little time; the bytes over PCIe per layer are q4_0's
+    cr_assert(mix.on_chip <= q4.on_chip);
+    cr_assert(mix.t_l3 >= q4.t_l3);
+    if (mix.on_chip == q4.on_chip) {
+        cr_assert_eq(mix.pcie_bytes_l3, q4.pcie_bytes_l3);
+        cr_assert_eq(mix.gpu_total_bytes, q4.gpu_total_bytes + ((uint64_t)256 << 20));
+    }
+    char text[8192];
+    cr_assert_eq(tri_plan_format(&mix, text, sizeof text, NULL), TRI_STATUS_OK);
+    cr_assert(strstr(text, "KV mixed") && strstr(text, "f16 sinks and window"), "%s", text);
+    // autoregressive: a one-row pass reads the 256 f16 rows of each layer beside the q4_0 ones
+    p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE;
+    tri_plan ar;
+    cr_assert_eq(tri_plan_compute(&m, &p, &ar), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(ar.pcie_bytes_l3, (uint64_t)ar.n_kv_host * q4_tok * n);
+    // two GPUs: each holds half the heads' f16 rows
+    p.mode = TRI_PLAN_MODE_TRIFORCE;
+    p.n_gpu = 2;
+    tri_plan two;
+    cr_assert_eq(tri_plan_compute(&m, &p, &two), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(two.gpu_kv_f16_bytes, (uint64_t)128 << 20);
+    // a window of its own: (4 + 60 + 256) rows
+    p.n_gpu = 1, p.kv_sink = 4, p.kv_window = 60;
+    cr_assert_eq(tri_plan_compute(&m, &p, &mix), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(mix.gpu_kv_f16_bytes, 320 * f16_tok * 32);
+    p.kv_sink = -1;
+    cr_assert_eq(tri_plan_compute(&m, &p, &mix), TRI_STATUS_INVALID_ARGUMENT);
+}
+
+// ---- planner: batches (issue 31) ----
+
+// Lockstep drafting by hand. gamma1 1 at rate 0.5, gamma2 2: a pass yields 2 tokens or 1 (1/2
+// each), so N = 1 or 2 passes (1/2 each): E[N] = 1.5; the max of two is 1 only if both are
+// (1/4): 1/4 + 3/4 x 2 = 1.75; of three, 1/8 + 7/8 x 2 = 1.875. gamma1 2 at 0.5, gamma2 3: a pass
+// yields 1, 2, 3 tokens with 1/2, 1/4, 1/4; P(N = 1, 2, 3) = 1/4, 1/2, 1/4, E[N] = 2; the max of
+// two: P(<= 1) = 1/16, P(<= 2) = 9/16: 1/16 + 2 x 8/16 + 3 x 7/16 = 2.375. Every draft kept: N is
+// gamma2 / (gamma1 + 1) exactly, and the batch waits for nobody.
+Test(offload, plan_batch_lockstep_by_hand) {
+    tri__accept_table t;
+    tri__accept_table_constant(&t, 0.5, 0.5);
+    double mean;
+    cr_assert_float_eq(tri__plan_lockstep(&t, 1, 2, 1, &mean), 1.0, 1e-12);
+    cr_assert_float_eq(mean, 1.5, 1e-12);
+    cr_assert_float_eq(tri__plan_lockstep(&t, 1, 2, 2, &mean), 1.75 / 1.5, 1e-12);
+    cr_assert_float_eq(tri__plan_lockstep(&t, 1, 2, 3, NULL), 1.875 / 1.5, 1e-12);
+    cr_assert_float_eq(tri__plan_lockstep(&t, 2, 3, 2, &mean), 2.375 / 2.0, 1e-12);
+    cr_assert_float_eq(mean, 2.0, 1e-12);
+    tri__accept_table_constant(&t, 1.0, 0.5);
+    cr_assert_float_eq(tri__plan_lockstep(&t, 2, 12, 8, &mean), 1.0, 1e-12);
+    cr_assert_float_eq(mean, 4.0, 1e-12);
+}
+
+// A batch of B Llama2-7B sequences of 19,456 tokens (TriForce's batch setting): each sequence's KV
+// (16,384 bytes per token and layer in f16), retrieval cache and draft cache are its own; the
+// weights are one copy. On a device that holds everything, B = 6 holds 6 x the KV and retrieval
+// bytes, 5 x 16 MiB more draft caches, and emits 6 x the tokens per round with the lockstep's
+// L2 passes. On one 24 GiB card, B = 2 streams both sequences' rows of every offloaded layer.
+Test(offload, plan_batch_7b_19k) {
+    tri_model_config c = llama2_7b_128k();
+    tri_plan_model m = tri_plan_model_from_config(&c, TRI_DTYPE_F16);
+    const uint64_t tok = 16384, n = 19456;
+    tri_plan_params p = tri_plan_default_params();
+    p.n_ctx = (int32_t)n;
+    p.retrieval_budget = 4096;
+    p.gpu_mem_bytes = (uint64_t)200 << 30;
+    tri_plan one, six;
+    cr_assert_eq(tri_plan_compute(&m, &p, &one), TRI_STATUS_OK, "%s", tri_last_error());
+    p.n_batch = 6;
+    cr_assert_eq(tri_plan_compute(&m, &p, &six), TRI_STATUS_OK, "%s", tri_last_error());
+    check_consistent(&six);
+    cr_assert_eq(one.params.n_batch, 1);
+    cr_assert_eq(one.l2_lockstep, 1.0);
+    cr_assert_eq(six.on_chip, 32);
+    cr_assert_eq(six.kv_layer_bytes, 6 * tok * n);
+    cr_assert_eq(six.gpu_kv_bytes, 32 * 6 * tok * n);
+    cr_assert_eq(six.gpu_retrieval_bytes, 6 * one.gpu_retrieval_bytes);
+    cr_assert_eq(six.gpu_draft_bytes - one.gpu_draft_bytes, 5 * ((uint64_t)16 << 20));
+    cr_assert_eq(six.gpu_weight_bytes, one.gpu_weight_bytes, "one copy of the weights");
+    tri__accept_table l1;
+    tri__accept_table_constant(&l1, 0.7, 0.5);
+    double lock = tri__plan_lockstep(&l1, 2, 12, 6, NULL);
+    cr_assert(lock > 1.0);
+    cr_assert_float_eq(six.l2_lockstep, lock, 1e-12);
+    cr_assert_float_eq(six.l2_passes, one.l2_passes * lock, 1e-9);
+    cr_assert_float_eq(six.tokens_per_round, 6 * one.tokens_per_round, 1e-9);
+    cr_assert_float_eq(six.t_token, six.t_round / six.tokens_per_round, 1e-15);
+    // the weights are read once per pass: six sequences' L2 pass costs less than two lone ones
+    cr_assert(six.t_l2 > one.t_l2 && six.t_l2 < 2 * one.t_l2, "%g %g", six.t_l2, one.t_l2);
+    // one 24 GiB card: every offloaded layer streams both sequences' rows
+    p.gpu_mem_bytes = (uint64_t)24 << 30;
+    p.n_batch = 2;
+    tri_plan two;
+    cr_assert_eq(tri_plan_compute(&m, &p, &two), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(two.n_weights_gpu, 32);
+    cr_assert(two.n_kv_host > 0);
+    cr_assert_eq(two.pcie_bytes_l3, (uint64_t)two.n_kv_host * 2 * tok * n);
+    cr_assert_eq(two.host_kv_bytes, (uint64_t)two.n_kv_host * 2 * tok * n);
+    // autoregressive: one token per sequence per pass
+    p.mode = TRI_PLAN_MODE_AUTOREGRESSIVE;
+    p.n_batch = 4;
+    tri_plan ar;
+    cr_assert_eq(tri_plan_compute(&m, &p, &ar), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_float_eq(ar.tokens_per_round, 4.0, 1e-12);
+    p.n_batch = -1;
+    cr_assert_eq(tri_plan_compute(&m, &p, &ar), TRI_STATUS_INVALID_ARGUMENT);
+}
+
 // ---- planner: attending where the KV lives ----
 
 // With host attention at 60 GB/s beside 25 GB/s of PCIe, each offloaded layer is split so both

@@ -42,8 +42,8 @@ Test(sim, profiles_are_complete) {
     const tri__sim_profile *all = tri__sim_profiles(&n);
     cr_assert_geq(n, 6);
     for (int i = 0; i < n; i++) cr_assert_eq(tri__sim_profile_find(all[i].name), &all[i], "%s", all[i].name);
-    const char *want[] = {"rtx4090", "rtx4090-x8", "rtx5090", "h100-pcie", "h100-sxm", "h200"};
-    for (int i = 0; i < 6; i++) {
+    const char *want[] = {"rtx4090", "rtx4090-x8", "rtx5090", "h100-pcie", "h100-sxm", "h200", "a100"};
+    for (int i = 0; i < 7; i++) {
         const tri__sim_profile *q = tri__sim_profile_find(want[i]);
         cr_assert_not_null(q, "%s", want[i]);
         tri__backend *be;
@@ -270,6 +270,80 @@ static void offloaded_pass(double mem_gbps, double h2d_gbps) {
 Test(sim, offloaded_pass_compute_bound) { offloaded_pass(0.5, 10.0); }
 // Transfer-bound: a slow link, so attention must wait for its rows (the events order it).
 Test(sim, offloaded_pass_transfer_bound) { offloaded_pass(100.0, 0.2); }
+
+// A batch of three sequences in one pass (tri__llama_forward_batch, as bench-offload --batch times
+// it): each offloaded layer streams every sequence's rows once, (L - on_chip) x 2 x ctx rows each,
+// and the streamed weight blocks come up once for the whole batch, as for one sequence alone.
+Test(sim, a_batched_pass_streams_each_sequences_kv_and_the_weights_once) {
+    tri__sim_profile p = plain_profile();
+    tri__backend *be = sim_open(&p);
+    tri_model_config c = small_shape();
+    tri_model *model, *tv;
+    cr_assert_eq(tri__model_synthetic_shape(&c, TRI_DTYPE_F16, &model), TRI_STATUS_OK);
+    cr_assert_eq(tri__model_on_backend(model, be, 5, 0, &tv), TRI_STATUS_OK);  // five blocks stream
+    enum { B = 3, M = 4 };
+    const int32_t ctx = 4096, on_chip = 2;
+    tri__kv_store kv[B];
+    for (int i = 0; i < B; i++) {
+        cr_assert_eq(tri__kv_store_init_offload(&kv[i], be, TRI_DTYPE_F16, c.n_layer, c.n_head_kv, c.head_dim, ctx + 64,
+                                                on_chip),
+                     TRI_STATUS_OK);
+        cr_assert_eq(tri__kv_store_set_len(&kv[i], ctx), TRI_STATUS_OK);
+    }
+    const uint64_t per_seq =
+        (uint64_t)(c.n_layer - on_chip) * 2 * (uint64_t)ctx * (uint64_t)tri__kv_store_row_bytes(&kv[0]);
+    // one sequence alone
+    pass_out warm, one;
+    run_pass(be, tv, &kv[0], M, &warm);
+    tri__weight_stream_stats w0, w1, w2;
+    tri__model_stream_stats(tv, &w0);
+    run_pass(be, tv, &kv[0], M, &one);
+    tri__model_stream_stats(tv, &w1);
+    cr_assert_eq(one.k1.bytes_up - one.k0.bytes_up, per_seq);
+    const uint64_t w_one = w1.bytes_up - w0.bytes_up;
+    cr_assert_gt(w_one, 0);
+    // the batch
+    tri__llama run, ll[B];
+    tri__kv_policy pol[B];
+    tri__llama_seq seq[B];
+    int32_t tok[M] = {1, 2, 3, 4};
+    float *logits = malloc(sizeof(float) * B * M * (size_t)c.n_vocab);
+    cr_assert_not_null(logits);
+    cr_assert_eq(tri__llama_init(&run, tv, be, B * M), TRI_STATUS_OK);
+    tri__kv_offload_stats k0[B], k1[B];
+    for (int i = 0; i < B; i++) {
+        cr_assert_eq(tri__llama_init(&ll[i], tv, be, M), TRI_STATUS_OK);
+        cr_assert_eq(tri__kv_policy_wrap_full(&pol[i], &kv[i], c.n_head, M), TRI_STATUS_OK);
+        seq[i] = (tri__llama_seq){.ll = &ll[i], .pol = &pol[i], .tokens = tok, .n = M, .mode = TRI_LOGITS_ALL,
+                                  .logits = logits + (size_t)i * M * (size_t)c.n_vocab};
+        tri__kv_store_offload_stats(&kv[i], &k0[i]);
+    }
+    tri__sim_reset(be);
+    cr_assert_eq(tri__llama_forward_batch(&run, seq, B), TRI_STATUS_OK, "%s", tri_last_error());
+    tri__sim_stats s;
+    tri__sim_stats_get(be, &s);
+    tri__model_stream_stats(tv, &w2);
+    uint64_t kv_up = 0;
+    for (int i = 0; i < B; i++) {
+        tri__kv_store_offload_stats(&kv[i], &k1[i]);
+        cr_assert_eq(k1[i].bytes_up - k0[i].bytes_up, per_seq, "sequence %d", i);
+        kv_up += k1[i].bytes_up - k0[i].bytes_up;
+        cr_assert_eq(kv[i].n, ctx + M);
+    }
+    cr_assert_eq(w2.bytes_up - w1.bytes_up, w_one, "the streamed blocks come up once for the batch");
+    cr_assert_eq(s.transfer_h2d_bytes, kv_up + w_one);
+    cr_assert_gt(s.end, one.s.end, "three sequences' rows take longer than one's");
+    for (int i = 0; i < B; i++) {
+        tri__kv_policy_free(&pol[i]);
+        tri__llama_free(&ll[i]);
+        tri__kv_store_free(&kv[i]);
+    }
+    tri__llama_free(&run);
+    free(logits);
+    tri__model_backend_free(tv);
+    tri__model_synthetic_free(model);
+    tri__backend_free(be);
+}
 
 Test(sim, a_long_offloaded_context_takes_no_host_memory) {
     // Llama2-7B's KV shape at 64K positions: 32 GiB of host regions for 30 offloaded layers,
