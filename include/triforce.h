@@ -522,6 +522,16 @@ TRI_API tri_status tri_session_sample(tri_session *session, const tri_sampler_pa
 TRI_API tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *const *tokens,
                                           const int32_t *n_tokens, int32_t n_sessions);
 
+// tri_session_eval_batch keeping more than the last row of logits: the last n_rows[i] tokens' rows
+// of session i (1 <= n_rows[i] <= n_tokens[i]; NULL: 1 each), e.g. a verification's draft of
+// gamma tokens after its catch-up tokens (n_rows gamma + 1), or every token's (n_tokens[i]).
+// Afterwards tri_session_logits(sessions[i], j) reads row j in [0, n_rows[i]): the logits after
+// token n_tokens[i] - n_rows[i] + j (-1: the last). Bit-identical on the CPU backend to
+// tri_session_eval(..., true)'s rows for the same tokens; the rows not kept go through no output
+// head. Errors as tri_session_eval_batch, and INVALID_ARGUMENT for an n_rows outside its range.
+TRI_API tri_status tri_session_eval_batch_rows(tri_session *const *sessions, const int32_t *const *tokens,
+                                               const int32_t *n_tokens, const int32_t *n_rows, int32_t n_sessions);
+
 // Plans one pass of a continuous batch, as DeepSpeed-FastGen's Dynamic SplitFuse does: n_left[i]
 // is what sequence i still has to run before it samples (1 for a decoding sequence, the rest of
 // its prompt while it prefills, 0 for an idle one). Every decoding sequence gets its token, so
