@@ -907,6 +907,55 @@ TRI_API tri_status tri_generate_spec(tri_spec *spec, const int32_t *prompt, int3
                                      const tri_generate_params *params, tri_token_fn on_token,
                                      void *user, tri_spec_stats *stats);
 
+// ---- speculative decoding in batches (docs/api.md, "Speculative batches") ----
+//
+// Several engines (one per sequence: its own levels, caches, acceptance, rollbacks and sampler)
+// generate together: each level's forward passes of all the sequences that are at that level run
+// in one batched pass (tri_session_eval_batch's), so the weights of a level are read once per pass
+// whatever the number of sequences. L1 drafts run before L2's and L3's passes, and L2's and L3's
+// (the same target weights) share passes, so that the sequences gather at L3's verification. On
+// the CPU backend each sequence's output is token for token the one tri_generate_spec gives it
+// alone (greedy: plain greedy decoding; sampled: the same draws from its own seeded stream). The
+// engines must compute on the same device for their passes to be shared; those split over several
+// devices (tensor parallelism) run their passes alone (still correct).
+
+typedef struct tri_spec_batch tri_spec_batch;
+
+TRI_API tri_status tri_spec_batch_create(tri_spec_batch **out);
+// Stops the generations still running (as tri_spec_abort: at their next round), waits for them,
+// and frees the batch; the engines stay the caller's. NULL is a no-op.
+TRI_API void tri_spec_batch_free(tri_spec_batch *batch);
+
+// Starts a generation on spec, as tri_generate_spec(spec, prompt, n_prompt, params, on_token,
+// user, stats) would, that advances only in tri_spec_batch_step; it joins the batch's passes from
+// the next step (continuous batching: a generation may join between any two steps). prompt,
+// params' pointers, user and stats must stay valid until the generation is done; spec must not be
+// used elsewhere until then. on_token runs on a thread of the batch's, never two at once, only
+// inside tri_spec_batch_step. *out_id (may be NULL): the generation's index for
+// tri_spec_batch_result. INVALID_ARGUMENT when spec generates already (in this batch or elsewhere).
+TRI_API tri_status tri_spec_batch_add(tri_spec_batch *batch, tri_spec *spec, const int32_t *prompt, int32_t n_prompt,
+                                      const tri_generate_params *params, tri_token_fn on_token, void *user,
+                                      tri_spec_stats *stats, int32_t *out_id);
+
+// One step: every running generation runs (its acceptance, sampling, callbacks) up to its next
+// forward pass; then the passes of the lowest level posted (L1 before L2 before L3), together
+// with every other posted pass over the same weights, run as one batched pass. *n_running (may be
+// NULL): generations not done yet. A failed pass fails the generations it carried, not the step.
+TRI_API tri_status tri_spec_batch_step(tri_spec_batch *batch, int32_t *n_running);
+
+// Whether generation id is done, and its status (its message as the last error when it failed,
+// which this call then returns too).
+TRI_API tri_status tri_spec_batch_result(const tri_spec_batch *batch, int32_t id, bool *done, tri_status *status);
+
+// All at once: sequence i generates on specs[i] (distinct engines) after prompts[i] (n_prompts[i]
+// tokens) with params[i] (params NULL: defaults), on_token(token, users[i]) (users may be NULL),
+// its figures in stats[i] and status in statuses[i] (both may be NULL), until every sequence is
+// done. Returns the first failure (the message names the sequence), else OK.
+TRI_API tri_status tri_generate_spec_batch(tri_spec *const *specs, const int32_t *const *prompts,
+                                           const int32_t *n_prompts, const tri_generate_params *params,
+                                           tri_token_fn on_token, void *const *users, tri_spec_stats *stats,
+                                           tri_status *statuses, int32_t n);
+
 // ---- placement planning for offloaded decoding ----
 //
 // Pure computation, no GPU needed: from a model's shapes, a context length, device and host
