@@ -865,6 +865,10 @@ typedef struct tri_spec_stats {
     tri_stop_reason stop_reason;  // why the call stopped
     int64_t n_l3_tree_nodes;  // drafted tokens L3's tree passes verified (chains and siblings,
                               // tree_nodes); 0 without trees
+    int64_t n_batch_passes;   // in a speculative batch (tri_spec_batch): the batched passes that ran
+                              // this generation's passes (of every level, prefill included); 0 alone
+    int64_t n_batch_sequences;  // the sequences those passes carried, this one included (their mean:
+                                // n_batch_sequences / n_batch_passes)
 } tri_spec_stats;
 
 typedef struct tri_spec tri_spec;

@@ -270,6 +270,8 @@ static void run_group(tri_spec_batch *b, tri__batch_seat *const *group, int32_t 
         free(seqs);
     }
     for (int32_t i = 0; i < n; i++) {
+        group[i]->stats->n_batch_passes++;
+        group[i]->stats->n_batch_sequences += n;
         group[i]->pass_status = st;
         if (st) snprintf(group[i]->pass_error, sizeof group[i]->pass_error, "%s", tri_last_error());
     }
