@@ -357,11 +357,14 @@ tri_status tri_generate_spec_batch(tri_spec *const *specs, const int32_t *const 
                                    tri_spec_stats *stats, tri_status *statuses, int32_t n) {
     if (!specs || !n_prompts || n < 1)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_generate_spec_batch: NULL argument or %d sequences", n);
-    for (int32_t i = 0; i < n; i++)
+    for (int32_t i = 0; i < n; i++) {
+        if (!specs[i])
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_generate_spec_batch: sequence %d's engine is NULL", i);
         for (int32_t j = 0; j < i; j++)
-            if (specs[i] == specs[j] || !specs[i])
+            if (specs[i] == specs[j])
                 return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
-                                 "speculative batch: sequence %d's engine is NULL or sequence %d's", i, j);
+                                 "tri_generate_spec_batch: sequences %d and %d have the same engine", j, i);
+    }
     tri_spec_batch *b;
     TRY(tri_spec_batch_create(&b));
     tri_status st = TRI_STATUS_OK;
