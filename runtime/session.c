@@ -402,10 +402,11 @@ static tri_status eval_batch(tri_session *const *sessions, const int32_t *const 
             else s->logits = l, s->logits_cap = keep;
         }
         // several rows: ALL from the first kept token on (the same head over the same rows)
+        tri__logits_mode mode = keep > 1 ? TRI_LOGITS_ALL : TRI_LOGITS_LAST;
+        int32_t skip = keep > 1 ? n_tokens[i] - keep : 0;
         for (int32_t r = 0; !st && r < n_rank; r++)
             seqs[r * n_sessions + i] =
-                (tri__llama_seq){rank_ll(s, r), rank_kv(s, r), tokens[i], n_tokens[i],
-                                 keep > 1 ? TRI_LOGITS_ALL : TRI_LOGITS_LAST, r ? NULL : s->logits, keep > 1 ? n_tokens[i] - keep : 0};
+                (tri__llama_seq){rank_ll(s, r), rank_kv(s, r), tokens[i], n_tokens[i], mode, r ? NULL : s->logits, skip};
     }
     if (rows > BATCH_ROWS) rows = BATCH_ROWS;
     if (!st) st = batch_runner(s0, rows > most ? rows : most);

@@ -2088,10 +2088,10 @@ Test(spec, tree_sampling_test_catches_no_residual, .timeout = TT_TIMEOUT(300)) {
 // One sequence of a batch: its engine's parameters, prompt and length.
 typedef struct batch_case {
     tri_spec_mode mode;
-    int di;           // drafter (below)
-    int32_t g1, g2;   // gammas
-    int32_t tree;     // tree_nodes
-    int32_t off;      // L3 layers offloaded
+    int di;          // drafter (below)
+    int32_t g1, g2;  // gammas
+    int32_t tree;    // tree_nodes
+    int32_t off;     // L3 layers offloaded
     int32_t n_prompt;
     int32_t n_gen;
 } batch_case;
@@ -2147,8 +2147,8 @@ static void check_spec_batch(const batch_fixture *f, float temp, int64_t *n_pass
         } else {  // the engine alone, the same seed
             tri_spec *s = batch_spec(f, c);
             collect col = {want[i], 0, 64};
-            cr_assert_eq(tri_generate_spec(s, pr[i], c->n_prompt, &gp[i], on_token, &col, NULL), TRI_STATUS_OK,
-                         "%s", tri_last_error());
+            cr_assert_eq(tri_generate_spec(s, pr[i], c->n_prompt, &gp[i], on_token, &col, NULL), TRI_STATUS_OK, "%s",
+                         tri_last_error());
             cr_assert_eq(col.n, c->n_gen);
             tri_spec_free(s);
         }
@@ -2162,9 +2162,9 @@ static void check_spec_batch(const batch_fixture *f, float temp, int64_t *n_pass
         specs[i] = batch_spec(f, &batch_cases[i]);
         cols[i] = (collect){got[i], 0, 64};
         int32_t id = -1;
-        cr_assert_eq(tri_spec_batch_add(b, specs[i], pr[i], batch_cases[i].n_prompt, &gp[i], on_token, &cols[i],
-                                        &stats[i], &id),
-                     TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(
+            tri_spec_batch_add(b, specs[i], pr[i], batch_cases[i].n_prompt, &gp[i], on_token, &cols[i], &stats[i], &id),
+            TRI_STATUS_OK, "%s", tri_last_error());
         cr_assert_eq(id, i);
     }
     cr_assert_eq(tri_spec_batch_add(b, specs[0], pr[0], 3, &gp[0], on_token, &cols[0], NULL, NULL),

@@ -759,8 +759,8 @@ static tri_status batch_output(tri__llama *run, tri__llama_seq *seqs, const batc
         int32_t r0 = sq->mode == TRI_LOGITS_ALL && sq->skip > steps[k].done ? sq->skip - steps[k].done : 0;
         if (r0 >= steps[k].nb) continue;
         int32_t rows = sq->mode == TRI_LOGITS_ALL ? steps[k].nb - r0 : 1;
-        float *dst = sq->mode == TRI_LOGITS_ALL ? sq->logits + (int64_t)(steps[k].done + r0 - sq->skip) * V
-                                                : sq->logits;
+        float *dst =
+            sq->mode == TRI_LOGITS_ALL ? sq->logits + (int64_t)(steps[k].done + r0 - sq->skip) * V : sq->logits;
         TRY(op->copy_to_host(be, dst, run->logits + (int64_t)n_out * V, sizeof(float) * (size_t)(rows * V)));
         n_out += rows;
     }

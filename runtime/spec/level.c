@@ -181,9 +181,9 @@ static tri_status run(tri__level *lv, const int32_t *tokens, int32_t n, bool all
     // batched pass takes none), a prefill that runs layer-major alone, and a recorded step: those
     // run here, while the engine holds the batch's turn
     const bool step = n == 1 && mode != TRI_LOGITS_NONE && lv->step.ll;
-    const bool batched = lv->seat && !step && !lv->ll.tree && lv->n_ranks == 1 &&
-                         !(mode == TRI_LOGITS_NONE && n > lv->ll.n_batch &&
-                           tri__llama_prefill_step(&lv->ll, &lv->pol) > lv->ll.n_batch);
+    const bool batched =
+        lv->seat && !step && !lv->ll.tree && lv->n_ranks == 1 &&
+        !(mode == TRI_LOGITS_NONE && n > lv->ll.n_batch && tri__llama_prefill_step(&lv->ll, &lv->pol) > lv->ll.n_batch);
     tri_status st = step      ? tri__llama_step_run(&lv->step, tokens[0], dst)  // the same cache and logits
                     : batched ? tri__batch_seat_run(lv->seat, lv, tokens, n, mode, dst)
                               : tri__llama_forward_policy(&lv->ll, &lv->pol, tokens, n, mode, dst);
