@@ -2249,3 +2249,40 @@ Test(spec, batch_call_reports_each_status) {
     for (int i = 0; i < 3; i++) tri_spec_free(specs[i]);
     tri_model_free(target);
 }
+
+// An engine split over two CPU ranks (tensor parallelism) runs its passes alone, on its turn,
+// beside an engine on one device whose passes the batch runs: both give plain greedy decoding.
+Test(spec, batch_with_a_tensor_parallel_engine) {
+    tri_model *target = load(gen_model("batch-tp", "--seed 11 --layers 2"));
+    drafter_case d = {"layers-0", TRI_SPEC_DRAFTER_LAYERS, NULL, (const int32_t[]){0}, 1, 0};
+    tri_spec_params p = params_of(TRI_SPEC_MODE_TRIFORCE, &d, 2, 4);
+    tri_session_params sp = small_session(64);
+    tri_spec *specs[2];
+    specs[0] = spec_new(target, &p, 64);
+    sp.devices = "cpu:0,cpu:1";
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &specs[1]), TRI_STATUS_OK, "%s", tri_last_error());
+    const int32_t pa[5] = {3, 9, 27, 81, 243}, pb[3] = {5, 25, 125}, *pr[2] = {pa, pb}, n_pr[2] = {5, 3};
+    int32_t want[2][16], got[2][16];
+    plain_greedy(target, pa, 5, 16, 64, want[0]);
+    plain_greedy(target, pb, 3, 16, 64, want[1]);
+    tri_generate_params gp[2];
+    collect cols[2];
+    void *users[2];
+    for (int i = 0; i < 2; i++) {
+        gp[i] = tri_generate_default_params();
+        gp[i].n_predict = 16;
+        gp[i].stop_at_eos = false;
+        cols[i] = (collect){got[i], 0, 16};
+        users[i] = &cols[i];
+    }
+    cr_assert_eq(tri_generate_spec_batch(specs, pr, n_pr, gp, on_token, users, NULL, NULL, 2), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(cols[i].n, 16);
+        for (int t = 0; t < 16; t++)
+            cr_assert_eq(got[i][t], want[i][t], "engine %d (%s): token %d is %d, plain %d", i, i ? "two ranks" : "one",
+                         t, got[i][t], want[i][t]);
+        tri_spec_free(specs[i]);
+    }
+    tri_model_free(target);
+}
