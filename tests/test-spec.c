@@ -57,8 +57,13 @@ static bool on_token(int32_t tok, void *user) {
     return true;
 }
 
+// The speculative batch's tests compute on the CPU whatever the machine: engines on a GPU hold
+// their own copies of the weights and share no passes (set per test process, Criterion's).
+static bool force_cpu;
+
 static tri_session_params small_session(int32_t n_ctx) {
     tri_session_params sp = tri_session_default_params();
+    if (force_cpu) sp.device_kind = TRI_DEVICE_CPU;
     sp.n_ctx = n_ctx;
     sp.n_threads = 1;
     sp.kv_type = TRI_DTYPE_F32;
@@ -2192,6 +2197,7 @@ static void check_spec_batch(const batch_fixture *f, float temp, int64_t *n_pass
 }
 
 Test(spec, batch_equals_each_sequence_alone, .timeout = TT_TIMEOUT(300)) {
+    force_cpu = true;
     batch_fixture f;
     f.target = load(gen_model("batch-t", "--seed 11 --layers 3"));
     f.draft = load(gen_model("batch-d", "--seed 12 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1"));
@@ -2215,6 +2221,7 @@ Test(spec, batch_equals_each_sequence_alone, .timeout = TT_TIMEOUT(300)) {
 // All at once, with one sequence's engine failing (a prompt outside the vocabulary): the others
 // finish, its status says why and the call's message names it.
 Test(spec, batch_call_reports_each_status) {
+    force_cpu = true;
     tri_model *target = load(gen_model("batch-call", "--seed 11 --layers 2"));
     drafter_case d = {"ngram-3", TRI_SPEC_DRAFTER_NGRAM, NULL, NULL, 0, 3};
     tri_spec_params p = params_of(TRI_SPEC_MODE_TRIFORCE, &d, 2, 4);
@@ -2253,6 +2260,7 @@ Test(spec, batch_call_reports_each_status) {
 // An engine split over two CPU ranks (tensor parallelism) runs its passes alone, on its turn,
 // beside an engine on one device whose passes the batch runs: both give plain greedy decoding.
 Test(spec, batch_with_a_tensor_parallel_engine) {
+    force_cpu = true;
     tri_model *target = load(gen_model("batch-tp", "--seed 11 --layers 2"));
     drafter_case d = {"layers-0", TRI_SPEC_DRAFTER_LAYERS, NULL, (const int32_t[]){0}, 1, 0};
     tri_spec_params p = params_of(TRI_SPEC_MODE_TRIFORCE, &d, 2, 4);
