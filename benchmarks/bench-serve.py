@@ -3,6 +3,7 @@
 against the same N requests served one after another, a ratio measured in one run.
 
     benchmarks/bench-serve.py build/cli/offload-run [-m MODEL] [--clients 4] [--tokens 64]
+                              [--server-args "--spec triforce --draft-ngram 3"]
 
 One server (--slots N, greedy, --ctx 4096) answers N completions with prompts of different lengths,
 each generating --tokens tokens past the end-of-sequence token (ignore_eos), first one at a time
@@ -97,6 +98,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="the server's -t (default: its own)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of both ways, alternating (default 3)")
     ap.add_argument("--device", default="", help="the server's --device (default: its own)")
+    ap.add_argument("--server-args", default="", help="more options for the server, e.g. \"--spec triforce "
+                    "--draft-ngram 3\" (its slots' engines then generate together)")
     a = ap.parse_args()
     n = a.clients
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
@@ -108,6 +111,7 @@ def main():
         cmd += ["-t", str(a.threads)]
     if a.device:
         cmd += ["--device", a.device]
+    cmd += a.server_args.split()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     port, device = None, "?"
     for line in proc.stderr:

@@ -1,6 +1,7 @@
 // cli-generate-batch.c - `offload-run generate` with several prompts (-f repeated, --prompts
 // FILE.jsonl): one session per prompt, the prompts prefilled packed in shared passes and decoded
-// together (tri_session_eval_batch), each output printed on its own afterwards.
+// together (tri_session_eval_batch), each output printed on its own afterwards; with --spec one
+// speculative engine per prompt, generating together (tri_generate_spec_batch).
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,10 +98,123 @@ static bool several_jsonl(const char *path, uint64_t max_bytes, several_seq **q,
     return ok;
 }
 
+// What one prompt's engine emits: its tokens, in order.
+static bool several_on_token(int32_t token, void *user) {
+    several_seq *s = user;
+    if (s->n_gen < s->n_max) s->gen[s->n_gen++] = token;
+    return true;
+}
+
+// The output of every prompt, each under its "==> SOURCE <==" line.
+static int several_print(tri_model *model, const tri_cli_several *a, several_seq *q, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        printf("%s==> %s <==\n", i ? "\n" : "", q[i].source);
+        if (a->print_ids) {
+            for (int32_t j = 0; j < q[i].n_gen; j++) printf(j ? " %d" : "%d", q[i].gen[j]);
+        } else {
+            size_t bytes = 0;
+            tri_status st;
+            tri_detokenize(model, q[i].gen, q[i].n_gen, false, NULL, 0, &bytes);
+            char *text = malloc(bytes + 1);
+            if (!text || (st = tri_detokenize(model, q[i].gen, q[i].n_gen, false, text, bytes + 1, &bytes))) {
+                free(text);
+                return text ? tri_cli_fail("detokenizing failed", st) : 1;
+            }
+            fwrite(text, 1, bytes, stdout);
+            free(text);
+        }
+        fputc('\n', stdout);
+    }
+    fflush(stdout);
+    return 0;
+}
+
+// --spec with several prompts: one engine per prompt, generating together (tri_spec_batch: each
+// level's passes of the prompts at it batched), each exactly as `generate --spec` alone.
+static int several_run_spec(tri_model *model, const tri_cli_several *a, several_seq *q, int32_t n) {
+    tri_spec **specs = calloc((size_t)n, sizeof *specs);
+    const int32_t **toks = calloc((size_t)n, sizeof *toks);
+    int32_t *n_toks = calloc((size_t)n, sizeof *n_toks);
+    void **users = calloc((size_t)n, sizeof *users);
+    tri_spec_stats *stats = calloc((size_t)n, sizeof *stats);
+    tri_status *sts = calloc((size_t)n, sizeof *sts);
+    int rc = 1;
+    if (!specs || !toks || !n_toks || !users || !stats || !sts) {
+        fprintf(stderr, "%s: out of memory for %d prompts\n", several_me, n);
+        goto done;
+    }
+    int32_t stop_ids[16], n_stop_ids = 0;
+    tri_generate_params gp = a->gp;
+    if (a->chat && gp.stop_at_eos && tri_chat_stop_tokens(model, stop_ids, 16, &n_stop_ids) == TRI_STATUS_OK) {
+        gp.stop_tokens = stop_ids;
+        gp.n_stop_tokens = n_stop_ids < 16 ? n_stop_ids : 16;
+    }
+    tri_generate_params *gps = calloc((size_t)n, sizeof *gps);
+    if (!gps) {
+        fprintf(stderr, "%s: out of memory for %d prompts\n", several_me, n);
+        goto done;
+    }
+    int64_t n_prompt = 0;
+    for (int32_t i = 0; i < n; i++) {
+        tri_session_params sp = a->sp;
+        tri_status st = tri_spec_create(model, &sp, a->spec, &specs[i]);
+        if (st) {
+            free(gps);
+            rc = tri_cli_fail("cannot set up speculative decoding", st);
+            goto done;
+        }
+        int32_t room = sp.n_ctx - q[i].n_ids + 1;
+        q[i].n_max = gp.n_predict > 0 && gp.n_predict < room ? gp.n_predict : room;
+        if (!(q[i].gen = malloc(sizeof *q[i].gen * (size_t)(q[i].n_max > 0 ? q[i].n_max : 1)))) {
+            free(gps);
+            fprintf(stderr, "%s: out of memory\n", several_me);
+            goto done;
+        }
+        toks[i] = q[i].ids, n_toks[i] = q[i].n_ids, users[i] = &q[i], gps[i] = gp;
+        n_prompt += q[i].n_ids;
+    }
+    fprintf(stderr, "device: %s\n", tri_spec_device(specs[0]));
+    double t0 = tri_cli_now();
+    tri_status st = tri_generate_spec_batch(specs, toks, n_toks, gps, several_on_token, users, stats, sts, n);
+    double t1 = tri_cli_now();
+    free(gps);
+    if (st) {
+        rc = tri_cli_fail("speculative decoding failed", st);
+        goto done;
+    }
+    if ((rc = several_print(model, a, q, n))) goto done;
+    int64_t n_gen = 0, n_l3 = 0;
+    for (int32_t i = 0; i < n; i++) n_gen += stats[i].n_generated, n_l3 += stats[i].n_l3_verify;
+    fprintf(stderr,
+            "prompts: %d, %lld tokens | generated: %lld tokens, %lld L3 verifications, speculative decoding "
+            "together %.1f tok/s (%.3f s, prefills included)\n",
+            n, (long long)n_prompt, (long long)n_gen, (long long)n_l3, t1 > t0 ? (double)n_gen / (t1 - t0) : 0.0,
+            t1 - t0);
+    if (a->print_stats) {
+        for (int32_t i = 0; i < n; i++) {
+            const tri_spec_stats *s = &stats[i];
+            fprintf(stderr,
+                    "  %s: %d prompt tokens, %d generated, %lld L3 passes (%.2f tokens each), L1 accepted %lld of "
+                    "%lld, L2 accepted %lld of %lld, stopped: %s\n",
+                    q[i].source, q[i].n_ids, s->n_generated, (long long)s->n_l3_verify,
+                    s->n_l3_verify ? (double)s->n_generated / (double)s->n_l3_verify : 0.0, (long long)s->l1_accepted,
+                    (long long)s->l1_proposed, (long long)s->l2_accepted, (long long)s->l2_proposed,
+                    tri_stop_reason_str(s->stop_reason));
+        }
+    }
+    rc = 0;
+
+done:
+    for (int32_t i = 0; specs && i < n; i++) tri_spec_free(specs[i]);
+    free(specs), free(toks), free(n_toks), free(users), free(stats), free(sts);
+    return rc;
+}
+
 // Runs a batch: the prompts packed into shared prefill passes, then one decode pass per token for
 // all that still generate. Tokens are chosen as tri_generate chooses them (the same sampler, the
 // same seed per session), so each output is what `generate` prints for that prompt alone.
 static int several_run(tri_model *model, const tri_cli_several *a, several_seq *q, int32_t n) {
+    if (a->spec) return several_run_spec(model, a, q, n);
     tri_session **ss = calloc((size_t)n, sizeof *ss);
     const int32_t **toks = calloc((size_t)n, sizeof *toks);
     int32_t *n_toks = calloc((size_t)n, sizeof *n_toks), *next = calloc((size_t)n, sizeof *next);
@@ -173,25 +287,8 @@ static int several_run(tri_model *model, const tri_cli_several *a, several_seq *
         n_passes++;
     }
     double t2 = tri_cli_now();
-    for (int32_t i = 0; i < n; i++) {
-        printf("%s==> %s <==\n", i ? "\n" : "", q[i].source);
-        if (a->print_ids) {
-            for (int32_t j = 0; j < q[i].n_gen; j++) printf(j ? " %d" : "%d", q[i].gen[j]);
-        } else {
-            size_t bytes = 0;
-            tri_detokenize(model, q[i].gen, q[i].n_gen, false, NULL, 0, &bytes);
-            char *text = malloc(bytes + 1);
-            if (!text || (st = tri_detokenize(model, q[i].gen, q[i].n_gen, false, text, bytes + 1, &bytes))) {
-                free(text);
-                rc = text ? tri_cli_fail("detokenizing failed", st) : 1;
-                goto done;
-            }
-            fwrite(text, 1, bytes, stdout);
-            free(text);
-        }
-        fputc('\n', stdout);
-    }
-    fflush(stdout);
+    if ((rc = several_print(model, a, q, n))) goto done;
+    rc = 1;
     fprintf(stderr,
             "prompts: %d, %lld tokens packed, prefill %.1f tok/s (%.3f s) | generated: %lld tokens in %lld "
             "batched passes, decode %.1f tok/s together (%.3f s)\n",

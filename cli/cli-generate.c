@@ -113,8 +113,9 @@ static void usage(FILE *f) {
           "Several prompts (-f repeated, --prompts) run as a batch: one cache each, their prefills\n"
           "packed into shared passes (no padding) and their decode steps in one pass per token, so\n"
           "every weight is read once for all of them; each output is printed after the others end,\n"
-          "under a line '==> SOURCE <=='. Greedy output is what each prompt gives alone. Plain\n"
-          "decoding only (no --spec, --stop, --json, --prompt-cache).\n"
+          "under a line '==> SOURCE <=='. Greedy output is what each prompt gives alone. With\n"
+          "--spec one engine per prompt, each level's passes shared by the prompts at it. No --stop,\n"
+          "--json, --prompt-cache.\n"
           "\n",
           f);
     tri_cli_sampling_usage(f, false);
@@ -746,10 +747,9 @@ int tri_cli_generate(int argc, char **argv) {
     if (draft_layers) spec_params.drafter = TRI_SPEC_DRAFTER_LAYERS;
     if (ngram) spec_params.drafter = TRI_SPEC_DRAFTER_NGRAM;
 
-    if (several && (!plain || cache_path || json_path || n_stops || gpu_mem)) {
-        fprintf(stderr, "offload-run generate: several prompts run as plain decoding in a batch: %s does not apply\n",
-                !plain ? "--spec" : cache_path ? "--prompt-cache" : json_path ? "--json" : n_stops ? "--stop"
-                                                                                               : "--gpu-mem");
+    if (several && (cache_path || json_path || n_stops || gpu_mem)) {
+        fprintf(stderr, "offload-run generate: several prompts run as a batch: %s does not apply\n",
+                cache_path ? "--prompt-cache" : json_path ? "--json" : n_stops ? "--stop" : "--gpu-mem");
         return 2;
     }
     double t_start = tri_cli_now();
@@ -766,8 +766,26 @@ int tri_cli_generate(int argc, char **argv) {
         tri_cli_sampling_resolve(&sampler, chat);
         gp.sampler = sampler.p;
         tri_cli_several a = {files, n_files, prompts_path, chat, chat_format, system_msg, print_ids, print_stats,
-                             ctx, sp, gp};
-        int rc = tri_cli_generate_several(model, &a);
+                             ctx, sp, gp, NULL};
+        // --spec: one engine per prompt, their passes batched (the drafter as for one prompt)
+        tri_model *several_draft = NULL;
+        int32_t *several_layers = NULL;
+        int rc = 1;
+        if (!plain) {
+            if (draft_path && !(several_draft = tri_cli_load_model(draft_path))) goto several_done;
+            if (draft_layers && !(several_layers = tri_cli_parse_layers("offload-run generate", "--draft-layers",
+                                                                        draft_layers, &spec_params.n_draft_layers))) {
+                rc = 2;
+                goto several_done;
+            }
+            spec_params.draft_model = several_draft;
+            spec_params.draft_layers = several_layers;
+            a.spec = &spec_params;
+        }
+        rc = tri_cli_generate_several(model, &a);
+    several_done:
+        free(several_layers);
+        tri_model_free(several_draft);
         tri_model_free(model);
         return rc;
     }

@@ -26,6 +26,8 @@ typedef struct tri_cli_several {
     long ctx;                  // 0: the longest prompt + n_predict (+ 4096 with n_predict 0)
     tri_session_params sp;     // every field but n_ctx
     tri_generate_params gp;    // n_predict, stop_at_eos, sampler
+    const tri_spec_params *spec;  // --spec: one engine per prompt, generating together (tri_spec_batch);
+                                  // NULL: plain decoding
 } tri_cli_several;
 // Tokenizes every prompt, runs them as a batch (their prefills packed into shared passes, their
 // decode steps together) and prints each output under a "==> SOURCE <==" line; returns the exit

@@ -522,6 +522,16 @@ TRI_API tri_status tri_session_sample(tri_session *session, const tri_sampler_pa
 TRI_API tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *const *tokens,
                                           const int32_t *n_tokens, int32_t n_sessions);
 
+// tri_session_eval_batch keeping more than the last row of logits: the last n_rows[i] tokens' rows
+// of session i (1 <= n_rows[i] <= n_tokens[i]; NULL: 1 each), e.g. a verification's draft of
+// gamma tokens after its catch-up tokens (n_rows gamma + 1), or every token's (n_tokens[i]).
+// Afterwards tri_session_logits(sessions[i], j) reads row j in [0, n_rows[i]): the logits after
+// token n_tokens[i] - n_rows[i] + j (-1: the last). Bit-identical on the CPU backend to
+// tri_session_eval(..., true)'s rows for the same tokens; the rows not kept go through no output
+// head. Errors as tri_session_eval_batch, and INVALID_ARGUMENT for an n_rows outside its range.
+TRI_API tri_status tri_session_eval_batch_rows(tri_session *const *sessions, const int32_t *const *tokens,
+                                               const int32_t *n_tokens, const int32_t *n_rows, int32_t n_sessions);
+
 // Plans one pass of a continuous batch, as DeepSpeed-FastGen's Dynamic SplitFuse does: n_left[i]
 // is what sequence i still has to run before it samples (1 for a decoding sequence, the rest of
 // its prompt while it prefills, 0 for an idle one). Every decoding sequence gets its token, so
@@ -855,6 +865,10 @@ typedef struct tri_spec_stats {
     tri_stop_reason stop_reason;  // why the call stopped
     int64_t n_l3_tree_nodes;  // drafted tokens L3's tree passes verified (chains and siblings,
                               // tree_nodes); 0 without trees
+    int64_t n_batch_passes;   // in a speculative batch (tri_spec_batch): the batched passes that ran
+                              // this generation's passes (of every level, prefill included); 0 alone
+    int64_t n_batch_sequences;  // the sequences those passes carried, this one included (their mean:
+                                // n_batch_sequences / n_batch_passes)
 } tri_spec_stats;
 
 typedef struct tri_spec tri_spec;
@@ -896,6 +910,55 @@ TRI_API tri_status tri_spec_truncate(tri_spec *spec, int32_t n_past);
 TRI_API tri_status tri_generate_spec(tri_spec *spec, const int32_t *prompt, int32_t n_prompt,
                                      const tri_generate_params *params, tri_token_fn on_token,
                                      void *user, tri_spec_stats *stats);
+
+// ---- speculative decoding in batches (docs/api.md, "Speculative batches") ----
+//
+// Several engines (one per sequence: its own levels, caches, acceptance, rollbacks and sampler)
+// generate together: each level's forward passes of all the sequences that are at that level run
+// in one batched pass (tri_session_eval_batch's), so the weights of a level are read once per pass
+// whatever the number of sequences. L1 drafts run before L2's and L3's passes, and L2's and L3's
+// (the same target weights) share passes, so that the sequences gather at L3's verification. On
+// the CPU backend each sequence's output is token for token the one tri_generate_spec gives it
+// alone (greedy: plain greedy decoding; sampled: the same draws from its own seeded stream). The
+// engines must compute on the same device for their passes to be shared; those split over several
+// devices (tensor parallelism) run their passes alone (still correct).
+
+typedef struct tri_spec_batch tri_spec_batch;
+
+TRI_API tri_status tri_spec_batch_create(tri_spec_batch **out);
+// Stops the generations still running (as tri_spec_abort: at their next round), waits for them,
+// and frees the batch; the engines stay the caller's. NULL is a no-op.
+TRI_API void tri_spec_batch_free(tri_spec_batch *batch);
+
+// Starts a generation on spec, as tri_generate_spec(spec, prompt, n_prompt, params, on_token,
+// user, stats) would, that advances only in tri_spec_batch_step; it joins the batch's passes from
+// the next step (continuous batching: a generation may join between any two steps). prompt,
+// params' pointers, user and stats must stay valid until the generation is done; spec must not be
+// used elsewhere until then. on_token runs on a thread of the batch's, never two at once, only
+// inside tri_spec_batch_step. *out_id (may be NULL): the generation's index for
+// tri_spec_batch_result. INVALID_ARGUMENT when spec generates already (in this batch or elsewhere).
+TRI_API tri_status tri_spec_batch_add(tri_spec_batch *batch, tri_spec *spec, const int32_t *prompt, int32_t n_prompt,
+                                      const tri_generate_params *params, tri_token_fn on_token, void *user,
+                                      tri_spec_stats *stats, int32_t *out_id);
+
+// One step: every running generation runs (its acceptance, sampling, callbacks) up to its next
+// forward pass; then the passes of the lowest level posted (L1 before L2 before L3), together
+// with every other posted pass over the same weights, run as one batched pass. *n_running (may be
+// NULL): generations not done yet. A failed pass fails the generations it carried, not the step.
+TRI_API tri_status tri_spec_batch_step(tri_spec_batch *batch, int32_t *n_running);
+
+// Whether generation id is done, and its status (its message as the last error when it failed,
+// which this call then returns too).
+TRI_API tri_status tri_spec_batch_result(const tri_spec_batch *batch, int32_t id, bool *done, tri_status *status);
+
+// All at once: sequence i generates on specs[i] (distinct engines) after prompts[i] (n_prompts[i]
+// tokens) with params[i] (params NULL: defaults), on_token(token, users[i]) (users may be NULL),
+// its figures in stats[i] and status in statuses[i] (both may be NULL), until every sequence is
+// done. Returns the first failure (the message names the sequence), else OK.
+TRI_API tri_status tri_generate_spec_batch(tri_spec *const *specs, const int32_t *const *prompts,
+                                           const int32_t *n_prompts, const tri_generate_params *params,
+                                           tri_token_fn on_token, void *const *users, tri_spec_stats *stats,
+                                           tri_status *statuses, int32_t n);
 
 // ---- placement planning for offloaded decoding ----
 //

@@ -371,11 +371,19 @@ static tri_status batch_rank(void *ctx, int32_t r) {
     return tri__llama_forward_batch(r ? &s0->peers[r - 1].batch_ll : &s0->batch_ll, j->seqs + (int64_t)r * j->n, j->n);
 }
 
-tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *const *tokens, const int32_t *n_tokens,
-                                  int32_t n_sessions) {
+// The batch; n_rows (NULL: 1 each) the rows of logits each session keeps, its last tokens'.
+static tri_status eval_batch(tri_session *const *sessions, const int32_t *const *tokens, const int32_t *n_tokens,
+                             const int32_t *n_rows, int32_t n_sessions) {
     TRY(batch_check(sessions, tokens, n_tokens, n_sessions));
+    for (int32_t i = 0; n_rows && i < n_sessions; i++)
+        if (n_rows[i] < 1 || n_rows[i] > n_tokens[i])
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "eval batch: session %d: %d rows of logits of %d tokens", i,
+                             n_rows[i], n_tokens[i]);
     tri_session *s0 = sessions[0];
-    if (n_sessions == 1) return tri_session_eval(s0, tokens[0], n_tokens[0], false);
+    // one session alone: tri_session_eval (which takes a recorded step where it has one) for the
+    // last row or every row
+    if (n_sessions == 1 && (!n_rows || n_rows[0] == 1 || n_rows[0] == n_tokens[0]))
+        return tri_session_eval(s0, tokens[0], n_tokens[0], n_rows && n_rows[0] > 1);
     const int32_t V = s0->model->config.n_vocab, n_rank = s0->group.n;
     tri__llama_seq *seqs = calloc((size_t)(n_sessions * n_rank), sizeof *seqs);
     if (!seqs) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "eval batch: %d sessions", n_sessions);
@@ -385,17 +393,20 @@ tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *c
     tri_status st = TRI_STATUS_OK;
     for (int32_t i = 0; !st && i < n_sessions; i++) {
         tri_session *s = sessions[i];
-        int32_t nb = s->ll.n_batch;
+        int32_t nb = s->ll.n_batch, keep = n_rows ? n_rows[i] : 1;
         rows += n_tokens[i] < nb ? n_tokens[i] : nb;
         most = nb > most ? nb : most;
-        if (s->logits_cap < 1) {
-            float *l = realloc(s->logits, (size_t)V * sizeof *l);
-            if (!l) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "eval batch: logits");
-            else s->logits = l, s->logits_cap = 1;
+        if (s->logits_cap < keep) {
+            float *l = realloc(s->logits, (size_t)keep * (size_t)V * sizeof *l);
+            if (!l) st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "eval batch: logits of %d rows", keep);
+            else s->logits = l, s->logits_cap = keep;
         }
-        for (int32_t r = 0; r < n_rank; r++)
-            seqs[r * n_sessions + i] = (tri__llama_seq){rank_ll(s, r), rank_kv(s, r), tokens[i], n_tokens[i],
-                                                        TRI_LOGITS_LAST, r ? NULL : s->logits};
+        // several rows: ALL from the first kept token on (the same head over the same rows)
+        tri__logits_mode mode = keep > 1 ? TRI_LOGITS_ALL : TRI_LOGITS_LAST;
+        int32_t skip = keep > 1 ? n_tokens[i] - keep : 0;
+        for (int32_t r = 0; !st && r < n_rank; r++)
+            seqs[r * n_sessions + i] =
+                (tri__llama_seq){rank_ll(s, r), rank_kv(s, r), tokens[i], n_tokens[i], mode, r ? NULL : s->logits, skip};
     }
     if (rows > BATCH_ROWS) rows = BATCH_ROWS;
     if (!st) st = batch_runner(s0, rows > most ? rows : most);
@@ -420,11 +431,21 @@ tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *c
         }
         int32_t sel_now = tri__kv_policy_selected_at(&s->kv);
         if (sel_now >= 0 && sel_now != sel[i]) s->n_selections++;
-        s->n_logits = 1;
-        s->all_logits = false;
+        s->n_logits = n_rows ? n_rows[i] : 1;
+        s->all_logits = s->n_logits > 1;
     }
     free(seqs), free(len0), free(sel);
     return st;
+}
+
+tri_status tri_session_eval_batch(tri_session *const *sessions, const int32_t *const *tokens, const int32_t *n_tokens,
+                                  int32_t n_sessions) {
+    return eval_batch(sessions, tokens, n_tokens, NULL, n_sessions);
+}
+
+tri_status tri_session_eval_batch_rows(tri_session *const *sessions, const int32_t *const *tokens,
+                                       const int32_t *n_tokens, const int32_t *n_rows, int32_t n_sessions) {
+    return eval_batch(sessions, tokens, n_tokens, n_rows, n_sessions);
 }
 
 int32_t tri_batch_plan(const int32_t *n_left, int32_t n, int32_t budget, int32_t *n_take) {

@@ -514,6 +514,10 @@ static json_object *triforce_json(const srv_result *r) {
         json_object_object_add(t, "l2_proposed", json_object_new_int64(r->l2_proposed));
         json_object_object_add(t, "l2_accepted", json_object_new_int64(r->l2_accepted));
         json_object_object_add(t, "l2_acceptance", ratio(r->l2_accepted, r->l2_proposed));
+        // the slots' engines generate together: the batched passes of any level that ran this
+        // request's passes, and the sequences they carried on average, this one included
+        json_object_object_add(t, "batch_passes", json_object_new_int64(r->batch_passes));
+        json_object_object_add(t, "batch_mean", ratio(r->batch_sequences, r->batch_passes));
     } else {
         // plain decoding: one full-cache pass per token
         json_object_object_add(t, "full_cache_passes", json_object_new_int(r->completion_tokens));

@@ -15,9 +15,9 @@
 // slot that is prefilling, all in one tri_session_eval_batch call, then samples each slot's next
 // token with its own parameters and streams it. A finished answer leaves and a waiting request
 // joins between passes; a long prompt prefills piece by piece beside the others' decoding, so no
-// request waits for another's whole prefill. Speculative decoding: each slot is a worker thread
-// running tri_generate_spec (its rounds do not batch across slots). docs/server.md describes the
-// endpoints.
+// request waits for another's whole prefill. Speculative decoding: one scheduler thread runs the
+// slots' engines together (tri_spec_batch: each level's passes of the slots at that level
+// batched). docs/server.md describes the endpoints.
 #include <errno.h>
 #include <getopt.h>
 #include <netdb.h>
@@ -56,7 +56,7 @@ static void usage(FILE *f) {
           "      --alias NAME     the model's name in requests and /v1/models (default: the file\n"
           "                       name without .gguf)\n"
           "      --slots N        requests generated at once, each with its own cache (default 1);\n"
-          "                       plain decoding runs them together in batched passes\n"
+          "                       they decode together in batched passes (--spec too)\n"
           "      --queue N        requests that wait for a slot; more are answered 503 (default 8)\n"
           "      --ctx N          context of each slot in tokens (default 4096)\n"
           "  -n, --n-predict N    tokens per answer when a request sets no max_tokens (default 0:\n"
@@ -148,6 +148,10 @@ typedef struct slot {
     double t0, t1;               // when the job started, and when its prefill ended
     struct gen_ctx *g;           // the callbacks' context
     srv_text text;
+    // speculative decoding: the job's generation in the scheduler's batch (the job is `run`)
+    int32_t spec_id;             // its index in the batch (tri_spec_batch_result)
+    tri_generate_params spec_gp; // its parameters, alive while it generates
+    tri_spec_stats spec_stats;   // its figures, when done
 } slot;
 
 enum { RUN_PREFILL = 1, RUN_DECODE = 2, RUN_SAMPLE = 3 };
@@ -473,17 +477,17 @@ static void slot_settle(slot *sl, job *j, tri_status st, int32_t n_gen, bool len
     else if (j->oom) srv_fail(&j->err, 500, "server_error", NULL, NULL, "out of memory");
 }
 
-// Runs job j on slot sl in the slot's own thread (speculative decoding): reuses the cached
-// prefix, generates, fills j's result.
-static void slot_generate(srv *s, slot *sl, job *j) {
+// The start of job j on slot sl for a generation call (speculative decoding): the cached prefix
+// reused (slot_prepare), the callbacks' context g and the call's parameters gp. The tokens to
+// skip; -1 with j->err set on failure.
+static int32_t slot_gen_begin(srv *s, slot *sl, job *j, gen_ctx *g, tri_generate_params *out) {
     srv_request *rq = &j->rq;
-    srv_result *r = &j->res;
     int32_t keep = slot_prepare(s, sl, j);
-    if (keep < 0) return;
-    gen_ctx g = {s, sl, j, false};
+    if (keep < 0) return -1;
+    *g = (gen_ctx){s, sl, j, false};
     if (s->pc_path && sl->session && keep < rq->n_ids) {
         pthread_mutex_lock(&s->pc_mu);
-        g.pc_save = s->pc_n == 0;
+        g->pc_save = s->pc_n == 0;
         pthread_mutex_unlock(&s->pc_mu);
     }
     tri_generate_params gp = tri_generate_default_params();
@@ -497,34 +501,28 @@ static void slot_generate(srv *s, slot *sl, job *j) {
         gp.n_stop_tokens = s->n_stop_ids;
     }
     gp.on_text = on_text;
-    gp.text_user = &g;
+    gp.text_user = g;
     gp.on_prefill = on_prefill;
-    gp.user = &g;
-    tri_stop_reason why;
-    int32_t n_gen;
-    tri_status st;
-    if (sl->spec) {
-        tri_spec_stats ss;
-        st = tri_generate_spec(sl->spec, rq->ids + keep, rq->n_ids - keep, &gp, on_token, &g, &ss);
-        why = ss.stop_reason;
-        n_gen = ss.n_generated;
-        r->prefill_seconds = ss.prefill_seconds;
-        r->decode_seconds = ss.decode_seconds;
-        r->spec = true;
-        r->full_cache_passes = ss.n_l3_verify;
-        r->l1_proposed = ss.l1_proposed;
-        r->l1_accepted = ss.l1_accepted;
-        r->l2_proposed = ss.l2_proposed;
-        r->l2_accepted = ss.l2_accepted;
-    } else {
-        tri_generate_stats gs;
-        st = tri_generate(sl->session, rq->ids + keep, rq->n_ids - keep, &gp, on_token, &g, &gs);
-        why = gs.stop_reason;
-        n_gen = gs.n_generated;
-        r->prefill_seconds = gs.prefill_seconds;
-        r->decode_seconds = gs.decode_seconds;
-    }
-    slot_settle(sl, j, st, n_gen, why == TRI_STOP_LENGTH || why == TRI_STOP_CONTEXT);
+    gp.user = g;
+    *out = gp;
+    return keep;
+}
+
+// The end of job j's speculative generation on slot sl (status st, figures ss): j's result.
+static void slot_spec_end(slot *sl, job *j, tri_status st, const tri_spec_stats *ss) {
+    srv_result *r = &j->res;
+    r->prefill_seconds = ss->prefill_seconds;
+    r->decode_seconds = ss->decode_seconds;
+    r->spec = true;
+    r->full_cache_passes = ss->n_l3_verify;
+    r->l1_proposed = ss->l1_proposed;
+    r->l1_accepted = ss->l1_accepted;
+    r->l2_proposed = ss->l2_proposed;
+    r->l2_accepted = ss->l2_accepted;
+    r->batch_passes = ss->n_batch_passes;
+    r->batch_sequences = ss->n_batch_sequences;
+    tri_stop_reason why = ss->stop_reason;
+    slot_settle(sl, j, st, ss->n_generated, why == TRI_STOP_LENGTH || why == TRI_STOP_CONTEXT);
 }
 
 // The end of a job on slot sl: its closing events, then done, and the slot idle in the same step
@@ -576,23 +574,93 @@ static void job_log(const slot *sl, job *j) {
                 j->res.decode_seconds, gone ? " (the client went away)" : "");
 }
 
-static void *slot_thread(void *arg) {
-    slot *sl = arg;
-    srv *s = sl->s;
+// ---- speculative decoding: the slots' engines generate together ----
+//
+// One scheduler thread drives every slot's engine through one tri_spec_batch: a job that joins
+// starts a generation on its slot's engine (tri_generate_spec's, with the slot's cached prefix
+// reused), each step runs every generation up to its next forward pass and then the passes of the
+// lowest level posted, together with every other over the same weights, in one batched pass (each
+// slot's acceptance, rollbacks and sampler its own: its output is the one it gets alone); a
+// finished one leaves between steps and a waiting one joins.
+
+// Starts job j on slot sl in batch *b (made when NULL); a job that cannot start ends here.
+static void spec_start(srv *s, slot *sl, job *j, tri_spec_batch **b) {
+    if (atomic_load(&j->cancel)) {  // gone while it waited: no line, no work
+        job_finish(s, sl, j);
+        return;
+    }
+    gen_ctx *g = malloc(sizeof *g);
+    int32_t keep = -1;
+    tri_status st = TRI_STATUS_OK;
+    if (!g) srv_fail(&j->err, 500, "server_error", NULL, NULL, "out of memory");
+    else keep = slot_gen_begin(s, sl, j, g, &sl->spec_gp);
+    if (keep >= 0) {
+        memset(&sl->spec_stats, 0, sizeof sl->spec_stats);
+        if (!*b) st = tri_spec_batch_create(b);
+        if (!st)
+            st = tri_spec_batch_add(*b, sl->spec, j->rq.ids + keep, j->rq.n_ids - keep, &sl->spec_gp, on_token, g,
+                                    &sl->spec_stats, &sl->spec_id);
+        if (!st) {
+            sl->g = g;
+            sl->run = j;
+            return;
+        }
+        slot_spec_end(sl, j, st, &sl->spec_stats);
+    }
+    free(g);
+    job_log(sl, j);
+    job_finish(s, sl, j);
+}
+
+static void *spec_sched_thread(void *arg) {
+    srv *s = arg;
+    job *start[256];
+    tri_spec_batch *b = NULL;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!sl->job && !s->stopping) pthread_cond_wait(&s->work, &s->mu);
-        if (!sl->job) break;
-        job *j = sl->job;
-        pthread_mutex_unlock(&s->mu);
-        if (!atomic_load(&j->cancel)) {
-            slot_generate(s, sl, j);
-            job_log(sl, j);
+        int busy = 0;
+        for (int i = 0; i < s->n_slots; i++) {
+            slot *sl = &s->slots[i];
+            start[i] = sl->job && !sl->run ? sl->job : NULL;  // joined since the last step
+            busy += sl->job != NULL;
         }
-        job_finish(s, sl, j);
+        if (!busy) {
+            if (s->stopping) break;
+            pthread_cond_wait(&s->work, &s->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < s->n_slots; i++)
+            if (start[i]) spec_start(s, &s->slots[i], start[i], &b);
+        int32_t running = 0;
+        tri_status st = b ? tri_spec_batch_step(b, &running) : TRI_STATUS_OK;
+        for (int i = 0; i < s->n_slots; i++) {
+            slot *sl = &s->slots[i];
+            if (!sl->run) continue;
+            bool done = false;
+            tri_status gst = TRI_STATUS_OK;
+            if (st) {  // the step itself failed (out of memory): every generation in it ends
+                atomic_store(&sl->run->cancel, true);
+                tri_spec_abort(sl->spec);
+            }
+            if (tri_spec_batch_result(b, sl->spec_id, &done, &gst) && !done) gst = TRI_STATUS_INTERNAL;
+            if (!done) continue;
+            job *j = sl->run;
+            slot_spec_end(sl, j, gst, &sl->spec_stats);
+            job_log(sl, j);
+            free(sl->g);
+            sl->g = NULL;
+            sl->run = NULL;
+            job_finish(s, sl, j);
+        }
+        if (b && running == 0) {  // nothing in it: a fresh batch for the next jobs
+            tri_spec_batch_free(b);
+            b = NULL;
+        }
         pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
+    tri_spec_batch_free(b);
     return NULL;
 }
 
@@ -1504,16 +1572,15 @@ int tri_server_main(int argc, char **argv) {
     }
     s->ref.n_ctx = plain ? tri_session_n_ctx(s->slots[0].session) : (int32_t)ctx;
     if (s->pc_path && !prompt_cache_start(s, plain)) goto done;
-    // plain decoding: one scheduler batches the slots; speculative: a thread per slot
+    // one scheduler batches the slots: plain decoding's passes, or the engines' (speculative)
     s->chunk = sp.n_batch > 0 ? sp.n_batch : 128;
     if (sp.kv_layers_offloaded > 0 || sp.weight_layers_streamed > 0) s->chunk = 8192;  // a pass streams: fewer
     tri_model_info mi;
     tri_model_get_info(s->model, &mi);
     s->rope_by_length = mi.config.rope_scaling == TRI_ROPE_SCALING_DYNAMIC ||
                         mi.config.rope_scaling == TRI_ROPE_SCALING_LONGROPE;
-    for (; n_started < (plain ? 1 : s->n_slots); n_started++) {
-        if (pthread_create(&s->slots[n_started].thread, NULL, plain ? sched_thread : slot_thread,
-                           plain ? (void *)s : (void *)&s->slots[n_started])) {
+    for (; n_started < 1; n_started++) {
+        if (pthread_create(&s->slots[n_started].thread, NULL, plain ? sched_thread : spec_sched_thread, s)) {
             fprintf(stderr, "%s: cannot start the slots' threads: %s\n", me, strerror(errno));
             goto done;
         }

@@ -171,6 +171,12 @@ Test(api_misuse, session_functions) {
     REFUSES(tri_session_eval(s, NULL, 1, false));
     REFUSES(tri_session_sample(s, NULL, NULL));
     REFUSES(tri_generate(s, NULL, 3, &gp, NULL, NULL, NULL));
+    tri_session *one[1] = {s};
+    const int32_t *toks[1] = {&tok};
+    const int32_t n_one[1] = {1}, rows_bad[1] = {2};
+    REFUSES(tri_session_eval_batch_rows(NULL, toks, n_one, NULL, 1));
+    REFUSES(tri_session_eval_batch_rows(one, toks, n_one, rows_bad, 1));
+    cr_assert_eq(tri_session_n_past(s), 0);
     cr_assert_eq(tri_session_eval(s, &tok, 1, false), TRI_STATUS_OK, "%s", tri_last_error());
     REFUSES(tri_session_sample(s, NULL, NULL));
     cr_assert_eq(tri_session_sample(s, NULL, &out), TRI_STATUS_OK);
@@ -214,6 +220,32 @@ Test(api_misuse, spec_functions) {
     sp.n_threads = 1;
     cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
     REFUSES(tri_generate_spec(e, NULL, 2, NULL, NULL, NULL, NULL));
+
+    // speculative batches
+    REFUSES(tri_spec_batch_create(NULL));
+    tri_spec_batch_free(NULL);
+    REFUSES(tri_spec_batch_add(NULL, e, &tok, 1, NULL, NULL, NULL, NULL, NULL));
+    REFUSES(tri_spec_batch_step(NULL, NULL));
+    bool done = true;
+    REFUSES(tri_spec_batch_result(NULL, 0, &done, NULL));
+    tri_spec_batch *b;
+    cr_assert_eq(tri_spec_batch_create(&b), TRI_STATUS_OK);
+    REFUSES(tri_spec_batch_add(b, NULL, &tok, 1, NULL, NULL, NULL, NULL, NULL));
+    REFUSES(tri_spec_batch_result(b, 0, &done, NULL));
+    int32_t running = -1;
+    cr_assert_eq(tri_spec_batch_step(b, &running), TRI_STATUS_OK);  // an empty batch: nothing runs
+    cr_assert_eq(running, 0);
+    tri_spec_batch_free(b);
+    tri_spec *none[2] = {e, NULL};
+    const int32_t *prompts[2] = {&tok, &tok};
+    const int32_t n_prompts[2] = {1, 1};
+    REFUSES(tri_generate_spec_batch(NULL, prompts, n_prompts, NULL, NULL, NULL, NULL, NULL, 2));
+    REFUSES(tri_generate_spec_batch(none, prompts, n_prompts, NULL, NULL, NULL, NULL, NULL, 2));
+    REFUSES(tri_generate_spec_batch(none, prompts, NULL, NULL, NULL, NULL, NULL, NULL, 1));
+    REFUSES(tri_generate_spec_batch(none, prompts, n_prompts, NULL, NULL, NULL, NULL, NULL, 0));
+    tri_status sts[1] = {TRI_STATUS_INTERNAL};
+    REFUSES(tri_generate_spec_batch(none, NULL, n_prompts, NULL, NULL, NULL, NULL, sts, 1));  // 1 token, no prompt
+    cr_assert_eq(sts[0], INVALID);
     tri_spec_free(e);
     tri_model_free(m);
 }

@@ -289,3 +289,58 @@ Test(batch, sessions_over_two_cpu_ranks, .timeout = TT_TIMEOUT(60)) {
     check_batch(m, 0, N_SEQ);
     tri_model_free(m);
 }
+
+// Verification rows: after its prompt, every sequence runs catch-up tokens and a draft in one
+// batched pass keeping the draft's rows (or every row, or the last one alone); each kept row is,
+// bit for bit, the row tri_session_eval(all_logits) gives the same tokens alone, whatever the policy.
+Test(batch, kept_rows_of_a_verification_equal_alone, .timeout = TT_TIMEOUT(60)) {
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("batch-rows"), NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    const int32_t V = tri_token_count(m);
+    enum { RUN = 23 };  // longer than a step of 16 (and of 8): the kept rows start in a later step
+    const int32_t keep[N_SEQ] = {7, 1, 23, 18, 3, 9};
+    int32_t prompts[N_SEQ][64], runs[N_SEQ][RUN];
+    float *want = malloc(sizeof(float) * (size_t)(N_SEQ * RUN) * (size_t)V);
+    cr_assert(want);
+    for (int32_t i = 0; i < N_SEQ; i++) {
+        prompt_of(i, cases[i].n_prompt, V, prompts[i]);
+        prompt_of(i + 50, RUN, V, runs[i]);
+        tri_session *s = make_session(m, &cases[i]);
+        cr_assert_eq(tri_session_eval(s, prompts[i], cases[i].n_prompt, false), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_session_eval(s, runs[i], RUN, true), TRI_STATUS_OK, "%s", tri_last_error());
+        for (int32_t j = 0; j < RUN; j++)
+            memcpy(want + ((int64_t)i * RUN + j) * V, tri_session_logits(s, j), sizeof(float) * (size_t)V);
+        tri_session_free(s);
+    }
+    tri_session *ss[N_SEQ];
+    const int32_t *toks[N_SEQ];
+    int32_t n_toks[N_SEQ];
+    for (int32_t i = 0; i < N_SEQ; i++) {
+        ss[i] = make_session(m, &cases[i]);
+        toks[i] = prompts[i];
+        n_toks[i] = cases[i].n_prompt;
+    }
+    cr_assert_eq(tri_session_eval_batch(ss, toks, n_toks, N_SEQ), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int32_t i = 0; i < N_SEQ; i++) toks[i] = runs[i], n_toks[i] = RUN;
+    cr_assert_eq(tri_session_eval_batch_rows(ss, toks, n_toks, keep, N_SEQ), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int32_t i = 0; i < N_SEQ; i++) {
+        for (int32_t j = 0; j < keep[i]; j++) {
+            const float *l = tri_session_logits(ss[i], j);
+            cr_assert(l, "sequence %d: row %d of %d kept", i, j, keep[i]);
+            cr_assert(memcmp(l, want + ((int64_t)i * RUN + RUN - keep[i] + j) * V, sizeof(float) * (size_t)V) == 0,
+                      "sequence %d (policy %d): kept row %d of %d differs from token %d's row alone", i,
+                      (int)cases[i].policy, j, keep[i], RUN - keep[i] + j);
+        }
+        cr_assert_null(tri_session_logits(ss[i], keep[i]), "sequence %d: a row past the %d kept", i, keep[i]);
+        cr_assert(memcmp(tri_session_logits(ss[i], -1), want + ((int64_t)i * RUN + RUN - 1) * V,
+                         sizeof(float) * (size_t)V) == 0);
+    }
+    // a count outside [1, n_tokens] is refused, naming the session, before anything runs
+    const int32_t bad[N_SEQ] = {1, 1, 0, 1, 1, 1};
+    cr_assert_eq(tri_session_eval_batch_rows(ss, toks, n_toks, bad, N_SEQ), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "session 2: 0 rows of logits of 23 tokens"), "%s", tri_last_error());
+    cr_assert_eq(tri_session_n_past(ss[2]), cases[2].n_prompt + RUN);
+    for (int32_t i = 0; i < N_SEQ; i++) tri_session_free(ss[i]);
+    free(want);
+    tri_model_free(m);
+}

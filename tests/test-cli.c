@@ -1509,7 +1509,20 @@ Test(cli, generate_several_prompts_as_a_batch, .timeout = TT_TIMEOUT(120)) {
     fclose(f);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1, "%s", err);
     cr_assert(strstr(err, "line 1: not a JSON object"), "%s", err);
-    snprintf(args, sizeof args, "generate -m '%s' -f '%s' -f '%s' --spec draft --draft-ngram 2", m, files[0], files[1]);
+    snprintf(args, sizeof args, "generate -m '%s' -f '%s' -f '%s' --stop x", m, files[0], files[1]);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2, "%s", err);
-    cr_assert(strstr(err, "several prompts run as plain decoding in a batch: --spec does not apply"), "%s", err);
+    cr_assert(strstr(err, "several prompts run as a batch: --stop does not apply"), "%s", err);
+    // --spec: one engine per prompt, generating together; greedy, each prints plain decoding's tokens
+    const char *specs[2] = {"--spec draft --draft-ngram 2", "--spec triforce --draft-layers 0 --budget 8 --chunk 4"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "generate -m '%s' -f '%s' -f '%s' -f '%s' -n 12 --ids --ignore-eos --batch 8 %s",
+                 m, files[0], files[1], files[2], specs[k]);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", specs[k], err);
+        at = 0;
+        for (int i = 0; i < 3; i++)
+            at += (size_t)snprintf(expect + at, sizeof expect - at, "%s==> %s <==\n%s", i ? "\n" : "", files[i],
+                                   want[i]);
+        cr_assert_str_eq(out, expect, "%s", specs[k]);
+        cr_assert(strstr(err, "generated: 36 tokens, "), "%s", err);
+    }
 }

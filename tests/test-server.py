@@ -689,7 +689,35 @@ def t_prefill_split():
     expect(rc == 0, f"the server exited with {rc}:\n" + "".join(b.lines[-20:]))
 
 
+def t_spec_batch():
+    """Three concurrent greedy clients of a speculative server (prompt-lookup drafts, L2 and L3)
+    each get plain decoding's text for its prompt alone, and the engines' passes were shared."""
+    want = [cli_text(["-p", p, "-n", str(n), "--temp", "0", "--repeat-penalty", "1.1", "--ignore-eos", "--device",
+                      "cpu"]) for p, n in BATCH_PROMPTS[:3]]
+    # on the CPU: engines on a GPU hold their own copies of the weights and share no passes
+    b = Server("--slots", "3", "--queue", "3", "--spec", "triforce", "--draft-ngram", "3", "--gamma2", "4",
+               "--device", "cpu")
+    try:
+        out, figs, times = [None] * 3, [None] * 3, [[] for _ in range(3)]
+
+        def run(i):
+            out[i], figs[i] = stream_completion(b.port, *BATCH_PROMPTS[i], times=times[i])
+
+        th = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join(300 * SCALE)
+        expect(out == want, f"concurrent {out}, offload-run generate {want}")
+        expect(all(f and f["spec_mode"] == "triforce" and f["batch_passes"] >= 1 for f in figs), f"figures {figs}")
+        expect(max(f["batch_mean"] for f in figs) > 1.5, f"sequences per pass {[f['batch_mean'] for f in figs]}")
+    finally:
+        rc = b.stop()
+    expect(rc == 0, f"the server exited with {rc}:\n" + "".join(b.lines[-20:]))
+
+
 check("batch_four_clients", t_batch)
+check("spec_batch_three_clients", t_spec_batch)
 check("prefill_split", t_prefill_split)
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -57,8 +57,13 @@ static bool on_token(int32_t tok, void *user) {
     return true;
 }
 
+// The speculative batch's tests compute on the CPU whatever the machine: engines on a GPU hold
+// their own copies of the weights and share no passes (set per test process, Criterion's).
+static bool force_cpu;
+
 static tri_session_params small_session(int32_t n_ctx) {
     tri_session_params sp = tri_session_default_params();
+    if (force_cpu) sp.device_kind = TRI_DEVICE_CPU;
     sp.n_ctx = n_ctx;
     sp.n_threads = 1;
     sp.kv_type = TRI_DTYPE_F32;
@@ -2081,4 +2086,211 @@ Test(spec, tree_sampling_test_catches_no_residual, .timeout = TT_TIMEOUT(300)) {
     chi_law_free(&law);
     tri_model_free(f.draft);
     tri_model_free(f.target);
+}
+
+// ---- speculative decoding in batches (spec-batch.c) ----
+
+// One sequence of a batch: its engine's parameters, prompt and length.
+typedef struct batch_case {
+    tri_spec_mode mode;
+    int di;          // drafter (below)
+    int32_t g1, g2;  // gammas
+    int32_t tree;    // tree_nodes
+    int32_t off;     // L3 layers offloaded
+    int32_t n_prompt;
+    int32_t n_gen;
+} batch_case;
+
+#define N_BATCH 7
+
+static const batch_case batch_cases[N_BATCH] = {
+    {TRI_SPEC_MODE_TRIFORCE, 0, 2, 6, 0, 0, 30, 40},   // a draft model, L2 over a budget the context passes
+    {TRI_SPEC_MODE_TRIFORCE, 1, 1, 4, 0, 2, 12, 33},   // a self-draft, L3 offloaded
+    {TRI_SPEC_MODE_DRAFT, 0, 2, 5, 0, 0, 5, 8},        // finishes early
+    {TRI_SPEC_MODE_RETRIEVAL, 0, 2, 6, 0, 0, 44, 29},  //
+    {TRI_SPEC_MODE_NONE, 0, 2, 6, 0, 0, 9, 21},        // plain decoding through L3
+    {TRI_SPEC_MODE_TRIFORCE, 2, 2, 6, 0, 0, 12, 37},   // n-gram drafter (a repetitive prompt)
+    {TRI_SPEC_MODE_DRAFT, 0, 2, 6, 10, 0, 17, 26},     // a token tree (its L3 pass runs alone)
+};
+
+static void batch_prompt(int32_t i, int32_t n, int32_t *out) {
+    for (int32_t t = 0; t < n; t++) out[t] = i == 5 ? 40 + t % 4 : (t * 37 + i * 101 + 3) % 250 + 1;
+}
+
+typedef struct batch_fixture {
+    tri_model *target, *draft;
+    drafter_case drafters[3];
+} batch_fixture;
+
+static tri_spec *batch_spec(const batch_fixture *f, const batch_case *c) {
+    tri_spec_params p = params_of(c->mode, &f->drafters[c->di], c->g1, c->g2);
+    p.budget = 32;
+    p.tree_nodes = c->tree;
+    tri_session_params sp = small_session(128);
+    sp.kv_layers_offloaded = c->off;
+    tri_spec *s;
+    cr_assert_eq(tri_spec_create(f->target, &sp, &p, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    return s;
+}
+
+// Every sequence of the batch, generated together (greedy or sampled at temperature temp with seed
+// 100 + i), must be token for token what its engine generates alone: plain greedy decoding when
+// temp is 0. Returns the batch's passes and the sequences' passes they carried.
+static void check_spec_batch(const batch_fixture *f, float temp, int64_t *n_passes, int64_t *n_rows) {
+    int32_t pr[N_BATCH][64], want[N_BATCH][64], got[N_BATCH][64];
+    tri_generate_params gp[N_BATCH];
+    for (int i = 0; i < N_BATCH; i++) {
+        const batch_case *c = &batch_cases[i];
+        batch_prompt(i, c->n_prompt, pr[i]);
+        gp[i] = tri_generate_default_params();
+        gp[i].n_predict = c->n_gen;
+        gp[i].stop_at_eos = false;
+        gp[i].sampler.temperature = temp;
+        gp[i].sampler.seed = 100 + (uint64_t)i;
+        if (temp <= 0.0f) {
+            plain_greedy(f->target, pr[i], c->n_prompt, c->n_gen, 128, want[i]);
+        } else {  // the engine alone, the same seed
+            tri_spec *s = batch_spec(f, c);
+            collect col = {want[i], 0, 64};
+            cr_assert_eq(tri_generate_spec(s, pr[i], c->n_prompt, &gp[i], on_token, &col, NULL), TRI_STATUS_OK, "%s",
+                         tri_last_error());
+            cr_assert_eq(col.n, c->n_gen);
+            tri_spec_free(s);
+        }
+    }
+    tri_spec *specs[N_BATCH];
+    collect cols[N_BATCH];
+    tri_spec_stats stats[N_BATCH];
+    tri_spec_batch *b;
+    cr_assert_eq(tri_spec_batch_create(&b), TRI_STATUS_OK);
+    for (int i = 0; i < N_BATCH; i++) {
+        specs[i] = batch_spec(f, &batch_cases[i]);
+        cols[i] = (collect){got[i], 0, 64};
+        int32_t id = -1;
+        cr_assert_eq(
+            tri_spec_batch_add(b, specs[i], pr[i], batch_cases[i].n_prompt, &gp[i], on_token, &cols[i], &stats[i], &id),
+            TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(id, i);
+    }
+    cr_assert_eq(tri_spec_batch_add(b, specs[0], pr[0], 3, &gp[0], on_token, &cols[0], NULL, NULL),
+                 TRI_STATUS_INVALID_ARGUMENT, "an engine generating in the batch is refused");
+    int32_t running = N_BATCH, steps = 0;
+    while (running > 0) {
+        cr_assert_eq(tri_spec_batch_step(b, &running), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert(++steps < 100000);
+    }
+    for (int i = 0; i < N_BATCH; i++) {
+        const batch_case *c = &batch_cases[i];
+        bool done = false;
+        tri_status st = TRI_STATUS_INTERNAL;
+        cr_assert_eq(tri_spec_batch_result(b, i, &done, &st), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert(done && st == TRI_STATUS_OK);
+        cr_assert_eq(cols[i].n, c->n_gen, "sequence %d: %d tokens of %d", i, cols[i].n, c->n_gen);
+        cr_assert_eq(stats[i].n_generated, c->n_gen);
+        for (int t = 0; t < c->n_gen; t++)
+            cr_assert_eq(got[i][t], want[i][t], "temperature %g, sequence %d (%s): token %d is %d in the batch, %d %s",
+                         temp, i, mode_name(c->mode), t, got[i][t], want[i][t], temp > 0 ? "alone" : "plain");
+    }
+    tri__spec_batch_counts(b, n_passes, n_rows);
+    tri_spec_batch_free(b);
+    for (int i = 0; i < N_BATCH; i++) tri_spec_free(specs[i]);
+}
+
+Test(spec, batch_equals_each_sequence_alone, .timeout = TT_TIMEOUT(300)) {
+    force_cpu = true;
+    batch_fixture f;
+    f.target = load(gen_model("batch-t", "--seed 11 --layers 3"));
+    f.draft = load(gen_model("batch-d", "--seed 12 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1"));
+    static const int32_t first[] = {0};
+    f.drafters[0] = (drafter_case){"model", TRI_SPEC_DRAFTER_MODEL, f.draft, NULL, 0, 0};
+    f.drafters[1] = (drafter_case){"layers-0", TRI_SPEC_DRAFTER_LAYERS, NULL, first, 1, 0};
+    f.drafters[2] = (drafter_case){"ngram-3", TRI_SPEC_DRAFTER_NGRAM, NULL, NULL, 0, 3};
+    int64_t passes, rows;
+    check_spec_batch(&f, 0.0f, &passes, &rows);
+    cr_log_info("spec batch, greedy: %lld passes carried %lld sequences' passes", (long long)passes, (long long)rows);
+    // the passes were shared (mixed modes and three kinds of L1 here: the draft levels of other
+    // weights run apart), on average more than 1.25 sequences per pass
+    cr_assert(4 * rows >= 5 * passes, "%lld passes carried only %lld sequences' passes", (long long)passes,
+              (long long)rows);
+    check_spec_batch(&f, 0.8f, &passes, &rows);
+    cr_log_info("spec batch, sampled: %lld passes carried %lld sequences' passes", (long long)passes, (long long)rows);
+    tri_model_free(f.draft);
+    tri_model_free(f.target);
+}
+
+// All at once, with one sequence's engine failing (a prompt outside the vocabulary): the others
+// finish, its status says why and the call's message names it.
+Test(spec, batch_call_reports_each_status) {
+    force_cpu = true;
+    tri_model *target = load(gen_model("batch-call", "--seed 11 --layers 2"));
+    drafter_case d = {"ngram-3", TRI_SPEC_DRAFTER_NGRAM, NULL, NULL, 0, 3};
+    tri_spec_params p = params_of(TRI_SPEC_MODE_TRIFORCE, &d, 2, 4);
+    tri_spec *specs[3];
+    for (int i = 0; i < 3; i++) specs[i] = spec_new(target, &p, 64);
+    const int32_t good[4] = {5, 6, 7, 8}, bad[2] = {5, 1 << 20};
+    const int32_t *pr[3] = {good, bad, good};
+    const int32_t n_prompts[3] = {4, 2, 3};
+    tri_generate_params gp[3];
+    int32_t toks[3][16];
+    collect cols[3];
+    void *users[3];
+    for (int i = 0; i < 3; i++) {
+        gp[i] = tri_generate_default_params();
+        gp[i].n_predict = 10;
+        gp[i].stop_at_eos = false;
+        cols[i] = (collect){toks[i], 0, 16};
+        users[i] = &cols[i];
+    }
+    tri_status sts[3];
+    tri_spec_stats stats[3];
+    cr_assert_eq(tri_generate_spec_batch(specs, pr, n_prompts, gp, on_token, users, stats, sts, 3),
+                 TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "sequence 1:") && strstr(tri_last_error(), "outside the vocabulary"), "%s",
+              tri_last_error());
+    cr_assert(sts[0] == TRI_STATUS_OK && sts[1] == TRI_STATUS_INVALID_ARGUMENT && sts[2] == TRI_STATUS_OK);
+    cr_assert(cols[0].n == 10 && cols[1].n == 0 && cols[2].n == 10);
+    cr_assert_eq(stats[2].n_generated, 10);
+    tri_spec *same[2] = {specs[0], specs[0]};
+    cr_assert_eq(tri_generate_spec_batch(same, pr, n_prompts, gp, on_token, users, NULL, NULL, 2),
+                 TRI_STATUS_INVALID_ARGUMENT);
+    for (int i = 0; i < 3; i++) tri_spec_free(specs[i]);
+    tri_model_free(target);
+}
+
+// An engine split over two CPU ranks (tensor parallelism) runs its passes alone, on its turn,
+// beside an engine on one device whose passes the batch runs: both give plain greedy decoding.
+Test(spec, batch_with_a_tensor_parallel_engine) {
+    force_cpu = true;
+    tri_model *target = load(gen_model("batch-tp", "--seed 11 --layers 2"));
+    drafter_case d = {"layers-0", TRI_SPEC_DRAFTER_LAYERS, NULL, (const int32_t[]){0}, 1, 0};
+    tri_spec_params p = params_of(TRI_SPEC_MODE_TRIFORCE, &d, 2, 4);
+    tri_session_params sp = small_session(64);
+    tri_spec *specs[2];
+    specs[0] = spec_new(target, &p, 64);
+    sp.devices = "cpu:0,cpu:1";
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &specs[1]), TRI_STATUS_OK, "%s", tri_last_error());
+    const int32_t pa[5] = {3, 9, 27, 81, 243}, pb[3] = {5, 25, 125}, *pr[2] = {pa, pb}, n_pr[2] = {5, 3};
+    int32_t want[2][16], got[2][16];
+    plain_greedy(target, pa, 5, 16, 64, want[0]);
+    plain_greedy(target, pb, 3, 16, 64, want[1]);
+    tri_generate_params gp[2];
+    collect cols[2];
+    void *users[2];
+    for (int i = 0; i < 2; i++) {
+        gp[i] = tri_generate_default_params();
+        gp[i].n_predict = 16;
+        gp[i].stop_at_eos = false;
+        cols[i] = (collect){got[i], 0, 16};
+        users[i] = &cols[i];
+    }
+    cr_assert_eq(tri_generate_spec_batch(specs, pr, n_pr, gp, on_token, users, NULL, NULL, 2), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(cols[i].n, 16);
+        for (int t = 0; t < 16; t++)
+            cr_assert_eq(got[i][t], want[i][t], "engine %d (%s): token %d is %d, plain %d", i, i ? "two ranks" : "one",
+                         t, got[i][t], want[i][t]);
+        tri_spec_free(specs[i]);
+    }
+    tri_model_free(target);
 }

@@ -734,7 +734,8 @@ static tri_status batch_output(tri__llama *run, tri__llama_seq *seqs, const batc
     for (int32_t k = 0; k < n_steps; k++) {
         const tri__llama_seq *sq = &seqs[steps[k].seq];
         bool last = steps[k].done + steps[k].nb == sq->n;
-        int32_t r0 = sq->mode == TRI_LOGITS_ALL ? 0 : steps[k].nb - 1;
+        int32_t r0 = sq->mode == TRI_LOGITS_ALL ? sq->skip - steps[k].done : steps[k].nb - 1;
+        if (r0 < 0) r0 = 0;
         if (sq->mode == TRI_LOGITS_NONE || (sq->mode == TRI_LOGITS_LAST && !last)) continue;
         for (int32_t r = r0; r < steps[k].nb; r++, n_out++) {
             const float *src = run->x + (int64_t)(steps[k].row0 + r) * E;
@@ -754,8 +755,12 @@ static tri_status batch_output(tri__llama *run, tri__llama_seq *seqs, const batc
         const tri__llama_seq *sq = &seqs[steps[k].seq];
         bool last = steps[k].done + steps[k].nb == sq->n;
         if (sq->mode == TRI_LOGITS_NONE || (sq->mode == TRI_LOGITS_LAST && !last)) continue;
-        int32_t rows = sq->mode == TRI_LOGITS_ALL ? steps[k].nb : 1;
-        float *dst = sq->mode == TRI_LOGITS_ALL ? sq->logits + (int64_t)steps[k].done * V : sq->logits;
+        // ALL: the step's rows at or after skip (token done + r is row done + r - skip)
+        int32_t r0 = sq->mode == TRI_LOGITS_ALL && sq->skip > steps[k].done ? sq->skip - steps[k].done : 0;
+        if (r0 >= steps[k].nb) continue;
+        int32_t rows = sq->mode == TRI_LOGITS_ALL ? steps[k].nb - r0 : 1;
+        float *dst =
+            sq->mode == TRI_LOGITS_ALL ? sq->logits + (int64_t)(steps[k].done + r0 - sq->skip) * V : sq->logits;
         TRY(op->copy_to_host(be, dst, run->logits + (int64_t)n_out * V, sizeof(float) * (size_t)(rows * V)));
         n_out += rows;
     }
@@ -809,8 +814,9 @@ tri_status tri__llama_forward_batch(tri__llama *run, tri__llama_seq *seqs, int32
     for (int32_t i = 0; i < n_seqs; i++) {
         const tri__llama_seq *sq = &seqs[i];
         const tri_model_config *ci = &sq->ll->model->config;
-        if (sq->n <= 0 || !sq->tokens)
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "batch: sequence %d: %d tokens", i, sq->n);
+        if (sq->n <= 0 || !sq->tokens || sq->skip < 0 || sq->skip >= sq->n)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "batch: sequence %d: %d tokens, the first %d without logits",
+                             i, sq->n, sq->skip);
         int32_t n0 = tri__kv_policy_len(sq->pol), cap = tri__kv_policy_capacity(sq->pol);
         if (n0 > cap - sq->n)
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT,

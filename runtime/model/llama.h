@@ -133,7 +133,9 @@ typedef struct tri__llama_seq {
     const int32_t *tokens;   // (n) host
     int32_t n;
     tri__logits_mode mode;   // LAST: the last token's row; ALL: every token's; NONE
-    float *logits;           // host: (1, n_vocab) for LAST, (n, n_vocab) for ALL
+    float *logits;           // host: (1, n_vocab) for LAST, (n - skip, n_vocab) for ALL
+    int32_t skip;            // ALL: the first skip tokens (< n) give no row (a verification's catch-up
+                             // tokens before the rows it scores); 0: every token's
 } tri__llama_seq;
 
 // Runs every sequence's tokens as tri__llama_forward_policy(seq.ll, seq.pol, ...) would, in shared

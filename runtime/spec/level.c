@@ -177,9 +177,16 @@ static tri_status run(tri__level *lv, const int32_t *tokens, int32_t n, bool all
     tri__logits_mode mode = row < 0 ? TRI_LOGITS_NONE : all ? TRI_LOGITS_ALL : TRI_LOGITS_LAST;
     float *dst = mode == TRI_LOGITS_NONE ? NULL : lv->logits + (int64_t)row * V;
     int32_t len = tri__kv_policy_len(&lv->pol);
-    tri_status st = n == 1 && mode != TRI_LOGITS_NONE && lv->step.ll
-                        ? tri__llama_step_run(&lv->step, tokens[0], dst)  // the same cache and logits
-                        : tri__llama_forward_policy(&lv->ll, &lv->pol, tokens, n, mode, dst);
+    // in a batch of engines (spec-batch.c) the pass joins the others', except a token tree's (a
+    // batched pass takes none), a prefill that runs layer-major alone, and a recorded step: those
+    // run here, while the engine holds the batch's turn
+    const bool step = n == 1 && mode != TRI_LOGITS_NONE && lv->step.ll;
+    const bool batched =
+        lv->seat && !step && !lv->ll.tree && lv->n_ranks == 1 &&
+        !(mode == TRI_LOGITS_NONE && n > lv->ll.n_batch && tri__llama_prefill_step(&lv->ll, &lv->pol) > lv->ll.n_batch);
+    tri_status st = step      ? tri__llama_step_run(&lv->step, tokens[0], dst)  // the same cache and logits
+                    : batched ? tri__batch_seat_run(lv->seat, lv, tokens, n, mode, dst)
+                              : tri__llama_forward_policy(&lv->ll, &lv->pol, tokens, n, mode, dst);
     if (!st)  // n_evals counts those steps as passes
         for (int32_t done = 0; done < n; lv->n_evals++) {
             int32_t lim = tri__kv_policy_step_limit_at(&lv->pol, len + done);

@@ -76,6 +76,10 @@ typedef struct tri__level {
     struct tri__level *peers;
     int32_t n_ranks;
     struct tri__tp *tp;
+    // speculative decoding in batches (spec-batch.c): the seat of the engine's generation in a
+    // batch, whose passes of this level join the other engines' passes over the same weights; NULL:
+    // every pass runs alone. Only on a level of one rank.
+    struct tri__batch_seat *seat;
 } tri__level;
 
 // The ring the speculative engine gives its retrieval level over L3's rows: 512 tokens past a
@@ -165,6 +169,13 @@ int32_t tri__level_n_ctx(const tri__level *lv);
 // selected, or rolled back below it with no earlier one kept (a level over borrowed rows keeps
 // only the current selection), or positions adopted since (which drops it, borrowing).
 int32_t tri__level_last_refresh(const tri__level *lv);
+
+// Runs tokens on lv as tri__llama_forward_policy(&lv->ll, &lv->pol, tokens, n, mode, dst) would,
+// in the next batched pass of seat's batch together with the other generations' passes over the
+// same weights (tri__llama_forward_batch: bit for bit the same cache and logits on the CPU);
+// blocks until that pass ran (spec-batch.c).
+tri_status tri__batch_seat_run(struct tri__batch_seat *seat, tri__level *lv, const int32_t *tokens, int32_t n,
+                               tri__logits_mode mode, float *dst);
 
 // ---- layer-skipping self-draft ----
 

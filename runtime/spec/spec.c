@@ -473,6 +473,16 @@ tri__level *tri__spec_level(tri_spec *s, int level) {
 }
 
 const int32_t *tri__spec_tokens(const tri_spec *s) { return s->seq; }
+
+bool tri__spec_set_seat(tri_spec *s, struct tri__batch_seat *seat) {
+    tri__level *lv[3] = {s->lv1, s->lv2, &s->l3};
+    bool any = false;
+    for (int k = 0; k < 3; k++)
+        if (lv[k] && lv[k]->n_ranks == 1) lv[k]->seat = seat, any = true;
+    return any;
+}
+
+bool tri__spec_generating(const tri_spec *s) { return atomic_load(&s->run) != TRI__RUN_IDLE; }
 int32_t tri_spec_n_past(const tri_spec *s) { return s ? s->n_seq : 0; }
 
 // Every level forgets what it cached at or after index i of seq (which is about to change).

@@ -119,6 +119,15 @@ void tri__spec_depth_counts(const tri_spec *spec, int which, int64_t *reached, i
 // The context: tri_spec_n_past tokens, valid until the next call on spec.
 const int32_t *tri__spec_tokens(const tri_spec *spec);
 
+// Speculative decoding in batches (spec-batch.c): seat (NULL: none) on every level of one rank, so
+// that their passes join the batch's; false when no level takes it (tensor parallelism).
+bool tri__spec_set_seat(tri_spec *spec, struct tri__batch_seat *seat);
+// Benchmark and test hook: the batched passes a speculative batch ran and the generations' passes
+// they carried (their ratio: sequences per pass).
+void tri__spec_batch_counts(const tri_spec_batch *batch, int64_t *n_passes, int64_t *n_rows);
+// Whether a tri_generate_spec call runs on spec now.
+bool tri__spec_generating(const tri_spec *spec);
+
 // The prompt-lookup drafter: finds the latest earlier occurrence of the last m tokens of
 // ctx[0..n_ctx), for m = ngram_n down to 1, and copies up to max_tokens of what followed it into
 // out. Returns how many it proposed (0 when nothing matched).
