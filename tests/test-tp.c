@@ -324,6 +324,79 @@ Test(tp, greedy_speculative_equals_plain, .timeout = TT_TIMEOUT(300)) {
     tri_model_free(m);
 }
 
+// Token trees (tri_spec_params.tree_nodes): L3 verifies the chain and siblings in one pass over a
+// tree mask, which each rank applies to its own KV heads. On two and three CPU ranks greedy output
+// must be plain decoding's on the same ranks, in every mode whose drafter proposes siblings, with
+// the KV on the device, offloaded, and offloaded with half its rows attended on the host (the
+// split), and the trees must really carry siblings. (A rank left without the tree's mask fails at
+// the ninth token.)
+typedef struct tree_case {
+    const char *name;
+    tri_spec_mode mode;
+    tri_spec_drafter drafter;
+} tree_case;
+
+static void check_trees(const tri_model *m, const tri_model *draft, int n, int off, const tree_case *tc) {
+    static const int32_t layers[] = {0, 2};
+    collect want;
+    plain(m, n, &want);
+    cr_assert_eq(want.n, 40);
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = tc->mode;
+    p.drafter = tc->drafter;
+    p.draft_model = draft;
+    p.draft_layers = layers;
+    p.n_draft_layers = 2;
+    p.budget = 16;
+    p.chunk = 4;
+    p.draft_window = 12;
+    p.draft_sink = 2;
+    p.gamma2 = 4;
+    p.tree_nodes = 10;  // the chain of 4 and up to 6 siblings
+    tri_session_params sp = params(n, 128);
+    sp.kv_layers_offloaded = off ? 2 : 0;
+    sp.kv_host_fraction = off == 2 ? 0.5f : 0.0f;
+    tri_spec *e;
+    cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s: %s", tc->name, tri_last_error());
+    cr_assert_str_eq(tri_spec_device(e), devices_of(n));
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = 40;
+    gp.stop_at_eos = false;
+    collect got = {.n = 0};
+    tri_spec_stats st;
+    cr_assert_eq(tri_generate_spec(e, prompt, 24, &gp, on_token, &got, &st), TRI_STATUS_OK, "%s: %s", tc->name,
+                 tri_last_error());
+    cr_assert_eq(got.n, 40, "%s", tc->name);
+    for (int t = 0; t < 40; t++)
+        cr_assert_eq(got.tok[t], want.tok[t], "%s, trees on %d ranks, KV way %d: token %d is %d, plain decoding's %d",
+                     tc->name, n, off, t, got.tok[t], want.tok[t]);
+    // the passes verified more drafted tokens than chains of gamma2 hold: siblings were there
+    cr_assert_gt(st.n_l3_tree_nodes, (int64_t)p.gamma2 * st.n_l3_verify, "%s: %lld nodes in %lld passes", tc->name,
+                 (long long)st.n_l3_tree_nodes, (long long)st.n_l3_verify);
+    cr_log_info("%d ranks, KV way %d, %s: %lld tree nodes in %lld L3 passes (%.2f tokens per pass)\n", n, off,
+                tc->name, (long long)st.n_l3_tree_nodes, (long long)st.n_l3_verify,
+                st.n_l3_verify ? (double)st.n_generated / (double)st.n_l3_verify : 0.0);
+    tri_spec_free(e);
+}
+
+Test(tp, greedy_token_trees_equal_plain, .timeout = TT_TIMEOUT(300)) {
+    tri_model *m = tiny("tp-tree", "");
+    tri_model *draft = load(tt_gen_model("tp-tree-draft", "--seed 18 --layers 1 --embd 32 --ff 64 --heads 2 "
+                                                          "--kv-heads 1 --head-dim 16"));
+    static const tree_case cases[] = {
+        {"triforce, self-draft (split like the target)", TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS},
+        {"triforce, draft model (on device 0)", TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_MODEL},
+        {"retrieval", TRI_SPEC_MODE_RETRIEVAL, TRI_SPEC_DRAFTER_MODEL},
+        {"draft, self-draft", TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS},
+        {"draft, draft model", TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_MODEL},
+    };
+    for (int n = 2; n <= 3; n++)
+        for (int off = 0; off <= 2; off++)  // KV on the device; 2 layers offloaded; and half of those on the host
+            for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_trees(m, draft, n, off, &cases[i]);
+    tri_model_free(draft);
+    tri_model_free(m);
+}
+
 // The default model (SmolLM2-135M, Q4_1, 9 query heads over 3 KV heads: 2 + 1 on two devices):
 // logits of a prompt and a few decoded tokens against one device. This model is sensitive to the
 // order of summation: x is quantized to 8 bits per block of 32 before each quantized matmul, so a
