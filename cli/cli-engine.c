@@ -219,7 +219,8 @@ bool tri_cli_engine_place(const tri_model *model, tri_cli_engine *e, int32_t n_s
     double host_attn_gbps = e->host_attn_gbps;
     if (host_attn_gbps == 0 && on_gpu && !e->kv_host_set) {
         int32_t m = pp.mode == TRI_PLAN_MODE_TRIFORCE ? (pp.gamma2 > 0 ? pp.gamma2 : 12) + 1 : 1;
-        host_measured = tri_measure_host_attention(&pm.config, m, sp->kv_host_threads, &host_attn_gbps) == TRI_STATUS_OK;
+        tri_status ms = tri_measure_host_attention(&pm.config, m, sp->kv_host_threads, &host_attn_gbps);
+        host_measured = ms == TRI_STATUS_OK;
     }
     pp.host_attn_gbps = host_attn_gbps;
     tri_plan plan;
