@@ -27,12 +27,6 @@
 #include "tri-config.h"
 #include "bench-util.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void die(const char *what) {
     fprintf(stderr, "bench-kv-quality: %s: %s\n", what, tri_last_error());
     exit(1);
@@ -59,11 +53,11 @@ static void run(tri__llama *ll, const tri_model *m, tri__kv_policy_params *pp, c
     if (tri__llama_forward_policy(ll, &pol, ids + ctx - 1, 1, TRI_LOGITS_LAST, logits)) die("prefill");
     pol.mass_sum = 0;
     pol.mass_n = 0;
-    double t0 = now();
+    double t0 = bench_now();
     for (int32_t i = 0; i < npos; i++)
         if (tri__llama_forward_policy(ll, &pol, ids + ctx + i, 1, TRI_LOGITS_LAST, logits + (int64_t)i * c->n_vocab))
             die("decode");
-    *secs = (now() - t0) / npos;
+    *secs = (bench_now() - t0) / npos;
     *mass = pol.mass_n ? pol.mass_sum / (double)pol.mass_n : 1;
     tri__kv_policy_free(&pol);
 }
@@ -94,9 +88,9 @@ static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int
     for (int32_t i0 = 0; i0 < n; i0 += PASS) {
         int32_t nb = n - i0 < PASS ? n - i0 : PASS;
         for (int t = 0; t < NT; t++) {
-            double t0 = now();
+            double t0 = bench_now();
             if (tri__llama_forward_policy(ll, &pol[t], ids + i0, nb, TRI_LOGITS_ALL, lg[t])) die("forward");
-            secs[t] += now() - t0;
+            secs[t] += bench_now() - t0;
         }
         for (int32_t r = 0; r < nb; r++) {
             const int32_t pos = i0 + r;

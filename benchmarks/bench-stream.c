@@ -27,12 +27,6 @@
 #include "model.h"
 #include "bench-util.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void die(const char *what) {
     fprintf(stderr, "bench-stream: %s: %s\n", what, tri_last_error());
     exit(1);
@@ -105,7 +99,7 @@ int main(int argc, char **argv) {
            2.0 * c->n_layer * (double)n_tok * (double)tri__kv_store_row_bytes(&pol.own) / (1024.0 * 1024.0));
     printf("%10s %10s %10s %10s %8s\n", "tokens", "RSS MiB", "store MiB", "seg ppl", "tok/s");
     fflush(stdout);
-    double t0 = now(), seg_nll = 0, max_ppl = 0;
+    double t0 = bench_now(), seg_nll = 0, max_ppl = 0;
     long seg_n = 0, rss_first = -1, rss_max = 0;
     for (int32_t done = 0; done < n_tok;) {
         int32_t nb = n_tok - done < CALL ? n_tok - done : CALL;
@@ -116,7 +110,7 @@ int main(int argc, char **argv) {
         if (done % segment < CALL || done == n_tok) {
             long rss = rss_kib();
             double ppl = exp(seg_nll / (double)(seg_n > 0 ? seg_n : 1));
-            printf("%10d %10.1f %10.1f %10.3f %8.1f\n", done, rss / 1024.0, store_mib, ppl, done / (now() - t0));
+            printf("%10d %10.1f %10.1f %10.3f %8.1f\n", done, rss / 1024.0, store_mib, ppl, done / (bench_now() - t0));
             fflush(stdout);
             if (rss_first < 0) rss_first = rss;
             if (rss > rss_max) rss_max = rss;

@@ -21,6 +21,20 @@ static void engine_disk_streams(tri_cli_engine *e) {
         e->sp.weight_layers_streamed = e->sp.weight_layers_from_disk;
 }
 
+// arg among choices[0 .. n) (the value at the same index into *out); false after printing
+// "<cmd>: <opt> '<arg>': want <want>".
+static bool engine_pick(const char *cmd, const char *opt, const char *arg, const char *const *choices,
+                        const int *values, int n, const char *want, int *out) {
+    for (int i = 0; i < n; i++) {
+        if (strcmp(arg, choices[i]) == 0) {
+            *out = values[i];
+            return true;
+        }
+    }
+    fprintf(stderr, "%s: %s '%s': want %s\n", cmd, opt, arg, want);
+    return false;
+}
+
 void tri_cli_engine_init(tri_cli_engine *e) {
     memset(e, 0, sizeof *e);
     e->sp = tri_session_default_params();
@@ -55,17 +69,16 @@ bool tri_cli_engine_option(const char *cmd, int c, const char *arg, tri_cli_engi
         e->kv_host_set = true;
         return tri_cli_parse_float(cmd, "--kv-host", arg, 0.0, 1.0, &e->kv_host);
     case E_HOST_ATTN: return tri_cli_parse_float(cmd, "--host-attn-gbps", arg, 0.0, 1e6, &e->host_attn_gbps);
-    case E_KV:
+    case E_KV: {
+        static const char *const policies[] = {"full", "streaming", "h2o", "retrieval"};
+        static const int values[] = {TRI_KV_POLICY_FULL, TRI_KV_POLICY_STREAMING, TRI_KV_POLICY_H2O,
+                                     TRI_KV_POLICY_RETRIEVAL};
+        int v;
         e->kv_set = true;
-        if (strcmp(arg, "full") == 0) e->sp.kv_policy = TRI_KV_POLICY_FULL;
-        else if (strcmp(arg, "streaming") == 0) e->sp.kv_policy = TRI_KV_POLICY_STREAMING;
-        else if (strcmp(arg, "h2o") == 0) e->sp.kv_policy = TRI_KV_POLICY_H2O;
-        else if (strcmp(arg, "retrieval") == 0) e->sp.kv_policy = TRI_KV_POLICY_RETRIEVAL;
-        else {
-            fprintf(stderr, "%s: --kv '%s': want full, streaming, h2o or retrieval\n", cmd, arg);
-            return false;
-        }
+        if (!engine_pick(cmd, "--kv", arg, policies, values, 4, "full, streaming, h2o or retrieval", &v)) return false;
+        e->sp.kv_policy = (tri_kv_policy)v;
         return true;
+    }
     case E_BUDGET:
     case E_KV_BUDGET:
         return tri_cli_parse_long(cmd, c - TRI_CLI_OPT_ENGINE == E_BUDGET ? "--budget" : "--kv-budget", arg, 1,
@@ -76,26 +89,24 @@ bool tri_cli_engine_option(const char *cmd, int c, const char *arg, tri_cli_engi
                                   &e->chunk);
     case E_SINK: return tri_cli_parse_long(cmd, "--sink", arg, 1, INT32_MAX, &e->sink);
     case E_REFRESH: return tri_cli_parse_long(cmd, "--refresh", arg, 1, INT32_MAX, &e->refresh);
-    case E_KV_INDEX:
+    case E_KV_INDEX: {
+        static const char *const indexes[] = {"exact", "faiss", "faiss-ivf"};
+        static const int values[] = {TRI_KV_INDEX_EXACT, TRI_KV_INDEX_FAISS_FLAT, TRI_KV_INDEX_FAISS_IVF};
+        int v;
         e->index_set = true;
-        if (strcmp(arg, "exact") == 0) e->sp.kv_index = TRI_KV_INDEX_EXACT;
-        else if (strcmp(arg, "faiss") == 0) e->sp.kv_index = TRI_KV_INDEX_FAISS_FLAT;
-        else if (strcmp(arg, "faiss-ivf") == 0) e->sp.kv_index = TRI_KV_INDEX_FAISS_IVF;
-        else {
-            fprintf(stderr, "%s: --kv-index '%s': want exact, faiss or faiss-ivf\n", cmd, arg);
-            return false;
-        }
+        if (!engine_pick(cmd, "--kv-index", arg, indexes, values, 3, "exact, faiss or faiss-ivf", &v)) return false;
+        e->sp.kv_index = (tri_kv_index)v;
         return true;
-    case E_SPEC:
-        if (strcmp(arg, "none") == 0) e->spec.mode = TRI_SPEC_MODE_NONE;
-        else if (strcmp(arg, "draft") == 0) e->spec.mode = TRI_SPEC_MODE_DRAFT;
-        else if (strcmp(arg, "retrieval") == 0) e->spec.mode = TRI_SPEC_MODE_RETRIEVAL;
-        else if (strcmp(arg, "triforce") == 0) e->spec.mode = TRI_SPEC_MODE_TRIFORCE;
-        else {
-            fprintf(stderr, "%s: --spec '%s': want none, draft, retrieval or triforce\n", cmd, arg);
-            return false;
-        }
+    }
+    case E_SPEC: {
+        static const char *const modes[] = {"none", "draft", "retrieval", "triforce"};
+        static const int values[] = {TRI_SPEC_MODE_NONE, TRI_SPEC_MODE_DRAFT, TRI_SPEC_MODE_RETRIEVAL,
+                                     TRI_SPEC_MODE_TRIFORCE};
+        int v;
+        if (!engine_pick(cmd, "--spec", arg, modes, values, 4, "none, draft, retrieval or triforce", &v)) return false;
+        e->spec.mode = (tri_spec_mode)v;
         return true;
+    }
     case E_DRAFT: e->draft_path = arg; return true;
     case E_DRAFT_LAYERS: e->draft_layers = arg; return true;
     case E_DRAFT_NGRAM: return tri_cli_parse_long(cmd, "--draft-ngram", arg, 1, 64, &e->ngram);
