@@ -1578,6 +1578,12 @@ Test(cli, generate_several_prompts_as_a_batch, .timeout = TT_TIMEOUT(120)) {
         at += (size_t)snprintf(expect + at, sizeof expect - at, "%s==> %s <==\n%s", i ? "\n" : "", files[i], want[i]);
     cr_assert_str_eq(out, expect);
     cr_assert(strstr(err, "prompts: 3, ") && strstr(err, "generated: 36 tokens in 11 batched passes"), "%s", err);
+    // --weights-from-disk alone streams that many layers, as for one prompt (the engine options'
+    // module applies it to a batch too; before, the batch's sessions refused it); the CPU ignores both
+    snprintf(args, sizeof args, "generate -m '%s' -f '%s' -f '%s' -f '%s' -n 12 --ids --ignore-eos --batch 8 --device "
+             "cpu --weights-from-disk 2", m, files[0], files[1], files[2]);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(out, expect);
     // the same prompts from a JSONL file (a blank line, members besides "prompt" ignored)
     snprintf(jsonl, sizeof jsonl, "%s", tt_tmp("cli-several.jsonl"));
     FILE *f = fopen(jsonl, "w");
