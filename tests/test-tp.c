@@ -632,9 +632,10 @@ Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
     for (int k = 0; k < K; k++) free(l[k]);
     if (emulated) setenv("CUDAEMU_P2P", "1", 1);
 
-    // plain and speculative greedy decoding on the two devices, by NCCL and (TRI_NO_NCCL) by peer
-    // copies; the self-draft's StreamingLLM window makes its one-token steps recorded graphs, with
-    // NCCL's all-reduce inside them (the other paths wait on the host: its steps are not recorded)
+    // plain and speculative greedy decoding (L3 checking chains, then token trees) on the two
+    // devices, by NCCL and (TRI_NO_NCCL) by peer copies; the self-draft's StreamingLLM window makes
+    // its one-token steps recorded graphs, with NCCL's all-reduce inside them (the other paths wait
+    // on the host: its steps are not recorded)
     for (int nccl = 1; nccl >= 0; nccl--) {
         setenv("TRI_NO_NCCL", nccl ? "0" : "1", 1);
         tri_session_params sp = tri_session_default_params();
@@ -660,13 +661,22 @@ Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
         p.gamma2 = 4;
         p.draft_window = 12;
         p.draft_sink = 2;
-        tri_spec *e;
-        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
-        cr_assert_eq(tri_generate_spec(e, prompt, 12, &gp, on_token, &got, NULL), TRI_STATUS_OK, "NCCL %d: %s", nccl,
-                     tri_last_error());
-        cr_assert_eq(got.n, 12);
-        for (int t = 0; t < 12; t++) cr_assert_eq(got.tok[t], want.tok[t], "NCCL %d: token %d", nccl, t);
-        tri_spec_free(e);
+        for (int tree = 0; tree <= 1; tree++) {  // L3 checks the chain, then token trees of 8 nodes
+            p.tree_nodes = tree ? 8 : 0;
+            tri_spec *e;
+            tri_spec_stats st;
+            got.n = 0;
+            cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+            cr_assert_eq(tri_generate_spec(e, prompt, 12, &gp, on_token, &got, &st), TRI_STATUS_OK, "NCCL %d: %s",
+                         nccl, tri_last_error());
+            cr_assert_eq(got.n, 12);
+            for (int t = 0; t < 12; t++)
+                cr_assert_eq(got.tok[t], want.tok[t], "NCCL %d, tree nodes %d: token %d", nccl, p.tree_nodes, t);
+            cr_assert(!tree || st.n_l3_tree_nodes > (int64_t)p.gamma2 * st.n_l3_verify,
+                      "NCCL %d: %lld tree nodes in %lld passes", nccl, (long long)st.n_l3_tree_nodes,
+                      (long long)st.n_l3_verify);
+            tri_spec_free(e);
+        }
     }
     unsetenv("TRI_NO_NCCL");
     tri_model_free(m);
