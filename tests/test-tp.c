@@ -270,6 +270,23 @@ static void plain(const tri_model *m, int n, collect *c) {
     tri_session_free(s);
 }
 
+// The speculative parameters of this file's runs: caches small enough that L2 evicts (budget in
+// chunks of 4, selected over each rank's heads) and L1's StreamingLLM window slides.
+static tri_spec_params small_spec(tri_spec_mode mode, tri_spec_drafter drafter, const tri_model *draft,
+                                  const int32_t *layers, int32_t n_layers, int32_t budget) {
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = mode;
+    p.drafter = drafter;
+    p.draft_model = draft;
+    p.draft_layers = layers;
+    p.n_draft_layers = n_layers;
+    p.budget = budget;
+    p.chunk = 4;
+    p.draft_window = 12;
+    p.draft_sink = 2;
+    return p;
+}
+
 Test(tp, greedy_speculative_equals_plain, .timeout = TT_TIMEOUT(300)) {
     tri_model *m = tiny("tp-spec", "");
     tri_model *draft = load(tt_gen_model("tp-draft", "--seed 18 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1 "
@@ -291,17 +308,8 @@ Test(tp, greedy_speculative_equals_plain, .timeout = TT_TIMEOUT(300)) {
             {"draft, self-draft", TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS},
         };
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            tri_spec_params p = tri_spec_default_params();
-            p.mode = cases[i].mode;
-            p.drafter = cases[i].drafter;
-            p.draft_model = draft;
-            p.draft_layers = layers;
-            p.n_draft_layers = 2;
+            tri_spec_params p = small_spec(cases[i].mode, cases[i].drafter, draft, layers, 2, 16);
             p.ngram_n = 2;
-            p.budget = 16;  // L2 evicts: 4 chunks of 4 selected over each device's heads
-            p.chunk = 4;
-            p.draft_window = 12;
-            p.draft_sink = 2;
             tri_session_params sp = params(n, 128);
             tri_spec *e;
             cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
@@ -341,16 +349,7 @@ static void check_trees(const tri_model *m, const tri_model *draft, int n, int o
     collect want;
     plain(m, n, &want);
     cr_assert_eq(want.n, 40);
-    tri_spec_params p = tri_spec_default_params();
-    p.mode = tc->mode;
-    p.drafter = tc->drafter;
-    p.draft_model = draft;
-    p.draft_layers = layers;
-    p.n_draft_layers = 2;
-    p.budget = 16;
-    p.chunk = 4;
-    p.draft_window = 12;
-    p.draft_sink = 2;
+    tri_spec_params p = small_spec(tc->mode, tc->drafter, draft, layers, 2, 16);
     p.gamma2 = 4;
     p.tree_nodes = 10;  // the chain of 4 and up to 6 siblings
     tri_session_params sp = params(n, 128);
@@ -650,17 +649,9 @@ Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
         cr_assert_eq(tri_generate(s, prompt, 12, &gp, on_token, &want, NULL), TRI_STATUS_OK, "%s", tri_last_error());
         tri_session_free(s);
         static const int32_t layers[] = {0};
-        tri_spec_params p = tri_spec_default_params();
-        p.mode = TRI_SPEC_MODE_TRIFORCE;
-        p.drafter = TRI_SPEC_DRAFTER_LAYERS;
-        p.draft_layers = layers;
-        p.n_draft_layers = 1;
-        p.budget = 8;
-        p.chunk = 4;
+        tri_spec_params p = small_spec(TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS, NULL, layers, 1, 8);
         p.gamma1 = 2;
         p.gamma2 = 4;
-        p.draft_window = 12;
-        p.draft_sink = 2;
         for (int tree = 0; tree <= 1; tree++) {  // L3 checks the chain, then token trees of 8 nodes
             p.tree_nodes = tree ? 8 : 0;
             tri_spec *e;
