@@ -3,12 +3,13 @@
 // next token, the expected acceptance sum_x min(p, q) of a draft q = policy against p = full (the
 // speculative acceptance rate at temperature 1), and KL(p || q), over many positions.
 //
-// usage: bench-kv-quality MODEL.gguf IDS.txt [context 2048] [positions 64] [budgets 128,256,512,1024]
+// usage: bench-kv-quality MODEL.gguf IDS [context 2048] [positions 64] [budgets 128,256,512,1024]
 //                         [threads 0]
-//        bench-kv-quality MODEL.gguf IDS.txt CONTEXT 0 types [threads 0]
+//        bench-kv-quality MODEL.gguf IDS CONTEXT 0 types [threads 0]
 // The second form compares the KV cache's types (f16, q8_0, q4_0, mixed: full cache) over the first
 // CONTEXT tokens of the text, every position scored (kv_types below).
-// IDS.txt: token ids, one per line (scripts/tokenize-gguf.py). The first `context` ids are the
+// IDS: token ids as text, one per line (scripts/tokenize-gguf.py), or little-endian int32
+// (benchmarks/tokenize-gguf.py): bench_read_ids tells them apart. The first `context` ids are the
 // prompt; the next `positions` are fed one by one (teacher forcing) and compared.
 // Retrieval selects once after the prompt (TriForce's code never refreshes), chunks of 8;
 // StreamingLLM keeps 16 sinks; H2O keeps half its budget as the recent window.
@@ -25,12 +26,6 @@
 #include "model.h"
 #include "tri-config.h"
 #include "bench-util.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void die(const char *what) {
     fprintf(stderr, "bench-kv-quality: %s: %s\n", what, tri_last_error());
@@ -58,11 +53,11 @@ static void run(tri__llama *ll, const tri_model *m, tri__kv_policy_params *pp, c
     if (tri__llama_forward_policy(ll, &pol, ids + ctx - 1, 1, TRI_LOGITS_LAST, logits)) die("prefill");
     pol.mass_sum = 0;
     pol.mass_n = 0;
-    double t0 = now();
+    double t0 = bench_now();
     for (int32_t i = 0; i < npos; i++)
         if (tri__llama_forward_policy(ll, &pol, ids + ctx + i, 1, TRI_LOGITS_LAST, logits + (int64_t)i * c->n_vocab))
             die("decode");
-    *secs = (now() - t0) / npos;
+    *secs = (bench_now() - t0) / npos;
     *mass = pol.mass_n ? pol.mass_sum / (double)pol.mass_n : 1;
     tri__kv_policy_free(&pol);
 }
@@ -93,9 +88,9 @@ static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int
     for (int32_t i0 = 0; i0 < n; i0 += PASS) {
         int32_t nb = n - i0 < PASS ? n - i0 : PASS;
         for (int t = 0; t < NT; t++) {
-            double t0 = now();
+            double t0 = bench_now();
             if (tri__llama_forward_policy(ll, &pol[t], ids + i0, nb, TRI_LOGITS_ALL, lg[t])) die("forward");
-            secs[t] += now() - t0;
+            secs[t] += bench_now() - t0;
         }
         for (int32_t r = 0; r < nb; r++) {
             const int32_t pos = i0 + r;
@@ -134,7 +129,7 @@ static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: bench-kv-quality MODEL.gguf IDS.txt [context 2048] [positions 64] "
+        fprintf(stderr, "usage: bench-kv-quality MODEL.gguf IDS [context 2048] [positions 64] "
                         "[budgets 128,256,512,1024] [threads 0]\n");
         return 2;
     }
@@ -148,22 +143,16 @@ int main(int argc, char **argv) {
         return 2;
     }
 
-    FILE *f = fopen(argv[2], "r");
-    if (!f) {
-        perror(argv[2]);
-        return 1;
-    }
-    int32_t cap = ctx + npos, n = 0;
-    int32_t *ids = malloc(sizeof *ids * (size_t)cap);
-    while (n < cap && fscanf(f, "%d", &ids[n]) == 1) n++;
-    fclose(f);
-    if (n < cap) {
-        fprintf(stderr, "%s: %d ids, need %d\n", argv[2], n, cap);
-        return 1;
-    }
     tri_model *m;
     if (tri_model_load(argv[1], NULL, &m)) die(argv[1]);
     const tri_model_config *c = &m->config;
+    int32_t cap = ctx + npos, n = 0;
+    int32_t *ids = bench_read_ids(argv[2], c->n_vocab, &n);
+    if (!ids) return 1;
+    if (n < cap) {
+        fprintf(stderr, "%s: %d ids, need %d (context %d + positions %d)\n", argv[2], n, cap, ctx, npos);
+        return 1;
+    }
     tri__backend *be;
     if (tri__backend_cpu_create(threads, TRI_CPU_SIMD_AUTO, &be)) die("backend");
     tri__llama ll;

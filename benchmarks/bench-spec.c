@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "triforce.h"
+#include "bench-util.h"
 
 typedef struct run_out {
     int32_t tok[1024];
@@ -44,39 +45,6 @@ static bool on_token(int32_t tok, void *user) {
     if (r->n == 0) r->cpu_first = r->cpu_last;
     if (r->n < 1024) r->tok[r->n++] = tok;
     return true;
-}
-
-// Text (decimal ids separated by white space) when every byte is a digit or white space, else
-// little-endian int32.
-static int32_t *read_ids(const char *path, int32_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long bytes = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)bytes + 1);
-    int32_t *ids = malloc((size_t)bytes * sizeof *ids + 4);
-    if (!buf || !ids || fread(buf, 1, (size_t)bytes, f) != (size_t)bytes) {
-        free(buf);
-        free(ids);
-        fclose(f);
-        return NULL;
-    }
-    fclose(f);
-    buf[bytes] = 0;
-    bool text = true;
-    for (long i = 0; i < bytes && text; i++)
-        text = (buf[i] >= '0' && buf[i] <= '9') || buf[i] == '\n' || buf[i] == ' ' || buf[i] == '\r' || buf[i] == '\t';
-    *n = 0;
-    if (text) {
-        char *p = buf, *end;
-        for (long v; (v = strtol(p, &end, 10)), end != p; p = end) ids[(*n)++] = (int32_t)v;
-    } else {
-        memcpy(ids, buf, (size_t)bytes);
-        *n = (int32_t)(bytes / 4);
-    }
-    free(buf);
-    return ids;
 }
 
 // "0-5,7,9,20-29" -> indices; returns the count.
@@ -144,9 +112,10 @@ int main(int argc, char **argv) {
     }
     if (n_gen > 1024) n_gen = 1024;
     int32_t n_ids;
-    int32_t *ids = read_ids(argv[2], &n_ids);
-    if (!ids || n_ids < 2) {
-        fprintf(stderr, "%s: cannot read token ids\n", argv[2]);
+    int32_t *ids = bench_read_ids(argv[2], 0, &n_ids);  // the engine checks them against the vocabulary
+    if (!ids) return 1;
+    if (n_ids < 2) {
+        fprintf(stderr, "%s: %d token id, want 2 or more\n", argv[2], n_ids);
         return 1;
     }
     if (n_prompt > n_ids) n_prompt = n_ids;

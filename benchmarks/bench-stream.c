@@ -2,9 +2,10 @@
 // and the perplexity of the text's next tokens, per segment, as the stream grows (the
 // StreamingLLM paper's experiment, on the CPU).
 //
-// usage: bench-stream MODEL.gguf IDS.txt [tokens 100000] [budget 1024] [evict_every 1]
+// usage: bench-stream MODEL.gguf IDS [tokens 100000] [budget 1024] [evict_every 1]
 //                     [segment 10000] [threads 0]
-// IDS.txt: token ids, one per line (scripts/tokenize-gguf.py). The first `tokens` ids are fed in
+// IDS: token ids as text, one per line (scripts/tokenize-gguf.py), or little-endian int32
+// (benchmarks/tokenize-gguf.py). The first `tokens` ids are fed in
 // calls of 64 tokens with the logits of each (teacher forcing), through a StreamingLLM policy with
 // 16 sinks over an f16 cache whose capacity is the stream's length: the store holds the sinks and
 // a ring of window + step + rollback rows, whatever that length. evict_every 1 is StreamingLLM's
@@ -24,12 +25,7 @@
 #include "kv-policy.h"
 #include "llama.h"
 #include "model.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "bench-util.h"
 
 static void die(const char *what) {
     fprintf(stderr, "bench-stream: %s: %s\n", what, tri_last_error());
@@ -58,7 +54,7 @@ static double nll(const float *l, int32_t n, int32_t target) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: bench-stream MODEL.gguf IDS.txt [tokens 100000] [budget 1024] [evict_every 1] "
+        fprintf(stderr, "usage: bench-stream MODEL.gguf IDS [tokens 100000] [budget 1024] [evict_every 1] "
                         "[segment 10000] [threads 0]\n");
         return 2;
     }
@@ -67,22 +63,16 @@ int main(int argc, char **argv) {
     int32_t threads = argc > 7 ? atoi(argv[7]) : 0;
     enum { CALL = 64 };
 
-    FILE *f = fopen(argv[2], "r");
-    if (!f) {
-        perror(argv[2]);
-        return 1;
-    }
-    int32_t *ids = malloc(sizeof *ids * (size_t)n_tok), n = 0;
+    tri_model *m;
+    if (tri_model_load(argv[1], NULL, &m)) die(argv[1]);
+    const tri_model_config *c = &m->config;
+    int32_t n = 0;
+    int32_t *ids = bench_read_ids(argv[2], c->n_vocab, &n);
     if (!ids) return 1;
-    while (n < n_tok && fscanf(f, "%d", &ids[n]) == 1) n++;
-    fclose(f);
     if (n < n_tok) {
         fprintf(stderr, "%s: %d ids, need %d\n", argv[2], n, n_tok);
         return 1;
     }
-    tri_model *m;
-    if (tri_model_load(argv[1], NULL, &m)) die(argv[1]);
-    const tri_model_config *c = &m->config;
     tri__backend *be;
     if (tri__backend_cpu_create(threads, TRI_CPU_SIMD_AUTO, &be)) die("backend");
     tri__llama ll;
@@ -109,7 +99,7 @@ int main(int argc, char **argv) {
            2.0 * c->n_layer * (double)n_tok * (double)tri__kv_store_row_bytes(&pol.own) / (1024.0 * 1024.0));
     printf("%10s %10s %10s %10s %8s\n", "tokens", "RSS MiB", "store MiB", "seg ppl", "tok/s");
     fflush(stdout);
-    double t0 = now(), seg_nll = 0, max_ppl = 0;
+    double t0 = bench_now(), seg_nll = 0, max_ppl = 0;
     long seg_n = 0, rss_first = -1, rss_max = 0;
     for (int32_t done = 0; done < n_tok;) {
         int32_t nb = n_tok - done < CALL ? n_tok - done : CALL;
@@ -120,7 +110,7 @@ int main(int argc, char **argv) {
         if (done % segment < CALL || done == n_tok) {
             long rss = rss_kib();
             double ppl = exp(seg_nll / (double)(seg_n > 0 ? seg_n : 1));
-            printf("%10d %10.1f %10.1f %10.3f %8.1f\n", done, rss / 1024.0, store_mib, ppl, done / (now() - t0));
+            printf("%10d %10.1f %10.1f %10.3f %8.1f\n", done, rss / 1024.0, store_mib, ppl, done / (bench_now() - t0));
             fflush(stdout);
             if (rss_first < 0) rss_first = rss;
             if (rss > rss_max) rss_max = rss;

@@ -39,67 +39,9 @@ static void usage(FILE *f) {
           "      --ctx N          context length in tokens (default: prompt + n-predict; + 4096 with\n"
           "                       -n 0)\n"
           "  -t, --threads N      CPU threads (default: one per core)\n"
-          "      --device D       cpu, cuda or cuda:N (default: the first GPU when there is one,\n"
-          "                       else the CPU), or a list for tensor parallelism: cuda:0,cuda:1\n"
-          "                       or cpu:0,cpu:1 (KV heads, attention and FFN split over them)\n"
-          "      --kv-offload N   keep the full KV cache of the last N layers in host memory and\n"
-          "                       stream it through the device every pass (default 0)\n"
-          "      --stream-weights N  keep the weights of the last N layers in host memory and\n"
-          "                       stream them through the device every pass (default 0; a GPU only)\n"
-          "      --weights-from-disk N  of the streamed layers, read the last N from the model file\n"
-          "                       every pass instead of keeping them in host memory (default 0; a\n"
-          "                       GPU and a model in one file only; without --stream-weights at\n"
-          "                       least N layers stream)\n"
-          "      --gpu-mem SIZE   device memory budget (e.g. 24G): the placement planner then sets\n"
-          "                       --kv-offload, --stream-weights and --weights-from-disk (on a\n"
-          "                       GPU by default, with its free memory; see offload-run plan)\n"
-          "      --host-mem SIZE  host memory budget for the planner (default: no limit)\n"
-          "      --kv-host F      of each offloaded layer's rows, attend the fraction F (0 .. 1) on\n"
-          "                       the host where they lie while the rest streams (default: the\n"
-          "                       planner's split when it plans, else 0)\n"
-          "      --host-attn-gbps X  host attention GB/s for the planner's split (default: measured\n"
-          "                       at start-up when the planner runs on a GPU)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
-          "      --kv-type T      f16 (default), f32, q8_0, q4_0 or mixed KV cache (mixed: q4_0 with\n"
-          "                       the sinks and the recent window in f16 too; --kv-budget, --sink)\n"
           "      --ignore-eos     keep generating after the end-of-sequence token\n"
           "      --ids            print token ids instead of text\n"
-          "\n"
-          "KV cache policy of plain decoding (an option that does not apply to the chosen\n"
-          "policy is refused):\n"
-          "      --kv POLICY      which past tokens each step attends to: full (default),\n"
-          "                       streaming (sinks + recent), h2o (heavy hitters + recent) or\n"
-          "                       retrieval (top chunks by query . mean key)\n"
-          "      --budget N       past tokens the policy keeps; past the context: all (default\n"
-          "                       4096 in whole chunks; a context no longer is kept whole)\n"
-          "      --chunk N        retrieval: chunk size in tokens, divides the budget (default 8)\n"
-          "      --sink N         streaming: attention sinks, fewer than the budget (default 16)\n"
-          "      --refresh N      retrieval: select chunks again every N generated tokens\n"
-          "                       (default: only after the prompt)\n"
-          "      --kv-index I     retrieval: exact (default), faiss (FAISS flat index, the same\n"
-          "                       chunks as exact) or faiss-ivf (approximate, for very long\n"
-          "                       contexts); FAISS needs a build with it\n"
-          "      --kv-budget N, --kv-chunk N  the same as --budget, --chunk\n"
-          "\n"
-          "speculative decoding (exact: the output has the target's distribution):\n"
-          "      --spec MODE      none (default), draft (L1 -> full cache), retrieval (retrieval\n"
-          "                       cache -> full cache) or triforce (L1 -> retrieval -> full)\n"
-          "      --draft MODEL    L1 is a separate small model with the same vocabulary\n"
-          "      --draft-layers L L1 is the target itself running only layers L (e.g. 0-7,20)\n"
-          "      --draft-ngram N  L1 is prompt lookup of n-grams up to N tokens (no model)\n"
-          "      --gamma1 N       tokens L1 drafts per retrieval-level check (default 2)\n"
-          "      --gamma2 N       tokens the full-cache level checks per pass (default 6)\n"
-          "      --tree-nodes N   the full-cache level checks a token tree of up to N drafted\n"
-          "                       tokens per pass: the chain and siblings at each depth\n"
-          "                       (default 0: the chain alone)\n"
-          "      --budget N, --chunk N, --refresh N, --kv-index I  L2's retrieval cache, as for\n"
-          "                       --kv retrieval\n"
-          "      --draft-window N L1's StreamingLLM cache in tokens, sinks included (default 256)\n"
-          "      --draft-sink N   L1's attention sinks (default 16)\n"
-          "      --draft-kv-type T  the draft caches' type (L1's cache, L2's gathered chunks): f16,\n"
-          "                       f32, q8_0 or q4_0 (default: q8_0 on the CPU over f16)\n"
-          "      --refresh-accept X  L2 selects again when L3 accepts less than X of its tokens over\n"
-          "                       4 passes (default 0.5; 0: never)\n"
           "      --stats          print acceptance rates, tokens per full-cache pass and time\n"
           "                       per level (without --spec: plain decoding's figures, and the\n"
           "                       --kv policy's)\n"
@@ -118,6 +60,8 @@ static void usage(FILE *f) {
           "--json, --prompt-cache.\n"
           "\n",
           f);
+    tri_cli_engine_usage(f);
+    fputc('\n', f);
     tri_cli_sampling_usage(f, false);
 }
 
@@ -312,85 +256,6 @@ static void print_spec_stats(const tri_spec_stats *st, tri_spec_mode mode) {
     }
 }
 
-// Placement: on a GPU, or when --gpu-mem gives a budget, the planner decides how many layers keep
-// their weights and their KV cache in host memory, and how many of those blocks are read from
-// the model file (explicit --kv-offload / --stream-weights / --weights-from-disk win).
-// Writes the plan's line into line (n bytes; "" when there is nothing to place), printed once the
-// session exists: an option the session refuses is then the run's one line of output. False after
-// printing an error.
-static bool place(const tri_model *model, tri_session_params *sp, const tri_spec_params *spec, uint64_t gpu_mem,
-                  uint64_t host_mem, bool kv_set, bool weights_set, bool disk_set, bool kv_host_set,
-                  double host_attn_gbps, char *line, size_t n) {
-    line[0] = 0;
-    bool on_gpu = sp->device_kind == TRI_DEVICE_CUDA || (sp->device_kind == TRI_DEVICE_AUTO && tri_device_count() > 0);
-    int32_t n_gpu = 1, first = 0;  // a device list of GPUs: the planner splits as the session will
-    if (sp->devices) {
-        on_gpu = strncmp(sp->devices, "cuda", 4) == 0;
-        for (const char *c = sp->devices; on_gpu && *c; c++) n_gpu += *c == ',';
-        if (on_gpu && sp->devices[4] == ':') first = atoi(sp->devices + 5);
-    }
-    if (!gpu_mem && !on_gpu) return true;  // the CPU: nothing to place
-    tri_plan_params pp = tri_plan_default_params();
-    pp.mode = spec->mode == TRI_SPEC_MODE_NONE ? TRI_PLAN_MODE_AUTOREGRESSIVE : TRI_PLAN_MODE_TRIFORCE;
-    pp.n_ctx = sp->n_ctx;
-    pp.kv_type = sp->kv_type;
-    pp.host_mem_bytes = host_mem;
-    pp.n_gpu = n_gpu;
-    if (spec->budget > 0) pp.retrieval_budget = spec->budget;
-    if (spec->gamma1 > 0) pp.gamma1 = spec->gamma1;
-    if (spec->gamma2 > 0) pp.gamma2 = spec->gamma2;
-    tri_device_info di;
-    int32_t dev = sp->devices ? first : sp->device_kind == TRI_DEVICE_CUDA ? sp->device : 0;
-    if (gpu_mem) pp.gpu_mem_bytes = gpu_mem;
-    else if (tri_device_get_info(dev, &di) == TRI_STATUS_OK) pp.gpu_mem_bytes = di.free_bytes;
-    double gbps = 0;  // the link as it is, not the planner's PCIe 4.0 x16 default
-    if (on_gpu && tri_device_measure_h2d(dev, 0, &gbps) == TRI_STATUS_OK && gbps > 0) pp.pcie_gbps = gbps;
-    tri_plan_model pm;
-    tri_plan_model_from_model(model, &pm);
-    // the host's attention at the pass's query count, for the split of offloaded layers
-    bool host_measured = false;
-    if (host_attn_gbps == 0 && on_gpu && !kv_host_set) {
-        int32_t m = pp.mode == TRI_PLAN_MODE_TRIFORCE ? (pp.gamma2 > 0 ? pp.gamma2 : 12) + 1 : 1;
-        host_measured = tri_measure_host_attention(&pm.config, m, sp->kv_host_threads, &host_attn_gbps) == TRI_STATUS_OK;
-    }
-    pp.host_attn_gbps = host_attn_gbps;
-    tri_plan plan;
-    tri_status st = tri_plan_compute(&pm, &pp, &plan);
-    if (st) {
-        tri_cli_fail("cannot place the model in the memory budget", st);
-        return false;
-    }
-    if (!kv_set) sp->kv_layers_offloaded = plan.n_kv_host;
-    if (!weights_set) sp->weight_layers_streamed = plan.n_weights_host + plan.n_weights_disk;
-    // the disk blocks are the last of the streamed ones: never more than an explicit --stream-weights
-    if (!disk_set)
-        sp->weight_layers_from_disk = plan.n_weights_disk < sp->weight_layers_streamed ? plan.n_weights_disk
-                                                                                         : sp->weight_layers_streamed;
-    snprintf(line, n,
-            "plan: %.1f GiB device budget, host -> device %.1f GB/s%s: weights of %d of %d blocks resident (%d read "
-            "from disk), KV of %d layers on the device, %d streamed (predicted %.3f s/token)\n",
-            (double)plan.params.gpu_mem_bytes / (1 << 30), plan.params.pcie_gbps, gbps > 0 ? " measured" : " assumed",
-            plan.n_layer - sp->weight_layers_streamed, plan.n_layer, sp->weight_layers_from_disk,
-            plan.n_layer - sp->kv_layers_offloaded, sp->kv_layers_offloaded, plan.t_token);
-    if (!kv_host_set) sp->kv_host_fraction = plan.kv_host_fraction;
-    size_t used = strlen(line);
-    if (!on_gpu) {  // --gpu-mem without a GPU: the placement is emulated, and the line says so
-        snprintf(line + used, n - used,
-                 "plan: for a GPU, but this run is on the CPU (%s%s): its offloaded KV layers are kept apart and "
-                 "copied as on a GPU, its streamed weights stay in memory, and the predicted time is not this run's\n",
-                 sp->device_kind == TRI_DEVICE_CPU || sp->devices ? "--device " : "no GPU: ",
-                 sp->devices ? sp->devices : sp->device_kind == TRI_DEVICE_CPU ? "cpu" : tri_cuda_status());
-        used = strlen(line);
-    }
-    if (plan.kv_host_fraction > 0)
-        snprintf(line + used, n - used,
-                "plan: host attention %.1f GB/s%s: %.1f%% of each offloaded layer's rows attended on the host%s "
-                "(all streamed: predicted %.3f s/token)\n",
-                pp.host_attn_gbps, host_measured ? " measured" : " given", 100 * plan.kv_host_fraction,
-                kv_host_set ? ", --kv-host overrides it" : "", plan.t_token_streamed);
-    return true;
-}
-
 // --spec none: plain decoding runs one full-cache pass per token (the prompt's last step gives the
 // first), so the figures are the tokens, the passes and the time.
 static void print_plain_stats(const tri_generate_stats *st, const tri_session *session) {
@@ -461,11 +326,7 @@ static void write_json(FILE *f, const char *model_path, const char *device, cons
 
 int tri_cli_generate(int argc, char **argv) {
     enum { OPT_TOKENS = 256, OPT_CHAT, OPT_CHAT_FORMAT, OPT_SYSTEM, OPT_STOP, OPT_JSON, OPT_CTX, OPT_BATCH,
-           OPT_KV, OPT_IGNORE_EOS, OPT_IDS, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
-           OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
-           OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
-           OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS, OPT_WEIGHTS_FROM_DISK, OPT_GPU_MEM, OPT_HOST_MEM,
-           OPT_KV_INDEX, OPT_KV_HOST, OPT_HOST_ATTN, OPT_PROMPT_CACHE, OPT_DRAFT_KV, OPT_TREE_NODES, OPT_PROMPTS };
+           OPT_IGNORE_EOS, OPT_IDS, OPT_STATS, OPT_PROMPT_CACHE, OPT_PROMPTS };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -474,32 +335,12 @@ int tri_cli_generate(int argc, char **argv) {
         {"system", required_argument, NULL, OPT_SYSTEM}, {"stop", required_argument, NULL, OPT_STOP},
         {"json", required_argument, NULL, OPT_JSON},
         TRI_CLI_SAMPLING_OPTIONS,
+        TRI_CLI_ENGINE_OPTIONS,
         {"ctx", required_argument, NULL, OPT_CTX}, {"threads", required_argument, NULL, 't'},
-        {"batch", required_argument, NULL, OPT_BATCH}, {"kv-type", required_argument, NULL, OPT_KV},
+        {"batch", required_argument, NULL, OPT_BATCH},
         {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS}, {"ids", no_argument, NULL, OPT_IDS},
-        {"spec", required_argument, NULL, OPT_SPEC}, {"draft", required_argument, NULL, OPT_DRAFT},
-        {"draft-layers", required_argument, NULL, OPT_DRAFT_LAYERS},
-        {"draft-ngram", required_argument, NULL, OPT_DRAFT_NGRAM},
-        {"gamma1", required_argument, NULL, OPT_GAMMA1}, {"gamma2", required_argument, NULL, OPT_GAMMA2},
-        {"budget", required_argument, NULL, OPT_BUDGET}, {"chunk", required_argument, NULL, OPT_CHUNK},
         {"stats", no_argument, NULL, OPT_STATS},
-        {"kv", required_argument, NULL, OPT_KV_POLICY}, {"kv-budget", required_argument, NULL, OPT_KV_BUDGET},
-        {"kv-chunk", required_argument, NULL, OPT_KV_CHUNK}, {"sink", required_argument, NULL, OPT_SINK},
-        {"refresh", required_argument, NULL, OPT_REFRESH},
-        {"draft-window", required_argument, NULL, OPT_DRAFT_WINDOW},
-        {"draft-sink", required_argument, NULL, OPT_DRAFT_SINK},
-        {"draft-kv-type", required_argument, NULL, OPT_DRAFT_KV},
-        {"refresh-accept", required_argument, NULL, OPT_REFRESH_ACCEPT},
-        {"device", required_argument, NULL, OPT_DEVICE},
-        {"kv-offload", required_argument, NULL, OPT_KV_OFFLOAD},
-        {"stream-weights", required_argument, NULL, OPT_STREAM_WEIGHTS},
-        {"weights-from-disk", required_argument, NULL, OPT_WEIGHTS_FROM_DISK},
-        {"gpu-mem", required_argument, NULL, OPT_GPU_MEM}, {"host-mem", required_argument, NULL, OPT_HOST_MEM},
-        {"kv-index", required_argument, NULL, OPT_KV_INDEX},
-        {"kv-host", required_argument, NULL, OPT_KV_HOST},
-        {"host-attn-gbps", required_argument, NULL, OPT_HOST_ATTN},
         {"prompt-cache", required_argument, NULL, OPT_PROMPT_CACHE},
-        {"tree-nodes", required_argument, NULL, OPT_TREE_NODES},
         {"prompts", required_argument, NULL, OPT_PROMPTS},
         {"help", no_argument, NULL, 'h'},          {0},
     };
@@ -511,28 +352,20 @@ int tri_cli_generate(int argc, char **argv) {
     const char *system_msg = NULL, *json_path = NULL, *cache_path = NULL;
     const char *stops[16];  // --stop, at most 16
     int32_t n_stops = 0;
-    const char *draft_path = NULL, *draft_layers = NULL;
-    // 0: not given (every one of these options wants a positive number)
-    long ngram = 0, gamma1 = 0, gamma2 = 0, budget = 0, chunk = 0;
-    long sink = 0, refresh = 0, draft_window = 0, draft_sink = 0, tree_nodes = 0;
-    bool draft_kv_set = false;
-    tri_dtype draft_kv = TRI_DTYPE_F16;
-    bool kv_set = false, refresh_accept_set = false, index_set = false, kv_host_set = false;
-    float kv_host = 0, host_attn_gbps = 0;
-    tri_spec_params spec_params = tri_spec_default_params();
-    spec_params.mode = TRI_SPEC_MODE_NONE;
-    long n_predict = 128, ctx = 0, threads = 0, batch = 0, kv_offload = 0, stream_weights = 0;
-    long weights_from_disk = 0;
-    bool kv_offload_set = false, stream_weights_set = false, weights_from_disk_set = false;
-    uint64_t gpu_mem = 0, host_mem = 0;
+    long n_predict = 128, ctx = 0, threads = 0, batch = 0;
     tri_generate_params gp = tri_generate_default_params();
-    tri_session_params sp = tri_session_default_params();
+    tri_cli_engine eng;  // --device, --kv-type, --kv, --spec, placement (cli-engine.c)
+    tri_cli_engine_init(&eng);
+    tri_session_params *const sp = &eng.sp;
+    tri_spec_params *const spec_params = &eng.spec;
     tri_cli_sampling sampler = {0};
     int c;
     while ((c = getopt_long(argc, argv, "m:p:f:n:t:h", opts, NULL)) != -1) {
-        bool ok = true, sampling;
-        if (!tri_cli_sampling_option(me, c, optarg, &sampler, &sampling)) return 2;
-        if (sampling) continue;
+        bool ok = true, handled;
+        if (!tri_cli_sampling_option(me, c, optarg, &sampler, &handled)) return 2;
+        if (handled) continue;
+        if (!tri_cli_engine_option(me, c, optarg, &eng, &handled)) return 2;
+        if (handled) continue;
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'p': prompt = optarg; break;
@@ -571,98 +404,10 @@ int tri_cli_generate(int argc, char **argv) {
         case OPT_CTX: ok = tri_cli_parse_long(me, "--ctx", optarg, 1, INT32_MAX, &ctx); break;
         case 't': ok = tri_cli_parse_long(me, "--threads", optarg, 1, 4096, &threads); break;
         case OPT_BATCH: ok = tri_cli_parse_long(me, "--batch", optarg, 1, 65536, &batch); break;
-        case OPT_KV:
-            ok = tri_cli_parse_kv_type(me, "--kv-type", optarg, &sp.kv_type);
-            break;
         case OPT_IGNORE_EOS: gp.stop_at_eos = false; break;
         case OPT_IDS: print_ids = true; break;
-        case OPT_SPEC:
-            if (strcmp(optarg, "none") == 0) spec_params.mode = TRI_SPEC_MODE_NONE;
-            else if (strcmp(optarg, "draft") == 0) spec_params.mode = TRI_SPEC_MODE_DRAFT;
-            else if (strcmp(optarg, "retrieval") == 0) spec_params.mode = TRI_SPEC_MODE_RETRIEVAL;
-            else if (strcmp(optarg, "triforce") == 0) spec_params.mode = TRI_SPEC_MODE_TRIFORCE;
-            else {
-                fprintf(stderr, "offload-run generate: --spec '%s': want none, draft, retrieval or triforce\n", optarg);
-                ok = false;
-            }
-            break;
-        case OPT_DRAFT: draft_path = optarg; break;
-        case OPT_DRAFT_LAYERS: draft_layers = optarg; break;
-        case OPT_DRAFT_NGRAM: ok = tri_cli_parse_long(me, "--draft-ngram", optarg, 1, 64, &ngram); break;
-        case OPT_GAMMA1: ok = tri_cli_parse_long(me, "--gamma1", optarg, 1, 64, &gamma1); break;
-        case OPT_GAMMA2: ok = tri_cli_parse_long(me, "--gamma2", optarg, 1, 256, &gamma2); break;
-        case OPT_TREE_NODES: ok = tri_cli_parse_long(me, "--tree-nodes", optarg, 0, 1024, &tree_nodes); break;
-        case OPT_BUDGET:
-        case OPT_KV_BUDGET:
-            ok = tri_cli_parse_long(me, c == OPT_BUDGET ? "--budget" : "--kv-budget", optarg, 1, INT32_MAX, &budget);
-            break;
-        case OPT_CHUNK:
-        case OPT_KV_CHUNK:
-            ok = tri_cli_parse_long(me, c == OPT_CHUNK ? "--chunk" : "--kv-chunk", optarg, 1, 4096, &chunk);
-            break;
         case OPT_STATS: print_stats = true; break;
         case OPT_PROMPT_CACHE: cache_path = optarg; break;
-        case OPT_KV_POLICY:
-            kv_set = true;
-            if (strcmp(optarg, "full") == 0) sp.kv_policy = TRI_KV_POLICY_FULL;
-            else if (strcmp(optarg, "streaming") == 0) sp.kv_policy = TRI_KV_POLICY_STREAMING;
-            else if (strcmp(optarg, "h2o") == 0) sp.kv_policy = TRI_KV_POLICY_H2O;
-            else if (strcmp(optarg, "retrieval") == 0) sp.kv_policy = TRI_KV_POLICY_RETRIEVAL;
-            else {
-                fprintf(stderr, "offload-run generate: --kv '%s': want full, streaming, h2o or retrieval\n", optarg);
-                ok = false;
-            }
-            break;
-        case OPT_SINK: ok = tri_cli_parse_long(me, "--sink", optarg, 1, INT32_MAX, &sink); break;
-        case OPT_REFRESH: ok = tri_cli_parse_long(me, "--refresh", optarg, 1, INT32_MAX, &refresh); break;
-        case OPT_DRAFT_WINDOW:
-            ok = tri_cli_parse_long(me, "--draft-window", optarg, 2, INT32_MAX, &draft_window);
-            break;
-        case OPT_DRAFT_SINK: ok = tri_cli_parse_long(me, "--draft-sink", optarg, 1, INT32_MAX, &draft_sink); break;
-        case OPT_DRAFT_KV:
-            draft_kv_set = true;
-            ok = tri_cli_parse_kv_type(me, "--draft-kv-type", optarg, &draft_kv);
-            break;
-        case OPT_REFRESH_ACCEPT:
-            refresh_accept_set = true;
-            ok = tri_cli_parse_float(me, "--refresh-accept", optarg, 0.0, 1.0, &spec_params.refresh_accept);
-            break;
-        case OPT_DEVICE: ok = tri_cli_parse_device("offload-run generate", optarg, &sp); break;
-        case OPT_KV_OFFLOAD:
-            kv_offload_set = true;
-            ok = tri_cli_parse_long(me, "--kv-offload", optarg, 0, 65536, &kv_offload);
-            break;
-        case OPT_STREAM_WEIGHTS:
-            stream_weights_set = true;
-            ok = tri_cli_parse_long(me, "--stream-weights", optarg, 0, 65536, &stream_weights);
-            break;
-        case OPT_WEIGHTS_FROM_DISK:
-            weights_from_disk_set = true;
-            ok = tri_cli_parse_long(me, "--weights-from-disk", optarg, 0, 65536, &weights_from_disk);
-            break;
-        case OPT_KV_HOST:
-            kv_host_set = true;
-            ok = tri_cli_parse_float(me, "--kv-host", optarg, 0.0, 1.0, &kv_host);
-            break;
-        case OPT_HOST_ATTN: ok = tri_cli_parse_float(me, "--host-attn-gbps", optarg, 0.0, 1e6, &host_attn_gbps); break;
-        case OPT_GPU_MEM:
-        case OPT_HOST_MEM:
-            if (!tri_cli_parse_size(optarg, c == OPT_GPU_MEM ? &gpu_mem : &host_mem)) {
-                fprintf(stderr, "offload-run generate: %s '%s': want a size like 24G or 512M\n",
-                        c == OPT_GPU_MEM ? "--gpu-mem" : "--host-mem", optarg);
-                ok = false;
-            }
-            break;
-        case OPT_KV_INDEX:
-            index_set = true;
-            if (strcmp(optarg, "exact") == 0) sp.kv_index = TRI_KV_INDEX_EXACT;
-            else if (strcmp(optarg, "faiss") == 0) sp.kv_index = TRI_KV_INDEX_FAISS_FLAT;
-            else if (strcmp(optarg, "faiss-ivf") == 0) sp.kv_index = TRI_KV_INDEX_FAISS_IVF;
-            else {
-                fprintf(stderr, "offload-run generate: --kv-index '%s': want exact, faiss or faiss-ivf\n", optarg);
-                ok = false;
-            }
-            break;
         case 'h': usage(stdout); return 0;
         default: return tri_cli_see_help();
         }
@@ -681,73 +426,9 @@ int tri_cli_generate(int argc, char **argv) {
         fprintf(stderr, "offload-run generate: --chat applies to text prompts, not --tokens\n");
         return 2;
     }
-    int n_drafters = (draft_path != NULL) + (draft_layers != NULL) + (ngram != 0);
-    bool needs_drafter = spec_params.mode == TRI_SPEC_MODE_DRAFT || spec_params.mode == TRI_SPEC_MODE_TRIFORCE;
-    if (n_drafters > 1 || (needs_drafter && n_drafters == 0) || (!needs_drafter && n_drafters == 1)) {
-        fprintf(stderr, "offload-run generate: %s\n",
-                n_drafters > 1 ? "give at most one of --draft, --draft-layers, --draft-ngram"
-                : needs_drafter ? "--spec draft and --spec triforce need one of --draft, --draft-layers, --draft-ngram"
-                                : "a drafter needs --spec draft or --spec triforce");
-        return 2;
-    }
-    // every cache option must do something under the chosen policy or mode
-    const tri_spec_mode mode = spec_params.mode;
-    const bool plain = mode == TRI_SPEC_MODE_NONE;
-    const bool has_l2 = mode == TRI_SPEC_MODE_RETRIEVAL || mode == TRI_SPEC_MODE_TRIFORCE;
-    const bool l1_cache = needs_drafter && ngram == 0;  // the n-gram drafter has no cache
-    const tri_kv_policy pol = sp.kv_policy;
-    const bool mixed = sp.kv_type == TRI_DTYPE_KV_MIXED;  // --budget, --sink: its f16 tokens and sinks
-    if (!tri_cli_applies("offload-run generate", "--kv", kv_set, plain,
-                         "plain decoding; the levels of --spec have their own caches") ||
-        !tri_cli_applies("offload-run generate", "--budget", budget,
-                         plain ? pol != TRI_KV_POLICY_FULL || mixed : has_l2,
-                         plain ? "--kv streaming, h2o or retrieval, or --kv-type mixed (the cache policy is full)"
-                               : "L2, the retrieval cache of --spec retrieval and triforce") ||
-        !tri_cli_applies("offload-run generate", "--chunk", chunk, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
-                         plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
-        !tri_cli_applies("offload-run generate", "--kv-index", index_set,
-                         plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
-                         plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
-        !tri_cli_applies("offload-run generate", "--refresh", refresh, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
-                         plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
-        !tri_cli_applies("offload-run generate", "--sink", sink, plain && (pol == TRI_KV_POLICY_STREAMING || mixed),
-                         plain ? "--kv streaming" : "--kv streaming (L1's sinks are --draft-sink)") ||
-        !tri_cli_applies("offload-run generate", "--draft-window", draft_window, l1_cache,
-                         "an L1 model or layers (--spec draft or triforce)") ||
-        !tri_cli_applies("offload-run generate", "--draft-sink", draft_sink, l1_cache,
-                         "an L1 model or layers (--spec draft or triforce)") ||
-        !tri_cli_applies("offload-run generate", "--draft-kv-type", draft_kv_set, l1_cache || has_l2,
-                         "a draft cache: an L1 model or layers (--spec draft or triforce), or L2 (--spec "
-                         "retrieval or triforce)") ||
-        !tri_cli_applies("offload-run generate", "--gamma1", gamma1, mode == TRI_SPEC_MODE_TRIFORCE,
-                         "--spec triforce") ||
-        !tri_cli_applies("offload-run generate", "--gamma2", gamma2, !plain, "--spec draft, retrieval or triforce") ||
-        !tri_cli_applies("offload-run generate", "--tree-nodes", tree_nodes, !plain,
-                         "--spec draft, retrieval or triforce") ||
-        !tri_cli_applies("offload-run generate", "--refresh-accept", refresh_accept_set, has_l2,
-                         "--spec retrieval or triforce"))
-        return 2;
-    if (plain) {
-        sp.kv_budget = (int32_t)budget;
-        sp.kv_chunk = (int32_t)chunk;
-        sp.kv_sink = (int32_t)sink;
-        sp.kv_refresh = (int32_t)refresh;
-    }
-    spec_params.refresh = (int32_t)refresh;
-    spec_params.draft_window = (int32_t)draft_window;
-    spec_params.draft_sink = (int32_t)draft_sink;
-    if (draft_kv_set) spec_params.draft_kv_type = draft_kv;
-    spec_params.ngram_n = (int32_t)ngram;
-    spec_params.gamma1 = (int32_t)gamma1;
-    spec_params.gamma2 = (int32_t)gamma2;
-    spec_params.tree_nodes = (int32_t)tree_nodes;
-    spec_params.budget = (int32_t)budget;
-    spec_params.chunk = (int32_t)chunk;
-    if (draft_path) spec_params.drafter = TRI_SPEC_DRAFTER_MODEL;
-    if (draft_layers) spec_params.drafter = TRI_SPEC_DRAFTER_LAYERS;
-    if (ngram) spec_params.drafter = TRI_SPEC_DRAFTER_NGRAM;
-
-    if (several && (cache_path || json_path || n_stops || gpu_mem)) {
+    if (!tri_cli_engine_check(me, &eng)) return 2;
+    const bool plain = spec_params->mode == TRI_SPEC_MODE_NONE;
+    if (several && (cache_path || json_path || n_stops || eng.gpu_mem)) {
         fprintf(stderr, "offload-run generate: several prompts run as a batch: %s does not apply\n",
                 cache_path ? "--prompt-cache" : json_path ? "--json" : n_stops ? "--stop" : "--gpu-mem");
         return 2;
@@ -756,36 +437,20 @@ int tri_cli_generate(int argc, char **argv) {
     tri_model *model = tri_cli_load_model(model_path);
     if (!model) return 1;
     if (several) {  // -f repeated or --prompts: a batch (cli-generate-batch.c)
-        sp.n_threads = (int32_t)threads;
-        sp.n_batch = (int32_t)batch;
-        sp.kv_layers_offloaded = (int32_t)kv_offload;
-        sp.weight_layers_streamed = (int32_t)stream_weights;
-        sp.weight_layers_from_disk = (int32_t)weights_from_disk;
-        sp.kv_host_fraction = kv_host;
+        sp->n_threads = (int32_t)threads;
+        sp->n_batch = (int32_t)batch;
         gp.n_predict = (int32_t)n_predict;
         tri_cli_sampling_resolve(&sampler, chat);
         gp.sampler = sampler.p;
         tri_cli_several a = {files, n_files, prompts_path, chat, chat_format, system_msg, print_ids, print_stats,
-                             ctx, sp, gp, NULL};
+                             ctx, *sp, gp, NULL};
         // --spec: one engine per prompt, their passes batched (the drafter as for one prompt)
-        tri_model *several_draft = NULL;
-        int32_t *several_layers = NULL;
-        int rc = 1;
-        if (!plain) {
-            if (draft_path && !(several_draft = tri_cli_load_model(draft_path))) goto several_done;
-            if (draft_layers && !(several_layers = tri_cli_parse_layers("offload-run generate", "--draft-layers",
-                                                                        draft_layers, &spec_params.n_draft_layers))) {
-                rc = 2;
-                goto several_done;
-            }
-            spec_params.draft_model = several_draft;
-            spec_params.draft_layers = several_layers;
-            a.spec = &spec_params;
+        int rc = plain ? 0 : tri_cli_engine_load_drafter(me, &eng);
+        if (rc == 0) {
+            if (!plain) a.spec = spec_params;
+            rc = tri_cli_generate_several(model, &a);
         }
-        rc = tri_cli_generate_several(model, &a);
-    several_done:
-        free(several_layers);
-        tri_model_free(several_draft);
+        tri_cli_engine_free(&eng);
         tri_model_free(model);
         return rc;
     }
@@ -794,8 +459,6 @@ int tri_cli_generate(int argc, char **argv) {
     int rc = 1;
     tri_session *session = NULL;
     tri_spec *spec = NULL;
-    tri_model *draft = NULL;
-    int32_t *layers = NULL;
     out_state out = {0};
     FILE *json_file = NULL;
     int32_t *ids = NULL;
@@ -847,35 +510,23 @@ int tri_cli_generate(int argc, char **argv) {
         fprintf(stderr, "offload-run generate: --ctx %ld is shorter than the prompt (%d tokens)\n", ctx, n_ids);
         goto done;
     }
-    sp.n_ctx = (int32_t)ctx;
-    sp.n_threads = (int32_t)threads;
-    sp.n_batch = (int32_t)batch;
-    sp.kv_layers_offloaded = (int32_t)kv_offload;
-    sp.weight_layers_streamed = (int32_t)stream_weights;
-    sp.weight_layers_from_disk = (int32_t)weights_from_disk;
-    sp.kv_host_fraction = kv_host;
+    sp->n_ctx = (int32_t)ctx;
+    sp->n_threads = (int32_t)threads;
+    sp->n_batch = (int32_t)batch;
     char plan_line[1024];
-    if (!place(model, &sp, &spec_params, gpu_mem, host_mem, kv_offload_set, stream_weights_set,
-               weights_from_disk_set, kv_host_set, host_attn_gbps, plan_line, sizeof plan_line))
-        goto done;
-    // layers read from disk stream: they count among the streamed unless those were given
-    if (!stream_weights_set && sp.weight_layers_from_disk > sp.weight_layers_streamed)
-        sp.weight_layers_streamed = sp.weight_layers_from_disk;
-    if (spec_params.mode == TRI_SPEC_MODE_NONE) {
-        if ((st = tri_session_create(model, &sp, &session))) {
+    if (!tri_cli_engine_place(model, &eng, 1, plan_line, sizeof plan_line)) goto done;
+    if (plain) {
+        if ((st = tri_session_create(model, sp, &session))) {
             rc = tri_cli_fail("cannot create a session", st);
             goto done;
         }
     } else {
-        if (draft_path && !(draft = tri_cli_load_model(draft_path))) goto done;
-        if (draft_layers && !(layers = tri_cli_parse_layers("offload-run generate", "--draft-layers", draft_layers,
-                                                            &spec_params.n_draft_layers))) {
-            rc = 2;
+        int drc = tri_cli_engine_load_drafter(me, &eng);
+        if (drc) {
+            rc = drc;
             goto done;
         }
-        spec_params.draft_model = draft;
-        spec_params.draft_layers = layers;
-        if ((st = tri_spec_create(model, &sp, &spec_params, &spec))) {
+        if ((st = tri_spec_create(model, sp, spec_params, &spec))) {
             rc = tri_cli_fail("cannot set up speculative decoding", st);
             goto done;
         }
@@ -986,7 +637,7 @@ int tri_cli_generate(int argc, char **argv) {
     }
     if (print_stats) {
         if (spec)
-            print_spec_stats(&sstats, spec_params.mode);
+            print_spec_stats(&sstats, spec_params->mode);
         else
             print_plain_stats(&stats, session);
     }
@@ -1001,7 +652,7 @@ int tri_cli_generate(int argc, char **argv) {
         else if (n_predict > 0 && out.n >= n_predict) reason = "length";
         else if (n_stops) reason = "stop_string";
         write_json(json_file, model_path, spec ? tri_spec_device(spec) : tri_session_device(session), reason, load_s,
-                   tri_cli_now() - t_start, &stats, spec ? &sstats : NULL, spec_params.mode, &out);
+                   tri_cli_now() - t_start, &stats, spec ? &sstats : NULL, spec_params->mode, &out);
         FILE *f = json_file;
         json_file = NULL;
         if (!tri_cli_json_close("offload-run generate", json_path, f)) rc = 1;
@@ -1012,8 +663,7 @@ done:
     free(out.text);
     tri_session_free(session);
     tri_spec_free(spec);
-    tri_model_free(draft);
-    free(layers);
+    tri_cli_engine_free(&eng);
     free(ids);
     free(text);
     free(wrapped);

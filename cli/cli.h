@@ -147,4 +147,87 @@ void tri_cli_sampling_describe(const tri_cli_sampling *s, char *buf, size_t cap)
 // The options' help lines; chat: its defaults.
 void tri_cli_sampling_usage(FILE *f, bool chat);
 
+// ---- engine options (cli-engine.c), shared by generate and serve ----
+// What builds a session or a speculative engine: --device, --kv-type, the KV cache policy of plain
+// decoding, speculative decoding and its drafters, and placement. Both commands parse them here,
+// so that they accept and refuse the same values with the same messages and help, and place the
+// model with the same planner.
+
+// getopt ids of the engine options: TRI_CLI_OPT_ENGINE + i for the i-th of TRI_CLI_ENGINE_OPTIONS,
+// which a command puts in its option table.
+#define TRI_CLI_OPT_ENGINE 0x1100
+#define TRI_CLI_ENGINE_COUNT 28
+#define TRI_CLI_ENGINE_OPTIONS                                                                                \
+    {"device", required_argument, NULL, TRI_CLI_OPT_ENGINE + 0},                                              \
+        {"kv-type", required_argument, NULL, TRI_CLI_OPT_ENGINE + 1},                                         \
+        {"kv-offload", required_argument, NULL, TRI_CLI_OPT_ENGINE + 2},                                      \
+        {"stream-weights", required_argument, NULL, TRI_CLI_OPT_ENGINE + 3},                                  \
+        {"weights-from-disk", required_argument, NULL, TRI_CLI_OPT_ENGINE + 4},                               \
+        {"gpu-mem", required_argument, NULL, TRI_CLI_OPT_ENGINE + 5},                                         \
+        {"host-mem", required_argument, NULL, TRI_CLI_OPT_ENGINE + 6},                                        \
+        {"kv-host", required_argument, NULL, TRI_CLI_OPT_ENGINE + 7},                                         \
+        {"host-attn-gbps", required_argument, NULL, TRI_CLI_OPT_ENGINE + 8},                                  \
+        {"kv", required_argument, NULL, TRI_CLI_OPT_ENGINE + 9},                                              \
+        {"budget", required_argument, NULL, TRI_CLI_OPT_ENGINE + 10},                                         \
+        {"kv-budget", required_argument, NULL, TRI_CLI_OPT_ENGINE + 11},                                      \
+        {"chunk", required_argument, NULL, TRI_CLI_OPT_ENGINE + 12},                                          \
+        {"kv-chunk", required_argument, NULL, TRI_CLI_OPT_ENGINE + 13},                                       \
+        {"sink", required_argument, NULL, TRI_CLI_OPT_ENGINE + 14},                                           \
+        {"refresh", required_argument, NULL, TRI_CLI_OPT_ENGINE + 15},                                        \
+        {"kv-index", required_argument, NULL, TRI_CLI_OPT_ENGINE + 16},                                       \
+        {"spec", required_argument, NULL, TRI_CLI_OPT_ENGINE + 17},                                           \
+        {"draft", required_argument, NULL, TRI_CLI_OPT_ENGINE + 18},                                          \
+        {"draft-layers", required_argument, NULL, TRI_CLI_OPT_ENGINE + 19},                                   \
+        {"draft-ngram", required_argument, NULL, TRI_CLI_OPT_ENGINE + 20},                                    \
+        {"gamma1", required_argument, NULL, TRI_CLI_OPT_ENGINE + 21},                                         \
+        {"gamma2", required_argument, NULL, TRI_CLI_OPT_ENGINE + 22},                                         \
+        {"tree-nodes", required_argument, NULL, TRI_CLI_OPT_ENGINE + 23},                                     \
+        {"draft-window", required_argument, NULL, TRI_CLI_OPT_ENGINE + 24},                                   \
+        {"draft-sink", required_argument, NULL, TRI_CLI_OPT_ENGINE + 25},                                     \
+        {"draft-kv-type", required_argument, NULL, TRI_CLI_OPT_ENGINE + 26},                                  \
+        {"refresh-accept", required_argument, NULL, TRI_CLI_OPT_ENGINE + 27}
+
+// The engine options of a command: what they gave, and the parameters they make.
+typedef struct tri_cli_engine {
+    tri_session_params sp;     // the command sets n_ctx, n_threads and n_batch
+    tri_spec_params spec;      // mode TRI_SPEC_MODE_NONE unless --spec
+    const char *draft_path;    // --draft MODEL, or NULL
+    const char *draft_layers;  // --draft-layers L as given, or NULL
+    // 0: not given (each of these wants a positive number, --tree-nodes a non-negative one)
+    long ngram, gamma1, gamma2, tree_nodes, budget, chunk, sink, refresh, draft_window, draft_sink;
+    long kv_offload, stream_weights, weights_from_disk;  // layers
+    float kv_host;             // fraction of an offloaded layer's rows attended on the host
+    float host_attn_gbps;      // 0: measured when the planner runs on a GPU
+    uint64_t gpu_mem, host_mem;  // bytes; 0: not given
+    tri_dtype draft_kv;
+    bool kv_set, index_set, draft_kv_set, refresh_accept_set;
+    bool kv_offload_set, stream_weights_set, weights_from_disk_set, kv_host_set;
+    // tri_cli_engine_load_drafter's, freed by tri_cli_engine_free
+    tri_model *draft;
+    int32_t *layers;
+} tri_cli_engine;
+
+// The defaults: the library's session and speculative parameters, plain decoding.
+void tri_cli_engine_init(tri_cli_engine *e);
+// Handles getopt's c when it is an engine option (sets *handled); false after printing an error
+// that names cmd, the option and the value.
+bool tri_cli_engine_option(const char *cmd, int c, const char *arg, tri_cli_engine *e, bool *handled);
+// Once every option is parsed: refuses a drafter without the mode that needs one (and the reverse),
+// and an option that does nothing under the chosen --kv policy or --spec mode; then writes what the
+// options gave into e->sp and e->spec. False after printing the one-line error (a usage error).
+bool tri_cli_engine_check(const char *cmd, tri_cli_engine *e);
+// Placement, with e->sp.n_ctx set: on a GPU, or when --gpu-mem gives a budget, the planner chooses
+// the offloaded KV layers, the streamed weights, the layers read from disk and the host's share of
+// attention that the options did not give, for one of n_slots sessions that share the device and
+// host budgets evenly. Writes the plan's lines into line (n bytes; "" when there is nothing to
+// place), for the caller to print once its sessions exist. False after printing an error.
+bool tri_cli_engine_place(const tri_model *model, tri_cli_engine *e, int32_t n_slots, char *line, size_t n);
+// Loads --draft's model and parses --draft-layers into e->spec. Returns 0, or the exit status after
+// printing the error (1: the model, 2: the layers).
+int tri_cli_engine_load_drafter(const char *cmd, tri_cli_engine *e);
+// Frees what tri_cli_engine_load_drafter made; the struct may be freed again.
+void tri_cli_engine_free(tri_cli_engine *e);
+// The options' help lines: device and placement, the KV cache policy, speculative decoding.
+void tri_cli_engine_usage(FILE *f);
+
 #endif  // TRI_CLI_H

@@ -71,30 +71,24 @@ static void usage(FILE *f) {
           "      --chat-format F  chatml, llama2, llama3, mistral, phi3 or gemma instead of the\n"
           "                       model's template\n"
           "  -t, --threads N      CPU threads of each slot (default: one per core)\n"
-          "      --device D       cpu, cuda or cuda:N, or a list cuda:0,cuda:1 (default: the first\n"
-          "                       GPU when there is one); every slot holds its own copy of the\n"
-          "                       weights on a GPU\n"
-          "      --kv-offload N, --stream-weights N, --weights-from-disk N, --kv-host F\n"
-          "                       placement as in offload-run generate\n"
-          "      --gpu-mem SIZE, --host-mem SIZE  budgets for the planner, which then sets the\n"
-          "                       placement (a slot gets 1/N of the device budget)\n"
           "      --batch N        prompt tokens per pass, shared by the prompts being prefilled\n"
           "                       (default 128; smaller: a lower time to first token beside a long\n"
           "                       prompt)\n"
-          "      --kv-type T      f16 (default), f32, q8_0 or q4_0 KV cache\n"
-          "      --kv POLICY, --budget N, --chunk N, --sink N, --refresh N, --kv-index I\n"
-          "                       the KV cache policy of plain decoding, as in offload-run generate\n"
-          "      --spec MODE, --draft MODEL, --draft-layers L, --draft-ngram N, --gamma1 N,\n"
-          "      --gamma2 N, --draft-window N, --draft-sink N, --refresh-accept X\n"
-          "                       speculative decoding, as in offload-run generate; every response\n"
-          "                       carries its figures in a \"triforce\" object\n"
           "      --prompt-cache FILE  a prompt's KV on disk, shared by the slots and kept across\n"
           "                       restarts: a slot loads the prefix a prompt shares with the file\n"
           "                       when that is longer than what the slot holds; the file is\n"
           "                       written once after a prefill when it is missing or stale (plain\n"
           "                       decoding, --kv full or retrieval)\n"
-          "  -h, --help           this help\n",
+          "  -h, --help           this help\n"
+          "\n"
+          "The engine's options below are offload-run generate's, fixed at start for every slot:\n"
+          "each slot has its own session or speculative engine (a draft model is loaded once and\n"
+          "shared) and, on a GPU, its own copy of the weights; the planner places one slot in 1/N\n"
+          "of --gpu-mem and --host-mem. Every response carries the speculative figures in a\n"
+          "\"triforce\" object.\n"
+          "\n",
           f);
+    tri_cli_engine_usage(f);
 }
 
 // ---- jobs and slots ----
@@ -1160,64 +1154,9 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 
 // ---- start-up ----
 
-// Placement of each slot's session, as offload-run generate plans it: on a GPU, or with
-// --gpu-mem, the planner sets the offloaded KV layers, streamed weights and the host's share of
-// attention that the options did not give, for a slot's share of the device budget.
-static bool place(srv *s, tri_session_params *sp, uint64_t gpu_mem, uint64_t host_mem, bool kv_set,
-                  bool weights_set, bool disk_set, bool kv_host_set) {
-    bool on_gpu = sp->device_kind == TRI_DEVICE_CUDA || (sp->device_kind == TRI_DEVICE_AUTO && tri_device_count() > 0);
-    int32_t n_gpu = 1, first = 0;
-    if (sp->devices) {
-        on_gpu = strncmp(sp->devices, "cuda", 4) == 0;
-        for (const char *c = sp->devices; on_gpu && *c; c++) n_gpu += *c == ',';
-        if (on_gpu && sp->devices[4] == ':') first = atoi(sp->devices + 5);
-    }
-    if (!gpu_mem && !on_gpu) return true;
-    tri_plan_params pp = tri_plan_default_params();
-    pp.mode = s->spec_params.mode == TRI_SPEC_MODE_NONE ? TRI_PLAN_MODE_AUTOREGRESSIVE : TRI_PLAN_MODE_TRIFORCE;
-    pp.n_ctx = sp->n_ctx;
-    pp.kv_type = sp->kv_type;
-    pp.host_mem_bytes = host_mem / (uint64_t)s->n_slots;
-    pp.n_gpu = n_gpu;
-    if (s->spec_params.budget > 0) pp.retrieval_budget = s->spec_params.budget;
-    if (s->spec_params.gamma1 > 0) pp.gamma1 = s->spec_params.gamma1;
-    if (s->spec_params.gamma2 > 0) pp.gamma2 = s->spec_params.gamma2;
-    tri_device_info di;
-    int32_t dev = sp->devices ? first : sp->device_kind == TRI_DEVICE_CUDA ? sp->device : 0;
-    if (gpu_mem) pp.gpu_mem_bytes = gpu_mem;
-    else if (tri_device_get_info(dev, &di) == TRI_STATUS_OK) pp.gpu_mem_bytes = di.free_bytes;
-    pp.gpu_mem_bytes /= (uint64_t)s->n_slots;
-    double gbps = 0;
-    if (on_gpu && tri_device_measure_h2d(dev, 0, &gbps) == TRI_STATUS_OK && gbps > 0) pp.pcie_gbps = gbps;
-    tri_plan_model pm;
-    tri_plan_model_from_model(s->model, &pm);
-    tri_plan plan;
-    tri_status st = tri_plan_compute(&pm, &pp, &plan);
-    if (st) {
-        tri_cli_fail("cannot place the model in the memory budget", st);
-        return false;
-    }
-    if (!kv_set) sp->kv_layers_offloaded = plan.n_kv_host;
-    if (!weights_set) sp->weight_layers_streamed = plan.n_weights_host + plan.n_weights_disk;
-    if (!disk_set)
-        sp->weight_layers_from_disk =
-            plan.n_weights_disk < sp->weight_layers_streamed ? plan.n_weights_disk : sp->weight_layers_streamed;
-    if (!kv_host_set) sp->kv_host_fraction = plan.kv_host_fraction;
-    fprintf(stderr,
-            "plan: %.1f GiB of device memory per slot: weights of %d of %d blocks resident (%d read from disk), KV "
-            "of %d layers on the device, %d streamed (predicted %.3f s/token)\n",
-            (double)pp.gpu_mem_bytes / (1 << 30), plan.n_layer - sp->weight_layers_streamed, plan.n_layer,
-            sp->weight_layers_from_disk, plan.n_layer - sp->kv_layers_offloaded, sp->kv_layers_offloaded,
-            plan.t_token);
-    return true;
-}
-
 int tri_server_main(int argc, char **argv) {
     enum { OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_ALIAS, OPT_SLOTS, OPT_QUEUE, OPT_CTX, OPT_TEMP, OPT_TOPK,
-           OPT_TOPP, OPT_MINP, OPT_REPEAT, OPT_SEED, OPT_CHAT_FORMAT, OPT_DEVICE, OPT_BATCH, OPT_KV_TYPE, OPT_KV_POLICY, OPT_BUDGET,
-           OPT_CHUNK, OPT_SINK, OPT_REFRESH, OPT_KV_INDEX, OPT_SPEC, OPT_DRAFT, OPT_DRAFT_LAYERS, OPT_DRAFT_NGRAM,
-           OPT_GAMMA1, OPT_GAMMA2, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT, OPT_KV_OFFLOAD,
-           OPT_STREAM_WEIGHTS, OPT_WEIGHTS_FROM_DISK, OPT_KV_HOST, OPT_GPU_MEM, OPT_HOST_MEM, OPT_PROMPT_CACHE };
+           OPT_TOPP, OPT_MINP, OPT_REPEAT, OPT_SEED, OPT_CHAT_FORMAT, OPT_BATCH, OPT_PROMPT_CACHE };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
         {"host", required_argument, NULL, OPT_HOST},
@@ -1236,59 +1175,32 @@ int tri_server_main(int argc, char **argv) {
         {"seed", required_argument, NULL, OPT_SEED},
         {"chat-format", required_argument, NULL, OPT_CHAT_FORMAT},
         {"threads", required_argument, NULL, 't'},
-        {"device", required_argument, NULL, OPT_DEVICE},
         {"batch", required_argument, NULL, OPT_BATCH},
-        {"kv-type", required_argument, NULL, OPT_KV_TYPE},
-        {"kv", required_argument, NULL, OPT_KV_POLICY},
-        {"budget", required_argument, NULL, OPT_BUDGET},
-        {"kv-budget", required_argument, NULL, OPT_BUDGET},
-        {"chunk", required_argument, NULL, OPT_CHUNK},
-        {"kv-chunk", required_argument, NULL, OPT_CHUNK},
-        {"sink", required_argument, NULL, OPT_SINK},
-        {"refresh", required_argument, NULL, OPT_REFRESH},
-        {"kv-index", required_argument, NULL, OPT_KV_INDEX},
-        {"spec", required_argument, NULL, OPT_SPEC},
         {"prompt-cache", required_argument, NULL, OPT_PROMPT_CACHE},
-        {"draft", required_argument, NULL, OPT_DRAFT},
-        {"draft-layers", required_argument, NULL, OPT_DRAFT_LAYERS},
-        {"draft-ngram", required_argument, NULL, OPT_DRAFT_NGRAM},
-        {"gamma1", required_argument, NULL, OPT_GAMMA1},
-        {"gamma2", required_argument, NULL, OPT_GAMMA2},
-        {"draft-window", required_argument, NULL, OPT_DRAFT_WINDOW},
-        {"draft-sink", required_argument, NULL, OPT_DRAFT_SINK},
-        {"refresh-accept", required_argument, NULL, OPT_REFRESH_ACCEPT},
-        {"kv-offload", required_argument, NULL, OPT_KV_OFFLOAD},
-        {"stream-weights", required_argument, NULL, OPT_STREAM_WEIGHTS},
-        {"weights-from-disk", required_argument, NULL, OPT_WEIGHTS_FROM_DISK},
-        {"kv-host", required_argument, NULL, OPT_KV_HOST},
-        {"gpu-mem", required_argument, NULL, OPT_GPU_MEM},
-        {"host-mem", required_argument, NULL, OPT_HOST_MEM},
+        TRI_CLI_ENGINE_OPTIONS,
         {"help", no_argument, NULL, 'h'},
         {0},
     };
     srv S;
     memset(&S, 0, sizeof S);
     srv *s = &S;
-    const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL, *draft_path = NULL, *draft_layers = NULL;
+    const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL;
     const tri_sampler_params chat = tri_sampler_chat_params();  // the defaults below
     long port = 8080, n_slots = 1, max_queue = 8, ctx = 4096, n_predict = 0, top_k = chat.top_k, threads = 0, batch = 0;
-    long budget = 0, chunk = 0, sink = 0, refresh = 0, ngram = 0, gamma1 = 0, gamma2 = 0, draft_window = 0;
-    long draft_sink = 0, kv_offload = 0, stream_weights = 0, weights_from_disk = 0, seed = 0;
+    long seed = 0;
     float temp = chat.temperature, top_p = chat.top_p, min_p = chat.min_p, repeat_penalty = chat.repeat_penalty;
-    float kv_host = 0;
-    bool seed_set = false, kv_set = false, index_set = false, refresh_accept_set = false, kv_offload_set = false;
-    bool stream_weights_set = false, disk_set = false, kv_host_set = false;
-    uint64_t gpu_mem = 0, host_mem = 0;
+    bool seed_set = false;
     tri_chat_format format = TRI_CHAT_FORMAT_AUTO;
-    tri_session_params sp = tri_session_default_params();
-    s->spec_params = tri_spec_default_params();
-    s->spec_params.mode = TRI_SPEC_MODE_NONE;
+    tri_cli_engine eng;  // --device, --kv-type, --kv, --spec, placement: generate's (cli-engine.c)
+    tri_cli_engine_init(&eng);
     s->api_key = getenv("TRI_SERVER_API_KEY");
     if (s->api_key && !s->api_key[0]) s->api_key = NULL;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:n:t:h", opts, NULL)) != -1) {
-        bool ok = true;
+        bool ok = true, handled;
+        if (!tri_cli_engine_option(me, c, optarg, &eng, &handled)) return 2;
+        if (handled) continue;
         switch (c) {
         case 'm': model_path = optarg; break;
         case OPT_HOST: host = optarg; break;
@@ -1322,145 +1234,22 @@ int tri_server_main(int argc, char **argv) {
             }
             break;
         case 't': ok = tri_cli_parse_long(me, "--threads", optarg, 1, 4096, &threads); break;
-        case OPT_DEVICE: ok = tri_cli_parse_device(me, optarg, &sp); break;
         case OPT_BATCH: ok = tri_cli_parse_long(me, "--batch", optarg, 1, 65536, &batch); break;
-        case OPT_KV_TYPE:
-            ok = tri_cli_parse_kv_type(me, "--kv-type", optarg, &sp.kv_type);
-            break;
-        case OPT_KV_POLICY:
-            kv_set = true;
-            if (strcmp(optarg, "full") == 0) sp.kv_policy = TRI_KV_POLICY_FULL;
-            else if (strcmp(optarg, "streaming") == 0) sp.kv_policy = TRI_KV_POLICY_STREAMING;
-            else if (strcmp(optarg, "h2o") == 0) sp.kv_policy = TRI_KV_POLICY_H2O;
-            else if (strcmp(optarg, "retrieval") == 0) sp.kv_policy = TRI_KV_POLICY_RETRIEVAL;
-            else {
-                fprintf(stderr, "%s: --kv '%s': want full, streaming, h2o or retrieval\n", me, optarg);
-                ok = false;
-            }
-            break;
-        case OPT_BUDGET: ok = tri_cli_parse_long(me, "--budget", optarg, 1, INT32_MAX, &budget); break;
-        case OPT_CHUNK: ok = tri_cli_parse_long(me, "--chunk", optarg, 1, 4096, &chunk); break;
-        case OPT_SINK: ok = tri_cli_parse_long(me, "--sink", optarg, 1, INT32_MAX, &sink); break;
-        case OPT_REFRESH: ok = tri_cli_parse_long(me, "--refresh", optarg, 1, INT32_MAX, &refresh); break;
-        case OPT_KV_INDEX:
-            index_set = true;
-            if (strcmp(optarg, "exact") == 0) sp.kv_index = TRI_KV_INDEX_EXACT;
-            else if (strcmp(optarg, "faiss") == 0) sp.kv_index = TRI_KV_INDEX_FAISS_FLAT;
-            else if (strcmp(optarg, "faiss-ivf") == 0) sp.kv_index = TRI_KV_INDEX_FAISS_IVF;
-            else {
-                fprintf(stderr, "%s: --kv-index '%s': want exact, faiss or faiss-ivf\n", me, optarg);
-                ok = false;
-            }
-            break;
-        case OPT_SPEC:
-            if (strcmp(optarg, "none") == 0) s->spec_params.mode = TRI_SPEC_MODE_NONE;
-            else if (strcmp(optarg, "draft") == 0) s->spec_params.mode = TRI_SPEC_MODE_DRAFT;
-            else if (strcmp(optarg, "retrieval") == 0) s->spec_params.mode = TRI_SPEC_MODE_RETRIEVAL;
-            else if (strcmp(optarg, "triforce") == 0) s->spec_params.mode = TRI_SPEC_MODE_TRIFORCE;
-            else {
-                fprintf(stderr, "%s: --spec '%s': want none, draft, retrieval or triforce\n", me, optarg);
-                ok = false;
-            }
-            break;
-        case OPT_DRAFT: draft_path = optarg; break;
-        case OPT_DRAFT_LAYERS: draft_layers = optarg; break;
-        case OPT_DRAFT_NGRAM: ok = tri_cli_parse_long(me, "--draft-ngram", optarg, 1, 64, &ngram); break;
-        case OPT_GAMMA1: ok = tri_cli_parse_long(me, "--gamma1", optarg, 1, 64, &gamma1); break;
-        case OPT_GAMMA2: ok = tri_cli_parse_long(me, "--gamma2", optarg, 1, 256, &gamma2); break;
-        case OPT_DRAFT_WINDOW:
-            ok = tri_cli_parse_long(me, "--draft-window", optarg, 2, INT32_MAX, &draft_window);
-            break;
-        case OPT_DRAFT_SINK: ok = tri_cli_parse_long(me, "--draft-sink", optarg, 1, INT32_MAX, &draft_sink); break;
-        case OPT_REFRESH_ACCEPT:
-            refresh_accept_set = true;
-            ok = tri_cli_parse_float(me, "--refresh-accept", optarg, 0.0, 1.0, &s->spec_params.refresh_accept);
-            break;
-        case OPT_KV_OFFLOAD:
-            kv_offload_set = true;
-            ok = tri_cli_parse_long(me, "--kv-offload", optarg, 0, 65536, &kv_offload);
-            break;
-        case OPT_STREAM_WEIGHTS:
-            stream_weights_set = true;
-            ok = tri_cli_parse_long(me, "--stream-weights", optarg, 0, 65536, &stream_weights);
-            break;
-        case OPT_WEIGHTS_FROM_DISK:
-            disk_set = true;
-            ok = tri_cli_parse_long(me, "--weights-from-disk", optarg, 0, 65536, &weights_from_disk);
-            break;
-        case OPT_KV_HOST:
-            kv_host_set = true;
-            ok = tri_cli_parse_float(me, "--kv-host", optarg, 0.0, 1.0, &kv_host);
-            break;
-        case OPT_GPU_MEM:
-        case OPT_HOST_MEM:
-            if (!tri_cli_parse_size(optarg, c == OPT_GPU_MEM ? &gpu_mem : &host_mem)) {
-                fprintf(stderr, "%s: %s '%s': want a size like 24G or 512M\n", me,
-                        c == OPT_GPU_MEM ? "--gpu-mem" : "--host-mem", optarg);
-                ok = false;
-            }
-            break;
         case OPT_PROMPT_CACHE: s->pc_path = optarg; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return tri_cli_see_help();
         }
         if (!ok) return 2;
     }
     if (!model_path || optind != argc) {
         fprintf(stderr, "%s: %s\n", me, !model_path ? "-m MODEL is required" : "unexpected argument");
-        usage(stderr);
-        return 2;
+        return tri_cli_see_help();
     }
-    // every cache option must do something under the chosen policy or mode (as generate checks)
-    tri_spec_mode mode = s->spec_params.mode;
-    int n_drafters = (draft_path != NULL) + (draft_layers != NULL) + (ngram != 0);
-    bool needs_drafter = mode == TRI_SPEC_MODE_DRAFT || mode == TRI_SPEC_MODE_TRIFORCE;
-    if (n_drafters > 1 || (needs_drafter && n_drafters == 0) || (!needs_drafter && n_drafters == 1)) {
-        fprintf(stderr, "%s: %s\n", me,
-                n_drafters > 1 ? "give at most one of --draft, --draft-layers, --draft-ngram"
-                : needs_drafter ? "--spec draft and --spec triforce need one of --draft, --draft-layers, --draft-ngram"
-                                : "a drafter needs --spec draft or --spec triforce");
-        return 2;
-    }
+    // every cache option must do something under the chosen policy or mode, as generate checks
+    if (!tri_cli_engine_check(me, &eng)) return 2;
+    const tri_spec_mode mode = eng.spec.mode;
     const bool plain = mode == TRI_SPEC_MODE_NONE;
-    const bool has_l2 = mode == TRI_SPEC_MODE_RETRIEVAL || mode == TRI_SPEC_MODE_TRIFORCE;
-    const bool l1_cache = needs_drafter && ngram == 0;
-    const tri_kv_policy pol = sp.kv_policy;
-    const char *l2 = "L2, the retrieval cache of --spec retrieval and triforce";
-    if (!tri_cli_applies(me, "--kv", kv_set, plain, "plain decoding; the levels of --spec have their own caches") ||
-        !tri_cli_applies(me, "--budget", budget, plain ? pol != TRI_KV_POLICY_FULL : has_l2,
-                         plain ? "--kv streaming, h2o or retrieval (the cache policy is full)" : l2) ||
-        !tri_cli_applies(me, "--chunk", chunk, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
-                         plain ? "--kv retrieval" : l2) ||
-        !tri_cli_applies(me, "--kv-index", index_set, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
-                         plain ? "--kv retrieval" : l2) ||
-        !tri_cli_applies(me, "--refresh", refresh, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
-                         plain ? "--kv retrieval" : l2) ||
-        !tri_cli_applies(me, "--sink", sink, plain && pol == TRI_KV_POLICY_STREAMING, "--kv streaming") ||
-        !tri_cli_applies(me, "--draft-window", draft_window, l1_cache,
-                         "an L1 model or layers (--spec draft or triforce)") ||
-        !tri_cli_applies(me, "--draft-sink", draft_sink, l1_cache,
-                         "an L1 model or layers (--spec draft or triforce)") ||
-        !tri_cli_applies(me, "--gamma1", gamma1, mode == TRI_SPEC_MODE_TRIFORCE, "--spec triforce") ||
-        !tri_cli_applies(me, "--gamma2", gamma2, !plain, "--spec draft, retrieval or triforce") ||
-        !tri_cli_applies(me, "--refresh-accept", refresh_accept_set, has_l2, "--spec retrieval or triforce"))
-        return 2;
-    if (plain) {
-        sp.kv_budget = (int32_t)budget;
-        sp.kv_chunk = (int32_t)chunk;
-        sp.kv_sink = (int32_t)sink;
-        sp.kv_refresh = (int32_t)refresh;
-    }
-    s->spec_params.refresh = (int32_t)refresh;
-    s->spec_params.draft_window = (int32_t)draft_window;
-    s->spec_params.draft_sink = (int32_t)draft_sink;
-    s->spec_params.ngram_n = (int32_t)ngram;
-    s->spec_params.gamma1 = (int32_t)gamma1;
-    s->spec_params.gamma2 = (int32_t)gamma2;
-    s->spec_params.budget = (int32_t)budget;
-    s->spec_params.chunk = (int32_t)chunk;
-    if (draft_path) s->spec_params.drafter = TRI_SPEC_DRAFTER_MODEL;
-    if (draft_layers) s->spec_params.drafter = TRI_SPEC_DRAFTER_LAYERS;
-    if (ngram) s->spec_params.drafter = TRI_SPEC_DRAFTER_NGRAM;
+    s->spec_params = eng.spec;
     s->defaults.has_temperature = true, s->defaults.temperature = temp;
     s->defaults.has_top_k = true, s->defaults.top_k = top_k;
     s->defaults.has_top_p = true, s->defaults.top_p = top_p;
@@ -1537,26 +1326,22 @@ int tri_server_main(int argc, char **argv) {
     if (s->n_stop_ids > 16) s->n_stop_ids = 16;
 
     // ---- the slots ----
-    sp.n_ctx = (int32_t)ctx;
-    sp.n_threads = (int32_t)threads;
-    sp.n_batch = (int32_t)batch;
-    sp.kv_layers_offloaded = (int32_t)kv_offload;
-    sp.weight_layers_streamed = (int32_t)stream_weights;
-    sp.weight_layers_from_disk = (int32_t)weights_from_disk;
-    sp.kv_host_fraction = kv_host;
-    if (!place(s, &sp, gpu_mem, host_mem, kv_offload_set, stream_weights_set, disk_set, kv_host_set)) goto done;
-    if (!stream_weights_set && sp.weight_layers_from_disk > sp.weight_layers_streamed)
-        sp.weight_layers_streamed = sp.weight_layers_from_disk;
+    eng.sp.n_ctx = (int32_t)ctx;
+    eng.sp.n_threads = (int32_t)threads;
+    eng.sp.n_batch = (int32_t)batch;
+    char plan_line[1024];  // printed once the slots exist, as generate does
+    if (!tri_cli_engine_place(s->model, &eng, (int32_t)n_slots, plan_line, sizeof plan_line)) goto done;
+    const tri_session_params sp = eng.sp;
     s->sp = sp;
     if (!plain) {
-        if (draft_path && !(s->draft = tri_cli_load_model(draft_path))) goto done;
-        if (draft_layers && !(s->draft_layers = tri_cli_parse_layers(me, "--draft-layers", draft_layers,
-                                                                     &s->spec_params.n_draft_layers))) {
-            rc = 2;
+        int drc = tri_cli_engine_load_drafter(me, &eng);
+        s->draft = eng.draft, s->draft_layers = eng.layers;  // the server's now: freed below
+        eng.draft = NULL, eng.layers = NULL;
+        s->spec_params = eng.spec;
+        if (drc) {
+            rc = drc;
             goto done;
         }
-        s->spec_params.draft_model = s->draft;
-        s->spec_params.draft_layers = s->draft_layers;
     }
     if (!(s->slots = calloc((size_t)s->n_slots, sizeof *s->slots))) goto oom;
     for (int i = 0; i < s->n_slots; i++) {
@@ -1570,6 +1355,7 @@ int tri_server_main(int argc, char **argv) {
             goto done;
         }
     }
+    fputs(plan_line, stderr);
     s->ref.n_ctx = plain ? tri_session_n_ctx(s->slots[0].session) : (int32_t)ctx;
     if (s->pc_path && !prompt_cache_start(s, plain)) goto done;
     // one scheduler batches the slots: plain decoding's passes, or the engines' (speculative)

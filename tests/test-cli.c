@@ -459,6 +459,99 @@ Test(cli, cache_options_that_do_not_apply_are_refused) {
     }
 }
 
+static int count_lines(const char *s);
+
+// Whether help lists option opt: "--kv" itself, not as the start of "--kv-type".
+static bool help_lists(const char *help, const char *opt) {
+    size_t n = strlen(opt);
+    for (const char *p = strstr(help, opt); p; p = strstr(p + 1, opt))
+        if (p[n] == ' ' || p[n] == ',' || p[n] == '\n') return true;
+    return false;
+}
+
+// serve parses the engine's options with generate's code (cli/cli-engine.c): both helps list every
+// one, and each set of options below gets the same exit status and the same message from both,
+// the command's name aside. Before, serve had its own copy: it did not know --tree-nodes,
+// --draft-kv-type or --host-attn-gbps, refused --budget and --sink with --kv-type mixed, and
+// answered an unknown option with its whole help.
+Test(cli, serve_takes_the_engine_options_of_generate) {
+    static const char *const engine[] = {
+        "--device", "--kv-type", "--kv-offload", "--stream-weights", "--weights-from-disk", "--gpu-mem",
+        "--host-mem", "--kv-host", "--host-attn-gbps", "--kv", "--budget", "--kv-budget", "--chunk", "--kv-chunk",
+        "--sink", "--refresh", "--kv-index", "--spec", "--draft", "--draft-layers", "--draft-ngram", "--gamma1",
+        "--gamma2", "--tree-nodes", "--draft-window", "--draft-sink", "--draft-kv-type", "--refresh-accept",
+    };
+    static char gen_help[1 << 16];
+    cr_assert_eq(cli("generate --help", gen_help, sizeof gen_help, err, sizeof err), 0);
+    int serve_rc = cli("serve --help", out, sizeof out, err, sizeof err);
+    const bool have_server = serve_rc == 0;
+    if (!have_server) cr_assert(serve_rc == 1 && strstr(err, "this build has no server"), "%s", err);
+    for (size_t i = 0; i < sizeof engine / sizeof *engine; i++) {
+        cr_assert(help_lists(gen_help, engine[i]), "generate --help lacks %s", engine[i]);
+        cr_assert(!have_server || help_lists(out, engine[i]), "serve --help lacks %s", engine[i]);
+    }
+    if (!have_server) return;
+    static const struct {
+        const char *opts;
+        int rc;  // 1: parsed and checked, then the model (which does not exist) fails to load
+    } cases[] = {
+        {"--tree-nodes 8", 2},
+        {"--spec retrieval --tree-nodes 1025", 2},
+        {"--spec retrieval --tree-nodes 4 --draft-kv-type q4_0 --host-attn-gbps 10", 1},
+        {"--draft-kv-type q8_0", 2},
+        {"--spec retrieval --draft-kv-type mixed", 2},
+        {"--kv-type q5_0", 2},
+        {"--kv-type mixed --budget 64 --sink 4", 1},
+        {"--host-attn-gbps fast", 2},
+        {"--kv-budget 0", 2},
+        {"--kv-chunk 5000", 2},
+        {"--sink 2", 2},
+        {"--kv h2o --chunk 4", 2},
+        {"--kv streaming --spec retrieval", 2},
+        {"--kv lru", 2},
+        {"--kv-index hnsw", 2},
+        {"--spec fast", 2},
+        {"--spec triforce", 2},
+        {"--spec draft --draft-ngram 2 --draft-layers 0", 2},
+        {"--draft-ngram 2", 2},
+        {"--spec draft --draft-ngram 2 --gamma1 2", 2},
+        {"--gamma2 4", 2},
+        {"--spec retrieval --draft-window 8", 2},
+        {"--spec retrieval --refresh-accept 2", 2},
+        {"--device gpu", 2},
+        {"--gpu-mem lots", 2},
+        {"--host-mem 1Q", 2},
+        {"--kv-host 1.5", 2},
+        {"--kv-offload -1", 2},
+        {"--weights-from-disk 70000", 2},
+        {"--frobnicate", 2},
+    };
+    static char gen_err[1 << 16];
+    char args[4096];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(args, sizeof args, "generate -m /nonexistent/m.gguf -p hi %s", cases[i].opts);
+        int rc = cli(args, out, sizeof out, gen_err, sizeof gen_err);
+        cr_assert_eq(rc, cases[i].rc, "generate %s: %d, %s", cases[i].opts, rc, gen_err);
+        snprintf(args, sizeof args, "serve -m /nonexistent/m.gguf --port 0 %s", cases[i].opts);
+        rc = cli(args, out, sizeof out, err, sizeof err);
+        cr_assert_eq(rc, cases[i].rc, "serve %s: %d, %s", cases[i].opts, rc, err);
+        // the same text once "serve" reads "generate"
+        static char same[1 << 16];
+        size_t k = 0;
+        for (const char *p = err; *p && k + 16 < sizeof same;) {
+            if (strncmp(p, "offload-run serve", 17) == 0) {
+                k += (size_t)snprintf(same + k, sizeof same - k, "offload-run generate");
+                p += 17;
+            } else {
+                same[k++] = *p++;
+            }
+        }
+        same[k] = 0;
+        cr_assert_str_eq(same, gen_err, "%s", cases[i].opts);
+        cr_assert(gen_err[0] && count_lines(gen_err) <= 2, "%s: %s", cases[i].opts, gen_err);
+    }
+}
+
 // ---- tokenize ----
 
 // An HF checkpoint directory: a generated model whose tokenizer.json is the fixture `name` of
@@ -1485,6 +1578,12 @@ Test(cli, generate_several_prompts_as_a_batch, .timeout = TT_TIMEOUT(120)) {
         at += (size_t)snprintf(expect + at, sizeof expect - at, "%s==> %s <==\n%s", i ? "\n" : "", files[i], want[i]);
     cr_assert_str_eq(out, expect);
     cr_assert(strstr(err, "prompts: 3, ") && strstr(err, "generated: 36 tokens in 11 batched passes"), "%s", err);
+    // --weights-from-disk alone streams that many layers, as for one prompt (the engine options'
+    // module applies it to a batch too; before, the batch's sessions refused it); the CPU ignores both
+    snprintf(args, sizeof args, "generate -m '%s' -f '%s' -f '%s' -f '%s' -n 12 --ids --ignore-eos --batch 8 --device "
+             "cpu --weights-from-disk 2", m, files[0], files[1], files[2]);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(out, expect);
     // the same prompts from a JSONL file (a blank line, members besides "prompt" ignored)
     snprintf(jsonl, sizeof jsonl, "%s", tt_tmp("cli-several.jsonl"));
     FILE *f = fopen(jsonl, "w");

@@ -513,10 +513,10 @@ print("---- server log ----")
 print("".join(srv.lines), end="")
 
 
-def t_spec():
-    """A speculative server (prompt-lookup drafts, L2 and L3): greedy answers are plain decoding's,
-    the same seed gives the same text twice on one slot, and the triforce object has the figures."""
-    spec = Server("--slots", "1", "--spec", "triforce", "--draft-ngram", "3", "--gamma2", "4")
+def spec_server(args, more=None):
+    """A speculative server started with args: its greedy chat answer is plain decoding's and its
+    triforce object has the figures; then more(client), if given, and a clean stop."""
+    spec = Server("--slots", "1", *args)
     try:
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{spec.port}/v1", api_key=KEY, max_retries=0,
                           timeout=120 * SCALE)
@@ -527,16 +527,37 @@ def t_spec():
         tf = extra(r, "triforce")
         expect(tf["spec_mode"] == "triforce" and tf["full_cache_passes"] >= 1 and tf["tokens_per_pass"] >= 1
                and "l1_acceptance" in tf and "l2_acceptance" in tf, f"triforce {tf}")
-        ask = dict(model=MODEL_ID, prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=99)
-        a, b = (c.completions.create(**ask).choices[0].text for _ in range(2))
-        expect(a == b, f"the same seed gave {a!r} and {b!r}")
+        if more:
+            more(c)
     finally:
         rc = spec.stop()
         print("".join(spec.lines), end="")
     expect(rc == 0, f"the speculative server exited with {rc}")
 
 
+def t_spec():
+    """A speculative server (prompt-lookup drafts, L2 and L3): greedy answers are plain decoding's,
+    the same seed gives the same text twice on one slot, and the triforce object has the figures."""
+    def same_seed(c):
+        ask = dict(model=MODEL_ID, prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=99)
+        a, b = (c.completions.create(**ask).choices[0].text for _ in range(2))
+        expect(a == b, f"the same seed gave {a!r} and {b!r}")
+
+    spec_server(["--spec", "triforce", "--draft-ngram", "3", "--gamma2", "4"], same_seed)
+
+
 check("speculative", t_spec)
+
+
+def t_spec_tree():
+    """Options the server takes from generate's engine module (cli/cli-engine.c) that its own copy
+    lacked (it refused them at start): L3 verifying token trees (--tree-nodes) over f16 drafts
+    (--draft-kv-type); greedy answers are still plain decoding's."""
+    spec_server(["--spec", "triforce", "--draft-ngram", "3", "--gamma2", "4", "--tree-nodes", "6", "--draft-kv-type",
+                 "f16"])
+
+
+check("speculative_tree", t_spec_tree)
 
 DOC = ("You answer questions about this note. The lighthouse on Gull Island was built in 1871 by the engineer "
        "Mara Ellis. Its lamp burned whale oil until 1902, then kerosene, and it was electrified in 1938. The keeper's "

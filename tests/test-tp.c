@@ -270,6 +270,23 @@ static void plain(const tri_model *m, int n, collect *c) {
     tri_session_free(s);
 }
 
+// The speculative parameters of this file's runs: caches small enough that L2 evicts (budget in
+// chunks of 4, selected over each rank's heads) and L1's StreamingLLM window slides.
+static tri_spec_params small_spec(tri_spec_mode mode, tri_spec_drafter drafter, const tri_model *draft,
+                                  const int32_t *layers, int32_t n_layers, int32_t budget) {
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = mode;
+    p.drafter = drafter;
+    p.draft_model = draft;
+    p.draft_layers = layers;
+    p.n_draft_layers = n_layers;
+    p.budget = budget;
+    p.chunk = 4;
+    p.draft_window = 12;
+    p.draft_sink = 2;
+    return p;
+}
+
 Test(tp, greedy_speculative_equals_plain, .timeout = TT_TIMEOUT(300)) {
     tri_model *m = tiny("tp-spec", "");
     tri_model *draft = load(tt_gen_model("tp-draft", "--seed 18 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1 "
@@ -291,17 +308,8 @@ Test(tp, greedy_speculative_equals_plain, .timeout = TT_TIMEOUT(300)) {
             {"draft, self-draft", TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS},
         };
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            tri_spec_params p = tri_spec_default_params();
-            p.mode = cases[i].mode;
-            p.drafter = cases[i].drafter;
-            p.draft_model = draft;
-            p.draft_layers = layers;
-            p.n_draft_layers = 2;
+            tri_spec_params p = small_spec(cases[i].mode, cases[i].drafter, draft, layers, 2, 16);
             p.ngram_n = 2;
-            p.budget = 16;  // L2 evicts: 4 chunks of 4 selected over each device's heads
-            p.chunk = 4;
-            p.draft_window = 12;
-            p.draft_sink = 2;
             tri_session_params sp = params(n, 128);
             tri_spec *e;
             cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
@@ -320,6 +328,70 @@ Test(tp, greedy_speculative_equals_plain, .timeout = TT_TIMEOUT(300)) {
             tri_spec_free(e);
         }
     }
+    tri_model_free(draft);
+    tri_model_free(m);
+}
+
+// Token trees (tri_spec_params.tree_nodes): L3 verifies the chain and siblings in one pass over a
+// tree mask, which each rank applies to its own KV heads. On two and three CPU ranks greedy output
+// must be plain decoding's on the same ranks, in every mode whose drafter proposes siblings, with
+// the KV on the device, offloaded, and offloaded with half its rows attended on the host (the
+// split), and the trees must really carry siblings. (A rank left without the tree's mask fails at
+// the ninth token.)
+typedef struct tree_case {
+    const char *name;
+    tri_spec_mode mode;
+    tri_spec_drafter drafter;
+} tree_case;
+
+static void check_trees(const tri_model *m, const tri_model *draft, int n, int off, const tree_case *tc) {
+    static const int32_t layers[] = {0, 2};
+    collect want;
+    plain(m, n, &want);
+    cr_assert_eq(want.n, 40);
+    tri_spec_params p = small_spec(tc->mode, tc->drafter, draft, layers, 2, 16);
+    p.gamma2 = 4;
+    p.tree_nodes = 10;  // the chain of 4 and up to 6 siblings
+    tri_session_params sp = params(n, 128);
+    sp.kv_layers_offloaded = off ? 2 : 0;
+    sp.kv_host_fraction = off == 2 ? 0.5f : 0.0f;
+    tri_spec *e;
+    cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s: %s", tc->name, tri_last_error());
+    cr_assert_str_eq(tri_spec_device(e), devices_of(n));
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = 40;
+    gp.stop_at_eos = false;
+    collect got = {.n = 0};
+    tri_spec_stats st;
+    cr_assert_eq(tri_generate_spec(e, prompt, 24, &gp, on_token, &got, &st), TRI_STATUS_OK, "%s: %s", tc->name,
+                 tri_last_error());
+    cr_assert_eq(got.n, 40, "%s", tc->name);
+    for (int t = 0; t < 40; t++)
+        cr_assert_eq(got.tok[t], want.tok[t], "%s, trees on %d ranks, KV way %d: token %d is %d, plain decoding's %d",
+                     tc->name, n, off, t, got.tok[t], want.tok[t]);
+    // the passes verified more drafted tokens than chains of gamma2 hold: siblings were there
+    cr_assert_gt(st.n_l3_tree_nodes, (int64_t)p.gamma2 * st.n_l3_verify, "%s: %lld nodes in %lld passes", tc->name,
+                 (long long)st.n_l3_tree_nodes, (long long)st.n_l3_verify);
+    cr_log_info("%d ranks, KV way %d, %s: %lld tree nodes in %lld L3 passes (%.2f tokens per pass)\n", n, off,
+                tc->name, (long long)st.n_l3_tree_nodes, (long long)st.n_l3_verify,
+                st.n_l3_verify ? (double)st.n_generated / (double)st.n_l3_verify : 0.0);
+    tri_spec_free(e);
+}
+
+Test(tp, greedy_token_trees_equal_plain, .timeout = TT_TIMEOUT(300)) {
+    tri_model *m = tiny("tp-tree", "");
+    tri_model *draft = load(tt_gen_model("tp-tree-draft", "--seed 18 --layers 1 --embd 32 --ff 64 --heads 2 "
+                                                          "--kv-heads 1 --head-dim 16"));
+    static const tree_case cases[] = {
+        {"triforce, self-draft (split like the target)", TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS},
+        {"triforce, draft model (on device 0)", TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_MODEL},
+        {"retrieval", TRI_SPEC_MODE_RETRIEVAL, TRI_SPEC_DRAFTER_MODEL},
+        {"draft, self-draft", TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS},
+        {"draft, draft model", TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_MODEL},
+    };
+    for (int n = 2; n <= 3; n++)
+        for (int off = 0; off <= 2; off++)  // KV on the device; 2 layers offloaded; and half of those on the host
+            for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_trees(m, draft, n, off, &cases[i]);
     tri_model_free(draft);
     tri_model_free(m);
 }
@@ -559,9 +631,10 @@ Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
     for (int k = 0; k < K; k++) free(l[k]);
     if (emulated) setenv("CUDAEMU_P2P", "1", 1);
 
-    // plain and speculative greedy decoding on the two devices, by NCCL and (TRI_NO_NCCL) by peer
-    // copies; the self-draft's StreamingLLM window makes its one-token steps recorded graphs, with
-    // NCCL's all-reduce inside them (the other paths wait on the host: its steps are not recorded)
+    // plain and speculative greedy decoding (L3 checking chains, then token trees) on the two
+    // devices, by NCCL and (TRI_NO_NCCL) by peer copies; the self-draft's StreamingLLM window makes
+    // its one-token steps recorded graphs, with NCCL's all-reduce inside them (the other paths wait
+    // on the host: its steps are not recorded)
     for (int nccl = 1; nccl >= 0; nccl--) {
         setenv("TRI_NO_NCCL", nccl ? "0" : "1", 1);
         tri_session_params sp = tri_session_default_params();
@@ -576,24 +649,25 @@ Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
         cr_assert_eq(tri_generate(s, prompt, 12, &gp, on_token, &want, NULL), TRI_STATUS_OK, "%s", tri_last_error());
         tri_session_free(s);
         static const int32_t layers[] = {0};
-        tri_spec_params p = tri_spec_default_params();
-        p.mode = TRI_SPEC_MODE_TRIFORCE;
-        p.drafter = TRI_SPEC_DRAFTER_LAYERS;
-        p.draft_layers = layers;
-        p.n_draft_layers = 1;
-        p.budget = 8;
-        p.chunk = 4;
+        tri_spec_params p = small_spec(TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS, NULL, layers, 1, 8);
         p.gamma1 = 2;
         p.gamma2 = 4;
-        p.draft_window = 12;
-        p.draft_sink = 2;
-        tri_spec *e;
-        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
-        cr_assert_eq(tri_generate_spec(e, prompt, 12, &gp, on_token, &got, NULL), TRI_STATUS_OK, "NCCL %d: %s", nccl,
-                     tri_last_error());
-        cr_assert_eq(got.n, 12);
-        for (int t = 0; t < 12; t++) cr_assert_eq(got.tok[t], want.tok[t], "NCCL %d: token %d", nccl, t);
-        tri_spec_free(e);
+        for (int tree = 0; tree <= 1; tree++) {  // L3 checks the chain, then token trees of 8 nodes
+            p.tree_nodes = tree ? 8 : 0;
+            tri_spec *e;
+            tri_spec_stats st;
+            got.n = 0;
+            cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+            cr_assert_eq(tri_generate_spec(e, prompt, 12, &gp, on_token, &got, &st), TRI_STATUS_OK, "NCCL %d: %s",
+                         nccl, tri_last_error());
+            cr_assert_eq(got.n, 12);
+            for (int t = 0; t < 12; t++)
+                cr_assert_eq(got.tok[t], want.tok[t], "NCCL %d, tree nodes %d: token %d", nccl, p.tree_nodes, t);
+            cr_assert(!tree || st.n_l3_tree_nodes > (int64_t)p.gamma2 * st.n_l3_verify,
+                      "NCCL %d: %lld tree nodes in %lld passes", nccl, (long long)st.n_l3_tree_nodes,
+                      (long long)st.n_l3_verify);
+            tri_spec_free(e);
+        }
     }
     unsetenv("TRI_NO_NCCL");
     tri_model_free(m);

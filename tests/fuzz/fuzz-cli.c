@@ -12,6 +12,7 @@
 
 #include "../../cli/cli-common.c"
 #include "../../cli/cli-sampling.c"  // generate's sampling options
+#include "../../cli/cli-engine.c"    // generate's engine options, shared with serve
 #include "../../cli/cli-generate.c"
 #include "../../cli/cli-generate-batch.c"  // generate with several prompts
 #define usage plan_usage  // cli-plan.c's statics beside cli-generate.c's
