@@ -1304,6 +1304,203 @@ Test(cuda_backend, attention_state_merges_with_host_chunks) {
     DONE();
 }
 
+// ---- spans of their own types (backend.h span_types) ----
+
+// A run of keys of one type in a typed view: n rows from position pos0 (every other position when
+// gaps: then the span carries explicit positions).
+typedef struct typed_seg {
+    tri_dtype type;
+    int32_t n, pos0;
+    bool gaps;
+} typed_seg;
+
+// Every KV head holds the segments (odd heads in reverse order), each a span of its own rows of
+// stride hd + 32 in host memory and on the device; k, v (nkv, nk, hd) the values they hold, kpos
+// (nkv, nk) their positions, in span order.
+typedef struct typed_view {
+    int64_t nkv, hd, nk;
+    tri__kv_span *hs, *ds;
+    int32_t head_span[9];
+    int32_t *kpos;
+    float *k, *v;
+    void *host[128], *dev[128];
+    int n_bufs;
+    tri__kv_view hv, dv;
+} typed_view;
+
+static void typed_make(tri__backend *gpu, typed_view *t, int64_t nkv, int64_t hd, const typed_seg *segs, int n_seg) {
+    cr_assert(nkv <= 8 && 2 * nkv * n_seg <= 128);
+    const int64_t stride = hd + 32;
+    t->nkv = nkv, t->hd = hd, t->nk = 0, t->n_bufs = 0;
+    for (int i = 0; i < n_seg; i++) t->nk += segs[i].n;
+    t->hs = calloc((size_t)(nkv * n_seg), sizeof *t->hs);
+    t->ds = calloc((size_t)(nkv * n_seg), sizeof *t->ds);
+    t->kpos = malloc(sizeof(int32_t) * (size_t)(nkv * t->nk + 1));
+    t->k = malloc(sizeof(float) * (size_t)(nkv * t->nk * hd + 1));
+    t->v = malloc(sizeof(float) * (size_t)(nkv * t->nk * hd + 1));
+    float *row = malloc(sizeof(float) * (size_t)stride);
+    int64_t key = 0;
+    for (int64_t h = 0; h < nkv; h++) {
+        t->head_span[h] = (int32_t)(h * n_seg);
+        for (int si = 0; si < n_seg; si++) {
+            const typed_seg *sg = &segs[h % 2 ? n_seg - 1 - si : si];
+            const int64_t rb = tri__dtype_row_bytes(sg->type, stride), n = sg->n;
+            void *kv[2];
+            int32_t *pos = sg->gaps ? t->kpos + key : NULL;
+            for (int w = 0; w < 2; w++) {
+                kv[w] = calloc((size_t)(rb * (n > 0 ? n : 1)), 1);
+                for (int64_t j = 0; j < n; j++) {
+                    for (int64_t e = 0; e < stride; e++) row[e] = frand() * (w ? 2.0f : 2.5f);
+                    uint8_t *dst = (uint8_t *)kv[w] + j * rb;
+                    if (sg->type == TRI_DTYPE_F32) {
+                        memcpy(dst, row, sizeof(float) * (size_t)stride);
+                    } else if (sg->type == TRI_DTYPE_F16) {
+                        for (int64_t e = 0; e < stride; e++) {
+                            ((uint16_t *)dst)[e] = tri__f32_to_f16(row[e]);
+                            row[e] = tri__f16_to_f32(((uint16_t *)dst)[e]);
+                        }
+                    } else {
+                        cr_assert(tri__quantize_row(dst, row, sg->type, stride));
+                        tri__dequantize_row(row, dst, sg->type, stride);
+                    }
+                    memcpy((w ? t->v : t->k) + (key + j) * hd, row, sizeof(float) * (size_t)hd);
+                }
+                t->host[t->n_bufs] = kv[w];
+                t->dev[t->n_bufs++] = up(gpu, kv[w], (size_t)(rb * (n > 0 ? n : 1)));
+            }
+            for (int64_t j = 0; j < n; j++) t->kpos[key + j] = sg->pos0 + (int32_t)(sg->gaps ? 2 * j : j);
+            const int64_t at = h * n_seg + si;
+            t->hs[at] = (tri__kv_span){.pos0 = sg->pos0, .n = sg->n, .k = kv[0], .v = kv[1], .stride = stride,
+                                       .pos = pos, .type = sg->type};
+            t->ds[at] = t->hs[at];
+            t->ds[at].k = t->dev[t->n_bufs - 2], t->ds[at].v = t->dev[t->n_bufs - 1];
+            key += n;
+        }
+    }
+    t->head_span[nkv] = (int32_t)(nkv * n_seg);
+    free(row);
+    // the view's own type is a decoy (no attention reads bf16 rows): with span_types only the spans' count
+    t->hv = (tri__kv_view){.type = TRI_DTYPE_BF16, .n_head_kv = (int32_t)nkv, .spans = t->hs,
+                           .head_span = t->head_span, .span_types = true};
+    t->dv = t->hv;
+    t->dv.spans = t->ds;
+}
+
+static void typed_free(tri__backend *gpu, typed_view *t) {
+    for (int i = 0; i < t->n_bufs; i++) free(t->host[i]), gpu->ops->free(gpu, t->dev[i]);
+    free(t->hs), free(t->ds), free(t->kpos), free(t->k), free(t->v);
+}
+
+// Attention (out), attention_dev and attention_state over the typed view on the device, against the
+// double reference over the values the rows hold (2e-5 (1 + |ref|)) and the CPU backend over the
+// same view in host memory (4e-5 (1 + |cpu|)); attention_dev gives attention's bits, and the state's
+// accumulator over its sum gives them too. Weight sums: against the reference where no span is
+// quantized (1e-5 (1 + ref)), else refused.
+static void check_typed(tri__backend *gpu, tri__backend *cpu, typed_view *t, int64_t g) {
+    const int64_t nkv = t->nkv, hd = t->hd, nk = t->nk, nh = nkv * g, m = 4, n = m * nh * hd;
+    int32_t qpos[4] = {2, 350, 700, 1 << 20};
+    bool quant = false;
+    for (int32_t si = 0; si < t->head_span[nkv]; si++) quant |= tri__dtype_is_quantized(t->hs[si].type);
+    float *q = malloc(sizeof(float) * (size_t)n), *out = malloc(sizeof(float) * (size_t)n);
+    float *outc = malloc(sizeof(float) * (size_t)n), *out2 = malloc(sizeof(float) * (size_t)n);
+    float *state = malloc(sizeof(float) * (size_t)(m * nh * (hd + 2)));
+    float *ws = malloc(sizeof(float) * (size_t)(nkv * nk));
+    fill(q, n, 1.0f);
+    float *dq = up(gpu, q, sizeof(float) * (size_t)n), *dout = dalloc(gpu, sizeof(float) * (size_t)n);
+    float *dstate = dalloc(gpu, sizeof(float) * (size_t)(m * nh * (hd + 2)));
+    float *dws = dalloc(gpu, sizeof(float) * (size_t)(nkv * nk));
+    int32_t *dpos = up(gpu, qpos, sizeof qpos);
+    tri_status want_ws = quant ? TRI_STATUS_UNSUPPORTED : TRI_STATUS_OK;
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &t->dv, dws), want_ws, "%s", tri_last_error());
+    if (quant) {
+        cr_assert(strstr(tri_last_error(), "weight sums"), "%s", tri_last_error());
+        cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &t->dv, NULL), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+    }
+    down(gpu, out, dout, sizeof(float) * (size_t)n);
+    if (!quant) down(gpu, ws, dws, sizeof(float) * (size_t)(nkv * nk));
+    cr_assert_eq(cpu->ops->attention(cpu, outc, q, qpos, m, nh, hd, &t->hv, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    double *ref = malloc(sizeof(double) * (size_t)hd), *wref = calloc((size_t)(nkv * nk), sizeof(double));
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t hq = 0; hq < nh; hq++) {
+            const int64_t h = hq / g;
+            naive_attn(q + (i * nh + hq) * hd, qpos[i], hd, nk, t->kpos + h * nk, t->k + h * nk * hd,
+                       t->v + h * nk * hd, ref, wref + h * nk);
+            for (int64_t e = 0; e < hd; e++) {
+                const float got = out[(i * nh + hq) * hd + e], cv = outc[(i * nh + hq) * hd + e];
+                cr_assert(fabs(got - ref[e]) <= 2e-5 * (1 + fabs(ref[e])), "typed view: q%lld h%lld [%lld] %g vs %g",
+                          (long long)i, (long long)hq, (long long)e, (double)got, ref[e]);
+                cr_assert(fabsf(got - cv) <= 4e-5f * (1 + fabsf(cv)), "typed view vs cpu %g %g", (double)got,
+                          (double)cv);
+            }
+        }
+    for (int64_t j = 0; !quant && j < nkv * nk; j++)
+        cr_assert(fabs(ws[j] - wref[j]) <= 1e-5 * (1 + wref[j]), "typed view: weight sum %lld: %g vs %g", (long long)j,
+                  (double)ws[j], wref[j]);
+    cr_assert_eq(gpu->ops->attention_dev(gpu, dout, dq, dpos, m, nh, hd, &t->dv), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    down(gpu, out2, dout, sizeof(float) * (size_t)n);
+    cr_assert(memcmp(out, out2, sizeof(float) * (size_t)n) == 0,
+              "attention_dev over a typed view: not attention's bits");
+    cr_assert_eq(gpu->ops->attention_state(gpu, dstate, dq, qpos, m, nh, hd, &t->dv), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    down(gpu, state, dstate, sizeof(float) * (size_t)(m * nh * (hd + 2)));
+    for (int64_t r = 0; r < m * nh; r++) {
+        const float *sr = state + r * (hd + 2);
+        for (int64_t e = 0; e < hd; e++) {
+            const float o = sr[hd + 1] > 0 ? sr[e] / sr[hd + 1] : 0.0f;
+            cr_assert(o == out[r * hd + e], "typed view: state row %lld [%lld] gives %g, attention %g", (long long)r,
+                      (long long)e, (double)o, (double)out[r * hd + e]);
+        }
+    }
+    gpu->ops->free(gpu, dq), gpu->ops->free(gpu, dout), gpu->ops->free(gpu, dstate);
+    gpu->ops->free(gpu, dws), gpu->ops->free(gpu, dpos);
+    free(q), free(out), free(outc), free(out2), free(state), free(ws), free(ref), free(wref);
+}
+
+// Views whose spans carry their own types, as L2's retrieval cache (q8_0 / q4_0 chunks of 8 with
+// gaps beside its f16 ring) and kv_type mixed (f16 sinks, q4_0 rows, f16 window) make them, with
+// f32 rows and empty spans of other types between, each head's runs in another order: attention,
+// attention_dev and attention_state (split attention's device half) against the reference and the
+// CPU; at the default limits (chunks of up to 256 keys cut where a type's run ends) and one query
+// per tile (tiles_and_batches_at_small_limits' path); weight sums over f16 beside f32 rows.
+Test(cuda_backend, attention_spans_of_their_own_types) {
+    NEED_GPU();
+    static const typed_seg mixed[] = {
+        {TRI_DTYPE_F16, 4, 0, false},   {TRI_DTYPE_Q8_0, 0, 4, false}, {TRI_DTYPE_Q4_0, 300, 4, false},
+        {TRI_DTYPE_F32, 0, 304, false}, {TRI_DTYPE_Q8_0, 8, 320, true}, {TRI_DTYPE_Q8_0, 8, 400, true},
+        {TRI_DTYPE_Q4_0, 8, 480, true}, {TRI_DTYPE_F32, 5, 500, false}, {TRI_DTYPE_F16, 37, 680, true},
+        {TRI_DTYPE_Q8_0, 0, 900, false},
+    };
+    static const typed_seg plain[] = {
+        {TRI_DTYPE_F16, 40, 0, false}, {TRI_DTYPE_F32, 270, 40, true}, {TRI_DTYPE_F16, 9, 600, false},
+    };
+    typed_view t;
+    typed_make(gpu, &t, 2, 64, mixed, (int)(sizeof mixed / sizeof mixed[0]));
+    check_typed(gpu, cpu, &t, 3);
+    typed_free(gpu, &t);
+    typed_make(gpu, &t, 4, 128, mixed, (int)(sizeof mixed / sizeof mixed[0]));
+    check_typed(gpu, cpu, &t, 1);
+    typed_free(gpu, &t);
+    typed_make(gpu, &t, 2, 40, plain, (int)(sizeof plain / sizeof plain[0]));
+    check_typed(gpu, cpu, &t, 2);
+    typed_free(gpu, &t);
+    cr_assert_eq(tri__backend_cuda_set_limits(gpu, &(tri__cuda_limits){1, 1, 1}), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    typed_make(gpu, &t, 2, 64, mixed, (int)(sizeof mixed / sizeof mixed[0]));
+    check_typed(gpu, cpu, &t, 3);
+    // a span of a type attention does not read is refused, naming it, even an empty one
+    t.ds[3].type = TRI_DTYPE_Q5_0;
+    float *dq = dalloc(gpu, sizeof(float) * 4 * 6 * 64), *dout = dalloc(gpu, sizeof(float) * 4 * 6 * 64);
+    int32_t qpos[4] = {0, 1, 2, 3};
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, 4, 6, 64, &t.dv, NULL), TRI_STATUS_UNSUPPORTED);
+    cr_assert(strstr(tri_last_error(), "q5_0"), "%s", tri_last_error());
+    gpu->ops->free(gpu, dq), gpu->ops->free(gpu, dout);
+    typed_free(gpu, &t);
+    DONE();
+}
+
 // ---- token trees (backend.h tri__kv_tree) ----
 
 // A tree of 24 nodes (random parents) over the last rows of a 300-key cache cut into spans (one
