@@ -784,16 +784,17 @@ static tri_status cuda_gather(tri__backend *be, void *dst, const void *src, cons
 static tri_status cuda_chunk_mean(tri__backend *be, float *out, const void *x, tri_dtype type, int64_t n_chunks,
                                   int64_t chunk, int64_t width, int64_t stride) {
     cuda_state *st = priv(be);
-    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32)  // (a q8_0 / q4_0 cache holds no retrieval policy)
+    const bool quant = type == TRI_DTYPE_Q8_0 || type == TRI_DTYPE_Q4_0;  // a quantized cache's blocks
+    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32 && !quant)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda chunk_mean: %s rows", tri_dtype_name(type));
-    if (n_chunks < 0 || chunk <= 0 || width < 0 || stride < width)
+    if (n_chunks < 0 || chunk <= 0 || width < 0 || stride < width || (quant && stride % TRI_QK != 0))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "cuda chunk_mean: %lld chunks of %lld rows, width %lld, stride %lld", (long long)n_chunks,
                          (long long)chunk, (long long)width, (long long)stride);
     if (!aligned(x, elem_align(type))) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda chunk_mean: misaligned rows");
     if (n_chunks == 0 || width == 0) return TRI_STATUS_OK;
     USE_DEVICE(st);
-    LAUNCH(tri__cuda_chunk_mean(out, x, type == TRI_DTYPE_F16, n_chunks, chunk, width, stride, st->stream));
+    LAUNCH(tri__cuda_chunk_mean(out, x, type, n_chunks, chunk, width, stride, st->stream));
     return TRI_STATUS_OK;
 }
 

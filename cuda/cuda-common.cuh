@@ -137,9 +137,10 @@ cudaError_t tri__cuda_set_rows(void *dst, tri_dtype t, const float *src, const i
 // A StreamingLLM one-token step's view from the length in state[1] (backend.h, window_rows).
 cudaError_t tri__cuda_window_rows(int32_t *state, int32_t *rows, int32_t view_rows, const tri__stream_window *w,
                                   cudaStream_t s);
-// out (n_chunks, width) = means over chunk rows of x (stride elements apart), summed in double.
-cudaError_t tri__cuda_chunk_mean(float *out, const void *x, bool f16, int64_t n_chunks, int64_t chunk, int64_t width,
-                                 int64_t stride, cudaStream_t s);
+// out (n_chunks, width) = means over chunk rows of x (stride elements apart), summed in double; x
+// rows of F32, F16, or Q8_0 / Q4_0 blocks (stride a multiple of 32, x 2-aligned).
+cudaError_t tri__cuda_chunk_mean(float *out, const void *x, tri_dtype type, int64_t n_chunks, int64_t chunk,
+                                 int64_t width, int64_t stride, cudaStream_t s);
 // dst row i (row_bytes) = src + offsets[i]; words: row_bytes, offsets and pointers 4-aligned.
 cudaError_t tri__cuda_gather(void *dst, const void *src, const int64_t *offsets, int64_t n, int64_t row_bytes,
                              bool words, cudaStream_t s);

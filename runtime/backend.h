@@ -253,9 +253,11 @@ typedef struct tri__backend_ops {
 
     // Chunk summaries: out (n_chunks, width) f32, out[c][j] = the mean of x[(c * chunk + r) * stride
     // + j] over r < chunk, summed in double in order of r and divided by chunk in double (so every
-    // backend gives the same bits). x is rows of type F16 or F32 (UNSUPPORTED otherwise) with
-    // stride elements between rows, width <= stride; the retrieval cache summarises a layer's keys
-    // where they are instead of copying them out. Required.
+    // backend gives the same bits). x is rows of type F16, F32, or a quantized cache's Q8_0 / Q4_0
+    // blocks (each element the value tri__dequantize_row gives; stride a multiple of 32, else
+    // INVALID_ARGUMENT), UNSUPPORTED otherwise, with stride elements between rows, width <= stride;
+    // the retrieval cache summarises a layer's keys where they are instead of copying them out.
+    // Required.
     tri_status (*chunk_mean)(tri__backend *be, float *out, const void *x, tri_dtype type, int64_t n_chunks,
                              int64_t chunk, int64_t width, int64_t stride);
 

@@ -395,8 +395,63 @@ Test(cuda_backend, chunk_mean_bit_exact) {
         cr_assert_eq(memcmp(got, want, sizeof(float) * NC * W), 0, "%s means differ from the CPU's", tri_dtype_name(t));
         gpu->ops->free(gpu, dx);
     }
+    // a quantized cache's keys (q8_0, q4_0): the same values quantized, a zero block and a block of
+    // the f16 scale's subnormals among them; rows of STRIDE values start blocks
+    const tri_dtype qtypes[2] = {TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    for (int ti = 0; ti < 2; ti++) {
+        const tri_dtype t = qtypes[ti];
+        const size_t bytes = (size_t)tri__dtype_row_bytes(t, (int64_t)n);
+        uint8_t *xq = malloc(bytes);
+        for (int i = 0; i < 32; i++) xf[i] = 0.0f, xf[32 + i] = (float)(i - 16) * 1e-7f;
+        cr_assert(tri__quantize_row(xq, xf, t, (int64_t)n));
+        void *dx = up(gpu, xq, bytes);
+        cr_assert_eq(gpu->ops->chunk_mean(gpu, dout, dx, t, NC, CH, W - 40, STRIDE), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        down(gpu, got, dout, sizeof(float) * NC * (W - 40));
+        cr_assert_eq(cpu->ops->chunk_mean(cpu, want, xq, t, NC, CH, W - 40, STRIDE), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(memcmp(got, want, sizeof(float) * NC * (W - 40)), 0, "%s means differ from the CPU's",
+                     tri_dtype_name(t));
+        cr_assert_eq(gpu->ops->chunk_mean(gpu, dout, dx, t, NC, CH, 40, 40), TRI_STATUS_INVALID_ARGUMENT,
+                     "%s rows of 40 values start inside blocks", tri_dtype_name(t));
+        gpu->ops->free(gpu, dx);
+        free(xq);
+    }
+    cr_assert_eq(gpu->ops->chunk_mean(gpu, dout, xh, TRI_DTYPE_Q4_1, NC, CH, W, STRIDE), TRI_STATUS_UNSUPPORTED);
     gpu->ops->free(gpu, dout);
     free(xf), free(xh), free(got), free(want);
+    DONE();
+}
+
+// The device's means of the q8_0 / q4_0 blocks of tests/fixtures/make-kv-quant.py read as a cache's
+// keys (rows of 96 values, 14 chunks of 8 rows, 80 columns) are numpy's float64 means of
+// gguf.quants.dequantize's values, bit for bit.
+Test(cuda_backend, chunk_mean_quantized_matches_numpy) {
+    NEED_GPU();
+    tt_need_fixtures("kv-quant");
+    enum { STRIDE = 96, ROWS = 112, CH = 8, NC = ROWS / CH, W = 80 };
+    const char *names[2] = {"q8_0", "q4_0"};
+    const tri_dtype types[2] = {TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    float *dout = dalloc(gpu, sizeof(float) * NC * W), got[NC * W];
+    for (int ti = 0; ti < 2; ti++) {
+        char bn[32], mn[32];
+        snprintf(bn, sizeof bn, "%s.blocks", names[ti]);
+        snprintf(mn, sizeof mn, "%s.means", names[ti]);
+        size_t nb, nm;
+        uint8_t *blocks = tt_read_file(tt_fixture("kv-quant", bn), &nb);
+        float *want = tt_read_file(tt_fixture("kv-quant", mn), &nm);
+        cr_assert(nm == sizeof got && nb >= (size_t)tri__dtype_row_bytes(types[ti], ROWS * STRIDE));
+        void *dx = up(gpu, blocks, nb);
+        cr_assert_eq(gpu->ops->chunk_mean(gpu, dout, dx, types[ti], NC, CH, W, STRIDE), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        down(gpu, got, dout, sizeof got);
+        for (int i = 0; i < NC * W; i++)
+            cr_assert(memcmp(&got[i], &want[i], sizeof(float)) == 0, "%s chunk %d, column %d: %.9g, numpy's %.9g",
+                      names[ti], i / W, i % W, (double)got[i], (double)want[i]);
+        gpu->ops->free(gpu, dx);
+        free(blocks), free(want);
+    }
+    gpu->ops->free(gpu, dout);
     DONE();
 }
 

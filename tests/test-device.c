@@ -1417,7 +1417,8 @@ Test(device, cuda_mixed_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
     }
     double d_cpu = 0, d_f16 = 0;  // largest difference from the device's mixed logits, per row's spread
     for (int i = 0; i < NP; i++) {
-        const float *a = logits[1] + (int64_t)i * nv, *c = logits[0] + (int64_t)i * nv, *f = logits[2] + (int64_t)i * nv;
+        const float *a = logits[1] + (int64_t)i * nv, *c = logits[0] + (int64_t)i * nv;
+        const float *f = logits[2] + (int64_t)i * nv;
         float lo = c[0], hi = c[0];
         for (int j = 0; j < nv; j++) lo = fminf(lo, c[j]), hi = fmaxf(hi, c[j]);
         double scale = fmax(1.0, (double)(hi - lo));
