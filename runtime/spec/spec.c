@@ -1339,8 +1339,7 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     // CUDA, which read such views (measured: more tokens per L3 pass at equal memory,
     // docs/benchmarks.md "Quantized draft caches"), else the session's type
     const bool typed_views = strcmp(s->be->ops->name, "cpu") == 0 || strcmp(s->be->ops->name, "cuda") == 0;
-    if (draft_default && sp.kv_type == TRI_DTYPE_F16 && typed_views &&
-        c->head_dim % TRI_QK == 0 &&
+    if (draft_default && sp.kv_type == TRI_DTYPE_F16 && typed_views && c->head_dim % TRI_QK == 0 &&
         !(has_l1 && p.drafter == TRI_SPEC_DRAFTER_MODEL && p.draft_model->config.head_dim % TRI_QK != 0))
         p.draft_kv_type = TRI_DTYPE_Q8_0;
     if (has_l1 && p.drafter == TRI_SPEC_DRAFTER_LAYERS) {
@@ -1386,8 +1385,8 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
             if (!typed_views) {  // L2's view mixes them: spans of their own types (backend.h span_types)
                 st = tri__fail(TRI_STATUS_UNSUPPORTED,
                                "speculative: draft_kv_type %s is not supported on the %s backend (CPU and CUDA only): "
-                               "L2's view would mix quantized and %s rows", tri_dtype_name(p.draft_kv_type),
-                               s->be->ops->name, tri_dtype_name(sp.kv_type));
+                               "L2's view would mix quantized and %s rows",
+                               tri_dtype_name(p.draft_kv_type), s->be->ops->name, tri_dtype_name(sp.kv_type));
                 goto fail;
             }
             l2p.gather_type = p.draft_kv_type;
