@@ -1352,7 +1352,8 @@ Test(device, cuda_quantized_draft_caches_keep_greedy_output, .timeout = TT_TIMEO
         for (int i = 0; i < NG; i++)
             cr_assert_eq(got[i], want[i], "%s, %s draft caches, mode %d, %d layers offloaded: token %d: %d, plain %d",
                          tri_spec_device(e), tri_dtype_name(type), (int)p.mode, runs[r].off, i, got[i], want[i]);
-        cr_assert(st.l1_proposed > 0 || st.l2_proposed > 0);
+        cr_assert(p.mode == TRI_SPEC_MODE_DRAFT ? st.l1_proposed > 0 : st.l2_proposed > 0, "run %zu drafted nothing",
+                  r);
         if (p.mode != TRI_SPEC_MODE_DRAFT) {
             int n = l2_gathered_rows(e, type);
             cr_assert(n > 0, "run %zu: L2 made no selection: its quantized chunks went unread", r);
