@@ -615,9 +615,9 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
         const bool quant = ty == TRI_DTYPE_Q8_0 || ty == TRI_DTYPE_Q4_0;
         if (tri__cuda_kv_kind(ty) < 0)
             return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %s keys", tri_dtype_name(ty));
-        if (quant && (hd % TRI_QK != 0 || weight_sums))
-            return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %s keys with head_dim %lld%s", tri_dtype_name(ty),
-                             (long long)hd, weight_sums ? " and weight sums (H2O)" : "");
+        if (quant && hd % TRI_QK != 0)
+            return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %s keys with head_dim %lld", tri_dtype_name(ty),
+                             (long long)hd);
         if (!kv->span_types || kv->spans[si].n > 0) kinds |= 1u << tri__cuda_kv_kind(ty);
     }
     for (int32_t si = 0; si < n_spans; si++) {

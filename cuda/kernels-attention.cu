@@ -45,15 +45,16 @@ __device__ __forceinline__ float kv_elem(const void *row, int64_t d) {
 
 // q . krow over hd elements, by a whole warp; every lane gets the same value (a butterfly sum of
 // the same operands). Explicit fmaf and __fmul_rn so that pass 1 and pass 3 compute bit-identical
-// scores whatever the compiler contracts.
-template <int KT>
+// scores whatever the compiler contracts (unrolling changes no operation's order).
+template <int KT, int UNROLL = (KT == KV_F32 ? 4 : 2)>
 __device__ __forceinline__ float warp_score(const float *q, const void *krow, int64_t hd, float scale, int lane) {
     float s = 0.0f;
-    // Unrolled by 2 for f16 and block rows and 4 for f32: other choices (the compiler's own among
-    // them) make ptxas spill in k_attn_weight_sums, f16 on sm_80 or f32 on sm_120
-    // (scripts/check-cuda.py fails on any spill). A lane reads element lane of each block of 32: a
+    // Unrolled by 2 for f16 and block rows and 4 for f32; in k_attn_weight_sums q8_0 rows not at
+    // all and q4_0 rows by 4: other choices (the compiler's own among them) make ptxas spill in
+    // k_attn_weight_sums, f16 on sm_80, f32 on sm_120, q8_0 and q4_0 by 2 on sm_80 or sm_90, q4_0
+    // by 1 on sm_80 (scripts/check-cuda.py fails on any spill). A lane reads element lane of each block of 32: a
     // warp reads a block's codes in one stretch and its scale once.
-#pragma unroll (KT == KV_F32 ? 4 : 2)
+#pragma unroll(UNROLL)
     for (int64_t d = lane; d < hd; d += 32) s = fmaf(q[d], kv_elem<KT>(krow, d), s);
     for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
     return __fmul_rn(s, scale);
@@ -212,8 +213,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_combine(float *out, tri__
     }
 }
 
-// One block per chunk (ids[b], or b with ids NULL) of rows of type KT. (F32 and F16 rows: the
-// backend refuses weight sums over quantized rows, as the CPU does.)
+// One block per chunk (ids[b], or b with ids NULL) of rows of type KT (any of the four: kv_type
+// mixed's heavy hitters are H2O's scores over q4_0 rows beside f16 ones).
 template <int KT>
 __global__ void __launch_bounds__(ATTN_THREADS) k_attn_weight_sums(float *ws, tri__cuda_attn_args a,
                                                                    const int32_t *ids) {
@@ -231,7 +232,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_weight_sums(float *ws, tr
             if (!key_visible(a, a.q_pos[i], kpos)) continue;  // uniform within the warp
             for (int64_t aa = 0; aa < g; aa++) {
                 int64_t qa = i * a.n_head + (int64_t)ch.head * g + aa;
-                float s = warp_score<KT>(a.q + qa * hd, krow, hd, a.scale, lane);
+                float s = warp_score<KT, KT == KV_Q8_0 ? 1 : (KT == KV_F32 || KT == KV_Q4_0 ? 4 : 2)>(
+                    a.q + qa * hd, krow, hd, a.scale, lane);
                 w += (double)(expf(s - a.stats[2 * qa]) / a.stats[2 * qa + 1]);
             }
         }
@@ -268,13 +270,19 @@ cudaError_t tri__cuda_attention(float *out, const tri__cuda_attn_args *a, int64_
 
 cudaError_t tri__cuda_attn_weight_sums(float *weight_sums, const tri__cuda_attn_args *a, cudaStream_t s) {
     if (a->n_chunks <= 0) return cudaSuccess;
-    if (a->n_chunks > 0x7fffffff || a->kind_n[KV_Q8_0] > 0 || a->kind_n[KV_Q4_0] > 0) return cudaErrorInvalidValue;
-    if (a->kind_n[KV_F16] > 0)
-        TRI_LAUNCH((k_attn_weight_sums<KV_F16>), (unsigned int)a->kind_n[KV_F16], ATTN_THREADS, 0, s, weight_sums, *a,
-                   kind_ids(a, KV_F16));
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess || a->kind_n[KV_F32] <= 0) return err;
-    TRI_LAUNCH((k_attn_weight_sums<KV_F32>), (unsigned int)a->kind_n[KV_F32], ATTN_THREADS, 0, s, weight_sums, *a,
-               kind_ids(a, KV_F32));
-    return cudaGetLastError();
+    if (a->n_chunks > 0x7fffffff) return cudaErrorInvalidValue;
+    for (int k = 0; k < TRI_CUDA_KV_KINDS; k++) {
+        if (a->kind_n[k] <= 0) continue;
+        const unsigned int nb = (unsigned int)a->kind_n[k];
+        const int32_t *ids = kind_ids(a, k);
+        switch (k) {
+        case KV_F16: TRI_LAUNCH((k_attn_weight_sums<KV_F16>), nb, ATTN_THREADS, 0, s, weight_sums, *a, ids); break;
+        case KV_Q8_0: TRI_LAUNCH((k_attn_weight_sums<KV_Q8_0>), nb, ATTN_THREADS, 0, s, weight_sums, *a, ids); break;
+        case KV_Q4_0: TRI_LAUNCH((k_attn_weight_sums<KV_Q4_0>), nb, ATTN_THREADS, 0, s, weight_sums, *a, ids); break;
+        default: TRI_LAUNCH((k_attn_weight_sums<KV_F32>), nb, ATTN_THREADS, 0, s, weight_sums, *a, ids); break;
+        }
+        cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
 }

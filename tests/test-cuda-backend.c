@@ -931,7 +931,7 @@ static void cache_view(const test_cache *c, bool dev, const int64_t *cuts, int n
 }
 
 // Output within 2e-5 (1 + |ref|) of the double reference and 4e-5 (1 + |cpu|) of the CPU backend;
-// weight sums within 1e-5 (1 + ref) of the reference (refused over quantized rows, as on the CPU).
+// weight sums within 1e-5 (1 + ref) of the reference (over quantized rows too).
 static void check_attention(tri__backend *gpu, tri__backend *cpu, tri_dtype type, int64_t nh, int64_t nkv, int64_t hd,
                             int64_t nk, const int64_t *cuts, int n_cuts, float kscale) {
     int64_t m = 4, g = nh / nkv;
@@ -949,14 +949,10 @@ static void check_attention(tri__backend *gpu, tri__backend *cpu, tri_dtype type
     cache_view(&c, false, cuts, n_cuts, hspans, hhead, &hview);
     float *dq = up(gpu, q, sizeof(float) * (size_t)(m * nh * hd)), *dout = dalloc(gpu, sizeof(float) * (size_t)(m * nh * hd));
     float *dws = dalloc(gpu, sizeof(float) * (size_t)(nkv * nk)), *ws = malloc(sizeof(float) * (size_t)(nkv * nk));
-    const bool quant = type == TRI_DTYPE_Q8_0 || type == TRI_DTYPE_Q4_0;
-    if (quant)
-        cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &view, dws), TRI_STATUS_UNSUPPORTED,
-                     "weight sums (H2O) over %s rows", tri_dtype_name(type));
-    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &view, quant ? NULL : dws), TRI_STATUS_OK, "%s",
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &view, dws), TRI_STATUS_OK, "%s",
                  tri_last_error());
     down(gpu, out, dout, sizeof(float) * (size_t)(m * nh * hd));
-    if (!quant) down(gpu, ws, dws, sizeof(float) * (size_t)(nkv * nk));
+    down(gpu, ws, dws, sizeof(float) * (size_t)(nkv * nk));
     cr_assert_eq(cpu->ops->attention(cpu, outc, q, qpos, m, nh, hd, &hview, NULL), TRI_STATUS_OK);
     double *wref = calloc((size_t)(nkv * nk), sizeof(double)), *ref = malloc(sizeof(double) * (size_t)hd);
     for (int64_t i = 0; i < m; i++)
@@ -973,7 +969,7 @@ static void check_attention(tri__backend *gpu, tri__backend *cpu, tri_dtype type
                 cr_assert(fabsf(got - cv) <= 4e-5f * (1 + fabsf(cv)), "vs cpu %g %g", (double)got, (double)cv);
             }
         }
-    for (int64_t j = 0; !quant && j < nkv * nk; j++)
+    for (int64_t j = 0; j < nkv * nk; j++)
         cr_assert(fabs(ws[j] - wref[j]) <= 1e-5 * (1 + wref[j]), "weight sum %lld: %g vs %g", (long long)j,
                   (double)ws[j], wref[j]);
     gpu->ops->free(gpu, dq);
@@ -1449,13 +1445,11 @@ static void typed_free(tri__backend *gpu, typed_view *t) {
 // Attention (out), attention_dev and attention_state over the typed view on the device, against the
 // double reference over the values the rows hold (2e-5 (1 + |ref|)) and the CPU backend over the
 // same view in host memory (4e-5 (1 + |cpu|)); attention_dev gives attention's bits, and the state's
-// accumulator over its sum gives them too. Weight sums: against the reference where no span is
-// quantized (1e-5 (1 + ref)), else refused.
+// accumulator over its sum gives them too. Weight sums (kv_type mixed's heavy hitters are H2O's
+// scores over such views): against the reference, 1e-5 (1 + ref).
 static void check_typed(tri__backend *gpu, tri__backend *cpu, typed_view *t, int64_t g) {
     const int64_t nkv = t->nkv, hd = t->hd, nk = t->nk, nh = nkv * g, m = 4, n = m * nh * hd;
     int32_t qpos[4] = {2, 350, 700, 1 << 20};
-    bool quant = false;
-    for (int32_t si = 0; si < t->head_span[nkv]; si++) quant |= tri__dtype_is_quantized(t->hs[si].type);
     float *q = malloc(sizeof(float) * (size_t)n), *out = malloc(sizeof(float) * (size_t)n);
     float *outc = malloc(sizeof(float) * (size_t)n), *out2 = malloc(sizeof(float) * (size_t)n);
     float *state = malloc(sizeof(float) * (size_t)(m * nh * (hd + 2)));
@@ -1465,15 +1459,10 @@ static void check_typed(tri__backend *gpu, tri__backend *cpu, typed_view *t, int
     float *dstate = dalloc(gpu, sizeof(float) * (size_t)(m * nh * (hd + 2)));
     float *dws = dalloc(gpu, sizeof(float) * (size_t)(nkv * nk));
     int32_t *dpos = up(gpu, qpos, sizeof qpos);
-    tri_status want_ws = quant ? TRI_STATUS_UNSUPPORTED : TRI_STATUS_OK;
-    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &t->dv, dws), want_ws, "%s", tri_last_error());
-    if (quant) {
-        cr_assert(strstr(tri_last_error(), "weight sums"), "%s", tri_last_error());
-        cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &t->dv, NULL), TRI_STATUS_OK, "%s",
-                     tri_last_error());
-    }
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &t->dv, dws), TRI_STATUS_OK, "%s",
+                 tri_last_error());
     down(gpu, out, dout, sizeof(float) * (size_t)n);
-    if (!quant) down(gpu, ws, dws, sizeof(float) * (size_t)(nkv * nk));
+    down(gpu, ws, dws, sizeof(float) * (size_t)(nkv * nk));
     cr_assert_eq(cpu->ops->attention(cpu, outc, q, qpos, m, nh, hd, &t->hv, NULL), TRI_STATUS_OK, "%s",
                  tri_last_error());
     double *ref = malloc(sizeof(double) * (size_t)hd), *wref = calloc((size_t)(nkv * nk), sizeof(double));
@@ -1490,7 +1479,7 @@ static void check_typed(tri__backend *gpu, tri__backend *cpu, typed_view *t, int
                           (double)cv);
             }
         }
-    for (int64_t j = 0; !quant && j < nkv * nk; j++)
+    for (int64_t j = 0; j < nkv * nk; j++)
         cr_assert(fabs(ws[j] - wref[j]) <= 1e-5 * (1 + wref[j]), "typed view: weight sum %lld: %g vs %g", (long long)j,
                   (double)ws[j], wref[j]);
     cr_assert_eq(gpu->ops->attention_dev(gpu, dout, dq, dpos, m, nh, hd, &t->dv), TRI_STATUS_OK, "%s",
@@ -1519,7 +1508,8 @@ static void check_typed(tri__backend *gpu, tri__backend *cpu, typed_view *t, int
 // f32 rows and empty spans of other types between, each head's runs in another order: attention,
 // attention_dev and attention_state (split attention's device half) against the reference and the
 // CPU; at the default limits (chunks of up to 256 keys cut where a type's run ends) and one query
-// per tile (tiles_and_batches_at_small_limits' path); weight sums over f16 beside f32 rows.
+// per tile (tiles_and_batches_at_small_limits' path); weight sums over every view, f16 beside f32
+// rows too.
 Test(cuda_backend, attention_spans_of_their_own_types) {
     NEED_GPU();
     static const typed_seg mixed[] = {
