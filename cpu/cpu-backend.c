@@ -141,9 +141,10 @@ static tri_status cpu_gather(tri__backend *be, void *dst, const void *src, const
 static tri_status cpu_chunk_mean(tri__backend *be, float *out, const void *x, tri_dtype type, int64_t n_chunks,
                                  int64_t chunk, int64_t width, int64_t stride) {
     (void)be;
-    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32)
+    const bool quant = type == TRI_DTYPE_Q8_0 || type == TRI_DTYPE_Q4_0;  // a quantized cache's blocks
+    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32 && !quant)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu chunk_mean: %s rows", tri_dtype_name(type));
-    if (n_chunks < 0 || chunk <= 0 || width < 0 || stride < width)
+    if (n_chunks < 0 || chunk <= 0 || width < 0 || stride < width || (quant && stride % TRI_QK != 0))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cpu chunk_mean: %lld chunks of %lld rows, width %lld, stride %lld",
                          (long long)n_chunks, (long long)chunk, (long long)width, (long long)stride);
     tri__chunk_mean(out, x, type, n_chunks, chunk, width, stride);

@@ -561,6 +561,34 @@ static tri_status cuda_top_k(tri__backend *be, float *values, int32_t *indices, 
 
 // ---- attention ----
 
+// Chunks of at most C keys of KV head h (keys key .. of the view's order): cut where the run of
+// one row type ends (a view with span_types), so that each chunk is read by one type's kernel.
+// Returns their count; with ch set writes them from ch[0], and with kinds set their TRI_CUDA_KV_*
+// kinds from kinds[0].
+static int64_t head_chunks(const tri__kv_view *kv, int64_t h, int32_t C, int64_t key, tri__cuda_chunk *ch,
+                           uint8_t *kinds) {
+    int64_t n = 0, run0 = key;
+    int kind = -1;
+    for (int32_t si = kv->head_span[h]; si <= kv->head_span[h + 1]; si++) {
+        const bool end = si == kv->head_span[h + 1];
+        const int k = end ? -1 : tri__cuda_kv_kind(tri__kv_span_type(kv, &kv->spans[si]));
+        if (!end && (kv->spans[si].n == 0 || k == kind || kind < 0)) {  // the run goes on
+            if (kv->spans[si].n > 0) kind = k;
+            key += kv->spans[si].n;
+            continue;
+        }
+        for (int64_t k0 = run0; k0 < key; k0 += C, n++) {  // the run ends before span si
+            if (!ch) continue;
+            ch[n] = tri__cuda_chunk{k0, (int32_t)h, (int32_t)(key - k0 < C ? key - k0 : C)};
+            if (kinds) kinds[n] = (uint8_t)kind;
+        }
+        if (end) break;
+        run0 = key, kind = k;
+        key += kv->spans[si].n;
+    }
+    return n;
+}
+
 // out (m, n_head, hd), or with state set (m, n_head, hd + 2) the state before the division.
 // q_pos_dev: q_pos is device memory (attention_dev), else host, uploaded with the view.
 static tri_status attention_run(tri__backend *be, float *out, float *state, const float *q, const int32_t *q_pos,
@@ -568,13 +596,6 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
                                 float *weight_sums) {
     cuda_state *st = priv(be);
     int64_t nkv = kv->n_head_kv;
-    const bool quant = kv->type == TRI_DTYPE_Q8_0 || kv->type == TRI_DTYPE_Q4_0;
-    if (kv->type != TRI_DTYPE_F16 && kv->type != TRI_DTYPE_F32 && !quant)
-        return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %s keys", tri_dtype_name(kv->type));
-    // a quantized cache's rows are whole blocks of 32, read in place (the CPU's conditions)
-    if (quant && (hd % TRI_QK != 0 || weight_sums))
-        return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %s keys with head_dim %lld%s",
-                         tri_dtype_name(kv->type), (long long)hd, weight_sums ? " and weight sums (H2O)" : "");
     // n_head 0 would make a group of 0 heads (a division by zero sizing the partials below)
     if (nkv <= 0 || n_head <= 0 || n_head % nkv != 0 || hd <= 0 || m < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda attention: %lld heads over %lld KV heads, head_dim %lld",
@@ -586,8 +607,23 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda attention: head_span decreases at %lld", (long long)h);
     int32_t n_spans = kv->head_span[nkv];
     int64_t n_pos = 0, n_keys = 0;
+    unsigned kinds = 0;  // bit k: some rows of kind k (TRI_CUDA_KV_*)
+    for (int32_t si = 0; si < (kv->span_types ? n_spans : 1); si++) {
+        // the view's type, or each span's: a quantized cache's rows are whole blocks of 32, read in
+        // place (the CPU's conditions)
+        const tri_dtype ty = kv->span_types ? kv->spans[si].type : kv->type;
+        const bool quant = ty == TRI_DTYPE_Q8_0 || ty == TRI_DTYPE_Q4_0;
+        if (tri__cuda_kv_kind(ty) < 0)
+            return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %s keys", tri_dtype_name(ty));
+        if (quant && hd % TRI_QK != 0)
+            return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %s keys with head_dim %lld", tri_dtype_name(ty),
+                             (long long)hd);
+        if (!kv->span_types || kv->spans[si].n > 0) kinds |= 1u << tri__cuda_kv_kind(ty);
+    }
     for (int32_t si = 0; si < n_spans; si++) {
         const tri__kv_span *sp = &kv->spans[si];
+        const tri_dtype ty = tri__kv_span_type(kv, sp);
+        const bool quant = ty == TRI_DTYPE_Q8_0 || ty == TRI_DTYPE_Q4_0;
         if (sp->n < 0 || (sp->n > 0 && sp->stride < hd) ||
             (quant && sp->n > 0 && (sp->stride % TRI_QK != 0 || !aligned(sp->k, 2) || !aligned(sp->v, 2))))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda attention: span %d has %d rows of stride %lld", si, sp->n,
@@ -606,11 +642,7 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
     int64_t n_chunks = 0;
     for (;;) {
         n_chunks = 0;
-        for (int64_t h = 0; h < nkv; h++) {
-            int64_t nh = 0;
-            for (int32_t si = kv->head_span[h]; si < kv->head_span[h + 1]; si++) nh += kv->spans[si].n;
-            n_chunks += (nh + C - 1) / C;
-        }
+        for (int64_t h = 0; h < nkv; h++) n_chunks += head_chunks(kv, h, C, 0, NULL, NULL);
         bool fits = tri__cuda_attn_smem(g, hd, C) != 0;
         if (C <= 16 || (fits && n_chunks * m >= 2 * (int64_t)st->sm_count)) break;
         C /= 2;
@@ -620,7 +652,8 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
                          (long long)g, (long long)hd);
     if (n_chunks > INT32_MAX) return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda attention: %lld chunks", (long long)n_chunks);
 
-    // One upload: q_pos | head_span | head_chunk | positions | spans | chunks | tree masks.
+    // One upload: q_pos | head_span | head_chunk | positions | spans | chunks | tree masks | the
+    // chunks' order by kind and their kinds (a view of several row types; the kinds travel unread)
     size_t o_qpos = 0, o_hs = align16(sizeof(int32_t) * (size_t)m);
     size_t o_hc = o_hs + align16(sizeof(int32_t) * (size_t)(nkv + 1));
     size_t o_pos = o_hc + align16(sizeof(int32_t) * (size_t)(nkv + 1));
@@ -629,9 +662,13 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
     size_t o_tree = o_ch + align16(sizeof(tri__cuda_chunk) * (size_t)n_chunks);
     const tri__kv_tree *tree = kv->tree;
     size_t tree_bytes = tree ? sizeof(uint32_t) * (size_t)tree->n * (size_t)tree->words : 0;
-    size_t bytes = o_tree + tree_bytes;
+    const bool several = (kinds & (kinds - 1)) != 0;
+    size_t o_ord = o_tree + align16(tree_bytes);
+    size_t o_kind = o_ord + (several ? sizeof(int32_t) * (size_t)n_chunks : 0);
+    size_t bytes = o_kind + (several ? (size_t)n_chunks : 0);
     unsigned char *h, *d;
     TRY(upload_begin(st, bytes, &h));
+    uint8_t *kind_of = several ? h + o_kind : NULL;  // (n_chunks) each chunk's kind
     if (!q_pos_dev) memcpy(h + o_qpos, q_pos, sizeof(int32_t) * (size_t)m);
     memcpy(h + o_hs, kv->head_span, sizeof(int32_t) * (size_t)(nkv + 1));
     int32_t *hc = (int32_t *)(h + o_hc), *pos = (int32_t *)(h + o_pos);
@@ -650,12 +687,22 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
             key += s->n;
         }
         hc[hh] = (int32_t)nc;
-        for (int64_t k0 = first; k0 < key; k0 += C)
-            ch[nc++] = tri__cuda_chunk{k0, (int32_t)hh, (int32_t)(key - k0 < C ? key - k0 : C)};
+        nc += head_chunks(kv, hh, C, first, ch + nc, kind_of ? kind_of + nc : NULL);
     }
     hc[nkv] = (int32_t)nc;
     TRI_ASSERT(nc == n_chunks && key == n_keys && np == n_pos);
     if (tree) memcpy(h + o_tree, tree->anc, tree_bytes);
+    int32_t kind_n[TRI_CUDA_KV_KINDS] = {0}, kind_0[TRI_CUDA_KV_KINDS] = {0};
+    if (several) {  // chunk ids grouped by kind, each kind's in chunk order
+        for (int64_t c = 0; c < n_chunks; c++) kind_n[kind_of[c]]++;
+        for (int k = 1; k < TRI_CUDA_KV_KINDS; k++) kind_0[k] = kind_0[k - 1] + kind_n[k - 1];
+        int32_t *ord = (int32_t *)(h + o_ord), fill[TRI_CUDA_KV_KINDS];
+        memcpy(fill, kind_0, sizeof fill);
+        for (int64_t c = 0; c < n_chunks; c++) ord[fill[kind_of[c]]++] = (int32_t)c;
+    } else {
+        for (int k = 0; k < TRI_CUDA_KV_KINDS; k++)
+            if (kinds & (1u << k)) kind_n[k] = (int32_t)n_chunks;
+    }
     TRY(upload_finish(st, bytes, &d));
 
     tri__cuda_attn_args a;
@@ -670,7 +717,9 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
     a.m = m, a.n_head = n_head, a.hd = hd, a.group = g, a.n_chunks = n_chunks;
     a.chunk_keys = C;
     a.scale = 1.0f / sqrtf((float)hd);
-    a.type = kv->type;
+    a.chunk_order = several ? (const int32_t *)(d + o_ord) : NULL;
+    memcpy(a.kind_n, kind_n, sizeof kind_n);
+    memcpy(a.kind_0, kind_0, sizeof kind_0);
     a.state = state;
     if (tree) {
         a.tree_anc = (const uint32_t *)(d + o_tree);
@@ -735,16 +784,17 @@ static tri_status cuda_gather(tri__backend *be, void *dst, const void *src, cons
 static tri_status cuda_chunk_mean(tri__backend *be, float *out, const void *x, tri_dtype type, int64_t n_chunks,
                                   int64_t chunk, int64_t width, int64_t stride) {
     cuda_state *st = priv(be);
-    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32)  // (a q8_0 / q4_0 cache holds no retrieval policy)
+    const bool quant = type == TRI_DTYPE_Q8_0 || type == TRI_DTYPE_Q4_0;  // a quantized cache's blocks
+    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32 && !quant)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cuda chunk_mean: %s rows", tri_dtype_name(type));
-    if (n_chunks < 0 || chunk <= 0 || width < 0 || stride < width)
+    if (n_chunks < 0 || chunk <= 0 || width < 0 || stride < width || (quant && stride % TRI_QK != 0))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "cuda chunk_mean: %lld chunks of %lld rows, width %lld, stride %lld", (long long)n_chunks,
                          (long long)chunk, (long long)width, (long long)stride);
     if (!aligned(x, elem_align(type))) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda chunk_mean: misaligned rows");
     if (n_chunks == 0 || width == 0) return TRI_STATUS_OK;
     USE_DEVICE(st);
-    LAUNCH(tri__cuda_chunk_mean(out, x, type == TRI_DTYPE_F16, n_chunks, chunk, width, stride, st->stream));
+    LAUNCH(tri__cuda_chunk_mean(out, x, type, n_chunks, chunk, width, stride, st->stream));
     return TRI_STATUS_OK;
 }
 

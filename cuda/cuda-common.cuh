@@ -137,9 +137,10 @@ cudaError_t tri__cuda_set_rows(void *dst, tri_dtype t, const float *src, const i
 // A StreamingLLM one-token step's view from the length in state[1] (backend.h, window_rows).
 cudaError_t tri__cuda_window_rows(int32_t *state, int32_t *rows, int32_t view_rows, const tri__stream_window *w,
                                   cudaStream_t s);
-// out (n_chunks, width) = means over chunk rows of x (stride elements apart), summed in double.
-cudaError_t tri__cuda_chunk_mean(float *out, const void *x, bool f16, int64_t n_chunks, int64_t chunk, int64_t width,
-                                 int64_t stride, cudaStream_t s);
+// out (n_chunks, width) = means over chunk rows of x (stride elements apart), summed in double; x
+// rows of F32, F16, or Q8_0 / Q4_0 blocks (stride a multiple of 32, x 2-aligned).
+cudaError_t tri__cuda_chunk_mean(float *out, const void *x, tri_dtype type, int64_t n_chunks, int64_t chunk,
+                                 int64_t width, int64_t stride, cudaStream_t s);
 // dst row i (row_bytes) = src + offsets[i]; words: row_bytes, offsets and pointers 4-aligned.
 cudaError_t tri__cuda_gather(void *dst, const void *src, const int64_t *offsets, int64_t n, int64_t row_bytes,
                              bool words, cudaStream_t s);
@@ -199,6 +200,21 @@ typedef struct tri__cuda_chunk {
     int32_t n;     // keys, 1 .. chunk size
 } tri__cuda_chunk;
 
+// The row types attention reads, as its kernels number them: a view's spans may mix them
+// (backend.h span_types), one launch per type present.
+enum { TRI_CUDA_KV_F32 = 0, TRI_CUDA_KV_F16 = 1, TRI_CUDA_KV_Q8_0 = 2, TRI_CUDA_KV_Q4_0 = 3, TRI_CUDA_KV_KINDS = 4 };
+
+// TRI_CUDA_KV_* of t, or -1 for a type attention does not read.
+static inline int tri__cuda_kv_kind(tri_dtype t) {
+    switch (t) {
+    case TRI_DTYPE_F32: return TRI_CUDA_KV_F32;
+    case TRI_DTYPE_F16: return TRI_CUDA_KV_F16;
+    case TRI_DTYPE_Q8_0: return TRI_CUDA_KV_Q8_0;
+    case TRI_DTYPE_Q4_0: return TRI_CUDA_KV_Q4_0;
+    default: return -1;
+    }
+}
+
 typedef struct tri__cuda_attn_args {
     const float *q;               // (m, n_head, hd) device
     const int32_t *q_pos;         // (m) device
@@ -210,7 +226,11 @@ typedef struct tri__cuda_attn_args {
     int64_t m, n_head, hd, group, n_chunks;
     int32_t chunk_keys;           // keys per chunk at most
     float scale;
-    tri_dtype type;               // of K and V: F32, F16, Q8_0 or Q4_0 (whole blocks of 32 per row)
+    // Chunks by row type (F32, F16, Q8_0 or Q4_0; quantized rows whole blocks of 32): a chunk's keys
+    // are all of one type, kind_n[k] chunks of kind k (TRI_CUDA_KV_*), their ids chunk_order[kind_0[k]
+    // .. + kind_n[k]) (device), or with chunk_order NULL chunks 0 .. n_chunks - 1 (one kind only)
+    const int32_t *chunk_order;
+    int32_t kind_n[TRI_CUDA_KV_KINDS], kind_0[TRI_CUDA_KV_KINDS];
     // scratch
     float *part_o;  // (n_chunks, mt, group, hd)
     float *part_ml; // (n_chunks, mt, group, 2): chunk max and sum

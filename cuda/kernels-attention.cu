@@ -7,7 +7,10 @@
 // weight_sums): one block per chunk recomputes every score with the same warp_dot and adds
 // exp(score - max) / sum over the group's heads and the queries. Scratch is per chunk, so a 128K
 // key view costs (keys / chunk_keys) partial rows per query head, not one score per key. Rows are
-// F32, F16, or the blocks of a quantized cache (Q8_0, Q4_0), dequantized in registers as read.
+// F32, F16, or the blocks of a quantized cache (Q8_0, Q4_0), dequantized in registers as read; a
+// view whose spans carry their own types (a retrieval cache's quantized chunks beside its f16
+// ring, kv_type mixed) is cut into chunks of one type each, and each type's chunks are one launch
+// of passes 1 and 3 (the combine does not read rows).
 #include <math.h>
 
 #include "cuda-common.cuh"
@@ -19,7 +22,7 @@
 // 32 int8) and Q4_0 (f16 scale, 16 bytes of nibbles), which are read where they lie: each thread
 // dequantizes the elements it uses into registers (d q, d (q - 8): the values tri__dequantize_row
 // gives, exact in f32), so no f16 or f32 copy of a quantized cache is ever made.
-enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2, KV_Q4_0 = 3 };
+enum { KV_F32 = TRI_CUDA_KV_F32, KV_F16 = TRI_CUDA_KV_F16, KV_Q8_0 = TRI_CUDA_KV_Q8_0, KV_Q4_0 = TRI_CUDA_KV_Q4_0 };
 
 // Bytes of n elements of a row (n a multiple of 32 for the block types).
 template <int KT>
@@ -42,15 +45,16 @@ __device__ __forceinline__ float kv_elem(const void *row, int64_t d) {
 
 // q . krow over hd elements, by a whole warp; every lane gets the same value (a butterfly sum of
 // the same operands). Explicit fmaf and __fmul_rn so that pass 1 and pass 3 compute bit-identical
-// scores whatever the compiler contracts.
-template <int KT>
+// scores whatever the compiler contracts (unrolling changes no operation's order).
+template <int KT, int UNROLL = (KT == KV_F32 ? 4 : 2)>
 __device__ __forceinline__ float warp_score(const float *q, const void *krow, int64_t hd, float scale, int lane) {
     float s = 0.0f;
-    // Unrolled by 2 for f16 and block rows and 4 for f32: other choices (the compiler's own among
-    // them) make ptxas spill in k_attn_weight_sums, f16 on sm_80 or f32 on sm_120
-    // (scripts/check-cuda.py fails on any spill). A lane reads element lane of each block of 32: a
+    // Unrolled by 2 for f16 and block rows and 4 for f32; in k_attn_weight_sums q8_0 rows not at
+    // all and q4_0 rows by 4: other choices (the compiler's own among them) make ptxas spill in
+    // k_attn_weight_sums, f16 on sm_80, f32 on sm_120, q8_0 and q4_0 by 2 on sm_80 or sm_90, q4_0
+    // by 1 on sm_80 (scripts/check-cuda.py fails on any spill). A lane reads element lane of each block of 32: a
     // warp reads a block's codes in one stretch and its scale once.
-#pragma unroll (KT == KV_F32 ? 4 : 2)
+#pragma unroll(UNROLL)
     for (int64_t d = lane; d < hd; d += 32) s = fmaf(q[d], kv_elem<KT>(krow, d), s);
     for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
     return __fmul_rn(s, scale);
@@ -92,8 +96,10 @@ size_t tri__cuda_attn_smem(int64_t group, int64_t hd, int32_t chunk_keys) {
     return bytes > 48 * 1024 - 256 ? 0 : bytes;  // 48 KiB per block without opting in, less n_vis
 }
 
+// Blocks (chunk ids[b / mt], or b / mt with ids NULL; query i0 + b % mt): chunks of rows of type KT.
 template <int KT>
-__global__ void __launch_bounds__(ATTN_THREADS) k_attn_partial(tri__cuda_attn_args a, int64_t i0, int64_t mt) {
+__global__ void __launch_bounds__(ATTN_THREADS) k_attn_partial(tri__cuda_attn_args a, const int32_t *ids, int64_t i0,
+                                                               int64_t mt) {
     TRI_DYN_SMEM(unsigned char, smem);
     const int64_t g = a.group, hd = a.hd, C = a.chunk_keys;
     float *qs = (float *)smem;
@@ -103,7 +109,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_partial(tri__cuda_attn_ar
     unsigned char *vis = (unsigned char *)(vp + C);
     __shared__ int n_vis;
 
-    const int64_t blk = blockIdx.x, c = blk / mt, iq = blk % mt, i = i0 + iq;
+    const int64_t blk = blockIdx.x, iq = blk % mt, i = i0 + iq;
+    const int64_t c = ids ? ids[blk / mt] : blk / mt;
     const tri__cuda_chunk ch = a.chunks[c];
     const int32_t h = ch.head, n = ch.n;
     const int32_t qpos = a.q_pos[i];
@@ -206,10 +213,12 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_combine(float *out, tri__
     }
 }
 
-// (F32 and F16 rows: the backend refuses weight sums over quantized rows, as the CPU does.)
+// One block per chunk (ids[b], or b with ids NULL) of rows of type KT (any of the four: kv_type
+// mixed's heavy hitters are H2O's scores over q4_0 rows beside f16 ones).
 template <int KT>
-__global__ void __launch_bounds__(ATTN_THREADS) k_attn_weight_sums(float *ws, tri__cuda_attn_args a) {
-    const tri__cuda_chunk ch = a.chunks[blockIdx.x];
+__global__ void __launch_bounds__(ATTN_THREADS) k_attn_weight_sums(float *ws, tri__cuda_attn_args a,
+                                                                   const int32_t *ids) {
+    const tri__cuda_chunk ch = a.chunks[ids ? ids[blockIdx.x] : blockIdx.x];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t g = a.group, hd = a.hd;
     for (int32_t t = warp; t < ch.n; t += ATTN_WARPS) {
@@ -223,7 +232,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_weight_sums(float *ws, tr
             if (!key_visible(a, a.q_pos[i], kpos)) continue;  // uniform within the warp
             for (int64_t aa = 0; aa < g; aa++) {
                 int64_t qa = i * a.n_head + (int64_t)ch.head * g + aa;
-                float s = warp_score<KT>(a.q + qa * hd, krow, hd, a.scale, lane);
+                float s = warp_score<KT, KT == KV_Q8_0 ? 1 : (KT == KV_F32 || KT == KV_Q4_0 ? 4 : 2)>(
+                    a.q + qa * hd, krow, hd, a.scale, lane);
                 w += (double)(expf(s - a.stats[2 * qa]) / a.stats[2 * qa + 1]);
             }
         }
@@ -231,18 +241,25 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_weight_sums(float *ws, tr
     }
 }
 
+// The chunk ids of kind k for a launch (NULL: 0 .. kind_n[k] - 1).
+static const int32_t *kind_ids(const tri__cuda_attn_args *a, int k) {
+    return a->chunk_order ? a->chunk_order + a->kind_0[k] : NULL;
+}
+
 cudaError_t tri__cuda_attention(float *out, const tri__cuda_attn_args *a, int64_t i0, int64_t mt, cudaStream_t s) {
     if (mt <= 0) return cudaSuccess;
     size_t smem = tri__cuda_attn_smem(a->group, a->hd, a->chunk_keys);
-    int64_t blocks1 = a->n_chunks * mt, blocks2 = mt * a->n_head;
-    if (smem == 0 || blocks1 > 0x7fffffff || blocks2 > 0x7fffffff) return cudaErrorInvalidValue;
-    if (blocks1 > 0) {
-        const unsigned int nb = (unsigned int)blocks1;
-        switch (a->type) {
-        case TRI_DTYPE_F16: TRI_LAUNCH((k_attn_partial<KV_F16>), nb, ATTN_THREADS, smem, s, *a, i0, mt); break;
-        case TRI_DTYPE_Q8_0: TRI_LAUNCH((k_attn_partial<KV_Q8_0>), nb, ATTN_THREADS, smem, s, *a, i0, mt); break;
-        case TRI_DTYPE_Q4_0: TRI_LAUNCH((k_attn_partial<KV_Q4_0>), nb, ATTN_THREADS, smem, s, *a, i0, mt); break;
-        default: TRI_LAUNCH((k_attn_partial<KV_F32>), nb, ATTN_THREADS, smem, s, *a, i0, mt); break;
+    int64_t blocks2 = mt * a->n_head;
+    if (smem == 0 || a->n_chunks * mt > 0x7fffffff || blocks2 > 0x7fffffff) return cudaErrorInvalidValue;
+    for (int k = 0; k < TRI_CUDA_KV_KINDS; k++) {
+        if (a->kind_n[k] <= 0) continue;
+        const unsigned int nb = (unsigned int)(a->kind_n[k] * mt);
+        const int32_t *ids = kind_ids(a, k);
+        switch (k) {
+        case KV_F16: TRI_LAUNCH((k_attn_partial<KV_F16>), nb, ATTN_THREADS, smem, s, *a, ids, i0, mt); break;
+        case KV_Q8_0: TRI_LAUNCH((k_attn_partial<KV_Q8_0>), nb, ATTN_THREADS, smem, s, *a, ids, i0, mt); break;
+        case KV_Q4_0: TRI_LAUNCH((k_attn_partial<KV_Q4_0>), nb, ATTN_THREADS, smem, s, *a, ids, i0, mt); break;
+        default: TRI_LAUNCH((k_attn_partial<KV_F32>), nb, ATTN_THREADS, smem, s, *a, ids, i0, mt); break;
         }
         cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return err;
@@ -254,10 +271,18 @@ cudaError_t tri__cuda_attention(float *out, const tri__cuda_attn_args *a, int64_
 cudaError_t tri__cuda_attn_weight_sums(float *weight_sums, const tri__cuda_attn_args *a, cudaStream_t s) {
     if (a->n_chunks <= 0) return cudaSuccess;
     if (a->n_chunks > 0x7fffffff) return cudaErrorInvalidValue;
-    if (a->type != TRI_DTYPE_F16 && a->type != TRI_DTYPE_F32) return cudaErrorInvalidValue;
-    if (a->type == TRI_DTYPE_F16)
-        TRI_LAUNCH((k_attn_weight_sums<KV_F16>), (unsigned int)a->n_chunks, ATTN_THREADS, 0, s, weight_sums, *a);
-    else
-        TRI_LAUNCH((k_attn_weight_sums<KV_F32>), (unsigned int)a->n_chunks, ATTN_THREADS, 0, s, weight_sums, *a);
-    return cudaGetLastError();
+    for (int k = 0; k < TRI_CUDA_KV_KINDS; k++) {
+        if (a->kind_n[k] <= 0) continue;
+        const unsigned int nb = (unsigned int)a->kind_n[k];
+        const int32_t *ids = kind_ids(a, k);
+        switch (k) {
+        case KV_F16: TRI_LAUNCH((k_attn_weight_sums<KV_F16>), nb, ATTN_THREADS, 0, s, weight_sums, *a, ids); break;
+        case KV_Q8_0: TRI_LAUNCH((k_attn_weight_sums<KV_Q8_0>), nb, ATTN_THREADS, 0, s, weight_sums, *a, ids); break;
+        case KV_Q4_0: TRI_LAUNCH((k_attn_weight_sums<KV_Q4_0>), nb, ATTN_THREADS, 0, s, weight_sums, *a, ids); break;
+        default: TRI_LAUNCH((k_attn_weight_sums<KV_F32>), nb, ATTN_THREADS, 0, s, weight_sums, *a, ids); break;
+        }
+        cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
 }

@@ -186,26 +186,53 @@ cudaError_t tri__cuda_window_rows(int32_t *state, int32_t *rows, int32_t view_ro
     return cudaGetLastError();
 }
 
+// Element i of rows of kind K (TRI_CUDA_KV_*): f32, f16, or a quantized cache's blocks of 32
+// (element i in block i / 32: d q or d (q - 8), the value tri__dequantize_row gives, exact in f32).
+template <int K>
+__device__ __forceinline__ float chunk_elem(const void *x, int64_t i) {
+    if (K == TRI_CUDA_KV_F32) return ((const float *)x)[i];
+    if (K == TRI_CUDA_KV_F16) return tri_dev_f16_to_f32(((const uint16_t *)x)[i]);
+    const int e = (int)(i & 31);
+    const uint8_t *blk = (const uint8_t *)x + (i >> 5) * (K == TRI_CUDA_KV_Q8_0 ? 34 : 18);
+    const float d = tri_dev_f16_to_f32(*(const uint16_t *)blk);  // blocks are 2-byte aligned
+    if (K == TRI_CUDA_KV_Q8_0) return d * (float)(int8_t)blk[2 + e];
+    const int q = e < 16 ? blk[2 + e] & 15 : blk[2 + e - 16] >> 4;
+    return d * (float)(q - 8);
+}
+
 // One thread per output value: consecutive threads read consecutive elements of a row; the sum runs
 // over the chunk's rows in order, in double, as cpu_chunk_mean does.
-__global__ void __launch_bounds__(THREADS) k_chunk_mean(float *out, const void *x, bool f16, int64_t n_chunks, int64_t chunk, int64_t width,
-                             int64_t stride) {
+template <int K>
+__global__ void __launch_bounds__(THREADS) k_chunk_mean(float *out, const void *x, int64_t n_chunks, int64_t chunk,
+                                                        int64_t width, int64_t stride) {
     int64_t total = n_chunks * width;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         int64_t c = e / width, j = e % width;
         double acc = 0;
-        for (int64_t r = 0; r < chunk; r++) {
-            int64_t i = (c * chunk + r) * stride + j;
-            acc += f16 ? (double)tri_dev_f16_to_f32(((const uint16_t *)x)[i]) : (double)((const float *)x)[i];
-        }
+        for (int64_t r = 0; r < chunk; r++) acc += (double)chunk_elem<K>(x, (c * chunk + r) * stride + j);
         out[e] = (float)(acc / (double)chunk);
     }
 }
 
-cudaError_t tri__cuda_chunk_mean(float *out, const void *x, bool f16, int64_t n_chunks, int64_t chunk, int64_t width,
-                                 int64_t stride, cudaStream_t s) {
+cudaError_t tri__cuda_chunk_mean(float *out, const void *x, tri_dtype type, int64_t n_chunks, int64_t chunk,
+                                 int64_t width, int64_t stride, cudaStream_t s) {
     if (n_chunks <= 0 || width <= 0) return cudaSuccess;
-    TRI_LAUNCH((k_chunk_mean), grid_for(n_chunks * width), THREADS, 0, s, out, x, f16, n_chunks, chunk, width, stride);
+    const unsigned int grid = grid_for(n_chunks * width);
+    switch (tri__cuda_kv_kind(type)) {
+    case TRI_CUDA_KV_F32:
+        TRI_LAUNCH((k_chunk_mean<TRI_CUDA_KV_F32>), grid, THREADS, 0, s, out, x, n_chunks, chunk, width, stride);
+        break;
+    case TRI_CUDA_KV_F16:
+        TRI_LAUNCH((k_chunk_mean<TRI_CUDA_KV_F16>), grid, THREADS, 0, s, out, x, n_chunks, chunk, width, stride);
+        break;
+    case TRI_CUDA_KV_Q8_0:
+        TRI_LAUNCH((k_chunk_mean<TRI_CUDA_KV_Q8_0>), grid, THREADS, 0, s, out, x, n_chunks, chunk, width, stride);
+        break;
+    case TRI_CUDA_KV_Q4_0:
+        TRI_LAUNCH((k_chunk_mean<TRI_CUDA_KV_Q4_0>), grid, THREADS, 0, s, out, x, n_chunks, chunk, width, stride);
+        break;
+    default: return cudaErrorInvalidValue;
+    }
     return cudaGetLastError();
 }
 

@@ -822,13 +822,13 @@ typedef struct tri_spec_params {
     tri_dtype draft_kv_type;        // the draft caches' type: L1's cache (its StreamingLLM or
                                     // full cache) and L2's gathered chunks (its ring of recent
                                     // tokens keeps kv_type): F16, F32, Q8_0 or Q4_0;
-                                    // TRI_DTYPE_COUNT (the default): Q8_0 on the CPU over an F16
+                                    // TRI_DTYPE_COUNT (the default): Q8_0 on the CPU and CUDA over an F16
                                     // session (head_dims multiples of 32), else kv_type. L3
                                     // verifies every token, so a quantized draft cache changes
                                     // acceptance, never the output; a budget left to 0 then holds
                                     // the bytes of 4096 f16 tokens. Q8_0 / Q4_0 need head_dim a
-                                    // multiple of 32 and the CPU, or CUDA for L1's cache alone (a
-                                    // mode without L2); refused naming draft_kv_type otherwise
+                                    // multiple of 32 and the CPU or CUDA; refused naming
+                                    // draft_kv_type otherwise
     int32_t tree_nodes;             // L3 verifies a token tree of up to this many drafted tokens
                                     // in one pass: the chain of gamma2 (fewer when tree_nodes is
                                     // smaller) plus siblings at each depth, the drafting level's

@@ -99,9 +99,9 @@ static inline void tri__kv_tree_masks(uint32_t *anc, const int32_t *parent, int3
 // one span, StreamingLLM two: sinks and window, retrieval one per selected chunk plus the recent
 // tokens). Keys are stored after RoPE.
 typedef struct tri__kv_view {
-    tri_dtype type;               // F16 or F32; on the CPU also Q8_0, Q4_0: rows of whole blocks,
-                                  // stride and head offsets multiples of 32 elements (row j of a span
-                                  // starts tri__dtype_row_bytes(type, j * stride) bytes past k)
+    tri_dtype type;               // F16 or F32; on the CPU and CUDA also Q8_0, Q4_0: rows of whole
+                                  // blocks, stride and head offsets multiples of 32 elements (row j of
+                                  // a span starts tri__dtype_row_bytes(type, j * stride) bytes past k)
     int32_t n_head_kv;
     const tri__kv_span *spans;    // host
     const int32_t *head_span;     // (n_head_kv + 1) host, non-decreasing, head_span[0] == 0
@@ -109,9 +109,10 @@ typedef struct tri__kv_view {
     bool span_types;              // each span's rows are of its own type (span.type), not `type`:
                                   // a retrieval cache's gathered chunks quantized beside f16 rows,
                                   // kv_type mixed's q4_0 rows beside its f16 sinks and window
-                                  // (docs/kv-policies.md). Read by the CPU attention only: the
-                                  // callers (spec.c, session.c) refuse to make such views for any
-                                  // other backend, naming draft_kv_type or kv_type
+                                  // (docs/kv-policies.md). Read by the CPU and CUDA attention,
+                                  // attention_state and attention_dev (any of F32, F16, Q8_0, Q4_0
+                                  // per span); the callers (spec.c, session.c) refuse to make such
+                                  // views for any other backend, naming draft_kv_type or kv_type
 } tri__kv_view;
 
 // The type of span s's rows in view v.
@@ -252,9 +253,11 @@ typedef struct tri__backend_ops {
 
     // Chunk summaries: out (n_chunks, width) f32, out[c][j] = the mean of x[(c * chunk + r) * stride
     // + j] over r < chunk, summed in double in order of r and divided by chunk in double (so every
-    // backend gives the same bits). x is rows of type F16 or F32 (UNSUPPORTED otherwise) with
-    // stride elements between rows, width <= stride; the retrieval cache summarises a layer's keys
-    // where they are instead of copying them out. Required.
+    // backend gives the same bits). x is rows of type F16, F32, or a quantized cache's Q8_0 / Q4_0
+    // blocks (each element the value tri__dequantize_row gives; stride a multiple of 32, else
+    // INVALID_ARGUMENT), UNSUPPORTED otherwise, with stride elements between rows, width <= stride;
+    // the retrieval cache summarises a layer's keys where they are instead of copying them out.
+    // Required.
     tri_status (*chunk_mean)(tri__backend *be, float *out, const void *x, tri_dtype type, int64_t n_chunks,
                              int64_t chunk, int64_t width, int64_t stride);
 

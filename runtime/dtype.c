@@ -387,10 +387,23 @@ static inline float f16_value(uint16_t h) {
     return bits_f32(u | (uint32_t)(h & 0x8000) << 16);
 }
 
+// Element i of a quantized KV cache's blocks (q8_0 / q4_0) from x: d q or d (q - 8), the value
+// tri__dequantize_row gives (the product of an f16 scale and a small integer is exact in f32).
+static inline float kv_block_elem(const void *x, tri_dtype type, int64_t i) {
+    const int e = (int)(i % TRI_QK);
+    if (type == TRI_DTYPE_Q8_0) {
+        const tri__block_q8_0 *b = (const tri__block_q8_0 *)x + i / TRI_QK;
+        return f16_value(b->d) * (float)b->qs[e];
+    }
+    const tri__block_q4_0 *b = (const tri__block_q4_0 *)x + i / TRI_QK;
+    const int q = e < TRI_QK / 2 ? b->qs[e] & 15 : b->qs[e - TRI_QK / 2] >> 4;
+    return f16_value(b->d) * (float)(q - 8);
+}
+
 void tri__chunk_mean(float *out, const void *x, tri_dtype type, int64_t n_chunks, int64_t chunk, int64_t width,
                      int64_t stride) {
-    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32) return;
-    const bool f16 = type == TRI_DTYPE_F16;
+    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32 && type != TRI_DTYPE_Q8_0 && type != TRI_DTYPE_Q4_0) return;
+    const bool f16 = type == TRI_DTYPE_F16, quant = tri__dtype_is_quantized(type);
     // rows outer, 64 columns at a time inner (contiguous, vectorised)
 #if TRI_HAVE_OPENMP
 #pragma omp parallel for schedule(static) if (n_chunks * chunk * width >= 65536)
@@ -401,7 +414,9 @@ void tri__chunk_mean(float *out, const void *x, tri_dtype type, int64_t n_chunks
             double acc[64] = {0};
             for (int64_t r = 0; r < chunk; r++) {
                 int64_t e = (c * chunk + r) * stride + j0;
-                if (f16) {
+                if (quant) {
+                    for (int64_t j = 0; j < nj; j++) acc[j] += (double)kv_block_elem(x, type, e + j);
+                } else if (f16) {
                     const uint16_t *p = (const uint16_t *)x + e;
                     for (int64_t j = 0; j < nj; j++) acc[j] += (double)f16_value(p[j]);
                 } else {

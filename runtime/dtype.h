@@ -202,9 +202,11 @@ uint16_t tri__f32_to_bf16(float f);
 // ---- chunk means (the retrieval cache's summaries) ----
 
 // out (n_chunks, width) f32: out[c][j] = the mean of x[(c * chunk + r) * stride + j] over r < chunk,
-// summed in double in order of r and divided by chunk in double; x rows of F16 or F32 (others
-// leave out untouched), host memory. OpenMP threads share the chunks. The CPU backend's
-// chunk_mean op; the CUDA one computes the same bits.
+// summed in double in order of r and divided by chunk in double; x rows of F16, F32, or a quantized
+// cache's Q8_0 / Q4_0 blocks (element i of x in block i / 32, the value tri__dequantize_row gives;
+// stride a multiple of 32, so that rows start blocks), others leave out untouched; host memory.
+// OpenMP threads share the chunks. The CPU backend's chunk_mean op; the CUDA one computes the same
+// bits.
 void tri__chunk_mean(float *out, const void *x, tri_dtype type, int64_t n_chunks, int64_t chunk, int64_t width,
                      int64_t stride);
 

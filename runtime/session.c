@@ -175,9 +175,11 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     if ((st = tri__tp_group_open(&s->group, model, &p))) goto fail;
     s->be = s->group.be[0];
     s->weights = s->group.weights[0];
-    if (kv_mixed && strcmp(s->be->ops->name, "cpu") != 0) {  // its views mix two types (backend.h span_types)
+    // its views mix two types (backend.h span_types), which the CPU and CUDA attention read
+    if (kv_mixed && strcmp(s->be->ops->name, "cpu") != 0 && strcmp(s->be->ops->name, "cuda") != 0) {
         st = tri__fail(TRI_STATUS_UNSUPPORTED,
-                       "session: kv_type mixed is not supported on the %s backend yet (CPU only)", s->be->ops->name);
+                       "session: kv_type mixed is not supported on the %s backend (CPU and CUDA only)",
+                       s->be->ops->name);
         goto fail;
     }
     if (s->group.n > 1 && !(s->peers = calloc((size_t)s->group.n - 1, sizeof *s->peers))) {

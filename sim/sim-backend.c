@@ -571,11 +571,11 @@ static tri_status sim_gather(tri__backend *be, void *dst, const void *src, const
 static tri_status sim_chunk_mean(tri__backend *be, float *out, const void *x, tri_dtype type, int64_t n_chunks,
                                  int64_t chunk, int64_t width, int64_t stride) {
     (void)out, (void)x, (void)stride;
-    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32)
+    if (type != TRI_DTYPE_F16 && type != TRI_DTYPE_F32 && type != TRI_DTYPE_Q8_0 && type != TRI_DTYPE_Q4_0)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "chunk_mean: type %s", tri_dtype_name(type));
     double e = (double)n_chunks * (double)chunk * (double)width;
-    return op_time(be, "chunk_mean", e, e * (type == TRI_DTYPE_F16 ? 2.0 : 4.0) + 4.0 * (double)n_chunks * width,
-                   false, 0, type);
+    double esz = (double)tri__dtype_row_bytes(type, TRI_QK) / TRI_QK;  // bytes per element (blocks: 34 or 18 per 32)
+    return op_time(be, "chunk_mean", e, e * esz + 4.0 * (double)n_chunks * width, false, 0, type);
 }
 
 // ---- the transfer stream ----

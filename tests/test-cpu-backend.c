@@ -378,7 +378,9 @@ Test(cpu_backend, chunk_mean_of_rows) {
                 }
         }
     cr_assert(isinf(out[1]) && out[1] > 0 && isnan(out[2]));  // the f16 rows, chunk 3
-    cr_assert_eq(be->ops->chunk_mean(be, out, xf, TRI_DTYPE_Q8_0, 1, 1, 1, 1), TRI_STATUS_UNSUPPORTED);
+    cr_assert_eq(be->ops->chunk_mean(be, out, xf, TRI_DTYPE_Q4_1, 1, 1, 1, 1), TRI_STATUS_UNSUPPORTED);
+    // a quantized cache's blocks (tests/test-kv-quant.c checks their means): rows start blocks
+    cr_assert_eq(be->ops->chunk_mean(be, out, xf, TRI_DTYPE_Q8_0, 1, 1, 1, 1), TRI_STATUS_INVALID_ARGUMENT);
     cr_assert_eq(be->ops->chunk_mean(be, out, xf, TRI_DTYPE_F32, 1, 1, 10, 5), TRI_STATUS_INVALID_ARGUMENT);
     cr_assert_eq(be->ops->chunk_mean(be, out, xf, TRI_DTYPE_F32, 1, 0, 1, 1), TRI_STATUS_INVALID_ARGUMENT);
     tri__backend_free(be);

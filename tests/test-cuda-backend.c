@@ -395,8 +395,63 @@ Test(cuda_backend, chunk_mean_bit_exact) {
         cr_assert_eq(memcmp(got, want, sizeof(float) * NC * W), 0, "%s means differ from the CPU's", tri_dtype_name(t));
         gpu->ops->free(gpu, dx);
     }
+    // a quantized cache's keys (q8_0, q4_0): the same values quantized, a zero block and a block of
+    // the f16 scale's subnormals among them; rows of STRIDE values start blocks
+    const tri_dtype qtypes[2] = {TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    for (int ti = 0; ti < 2; ti++) {
+        const tri_dtype t = qtypes[ti];
+        const size_t bytes = (size_t)tri__dtype_row_bytes(t, (int64_t)n);
+        uint8_t *xq = malloc(bytes);
+        for (int i = 0; i < 32; i++) xf[i] = 0.0f, xf[32 + i] = (float)(i - 16) * 1e-7f;
+        cr_assert(tri__quantize_row(xq, xf, t, (int64_t)n));
+        void *dx = up(gpu, xq, bytes);
+        cr_assert_eq(gpu->ops->chunk_mean(gpu, dout, dx, t, NC, CH, W - 40, STRIDE), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        down(gpu, got, dout, sizeof(float) * NC * (W - 40));
+        cr_assert_eq(cpu->ops->chunk_mean(cpu, want, xq, t, NC, CH, W - 40, STRIDE), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(memcmp(got, want, sizeof(float) * NC * (W - 40)), 0, "%s means differ from the CPU's",
+                     tri_dtype_name(t));
+        cr_assert_eq(gpu->ops->chunk_mean(gpu, dout, dx, t, NC, CH, 40, 40), TRI_STATUS_INVALID_ARGUMENT,
+                     "%s rows of 40 values start inside blocks", tri_dtype_name(t));
+        gpu->ops->free(gpu, dx);
+        free(xq);
+    }
+    cr_assert_eq(gpu->ops->chunk_mean(gpu, dout, xh, TRI_DTYPE_Q4_1, NC, CH, W, STRIDE), TRI_STATUS_UNSUPPORTED);
     gpu->ops->free(gpu, dout);
     free(xf), free(xh), free(got), free(want);
+    DONE();
+}
+
+// The device's means of the q8_0 / q4_0 blocks of tests/fixtures/make-kv-quant.py read as a cache's
+// keys (rows of 96 values, 14 chunks of 8 rows, 80 columns) are numpy's float64 means of
+// gguf.quants.dequantize's values, bit for bit.
+Test(cuda_backend, chunk_mean_quantized_matches_numpy) {
+    NEED_GPU();
+    tt_need_fixtures("kv-quant");
+    enum { STRIDE = 96, ROWS = 112, CH = 8, NC = ROWS / CH, W = 80 };
+    const char *names[2] = {"q8_0", "q4_0"};
+    const tri_dtype types[2] = {TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    float *dout = dalloc(gpu, sizeof(float) * NC * W), got[NC * W];
+    for (int ti = 0; ti < 2; ti++) {
+        char bn[32], mn[32];
+        snprintf(bn, sizeof bn, "%s.blocks", names[ti]);
+        snprintf(mn, sizeof mn, "%s.means", names[ti]);
+        size_t nb, nm;
+        uint8_t *blocks = tt_read_file(tt_fixture("kv-quant", bn), &nb);
+        float *want = tt_read_file(tt_fixture("kv-quant", mn), &nm);
+        cr_assert(nm == sizeof got && nb >= (size_t)tri__dtype_row_bytes(types[ti], ROWS * STRIDE));
+        void *dx = up(gpu, blocks, nb);
+        cr_assert_eq(gpu->ops->chunk_mean(gpu, dout, dx, types[ti], NC, CH, W, STRIDE), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        down(gpu, got, dout, sizeof got);
+        for (int i = 0; i < NC * W; i++)
+            cr_assert(memcmp(&got[i], &want[i], sizeof(float)) == 0, "%s chunk %d, column %d: %.9g, numpy's %.9g",
+                      names[ti], i / W, i % W, (double)got[i], (double)want[i]);
+        gpu->ops->free(gpu, dx);
+        free(blocks), free(want);
+    }
+    gpu->ops->free(gpu, dout);
     DONE();
 }
 
@@ -876,7 +931,7 @@ static void cache_view(const test_cache *c, bool dev, const int64_t *cuts, int n
 }
 
 // Output within 2e-5 (1 + |ref|) of the double reference and 4e-5 (1 + |cpu|) of the CPU backend;
-// weight sums within 1e-5 (1 + ref) of the reference (refused over quantized rows, as on the CPU).
+// weight sums within 1e-5 (1 + ref) of the reference (over quantized rows too).
 static void check_attention(tri__backend *gpu, tri__backend *cpu, tri_dtype type, int64_t nh, int64_t nkv, int64_t hd,
                             int64_t nk, const int64_t *cuts, int n_cuts, float kscale) {
     int64_t m = 4, g = nh / nkv;
@@ -894,14 +949,10 @@ static void check_attention(tri__backend *gpu, tri__backend *cpu, tri_dtype type
     cache_view(&c, false, cuts, n_cuts, hspans, hhead, &hview);
     float *dq = up(gpu, q, sizeof(float) * (size_t)(m * nh * hd)), *dout = dalloc(gpu, sizeof(float) * (size_t)(m * nh * hd));
     float *dws = dalloc(gpu, sizeof(float) * (size_t)(nkv * nk)), *ws = malloc(sizeof(float) * (size_t)(nkv * nk));
-    const bool quant = type == TRI_DTYPE_Q8_0 || type == TRI_DTYPE_Q4_0;
-    if (quant)
-        cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &view, dws), TRI_STATUS_UNSUPPORTED,
-                     "weight sums (H2O) over %s rows", tri_dtype_name(type));
-    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &view, quant ? NULL : dws), TRI_STATUS_OK, "%s",
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &view, dws), TRI_STATUS_OK, "%s",
                  tri_last_error());
     down(gpu, out, dout, sizeof(float) * (size_t)(m * nh * hd));
-    if (!quant) down(gpu, ws, dws, sizeof(float) * (size_t)(nkv * nk));
+    down(gpu, ws, dws, sizeof(float) * (size_t)(nkv * nk));
     cr_assert_eq(cpu->ops->attention(cpu, outc, q, qpos, m, nh, hd, &hview, NULL), TRI_STATUS_OK);
     double *wref = calloc((size_t)(nkv * nk), sizeof(double)), *ref = malloc(sizeof(double) * (size_t)hd);
     for (int64_t i = 0; i < m; i++)
@@ -918,7 +969,7 @@ static void check_attention(tri__backend *gpu, tri__backend *cpu, tri_dtype type
                 cr_assert(fabsf(got - cv) <= 4e-5f * (1 + fabsf(cv)), "vs cpu %g %g", (double)got, (double)cv);
             }
         }
-    for (int64_t j = 0; !quant && j < nkv * nk; j++)
+    for (int64_t j = 0; j < nkv * nk; j++)
         cr_assert(fabs(ws[j] - wref[j]) <= 1e-5 * (1 + wref[j]), "weight sum %lld: %g vs %g", (long long)j,
                   (double)ws[j], wref[j]);
     gpu->ops->free(gpu, dq);
@@ -1301,6 +1352,197 @@ Test(cuda_backend, attention_state_merges_with_host_chunks) {
         free(q), free(want), free(got), free(state), free(chunks);
         cache_free(gpu, &c);
     }
+    DONE();
+}
+
+// ---- spans of their own types (backend.h span_types) ----
+
+// A run of keys of one type in a typed view: n rows from position pos0 (every other position when
+// gaps: then the span carries explicit positions).
+typedef struct typed_seg {
+    tri_dtype type;
+    int32_t n, pos0;
+    bool gaps;
+} typed_seg;
+
+// Every KV head holds the segments (odd heads in reverse order), each a span of its own rows of
+// stride hd + 32 in host memory and on the device; k, v (nkv, nk, hd) the values they hold, kpos
+// (nkv, nk) their positions, in span order.
+typedef struct typed_view {
+    int64_t nkv, hd, nk;
+    tri__kv_span *hs, *ds;
+    int32_t head_span[9];
+    int32_t *kpos;
+    float *k, *v;
+    void *host[128], *dev[128];
+    int n_bufs;
+    tri__kv_view hv, dv;
+} typed_view;
+
+static void typed_make(tri__backend *gpu, typed_view *t, int64_t nkv, int64_t hd, const typed_seg *segs, int n_seg) {
+    cr_assert(nkv <= 8 && 2 * nkv * n_seg <= 128);
+    const int64_t stride = hd + 32;
+    t->nkv = nkv, t->hd = hd, t->nk = 0, t->n_bufs = 0;
+    for (int i = 0; i < n_seg; i++) t->nk += segs[i].n;
+    t->hs = calloc((size_t)(nkv * n_seg), sizeof *t->hs);
+    t->ds = calloc((size_t)(nkv * n_seg), sizeof *t->ds);
+    t->kpos = malloc(sizeof(int32_t) * (size_t)(nkv * t->nk + 1));
+    t->k = malloc(sizeof(float) * (size_t)(nkv * t->nk * hd + 1));
+    t->v = malloc(sizeof(float) * (size_t)(nkv * t->nk * hd + 1));
+    float *row = malloc(sizeof(float) * (size_t)stride);
+    int64_t key = 0;
+    for (int64_t h = 0; h < nkv; h++) {
+        t->head_span[h] = (int32_t)(h * n_seg);
+        for (int si = 0; si < n_seg; si++) {
+            const typed_seg *sg = &segs[h % 2 ? n_seg - 1 - si : si];
+            const int64_t rb = tri__dtype_row_bytes(sg->type, stride), n = sg->n;
+            void *kv[2];
+            int32_t *pos = sg->gaps ? t->kpos + key : NULL;
+            for (int w = 0; w < 2; w++) {
+                kv[w] = calloc((size_t)(rb * (n > 0 ? n : 1)), 1);
+                for (int64_t j = 0; j < n; j++) {
+                    for (int64_t e = 0; e < stride; e++) row[e] = frand() * (w ? 2.0f : 2.5f);
+                    uint8_t *dst = (uint8_t *)kv[w] + j * rb;
+                    if (sg->type == TRI_DTYPE_F32) {
+                        memcpy(dst, row, sizeof(float) * (size_t)stride);
+                    } else if (sg->type == TRI_DTYPE_F16) {
+                        for (int64_t e = 0; e < stride; e++) {
+                            ((uint16_t *)dst)[e] = tri__f32_to_f16(row[e]);
+                            row[e] = tri__f16_to_f32(((uint16_t *)dst)[e]);
+                        }
+                    } else {
+                        cr_assert(tri__quantize_row(dst, row, sg->type, stride));
+                        tri__dequantize_row(row, dst, sg->type, stride);
+                    }
+                    memcpy((w ? t->v : t->k) + (key + j) * hd, row, sizeof(float) * (size_t)hd);
+                }
+                t->host[t->n_bufs] = kv[w];
+                t->dev[t->n_bufs++] = up(gpu, kv[w], (size_t)(rb * (n > 0 ? n : 1)));
+            }
+            for (int64_t j = 0; j < n; j++) t->kpos[key + j] = sg->pos0 + (int32_t)(sg->gaps ? 2 * j : j);
+            const int64_t at = h * n_seg + si;
+            t->hs[at] = (tri__kv_span){.pos0 = sg->pos0, .n = sg->n, .k = kv[0], .v = kv[1], .stride = stride,
+                                       .pos = pos, .type = sg->type};
+            t->ds[at] = t->hs[at];
+            t->ds[at].k = t->dev[t->n_bufs - 2], t->ds[at].v = t->dev[t->n_bufs - 1];
+            key += n;
+        }
+    }
+    t->head_span[nkv] = (int32_t)(nkv * n_seg);
+    free(row);
+    // the view's own type is a decoy (no attention reads bf16 rows): with span_types only the spans' count
+    t->hv = (tri__kv_view){.type = TRI_DTYPE_BF16, .n_head_kv = (int32_t)nkv, .spans = t->hs,
+                           .head_span = t->head_span, .span_types = true};
+    t->dv = t->hv;
+    t->dv.spans = t->ds;
+}
+
+static void typed_free(tri__backend *gpu, typed_view *t) {
+    for (int i = 0; i < t->n_bufs; i++) free(t->host[i]), gpu->ops->free(gpu, t->dev[i]);
+    free(t->hs), free(t->ds), free(t->kpos), free(t->k), free(t->v);
+}
+
+// Attention (out), attention_dev and attention_state over the typed view on the device, against the
+// double reference over the values the rows hold (2e-5 (1 + |ref|)) and the CPU backend over the
+// same view in host memory (4e-5 (1 + |cpu|)); attention_dev gives attention's bits, and the state's
+// accumulator over its sum gives them too. Weight sums (kv_type mixed's heavy hitters are H2O's
+// scores over such views): against the reference, 1e-5 (1 + ref).
+static void check_typed(tri__backend *gpu, tri__backend *cpu, typed_view *t, int64_t g) {
+    const int64_t nkv = t->nkv, hd = t->hd, nk = t->nk, nh = nkv * g, m = 4, n = m * nh * hd;
+    int32_t qpos[4] = {2, 350, 700, 1 << 20};
+    float *q = malloc(sizeof(float) * (size_t)n), *out = malloc(sizeof(float) * (size_t)n);
+    float *outc = malloc(sizeof(float) * (size_t)n), *out2 = malloc(sizeof(float) * (size_t)n);
+    float *state = malloc(sizeof(float) * (size_t)(m * nh * (hd + 2)));
+    float *ws = malloc(sizeof(float) * (size_t)(nkv * nk));
+    fill(q, n, 1.0f);
+    float *dq = up(gpu, q, sizeof(float) * (size_t)n), *dout = dalloc(gpu, sizeof(float) * (size_t)n);
+    float *dstate = dalloc(gpu, sizeof(float) * (size_t)(m * nh * (hd + 2)));
+    float *dws = dalloc(gpu, sizeof(float) * (size_t)(nkv * nk));
+    int32_t *dpos = up(gpu, qpos, sizeof qpos);
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, m, nh, hd, &t->dv, dws), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    down(gpu, out, dout, sizeof(float) * (size_t)n);
+    down(gpu, ws, dws, sizeof(float) * (size_t)(nkv * nk));
+    cr_assert_eq(cpu->ops->attention(cpu, outc, q, qpos, m, nh, hd, &t->hv, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    double *ref = malloc(sizeof(double) * (size_t)hd), *wref = calloc((size_t)(nkv * nk), sizeof(double));
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t hq = 0; hq < nh; hq++) {
+            const int64_t h = hq / g;
+            naive_attn(q + (i * nh + hq) * hd, qpos[i], hd, nk, t->kpos + h * nk, t->k + h * nk * hd,
+                       t->v + h * nk * hd, ref, wref + h * nk);
+            for (int64_t e = 0; e < hd; e++) {
+                const float got = out[(i * nh + hq) * hd + e], cv = outc[(i * nh + hq) * hd + e];
+                cr_assert(fabs(got - ref[e]) <= 2e-5 * (1 + fabs(ref[e])), "typed view: q%lld h%lld [%lld] %g vs %g",
+                          (long long)i, (long long)hq, (long long)e, (double)got, ref[e]);
+                cr_assert(fabsf(got - cv) <= 4e-5f * (1 + fabsf(cv)), "typed view vs cpu %g %g", (double)got,
+                          (double)cv);
+            }
+        }
+    for (int64_t j = 0; j < nkv * nk; j++)
+        cr_assert(fabs(ws[j] - wref[j]) <= 1e-5 * (1 + wref[j]), "typed view: weight sum %lld: %g vs %g", (long long)j,
+                  (double)ws[j], wref[j]);
+    cr_assert_eq(gpu->ops->attention_dev(gpu, dout, dq, dpos, m, nh, hd, &t->dv), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    down(gpu, out2, dout, sizeof(float) * (size_t)n);
+    cr_assert(memcmp(out, out2, sizeof(float) * (size_t)n) == 0,
+              "attention_dev over a typed view: not attention's bits");
+    cr_assert_eq(gpu->ops->attention_state(gpu, dstate, dq, qpos, m, nh, hd, &t->dv), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    down(gpu, state, dstate, sizeof(float) * (size_t)(m * nh * (hd + 2)));
+    for (int64_t r = 0; r < m * nh; r++) {
+        const float *sr = state + r * (hd + 2);
+        for (int64_t e = 0; e < hd; e++) {
+            const float o = sr[hd + 1] > 0 ? sr[e] / sr[hd + 1] : 0.0f;
+            cr_assert(o == out[r * hd + e], "typed view: state row %lld [%lld] gives %g, attention %g", (long long)r,
+                      (long long)e, (double)o, (double)out[r * hd + e]);
+        }
+    }
+    gpu->ops->free(gpu, dq), gpu->ops->free(gpu, dout), gpu->ops->free(gpu, dstate);
+    gpu->ops->free(gpu, dws), gpu->ops->free(gpu, dpos);
+    free(q), free(out), free(outc), free(out2), free(state), free(ws), free(ref), free(wref);
+}
+
+// Views whose spans carry their own types, as L2's retrieval cache (q8_0 / q4_0 chunks of 8 with
+// gaps beside its f16 ring) and kv_type mixed (f16 sinks, q4_0 rows, f16 window) make them, with
+// f32 rows and empty spans of other types between, each head's runs in another order: attention,
+// attention_dev and attention_state (split attention's device half) against the reference and the
+// CPU; at the default limits (chunks of up to 256 keys cut where a type's run ends) and one query
+// per tile (tiles_and_batches_at_small_limits' path); weight sums over every view, f16 beside f32
+// rows too.
+Test(cuda_backend, attention_spans_of_their_own_types) {
+    NEED_GPU();
+    static const typed_seg mixed[] = {
+        {TRI_DTYPE_F16, 4, 0, false},   {TRI_DTYPE_Q8_0, 0, 4, false}, {TRI_DTYPE_Q4_0, 300, 4, false},
+        {TRI_DTYPE_F32, 0, 304, false}, {TRI_DTYPE_Q8_0, 8, 320, true}, {TRI_DTYPE_Q8_0, 8, 400, true},
+        {TRI_DTYPE_Q4_0, 8, 480, true}, {TRI_DTYPE_F32, 5, 500, false}, {TRI_DTYPE_F16, 37, 680, true},
+        {TRI_DTYPE_Q8_0, 0, 900, false},
+    };
+    static const typed_seg plain[] = {
+        {TRI_DTYPE_F16, 40, 0, false}, {TRI_DTYPE_F32, 270, 40, true}, {TRI_DTYPE_F16, 9, 600, false},
+    };
+    typed_view t;
+    typed_make(gpu, &t, 2, 64, mixed, (int)(sizeof mixed / sizeof mixed[0]));
+    check_typed(gpu, cpu, &t, 3);
+    typed_free(gpu, &t);
+    typed_make(gpu, &t, 4, 128, mixed, (int)(sizeof mixed / sizeof mixed[0]));
+    check_typed(gpu, cpu, &t, 1);
+    typed_free(gpu, &t);
+    typed_make(gpu, &t, 2, 40, plain, (int)(sizeof plain / sizeof plain[0]));
+    check_typed(gpu, cpu, &t, 2);
+    typed_free(gpu, &t);
+    cr_assert_eq(tri__backend_cuda_set_limits(gpu, &(tri__cuda_limits){1, 1, 1}), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    typed_make(gpu, &t, 2, 64, mixed, (int)(sizeof mixed / sizeof mixed[0]));
+    check_typed(gpu, cpu, &t, 3);
+    // a span of a type attention does not read is refused, naming it, even an empty one
+    t.ds[3].type = TRI_DTYPE_Q5_0;
+    float *dq = dalloc(gpu, sizeof(float) * 4 * 6 * 64), *dout = dalloc(gpu, sizeof(float) * 4 * 6 * 64);
+    int32_t qpos[4] = {0, 1, 2, 3};
+    cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, 4, 6, 64, &t.dv, NULL), TRI_STATUS_UNSUPPORTED);
+    cr_assert(strstr(tri_last_error(), "q5_0"), "%s", tri_last_error());
+    gpu->ops->free(gpu, dq), gpu->ops->free(gpu, dout);
+    typed_free(gpu, &t);
     DONE();
 }
 

@@ -4,6 +4,7 @@
 // No GPU is needed: a CPU backend whose host_memory flag is cleared takes the device path (every
 // weight the forward pass reads is copied into one allocation of backend memory), so CI checks
 // that path's bookkeeping and that it computes exactly what the mapped weights compute.
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "async-backend.h"
 #include "backend-select.h"
 #include "dtype.h"
+#include "kv-policy.h"
 #include "kv-store.h"
 #include "level.h"
 #include "llama.h"
@@ -1247,6 +1249,194 @@ Test(device, cuda_quantized_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
         sst[1].l1_accepted > 0 && sst[1].l1_proposed == sst[0].l1_proposed && sst[1].l1_accepted == sst[0].l1_accepted,
         "q4_0 draft on the device: %lld proposed, %lld accepted; on the CPU %lld, %lld", (long long)sst[1].l1_proposed,
         (long long)sst[1].l1_accepted, (long long)sst[0].l1_proposed, (long long)sst[0].l1_accepted);
+    tri_model_free(m);
+}
+
+// Whether L2's gathered rows hold L3's rows quantized to type: the last layer's first selected
+// chunk of each KV head, keys and values, read back from the device. Returns the rows compared (0:
+// no selection yet).
+static int l2_gathered_rows(tri_spec *spec, tri_dtype type) {
+    tri__level *l2 = tri__spec_level(spec, 2), *l3 = tri__spec_level(spec, 3);
+    cr_assert(l2 && l3 && l3->pol.kv->type == TRI_DTYPE_F16);
+    if (tri__kv_policy_selected_at(&l2->pol) < 0) return 0;
+    const int32_t hd = l2->model->config.head_dim, C = l2->pol.p.chunk, il = l2->model->config.n_layer - 1;
+    cr_assert(hd <= 64);
+    int compared = 0;
+    for (int32_t h = 0; h < l2->pol.n_head_kv; h++) {
+        int32_t ids[64], n_sel;
+        if (tri__kv_policy_selection(&l2->pol, il, h, ids, &n_sel) <= 0) continue;
+        for (int which = 0; which < 2; which++) {
+            uint16_t r3[64];
+            uint8_t got[64], want[64];
+            float x[64];
+            cr_assert(tri__kv_policy_peek(&l3->pol, il, h, ids[0] * C, which, r3));
+            for (int32_t d = 0; d < hd; d++) x[d] = tri__f16_to_f32(r3[d]);
+            cr_assert(tri__quantize_row(want, x, type, hd));
+            cr_assert(tri__kv_policy_peek(&l2->pol, il, h, ids[0] * C, which, got));
+            cr_assert(memcmp(got, want, (size_t)tri__dtype_row_bytes(type, hd)) == 0,
+                      "L2's gathered %s row of position %d (head %d) is not L3's row in %s", which ? "value" : "key",
+                      ids[0] * C, h, tri_dtype_name(type));
+            compared++;
+        }
+    }
+    return compared;
+}
+
+// Quantized draft caches on the device (draft_kv_type): L2's gathered chunks in q8_0 / q4_0 beside
+// its ring of L3's f16 rows are one view of two types, which the CUDA attention reads
+// (backend.h span_types). Greedy speculative decoding gives the device's plain tokens in every mode
+// with a draft cache (draft, retrieval, triforce resident and with L3's 3 layers offloaded, where
+// the chunks are quantized on the host before their upload), with q8_0 and q4_0 and with the type
+// left to the default, which is q8_0 on CUDA over an f16 target as on the CPU (L1's cache and L2's
+// chunks); L2's rows are checked to be L3's quantized, so the test sees the typed views in use.
+Test(device, cuda_quantized_draft_caches_keep_greedy_output, .timeout = TT_TIMEOUT(600)) {
+    if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("kvq",
+                                          "--layers 3 --heads 4 --kv-heads 2 --head-dim 32 --vocab 300 --seed 29 "
+                                          "--ctx 2048 --dtype f32"),
+                                NULL, &m),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    enum { NP = 40, NG = 8 };
+    int32_t prompt[NP], want[NG], got[NG], *w = want;
+    long_prompt(prompt, NP);
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 64;
+    sp.n_batch = 16;
+    sp.n_threads = 1;
+    sp.kv_type = TRI_DTYPE_F16;
+    sp.device_kind = TRI_DEVICE_CUDA;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = NG;
+    gp.stop_at_eos = false;
+    gp.sampler.temperature = 0.0f;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate(s, prompt, NP, &gp, collect, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_free(s);
+    static const int32_t layer0[] = {0};
+    const struct {
+        tri_spec_mode mode;
+        tri_dtype type;  // TRI_DTYPE_COUNT: the default
+        int32_t off;
+    } runs[] = {
+        {TRI_SPEC_MODE_DRAFT, TRI_DTYPE_Q8_0, 0},         {TRI_SPEC_MODE_RETRIEVAL, TRI_DTYPE_Q8_0, 0},
+        {TRI_SPEC_MODE_RETRIEVAL, TRI_DTYPE_Q4_0, 0},     {TRI_SPEC_MODE_TRIFORCE, TRI_DTYPE_Q4_0, 0},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_DTYPE_Q8_0, 3},      {TRI_SPEC_MODE_TRIFORCE, TRI_DTYPE_COUNT, 0},
+    };
+    int gathered = 0, gathered_offloaded = 0;
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        tri_spec_params p = tri_spec_default_params();
+        p.mode = runs[r].mode;
+        p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+        p.draft_layers = layer0;
+        p.n_draft_layers = 1;
+        p.gamma1 = 2;
+        p.gamma2 = 4;
+        p.budget = 16;
+        p.chunk = 4;
+        p.draft_window = 16;
+        p.draft_sink = 4;
+        p.draft_kv_type = runs[r].type;
+        sp.kv_layers_offloaded = runs[r].off;
+        tri_spec *e;
+        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+        const tri_dtype type = runs[r].type == TRI_DTYPE_COUNT ? TRI_DTYPE_Q8_0 : runs[r].type;
+        if (p.mode != TRI_SPEC_MODE_RETRIEVAL)
+            cr_assert_eq(tri__spec_level(e, 1)->params.kv_type, type, "run %zu: L1's cache is %s, want %s", r,
+                         tri_dtype_name(tri__spec_level(e, 1)->params.kv_type), tri_dtype_name(type));
+        int32_t *g = got;
+        tri_spec_stats st;
+        cr_assert_eq(tri_generate_spec(e, prompt, NP, &gp, collect, &g, &st), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(g - got, NG);
+        for (int i = 0; i < NG; i++)
+            cr_assert_eq(got[i], want[i], "%s, %s draft caches, mode %d, %d layers offloaded: token %d: %d, plain %d",
+                         tri_spec_device(e), tri_dtype_name(type), (int)p.mode, runs[r].off, i, got[i], want[i]);
+        cr_assert(p.mode == TRI_SPEC_MODE_DRAFT ? st.l1_proposed > 0 : st.l2_proposed > 0, "run %zu drafted nothing",
+                  r);
+        if (p.mode != TRI_SPEC_MODE_DRAFT) {
+            int n = l2_gathered_rows(e, type);
+            cr_assert(n > 0, "run %zu: L2 made no selection: its quantized chunks went unread", r);
+            gathered += n;
+            if (runs[r].off) gathered_offloaded += n;
+        }
+        tri_spec_free(e);
+    }
+    cr_assert(gathered > 0 && gathered_offloaded > 0);
+    tri_model_free(m);
+}
+
+// kv_type mixed on the device (its full cache in q4_0, the sinks and the window in f16 as well: a
+// view of two types per step, backend.h span_types): greedy tokens equal the CPU's with the same
+// cache, and every prompt position's logits (passes of 4 tokens) within 1e-4 of their spread of
+// the CPU's, while the device's f16 cache gives logits measurably farther (so the q4_0 rows were
+// read: 2 sinks and a window of 4 over a 40-token prompt).
+Test(device, cuda_mixed_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
+    if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("kvq",
+                                          "--layers 3 --heads 4 --kv-heads 2 --head-dim 32 --vocab 300 --seed 29 "
+                                          "--ctx 2048 --dtype f32"),
+                                NULL, &m),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    enum { NP = 40, NG = 8 };
+    const int32_t nv = m->config.n_vocab;
+    int32_t prompt[NP], tok[3][NG];
+    long_prompt(prompt, NP);
+    float *logits[3];
+    // the CPU's mixed cache, the device's, the device's f16 cache
+    const struct {
+        tri_device_kind kind;
+        tri_dtype type;
+    } runs[3] = {{TRI_DEVICE_CPU, TRI_DTYPE_KV_MIXED}, {TRI_DEVICE_CUDA, TRI_DTYPE_KV_MIXED},
+                 {TRI_DEVICE_CUDA, TRI_DTYPE_F16}};
+    for (int r = 0; r < 3; r++) {
+        tri_session_params sp = tri_session_default_params();
+        sp.n_ctx = 64;
+        sp.n_batch = 4;
+        sp.n_threads = 1;
+        sp.device_kind = runs[r].kind;
+        sp.kv_type = runs[r].type;
+        sp.kv_sink = 2;
+        sp.kv_budget = 6;
+        tri_session *s;
+        cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_session_eval(s, prompt, NP, true), TRI_STATUS_OK, "%s", tri_last_error());
+        logits[r] = malloc(sizeof(float) * (size_t)NP * (size_t)nv);
+        for (int i = 0; i < NP; i++)
+            memcpy(logits[r] + (int64_t)i * nv, tri_session_logits(s, i), sizeof(float) * (size_t)nv);
+        tri_session_free(s);
+        cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        tri_generate_params gp = tri_generate_default_params();
+        gp.n_predict = NG;
+        gp.stop_at_eos = false;
+        gp.sampler.temperature = 0.0f;
+        int32_t *w = tok[r];
+        cr_assert_eq(tri_generate(s, prompt, NP, &gp, collect, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(w - tok[r], NG);
+        tri_session_free(s);
+    }
+    double d_cpu = 0, d_f16 = 0;  // largest difference from the device's mixed logits, per row's spread
+    for (int i = 0; i < NP; i++) {
+        const float *a = logits[1] + (int64_t)i * nv, *c = logits[0] + (int64_t)i * nv;
+        const float *f = logits[2] + (int64_t)i * nv;
+        float lo = c[0], hi = c[0];
+        for (int j = 0; j < nv; j++) lo = fminf(lo, c[j]), hi = fmaxf(hi, c[j]);
+        double scale = fmax(1.0, (double)(hi - lo));
+        for (int j = 0; j < nv; j++) {
+            d_cpu = fmax(d_cpu, fabs((double)a[j] - (double)c[j]) / scale);
+            d_f16 = fmax(d_f16, fabs((double)a[j] - (double)f[j]) / scale);
+        }
+    }
+    cr_log_info("mixed on the device: logits %.2e from the CPU's mixed cache, %.2e from the device's f16 cache", d_cpu,
+                d_f16);
+    for (int i = 0; i < NG; i++)
+        cr_assert_eq(tok[1][i], tok[0][i], "mixed cache on the device: token %d: %d, the CPU's %d", i, tok[1][i],
+                     tok[0][i]);
+    cr_assert(d_cpu <= 1e-4, "mixed on the device: logits %.3e from the CPU's", d_cpu);
+    cr_assert(d_f16 > 10 * d_cpu, "mixed on the device: its logits (%.2e from the CPU's) should be measurably "
+              "farther from the f16 cache's (%.2e)", d_cpu, d_f16);
+    for (int r = 0; r < 3; r++) free(logits[r]);
     tri_model_free(m);
 }
 

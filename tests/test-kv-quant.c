@@ -55,6 +55,51 @@ Test(kv_quant, names_and_other_types) {
     cr_assert(!tri__quantize_row(blk, x, TRI_DTYPE_Q4_1, TRI_QK), "only the KV cache's two types");
 }
 
+// ---- chunk summaries of quantized keys (the retrieval index over a quantized cache) ----
+
+// The fixture's layout (tests/fixtures/make-kv-quant.py): rows of MEAN_STRIDE values of the blocks,
+// the first MEAN_ROWS of them, chunks of MEAN_CHUNK rows, the first MEAN_WIDTH values of a row.
+enum { MEAN_STRIDE = 96, MEAN_ROWS = 112, MEAN_CHUNK = 8, MEAN_WIDTH = 80 };
+
+// The CPU's chunk_mean op (and tri__chunk_mean under it) over the fixture's q8_0 / q4_0 blocks read
+// as a cache's keys gives the bits of numpy's float64 means of gguf.quants.dequantize's values; a
+// stride that would start rows inside a block is INVALID_ARGUMENT, a type of no KV cache
+// UNSUPPORTED.
+static void check_chunk_mean(tri_dtype type, const char *name) {
+    tt_need_fixtures("kv-quant");
+    char blk_name[32], mean_name[32];
+    snprintf(blk_name, sizeof blk_name, "%s.blocks", name);
+    snprintf(mean_name, sizeof mean_name, "%s.means", name);
+    size_t nb, nm;
+    uint8_t *blocks = tt_read_file(tt_fixture("kv-quant", blk_name), &nb);
+    float *want = tt_read_file(tt_fixture("kv-quant", mean_name), &nm);
+    enum { NC = MEAN_ROWS / MEAN_CHUNK };
+    cr_assert(nm == sizeof(float) * NC * MEAN_WIDTH &&
+                  nb >= (size_t)tri__dtype_row_bytes(type, (int64_t)MEAN_ROWS * MEAN_STRIDE),
+              "%s fixture sizes %zu, %zu", name, nb, nm);
+    float got[NC * MEAN_WIDTH], direct[NC * MEAN_WIDTH];
+    tri__backend *be = NULL;
+    cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(be->ops->chunk_mean(be, got, blocks, type, NC, MEAN_CHUNK, MEAN_WIDTH, MEAN_STRIDE), TRI_STATUS_OK,
+                 "%s", tri_last_error());
+    tri__chunk_mean(direct, blocks, type, NC, MEAN_CHUNK, MEAN_WIDTH, MEAN_STRIDE);
+    for (int64_t i = 0; i < NC * MEAN_WIDTH; i++)
+        cr_assert(memcmp(&got[i], &want[i], sizeof(float)) == 0 && memcmp(&direct[i], &want[i], sizeof(float)) == 0,
+                  "%s chunk %lld, column %lld: mean %.9g (direct %.9g), numpy's %.9g", name,
+                  (long long)(i / MEAN_WIDTH), (long long)(i % MEAN_WIDTH), (double)got[i], (double)direct[i],
+                  (double)want[i]);
+    cr_assert_eq(be->ops->chunk_mean(be, got, blocks, type, NC, MEAN_CHUNK, MEAN_WIDTH, MEAN_STRIDE - 16),
+                 TRI_STATUS_INVALID_ARGUMENT, "a stride of 80 starts rows inside blocks");
+    cr_assert_eq(be->ops->chunk_mean(be, got, blocks, TRI_DTYPE_Q4_1, NC, MEAN_CHUNK, MEAN_WIDTH, MEAN_STRIDE),
+                 TRI_STATUS_UNSUPPORTED);
+    cr_assert(strstr(tri_last_error(), "q4_1"), "%s", tri_last_error());
+    tri__backend_free(be);
+    free(blocks), free(want);
+}
+
+Test(kv_quant, q8_0_chunk_means_match_numpy) { check_chunk_mean(TRI_DTYPE_Q8_0, "q8_0"); }
+Test(kv_quant, q4_0_chunk_means_match_numpy) { check_chunk_mean(TRI_DTYPE_Q4_0, "q4_0"); }
+
 // ---- the CPU attention over quantized rows ----
 
 // Attention over a view of q8_0 / q4_0 rows (two spans per head, the second with explicit

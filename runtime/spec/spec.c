@@ -1345,11 +1345,11 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     s->be = s->group.be[0];
     s->tw = s->group.weights[0];
     const int32_t n_ranks = s->group.n;
-    // draft caches left to the default: q8_0 where they can be, over an f16 target (measured: more
-    // tokens per L3 pass at equal memory, docs/benchmarks.md "Quantized draft caches"), else the
-    // session's type
-    if (draft_default && sp.kv_type == TRI_DTYPE_F16 && strcmp(s->be->ops->name, "cpu") == 0 &&
-        c->head_dim % TRI_QK == 0 &&
+    // draft caches left to the default: q8_0 where they can be, over an f16 target on the CPU or
+    // CUDA, which read such views (measured: more tokens per L3 pass at equal memory,
+    // docs/benchmarks.md "Quantized draft caches"), else the session's type
+    const bool typed_views = strcmp(s->be->ops->name, "cpu") == 0 || strcmp(s->be->ops->name, "cuda") == 0;
+    if (draft_default && sp.kv_type == TRI_DTYPE_F16 && typed_views && c->head_dim % TRI_QK == 0 &&
         !(has_l1 && p.drafter == TRI_SPEC_DRAFTER_MODEL && p.draft_model->config.head_dim % TRI_QK != 0))
         p.draft_kv_type = TRI_DTYPE_Q8_0;
     if (has_l1 && p.drafter == TRI_SPEC_DRAFTER_LAYERS) {
@@ -1392,11 +1392,11 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         else default_l2_budget(&kp, sp.n_ctx, p.draft_kv_type, c->head_dim);
         tri__level_params l2p = lp;
         if (tri__dtype_is_quantized(p.draft_kv_type)) {
-            if (strcmp(s->be->ops->name, "cpu") != 0) {
+            if (!typed_views) {  // L2's view mixes them: spans of their own types (backend.h span_types)
                 st = tri__fail(TRI_STATUS_UNSUPPORTED,
-                               "speculative: draft_kv_type %s is not supported on the %s backend yet (CPU only): L2's "
-                               "view would mix quantized and %s rows", tri_dtype_name(p.draft_kv_type),
-                               s->be->ops->name, tri_dtype_name(sp.kv_type));
+                               "speculative: draft_kv_type %s is not supported on the %s backend (CPU and CUDA only): "
+                               "L2's view would mix quantized and %s rows",
+                               tri_dtype_name(p.draft_kv_type), s->be->ops->name, tri_dtype_name(sp.kv_type));
                 goto fail;
             }
             l2p.gather_type = p.draft_kv_type;
@@ -1416,8 +1416,7 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         const tri_model *m = p.drafter == TRI_SPEC_DRAFTER_MODEL ? s->dw : s->view;
         tri__level_params l1p = lp;
         l1p.kv_type = p.draft_kv_type;
-        if (tri__dtype_is_quantized(l1p.kv_type) && strcmp(s->be->ops->name, "cpu") != 0 &&
-            strcmp(s->be->ops->name, "cuda") != 0) {
+        if (tri__dtype_is_quantized(l1p.kv_type) && !typed_views) {
             st = tri__fail(TRI_STATUS_UNSUPPORTED,
                            "speculative: draft_kv_type %s is not supported on the %s backend (CPU and CUDA only)",
                            tri_dtype_name(l1p.kv_type), s->be->ops->name);
