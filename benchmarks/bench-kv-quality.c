@@ -74,7 +74,7 @@ static void run(tri__llama *ll, const tri_model *m, tri__kv_policy_params *pp, c
 // the text's next tokens under each.
 static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int32_t n) {
     enum { NT = 4, PASS = 128 };
-    // mixed: q4_0 with 16 sinks and a window of 240 before each pass in f16 too (policy-mixed.c)
+    // mixed: q4_0 with 16 sinks and each query's window of 240 in f16 too (policy-mixed.c)
     const tri_dtype types[NT] = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0, TRI_DTYPE_KV_MIXED};
     const tri_model_config *c = &m->config;
     const int32_t V = c->n_vocab;
@@ -118,10 +118,11 @@ static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int
     double ppl0 = exp(nll[0] / (n - 1));
     for (int t = 0; t < NT; t++) {
         double ppl = exp(nll[t] / (n - 1));
-        // mixed: its q4_0 rows and, over the n tokens, its f16 rows besides: 16 sinks, the window of
-        // 240 and two passes (policy-mixed.c)
+        // mixed: its q4_0 rows and, over the n tokens, its f16 rows besides: 16 sinks and a buffer
+        // of 1.5 x (the window of 240 and two passes) (policy-mixed.c)
         double bpv = types[t] == TRI_DTYPE_KV_MIXED
-                         ? (double)tri__dtype_row_bytes(TRI_DTYPE_Q4_0, TRI_QK) / TRI_QK + 2.0 * (256 + 2 * PASS) / n
+                         ? (double)tri__dtype_row_bytes(TRI_DTYPE_Q4_0, TRI_QK) / TRI_QK +
+                               2.0 * (16 + 1.5 * (240 + 2 * PASS)) / n
                          : (double)tri__dtype_row_bytes(types[t], TRI_QK) / TRI_QK;
         printf("%-6s %11.4f %9.4f %+9.4f %8.4f %9.4f %10.6f %12.2f\n", tri_dtype_name(types[t]), bpv, ppl,
                ppl - ppl0, top1[t] / n, acc[t] / n,

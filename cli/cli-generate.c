@@ -61,7 +61,8 @@ static void usage(FILE *f) {
           "                       at start-up when the planner runs on a GPU)\n"
           "      --batch N        prompt tokens per prefill step (default 128)\n"
           "      --kv-type T      f16 (default), f32, q8_0, q4_0 or mixed KV cache (mixed: q4_0 with\n"
-          "                       the sinks and the recent window in f16 too; --kv-budget, --sink)\n"
+          "                       the sinks and the recent window in f16 too; --budget, --sink; with\n"
+          "                       --spec none or draft)\n"
           "      --ignore-eos     keep generating after the end-of-sequence token\n"
           "      --ids            print token ids instead of text\n"
           "\n"
@@ -699,9 +700,9 @@ int tri_cli_generate(int argc, char **argv) {
     if (!tri_cli_applies("offload-run generate", "--kv", kv_set, plain,
                          "plain decoding; the levels of --spec have their own caches") ||
         !tri_cli_applies("offload-run generate", "--budget", budget,
-                         plain ? pol != TRI_KV_POLICY_FULL || mixed : has_l2,
+                         plain ? pol != TRI_KV_POLICY_FULL || mixed : has_l2 || mixed,
                          plain ? "--kv streaming, h2o or retrieval, or --kv-type mixed (the cache policy is full)"
-                               : "L2, the retrieval cache of --spec retrieval and triforce") ||
+                               : "L2, the retrieval cache of --spec retrieval and triforce, or --kv-type mixed") ||
         !tri_cli_applies("offload-run generate", "--chunk", chunk, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
                          plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
         !tri_cli_applies("offload-run generate", "--kv-index", index_set,
@@ -709,8 +710,8 @@ int tri_cli_generate(int argc, char **argv) {
                          plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
         !tri_cli_applies("offload-run generate", "--refresh", refresh, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
                          plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
-        !tri_cli_applies("offload-run generate", "--sink", sink, plain && (pol == TRI_KV_POLICY_STREAMING || mixed),
-                         plain ? "--kv streaming" : "--kv streaming (L1's sinks are --draft-sink)") ||
+        !tri_cli_applies("offload-run generate", "--sink", sink, (plain && pol == TRI_KV_POLICY_STREAMING) || mixed,
+                         plain ? "--kv streaming" : "--kv streaming or --kv-type mixed (L1's sinks are --draft-sink)") ||
         !tri_cli_applies("offload-run generate", "--draft-window", draft_window, l1_cache,
                          "an L1 model or layers (--spec draft or triforce)") ||
         !tri_cli_applies("offload-run generate", "--draft-sink", draft_sink, l1_cache,
@@ -726,7 +727,7 @@ int tri_cli_generate(int argc, char **argv) {
         !tri_cli_applies("offload-run generate", "--refresh-accept", refresh_accept_set, has_l2,
                          "--spec retrieval or triforce"))
         return 2;
-    if (plain) {
+    if (plain || mixed) {  // with --spec, mixed's f16 tokens and sinks (it serves no L2)
         sp.kv_budget = (int32_t)budget;
         sp.kv_chunk = (int32_t)chunk;
         sp.kv_sink = (int32_t)sink;

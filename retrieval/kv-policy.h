@@ -41,7 +41,8 @@ typedef struct tri__kv_policy_params {
                       // 2 * budget + (history + 1) * max_step rows (fewer than the capacity)
     tri__chunk_index_kind index;  // RETRIEVAL: chunk index backend
     int32_t rollback;     // STREAMING: tokens a rollback may drop beyond the step in progress
-                          // (the store keeps them); 0: max_step
+                          // (the store keeps them); kv_type mixed: the same for the f16 ring
+                          // (a speculative target's verification pass, its tree); 0: max_step
     int32_t evict_every;  // STREAMING: past the window, tokens between evictions (a step of that
                           // many attends to the window before it and to itself, TriForce's draft
                           // prefill); 0 or 1: every token, StreamingLLM's own cache; <= max_step
@@ -297,6 +298,20 @@ tri_status tri__kv_policy_loaded(tri__kv_policy *p, int32_t n);
 // never been appended. H2O remembers `history` steps, a bounded STREAMING store the rows of
 // max_step + rollback tokens past the window: INVALID_ARGUMENT before those.
 tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n);
+// After the store's row from was copied to row to (a token tree's accepted node moved into place,
+// tri__level_move_row): a policy that keeps rows besides its store (kv_type mixed's f16 ones) moves
+// its own too. No-op for the others.
+tri_status tri__kv_policy_row_moved(tri__kv_policy *p, int32_t from, int32_t to);
+
+// kv_type mixed (policy-mixed.c, p->mixed set): each query reads its own window. The first position
+// whose f16 row a query at position pos reads past the sinks: max(pos - recent, sink) (pos: its
+// depth in a token tree, where rows and positions differ).
+int32_t tri__kv_policy_mixed_lo(const tri__kv_policy *p, int32_t pos);
+// In a step, after tri__kv_policy_layer for il: the view of the step's rows [0, end) for queries
+// whose window starts at lo (tri__kv_policy_mixed_lo of their position; at most a step and the
+// rollback before the step's first query's). Valid until the next call on p.
+const tri__kv_view *tri__kv_policy_mixed_view(tri__kv_policy *p, int32_t il, int32_t lo);
+
 // Empties the cache.
 void tri__kv_policy_reset(tri__kv_policy *p);
 // Selecting during the full cache's pass. Arms full (FULL, the store ret borrows) so that the step

@@ -1,8 +1,11 @@
 // policy-mixed.c - the full cache in two precisions (kv_type mixed, after MiKV): every position's
 // keys and values in q4_0 (the store), and the attention sinks and the recent window in f16 as
-// well; a step's view reads the f16 rows where it has them and the q4_0 rows for everything else
-// (docs/kv-policies.md, "Mixed precision"). A view of two types: its spans carry their own
-// (backend.h span_types), which the CPU attention reads.
+// well. Each query reads its own window: a query at position pos reads the f16 rows of the sinks
+// and of positions max(pos - recent, sink) .. pos, the q4_0 rows of everything between
+// (docs/kv-policies.md, "Mixed precision"), so that a pass computes the same whatever its steps
+// (a prefill in batches, a speculative verification of several tokens, one token at a time). A
+// view of two types: its spans carry their own (backend.h span_types), which the CPU attention
+// reads.
 #include <string.h>
 
 #include "dtype.h"
@@ -10,11 +13,16 @@
 
 struct tri__mixed_state {
     int32_t sink;    // positions 0 .. sink - 1 in f16 (the attention sinks)
-    int32_t recent;  // the recent window: a step at n0 reads positions from n0 - recent on in f16
-    int32_t ring;    // rows of the f16 ring: recent + a step + a rollback of a step
+    int32_t recent;  // the recent window: a query at pos reads positions from pos - recent on in f16
+    int32_t keep;    // f16 rows past the sinks a step keeps below its end: recent + a step + a
+                     // rollback (params rollback, 0: a step)
+    int32_t cap;     // rows of each f16 buffer: keep and half as many again, so that moving the
+                     // kept rows to its front happens once every keep / 2 tokens or more
+    int32_t *base;   // (n_layer) the position in row 0 of layer il's buffer (>= sink)
     void **sk, **sv; // (n_layer) -> (sink, n_head_kv * head_dim) f16 backend: the sinks
-    void **rk, **rv; // (n_layer) -> (ring, n_head_kv * head_dim) f16 backend: position i >= sink
-                     // in row (i - sink) % ring
+    void **rk, **rv; // (n_layer) -> (cap, n_head_kv * head_dim) f16 backend: position i >= sink in
+                     // row i - base[il], one run in position order (never wrapping: the attention
+                     // then reads a query's window as one span, the same bits whatever its pass)
 };
 
 static void mixed_free(tri__kv_policy *p) {
@@ -26,22 +34,28 @@ static void mixed_free(tri__kv_policy *p) {
         if (s->rk) p->be->ops->free(p->be, s->rk[il]);
         if (s->rv) p->be->ops->free(p->be, s->rv[il]);
     }
-    free(s->sk), free(s->sv), free(s->rk), free(s->rv);
+    free(s->sk), free(s->sv), free(s->rk), free(s->rv), free(s->base);
     free(s);
     p->mixed = NULL;
 }
 
+static void mixed_reset(tri__kv_policy *p) {
+    for (int32_t il = 0; il < p->n_layer; il++) p->mixed->base[il] = p->mixed->sink;
+}
+
 static tri_status mixed_init(tri__kv_policy *p) {
     tri_status st = TRI_STATUS_OK;
-    // per head: the sinks, the q4_0 rows between, the window in the ring (two spans where it wraps)
-    TRY(tri__kv_policy_common_init(p, 4));
+    // per head: the sinks, the q4_0 rows between, the window
+    TRY(tri__kv_policy_common_init(p, 3));
     tri__mixed_state *s = calloc(1, sizeof *s);
     if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv type mixed");
     p->mixed = s;
     s->sink = p->p.sink > 0 ? p->p.sink : 16;
     s->recent = p->p.recent > 0 ? p->p.recent : 240;
-    s->ring = s->recent + 2 * p->max_step;
+    s->keep = s->recent + p->max_step + (p->p.rollback > 0 ? p->p.rollback : p->max_step);
+    s->cap = s->keep + (s->keep + 1) / 2;
     const size_t row = sizeof(uint16_t) * (size_t)kv_dim(p);
+    ALLOC(s->base, p->n_layer);
     ALLOC(s->sk, p->n_layer);
     ALLOC(s->sv, p->n_layer);
     ALLOC(s->rk, p->n_layer);
@@ -49,52 +63,70 @@ static tri_status mixed_init(tri__kv_policy *p) {
     for (int32_t il = 0; il < p->n_layer; il++) {
         TRY(p->be->ops->alloc(p->be, row * (size_t)s->sink, &s->sk[il]));
         TRY(p->be->ops->alloc(p->be, row * (size_t)s->sink, &s->sv[il]));
-        TRY(p->be->ops->alloc(p->be, row * (size_t)s->ring, &s->rk[il]));
-        TRY(p->be->ops->alloc(p->be, row * (size_t)s->ring, &s->rv[il]));
+        TRY(p->be->ops->alloc(p->be, row * (size_t)s->cap, &s->rk[il]));
+        TRY(p->be->ops->alloc(p->be, row * (size_t)s->cap, &s->rv[il]));
     }
+    mixed_reset(p);
     return TRI_STATUS_OK;
 fail:
     return st;
 }
 
-// The first position a step at n0 reads in f16 past the sinks.
-static int32_t window_start(const tri__mixed_state *s, int32_t n0) {
-    return n0 - s->recent > s->sink ? n0 - s->recent : s->sink;
+// The first position a query at pos reads in f16 past the sinks.
+static int32_t window_start(const tri__mixed_state *s, int32_t pos) {
+    return pos - s->recent > s->sink ? pos - s->recent : s->sink;
+}
+
+// Before writing positions up to end into layer il's buffer: where they would not fit, the last
+// keep rows before end that it holds move to its front (in pieces that do not overlap).
+static tri_status make_room(tri__kv_policy *p, int32_t il, int32_t end) {
+    tri__mixed_state *s = p->mixed;
+    if (end - s->base[il] <= s->cap) return TRI_STATUS_OK;
+    const int64_t row = 2 * (int64_t)kv_dim(p);
+    int32_t nb = end - s->keep, from = nb - s->base[il], n = p->step_n0 - nb;  // rows [from, from + n) to [0, n)
+    TRI_ASSERT(from > 0 && n >= 0);
+    for (int32_t done = 0; done < n;) {
+        int32_t k = n - done < from ? n - done : from;
+        for (int which = 0; which < 2; which++) {
+            char *buf = (which ? s->rv : s->rk)[il];
+            TRY(p->be->ops->copy(p->be, buf + done * row, buf + (from + done) * row, (size_t)(k * row)));
+        }
+        done += k;
+    }
+    s->base[il] = nb;
+    return TRI_STATUS_OK;
+}
+
+// The f16 row of position pos of layer il, keys (which 0) or values (1).
+static char *f16_row(tri__kv_policy *p, int32_t il, int which, int32_t pos) {
+    tri__mixed_state *s = p->mixed;
+    const int64_t row = 2 * (int64_t)kv_dim(p);
+    if (pos < s->sink) return (char *)(which ? s->sv : s->sk)[il] + pos * row;
+    return (char *)(which ? s->rv : s->rk)[il] + (int64_t)(pos - s->base[il]) * row;
 }
 
 // Writes the step's rows k, v (m, n_head_kv * head_dim) f32 at n0 in f16: the sinks' in place,
-// the rest into the ring (in pieces where it wraps).
+// the rest into the buffer.
 static tri_status write_f16(tri__kv_policy *p, int32_t il, int32_t n0, int32_t m, const float *k, const float *v) {
     tri__mixed_state *s = p->mixed;
     const tri__backend_ops *op = p->be->ops;
-    const int64_t kd = kv_dim(p), row = 2 * kd;
+    const int64_t kd = kv_dim(p);
+    TRY(make_room(p, il, n0 + m));
     for (int32_t done = 0; done < m;) {
-        int32_t pos = n0 + done, n = m - done;
-        char *dk, *dv;
-        if (pos < s->sink) {
-            if (n > s->sink - pos) n = s->sink - pos;
-            dk = (char *)s->sk[il] + pos * row, dv = (char *)s->sv[il] + pos * row;
-        } else {
-            int32_t slot = (pos - s->sink) % s->ring;
-            if (n > s->ring - slot) n = s->ring - slot;
-            dk = (char *)s->rk[il] + slot * row, dv = (char *)s->rv[il] + slot * row;
-        }
-        TRY(op->convert(p->be, dk, TRI_DTYPE_F16, k + done * kd, n * kd));
-        TRY(op->convert(p->be, dv, TRI_DTYPE_F16, v + done * kd, n * kd));
+        int32_t pos = n0 + done, n = pos < s->sink ? (m - done < s->sink - pos ? m - done : s->sink - pos) : m - done;
+        TRY(op->convert(p->be, f16_row(p, il, 0, pos), TRI_DTYPE_F16, k + done * kd, n * kd));
+        TRY(op->convert(p->be, f16_row(p, il, 1, pos), TRI_DTYPE_F16, v + done * kd, n * kd));
         done += n;
     }
     return TRI_STATUS_OK;
 }
 
-static tri_status mixed_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
-                              int32_t end, const tri__kv_view **view, float **weight_sums) {
-    (void)q, (void)weight_sums;
+// The view of layer il over positions [0, end) for queries that read f16 from lo on (and the sinks):
+// per head the sinks, the q4_0 rows between, the f16 rows of the window and the step.
+static const tri__kv_view *mixed_view(tri__kv_policy *p, int32_t il, int32_t lo, int32_t end) {
     tri__mixed_state *s = p->mixed;
-    const int32_t n0 = p->step_n0;
-    TRY(tri__kv_store_write(p->kv, il, n0, p->step_m, k, v));  // q4_0, every position
-    TRY(write_f16(p, il, n0, p->step_m, k, v));
-    const int64_t kd = kv_dim(p), hd = p->head_dim, row = 2 * kd;
-    const int32_t lo = window_start(s, n0), sinks = end < s->sink ? end : s->sink;
+    const int64_t kd = kv_dim(p), hd = p->head_dim;
+    const int32_t sinks = end < s->sink ? end : s->sink;
     int32_t ns = 0;
     for (int32_t h = 0; h < p->n_head_kv; h++) {
         p->head_span[h] = ns;
@@ -106,48 +138,71 @@ static tri_status mixed_layer(tri__kv_policy *p, int32_t il, const float *q, con
             p->spans[ns++] = (tri__kv_span){.pos0 = s->sink, .n = lo - s->sink, .k = (const char *)p->kv->k[il] + qoff,
                                             .v = (const char *)p->kv->v[il] + qoff, .stride = kd, .type = p->kv->type};
         }
-        for (int32_t pos = lo; pos < end;) {  // the window and the step, from the ring
-            int32_t slot = (pos - s->sink) % s->ring, n = end - pos < s->ring - slot ? end - pos : s->ring - slot;
-            p->spans[ns++] = (tri__kv_span){.pos0 = pos, .n = n, .k = (const char *)s->rk[il] + slot * row + off,
-                                            .v = (const char *)s->rv[il] + slot * row + off, .stride = kd,
-                                            .type = TRI_DTYPE_F16};
-            pos += n;
-        }
+        if (end > lo)  // the window and the step
+            p->spans[ns++] = (tri__kv_span){.pos0 = lo, .n = end - lo, .k = f16_row(p, il, 0, lo) + off,
+                                            .v = f16_row(p, il, 1, lo) + off, .stride = kd, .type = TRI_DTYPE_F16};
     }
     p->head_span[p->n_head_kv] = ns;
     TRI_ASSERT(ns <= p->spans_cap);
     p->view = (tri__kv_view){.type = p->kv->type, .n_head_kv = p->n_head_kv, .spans = p->spans,
                              .head_span = p->head_span, .span_types = true};
-    *view = &p->view;
+    return &p->view;
+}
+
+// Stores the step's rows in both precisions; the view returned is the step's first query's (the
+// forward pass asks for each query's own, tri__kv_policy_mixed_view).
+static tri_status mixed_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
+                              int32_t end, const tri__kv_view **view, float **weight_sums) {
+    (void)q, (void)weight_sums;
+    tri__mixed_state *s = p->mixed;
+    const int32_t n0 = p->step_n0;
+    TRY(tri__kv_store_write(p->kv, il, n0, p->step_m, k, v));  // q4_0, every position
+    TRY(write_f16(p, il, n0, p->step_m, k, v));
+    *view = mixed_view(p, il, window_start(s, n0), end);
     return TRI_STATUS_OK;
 }
 
-static tri_status mixed_begin(tri__kv_policy *p, int32_t n0, int32_t m, int32_t *base) {
-    (void)base;
-    if (n0 + m > p->hw) p->hw = n0 + m;  // the step's f16 rows overwrite older ones in the ring
-    return TRI_STATUS_OK;
+int32_t tri__kv_policy_mixed_lo(const tri__kv_policy *p, int32_t pos) { return window_start(p->mixed, pos); }
+
+const tri__kv_view *tri__kv_policy_mixed_view(tri__kv_policy *p, int32_t il, int32_t lo) {
+    const int32_t end = p->step_n0 + p->step_m;
+    TRI_ASSERT(p->mixed && p->in_step && lo >= p->mixed->sink && lo >= p->mixed->base[il]);  // still held
+    return mixed_view(p, il, lo, end);
 }
 
 // A rollback to n keeps the f16 rows the next step reads (positions from window_start(n)) only
-// while the ring still holds them: rows of positions below hw - ring are overwritten.
+// while the buffers still hold them: a step keeps `keep` rows below its end, no more.
 static tri_status mixed_truncate(tri__kv_policy *p, int32_t n) {
     const tri__mixed_state *s = p->mixed;
-    int32_t need = window_start(s, n), have = p->hw - s->ring;
+    int32_t need = window_start(s, n), have = s->sink;
+    for (int32_t il = 0; il < p->n_layer; il++) have = s->base[il] > have ? s->base[il] : have;
     if (n <= s->sink || need >= have) return TRI_STATUS_OK;
     return tri__fail(TRI_STATUS_UNSUPPORTED,
                      "kv_type mixed: cannot roll back to %d of %d positions: the f16 window of %d tokens from %d "
-                     "was overwritten (the ring keeps %d rows)",
-                     n, p->kv->n, s->recent, need, s->ring);
+                     "is no longer held (f16 rows from %d on: a step keeps %d rows)",
+                     n, p->kv->n, s->recent, need, have, s->keep);
 }
 
-static void mixed_reset(tri__kv_policy *p) { p->hw = 0; }
+static tri_status mixed_row_moved(tri__kv_policy *p, int32_t from, int32_t to) {
+    const tri__mixed_state *s = p->mixed;
+    for (int32_t il = 0; il < p->n_layer; il++) {
+        if ((from >= s->sink && from < s->base[il]) || (to >= s->sink && to < s->base[il]) ||
+            from - s->base[il] >= s->cap || to - s->base[il] >= s->cap)
+            return tri__fail(TRI_STATUS_INTERNAL, "kv_type mixed: moving row %d to %d, f16 rows from %d held", from, to,
+                             s->base[il]);
+        for (int which = 0; which < 2; which++)
+            TRY(p->be->ops->copy(p->be, f16_row(p, il, which, to), f16_row(p, il, which, from),
+                                 sizeof(uint16_t) * (size_t)kv_dim(p)));
+    }
+    return TRI_STATUS_OK;
+}
 
 const tri__kv_policy_ops tri__kv_policy_mixed_ops = {
     .name = "full",  // the full cache, in two precisions
     .init = mixed_init,
     .free = mixed_free,
-    .begin = mixed_begin,
     .layer = mixed_layer,
     .truncate = mixed_truncate,
     .reset = mixed_reset,
+    .row_moved = mixed_row_moved,
 };

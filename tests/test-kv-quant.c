@@ -398,6 +398,182 @@ Test(kv_quant, mixed_cache_is_the_reference_with_f16_sinks_and_window, .timeout 
     free(l), free(l16), free(rm.logits), free(r4.logits);
 }
 
+// ---- kv_type mixed as a speculative target ----
+
+// The f16 rows keep what a rollback needs: a step of max_step and `rollback` tokens more below the
+// length (whenever their buffer last moved), not a rollback past what they dropped.
+Test(kv_quant, mixed_ring_keeps_a_rollback_of_a_round) {
+    tri__backend *be = NULL;
+    cr_assert_eq(tri__backend_cpu_create(1, tri__cpu_simd_detect(), &be), TRI_STATUS_OK, "%s", tri_last_error());
+    enum { NKV = 1, HD = 32, STEP = 4, ROLL = 11, RECENT = 6 };
+    for (int32_t roll = 0; roll <= ROLL; roll += ROLL) {
+        tri__kv_policy_params kp = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, 256);
+        kp.sink = 2, kp.recent = RECENT, kp.rollback = roll;
+        tri__kv_policy p;
+        cr_assert_eq(tri__kv_policy_init(&p, &kp, be, TRI_DTYPE_KV_MIXED, 1, NKV, NKV, HD, 256, STEP), TRI_STATUS_OK,
+                     "%s", tri_last_error());
+        float *k, *v, *q;
+        cr_assert_eq(be->ops->alloc(be, sizeof(float) * STEP * HD, (void **)&k), TRI_STATUS_OK);
+        cr_assert_eq(be->ops->alloc(be, sizeof(float) * STEP * HD, (void **)&v), TRI_STATUS_OK);
+        cr_assert_eq(be->ops->alloc(be, sizeof(float) * STEP * HD, (void **)&q), TRI_STATUS_OK);
+        for (int i = 0; i < STEP * HD; i++) k[i] = v[i] = q[i] = (float)(i % 7) * 0.25f;
+        tri__rope rope;
+        memset(&rope, 0, sizeof rope);
+        int32_t q_pos[STEP];
+        for (int step = 0; step < 20; step++) {  // 80 positions
+            const tri__kv_view *view;
+            float *ws;
+            cr_assert_eq(tri__kv_policy_begin(&p, STEP, &rope, q_pos), TRI_STATUS_OK, "%s", tri_last_error());
+            cr_assert_eq(tri__kv_policy_layer(&p, 0, q, k, v, &view, &ws), TRI_STATUS_OK, "%s", tri_last_error());
+            cr_assert_eq(tri__kv_policy_commit(&p), TRI_STATUS_OK, "%s", tri_last_error());
+        }
+        const int32_t keep = STEP + (roll ? roll : STEP);  // rows below the length still held
+        cr_assert_eq(tri__kv_policy_truncate(&p, 30), TRI_STATUS_UNSUPPORTED, "rollback %d", roll);
+        cr_assert(strstr(tri_last_error(), "kv_type mixed: cannot roll back"), "%s", tri_last_error());
+        cr_assert_eq(tri__kv_policy_truncate(&p, 80 - keep), TRI_STATUS_OK, "rollback %d: %s", roll, tri_last_error());
+        cr_assert_eq(tri__kv_policy_len(&p), 80 - keep);
+        be->ops->free(be, k), be->ops->free(be, v), be->ops->free(be, q);
+        tri__kv_policy_free(&p);
+    }
+    tri__backend_free(be);
+}
+
+typedef struct mixed_collect {
+    int32_t *out;
+    int32_t n;
+} mixed_collect;
+
+static bool mixed_on_token(int32_t tok, void *user) {
+    mixed_collect *c = user;
+    c->out[c->n++] = tok;
+    return true;
+}
+
+// A session or speculative engine's parameters: kv_type mixed with 2 sinks and a window of 6 in
+// f16 (kv_budget 8), steps of 4.
+static tri_session_params mixed_session(void) {
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 160;
+    sp.n_batch = 4;
+    sp.n_threads = 1;
+    sp.kv_type = TRI_DTYPE_KV_MIXED;
+    sp.kv_sink = 2;
+    sp.kv_budget = 8;
+    return sp;
+}
+
+// Each query of a mixed cache reads its own window, whatever pass it is in: the verification of a
+// speculative round's drafts (in steps of 4, rolled back where rejected), a token tree's nodes
+// moved into place. So greedy output in every mode the mixed cache serves (none; draft with a
+// model, the target itself, the target's first layer, n-grams; chains and trees) equals plain greedy decoding of the
+// same mixed cache token for token, and the plain decoding itself is that of the reference
+// (llama_ref.py --kv-mixed: mixed_cache_is_the_reference_with_f16_sinks_and_window).
+Test(kv_quant, mixed_spec_greedy_equals_plain_mixed_decoding, .timeout = TT_TIMEOUT(120)) {
+    tri_model *target, *draft;
+    cr_assert_eq(tri_model_load(tt_gen_model("kvqm-spec-t", "--seed 21 --heads 4 --kv-heads 2 --head-dim 32 "
+                                                            "--layers 3"), NULL, &target),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_model_load(tt_gen_model("kvqm-spec-d", "--seed 22 --layers 1 --embd 32 --ff 64 --heads 1 "
+                                                            "--kv-heads 1 --head-dim 32"), NULL, &draft),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    enum { NP = 48, NG = 40 };
+    int32_t prompt2[NP], want[NG], want16[NG], got[NG];
+    for (int i = 0; i < NP; i++) prompt2[i] = i % 8 < 5 ? 40 + (i % 8) : (i * 37) % 250 + 3;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = NG;
+    gp.stop_at_eos = false;
+    for (int kind = 0; kind < 2; kind++) {  // the mixed cache, and f16 to tell them apart
+        tri_session_params sp = mixed_session();
+        if (kind) sp.kv_type = TRI_DTYPE_F16, sp.kv_sink = 0, sp.kv_budget = 0;
+        tri_session *s;
+        cr_assert_eq(tri_session_create(target, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        mixed_collect c = {kind ? want16 : want, 0};
+        cr_assert_eq(tri_generate(s, prompt2, NP, &gp, mixed_on_token, &c, NULL), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(c.n, NG);
+        tri_session_free(s);
+    }
+    // the same bits whatever the steps (passes of 4, of 3, one token at a time): each query's window
+    // is one run of f16 rows, wherever the buffer that holds them moved
+    const int32_t V = target->config.n_vocab;
+    float *lg[3];
+    for (int b = 0; b < 3; b++) {
+        tri_session_params sp = mixed_session();
+        sp.n_batch = b == 0 ? 4 : b == 1 ? 3 : 1;
+        tri_session *s;
+        cr_assert_eq(tri_session_create(target, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_session_eval(s, prompt2, NP, true), TRI_STATUS_OK, "%s", tri_last_error());
+        lg[b] = malloc(sizeof(float) * (size_t)NP * (size_t)V);
+        for (int i = 0; i < NP; i++) memcpy(lg[b] + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * (size_t)V);
+        tri_session_free(s);
+    }
+    for (int b = 1; b < 3; b++)
+        cr_assert(memcmp(lg[0], lg[b], sizeof(float) * (size_t)NP * (size_t)V) == 0,
+                  "mixed: the prompt's logits in passes of %d differ from those in passes of 4", b == 1 ? 3 : 1);
+    for (int b = 0; b < 3; b++) free(lg[b]);
+    int differ = 0;
+    for (int i = 0; i < NG; i++) differ += want[i] != want16[i];
+    cr_log_info("mixed spec: plain mixed greedy differs from f16's at %d of %d tokens", differ, NG);
+    static const int32_t first[] = {0};
+    static const int32_t gammas[][2] = {{2, 6}, {1, 3}};
+    static const int32_t nodes[] = {0, 10, 40};
+    int runs = 0;
+    for (int mode = TRI_SPEC_MODE_NONE; mode <= TRI_SPEC_MODE_DRAFT; mode++)
+        for (int drafter = 0; drafter < (mode ? 4 : 1); drafter++)
+            for (int gi = 0; gi < 2; gi++)
+                for (int ni = 0; ni < (mode ? 3 : 1); ni++) {
+                    tri_spec_params p = tri_spec_default_params();
+                    p.mode = (tri_spec_mode)mode;
+                    p.drafter = drafter == 0 || drafter == 3 ? TRI_SPEC_DRAFTER_MODEL
+                                : drafter == 1 ? TRI_SPEC_DRAFTER_LAYERS : TRI_SPEC_DRAFTER_NGRAM;
+                    p.draft_model = drafter == 0 ? draft : drafter == 3 ? target : NULL;
+                    p.draft_layers = drafter == 1 ? first : NULL;
+                    p.n_draft_layers = drafter == 1 ? 1 : 0;
+                    p.ngram_n = drafter == 2 ? 3 : 0;
+                    p.gamma1 = gammas[gi][0];
+                    p.gamma2 = gammas[gi][1];
+                    p.tree_nodes = nodes[ni];
+                    tri_session_params sp = mixed_session();
+                    tri_spec *s;
+                    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_OK, "%s", tri_last_error());
+                    mixed_collect c = {got, 0};
+                    tri_spec_stats st;
+                    cr_assert_eq(tri_generate_spec(s, prompt2, NP, &gp, mixed_on_token, &c, &st), TRI_STATUS_OK,
+                                 "mode %d drafter %d gamma %d/%d tree %d: %s", mode, drafter, p.gamma1, p.gamma2,
+                                 p.tree_nodes, tri_last_error());
+                    cr_assert_eq(c.n, NG);
+                    for (int i = 0; i < NG; i++)
+                        cr_assert_eq(got[i], want[i], "mode %d drafter %d gamma %d/%d tree %d: token %d is %d, plain "
+                                     "mixed decoding's %d", mode, drafter, p.gamma1, p.gamma2, p.tree_nodes, i,
+                                     got[i], want[i]);
+                    // the target drafting over its own cache: passes that keep several tokens (the
+                    // seeded draft model's are rejected: passes rolled back by all their drafts)
+                    if (drafter == 3)
+                        cr_assert(st.n_l3_verify <= NG / 2, "target as draft: %lld L3 passes for %d tokens",
+                                  (long long)st.n_l3_verify, NG);
+                    tri_spec_free(s);
+                    runs++;
+                }
+    cr_log_info("mixed spec: %d configurations equal plain mixed decoding", runs);
+    // the window must hold a tree's depth; the retrieval modes borrow f16 or f32 rows
+    tri_session_params sp = mixed_session();
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_DRAFT;
+    p.drafter = TRI_SPEC_DRAFTER_NGRAM;
+    p.ngram_n = 3;
+    p.gamma2 = 7;
+    p.tree_nodes = 10;
+    tri_spec *s = NULL;
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(!s && strstr(tri_last_error(), "must hold gamma2 7"), "%s", tri_last_error());
+    p.mode = TRI_SPEC_MODE_RETRIEVAL;
+    p.tree_nodes = 0;
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_UNSUPPORTED);
+    cr_assert(!s && strstr(tri_last_error(), "kv_type mixed"), "%s", tri_last_error());
+    tri_model_free(draft);
+    tri_model_free(target);
+}
+
 // ---- refusals ----
 
 static void expect_refused(const tri_model *m, const tri_session_params *sp, const char *want) {

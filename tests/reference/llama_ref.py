@@ -18,9 +18,10 @@ usage:
 at a time with a KV cache (as transformers' generate does). --kv-quant q8_0|q4_0 makes that cache
 (and the prompt pass's) hold GGML-quantized rows, quantized by the gguf package: the model of a
 quantized KV cache. --kv-mixed S,W models kv_type mixed: every row in q4_0 (as --kv-quant q4_0) and
-also in f16; a pass starting at position n0 reads the f16 rows of positions below S (the sinks) and
-from n0 - W on (the recent window, and the pass's own), the q4_0 rows between. --batch B runs the
-prompt in passes of B tokens (as a runtime's n_batch), which matters only for --kv-mixed.
+also in f16; a query at position p reads the f16 rows of positions below S (the sinks) and from
+p - W on (the recent window, itself included), the q4_0 rows between, whatever pass it is in.
+--batch B runs the prompt in passes of B tokens (as a runtime's n_batch), which changes nothing but
+the order of the work.
 
 Also importable: Llama(dir).forward(tokens, start_pos, cache) for tests, or
 Llama(cfg=config_dict, weights=arrays) for weights converted in memory.
@@ -264,19 +265,22 @@ class Llama:
             cache[l][0] = np.concatenate([cache[l][0], k], axis=1)
             cache[l][1] = np.concatenate([cache[l][1], v], axis=1)
             Kc, Vc = cache[l][0], cache[l][1]
-            if self.kv_mixed:  # f16 rows for the sinks and from start_pos - W on
+            # repeat_kv: KV head j serves query heads j * n_rep .. (j + 1) * n_rep - 1
+            rep = lambda a: np.repeat(a, nh // nkv, axis=0)  # (nkv, S, hd) -> (nh, S, hd)
+            s = q @ rep(Kc).transpose(0, 2, 1) / math.sqrt(hd)    # (nh, T, S)
+            if self.kv_mixed:  # query t reads f16 rows of the sinks and from its position - W on
                 sinks, window = self.kv_mixed
                 kp = np.arange(Kc.shape[1])
-                full = ((kp < sinks) | (kp >= start_pos - window))[None, :, None]
-                Kc, Vc = np.where(full, cache[l][2], Kc), np.where(full, cache[l][3], Vc)
-            # repeat_kv: KV head j serves query heads j * n_rep .. (j + 1) * n_rep - 1
-            K = np.repeat(Kc, nh // nkv, axis=0)  # (nh, S, hd)
-            V = np.repeat(Vc, nh // nkv, axis=0)
-            s = q @ K.transpose(0, 2, 1) / math.sqrt(hd)    # (nh, T, S)
+                full = (kp[None, :] < sinks) | (kp[None, :] >= pos[:, None] - window)  # (T, S)
+                s = np.where(full[None], q @ rep(cache[l][2]).transpose(0, 2, 1) / math.sqrt(hd), s)
             s = np.where(mask[None], -np.inf, s)
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             s /= s.sum(axis=-1, keepdims=True)
-            a = (s @ V).transpose(1, 0, 2).reshape(T, nh * hd)
+            if self.kv_mixed:
+                a = np.where(full[None], 0, s) @ rep(Vc) + np.where(full[None], s, 0) @ rep(cache[l][3])
+            else:
+                a = s @ rep(Vc)
+            a = a.transpose(1, 0, 2).reshape(T, nh * hd)
             x = x + a @ self.w[p + "self_attn.o_proj.weight"].T
             h = self.rms_norm(x, self.w[p + "post_attention_layernorm.weight"])
             g = h @ self.w[p + "mlp.gate_proj.weight"].T
