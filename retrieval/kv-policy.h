@@ -205,6 +205,11 @@ tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_
                                         int32_t n_head, int32_t ring, int32_t max_step);
 // A FULL policy over an existing store (not owned; kv->n is the policy's length).
 tri_status tri__kv_policy_wrap_full(tri__kv_policy *p, tri__kv_store *kv, int32_t n_head, int32_t max_step);
+// kv_type mixed over an existing q4_0 store (not owned; kv->n is the policy's length), whose last
+// layers may be offloaded (tri__kv_store_init_offload): params as tri__kv_policy_init's for
+// TRI_DTYPE_KV_MIXED (FULL; sink, recent, rollback). Its f16 rows live in kv->be's memory.
+tri_status tri__kv_policy_wrap_mixed(tri__kv_policy *p, const tri__kv_policy_params *params, tri__kv_store *kv,
+                                     int32_t n_head, int32_t max_step);
 void tri__kv_policy_free(tri__kv_policy *p);
 
 // Positions appended so far, and the most the store holds.

@@ -5,7 +5,8 @@
 // (docs/kv-policies.md, "Mixed precision"), so that a pass computes the same whatever its steps
 // (a prefill in batches, a speculative verification of several tokens, one token at a time). A
 // view of two types: its spans carry their own (backend.h span_types), which the CPU attention
-// reads.
+// reads. The q4_0 store may keep its last layers in host memory (tri__kv_policy_wrap_mixed), which
+// stream through the device as the full cache's do; the f16 rows stay in backend memory.
 #include <string.h>
 
 #include "dtype.h"
@@ -127,16 +128,20 @@ static const tri__kv_view *mixed_view(tri__kv_policy *p, int32_t il, int32_t lo,
     tri__mixed_state *s = p->mixed;
     const int64_t kd = kv_dim(p), hd = p->head_dim;
     const int32_t sinks = end < s->sink ? end : s->sink;
+    // where the store's layer lies in backend memory: its own, or an offloaded layer's buffer, which
+    // the step's write made hold the layer's rows
+    tri__kv_view q4_storage;
+    const tri__kv_view *q4 = tri__kv_store_view(p->kv, il, end, &q4_storage);
     int32_t ns = 0;
     for (int32_t h = 0; h < p->n_head_kv; h++) {
         p->head_span[h] = ns;
         const int64_t off = 2 * h * hd;
         p->spans[ns++] = (tri__kv_span){.pos0 = 0, .n = sinks, .k = (const char *)s->sk[il] + off,
                                         .v = (const char *)s->sv[il] + off, .stride = kd, .type = TRI_DTYPE_F16};
-        if (lo > s->sink) {  // between the sinks and the window: q4_0
-            int64_t qoff = tri__dtype_row_bytes(p->kv->type, s->sink * kd + h * hd);
-            p->spans[ns++] = (tri__kv_span){.pos0 = s->sink, .n = lo - s->sink, .k = (const char *)p->kv->k[il] + qoff,
-                                            .v = (const char *)p->kv->v[il] + qoff, .stride = kd, .type = p->kv->type};
+        if (lo > s->sink) {  // between the sinks and the window: q4_0, the store's head h from the sinks on
+            int64_t qoff = tri__dtype_row_bytes(p->kv->type, s->sink * kd);
+            p->spans[ns++] = (tri__kv_span){.pos0 = s->sink, .n = lo - s->sink, .k = (const char *)q4->spans[h].k + qoff,
+                                            .v = (const char *)q4->spans[h].v + qoff, .stride = kd, .type = p->kv->type};
         }
         if (end > lo)  // the window and the step
             p->spans[ns++] = (tri__kv_span){.pos0 = lo, .n = end - lo, .k = f16_row(p, il, 0, lo) + off,
@@ -195,6 +200,27 @@ static tri_status mixed_row_moved(tri__kv_policy *p, int32_t from, int32_t to) {
                                  sizeof(uint16_t) * (size_t)kv_dim(p)));
     }
     return TRI_STATUS_OK;
+}
+
+tri_status tri__kv_policy_wrap_mixed(tri__kv_policy *p, const tri__kv_policy_params *params, tri__kv_store *kv,
+                                     int32_t n_head, int32_t max_step) {
+    memset(p, 0, sizeof *p);
+    if (kv->type != TRI_DTYPE_Q4_0 || params->kind != TRI_KV_POLICY_FULL || n_head % kv->n_head_kv != 0 ||
+        max_step <= 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "kv_type mixed: a full cache over a q4_0 store (%s, policy %s)",
+                         tri_dtype_name(kv->type), tri__kv_policy_name(params->kind));
+    p->p = *params;
+    p->ops = &tri__kv_policy_mixed_ops;
+    p->kv = kv;
+    p->be = kv->be;
+    p->n_layer = kv->n_layer;
+    p->n_head = n_head;
+    p->n_head_kv = kv->n_head_kv;
+    p->head_dim = kv->head_dim;
+    p->max_step = max_step;
+    tri_status st = mixed_init(p);
+    if (st) tri__kv_policy_free(p);
+    return st;
 }
 
 const tri__kv_policy_ops tri__kv_policy_mixed_ops = {

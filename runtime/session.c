@@ -147,10 +147,11 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     if (!tri__kv_type_ok(p.kv_type) && !kv_mixed)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: kv_type %s (%d): want f16, f32, q8_0, q4_0 or mixed",
                          tri_dtype_name(p.kv_type), (int)p.kv_type);
-    if (kv_mixed && p.kv_layers_offloaded > 0)
+    if (kv_mixed && p.kv_layers_offloaded > 0 && p.kv_host_fraction > 0)
         return tri__fail(TRI_STATUS_UNSUPPORTED,
-                         "session: kv_type mixed keeps the cache in backend memory (kv_layers_offloaded %d: q8_0 or "
-                         "q4_0 stream)", p.kv_layers_offloaded);
+                         "session: kv_type mixed with kv_host_fraction %g: its offloaded layers stream every q4_0 row "
+                         "(the host's half of split attention would not see the f16 window, which stays on the "
+                         "device)", p.kv_host_fraction);
     if ((tri__dtype_is_quantized(p.kv_type) || kv_mixed) && kp.kind != TRI_KV_POLICY_FULL)
         return tri__fail(TRI_STATUS_UNSUPPORTED,
                          "session: kv_type %s holds only the full cache; policy %s keeps f16 or f32",
@@ -194,12 +195,16 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
         if ((st = tri__llama_init(ll, s->group.weights[r], be, p.n_batch))) goto fail;
         ll->tp = s->group.tp;
         ll->rank = r;
-        if (p.kv_layers_offloaded > 0) {  // the full cache, its last layers in host memory
-            if ((st = tri__kv_store_init_offload(store, be, p.kv_type, cr->n_layer, cr->n_head_kv, cr->head_dim,
-                                                 p.n_ctx, cr->n_layer - p.kv_layers_offloaded)))
+        if (p.kv_layers_offloaded > 0) {  // the full cache, its last layers in host memory (mixed: the q4_0
+                                          // rows; the f16 sinks and window stay in backend memory)
+            if ((st = tri__kv_store_init_offload(store, be, kv_mixed ? TRI_DTYPE_Q4_0 : p.kv_type, cr->n_layer,
+                                                 cr->n_head_kv, cr->head_dim, p.n_ctx,
+                                                 cr->n_layer - p.kv_layers_offloaded)))
                 goto fail;
             if ((st = tri__kv_store_set_split(store, p.kv_host_fraction, p.kv_host_threads))) goto fail;
-            if ((st = tri__kv_policy_wrap_full(kv, store, cr->n_head, p.n_batch))) goto fail;
+            if ((st = kv_mixed ? tri__kv_policy_wrap_mixed(kv, &kp, store, cr->n_head, p.n_batch)
+                               : tri__kv_policy_wrap_full(kv, store, cr->n_head, p.n_batch)))
+                goto fail;
         } else if ((st = tri__kv_policy_init(kv, &kp, be, p.kv_type, cr->n_layer, cr->n_head, cr->n_head_kv,
                                              cr->head_dim, p.n_ctx, p.n_batch))) {
             goto fail;

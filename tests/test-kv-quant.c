@@ -574,6 +574,78 @@ Test(kv_quant, mixed_spec_greedy_equals_plain_mixed_decoding, .timeout = TT_TIME
     tri_model_free(target);
 }
 
+// kv_type mixed offloaded: the q4_0 rows of the last layers in host memory, streamed through the
+// device every pass (here the CPU's buffers, as the offloaded full cache's tests run), the f16 sinks
+// and window in backend memory. The same bits as the mixed cache in memory, prompt and decoding,
+// plain and as a speculative target; the bytes streamed are q4_0's: 36 / 128 of an f16 cache's
+// (head_dim 32 x 2 KV heads: two blocks of 18 bytes per row against 128 bytes), row for row.
+Test(kv_quant, mixed_offloaded_streams_q4_0_rows, .timeout = TT_TIMEOUT(120)) {
+    tri_model *target;
+    cr_assert_eq(tri_model_load(tt_gen_model("kvqm-spec-t", "--seed 21 --heads 4 --kv-heads 2 --head-dim 32 "
+                                                            "--layers 3"), NULL, &target),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    enum { NP = 48, NG = 24 };
+    int32_t prompt2[NP], tok[3][NG];
+    for (int i = 0; i < NP; i++) prompt2[i] = i % 8 < 5 ? 40 + (i % 8) : (i * 37) % 250 + 3;
+    const int32_t V = target->config.n_vocab;
+    float *lg[2];
+    uint64_t up[3], down[3];
+    // 0: mixed in memory, 1: mixed with every layer offloaded, 2: f16 offloaded alike
+    for (int k = 0; k < 3; k++) {
+        tri_session_params sp = mixed_session();
+        sp.kv_layers_offloaded = k ? 3 : 0;
+        if (k == 2) sp.kv_type = TRI_DTYPE_F16;
+        tri_session *s;
+        cr_assert_eq(tri_session_create(target, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        if (k < 2) {
+            cr_assert_eq(tri_session_eval(s, prompt2, NP, true), TRI_STATUS_OK, "%s", tri_last_error());
+            lg[k] = malloc(sizeof(float) * (size_t)NP * (size_t)V);
+            for (int i = 0; i < NP; i++)
+                memcpy(lg[k] + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * (size_t)V);
+            tri_session_reset(s);
+        }
+        tri_generate_params gp = tri_generate_default_params();
+        gp.n_predict = NG;
+        gp.stop_at_eos = false;
+        mixed_collect c = {tok[k], 0};
+        tri_generate_stats st;
+        cr_assert_eq(tri_generate(s, prompt2, NP, &gp, mixed_on_token, &c, &st), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        up[k] = st.kv_bytes_up, down[k] = st.kv_bytes_down;
+        tri_session_free(s);
+    }
+    cr_assert(memcmp(lg[0], lg[1], sizeof(float) * (size_t)NP * (size_t)V) == 0,
+              "mixed offloaded: the prompt's logits differ from the mixed cache in memory");
+    cr_assert(memcmp(tok[0], tok[1], sizeof tok[0]) == 0, "mixed offloaded: other greedy tokens");
+    cr_log_info("mixed offloaded: %llu bytes up, %llu down while decoding; f16 %llu, %llu",
+                (unsigned long long)up[1], (unsigned long long)down[1], (unsigned long long)up[2],
+                (unsigned long long)down[2]);
+    cr_assert(up[0] == 0 && up[1] > 0 && up[1] * 128 == up[2] * 36 && down[1] * 128 == down[2] * 36,
+              "mixed offloaded: %llu bytes up and %llu down, f16's %llu and %llu", (unsigned long long)up[1],
+              (unsigned long long)down[1], (unsigned long long)up[2], (unsigned long long)down[2]);
+    // as a speculative target, offloaded: the same tokens as plain mixed decoding
+    tri_session_params sp = mixed_session();
+    sp.kv_layers_offloaded = 2;
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_DRAFT;
+    p.drafter = TRI_SPEC_DRAFTER_NGRAM;
+    p.ngram_n = 3;
+    p.tree_nodes = 10;
+    tri_spec *spec;
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &spec), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = NG;
+    gp.stop_at_eos = false;
+    int32_t got[NG];
+    mixed_collect c = {got, 0};
+    cr_assert_eq(tri_generate_spec(spec, prompt2, NP, &gp, mixed_on_token, &c, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    cr_assert(memcmp(got, tok[0], sizeof got) == 0, "mixed offloaded target: other greedy tokens");
+    tri_spec_free(spec);
+    free(lg[0]), free(lg[1]);
+    tri_model_free(target);
+}
+
 // ---- refusals ----
 
 static void expect_refused(const tri_model *m, const tri_session_params *sp, const char *want) {
@@ -613,8 +685,10 @@ Test(kv_quant, refusals_name_kv_type) {
     // levels, no prompt cache file
     sp.kv_type = TRI_DTYPE_KV_MIXED;
     sp.kv_layers_offloaded = 1;
-    expect_refused(m, &sp, "kv_type mixed");
+    sp.kv_host_fraction = 0.5;
+    expect_refused(m, &sp, "kv_type mixed with kv_host_fraction 0.5");
     sp.kv_layers_offloaded = 0;
+    sp.kv_host_fraction = 0;
     sp.kv_policy = TRI_KV_POLICY_H2O;
     sp.kv_budget = 64;
     expect_refused(m, &sp, "kv_type mixed");

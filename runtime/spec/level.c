@@ -88,11 +88,22 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
                            params->kv_offloaded, c->n_layer, tri__kv_policy_name(kp.kind));
             goto fail;
         }
-        if ((st = tri__kv_store_init_offload(&lv->store, be, params->kv_type, c->n_layer, c->n_head_kv, c->head_dim,
-                                             params->n_ctx, c->n_layer - params->kv_offloaded)))
+        const bool mixed = params->kv_type == TRI_DTYPE_KV_MIXED;  // the q4_0 rows stream, the f16 ones stay
+        if (mixed && params->kv_host_fraction > 0) {
+            st = tri__fail(TRI_STATUS_UNSUPPORTED,
+                           "level: kv_type mixed with kv_host_fraction %g: its offloaded layers stream every q4_0 row "
+                           "(the host's half of split attention would not see the f16 window)",
+                           params->kv_host_fraction);
+            goto fail;
+        }
+        if ((st = tri__kv_store_init_offload(&lv->store, be, mixed ? TRI_DTYPE_Q4_0 : params->kv_type, c->n_layer,
+                                             c->n_head_kv, c->head_dim, params->n_ctx,
+                                             c->n_layer - params->kv_offloaded)))
             goto fail;
         if ((st = tri__kv_store_set_split(&lv->store, params->kv_host_fraction, params->kv_host_threads))) goto fail;
-        if ((st = tri__kv_policy_wrap_full(&lv->pol, &lv->store, c->n_head, params->n_batch))) goto fail;
+        if ((st = mixed ? tri__kv_policy_wrap_mixed(&lv->pol, &kp, &lv->store, c->n_head, params->n_batch)
+                        : tri__kv_policy_wrap_full(&lv->pol, &lv->store, c->n_head, params->n_batch)))
+            goto fail;
     } else if (kp.kind == TRI_KV_POLICY_RETRIEVAL && params->kv_source) {
         const tri__kv_store *src = params->kv_source;
         if (src->n_layer != c->n_layer || src->n_head_kv != c->n_head_kv || src->head_dim != c->head_dim ||
