@@ -147,11 +147,6 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     if (!tri__kv_type_ok(p.kv_type) && !kv_mixed)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: kv_type %s (%d): want f16, f32, q8_0, q4_0 or mixed",
                          tri_dtype_name(p.kv_type), (int)p.kv_type);
-    if (kv_mixed && p.kv_layers_offloaded > 0 && p.kv_host_fraction > 0)
-        return tri__fail(TRI_STATUS_UNSUPPORTED,
-                         "session: kv_type mixed with kv_host_fraction %g: its offloaded layers stream every q4_0 row "
-                         "(the host's half of split attention would not see the f16 window, which stays on the "
-                         "device)", p.kv_host_fraction);
     if ((tri__dtype_is_quantized(p.kv_type) || kv_mixed) && kp.kind != TRI_KV_POLICY_FULL)
         return tri__fail(TRI_STATUS_UNSUPPORTED,
                          "session: kv_type %s holds only the full cache; policy %s keeps f16 or f32",

@@ -646,6 +646,62 @@ Test(kv_quant, mixed_offloaded_streams_q4_0_rows, .timeout = TT_TIMEOUT(120)) {
     tri_model_free(target);
 }
 
+// Split attention over an offloaded mixed cache (kv_host_fraction): the device attends the streamed
+// rows below split_dev, the host the q4_0 rows past it where they lie and the f16 window copied down:
+// the same bits as the mixed cache in memory, with the device's part a whole chunk of 1,024 rows
+// (host fraction 0.05 over 1,100 positions) or nothing (fraction 1).
+Test(kv_quant, mixed_split_attention_equals_in_memory, .timeout = TT_TIMEOUT(120)) {
+    tri_model *target;
+    cr_assert_eq(tri_model_load(tt_gen_model("kvqm-split", "--seed 23 --heads 4 --kv-heads 2 --head-dim 32 "
+                                                           "--layers 3 --ctx 2048"), NULL, &target),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    enum { NP = 1100, NE = 8, NG = 12 };
+    int32_t *prompt2 = malloc(sizeof(int32_t) * NP), extra[NE], tok[3][NG];
+    for (int i = 0; i < NP; i++) prompt2[i] = i % 19 < 12 ? (i % 19) * 13 + 5 : (i * 41) % 250 + 3;
+    for (int i = 0; i < NE; i++) extra[i] = 7 + 11 * i;
+    const int32_t V = target->config.n_vocab;
+    float *lg[3];
+    const double frac[3] = {0, 0.05, 1.0};
+    uint64_t host[3];
+    for (int k = 0; k < 3; k++) {
+        tri_session_params sp = mixed_session();
+        sp.n_ctx = 1200;
+        sp.kv_layers_offloaded = k ? 3 : 0;
+        sp.kv_host_fraction = frac[k];
+        sp.kv_host_threads = 1;
+        tri_session *s;
+        cr_assert_eq(tri_session_create(target, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_session_eval(s, prompt2, NP, false), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_session_eval(s, extra, NE, true), TRI_STATUS_OK, "%s", tri_last_error());
+        lg[k] = malloc(sizeof(float) * NE * (size_t)V);
+        for (int i = 0; i < NE; i++) memcpy(lg[k] + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * (size_t)V);
+        tri_session_reset(s);
+        tri_generate_params gp = tri_generate_default_params();
+        gp.n_predict = NG;
+        gp.stop_at_eos = false;
+        mixed_collect c = {tok[k], 0};
+        tri_generate_stats st;
+        cr_assert_eq(tri_generate(s, prompt2, NP, &gp, mixed_on_token, &c, &st), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        host[k] = st.kv_bytes_host;
+        tri_session_free(s);
+    }
+    for (int k = 1; k < 3; k++) {
+        cr_assert(memcmp(lg[0], lg[k], sizeof(float) * NE * (size_t)V) == 0,
+                  "mixed split (host fraction %g): logits differ from the cache in memory", frac[k]);
+        cr_assert(memcmp(tok[0], tok[k], sizeof tok[0]) == 0, "mixed split (host fraction %g): other tokens", frac[k]);
+        // decoding: each of 3 layers reads the q4_0 rows past the device's part in place (K and V,
+        // two blocks of 18 bytes a row), every token, whatever else
+        cr_assert(host[k] >= (uint64_t)NG * 3 * 2 * 36 * (k == 1 ? NP - 1024 - 8 : NP - 8) / 2,
+                  "host fraction %g: %llu bytes read on the host", frac[k], (unsigned long long)host[k]);
+    }
+    cr_log_info("mixed split: %llu and %llu bytes read in place on the host while decoding",
+                (unsigned long long)host[1], (unsigned long long)host[2]);
+    for (int k = 0; k < 3; k++) free(lg[k]);
+    free(prompt2);
+    tri_model_free(target);
+}
+
 // ---- refusals ----
 
 static void expect_refused(const tri_model *m, const tri_session_params *sp, const char *want) {
@@ -684,11 +740,6 @@ Test(kv_quant, refusals_name_kv_type) {
     // kv_type mixed: the full cache in backend memory, sinks inside its f16 tokens, no speculative
     // levels, no prompt cache file
     sp.kv_type = TRI_DTYPE_KV_MIXED;
-    sp.kv_layers_offloaded = 1;
-    sp.kv_host_fraction = 0.5;
-    expect_refused(m, &sp, "kv_type mixed with kv_host_fraction 0.5");
-    sp.kv_layers_offloaded = 0;
-    sp.kv_host_fraction = 0;
     sp.kv_policy = TRI_KV_POLICY_H2O;
     sp.kv_budget = 64;
     expect_refused(m, &sp, "kv_type mixed");

@@ -338,7 +338,11 @@ static tri_status attend_policy(tri__llama *ll, tri__kv_policy *pol, int32_t il,
         while (i1 < n && tri__kv_policy_mixed_lo(pol, pos[i1]) == lo) i1++;
         tri__kv_view v = *tri__kv_policy_mixed_view(pol, il, lo);
         v.tree = view->tree;
-        TRY(attend_window(ll, out + i0 * qd, q + i0 * qd, q_pos + i0, i1 - i0, &v, weight_sums));
+        if (tri__kv_store_splits(pol->kv, il))  // offloaded: the rows past split_dev on the host
+            TRY(tri__kv_store_attend_split_view(pol->kv, il, out + i0 * qd, q + i0 * qd, q_pos + i0, i1 - i0,
+                                                ll->model->config.n_head, &v));
+        else
+            TRY(attend_window(ll, out + i0 * qd, q + i0 * qd, q_pos + i0, i1 - i0, &v, weight_sums));
         i0 = i1;
     }
     return TRI_STATUS_OK;
@@ -365,7 +369,7 @@ static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t
         treed.tree = ll->tree;
         view = &treed;
     }
-    if (tri__kv_store_splits(pol->kv, il))  // an offloaded layer, part attended where it lies on the host
+    if (tri__kv_store_splits(pol->kv, il) && !pol->mixed)  // an offloaded layer, part attended on the host
         TRY(tri__kv_store_attend_split(pol->kv, il, ll->att, ll->q, ll->q_pos, n, c->n_head, pol->step_n0 + n,
                                        ll->tree));
     else
@@ -727,7 +731,7 @@ static tri_status batch_block(tri__llama *run, tri__llama_seq *seqs, const batch
         const tri__kv_view *view;
         float *weight_sums;
         TRY(tri__kv_policy_layer(pol, il, q, kr, v, &view, &weight_sums));
-        if (tri__kv_store_splits(pol->kv, il))
+        if (tri__kv_store_splits(pol->kv, il) && !pol->mixed)
             TRY(tri__kv_store_attend_split(pol->kv, il, att, q, ll->q_pos, nb, c->n_head, pol->step_n0 + nb, NULL));
         else
             TRY(attend_policy(ll, pol, il, att, q, ll->q_pos, ll->pos, nb, view, weight_sums));

@@ -89,13 +89,6 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
             goto fail;
         }
         const bool mixed = params->kv_type == TRI_DTYPE_KV_MIXED;  // the q4_0 rows stream, the f16 ones stay
-        if (mixed && params->kv_host_fraction > 0) {
-            st = tri__fail(TRI_STATUS_UNSUPPORTED,
-                           "level: kv_type mixed with kv_host_fraction %g: its offloaded layers stream every q4_0 row "
-                           "(the host's half of split attention would not see the f16 window)",
-                           params->kv_host_fraction);
-            goto fail;
-        }
         if ((st = tri__kv_store_init_offload(&lv->store, be, mixed ? TRI_DTYPE_Q4_0 : params->kv_type, c->n_layer,
                                              c->n_head_kv, c->head_dim, params->n_ctx,
                                              c->n_layer - params->kv_offloaded)))
