@@ -24,7 +24,18 @@ struct tri__mixed_state {
     void **rk, **rv; // (n_layer) -> (cap, n_head_kv * head_dim) f16 backend: position i >= sink in
                      // row i - base[il], one run in position order (never wrapping: the attention
                      // then reads a query's window as one span, the same bits whatever its pass)
+    // a step of several queries: the q4_0 rows they read (positions sink .. dq_n - 1) dequantized
+    // once per layer instead of once per query; the attention over f32 rows of those values gives
+    // the bits of reading the blocks in place (tests/test-kv-quant.c, cpu_attention_*_reads_rows_in_place)
+    float *dk, *dv;  // (dq_cap, n_head_kv * head_dim) f32 backend, or NULL
+    int32_t dq_cap;  // rows
+    int32_t dq_n;    // positions below it hold layer dq_layer's values; 0: none (in place)
+    int32_t dq_layer;
+    int32_t *ids;    // (dq_cap) host: sink, sink + 1, ...
 };
+
+// The most bytes the dequantized rows may take (K and V): past it a step reads the blocks in place.
+#define MIXED_DQ_BYTES ((size_t)64 << 20)
 
 static void mixed_free(tri__kv_policy *p) {
     tri__mixed_state *s = p->mixed;
@@ -35,7 +46,8 @@ static void mixed_free(tri__kv_policy *p) {
         if (s->rk) p->be->ops->free(p->be, s->rk[il]);
         if (s->rv) p->be->ops->free(p->be, s->rv[il]);
     }
-    free(s->sk), free(s->sv), free(s->rk), free(s->rv), free(s->base);
+    p->be->ops->free(p->be, s->dk), p->be->ops->free(p->be, s->dv);
+    free(s->sk), free(s->sv), free(s->rk), free(s->rv), free(s->base), free(s->ids);
     free(s);
     p->mixed = NULL;
 }
@@ -138,7 +150,10 @@ static const tri__kv_view *mixed_view(tri__kv_policy *p, int32_t il, int32_t lo,
         const int64_t off = 2 * h * hd;
         p->spans[ns++] = (tri__kv_span){.pos0 = 0, .n = sinks, .k = (const char *)s->sk[il] + off,
                                         .v = (const char *)s->sv[il] + off, .stride = kd, .type = TRI_DTYPE_F16};
-        if (lo > s->sink) {  // between the sinks and the window: q4_0, the store's head h from the sinks on
+        if (lo > s->sink && s->dq_layer == il && lo <= s->dq_n) {  // dequantized once for the step
+            p->spans[ns++] = (tri__kv_span){.pos0 = s->sink, .n = lo - s->sink, .k = s->dk + h * hd,
+                                            .v = s->dv + h * hd, .stride = kd, .type = TRI_DTYPE_F32};
+        } else if (lo > s->sink) {  // between the sinks and the window: q4_0, the store's head h from the sinks on
             int64_t qoff = tri__dtype_row_bytes(p->kv->type, s->sink * kd);
             p->spans[ns++] = (tri__kv_span){.pos0 = s->sink, .n = lo - s->sink, .k = (const char *)q4->spans[h].k + qoff,
                                             .v = (const char *)q4->spans[h].v + qoff, .stride = kd, .type = p->kv->type};
@@ -154,6 +169,39 @@ static const tri__kv_view *mixed_view(tri__kv_policy *p, int32_t il, int32_t lo,
     return &p->view;
 }
 
+// A step of several queries on layer il (not split: the host reads the blocks where they lie): the
+// q4_0 rows its last query reads, dequantized once into dk, dv (within MIXED_DQ_BYTES), else none.
+static tri_status dequantize_step(tri__kv_policy *p, int32_t il, int32_t end) {
+    tri__mixed_state *s = p->mixed;
+    const tri__backend_ops *op = p->be->ops;
+    const int64_t kd = kv_dim(p);
+    const int32_t n = window_start(s, end - 1) - s->sink;  // rows: positions sink .. sink + n - 1
+    s->dq_n = 0;
+    if (p->step_m < 2 || n <= 0 || tri__kv_store_splits(p->kv, il) ||
+        2 * sizeof(float) * (size_t)n * (size_t)kd > MIXED_DQ_BYTES)
+        return TRI_STATUS_OK;
+    if (n > s->dq_cap) {
+        int32_t cap = n + n / 2 + 64;
+        if (2 * sizeof(float) * (size_t)cap * (size_t)kd > MIXED_DQ_BYTES)
+            cap = (int32_t)(MIXED_DQ_BYTES / (2 * sizeof(float) * (size_t)kd));
+        op->free(p->be, s->dk), op->free(p->be, s->dv);
+        s->dk = s->dv = NULL, s->dq_cap = 0;
+        int32_t *ids = realloc(s->ids, sizeof *ids * (size_t)cap);
+        if (!ids) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv_type mixed: %d row ids", cap);
+        s->ids = ids;
+        TRY(op->alloc(p->be, sizeof(float) * (size_t)cap * (size_t)kd, (void **)&s->dk));
+        TRY(op->alloc(p->be, sizeof(float) * (size_t)cap * (size_t)kd, (void **)&s->dv));
+        s->dq_cap = cap;
+    }
+    for (int32_t i = 0; i < n; i++) s->ids[i] = s->sink + i;
+    tri__kv_view storage;
+    const tri__kv_view *q4 = tri__kv_store_view(p->kv, il, end, &storage);  // head 0: the layer's row 0
+    TRY(op->get_rows(p->be, s->dk, q4->spans[0].k, p->kv->type, p->kv->capacity, kd, s->ids, n));
+    TRY(op->get_rows(p->be, s->dv, q4->spans[0].v, p->kv->type, p->kv->capacity, kd, s->ids, n));
+    s->dq_n = s->sink + n, s->dq_layer = il;
+    return TRI_STATUS_OK;
+}
+
 // Stores the step's rows in both precisions; the view returned is the step's first query's (the
 // forward pass asks for each query's own, tri__kv_policy_mixed_view).
 static tri_status mixed_layer(tri__kv_policy *p, int32_t il, const float *q, const float *k, const float *v,
@@ -163,6 +211,7 @@ static tri_status mixed_layer(tri__kv_policy *p, int32_t il, const float *q, con
     const int32_t n0 = p->step_n0;
     TRY(tri__kv_store_write(p->kv, il, n0, p->step_m, k, v));  // q4_0, every position
     TRY(write_f16(p, il, n0, p->step_m, k, v));
+    TRY(dequantize_step(p, il, end));
     *view = mixed_view(p, il, window_start(s, n0), end);
     return TRI_STATUS_OK;
 }
