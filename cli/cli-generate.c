@@ -63,6 +63,9 @@ static void usage(FILE *f) {
           "      --kv-type T      f16 (default), f32, q8_0, q4_0 or mixed KV cache (mixed: q4_0 with\n"
           "                       the sinks and the recent window in f16 too; --budget, --sink; with\n"
           "                       --spec none or draft)\n"
+          "      --kv-mixed-heavy N  mixed: also keep N heavy hitters per layer and KV head in f16\n"
+          "                       (positions past the window by the attention they received; no\n"
+          "                       --spec, no --kv-host)\n"
           "      --ignore-eos     keep generating after the end-of-sequence token\n"
           "      --ids            print token ids instead of text\n"
           "\n"
@@ -465,7 +468,8 @@ int tri_cli_generate(int argc, char **argv) {
            OPT_GAMMA1, OPT_GAMMA2, OPT_BUDGET, OPT_CHUNK, OPT_STATS, OPT_KV_POLICY, OPT_KV_BUDGET,
            OPT_KV_CHUNK, OPT_SINK, OPT_REFRESH, OPT_DRAFT_WINDOW, OPT_DRAFT_SINK, OPT_REFRESH_ACCEPT,
            OPT_DEVICE, OPT_KV_OFFLOAD, OPT_STREAM_WEIGHTS, OPT_WEIGHTS_FROM_DISK, OPT_GPU_MEM, OPT_HOST_MEM,
-           OPT_KV_INDEX, OPT_KV_HOST, OPT_HOST_ATTN, OPT_PROMPT_CACHE, OPT_DRAFT_KV, OPT_TREE_NODES, OPT_PROMPTS };
+           OPT_KV_INDEX, OPT_KV_HOST, OPT_HOST_ATTN, OPT_PROMPT_CACHE, OPT_DRAFT_KV, OPT_TREE_NODES, OPT_PROMPTS,
+           OPT_KV_MIXED_HEAVY };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
         {"file", required_argument, NULL, 'f'},    {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -500,6 +504,7 @@ int tri_cli_generate(int argc, char **argv) {
         {"host-attn-gbps", required_argument, NULL, OPT_HOST_ATTN},
         {"prompt-cache", required_argument, NULL, OPT_PROMPT_CACHE},
         {"tree-nodes", required_argument, NULL, OPT_TREE_NODES},
+        {"kv-mixed-heavy", required_argument, NULL, OPT_KV_MIXED_HEAVY},
         {"prompts", required_argument, NULL, OPT_PROMPTS},
         {"help", no_argument, NULL, 'h'},          {0},
     };
@@ -592,6 +597,12 @@ int tri_cli_generate(int argc, char **argv) {
         case OPT_GAMMA1: ok = tri_cli_parse_long(me, "--gamma1", optarg, 1, 64, &gamma1); break;
         case OPT_GAMMA2: ok = tri_cli_parse_long(me, "--gamma2", optarg, 1, 256, &gamma2); break;
         case OPT_TREE_NODES: ok = tri_cli_parse_long(me, "--tree-nodes", optarg, 0, 1024, &tree_nodes); break;
+        case OPT_KV_MIXED_HEAVY: {
+            long heavy = 0;
+            ok = tri_cli_parse_long(me, "--kv-mixed-heavy", optarg, 0, 1 << 20, &heavy);
+            sp.kv_mixed_heavy = (int32_t)heavy;
+            break;
+        }
         case OPT_BUDGET:
         case OPT_KV_BUDGET:
             ok = tri_cli_parse_long(me, c == OPT_BUDGET ? "--budget" : "--kv-budget", optarg, 1, INT32_MAX, &budget);

@@ -80,6 +80,9 @@ typedef struct tri__kv_policy_params {
     uint64_t bound_layers; // RETRIEVAL, an experiment (bench-table1 :boundA-B): bit il set, layer
                           // il summarises its chunks by bounds as `bound` does for every layer
                           // (layers past 63: bit 63); 0: none
+    int32_t heavy;        // FULL with kv_type mixed: per (layer, KV head), positions past the window
+                          // kept in f16 as well by their accumulated attention (MiKV's heavy
+                          // hitters, H2O's scores; policy-mixed.c); 0: none
     tri_dtype gather_type; // RETRIEVAL over borrowed rows (a draft cache: L3 verifies its tokens):
                           // Q8_0 or Q4_0 stores the gathered chunks' rows quantized (the ring of
                           // its own tokens keeps the source's type; its views then carry span
@@ -316,6 +319,15 @@ int32_t tri__kv_policy_mixed_lo(const tri__kv_policy *p, int32_t pos);
 // whose window starts at lo (tri__kv_policy_mixed_lo of their position; at most a step and the
 // rollback before the step's first query's). Valid until the next call on p.
 const tri__kv_view *tri__kv_policy_mixed_view(tri__kv_policy *p, int32_t il, int32_t lo);
+
+// kv_type mixed with heavy hitters (params heavy > 0): each query of a step, in order, reads its
+// own view: tri__kv_policy_mixed_query admits the positions that left the window by the query at
+// pos into the pool and returns its view and the weight sums to attend with (one query); after
+// the attention tri__kv_policy_mixed_scored adds them to the scores.
+bool tri__kv_policy_mixed_heavy(const tri__kv_policy *p);
+tri_status tri__kv_policy_mixed_query(tri__kv_policy *p, int32_t il, int32_t pos, const tri__kv_view **view,
+                                      float **weight_sums);
+tri_status tri__kv_policy_mixed_scored(tri__kv_policy *p, int32_t il);
 
 // Empties the cache.
 void tri__kv_policy_reset(tri__kv_policy *p);

@@ -32,6 +32,18 @@ struct tri__mixed_state {
     int32_t dq_n;    // positions below it hold layer dq_layer's values; 0: none (in place)
     int32_t dq_layer;
     int32_t *ids;    // (dq_cap) host: sink, sink + 1, ...
+    // ---- MiKV's heavy hitters (params heavy > 0): per (layer, KV head) up to `heavy` positions past
+    // the window kept in f16 too, by their accumulated attention (H2O's scores) ----
+    int32_t heavy;
+    float *score;    // (n_layer, n_head_kv, capacity) host: attention each position received so far,
+                     // summed over the queries and the KV head's query heads
+    int32_t *hpos;   // (n_layer, n_head_kv, heavy) host: the position in each slot of the pool
+    int32_t *hn;     // (n_layer, n_head_kv) host: slots used
+    int32_t *hsorted; // (heavy) host scratch: one head's pool positions, ascending
+    void **hk, **hv; // (n_layer) -> (n_head_kv, heavy, head_dim) f16 backend: the pool's rows
+    int32_t *lo_done; // (n_layer) positions below it have left the window (and met the pool)
+    float *ws;       // (n_head_kv * capacity) backend: one query's weight sums
+    float *ws_host;  // (n_head_kv * capacity) host
 };
 
 // The most bytes the dequantized rows may take (K and V): past it a step reads the blocks in place.
@@ -47,22 +59,35 @@ static void mixed_free(tri__kv_policy *p) {
         if (s->rv) p->be->ops->free(p->be, s->rv[il]);
     }
     p->be->ops->free(p->be, s->dk), p->be->ops->free(p->be, s->dv);
+    for (int32_t il = 0; s->hk && il < p->n_layer; il++) p->be->ops->free(p->be, s->hk[il]);
+    for (int32_t il = 0; s->hv && il < p->n_layer; il++) p->be->ops->free(p->be, s->hv[il]);
+    p->be->ops->free(p->be, s->ws);
+    free(s->hk), free(s->hv), free(s->score), free(s->hpos), free(s->hn), free(s->hsorted), free(s->lo_done);
+    free(s->ws_host);
     free(s->sk), free(s->sv), free(s->rk), free(s->rv), free(s->base), free(s->ids);
     free(s);
     p->mixed = NULL;
 }
 
 static void mixed_reset(tri__kv_policy *p) {
-    for (int32_t il = 0; il < p->n_layer; il++) p->mixed->base[il] = p->mixed->sink;
+    tri__mixed_state *s = p->mixed;
+    for (int32_t il = 0; il < p->n_layer; il++) s->base[il] = s->sink;
+    if (!s->heavy) return;
+    memset(s->score, 0, sizeof(float) * (size_t)p->n_layer * (size_t)p->n_head_kv * (size_t)p->kv->capacity);
+    memset(s->hn, 0, sizeof(int32_t) * (size_t)p->n_layer * (size_t)p->n_head_kv);
+    for (int32_t il = 0; il < p->n_layer; il++) s->lo_done[il] = s->sink;
 }
 
 static tri_status mixed_init(tri__kv_policy *p) {
     tri_status st = TRI_STATUS_OK;
-    // per head: the sinks, the q4_0 rows between, the window
-    TRY(tri__kv_policy_common_init(p, 3));
+    // per head: the sinks, the q4_0 rows between (in heavy + 1 runs around the heavy hitters), the
+    // heavy hitters, the window
+    const int32_t heavy = p->p.heavy > 0 ? p->p.heavy : 0;
+    TRY(tri__kv_policy_common_init(p, heavy ? heavy + 4 : 3));
     tri__mixed_state *s = calloc(1, sizeof *s);
     if (!s) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv type mixed");
     p->mixed = s;
+    s->heavy = heavy;
     s->sink = p->p.sink > 0 ? p->p.sink : 16;
     s->recent = p->p.recent > 0 ? p->p.recent : 240;
     s->keep = s->recent + p->max_step + (p->p.rollback > 0 ? p->p.rollback : p->max_step);
@@ -78,6 +103,22 @@ static tri_status mixed_init(tri__kv_policy *p) {
         TRY(p->be->ops->alloc(p->be, row * (size_t)s->sink, &s->sv[il]));
         TRY(p->be->ops->alloc(p->be, row * (size_t)s->cap, &s->rk[il]));
         TRY(p->be->ops->alloc(p->be, row * (size_t)s->cap, &s->rv[il]));
+    }
+    if (heavy) {
+        const int64_t lh = (int64_t)p->n_layer * p->n_head_kv, cap = p->kv->capacity;
+        ALLOC(s->score, lh * cap);
+        ALLOC(s->hpos, lh * heavy);
+        ALLOC(s->hn, lh);
+        ALLOC(s->hsorted, heavy);
+        ALLOC(s->lo_done, p->n_layer);
+        ALLOC(s->ws_host, (int64_t)p->n_head_kv * cap);
+        ALLOC(s->hk, p->n_layer);
+        ALLOC(s->hv, p->n_layer);
+        for (int32_t il = 0; il < p->n_layer; il++) {
+            TRY(p->be->ops->alloc(p->be, row * (size_t)heavy, &s->hk[il]));
+            TRY(p->be->ops->alloc(p->be, row * (size_t)heavy, &s->hv[il]));
+        }
+        TRY(p->be->ops->alloc(p->be, sizeof(float) * (size_t)(p->n_head_kv * cap), (void **)&s->ws));
     }
     mixed_reset(p);
     return TRI_STATUS_OK;
@@ -150,13 +191,40 @@ static const tri__kv_view *mixed_view(tri__kv_policy *p, int32_t il, int32_t lo,
         const int64_t off = 2 * h * hd;
         p->spans[ns++] = (tri__kv_span){.pos0 = 0, .n = sinks, .k = (const char *)s->sk[il] + off,
                                         .v = (const char *)s->sv[il] + off, .stride = kd, .type = TRI_DTYPE_F16};
-        if (lo > s->sink && s->dq_layer == il && lo <= s->dq_n) {  // dequantized once for the step
-            p->spans[ns++] = (tri__kv_span){.pos0 = s->sink, .n = lo - s->sink, .k = s->dk + h * hd,
-                                            .v = s->dv + h * hd, .stride = kd, .type = TRI_DTYPE_F32};
-        } else if (lo > s->sink) {  // between the sinks and the window: q4_0, the store's head h from the sinks on
-            int64_t qoff = tri__dtype_row_bytes(p->kv->type, s->sink * kd);
-            p->spans[ns++] = (tri__kv_span){.pos0 = s->sink, .n = lo - s->sink, .k = (const char *)q4->spans[h].k + qoff,
-                                            .v = (const char *)q4->spans[h].v + qoff, .stride = kd, .type = p->kv->type};
+        // between the sinks and the window: q4_0 (dequantized once for the step, or the store's head h
+        // in place), in runs around the heavy hitters of the head
+        const bool dq = s->dq_layer == il && lo <= s->dq_n;
+        int32_t nh = 0;
+        if (s->heavy) {
+            const int32_t *hp = s->hpos + ((int64_t)il * p->n_head_kv + h) * s->heavy;
+            nh = s->hn[(int64_t)il * p->n_head_kv + h];
+            for (int32_t a = 0; a < nh; a++) {  // ascending (insertion: a few dozen)
+                int32_t x = hp[a], b = a;
+                while (b > 0 && s->hsorted[b - 1] > x) s->hsorted[b] = s->hsorted[b - 1], b--;
+                s->hsorted[b] = x;
+            }
+        }
+        for (int32_t r = 0, a = s->sink; r <= nh && a < lo; r++) {
+            int32_t b = r < nh ? s->hsorted[r] : lo;
+            if (b > a) {
+                if (dq)
+                    p->spans[ns++] = (tri__kv_span){.pos0 = a, .n = b - a, .k = s->dk + (a - s->sink) * kd + h * hd,
+                                                    .v = s->dv + (a - s->sink) * kd + h * hd, .stride = kd,
+                                                    .type = TRI_DTYPE_F32};
+                else
+                    p->spans[ns++] = (tri__kv_span){
+                        .pos0 = a, .n = b - a, .k = (const char *)q4->spans[h].k + tri__dtype_row_bytes(p->kv->type, a * kd),
+                        .v = (const char *)q4->spans[h].v + tri__dtype_row_bytes(p->kv->type, a * kd), .stride = kd,
+                        .type = p->kv->type};
+            }
+            a = b + 1;
+        }
+        if (nh > 0) {  // the heavy hitters' f16 rows, in their slots' order
+            const int64_t slot0 = (int64_t)h * s->heavy * hd * 2;
+            p->spans[ns++] = (tri__kv_span){.n = nh, .k = (const char *)s->hk[il] + slot0,
+                                            .v = (const char *)s->hv[il] + slot0, .stride = hd,
+                                            .pos = s->hpos + ((int64_t)il * p->n_head_kv + h) * s->heavy,
+                                            .type = TRI_DTYPE_F16};
         }
         if (end > lo)  // the window and the step
             p->spans[ns++] = (tri__kv_span){.pos0 = lo, .n = end - lo, .k = f16_row(p, il, 0, lo) + off,
@@ -224,10 +292,75 @@ const tri__kv_view *tri__kv_policy_mixed_view(tri__kv_policy *p, int32_t il, int
     return mixed_view(p, il, lo, end);
 }
 
+bool tri__kv_policy_mixed_heavy(const tri__kv_policy *p) { return p->mixed && p->mixed->heavy > 0; }
+
+// Positions lo_done .. lo - 1 of layer il leave the window: each KV head keeps one in its pool (a copy
+// of its f16 row) while the pool has room, or in place of the pool's lowest score when its own is
+// higher (ties keep the pool's); one that does not stay is q4_0 for good.
+static tri_status heavy_admit(tri__kv_policy *p, int32_t il, int32_t lo) {
+    tri__mixed_state *s = p->mixed;
+    const int64_t hd = p->head_dim, cap = p->kv->capacity;
+    for (int32_t j = s->lo_done[il]; j < lo; j++)
+        for (int32_t h = 0; h < p->n_head_kv; h++) {
+            const int64_t lh = (int64_t)il * p->n_head_kv + h;
+            const float *sc = s->score + lh * cap;
+            int32_t *hp = s->hpos + lh * s->heavy, slot = s->hn[lh];
+            if (slot == s->heavy) {
+                int32_t low = 0;
+                for (int32_t a = 1; a < s->heavy; a++)
+                    if (sc[hp[a]] < sc[hp[low]]) low = a;
+                if (!(sc[j] > sc[hp[low]])) continue;
+                slot = low;
+            } else {
+                s->hn[lh]++;
+            }
+            hp[slot] = j;
+            for (int which = 0; which < 2; which++)
+                TRY(p->be->ops->copy(p->be, (char *)(which ? s->hv : s->hk)[il] + ((int64_t)h * s->heavy + slot) * hd * 2,
+                                     f16_row(p, il, which, j) + h * hd * 2, sizeof(uint16_t) * (size_t)hd));
+        }
+    if (lo > s->lo_done[il]) s->lo_done[il] = lo;
+    return TRI_STATUS_OK;
+}
+
+tri_status tri__kv_policy_mixed_query(tri__kv_policy *p, int32_t il, int32_t pos, const tri__kv_view **view,
+                                      float **weight_sums) {
+    tri__mixed_state *s = p->mixed;
+    const int32_t lo = window_start(s, pos);
+    TRI_ASSERT(s->heavy > 0 && p->in_step && lo >= s->base[il]);
+    TRY(heavy_admit(p, il, lo));
+    *weight_sums = s->ws;
+    *view = mixed_view(p, il, lo, p->step_n0 + p->step_m);
+    return TRI_STATUS_OK;
+}
+
+tri_status tri__kv_policy_mixed_scored(tri__kv_policy *p, int32_t il) {
+    tri__mixed_state *s = p->mixed;
+    const tri__kv_view *v = &p->view;
+    const int64_t cap = p->kv->capacity;
+    const int32_t n = v->head_span[v->n_head_kv];
+    int64_t keys = 0;
+    for (int32_t si = 0; si < n; si++) keys += v->spans[si].n;
+    TRY(p->be->ops->copy_to_host(p->be, s->ws_host, s->ws, sizeof(float) * (size_t)keys));
+    TRY(p->be->ops->synchronize(p->be));
+    const float *w = s->ws_host;
+    for (int32_t h = 0; h < v->n_head_kv; h++) {
+        float *sc = s->score + ((int64_t)il * p->n_head_kv + h) * cap;
+        for (int32_t si = v->head_span[h]; si < v->head_span[h + 1]; si++) {
+            const tri__kv_span *sp = &v->spans[si];
+            for (int32_t j = 0; j < sp->n; j++) sc[sp->pos ? sp->pos[j] : sp->pos0 + j] += *w++;
+        }
+    }
+    return TRI_STATUS_OK;
+}
+
 // A rollback to n keeps the f16 rows the next step reads (positions from window_start(n)) only
 // while the buffers still hold them: a step keeps `keep` rows below its end, no more.
 static tri_status mixed_truncate(tri__kv_policy *p, int32_t n) {
     const tri__mixed_state *s = p->mixed;
+    if (s->heavy && n < p->kv->n)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "kv_type mixed with heavy hitters (kv_mixed_heavy %d): cannot roll "
+                         "back to %d of %d positions (their scores and pool keep no history)", s->heavy, n, p->kv->n);
     int32_t need = window_start(s, n), have = s->sink;
     for (int32_t il = 0; il < p->n_layer; il++) have = s->base[il] > have ? s->base[il] : have;
     if (n <= s->sink || need >= have) return TRI_STATUS_OK;

@@ -159,7 +159,14 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
                              "session: kv_type mixed: kv_sink %d must be < kv_budget %d (the tokens kept in f16: "
                              "sinks and the recent window)", kp.sink, f16);
         kp.recent = f16 - kp.sink;
+        kp.heavy = p.kv_mixed_heavy;
     }
+    if (p.kv_mixed_heavy < 0 || (p.kv_mixed_heavy > 0 && !kv_mixed))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: kv_mixed_heavy %d: kv_type mixed's heavy hitters, >= 0 "
+                         "(kv_type %s)", p.kv_mixed_heavy, tri_dtype_name(p.kv_type));
+    if (p.kv_mixed_heavy > 0 && p.kv_layers_offloaded > 0 && p.kv_host_fraction > 0)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "session: kv_mixed_heavy %d with kv_host_fraction %g: the heavy "
+                         "hitters' views are not split", p.kv_mixed_heavy, p.kv_host_fraction);
     if (p.kv_layers_offloaded > 0 && p.kv_policy != TRI_KV_POLICY_FULL)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "session: kv_layers_offloaded streams the full cache; policy %s keeps its cache on the device",

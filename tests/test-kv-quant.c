@@ -109,9 +109,16 @@ static void check_attention(tri_dtype type) {
                       "%s attention at SIMD level %d, %d queries: not the f32 attention over its values",
                       tri_dtype_name(type), lvl, m);
         }
-        float ws[N * NKV];
-        cr_assert_eq(be->ops->attention(be, o1, q, q_pos, 1, NKV * G, HD, &vq_view, ws), TRI_STATUS_UNSUPPORTED,
-                     "weight sums (H2O) over quantized rows are refused");
+        // weight sums (H2O's scores, kv_type mixed's heavy hitters) over quantized rows: those of
+        // their values in f32, within f32 rounding (the second pass recomputes each score)
+        float ws[N * NKV], wf[N * NKV];
+        cr_assert_eq(be->ops->attention(be, o1, q, q_pos, 1, NKV * G, HD, &vq_view, ws), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(be->ops->attention(be, o2, q, q_pos, 1, NKV * G, HD, &vf_view, wf), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        for (int i = 0; i < N * NKV; i++)
+            cr_assert(fabsf(ws[i] - wf[i]) <= 1e-6f + 1e-5f * fabsf(wf[i]), "%s weight sum %d: %g, f32's %g",
+                      tri_dtype_name(type), i, (double)ws[i], (double)wf[i]);
         tri__backend_free(be);
     }
     free(kf), free(vf), free(kq), free(vq), free(q), free(o1), free(o2);
@@ -343,16 +350,26 @@ Test(kv_quant, q4_0_cache_is_the_reference_with_a_q4_0_cache, .timeout = TT_TIME
 
 // ---- kv_type mixed: f16 sinks and window, q4_0 rows between ----
 
+static void expect_refused(const tri_model *m, const tri_session_params *sp, const char *want);
+
 // Our prompt logits (passes of 4 tokens) and greedy tokens with kv_type mixed: 2 sinks and a window
 // of 4 in f16 (kv_budget 6), or with plain kv_type type when not mixed.
+static void ours_mixed_heavy(const char *gguf, tri_dtype type, int32_t heavy, float *logits, int32_t n_vocab,
+                             int32_t *greedy);
 static void ours_mixed(const char *gguf, tri_dtype type, float *logits, int32_t n_vocab, int32_t *greedy) {
+    ours_mixed_heavy(gguf, type, 0, logits, n_vocab, greedy);
+}
+
+// The same with `heavy` heavy hitters per layer and KV head kept in f16 as well.
+static void ours_mixed_heavy(const char *gguf, tri_dtype type, int32_t heavy, float *logits, int32_t n_vocab,
+                             int32_t *greedy) {
     tri_model *m;
     cr_assert_eq(tri_model_load(gguf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
     tri_session_params sp = tri_session_default_params();
     sp.kv_type = type;
     sp.n_ctx = 64;
     sp.n_batch = 4;
-    if (type == TRI_DTYPE_KV_MIXED) sp.kv_sink = 2, sp.kv_budget = 6;
+    if (type == TRI_DTYPE_KV_MIXED) sp.kv_sink = 2, sp.kv_budget = 6, sp.kv_mixed_heavy = heavy;
     tri_session *s;
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
     cr_assert_eq(tri_session_eval(s, prompt, N_PROMPT, true), TRI_STATUS_OK, "%s", tri_last_error());
@@ -396,6 +413,55 @@ Test(kv_quant, mixed_cache_is_the_reference_with_f16_sinks_and_window, .timeout 
     cr_assert(d4 > 4 * dm && d16 > 4 * dm, "mixed: should be measurably nearer its own reference (%.2e) than "
               "q4_0's (%.2e) and f16's (%.2e)", dm, d4, d16);
     free(l), free(l16), free(rm.logits), free(r4.logits);
+}
+
+// MiKV's heavy hitters: with kv_mixed_heavy 3, each layer and KV head keeps the 3 positions past the
+// window that received the most attention so far (H2O's scores; the pool's rule in
+// llama_ref.py heavy_attention) in f16 as well: the reference model with that rule (--kv-mixed
+// 2,4,3), logits within f32 rounding and greedy tokens equal, and measurably not plain mixed.
+Test(kv_quant, mixed_heavy_hitters_are_the_reference, .timeout = TT_TIMEOUT(120)) {
+    tt_need_fixtures("kv-quant");
+    char gguf[4096], hf[4096];
+    snprintf(gguf, sizeof gguf, "%s", tt_gen_model("kvqmh", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 32 "
+                                                          "--layers 3"));
+    snprintf(hf, sizeof hf, "%.*s.hf", (int)(strlen(gguf) - 5), gguf);
+    ref_out rh, rm;
+    reference_opts(&rh, hf, "", "gguf", "kvqmh", "--kv-mixed 2,4,3 --batch 4");
+    reference_opts(&rm, hf, "", "gguf", "kvqmh0", "--kv-mixed 2,4 --batch 4");  // (files of its own)
+    int32_t nv = rh.n_vocab, g[N_GEN];
+    float *l = malloc(sizeof(float) * (size_t)N_PROMPT * (size_t)nv);
+    ours_mixed_heavy(gguf, TRI_DTYPE_KV_MIXED, 3, l, nv, g);
+    double dh = max_diff(l, &rh), dm = max_diff(l, &rm);
+    cr_log_info("mixed with heavy hitters: logits vs its reference %.2e, vs plain mixed's %.2e", dh, dm);
+    for (int i = 0; i < N_GEN; i++)
+        cr_assert_eq(g[i], rh.greedy[i], "heavy hitters: greedy token %d: %d, the reference's %d", i, g[i],
+                     rh.greedy[i]);
+    // (within 1e-4 of the spread, not 1e-5: the pool's f16 rows are a span of their own, whose tiles
+    // the attention folds apart; measured: with a pool of every position past the window, 2e-5
+    // from the same f16 rows read as one span)
+    cr_assert(dh <= 1e-4, "heavy hitters: logits %.3e from the reference", dh);
+    cr_assert(dm > 100 * dh, "heavy hitters: should be far nearer their own reference (%.2e) than plain "
+              "mixed's (%.2e)", dh, dm);
+    // no rollback, no speculative target
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gguf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 64, sp.kv_type = TRI_DTYPE_KV_MIXED, sp.kv_sink = 2, sp.kv_budget = 6, sp.kv_mixed_heavy = 3;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_eval(s, prompt, N_PROMPT, false), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_truncate(s, N_PROMPT - 2), TRI_STATUS_UNSUPPORTED);
+    cr_assert(strstr(tri_last_error(), "kv_mixed_heavy 3"), "%s", tri_last_error());
+    tri_session_free(s);
+    tri_spec *spec = NULL;
+    tri_spec_params pp = tri_spec_default_params();
+    pp.mode = TRI_SPEC_MODE_DRAFT, pp.drafter = TRI_SPEC_DRAFTER_NGRAM, pp.ngram_n = 3;
+    cr_assert_eq(tri_spec_create(m, &sp, &pp, &spec), TRI_STATUS_UNSUPPORTED);
+    cr_assert(!spec && strstr(tri_last_error(), "kv_mixed_heavy 3"), "%s", tri_last_error());
+    sp.kv_type = TRI_DTYPE_Q4_0;
+    expect_refused(m, &sp, "kv_mixed_heavy 3");
+    tri_model_free(m);
+    free(l), free(rh.logits), free(rm.logits);
 }
 
 // ---- kv_type mixed as a speculative target ----
@@ -581,7 +647,7 @@ Test(kv_quant, mixed_spec_greedy_equals_plain_mixed_decoding, .timeout = TT_TIME
 // (head_dim 32 x 2 KV heads: two blocks of 18 bytes per row against 128 bytes), row for row.
 Test(kv_quant, mixed_offloaded_streams_q4_0_rows, .timeout = TT_TIMEOUT(120)) {
     tri_model *target;
-    cr_assert_eq(tri_model_load(tt_gen_model("kvqm-spec-t", "--seed 21 --heads 4 --kv-heads 2 --head-dim 32 "
+    cr_assert_eq(tri_model_load(tt_gen_model("kvqm-off-t", "--seed 21 --heads 4 --kv-heads 2 --head-dim 32 "
                                                             "--layers 3"), NULL, &target),
                  TRI_STATUS_OK, "%s", tri_last_error());
     enum { NP = 48, NG = 24 };

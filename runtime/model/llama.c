@@ -333,6 +333,18 @@ static tri_status attend_policy(tri__llama *ll, tri__kv_policy *pol, int32_t il,
                                 float *weight_sums) {
     if (!pol->mixed) return attend_window(ll, out, q, q_pos, n, view, weight_sums);
     const int64_t qd = (int64_t)ll->model->config.n_head * ll->model->config.head_dim;
+    if (tri__kv_policy_mixed_heavy(pol)) {  // each query after the last one's scores (policy-mixed.c)
+        for (int32_t i = 0; i < n; i++) {
+            float *ws;
+            const tri__kv_view *vq;
+            TRY(tri__kv_policy_mixed_query(pol, il, pos[i], &vq, &ws));
+            tri__kv_view v = *vq;
+            v.tree = view->tree;
+            TRY(attend_window(ll, out + i * qd, q + i * qd, q_pos + i, 1, &v, ws));
+            TRY(tri__kv_policy_mixed_scored(pol, il));
+        }
+        return TRI_STATUS_OK;
+    }
     for (int32_t i0 = 0; i0 < n;) {
         int32_t lo = tri__kv_policy_mixed_lo(pol, pos[i0]), i1 = i0 + 1;
         while (i1 < n && tri__kv_policy_mixed_lo(pol, pos[i1]) == lo) i1++;

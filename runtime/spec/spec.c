@@ -1278,6 +1278,9 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     // the levels' caches (retrieval's chunk means, StreamingLLM's window) read f16 or f32 rows; an
     // L3 of kv_type mixed serves the modes without L2 (L2 borrows L3's rows: f16 or f32 only)
     const bool l3_mixed = sp.kv_type == TRI_DTYPE_KV_MIXED;
+    if (sp.kv_mixed_heavy != 0)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "speculative: kv_mixed_heavy %d: heavy hitters keep no history to "
+                         "roll back", sp.kv_mixed_heavy);
     if (l3_mixed && (p.mode == TRI_SPEC_MODE_RETRIEVAL || p.mode == TRI_SPEC_MODE_TRIFORCE))
         return tri__fail(TRI_STATUS_UNSUPPORTED,
                          "speculative: kv_type mixed: modes none and draft only (L2, the retrieval cache of modes "
