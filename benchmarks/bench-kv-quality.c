@@ -129,8 +129,8 @@ static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int
                                2.0 * (16 + 1.5 * (240 + 2 * PASS) + (t == NT - 1 ? HEAVY : 0)) / n +
                                (t == NT - 1 ? 4.0 / (2.0 * c->head_dim) : 0)
                          : (double)tri__dtype_row_bytes(types[t], TRI_QK) / TRI_QK;
-        printf("%-6s %11.4f %9.4f %+9.4f %8.4f %9.4f %10.6f %12.2f\n", t == NT - 1 ? "mixedh" : tri_dtype_name(types[t]),
-               bpv, ppl,
+        const char *name = t == NT - 1 ? "mixedh" : tri_dtype_name(types[t]);
+        printf("%-6s %11.4f %9.4f %+9.4f %8.4f %9.4f %10.6f %12.2f\n", name, bpv, ppl,
                ppl - ppl0, top1[t] / n, acc[t] / n,
                kl[t] / n, secs[t] * 1e3 / n);
         free(lg[t]);

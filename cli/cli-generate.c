@@ -722,7 +722,8 @@ int tri_cli_generate(int argc, char **argv) {
         !tri_cli_applies("offload-run generate", "--refresh", refresh, plain ? pol == TRI_KV_POLICY_RETRIEVAL : has_l2,
                          plain ? "--kv retrieval" : "L2, the retrieval cache of --spec retrieval and triforce") ||
         !tri_cli_applies("offload-run generate", "--sink", sink, (plain && pol == TRI_KV_POLICY_STREAMING) || mixed,
-                         plain ? "--kv streaming" : "--kv streaming or --kv-type mixed (L1's sinks are --draft-sink)") ||
+                         plain ? "--kv streaming"
+                               : "--kv streaming or --kv-type mixed (L1's sinks are --draft-sink)") ||
         !tri_cli_applies("offload-run generate", "--draft-window", draft_window, l1_cache,
                          "an L1 model or layers (--spec draft or triforce)") ||
         !tri_cli_applies("offload-run generate", "--draft-sink", draft_sink, l1_cache,

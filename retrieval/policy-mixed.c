@@ -207,15 +207,15 @@ static const tri__kv_view *mixed_view(tri__kv_policy *p, int32_t il, int32_t lo,
         for (int32_t r = 0, a = s->sink; r <= nh && a < lo; r++) {
             int32_t b = r < nh ? s->hsorted[r] : lo;
             if (b > a) {
+                const int64_t qa = tri__dtype_row_bytes(p->kv->type, a * kd);
                 if (dq)
                     p->spans[ns++] = (tri__kv_span){.pos0 = a, .n = b - a, .k = s->dk + (a - s->sink) * kd + h * hd,
                                                     .v = s->dv + (a - s->sink) * kd + h * hd, .stride = kd,
                                                     .type = TRI_DTYPE_F32};
                 else
-                    p->spans[ns++] = (tri__kv_span){
-                        .pos0 = a, .n = b - a, .k = (const char *)q4->spans[h].k + tri__dtype_row_bytes(p->kv->type, a * kd),
-                        .v = (const char *)q4->spans[h].v + tri__dtype_row_bytes(p->kv->type, a * kd), .stride = kd,
-                        .type = p->kv->type};
+                    p->spans[ns++] = (tri__kv_span){.pos0 = a, .n = b - a, .k = (const char *)q4->spans[h].k + qa,
+                                                    .v = (const char *)q4->spans[h].v + qa, .stride = kd,
+                                                    .type = p->kv->type};
             }
             a = b + 1;
         }
@@ -315,9 +315,10 @@ static tri_status heavy_admit(tri__kv_policy *p, int32_t il, int32_t lo) {
                 s->hn[lh]++;
             }
             hp[slot] = j;
-            for (int which = 0; which < 2; which++)
-                TRY(p->be->ops->copy(p->be, (char *)(which ? s->hv : s->hk)[il] + ((int64_t)h * s->heavy + slot) * hd * 2,
-                                     f16_row(p, il, which, j) + h * hd * 2, sizeof(uint16_t) * (size_t)hd));
+            for (int which = 0; which < 2; which++) {
+                char *to = (char *)(which ? s->hv : s->hk)[il] + ((int64_t)h * s->heavy + slot) * hd * 2;
+                TRY(p->be->ops->copy(p->be, to, f16_row(p, il, which, j) + h * hd * 2, sizeof(uint16_t) * (size_t)hd));
+            }
         }
     if (lo > s->lo_done[il]) s->lo_done[il] = lo;
     return TRI_STATUS_OK;

@@ -570,7 +570,8 @@ Test(kv_quant, mixed_spec_greedy_equals_plain_mixed_decoding, .timeout = TT_TIME
         cr_assert_eq(tri_session_create(target, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
         cr_assert_eq(tri_session_eval(s, prompt2, NP, true), TRI_STATUS_OK, "%s", tri_last_error());
         lg[b] = malloc(sizeof(float) * (size_t)NP * (size_t)V);
-        for (int i = 0; i < NP; i++) memcpy(lg[b] + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * (size_t)V);
+        for (int i = 0; i < NP; i++)
+            memcpy(lg[b] + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * (size_t)V);
         tri_session_free(s);
     }
     for (int b = 1; b < 3; b++)
@@ -740,7 +741,8 @@ Test(kv_quant, mixed_split_attention_equals_in_memory, .timeout = TT_TIMEOUT(120
         cr_assert_eq(tri_session_eval(s, prompt2, NP, false), TRI_STATUS_OK, "%s", tri_last_error());
         cr_assert_eq(tri_session_eval(s, extra, NE, true), TRI_STATUS_OK, "%s", tri_last_error());
         lg[k] = malloc(sizeof(float) * NE * (size_t)V);
-        for (int i = 0; i < NE; i++) memcpy(lg[k] + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * (size_t)V);
+        for (int i = 0; i < NE; i++)
+            memcpy(lg[k] + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * (size_t)V);
         tri_session_reset(s);
         tri_generate_params gp = tri_generate_default_params();
         gp.n_predict = NG;
