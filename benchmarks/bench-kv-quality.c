@@ -68,9 +68,11 @@ static void run(tri__llama *ll, const tri_model *m, tri__kv_policy_params *pp, c
 // of the f16 cache: top-1 agreement, accept = sum_x min(p, q), KL(p || q), and the perplexity of
 // the text's next tokens under each.
 static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int32_t n) {
-    enum { NT = 4, PASS = 128 };
-    // mixed: q4_0 with 16 sinks and a window of 240 before each pass in f16 too (policy-mixed.c)
-    const tri_dtype types[NT] = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0, TRI_DTYPE_KV_MIXED};
+    enum { NT = 5, PASS = 128, HEAVY = 64 };
+    // mixed: q4_0 with 16 sinks and each query's window of 240 in f16 too (policy-mixed.c); the
+    // last also with HEAVY heavy hitters per layer and KV head in f16 (MiKV's, by H2O's scores)
+    const tri_dtype types[NT] = {TRI_DTYPE_F16, TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0, TRI_DTYPE_KV_MIXED,
+                                 TRI_DTYPE_KV_MIXED};
     const tri_model_config *c = &m->config;
     const int32_t V = c->n_vocab;
     tri__kv_policy pol[NT];
@@ -79,6 +81,7 @@ static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int
     double *p = malloc(sizeof(double) * (size_t)V), *q = malloc(sizeof(double) * (size_t)V);
     for (int t = 0; t < NT; t++) {
         tri__kv_policy_params fp = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, n);
+        if (t == NT - 1) fp.heavy = HEAVY;
         if (tri__kv_policy_init(&pol[t], &fp, ll->be, types[t], c->n_layer, c->n_head, c->n_head_kv, c->head_dim, n,
                                 PASS))
             die("policy");
@@ -113,12 +116,16 @@ static void kv_types(tri__llama *ll, const tri_model *m, const int32_t *ids, int
     double ppl0 = exp(nll[0] / (n - 1));
     for (int t = 0; t < NT; t++) {
         double ppl = exp(nll[t] / (n - 1));
-        // mixed: its q4_0 rows and, over the n tokens, its f16 rows besides: 16 sinks, the window of
-        // 240 and two passes (policy-mixed.c)
+        // mixed: its q4_0 rows and, over the n tokens, its f16 rows besides: 16 sinks and a buffer
+        // of 1.5 x (the window of 240 and two passes) (policy-mixed.c)
+        // (the heavy hitters: HEAVY f16 rows per KV head besides, and a 4-byte score per position)
         double bpv = types[t] == TRI_DTYPE_KV_MIXED
-                         ? (double)tri__dtype_row_bytes(TRI_DTYPE_Q4_0, TRI_QK) / TRI_QK + 2.0 * (256 + 2 * PASS) / n
+                         ? (double)tri__dtype_row_bytes(TRI_DTYPE_Q4_0, TRI_QK) / TRI_QK +
+                               2.0 * (16 + 1.5 * (240 + 2 * PASS) + (t == NT - 1 ? HEAVY : 0)) / n +
+                               (t == NT - 1 ? 4.0 / (2.0 * c->head_dim) : 0)
                          : (double)tri__dtype_row_bytes(types[t], TRI_QK) / TRI_QK;
-        printf("%-6s %11.4f %9.4f %+9.4f %8.4f %9.4f %10.6f %12.2f\n", tri_dtype_name(types[t]), bpv, ppl,
+        const char *name = t == NT - 1 ? "mixedh" : tri_dtype_name(types[t]);
+        printf("%-6s %11.4f %9.4f %+9.4f %8.4f %9.4f %10.6f %12.2f\n", name, bpv, ppl,
                ppl - ppl0, top1[t] / n, acc[t] / n,
                kl[t] / n, secs[t] * 1e3 / n);
         free(lg[t]);

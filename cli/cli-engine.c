@@ -12,7 +12,7 @@ enum {
     E_DEVICE, E_KV_TYPE, E_KV_OFFLOAD, E_STREAM_WEIGHTS, E_WEIGHTS_FROM_DISK, E_GPU_MEM, E_HOST_MEM, E_KV_HOST,
     E_HOST_ATTN, E_KV, E_BUDGET, E_KV_BUDGET, E_CHUNK, E_KV_CHUNK, E_SINK, E_REFRESH, E_KV_INDEX, E_SPEC, E_DRAFT,
     E_DRAFT_LAYERS, E_DRAFT_NGRAM, E_GAMMA1, E_GAMMA2, E_TREE_NODES, E_DRAFT_WINDOW, E_DRAFT_SINK, E_DRAFT_KV,
-    E_REFRESH_ACCEPT,
+    E_REFRESH_ACCEPT, E_KV_MIXED_HEAVY,
 };
 
 // Layers read from disk stream: they count among the streamed unless --stream-weights was given.
@@ -121,6 +121,12 @@ bool tri_cli_engine_option(const char *cmd, int c, const char *arg, tri_cli_engi
     case E_REFRESH_ACCEPT:
         e->refresh_accept_set = true;
         return tri_cli_parse_float(cmd, "--refresh-accept", arg, 0.0, 1.0, &e->spec.refresh_accept);
+    case E_KV_MIXED_HEAVY: {
+        long heavy = 0;
+        if (!tri_cli_parse_long(cmd, "--kv-mixed-heavy", arg, 0, 1 << 20, &heavy)) return false;
+        e->sp.kv_mixed_heavy = (int32_t)heavy;
+        return true;
+    }
     }
     return true;
 }
@@ -146,14 +152,15 @@ bool tri_cli_engine_check(const char *cmd, tri_cli_engine *e) {
     const char *l2 = "L2, the retrieval cache of --spec retrieval and triforce";
     const char *l1 = "an L1 model or layers (--spec draft or triforce)";
     if (!tri_cli_applies(cmd, "--kv", e->kv_set, plain, "plain decoding; the levels of --spec have their own caches") ||
-        !tri_cli_applies(cmd, "--budget", e->budget, plain ? pol != TRI_KV_POLICY_FULL || mixed : has_l2,
+        !tri_cli_applies(cmd, "--budget", e->budget, plain ? pol != TRI_KV_POLICY_FULL || mixed : has_l2 || mixed,
                          plain ? "--kv streaming, h2o or retrieval, or --kv-type mixed (the cache policy is full)"
-                               : l2) ||
+                               : "L2, the retrieval cache of --spec retrieval and triforce, or --kv-type mixed") ||
         !tri_cli_applies(cmd, "--chunk", e->chunk, plain ? retrieval : has_l2, plain ? "--kv retrieval" : l2) ||
         !tri_cli_applies(cmd, "--kv-index", e->index_set, plain ? retrieval : has_l2, plain ? "--kv retrieval" : l2) ||
         !tri_cli_applies(cmd, "--refresh", e->refresh, plain ? retrieval : has_l2, plain ? "--kv retrieval" : l2) ||
-        !tri_cli_applies(cmd, "--sink", e->sink, plain && (pol == TRI_KV_POLICY_STREAMING || mixed),
-                         plain ? "--kv streaming" : "--kv streaming (L1's sinks are --draft-sink)") ||
+        !tri_cli_applies(cmd, "--sink", e->sink, (plain && pol == TRI_KV_POLICY_STREAMING) || mixed,
+                         plain ? "--kv streaming"
+                               : "--kv streaming or --kv-type mixed (L1's sinks are --draft-sink)") ||
         !tri_cli_applies(cmd, "--draft-window", e->draft_window, l1_cache, l1) ||
         !tri_cli_applies(cmd, "--draft-sink", e->draft_sink, l1_cache, l1) ||
         !tri_cli_applies(cmd, "--draft-kv-type", e->draft_kv_set, l1_cache || has_l2,
@@ -165,7 +172,7 @@ bool tri_cli_engine_check(const char *cmd, tri_cli_engine *e) {
         !tri_cli_applies(cmd, "--refresh-accept", e->refresh_accept_set, has_l2, "--spec retrieval or triforce"))
         return false;
     tri_session_params *sp = &e->sp;
-    if (plain) {
+    if (plain || mixed) {  // with --spec, mixed's f16 tokens and sinks (it serves no L2)
         sp->kv_budget = (int32_t)e->budget;
         sp->kv_chunk = (int32_t)e->chunk;
         sp->kv_sink = (int32_t)e->sink;
@@ -301,7 +308,11 @@ void tri_cli_engine_usage(FILE *f) {
           "                       else the CPU), or a list for tensor parallelism: cuda:0,cuda:1\n"
           "                       or cpu:0,cpu:1 (KV heads, attention and FFN split over them)\n"
           "      --kv-type T      f16 (default), f32, q8_0, q4_0 or mixed KV cache (mixed: q4_0 with\n"
-          "                       the sinks and the recent window in f16 too; --kv-budget, --sink)\n"
+          "                       the sinks and the recent window in f16 too; --budget, --sink; with\n"
+          "                       --spec none or draft)\n"
+          "      --kv-mixed-heavy N  mixed: also keep N heavy hitters per layer and KV head in f16\n"
+          "                       (positions past the window by the attention they received; no\n"
+          "                       --spec, no --kv-host)\n"
           "      --kv-offload N   keep the full KV cache of the last N layers in host memory and\n"
           "                       stream it through the device every pass (default 0)\n"
           "      --stream-weights N  keep the weights of the last N layers in host memory and\n"

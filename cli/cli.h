@@ -156,7 +156,7 @@ void tri_cli_sampling_usage(FILE *f, bool chat);
 // getopt ids of the engine options: TRI_CLI_OPT_ENGINE + i for the i-th of TRI_CLI_ENGINE_OPTIONS,
 // which a command puts in its option table.
 #define TRI_CLI_OPT_ENGINE 0x1100
-#define TRI_CLI_ENGINE_COUNT 28
+#define TRI_CLI_ENGINE_COUNT 29
 #define TRI_CLI_ENGINE_OPTIONS                                                                                \
     {"device", required_argument, NULL, TRI_CLI_OPT_ENGINE + 0},                                              \
         {"kv-type", required_argument, NULL, TRI_CLI_OPT_ENGINE + 1},                                         \
@@ -185,7 +185,8 @@ void tri_cli_sampling_usage(FILE *f, bool chat);
         {"draft-window", required_argument, NULL, TRI_CLI_OPT_ENGINE + 24},                                   \
         {"draft-sink", required_argument, NULL, TRI_CLI_OPT_ENGINE + 25},                                     \
         {"draft-kv-type", required_argument, NULL, TRI_CLI_OPT_ENGINE + 26},                                  \
-        {"refresh-accept", required_argument, NULL, TRI_CLI_OPT_ENGINE + 27}
+        {"refresh-accept", required_argument, NULL, TRI_CLI_OPT_ENGINE + 27},                                 \
+        {"kv-mixed-heavy", required_argument, NULL, TRI_CLI_OPT_ENGINE + 28}
 
 // The engine options of a command: what they gave, and the parameters they make.
 typedef struct tri_cli_engine {

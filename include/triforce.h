@@ -438,6 +438,10 @@ typedef struct tri_session_params {
                                   // create; INVALID_ARGUMENT for duplicates, unknown kinds, a missing
                                   // index or more devices than KV heads, TRI_STATUS_DEVICE for a
                                   // CUDA device that does not exist
+    int32_t kv_mixed_heavy;       // kv_type mixed: per layer and KV head, positions past the recent
+                                  // window kept in f16 as well by the attention they received (MiKV's
+                                  // heavy hitters by H2O's scores, docs/kv-policies.md); 0: none.
+                                  // No rollback, no kv_host_fraction, no speculative target
 } tri_session_params;
 
 TRI_API tri_session_params tri_session_default_params(void);

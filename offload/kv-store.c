@@ -43,6 +43,12 @@ struct tri__kv_offload {
     tri__kv_span *dev_spans, *host_spans; // (n_head_kv) each
     int32_t *split_head_span;   // (n_head_kv + 1): h
     bool split_refused;         // the backend has no attention_state (logged once)
+    // ---- kv_type mixed's split (tri__kv_store_attend_split_view) ----
+    tri__kv_span *mdev, *mhost; // (mspans_cap) the two halves' spans
+    int32_t mspans_cap;
+    int32_t *mhead;             // (n_head_kv + 1) host
+    void *mstage;               // (mstage_cap) bytes host: f16 rows past split_dev, keys then values
+    size_t mstage_cap;
 };
 
 // Releases the split attention's host backend, events and buffers (after a synchronize).
@@ -63,6 +69,8 @@ static void split_free(tri__kv_store *kv) {
     o->h_block = NULL;
     free(o->h_chunks);
     free(o->dev_spans), free(o->host_spans), free(o->split_head_span);
+    free(o->mdev), free(o->mhost), free(o->mhead), free(o->mstage);
+    o->mdev = o->mhost = NULL, o->mhead = NULL, o->mstage = NULL, o->mspans_cap = 0, o->mstage_cap = 0;
     o->h_q = o->h_out = o->h_state = o->h_chunks = NULL;
     o->dev_spans = o->host_spans = NULL;
     o->split_head_span = NULL;
@@ -476,7 +484,8 @@ tri_status tri__kv_store_set_split(tri__kv_store *kv, double host_frac, int32_t 
     o->dev_spans = calloc((size_t)kv->n_head_kv, sizeof *o->dev_spans);
     o->host_spans = calloc((size_t)kv->n_head_kv, sizeof *o->host_spans);
     o->split_head_span = calloc((size_t)kv->n_head_kv + 1, sizeof *o->split_head_span);
-    if (!o->dev_spans || !o->host_spans || !o->split_head_span) {
+    o->mhead = calloc((size_t)kv->n_head_kv + 1, sizeof *o->mhead);
+    if (!o->dev_spans || !o->host_spans || !o->split_head_span || !o->mhead) {
         st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv cache: split attention views");
         goto fail;
     }
@@ -551,40 +560,32 @@ static tri_status split_wait(tri__kv_store *kv, tri__event *ev) {
     return op->event_synchronize ? op->event_synchronize(kv->be, ev) : op->synchronize(kv->be);
 }
 
-tri_status tri__kv_store_attend_split(tri__kv_store *kv, int32_t il, float *out, const float *q, const int32_t *q_pos,
-                                      int32_t m, int32_t n_head, int32_t end, const tri__kv_tree *tree) {
-    TRI_ASSERT(tri__kv_store_splits(kv, il) && end >= kv->split_dev && m > 0);
+// The split's two halves: dev (rows below split_dev, in backend memory) on the device as a state,
+// host (the rest, in host memory) on the host in chunks, folded in chunk order; host_bytes: what
+// the host half read in place.
+static tri_status split_run(tri__kv_store *kv, float *out, const float *q, const int32_t *q_pos, int32_t m,
+                            int32_t n_head, const tri__kv_view *dev, const tri__kv_view *host, uint64_t host_bytes) {
     tri__kv_offload *o = kv->off;
     tri__backend *be = kv->be;
     const tri__backend_ops *op = be->ops;
     const int64_t hd = kv->head_dim, rows = (int64_t)m * n_head;
-    const int64_t stride = (int64_t)kv->n_head_kv * hd, row = tri__kv_store_row_bytes(kv);
-    const int32_t S = kv->split_dev, s = slot_of(kv, il);
-    for (int32_t h = 0; h < kv->n_head_kv; h++) {
-        int64_t off = tri__dtype_row_bytes(kv->type, h * hd);
-        o->dev_spans[h] = (tri__kv_span){.pos0 = 0, .n = S, .k = (const char *)o->buf_k[s] + off,
-                                         .v = (const char *)o->buf_v[s] + off, .stride = stride};
-        o->host_spans[h] = (tri__kv_span){.pos0 = S, .n = end - S, .k = (const char *)o->host_k[il] + S * row + off,
-                                          .v = (const char *)o->host_v[il] + S * row + off, .stride = stride};
-    }
-    tri__kv_view dev = {kv->type, kv->n_head_kv, o->dev_spans, o->split_head_span, tree, false};
-    tri__kv_view host = {kv->type, kv->n_head_kv, o->host_spans, o->split_head_span, tree, false};
+    const int32_t S = kv->split_dev;
     int64_t n_chunk;
-    TRY(tri__cpu_attention_chunks(o->host_be, NULL, &n_chunk, NULL, q_pos, m, n_head, hd, &host));
+    TRY(tri__cpu_attention_chunks(o->host_be, NULL, &n_chunk, NULL, q_pos, m, n_head, hd, host));
     TRY(split_reserve(kv, rows, n_chunk * rows * (hd + 2)));
 
     // device: the queries down, then the first S rows' state, then that down, each behind an event
     TRY(op->copy_to_host(be, o->h_q, q, sizeof(float) * (size_t)(rows * hd)));
     if (o->async) TRY(op->event_record(be, o->q_ev, TRI_STREAM_COMPUTE));
     if (S > 0) {
-        TRY(op->attention_state(be, o->d_state, q, q_pos, m, n_head, hd, &dev));
+        TRY(op->attention_state(be, o->d_state, q, q_pos, m, n_head, hd, dev));
         TRY(op->copy_to_host(be, o->h_state, o->d_state, sizeof(float) * (size_t)(rows * (hd + 2))));
         if (o->async) TRY(op->event_record(be, o->state_ev, TRI_STREAM_COMPUTE));
     }
     // host, meanwhile: rows S .. end where they lie, the step's new ones once written back
     TRY(split_wait(kv, o->q_ev));
     TRY(split_wait(kv, o->down));
-    TRY(tri__cpu_attention_chunks(o->host_be, o->h_chunks, &n_chunk, o->h_q, q_pos, m, n_head, hd, &host));
+    TRY(tri__cpu_attention_chunks(o->host_be, o->h_chunks, &n_chunk, o->h_q, q_pos, m, n_head, hd, host));
     if (S > 0) {
         TRY(split_wait(kv, o->state_ev));
     } else {  // nothing on the device: the fold starts empty, as attention's does
@@ -596,10 +597,110 @@ tri_status tri__kv_store_attend_split(tri__kv_store *kv, int32_t il, float *out,
     }
     tri__cpu_attention_merge(o->h_out, o->h_state, o->h_chunks, n_chunk, rows, hd);
     TRY(op->copy_to_backend(be, out, o->h_out, sizeof(float) * (size_t)(rows * hd)));
-    o->stats.bytes_host += 2 * (uint64_t)(end - S) * (uint64_t)row;
+    o->stats.bytes_host += host_bytes;
     o->stats.bytes_partial += sizeof(float) * (uint64_t)rows * (uint64_t)(hd + (S > 0 ? hd + 2 : 0) + hd);
     o->stats.n_split++;
     return TRI_STATUS_OK;
+}
+
+tri_status tri__kv_store_attend_split(tri__kv_store *kv, int32_t il, float *out, const float *q, const int32_t *q_pos,
+                                      int32_t m, int32_t n_head, int32_t end, const tri__kv_tree *tree) {
+    TRI_ASSERT(tri__kv_store_splits(kv, il) && end >= kv->split_dev && m > 0);
+    tri__kv_offload *o = kv->off;
+    const int64_t hd = kv->head_dim;
+    const int64_t stride = (int64_t)kv->n_head_kv * hd, row = tri__kv_store_row_bytes(kv);
+    const int32_t S = kv->split_dev, s = slot_of(kv, il);
+    for (int32_t h = 0; h < kv->n_head_kv; h++) {
+        int64_t off = tri__dtype_row_bytes(kv->type, h * hd);
+        o->dev_spans[h] = (tri__kv_span){.pos0 = 0, .n = S, .k = (const char *)o->buf_k[s] + off,
+                                         .v = (const char *)o->buf_v[s] + off, .stride = stride};
+        o->host_spans[h] = (tri__kv_span){.pos0 = S, .n = end - S, .k = (const char *)o->host_k[il] + S * row + off,
+                                          .v = (const char *)o->host_v[il] + S * row + off, .stride = stride};
+    }
+    tri__kv_view dev = {kv->type, kv->n_head_kv, o->dev_spans, o->split_head_span, tree, false};
+    tri__kv_view host = {kv->type, kv->n_head_kv, o->host_spans, o->split_head_span, tree, false};
+    return split_run(kv, out, q, q_pos, m, n_head, &dev, &host, 2 * (uint64_t)(end - S) * (uint64_t)row);
+}
+
+// Grows the mixed split's descriptors to n spans and its f16 staging to bytes.
+static tri_status mixed_reserve(tri__kv_offload *o, int32_t n, size_t bytes) {
+    if (n > o->mspans_cap) {
+        tri__kv_span *d = realloc(o->mdev, sizeof *d * (size_t)n), *h = d ? realloc(o->mhost, sizeof *h * (size_t)n)
+                                                                           : NULL;
+        if (d) o->mdev = d;
+        if (h) o->mhost = h;
+        if (!d || !h) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv cache: mixed split spans (%d)", n);
+        o->mspans_cap = n;
+    }
+    if (bytes > o->mstage_cap) {
+        free(o->mstage);
+        o->mstage = malloc(bytes);
+        o->mstage_cap = o->mstage ? bytes : 0;
+        if (!o->mstage) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv cache: mixed split f16 rows (%zu bytes)", bytes);
+    }
+    return TRI_STATUS_OK;
+}
+
+tri_status tri__kv_store_attend_split_view(tri__kv_store *kv, int32_t il, float *out, const float *q,
+                                           const int32_t *q_pos, int32_t m, int32_t n_head, const tri__kv_view *view) {
+    TRI_ASSERT(tri__kv_store_splits(kv, il) && m > 0 && view->span_types && view->n_head_kv == kv->n_head_kv);
+    tri__kv_offload *o = kv->off;
+    tri__backend *be = kv->be;
+    const int64_t hd = kv->head_dim, kd = (int64_t)kv->n_head_kv * hd;
+    const int32_t S = kv->split_dev, s = slot_of(kv, il), nkv = kv->n_head_kv;
+    const int32_t per = view->head_span[1] - view->head_span[0], n = view->head_span[nkv];
+    for (int32_t h = 0; h < nkv; h++)
+        if (view->head_span[h + 1] - view->head_span[h] != per)
+            return tri__fail(TRI_STATUS_INTERNAL, "kv cache: a split view whose heads have other spans");
+    // head 0's f16 rows at or past S, whole rows (every head's), copied down once
+    size_t stage = 0;
+    for (int32_t i = 0; i < per; i++) {
+        const tri__kv_span *sp = &view->spans[i];
+        int32_t a = sp->pos0 > S ? sp->pos0 : S, b = sp->pos0 + sp->n;
+        if (sp->type == TRI_DTYPE_F16 && b > a) stage += sizeof(uint16_t) * (size_t)((b - a) * kd);
+    }
+    TRY(mixed_reserve(o, n, 2 * stage));  // keys, then values
+    size_t at = 0;
+    uint64_t host_bytes = 0;
+    for (int32_t i = 0; i < per; i++) {
+        const tri__kv_span *sp0 = &view->spans[i];
+        const bool own = sp0->type == kv->type;  // the store's rows; else f16 rows elsewhere
+        TRI_ASSERT(!sp0->pos && (own || sp0->type == TRI_DTYPE_F16) && sp0->stride == kd);
+        int32_t a = sp0->pos0 > S ? sp0->pos0 : S, b = sp0->pos0 + sp0->n, nd = S - sp0->pos0;
+        nd = nd < 0 ? 0 : nd > sp0->n ? sp0->n : nd;  // rows below S: the device's
+        const size_t bytes = b > a ? sizeof(uint16_t) * (size_t)((b - a) * kd) : 0;
+        char *sk = (char *)o->mstage + at, *sv = sk + stage;
+        if (!own && b > a) {
+            TRY(be->ops->copy_to_host(be, sk, (const char *)sp0->k + (int64_t)(a - sp0->pos0) * kd * 2, bytes));
+            TRY(be->ops->copy_to_host(be, sv, (const char *)sp0->v + (int64_t)(a - sp0->pos0) * kd * 2, bytes));
+            at += bytes;
+        }
+        for (int32_t h = 0; h < nkv; h++) {
+            const tri__kv_span *sp = &view->spans[view->head_span[h] + i];
+            int32_t j = h * per + i;
+            o->mdev[j] = *sp;
+            o->mdev[j].n = nd;
+            o->mhost[j] = *sp;
+            o->mhost[j].pos0 = a;
+            o->mhost[j].n = b > a ? b - a : 0;
+            if (b <= a) continue;
+            if (own) {  // the rows where they lie: the host region at the same offset as in the buffer
+                int64_t off = (const char *)sp->k - (const char *)o->buf_k[s] +
+                              tri__dtype_row_bytes(kv->type, (int64_t)(a - sp->pos0) * kd);
+                o->mhost[j].k = (const char *)o->host_k[il] + off;
+                o->mhost[j].v = (const char *)o->host_v[il] + off;
+                if (h == 0) host_bytes += 2 * (uint64_t)tri__dtype_row_bytes(kv->type, (int64_t)(b - a) * kd);
+            } else {  // head h's columns of the staged rows
+                o->mhost[j].k = sk + ((const char *)sp->k - (const char *)sp0->k);
+                o->mhost[j].v = sv + ((const char *)sp->v - (const char *)sp0->v);
+            }
+        }
+    }
+    TRY(be->ops->synchronize(be));  // the staged rows are here
+    for (int32_t h = 0; h <= nkv; h++) o->mhead[h] = h * per;
+    tri__kv_view dev = {kv->type, nkv, o->mdev, o->mhead, view->tree, true};
+    tri__kv_view host = {kv->type, nkv, o->mhost, o->mhead, view->tree, true};
+    return split_run(kv, out, q, q_pos, m, n_head, &dev, &host, host_bytes);
 }
 
 tri_status tri__kv_host_attention_gbps(int32_t n_threads, int32_t m, int32_t n_head, int32_t n_head_kv,

@@ -127,6 +127,16 @@ bool tri__kv_store_splits(const tri__kv_store *kv, int32_t il);
 tri_status tri__kv_store_attend_split(tri__kv_store *kv, int32_t il, float *out, const float *q, const int32_t *q_pos,
                                       int32_t m, int32_t n_head, int32_t end, const tri__kv_tree *tree);
 
+// The same for a view of spans of their own types (span_types: kv_type mixed's, policy-mixed.c) over
+// rows [0, end) of layer il, each head's spans alike and in position order without position lists:
+// spans of the store's type are its rows (the layer's buffer, as tri__kv_store_view gives them),
+// the others f16 rows in backend memory. The device attends every span's rows below split_dev;
+// the host the rest: the store's rows where they lie in host memory, the f16 ones copied down
+// first (kv_type mixed's window: a few hundred rows). Folded as tri__kv_store_attend_split folds,
+// so the result is the bits of the attention over the view (on the CPU backend).
+tri_status tri__kv_store_attend_split_view(tri__kv_store *kv, int32_t il, float *out, const float *q,
+                                           const int32_t *q_pos, int32_t m, int32_t n_head, const tri__kv_view *view);
+
 // Measures the host half's speed on this machine: KV bytes (K and V, f16) per second that
 // tri__cpu_attention_chunks reads over rows keys of n_head_kv heads of head_dim for m queries of
 // n_head heads, on a CPU backend of n_threads (<= 0: as tri__kv_store_set_split), best of reps

@@ -732,7 +732,10 @@ tri_status tri__plan_compute_accept(const tri_plan_model *model, const tri_plan_
     x.kv_tok = 2 * (uint64_t)kv_row;
     x.kv_tok16 = 2 * (uint64_t)tri__dtype_row_bytes(TRI_DTYPE_F16, (int64_t)c->n_head_kv * c->head_dim);
     x.f16_attend = mixed ? (int64_t)p.kv_sink + p.kv_window : 0;
-    x.f16_rows = mixed ? x.f16_attend + 2 * TRI__PLAN_MIXED_STEP : 0;
+    // retrieval/policy-mixed.c: the sinks, and a buffer half as long again as what a step keeps
+    // (the window, a step and a step's rollback)
+    const int64_t mixed_keep = (int64_t)p.kv_window + 2 * TRI__PLAN_MIXED_STEP;
+    x.f16_rows = mixed ? (int64_t)p.kv_sink + mixed_keep + (mixed_keep + 1) / 2 : 0;
     x.nb = p.n_batch;
     x.K = x.kv_tok * (uint64_t)p.n_ctx * (uint64_t)p.n_batch;
     x.params_layer = (double)c->n_embd * ((double)c->n_head + c->n_head_kv) * c->head_dim * 2.0 +
@@ -887,7 +890,7 @@ tri_status tri_plan_format(const tri_plan *pl, char *buf, size_t cap, size_t *n_
     put(&s, "  KV of on-chip layers             %9.2f\n", gib(pl->gpu_kv_bytes));
     put(&s, "  KV double buffer                 %9.2f\n", gib(pl->gpu_kv_buffer_bytes));
     if (pl->gpu_kv_f16_bytes)
-        put(&s, "  KV f16 sinks and window (mixed)  %9.2f   %d + %d rows + a ring of 2 x %d per layer\n",
+        put(&s, "  KV f16 sinks and window (mixed)  %9.2f   %d + 1.5 x (%d + 2 x %d) rows per layer\n",
             gib(pl->gpu_kv_f16_bytes), p->kv_sink, p->kv_window, TRI__PLAN_MIXED_STEP);
     put(&s, "  weight double buffer             %9.2f\n", gib(pl->gpu_weight_buffer_bytes));
     if (tf) {

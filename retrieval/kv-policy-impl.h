@@ -91,6 +91,8 @@ struct tri__kv_policy_ops {
     tri_status (*adopted)(tri__kv_policy *p, int32_t len, int32_t n);
     // Optional: tri__kv_policy_peek (arguments checked); NULL: its rows cannot be read back.
     bool (*peek)(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out);
+    // Optional: tri__kv_policy_row_moved, for a policy that keeps rows besides its store's.
+    tri_status (*row_moved)(tri__kv_policy *p, int32_t from, int32_t to);
 };
 
 extern const tri__kv_policy_ops tri__kv_policy_full_ops;       // policy-full.c

@@ -317,6 +317,12 @@ tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n) {
     return p->src ? TRI_STATUS_OK : tri__kv_store_set_len(p->kv, n);
 }
 
+tri_status tri__kv_policy_row_moved(tri__kv_policy *p, int32_t from, int32_t to) {
+    TRI_ASSERT(!p->in_step);
+    if (from == to || !p->ops->row_moved) return TRI_STATUS_OK;
+    return p->ops->row_moved(p, from, to);
+}
+
 void tri__kv_policy_reset(tri__kv_policy *p) {
     p->in_step = false;
     if (p->ops->reset) p->ops->reset(p);

@@ -41,7 +41,8 @@ typedef struct tri__kv_policy_params {
                       // 2 * budget + (history + 1) * max_step rows (fewer than the capacity)
     tri__chunk_index_kind index;  // RETRIEVAL: chunk index backend
     int32_t rollback;     // STREAMING: tokens a rollback may drop beyond the step in progress
-                          // (the store keeps them); 0: max_step
+                          // (the store keeps them); kv_type mixed: the same for the f16 ring
+                          // (a speculative target's verification pass, its tree); 0: max_step
     int32_t evict_every;  // STREAMING: past the window, tokens between evictions (a step of that
                           // many attends to the window before it and to itself, TriForce's draft
                           // prefill); 0 or 1: every token, StreamingLLM's own cache; <= max_step
@@ -79,6 +80,9 @@ typedef struct tri__kv_policy_params {
     uint64_t bound_layers; // RETRIEVAL, an experiment (bench-table1 :boundA-B): bit il set, layer
                           // il summarises its chunks by bounds as `bound` does for every layer
                           // (layers past 63: bit 63); 0: none
+    int32_t heavy;        // FULL with kv_type mixed: per (layer, KV head), positions past the window
+                          // kept in f16 as well by their accumulated attention (MiKV's heavy
+                          // hitters, H2O's scores; policy-mixed.c); 0: none
     tri_dtype gather_type; // RETRIEVAL over borrowed rows (a draft cache: L3 verifies its tokens):
                           // Q8_0 or Q4_0 stores the gathered chunks' rows quantized (the ring of
                           // its own tokens keeps the source's type; its views then carry span
@@ -204,6 +208,11 @@ tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_
                                         int32_t n_head, int32_t ring, int32_t max_step);
 // A FULL policy over an existing store (not owned; kv->n is the policy's length).
 tri_status tri__kv_policy_wrap_full(tri__kv_policy *p, tri__kv_store *kv, int32_t n_head, int32_t max_step);
+// kv_type mixed over an existing q4_0 store (not owned; kv->n is the policy's length), whose last
+// layers may be offloaded (tri__kv_store_init_offload): params as tri__kv_policy_init's for
+// TRI_DTYPE_KV_MIXED (FULL; sink, recent, rollback). Its f16 rows live in kv->be's memory.
+tri_status tri__kv_policy_wrap_mixed(tri__kv_policy *p, const tri__kv_policy_params *params, tri__kv_store *kv,
+                                     int32_t n_head, int32_t max_step);
 void tri__kv_policy_free(tri__kv_policy *p);
 
 // Positions appended so far, and the most the store holds.
@@ -297,6 +306,29 @@ tri_status tri__kv_policy_loaded(tri__kv_policy *p, int32_t n);
 // never been appended. H2O remembers `history` steps, a bounded STREAMING store the rows of
 // max_step + rollback tokens past the window: INVALID_ARGUMENT before those.
 tri_status tri__kv_policy_truncate(tri__kv_policy *p, int32_t n);
+// After the store's row from was copied to row to (a token tree's accepted node moved into place,
+// tri__level_move_row): a policy that keeps rows besides its store (kv_type mixed's f16 ones) moves
+// its own too. No-op for the others.
+tri_status tri__kv_policy_row_moved(tri__kv_policy *p, int32_t from, int32_t to);
+
+// kv_type mixed (policy-mixed.c, p->mixed set): each query reads its own window. The first position
+// whose f16 row a query at position pos reads past the sinks: max(pos - recent, sink) (pos: its
+// depth in a token tree, where rows and positions differ).
+int32_t tri__kv_policy_mixed_lo(const tri__kv_policy *p, int32_t pos);
+// In a step, after tri__kv_policy_layer for il: the view of the step's rows [0, end) for queries
+// whose window starts at lo (tri__kv_policy_mixed_lo of their position; at most a step and the
+// rollback before the step's first query's). Valid until the next call on p.
+const tri__kv_view *tri__kv_policy_mixed_view(tri__kv_policy *p, int32_t il, int32_t lo);
+
+// kv_type mixed with heavy hitters (params heavy > 0): each query of a step, in order, reads its
+// own view: tri__kv_policy_mixed_query admits the positions that left the window by the query at
+// pos into the pool and returns its view and the weight sums to attend with (one query); after
+// the attention tri__kv_policy_mixed_scored adds them to the scores.
+bool tri__kv_policy_mixed_heavy(const tri__kv_policy *p);
+tri_status tri__kv_policy_mixed_query(tri__kv_policy *p, int32_t il, int32_t pos, const tri__kv_view **view,
+                                      float **weight_sums);
+tri_status tri__kv_policy_mixed_scored(tri__kv_policy *p, int32_t il);
+
 // Empties the cache.
 void tri__kv_policy_reset(tri__kv_policy *p);
 // Selecting during the full cache's pass. Arms full (FULL, the store ret borrows) so that the step

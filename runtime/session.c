@@ -147,10 +147,6 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     if (!tri__kv_type_ok(p.kv_type) && !kv_mixed)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: kv_type %s (%d): want f16, f32, q8_0, q4_0 or mixed",
                          tri_dtype_name(p.kv_type), (int)p.kv_type);
-    if (kv_mixed && p.kv_layers_offloaded > 0)
-        return tri__fail(TRI_STATUS_UNSUPPORTED,
-                         "session: kv_type mixed keeps the cache in backend memory (kv_layers_offloaded %d: q8_0 or "
-                         "q4_0 stream)", p.kv_layers_offloaded);
     if ((tri__dtype_is_quantized(p.kv_type) || kv_mixed) && kp.kind != TRI_KV_POLICY_FULL)
         return tri__fail(TRI_STATUS_UNSUPPORTED,
                          "session: kv_type %s holds only the full cache; policy %s keeps f16 or f32",
@@ -163,7 +159,14 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
                              "session: kv_type mixed: kv_sink %d must be < kv_budget %d (the tokens kept in f16: "
                              "sinks and the recent window)", kp.sink, f16);
         kp.recent = f16 - kp.sink;
+        kp.heavy = p.kv_mixed_heavy;
     }
+    if (p.kv_mixed_heavy < 0 || (p.kv_mixed_heavy > 0 && !kv_mixed))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "session: kv_mixed_heavy %d: kv_type mixed's heavy hitters, >= 0 "
+                         "(kv_type %s)", p.kv_mixed_heavy, tri_dtype_name(p.kv_type));
+    if (p.kv_mixed_heavy > 0 && p.kv_layers_offloaded > 0 && p.kv_host_fraction > 0)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "session: kv_mixed_heavy %d with kv_host_fraction %g: the heavy "
+                         "hitters' views are not split", p.kv_mixed_heavy, p.kv_host_fraction);
     if (p.kv_layers_offloaded > 0 && p.kv_policy != TRI_KV_POLICY_FULL)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "session: kv_layers_offloaded streams the full cache; policy %s keeps its cache on the device",
@@ -196,12 +199,16 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
         if ((st = tri__llama_init(ll, s->group.weights[r], be, p.n_batch))) goto fail;
         ll->tp = s->group.tp;
         ll->rank = r;
-        if (p.kv_layers_offloaded > 0) {  // the full cache, its last layers in host memory
-            if ((st = tri__kv_store_init_offload(store, be, p.kv_type, cr->n_layer, cr->n_head_kv, cr->head_dim,
-                                                 p.n_ctx, cr->n_layer - p.kv_layers_offloaded)))
+        if (p.kv_layers_offloaded > 0) {  // the full cache, its last layers in host memory (mixed: the q4_0
+                                          // rows; the f16 sinks and window stay in backend memory)
+            if ((st = tri__kv_store_init_offload(store, be, kv_mixed ? TRI_DTYPE_Q4_0 : p.kv_type, cr->n_layer,
+                                                 cr->n_head_kv, cr->head_dim, p.n_ctx,
+                                                 cr->n_layer - p.kv_layers_offloaded)))
                 goto fail;
             if ((st = tri__kv_store_set_split(store, p.kv_host_fraction, p.kv_host_threads))) goto fail;
-            if ((st = tri__kv_policy_wrap_full(kv, store, cr->n_head, p.n_batch))) goto fail;
+            if ((st = kv_mixed ? tri__kv_policy_wrap_mixed(kv, &kp, store, cr->n_head, p.n_batch)
+                               : tri__kv_policy_wrap_full(kv, store, cr->n_head, p.n_batch)))
+                goto fail;
         } else if ((st = tri__kv_policy_init(kv, &kp, be, p.kv_type, cr->n_layer, cr->n_head, cr->n_head_kv,
                                              cr->head_dim, p.n_ctx, p.n_batch))) {
             goto fail;

@@ -154,9 +154,16 @@ static void check_attention(tri_dtype type) {
                       "%s attention at SIMD level %d, %d queries: not the f32 attention over its values",
                       tri_dtype_name(type), lvl, m);
         }
-        float ws[N * NKV];
-        cr_assert_eq(be->ops->attention(be, o1, q, q_pos, 1, NKV * G, HD, &vq_view, ws), TRI_STATUS_UNSUPPORTED,
-                     "weight sums (H2O) over quantized rows are refused");
+        // weight sums (H2O's scores, kv_type mixed's heavy hitters) over quantized rows: those of
+        // their values in f32, within f32 rounding (the second pass recomputes each score)
+        float ws[N * NKV], wf[N * NKV];
+        cr_assert_eq(be->ops->attention(be, o1, q, q_pos, 1, NKV * G, HD, &vq_view, ws), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(be->ops->attention(be, o2, q, q_pos, 1, NKV * G, HD, &vf_view, wf), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        for (int i = 0; i < N * NKV; i++)
+            cr_assert(fabsf(ws[i] - wf[i]) <= 1e-6f + 1e-5f * fabsf(wf[i]), "%s weight sum %d: %g, f32's %g",
+                      tri_dtype_name(type), i, (double)ws[i], (double)wf[i]);
         tri__backend_free(be);
     }
     free(kf), free(vf), free(kq), free(vq), free(q), free(o1), free(o2);
@@ -388,16 +395,26 @@ Test(kv_quant, q4_0_cache_is_the_reference_with_a_q4_0_cache, .timeout = TT_TIME
 
 // ---- kv_type mixed: f16 sinks and window, q4_0 rows between ----
 
+static void expect_refused(const tri_model *m, const tri_session_params *sp, const char *want);
+
 // Our prompt logits (passes of 4 tokens) and greedy tokens with kv_type mixed: 2 sinks and a window
 // of 4 in f16 (kv_budget 6), or with plain kv_type type when not mixed.
+static void ours_mixed_heavy(const char *gguf, tri_dtype type, int32_t heavy, float *logits, int32_t n_vocab,
+                             int32_t *greedy);
 static void ours_mixed(const char *gguf, tri_dtype type, float *logits, int32_t n_vocab, int32_t *greedy) {
+    ours_mixed_heavy(gguf, type, 0, logits, n_vocab, greedy);
+}
+
+// The same with `heavy` heavy hitters per layer and KV head kept in f16 as well.
+static void ours_mixed_heavy(const char *gguf, tri_dtype type, int32_t heavy, float *logits, int32_t n_vocab,
+                             int32_t *greedy) {
     tri_model *m;
     cr_assert_eq(tri_model_load(gguf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
     tri_session_params sp = tri_session_default_params();
     sp.kv_type = type;
     sp.n_ctx = 64;
     sp.n_batch = 4;
-    if (type == TRI_DTYPE_KV_MIXED) sp.kv_sink = 2, sp.kv_budget = 6;
+    if (type == TRI_DTYPE_KV_MIXED) sp.kv_sink = 2, sp.kv_budget = 6, sp.kv_mixed_heavy = heavy;
     tri_session *s;
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
     cr_assert_eq(tri_session_eval(s, prompt, N_PROMPT, true), TRI_STATUS_OK, "%s", tri_last_error());
@@ -443,6 +460,361 @@ Test(kv_quant, mixed_cache_is_the_reference_with_f16_sinks_and_window, .timeout 
     free(l), free(l16), free(rm.logits), free(r4.logits);
 }
 
+// MiKV's heavy hitters: with kv_mixed_heavy 3, each layer and KV head keeps the 3 positions past the
+// window that received the most attention so far (H2O's scores; the pool's rule in
+// llama_ref.py heavy_attention) in f16 as well: the reference model with that rule (--kv-mixed
+// 2,4,3), logits within f32 rounding and greedy tokens equal, and measurably not plain mixed.
+Test(kv_quant, mixed_heavy_hitters_are_the_reference, .timeout = TT_TIMEOUT(120)) {
+    tt_need_fixtures("kv-quant");
+    char gguf[4096], hf[4096];
+    snprintf(gguf, sizeof gguf, "%s", tt_gen_model("kvqmh", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 32 "
+                                                          "--layers 3"));
+    snprintf(hf, sizeof hf, "%.*s.hf", (int)(strlen(gguf) - 5), gguf);
+    ref_out rh, rm;
+    reference_opts(&rh, hf, "", "gguf", "kvqmh", "--kv-mixed 2,4,3 --batch 4");
+    reference_opts(&rm, hf, "", "gguf", "kvqmh0", "--kv-mixed 2,4 --batch 4");  // (files of its own)
+    int32_t nv = rh.n_vocab, g[N_GEN];
+    float *l = malloc(sizeof(float) * (size_t)N_PROMPT * (size_t)nv);
+    ours_mixed_heavy(gguf, TRI_DTYPE_KV_MIXED, 3, l, nv, g);
+    double dh = max_diff(l, &rh), dm = max_diff(l, &rm);
+    cr_log_info("mixed with heavy hitters: logits vs its reference %.2e, vs plain mixed's %.2e", dh, dm);
+    for (int i = 0; i < N_GEN; i++)
+        cr_assert_eq(g[i], rh.greedy[i], "heavy hitters: greedy token %d: %d, the reference's %d", i, g[i],
+                     rh.greedy[i]);
+    // (within 1e-4 of the spread, not 1e-5: the pool's f16 rows are a span of their own, whose tiles
+    // the attention folds apart; measured: with a pool of every position past the window, 2e-5
+    // from the same f16 rows read as one span)
+    cr_assert(dh <= 1e-4, "heavy hitters: logits %.3e from the reference", dh);
+    cr_assert(dm > 100 * dh, "heavy hitters: should be far nearer their own reference (%.2e) than plain "
+              "mixed's (%.2e)", dh, dm);
+    // no rollback, no speculative target
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gguf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 64, sp.kv_type = TRI_DTYPE_KV_MIXED, sp.kv_sink = 2, sp.kv_budget = 6, sp.kv_mixed_heavy = 3;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_eval(s, prompt, N_PROMPT, false), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_truncate(s, N_PROMPT - 2), TRI_STATUS_UNSUPPORTED);
+    cr_assert(strstr(tri_last_error(), "kv_mixed_heavy 3"), "%s", tri_last_error());
+    tri_session_free(s);
+    tri_spec *spec = NULL;
+    tri_spec_params pp = tri_spec_default_params();
+    pp.mode = TRI_SPEC_MODE_DRAFT, pp.drafter = TRI_SPEC_DRAFTER_NGRAM, pp.ngram_n = 3;
+    cr_assert_eq(tri_spec_create(m, &sp, &pp, &spec), TRI_STATUS_UNSUPPORTED);
+    cr_assert(!spec && strstr(tri_last_error(), "kv_mixed_heavy 3"), "%s", tri_last_error());
+    sp.kv_type = TRI_DTYPE_Q4_0;
+    expect_refused(m, &sp, "kv_mixed_heavy 3");
+    tri_model_free(m);
+    free(l), free(rh.logits), free(rm.logits);
+}
+
+// ---- kv_type mixed as a speculative target ----
+
+// The f16 rows keep what a rollback needs: a step of max_step and `rollback` tokens more below the
+// length (whenever their buffer last moved), not a rollback past what they dropped.
+Test(kv_quant, mixed_ring_keeps_a_rollback_of_a_round) {
+    tri__backend *be = NULL;
+    cr_assert_eq(tri__backend_cpu_create(1, tri__cpu_simd_detect(), &be), TRI_STATUS_OK, "%s", tri_last_error());
+    enum { NKV = 1, HD = 32, STEP = 4, ROLL = 11, RECENT = 6 };
+    for (int32_t roll = 0; roll <= ROLL; roll += ROLL) {
+        tri__kv_policy_params kp = tri__kv_policy_default_params(TRI_KV_POLICY_FULL, 256);
+        kp.sink = 2, kp.recent = RECENT, kp.rollback = roll;
+        tri__kv_policy p;
+        cr_assert_eq(tri__kv_policy_init(&p, &kp, be, TRI_DTYPE_KV_MIXED, 1, NKV, NKV, HD, 256, STEP), TRI_STATUS_OK,
+                     "%s", tri_last_error());
+        float *k, *v, *q;
+        cr_assert_eq(be->ops->alloc(be, sizeof(float) * STEP * HD, (void **)&k), TRI_STATUS_OK);
+        cr_assert_eq(be->ops->alloc(be, sizeof(float) * STEP * HD, (void **)&v), TRI_STATUS_OK);
+        cr_assert_eq(be->ops->alloc(be, sizeof(float) * STEP * HD, (void **)&q), TRI_STATUS_OK);
+        for (int i = 0; i < STEP * HD; i++) k[i] = v[i] = q[i] = (float)(i % 7) * 0.25f;
+        tri__rope rope;
+        memset(&rope, 0, sizeof rope);
+        int32_t q_pos[STEP];
+        for (int step = 0; step < 20; step++) {  // 80 positions
+            const tri__kv_view *view;
+            float *ws;
+            cr_assert_eq(tri__kv_policy_begin(&p, STEP, &rope, q_pos), TRI_STATUS_OK, "%s", tri_last_error());
+            cr_assert_eq(tri__kv_policy_layer(&p, 0, q, k, v, &view, &ws), TRI_STATUS_OK, "%s", tri_last_error());
+            cr_assert_eq(tri__kv_policy_commit(&p), TRI_STATUS_OK, "%s", tri_last_error());
+        }
+        const int32_t keep = STEP + (roll ? roll : STEP);  // rows below the length still held
+        cr_assert_eq(tri__kv_policy_truncate(&p, 30), TRI_STATUS_UNSUPPORTED, "rollback %d", roll);
+        cr_assert(strstr(tri_last_error(), "kv_type mixed: cannot roll back"), "%s", tri_last_error());
+        cr_assert_eq(tri__kv_policy_truncate(&p, 80 - keep), TRI_STATUS_OK, "rollback %d: %s", roll, tri_last_error());
+        cr_assert_eq(tri__kv_policy_len(&p), 80 - keep);
+        be->ops->free(be, k), be->ops->free(be, v), be->ops->free(be, q);
+        tri__kv_policy_free(&p);
+    }
+    tri__backend_free(be);
+}
+
+typedef struct mixed_collect {
+    int32_t *out;
+    int32_t n;
+} mixed_collect;
+
+static bool mixed_on_token(int32_t tok, void *user) {
+    mixed_collect *c = user;
+    c->out[c->n++] = tok;
+    return true;
+}
+
+// A session or speculative engine's parameters: kv_type mixed with 2 sinks and a window of 6 in
+// f16 (kv_budget 8), steps of 4.
+static tri_session_params mixed_session(void) {
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 160;
+    sp.n_batch = 4;
+    sp.n_threads = 1;
+    sp.kv_type = TRI_DTYPE_KV_MIXED;
+    sp.kv_sink = 2;
+    sp.kv_budget = 8;
+    return sp;
+}
+
+// Each query of a mixed cache reads its own window, whatever pass it is in: the verification of a
+// speculative round's drafts (in steps of 4, rolled back where rejected), a token tree's nodes
+// moved into place. So greedy output in every mode the mixed cache serves (none; draft with a
+// model, the target itself, the target's first layer, n-grams; chains and trees) equals plain greedy decoding of the
+// same mixed cache token for token, and the plain decoding itself is that of the reference
+// (llama_ref.py --kv-mixed: mixed_cache_is_the_reference_with_f16_sinks_and_window).
+Test(kv_quant, mixed_spec_greedy_equals_plain_mixed_decoding, .timeout = TT_TIMEOUT(120)) {
+    tri_model *target, *draft;
+    cr_assert_eq(tri_model_load(tt_gen_model("kvqm-spec-t", "--seed 21 --heads 4 --kv-heads 2 --head-dim 32 "
+                                                            "--layers 3"), NULL, &target),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_model_load(tt_gen_model("kvqm-spec-d", "--seed 22 --layers 1 --embd 32 --ff 64 --heads 1 "
+                                                            "--kv-heads 1 --head-dim 32"), NULL, &draft),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    enum { NP = 48, NG = 40 };
+    int32_t prompt2[NP], want[NG], want16[NG], got[NG];
+    for (int i = 0; i < NP; i++) prompt2[i] = i % 8 < 5 ? 40 + (i % 8) : (i * 37) % 250 + 3;
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = NG;
+    gp.stop_at_eos = false;
+    for (int kind = 0; kind < 2; kind++) {  // the mixed cache, and f16 to tell them apart
+        tri_session_params sp = mixed_session();
+        if (kind) sp.kv_type = TRI_DTYPE_F16, sp.kv_sink = 0, sp.kv_budget = 0;
+        tri_session *s;
+        cr_assert_eq(tri_session_create(target, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        mixed_collect c = {kind ? want16 : want, 0};
+        cr_assert_eq(tri_generate(s, prompt2, NP, &gp, mixed_on_token, &c, NULL), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(c.n, NG);
+        tri_session_free(s);
+    }
+    // the same bits whatever the steps (passes of 4, of 3, one token at a time): each query's window
+    // is one run of f16 rows, wherever the buffer that holds them moved
+    const int32_t V = target->config.n_vocab;
+    float *lg[3];
+    for (int b = 0; b < 3; b++) {
+        tri_session_params sp = mixed_session();
+        sp.n_batch = b == 0 ? 4 : b == 1 ? 3 : 1;
+        tri_session *s;
+        cr_assert_eq(tri_session_create(target, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_session_eval(s, prompt2, NP, true), TRI_STATUS_OK, "%s", tri_last_error());
+        lg[b] = malloc(sizeof(float) * (size_t)NP * (size_t)V);
+        for (int i = 0; i < NP; i++)
+            memcpy(lg[b] + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * (size_t)V);
+        tri_session_free(s);
+    }
+    for (int b = 1; b < 3; b++)
+        cr_assert(memcmp(lg[0], lg[b], sizeof(float) * (size_t)NP * (size_t)V) == 0,
+                  "mixed: the prompt's logits in passes of %d differ from those in passes of 4", b == 1 ? 3 : 1);
+    for (int b = 0; b < 3; b++) free(lg[b]);
+    int differ = 0;
+    for (int i = 0; i < NG; i++) differ += want[i] != want16[i];
+    cr_log_info("mixed spec: plain mixed greedy differs from f16's at %d of %d tokens", differ, NG);
+    static const int32_t first[] = {0};
+    static const int32_t gammas[][2] = {{2, 6}, {1, 3}};
+    static const int32_t nodes[] = {0, 10, 40};
+    int runs = 0;
+    for (int mode = TRI_SPEC_MODE_NONE; mode <= TRI_SPEC_MODE_DRAFT; mode++)
+        for (int drafter = 0; drafter < (mode ? 4 : 1); drafter++)
+            for (int gi = 0; gi < 2; gi++)
+                for (int ni = 0; ni < (mode ? 3 : 1); ni++) {
+                    tri_spec_params p = tri_spec_default_params();
+                    p.mode = (tri_spec_mode)mode;
+                    p.drafter = drafter == 0 || drafter == 3 ? TRI_SPEC_DRAFTER_MODEL
+                                : drafter == 1 ? TRI_SPEC_DRAFTER_LAYERS : TRI_SPEC_DRAFTER_NGRAM;
+                    p.draft_model = drafter == 0 ? draft : drafter == 3 ? target : NULL;
+                    p.draft_layers = drafter == 1 ? first : NULL;
+                    p.n_draft_layers = drafter == 1 ? 1 : 0;
+                    p.ngram_n = drafter == 2 ? 3 : 0;
+                    p.gamma1 = gammas[gi][0];
+                    p.gamma2 = gammas[gi][1];
+                    p.tree_nodes = nodes[ni];
+                    tri_session_params sp = mixed_session();
+                    tri_spec *s;
+                    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_OK, "%s", tri_last_error());
+                    mixed_collect c = {got, 0};
+                    tri_spec_stats st;
+                    cr_assert_eq(tri_generate_spec(s, prompt2, NP, &gp, mixed_on_token, &c, &st), TRI_STATUS_OK,
+                                 "mode %d drafter %d gamma %d/%d tree %d: %s", mode, drafter, p.gamma1, p.gamma2,
+                                 p.tree_nodes, tri_last_error());
+                    cr_assert_eq(c.n, NG);
+                    for (int i = 0; i < NG; i++)
+                        cr_assert_eq(got[i], want[i], "mode %d drafter %d gamma %d/%d tree %d: token %d is %d, plain "
+                                     "mixed decoding's %d", mode, drafter, p.gamma1, p.gamma2, p.tree_nodes, i,
+                                     got[i], want[i]);
+                    // the target drafting over its own cache: passes that keep several tokens (the
+                    // seeded draft model's are rejected: passes rolled back by all their drafts)
+                    if (drafter == 3)
+                        cr_assert(st.n_l3_verify <= NG / 2, "target as draft: %lld L3 passes for %d tokens",
+                                  (long long)st.n_l3_verify, NG);
+                    tri_spec_free(s);
+                    runs++;
+                }
+    cr_log_info("mixed spec: %d configurations equal plain mixed decoding", runs);
+    // the window must hold a tree's depth; the retrieval modes borrow f16 or f32 rows
+    tri_session_params sp = mixed_session();
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_DRAFT;
+    p.drafter = TRI_SPEC_DRAFTER_NGRAM;
+    p.ngram_n = 3;
+    p.gamma2 = 7;
+    p.tree_nodes = 10;
+    tri_spec *s = NULL;
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(!s && strstr(tri_last_error(), "must hold gamma2 7"), "%s", tri_last_error());
+    p.mode = TRI_SPEC_MODE_RETRIEVAL;
+    p.tree_nodes = 0;
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_UNSUPPORTED);
+    cr_assert(!s && strstr(tri_last_error(), "kv_type mixed"), "%s", tri_last_error());
+    tri_model_free(draft);
+    tri_model_free(target);
+}
+
+// kv_type mixed offloaded: the q4_0 rows of the last layers in host memory, streamed through the
+// device every pass (here the CPU's buffers, as the offloaded full cache's tests run), the f16 sinks
+// and window in backend memory. The same bits as the mixed cache in memory, prompt and decoding,
+// plain and as a speculative target; the bytes streamed are q4_0's: 36 / 128 of an f16 cache's
+// (head_dim 32 x 2 KV heads: two blocks of 18 bytes per row against 128 bytes), row for row.
+Test(kv_quant, mixed_offloaded_streams_q4_0_rows, .timeout = TT_TIMEOUT(120)) {
+    tri_model *target;
+    cr_assert_eq(tri_model_load(tt_gen_model("kvqm-off-t", "--seed 21 --heads 4 --kv-heads 2 --head-dim 32 "
+                                                            "--layers 3"), NULL, &target),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    enum { NP = 48, NG = 24 };
+    int32_t prompt2[NP], tok[3][NG];
+    for (int i = 0; i < NP; i++) prompt2[i] = i % 8 < 5 ? 40 + (i % 8) : (i * 37) % 250 + 3;
+    const int32_t V = target->config.n_vocab;
+    float *lg[2];
+    uint64_t up[3], down[3];
+    // 0: mixed in memory, 1: mixed with every layer offloaded, 2: f16 offloaded alike
+    for (int k = 0; k < 3; k++) {
+        tri_session_params sp = mixed_session();
+        sp.kv_layers_offloaded = k ? 3 : 0;
+        if (k == 2) sp.kv_type = TRI_DTYPE_F16;
+        tri_session *s;
+        cr_assert_eq(tri_session_create(target, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        if (k < 2) {
+            cr_assert_eq(tri_session_eval(s, prompt2, NP, true), TRI_STATUS_OK, "%s", tri_last_error());
+            lg[k] = malloc(sizeof(float) * (size_t)NP * (size_t)V);
+            for (int i = 0; i < NP; i++)
+                memcpy(lg[k] + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * (size_t)V);
+            tri_session_reset(s);
+        }
+        tri_generate_params gp = tri_generate_default_params();
+        gp.n_predict = NG;
+        gp.stop_at_eos = false;
+        mixed_collect c = {tok[k], 0};
+        tri_generate_stats st;
+        cr_assert_eq(tri_generate(s, prompt2, NP, &gp, mixed_on_token, &c, &st), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        up[k] = st.kv_bytes_up, down[k] = st.kv_bytes_down;
+        tri_session_free(s);
+    }
+    cr_assert(memcmp(lg[0], lg[1], sizeof(float) * (size_t)NP * (size_t)V) == 0,
+              "mixed offloaded: the prompt's logits differ from the mixed cache in memory");
+    cr_assert(memcmp(tok[0], tok[1], sizeof tok[0]) == 0, "mixed offloaded: other greedy tokens");
+    cr_log_info("mixed offloaded: %llu bytes up, %llu down while decoding; f16 %llu, %llu",
+                (unsigned long long)up[1], (unsigned long long)down[1], (unsigned long long)up[2],
+                (unsigned long long)down[2]);
+    cr_assert(up[0] == 0 && up[1] > 0 && up[1] * 128 == up[2] * 36 && down[1] * 128 == down[2] * 36,
+              "mixed offloaded: %llu bytes up and %llu down, f16's %llu and %llu", (unsigned long long)up[1],
+              (unsigned long long)down[1], (unsigned long long)up[2], (unsigned long long)down[2]);
+    // as a speculative target, offloaded: the same tokens as plain mixed decoding
+    tri_session_params sp = mixed_session();
+    sp.kv_layers_offloaded = 2;
+    tri_spec_params p = tri_spec_default_params();
+    p.mode = TRI_SPEC_MODE_DRAFT;
+    p.drafter = TRI_SPEC_DRAFTER_NGRAM;
+    p.ngram_n = 3;
+    p.tree_nodes = 10;
+    tri_spec *spec;
+    cr_assert_eq(tri_spec_create(target, &sp, &p, &spec), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = NG;
+    gp.stop_at_eos = false;
+    int32_t got[NG];
+    mixed_collect c = {got, 0};
+    cr_assert_eq(tri_generate_spec(spec, prompt2, NP, &gp, mixed_on_token, &c, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    cr_assert(memcmp(got, tok[0], sizeof got) == 0, "mixed offloaded target: other greedy tokens");
+    tri_spec_free(spec);
+    free(lg[0]), free(lg[1]);
+    tri_model_free(target);
+}
+
+// Split attention over an offloaded mixed cache (kv_host_fraction): the device attends the streamed
+// rows below split_dev, the host the q4_0 rows past it where they lie and the f16 window copied down:
+// the same bits as the mixed cache in memory, with the device's part a whole chunk of 1,024 rows
+// (host fraction 0.05 over 1,100 positions) or nothing (fraction 1).
+Test(kv_quant, mixed_split_attention_equals_in_memory, .timeout = TT_TIMEOUT(120)) {
+    tri_model *target;
+    cr_assert_eq(tri_model_load(tt_gen_model("kvqm-split", "--seed 23 --heads 4 --kv-heads 2 --head-dim 32 "
+                                                           "--layers 3 --ctx 2048"), NULL, &target),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    enum { NP = 1100, NE = 8, NG = 12 };
+    int32_t *prompt2 = malloc(sizeof(int32_t) * NP), extra[NE], tok[3][NG];
+    for (int i = 0; i < NP; i++) prompt2[i] = i % 19 < 12 ? (i % 19) * 13 + 5 : (i * 41) % 250 + 3;
+    for (int i = 0; i < NE; i++) extra[i] = 7 + 11 * i;
+    const int32_t V = target->config.n_vocab;
+    float *lg[3];
+    const double frac[3] = {0, 0.05, 1.0};
+    uint64_t host[3];
+    for (int k = 0; k < 3; k++) {
+        tri_session_params sp = mixed_session();
+        sp.n_ctx = 1200;
+        sp.kv_layers_offloaded = k ? 3 : 0;
+        sp.kv_host_fraction = frac[k];
+        sp.kv_host_threads = 1;
+        tri_session *s;
+        cr_assert_eq(tri_session_create(target, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_session_eval(s, prompt2, NP, false), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_session_eval(s, extra, NE, true), TRI_STATUS_OK, "%s", tri_last_error());
+        lg[k] = malloc(sizeof(float) * NE * (size_t)V);
+        for (int i = 0; i < NE; i++)
+            memcpy(lg[k] + (int64_t)i * V, tri_session_logits(s, i), sizeof(float) * (size_t)V);
+        tri_session_reset(s);
+        tri_generate_params gp = tri_generate_default_params();
+        gp.n_predict = NG;
+        gp.stop_at_eos = false;
+        mixed_collect c = {tok[k], 0};
+        tri_generate_stats st;
+        cr_assert_eq(tri_generate(s, prompt2, NP, &gp, mixed_on_token, &c, &st), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        host[k] = st.kv_bytes_host;
+        tri_session_free(s);
+    }
+    for (int k = 1; k < 3; k++) {
+        cr_assert(memcmp(lg[0], lg[k], sizeof(float) * NE * (size_t)V) == 0,
+                  "mixed split (host fraction %g): logits differ from the cache in memory", frac[k]);
+        cr_assert(memcmp(tok[0], tok[k], sizeof tok[0]) == 0, "mixed split (host fraction %g): other tokens", frac[k]);
+        // decoding: each of 3 layers reads the q4_0 rows past the device's part in place (K and V,
+        // two blocks of 18 bytes a row), every token, whatever else
+        cr_assert(host[k] >= (uint64_t)NG * 3 * 2 * 36 * (k == 1 ? NP - 1024 - 8 : NP - 8) / 2,
+                  "host fraction %g: %llu bytes read on the host", frac[k], (unsigned long long)host[k]);
+    }
+    cr_log_info("mixed split: %llu and %llu bytes read in place on the host while decoding",
+                (unsigned long long)host[1], (unsigned long long)host[2]);
+    for (int k = 0; k < 3; k++) free(lg[k]);
+    free(prompt2);
+    tri_model_free(target);
+}
+
 // ---- refusals ----
 
 static void expect_refused(const tri_model *m, const tri_session_params *sp, const char *want) {
@@ -481,9 +853,6 @@ Test(kv_quant, refusals_name_kv_type) {
     // kv_type mixed: the full cache in backend memory, sinks inside its f16 tokens, no speculative
     // levels, no prompt cache file
     sp.kv_type = TRI_DTYPE_KV_MIXED;
-    sp.kv_layers_offloaded = 1;
-    expect_refused(m, &sp, "kv_type mixed");
-    sp.kv_layers_offloaded = 0;
     sp.kv_policy = TRI_KV_POLICY_H2O;
     sp.kv_budget = 64;
     expect_refused(m, &sp, "kv_type mixed");

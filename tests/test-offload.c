@@ -899,9 +899,10 @@ Test(offload, plan_autoregressive_and_gqa) {
 // Figures from the formats, not from the planner: a token of one Llama2-7B layer is 32 KV heads x
 // 128 dims = 4096 values each of K and V. q4_0 stores 32 values in 18 bytes (an f16 scale and 16
 // bytes of nibbles): 2 x 4096 / 32 x 18 = 4,608 bytes; f16: 2 x 4096 x 2 = 16,384. Mixed keeps
-// every row in q4_0 (host, stream, on-chip layers) and 16 sinks + 240 recent rows + a ring of two
-// 128-row steps = 512 f16 rows per layer on the GPU: 512 x 16,384 x 32 layers = 256 MiB (128 MiB on
-// each of two GPUs). On a 64 GiB host at 127K tokens the f16 cache (63.5 GiB + summaries) does not
+// every row in q4_0 (host, stream, on-chip layers) and, per layer on the GPU, 16 f16 sinks and a
+// buffer half as long again as what a step keeps (240 recent rows + a 128-row step + a 128-row
+// rollback = 496): 16 + 744 = 760 f16 rows, 760 x 16,384 x 32 layers = 380 MiB (190 MiB on each of
+// two GPUs). On a 64 GiB host at 127K tokens the f16 cache (63.5 GiB + summaries) does not
 // fit, mixed does.
 Test(offload, plan_kv_mixed_7b_127k_64g_host) {
     tri_model_config c = llama2_7b_128k();
@@ -921,8 +922,8 @@ Test(offload, plan_kv_mixed_7b_127k_64g_host) {
     cr_assert_eq(mix.params.kv_sink, 16);
     cr_assert_eq(mix.params.kv_window, 240);
     cr_assert_eq(mix.kv_layer_bytes, q4_tok * n);
-    cr_assert_eq(mix.gpu_kv_f16_bytes, 512 * f16_tok * 32);
-    cr_assert_eq(mix.gpu_kv_f16_bytes, (uint64_t)256 << 20);
+    cr_assert_eq(mix.gpu_kv_f16_bytes, 760 * f16_tok * 32);
+    cr_assert_eq(mix.gpu_kv_f16_bytes, (uint64_t)380 << 20);
     cr_assert_eq(q4.gpu_kv_f16_bytes, 0);
     cr_assert_eq(mix.n_weights_gpu, 32, "weights stay resident");
     cr_assert_eq(mix.host_kv_bytes, (uint64_t)mix.n_kv_host * q4_tok * n);
@@ -932,14 +933,14 @@ Test(offload, plan_kv_mixed_7b_127k_64g_host) {
     cr_assert_eq(mix.gpu_total_bytes, mix.params.gpu_reserve_bytes + mix.gpu_weight_bytes +
                                           (uint64_t)mix.on_chip * q4_tok * n + mix.gpu_kv_buffer_bytes +
                                           mix.gpu_retrieval_bytes + mix.gpu_draft_bytes + mix.gpu_act_bytes +
-                                          ((uint64_t)256 << 20));
-    // against q4_0: the f16 rows take 256 MiB of the card (never more KV layers on chip) and their
+                                          ((uint64_t)380 << 20));
+    // against q4_0: the f16 rows take 380 MiB of the card (never more KV layers on chip) and their
     // reads a little time; the bytes over PCIe per layer are q4_0's
     cr_assert(mix.on_chip <= q4.on_chip);
     cr_assert(mix.t_l3 >= q4.t_l3);
     if (mix.on_chip == q4.on_chip) {
         cr_assert_eq(mix.pcie_bytes_l3, q4.pcie_bytes_l3);
-        cr_assert_eq(mix.gpu_total_bytes, q4.gpu_total_bytes + ((uint64_t)256 << 20));
+        cr_assert_eq(mix.gpu_total_bytes, q4.gpu_total_bytes + ((uint64_t)380 << 20));
     }
     char text[8192];
     cr_assert_eq(tri_plan_format(&mix, text, sizeof text, NULL), TRI_STATUS_OK);
@@ -954,11 +955,11 @@ Test(offload, plan_kv_mixed_7b_127k_64g_host) {
     p.n_gpu = 2;
     tri_plan two;
     cr_assert_eq(tri_plan_compute(&m, &p, &two), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(two.gpu_kv_f16_bytes, (uint64_t)128 << 20);
-    // a window of its own: (4 + 60 + 256) rows
+    cr_assert_eq(two.gpu_kv_f16_bytes, (uint64_t)190 << 20);
+    // a window of its own: 4 sinks + 1.5 x (60 + 256) = 4 + 474 rows
     p.n_gpu = 1, p.kv_sink = 4, p.kv_window = 60;
     cr_assert_eq(tri_plan_compute(&m, &p, &mix), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(mix.gpu_kv_f16_bytes, 320 * f16_tok * 32);
+    cr_assert_eq(mix.gpu_kv_f16_bytes, 478 * f16_tok * 32);
     p.kv_sink = -1;
     cr_assert_eq(tri_plan_compute(&m, &p, &mix), TRI_STATUS_INVALID_ARGUMENT);
 }

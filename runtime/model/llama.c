@@ -325,6 +325,41 @@ static tri_status block_out(tri__llama *ll, const tri__layer *L, int32_t n) {
     return op->add(be, ll->x, ll->x, ll->proj, n * E);
 }
 
+// The attention of a step's n queries (q at q_pos, rotated at pos) over the policy's view; kv_type
+// mixed: each run of queries with the same f16 window over its own view (tri__kv_policy_mixed_view),
+// so that a query reads what it would in a step of its own.
+static tri_status attend_policy(tri__llama *ll, tri__kv_policy *pol, int32_t il, float *out, const float *q,
+                                const int32_t *q_pos, const int32_t *pos, int32_t n, const tri__kv_view *view,
+                                float *weight_sums) {
+    if (!pol->mixed) return attend_window(ll, out, q, q_pos, n, view, weight_sums);
+    const int64_t qd = (int64_t)ll->model->config.n_head * ll->model->config.head_dim;
+    if (tri__kv_policy_mixed_heavy(pol)) {  // each query after the last one's scores (policy-mixed.c)
+        for (int32_t i = 0; i < n; i++) {
+            float *ws;
+            const tri__kv_view *vq;
+            TRY(tri__kv_policy_mixed_query(pol, il, pos[i], &vq, &ws));
+            tri__kv_view v = *vq;
+            v.tree = view->tree;
+            TRY(attend_window(ll, out + i * qd, q + i * qd, q_pos + i, 1, &v, ws));
+            TRY(tri__kv_policy_mixed_scored(pol, il));
+        }
+        return TRI_STATUS_OK;
+    }
+    for (int32_t i0 = 0; i0 < n;) {
+        int32_t lo = tri__kv_policy_mixed_lo(pol, pos[i0]), i1 = i0 + 1;
+        while (i1 < n && tri__kv_policy_mixed_lo(pol, pos[i1]) == lo) i1++;
+        tri__kv_view v = *tri__kv_policy_mixed_view(pol, il, lo);
+        v.tree = view->tree;
+        if (tri__kv_store_splits(pol->kv, il))  // offloaded: the rows past split_dev on the host
+            TRY(tri__kv_store_attend_split_view(pol->kv, il, out + i0 * qd, q + i0 * qd, q_pos + i0, i1 - i0,
+                                                ll->model->config.n_head, &v));
+        else
+            TRY(attend_window(ll, out + i0 * qd, q + i0 * qd, q_pos + i0, i1 - i0, &v, weight_sums));
+        i0 = i1;
+    }
+    return TRI_STATUS_OK;
+}
+
 // One transformer block over the n tokens in ll->x at positions ll->pos (queries at ll->q_pos).
 static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t n) {
     const tri_model_config *c = &ll->model->config;
@@ -346,11 +381,11 @@ static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t
         treed.tree = ll->tree;
         view = &treed;
     }
-    if (tri__kv_store_splits(pol->kv, il))  // an offloaded layer, part attended where it lies on the host
+    if (tri__kv_store_splits(pol->kv, il) && !pol->mixed)  // an offloaded layer, part attended on the host
         TRY(tri__kv_store_attend_split(pol->kv, il, ll->att, ll->q, ll->q_pos, n, c->n_head, pol->step_n0 + n,
                                        ll->tree));
     else
-        TRY(attend_window(ll, ll->att, ll->q, ll->q_pos, n, view, weight_sums));
+        TRY(attend_policy(ll, pol, il, ll->att, ll->q, ll->q_pos, ll->pos, n, view, weight_sums));
     TRY(tri__kv_policy_observe(pol, il));
     return block_out(ll, L, n);  // and the feed-forward
 }
@@ -708,10 +743,10 @@ static tri_status batch_block(tri__llama *run, tri__llama_seq *seqs, const batch
         const tri__kv_view *view;
         float *weight_sums;
         TRY(tri__kv_policy_layer(pol, il, q, kr, v, &view, &weight_sums));
-        if (tri__kv_store_splits(pol->kv, il))
+        if (tri__kv_store_splits(pol->kv, il) && !pol->mixed)
             TRY(tri__kv_store_attend_split(pol->kv, il, att, q, ll->q_pos, nb, c->n_head, pol->step_n0 + nb, NULL));
         else
-            TRY(attend_window(ll, att, q, ll->q_pos, nb, view, weight_sums));
+            TRY(attend_policy(ll, pol, il, att, q, ll->q_pos, ll->pos, nb, view, weight_sums));
         TRY(tri__kv_policy_observe(pol, il));
     }
     for (int32_t k = 0; others && k < n_steps; k++) {

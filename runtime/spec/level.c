@@ -40,7 +40,18 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
                          params->n_ctx, params->n_batch);
     tri__kv_policy_params kp = tri__kv_policy_default_params(params->policy, params->n_ctx);
     switch (params->policy) {
-    case TRI_KV_POLICY_FULL: break;
+    case TRI_KV_POLICY_FULL:
+        if (params->kv_type == TRI_DTYPE_KV_MIXED) {  // the tokens kept in f16 too: sinks and window
+            kp.sink = params->sink > 0 ? params->sink : 16;
+            const int32_t f16 = params->budget > 0 ? params->budget : 256;
+            if (kp.sink >= f16)
+                return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                                 "level: kv_type mixed: kv_sink %d must be < kv_budget %d (the tokens kept in f16: "
+                                 "sinks and the recent window)", kp.sink, f16);
+            kp.recent = f16 - kp.sink;
+            kp.rollback = params->rollback;
+        }
+        break;
     case TRI_KV_POLICY_STREAMING:
         kp.budget = params->budget;
         kp.sink = params->sink;
@@ -77,11 +88,15 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
                            params->kv_offloaded, c->n_layer, tri__kv_policy_name(kp.kind));
             goto fail;
         }
-        if ((st = tri__kv_store_init_offload(&lv->store, be, params->kv_type, c->n_layer, c->n_head_kv, c->head_dim,
-                                             params->n_ctx, c->n_layer - params->kv_offloaded)))
+        const bool mixed = params->kv_type == TRI_DTYPE_KV_MIXED;  // the q4_0 rows stream, the f16 ones stay
+        if ((st = tri__kv_store_init_offload(&lv->store, be, mixed ? TRI_DTYPE_Q4_0 : params->kv_type, c->n_layer,
+                                             c->n_head_kv, c->head_dim, params->n_ctx,
+                                             c->n_layer - params->kv_offloaded)))
             goto fail;
         if ((st = tri__kv_store_set_split(&lv->store, params->kv_host_fraction, params->kv_host_threads))) goto fail;
-        if ((st = tri__kv_policy_wrap_full(&lv->pol, &lv->store, c->n_head, params->n_batch))) goto fail;
+        if ((st = mixed ? tri__kv_policy_wrap_mixed(&lv->pol, &kp, &lv->store, c->n_head, params->n_batch)
+                        : tri__kv_policy_wrap_full(&lv->pol, &lv->store, c->n_head, params->n_batch)))
+            goto fail;
     } else if (kp.kind == TRI_KV_POLICY_RETRIEVAL && params->kv_source) {
         const tri__kv_store *src = params->kv_source;
         if (src->n_layer != c->n_layer || src->n_head_kv != c->n_head_kv || src->head_dim != c->head_dim ||
@@ -252,6 +267,7 @@ tri_status tri__level_move_row(tri__level *lv, int32_t from, int32_t to) {
         }
         free(buf);
         TRY(st);
+        TRY(tri__kv_policy_row_moved(&tri__level_rank(lv, r)->pol, from, to));  // kv_type mixed's f16 rows
     }
     return TRI_STATUS_OK;
 }
@@ -393,7 +409,9 @@ static tri_status truncate_one(tri__level *lv, int32_t n_past) {
     if (n_past == len) return TRI_STATUS_OK;
     lv->n_logits = 0;
     tri_status st = tri__kv_policy_truncate(&lv->pol, n_past);
-    if (st && lv->pol.ring_rows) {  // past what its store keeps: a draft level starts again
+    // past what its store keeps: a draft level starts again, and so does a full cache of kv_type
+    // mixed rolled back past its f16 ring (deeper than a round: a new prompt's common prefix)
+    if (st && (lv->pol.ring_rows || lv->pol.mixed)) {
         tri__kv_policy_reset(&lv->pol);
         st = TRI_STATUS_OK;
     }

@@ -22,7 +22,9 @@ typedef struct tri__level_params {
     tri_kv_policy policy;  // FULL (L3), STREAMING (L1) or RETRIEVAL (L2); H2O is not a level's
     int32_t n_ctx;         // positions of context the level must serve (prompt + generated)
     int32_t n_batch;       // tokens per internal step of a long prefill
-    tri_dtype kv_type;     // F16 or F32
+    tri_dtype kv_type;     // F16 or F32; FULL also Q8_0, Q4_0 and TRI_DTYPE_KV_MIXED (budget: the
+                           // tokens kept in f16 too, sink: its sinks, rollback: the f16 ring's
+                           // rollback beyond a step; 0: 256, 16, n_batch)
     int32_t budget;        // STREAMING: sink + recent tokens kept; RETRIEVAL: tokens of selected
                            // chunks; 1 <= budget <= n_ctx (checked, never adjusted); n_ctx:
                            // nothing is evicted, the level is FULL

@@ -1285,8 +1285,17 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     if (sp.n_ctx < 0 || sp.n_batch < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative: n_ctx %d and n_batch %d must be >= 0",
                          sp.n_ctx, sp.n_batch);
-    // the levels' caches (retrieval's chunk means, StreamingLLM's window) read f16 or f32 rows
-    if (sp.kv_type != TRI_DTYPE_F16 && sp.kv_type != TRI_DTYPE_F32)
+    // the levels' caches (retrieval's chunk means, StreamingLLM's window) read f16 or f32 rows; an
+    // L3 of kv_type mixed serves the modes without L2 (L2 borrows L3's rows: f16 or f32 only)
+    const bool l3_mixed = sp.kv_type == TRI_DTYPE_KV_MIXED;
+    if (sp.kv_mixed_heavy != 0)
+        return tri__fail(TRI_STATUS_UNSUPPORTED, "speculative: kv_mixed_heavy %d: heavy hitters keep no history to "
+                         "roll back", sp.kv_mixed_heavy);
+    if (l3_mixed && (p.mode == TRI_SPEC_MODE_RETRIEVAL || p.mode == TRI_SPEC_MODE_TRIFORCE))
+        return tri__fail(TRI_STATUS_UNSUPPORTED,
+                         "speculative: kv_type mixed: modes none and draft only (L2, the retrieval cache of modes "
+                         "retrieval and triforce, borrows the full cache's rows, f16 or f32)");
+    if (sp.kv_type != TRI_DTYPE_F16 && sp.kv_type != TRI_DTYPE_F32 && !l3_mixed)
         return tri__fail(sp.kv_type == TRI_DTYPE_Q8_0 || sp.kv_type == TRI_DTYPE_Q4_0 ||
                                  sp.kv_type == TRI_DTYPE_KV_MIXED ? TRI_STATUS_UNSUPPORTED
                                                                                      : TRI_STATUS_INVALID_ARGUMENT,
@@ -1319,7 +1328,7 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         TRY(check_same_vocab(target, p.draft_model));
     }
     const bool draft_default = p.draft_kv_type == TRI_DTYPE_COUNT;  // may become q8_0 below
-    if (draft_default) p.draft_kv_type = sp.kv_type;
+    if (draft_default) p.draft_kv_type = l3_mixed ? TRI_DTYPE_F16 : sp.kv_type;
     if ((has_l1 && p.drafter != TRI_SPEC_DRAFTER_NGRAM) || has_l2) {  // L1's own cache, L2's gathered chunks
         if (!tri__kv_type_ok(p.draft_kv_type))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
@@ -1345,11 +1354,11 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     s->be = s->group.be[0];
     s->tw = s->group.weights[0];
     const int32_t n_ranks = s->group.n;
-    // draft caches left to the default: q8_0 where they can be, over an f16 target on the CPU or
-    // CUDA, which read such views (measured: more tokens per L3 pass at equal memory,
+    // draft caches left to the default: q8_0 where they can be, over an f16 (or mixed) target on
+    // the CPU or CUDA, which read such views (measured: more tokens per L3 pass at equal memory,
     // docs/benchmarks.md "Quantized draft caches"), else the session's type
     const bool typed_views = strcmp(s->be->ops->name, "cpu") == 0 || strcmp(s->be->ops->name, "cuda") == 0;
-    if (draft_default && sp.kv_type == TRI_DTYPE_F16 && typed_views && c->head_dim % TRI_QK == 0 &&
+    if (draft_default && (sp.kv_type == TRI_DTYPE_F16 || l3_mixed) && typed_views && c->head_dim % TRI_QK == 0 &&
         !(has_l1 && p.drafter == TRI_SPEC_DRAFTER_MODEL && p.draft_model->config.head_dim % TRI_QK != 0))
         p.draft_kv_type = TRI_DTYPE_Q8_0;
     if (has_l1 && p.drafter == TRI_SPEC_DRAFTER_LAYERS) {
@@ -1382,6 +1391,25 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     l3p.kv_offloaded = sp.kv_layers_offloaded;  // L3's full cache may stream from host memory
     l3p.kv_host_fraction = sp.kv_host_fraction;  // and be attended in part on the host
     l3p.kv_host_threads = sp.kv_host_threads;
+    if (l3_mixed && strcmp(s->be->ops->name, "cpu") != 0) {  // its views mix two types (backend.h span_types)
+        st = tri__fail(TRI_STATUS_UNSUPPORTED, "speculative: kv_type mixed is not supported on the %s backend yet "
+                       "(CPU only)", s->be->ops->name);
+        goto fail;
+    }
+    if (l3_mixed && p.tree_nodes > 0 && p.mode != TRI_SPEC_MODE_NONE &&
+        (sp.kv_budget > 0 ? sp.kv_budget : 256) - (sp.kv_sink > 0 ? sp.kv_sink : 16) < p.gamma2) {
+        // a node reads f16 by row, its ancestors' rows past their depths: the same rows as a
+        // chain's while the window holds the tree's depth
+        st = tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                       "speculative: kv_type mixed with tree_nodes %d: the recent window (kv_budget - kv_sink) must "
+                       "hold gamma2 %d tokens", p.tree_nodes, p.gamma2);
+        goto fail;
+    }
+    if (l3_mixed) {  // its f16 tokens, and a ring that keeps a round's rows: a rollback of a verification
+        l3p.budget = sp.kv_budget;  // pass (its drafts, a catch-up token, a tree's nodes) finds them
+        l3p.sink = sp.kv_sink;
+        l3p.rollback = p.gamma1 + p.gamma2 + 2 + p.tree_nodes;
+    }
     if ((st = level_init_ranks(s, &s->l3, s->group.weights, n_ranks, &l3p, NULL))) goto fail;
     if (has_l2) {
         // a budget left to the default is 4096 in whole chunks, or the full cache when the context

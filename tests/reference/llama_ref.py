@@ -18,9 +18,11 @@ usage:
 at a time with a KV cache (as transformers' generate does). --kv-quant q8_0|q4_0 makes that cache
 (and the prompt pass's) hold GGML-quantized rows, quantized by the gguf package: the model of a
 quantized KV cache. --kv-mixed S,W models kv_type mixed: every row in q4_0 (as --kv-quant q4_0) and
-also in f16; a pass starting at position n0 reads the f16 rows of positions below S (the sinks) and
-from n0 - W on (the recent window, and the pass's own), the q4_0 rows between. --batch B runs the
-prompt in passes of B tokens (as a runtime's n_batch), which matters only for --kv-mixed.
+also in f16; a query at position p reads the f16 rows of positions below S (the sinks) and from
+p - W on (the recent window, itself included), the q4_0 rows between, whatever pass it is in.
+--kv-mixed S,W,N also keeps up to N heavy hitters per layer and KV head in f16 (heavy_attention).
+--batch B runs the prompt in passes of B tokens (as a runtime's n_batch), which changes nothing but
+the order of the work.
 
 Also importable: Llama(dir).forward(tokens, start_pos, cache) for tests, or
 Llama(cfg=config_dict, weights=arrays) for weights converted in memory.
@@ -264,19 +266,31 @@ class Llama:
             cache[l][0] = np.concatenate([cache[l][0], k], axis=1)
             cache[l][1] = np.concatenate([cache[l][1], v], axis=1)
             Kc, Vc = cache[l][0], cache[l][1]
-            if self.kv_mixed:  # f16 rows for the sinks and from start_pos - W on
-                sinks, window = self.kv_mixed
-                kp = np.arange(Kc.shape[1])
-                full = ((kp < sinks) | (kp >= start_pos - window))[None, :, None]
-                Kc, Vc = np.where(full, cache[l][2], Kc), np.where(full, cache[l][3], Vc)
             # repeat_kv: KV head j serves query heads j * n_rep .. (j + 1) * n_rep - 1
-            K = np.repeat(Kc, nh // nkv, axis=0)  # (nh, S, hd)
-            V = np.repeat(Vc, nh // nkv, axis=0)
-            s = q @ K.transpose(0, 2, 1) / math.sqrt(hd)    # (nh, T, S)
+            rep = lambda a: np.repeat(a, nh // nkv, axis=0)  # (nkv, S, hd) -> (nh, S, hd)
+            s = q @ rep(Kc).transpose(0, 2, 1) / math.sqrt(hd)    # (nh, T, S)
+            if self.kv_mixed:  # query t reads f16 rows of the sinks and from its position - W on
+                sinks, window = self.kv_mixed[:2]
+                kp = np.arange(Kc.shape[1])
+                full = (kp[None, :] < sinks) | (kp[None, :] >= pos[:, None] - window)  # (T, S)
+                s = np.where(full[None], q @ rep(cache[l][2]).transpose(0, 2, 1) / math.sqrt(hd), s)
+            if self.kv_mixed and len(self.kv_mixed) > 2 and self.kv_mixed[2] > 0:
+                a = self.heavy_attention(cache[l], q, pos, mask)
+                a = a.transpose(1, 0, 2).reshape(T, nh * hd)
+                x = x + a @ self.w[p + "self_attn.o_proj.weight"].T
+                h = self.rms_norm(x, self.w[p + "post_attention_layernorm.weight"])
+                g = h @ self.w[p + "mlp.gate_proj.weight"].T
+                u = h @ self.w[p + "mlp.up_proj.weight"].T
+                x = x + (g / (1 + np.exp(-g)) * u) @ self.w[p + "mlp.down_proj.weight"].T
+                continue
             s = np.where(mask[None], -np.inf, s)
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             s /= s.sum(axis=-1, keepdims=True)
-            a = (s @ V).transpose(1, 0, 2).reshape(T, nh * hd)
+            if self.kv_mixed:
+                a = np.where(full[None], 0, s) @ rep(Vc) + np.where(full[None], s, 0) @ rep(cache[l][3])
+            else:
+                a = s @ rep(Vc)
+            a = a.transpose(1, 0, 2).reshape(T, nh * hd)
             x = x + a @ self.w[p + "self_attn.o_proj.weight"].T
             h = self.rms_norm(x, self.w[p + "post_attention_layernorm.weight"])
             g = h @ self.w[p + "mlp.gate_proj.weight"].T
@@ -284,6 +298,52 @@ class Llama:
             x = x + (g / (1 + np.exp(-g)) * u) @ self.w[p + "mlp.down_proj.weight"].T
         x = self.rms_norm(x, self.w["model.norm.weight"])
         return x @ self.lm_head.T
+
+    def heavy_attention(self, c, q, pos, mask):
+        """kv_mixed (S, W, N): the attention (nh, T, hd) of queries q (nh, T, hd) at positions pos, one
+        after the other, over the layer's cache c = [Kq, Vq, Kf, Vf, state]. Per KV head, up to N
+        positions past the window stay in f16 too (MiKV's heavy hitters): when a query at p moves the
+        window's start to lo = max(p - W, S), each position j that leaves it (ascending) joins the
+        head's pool while it has room, else replaces the pool's lowest score (the first slot of the
+        lowest) when its own score is higher; a position that leaves the pool, or never joins it,
+        reads q4_0 from then on. A position's score is the attention it received so far (H2O),
+        summed over the queries and the KV head's query heads."""
+        sinks, window, heavy = self.kv_mixed
+        nh, nkv, hd = self.n_head, self.n_head_kv, self.head_dim
+        g = nh // nkv
+        Kq, Vq, Kf, Vf = c[0], c[1], c[2], c[3]
+        S = Kq.shape[1]
+        if len(c) == 4:
+            c.append({"score": np.zeros((nkv, 0)), "pool": [[] for _ in range(nkv)], "lo_done": sinks})
+        st = c[4]
+        if st["score"].shape[1] < S:
+            st["score"] = np.concatenate([st["score"], np.zeros((nkv, S - st["score"].shape[1]))], axis=1)
+        score, pool = st["score"], st["pool"]
+        out = np.zeros((nh, len(pos), hd))
+        kp = np.arange(S)
+        for t, p in enumerate(pos):
+            lo = max(int(p) - window, sinks)
+            for j in range(st["lo_done"], lo):
+                for h in range(nkv):
+                    if len(pool[h]) < heavy:
+                        pool[h].append(j)
+                        continue
+                    low = min(range(heavy), key=lambda a: (score[h, pool[h][a]], a))
+                    if score[h, j] > score[h, pool[h][low]]:
+                        pool[h][low] = j
+            st["lo_done"] = max(st["lo_done"], lo)
+            for h in range(nkv):
+                full = (kp < sinks) | (kp >= lo)
+                full[pool[h]] = True
+                K = np.where(full[:, None], Kf[h], Kq[h])  # (S, hd)
+                V = np.where(full[:, None], Vf[h], Vq[h])
+                sc = q[h * g:(h + 1) * g, t] @ K.T / math.sqrt(hd)  # (g, S)
+                sc = np.where(mask[t][None], -np.inf, sc)
+                sc = np.exp(sc - sc.max(axis=-1, keepdims=True))
+                sc /= sc.sum(axis=-1, keepdims=True)
+                out[h * g:(h + 1) * g, t] = sc @ V
+                score[h] += sc.sum(axis=0)
+        return out
 
     def prefill(self, prompt, cache, batch=0):
         """Logits of the prompt in passes of batch tokens (0: one pass)."""
@@ -327,7 +387,7 @@ def main(argv=None):
         prompt = Tokenizer.from_file(str(Path(a.model) / "tokenizer.json")).encode(a.text).ids
     if not prompt:
         ap.error("empty prompt")
-    mixed = tuple(int(x) for x in a.kv_mixed.split(",")) if a.kv_mixed else None
+    mixed = tuple(int(x) for x in a.kv_mixed.split(",")) if a.kv_mixed else None  # S,W or S,W,N
     m = Llama(a.model, kv_quant=a.kv_quant, kv_quant_order=a.kv_quant_order, kv_mixed=mixed)
     vocab = m.embed.shape[0]
     if min(prompt) < 0 or max(prompt) >= vocab:
