@@ -608,9 +608,17 @@ static tri_status cpu_top_k(tri__backend *be, float *values, int32_t *indices, c
 
 static int32_t attn_key_pos(const tri__kv_span *sp, int64_t j) { return sp->pos ? sp->pos[j] : sp->pos0 + (int32_t)j; }
 
+// The longest head whose quantized keys the weight sums' pass reads (a row on the stack).
+#define ATTN_DQ_MAX 512
+
 static float attn_dot(const tri__cpu_kernels *kr, tri_dtype t, const float *q, const void *rows, int64_t j,
                       int64_t stride, int64_t hd) {
     if (t == TRI_DTYPE_F16) return kr->dot_f16(q, (const uint16_t *)rows + j * stride, hd);
+    if (t == TRI_DTYPE_Q8_0 || t == TRI_DTYPE_Q4_0) {  // the row's values in f32, as the main pass reads them
+        float x[ATTN_DQ_MAX];
+        tri__dequantize_row(x, (const uint8_t *)rows + tri__dtype_row_bytes(t, j * stride), t, hd);
+        return kr->dot_f32(q, x, hd);
+    }
     return kr->dot_f32(q, (const float *)rows + j * stride, hd);
 }
 
@@ -881,9 +889,9 @@ static void attn_weight_sums(void *arg, int64_t h0, int64_t h1) {
 // weight sums).
 static tri_status attn_type_ok(tri_dtype ty, int64_t hd, const float *weight_sums) {
     if (!tri__kv_type_ok(ty)) return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys", tri_dtype_name(ty));
-    if (tri__dtype_is_quantized(ty) && (hd % TRI_QK != 0 || weight_sums))
+    if (tri__dtype_is_quantized(ty) && (hd % TRI_QK != 0 || (weight_sums && hd > ATTN_DQ_MAX)))
         return tri__fail(TRI_STATUS_UNSUPPORTED, "cpu attention: %s keys with head_dim %lld%s", tri_dtype_name(ty),
-                         (long long)hd, weight_sums ? " and weight sums (H2O)" : "");
+                         (long long)hd, weight_sums ? " and weight sums (H2O: head_dim up to 512)" : "");
     return TRI_STATUS_OK;
 }
 
