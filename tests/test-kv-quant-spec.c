@@ -5,9 +5,13 @@
 // --kv-quant in test-kv-quant.c) token for token, in every mode: draft (L1's own cache),
 // retrieval and triforce (L2 gathering its chunks out of L3's quantized rows, in memory and
 // offloaded), and with token trees. L2's gathered rows are checked against L3's own rows: the same
-// blocks where the draft type is L3's, L3's values quantized again where it is another.
+// blocks where the draft type is L3's, L3's values quantized again where it is another. And
+// `offload-run generate --kv-type q8_0|q4_0 --spec ...` prints plain decoding's tokens.
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "dtype.h"
 #include "kv-policy.h"
@@ -135,4 +139,58 @@ Test(kv_quant_spec, q4_0_target_keeps_greedy_output, .timeout = TT_TIMEOUT(120))
     cr_assert_eq(tri_model_load(path, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
     check_target(m, TRI_DTYPE_Q4_0, TRI_DTYPE_Q8_0);
     tri_model_free(m);
+}
+
+// ---- offload-run generate ----
+
+// Runs `offload-run ARGS`, stdout into out, stderr into err; returns the exit status.
+static int cli(const char *args, char *out, size_t out_size, char *err, size_t err_size) {
+    const char *bin = getenv("TRI_OFFLOAD_RUN");
+    cr_assert(bin, "TRI_OFFLOAD_RUN is not set: run through meson test");
+    char o[4096], e[4096], cmd[24576], name[64];
+    snprintf(name, sizeof name, "kvqs-cli-%d.out", (int)getpid());  // Criterion's tests run in parallel
+    snprintf(o, sizeof o, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "kvqs-cli-%d.err", (int)getpid());
+    snprintf(e, sizeof e, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>'%s' </dev/null", bin, args, o, e);
+    int rc = system(cmd);
+    cr_assert(rc != -1 && WIFEXITED(rc), "%s", cmd);
+    char *so = tt_read_file(o, NULL), *se = tt_read_file(e, NULL);
+    snprintf(out, out_size, "%s", so);
+    snprintf(err, err_size, "%s", se);
+    free(so);
+    free(se);
+    return WEXITSTATUS(rc);
+}
+
+// --kv-type q8_0 / q4_0 with --spec draft, retrieval and triforce (small caches, so that L1 evicts
+// and L2 selects; L3 offloaded; a tree): the tokens of plain decoding with the same --kv-type.
+Test(kv_quant_spec, offload_run_generate_with_a_quantized_target, .timeout = TT_TIMEOUT(120)) {
+    const char *m = tt_gen_model("kvqs-cli", "--dtype f32 --heads 4 --kv-heads 2 --head-dim 32 --layers 4");
+    static char args[8192], out[1 << 16], err[1 << 16], plain[1 << 16];
+    const char *types[2] = {"q8_0", "q4_0"};
+    const char *modes[] = {"--spec draft --draft-layers 0-1 --draft-window 8 --draft-sink 2",
+                           "--spec retrieval --budget 8 --chunk 4 --refresh 4",
+                           "--spec triforce --draft-layers 0,2 --draft-window 8 --draft-sink 2 --budget 8 --chunk 4 "
+                           "--stats",
+                           "--spec triforce --draft-layers 0 --budget 8 --chunk 4 --kv-offload 2",
+                           "--spec triforce --draft-layers 0 --budget 8 --chunk 4 --draft-kv-type f16",
+                           "--spec retrieval --budget 8 --chunk 4 --tree-nodes 12"};
+    for (int t = 0; t < 2; t++) {
+        snprintf(args, sizeof args,
+                 "generate -m '%s' --tokens 17,260,3,99,42,42,301,7,150,5,77,270 -n 24 --ids --ignore-eos "
+                 "--kv-type %s", m, types[t]);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+        snprintf(plain, sizeof plain, "%s", out);
+        cr_assert(strlen(plain) > 24, "%s", plain);
+        for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+            snprintf(args, sizeof args,
+                     "generate -m '%s' --tokens 17,260,3,99,42,42,301,7,150,5,77,270 -n 24 --ids --ignore-eos "
+                     "--kv-type %s %s", m, types[t], modes[i]);
+            cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "--kv-type %s %s: %s", types[t], modes[i],
+                         err);
+            cr_assert_str_eq(out, plain, "--kv-type %s %s", types[t], modes[i]);
+        }
+        cr_assert(strstr(err, "generated: 24 tokens"), "%s", err);
+    }
 }
