@@ -56,8 +56,8 @@ static int check_l2_rows(tri_spec *spec, tri_dtype l3, tri_dtype gtype) {
             }
             cr_assert(tri__kv_policy_peek(&l2->pol, il, h, ids[0] * C, which, got));
             cr_assert(memcmp(got, want, (size_t)tri__dtype_row_bytes(gtype, hd)) == 0,
-                      "L2's gathered %s row of position %d (head %d) is not L3's %s row as %s",
-                      which ? "value" : "key", ids[0] * C, h, tri_dtype_name(l3), tri_dtype_name(gtype));
+                      "L2's gathered %s row of position %d (head %d) is not L3's %s row as %s", which ? "value" : "key",
+                      ids[0] * C, h, tri_dtype_name(l3), tri_dtype_name(gtype));
             compared++;
         }
     }
@@ -122,7 +122,9 @@ static void check_target(tri_model *m, tri_dtype type, tri_dtype other) {
     }
     cr_assert(gathered > 0 && gathered_offloaded > 0 && converted > 0,
               "L3 %s: L2 made no selection%s: its gather went untested", tri_dtype_name(type),
-              !gathered ? "" : !gathered_offloaded ? " over offloaded rows" : " of converted rows");
+              !gathered             ? ""
+              : !gathered_offloaded ? " over offloaded rows"
+                                    : " of converted rows");
 }
 
 Test(kv_quant_spec, q8_0_target_keeps_greedy_output, .timeout = TT_TIMEOUT(120)) {
@@ -179,14 +181,16 @@ Test(kv_quant_spec, offload_run_generate_with_a_quantized_target, .timeout = TT_
     for (int t = 0; t < 2; t++) {
         snprintf(args, sizeof args,
                  "generate -m '%s' --tokens 17,260,3,99,42,42,301,7,150,5,77,270 -n 24 --ids --ignore-eos "
-                 "--kv-type %s", m, types[t]);
+                 "--kv-type %s",
+                 m, types[t]);
         cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
         snprintf(plain, sizeof plain, "%s", out);
         cr_assert(strlen(plain) > 24, "%s", plain);
         for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
             snprintf(args, sizeof args,
                      "generate -m '%s' --tokens 17,260,3,99,42,42,301,7,150,5,77,270 -n 24 --ids --ignore-eos "
-                     "--kv-type %s %s", m, types[t], modes[i]);
+                     "--kv-type %s %s",
+                     m, types[t], modes[i]);
             cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "--kv-type %s %s: %s", types[t], modes[i],
                          err);
             cr_assert_str_eq(out, plain, "--kv-type %s %s", types[t], modes[i]);
