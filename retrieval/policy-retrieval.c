@@ -13,6 +13,25 @@
 // Rows of a quantized gather per get_rows / convert pair (bounds gf32).
 enum { GATHER_PIECE = 1024 };
 
+// The policy's rows are of its store's type (src's when borrowing): f16, f32, or a quantized full
+// cache's q8_0 / q4_0 blocks (head_dim a multiple of 32, so every head's row is whole blocks).
+// Bytes of one position of one layer (every KV head).
+static int64_t trow(const tri__kv_policy *p) { return tri__dtype_row_bytes(p->kv->type, kv_dim(p)); }
+// Bytes of one KV head's row.
+static int64_t hrow(const tri__kv_policy *p) { return tri__dtype_row_bytes(p->kv->type, p->head_dim); }
+// Bytes into a layer's rows where head h's row of position pos starts.
+static int64_t row_at(const tri__kv_policy *p, int64_t pos, int64_t h) { return pos * trow(p) + h * hrow(p); }
+
+// One head's row of type (f16, f32, q8_0 or q4_0) as n floats.
+static void row_to_f32(float *x, const char *row, tri_dtype type, int64_t n) {
+    if (tri__dtype_is_quantized(type))
+        tri__dequantize_row(x, row, type, n);
+    else if (type == TRI_DTYPE_F16)
+        for (int64_t d = 0; d < n; d++) x[d] = tri__f16_to_f32(((const uint16_t *)row)[d]);
+    else
+        memcpy(x, row, sizeof(float) * (size_t)n);
+}
+
 // Retrieval: one selection of chunks per (layer, KV head).
 typedef struct sel_entry {
     int32_t n_sel;   // cache length when it was made
@@ -195,7 +214,7 @@ tri_status tri__kv_policy_init_borrowed(tri__kv_policy *p, const tri__kv_policy_
     if ((st = ret_state_init(p))) goto fail;
     tri__retrieval_state *s = p->ret;
     s->ring = ring;
-    const int64_t rows = (int64_t)p->n_head_kv * p->p.budget, row_bytes = (int64_t)p->head_dim * esize(p);
+    const int64_t rows = (int64_t)p->n_head_kv * p->p.budget, row_bytes = hrow(p);
     s->gtype = src->type;
     if (tri__dtype_is_quantized(params->gather_type)) {
         if (p->head_dim % TRI_QK != 0) {
@@ -283,8 +302,7 @@ static layer_rows store_layer(tri__kv_store *kv, int32_t il) {
 static tri_status bound_rows(tri__kv_policy *p, const char *rows, int32_t nc, bool host) {
     tri__retrieval_state *s = p->ret;
     const int32_t C = p->p.chunk, hd = p->head_dim, kd = kv_dim(p);
-    const int64_t row = row_bytes(p);
-    const bool f16 = p->kv->type == TRI_DTYPE_F16;
+    const int64_t row = trow(p);
     if (!host) {
         if (!s->krows && !(s->krows = malloc((size_t)(s->rows_chunks * C * row))))
             return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: key rows for chunk bounds");
@@ -292,19 +310,20 @@ static tri_status bound_rows(tri__kv_policy *p, const char *rows, int32_t nc, bo
         TRY(p->be->ops->synchronize(p->be));
         rows = s->krows;
     }
+    float *x = malloc(sizeof(float) * (size_t)hd);  // one head's row
+    if (!x) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: a row of keys for chunk bounds");
     for (int32_t h = 0; h < p->n_head_kv; h++)
         for (int32_t c = 0; c < nc; c++) {
             float *mx = s->summ + ((int64_t)h * s->rows_chunks + c) * s->sdim, *mn = mx + hd;
             for (int32_t t = 0; t < C; t++) {
-                const char *r = rows + ((int64_t)c * C + t) * row;
+                row_to_f32(x, rows + ((int64_t)c * C + t) * row + h * hrow(p), p->kv->type, hd);
                 for (int32_t d = 0; d < hd; d++) {
-                    int64_t e = (int64_t)h * hd + d;
-                    float x = f16 ? tri__f16_to_f32(((const uint16_t *)r)[e]) : ((const float *)r)[e];
-                    if (t == 0 || x > mx[d]) mx[d] = x;
-                    if (t == 0 || x < mn[d]) mn[d] = x;
+                    if (t == 0 || x[d] > mx[d]) mx[d] = x[d];
+                    if (t == 0 || x[d] < mn[d]) mn[d] = x[d];
                 }
             }
         }
+    free(x);
     (void)kd;
     return TRI_STATUS_OK;
 }
@@ -319,7 +338,7 @@ static tri_status summarise_layer(tri__kv_policy *p, int32_t il, const layer_row
     tri__retrieval_state *s = p->ret;
     const tri__backend_ops *op = p->be->ops;
     const int32_t C = p->p.chunk, kd = kv_dim(p), hd = p->head_dim, nkv = p->n_head_kv;
-    const int64_t row = row_bytes(p);
+    const int64_t row = trow(p);
     const bool host = L->region || p->be->host_memory;
     for (int32_t c0 = first; c0 < last; c0 += s->rows_chunks) {
         const int32_t nc = last - c0 < s->rows_chunks ? last - c0 : s->rows_chunks;
@@ -387,7 +406,7 @@ static tri_status ring_put(tri__kv_policy *p, int32_t il, int32_t pos, int32_t n
                            bool region) {
     const tri__backend_ops *op = p->be->ops;
     const int32_t R = p->ret->ring;
-    const int64_t row = row_bytes(p);
+    const int64_t row = trow(p);
     for (int which = 0; which < 2; which++) {
         const char *from = which ? v : k;
         char *ring = which ? p->own.v[il] : p->own.k[il];
@@ -410,7 +429,7 @@ static tri_status ring_put(tri__kv_policy *p, int32_t il, int32_t pos, int32_t n
 
 // Copies rows pos .. pos + n - 1 of a layer's keys and values (L) into the ring.
 static tri_status ring_fill(tri__kv_policy *p, int32_t il, const layer_rows *L, int32_t pos, int32_t n) {
-    return ring_put(p, il, pos, n, L->k + pos * row_bytes(p), L->v + pos * row_bytes(p), L->region);
+    return ring_put(p, il, pos, n, L->k + pos * trow(p), L->v + pos * trow(p), L->region);
 }
 
 // Quantized gather out of backend memory: the rows at s->offs (bytes into from, rows of the
@@ -419,7 +438,7 @@ static tri_status ring_fill(tri__kv_policy *p, int32_t il, const layer_rows *L, 
 static tri_status gather_quantized(tri__kv_policy *p, void *to, const char *from) {
     tri__retrieval_state *s = p->ret;
     const tri__backend_ops *op = p->be->ops;
-    const int64_t rows = (int64_t)p->n_head_kv * p->p.budget, hd = p->head_dim, srow = hd * esize(p);
+    const int64_t rows = (int64_t)p->n_head_kv * p->p.budget, hd = p->head_dim, srow = hrow(p);
     const int64_t table = (int64_t)p->src->capacity * p->n_head_kv;
     for (int64_t r0 = 0; r0 < rows; r0 += GATHER_PIECE) {
         const int64_t n = rows - r0 < GATHER_PIECE ? rows - r0 : GATHER_PIECE;
@@ -434,13 +453,10 @@ static tri_status gather_quantized(tri__kv_policy *p, void *to, const char *from
 static tri_status quantize_stage(tri__kv_policy *p) {
     tri__retrieval_state *s = p->ret;
     const int64_t rows = (int64_t)p->n_head_kv * p->p.budget, hd = p->head_dim;
-    const bool f16 = p->src->type == TRI_DTYPE_F16;
     float *x = malloc(sizeof(float) * (size_t)hd);
     if (!x) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "kv policy retrieval: a row to quantize");
     for (int64_t r = 0; r < rows; r++) {
-        const char *row = (const char *)s->stage + r * hd * esize(p);
-        for (int64_t d = 0; d < hd; d++)
-            x[d] = f16 ? tri__f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+        row_to_f32(x, (const char *)s->stage + r * hrow(p), p->src->type, hd);
         tri__quantize_row((char *)s->gstage + r * s->grow, x, s->gtype, hd);
     }
     free(x);
@@ -451,13 +467,13 @@ static tri_status quantize_stage(tri__kv_policy *p) {
 static tri_status gather_layer(tri__kv_policy *p, const sel_entry *e, int32_t il, const layer_rows *L) {
     tri__retrieval_state *s = p->ret;
     const tri__backend_ops *op = p->be->ops;
-    const int32_t C = p->p.chunk, budget = p->p.budget, hd = p->head_dim, kd = kv_dim(p);
-    const int64_t es = esize(p), row_bytes = hd * es, rows = (int64_t)p->n_head_kv * budget;
+    const int32_t C = p->p.chunk, budget = p->p.budget;
+    const int64_t row_bytes = hrow(p), rows = (int64_t)p->n_head_kv * budget;
     for (int32_t h = 0; h < p->n_head_kv; h++) {
         int64_t i = (int64_t)il * p->n_head_kv + h, r = (int64_t)h * budget;
         const int32_t *ids = e->ids + i * s->kmax;
         for (int32_t a = 0; a < e->cnt[i]; a++)
-            for (int32_t t = 0; t < C; t++) s->offs[r++] = (((int64_t)ids[a] * C + t) * kd + (int64_t)h * hd) * es;
+            for (int32_t t = 0; t < C; t++) s->offs[r++] = row_at(p, (int64_t)ids[a] * C + t, h);
         for (; r < (int64_t)(h + 1) * budget; r++) s->offs[r] = 0;  // unused rows
     }
     const bool quant = s->gtype != p->src->type;
@@ -514,10 +530,10 @@ static tri_status ret_install(tri__kv_policy *p, const sel_entry *e, int32_t len
 // Adds head h's spans over the ring for positions from .. end - 1 (two where the ring wraps).
 static void ring_spans(tri__kv_policy *p, int32_t il, int32_t h, int32_t from, int32_t end, int32_t *ns) {
     const int32_t R = p->ret->ring;
-    const int64_t es = esize(p), kd = kv_dim(p);
+    const int64_t kd = kv_dim(p);
     while (from < end) {
         int32_t slot = from % R, n = end - from < R - slot ? end - from : R - slot;
-        int64_t off = ((int64_t)slot * kd + (int64_t)h * p->head_dim) * es;
+        int64_t off = row_at(p, slot, h);
         p->spans[(*ns)++] = (tri__kv_span){.pos0 = from, .n = n, .k = (const char *)p->own.k[il] + off,
                                            .v = (const char *)p->own.v[il] + off, .stride = kd, .type = p->kv->type};
         from += n;
@@ -881,7 +897,7 @@ static tri_status ret_select(tri__kv_policy *p, int32_t len) {
 // Layer il's view: the selected chunks, then the tokens since the selection's last whole chunk.
 static void ret_view(tri__kv_policy *p, int32_t il, int32_t end) {
     const sel_entry *e = ret_current(p);
-    const int64_t es = esize(p), kd = kv_dim(p);
+    const int64_t kd = kv_dim(p);
     const int32_t C = p->p.chunk;
     int32_t recent = e->bound;
     int32_t ns = 0;
@@ -898,7 +914,7 @@ static void ret_view(tri__kv_policy *p, int32_t il, int32_t end) {
                 p->spans[ns - 1].n += len;  // contiguous: one span, as the full view has
                 continue;
             }
-            int64_t off = ((int64_t)start * kd + (int64_t)h * p->head_dim) * es;
+            int64_t off = row_at(p, start, h);
             p->spans[ns++] = (tri__kv_span){.pos0 = start, .n = len, .k = (const char *)p->kv->k[il] + off,
                                             .v = (const char *)p->kv->v[il] + off, .stride = kd};
         }
@@ -974,7 +990,7 @@ tri_status tri__kv_policy_tap(tri__kv_policy *full, tri__kv_policy *ret, int32_t
                          s->ring, at - bound);
     if (s->tap_owner) tri__ret_tap_finish(s->tap_owner, false);  // armed before and never made
     if (!s->tap_rows)
-        TRY(ret->be->ops->alloc(ret->be, (size_t)(2 * (int64_t)ret->n_layer * ret->p.chunk * row_bytes(ret)),
+        TRY(ret->be->ops->alloc(ret->be, (size_t)(2 * (int64_t)ret->n_layer * ret->p.chunk * trow(ret)),
                                 &s->tap_rows));
     if (!s->tq && !(s->tq = malloc(sizeof(float) * (size_t)((int64_t)s->nq * ret->n_layer * ret->n_head *
                                                             ret->head_dim))))
@@ -998,7 +1014,7 @@ tri_status tri__kv_policy_tap(tri__kv_policy *full, tri__kv_policy *ret, int32_t
 
 // Where layer il's staged rows (keys: which 0, values 1) of a tap are.
 static char *tap_rows(tri__kv_policy *ret, int32_t il, int which) {
-    return (char *)ret->ret->tap_rows + (2 * (int64_t)il + which) * ret->p.chunk * row_bytes(ret);
+    return (char *)ret->ret->tap_rows + (2 * (int64_t)il + which) * ret->p.chunk * trow(ret);
 }
 
 tri_status tri__ret_tap_queries(tri__kv_policy *ret, int32_t il, const float *q, int32_t n0, int32_t m,
@@ -1039,7 +1055,7 @@ tri_status tri__ret_tap_layer(tri__kv_policy *ret, int32_t il, int32_t n_head, c
     TRY(gather_layer(ret, e, il, &L));
     // the rows from the bound: staged, the ring still holds the policy's own until it is taken
     if (e->bound < e->n_sel) {
-        const int64_t rb = row_bytes(ret);
+        const int64_t rb = trow(ret);
         size_t bytes = (size_t)((e->n_sel - e->bound) * rb);
         if (!op->copy) return tri__fail(TRI_STATUS_UNSUPPORTED, "kv policy retrieval: backend %s copies no rows", op->name);
         TRY(op->copy(ret->be, tap_rows(ret, il, 0), L.k + e->bound * rb, bytes));
@@ -1252,7 +1268,7 @@ int32_t tri__kv_policy_selection(const tri__kv_policy *p, int32_t il, int32_t h,
 }
 
 static bool ret_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int which, void *out) {
-    const int64_t es = esize(p), hd = p->head_dim, kd = kv_dim(p), row = hd * es;
+    const int64_t row = hrow(p);
     const sel_entry *e = ret_current(p);
     int32_t from_chunk = -1;  // the row of the selection's rows (own store: the position) holding pos
     if (e && pos < e->bound) {
@@ -1273,7 +1289,7 @@ static bool ret_peek(tri__kv_policy *p, int32_t il, int32_t h, int32_t pos, int 
         bytes = s->grow;
         src = (const char *)(which ? s->gv : s->gk)[il] + ((int64_t)h * p->p.budget + from_chunk) * bytes;
     } else if (pos >= s->tail0) {
-        src = (const char *)(which ? p->own.v : p->own.k)[il] + ((int64_t)(pos % s->ring) * kd + h * hd) * es;
+        src = (const char *)(which ? p->own.v : p->own.k)[il] + row_at(p, pos % s->ring, h);
     } else {  // below the tail with no selection: src's row
         return tri__kv_policy_peek_store(p->src, il, h, pos, which, out);
     }

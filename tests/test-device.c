@@ -1366,6 +1366,115 @@ Test(device, cuda_quantized_draft_caches_keep_greedy_output, .timeout = TT_TIMEO
     tri_model_free(m);
 }
 
+// A quantized target on the device: L3 of kv_type q8_0 / q4_0 (resident, and its 3 layers
+// offloaded), L2 gathering its chunks out of L3's blocks (copied with the draft type left to L3's,
+// converted by get_rows and convert into another quantized type). Greedy speculative decoding gives
+// the device's plain tokens with the same quantized cache in draft, retrieval and triforce modes;
+// L2's rows are checked against L3's own (the same bytes, or L3's values quantized again).
+Test(device, cuda_quantized_target_keeps_greedy_output, .timeout = TT_TIMEOUT(600)) {
+    if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("kvq",
+                                          "--layers 3 --heads 4 --kv-heads 2 --head-dim 32 --vocab 300 --seed 29 "
+                                          "--ctx 2048 --dtype f32"),
+                                NULL, &m),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    enum { NP = 40, NG = 8 };
+    int32_t prompt[NP], want[NG], got[NG];
+    long_prompt(prompt, NP);
+    static const int32_t layer0[] = {0};
+    const struct {
+        tri_dtype l3;
+        tri_spec_mode mode;
+        tri_dtype draft;  // TRI_DTYPE_COUNT: the default (L3's type)
+        int32_t off;
+    } runs[] = {
+        {TRI_DTYPE_Q8_0, TRI_SPEC_MODE_DRAFT, TRI_DTYPE_COUNT, 0},
+        {TRI_DTYPE_Q8_0, TRI_SPEC_MODE_RETRIEVAL, TRI_DTYPE_COUNT, 0},
+        {TRI_DTYPE_Q8_0, TRI_SPEC_MODE_TRIFORCE, TRI_DTYPE_Q4_0, 3},
+        {TRI_DTYPE_Q4_0, TRI_SPEC_MODE_TRIFORCE, TRI_DTYPE_COUNT, 3},
+        {TRI_DTYPE_Q4_0, TRI_SPEC_MODE_TRIFORCE, TRI_DTYPE_Q8_0, 0},
+    };
+    int gathered = 0, converted = 0;
+    tri_dtype plain_type = TRI_DTYPE_COUNT;
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        tri_session_params sp = tri_session_default_params();
+        sp.n_ctx = 64;
+        sp.n_batch = 16;
+        sp.n_threads = 1;
+        sp.kv_type = runs[r].l3;
+        sp.device_kind = TRI_DEVICE_CUDA;
+        tri_generate_params gp = tri_generate_default_params();
+        gp.n_predict = NG;
+        gp.stop_at_eos = false;
+        gp.sampler.temperature = 0.0f;
+        if (plain_type != runs[r].l3) {  // plain decoding on the device with this cache type
+            tri_session *s;
+            int32_t *w = want;
+            cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+            cr_assert_eq(tri_generate(s, prompt, NP, &gp, collect, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+            tri_session_free(s);
+            plain_type = runs[r].l3;
+        }
+        tri_spec_params p = tri_spec_default_params();
+        p.mode = runs[r].mode;
+        p.drafter = TRI_SPEC_DRAFTER_LAYERS;
+        p.draft_layers = layer0;
+        p.n_draft_layers = 1;
+        p.gamma1 = 2;
+        p.gamma2 = 4;
+        p.budget = 16;
+        p.chunk = 4;
+        p.draft_window = 16;
+        p.draft_sink = 4;
+        p.draft_kv_type = runs[r].draft;
+        sp.kv_layers_offloaded = runs[r].off;
+        tri_spec *e;
+        cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
+        const tri_dtype gtype = runs[r].draft == TRI_DTYPE_COUNT ? runs[r].l3 : runs[r].draft;
+        int32_t *g = got;
+        tri_spec_stats st;
+        cr_assert_eq(tri_generate_spec(e, prompt, NP, &gp, collect, &g, &st), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(g - got, NG);
+        for (int i = 0; i < NG; i++)
+            cr_assert_eq(got[i], want[i], "%s, L3 %s, drafts %s, mode %d, %d layers offloaded: token %d: %d, plain %d",
+                         tri_spec_device(e), tri_dtype_name(runs[r].l3), tri_dtype_name(gtype), (int)p.mode,
+                         runs[r].off, i, got[i], want[i]);
+        cr_assert(p.mode == TRI_SPEC_MODE_DRAFT ? st.l1_proposed > 0 : st.l2_proposed > 0, "run %zu drafted nothing",
+                  r);
+        if (p.mode != TRI_SPEC_MODE_DRAFT) {
+            tri__level *l2 = tri__spec_level(e, 2), *l3 = tri__spec_level(e, 3);
+            cr_assert(l3->pol.kv->type == runs[r].l3 && tri__kv_policy_selected_at(&l2->pol) >= 0,
+                      "run %zu: L2 made no selection over L3's %s rows", r, tri_dtype_name(runs[r].l3));
+            const int32_t hd = 32, C = l2->pol.p.chunk, il = l2->model->config.n_layer - 1;
+            for (int32_t h = 0; h < l2->pol.n_head_kv; h++) {
+                int32_t ids[64], n_sel;
+                if (tri__kv_policy_selection(&l2->pol, il, h, ids, &n_sel) <= 0) continue;
+                for (int which = 0; which < 2; which++) {
+                    uint8_t r3[64], got_row[64], want_row[64];
+                    float x[32];
+                    cr_assert(tri__kv_policy_peek(&l3->pol, il, h, ids[0] * C, which, r3));
+                    tri__dequantize_row(x, r3, runs[r].l3, hd);
+                    if (gtype == runs[r].l3)  // copied block-wise
+                        memcpy(want_row, r3, (size_t)tri__dtype_row_bytes(gtype, hd));
+                    else  // converted: L3's values quantized to the draft type
+                        cr_assert(tri__quantize_row(want_row, x, gtype, hd));
+                    cr_assert(tri__kv_policy_peek(&l2->pol, il, h, ids[0] * C, which, got_row));
+                    cr_assert(memcmp(got_row, want_row, (size_t)tri__dtype_row_bytes(gtype, hd)) == 0,
+                              "run %zu: L2's %s row of position %d (head %d) is not L3's %s row as %s", r,
+                              which ? "value" : "key", ids[0] * C, h, tri_dtype_name(runs[r].l3),
+                              tri_dtype_name(gtype));
+                    gathered++;
+                    if (gtype != runs[r].l3) converted++;
+                }
+            }
+        }
+        tri_spec_free(e);
+    }
+    cr_assert(gathered > 0 && converted > 0);
+    tri_model_free(m);
+}
+
 // kv_type mixed on the device (its full cache in q4_0, the sinks and the window in f16 as well: a
 // view of two types per step, backend.h span_types): greedy tokens equal the CPU's with the same
 // cache, and every prompt position's logits (passes of 4 tokens) within 1e-4 of their spread of

@@ -845,8 +845,9 @@ Test(kv_quant, refusals_name_kv_type) {
     tri_spec *spec = NULL;
     tri_spec_params pp = tri_spec_default_params();
     pp.mode = TRI_SPEC_MODE_RETRIEVAL;
-    cr_assert_neq(tri_spec_create(m, &sp, &pp, &spec), TRI_STATUS_OK);
-    cr_assert(!spec && strstr(tri_last_error(), "kv_type q8_0"), "%s", tri_last_error());
+    cr_assert_eq(tri_spec_create(m, &sp, &pp, &spec), TRI_STATUS_OK, "%s", tri_last_error());  // a q8_0 target
+    tri_spec_free(spec);
+    spec = NULL;
     tri_session *s = NULL;
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());  // the full cache: fine
     tri_session_free(s);

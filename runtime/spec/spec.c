@@ -1285,8 +1285,9 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     if (sp.n_ctx < 0 || sp.n_batch < 0)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "speculative: n_ctx %d and n_batch %d must be >= 0",
                          sp.n_ctx, sp.n_batch);
-    // the levels' caches (retrieval's chunk means, StreamingLLM's window) read f16 or f32 rows; an
-    // L3 of kv_type mixed serves the modes without L2 (L2 borrows L3's rows: f16 or f32 only)
+    // the levels' caches (retrieval's chunk means and gathered chunks, StreamingLLM's window) read
+    // f16, f32 or a quantized full cache's q8_0 / q4_0 rows; an L3 of kv_type mixed serves the modes
+    // without L2 (L2 borrows L3's rows, which mixed keeps in two precisions)
     const bool l3_mixed = sp.kv_type == TRI_DTYPE_KV_MIXED;
     if (sp.kv_mixed_heavy != 0)
         return tri__fail(TRI_STATUS_UNSUPPORTED, "speculative: kv_mixed_heavy %d: heavy hitters keep no history to "
@@ -1294,13 +1295,11 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     if (l3_mixed && (p.mode == TRI_SPEC_MODE_RETRIEVAL || p.mode == TRI_SPEC_MODE_TRIFORCE))
         return tri__fail(TRI_STATUS_UNSUPPORTED,
                          "speculative: kv_type mixed: modes none and draft only (L2, the retrieval cache of modes "
-                         "retrieval and triforce, borrows the full cache's rows, f16 or f32)");
-    if (sp.kv_type != TRI_DTYPE_F16 && sp.kv_type != TRI_DTYPE_F32 && !l3_mixed)
-        return tri__fail(sp.kv_type == TRI_DTYPE_Q8_0 || sp.kv_type == TRI_DTYPE_Q4_0 ||
-                                 sp.kv_type == TRI_DTYPE_KV_MIXED ? TRI_STATUS_UNSUPPORTED
-                                                                                     : TRI_STATUS_INVALID_ARGUMENT,
-                         "speculative: kv_type %s: speculative modes hold f16 or f32 caches (q8_0 and q4_0: "
-                         "autoregressive decoding only)", tri_dtype_name(sp.kv_type));
+                         "retrieval and triforce, borrows the full cache's rows: f16, f32, q8_0 or q4_0)");
+    if (!tri__kv_type_ok(sp.kv_type) && !l3_mixed)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "speculative: kv_type %s: speculative modes hold f16, f32, q8_0, q4_0 or mixed caches",
+                         tri_dtype_name(sp.kv_type));
     if (p.gamma1 == 0) p.gamma1 = 2;
     if (p.gamma2 == 0) p.gamma2 = 6;
     if (p.ngram_n == 0) p.ngram_n = 3;
