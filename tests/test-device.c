@@ -1490,16 +1490,21 @@ Test(device, cuda_mixed_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
                  TRI_STATUS_OK, "%s", tri_last_error());
     enum { NP = 40, NG = 8 };
     const int32_t nv = m->config.n_vocab;
-    int32_t prompt[NP], tok[3][NG];
+    enum { NR = 5 };
+    int32_t prompt[NP], tok[NR][NG];
     long_prompt(prompt, NP);
-    float *logits[3];
-    // the CPU's mixed cache, the device's, the device's f16 cache
+    float *logits[NR];
+    // the CPU's mixed cache, the device's, the device's f16 cache, the device's mixed cache with its
+    // last two layers' q4_0 rows offloaded, and offloaded with half their rows attended on the host
     const struct {
         tri_device_kind kind;
         tri_dtype type;
-    } runs[3] = {{TRI_DEVICE_CPU, TRI_DTYPE_KV_MIXED}, {TRI_DEVICE_CUDA, TRI_DTYPE_KV_MIXED},
-                 {TRI_DEVICE_CUDA, TRI_DTYPE_F16}};
-    for (int r = 0; r < 3; r++) {
+        int32_t offloaded;
+        float host;
+    } runs[NR] = {{TRI_DEVICE_CPU, TRI_DTYPE_KV_MIXED, 0, 0}, {TRI_DEVICE_CUDA, TRI_DTYPE_KV_MIXED, 0, 0},
+                  {TRI_DEVICE_CUDA, TRI_DTYPE_F16, 0, 0},      {TRI_DEVICE_CUDA, TRI_DTYPE_KV_MIXED, 2, 0},
+                  {TRI_DEVICE_CUDA, TRI_DTYPE_KV_MIXED, 2, 0.5f}};
+    for (int r = 0; r < NR; r++) {
         tri_session_params sp = tri_session_default_params();
         sp.n_ctx = 64;
         sp.n_batch = 4;
@@ -1508,6 +1513,8 @@ Test(device, cuda_mixed_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
         sp.kv_type = runs[r].type;
         sp.kv_sink = 2;
         sp.kv_budget = 6;
+        sp.kv_layers_offloaded = runs[r].offloaded;
+        sp.kv_host_fraction = runs[r].host;
         tri_session *s;
         cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
         cr_assert_eq(tri_session_eval(s, prompt, NP, true), TRI_STATUS_OK, "%s", tri_last_error());
@@ -1525,7 +1532,8 @@ Test(device, cuda_mixed_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
         cr_assert_eq(w - tok[r], NG);
         tri_session_free(s);
     }
-    double d_cpu = 0, d_f16 = 0;  // largest difference from the device's mixed logits, per row's spread
+    // largest difference from the device's mixed logits, per row's spread
+    double d_cpu = 0, d_f16 = 0, d_off[2] = {0, 0};
     for (int i = 0; i < NP; i++) {
         const float *a = logits[1] + (int64_t)i * nv, *c = logits[0] + (int64_t)i * nv;
         const float *f = logits[2] + (int64_t)i * nv;
@@ -1535,6 +1543,8 @@ Test(device, cuda_mixed_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
         for (int j = 0; j < nv; j++) {
             d_cpu = fmax(d_cpu, fabs((double)a[j] - (double)c[j]) / scale);
             d_f16 = fmax(d_f16, fabs((double)a[j] - (double)f[j]) / scale);
+            for (int o = 0; o < 2; o++)
+                d_off[o] = fmax(d_off[o], fabs((double)a[j] - (double)logits[3 + o][(int64_t)i * nv + j]) / scale);
         }
     }
     cr_log_info("mixed on the device: logits %.2e from the CPU's mixed cache, %.2e from the device's f16 cache", d_cpu,
@@ -1545,7 +1555,16 @@ Test(device, cuda_mixed_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
     cr_assert(d_cpu <= 1e-4, "mixed on the device: logits %.3e from the CPU's", d_cpu);
     cr_assert(d_f16 > 10 * d_cpu, "mixed on the device: its logits (%.2e from the CPU's) should be measurably "
               "farther from the f16 cache's (%.2e)", d_cpu, d_f16);
-    for (int r = 0; r < 3; r++) free(logits[r]);
+    // offloaded (the q4_0 rows stream, the f16 ones stay) and split: the in-memory cache's output
+    for (int o = 0; o < 2; o++) {
+        cr_log_info("mixed on the device, offloaded%s: logits %.2e from in memory", o ? " and split" : "", d_off[o]);
+        cr_assert(d_off[o] <= 1e-4, "mixed offloaded%s on the device: logits %.3e from in memory", o ? " and split" : "",
+                  d_off[o]);
+        for (int i = 0; i < NG; i++)
+            cr_assert_eq(tok[3 + o][i], tok[1][i], "mixed offloaded%s on the device: token %d: %d, in memory %d",
+                         o ? " and split" : "", i, tok[3 + o][i], tok[1][i]);
+    }
+    for (int r = 0; r < NR; r++) free(logits[r]);
     tri_model_free(m);
 }
 
