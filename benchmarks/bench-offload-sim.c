@@ -469,21 +469,31 @@ static tri_status tree_rows(const l3_ctx *x, const tri_plan_model *pm, const tri
     return st;
 }
 
-static int run_paper(const sim_opts *o) {
-    const tri__sim_profile *prof = tri__sim_profile_find(o->profile);
-    if (!prof) {
+// The profile --profile names and the curve --accept-curve reads (*cv NULL without one): 0, or the
+// exit status after saying what is wrong.
+static int sim_inputs(const sim_opts *o, const tri__sim_profile **prof, tri__sim_curve *curve,
+                      const tri__sim_curve **cv) {
+    *cv = NULL;
+    if (!(*prof = tri__sim_profile_find(o->profile))) {
         sim_usage();
         return 2;
     }
-    tri__sim_curve curve;
-    const tri__sim_curve *cv = NULL;
     if (o->curve_path) {
-        if (tri__sim_curve_read(o->curve_path, &curve)) {
+        if (tri__sim_curve_read(o->curve_path, curve)) {
             fprintf(stderr, "bench-offload: %s\n", tri_last_error());
             return 2;
         }
-        cv = &curve;
+        *cv = curve;
     }
+    return 0;
+}
+
+static int run_paper(const sim_opts *o) {
+    const tri__sim_profile *prof;
+    tri__sim_curve curve;
+    const tri__sim_curve *cv;
+    int rc = sim_inputs(o, &prof, &curve, &cv);
+    if (rc) return rc;
     const tri__sim_host *hosts[4];
     int n_hosts = 0;
     if (strcmp(o->hosts, "none")) {
@@ -532,14 +542,14 @@ static int run_paper(const sim_opts *o) {
     printf("forced acceptance: alpha %.2f (L3 accepts an L2 token), beta %.2f (L2 accepts an L1 token), gamma1 %d\n",
            o->alpha, o->beta, o->gamma1);
     printf("every level's cache of the KV type in the first column (the planner's assumption; the runtime's "
-           "speculative modes hold f16 or f32 caches so far: q8_0 / q4_0 / mixed rows of TriForce are a prediction; "
+           "TriForce holds q8_0 / q4_0 full caches, but not mixed ones: the mixed TriForce rows are a prediction; "
            "mixed: q4_0 rows streamed and stored, 16 + 240 f16 rows read from a resident ring of 512 per layer)\n");
     printf("\n| KV | mode | budget | gamma2 | resident blocks | KV layers on device | L3 pass ms | L2 pass ms | L1 pass ms | tokens/round "
            "| ms/token (simulated) | planner ms/token | MB over PCIe/token | PCIe floor ms/token | transfer hidden "
            "| compute overlapped | paper ms/token |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     double paper_ar = o->gpus == 2 ? 840 : 1516, paper_tf = o->gpus == 2 ? 108 : 312;
-    int rc = 0;
+    rc = 0;
     size_t cap_rows = 1 << 16, n_rows = 0;
     char *rows = calloc(1, cap_rows);  // the split table, printed after the main one
     sbuf trows = {0};                  // the chain vs tree table, after that
@@ -905,20 +915,11 @@ static tri_status batch_time(const sim_opts *o, tri__backend *be, const tri__sim
 // B x E(L3's chain of gamma2); at the stated rates and, with --accept-curve, at the curve's. The
 // autoregressive batch beside it (its own placement, one row per sequence per pass).
 static int run_batch(const sim_opts *o) {
-    const tri__sim_profile *prof = tri__sim_profile_find(o->profile);
-    if (!prof) {
-        sim_usage();
-        return 2;
-    }
+    const tri__sim_profile *prof;
     tri__sim_curve curve;
-    const tri__sim_curve *cv = NULL;
-    if (o->curve_path) {
-        if (tri__sim_curve_read(o->curve_path, &curve)) {
-            fprintf(stderr, "bench-offload: %s\n", tri_last_error());
-            return 2;
-        }
-        cv = &curve;
-    }
+    const tri__sim_curve *cv;
+    int rc = sim_inputs(o, &prof, &curve, &cv);
+    if (rc) return rc;
     tri_model_config full, tc, dc;
     bench_shape(o->shape, &full);
     bench_shape("llama-68m", &dc);
@@ -964,7 +965,7 @@ static int run_batch(const sim_opts *o) {
         "tokens/s | autoregressive tokens/s (simulated) | TriForce / autoregressive | paper |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     double base[2] = {0, 0};
-    int rc = 0;
+    rc = 0;
     for (int bi = 0; bi < o->n_batches && !rc; bi++) {
         const int32_t B = o->batches[bi];
         tri_plan_params pp = tri_plan_default_params();
