@@ -1568,6 +1568,71 @@ Test(device, cuda_mixed_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
     tri_model_free(m);
 }
 
+// kv_type mixed as the speculative target on the device (mode draft, the target's first layer as
+// the drafter: a chain and a token tree, each in memory and with the last two layers' q4_0 rows
+// offloaded): greedy output equals plain greedy decoding of the device's mixed cache, token for token.
+Test(device, cuda_mixed_target_keeps_greedy_output, .timeout = TT_TIMEOUT(600)) {
+    if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
+    tri_model *m;
+    cr_assert_eq(tri_model_load(gen_model("kvq",
+                                          "--layers 3 --heads 4 --kv-heads 2 --head-dim 32 --vocab 300 --seed 29 "
+                                          "--ctx 2048 --dtype f32"),
+                                NULL, &m),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    enum { NP = 40, NG = 12 };
+    int32_t prompt[NP], want[NG], got[NG], *w = want;
+    long_prompt(prompt, NP);
+    tri_session_params sp = tri_session_default_params();
+    sp.n_ctx = 96;
+    sp.n_batch = 4;
+    sp.n_threads = 1;
+    sp.device_kind = TRI_DEVICE_CUDA;
+    sp.kv_type = TRI_DTYPE_KV_MIXED;
+    sp.kv_sink = 2;
+    sp.kv_budget = 10;  // a window of 8 f16 rows: the 40-token prompt reads q4_0 rows, a tree's nodes f16
+    tri_generate_params gp = tri_generate_default_params();
+    gp.n_predict = NG;
+    gp.stop_at_eos = false;
+    gp.sampler.temperature = 0.0f;
+    tri_session *s;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate(s, prompt, NP, &gp, collect, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_session_free(s);
+    static const int32_t layer0[] = {0};
+    const struct {
+        tri_spec_drafter drafter;
+        int32_t tree_nodes, off;
+    } runs[] = {{TRI_SPEC_DRAFTER_LAYERS, 0, 0},
+                {TRI_SPEC_DRAFTER_LAYERS, 8, 0},
+                {TRI_SPEC_DRAFTER_LAYERS, 0, 2},
+                {TRI_SPEC_DRAFTER_LAYERS, 8, 2}};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        tri_spec_params p = tri_spec_default_params();
+        p.mode = TRI_SPEC_MODE_DRAFT;
+        p.drafter = runs[r].drafter;
+        p.draft_layers = layer0;
+        p.n_draft_layers = 1;
+        p.gamma2 = 4;
+        p.tree_nodes = runs[r].tree_nodes;
+        p.draft_window = 16;
+        p.draft_sink = 4;
+        tri_session_params rsp = sp;
+        rsp.kv_layers_offloaded = runs[r].off;
+        tri_spec *e;
+        cr_assert_eq(tri_spec_create(m, &rsp, &p, &e), TRI_STATUS_OK, "run %zu: %s", r, tri_last_error());
+        int32_t *g = got;
+        tri_spec_stats st;
+        cr_assert_eq(tri_generate_spec(e, prompt, NP, &gp, collect, &g, &st), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(g - got, NG);
+        for (int i = 0; i < NG; i++)
+            cr_assert_eq(got[i], want[i], "mixed target on %s, run %zu (tree %d, %d layers offloaded): token %d: %d, "
+                         "plain %d", tri_spec_device(e), r, runs[r].tree_nodes, runs[r].off, i, got[i], want[i]);
+        cr_assert(st.l1_proposed > 0, "run %zu drafted nothing", r);
+        tri_spec_free(e);
+    }
+    tri_model_free(m);
+}
+
 // ---- the model families on the device ----
 
 // Each family's tiny model (tests/fixtures/families, transformers' greedy tokens in golden.txt) on

@@ -1390,9 +1390,10 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     l3p.kv_offloaded = sp.kv_layers_offloaded;  // L3's full cache may stream from host memory
     l3p.kv_host_fraction = sp.kv_host_fraction;  // and be attended in part on the host
     l3p.kv_host_threads = sp.kv_host_threads;
-    if (l3_mixed && strcmp(s->be->ops->name, "cpu") != 0) {  // its views mix two types (backend.h span_types)
-        st = tri__fail(TRI_STATUS_UNSUPPORTED, "speculative: kv_type mixed is not supported on the %s backend yet "
-                       "(CPU only)", s->be->ops->name);
+    // its views mix two types (backend.h span_types), which the CPU and CUDA attention read
+    if (l3_mixed && strcmp(s->be->ops->name, "cpu") != 0 && strcmp(s->be->ops->name, "cuda") != 0) {
+        st = tri__fail(TRI_STATUS_UNSUPPORTED, "speculative: kv_type mixed is not supported on the %s backend "
+                       "(CPU and CUDA only)", s->be->ops->name);
         goto fail;
     }
     if (l3_mixed && p.tree_nodes > 0 && p.mode != TRI_SPEC_MODE_NONE &&
