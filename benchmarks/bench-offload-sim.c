@@ -488,6 +488,27 @@ static int sim_inputs(const sim_opts *o, const tri__sim_profile **prof, tri__sim
     return 0;
 }
 
+// The planner's parameters for a run on the simulated profile p: its rates and memory, n_ctx
+// tokens, a retrieval budget, the KV type and the stated acceptance (mode TriForce, the default).
+static tri_plan_params sim_plan_params(const sim_opts *o, const tri__sim_profile *p, int32_t n_ctx, int32_t budget,
+                                       tri_dtype kv_type) {
+    tri_plan_params pp = tri_plan_default_params();
+    pp.n_ctx = n_ctx;
+    pp.n_gpu = o->gpus;
+    pp.gpu_mem_bytes = p->mem_bytes;
+    pp.pcie_gbps = p->h2d_gbps;
+    pp.gpu_mem_gbps = p->mem_gbps;
+    pp.gpu_tflops = p->matmul_tflops;
+    pp.layer_overhead_us = 0;
+    pp.retrieval_budget = budget;
+    if (o->reserve) pp.gpu_reserve_bytes = o->reserve;  // 1 byte for --reserve 0, as bench-offload
+    pp.gamma1 = o->gamma1;
+    pp.accept_l1 = o->beta;
+    pp.accept_l2 = o->alpha;
+    pp.kv_type = kv_type;
+    return pp;
+}
+
 static int run_paper(const sim_opts *o) {
     const tri__sim_profile *prof;
     tri__sim_curve curve;
@@ -569,22 +590,10 @@ static int run_paper(const sim_opts *o) {
         int32_t rows_max = g2max;  // the L3 store holds the longest pass's rows past the context
         for (int i = 0; i < o->n_trees; i++) rows_max = o->trees[i] > rows_max ? o->trees[i] : rows_max;
         // the planner, on the whole model and both GPUs, with the profile's rates
-        tri_plan_params pp = tri_plan_default_params();
+        tri_plan_params pp = sim_plan_params(o, &p, o->ctx + g2max + 1, budget, kvt);
         pp.mode = ar ? TRI_PLAN_MODE_AUTOREGRESSIVE : TRI_PLAN_MODE_TRIFORCE;
-        pp.n_ctx = o->ctx + g2max + 1;  // the chains' placement; a tree's longer pass takes a few more rows
+        // pp.n_ctx: the chains' placement; a tree's longer pass takes a few more rows
         const int32_t cap3 = o->ctx + rows_max + 1;
-        pp.n_gpu = o->gpus;
-        pp.gpu_mem_bytes = p.mem_bytes;
-        pp.pcie_gbps = p.h2d_gbps;
-        pp.gpu_mem_gbps = p.mem_gbps;
-        pp.gpu_tflops = p.matmul_tflops;
-        pp.layer_overhead_us = 0;
-        pp.retrieval_budget = budget;
-        if (o->reserve) pp.gpu_reserve_bytes = o->reserve;  // 1 byte for --reserve 0, as bench-offload
-        pp.gamma1 = o->gamma1;
-        pp.accept_l1 = o->beta;
-        pp.accept_l2 = o->alpha;
-        pp.kv_type = kvt;
         tri_plan_model pm, dm;
         tri_model *whole = NULL;
         if (tri__model_synthetic_shape(&full, o->weights, &whole)) {
@@ -968,21 +977,8 @@ static int run_batch(const sim_opts *o) {
     rc = 0;
     for (int bi = 0; bi < o->n_batches && !rc; bi++) {
         const int32_t B = o->batches[bi];
-        tri_plan_params pp = tri_plan_default_params();
-        pp.n_ctx = o->ctx + g2 + 1;
-        pp.n_gpu = o->gpus;
-        pp.gpu_mem_bytes = p.mem_bytes;
-        pp.pcie_gbps = p.h2d_gbps;
-        pp.gpu_mem_gbps = p.mem_gbps;
-        pp.gpu_tflops = p.matmul_tflops;
-        pp.layer_overhead_us = 0;
-        pp.retrieval_budget = budget;
-        if (o->reserve) pp.gpu_reserve_bytes = o->reserve;
-        pp.gamma1 = o->gamma1;
+        tri_plan_params pp = sim_plan_params(o, &p, o->ctx + g2 + 1, budget, kvt);
         pp.gamma2 = g2;
-        pp.accept_l1 = o->beta;
-        pp.accept_l2 = o->alpha;
-        pp.kv_type = kvt;
         pp.draft_bytes = (uint64_t)dc.n_layer * dm.layer_bytes + dm.other_bytes;
         pp.draft_n_layer = dc.n_layer;
         pp.n_batch = B;
