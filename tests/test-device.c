@@ -1128,6 +1128,21 @@ Test(device, cuda_engine_tree_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
 
 // ---- a quantized KV cache on the device (kv_type q8_0 / q4_0) ----
 
+// The quantized-KV tests' model: 3 layers, 4 heads over 2 KV heads of 32 dims (one q8_0 / q4_0
+// block a head row), f32 weights. Each test process writes its own copy (a few hundred KiB): the
+// generator deletes the files first, so two tests sharing a tag race when Criterion runs them at once.
+static tri_model *kvq_model(void) {
+    tri_model *m = NULL;
+    char tag[32];
+    snprintf(tag, sizeof tag, "kvq-%ld", (long)getpid());
+    cr_assert_eq(tri_model_load(gen_model(tag,
+                                          "--layers 3 --heads 4 --kv-heads 2 --head-dim 32 --vocab 300 --seed 29 "
+                                          "--ctx 2048 --dtype f32"),
+                                NULL, &m),
+                 TRI_STATUS_OK, "%s", tri_last_error());
+    return m;
+}
+
 // q8_0 and q4_0 caches on the device: greedy tokens equal the CPU's with the same cache type, the
 // cache in device memory, with its 3 layers offloaded (streamed through the store's two buffers),
 // and split (kv_host_fraction: under 1024 rows the host attends every row of an offloaded layer
@@ -1137,12 +1152,7 @@ Test(device, cuda_engine_tree_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
 // 34/64 of f16's with q8_0 and 18/64 with q4_0, counted by the engine. Then a q4_0 draft cache.
 Test(device, cuda_quantized_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
     if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
-    tri_model *m;
-    cr_assert_eq(tri_model_load(gen_model("kvq",
-                                          "--layers 3 --heads 4 --kv-heads 2 --head-dim 32 --vocab 300 --seed 29 "
-                                          "--ctx 2048 --dtype f32"),
-                                NULL, &m),
-                 TRI_STATUS_OK, "%s", tri_last_error());
+    tri_model *m = kvq_model();
     enum { NP = 40, NG = 6 };
     int32_t prompt[NP];
     long_prompt(prompt, NP);
@@ -1291,12 +1301,7 @@ static int l2_gathered_rows(tri_spec *spec, tri_dtype type) {
 // chunks); L2's rows are checked to be L3's quantized, so the test sees the typed views in use.
 Test(device, cuda_quantized_draft_caches_keep_greedy_output, .timeout = TT_TIMEOUT(600)) {
     if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
-    tri_model *m;
-    cr_assert_eq(tri_model_load(gen_model("kvq",
-                                          "--layers 3 --heads 4 --kv-heads 2 --head-dim 32 --vocab 300 --seed 29 "
-                                          "--ctx 2048 --dtype f32"),
-                                NULL, &m),
-                 TRI_STATUS_OK, "%s", tri_last_error());
+    tri_model *m = kvq_model();
     enum { NP = 40, NG = 8 };
     int32_t prompt[NP], want[NG], got[NG], *w = want;
     long_prompt(prompt, NP);
@@ -1373,12 +1378,7 @@ Test(device, cuda_quantized_draft_caches_keep_greedy_output, .timeout = TT_TIMEO
 // L2's rows are checked against L3's own (the same bytes, or L3's values quantized again).
 Test(device, cuda_quantized_target_keeps_greedy_output, .timeout = TT_TIMEOUT(600)) {
     if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
-    tri_model *m;
-    cr_assert_eq(tri_model_load(gen_model("kvq",
-                                          "--layers 3 --heads 4 --kv-heads 2 --head-dim 32 --vocab 300 --seed 29 "
-                                          "--ctx 2048 --dtype f32"),
-                                NULL, &m),
-                 TRI_STATUS_OK, "%s", tri_last_error());
+    tri_model *m = kvq_model();
     enum { NP = 40, NG = 8 };
     int32_t prompt[NP], want[NG], got[NG];
     long_prompt(prompt, NP);
@@ -1482,12 +1482,7 @@ Test(device, cuda_quantized_target_keeps_greedy_output, .timeout = TT_TIMEOUT(60
 // read: 2 sinks and a window of 4 over a 40-token prompt).
 Test(device, cuda_mixed_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
     if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
-    tri_model *m;
-    cr_assert_eq(tri_model_load(gen_model("kvq",
-                                          "--layers 3 --heads 4 --kv-heads 2 --head-dim 32 --vocab 300 --seed 29 "
-                                          "--ctx 2048 --dtype f32"),
-                                NULL, &m),
-                 TRI_STATUS_OK, "%s", tri_last_error());
+    tri_model *m = kvq_model();
     enum { NP = 40, NG = 8 };
     const int32_t nv = m->config.n_vocab;
     enum { NR = 5 };
@@ -1573,12 +1568,7 @@ Test(device, cuda_mixed_kv_greedy_equals_cpu, .timeout = TT_TIMEOUT(600)) {
 // offloaded): greedy output equals plain greedy decoding of the device's mixed cache, token for token.
 Test(device, cuda_mixed_target_keeps_greedy_output, .timeout = TT_TIMEOUT(600)) {
     if (tri_device_count() == 0) cr_skip_test("no CUDA device: %s", tri_cuda_status());
-    tri_model *m;
-    cr_assert_eq(tri_model_load(gen_model("kvq",
-                                          "--layers 3 --heads 4 --kv-heads 2 --head-dim 32 --vocab 300 --seed 29 "
-                                          "--ctx 2048 --dtype f32"),
-                                NULL, &m),
-                 TRI_STATUS_OK, "%s", tri_last_error());
+    tri_model *m = kvq_model();
     enum { NP = 40, NG = 12 };
     int32_t prompt[NP], want[NG], got[NG], *w = want;
     long_prompt(prompt, NP);
