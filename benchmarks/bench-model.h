@@ -15,6 +15,7 @@
 #include "kv-store.h"
 #include "llama.h"
 #include "model.h"
+#include "weights.h"
 
 // The shape of a model by name: llama2-7b (Llama2-7B-128K: rope scaling does not change the
 // work), llama-68m (JackFram/llama-68m, TriForce's draft), tiny (for trying things out). false

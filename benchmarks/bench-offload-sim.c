@@ -17,7 +17,7 @@
 //
 // The passes are bench-offload's (bench-offload.c's header says what they are): real forward
 // passes of the real runtime over the planner's placement, the offloaded KV streaming through
-// kv-store.h's double buffers with its events, on the sim backend (sim/sim-backend.h), which does
+// kv-store.h's double buffers with its events, on the sim backend (backends/sim/sim-backend.h), which does
 // no arithmetic and holds no memory: the weights are a shape (tri__model_synthetic_shape), the
 // 127K-token host KV is address space never touched. A pass's time is the simulated timeline's,
 // from the first call to the synchronize that ends it; "transfer hidden" is the share of the
@@ -62,7 +62,7 @@
 //     cache, each one's offloaded rows streamed); per round the planner's lockstep L2 passes and B x
 //     the tokens of one verification, at the stated rates and the curve's; the autoregressive batch
 //     beside it and the planner's prediction under each row;
-//   - --gpus 2: the engine splits over two devices (runtime/tensor-parallel.c); here one device is
+//   - --gpus 2: the engine splits over two devices (engine/tensor-parallel.c); here one device is
 //     simulated with one GPU's share of the work as the planner assumes it (half the heads, half
 //     the feed-forward width, the full vocabulary; the KV of its heads over its own link), plus
 //     two all-reduces of the activations per layer over PCIe, added to each pass: a prediction
@@ -78,15 +78,16 @@
 #include "bench-model.h"
 #include "bench-util.h"
 #include "dtype.h"
+#include "error.h"
 #include "kv-policy.h"
 #include "kv-store.h"
 #include "llama.h"
 #include "model-synthetic.h"
 #include "model.h"
-#include "error.h"
 #include "planner.h"
 #include "sim-backend.h"
 #include "spec.h"
+#include "weights.h"
 
 #define MAX_LIST 8
 
@@ -212,7 +213,7 @@ static tri_status sim_store(tri__kv_store *kv, tri__backend *be, tri_dtype type,
     return st;
 }
 
-// The two all-reduces per layer of a pass of m tokens, as the engine does them (runtime/
+// The two all-reduces per layer of a pass of m tokens, as the engine does them (engine/
 // tensor-parallel.c: each GPU's m x n_embd f32 partial down to pinned host memory, the sum up) and
 // the planner counts them (15 µs per all-reduce, an assumption no GPU has measured).
 static double allreduce_seconds(const tri_model_config *c, const tri__sim_profile *p, int32_t m) {

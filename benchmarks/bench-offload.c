@@ -36,7 +36,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend-select.h"
 #include "bench-model.h"
 #include "bench-util.h"
 #include "dtype.h"
@@ -45,6 +44,8 @@
 #include "llama.h"
 #include "model-synthetic.h"
 #include "model.h"
+#include "placement.h"
+#include "weights.h"
 
 #define MAX_LIST 8
 

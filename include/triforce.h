@@ -637,7 +637,7 @@ TRI_API const char *tri_stop_reason_str(tri_stop_reason reason);
 // before its generation has started also returns false from its on_token callback).
 TRI_API bool tri_session_abort(tri_session *session);
 
-typedef struct tri_spec tri_spec;
+typedef struct tri_spec tri_spec;  // the speculative engine (below, "Speculative decoding")
 // The same for a tri_generate_spec call running on spec: it stops after the round in progress (or
 // prefill piece).
 TRI_API bool tri_spec_abort(tri_spec *spec);
@@ -875,8 +875,6 @@ typedef struct tri_spec_stats {
                                 // n_batch_sequences / n_batch_passes)
 } tri_spec_stats;
 
-typedef struct tri_spec tri_spec;
-
 // mode TRIFORCE, drafter MODEL with no model, ngram_n 3, gamma1 2, gamma2 6, budget 0 (the
 // default), chunk 8, draft_window 0 (the default), draft_sink 0 (the default), refresh 0,
 // refresh_accept 0.5.
@@ -1050,7 +1048,7 @@ typedef struct tri_plan_params {
     // of 128 rows (docs/kv-policies.md, "Mixed precision"); ignored for other types
     int32_t kv_sink;             // f16 sink rows; 0: 16
     int32_t kv_window;           // f16 recent rows; 0: 240
-    // several sequences decoded together (issue 31, docs/offload.md "Batches in the planner"): each
+    // several sequences decoded together (docs/offload.md, "Batches in the planner"): each
     // with n_ctx tokens of its own KV (on chip or offloaded with the rest), its own retrieval and
     // draft caches; a pass carries every sequence's rows, reads the weights once and streams each
     // sequence's offloaded KV once per layer; the levels step in lockstep (a round drafts until

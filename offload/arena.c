@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "error.h"
 #include "tri-config.h"
 
@@ -91,20 +92,14 @@ tri_status tri__arena_create(const tri__arena_params *params, tri__arena **out) 
     return TRI_STATUS_OK;
 }
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 #define GIB(x) ((double)(x) / (double)((uint64_t)1 << 30))
 
 // Pins region r (len bytes at ptr) with the caller's pin function, logging the progress; when the
 // pin fails, the status names what was pinned before, the region, RLIMIT_MEMLOCK and MemAvailable.
 static tri_status pin_region(tri__arena *a, const char *what, void *ptr, size_t len) {
-    double t0 = now_seconds();
+    double t0 = tri__now_seconds();
     tri_status st = a->p.pin(ptr, len, a->p.pin_user);
-    a->pin_seconds += now_seconds() - t0;
+    a->pin_seconds += tri__now_seconds() - t0;
     if (st == TRI_STATUS_OK) {
         a->pinned += len;
         a->n_pins++;

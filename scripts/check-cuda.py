@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""check-cuda.py BUILD_DIR - static checks of cuda/*.cu on every target architecture.
+"""check-cuda.py BUILD_DIR - static checks of backends/cuda/*.cu on every target architecture.
 
 For each unit that holds kernels and each architecture the build targets (SASS sm_80, sm_86,
 sm_89, sm_90, sm_120 where this nvcc supports them), compiles with every nvcc and host-compiler
@@ -67,10 +67,10 @@ def main():
     build = os.path.abspath(sys.argv[1])
     nvcc = os.environ.get('NVCC') or shutil.which('nvcc') or '/usr/local/cuda/bin/nvcc'
     if not os.path.exists(nvcc):
-        print('check-cuda: no nvcc: static checks of cuda/ skipped')
+        print('check-cuda: no nvcc: static checks of backends/cuda/ skipped')
         return 0
-    inc = ['-I' + build] + ['-I' + os.path.join(ROOT, d) for d in ('include', 'runtime', 'cuda', 'cpu', 'retrieval',
-                                                                  'offload')]
+    inc = ['-I' + build] + ['-I' + os.path.join(ROOT, d) for d in ('include', 'core', 'offload', 'backends/cpu',
+                                                                  'backends/cuda', 'kv')]
     archs = []
     for sm in ARCHS:
         probe = subprocess.run([nvcc, '--list-gpu-arch'], capture_output=True, text=True)
@@ -79,10 +79,10 @@ def main():
     failures, checked = [], 0
     smem_dyn = {'k_attn_partial': None, 'k_top_k': 4096 * 8}  # largest dynamic smem per launch (bytes)
     with tempfile.TemporaryDirectory() as tmp:
-        for unit in sorted(os.listdir(os.path.join(ROOT, 'cuda'))):
+        for unit in sorted(os.listdir(os.path.join(ROOT, 'backends', 'cuda'))):
             if not unit.endswith('.cu'):
                 continue
-            path = os.path.join(ROOT, 'cuda', unit)
+            path = os.path.join(ROOT, 'backends', 'cuda', unit)
             text = open(path).read()
             ks = kernels(text)
             if not ks:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cuda12-compile.sh [BUILD_DIR] - compiles every unit of the CUDA module (cuda/*.cu) with a CUDA
+# cuda12-compile.sh [BUILD_DIR] - compiles every unit of the CUDA module (backends/cuda/*.cu) with a CUDA
 # 12.4 nvcc, every nvcc and host-compiler warning an error, for the architectures meson builds
 # that this nvcc knows (SASS sm_80 sm_86 sm_89 sm_90, PTX compute_80 compute_90). CUDA 13 binaries
 # need an R580+ driver; most RTX 4090s in the field run R535-R570, which only CUDA 12 builds serve,
@@ -119,7 +119,7 @@ fi
 NVCC=$TK/bin/nvcc
 echo "cuda12-compile: $("$NVCC" --version | grep release), host compiler $(g++ -dumpfullversion)"
 
-# ---- the module's units, with the flags cuda/meson.build gives them ----
+# ---- the module's units, with the flags backends/cuda/meson.build gives them ----
 # Architectures as there: SASS for each of ours this nvcc knows, PTX of the oldest and the newest.
 avail=$("$NVCC" --list-gpu-arch)
 gencode=()
@@ -145,11 +145,11 @@ targets="SASS ${sass[*]}, PTX $ptx"
 echo "cuda12-compile: $targets"
 
 inc=(-I"$BUILD")
-for d in . include runtime runtime/format runtime/text runtime/model runtime/spec retrieval cpu cuda offload sim; do
+for d in . include core offload format text backends/cpu backends/cuda kv model plan backends/sim engine; do
   inc+=(-I"$d")
 done
 # -DNDEBUG -O3: the release build; -Werror=cross-execution-space-call,...: meson's werror=true;
-# the rest is cuda_args of cuda/meson.build.
+# the rest is cuda_args of backends/cuda/meson.build.
 # shellcheck disable=SC2054  # the commas belong to nvcc's options
 flags=(-DNDEBUG -O3 -Xcompiler=-fPIC -Xcompiler=-Wall,-Winvalid-pch,-Wextra
   -Werror=cross-execution-space-call,deprecated-declarations,reorder
@@ -159,20 +159,20 @@ flags=(-DNDEBUG -O3 -Xcompiler=-fPIC -Xcompiler=-Wall,-Winvalid-pch,-Wextra
 out=$BUILD/cuda12
 rm -rf "$out"
 mkdir -p "$out"
-units=$(sed -n "s/^module_units = \[\(.*\)\]/\1/p" cuda/meson.build | tr -d "',")
-[ -n "$units" ] || die "no module_units line in cuda/meson.build"
-for f in cuda/*.cu; do
+units=$(sed -n "s/^module_units = \[\(.*\)\]/\1/p" backends/cuda/meson.build | tr -d "',")
+[ -n "$units" ] || die "no module_units line in backends/cuda/meson.build"
+for f in backends/cuda/*.cu; do
   u=$(basename "$f" .cu)
-  [[ " $units " == *" $u "* ]] || die "cuda/$u.cu is not in module_units of cuda/meson.build"
+  [[ " $units " == *" $u "* ]] || die "backends/cuda/$u.cu is not in module_units of backends/cuda/meson.build"
 done
 
 compile() {  # compile UNIT: nvcc, then the object must carry sm_89 SASS and compute_80 PTX
   local u=$1 t0 t1 rc=0 listing
   t0=$(date +%s.%N)
-  "$NVCC" "${flags[@]}" "${inc[@]}" -c "cuda/$u.cu" -o "$out/$u.o" > "$out/$u.log" 2>&1 || rc=$?
+  "$NVCC" "${flags[@]}" "${inc[@]}" -c "backends/cuda/$u.cu" -o "$out/$u.o" > "$out/$u.log" 2>&1 || rc=$?
   t1=$(date +%s.%N)
   if [ "$rc" = 0 ] && [ -s "$out/$u.log" ]; then rc=1; fi  # anything printed is a warning
-  if [ "$rc" = 0 ] && grep -q '__global__' "cuda/$u.cu"; then
+  if [ "$rc" = 0 ] && grep -q '__global__' "backends/cuda/$u.cu"; then
     listing=$("$TK/bin/cuobjdump" --list-elf --list-ptx "$out/$u.o" 2>&1)
     grep -q 'sm_89\.cubin' <<< "$listing" || { echo "no sm_89 SASS in $u.o" >> "$out/$u.log"; rc=1; }
     grep -q 'sm_80\.ptx' <<< "$listing" || { echo "no compute_80 PTX in $u.o" >> "$out/$u.log"; rc=1; }
@@ -185,7 +185,7 @@ compile() {  # compile UNIT: nvcc, then the object must carry sm_89 SASS and com
 
 # the heaviest first (kernels-matvec's templates take most of the time), JOBS at once
 t0=$(date +%s)
-order=$(for u in $units; do echo "$(wc -c < "cuda/$u.cu") $u"; done | sort -rn | cut -d' ' -f2)
+order=$(for u in $units; do echo "$(wc -c < "backends/cuda/$u.cu") $u"; done | sort -rn | cut -d' ' -f2)
 failed=0
 running=0
 for u in $order; do

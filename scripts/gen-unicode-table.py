@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates runtime/text/unicode-table.c: the code point classes the pre-tokenizers need.
+"""Generates text/unicode-table.c: the code point classes the pre-tokenizers need.
 
 Classes: L (general category Lu, Ll, Lt, Lm, Lo: regex \\p{L}), N (Nd, Nl, No: \\p{N}) and
 WS (the White_Space property of PropList.txt: regex \\s in Oniguruma and in Rust's regex). Letters

@@ -42,24 +42,24 @@ benchmarks/bench-decode benchmarks/bench-offload"
 # ---- --pack: what must travel to the GPU machine ----
 #
 # Copies the programs, libtriforce and the CUDA module at their relative places (the programs
-# find the library by RUNPATH $ORIGIN/.., the library finds the module in cuda/), and into lib/
+# find the library by RUNPATH $ORIGIN/.., the library finds the module in backends/cuda/), and into lib/
 # every library they link except the C runtime, the GCC runtime and the CUDA libraries: Criterion
 # and what it links (nanomsg, libgit2, mbedtls, ...), json-c, hwloc, liburing, OpenMP, BLAS.
 pack() {
   local build=$1 dest=$2
-  [ -f "$build/cuda/libtriforce-cuda.so" ] || { echo "gpu-check: $build/cuda/libtriforce-cuda.so is missing: configure $build with -Dcuda=enabled" >&2; exit 1; }
+  [ -f "$build/backends/cuda/libtriforce-cuda.so" ] || { echo "gpu-check: $build/backends/cuda/libtriforce-cuda.so is missing: configure $build with -Dcuda=enabled" >&2; exit 1; }
   rm -rf "$dest"
-  mkdir -p "$dest/cuda" "$dest/cli" "$dest/tests" "$dest/benchmarks" "$dest/lib"
+  mkdir -p "$dest/backends/cuda" "$dest/cli" "$dest/tests" "$dest/benchmarks" "$dest/lib"
   cp -a "$build"/libtriforce.so "$build"/libtriforce.so.[0-9]* "$dest/"
   rm -rf "$dest"/libtriforce.so*.p
-  cp "$build/cuda/libtriforce-cuda.so" "$dest/cuda/"
+  cp "$build/backends/cuda/libtriforce-cuda.so" "$dest/backends/cuda/"
   local p
   for p in $PROGRAMS; do
     [ -x "$build/$p" ] || { echo "gpu-check: $build/$p is missing (build with -Dtests=enabled -Dbenchmarks=true)" >&2; exit 1; }
     cp "$build/$p" "$dest/$p"
   done
   # the libraries, resolved here; kept out: glibc's, the GCC runtime's and CUDA's
-  local objs="$dest/libtriforce.so $dest/cuda/libtriforce-cuda.so"
+  local objs="$dest/libtriforce.so $dest/backends/cuda/libtriforce-cuda.so"
   for p in $PROGRAMS; do objs="$objs $dest/$p"; done
   # shellcheck disable=SC2086
   ldd $objs 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
@@ -274,11 +274,11 @@ p_preflight() {
   command -v compute-sanitizer > /dev/null && compute-sanitizer --version | tail -1
   if command -v cuobjdump > /dev/null && [ "$EMULATED" = 0 ]; then
     echo "== the module's SASS and PTX (cuobjdump)"
-    cuobjdump --list-elf --list-ptx "$BUILD/cuda/libtriforce-cuda.so" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/SASS \1/; s/.*\.\(compute_[0-9a-z]*\)\..*/PTX \1/' | sort | uniq -c
+    cuobjdump --list-elf --list-ptx "$BUILD/backends/cuda/libtriforce-cuda.so" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/SASS \1/; s/.*\.\(compute_[0-9a-z]*\)\..*/PTX \1/' | sort | uniq -c
   fi
   echo "== libraries (ldd); taken from the pack:" "$WORK"/lib/*
   local p missing=0
-  for p in libtriforce.so cuda/libtriforce-cuda.so $PROGRAMS; do
+  for p in libtriforce.so backends/cuda/libtriforce-cuda.so $PROGRAMS; do
     [ -e "$BUILD/$p" ] || continue
     if ldd "$BUILD/$p" | grep "not found"; then missing=1; echo "  ^ $p"; fi
   done
@@ -412,7 +412,7 @@ p_bench_offload() {
   # shellcheck disable=SC2046
   "$BUILD/benchmarks/bench-offload" --device cuda $(offload_args)
 }
-# The simulator's profile for the GPU nvidia-smi named (sim/sim-backend.c).
+# The simulator's profile for the GPU nvidia-smi named (backends/sim/sim-backend.c).
 sim_profile() {
   local gpu
   gpu=$(cat "$WORK/gpu-name" 2>/dev/null)

@@ -23,6 +23,11 @@ rc=0
 export TRI_TEST_MODEL="$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 meson test -C build-test --print-errorlogs --num-processes "$(nproc)" || rc=$?
 
+# The layers (docs/architecture.md): no layer uses a symbol of a layer above it, no two use each
+# other's (an upward #include already fails to compile).
+python3 scripts/check-layers.py build-test > build-test/check-layers.log || { cat build-test/check-layers.log; rc=1; }
+tail -1 build-test/check-layers.log
+
 # Static checks of the CUDA code (when nvcc exists): every warning an error, ptxas's resource
 # report on every target architecture (no spills, registers x threads within an SM).
 python3 scripts/check-cuda.py build-test > build-test/check-cuda.log || { tail -20 build-test/check-cuda.log; rc=1; }
@@ -30,7 +35,7 @@ tail -1 build-test/check-cuda.log
 # The CUDA module compiled with CUDA 12.4 too (warnings as errors), for the R535-R570 drivers that
 # CUDA 13 binaries refuse: the toolkit is fetched into ~/.cache/triforce-cuda12 on the first run
 # (docs/cuda.md, "CUDA 12").
-echo "CUDA 12 compile of cuda/*.cu:"
+echo "CUDA 12 compile of backends/cuda/*.cu:"
 ./scripts/cuda12-compile.sh build-test > build-test/cuda12-compile.log 2>&1 ||
   { tail -40 build-test/cuda12-compile.log; rc=1; }
 tail -1 build-test/cuda12-compile.log
@@ -64,8 +69,8 @@ CUDAEMU_SCHED=rand CUDAEMU_BLOCKS=rand CUDAEMU_SEED=$seed \
   meson test -C build-emu --print-errorlogs cuda-backend --logbase emu-rand || rc=$?
 # Once more with floating-point contraction on, as nvcc compiles device code (the emulated module
 # is built with -ffp-contract=off): the suite's tolerances must hold for a GPU's fused multiply-adds.
-ninja -C build-emu cuda/libtriforce-cuda-fma.so
-TRI_CUDA_MODULE="$PWD/build-emu/cuda/libtriforce-cuda-fma.so" \
+ninja -C build-emu backends/cuda/libtriforce-cuda-fma.so
+TRI_CUDA_MODULE="$PWD/build-emu/backends/cuda/libtriforce-cuda-fma.so" \
   meson test -C build-emu --print-errorlogs cuda-backend --logbase emu-fma || rc=$?
 # The real-GPU check's dry run: every part of scripts/gpu-check.sh on the emulated GPU, small
 # shapes (docs/cuda.md), so that the script a lent GPU runs first cannot rot between devices.

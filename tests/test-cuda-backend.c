@@ -16,6 +16,7 @@
 #include "test-blocks.h"
 #include "test-util.h"
 #include "tri-config.h"
+#include "weights.h"
 
 #pragma GCC diagnostic ignored "-Wdouble-promotion"
 

@@ -20,8 +20,10 @@
 #include "level.h"
 #include "llama.h"
 #include "model.h"
+#include "placement.h"
 #include "spec.h"
 #include "test-util.h"
+#include "weights.h"
 
 #define N_TOK 20
 

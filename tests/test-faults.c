@@ -1,4 +1,4 @@
-// test-faults.c - fault-injection sweeps (runtime/fault.h, docs/reliability.md).
+// test-faults.c - fault-injection sweeps (core/fault.h, docs/reliability.md).
 //
 // Each scenario is a piece of real use of the public API: model load (GGUF, HF safetensors),
 // session creation and a short generation with each KV policy, the speculative engine, offloaded

@@ -11,13 +11,13 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "backend-select.h"
 #include "backend.h"
 #include "chunk-index.h"
 #include "kv-policy.h"
 #include "llama.h"
 #include "test-util.h"
 #include "triforce.h"
+#include "weights.h"
 
 // ---- chunk index ----
 

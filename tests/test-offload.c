@@ -12,6 +12,7 @@
 #include "backend-select.h"
 #include "cuda-backend.h"
 #include "error.h"
+#include "placement.h"
 #include "planner.h"
 #include "prefetch.h"
 #include "test-util.h"

@@ -1,5 +1,5 @@
 // test-prompt-cache.c - the prompt cache on disk (tri_session_save_prompt / tri_session_load_prompt,
-// runtime/prompt-cache.c): a reload reproduces the state after the prefill (greedy output token for
+// engine/prompt-cache.c): a reload reproduces the state after the prefill (greedy output token for
 // token), a longer prompt reuses the common prefix and prefills only its new tokens, and a file for
 // another model or other parameters, or a truncated or corrupt one, is refused with a message that
 // says why, leaving the session empty and usable.

@@ -1,4 +1,4 @@
-// test-sim.c - the simulated device (sim/sim-backend.h): its timeline keeps the stream rules
+// test-sim.c - the simulated device (backends/sim/sim-backend.h): its timeline keeps the stream rules
 // (order on a queue, events, waits), the engine's double buffering shows as overlap on it, the
 // bytes it moves are the bytes the runtime counts, and nothing it simulates takes memory.
 #include <criterion/criterion.h>
@@ -17,6 +17,7 @@
 #include "model.h"
 #include "sim-backend.h"
 #include "spec.h"
+#include "weights.h"
 
 // Round rates, no launch cost: every duration below is exact by hand.
 static tri__sim_profile plain_profile(void) {
@@ -635,7 +636,7 @@ Test(sim, acceptance_curve_errors_name_file_and_line) {
     cr_assert_eq(tri__sim_curve_read("/nonexistent/curve", &c), TRI_STATUS_IO);
 }
 
-// ---- token trees: the expected tokens of a tree verified in one pass (offload/planner.h) ----
+// ---- token trees: the expected tokens of a tree verified in one pass (plan/planner.h) ----
 
 #include "planner.h"
 
@@ -872,7 +873,7 @@ Test(sim, engine_acceptance_forced_by_depth) {
 }
 
 Test(sim, engine_runs_token_trees_with_siblings_forced_by_rank) {
-    // the simulated device takes a tree pass (ops->tree_attention), and forced acceptance covers the
+    // the simulated device takes a tree pass (TRI_BACKEND_CAP_TREES), and forced acceptance covers the
     // siblings: L3 never keeps the chain's first token but always the first sibling at depth 1, so
     // every pass emits exactly two tokens (the sibling and the token after it), which a chain could
     // not (it would emit one per pass), with a tree of siblings drafted at depth 1 in every pass

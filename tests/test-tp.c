@@ -1,4 +1,4 @@
-// test-tp.c - tensor parallelism over several CPU backends (runtime/tensor-parallel.c): the split,
+// test-tp.c - tensor parallelism over several CPU backends (engine/tensor-parallel.c): the split,
 // device lists, logits against one device, greedy speculative output against plain decoding.
 //
 // The reference is the one-device CPU backend (the reference of every backend). A split changes

@@ -12,10 +12,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 // A config parses only as one of the families the runtime computes (docs/formats.md).
 static bool known_family(const char *name) {
-    const tri__family *families[] = {&tri__family_llama, &tri__family_qwen2, &tri__family_mistral, &tri__family_phi3,
-                                     &tri__family_gemma};
-    for (size_t i = 0; i < sizeof families / sizeof *families; i++)
-        if (strcmp(families[i]->name, name) == 0) return true;
+    for (size_t i = 0; i < tri__family_count(); i++)
+        if (strcmp(tri__family_at(i)->name, name) == 0) return true;
     return false;
 }
 

@@ -1,4 +1,4 @@
-// fuzz-prompt-cache.c - libFuzzer target for the prompt cache's reader (runtime/prompt-cache.c):
+// fuzz-prompt-cache.c - libFuzzer target for the prompt cache's reader (engine/prompt-cache.c):
 // the input becomes a file (a memfd, reached through /proc/self/fd so the real open and read path
 // runs, O_DIRECT refusal included) that is opened and read block by block; then the header parser
 // and the region check run on a copy whose checksums were made to match, so that the range and

@@ -1,4 +1,4 @@
-// cudaemu.h - a small CUDA-on-CPU emulator for checking triforce's cuda/*.cu without a GPU.
+// cudaemu.h - a small CUDA-on-CPU emulator for checking triforce's backends/cuda/*.cu without a GPU.
 //
 // Device model: every CUDA thread of a block is a fiber with its own stack; a block runs on the
 // host thread, fibers in a chosen order (CUDAEMU_SCHED=fwd|rev|rand), each until its next sync
