@@ -187,28 +187,16 @@ bool tri_cli_parse_device(const char *cmd, const char *arg, tri_session_params *
         sp->devices = arg;
         return true;
     }
-    if (strcmp(arg, "cpu") == 0) {
-        sp->device_kind = TRI_DEVICE_CPU;
-        return true;
+    tri_device_kind kind;
+    int32_t index;
+    if (tri_device_parse(arg, &kind, &index) != TRI_STATUS_OK) {
+        fprintf(stderr, "%s: --device '%s': want cpu, cuda or cuda:N, or a list (cuda:0,cuda:1 or cpu:0,cpu:1)\n", cmd,
+                arg);
+        return false;
     }
-    if (strcmp(arg, "cuda") == 0) {
-        sp->device_kind = TRI_DEVICE_CUDA;
-        sp->device = 0;
-        return true;
-    }
-    if (strncmp(arg, "cuda:", 5) == 0 && arg[5] >= '0' && arg[5] <= '9') {
-        char *end;
-        errno = 0;
-        long n = strtol(arg + 5, &end, 10);
-        if (errno == 0 && *end == '\0' && n <= 1024) {
-            sp->device_kind = TRI_DEVICE_CUDA;
-            sp->device = (int32_t)n;
-            return true;
-        }
-    }
-    fprintf(stderr, "%s: --device '%s': want cpu, cuda or cuda:N, or a list "
-            "(cuda:0,cuda:1 or cpu:0,cpu:1)\n", cmd, arg);
-    return false;
+    sp->device_kind = kind;
+    if (kind == TRI_DEVICE_CUDA) sp->device = index;
+    return true;
 }
 
 bool tri_cli_parse_size(const char *s, uint64_t *out) {

@@ -8,6 +8,7 @@
 #include "error.h"
 #include "kv-store.h"
 #include "placement.h"
+#include "tensor-parallel.h"
 
 tri_status (*tri__backend_cpu_factory)(int32_t n_threads, tri__backend **out);
 
@@ -102,4 +103,15 @@ tri_status tri_measure_host_attention(const tri_model_config *config, int32_t n_
     if (!config || !gbps) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_measure_host_attention: NULL argument");
     return tri__kv_host_attention_gbps(n_threads, n_queries, config->n_head, config->n_head_kv, config->head_dim, 16384,
                                        3, gbps);
+}
+
+tri_status tri_device_parse(const char *name, tri_device_kind *kind, int32_t *index) {
+    if (!name || !kind || !index) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_device_parse: NULL argument");
+    tri__device_ref d[TRI_TP_MAX];
+    int32_t n = 0;
+    if (strchr(name, ',') || tri__device_list_parse(name, d, &n) != TRI_STATUS_OK || n != 1)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "device '%s': want cpu, cuda or cuda:N", name);
+    *kind = d[0].kind;
+    *index = d[0].index;
+    return TRI_STATUS_OK;
 }

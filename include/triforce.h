@@ -370,6 +370,12 @@ typedef enum tri_device_kind {
     TRI_DEVICE_CUDA = 2,  // CUDA device tri_session_params.device; TRI_STATUS_DEVICE without one
 } tri_device_kind;
 
+// Parses one device name as --device and tri_session_params.devices spell it: "cpu", "cuda"
+// (device 0) or "cuda:N", into *kind (TRI_DEVICE_CPU or TRI_DEVICE_CUDA) and *index.
+// INVALID_ARGUMENT naming the text for anything else (a list, an unknown kind, a bad index). A
+// CUDA index that does not exist is found when the device opens (TRI_STATUS_DEVICE).
+TRI_API tri_status tri_device_parse(const char *name, tri_device_kind *kind, int32_t *index);
+
 typedef struct tri_session_params {
     int32_t n_ctx;      // positions the KV cache holds (prompt + generated tokens); 0: the
                         // model's trained context (n_ctx_train; 8192 when the file does not

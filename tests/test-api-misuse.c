@@ -297,3 +297,23 @@ Test(api_misuse, chat_functions) {
     REFUSES(tri_chat_stop_tokens(m, ids, 4, NULL));
     tri_model_free(m);
 }
+
+// tri_device_parse: the names --device takes, and everything else refused by name.
+Test(api_misuse, device_names) {
+    tri_device_kind kind;
+    int32_t index;
+    REFUSES(tri_device_parse(NULL, &kind, &index));
+    REFUSES(tri_device_parse("cuda", NULL, &index));
+    REFUSES(tri_device_parse("cuda", &kind, NULL));
+    cr_assert_eq(tri_device_parse("cpu", &kind, &index), TRI_STATUS_OK);
+    cr_assert_eq(kind, TRI_DEVICE_CPU);
+    cr_assert_eq(tri_device_parse("cuda", &kind, &index), TRI_STATUS_OK);
+    cr_assert(kind == TRI_DEVICE_CUDA && index == 0);
+    cr_assert_eq(tri_device_parse("cuda:3", &kind, &index), TRI_STATUS_OK);
+    cr_assert(kind == TRI_DEVICE_CUDA && index == 3);
+    static const char *const bad[] = {"", "gpu", "cuda:", "cuda:x", "cuda:1x", "cuda:-1", "cuda:0,cuda:1", "cudaa"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        REFUSES(tri_device_parse(bad[i], &kind, &index));
+        cr_assert(strstr(tri_last_error(), bad[i]), "'%s': message does not name it: %s", bad[i], tri_last_error());
+    }
+}
