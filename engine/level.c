@@ -37,13 +37,7 @@ tri_status tri__level_init(tri__level *lv, const tri_model *model, tri__backend 
     switch (params->policy) {
     case TRI_KV_POLICY_FULL:
         if (params->kv_type == TRI_DTYPE_KV_MIXED) {  // the tokens kept in f16 too: sinks and window
-            kp.sink = params->sink > 0 ? params->sink : 16;
-            const int32_t f16 = params->budget > 0 ? params->budget : 256;
-            if (kp.sink >= f16)
-                return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
-                                 "level: kv_type mixed: kv_sink %d must be < kv_budget %d (the tokens kept in f16: "
-                                 "sinks and the recent window)", kp.sink, f16);
-            kp.recent = f16 - kp.sink;
+            TRY(tri__kv_policy_mixed_rows(&kp, params->sink, params->budget, "level"));
             kp.rollback = params->rollback;
         }
         break;

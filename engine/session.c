@@ -113,7 +113,8 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
     if (p.kv_chunk > 0) kp.chunk = p.kv_chunk;
     if (p.kv_budget > 0) kp.budget = p.kv_budget;
     if (p.kv_sink > 0) kp.sink = p.kv_sink;
-    else kp.sink = kp.budget >= 32 ? 16 : kp.budget / 2;
+    else
+        kp.sink = tri__kv_default_sink(kp.budget);
     kp.refresh = p.kv_refresh;
     kp.index = (tri__chunk_index_kind)p.kv_index;
     tri_status st;
@@ -152,13 +153,7 @@ tri_status tri_session_create(const tri_model *model, const tri_session_params *
                          "session: kv_type %s holds only the full cache; policy %s keeps f16 or f32",
                          tri_dtype_name(p.kv_type), tri__kv_policy_name(kp.kind));
     if (kv_mixed) {  // kv_budget: the tokens kept in f16 as well, sinks (kv_sink) and window
-        kp.sink = p.kv_sink > 0 ? p.kv_sink : 16;
-        const int32_t f16 = p.kv_budget > 0 ? p.kv_budget : 256;
-        if (kp.sink >= f16)
-            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
-                             "session: kv_type mixed: kv_sink %d must be < kv_budget %d (the tokens kept in f16: "
-                             "sinks and the recent window)", kp.sink, f16);
-        kp.recent = f16 - kp.sink;
+        TRY(tri__kv_policy_mixed_rows(&kp, p.kv_sink, p.kv_budget, "session"));
         kp.heavy = p.kv_mixed_heavy;
     }
     if (p.kv_mixed_heavy < 0 || (p.kv_mixed_heavy > 0 && !kv_mixed))

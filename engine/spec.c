@@ -1302,7 +1302,7 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     // budget and draft_window stay 0 when left to the default: only then may a cache that covers
     // the whole context quietly become the full cache (below); given ones are checked
     int32_t window = p.draft_window > 0 ? p.draft_window : 256;
-    if (p.draft_sink == 0) p.draft_sink = window >= 32 ? 16 : window / 2;
+    if (p.draft_sink == 0) p.draft_sink = tri__kv_default_sink(window);
     if (p.draft_sink >= window)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
                          "speculative: draft_sink %d must be < draft_window %d to leave room for recent tokens",
@@ -1392,7 +1392,8 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
         goto fail;
     }
     if (l3_mixed && p.tree_nodes > 0 && p.mode != TRI_SPEC_MODE_NONE &&
-        (sp.kv_budget > 0 ? sp.kv_budget : 256) - (sp.kv_sink > 0 ? sp.kv_sink : 16) < p.gamma2) {
+        (sp.kv_budget > 0 ? sp.kv_budget : TRI_KV_MIXED_F16) - (sp.kv_sink > 0 ? sp.kv_sink : TRI_KV_MIXED_SINK) <
+            p.gamma2) {
         // a node reads f16 by row, its ancestors' rows past their depths: the same rows as a
         // chain's while the window holds the tree's depth
         st = tri__fail(TRI_STATUS_INVALID_ARGUMENT,

@@ -34,8 +34,20 @@ tri__kv_policy_params tri__kv_policy_default_params(tri_kv_policy kind, int32_t 
                                .group = TRI__KV_GROUP_MAX, .window = 32, .queries = 16, .mass = true,
                                .follow = 1};
     if (capacity > 0 && p.budget > capacity) p.budget = capacity;
-    p.sink = p.budget >= 32 ? 16 : p.budget / 2;
+    p.sink = tri__kv_default_sink(p.budget);
     return p;
+}
+
+tri_status tri__kv_policy_mixed_rows(tri__kv_policy_params *params, int32_t sink, int32_t f16, const char *who) {
+    params->sink = sink > 0 ? sink : TRI_KV_MIXED_SINK;
+    if (f16 <= 0) f16 = TRI_KV_MIXED_F16;
+    if (params->sink >= f16)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "%s: kv_type mixed: kv_sink %d must be < kv_budget %d (the tokens kept in f16: sinks and the "
+                         "recent window)",
+                         who, params->sink, f16);
+    params->recent = f16 - params->sink;
+    return TRI_STATUS_OK;
 }
 
 void tri__kv_policy_default_budget(tri__kv_policy_params *p, int32_t capacity) {

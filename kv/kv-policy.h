@@ -89,6 +89,16 @@ typedef struct tri__kv_policy_params {
                           // types, backend.h; CPU only); anything else (0): the source's type
 } tri__kv_policy_params;
 
+// The attention sinks a window of budget tokens keeps by default: 16, or half the budget under 32.
+static inline int32_t tri__kv_default_sink(int32_t budget) { return budget >= 32 ? 16 : budget / 2; }
+
+// kv_type mixed's tokens kept in f16 as well (policy-mixed.c): sink sinks (0: 16) and the recent
+// window, f16 (0: 256) in all. Sets params's sink and recent; INVALID_ARGUMENT, naming who and the
+// two counts, when the sinks leave no window.
+#define TRI_KV_MIXED_SINK 16
+#define TRI_KV_MIXED_F16 256
+tri_status tri__kv_policy_mixed_rows(tri__kv_policy_params *params, int32_t sink, int32_t f16, const char *who);
+
 // Defaults for kind (budget 4096, chunk 8, sink 16, refresh 0, exact index; retrieval: the first
 // selection by full attention's mass with each chosen chunk followed by the next, refreshes by MAX
 // group scoring of mean keys, a window of 32 tokens, the last 16 tokens' queries), the budget
