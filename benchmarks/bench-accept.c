@@ -9,7 +9,7 @@
 //                     [--tree-nodes N,N,...]
 //                     [--draft-kv-type f16|q8_0|q4_0]
 // TEXT: a plain text file (UTF-8); its first --n-prompt tokens (default 1024, CI-sized; the run in
-// docs/benchmarks.md uses 4096) are the prompt, then --n-gen tokens (default 64) are generated at
+// docs/benchmarks-log.md uses 4096) are the prompt, then --n-gen tokens (default 64) are generated at
 // temperature --temp (default 0: greedy, the acceptance of exact greedy verification). L1 is the
 // target running --draft-layers (bench-spec's default self-draft, 22 of SmolLM2's 30 layers) over
 // a StreamingLLM cache of --window tokens (256), L2 the target over a retrieval cache of --budget

@@ -13,7 +13,8 @@
 // the whole run (prefills included, which batch too), best of REPEATS interleaved runs; with it the
 // batched passes the batch ran and the sequences' passes they carried. CLOCK cpu (the default) times
 // by the process's CPU time, which with N_THREADS 1 is the work each way takes whatever else loads
-// the machine. The default drafter is SmolLM2-135M's self-draft of bench-spec (docs/benchmarks.md).
+// the machine. The default drafter is SmolLM2-135M's self-draft of bench-spec
+// (docs/benchmarks-log.md, "Speculative decoding").
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

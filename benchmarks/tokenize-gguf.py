@@ -2,7 +2,7 @@
 """Tokenizes a text file with the byte-level BPE vocabulary stored in a GGUF model (SmolLM2 and
 other GPT-2 style tokenizers) and writes the ids as little-endian int32, which bench-spec,
 bench-kv-quality and bench-stream read (as they read scripts/tokenize-gguf.py's text ids;
-docs/benchmarks.md, "Token ids of the texts").
+docs/benchmarks-log.md, "Token ids of the texts").
 
 usage: tokenize-gguf.py MODEL.gguf TEXT OUT.ids [--max N]
 

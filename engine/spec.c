@@ -1350,7 +1350,7 @@ tri_status tri_spec_create(const tri_model *target, const tri_session_params *se
     const int32_t n_ranks = s->group.n;
     // draft caches left to the default: q8_0 where they can be, over an f16 (or mixed) target on
     // the CPU or CUDA, which read such views (measured: more tokens per L3 pass at equal memory,
-    // docs/benchmarks.md "Quantized draft caches"), else the session's type
+    // docs/benchmarks-log.md "Quantized draft caches"), else the session's type
     const bool typed_views = s->be->ops->caps & TRI_BACKEND_CAP_TYPED_VIEWS;
     if (draft_default && (sp.kv_type == TRI_DTYPE_F16 || l3_mixed) && typed_views && c->head_dim % TRI_QK == 0 &&
         !(has_l1 && p.drafter == TRI_SPEC_DRAFTER_MODEL && p.draft_model->config.head_dim % TRI_QK != 0))

@@ -3,7 +3,7 @@
 Hugging Face `tokenizers` built from the GGUF's tokenizer.ggml.tokens and .merges: an
 implementation independent of the runtime. Prints one id per line. Digits are not split one by
 one as SmolLM2's own tokenizer splits them (benchmarks/tokenize-gguf.py does): kept as it is so that
-the figures made from its ids come again (docs/benchmarks.md, "Token ids of the texts").
+the figures made from its ids come again (docs/benchmarks-log.md, "Token ids of the texts").
 
 usage: tokenize-gguf.py MODEL.gguf < text > ids
 """
