@@ -419,12 +419,13 @@ static char *read_file(const char *path, size_t *len) {
 }
 
 static bool save_transcript(const char *path, const conv *c) {
+    if (!tri_cli_may_replace("offload-run chat", "/save", path, TRI_CLI_TRANSCRIPT_PREFIX)) return false;
     FILE *f = fopen(path, "w");
     if (!f) {
         fprintf(stderr, "offload-run chat: /save %s: %s\n", path, strerror(errno));
         return false;
     }
-    fputs("{\"messages\": [", f);
+    fputs(TRI_CLI_TRANSCRIPT_PREFIX, f);
     for (size_t i = 0; i < c->n; i++) {
         fprintf(f, "%s\n  {\"role\": \"%s\", \"content\": ", i ? "," : "", c->msgs[i].role);
         tri_cli_json_str(f, c->msgs[i].content, strlen(c->msgs[i].content));

@@ -433,6 +433,11 @@ int tri_cli_generate(int argc, char **argv) {
                 cache_path ? "--prompt-cache" : json_path ? "--json" : n_stops ? "--stop" : "--gpu-mem");
         return 2;
     }
+    // a path that holds something else (a document given by mistake) is refused before anything runs
+    if (cache_path && tri_prompt_cache_writable(cache_path)) {
+        fprintf(stderr, "offload-run generate: --prompt-cache: %s\n", tri_last_error());
+        return 2;
+    }
     double t_start = tri_cli_now();
     tri_model *model = tri_cli_load_model(model_path);
     if (!model) return 1;
@@ -587,6 +592,11 @@ int tri_cli_generate(int argc, char **argv) {
             fprintf(stderr, "prompt cache: reused %d of the prompt's %d tokens from %s (it holds %d): %.1f MB in %.3f s "
                     "(%.2f GB/s, %s%s)\n", cs.n_tokens, n_ids, cache_path, cs.n_file, (double)cs.bytes / 1e6,
                     cs.seconds, cs.gbps, cs.uring ? "io_uring" : "pread", cs.direct ? ", O_DIRECT" : "");
+            if (cs.damaged)
+                fprintf(stderr,
+                        "prompt cache: %s has a block that fails its checksum: only the blocks before it were "
+                        "used; it is written again after the prefill\n",
+                        cache_path);
         }
         st = TRI_STATUS_OK;
         ps.session = session;

@@ -346,8 +346,14 @@ static int32_t prompt_cache_load(srv *s, slot *sl, const srv_request *rq, int32_
     tri_prompt_cache_stats cs;
     tri_status st = tri_session_load_prompt(sl->session, s->pc_path, rq->ids, rq->n_ids, &cs);
     if (!st) {  // the slot's own rows are gone: what the file gave is more
-        fprintf(stderr, "prompt cache: slot %d reused %d of the prompt's %d tokens from %s (%.3f s)\n", sl->idx,
-                cs.n_tokens, rq->n_ids, s->pc_path, cs.seconds);
+        fprintf(stderr, "prompt cache: slot %d reused %d of the prompt's %d tokens from %s (%.3f s)%s\n", sl->idx,
+                cs.n_tokens, rq->n_ids, s->pc_path, cs.seconds,
+                cs.damaged ? "; a later block fails its checksum: the file is written again after this prefill" : "");
+        if (cs.damaged) {
+            pthread_mutex_lock(&s->pc_mu);
+            s->pc_n = 0;
+            pthread_mutex_unlock(&s->pc_mu);
+        }
         return cs.n_tokens;
     }
     fprintf(stderr, "prompt cache: slot %d: %s (%s); the whole prompt is run\n", sl->idx, tri_last_error(),
@@ -1259,6 +1265,13 @@ int tri_server_main(int argc, char **argv) {
     s->n_predict = n_predict;
     s->n_slots = (int)n_slots;
     s->max_queue = (int)max_queue;
+
+    // --prompt-cache naming something that is not a cache (a document given by mistake): refused
+    // before anything loads, and never overwritten
+    if (s->pc_path && tri_prompt_cache_writable(s->pc_path)) {
+        fprintf(stderr, "%s: --prompt-cache: %s\n", me, tri_last_error());
+        return 2;
+    }
 
     // the address, before the model loads: a bad one is reported at once
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
