@@ -6,7 +6,8 @@
 // events, written by a blocking content reader). Each slot has its own session (or speculative
 // engine) on the one model; it keeps the tokens of its last conversation, so a request that
 // continues it prefills only what is new. A job goes to the idle slot whose cached tokens share
-// the longest prefix with its prompt; with every slot busy it waits in a queue of --queue jobs,
+// the longest prefix with its prompt when that prefix is at least --slot-similarity of the
+// prompt, else to the least recently used idle slot; with every slot busy it waits in a queue of --queue jobs,
 // and past that the request is answered 503. A client that goes away (the connection's socket
 // reports the peer's hang-up, polled while it waits) cancels its job.
 //
@@ -40,54 +41,59 @@
 static const char me[] = "offload-run serve";  // the command, in error messages
 
 static void usage(FILE *f) {
-    fputs("usage: offload-run serve -m MODEL [--host ADDR] [--port N] [options]\n"
-          "\n"
-          "Serves the model over HTTP with OpenAI's API: POST /v1/chat/completions and\n"
-          "/v1/completions (streamed as server-sent events with \"stream\": true), GET /v1/models and\n"
-          "/health (docs/server.md). Each of --slots slots keeps its conversation's cache, so a next\n"
-          "turn prefills only its new tokens. One line per request goes to stderr. Ctrl-C (SIGINT)\n"
-          "or SIGTERM stops the server.\n"
-          "\n"
-          "  -m, --model PATH     .gguf file or HF checkpoint directory\n"
-          "      --host ADDR      address to listen on (default 127.0.0.1: this machine only)\n"
-          "      --port N         TCP port (default 8080; 0: any free port, printed at start)\n"
-          "      --api-key KEY    require \"Authorization: Bearer KEY\" (default: $TRI_SERVER_API_KEY;\n"
-          "                       none: no key)\n"
-          "      --alias NAME     the model's name in requests and /v1/models (default: the file\n"
-          "                       name without .gguf)\n"
-          "      --slots N        requests generated at once, each with its own cache (default 1);\n"
-          "                       they decode together in batched passes (--spec too)\n"
-          "      --queue N        requests that wait for a slot; more are answered 503 (default 8)\n"
-          "      --ctx N          context of each slot in tokens (default 4096)\n"
-          "  -n, --n-predict N    tokens per answer when a request sets no max_tokens (default 0:\n"
-          "                       until the model ends or the context is full)\n"
-          "      --temp T         default temperature (default 0.8; 0 is greedy)\n"
-          "      --top-k K        default top-k (default 40; 0: all)\n"
-          "      --top-p P        default top-p (default 0.95; 1: all)\n"
-          "      --min-p P        default min-p (default 0.05; 0: off)\n"
-          "      --repeat-penalty R  default repetition penalty over the last 64 tokens (default 1.1;\n"
-          "                       1: off); requests may also set presence_penalty and frequency_penalty\n"
-          "      --seed S         default seed (default: a random one per request)\n"
-          "      --chat-format F  chatml, llama2, llama3, mistral, phi3 or gemma instead of the\n"
-          "                       model's template\n"
-          "  -t, --threads N      CPU threads of each slot (default: one per core)\n"
-          "      --batch N        prompt tokens per pass, shared by the prompts being prefilled\n"
-          "                       (default 128; smaller: a lower time to first token beside a long\n"
-          "                       prompt)\n"
-          "      --prompt-cache FILE  a prompt's KV on disk, shared by the slots and kept across\n"
-          "                       restarts: a slot loads the prefix a prompt shares with the file\n"
-          "                       when that is longer than what the slot holds; the file is\n"
-          "                       written once after a prefill when it is missing or stale (plain\n"
-          "                       decoding, --kv full or retrieval)\n"
-          "  -h, --help           this help\n"
-          "\n"
-          "The engine's options below are offload-run generate's, fixed at start for every slot:\n"
-          "each slot has its own session or speculative engine (a draft model is loaded once and\n"
-          "shared) and, on a GPU, its own copy of the weights; the planner places one slot in 1/N\n"
-          "of --gpu-mem and --host-mem. Every response carries the speculative figures in a\n"
-          "\"triforce\" object.\n"
-          "\n",
-          f);
+    fputs(
+        "usage: offload-run serve -m MODEL [--host ADDR] [--port N] [options]\n"
+        "\n"
+        "Serves the model over HTTP with OpenAI's API: POST /v1/chat/completions and\n"
+        "/v1/completions (streamed as server-sent events with \"stream\": true), GET /v1/models and\n"
+        "/health (docs/server.md). Each of --slots slots keeps its conversation's cache, so a next\n"
+        "turn prefills only its new tokens. One line per request goes to stderr. Ctrl-C (SIGINT)\n"
+        "or SIGTERM stops the server.\n"
+        "\n"
+        "  -m, --model PATH     .gguf file or HF checkpoint directory\n"
+        "      --host ADDR      address to listen on (default 127.0.0.1: this machine only)\n"
+        "      --port N         TCP port (default 8080; 0: any free port, printed at start)\n"
+        "      --api-key KEY    require \"Authorization: Bearer KEY\" (default: $TRI_SERVER_API_KEY;\n"
+        "                       none: no key)\n"
+        "      --alias NAME     the model's name in requests and /v1/models (default: the file\n"
+        "                       name without .gguf)\n"
+        "      --slots N        requests generated at once, each with its own cache (default 1);\n"
+        "                       they decode together in batched passes (--spec too)\n"
+        "      --queue N        requests that wait for a slot; more are answered 503 (default 8)\n"
+        "      --slot-similarity F  reuse the idle slot whose cache shares the longest prefix with\n"
+        "                       a prompt only when that prefix is at least F of the prompt's\n"
+        "                       tokens; else take the least recently used idle slot (default 0.5;\n"
+        "                       0: always the longest prefix)\n"
+        "      --ctx N          context of each slot in tokens (default 4096)\n"
+        "  -n, --n-predict N    tokens per answer when a request sets no max_tokens (default 0:\n"
+        "                       until the model ends or the context is full)\n"
+        "      --temp T         default temperature (default 0.8; 0 is greedy)\n"
+        "      --top-k K        default top-k (default 40; 0: all)\n"
+        "      --top-p P        default top-p (default 0.95; 1: all)\n"
+        "      --min-p P        default min-p (default 0.05; 0: off)\n"
+        "      --repeat-penalty R  default repetition penalty over the last 64 tokens (default 1.1;\n"
+        "                       1: off); requests may also set presence_penalty and frequency_penalty\n"
+        "      --seed S         default seed (default: a random one per request)\n"
+        "      --chat-format F  chatml, llama2, llama3, mistral, phi3 or gemma instead of the\n"
+        "                       model's template\n"
+        "  -t, --threads N      CPU threads of each slot (default: one per core)\n"
+        "      --batch N        prompt tokens per pass, shared by the prompts being prefilled\n"
+        "                       (default 128; smaller: a lower time to first token beside a long\n"
+        "                       prompt)\n"
+        "      --prompt-cache FILE  a prompt's KV on disk, shared by the slots and kept across\n"
+        "                       restarts: a slot loads the prefix a prompt shares with the file\n"
+        "                       when that is longer than what the slot holds; the file is\n"
+        "                       written once after a prefill when it is missing or stale (plain\n"
+        "                       decoding, --kv full or retrieval)\n"
+        "  -h, --help           this help\n"
+        "\n"
+        "The engine's options below are offload-run generate's, fixed at start for every slot:\n"
+        "each slot has its own session or speculative engine (a draft model is loaded once and\n"
+        "shared) and, on a GPU, its own copy of the weights; the planner places one slot in 1/N\n"
+        "of --gpu-mem and --host-mem. Every response carries the speculative figures in a\n"
+        "\"triforce\" object.\n"
+        "\n",
+        f);
     tri_cli_engine_usage(f);
 }
 
@@ -170,6 +176,7 @@ struct srv {
     int n_queued, max_queue;
     bool stopping;
     uint64_t use_counter, id_counter;
+    double similarity;           // --slot-similarity: the share of a prompt a slot's cache must hold to be reused
     int32_t chunk;               // plain decoding: prompt tokens a slot runs per pass at most
     bool rope_by_length;         // the rope depends on the first evaluation's length
     // --prompt-cache: the file, the tokens it holds (when it fits the model), under pc_mu
@@ -217,12 +224,15 @@ static int32_t common_prefix(const int32_t *a, int32_t na, const int32_t *b, int
     return i;
 }
 
-// Gives queued jobs to idle slots, each to the idle slot whose cache shares the longest prefix
-// with its prompt (ties: the least recently used). Under srv.mu.
+// Gives queued jobs to idle slots: to the idle slot whose cache shares the longest prefix with
+// the prompt when that prefix is a real part of it (at least --slot-similarity of its tokens, as
+// llama-server's slot prompt similarity), else to the least recently used idle slot, so that the
+// few template tokens every prompt shares never pull a new conversation onto another's cache.
+// Under srv.mu.
 static void assign_locked(srv *s) {
     while (s->queue_head) {
         job *j = s->queue_head;
-        slot *best = NULL;
+        slot *best = NULL, *lru = NULL;
         int32_t best_len = -1;
         for (int i = 0; i < s->n_slots; i++) {
             slot *sl = &s->slots[i];
@@ -232,8 +242,10 @@ static void assign_locked(srv *s) {
                 best = sl;
                 best_len = len;
             }
+            if (!lru || sl->last_used < lru->last_used) lru = sl;
         }
         if (!best) return;
+        if (best_len == 0 || (double)best_len < s->similarity * (double)j->rq.n_ids) best = lru;
         s->queue_head = j->next;
         if (!s->queue_head) s->queue_tail = NULL;
         s->n_queued--;
@@ -1161,8 +1173,25 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 // ---- start-up ----
 
 int tri_server_main(int argc, char **argv) {
-    enum { OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_ALIAS, OPT_SLOTS, OPT_QUEUE, OPT_CTX, OPT_TEMP, OPT_TOPK,
-           OPT_TOPP, OPT_MINP, OPT_REPEAT, OPT_SEED, OPT_CHAT_FORMAT, OPT_BATCH, OPT_PROMPT_CACHE };
+    enum {
+        OPT_HOST = 256,
+        OPT_PORT,
+        OPT_API_KEY,
+        OPT_ALIAS,
+        OPT_SLOTS,
+        OPT_QUEUE,
+        OPT_CTX,
+        OPT_TEMP,
+        OPT_TOPK,
+        OPT_TOPP,
+        OPT_MINP,
+        OPT_REPEAT,
+        OPT_SEED,
+        OPT_CHAT_FORMAT,
+        OPT_BATCH,
+        OPT_PROMPT_CACHE,
+        OPT_SIMILARITY
+    };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
         {"host", required_argument, NULL, OPT_HOST},
@@ -1183,6 +1212,7 @@ int tri_server_main(int argc, char **argv) {
         {"threads", required_argument, NULL, 't'},
         {"batch", required_argument, NULL, OPT_BATCH},
         {"prompt-cache", required_argument, NULL, OPT_PROMPT_CACHE},
+        {"slot-similarity", required_argument, NULL, OPT_SIMILARITY},
         TRI_CLI_ENGINE_OPTIONS,
         {"help", no_argument, NULL, 'h'},
         {0},
@@ -1195,6 +1225,7 @@ int tri_server_main(int argc, char **argv) {
     long port = 8080, n_slots = 1, max_queue = 8, ctx = 4096, n_predict = 0, top_k = chat.top_k, threads = 0, batch = 0;
     long seed = 0;
     float temp = chat.temperature, top_p = chat.top_p, min_p = chat.min_p, repeat_penalty = chat.repeat_penalty;
+    float similarity = 0.5f;
     bool seed_set = false;
     tri_chat_format format = TRI_CHAT_FORMAT_AUTO;
     tri_cli_engine eng;  // --device, --kv-type, --kv, --spec, placement: generate's (cli-engine.c)
@@ -1242,6 +1273,7 @@ int tri_server_main(int argc, char **argv) {
         case 't': ok = tri_cli_parse_long(me, "--threads", optarg, 1, 4096, &threads); break;
         case OPT_BATCH: ok = tri_cli_parse_long(me, "--batch", optarg, 1, 65536, &batch); break;
         case OPT_PROMPT_CACHE: s->pc_path = optarg; break;
+        case OPT_SIMILARITY: ok = tri_cli_parse_float(me, "--slot-similarity", optarg, 0.0, 1.0, &similarity); break;
         case 'h': usage(stdout); return 0;
         default: return tri_cli_see_help();
         }
@@ -1265,6 +1297,7 @@ int tri_server_main(int argc, char **argv) {
     s->n_predict = n_predict;
     s->n_slots = (int)n_slots;
     s->max_queue = (int)max_queue;
+    s->similarity = similarity;
 
     // --prompt-cache naming something that is not a cache (a document given by mistake): refused
     // before anything loads, and never overwritten

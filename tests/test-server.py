@@ -156,10 +156,14 @@ def extra(obj, name):
 
 
 passed = failed = 0
+# TRI_TEST_ONLY=name,name runs only those checks (for working on one; CI runs them all)
+ONLY = set(filter(None, os.environ.get("TRI_TEST_ONLY", "").split(",")))
 
 
 def check(name, fn):
     global passed, failed
+    if ONLY and name not in ONLY:
+        return
     t = time.time()
     try:
         fn()
@@ -494,8 +498,42 @@ def t_seed_and_stop():
            f"stop {cut!r}: {r.choices[0].text!r} ({r.choices[0].finish_reason}), the whole text {full!r}")
 
 
+def t_interleaved():
+    """Two conversations about two documents, their turns interleaved on a server of two slots:
+    each keeps its own slot and its cache (issue 41: the template and preamble every prompt shares
+    pulled the second conversation onto the first's slot, and each turn re-prefilled its document)."""
+    pre = "Read the document below, then answer the question about it in one sentence.\n\n"
+    docs = [pre + "The lighthouse keeper of Skerryvore kept a log of every ship that passed the reef, the weather "
+            "at dawn and dusk, and the oil the lamp burnt each night. In the winter of 1868 a storm broke the "
+            "lantern glass and he kept the light burning with a hand lamp for three nights until the relief boat "
+            "could land. The log says the boat brought glass, oil, bread and a letter from his sister in Oban.",
+            pre + "Sourdough bread rises because wild yeasts and lactic acid bacteria in the starter ferment the "
+            "flour's sugars, making carbon dioxide that the gluten network traps. Bakers feed the starter with "
+            "flour and water each day, keep a part of it, and judge its strength by how much it grows in four "
+            "hours at room temperature; a weak starter gives a dense loaf with a sour, flat taste."]
+    qs = [["What broke in 1868?", "What did the boat bring?"], ["Why does the bread rise?", "How is it fed?"]]
+    convs = [[{"role": "user", "content": docs[i] + "\n\nQuestion: " + qs[i][0]}] for i in range(2)]
+    slots, cached, prompts = [[], []], [[], []], [[], []]
+    for turn in range(2):
+        for i in range(2):
+            if turn:
+                convs[i].append({"role": "user", "content": qs[i][1]})
+            r = client.chat.completions.create(model=MODEL_ID, messages=convs[i], max_tokens=8, temperature=0)
+            convs[i].append({"role": "assistant", "content": r.choices[0].message.content})
+            tf = extra(r, "triforce")
+            slots[i].append(tf["slot"])
+            cached[i].append(tf["cached_tokens"])
+            prompts[i].append(r.usage.prompt_tokens)
+    expect(slots[0][0] == slots[0][1] and slots[1][0] == slots[1][1] and slots[0][0] != slots[1][0],
+           f"slots of conversation 0: {slots[0]}, of conversation 1: {slots[1]}")
+    for i in range(2):
+        expect(cached[i][1] >= prompts[i][0], f"conversation {i}: turn 2 took {cached[i][1]} tokens from the cache, "
+               f"turn 1's prompt was {prompts[i][0]}")
+
+
 for name, fn in [("models", t_models), ("chat", t_chat), ("chat_stream", t_chat_stream),
                  ("completions", t_completions), ("second_turn_cached", t_second_turn),
+                 ("interleaved_conversations_keep_their_slots", t_interleaved),
                  ("two_clients", t_two_clients), ("invalid_json", t_invalid_json), ("garbage", t_garbage), ("wrong_types", t_wrong_types),
                  ("unknown_model", t_unknown_model), ("too_long_prompt", t_too_long), ("api_key", t_api_key),
                  ("seed_and_stop", t_seed_and_stop), ("disconnect_mid_stream", t_disconnect),
