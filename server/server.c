@@ -57,8 +57,10 @@ static void usage(FILE *f) {
         "                       none: no key)\n"
         "      --alias NAME     the model's name in requests and /v1/models (default: the file\n"
         "                       name without .gguf)\n"
-        "      --slots N        requests generated at once, each with its own cache (default 1);\n"
-        "                       they decode together in batched passes (--spec too)\n"
+        "      --slots N        requests generated at once, each with its own cache; they decode\n"
+        "                       together in batched passes (--spec too). Default: on the CPU, as\n"
+        "                       many as a context's KV cache fits in a quarter of the available\n"
+        "                       memory, 1 to 4; 1 on a GPU or with --spec\n"
         "      --queue N        requests that wait for a slot; more are answered 503 (default 8)\n"
         "      --slot-similarity F  reuse the idle slot whose cache shares the longest prefix with\n"
         "                       a prompt only when that prefix is at least F of the prompt's\n"
@@ -1172,6 +1174,53 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 
 // ---- start-up ----
 
+// Bytes of memory the system has available (MemAvailable), 0 if unknown.
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+#define AUTO_SLOTS_MAX 4
+
+// The slots when --slots is not given: on the CPU with plain decoding, as many as the KV caches of
+// a full context each fit in a quarter of the memory available now, from 1 to AUTO_SLOTS_MAX; one
+// on a GPU, a device list, with --gpu-mem or --spec (each slot there holds its own copy of the
+// weights, or a speculative engine's several caches). why: the rule's line for stderr.
+static long auto_slots(const tri_model *model, const tri_cli_engine *eng, long ctx, char *why, size_t n) {
+    const tri_session_params *sp = &eng->sp;
+    bool gpu = sp->device_kind == TRI_DEVICE_CUDA || (sp->device_kind == TRI_DEVICE_AUTO && tri_device_count() > 0);
+    bool spec = eng->spec.mode != TRI_SPEC_MODE_NONE;
+    if (gpu || sp->devices || eng->gpu_mem || spec) {
+        snprintf(why, n, "slots: 1 (--slots not given; %s: each slot would hold its own %s)\n",
+                 spec ? "--spec" : "a GPU or a device list",
+                 spec ? "speculative engine and caches" : "copy of the weights");
+        return 1;
+    }
+    tri_model_info mi;
+    tri_model_get_info(model, &mi);
+    // bytes of one token's key or value element in the cache's type
+    double per_value = sp->kv_type == TRI_DTYPE_F32                                         ? 4.0
+                       : sp->kv_type == TRI_DTYPE_Q8_0                                      ? 34.0 / 32
+                       : sp->kv_type == TRI_DTYPE_Q4_0 || sp->kv_type == TRI_DTYPE_KV_MIXED ? 18.0 / 32
+                                                                                            : 2.0;
+    double per_slot = 2.0 * mi.config.n_layer * mi.config.n_head_kv * mi.config.head_dim * per_value * (double)ctx;
+    uint64_t avail = mem_available();
+    long k = per_slot > 0 && avail ? (long)((double)avail / 4 / per_slot) : 1;
+    if (k < 1) k = 1;
+    if (k > AUTO_SLOTS_MAX) k = AUTO_SLOTS_MAX;
+    snprintf(why, n,
+             "slots: %ld (--slots not given: the KV cache of a %ld-token context is %.0f MB; as many as fit in a "
+             "quarter of the %.1f GB available, at most %d)\n",
+             k, ctx, per_slot / 1e6, (double)avail / 1e9, AUTO_SLOTS_MAX);
+    return k;
+}
+
 int tri_server_main(int argc, char **argv) {
     enum {
         OPT_HOST = 256,
@@ -1222,7 +1271,7 @@ int tri_server_main(int argc, char **argv) {
     srv *s = &S;
     const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL;
     const tri_sampler_params chat = tri_sampler_chat_params();  // the defaults below
-    long port = 8080, n_slots = 1, max_queue = 8, ctx = 4096, n_predict = 0, top_k = chat.top_k, threads = 0, batch = 0;
+    long port = 8080, n_slots = 0, max_queue = 8, ctx = 4096, n_predict = 0, top_k = chat.top_k, threads = 0, batch = 0;
     long seed = 0;
     float temp = chat.temperature, top_p = chat.top_p, min_p = chat.min_p, repeat_penalty = chat.repeat_penalty;
     float similarity = 0.5f;
@@ -1295,7 +1344,6 @@ int tri_server_main(int argc, char **argv) {
     s->defaults.has_repeat_penalty = true, s->defaults.repeat_penalty = repeat_penalty;
     if (seed_set) s->defaults.has_seed = true, s->defaults.seed = (uint64_t)seed;
     s->n_predict = n_predict;
-    s->n_slots = (int)n_slots;
     s->max_queue = (int)max_queue;
     s->similarity = similarity;
 
@@ -1372,6 +1420,12 @@ int tri_server_main(int argc, char **argv) {
     if (s->n_stop_ids > 16) s->n_stop_ids = 16;
 
     // ---- the slots ----
+    if (n_slots == 0) {  // not given: from the memory a slot's context needs
+        char why[256];
+        n_slots = auto_slots(s->model, &eng, ctx, why, sizeof why);
+        fputs(why, stderr);
+    }
+    s->n_slots = (int)n_slots;
     eng.sp.n_ctx = (int32_t)ctx;
     eng.sp.n_threads = (int32_t)threads;
     eng.sp.n_batch = (int32_t)batch;

@@ -62,11 +62,11 @@ CTX = 512
 class Server:
     """The server process: its port, and its stderr lines as they come."""
 
-    def __init__(self, *extra):
+    def __init__(self, *extra, slots=2):
         self.lines = []
         self.cond = threading.Condition()
-        cmd = [CLI, "serve", "-m", MODEL, "--port", "0", "--slots", "2", "--queue", "1", "--ctx", str(CTX),
-               "--temp", "0", "--api-key", KEY, *extra]
+        cmd = [CLI, "serve", "-m", MODEL, "--port", "0", *(["--slots", str(slots)] if slots else []), "--queue", "1",
+               "--ctx", str(CTX), "--temp", "0", "--api-key", KEY, *extra]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         threading.Thread(target=self._read, daemon=True).start()
         line = self.wait_line(lambda l: l.startswith("listening on "), 120 * SCALE)
@@ -775,6 +775,32 @@ def t_spec_batch():
     expect(rc == 0, f"the server exited with {rc}:\n" + "".join(b.lines[-20:]))
 
 
+def t_default_slots():
+    """Without --slots, on the CPU: as many slots as a context's KV cache fits in a quarter of the
+    memory available, 1 to 4, the rule printed; with --spec one."""
+    d = Server(slots=None)
+    try:
+        line = d.wait_line(lambda l: l.startswith("slots: "), 10)
+        expect(line and "--slots not given" in line and "quarter" in line, f"no rule line: {d.lines}")
+        n = int(line.split()[1])
+        st, h = raw(d.port, "GET", "/health")
+        expect(st == 200 and h["slots"] == n and 1 <= n <= 4, f"health {h}, the rule says {line!r}")
+        avail = [int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("MemAvailable:")][0]
+        per_slot = 2 * 30 * 3 * 64 * 2 * CTX  # SmolLM2-135M: 30 layers, 3 KV heads of 64, f16
+        if avail // 4 // per_slot >= 4:
+            expect(n == 4, f"{n} slots where {avail / 1e9:.1f} GB are available")
+    finally:
+        rc = d.stop()
+    expect(rc == 0, f"the server exited with {rc}")
+    sp = Server("--spec", "draft", "--draft-ngram", "3", slots=None)
+    try:
+        st, h = raw(sp.port, "GET", "/health")
+        expect(h["slots"] == 1, f"--spec: {h}")
+    finally:
+        sp.stop()
+
+
+check("default_slots", t_default_slots)
 check("batch_four_clients", t_batch)
 check("spec_batch_three_clients", t_spec_batch)
 check("prefill_split", t_prefill_split)
