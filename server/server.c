@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1068,8 +1069,9 @@ static enum MHD_Result complete(srv *s, struct MHD_Connection *c, const char *me
 static bool authorized(srv *s, struct MHD_Connection *c) {
     if (!s->api_key) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;  // the scheme is case-insensitive (RFC 9110)
     h += 7;
+    while (*h == ' ') h++;
     size_t n = strlen(h), m = strlen(s->api_key);
     unsigned diff = n != m;
     for (size_t i = 0; i < n; i++) diff |= (unsigned char)h[i] ^ (unsigned char)s->api_key[i < m ? i : 0];
@@ -1108,8 +1110,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
 
     srv_error err = {0};
-    bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0, post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
-    if (strcmp(url, "/health") == 0 || strcmp(url, "/v1/health") == 0) {
+    // HEAD is GET without the body (libmicrohttpd leaves it out)
+    bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0,
+         post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
+    // the routes with or without /v1, and with trailing slashes
+    char route[256];
+    size_t ul = strlen(url);
+    while (ul > 1 && url[ul - 1] == '/') ul--;
+    snprintf(route, sizeof route, "%.*s", (int)(ul < sizeof route ? ul : sizeof route - 1), url);
+    if (strcmp(route, "/v1") == 0) route[1] = 0;
+    const char *path = strncmp(route, "/v1/", 4) == 0 ? route + 3 : route;
+    if (strcmp(path, "/health") == 0) {
         if (!get) goto method;
         pthread_mutex_lock(&s->mu);
         int busy = 0;
@@ -1121,8 +1132,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         pthread_mutex_unlock(&s->mu);
         return send_json(c, 200, body);
     }
-    bool models = strcmp(url, "/v1/models") == 0, model_one = strncmp(url, "/v1/models/", 11) == 0;
-    bool chat = strcmp(url, "/v1/chat/completions") == 0, compl = strcmp(url, "/v1/completions") == 0;
+    bool models = strcmp(path, "/models") == 0, model_one = strncmp(path, "/models/", 8) == 0;
+    bool chat = strcmp(path, "/chat/completions") == 0, compl = strcmp(path, "/completions") == 0;
     if (!models && !model_one && !chat && !compl) {
         srv_fail(&err, 404, "invalid_request_error", "unknown_url", NULL,
                  "unknown URL %s %s: this server has /v1/chat/completions, /v1/completions, /v1/models and /health",
@@ -1138,9 +1149,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (models || model_one) {
         if (!get) goto method;
-        if (model_one && strcmp(url + 11, s->ref.id) != 0) {
+        const char *want = model_one ? path + 8 : NULL;
+        if (want && strcmp(want, s->ref.id) != 0) {
             srv_fail(&err, 404, "invalid_request_error", "model_not_found", "model",
-                     "the model '%s' does not exist: this server serves '%s'", url + 11, s->ref.id);
+                     "the model '%s' does not exist: this server serves '%s'", want, s->ref.id);
             return send_error(c, method, url, &err);
         }
         fprintf(stderr, "%s %s 200\n", method, url);

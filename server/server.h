@@ -39,7 +39,7 @@ char *srv_error_json(const srv_error *err);
 // one place that maps them onto tri_sampler_params.
 typedef struct srv_sampling {
     bool has_temperature, has_top_p, has_top_k, has_min_p, has_seed;
-    bool has_presence_penalty, has_frequency_penalty, has_repeat_penalty;
+    bool has_presence_penalty, has_frequency_penalty, has_repeat_penalty, has_repeat_last_n;
     double temperature;        // [0, 2]
     double top_p;              // (0, 1]
     int64_t top_k;             // >= 0, 0: all
@@ -48,6 +48,7 @@ typedef struct srv_sampling {
     double presence_penalty;   // [-2, 2]
     double frequency_penalty;  // [-2, 2]
     double repeat_penalty;     // > 0, 1: none
+    int64_t repeat_last_n;     // llama.cpp's: the penalties' window; -1: the whole context, 0: penalties off
 } srv_sampling;
 
 // Writes into *out the sampling of a request: each field the request gives (req), else the

@@ -371,9 +371,15 @@ def t_garbage():
 
 
 def t_unknown_model():
+    # a request names any model (LangChain sends gpt-3.5-turbo): the one model answers; looking an
+    # unknown one up is 404
+    r = client.chat.completions.create(model="gpt-3.5-turbo", messages=[{"role": "user", "content": Q1}],
+                                       max_tokens=N, temperature=0)
+    want = cli_text(["--chat", "-p", Q1, "-n", str(N), "--temp", "0"])
+    expect(r.choices[0].message.content == want and r.model == MODEL_ID, f"{r.model}: {r.choices[0].message.content!r}")
     try:
-        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-        raise AssertionError("an unknown model was accepted")
+        client.models.retrieve("gpt-4o")
+        raise AssertionError("an unknown model was found")
     except openai.NotFoundError as e:
         expect(e.status_code == 404 and e.code == "model_not_found", f"{e.status_code} {e.code}")
     st, b = raw(PORT, "GET", "/v1/nothing")
@@ -412,6 +418,73 @@ def t_api_key():
     st, b = raw(PORT, "POST", "/v1/chat/completions", body={"messages": [{"role": "user", "content": "hi"}]},
                 headers={"Authorization": "Bearer sk-wrong"})
     expect_error(st, b, 401)
+
+
+def t_leniency():
+    """What clients assume (issue 41, item 6): routes without /v1 and with trailing slashes, HEAD
+    /health, a lower-case bearer, integral floats for integers, llama.cpp's fields."""
+    hi = {"messages": [{"role": "user", "content": Q1}], "max_tokens": 3, "temperature": 0}
+    for path in ("/chat/completions", "/v1/chat/completions/", "/chat/completions//"):
+        st, b = raw(PORT, "POST", path, body=hi)
+        expect(st == 200 and b["object"] == "chat.completion", f"POST {path}: {st} {b}")
+    for path in ("/models", "/v1/models/", "/health/", f"/models/{MODEL_ID}"):
+        st, b = raw(PORT, "GET", path)
+        expect(st == 200, f"GET {path}: {st} {b}")
+    st, b = raw(PORT, "POST", "/completions", body={"prompt": "One, two,", "max_tokens": 2})
+    expect(st == 200 and b["object"] == "text_completion", f"/completions: {st} {b}")
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30 * SCALE)
+    c.request("HEAD", "/health")
+    r = c.getresponse()
+    expect(r.status == 200 and r.read() == b"", f"HEAD /health: {r.status}")
+    c.close()
+    st, b = raw(PORT, "POST", "/v1/chat/completions", body=hi, headers={"Authorization": f"bearer {KEY}"})
+    expect(st == 200, f"lower-case bearer: {st} {b}")
+    st, b = raw(PORT, "POST", "/v1/chat/completions", body={**hi, "max_tokens": 3.0, "top_k": 40.0, "seed": 7.0})
+    expect(st == 200 and b["usage"]["completion_tokens"] <= 3, f"max_tokens 3.0: {st} {b}")
+    st, b = raw(PORT, "POST", "/v1/chat/completions", body={**hi, "max_tokens": 3.5})
+    expect_error(st, b, 400, param="max_tokens")
+    # llama.cpp's fields: neutral values and the ignored ones accepted, the rest refused by name
+    st, b = raw(PORT, "POST", "/v1/chat/completions",
+                body={**hi, "typical_p": 1.0, "mirostat": 0, "mirostat_tau": 5.0, "tfs_z": 1, "grammar": "",
+                      "n_keep": 4, "samplers": ["top_k"], "id_slot": -1, "penalize_nl": False, "repeat_last_n": 64})
+    expect(st == 200, f"llama.cpp's fields: {st} {b}")
+    for field, value in (("typical_p", 0.5), ("mirostat", 2), ("grammar", 'root ::= "yes"'), ("dry_multiplier", 0.8)):
+        st, b = raw(PORT, "POST", "/v1/chat/completions", body={**hi, field: value})
+        expect_error(st, b, 400, param=field)
+    # repeat_last_n 0 turns the penalties off, as in llama.cpp: greedy text without them
+    prompt = "One, two, three, four,"
+    st, b = raw(PORT, "POST", "/v1/completions",
+                body={"prompt": prompt, "max_tokens": N, "temperature": 0, "repeat_last_n": 0})
+    want = cli_text(["-p", prompt, "-n", str(N), "--temp", "0", "--repeat-penalty", "1"])
+    expect(st == 200 and b["choices"][0]["text"] == want, f"repeat_last_n 0: {b}, without penalties {want!r}")
+
+
+def t_prefill():
+    """A final assistant message is continued (llama-server's prefill, HF's continue_final_message):
+    the answer is what the model gives after the conversation rendered by jinja2 from the model's own
+    template (the gguf package reads it) and the message's text."""
+    try:
+        import gguf
+        import jinja2.sandbox
+    except ImportError as e:
+        raise AssertionError(f"the gguf and jinja2 packages are needed: {e}")
+    f = gguf.GGUFReader(MODEL).fields["tokenizer.chat_template"]
+    tmpl = bytes(f.parts[f.data[0]]).decode()
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    start = "The capital of France is the city of"
+    text = env.from_string(tmpl).render(messages=[{"role": "user", "content": Q1}], add_generation_prompt=True) + start
+    tok = subprocess.run([CLI, "tokenize", "-m", MODEL, "-f", "-", "--ids", "--special", "--no-bos"], input=text,
+                         capture_output=True, text=True, timeout=60 * SCALE)
+    ids = [int(x) for x in tok.stdout.split()]
+    st, b = raw(PORT, "POST", "/v1/completions", body={"prompt": ids, "max_tokens": N, "temperature": 0})
+    expect(st == 200, f"{st} {b}")
+    r = client.chat.completions.create(model=MODEL_ID, max_tokens=N, temperature=0, messages=[
+        {"role": "user", "content": Q1}, {"role": "assistant", "content": start}])
+    expect(r.usage.prompt_tokens == len(ids), f"prompt {r.usage.prompt_tokens} tokens, jinja2's {len(ids)}")
+    expect(r.choices[0].message.content == b["choices"][0]["text"],
+           f"continued {r.choices[0].message.content!r}, after jinja2's rendering {b['choices'][0]['text']!r}")
+    st, b = raw(PORT, "POST", "/v1/chat/completions", body={"messages": [{"role": "assistant", "content": "x"}]})
+    expect_error(st, b, 400, param="messages")
 
 
 def open_stream(prompt, n, stream=True):
@@ -536,6 +609,7 @@ for name, fn in [("models", t_models), ("chat", t_chat), ("chat_stream", t_chat_
                  ("interleaved_conversations_keep_their_slots", t_interleaved),
                  ("two_clients", t_two_clients), ("invalid_json", t_invalid_json), ("garbage", t_garbage), ("wrong_types", t_wrong_types),
                  ("unknown_model", t_unknown_model), ("too_long_prompt", t_too_long), ("api_key", t_api_key),
+                 ("leniency", t_leniency), ("prefill", t_prefill),
                  ("seed_and_stop", t_seed_and_stop), ("disconnect_mid_stream", t_disconnect),
                  ("busy_503", t_busy_503)]:
     check(name, fn)
