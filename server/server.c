@@ -21,7 +21,9 @@
 // batched). docs/server.md describes the endpoints.
 #include <errno.h>
 #include <getopt.h>
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -68,6 +70,8 @@ static void usage(FILE *f) {
         "                       tokens; else take the least recently used idle slot (default 0.5;\n"
         "                       0: always the longest prefix)\n"
         "      --ctx N          context of each slot in tokens (default 4096)\n"
+        "      --keep-alive S   a stream silent for S seconds (a long prefill, the queue) gets an\n"
+        "                       SSE comment, which clients ignore and proxies see (default 15; 0: off)\n"
         "  -n, --n-predict N    tokens per answer when a request sets no max_tokens (default 0:\n"
         "                       until the model ends or the context is full)\n"
         "      --temp T         default temperature (default 0.8; 0 is greedy)\n"
@@ -116,6 +120,8 @@ typedef struct job {
     int refs;                    // the connection and, while it holds it, the slot
     bool queued, done;
     atomic_bool cancel;          // the client went away, or the server stops
+    bool shutdown;               // the server stops (under srv.mu): the answer ends, not the client
+    atomic_int prefilled;        // prompt tokens run so far (keep-alive comments say it)
     pthread_cond_t cond;         // signalled on new output and when done
     struct job *next;            // in the queue
     // output: the streamed events not yet written, or the whole body
@@ -178,6 +184,10 @@ struct srv {
     job *queue_head, *queue_tail;
     int n_queued, max_queue;
     bool stopping;
+    atomic_bool ready;    // the model is loaded and the slots made: requests are served
+    int n_active;         // completion requests whose response is not finished (shutdown waits)
+    pthread_cond_t idle;  // n_active went to 0
+    double keep_alive;    // --keep-alive: seconds of silence in a stream before an SSE comment
     uint64_t use_counter, id_counter;
     double similarity;           // --slot-similarity: the share of a prompt a slot's cache must hold to be reused
     int32_t chunk;               // plain decoding: prompt tokens a slot runs per pass at most
@@ -544,6 +554,12 @@ static void slot_spec_end(slot *sl, job *j, tri_status st, const tri_spec_stats 
 // (a client that sends its next turn as soon as it has this answer finds the slot free).
 static void job_finish(srv *s, slot *sl, job *j) {
     srv_result *r = &j->res;
+    pthread_mutex_lock(&s->mu);
+    bool shutdown = j->shutdown;
+    pthread_mutex_unlock(&s->mu);
+    if (shutdown && !j->rq.stream && !j->err.status)  // an answer cut short is not one: the client retries
+        srv_fail(&j->err, 503, "server_error", "server_busy", NULL,
+                 "the server stopped before the answer was complete; try again");
     r->text = j->text;
     r->n_text = j->n_text;
     char *tail = NULL, *usage = NULL;
@@ -584,9 +600,10 @@ static void job_log(const slot *sl, job *j) {
         fprintf(stderr,
                 "POST %s %s %s slot %d: prompt %d tokens (%d cached), %d generated (%s), queue %.2f s, "
                 "prefill %.2f s, decode %.2f s%s\n",
-                path_of(j), gone ? "cancelled" : "200", j->id, sl->idx, j->res.prompt_tokens, j->res.cached_tokens,
-                j->res.completion_tokens, j->res.finish_reason, j->res.queue_seconds, j->res.prefill_seconds,
-                j->res.decode_seconds, gone ? " (the client went away)" : "");
+                path_of(j), gone ? (j->shutdown ? "ended" : "cancelled") : "200", j->id, sl->idx, j->res.prompt_tokens,
+                j->res.cached_tokens, j->res.completion_tokens, j->res.finish_reason, j->res.queue_seconds,
+                j->res.prefill_seconds, j->res.decode_seconds,
+                gone ? (j->shutdown ? " (the server is stopping)" : " (the client went away)") : "");
 }
 
 // ---- speculative decoding: the slots' engines generate together ----
@@ -825,6 +842,7 @@ static void sched_pass(srv *s) {
         sl->run->res.batch_sequences += n;
         if (sl->phase == RUN_PREFILL) {
             sl->next += sl->step;
+            atomic_store(&sl->run->prefilled, sl->next);
             if (sl->next < sl->run->rq.n_ids) continue;
             sl->t1 = now_s();
             sl->run->res.prefill_seconds = sl->t1 - sl->t0;
@@ -869,6 +887,7 @@ typedef struct conn {
     char *body;
     size_t n, cap;
     bool too_big;
+    bool active;  // a completion request counted in srv.n_active until its response is done
 } conn;
 
 #define MAX_BODY (64u << 20)
@@ -910,6 +929,7 @@ typedef struct stream {
     srv *s;
     job *j;
     struct MHD_Connection *c;
+    double t_last;  // when the last bytes were handed to libmicrohttpd
 } stream;
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -924,7 +944,18 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             j->sent += n;
             if (j->sent == j->n_out) j->sent = j->n_out = 0;
             pthread_mutex_unlock(&s->mu);
+            st->t_last = now_s();
             return (ssize_t)n;
+        }
+        // a long prefill (or queue) sends nothing for a while: an SSE comment, which clients
+        // ignore, keeps proxies with read timeouts from dropping the stream, and says how far it is
+        if (!j->done && s->keep_alive > 0 && now_s() - st->t_last >= s->keep_alive && max >= 96) {
+            int n = j->queued ? snprintf(buf, max, ": keep-alive: queued\n\n")
+                              : snprintf(buf, max, ": keep-alive: prompt %d of %d tokens run\n\n",
+                                         atomic_load(&j->prefilled), j->rq.n_ids);
+            pthread_mutex_unlock(&s->mu);
+            st->t_last = now_s();
+            return n;
         }
         if (j->done) {
             pthread_mutex_unlock(&s->mu);
@@ -1012,6 +1043,8 @@ static enum MHD_Result complete(srv *s, struct MHD_Connection *c, const char *me
     else s->queue_head = j;
     s->queue_tail = j;
     s->n_queued++;
+    s->n_active++;  // until on_completed: the shutdown lets its response finish
+    cn->active = true;
     assign_locked(s);
 
     if (j->rq.stream) {
@@ -1028,7 +1061,7 @@ static enum MHD_Result complete(srv *s, struct MHD_Connection *c, const char *me
             free(st);
             return send_json(c, 500, NULL);
         }
-        *st = (stream){s, j, c};
+        *st = (stream){s, j, c, now_s()};
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         enum MHD_Result ret = MHD_queue_response(c, 200, resp);
@@ -1052,7 +1085,7 @@ static enum MHD_Result complete(srv *s, struct MHD_Connection *c, const char *me
             }
         }
     }
-    bool gone = atomic_load(&j->cancel);
+    bool gone = atomic_load(&j->cancel) && !j->shutdown;
     srv_error e = j->err;
     char *body = e.status || gone ? NULL : srv_response_json(chat, &j->res);
     job_unref_locked(j);
@@ -1110,6 +1143,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
 
     srv_error err = {0};
+    if (!atomic_load(&s->ready)) {  // the port is bound before the model loads
+        if (strncmp(url, "/health", 7) == 0 || strncmp(url, "/v1/health", 10) == 0)
+            return send_json(c, 503, strdup("{\"status\": \"loading\"}"));
+        srv_fail(&err, 503, "server_error", "server_busy", NULL, "the model is loading; try again shortly");
+        return send_error(c, method, url, &err);
+    }
     // HEAD is GET without the body (libmicrohttpd leaves it out)
     bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0,
          post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
@@ -1171,7 +1210,13 @@ method:
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    srv *s = cls;
     conn *cn = *con_cls;
+    if (cn && cn->active) {
+        pthread_mutex_lock(&s->mu);
+        if (--s->n_active == 0) pthread_cond_broadcast(&s->idle);
+        pthread_mutex_unlock(&s->mu);
+    }
     if (cn) {
         free(cn->body);
         free(cn);
@@ -1199,6 +1244,17 @@ static uint64_t mem_available(void) {
 }
 
 #define AUTO_SLOTS_MAX 4
+#define SHUTDOWN_WAIT 10  // seconds the responses of a stopping server may take to be written
+
+// Whether the address is this machine's only (127.0.0.0/8, ::1, an IPv4-mapped 127.x).
+static bool is_loopback(const struct sockaddr *a) {
+    if (a->sa_family == AF_INET) return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+    if (a->sa_family == AF_INET6) {
+        const struct in6_addr *x = &((const struct sockaddr_in6 *)a)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(x) || (IN6_IS_ADDR_V4MAPPED(x) && x->s6_addr[12] == 127);
+    }
+    return false;
+}
 
 // The slots when --slots is not given: on the CPU with plain decoding, as many as the KV caches of
 // a full context each fit in a quarter of the memory available now, from 1 to AUTO_SLOTS_MAX; one
@@ -1251,7 +1307,8 @@ int tri_server_main(int argc, char **argv) {
         OPT_CHAT_FORMAT,
         OPT_BATCH,
         OPT_PROMPT_CACHE,
-        OPT_SIMILARITY
+        OPT_SIMILARITY,
+        OPT_KEEP_ALIVE
     };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
@@ -1274,6 +1331,7 @@ int tri_server_main(int argc, char **argv) {
         {"batch", required_argument, NULL, OPT_BATCH},
         {"prompt-cache", required_argument, NULL, OPT_PROMPT_CACHE},
         {"slot-similarity", required_argument, NULL, OPT_SIMILARITY},
+        {"keep-alive", required_argument, NULL, OPT_KEEP_ALIVE},
         TRI_CLI_ENGINE_OPTIONS,
         {"help", no_argument, NULL, 'h'},
         {0},
@@ -1286,7 +1344,7 @@ int tri_server_main(int argc, char **argv) {
     long port = 8080, n_slots = 0, max_queue = 8, ctx = 4096, n_predict = 0, top_k = chat.top_k, threads = 0, batch = 0;
     long seed = 0;
     float temp = chat.temperature, top_p = chat.top_p, min_p = chat.min_p, repeat_penalty = chat.repeat_penalty;
-    float similarity = 0.5f;
+    float similarity = 0.5f, keep_alive = 15.0f;
     bool seed_set = false;
     tri_chat_format format = TRI_CHAT_FORMAT_AUTO;
     tri_cli_engine eng;  // --device, --kv-type, --kv, --spec, placement: generate's (cli-engine.c)
@@ -1334,6 +1392,7 @@ int tri_server_main(int argc, char **argv) {
         case 't': ok = tri_cli_parse_long(me, "--threads", optarg, 1, 4096, &threads); break;
         case OPT_BATCH: ok = tri_cli_parse_long(me, "--batch", optarg, 1, 65536, &batch); break;
         case OPT_PROMPT_CACHE: s->pc_path = optarg; break;
+        case OPT_KEEP_ALIVE: ok = tri_cli_parse_float(me, "--keep-alive", optarg, 0.0, 3600.0, &keep_alive); break;
         case OPT_SIMILARITY: ok = tri_cli_parse_float(me, "--slot-similarity", optarg, 0.0, 1.0, &similarity); break;
         case 'h': usage(stdout); return 0;
         default: return tri_cli_see_help();
@@ -1358,6 +1417,7 @@ int tri_server_main(int argc, char **argv) {
     s->n_predict = n_predict;
     s->max_queue = (int)max_queue;
     s->similarity = similarity;
+    s->keep_alive = keep_alive;
 
     // --prompt-cache naming something that is not a cache (a document given by mistake): refused
     // before anything loads, and never overwritten
@@ -1390,6 +1450,36 @@ int tri_server_main(int argc, char **argv) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->pc_mu, NULL);
     pthread_cond_init(&s->work, NULL);
+
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->idle, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_init(&s->ready, false);
+
+    // ---- HTTP: the port bound before the model loads (a port in use is reported at once;
+    // requests meanwhile are answered 503, /health {"status": "loading"}) ----
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                     MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    errno = 0;
+    d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                         MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(256 + s->max_queue + 64),
+                         MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
+    if (!d) {
+        fprintf(stderr, "%s: cannot listen on %s port %ld: %s\n", me, host, port,
+                errno ? strerror(errno) : "libmicrohttpd failed to start");
+        goto done;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    fprintf(stderr, "port %u bound; loading %s\n", di ? (unsigned)di->port : (unsigned)port, model_path);
+    if (!s->api_key && !is_loopback(ai->ai_addr))
+        fprintf(stderr,
+                "%s: warning: listening on %s, beyond this machine, without an API key: anyone who can reach "
+                "the port can use the model (give --api-key KEY or $TRI_SERVER_API_KEY)\n",
+                me, host);
+    fflush(stderr);
 
     if (!(s->model = tri_cli_load_model(model_path))) goto done;
     if (tri_token_count(s->model) == 0) {
@@ -1484,26 +1574,12 @@ int tri_server_main(int argc, char **argv) {
         }
     }
 
-    // ---- HTTP ----
+    // ---- ready ----
     struct timespec t0;
     clock_gettime(CLOCK_REALTIME, &t0);
     s->started = (int64_t)t0.tv_sec;
     srand((unsigned)(t0.tv_nsec ^ t0.tv_sec ^ getpid()));
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                     MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-    d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s,
-                         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-                         MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->n_slots + s->max_queue + 64),
-                         MHD_OPTION_CONNECTION_TIMEOUT, 600u,
-                         MHD_OPTION_END);
-    if (!d) {
-        fprintf(stderr, "%s: cannot listen on %s port %ld: %s\n", me, host, port,
-                errno ? strerror(errno) : "libmicrohttpd failed to start");
-        goto done;
-    }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    atomic_store(&s->ready, true);
     fprintf(stderr, "device: %s, context %d tokens per slot, spec %s\n",
             plain ? tri_session_device(s->slots[0].session) : tri_spec_device(s->slots[0].spec), s->ref.n_ctx,
             mode_names[mode]);
@@ -1533,14 +1609,40 @@ done:
         job *j = s->queue_head;
         unqueue_locked(s, j);
         srv_fail(&j->err, 503, "server_error", "server_busy", NULL, "the server is stopping");
+        if (j->rq.stream) {  // its stream has begun with 200: the error as an event, then [DONE]
+            char *e = srv_error_json(&j->err);
+            if (e) {
+                job_out_locked(j, "data: ", 6);
+                job_out_locked(j, e, strlen(e));
+                job_out_locked(j, "\n\ndata: [DONE]\n\n", 16);
+            }
+            free(e);
+        }
         j->done = true;
         pthread_cond_broadcast(&j->cond);
     }
-    for (int i = 0; s->slots && i < s->n_slots; i++)
-        if (s->slots[i].job) atomic_store(&s->slots[i].job->cancel, true);
+    // running answers end after the token or prefill piece in progress, each stream with its
+    // closing chunk and [DONE] (a non-streamed one: 503)
+    for (int i = 0; s->slots && i < s->n_slots; i++) {
+        if (!s->slots[i].job) continue;
+        s->slots[i].job->shutdown = true;
+        atomic_store(&s->slots[i].job->cancel, true);
+    }
     pthread_cond_broadcast(&s->work);
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < n_started; i++) pthread_join(s->slots[i].thread, NULL);
+    // the responses written out before the connections close, for at most SHUTDOWN_WAIT seconds
+    pthread_mutex_lock(&s->mu);
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += SHUTDOWN_WAIT;
+    while (d && s->n_active > 0)
+        if (pthread_cond_timedwait(&s->idle, &s->mu, &until) == ETIMEDOUT) {
+            fprintf(stderr, "%s: %d responses still being written after %d s: closed\n", me, s->n_active,
+                    SHUTDOWN_WAIT);
+            break;
+        }
+    pthread_mutex_unlock(&s->mu);
     if (d) MHD_stop_daemon(d);
     for (int i = 0; s->slots && i < s->n_slots; i++) {
         tri_session_free(s->slots[i].session);
@@ -1555,6 +1657,7 @@ done:
     free(chat_why);
     freeaddrinfo(ai);
     pthread_cond_destroy(&s->work);
+    pthread_cond_destroy(&s->idle);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->pc_mu);
     free(s->pc_tokens);

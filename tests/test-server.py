@@ -822,6 +822,116 @@ def t_prefill_split():
     expect(rc == 0, f"the server exited with {rc}:\n" + "".join(b.lines[-20:]))
 
 
+def sse_lines(port, body, on_line, timeout=300):
+    """Streams a completion on a raw connection, calling on_line(line) for every line of the SSE
+    body (comments included) as it comes; returns every line."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout * SCALE)
+    c.request("POST", "/v1/completions", body=json.dumps(body),
+              headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    r = c.getresponse()
+    expect(r.status == 200, f"status {r.status}")
+    lines = []
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        line = line.decode().rstrip("\n")
+        lines.append(line)
+        on_line(line)
+    c.close()
+    return lines
+
+
+def t_shutdown():
+    """SIGTERM while a stream decodes and another waits: the running stream ends with a closing
+    chunk (finish_reason) and [DONE], the queued one with an error event and [DONE], within a bounded
+    time; the server exits with 0 (issue 41: streams were cut, logged as the client going away)."""
+    b = Server("--slots", "1", "--queue", "2")
+    out, got_token, t_sig = [None, None], threading.Event(), {}
+
+    def run(i):
+        def on_line(line):
+            if i == 0 and line.startswith("data: {") and '"text": ""' not in line:
+                got_token.set()
+        try:
+            out[i] = sse_lines(b.port, {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0,
+                                        "ignore_eos": True, "stream": True}, on_line)
+        except Exception as e:  # noqa: BLE001 - reported below
+            out[i] = e
+
+    th = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    try:
+        th[0].start()
+        expect(got_token.wait(60 * SCALE), "no token came")
+        th[1].start()
+        wait_until(lambda: raw(b.port, "GET", "/health")[1]["queued"] == 1, 30, "the second request to queue")
+        t_sig["t"] = time.time()
+        b.proc.send_signal(signal.SIGTERM)
+        for t in th:
+            t.join(30 * SCALE)
+        took = time.time() - t_sig["t"]
+        rc = b.proc.wait(30 * SCALE)
+    finally:
+        b.stop()
+    expect(rc == 0, f"exit status {rc}:\n" + "".join(b.lines[-20:]))
+    expect(took < 12 * SCALE, f"the streams ended {took:.1f} s after SIGTERM")
+    run0 = [json.loads(l[6:]) for l in out[0] if l.startswith("data: {")]
+    expect(out[0][-2:] == ["data: [DONE]", ""] or out[0][-1] == "data: [DONE]", f"the running stream ends {out[0][-3:]}")
+    closing = [e for e in run0 if e.get("choices") and e["choices"][0].get("finish_reason")]
+    expect(len(closing) == 1 and closing[0]["choices"][0]["finish_reason"] == "stop", f"closing chunk {closing}")
+    expect(0 < len(run0) - 1 < 400, f"{len(run0)} events: the answer was not cut")
+    expect(isinstance(out[1], list) and "data: [DONE]" in out[1], f"the queued stream: {out[1]}")
+    err = [json.loads(l[6:]) for l in out[1] if l.startswith("data: {")]
+    expect(err and err[0]["error"]["code"] == "server_busy", f"the queued stream's event: {err}")
+    expect(any("the server is stopping" in l for l in b.lines) and
+           not any("the client went away" in l for l in b.lines), "".join(b.lines[-10:]))
+
+
+def t_keep_alive():
+    """A stream whose prompt takes a while to prefill gets SSE comments before its first token."""
+    long_prompt = " ".join([DOC] * 5) + " In one word, the lamp burned"
+    b = Server("--slots", "1", "--ctx", "1024", "--batch", "16", "--keep-alive", "0.2")
+    try:
+        lines = sse_lines(b.port, {"prompt": long_prompt, "max_tokens": 2, "temperature": 0, "stream": True},
+                          lambda l: None)
+    finally:
+        rc = b.stop()
+    first = next(i for i, l in enumerate(lines) if l.startswith("data: "))
+    comments = [l for l in lines[:first] if l.startswith(": keep-alive")]
+    expect(comments and "prompt" in comments[-1], f"before the first token: {lines[:first]}")
+    done = [int(c.split("prompt ")[1].split(" ")[0]) for c in comments if "prompt " in c]
+    expect(done == sorted(done) and done[-1] > 0, f"progress {done}")
+    expect(lines[-2:] == ["data: [DONE]", ""] or lines[-1] == "data: [DONE]", lines[-3:])
+    expect(rc == 0, f"exit status {rc}")
+
+
+def t_bind_first():
+    """The port is bound before the model loads: a port in use fails at once, before the model is
+    read; a host beyond this machine without an API key is warned about."""
+    busy_sock = socket.socket()
+    busy_sock.bind(("127.0.0.1", 0))
+    busy_sock.listen(1)
+    port = busy_sock.getsockname()[1]
+    r = subprocess.run([CLI, "serve", "-m", MODEL, "--port", str(port)], capture_output=True, text=True,
+                       timeout=60 * SCALE)
+    busy_sock.close()
+    expect(r.returncode == 1 and "cannot listen" in r.stderr, f"status {r.returncode}: {r.stderr}")
+    expect("chat format" not in r.stderr, f"the model was loaded first: {r.stderr}")
+    w = subprocess.Popen([CLI, "serve", "-m", MODEL, "--host", "0.0.0.0", "--port", "0", "--slots", "1"],
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "TRI_SERVER_API_KEY": ""})
+    err = ""
+    try:
+        for line in w.stderr:
+            err += line
+            if line.startswith("listening on"):
+                break
+        expect(err.index("port ") < err.index("chat format"), f"bound after the load: {err}")
+        expect("warning: listening on 0.0.0.0" in err and "without an API key" in err, err)
+    finally:
+        w.send_signal(signal.SIGTERM)
+        w.wait(60 * SCALE)
+
+
 def t_spec_batch():
     """Three concurrent greedy clients of a speculative server (prompt-lookup drafts, L2 and L3)
     each get plain decoding's text for its prompt alone, and the engines' passes were shared."""
@@ -875,6 +985,9 @@ def t_default_slots():
 
 
 check("default_slots", t_default_slots)
+check("shutdown_ends_streams", t_shutdown)
+check("keep_alive_during_prefill", t_keep_alive)
+check("bind_before_load", t_bind_first)
 check("batch_four_clients", t_batch)
 check("spec_batch_three_clients", t_spec_batch)
 check("prefill_split", t_prefill_split)
