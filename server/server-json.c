@@ -703,3 +703,184 @@ char *srv_models_json(const srv_model_ref *m, int64_t created, bool one) {
     json_object_object_add(o, "data", data);
     return take_json(o);
 }
+
+// ---- llama-server's other endpoints ----
+
+// The body of a small request: a JSON object, or false with err set.
+static json_object *parse_object(const char *body, size_t len, srv_error *err) {
+    if (len == 0) {
+        BAD(err, NULL, "the request has no body: want a JSON object");
+        return NULL;
+    }
+    json_tokener *tok = json_tokener_new();
+    if (!tok) {
+        oom(err);
+        return NULL;
+    }
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
+    json_object *root = json_tokener_parse_ex(tok, body, (int)(len > INT32_MAX ? INT32_MAX : len));
+    bool good = root && json_tokener_get_error(tok) == json_tokener_success;
+    size_t end = json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    while (good && end < len && strchr(" \t\r\n", body[end])) end++;
+    if (!good || end < len || !json_object_is_type(root, json_type_object)) {
+        json_object_put(root);
+        BAD(err, NULL, "the body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+static bool valid_utf8(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!k || i + k > n) return false;
+        for (size_t j = 1; j < k; j++)
+            if ((s[i + j] & 0xc0) != 0x80) return false;
+        i += k;
+    }
+    return true;
+}
+
+bool srv_tokenize_json(const srv_model_ref *m, const char *body, size_t len, char **out, srv_error *err) {
+    json_object *root = parse_object(body, len, err), *v;
+    if (!root) return false;
+    bool ok = false, add_special = false, parse_special = true, pieces = false;
+    srv_request rq = {0};
+    json_object_object_foreach(root, key, val) {
+        (void)val;
+        if (strcmp(key, "content") && strcmp(key, "add_special") && strcmp(key, "parse_special") &&
+            strcmp(key, "with_pieces")) {
+            BAD(err, key,
+                "unrecognized field '%s': /tokenize takes content, add_special, parse_special and "
+                "with_pieces",
+                key);
+            goto done;
+        }
+    }
+    if (!json_object_object_get_ex(root, "content", &v) || !json_object_is_type(v, json_type_string)) {
+        BAD(err, "content", "'content' must be a string");
+        goto done;
+    }
+    json_object *b;
+    if (json_object_object_get_ex(root, "add_special", &b) && !get_bool(b, "add_special", &add_special, err)) goto done;
+    if (json_object_object_get_ex(root, "parse_special", &b) && !get_bool(b, "parse_special", &parse_special, err))
+        goto done;
+    if (json_object_object_get_ex(root, "with_pieces", &b) && !get_bool(b, "with_pieces", &pieces, err)) goto done;
+    if (!tokenize(m, json_object_get_string(v), (size_t)json_object_get_string_len(v), add_special, parse_special, &rq,
+                  "content", err))
+        goto done;
+    json_object *o = json_object_new_object(), *arr = json_object_new_array();
+    for (int32_t i = 0; i < rq.n_ids; i++) {
+        if (!pieces) {
+            json_object_array_add(arr, json_object_new_int(rq.ids[i]));
+            continue;
+        }
+        const char *p = "";
+        size_t n = 0;
+        tri_token_piece(m->model, rq.ids[i], &p, &n);
+        json_object *e = json_object_new_object();
+        json_object_object_add(e, "id", json_object_new_int(rq.ids[i]));
+        if (valid_utf8((const unsigned char *)p, n)) {
+            json_object_object_add(e, "piece", json_object_new_string_len(p, (int)n));
+        } else {  // a byte of a character split over tokens: its values, as llama-server gives them
+            json_object *bytes = json_object_new_array();
+            for (size_t k = 0; k < n; k++) json_object_array_add(bytes, json_object_new_int((unsigned char)p[k]));
+            json_object_object_add(e, "piece", bytes);
+        }
+        json_object_array_add(arr, e);
+    }
+    json_object_object_add(o, "tokens", arr);
+    ok = (*out = take_json(o)) != NULL || oom(err);
+done:
+    free(rq.ids);
+    json_object_put(root);
+    return ok;
+}
+
+bool srv_detokenize_json(const srv_model_ref *m, const char *body, size_t len, char **out, srv_error *err) {
+    json_object *root = parse_object(body, len, err), *v;
+    if (!root) return false;
+    bool ok = false;
+    int32_t *ids = NULL;
+    char *text = NULL;
+    if (!json_object_object_get_ex(root, "tokens", &v) || !json_object_is_type(v, json_type_array)) {
+        BAD(err, "tokens", "'tokens' must be an array of token ids");
+        goto done;
+    }
+    size_t n = json_object_array_length(v);
+    if (!(ids = malloc((n ? n : 1) * sizeof *ids))) {
+        oom(err);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        int64_t id;
+        char name[40];
+        snprintf(name, sizeof name, "tokens[%zu]", i);
+        if (!get_int(json_object_array_get_idx(v, i), name, 0, tri_token_count(m->model) - 1, &id, err)) goto done;
+        ids[i] = (int32_t)id;
+    }
+    size_t need = 0;
+    if (tri_detokenize(m->model, ids, (int64_t)n, true, NULL, 0, &need) != TRI_STATUS_OK && need == 0 && n > 0) {
+        BAD(err, "tokens", "cannot detokenize: %s", tri_last_error());
+        goto done;
+    }
+    if (!(text = malloc(need + 1))) {
+        oom(err);
+        goto done;
+    }
+    if (tri_detokenize(m->model, ids, (int64_t)n, true, text, need + 1, &need) != TRI_STATUS_OK) {
+        BAD(err, "tokens", "cannot detokenize: %s", tri_last_error());
+        goto done;
+    }
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "content", json_object_new_string_len(text, (int)need));
+    ok = (*out = take_json(o)) != NULL || oom(err);
+done:
+    free(ids);
+    free(text);
+    json_object_put(root);
+    return ok;
+}
+
+char *srv_slots_json(const srv_model_ref *m, const srv_slot_info *slots, int n, bool speculative) {
+    json_object *arr = json_object_new_array();
+    for (int i = 0; i < n; i++) {
+        json_object *e = json_object_new_object();
+        json_object_object_add(e, "id", json_object_new_int(slots[i].id));
+        json_object_object_add(e, "n_ctx", json_object_new_int(m->n_ctx));
+        json_object_object_add(e, "speculative", json_object_new_boolean(speculative));
+        json_object_object_add(e, "is_processing", json_object_new_boolean(slots[i].processing));
+        json_object_object_add(e, "n_cached", json_object_new_int(slots[i].n_cached));
+        json_object_array_add(arr, e);
+    }
+    return take_json(arr);
+}
+
+char *srv_props_json(const srv_model_ref *m, const srv_sampling *dflt, int64_t n_predict, int n_slots,
+                     const char *mode) {
+    json_object *o = json_object_new_object(), *g = json_object_new_object(), *p = json_object_new_object();
+    json_object_object_add(p, "temperature", json_object_new_double(dflt->temperature));
+    json_object_object_add(p, "top_k", json_object_new_int64(dflt->top_k));
+    json_object_object_add(p, "top_p", json_object_new_double(dflt->top_p));
+    json_object_object_add(p, "min_p", json_object_new_double(dflt->min_p));
+    json_object_object_add(p, "repeat_penalty", json_object_new_double(dflt->repeat_penalty));
+    json_object_object_add(p, "repeat_last_n", json_object_new_int(64));
+    json_object_object_add(p, "seed", dflt->has_seed ? json_object_new_int64((int64_t)dflt->seed) : NULL);
+    json_object_object_add(p, "n_predict", json_object_new_int64(n_predict > 0 ? n_predict : -1));
+    json_object_object_add(g, "n_ctx", json_object_new_int(m->n_ctx));
+    json_object_object_add(g, "params", p);
+    json_object_object_add(o, "default_generation_settings", g);
+    json_object_object_add(o, "total_slots", json_object_new_int(n_slots));
+    json_object_object_add(o, "model_alias", json_object_new_string(m->id));
+    json_object_object_add(o, "model_path", json_object_new_string(m->path));
+    json_object_object_add(o, "chat", json_object_new_boolean(m->chat_ok));
+    json_object_object_add(o, "chat_format",
+                           m->chat_format == TRI_CHAT_FORMAT_AUTO
+                               ? json_object_new_string("auto")
+                               : json_object_new_string(tri_chat_format_name(m->chat_format)));
+    json_object_object_add(o, "spec_mode", json_object_new_string(mode));
+    json_object_object_add(o, "build_info", json_object_new_string("triforce-" TRI_VERSION_STRING));
+    return take_json(o);
+}

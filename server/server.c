@@ -188,6 +188,10 @@ struct srv {
     int n_active;         // completion requests whose response is not finished (shutdown waits)
     pthread_cond_t idle;  // n_active went to 0
     double keep_alive;    // --keep-alive: seconds of silence in a stream before an SSE comment
+    // /metrics: answered requests' figures (under mu), and the scheduler's passes
+    uint64_t m_requests, m_prompt_tokens, m_predicted;
+    double m_prompt_seconds, m_predicted_seconds;
+    atomic_ullong m_passes, m_pass_seqs;
     uint64_t use_counter, id_counter;
     double similarity;           // --slot-similarity: the share of a prompt a slot's cache must hold to be reused
     int32_t chunk;               // plain decoding: prompt tokens a slot runs per pass at most
@@ -574,6 +578,13 @@ static void job_finish(srv *s, slot *sl, job *j) {
         free(e);
     }
     pthread_mutex_lock(&s->mu);
+    if (!j->err.status) {
+        s->m_requests++;
+        s->m_prompt_tokens += (uint64_t)(r->prompt_tokens - r->cached_tokens);
+        s->m_prompt_seconds += r->prefill_seconds;
+        s->m_predicted += (uint64_t)r->completion_tokens;
+        s->m_predicted_seconds += r->decode_seconds;
+    }
     if (j->rq.stream) {
         job_out_locked(j, tail, n_tail);
         if (usage) job_out_locked(j, usage, n_usage);
@@ -666,6 +677,7 @@ static void *spec_sched_thread(void *arg) {
             if (start[i]) spec_start(s, &s->slots[i], start[i], &b);
         int32_t running = 0;
         tri_status st = b ? tri_spec_batch_step(b, &running) : TRI_STATUS_OK;
+        if (b) atomic_fetch_add(&s->m_passes, 1), atomic_fetch_add(&s->m_pass_seqs, (unsigned long long)busy);
         for (int i = 0; i < s->n_slots; i++) {
             slot *sl = &s->slots[i];
             if (!sl->run) continue;
@@ -832,6 +844,7 @@ static void sched_pass(srv *s) {
         in[n++] = sl;
     }
     tri_status st = n ? pass_eval(ss, tk, nt, n) : TRI_STATUS_OK;
+    if (n) atomic_fetch_add(&s->m_passes, 1), atomic_fetch_add(&s->m_pass_seqs, (unsigned long long)n);
     for (int32_t k = 0; k < n; k++) {
         slot *sl = in[k];
         if (st) {  // the pass is one call: every sequence in it fails
@@ -1111,6 +1124,75 @@ static bool authorized(srv *s, struct MHD_Connection *c) {
     return diff == 0;
 }
 
+// GET /props (what 0), /slots (1), /metrics (2: Prometheus text, llama-server's names).
+static enum MHD_Result send_info(srv *s, struct MHD_Connection *c, int what) {
+    if (what == 0) {
+        char *body = srv_props_json(&s->ref, &s->defaults, s->n_predict, s->n_slots, mode_names[s->spec_params.mode]);
+        return send_json(c, 200, body);
+    }
+    pthread_mutex_lock(&s->mu);
+    srv_slot_info info[256];
+    int busy = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        info[i] = (srv_slot_info){i, s->slots[i].job != NULL, s->slots[i].n_tokens};
+        busy += info[i].processing;
+    }
+    uint64_t req = s->m_requests, pt = s->m_prompt_tokens, pr = s->m_predicted;
+    double ps = s->m_prompt_seconds, prs = s->m_predicted_seconds;
+    int queued = s->n_queued;
+    pthread_mutex_unlock(&s->mu);
+    if (what == 1) return send_json(c, 200, srv_slots_json(&s->ref, info, s->n_slots, s->spec_params.mode != 0));
+    unsigned long long passes = atomic_load(&s->m_passes), seqs = atomic_load(&s->m_pass_seqs);
+    char *body = NULL;
+    if (asprintf(&body,
+                 "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n"
+                 "# TYPE llamacpp:prompt_tokens_total counter\n"
+                 "llamacpp:prompt_tokens_total %llu\n"
+                 "# HELP llamacpp:prompt_seconds_total Prompt process time.\n"
+                 "# TYPE llamacpp:prompt_seconds_total counter\n"
+                 "llamacpp:prompt_seconds_total %.6f\n"
+                 "# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.\n"
+                 "# TYPE llamacpp:tokens_predicted_total counter\n"
+                 "llamacpp:tokens_predicted_total %llu\n"
+                 "# HELP llamacpp:tokens_predicted_seconds_total Predict process time.\n"
+                 "# TYPE llamacpp:tokens_predicted_seconds_total counter\n"
+                 "llamacpp:tokens_predicted_seconds_total %.6f\n"
+                 "# HELP llamacpp:n_decode_total Total number of batched passes.\n"
+                 "# TYPE llamacpp:n_decode_total counter\n"
+                 "llamacpp:n_decode_total %llu\n"
+                 "# HELP llamacpp:n_busy_slots_per_decode Average number of busy slots per pass.\n"
+                 "# TYPE llamacpp:n_busy_slots_per_decode gauge\n"
+                 "llamacpp:n_busy_slots_per_decode %.6f\n"
+                 "# HELP llamacpp:prompt_tokens_seconds Average prompt throughput in tokens/s.\n"
+                 "# TYPE llamacpp:prompt_tokens_seconds gauge\n"
+                 "llamacpp:prompt_tokens_seconds %.6f\n"
+                 "# HELP llamacpp:predicted_tokens_seconds Average generation throughput in tokens/s.\n"
+                 "# TYPE llamacpp:predicted_tokens_seconds gauge\n"
+                 "llamacpp:predicted_tokens_seconds %.6f\n"
+                 "# HELP llamacpp:requests_processing Number of requests processing.\n"
+                 "# TYPE llamacpp:requests_processing gauge\n"
+                 "llamacpp:requests_processing %d\n"
+                 "# HELP llamacpp:requests_deferred Number of requests deferred (queued).\n"
+                 "# TYPE llamacpp:requests_deferred gauge\n"
+                 "llamacpp:requests_deferred %d\n"
+                 "# HELP triforce:requests_total Requests answered.\n"
+                 "# TYPE triforce:requests_total counter\n"
+                 "triforce:requests_total %llu\n",
+                 (unsigned long long)pt, ps, (unsigned long long)pr, prs, passes,
+                 passes ? (double)seqs / (double)passes : 0.0, ps > 0 ? (double)pt / ps : 0.0,
+                 prs > 0 ? (double)pr / prs : 0.0, busy, queued, (unsigned long long)req) < 0)
+        return send_json(c, 500, NULL);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4");
+    enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
     srv *s = cls;
@@ -1171,11 +1253,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         pthread_mutex_unlock(&s->mu);
         return send_json(c, 200, body);
     }
+    bool tokenize = strcmp(path, "/tokenize") == 0, detokenize = strcmp(path, "/detokenize") == 0;
+    bool props = strcmp(path, "/props") == 0, slots = strcmp(path, "/slots") == 0;
+    bool metrics = strcmp(path, "/metrics") == 0;
     bool models = strcmp(path, "/models") == 0, model_one = strncmp(path, "/models/", 8) == 0;
     bool chat = strcmp(path, "/chat/completions") == 0, compl = strcmp(path, "/completions") == 0;
-    if (!models && !model_one && !chat && !compl) {
+    if (!models && !model_one && !chat && !compl &&!tokenize && !detokenize && !props && !slots && !metrics) {
         srv_fail(&err, 404, "invalid_request_error", "unknown_url", NULL,
-                 "unknown URL %s %s: this server has /v1/chat/completions, /v1/completions, /v1/models and /health",
+                 "unknown URL %s %s: this server has /v1/chat/completions, /v1/completions, /v1/models, /health, "
+                 "/tokenize, /detokenize, /props, /slots and /metrics",
                  method, url);
         return send_error(c, method, url, &err);
     }
@@ -1185,6 +1271,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                      ? "incorrect API key: give the server's key as \"Authorization: Bearer KEY\""
                      : "no API key: this server wants \"Authorization: Bearer KEY\"");
         return send_error(c, method, url, &err);
+    }
+    if (tokenize || detokenize) {
+        if (!post) goto method;
+        char *out = NULL;
+        if (!(tokenize ? srv_tokenize_json : srv_detokenize_json)(&s->ref, cn->body, cn->n, &out, &err))
+            return send_error(c, method, url, &err);
+        return send_json(c, 200, out);
+    }
+    if (props || slots || metrics) {
+        if (!get) goto method;
+        return send_info(s, c, props ? 0 : slots ? 1 : 2);
     }
     if (models || model_one) {
         if (!get) goto method;

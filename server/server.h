@@ -157,4 +157,25 @@ char *srv_chunk_sse(bool chat, const srv_result *r, const char *text, size_t n_t
 // /v1/models and /v1/models/{id}; malloc'd.
 char *srv_models_json(const srv_model_ref *m, int64_t created, bool one);
 
+// ---- llama-server's other endpoints (server-json.c) ----
+
+// POST /tokenize: {"content": TEXT, "add_special": false, "parse_special": true, "with_pieces":
+// false} -> {"tokens": [ids]} (with_pieces: [{"id": N, "piece": TEXT}], a piece that is not
+// valid UTF-8 as its list of byte values). *out malloc'd; false with err set for a bad body.
+bool srv_tokenize_json(const srv_model_ref *m, const char *body, size_t len, char **out, srv_error *err);
+// POST /detokenize: {"tokens": [ids]} -> {"content": TEXT} (special tokens rendered).
+bool srv_detokenize_json(const srv_model_ref *m, const char *body, size_t len, char **out, srv_error *err);
+
+// One slot as /slots shows it.
+typedef struct srv_slot_info {
+    int id;
+    bool processing;
+    int32_t n_cached;  // tokens its cache holds
+} srv_slot_info;
+// GET /slots: [{"id", "n_ctx", "speculative", "is_processing", "n_cached"}]; malloc'd.
+char *srv_slots_json(const srv_model_ref *m, const srv_slot_info *slots, int n, bool speculative);
+// GET /props: the default generation settings, the slots, the model; malloc'd.
+char *srv_props_json(const srv_model_ref *m, const srv_sampling *dflt, int64_t n_predict, int n_slots,
+                     const char *mode);
+
 #endif  // TRI_SERVER_H

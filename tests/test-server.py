@@ -25,6 +25,7 @@ Prints 'N passed, N failed' last.
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -487,6 +488,64 @@ def t_prefill():
     expect_error(st, b, 400, param="messages")
 
 
+def t_llama_endpoints():
+    """/tokenize and /detokenize (ids against HF tokenizers built from the GGUF, as the smollm2
+    suite's reference does), /props, /slots and /metrics (Prometheus text: every sample line parses
+    and the counters grow with a request)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference"))
+    import gguf
+    from smollm2_ref import load_tokenizer
+    tok, _ = load_tokenizer(gguf.GGUFReader(MODEL), MODEL)
+    text = "Hello, world! 1234 <|im_start|>user\nCafé ☕ naïve"
+    st, b = raw(PORT, "POST", "/tokenize", body={"content": text})
+    want = tok.encode(text, add_special_tokens=False).ids
+    expect(st == 200 and b["tokens"] == want, f"/tokenize {b}, HF tokenizers {want}")
+    st, b2 = raw(PORT, "POST", "/v1/tokenize", body={"content": text, "parse_special": False})
+    expect(st == 200 and b2["tokens"] != want and 1 not in b2["tokens"], f"parse_special false: {b2}")
+    st, p = raw(PORT, "POST", "/tokenize", body={"content": "naïve ☕", "with_pieces": True})
+    expect(st == 200 and all(set(e) == {"id", "piece"} for e in p["tokens"]), f"with_pieces {p}")
+    joined = b"".join(e["piece"].encode() if isinstance(e["piece"], str) else bytes(e["piece"]) for e in p["tokens"])
+    expect(joined.decode() == "naïve ☕", f"pieces {p}")
+    st, d = raw(PORT, "POST", "/detokenize", body={"tokens": want})
+    expect(st == 200 and d["content"] == tok.decode(want, skip_special_tokens=False) == text, f"/detokenize {d}")
+    for path, body, param in (("/tokenize", {"content": 3}, "content"), ("/detokenize", {"tokens": [1e9]}, "tokens[0]"),
+                              ("/tokenize", {"content": "x", "bogus": 1}, "bogus")):
+        st, e = raw(PORT, "POST", path, body=body)
+        expect_error(st, e, 400, param=param)
+    st, pr = raw(PORT, "GET", "/props")
+    expect(st == 200 and pr["total_slots"] == 2 and pr["default_generation_settings"]["n_ctx"] == CTX and
+           pr["default_generation_settings"]["params"]["temperature"] == 0 and pr["model_alias"] == MODEL_ID, f"{pr}")
+    st, sl = raw(PORT, "GET", "/slots")
+    expect(st == 200 and [x["id"] for x in sl] == [0, 1] and all(x["n_ctx"] == CTX for x in sl), f"/slots {sl}")
+
+    def metrics():
+        c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30 * SCALE)
+        c.request("GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+        r = c.getresponse()
+        body = r.read().decode()
+        expect(r.status == 200 and r.getheader("Content-Type").startswith("text/plain"), f"{r.status}")
+        vals, types = {}, {}
+        for line in body.splitlines():
+            if line.startswith("# TYPE "):
+                _, _, name, kind = line.split()
+                types[name] = kind
+            elif line and not line.startswith("#"):
+                name, value = line.split(" ")
+                expect(re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", name), f"metric name {name!r}")
+                vals[name] = float(value)
+        expect(set(vals) == set(types) and "llamacpp:prompt_tokens_total" in vals, f"metrics {body}")
+        return vals
+
+    m0 = metrics()
+    r = client.completions.create(model=MODEL_ID, prompt="Counting: one, two,", max_tokens=4, temperature=0)
+    m1 = metrics()
+    expect(m1["llamacpp:tokens_predicted_total"] - m0["llamacpp:tokens_predicted_total"] == r.usage.completion_tokens
+           and m1["llamacpp:n_decode_total"] > m0["llamacpp:n_decode_total"] and m1["triforce:requests_total"] ==
+           m0["triforce:requests_total"] + 1, f"before {m0}, after {m1}")
+    st, e = raw(PORT, "GET", "/metrics", headers={"Authorization": ""})
+    expect_error(st, e, 401)
+
+
 def open_stream(prompt, n, stream=True):
     """A completion (streamed) sent on a raw socket, nothing read: the socket."""
     s = socket.create_connection(("127.0.0.1", PORT), timeout=120 * SCALE)
@@ -609,7 +668,7 @@ for name, fn in [("models", t_models), ("chat", t_chat), ("chat_stream", t_chat_
                  ("interleaved_conversations_keep_their_slots", t_interleaved),
                  ("two_clients", t_two_clients), ("invalid_json", t_invalid_json), ("garbage", t_garbage), ("wrong_types", t_wrong_types),
                  ("unknown_model", t_unknown_model), ("too_long_prompt", t_too_long), ("api_key", t_api_key),
-                 ("leniency", t_leniency), ("prefill", t_prefill),
+                 ("leniency", t_leniency), ("prefill", t_prefill), ("llama_server_endpoints", t_llama_endpoints),
                  ("seed_and_stop", t_seed_and_stop), ("disconnect_mid_stream", t_disconnect),
                  ("busy_503", t_busy_503)]:
     check(name, fn)
