@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "chat-page.h"
 #include "cli.h"
 #include "server.h"
 
@@ -70,6 +71,9 @@ static void usage(FILE *f) {
         "                       tokens; else take the least recently used idle slot (default 0.5;\n"
         "                       0: always the longest prefix)\n"
         "      --ctx N          context of each slot in tokens (default 4096)\n"
+        "      --cors ORIGINS   web pages of these origins (comma-separated, e.g.\n"
+        "                       http://localhost:3000; '*': any) may call the server (CORS);\n"
+        "                       default none: only the chat page at / (same origin)\n"
         "      --keep-alive S   a stream silent for S seconds (a long prefill, the queue) gets an\n"
         "                       SSE comment, which clients ignore and proxies see (default 15; 0: off)\n"
         "  -n, --n-predict N    tokens per answer when a request sets no max_tokens (default 0:\n"
@@ -912,6 +916,33 @@ static bool client_gone(struct MHD_Connection *c) {
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
+// --cors: the origins whose pages may call the server ("*": any), comma-separated; NULL: none. One
+// server per process, set once at start.
+static const char *cors_origins;
+
+// The Origin header of the request when --cors allows it, else NULL.
+static const char *cors_allowed(struct MHD_Connection *c) {
+    const char *o = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (!o || !cors_origins) return NULL;
+    if (strcmp(cors_origins, "*") == 0) return o;
+    size_t n = strlen(o);
+    for (const char *p = cors_origins; *p;) {
+        const char *e = strchr(p, ',');
+        size_t k = e ? (size_t)(e - p) : strlen(p);
+        if (k == n && strncmp(p, o, n) == 0) return o;
+        p += k + (e != NULL);
+    }
+    return NULL;
+}
+
+// The CORS headers of a response to an allowed origin.
+static void add_cors(struct MHD_Connection *c, struct MHD_Response *r) {
+    const char *o = cors_allowed(c);
+    if (!o) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", o);
+    MHD_add_response_header(r, "Vary", "Origin");
+}
+
 static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, char *body) {
     static const char oom[] = "{\"error\": {\"message\": \"out of memory\", \"type\": \"server_error\", \"param\": "
                               "null, \"code\": null}}";
@@ -924,6 +955,7 @@ static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, char
     }
     if (!body) status = 500;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    add_cors(c, resp);
     if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     enum MHD_Result ret = MHD_queue_response(c, status, resp);
@@ -1076,6 +1108,7 @@ static enum MHD_Result complete(srv *s, struct MHD_Connection *c, const char *me
         }
         *st = (stream){s, j, c, now_s()};
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        add_cors(c, resp);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         enum MHD_Result ret = MHD_queue_response(c, 200, resp);
         MHD_destroy_response(resp);
@@ -1122,6 +1155,31 @@ static bool authorized(srv *s, struct MHD_Connection *c) {
     unsigned diff = n != m;
     for (size_t i = 0; i < n; i++) diff |= (unsigned char)h[i] ^ (unsigned char)s->api_key[i < m ? i : 0];
     return diff == 0;
+}
+
+// OPTIONS: a CORS preflight (204 with the methods and headers a page may use, when --cors allows
+// its origin; 403 naming the origin otherwise), or a plain OPTIONS (204 with Allow).
+static enum MHD_Result send_options(struct MHD_Connection *c, const char *url) {
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (origin && !cors_allowed(c)) {
+        srv_error err = {0};
+        srv_fail(&err, 403, "invalid_request_error", "origin_not_allowed", NULL,
+                 "pages from %s may not call this server: start it with --cors '%s' (or --cors '*')", origin, origin);
+        return send_error(c, "OPTIONS", url, &err);
+    }
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Allow", "GET, HEAD, POST, OPTIONS");
+    if (origin) {
+        add_cors(c, resp);
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS");
+        const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", h ? h : "Authorization, Content-Type");
+        MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+    }
+    enum MHD_Result ret = MHD_queue_response(c, 204, resp);
+    MHD_destroy_response(resp);
+    return ret;
 }
 
 // GET /props (what 0), /slots (1), /metrics (2: Prometheus text, llama-server's names).
@@ -1188,6 +1246,7 @@ static enum MHD_Result send_info(srv *s, struct MHD_Connection *c, int what) {
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4");
+    add_cors(c, resp);
     enum MHD_Result ret = MHD_queue_response(c, 200, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -1241,6 +1300,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     snprintf(route, sizeof route, "%.*s", (int)(ul < sizeof route ? ul : sizeof route - 1), url);
     if (strcmp(route, "/v1") == 0) route[1] = 0;
     const char *path = strncmp(route, "/v1/", 4) == 0 ? route + 3 : route;
+    if (strcmp(method, MHD_HTTP_METHOD_OPTIONS) == 0) return send_options(c, url);
+    if (strcmp(path, "/") == 0 || strcmp(path, "/index.html") == 0) {  // the chat page: no key (its requests need one)
+        if (!get) goto method;
+        struct MHD_Response *resp =
+            MHD_create_response_from_buffer(sizeof chat_page - 1, (void *)chat_page, MHD_RESPMEM_PERSISTENT);
+        if (!resp) return MHD_NO;
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/html; charset=utf-8");
+        MHD_add_response_header(resp, "Content-Security-Policy",
+                                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'");
+        enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+        return ret;
+    }
     if (strcmp(path, "/health") == 0) {
         if (!get) goto method;
         pthread_mutex_lock(&s->mu);
@@ -1405,7 +1477,8 @@ int tri_server_main(int argc, char **argv) {
         OPT_BATCH,
         OPT_PROMPT_CACHE,
         OPT_SIMILARITY,
-        OPT_KEEP_ALIVE
+        OPT_KEEP_ALIVE,
+        OPT_CORS
     };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
@@ -1429,6 +1502,7 @@ int tri_server_main(int argc, char **argv) {
         {"prompt-cache", required_argument, NULL, OPT_PROMPT_CACHE},
         {"slot-similarity", required_argument, NULL, OPT_SIMILARITY},
         {"keep-alive", required_argument, NULL, OPT_KEEP_ALIVE},
+        {"cors", required_argument, NULL, OPT_CORS},
         TRI_CLI_ENGINE_OPTIONS,
         {"help", no_argument, NULL, 'h'},
         {0},
@@ -1489,6 +1563,7 @@ int tri_server_main(int argc, char **argv) {
         case 't': ok = tri_cli_parse_long(me, "--threads", optarg, 1, 4096, &threads); break;
         case OPT_BATCH: ok = tri_cli_parse_long(me, "--batch", optarg, 1, 65536, &batch); break;
         case OPT_PROMPT_CACHE: s->pc_path = optarg; break;
+        case OPT_CORS: cors_origins = optarg[0] ? optarg : NULL; break;
         case OPT_KEEP_ALIVE: ok = tri_cli_parse_float(me, "--keep-alive", optarg, 0.0, 3600.0, &keep_alive); break;
         case OPT_SIMILARITY: ok = tri_cli_parse_float(me, "--slot-similarity", optarg, 0.0, 1.0, &similarity); break;
         case 'h': usage(stdout); return 0;

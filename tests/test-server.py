@@ -24,8 +24,10 @@ Prints 'N passed, N failed' last.
 """
 import http.client
 import json
+import base64
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -56,6 +58,7 @@ probe = subprocess.run([CLI, "serve", "--help"], capture_output=True, text=True)
 if probe.returncode != 0:
     skip("offload-run was built without the server: " + probe.stderr.strip())
 
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SCALE = float(os.environ.get("TRI_TEST_TIME_SCALE", "1"))  # sanitizer builds are slower
 CTX = 512
 
@@ -546,6 +549,172 @@ def t_llama_endpoints():
     expect_error(st, e, 401)
 
 
+def t_page():
+    """GET / is the chat page: HTML with no external assets (no URL to another site, no script or
+    style file), whose script node accepts; no key needed for it."""
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30 * SCALE)
+    c.request("GET", "/")
+    r = c.getresponse()
+    page = r.read().decode()
+    c.close()
+    expect(r.status == 200 and r.getheader("Content-Type").startswith("text/html"), f"GET / {r.status}")
+    for id_ in ("system", "log", "input", "send", "stop", "key"):
+        expect(f'id="{id_}"' in page, f"no #{id_}")
+    expect(not re.search(r"(src|href)\s*=|@import|url\(|https?://", page), "the page loads something from elsewhere")
+    expect("/v1/chat/completions" in page and "stream: true" in page and "triforce" in page, "not the chat page")
+    node = shutil.which("node")
+    if node:
+        script = page.split("<script>", 1)[1].split("</script>", 1)[0]
+        r = subprocess.run([node, "--check", "-"], input=script, capture_output=True, text=True, timeout=60)
+        expect(r.returncode == 0, f"the page's script does not parse: {r.stderr}")
+
+
+class Browser:
+    """Headless Chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe: JSON
+    messages ended by NUL on fds 3 and 4), no package needed."""
+
+    def __init__(self, profile):
+        r1, w1 = os.pipe()
+        r2, w2 = os.pipe()
+
+        def fds():
+            os.dup2(r1, 3)
+            os.dup2(w2, 4)
+
+        self.proc = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                                      "--remote-debugging-pipe", f"--user-data-dir={profile}", "about:blank"],
+                                     pass_fds=(3, 4), preexec_fn=fds, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        os.close(r1)
+        os.close(w2)
+        self.w, self.r = os.fdopen(w1, "wb", buffering=0), os.fdopen(r2, "rb", buffering=0)
+        self.buf, self.id, self.session = b"", 0, None
+
+    def call(self, method, params=None, session=True):
+        self.id += 1
+        msg = {"id": self.id, "method": method, "params": params or {}}
+        if session and self.session:
+            msg["sessionId"] = self.session
+        self.w.write(json.dumps(msg).encode() + b"\0")
+        while True:
+            while b"\0" not in self.buf:
+                chunk = self.r.read(1 << 16)
+                if not chunk:
+                    raise RuntimeError("chromium went away")
+                self.buf += chunk
+            m, self.buf = self.buf.split(b"\0", 1)
+            m = json.loads(m)
+            if m.get("id") == self.id:
+                if "error" in m:
+                    raise RuntimeError(f"{method}: {m['error']}")
+                return m["result"]
+
+    def open(self, url):
+        t = self.call("Target.createTarget", {"url": url}, session=False)["targetId"]
+        self.session = self.call("Target.attachToTarget", {"targetId": t, "flatten": True}, session=False)["sessionId"]
+
+    def eval(self, js):
+        r = self.call("Runtime.evaluate", {"expression": js, "returnByValue": True, "awaitPromise": True})
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"{js}: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    def wait(self, js, timeout, what):
+        end = time.time() + timeout * SCALE
+        while time.time() < end:
+            if self.eval(js):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def close(self):
+        try:
+            self.call("Browser.close", session=False)
+            self.proc.wait(10)
+        except Exception:  # noqa: BLE001 - it is going anyway
+            self.proc.kill()
+
+
+def t_browser():
+    """The chat page in headless Chromium: a message with a system prompt streams the greedy answer
+    offload-run generate --chat gives, with the run's figures; Stop ends a long answer early. The
+    screenshot goes to $TRI_TEST_ARTIFACTS (CI keeps it), else the build directory."""
+    if not CHROMIUM:
+        raise AssertionError("chromium is not installed (scripts/install-deps.sh installs it)")
+    system, q = "Answer in one short sentence.", "What is the capital of France?"
+    want = cli_text(["--chat", "--system", system, "-p", q, "--temp", "0", "--ctx", str(CTX)])
+    b = Browser(os.path.join(os.getcwd(), f"chromium-profile-{os.getpid()}"))
+    try:
+        b.open(f"http://127.0.0.1:{PORT}/")
+        b.wait("typeof send === 'function' && document.readyState === 'complete'", 30, "the page")
+        b.eval(f"document.getElementById('key').value = {json.dumps(KEY)};"
+               f"document.getElementById('system').value = {json.dumps(system)};"
+               f"document.getElementById('input').value = {json.dumps(q)};"
+               "document.getElementById('send').click(); true")
+        seen = set()
+        end = time.time() + 120 * SCALE
+        while b.eval("document.body.dataset.state") != "idle" and time.time() < end:
+            seen.add(b.eval("document.querySelector('.assistant') ? document.querySelector('.assistant').textContent : ''"))
+            time.sleep(0.05)
+        text = b.eval("document.querySelector('.assistant').textContent")
+        figs = b.eval("document.querySelector('.figures').textContent")
+        expect(text == want, f"the page shows {text!r}, offload-run generate --chat gives {want!r}")
+        expect(re.search(r"slot \d, prompt \d+ tokens \(\d+ cached\), \d+ generated \(stop\)", figs), f"figures {figs!r}")
+        partial = [t for t in seen if t and t != want]
+        expect(partial, "no partial text was seen: not streamed")
+        shot = b.call("Page.captureScreenshot", {"format": "png"})["data"]
+        out = os.environ.get("TRI_TEST_ARTIFACTS", os.getcwd())
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "server-chat-page.png"), "wb") as f:
+            f.write(base64.b64decode(shot))
+        # Stop: a long answer (a story, no limit) ends at once, marked stopped, and the slot is freed
+        b.eval("document.getElementById('input').value = 'Write a long story about a dragon.';"
+               "document.body.dataset.state = 'busy'; document.getElementById('send').click(); true")
+        b.wait("document.querySelectorAll('.assistant')[1].textContent.length > 20", 60, "the story to begin")
+        b.eval("document.getElementById('stop').click(); true")
+        b.wait("document.body.dataset.state === 'idle'", 10, "Stop to end the answer")
+        expect(b.eval("document.querySelectorAll('.figures')[1].textContent") == "stopped", "not marked stopped")
+        wait_until(lambda: raw(PORT, "GET", "/health")[1]["slots_busy"] == 0, 10, "the slot to be freed")
+    finally:
+        b.close()
+        shutil.rmtree(os.path.join(os.getcwd(), f"chromium-profile-{os.getpid()}"), ignore_errors=True)
+
+
+def t_cors():
+    """--cors: a preflight from a listed origin gets the methods and headers, a request its
+    Access-Control-Allow-Origin; another origin's preflight is 403 naming it; no --cors, no CORS."""
+    a, other = "http://localhost:3000", "http://evil.example"
+    c = Server("--slots", "1", "--cors", f"{a},http://127.0.0.1:5173")
+    try:
+        for port, origin, want in ((c.port, a, 204), (c.port, other, 403), (PORT, a, 403)):
+            h = http.client.HTTPConnection("127.0.0.1", port, timeout=30 * SCALE)
+            h.request("OPTIONS", "/v1/chat/completions", headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type"})
+            r = h.getresponse()
+            body = r.read().decode()
+            expect(r.status == want, f"preflight from {origin}: {r.status} {body}")
+            if want == 204:
+                expect(r.getheader("Access-Control-Allow-Origin") == origin and
+                       "POST" in r.getheader("Access-Control-Allow-Methods") and
+                       "authorization" in r.getheader("Access-Control-Allow-Headers").lower(), str(r.getheaders()))
+            else:
+                expect(origin in json.loads(body)["error"]["message"] and
+                       r.getheader("Access-Control-Allow-Origin") is None, body)
+            h.close()
+        h = http.client.HTTPConnection("127.0.0.1", c.port, timeout=60 * SCALE)
+        h.request("POST", "/v1/chat/completions", body=json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                                                                   "max_tokens": 2}),
+                  headers={"Origin": a, "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        r = h.getresponse()
+        r.read()
+        expect(r.status == 200 and r.getheader("Access-Control-Allow-Origin") == a, str(r.getheaders()))
+        h.close()
+    finally:
+        rc = c.stop()
+    expect(rc == 0, f"exit status {rc}")
+
+
 def open_stream(prompt, n, stream=True):
     """A completion (streamed) sent on a raw socket, nothing read: the socket."""
     s = socket.create_connection(("127.0.0.1", PORT), timeout=120 * SCALE)
@@ -669,6 +838,7 @@ for name, fn in [("models", t_models), ("chat", t_chat), ("chat_stream", t_chat_
                  ("two_clients", t_two_clients), ("invalid_json", t_invalid_json), ("garbage", t_garbage), ("wrong_types", t_wrong_types),
                  ("unknown_model", t_unknown_model), ("too_long_prompt", t_too_long), ("api_key", t_api_key),
                  ("leniency", t_leniency), ("prefill", t_prefill), ("llama_server_endpoints", t_llama_endpoints),
+                 ("chat_page", t_page), ("chat_page_in_chromium", t_browser), ("cors", t_cors),
                  ("seed_and_stop", t_seed_and_stop), ("disconnect_mid_stream", t_disconnect),
                  ("busy_503", t_busy_503)]:
     check(name, fn)
