@@ -75,6 +75,25 @@ Test(cli, help_and_usage_errors) {
     cr_assert_eq(cli("generate -m x -p hi --draft-ngram 3", out, sizeof out, err, sizeof err), 2);
 }
 
+// Each sampling option's default in the helps is the one the command uses: chat's are the API's
+// chat settings (its repeat penalty was shown as 1 where chat uses 1.1: issue 41), generate's
+// greedy ones.
+Test(cli, help_gives_the_sampling_defaults_in_use) {
+    const tri_sampler_params c = tri_sampler_chat_params();
+    char want[128];
+    cr_assert_eq(cli("chat --help", out, sizeof out, err, sizeof err), 0);
+    snprintf(want, sizeof want, "(1: off; default %g)", (double)c.repeat_penalty);
+    cr_assert(strstr(out, want), "chat --help lacks '%s':\n%s", want, out);
+    snprintf(want, sizeof want, "0 is greedy (default %g)", (double)c.temperature);
+    cr_assert(strstr(out, want), "chat --help lacks '%s'", want);
+    snprintf(want, sizeof want, "(0: all; default %d)", c.top_k);
+    cr_assert(strstr(out, want), "chat --help lacks '%s'", want);
+    cr_assert_eq(cli("generate --help", out, sizeof out, err, sizeof err), 0);
+    cr_assert(strstr(out, "(1: off; default 1)") && strstr(out, "0 is greedy (default 0)"), "%s", out);
+    snprintf(want, sizeof want, "repeat-penalty %g over the last 64 tokens", (double)c.repeat_penalty);
+    cr_assert(strstr(out, want), "generate --help lacks '%s'", want);
+}
+
 Test(cli, bad_model_files_name_the_file) {
     cr_assert_eq(cli("info -m /nonexistent/model.gguf", out, sizeof out, err, sizeof err), 1);
     cr_assert(strstr(err, "/nonexistent/model.gguf"), "%s", err);
