@@ -94,6 +94,28 @@ Test(cli, help_gives_the_sampling_defaults_in_use) {
     cr_assert(strstr(out, want), "generate --help lacks '%s'", want);
 }
 
+// scripts/get-model.sh prints an absolute path, which works from any directory (it printed
+// models/..., true only from the repository's root: issue 41). Run where the model is already
+// fetched (nothing is downloaded here).
+Test(cli, get_model_prints_an_absolute_path) {
+    const char *src = getenv("TRI_TEST_SRC");
+    cr_assert(src, "TRI_TEST_SRC is not set: run through meson test");
+    char script[4096], model[4200], cmd[16384];
+    snprintf(script, sizeof script, "%s/../scripts/get-model.sh", src);
+    snprintf(model, sizeof model, "%s/../models/SmolLM2-135M-Instruct.Q4_1.gguf", src);
+    struct stat sb;
+    if (stat(model, &sb) != 0 || sb.st_size == 0) cr_skip_test("the model is not fetched (scripts/get-model.sh)");
+    snprintf(cmd, sizeof cmd, "cd / && '%s'", script);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    char line[4096] = {0};
+    cr_assert(fgets(line, sizeof line, p));
+    cr_assert_eq(pclose(p), 0);
+    line[strcspn(line, "\n")] = 0;
+    cr_assert(line[0] == '/', "get-model.sh printed '%s'", line);
+    cr_assert(stat(line, &sb) == 0 && sb.st_size > 1000000, "'%s' is not the model", line);
+}
+
 Test(cli, bad_model_files_name_the_file) {
     cr_assert_eq(cli("info -m /nonexistent/model.gguf", out, sizeof out, err, sizeof err), 1);
     cr_assert(strstr(err, "/nonexistent/model.gguf"), "%s", err);
