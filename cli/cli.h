@@ -28,6 +28,8 @@ typedef struct tri_cli_several {
     tri_generate_params gp;    // n_predict, stop_at_eos, sampler
     const tri_spec_params *spec;  // --spec: one engine per prompt, generating together (tri_spec_batch);
                                   // NULL: plain decoding
+    const char *json_path;        // --json FILE: the figures of the batch and of each prompt; NULL: none
+    const char *model_path;       // -m as given, for --json
 } tri_cli_several;
 // Tokenizes every prompt, runs them as a batch (their prefills packed into shared passes, their
 // decode steps together) and prints each output under a "==> SOURCE <==" line; returns the exit

@@ -1652,6 +1652,35 @@ Test(cli, generate_several_prompts_as_a_batch, .timeout = TT_TIMEOUT(120)) {
     snprintf(args, sizeof args, "generate -m '%s' -f '%s' -f '%s' --stop x", m, files[0], files[1]);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2, "%s", err);
     cr_assert(strstr(err, "several prompts run as a batch: --stop does not apply"), "%s", err);
+    // --json: the batch's figures and each prompt's (it was refused with several prompts: issue 41)
+    char json[4096];
+    snprintf(json, sizeof json, "%s", tt_tmp("cli-several.json"));
+    unlink(json);
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args,
+                 "generate -m '%s' -f '%s' -f '%s' -f '%s' -n 12 --ids --ignore-eos --batch 8 %s"
+                 "--json '%s'",
+                 m, files[0], files[1], files[2], k ? "--spec draft --draft-ngram 2 " : "", json);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+        char *text = tt_read_file(json, NULL);
+        struct json_object *root = json_tokener_parse(text), *v, *outs;
+        cr_assert(root, "--json wrote no JSON: %s", text);
+        cr_assert(json_object_object_get_ex(root, "command", &v) && !strcmp(json_object_get_string(v), "generate"));
+        cr_assert(json_object_object_get_ex(root, "prompts", &v) && json_object_get_int(v) == 3, "%s", text);
+        cr_assert(json_object_object_get_ex(root, "generated_tokens", &v) && json_object_get_int(v) == 36, "%s", text);
+        cr_assert(json_object_object_get_ex(root, "outputs", &outs) && json_object_array_length(outs) == 3, "%s", text);
+        for (int i = 0; i < 3; i++) {
+            struct json_object *o = json_object_array_get_idx(outs, (size_t)i);
+            cr_assert(json_object_object_get_ex(o, "source", &v) && !strcmp(json_object_get_string(v), files[i]));
+            cr_assert(json_object_object_get_ex(o, "generated_tokens", &v) && json_object_get_int(v) == 12, "%s", text);
+            cr_assert(json_object_object_get_ex(o, "stop_reason", &v) && !strcmp(json_object_get_string(v), "length"),
+                      "%s", text);
+            cr_assert(json_object_object_get_ex(o, "text", &v), "%s", text);
+        }
+        json_object_put(root);
+        free(text);
+    }
+    unlink(json);
     // --spec: one engine per prompt, generating together; greedy, each prints plain decoding's tokens
     const char *specs[2] = {"--spec draft --draft-ngram 2", "--spec triforce --draft-layers 0 --budget 8 --chunk 4"};
     for (int k = 0; k < 2; k++) {
