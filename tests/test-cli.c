@@ -1287,6 +1287,103 @@ Test(cli, chat_edits_lines_on_a_terminal, .timeout = TT_TIMEOUT(120)) {
     free(t);
 }
 
+// Ctrl-C at the prompt clears a half-typed line and the chat goes on (it used to end the chat); a
+// second Ctrl-C in a row ends it, with status 0 (issue 41).
+Test(cli, chat_ctrl_c_clears_the_line, .timeout = TT_TIMEOUT(120)) {
+    const char *bin = getenv("TRI_OFFLOAD_RUN");
+    cr_assert(bin);
+    const char *m = tiny_model();
+    char home[4096], save[4096], name[64], cmd[16384];
+    snprintf(name, sizeof name, "chat-cc-%d", (int)getpid());
+    snprintf(home, sizeof home, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", home, home);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(name, sizeof name, "chat-cc-%d/t.json", (int)getpid());
+    snprintf(save, sizeof save, "%s", tt_tmp(name));
+    int fd;
+    pid_t pid = forkpty(&fd, NULL, NULL, NULL);
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        setenv("HOME", home, 1);
+        execl(bin, bin, "chat", "-m", m, "--chat-format", "chatml", "-n", "3", "--ctx", "256", (char *)NULL);
+        _exit(127);
+    }
+    static char buf[1 << 16];
+    size_t n = 0;
+    cr_assert(pty_wait(fd, buf, sizeof buf, &n, "> ", 60), "no prompt: %s", buf);
+    cr_assert_eq(write(fd, "half typed", 10), 10);
+    usleep(200 * 1000);
+    cr_assert_eq(write(fd, "\x03", 1), 1);  // Ctrl-C: the terminal sends SIGINT
+    cr_assert(pty_wait(fd, buf, sizeof buf, &n, "the line is cleared", 30), "no note: %s", buf);
+    cr_assert_eq(write(fd, "hello\r", 6), 6);
+    cr_assert(pty_wait(fd, buf, sizeof buf, &n, "turn 1:", 60), "the chat did not go on: %s", buf);
+    char line[8192];
+    snprintf(line, sizeof line, "/save %s\r", save);
+    cr_assert_eq(write(fd, line, strlen(line)), (ssize_t)strlen(line));
+    cr_assert(pty_wait(fd, buf, sizeof buf, &n, "saved 2 messages", 60), "%s", buf);
+    usleep(200 * 1000);
+    cr_assert_eq(write(fd, "\x03", 1), 1);
+    usleep(300 * 1000);
+    cr_assert_eq(write(fd, "\x03", 1), 1);  // twice: the end
+    pty_wait(fd, buf, sizeof buf, &n, "\x01", 10);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    close(fd);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d: %s", status, buf);
+    char *t = tt_read_file(save, NULL);
+    cr_assert(strstr(t, "\"content\": \"hello\"") && !strstr(t, "half typed"), "the cleared line was sent: %s", t);
+    free(t);
+}
+
+// /save writes the whole chat, the turns dropped from a full context too, and /load of that file
+// restores it (the next turn continues it); an answer that fills the context says it was cut
+// (issue 41: /save left dropped turns out, nothing restored a chat, a cut answer said nothing).
+Test(cli, chat_save_restores_the_whole_chat, .timeout = TT_TIMEOUT(120)) {
+    const char *m = tiny_model();
+    char save[4096], save2[4096], name[64], args[16384];
+    snprintf(name, sizeof name, "chat-all-%d.json", (int)getpid());
+    snprintf(save, sizeof save, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "chat-all2-%d.json", (int)getpid());
+    snprintf(save2, sizeof save2, "%s", tt_tmp(name));
+    static char in[1 << 14];
+    size_t at = 0;
+    for (int i = 0; i < 6; i++)
+        at += (size_t)snprintf(in + at, sizeof in - at,
+                               "message number %d with a few more words in it to fill the "
+                               "context\n",
+                               i);
+    snprintf(in + at, sizeof in - at, "/save %s\n", save);
+    snprintf(args, sizeof args, "chat -m '%s' --chat-format chatml -n 16 --ctx 128 --temp 0", m);
+    cr_assert_eq(cli_in(args, in, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "dropped the"), "the context never filled: %s", err);
+    cr_assert(strstr(err, "saved 12 messages"), "%s", err);
+    char *t = tt_read_file(save, NULL);
+    for (int i = 0; i < 6; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "message number %d ", i);
+        cr_assert(strstr(t, want), "/save lacks '%s': %s", want, t);
+    }
+    free(t);
+    // restored: the next turn continues the chat, and a second save holds both
+    snprintf(in, sizeof in, "/load %s\nand one more\n/save %s\n", save, save2);
+    cr_assert_eq(cli_in(args, in, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "restored 12 messages"), "%s", err);
+    cr_assert(strstr(err, "saved 14 messages"), "%s", err);
+    t = tt_read_file(save2, NULL);
+    cr_assert(strstr(t, "message number 0 ") && strstr(t, "and one more"), "%s", t);
+    free(t);
+    // a broken saved chat is refused by name, the chat goes on
+    tt_write_file(save2, "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}", 49);
+    snprintf(in, sizeof in, "/load %s\nhello\n", save2);
+    cr_assert_eq(cli_in(args, in, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, save2) && strstr(err, "message 0: want a role") && strstr(err, "turn 1:"), "%s", err);
+    // an answer without a limit fills the context and says it was cut
+    snprintf(args, sizeof args, "chat -m '%s' --chat-format chatml -n 0 --ctx 64 --temp 0", m);
+    cr_assert_eq(cli_in(args, "tell me everything\n", out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "(cut: the context of 64 tokens is full"), "%s", err);
+    unlink(save), unlink(save2);
+}
+
 // Ctrl-C during an answer stops that answer, not the program: the next line is answered, and the
 // end of the input then ends it cleanly.
 Test(cli, chat_sigint_stops_the_answer_not_the_program, .timeout = TT_TIMEOUT(120)) {
