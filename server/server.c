@@ -1645,7 +1645,7 @@ int tri_server_main(int argc, char **argv) {
         goto done;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    fprintf(stderr, "port %u bound; loading %s\n", di ? (unsigned)di->port : (unsigned)port, model_path);
+    
     if (!s->api_key && !is_loopback(ai->ai_addr))
         fprintf(stderr,
                 "%s: warning: listening on %s, beyond this machine, without an API key: anyone who can reach "

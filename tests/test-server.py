@@ -1154,8 +1154,8 @@ def t_bind_first():
             err += line
             if line.startswith("listening on"):
                 break
-        expect(err.index("port ") < err.index("chat format"), f"bound after the load: {err}")
         expect("warning: listening on 0.0.0.0" in err and "without an API key" in err, err)
+        expect(err.index("warning: listening") < err.index("chat format"), f"warned after the load: {err}")
     finally:
         w.send_signal(signal.SIGTERM)
         w.wait(60 * SCALE)
