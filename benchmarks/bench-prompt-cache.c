@@ -94,7 +94,7 @@ int main(int argc, char **argv) {
         double g = (double)io.bytes / io.seconds / 1e9;
         if (g > best_w) best_w = g, wio = io;
         tri__pcache_file *f;
-        if (tri__pcache_open(path, &f) || tri__pcache_read(f, n_tokens, take, &h, &io)) {
+        if (tri__pcache_open(path, &f) || tri__pcache_read(f, n_tokens, take, &h, &io, NULL)) {
             fprintf(stderr, "bench-prompt-cache: read: %s\n", tri_last_error());
             return 1;
         }

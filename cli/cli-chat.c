@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <json-c/json.h>
 #include <unistd.h>
 
 #ifdef TRI_CLI_LIBEDIT
@@ -280,24 +281,51 @@ typedef struct input {
     char *buf;         // getline's buffer
     size_t cap;
     char *history;     // libedit's history file, malloc'd; NULL: none
+    bool ctrl_c;       // the last line was ended by Ctrl-C: another one ends the chat
 } input;
 
-// One line without its line ending, malloc'd; NULL at the end of the input or on Ctrl-C.
+// Ctrl-C at a terminal's prompt: the first clears the line being typed (the terminal drops it;
+// libedit's readline returns) and says so, a second in a row ends the chat. True: end it.
+static bool ctrl_c_ends(input *in) {
+    interrupted = 0;
+    if (in->ctrl_c) {
+        fputc('\n', stderr);
+        return true;
+    }
+    in->ctrl_c = true;
+    fputs("^C (the line is cleared; Ctrl-C again or /bye ends the chat)\n", stderr);
+    return false;
+}
+
+// One line without its line ending, malloc'd; NULL at the end of the input, or on Ctrl-C twice at
+// a terminal (once when stdin is not one).
 static char *read_line(input *in, const char *prompt) {
 #ifdef TRI_CLI_LIBEDIT
-    if (in->edit) {
+    while (in->edit) {
         char *l = readline(prompt);
-        if (!l || interrupted) {  // Ctrl-D or Ctrl-C: end the line the prompt is on
-            fputc('\n', stderr);
+        if (interrupted) {
             free(l);
-            return NULL;
+            if (ctrl_c_ends(in)) return NULL;
+            continue;
         }
+        in->ctrl_c = false;
+        if (!l) fputc('\n', stderr);  // Ctrl-D: end the line the prompt is on
         return l;
     }
 #endif
-    if (in->tty) fputs(prompt, stderr);
-    errno = 0;
-    ssize_t got = getline(&in->buf, &in->cap, stdin);
+    ssize_t got;
+    for (;;) {
+        if (in->tty) fputs(prompt, stderr);
+        errno = 0;
+        got = getline(&in->buf, &in->cap, stdin);
+        if (interrupted && in->tty) {
+            clearerr(stdin);
+            if (ctrl_c_ends(in)) return NULL;
+            continue;
+        }
+        in->ctrl_c = false;
+        break;
+    }
     if (got < 0 || interrupted) {
         if (in->tty) fputc('\n', stderr);
         return NULL;
@@ -419,12 +447,13 @@ static char *read_file(const char *path, size_t *len) {
 }
 
 static bool save_transcript(const char *path, const conv *c) {
+    if (!tri_cli_may_replace("offload-run chat", "/save", path, TRI_CLI_TRANSCRIPT_PREFIX)) return false;
     FILE *f = fopen(path, "w");
     if (!f) {
         fprintf(stderr, "offload-run chat: /save %s: %s\n", path, strerror(errno));
         return false;
     }
-    fputs("{\"messages\": [", f);
+    fputs(TRI_CLI_TRANSCRIPT_PREFIX, f);
     for (size_t i = 0; i < c->n; i++) {
         fprintf(f, "%s\n  {\"role\": \"%s\", \"content\": ", i ? "," : "", c->msgs[i].role);
         tri_cli_json_str(f, c->msgs[i].content, strlen(c->msgs[i].content));
@@ -447,14 +476,58 @@ static void print_settings(const tri_cli_sampling *smp, long n_predict) {
 
 // Runs ids[keep..n) after the first keep tokens of the cache (truncating it there), in pieces of
 // n_batch, for a document that the next message starts with. On success the cache holds ids[0..n).
+// A prefill of more than one piece reports its progress on stderr, as a turn's does.
 static tri_status prefill_ids(tri_session *s, const int32_t *ids, int32_t keep, int32_t n, int32_t n_batch) {
     tri_status st = tri_session_truncate(s, keep);
+    int last = 0;
     for (int32_t done = keep; !st && done < n && !interrupted;) {
         int32_t step = n - done < n_batch ? n - done : n_batch;
         st = tri_session_eval(s, ids + done, step, false);
         done += step;
+        int decile = (int)(10LL * (done - keep) / (n - keep));
+        if (!st && decile > last && done < n) fprintf(stderr, "prefill: %d / %d tokens\n", done - keep, n - keep);
+        last = decile;
     }
     return st;
+}
+
+// A chat saved by /save: {"messages": [{"role", "content"}, ...]} with roles system, user and
+// assistant, put into c (emptied first). False after printing what is wrong with path.
+static bool load_transcript(const char *path, const char *body, conv *c) {
+    struct json_object *root = json_tokener_parse(body), *msgs;
+    bool ok = root && json_object_object_get_ex(root, "messages", &msgs) && json_object_is_type(msgs, json_type_array);
+    if (!ok) fprintf(stderr, "offload-run chat: /load %s: not a saved chat ({\"messages\": [...]})\n", path);
+    size_t n = ok ? json_object_array_length(msgs) : 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        struct json_object *m = json_object_array_get_idx(msgs, i), *role, *content;
+        const char *r = m && json_object_object_get_ex(m, "role", &role) ? json_object_get_string(role) : NULL;
+        static const char *const roles[] = {"system", "user", "assistant"};
+        const char *known = NULL;
+        for (int k = 0; r && k < 3; k++)
+            if (strcmp(r, roles[k]) == 0) known = roles[k];
+        if (!known || (i > 0 && known == roles[0]) || !json_object_object_get_ex(m, "content", &content) ||
+            !json_object_is_type(content, json_type_string)) {
+            fprintf(stderr,
+                    "offload-run chat: /load %s: message %zu: want a role (system first, user or assistant) and "
+                    "a string content\n",
+                    path, i);
+            ok = false;
+        }
+    }
+    if (ok) {
+        while (c->n) conv_drop(c, 0, c->n);
+        for (size_t i = 0; ok && i < n; i++) {
+            struct json_object *m = json_object_array_get_idx(msgs, i), *role, *content;
+            json_object_object_get_ex(m, "role", &role);
+            json_object_object_get_ex(m, "content", &content);
+            const char *r = json_object_get_string(role);
+            r = strcmp(r, "system") == 0 ? "system" : strcmp(r, "user") == 0 ? "user" : "assistant";
+            ok = conv_add(c, r, json_object_get_string(content), (size_t)json_object_get_string_len(content));
+            if (!ok) fprintf(stderr, "offload-run chat: /load %s: out of memory\n", path);
+        }
+    }
+    json_object_put(root);
+    return ok;
 }
 
 static void write_json(FILE *f, const char *model_path, const char *device, double load_s, double total_s,
@@ -558,7 +631,7 @@ int tri_cli_chat(int argc, char **argv) {
     double load_s = tri_cli_now() - t_start;
     int rc = 1;
     tri_session *session = NULL;
-    conv cv = {0};
+    conv cv = {0}, full = {0};  // what the context holds; the whole chat (what /save writes)
     answer ans = {0};
     int32_t *ctx_tokens = NULL, n_ctx_tokens = 0;  // what the cache holds (its first n_past)
     int32_t *ids = NULL;
@@ -599,7 +672,9 @@ int tri_cli_chat(int argc, char **argv) {
     print_settings(&smp, n_predict);
     if (pc.path && !pcache_start(&pc, session)) goto done;
     if (json_path && !(json_file = tri_cli_json_open("offload-run chat", json_path))) goto done;
-    if (system_msg && !conv_add(&cv, "system", system_msg, strlen(system_msg))) goto oom;
+    if (system_msg && (!conv_add(&cv, "system", system_msg, strlen(system_msg)) ||
+                       !conv_add(&full, "system", system_msg, strlen(system_msg))))
+        goto oom;
 
     int32_t stop_ids[16], n_stop_ids = 0;
     if (gp.stop_at_eos && tri_chat_stop_tokens(model, stop_ids, 16, &n_stop_ids) == TRI_STATUS_OK) {
@@ -623,7 +698,7 @@ int tri_cli_chat(int argc, char **argv) {
 #ifdef TRI_CLI_LIBEDIT
     if (in.tty) {
         in.edit = true;
-        rl_catch_signals = 0;  // Ctrl-C at the prompt reaches on_sigint and ends the chat
+        rl_catch_signals = 0;  // Ctrl-C at the prompt reaches on_sigint: read_line clears the line
         using_history();
         const char *home = getenv("HOME");
         if (home && home[0] && (in.history = malloc(strlen(home) + 32))) {
@@ -655,11 +730,12 @@ int tri_cli_chat(int argc, char **argv) {
             } else if (strcmp(cmd, "clear") == 0) {
                 size_t first = cv.n > 0 && strcmp(cv.msgs[0].role, "system") == 0;
                 conv_drop(&cv, first, cv.n - first);
+                conv_drop(&full, first, full.n - first);
                 free(doc);
                 doc = NULL;
                 fputs("the conversation is cleared\n", stderr);
             } else if (strcmp(cmd, "system") == 0) {
-                if (!conv_set_system(&cv, al ? arg : NULL)) goto oom;
+                if (!conv_set_system(&cv, al ? arg : NULL) || !conv_set_system(&full, al ? arg : NULL)) goto oom;
                 fputs(al ? "system message set\n" : "system message removed\n", stderr);
             } else if (strcmp(cmd, "set") == 0) {
                 char *key = arg, *val = arg + strcspn(arg, " \t");
@@ -677,13 +753,28 @@ int tri_cli_chat(int argc, char **argv) {
                 }
             } else if (strcmp(cmd, "save") == 0) {
                 if (!al) fputs("offload-run chat: /save: want a file name (/save FILE)\n", stderr);
-                else if (save_transcript(arg, &cv))
-                    fprintf(stderr, "saved %zu messages to %s\n", cv.n, arg);
+                else if (save_transcript(arg, &full))  // the whole chat, turns dropped for space too
+                    fprintf(stderr, "saved %zu messages to %s (/load %s restores the chat)\n", full.n, arg, arg);
             } else if (strcmp(cmd, "load") == 0) {
                 size_t len;
                 char *d = al ? read_file(arg, &len) : NULL;
                 if (!al) fputs("offload-run chat: /load: want a file name (/load FILE)\n", stderr);
                 if (!d) continue;
+                if (strncmp(d, TRI_CLI_TRANSCRIPT_PREFIX, strlen(TRI_CLI_TRANSCRIPT_PREFIX)) == 0) {
+                    // a chat /save wrote: restored, and prefilled by the next turn
+                    if (load_transcript(arg, d, &full)) {
+                        while (cv.n) conv_drop(&cv, 0, cv.n);
+                        for (size_t i = 0; i < full.n; i++)
+                            if (!conv_add(&cv, full.msgs[i].role, full.msgs[i].content, strlen(full.msgs[i].content)))
+                                goto oom;
+                        free(doc);
+                        doc = NULL;
+                        fprintf(stderr, "restored %zu messages from %s; your next message continues the chat\n", full.n,
+                                arg);
+                    }
+                    free(d);
+                    continue;
+                }
                 while (len > 0 && (d[len - 1] == '\n' || d[len - 1] == '\r' || d[len - 1] == ' ')) d[--len] = 0;
                 free(doc);
                 doc = d;
@@ -745,7 +836,7 @@ int tri_cli_chat(int argc, char **argv) {
             free(doc);
             doc = NULL;
         }
-        if (!conv_add(&cv, "user", msg, msg_len)) goto oom;
+        if (!conv_add(&cv, "user", msg, msg_len) || !conv_add(&full, "user", msg, msg_len)) goto oom;
 
         // ---- the conversation as tokens; the oldest turns dropped while it does not fit ----
         // room for the answer: n-predict tokens, at most a quarter of the context
@@ -780,6 +871,7 @@ int tri_cli_chat(int argc, char **argv) {
                 fprintf(stderr, "offload-run chat: the message (%d tokens with the conversation's start) does not "
                         "fit the context of %d tokens (--ctx); it is dropped\n", n_ids, n_ctx);
             conv_drop(&cv, cv.n - 1, 1);  // the message that could not be sent
+            conv_drop(&full, full.n - 1, 1);
             continue;
         }
         int32_t n_past = tri_session_n_past(session), keep = 0;
@@ -824,7 +916,10 @@ int tri_cli_chat(int argc, char **argv) {
                 "generated %d tokens", n_turns, n_ids - keep, keep, n_ids, 1e3 * gs.prefill_seconds, gs.n_generated);
         if (gs.n_generated > 1 && gs.decode_seconds > 0)
             fprintf(stderr, ", %.1f tok/s", (gs.n_generated - 1) / gs.decode_seconds);
-        if (gs.stop_reason == TRI_STOP_CONTEXT) fputs(" (the context is full: the next turn drops the oldest)", stderr);
+        // an answer that ends because the context is full (the room left was its limit, not -n) says so
+        if (gs.stop_reason == TRI_STOP_CONTEXT ||
+            (gs.stop_reason == TRI_STOP_LENGTH && gp.n_predict == room && (n_predict == 0 || n_predict > room)))
+            fprintf(stderr, " (cut: the context of %d tokens is full; the next turn drops the oldest turns)", n_ctx);
         fputs(interrupted ? " (stopped)\n" : "\n", stderr);
         interrupted = 0;
 
@@ -835,7 +930,9 @@ int tri_cli_chat(int argc, char **argv) {
         memcpy(ctx_tokens, ids, (size_t)n_ids * sizeof *ids);
         memcpy(ctx_tokens + n_ids, ans.tokens, (size_t)ans.n * sizeof *ids);
         n_ctx_tokens = n_ids + ans.n;
-        if (!conv_add(&cv, "assistant", ans.text ? ans.text : "", ans.n_text)) goto oom;
+        if (!conv_add(&cv, "assistant", ans.text ? ans.text : "", ans.n_text) ||
+            !conv_add(&full, "assistant", ans.text ? ans.text : "", ans.n_text))
+            goto oom;
     }
     rc = 0;
     if (json_file) {
@@ -865,6 +962,7 @@ done:
     free(ans.tokens);
     free(ans.text);
     conv_free(&cv);
+    conv_free(&full);
     free(pc.tokens);
     tri_session_free(session);
     tri_model_free(model);

@@ -119,8 +119,34 @@ void tri_cli_json_str(FILE *f, const char *s, size_t len) {
     fputc('"', f);
 }
 
+bool tri_cli_may_replace(const char *cmd, const char *what, const char *path, const char *prefix) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) return true;  // nothing there (or unreachable: fopen says why)
+    if (!S_ISREG(sb.st_mode)) {
+        if (S_ISCHR(sb.st_mode) || S_ISFIFO(sb.st_mode)) return true;  // /dev/null, a pipe: nothing to lose
+        fprintf(stderr, "%s: %s %s: not replaced: it is a %s, not a file\n", cmd, what, path,
+                S_ISDIR(sb.st_mode) ? "directory" : "special file");
+        return false;
+    }
+    if (sb.st_size == 0) return true;
+    char head[64] = {0};
+    size_t want = strlen(prefix) < sizeof head ? strlen(prefix) : sizeof head, got = 0;
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        got = fread(head, 1, want, f);
+        fclose(f);
+    }
+    if (got == want && memcmp(head, prefix, want) == 0) return true;
+    fprintf(stderr,
+            "%s: %s %s: not replaced: the file exists (%lld bytes) and was not written by offload-run (it does not "
+            "start with %s); give another path, or delete it first\n",
+            cmd, what, path, (long long)sb.st_size, prefix);
+    return false;
+}
+
 FILE *tri_cli_json_open(const char *cmd, const char *path) {
     if (strcmp(path, "-") == 0) return stdout;
+    if (!tri_cli_may_replace(cmd, "--json", path, TRI_CLI_JSON_PREFIX)) return NULL;
     FILE *f = fopen(path, "w");
     if (!f) fprintf(stderr, "%s: --json %s: %s\n", cmd, path, strerror(errno));
     return f;

@@ -129,6 +129,63 @@ static int several_print(tri_model *model, const tri_cli_several *a, several_seq
     return 0;
 }
 
+// ---- --json ----
+
+// One JSON object for the batch, as `generate --json` writes one for a prompt: the figures of the
+// whole batch, then each prompt's (source, tokens, why it stopped, text; speculative: its passes and
+// acceptance). stats: the engines' figures (--spec), else NULL. False after printing an error.
+static bool several_json(tri_model *model, const tri_cli_several *a, const several_seq *q, int32_t n,
+                         const char *device, double prefill_s, double decode_s, int64_t n_passes,
+                         const tri_spec_stats *stats) {
+    FILE *f = tri_cli_json_open(several_me, a->json_path);
+    if (!f) return false;
+    int64_t n_prompt = 0, n_gen = 0;
+    for (int32_t i = 0; i < n; i++) {
+        n_prompt += q[i].n_ids;
+        n_gen += stats ? stats[i].n_generated : q[i].n_gen;
+    }
+    fputs("{\"command\": \"generate\", \"model\": ", f);
+    tri_cli_json_str(f, a->model_path ? a->model_path : "", a->model_path ? strlen(a->model_path) : 0);
+    fprintf(f, ", \"device\": \"%s\", \"prompts\": %d, \"prompt_tokens\": %lld, \"generated_tokens\": %lld", device, n,
+            (long long)n_prompt, (long long)n_gen);
+    if (stats)
+        fprintf(f, ", \"seconds\": %.6f, \"tokens_per_second\": %.3f", decode_s,
+                decode_s > 0 ? (double)n_gen / decode_s : 0.0);
+    else
+        fprintf(f,
+                ", \"prefill_seconds\": %.6f, \"prefill_tokens_per_second\": %.3f, \"decode_seconds\": %.6f, "
+                "\"decode_tokens_per_second\": %.3f, \"batched_passes\": %lld",
+                prefill_s, prefill_s > 0 ? (double)n_prompt / prefill_s : 0.0, decode_s,
+                decode_s > 0 ? (double)(n_gen - n) / decode_s : 0.0, (long long)n_passes);
+    fprintf(f, ", \"peak_rss_bytes\": %llu, \"outputs\": [", (unsigned long long)tri_cli_peak_rss());
+    for (int32_t i = 0; i < n; i++) {
+        fputs(i ? ", {\"source\": " : "{\"source\": ", f);
+        tri_cli_json_str(f, q[i].source, strlen(q[i].source));
+        fprintf(f, ", \"prompt_tokens\": %d, \"generated_tokens\": %d, \"stop_reason\": \"%s\"", q[i].n_ids,
+                stats ? stats[i].n_generated : q[i].n_gen,
+                stats         ? tri_stop_reason_str(stats[i].stop_reason)
+                : q[i].reason ? q[i].reason
+                              : "none");
+        if (stats)
+            fprintf(f,
+                    ", \"full_cache_passes\": %lld, \"l1_accepted\": %lld, \"l1_proposed\": %lld, "
+                    "\"l2_accepted\": %lld, \"l2_proposed\": %lld",
+                    (long long)stats[i].n_l3_verify, (long long)stats[i].l1_accepted, (long long)stats[i].l1_proposed,
+                    (long long)stats[i].l2_accepted, (long long)stats[i].l2_proposed);
+        size_t bytes = 0;
+        tri_detokenize(model, q[i].gen, q[i].n_gen, false, NULL, 0, &bytes);
+        char *text = malloc(bytes + 1);
+        if (text && tri_detokenize(model, q[i].gen, q[i].n_gen, false, text, bytes + 1, &bytes) == TRI_STATUS_OK) {
+            fputs(", \"text\": ", f);
+            tri_cli_json_str(f, text, bytes);
+        }
+        free(text);
+        fputc('}', f);
+    }
+    fputs("]}\n", f);
+    return tri_cli_json_close(several_me, a->json_path, f);
+}
+
 // --spec with several prompts: one engine per prompt, generating together (tri_spec_batch: each
 // level's passes of the prompts at it batched), each exactly as `generate --spec` alone.
 static int several_run_spec(tri_model *model, const tri_cli_several *a, several_seq *q, int32_t n) {
@@ -183,6 +240,10 @@ static int several_run_spec(tri_model *model, const tri_cli_several *a, several_
         goto done;
     }
     if ((rc = several_print(model, a, q, n))) goto done;
+    if (a->json_path && !several_json(model, a, q, n, tri_spec_device(specs[0]), 0, t1 - t0, 0, stats)) {
+        rc = 1;
+        goto done;
+    }
     int64_t n_gen = 0, n_l3 = 0;
     for (int32_t i = 0; i < n; i++) n_gen += stats[i].n_generated, n_l3 += stats[i].n_l3_verify;
     fprintf(stderr,
@@ -289,6 +350,8 @@ static int several_run(tri_model *model, const tri_cli_several *a, several_seq *
     double t2 = tri_cli_now();
     if ((rc = several_print(model, a, q, n))) goto done;
     rc = 1;
+    if (a->json_path && !several_json(model, a, q, n, tri_session_device(ss[0]), t1 - t0, t2 - t1, n_passes, NULL))
+        goto done;
     fprintf(stderr,
             "prompts: %d, %lld tokens packed, prefill %.1f tok/s (%.3f s) | generated: %lld tokens in %lld "
             "batched passes, decode %.1f tok/s together (%.3f s)\n",

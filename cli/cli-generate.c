@@ -428,11 +428,20 @@ int tri_cli_generate(int argc, char **argv) {
     }
     if (!tri_cli_engine_check(me, &eng)) return 2;
     const bool plain = spec_params->mode == TRI_SPEC_MODE_NONE;
-    if (several && (cache_path || json_path || n_stops || eng.gpu_mem)) {
+    if (several && (cache_path || n_stops || eng.gpu_mem)) {
         fprintf(stderr, "offload-run generate: several prompts run as a batch: %s does not apply\n",
-                cache_path ? "--prompt-cache" : json_path ? "--json" : n_stops ? "--stop" : "--gpu-mem");
+                cache_path ? "--prompt-cache"
+                : n_stops  ? "--stop"
+                           : "--gpu-mem");
         return 2;
     }
+    // a path that holds something else (a document given by mistake) is refused before anything runs
+    if (cache_path && tri_prompt_cache_writable(cache_path)) {
+        fprintf(stderr, "offload-run generate: --prompt-cache: %s\n", tri_last_error());
+        return 2;
+    }
+    if (json_path && strcmp(json_path, "-") != 0 && !tri_cli_may_replace(me, "--json", json_path, TRI_CLI_JSON_PREFIX))
+        return 2;
     double t_start = tri_cli_now();
     tri_model *model = tri_cli_load_model(model_path);
     if (!model) return 1;
@@ -442,8 +451,8 @@ int tri_cli_generate(int argc, char **argv) {
         gp.n_predict = (int32_t)n_predict;
         tri_cli_sampling_resolve(&sampler, chat);
         gp.sampler = sampler.p;
-        tri_cli_several a = {files, n_files, prompts_path, chat, chat_format, system_msg, print_ids, print_stats,
-                             ctx, *sp, gp, NULL};
+        tri_cli_several a = {files,       n_files, prompts_path, chat, chat_format, system_msg, print_ids,
+                             print_stats, ctx,     *sp,          gp,   NULL,        json_path,  model_path};
         // --spec: one engine per prompt, their passes batched (the drafter as for one prompt)
         int rc = plain ? 0 : tri_cli_engine_load_drafter(me, &eng);
         if (rc == 0) {
@@ -587,6 +596,11 @@ int tri_cli_generate(int argc, char **argv) {
             fprintf(stderr, "prompt cache: reused %d of the prompt's %d tokens from %s (it holds %d): %.1f MB in %.3f s "
                     "(%.2f GB/s, %s%s)\n", cs.n_tokens, n_ids, cache_path, cs.n_file, (double)cs.bytes / 1e6,
                     cs.seconds, cs.gbps, cs.uring ? "io_uring" : "pread", cs.direct ? ", O_DIRECT" : "");
+            if (cs.damaged)
+                fprintf(stderr,
+                        "prompt cache: %s has a block that fails its checksum: only the blocks before it were "
+                        "used; it is written again after the prefill\n",
+                        cache_path);
         }
         st = TRI_STATUS_OK;
         ps.session = session;

@@ -119,28 +119,38 @@ void tri_cli_sampling_describe(const tri_cli_sampling *s, char *buf, size_t cap)
 }
 
 void tri_cli_sampling_usage(FILE *f, bool chat) {
+    // every default printed is read from the API's parameters, so the help cannot drift from them
+    const tri_sampler_params c = tri_sampler_chat_params(), g = tri_sampler_default_params();
+    const tri_sampler_params *d = chat ? &c : &g;
+    const int window = c.penalty_last_n > 0 ? c.penalty_last_n : 64;
+    char mode[256];
+    snprintf(mode, sizeof mode,
+             "temperature %g, top-k %d, top-p %g, min-p %g, repeat-penalty %g over the last %d tokens",
+             (double)c.temperature, c.top_k, (double)c.top_p, (double)c.min_p, (double)c.repeat_penalty, window);
     if (chat)
-        fputs(
-            "sampling (default: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat-penalty 1.1 over\n"
-            "the last 64 tokens, a random seed; applied in HF's order: penalties, temperature, top-k, top-p,\n"
-            "min-p):\n",
-            f);
+        fprintf(f,
+                "sampling (default: %s,\n"
+                "a random seed; applied in HF's order: penalties, temperature, top-k, top-p, min-p):\n",
+                mode);
     else
-        fputs(
-            "sampling (default: greedy; with --chat: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,\n"
-            "repeat-penalty 1.1 over the last 64 tokens; a random seed unless --seed; applied in HF's\n"
-            "order: penalties, temperature, top-k, top-p, min-p):\n",
-            f);
-    fputs(
-        "      --temp T         sampling temperature; 0 is greedy\n"
-        "      --top-k K        keep the K most likely tokens (0: all)\n"
-        "      --top-p P        then the smallest set of them with mass P (1: all)\n"
-        "      --min-p P        then the tokens at least P times as likely as the most likely (0: all)\n"
-        "      --repeat-penalty X  divide a positive logit of a token in the window by X (multiply a\n"
-        "                       negative one): > 1 discourages repeats (default 1: off)\n"
-        "      --presence-penalty X  subtract X from the logit of every token in the window (default 0)\n"
-        "      --frequency-penalty X  subtract X per occurrence in the window (default 0)\n"
-        "      --repeat-last-n N  the window: the last N tokens of the context (default 64; -1: all)\n"
-        "      --seed S         random seed (default: drawn at start; printed with the settings)\n",
-        f);
+        fprintf(f,
+                "sampling (default: greedy; with --chat:\n"
+                "%s, a random seed unless --seed;\n"
+                "applied in HF's order: penalties, temperature, top-k, top-p, min-p):\n",
+                mode);
+    fprintf(f,
+            "      --temp T         sampling temperature; 0 is greedy (default %g)\n"
+            "      --top-k K        keep the K most likely tokens (0: all; default %d)\n"
+            "      --top-p P        then the smallest set of them with mass P (1: all; default %g)\n"
+            "      --min-p P        then the tokens at least P times as likely as the most likely (0: all;\n"
+            "                       default %g)\n"
+            "      --repeat-penalty X  divide a positive logit of a token in the window by X (multiply a\n"
+            "                       negative one): > 1 discourages repeats (1: off; default %g)\n"
+            "      --presence-penalty X  subtract X from the logit of every token in the window (default %g)\n"
+            "      --frequency-penalty X  subtract X per occurrence in the window (default %g)\n"
+            "      --repeat-last-n N  the window: the last N tokens of the context (default %d; -1: all)\n"
+            "      --seed S         random seed (default: drawn at start; printed with the settings)\n",
+            (double)d->temperature, d->top_k, (double)d->top_p, (double)d->min_p,
+            (double)(d->repeat_penalty > 0 ? d->repeat_penalty : 1.0f), (double)d->presence_penalty,
+            (double)d->frequency_penalty, d->penalty_last_n > 0 ? d->penalty_last_n : 64);
 }

@@ -28,6 +28,8 @@ typedef struct tri_cli_several {
     tri_generate_params gp;    // n_predict, stop_at_eos, sampler
     const tri_spec_params *spec;  // --spec: one engine per prompt, generating together (tri_spec_batch);
                                   // NULL: plain decoding
+    const char *json_path;        // --json FILE: the figures of the batch and of each prompt; NULL: none
+    const char *model_path;       // -m as given, for --json
 } tri_cli_several;
 // Tokenizes every prompt, runs them as a batch (their prefills packed into shared passes, their
 // decode steps together) and prints each output under a "==> SOURCE <==" line; returns the exit
@@ -80,8 +82,19 @@ double tri_cli_now(void);
 // The process's peak resident memory in bytes (getrusage), 0 if unknown.
 uint64_t tri_cli_peak_rss(void);
 
-// --json: "-" is stdout, else a file created; NULL after printing the error. Close reports a
-// write error (and returns false).
+// Whether a file of ours may be written at path: it does not exist, is empty, or is a regular
+// file that starts with ours (the bytes of prefix: what the writer puts first). Otherwise prints
+// "<cmd>: <what> <path>: not replaced: ..." and returns false: a file the user gave by mistake
+// (a document, a model) is never overwritten.
+bool tri_cli_may_replace(const char *cmd, const char *what, const char *path, const char *prefix);
+
+// The first bytes of `generate --json` and `chat --json` files, and of chat's /save transcripts.
+#define TRI_CLI_JSON_PREFIX "{\"command\": \""
+#define TRI_CLI_TRANSCRIPT_PREFIX "{\"messages\": ["
+
+// --json: "-" is stdout, else a file created (an existing one only when it is one of ours,
+// tri_cli_may_replace); NULL after printing the error. Close reports a write error (and returns
+// false).
 FILE *tri_cli_json_open(const char *cmd, const char *path);
 bool tri_cli_json_close(const char *cmd, const char *path, FILE *f);
 // Writes len bytes as a JSON string, quotes included (control bytes escaped).

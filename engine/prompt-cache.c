@@ -308,7 +308,8 @@ static tri_status engine_open(engine *e, const char *path, bool writing, int32_t
     e->writing = writing;
     e->n_slots = n_slots;
     e->slot_bytes = slot_bytes;
-    int flags = (writing ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY) | O_CLOEXEC;
+    // a file to write is a new one (a temporary or scratch name): one that exists is not ours to truncate
+    int flags = (writing ? O_WRONLY | O_CREAT | O_EXCL : O_RDONLY) | O_CLOEXEC;
     e->fd = open(path, flags | O_DIRECT, 0644);
     e->direct = e->fd >= 0;
     if (e->fd < 0 && (errno == EINVAL || errno == EOPNOTSUPP)) e->fd = open(path, flags, 0644);
@@ -407,12 +408,53 @@ static tri_status engine_drain(engine *e) {
 
 // ---- writer ----
 
+tri_status tri__pcache_may_replace(const char *path) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0) {
+        if (errno == ENOENT) return TRI_STATUS_OK;
+        return tri__fail(TRI_STATUS_IO, "prompt cache %s: %s", path, strerror(errno));
+    }
+    if (!S_ISREG(sb.st_mode))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "prompt cache %s: not replaced: it is a %s, not a prompt cache file (give another path)", path,
+                         S_ISDIR(sb.st_mode)   ? "directory"
+                         : S_ISLNK(sb.st_mode) ? "symbolic link"
+                                               : "special file");
+    if (sb.st_size == 0) return TRI_STATUS_OK;  // nothing in it to lose
+    unsigned char hd[TRI_PCACHE_HEADER_BYTES];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return tri__fail(TRI_STATUS_IO, "prompt cache %s: open: %s", path, strerror(errno));
+    size_t got = 0;
+    while (got < sizeof hd) {
+        ssize_t r = read(fd, hd + got, sizeof hd - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    // ours: the magic, the header's size and the header's own checksum (whatever its version or
+    // what follows: a stale or damaged cache of ours is written again)
+    bool ours = got == sizeof hd && memcmp(hd, TRI_PCACHE_MAGIC, 8) == 0 && get32(hd + 12) == TRI_PCACHE_HEADER_BYTES;
+    if (ours) {
+        uint64_t sum = 0;
+        for (int i = 7; i >= 0; i--) sum = sum << 8 | hd[120 + i];
+        ours = sum == tri__pcache_sum(hd, 120, 0);
+    }
+    if (!ours)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                         "prompt cache %s: not replaced: the file exists (%lld bytes) and is not a prompt cache (no "
+                         "valid prompt cache header); give another path, or delete it if it is a cache of ours",
+                         path, (long long)sb.st_size);
+    return TRI_STATUS_OK;
+}
+
 tri_status tri__pcache_write(const char *path, tri__pcache_header *h, const int32_t *tokens, const float *logits,
                              tri__pcache_fill_fn fill, void *user, tri__pcache_io *io) {
     double t0 = tri__now_seconds();
     h->version = TRI_PCACHE_VERSION;
     h->block_tokens = 0;
     TRY(tri__pcache_layout(h));
+    TRY(tri__pcache_may_replace(path));
     char *tmp = malloc(strlen(path) + 32);
     if (!tmp) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "prompt cache %s", path);
     sprintf(tmp, "%s.tmp.%ld", path, (long)getpid());
@@ -524,8 +566,10 @@ const tri__pcache_header *tri__pcache_file_header(const tri__pcache_file *f) { r
 const void *tri__pcache_file_region(const tri__pcache_file *f) { return f->region; }
 
 tri_status tri__pcache_read(tri__pcache_file *f, int32_t n_use, tri__pcache_take_fn take, void *user,
-                            tri__pcache_io *io) {
+                            tri__pcache_io *io, int32_t *n_taken) {
     const tri__pcache_header *h = &f->h;
+    int32_t bad = -1;  // the first block that failed its checksum
+    if (n_taken) *n_taken = 0;
     if (n_use < 0 || n_use > h->n_tokens)
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "prompt cache %s: %d tokens wanted, %d held", f->path, n_use,
                          h->n_tokens);
@@ -556,9 +600,17 @@ tri_status tri__pcache_read(tri__pcache_file *f, int32_t n_use, tri__pcache_take
             if ((st = engine_wait(e, s))) break;
             const void *buf = slot_buf(e, s);
             if (tri__pcache_sum(buf, (size_t)tri__pcache_payload_bytes(h, nb), (uint64_t)b) != sums[b]) {
-                st = tri__fail(TRI_STATUS_BAD_FORMAT,
-                               "prompt cache %s: block %d (tokens %d .. %d) fails its checksum (corrupt file)", f->path,
-                               b, tok0, tok0 + nb - 1);
+                // the blocks before it were checked and taken: they are the good prefix
+                if (b == 0)
+                    st = tri__fail(TRI_STATUS_BAD_FORMAT,
+                                   "prompt cache %s: block 0 (tokens 0 .. %d) fails its checksum (corrupt file)",
+                                   f->path, nb - 1);
+                else
+                    tri__log(TRI_LOG_LEVEL_WARN,
+                             "prompt cache %s: block %d (tokens %d .. %d) fails its checksum (corrupt file): the %d "
+                             "tokens before it are used",
+                             f->path, b, tok0, tok0 + nb - 1, tok0);
+                bad = b;
                 break;
             }
             int32_t use = n_use - tok0 < nb ? n_use - tok0 : nb;
@@ -574,6 +626,7 @@ tri_status tri__pcache_read(tri__pcache_file *f, int32_t n_use, tri__pcache_take
         tri_status st2 = engine_drain(e);
         if (!st) st = st2;
     }
+    if (!st && n_taken) *n_taken = bad < 0 ? n_use : bad * h->block_tokens;
     if (io)
         *io = (tri__pcache_io){
             .bytes = f->e.bytes, .seconds = tri__now_seconds() - f->t_open, .uring = f->e.uring, .direct = f->e.direct};

@@ -20,7 +20,8 @@
 // I/O. io_uring (liburing) with O_DIRECT where the file system allows it, a few staging blocks in
 // flight while the next is filled or emptied; pwrite / pread without liburing or where the kernel
 // refuses io_uring. A file is written under a temporary name and renamed over path at the end, so
-// a reader never sees half of one.
+// a reader never sees half of one; a path that holds something other than a prompt cache is
+// never replaced (tri__pcache_may_replace).
 #ifndef TRI_PROMPT_CACHE_H
 #define TRI_PROMPT_CACHE_H
 
@@ -107,7 +108,13 @@ typedef tri_status (*tri__pcache_fill_fn)(void *user, int32_t b, int32_t tok0, i
 typedef tri_status (*tri__pcache_take_fn)(void *user, int32_t b, int32_t tok0, int32_t nb, int32_t n_use,
                                           const void *buf);
 
-// Writes a file at path: h (its shape, model_id, n_ctx, n_prompt, n_tokens, flags; the layout is filled in
+// Whether path may be replaced by a prompt cache: it does not exist, is an empty regular file, or
+// is a regular file that starts with a prompt cache header of ours (magic, header size, the
+// header's checksum), whatever its version or the rest. INVALID_ARGUMENT naming the file
+// otherwise (a document given by mistake is never overwritten), IO when it cannot be read.
+tri_status tri__pcache_may_replace(const char *path);
+
+// Writes a file at path (refused, nothing written, where tri__pcache_may_replace refuses it): h (its shape, model_id, n_ctx, n_prompt, n_tokens, flags; the layout is filled in
 // here), tokens (n_tokens), logits (n_vocab, when flags says so) and the blocks fill gives.
 tri_status tri__pcache_write(const char *path, tri__pcache_header *h, const int32_t *tokens, const float *logits,
                              tri__pcache_fill_fn fill, void *user, tri__pcache_io *io);
@@ -119,9 +126,11 @@ typedef struct tri__pcache_file tri__pcache_file;
 tri_status tri__pcache_open(const char *path, tri__pcache_file **out);
 const tri__pcache_header *tri__pcache_file_header(const tri__pcache_file *f);
 const void *tri__pcache_file_region(const tri__pcache_file *f);
-// Reads the blocks that hold tokens [0, n_use), checks each, and hands them to take in order.
+// Reads the blocks that hold tokens [0, n_use), checks each, and hands them to take in order. A
+// block that fails its checksum ends the read there: the blocks before it are the good prefix and
+// *n_taken (NULL: not wanted) their tokens, else n_use; block 0 failing is BAD_FORMAT.
 tri_status tri__pcache_read(tri__pcache_file *f, int32_t n_use, tri__pcache_take_fn take, void *user,
-                            tri__pcache_io *io);
+                            tri__pcache_io *io, int32_t *n_taken);
 void tri__pcache_close(tri__pcache_file *f);
 
 // The disk's sequential speed where path would be: writes a scratch file of bytes (rounded to

@@ -877,7 +877,10 @@ tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32
         s->logits_cap = l ? 1 : s->logits_cap;
     }
     tri__pcache_io io = {0};
-    if (!st) st = tri__pcache_read(f, use, cache_take, kv, &io);
+    int32_t taken = use;
+    if (!st) st = tri__pcache_read(f, use, cache_take, kv, &io, &taken);
+    bool damaged = !st && taken < use;  // a block failed its checksum: the good prefix before it
+    if (damaged) use = taken, with_logits = false;
     if (!st) st = tri__kv_policy_loaded(&s->kv, use);
     // what follows the prefix is rotated as in a fresh run of the whole prompt, whose first
     // evaluation it is (rope.h); the loaded rows have those tables already (checked above)
@@ -898,11 +901,17 @@ tri_status tri_session_load_prompt(tri_session *s, const char *path, const int32
         return st;
     }
     cache_stats(stats, use, n_file, with_logits, &io);
+    if (stats) stats->damaged = damaged;
     tri__log(TRI_LOG_LEVEL_INFO,
              "prompt cache %s: %d of its %d tokens reused, %.1f MB read in %.3f s (%.2f GB/s, %s%s)", path, use, n_file,
              (double)io.bytes / 1e6, io.seconds, stats ? stats->gbps : 0, io.uring ? "io_uring" : "pread",
              io.direct ? ", O_DIRECT" : "");
     return TRI_STATUS_OK;
+}
+
+tri_status tri_prompt_cache_writable(const char *path) {
+    if (!path) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_prompt_cache_writable: NULL path");
+    return tri__pcache_may_replace(path);
 }
 
 tri_status tri_prompt_cache_tokens(const char *path, int32_t **tokens, int32_t *n_tokens) {

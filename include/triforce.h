@@ -567,6 +567,8 @@ typedef struct tri_prompt_cache_stats {
     double gbps;       // bytes / seconds / 1e9
     bool uring;        // io_uring did the I/O (false: pread / pwrite)
     bool direct;       // O_DIRECT: the disk's speed, not the page cache's
+    bool damaged;      // a load: a block of the file failed its checksum, and only the blocks before it
+                       // were used (n_tokens counts them); the file is worth writing again
 } tri_prompt_cache_stats;
 
 // Writes the session's cache to path (replacing it atomically: a temporary file renamed at the
@@ -577,7 +579,8 @@ typedef struct tri_prompt_cache_stats {
 // and the model's identity (docs/formats.md). The FULL policy's cache, offloaded or not, and the
 // RETRIEVAL policy's (which holds every row too): UNSUPPORTED for STREAMING and H2O (their views
 // depend on what ran, not only on the rows), for kv_type mixed (its f16 rows are not in the
-// format) and for a session over several devices. stats may be NULL.
+// format) and for a session over several devices. INVALID_ARGUMENT, nothing written, when path
+// holds something other than a prompt cache (tri_prompt_cache_writable). stats may be NULL.
 TRI_API tri_status tri_session_save_prompt(tri_session *session, const char *path, const int32_t *tokens,
                                            int32_t n_tokens, tri_prompt_cache_stats *stats);
 
@@ -596,7 +599,9 @@ TRI_API tri_status tri_session_save_prompt(tri_session *session, const char *pat
 // scaling (dynamic NTK, LongRoPE), by a session whose first evaluation's length gives other rotary
 // tables than n_tokens does (docs/formats.md); after a load the rope takes n_tokens as that length,
 // as a fresh run of the prompt would; BAD_FORMAT for a file that is not a prompt
-// cache, is truncated or fails a checksum; UNSUPPORTED as for tri_session_save_prompt. The
+// cache, is truncated, or whose header, token table or first block fails its checksum (a later
+// block that fails keeps the blocks before it: OK, fewer tokens reused, stats->damaged set);
+// UNSUPPORTED as for tri_session_save_prompt. The
 // message (tri_last_error) names the file and the reason. stats may be NULL.
 TRI_API tri_status tri_session_load_prompt(tri_session *session, const char *path, const int32_t *tokens,
                                            int32_t n_tokens, tri_prompt_cache_stats *stats);
@@ -606,6 +611,13 @@ TRI_API tri_status tri_session_load_prompt(tri_session *session, const char *pat
 // slots) compares with a prompt before choosing to load. Says nothing of whether the file fits a
 // session (tri_session_load_prompt checks that). NOT_FOUND, IO, BAD_FORMAT as that function.
 TRI_API tri_status tri_prompt_cache_tokens(const char *path, int32_t **tokens, int32_t *n_tokens);
+
+// Whether tri_session_save_prompt may write path: OK when it does not exist, is an empty file, or
+// starts with a prompt cache's header (its magic, size and checksum: a cache of any version, stale
+// or damaged after the header); INVALID_ARGUMENT, the message naming the file and what it is,
+// otherwise (a document given as the cache's path by mistake is never overwritten: the save
+// refuses it the same way); IO when it cannot be read. An application checks at start with it.
+TRI_API tri_status tri_prompt_cache_writable(const char *path);
 
 // ---- applications: threads, aborting, why a generation stopped ----
 //

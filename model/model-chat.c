@@ -71,10 +71,13 @@ tri_status tri_chat_model_format(const tri_model *model, tri_chat_format *out) {
     if (!st && !t.text) st = no_template(model, &t);
     if (!st) {
         tri__chat_spec spec = {0};
-        if ((st = tri__chat_detect(t.text, t.len, &spec)))
-            st = tri__fail(st, "%s: %s", t.where, tri_last_error());
-        else
+        if ((st = tri__chat_detect(t.text, t.len, &spec))) {
+            char why[512];  // tri_last_error is the buffer tri__fail writes: copied out first
+            snprintf(why, sizeof why, "%s", tri_last_error());
+            st = tri__fail(st, "%s: %s", t.where, why);
+        } else {
             *out = spec.format;
+        }
         tri__chat_spec_clear(&spec);
     }
     model_template_free(&t);
@@ -103,8 +106,11 @@ tri_status tri_chat_apply(const tri_model *model, tri_chat_format format, const 
     if (!st && !t.text && format == TRI_CHAT_FORMAT_AUTO) st = no_template(model, &t);
     tri__chat_spec spec = {0};
     memset(&spec, 0, sizeof spec);
-    if (!st && (st = tri__chat_resolve(t.text, t.len, format, &spec)) && format == TRI_CHAT_FORMAT_AUTO)
-        st = tri__fail(st, "%s: %s", t.where, tri_last_error());
+    if (!st && (st = tri__chat_resolve(t.text, t.len, format, &spec)) && format == TRI_CHAT_FORMAT_AUTO) {
+        char why[512];  // as above: not formatted into the buffer it reads
+        snprintf(why, sizeof why, "%s", tri_last_error());
+        st = tri__fail(st, "%s: %s", t.where, why);
+    }
     if (!st) {
         char bos[256], eos[256];
         st = tri__chat_render(&spec, t.bos ? t.bos : token_text(model, tri_token_bos(model), bos, sizeof bos),

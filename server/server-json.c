@@ -56,11 +56,12 @@ bool srv_sampling_apply(const srv_sampling *req, const srv_sampling *dflt, tri_s
         s.has_##f = true;      \
         s.f = req->f;          \
     }
-    TAKE(temperature) TAKE(top_p) TAKE(top_k) TAKE(min_p) TAKE(seed)
-    TAKE(presence_penalty) TAKE(frequency_penalty) TAKE(repeat_penalty)
+    TAKE(temperature)
+    TAKE(top_p) TAKE(top_k) TAKE(min_p) TAKE(seed) TAKE(presence_penalty) TAKE(frequency_penalty) TAKE(repeat_penalty)
+        TAKE(repeat_last_n)
 #undef TAKE
-    // the chat settings under everything (penalty_last_n among them), then each given field
-    *out = tri_sampler_chat_params();
+            // the chat settings under everything (penalty_last_n among them), then each given field
+            *out = tri_sampler_chat_params();
     if (s.has_temperature) out->temperature = (float)s.temperature;
     if (s.has_top_p) out->top_p = (float)s.top_p;
     if (s.has_top_k) out->top_k = (int32_t)s.top_k;
@@ -68,6 +69,12 @@ bool srv_sampling_apply(const srv_sampling *req, const srv_sampling *dflt, tri_s
     if (s.has_repeat_penalty) out->repeat_penalty = (float)s.repeat_penalty;
     if (s.has_presence_penalty) out->presence_penalty = (float)s.presence_penalty;
     if (s.has_frequency_penalty) out->frequency_penalty = (float)s.frequency_penalty;
+    if (s.has_repeat_last_n && s.repeat_last_n == 0) {  // llama.cpp's 0: no penalties
+        out->repeat_penalty = 1.0f;
+        out->presence_penalty = out->frequency_penalty = 0.0f;
+    } else if (s.has_repeat_last_n) {
+        out->penalty_last_n = (int32_t)s.repeat_last_n;
+    }
     *explicit_seed = s.has_seed;
     if (s.has_seed) out->seed = s.seed;
     if (tri_sampler_params_check(out) != TRI_STATUS_OK)
@@ -105,10 +112,20 @@ static bool get_number(json_object *v, const char *name, double lo, bool lo_in, 
     return true;
 }
 
+// An integer in [lo, hi]; a number with no fraction (3.0, as some clients write every number) is
+// that integer.
 static bool get_int(json_object *v, const char *name, int64_t lo, int64_t hi, int64_t *out, srv_error *err) {
-    if (!json_object_is_type(v, json_type_int))
+    int64_t x;
+    if (json_object_is_type(v, json_type_double)) {
+        double d = json_object_get_double(v);
+        if (!isfinite(d) || d != floor(d) || d < -9.2e18 || d > 9.2e18)
+            return BAD(err, name, "'%s' is %g: want an integer", name, d);
+        x = (int64_t)d;
+    } else if (!json_object_is_type(v, json_type_int)) {
         return BAD(err, name, "'%s' must be an integer, not %s", name, type_name(v));
-    int64_t x = json_object_get_int64(v);
+    } else {
+        x = json_object_get_int64(v);
+    }
     if (x < lo || x > hi) return BAD(err, name, "'%s' is %lld: want an integer in [%lld, %lld]", name, (long long)x,
                                      (long long)lo, (long long)hi);
     *out = x;
@@ -254,16 +271,28 @@ static bool parse_messages(const srv_model_ref *m, json_object *v, srv_request *
         msgs[i].role = r;
         msgs[i].content = texts[i];
     }
+    // a final assistant message is a prefill the answer continues (llama-server's, and HF's
+    // continue_final_message): the conversation before it with the assistant's header, then its text
+    bool prefill = strcmp(msgs[n - 1].role, "assistant") == 0;
+    size_t n_render = prefill ? n - 1 : n, extra = prefill ? strlen(msgs[n - 1].content) : 0;
+    if (n_render == 0) {
+        BAD(err, "messages", "'messages' holds only an assistant message: there is nothing before it to continue from");
+        goto done;
+    }
     size_t need = 0, len = 0;
-    tri_status st = tri_chat_apply(m->model, m->chat_format, msgs, n, true, NULL, 0, &need);
-    if (!st && !(buf = malloc(need + 1))) {
+    tri_status st = tri_chat_apply(m->model, m->chat_format, msgs, n_render, true, NULL, 0, &need);
+    if (!st && !(buf = malloc(need + extra + 1))) {
         srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
         goto done;
     }
-    if (!st) st = tri_chat_apply(m->model, m->chat_format, msgs, n, true, buf, need + 1, &len);
+    if (!st) st = tri_chat_apply(m->model, m->chat_format, msgs, n_render, true, buf, need + 1, &len);
     if (st) {
         BAD(err, "messages", "the model's chat template refuses the conversation: %s", tri_last_error());
         goto done;
+    }
+    if (prefill) {
+        memcpy(buf + len, msgs[n - 1].content, extra + 1);
+        len += extra;
     }
     // a rendered conversation carries its BOS and other special tokens as text
     ok = tokenize(m, buf, len, false, true, rq, "messages", err);
@@ -307,6 +336,60 @@ static bool parse_prompt(const srv_model_ref *m, json_object *v, srv_request *rq
     return true;
 }
 
+// ---- llama.cpp's own fields ----
+
+// Sampler fields of llama-server that this server does not implement: accepted at their neutral
+// value (the sampler off), refused otherwise. True when key is one (*ok: the value is accepted).
+static bool neutral_field(const char *key, json_object *v, srv_error *err, bool *ok) {
+    static const struct {
+        const char *name;
+        double neutral;
+    } fields[] = {{"typical_p", 1},      {"tfs_z", 1},           {"mirostat", 0}, {"dynatemp_range", 0},
+                  {"dry_multiplier", 0}, {"xtc_probability", 0}, {"n_probs", 0}};
+    for (size_t k = 0; k < sizeof fields / sizeof *fields; k++) {
+        if (strcmp(key, fields[k].name) != 0) continue;
+        *ok = is_null(v) || (is_number(v) && json_object_get_double(v) == fields[k].neutral) ||
+              BAD(err, key, "'%s' is not supported by this server: only %g (off)", key, fields[k].neutral);
+        return true;
+    }
+    if (strcmp(key, "grammar") == 0 || strcmp(key, "json_schema") == 0) {
+        bool none = is_null(v) || (json_object_is_type(v, json_type_string) && json_object_get_string_len(v) == 0) ||
+                    (json_object_is_type(v, json_type_object) && json_object_object_length(v) == 0);
+        *ok = none || BAD(err, key, "'%s' is not supported by this server yet: no constrained decoding", key);
+        return true;
+    }
+    return false;
+}
+
+// llama-server's fields that change nothing here, accepted and ignored: n_keep (no context shift
+// here: a prompt that does not fit is refused), penalize_nl (gone from llama.cpp too), id_slot (the
+// server chooses), samplers (the order is fixed: penalties, temperature, top-k, top-p, min-p), the
+// parameters of samplers that are off (mirostat_tau, mirostat_eta, dry_*, xtc_threshold,
+// dynatemp_exponent), min_keep, t_max_predict_ms, timings_per_token, return_tokens,
+// post_sampling_probs.
+static bool ignored_field(const char *key) {
+    static const char *const names[] = {"n_keep",
+                                        "penalize_nl",
+                                        "id_slot",
+                                        "samplers",
+                                        "mirostat_tau",
+                                        "mirostat_eta",
+                                        "dry_base",
+                                        "dry_allowed_length",
+                                        "dry_penalty_last_n",
+                                        "dry_sequence_breakers",
+                                        "xtc_threshold",
+                                        "dynatemp_exponent",
+                                        "min_keep",
+                                        "t_max_predict_ms",
+                                        "timings_per_token",
+                                        "return_tokens",
+                                        "post_sampling_probs"};
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++)
+        if (strcmp(key, names[k]) == 0) return true;
+    return false;
+}
+
 // ---- a request ----
 
 bool srv_parse_request(const srv_model_ref *m, bool chat, const char *body, size_t len, srv_request *rq,
@@ -339,6 +422,7 @@ bool srv_parse_request(const srv_model_ref *m, bool chat, const char *body, size
     const char *what = chat ? "messages" : "prompt";
     json_object *input = NULL;
     srv_sampling *sm = &rq->sampling;
+    bool ok_neutral;
     json_object_object_foreach(root, key, v) {
         bool null = is_null(v);
         double d;
@@ -348,12 +432,7 @@ bool srv_parse_request(const srv_model_ref *m, bool chat, const char *body, size
                 BAD(err, "model", "'model' must be a string, not %s", type_name(v));
                 goto done;
             }
-            const char *name = json_object_get_string(v);
-            if (strcmp(name, m->id) != 0 && strcmp(name, m->path) != 0) {
-                srv_fail(err, 404, "invalid_request_error", "model_not_found", "model",
-                         "the model '%s' does not exist: this server serves '%s'", name, m->id);
-                goto done;
-            }
+            // any name: the one model answers (clients send their own default, "gpt-3.5-turbo")
         } else if (strcmp(key, what) == 0) {
             input = v;
         } else if (strcmp(key, "stream") == 0) {
@@ -436,10 +515,17 @@ bool srv_parse_request(const srv_model_ref *m, bool chat, const char *body, size
                                  json_object_is_type(t, json_type_string) &&
                                  strcmp(json_object_get_string(t), "text") == 0);
             if (!refuse_unless(text, key, "plain text only ({\"type\": \"text\"})", err)) goto done;
+        } else if (strcmp(key, "repeat_last_n") == 0) {  // llama.cpp's
+            if (null) continue;
+            if (!get_int(v, key, -1, INT32_MAX, &i, err)) goto done;
+            sm->has_repeat_last_n = true, sm->repeat_last_n = i;
+        } else if (neutral_field(key, v, err, &ok_neutral)) {
+            if (!ok_neutral) goto done;
         } else if (strcmp(key, "user") == 0 || strcmp(key, "metadata") == 0 || strcmp(key, "store") == 0 ||
                    strcmp(key, "service_tier") == 0 || strcmp(key, "parallel_tool_calls") == 0 ||
-                   strcmp(key, "cache_prompt") == 0) {
-            // accepted and ignored (every slot caches its conversation anyway)
+                   strcmp(key, "cache_prompt") == 0 || ignored_field(key)) {
+            // accepted and ignored (every slot caches its conversation anyway; docs/server.md says
+            // why each llama.cpp field may be)
         } else {
             BAD(err, key, "unrecognized request field '%s'", key);
             goto done;
@@ -615,5 +701,186 @@ char *srv_models_json(const srv_model_ref *m, int64_t created, bool one) {
     json_object_object_add(o, "object", json_object_new_string("list"));
     json_object_array_add(data, e);
     json_object_object_add(o, "data", data);
+    return take_json(o);
+}
+
+// ---- llama-server's other endpoints ----
+
+// The body of a small request: a JSON object, or false with err set.
+static json_object *parse_object(const char *body, size_t len, srv_error *err) {
+    if (len == 0) {
+        BAD(err, NULL, "the request has no body: want a JSON object");
+        return NULL;
+    }
+    json_tokener *tok = json_tokener_new();
+    if (!tok) {
+        oom(err);
+        return NULL;
+    }
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
+    json_object *root = json_tokener_parse_ex(tok, body, (int)(len > INT32_MAX ? INT32_MAX : len));
+    bool good = root && json_tokener_get_error(tok) == json_tokener_success;
+    size_t end = json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    while (good && end < len && strchr(" \t\r\n", body[end])) end++;
+    if (!good || end < len || !json_object_is_type(root, json_type_object)) {
+        json_object_put(root);
+        BAD(err, NULL, "the body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+static bool valid_utf8(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!k || i + k > n) return false;
+        for (size_t j = 1; j < k; j++)
+            if ((s[i + j] & 0xc0) != 0x80) return false;
+        i += k;
+    }
+    return true;
+}
+
+bool srv_tokenize_json(const srv_model_ref *m, const char *body, size_t len, char **out, srv_error *err) {
+    json_object *root = parse_object(body, len, err), *v;
+    if (!root) return false;
+    bool ok = false, add_special = false, parse_special = true, pieces = false;
+    srv_request rq = {0};
+    json_object_object_foreach(root, key, val) {
+        (void)val;
+        if (strcmp(key, "content") && strcmp(key, "add_special") && strcmp(key, "parse_special") &&
+            strcmp(key, "with_pieces")) {
+            BAD(err, key,
+                "unrecognized field '%s': /tokenize takes content, add_special, parse_special and "
+                "with_pieces",
+                key);
+            goto done;
+        }
+    }
+    if (!json_object_object_get_ex(root, "content", &v) || !json_object_is_type(v, json_type_string)) {
+        BAD(err, "content", "'content' must be a string");
+        goto done;
+    }
+    json_object *b;
+    if (json_object_object_get_ex(root, "add_special", &b) && !get_bool(b, "add_special", &add_special, err)) goto done;
+    if (json_object_object_get_ex(root, "parse_special", &b) && !get_bool(b, "parse_special", &parse_special, err))
+        goto done;
+    if (json_object_object_get_ex(root, "with_pieces", &b) && !get_bool(b, "with_pieces", &pieces, err)) goto done;
+    if (!tokenize(m, json_object_get_string(v), (size_t)json_object_get_string_len(v), add_special, parse_special, &rq,
+                  "content", err))
+        goto done;
+    json_object *o = json_object_new_object(), *arr = json_object_new_array();
+    for (int32_t i = 0; i < rq.n_ids; i++) {
+        if (!pieces) {
+            json_object_array_add(arr, json_object_new_int(rq.ids[i]));
+            continue;
+        }
+        const char *p = "";
+        size_t n = 0;
+        tri_token_piece(m->model, rq.ids[i], &p, &n);
+        json_object *e = json_object_new_object();
+        json_object_object_add(e, "id", json_object_new_int(rq.ids[i]));
+        if (valid_utf8((const unsigned char *)p, n)) {
+            json_object_object_add(e, "piece", json_object_new_string_len(p, (int)n));
+        } else {  // a byte of a character split over tokens: its values, as llama-server gives them
+            json_object *bytes = json_object_new_array();
+            for (size_t k = 0; k < n; k++) json_object_array_add(bytes, json_object_new_int((unsigned char)p[k]));
+            json_object_object_add(e, "piece", bytes);
+        }
+        json_object_array_add(arr, e);
+    }
+    json_object_object_add(o, "tokens", arr);
+    ok = (*out = take_json(o)) != NULL || oom(err);
+done:
+    free(rq.ids);
+    json_object_put(root);
+    return ok;
+}
+
+bool srv_detokenize_json(const srv_model_ref *m, const char *body, size_t len, char **out, srv_error *err) {
+    json_object *root = parse_object(body, len, err), *v;
+    if (!root) return false;
+    bool ok = false;
+    int32_t *ids = NULL;
+    char *text = NULL;
+    if (!json_object_object_get_ex(root, "tokens", &v) || !json_object_is_type(v, json_type_array)) {
+        BAD(err, "tokens", "'tokens' must be an array of token ids");
+        goto done;
+    }
+    size_t n = json_object_array_length(v);
+    if (!(ids = malloc((n ? n : 1) * sizeof *ids))) {
+        oom(err);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        int64_t id;
+        char name[40];
+        snprintf(name, sizeof name, "tokens[%zu]", i);
+        if (!get_int(json_object_array_get_idx(v, i), name, 0, tri_token_count(m->model) - 1, &id, err)) goto done;
+        ids[i] = (int32_t)id;
+    }
+    size_t need = 0;
+    if (tri_detokenize(m->model, ids, (int64_t)n, true, NULL, 0, &need) != TRI_STATUS_OK && need == 0 && n > 0) {
+        BAD(err, "tokens", "cannot detokenize: %s", tri_last_error());
+        goto done;
+    }
+    if (!(text = malloc(need + 1))) {
+        oom(err);
+        goto done;
+    }
+    if (tri_detokenize(m->model, ids, (int64_t)n, true, text, need + 1, &need) != TRI_STATUS_OK) {
+        BAD(err, "tokens", "cannot detokenize: %s", tri_last_error());
+        goto done;
+    }
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "content", json_object_new_string_len(text, (int)need));
+    ok = (*out = take_json(o)) != NULL || oom(err);
+done:
+    free(ids);
+    free(text);
+    json_object_put(root);
+    return ok;
+}
+
+char *srv_slots_json(const srv_model_ref *m, const srv_slot_info *slots, int n, bool speculative) {
+    json_object *arr = json_object_new_array();
+    for (int i = 0; i < n; i++) {
+        json_object *e = json_object_new_object();
+        json_object_object_add(e, "id", json_object_new_int(slots[i].id));
+        json_object_object_add(e, "n_ctx", json_object_new_int(m->n_ctx));
+        json_object_object_add(e, "speculative", json_object_new_boolean(speculative));
+        json_object_object_add(e, "is_processing", json_object_new_boolean(slots[i].processing));
+        json_object_object_add(e, "n_cached", json_object_new_int(slots[i].n_cached));
+        json_object_array_add(arr, e);
+    }
+    return take_json(arr);
+}
+
+char *srv_props_json(const srv_model_ref *m, const srv_sampling *dflt, int64_t n_predict, int n_slots,
+                     const char *mode) {
+    json_object *o = json_object_new_object(), *g = json_object_new_object(), *p = json_object_new_object();
+    json_object_object_add(p, "temperature", json_object_new_double(dflt->temperature));
+    json_object_object_add(p, "top_k", json_object_new_int64(dflt->top_k));
+    json_object_object_add(p, "top_p", json_object_new_double(dflt->top_p));
+    json_object_object_add(p, "min_p", json_object_new_double(dflt->min_p));
+    json_object_object_add(p, "repeat_penalty", json_object_new_double(dflt->repeat_penalty));
+    json_object_object_add(p, "repeat_last_n", json_object_new_int(64));
+    json_object_object_add(p, "seed", dflt->has_seed ? json_object_new_int64((int64_t)dflt->seed) : NULL);
+    json_object_object_add(p, "n_predict", json_object_new_int64(n_predict > 0 ? n_predict : -1));
+    json_object_object_add(g, "n_ctx", json_object_new_int(m->n_ctx));
+    json_object_object_add(g, "params", p);
+    json_object_object_add(o, "default_generation_settings", g);
+    json_object_object_add(o, "total_slots", json_object_new_int(n_slots));
+    json_object_object_add(o, "model_alias", json_object_new_string(m->id));
+    json_object_object_add(o, "model_path", json_object_new_string(m->path));
+    json_object_object_add(o, "chat", json_object_new_boolean(m->chat_ok));
+    json_object_object_add(o, "chat_format",
+                           m->chat_format == TRI_CHAT_FORMAT_AUTO
+                               ? json_object_new_string("auto")
+                               : json_object_new_string(tri_chat_format_name(m->chat_format)));
+    json_object_object_add(o, "spec_mode", json_object_new_string(mode));
+    json_object_object_add(o, "build_info", json_object_new_string("triforce-" TRI_VERSION_STRING));
     return take_json(o);
 }

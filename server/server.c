@@ -6,7 +6,8 @@
 // events, written by a blocking content reader). Each slot has its own session (or speculative
 // engine) on the one model; it keeps the tokens of its last conversation, so a request that
 // continues it prefills only what is new. A job goes to the idle slot whose cached tokens share
-// the longest prefix with its prompt; with every slot busy it waits in a queue of --queue jobs,
+// the longest prefix with its prompt when that prefix is at least --slot-similarity of the
+// prompt, else to the least recently used idle slot; with every slot busy it waits in a queue of --queue jobs,
 // and past that the request is answered 503. A client that goes away (the connection's socket
 // reports the peer's hang-up, polled while it waits) cancels its job.
 //
@@ -20,7 +21,9 @@
 // batched). docs/server.md describes the endpoints.
 #include <errno.h>
 #include <getopt.h>
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -28,9 +31,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "chat-page.h"
 #include "cli.h"
 #include "server.h"
 
@@ -40,54 +45,66 @@
 static const char me[] = "offload-run serve";  // the command, in error messages
 
 static void usage(FILE *f) {
-    fputs("usage: offload-run serve -m MODEL [--host ADDR] [--port N] [options]\n"
-          "\n"
-          "Serves the model over HTTP with OpenAI's API: POST /v1/chat/completions and\n"
-          "/v1/completions (streamed as server-sent events with \"stream\": true), GET /v1/models and\n"
-          "/health (docs/server.md). Each of --slots slots keeps its conversation's cache, so a next\n"
-          "turn prefills only its new tokens. One line per request goes to stderr. Ctrl-C (SIGINT)\n"
-          "or SIGTERM stops the server.\n"
-          "\n"
-          "  -m, --model PATH     .gguf file or HF checkpoint directory\n"
-          "      --host ADDR      address to listen on (default 127.0.0.1: this machine only)\n"
-          "      --port N         TCP port (default 8080; 0: any free port, printed at start)\n"
-          "      --api-key KEY    require \"Authorization: Bearer KEY\" (default: $TRI_SERVER_API_KEY;\n"
-          "                       none: no key)\n"
-          "      --alias NAME     the model's name in requests and /v1/models (default: the file\n"
-          "                       name without .gguf)\n"
-          "      --slots N        requests generated at once, each with its own cache (default 1);\n"
-          "                       they decode together in batched passes (--spec too)\n"
-          "      --queue N        requests that wait for a slot; more are answered 503 (default 8)\n"
-          "      --ctx N          context of each slot in tokens (default 4096)\n"
-          "  -n, --n-predict N    tokens per answer when a request sets no max_tokens (default 0:\n"
-          "                       until the model ends or the context is full)\n"
-          "      --temp T         default temperature (default 0.8; 0 is greedy)\n"
-          "      --top-k K        default top-k (default 40; 0: all)\n"
-          "      --top-p P        default top-p (default 0.95; 1: all)\n"
-          "      --min-p P        default min-p (default 0.05; 0: off)\n"
-          "      --repeat-penalty R  default repetition penalty over the last 64 tokens (default 1.1;\n"
-          "                       1: off); requests may also set presence_penalty and frequency_penalty\n"
-          "      --seed S         default seed (default: a random one per request)\n"
-          "      --chat-format F  chatml, llama2, llama3, mistral, phi3 or gemma instead of the\n"
-          "                       model's template\n"
-          "  -t, --threads N      CPU threads of each slot (default: one per core)\n"
-          "      --batch N        prompt tokens per pass, shared by the prompts being prefilled\n"
-          "                       (default 128; smaller: a lower time to first token beside a long\n"
-          "                       prompt)\n"
-          "      --prompt-cache FILE  a prompt's KV on disk, shared by the slots and kept across\n"
-          "                       restarts: a slot loads the prefix a prompt shares with the file\n"
-          "                       when that is longer than what the slot holds; the file is\n"
-          "                       written once after a prefill when it is missing or stale (plain\n"
-          "                       decoding, --kv full or retrieval)\n"
-          "  -h, --help           this help\n"
-          "\n"
-          "The engine's options below are offload-run generate's, fixed at start for every slot:\n"
-          "each slot has its own session or speculative engine (a draft model is loaded once and\n"
-          "shared) and, on a GPU, its own copy of the weights; the planner places one slot in 1/N\n"
-          "of --gpu-mem and --host-mem. Every response carries the speculative figures in a\n"
-          "\"triforce\" object.\n"
-          "\n",
-          f);
+    fputs(
+        "usage: offload-run serve -m MODEL [--host ADDR] [--port N] [options]\n"
+        "\n"
+        "Serves the model over HTTP with OpenAI's API: POST /v1/chat/completions and\n"
+        "/v1/completions (streamed as server-sent events with \"stream\": true), GET /v1/models and\n"
+        "/health (docs/server.md). Each of --slots slots keeps its conversation's cache, so a next\n"
+        "turn prefills only its new tokens. One line per request goes to stderr. Ctrl-C (SIGINT)\n"
+        "or SIGTERM stops the server.\n"
+        "\n"
+        "  -m, --model PATH     .gguf file or HF checkpoint directory\n"
+        "      --host ADDR      address to listen on (default 127.0.0.1: this machine only)\n"
+        "      --port N         TCP port (default 8080; 0: any free port, printed at start)\n"
+        "      --api-key KEY    require \"Authorization: Bearer KEY\" (default: $TRI_SERVER_API_KEY;\n"
+        "                       none: no key)\n"
+        "      --alias NAME     the model's name in requests and /v1/models (default: the file\n"
+        "                       name without .gguf)\n"
+        "      --slots N        requests generated at once, each with its own cache; they decode\n"
+        "                       together in batched passes (--spec too). Default: on the CPU, as\n"
+        "                       many as a context's KV cache fits in a quarter of the available\n"
+        "                       memory, 1 to 4; 1 on a GPU or with --spec\n"
+        "      --queue N        requests that wait for a slot; more are answered 503 (default 8)\n"
+        "      --slot-similarity F  reuse the idle slot whose cache shares the longest prefix with\n"
+        "                       a prompt only when that prefix is at least F of the prompt's\n"
+        "                       tokens; else take the least recently used idle slot (default 0.5;\n"
+        "                       0: always the longest prefix)\n"
+        "      --ctx N          context of each slot in tokens (default 4096)\n"
+        "      --cors ORIGINS   web pages of these origins (comma-separated, e.g.\n"
+        "                       http://localhost:3000; '*': any) may call the server (CORS);\n"
+        "                       default none: only the chat page at / (same origin)\n"
+        "      --keep-alive S   a stream silent for S seconds (a long prefill, the queue) gets an\n"
+        "                       SSE comment, which clients ignore and proxies see (default 15; 0: off)\n"
+        "  -n, --n-predict N    tokens per answer when a request sets no max_tokens (default 0:\n"
+        "                       until the model ends or the context is full)\n"
+        "      --temp T         default temperature (default 0.8; 0 is greedy)\n"
+        "      --top-k K        default top-k (default 40; 0: all)\n"
+        "      --top-p P        default top-p (default 0.95; 1: all)\n"
+        "      --min-p P        default min-p (default 0.05; 0: off)\n"
+        "      --repeat-penalty R  default repetition penalty over the last 64 tokens (default 1.1;\n"
+        "                       1: off); requests may also set presence_penalty and frequency_penalty\n"
+        "      --seed S         default seed (default: a random one per request)\n"
+        "      --chat-format F  chatml, llama2, llama3, mistral, phi3 or gemma instead of the\n"
+        "                       model's template\n"
+        "  -t, --threads N      CPU threads of each slot (default: one per core)\n"
+        "      --batch N        prompt tokens per pass, shared by the prompts being prefilled\n"
+        "                       (default 128; smaller: a lower time to first token beside a long\n"
+        "                       prompt)\n"
+        "      --prompt-cache FILE  a prompt's KV on disk, shared by the slots and kept across\n"
+        "                       restarts: a slot loads the prefix a prompt shares with the file\n"
+        "                       when that is longer than what the slot holds; the file is\n"
+        "                       written once after a prefill when it is missing or stale (plain\n"
+        "                       decoding, --kv full or retrieval)\n"
+        "  -h, --help           this help\n"
+        "\n"
+        "The engine's options below are offload-run generate's, fixed at start for every slot:\n"
+        "each slot has its own session or speculative engine (a draft model is loaded once and\n"
+        "shared) and, on a GPU, its own copy of the weights; the planner places one slot in 1/N\n"
+        "of --gpu-mem and --host-mem. Every response carries the speculative figures in a\n"
+        "\"triforce\" object.\n"
+        "\n",
+        f);
     tri_cli_engine_usage(f);
 }
 
@@ -107,6 +124,8 @@ typedef struct job {
     int refs;                    // the connection and, while it holds it, the slot
     bool queued, done;
     atomic_bool cancel;          // the client went away, or the server stops
+    bool shutdown;               // the server stops (under srv.mu): the answer ends, not the client
+    atomic_int prefilled;        // prompt tokens run so far (keep-alive comments say it)
     pthread_cond_t cond;         // signalled on new output and when done
     struct job *next;            // in the queue
     // output: the streamed events not yet written, or the whole body
@@ -169,7 +188,16 @@ struct srv {
     job *queue_head, *queue_tail;
     int n_queued, max_queue;
     bool stopping;
+    atomic_bool ready;    // the model is loaded and the slots made: requests are served
+    int n_active;         // completion requests whose response is not finished (shutdown waits)
+    pthread_cond_t idle;  // n_active went to 0
+    double keep_alive;    // --keep-alive: seconds of silence in a stream before an SSE comment
+    // /metrics: answered requests' figures (under mu), and the scheduler's passes
+    uint64_t m_requests, m_prompt_tokens, m_predicted;
+    double m_prompt_seconds, m_predicted_seconds;
+    atomic_ullong m_passes, m_pass_seqs;
     uint64_t use_counter, id_counter;
+    double similarity;           // --slot-similarity: the share of a prompt a slot's cache must hold to be reused
     int32_t chunk;               // plain decoding: prompt tokens a slot runs per pass at most
     bool rope_by_length;         // the rope depends on the first evaluation's length
     // --prompt-cache: the file, the tokens it holds (when it fits the model), under pc_mu
@@ -217,12 +245,15 @@ static int32_t common_prefix(const int32_t *a, int32_t na, const int32_t *b, int
     return i;
 }
 
-// Gives queued jobs to idle slots, each to the idle slot whose cache shares the longest prefix
-// with its prompt (ties: the least recently used). Under srv.mu.
+// Gives queued jobs to idle slots: to the idle slot whose cache shares the longest prefix with
+// the prompt when that prefix is a real part of it (at least --slot-similarity of its tokens, as
+// llama-server's slot prompt similarity), else to the least recently used idle slot, so that the
+// few template tokens every prompt shares never pull a new conversation onto another's cache.
+// Under srv.mu.
 static void assign_locked(srv *s) {
     while (s->queue_head) {
         job *j = s->queue_head;
-        slot *best = NULL;
+        slot *best = NULL, *lru = NULL;
         int32_t best_len = -1;
         for (int i = 0; i < s->n_slots; i++) {
             slot *sl = &s->slots[i];
@@ -232,8 +263,10 @@ static void assign_locked(srv *s) {
                 best = sl;
                 best_len = len;
             }
+            if (!lru || sl->last_used < lru->last_used) lru = sl;
         }
         if (!best) return;
+        if (best_len == 0 || (double)best_len < s->similarity * (double)j->rq.n_ids) best = lru;
         s->queue_head = j->next;
         if (!s->queue_head) s->queue_tail = NULL;
         s->n_queued--;
@@ -346,8 +379,14 @@ static int32_t prompt_cache_load(srv *s, slot *sl, const srv_request *rq, int32_
     tri_prompt_cache_stats cs;
     tri_status st = tri_session_load_prompt(sl->session, s->pc_path, rq->ids, rq->n_ids, &cs);
     if (!st) {  // the slot's own rows are gone: what the file gave is more
-        fprintf(stderr, "prompt cache: slot %d reused %d of the prompt's %d tokens from %s (%.3f s)\n", sl->idx,
-                cs.n_tokens, rq->n_ids, s->pc_path, cs.seconds);
+        fprintf(stderr, "prompt cache: slot %d reused %d of the prompt's %d tokens from %s (%.3f s)%s\n", sl->idx,
+                cs.n_tokens, rq->n_ids, s->pc_path, cs.seconds,
+                cs.damaged ? "; a later block fails its checksum: the file is written again after this prefill" : "");
+        if (cs.damaged) {
+            pthread_mutex_lock(&s->pc_mu);
+            s->pc_n = 0;
+            pthread_mutex_unlock(&s->pc_mu);
+        }
         return cs.n_tokens;
     }
     fprintf(stderr, "prompt cache: slot %d: %s (%s); the whole prompt is run\n", sl->idx, tri_last_error(),
@@ -523,6 +562,12 @@ static void slot_spec_end(slot *sl, job *j, tri_status st, const tri_spec_stats 
 // (a client that sends its next turn as soon as it has this answer finds the slot free).
 static void job_finish(srv *s, slot *sl, job *j) {
     srv_result *r = &j->res;
+    pthread_mutex_lock(&s->mu);
+    bool shutdown = j->shutdown;
+    pthread_mutex_unlock(&s->mu);
+    if (shutdown && !j->rq.stream && !j->err.status)  // an answer cut short is not one: the client retries
+        srv_fail(&j->err, 503, "server_error", "server_busy", NULL,
+                 "the server stopped before the answer was complete; try again");
     r->text = j->text;
     r->n_text = j->n_text;
     char *tail = NULL, *usage = NULL;
@@ -537,6 +582,13 @@ static void job_finish(srv *s, slot *sl, job *j) {
         free(e);
     }
     pthread_mutex_lock(&s->mu);
+    if (!j->err.status) {
+        s->m_requests++;
+        s->m_prompt_tokens += (uint64_t)(r->prompt_tokens - r->cached_tokens);
+        s->m_prompt_seconds += r->prefill_seconds;
+        s->m_predicted += (uint64_t)r->completion_tokens;
+        s->m_predicted_seconds += r->decode_seconds;
+    }
     if (j->rq.stream) {
         job_out_locked(j, tail, n_tail);
         if (usage) job_out_locked(j, usage, n_usage);
@@ -563,9 +615,10 @@ static void job_log(const slot *sl, job *j) {
         fprintf(stderr,
                 "POST %s %s %s slot %d: prompt %d tokens (%d cached), %d generated (%s), queue %.2f s, "
                 "prefill %.2f s, decode %.2f s%s\n",
-                path_of(j), gone ? "cancelled" : "200", j->id, sl->idx, j->res.prompt_tokens, j->res.cached_tokens,
-                j->res.completion_tokens, j->res.finish_reason, j->res.queue_seconds, j->res.prefill_seconds,
-                j->res.decode_seconds, gone ? " (the client went away)" : "");
+                path_of(j), gone ? (j->shutdown ? "ended" : "cancelled") : "200", j->id, sl->idx, j->res.prompt_tokens,
+                j->res.cached_tokens, j->res.completion_tokens, j->res.finish_reason, j->res.queue_seconds,
+                j->res.prefill_seconds, j->res.decode_seconds,
+                gone ? (j->shutdown ? " (the server is stopping)" : " (the client went away)") : "");
 }
 
 // ---- speculative decoding: the slots' engines generate together ----
@@ -628,6 +681,7 @@ static void *spec_sched_thread(void *arg) {
             if (start[i]) spec_start(s, &s->slots[i], start[i], &b);
         int32_t running = 0;
         tri_status st = b ? tri_spec_batch_step(b, &running) : TRI_STATUS_OK;
+        if (b) atomic_fetch_add(&s->m_passes, 1), atomic_fetch_add(&s->m_pass_seqs, (unsigned long long)busy);
         for (int i = 0; i < s->n_slots; i++) {
             slot *sl = &s->slots[i];
             if (!sl->run) continue;
@@ -794,6 +848,7 @@ static void sched_pass(srv *s) {
         in[n++] = sl;
     }
     tri_status st = n ? pass_eval(ss, tk, nt, n) : TRI_STATUS_OK;
+    if (n) atomic_fetch_add(&s->m_passes, 1), atomic_fetch_add(&s->m_pass_seqs, (unsigned long long)n);
     for (int32_t k = 0; k < n; k++) {
         slot *sl = in[k];
         if (st) {  // the pass is one call: every sequence in it fails
@@ -804,6 +859,7 @@ static void sched_pass(srv *s) {
         sl->run->res.batch_sequences += n;
         if (sl->phase == RUN_PREFILL) {
             sl->next += sl->step;
+            atomic_store(&sl->run->prefilled, sl->next);
             if (sl->next < sl->run->rq.n_ids) continue;
             sl->t1 = now_s();
             sl->run->res.prefill_seconds = sl->t1 - sl->t0;
@@ -848,6 +904,7 @@ typedef struct conn {
     char *body;
     size_t n, cap;
     bool too_big;
+    bool active;  // a completion request counted in srv.n_active until its response is done
 } conn;
 
 #define MAX_BODY (64u << 20)
@@ -857,6 +914,33 @@ static bool client_gone(struct MHD_Connection *c) {
     if (!ci) return false;
     struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+// --cors: the origins whose pages may call the server ("*": any), comma-separated; NULL: none. One
+// server per process, set once at start.
+static const char *cors_origins;
+
+// The Origin header of the request when --cors allows it, else NULL.
+static const char *cors_allowed(struct MHD_Connection *c) {
+    const char *o = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (!o || !cors_origins) return NULL;
+    if (strcmp(cors_origins, "*") == 0) return o;
+    size_t n = strlen(o);
+    for (const char *p = cors_origins; *p;) {
+        const char *e = strchr(p, ',');
+        size_t k = e ? (size_t)(e - p) : strlen(p);
+        if (k == n && strncmp(p, o, n) == 0) return o;
+        p += k + (e != NULL);
+    }
+    return NULL;
+}
+
+// The CORS headers of a response to an allowed origin.
+static void add_cors(struct MHD_Connection *c, struct MHD_Response *r) {
+    const char *o = cors_allowed(c);
+    if (!o) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", o);
+    MHD_add_response_header(r, "Vary", "Origin");
 }
 
 static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, char *body) {
@@ -871,6 +955,7 @@ static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, char
     }
     if (!body) status = 500;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    add_cors(c, resp);
     if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     enum MHD_Result ret = MHD_queue_response(c, status, resp);
@@ -889,6 +974,7 @@ typedef struct stream {
     srv *s;
     job *j;
     struct MHD_Connection *c;
+    double t_last;  // when the last bytes were handed to libmicrohttpd
 } stream;
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -903,7 +989,18 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             j->sent += n;
             if (j->sent == j->n_out) j->sent = j->n_out = 0;
             pthread_mutex_unlock(&s->mu);
+            st->t_last = now_s();
             return (ssize_t)n;
+        }
+        // a long prefill (or queue) sends nothing for a while: an SSE comment, which clients
+        // ignore, keeps proxies with read timeouts from dropping the stream, and says how far it is
+        if (!j->done && s->keep_alive > 0 && now_s() - st->t_last >= s->keep_alive && max >= 96) {
+            int n = j->queued ? snprintf(buf, max, ": keep-alive: queued\n\n")
+                              : snprintf(buf, max, ": keep-alive: prompt %d of %d tokens run\n\n",
+                                         atomic_load(&j->prefilled), j->rq.n_ids);
+            pthread_mutex_unlock(&s->mu);
+            st->t_last = now_s();
+            return n;
         }
         if (j->done) {
             pthread_mutex_unlock(&s->mu);
@@ -991,6 +1088,8 @@ static enum MHD_Result complete(srv *s, struct MHD_Connection *c, const char *me
     else s->queue_head = j;
     s->queue_tail = j;
     s->n_queued++;
+    s->n_active++;  // until on_completed: the shutdown lets its response finish
+    cn->active = true;
     assign_locked(s);
 
     if (j->rq.stream) {
@@ -1007,8 +1106,9 @@ static enum MHD_Result complete(srv *s, struct MHD_Connection *c, const char *me
             free(st);
             return send_json(c, 500, NULL);
         }
-        *st = (stream){s, j, c};
+        *st = (stream){s, j, c, now_s()};
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        add_cors(c, resp);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         enum MHD_Result ret = MHD_queue_response(c, 200, resp);
         MHD_destroy_response(resp);
@@ -1031,7 +1131,7 @@ static enum MHD_Result complete(srv *s, struct MHD_Connection *c, const char *me
             }
         }
     }
-    bool gone = atomic_load(&j->cancel);
+    bool gone = atomic_load(&j->cancel) && !j->shutdown;
     srv_error e = j->err;
     char *body = e.status || gone ? NULL : srv_response_json(chat, &j->res);
     job_unref_locked(j);
@@ -1048,12 +1148,108 @@ static enum MHD_Result complete(srv *s, struct MHD_Connection *c, const char *me
 static bool authorized(srv *s, struct MHD_Connection *c) {
     if (!s->api_key) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;  // the scheme is case-insensitive (RFC 9110)
     h += 7;
+    while (*h == ' ') h++;
     size_t n = strlen(h), m = strlen(s->api_key);
     unsigned diff = n != m;
     for (size_t i = 0; i < n; i++) diff |= (unsigned char)h[i] ^ (unsigned char)s->api_key[i < m ? i : 0];
     return diff == 0;
+}
+
+// OPTIONS: a CORS preflight (204 with the methods and headers a page may use, when --cors allows
+// its origin; 403 naming the origin otherwise), or a plain OPTIONS (204 with Allow).
+static enum MHD_Result send_options(struct MHD_Connection *c, const char *url) {
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (origin && !cors_allowed(c)) {
+        srv_error err = {0};
+        srv_fail(&err, 403, "invalid_request_error", "origin_not_allowed", NULL,
+                 "pages from %s may not call this server: start it with --cors '%s' (or --cors '*')", origin, origin);
+        return send_error(c, "OPTIONS", url, &err);
+    }
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Allow", "GET, HEAD, POST, OPTIONS");
+    if (origin) {
+        add_cors(c, resp);
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS");
+        const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", h ? h : "Authorization, Content-Type");
+        MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+    }
+    enum MHD_Result ret = MHD_queue_response(c, 204, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+// GET /props (what 0), /slots (1), /metrics (2: Prometheus text, llama-server's names).
+static enum MHD_Result send_info(srv *s, struct MHD_Connection *c, int what) {
+    if (what == 0) {
+        char *body = srv_props_json(&s->ref, &s->defaults, s->n_predict, s->n_slots, mode_names[s->spec_params.mode]);
+        return send_json(c, 200, body);
+    }
+    pthread_mutex_lock(&s->mu);
+    srv_slot_info info[256];
+    int busy = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        info[i] = (srv_slot_info){i, s->slots[i].job != NULL, s->slots[i].n_tokens};
+        busy += info[i].processing;
+    }
+    uint64_t req = s->m_requests, pt = s->m_prompt_tokens, pr = s->m_predicted;
+    double ps = s->m_prompt_seconds, prs = s->m_predicted_seconds;
+    int queued = s->n_queued;
+    pthread_mutex_unlock(&s->mu);
+    if (what == 1) return send_json(c, 200, srv_slots_json(&s->ref, info, s->n_slots, s->spec_params.mode != 0));
+    unsigned long long passes = atomic_load(&s->m_passes), seqs = atomic_load(&s->m_pass_seqs);
+    char *body = NULL;
+    if (asprintf(&body,
+                 "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n"
+                 "# TYPE llamacpp:prompt_tokens_total counter\n"
+                 "llamacpp:prompt_tokens_total %llu\n"
+                 "# HELP llamacpp:prompt_seconds_total Prompt process time.\n"
+                 "# TYPE llamacpp:prompt_seconds_total counter\n"
+                 "llamacpp:prompt_seconds_total %.6f\n"
+                 "# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.\n"
+                 "# TYPE llamacpp:tokens_predicted_total counter\n"
+                 "llamacpp:tokens_predicted_total %llu\n"
+                 "# HELP llamacpp:tokens_predicted_seconds_total Predict process time.\n"
+                 "# TYPE llamacpp:tokens_predicted_seconds_total counter\n"
+                 "llamacpp:tokens_predicted_seconds_total %.6f\n"
+                 "# HELP llamacpp:n_decode_total Total number of batched passes.\n"
+                 "# TYPE llamacpp:n_decode_total counter\n"
+                 "llamacpp:n_decode_total %llu\n"
+                 "# HELP llamacpp:n_busy_slots_per_decode Average number of busy slots per pass.\n"
+                 "# TYPE llamacpp:n_busy_slots_per_decode gauge\n"
+                 "llamacpp:n_busy_slots_per_decode %.6f\n"
+                 "# HELP llamacpp:prompt_tokens_seconds Average prompt throughput in tokens/s.\n"
+                 "# TYPE llamacpp:prompt_tokens_seconds gauge\n"
+                 "llamacpp:prompt_tokens_seconds %.6f\n"
+                 "# HELP llamacpp:predicted_tokens_seconds Average generation throughput in tokens/s.\n"
+                 "# TYPE llamacpp:predicted_tokens_seconds gauge\n"
+                 "llamacpp:predicted_tokens_seconds %.6f\n"
+                 "# HELP llamacpp:requests_processing Number of requests processing.\n"
+                 "# TYPE llamacpp:requests_processing gauge\n"
+                 "llamacpp:requests_processing %d\n"
+                 "# HELP llamacpp:requests_deferred Number of requests deferred (queued).\n"
+                 "# TYPE llamacpp:requests_deferred gauge\n"
+                 "llamacpp:requests_deferred %d\n"
+                 "# HELP triforce:requests_total Requests answered.\n"
+                 "# TYPE triforce:requests_total counter\n"
+                 "triforce:requests_total %llu\n",
+                 (unsigned long long)pt, ps, (unsigned long long)pr, prs, passes,
+                 passes ? (double)seqs / (double)passes : 0.0, ps > 0 ? (double)pt / ps : 0.0,
+                 prs > 0 ? (double)pr / prs : 0.0, busy, queued, (unsigned long long)req) < 0)
+        return send_json(c, 500, NULL);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4");
+    add_cors(c, resp);
+    enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    return ret;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -1088,8 +1284,36 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
 
     srv_error err = {0};
-    bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0, post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
-    if (strcmp(url, "/health") == 0 || strcmp(url, "/v1/health") == 0) {
+    if (!atomic_load(&s->ready)) {  // the port is bound before the model loads
+        if (strncmp(url, "/health", 7) == 0 || strncmp(url, "/v1/health", 10) == 0)
+            return send_json(c, 503, strdup("{\"status\": \"loading\"}"));
+        srv_fail(&err, 503, "server_error", "server_busy", NULL, "the model is loading; try again shortly");
+        return send_error(c, method, url, &err);
+    }
+    // HEAD is GET without the body (libmicrohttpd leaves it out)
+    bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0,
+         post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
+    // the routes with or without /v1, and with trailing slashes
+    char route[256];
+    size_t ul = strlen(url);
+    while (ul > 1 && url[ul - 1] == '/') ul--;
+    snprintf(route, sizeof route, "%.*s", (int)(ul < sizeof route ? ul : sizeof route - 1), url);
+    if (strcmp(route, "/v1") == 0) route[1] = 0;
+    const char *path = strncmp(route, "/v1/", 4) == 0 ? route + 3 : route;
+    if (strcmp(method, MHD_HTTP_METHOD_OPTIONS) == 0) return send_options(c, url);
+    if (strcmp(path, "/") == 0 || strcmp(path, "/index.html") == 0) {  // the chat page: no key (its requests need one)
+        if (!get) goto method;
+        struct MHD_Response *resp =
+            MHD_create_response_from_buffer(sizeof chat_page - 1, (void *)chat_page, MHD_RESPMEM_PERSISTENT);
+        if (!resp) return MHD_NO;
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/html; charset=utf-8");
+        MHD_add_response_header(resp, "Content-Security-Policy",
+                                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'");
+        enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+        return ret;
+    }
+    if (strcmp(path, "/health") == 0) {
         if (!get) goto method;
         pthread_mutex_lock(&s->mu);
         int busy = 0;
@@ -1101,11 +1325,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         pthread_mutex_unlock(&s->mu);
         return send_json(c, 200, body);
     }
-    bool models = strcmp(url, "/v1/models") == 0, model_one = strncmp(url, "/v1/models/", 11) == 0;
-    bool chat = strcmp(url, "/v1/chat/completions") == 0, compl = strcmp(url, "/v1/completions") == 0;
-    if (!models && !model_one && !chat && !compl) {
+    bool tokenize = strcmp(path, "/tokenize") == 0, detokenize = strcmp(path, "/detokenize") == 0;
+    bool props = strcmp(path, "/props") == 0, slots = strcmp(path, "/slots") == 0;
+    bool metrics = strcmp(path, "/metrics") == 0;
+    bool models = strcmp(path, "/models") == 0, model_one = strncmp(path, "/models/", 8) == 0;
+    bool chat = strcmp(path, "/chat/completions") == 0, compl = strcmp(path, "/completions") == 0;
+    if (!models && !model_one && !chat && !compl &&!tokenize && !detokenize && !props && !slots && !metrics) {
         srv_fail(&err, 404, "invalid_request_error", "unknown_url", NULL,
-                 "unknown URL %s %s: this server has /v1/chat/completions, /v1/completions, /v1/models and /health",
+                 "unknown URL %s %s: this server has /v1/chat/completions, /v1/completions, /v1/models, /health, "
+                 "/tokenize, /detokenize, /props, /slots and /metrics",
                  method, url);
         return send_error(c, method, url, &err);
     }
@@ -1116,11 +1344,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                      : "no API key: this server wants \"Authorization: Bearer KEY\"");
         return send_error(c, method, url, &err);
     }
+    if (tokenize || detokenize) {
+        if (!post) goto method;
+        char *out = NULL;
+        if (!(tokenize ? srv_tokenize_json : srv_detokenize_json)(&s->ref, cn->body, cn->n, &out, &err))
+            return send_error(c, method, url, &err);
+        return send_json(c, 200, out);
+    }
+    if (props || slots || metrics) {
+        if (!get) goto method;
+        return send_info(s, c, props ? 0 : slots ? 1 : 2);
+    }
     if (models || model_one) {
         if (!get) goto method;
-        if (model_one && strcmp(url + 11, s->ref.id) != 0) {
+        const char *want = model_one ? path + 8 : NULL;
+        if (want && strcmp(want, s->ref.id) != 0) {
             srv_fail(&err, 404, "invalid_request_error", "model_not_found", "model",
-                     "the model '%s' does not exist: this server serves '%s'", url + 11, s->ref.id);
+                     "the model '%s' does not exist: this server serves '%s'", want, s->ref.id);
             return send_error(c, method, url, &err);
         }
         fprintf(stderr, "%s %s 200\n", method, url);
@@ -1139,7 +1379,13 @@ method:
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    srv *s = cls;
     conn *cn = *con_cls;
+    if (cn && cn->active) {
+        pthread_mutex_lock(&s->mu);
+        if (--s->n_active == 0) pthread_cond_broadcast(&s->idle);
+        pthread_mutex_unlock(&s->mu);
+    }
     if (cn) {
         free(cn->body);
         free(cn);
@@ -1154,9 +1400,86 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 
 // ---- start-up ----
 
+// Bytes of memory the system has available (MemAvailable), 0 if unknown.
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+#define AUTO_SLOTS_MAX 4
+#define SHUTDOWN_WAIT 10  // seconds the responses of a stopping server may take to be written
+
+// Whether the address is this machine's only (127.0.0.0/8, ::1, an IPv4-mapped 127.x).
+static bool is_loopback(const struct sockaddr *a) {
+    if (a->sa_family == AF_INET) return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+    if (a->sa_family == AF_INET6) {
+        const struct in6_addr *x = &((const struct sockaddr_in6 *)a)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(x) || (IN6_IS_ADDR_V4MAPPED(x) && x->s6_addr[12] == 127);
+    }
+    return false;
+}
+
+// The slots when --slots is not given: on the CPU with plain decoding, as many as the KV caches of
+// a full context each fit in a quarter of the memory available now, from 1 to AUTO_SLOTS_MAX; one
+// on a GPU, a device list, with --gpu-mem or --spec (each slot there holds its own copy of the
+// weights, or a speculative engine's several caches). why: the rule's line for stderr.
+static long auto_slots(const tri_model *model, const tri_cli_engine *eng, long ctx, char *why, size_t n) {
+    const tri_session_params *sp = &eng->sp;
+    bool gpu = sp->device_kind == TRI_DEVICE_CUDA || (sp->device_kind == TRI_DEVICE_AUTO && tri_device_count() > 0);
+    bool spec = eng->spec.mode != TRI_SPEC_MODE_NONE;
+    if (gpu || sp->devices || eng->gpu_mem || spec) {
+        snprintf(why, n, "slots: 1 (--slots not given; %s: each slot would hold its own %s)\n",
+                 spec ? "--spec" : "a GPU or a device list",
+                 spec ? "speculative engine and caches" : "copy of the weights");
+        return 1;
+    }
+    tri_model_info mi;
+    tri_model_get_info(model, &mi);
+    // bytes of one token's key or value element in the cache's type
+    double per_value = sp->kv_type == TRI_DTYPE_F32                                         ? 4.0
+                       : sp->kv_type == TRI_DTYPE_Q8_0                                      ? 34.0 / 32
+                       : sp->kv_type == TRI_DTYPE_Q4_0 || sp->kv_type == TRI_DTYPE_KV_MIXED ? 18.0 / 32
+                                                                                            : 2.0;
+    double per_slot = 2.0 * mi.config.n_layer * mi.config.n_head_kv * mi.config.head_dim * per_value * (double)ctx;
+    uint64_t avail = mem_available();
+    long k = per_slot > 0 && avail ? (long)((double)avail / 4 / per_slot) : 1;
+    if (k < 1) k = 1;
+    if (k > AUTO_SLOTS_MAX) k = AUTO_SLOTS_MAX;
+    snprintf(why, n,
+             "slots: %ld (--slots not given: the KV cache of a %ld-token context is %.0f MB; as many as fit in a "
+             "quarter of the %.1f GB available, at most %d)\n",
+             k, ctx, per_slot / 1e6, (double)avail / 1e9, AUTO_SLOTS_MAX);
+    return k;
+}
+
 int tri_server_main(int argc, char **argv) {
-    enum { OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_ALIAS, OPT_SLOTS, OPT_QUEUE, OPT_CTX, OPT_TEMP, OPT_TOPK,
-           OPT_TOPP, OPT_MINP, OPT_REPEAT, OPT_SEED, OPT_CHAT_FORMAT, OPT_BATCH, OPT_PROMPT_CACHE };
+    enum {
+        OPT_HOST = 256,
+        OPT_PORT,
+        OPT_API_KEY,
+        OPT_ALIAS,
+        OPT_SLOTS,
+        OPT_QUEUE,
+        OPT_CTX,
+        OPT_TEMP,
+        OPT_TOPK,
+        OPT_TOPP,
+        OPT_MINP,
+        OPT_REPEAT,
+        OPT_SEED,
+        OPT_CHAT_FORMAT,
+        OPT_BATCH,
+        OPT_PROMPT_CACHE,
+        OPT_SIMILARITY,
+        OPT_KEEP_ALIVE,
+        OPT_CORS
+    };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
         {"host", required_argument, NULL, OPT_HOST},
@@ -1177,6 +1500,9 @@ int tri_server_main(int argc, char **argv) {
         {"threads", required_argument, NULL, 't'},
         {"batch", required_argument, NULL, OPT_BATCH},
         {"prompt-cache", required_argument, NULL, OPT_PROMPT_CACHE},
+        {"slot-similarity", required_argument, NULL, OPT_SIMILARITY},
+        {"keep-alive", required_argument, NULL, OPT_KEEP_ALIVE},
+        {"cors", required_argument, NULL, OPT_CORS},
         TRI_CLI_ENGINE_OPTIONS,
         {"help", no_argument, NULL, 'h'},
         {0},
@@ -1186,9 +1512,10 @@ int tri_server_main(int argc, char **argv) {
     srv *s = &S;
     const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL;
     const tri_sampler_params chat = tri_sampler_chat_params();  // the defaults below
-    long port = 8080, n_slots = 1, max_queue = 8, ctx = 4096, n_predict = 0, top_k = chat.top_k, threads = 0, batch = 0;
+    long port = 8080, n_slots = 0, max_queue = 8, ctx = 4096, n_predict = 0, top_k = chat.top_k, threads = 0, batch = 0;
     long seed = 0;
     float temp = chat.temperature, top_p = chat.top_p, min_p = chat.min_p, repeat_penalty = chat.repeat_penalty;
+    float similarity = 0.5f, keep_alive = 15.0f;
     bool seed_set = false;
     tri_chat_format format = TRI_CHAT_FORMAT_AUTO;
     tri_cli_engine eng;  // --device, --kv-type, --kv, --spec, placement: generate's (cli-engine.c)
@@ -1236,6 +1563,9 @@ int tri_server_main(int argc, char **argv) {
         case 't': ok = tri_cli_parse_long(me, "--threads", optarg, 1, 4096, &threads); break;
         case OPT_BATCH: ok = tri_cli_parse_long(me, "--batch", optarg, 1, 65536, &batch); break;
         case OPT_PROMPT_CACHE: s->pc_path = optarg; break;
+        case OPT_CORS: cors_origins = optarg[0] ? optarg : NULL; break;
+        case OPT_KEEP_ALIVE: ok = tri_cli_parse_float(me, "--keep-alive", optarg, 0.0, 3600.0, &keep_alive); break;
+        case OPT_SIMILARITY: ok = tri_cli_parse_float(me, "--slot-similarity", optarg, 0.0, 1.0, &similarity); break;
         case 'h': usage(stdout); return 0;
         default: return tri_cli_see_help();
         }
@@ -1257,8 +1587,16 @@ int tri_server_main(int argc, char **argv) {
     s->defaults.has_repeat_penalty = true, s->defaults.repeat_penalty = repeat_penalty;
     if (seed_set) s->defaults.has_seed = true, s->defaults.seed = (uint64_t)seed;
     s->n_predict = n_predict;
-    s->n_slots = (int)n_slots;
     s->max_queue = (int)max_queue;
+    s->similarity = similarity;
+    s->keep_alive = keep_alive;
+
+    // --prompt-cache naming something that is not a cache (a document given by mistake): refused
+    // before anything loads, and never overwritten
+    if (s->pc_path && tri_prompt_cache_writable(s->pc_path)) {
+        fprintf(stderr, "%s: --prompt-cache: %s\n", me, tri_last_error());
+        return 2;
+    }
 
     // the address, before the model loads: a bad one is reported at once
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
@@ -1284,6 +1622,36 @@ int tri_server_main(int argc, char **argv) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->pc_mu, NULL);
     pthread_cond_init(&s->work, NULL);
+
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->idle, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_init(&s->ready, false);
+
+    // ---- HTTP: the port bound before the model loads (a port in use is reported at once;
+    // requests meanwhile are answered 503, /health {"status": "loading"}) ----
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                     MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    errno = 0;
+    d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                         MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(256 + s->max_queue + 64),
+                         MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
+    if (!d) {
+        fprintf(stderr, "%s: cannot listen on %s port %ld: %s\n", me, host, port,
+                errno ? strerror(errno) : "libmicrohttpd failed to start");
+        goto done;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    
+    if (!s->api_key && !is_loopback(ai->ai_addr))
+        fprintf(stderr,
+                "%s: warning: listening on %s, beyond this machine, without an API key: anyone who can reach "
+                "the port can use the model (give --api-key KEY or $TRI_SERVER_API_KEY)\n",
+                me, host);
+    fflush(stderr);
 
     if (!(s->model = tri_cli_load_model(model_path))) goto done;
     if (tri_token_count(s->model) == 0) {
@@ -1326,6 +1694,12 @@ int tri_server_main(int argc, char **argv) {
     if (s->n_stop_ids > 16) s->n_stop_ids = 16;
 
     // ---- the slots ----
+    if (n_slots == 0) {  // not given: from the memory a slot's context needs
+        char why[256];
+        n_slots = auto_slots(s->model, &eng, ctx, why, sizeof why);
+        fputs(why, stderr);
+    }
+    s->n_slots = (int)n_slots;
     eng.sp.n_ctx = (int32_t)ctx;
     eng.sp.n_threads = (int32_t)threads;
     eng.sp.n_batch = (int32_t)batch;
@@ -1372,26 +1746,12 @@ int tri_server_main(int argc, char **argv) {
         }
     }
 
-    // ---- HTTP ----
+    // ---- ready ----
     struct timespec t0;
     clock_gettime(CLOCK_REALTIME, &t0);
     s->started = (int64_t)t0.tv_sec;
     srand((unsigned)(t0.tv_nsec ^ t0.tv_sec ^ getpid()));
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                     MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-    d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s,
-                         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-                         MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->n_slots + s->max_queue + 64),
-                         MHD_OPTION_CONNECTION_TIMEOUT, 600u,
-                         MHD_OPTION_END);
-    if (!d) {
-        fprintf(stderr, "%s: cannot listen on %s port %ld: %s\n", me, host, port,
-                errno ? strerror(errno) : "libmicrohttpd failed to start");
-        goto done;
-    }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    atomic_store(&s->ready, true);
     fprintf(stderr, "device: %s, context %d tokens per slot, spec %s\n",
             plain ? tri_session_device(s->slots[0].session) : tri_spec_device(s->slots[0].spec), s->ref.n_ctx,
             mode_names[mode]);
@@ -1421,14 +1781,40 @@ done:
         job *j = s->queue_head;
         unqueue_locked(s, j);
         srv_fail(&j->err, 503, "server_error", "server_busy", NULL, "the server is stopping");
+        if (j->rq.stream) {  // its stream has begun with 200: the error as an event, then [DONE]
+            char *e = srv_error_json(&j->err);
+            if (e) {
+                job_out_locked(j, "data: ", 6);
+                job_out_locked(j, e, strlen(e));
+                job_out_locked(j, "\n\ndata: [DONE]\n\n", 16);
+            }
+            free(e);
+        }
         j->done = true;
         pthread_cond_broadcast(&j->cond);
     }
-    for (int i = 0; s->slots && i < s->n_slots; i++)
-        if (s->slots[i].job) atomic_store(&s->slots[i].job->cancel, true);
+    // running answers end after the token or prefill piece in progress, each stream with its
+    // closing chunk and [DONE] (a non-streamed one: 503)
+    for (int i = 0; s->slots && i < s->n_slots; i++) {
+        if (!s->slots[i].job) continue;
+        s->slots[i].job->shutdown = true;
+        atomic_store(&s->slots[i].job->cancel, true);
+    }
     pthread_cond_broadcast(&s->work);
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < n_started; i++) pthread_join(s->slots[i].thread, NULL);
+    // the responses written out before the connections close, for at most SHUTDOWN_WAIT seconds
+    pthread_mutex_lock(&s->mu);
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += SHUTDOWN_WAIT;
+    while (d && s->n_active > 0)
+        if (pthread_cond_timedwait(&s->idle, &s->mu, &until) == ETIMEDOUT) {
+            fprintf(stderr, "%s: %d responses still being written after %d s: closed\n", me, s->n_active,
+                    SHUTDOWN_WAIT);
+            break;
+        }
+    pthread_mutex_unlock(&s->mu);
     if (d) MHD_stop_daemon(d);
     for (int i = 0; s->slots && i < s->n_slots; i++) {
         tri_session_free(s->slots[i].session);
@@ -1443,6 +1829,7 @@ done:
     free(chat_why);
     freeaddrinfo(ai);
     pthread_cond_destroy(&s->work);
+    pthread_cond_destroy(&s->idle);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->pc_mu);
     free(s->pc_tokens);

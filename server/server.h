@@ -39,7 +39,7 @@ char *srv_error_json(const srv_error *err);
 // one place that maps them onto tri_sampler_params.
 typedef struct srv_sampling {
     bool has_temperature, has_top_p, has_top_k, has_min_p, has_seed;
-    bool has_presence_penalty, has_frequency_penalty, has_repeat_penalty;
+    bool has_presence_penalty, has_frequency_penalty, has_repeat_penalty, has_repeat_last_n;
     double temperature;        // [0, 2]
     double top_p;              // (0, 1]
     int64_t top_k;             // >= 0, 0: all
@@ -48,6 +48,7 @@ typedef struct srv_sampling {
     double presence_penalty;   // [-2, 2]
     double frequency_penalty;  // [-2, 2]
     double repeat_penalty;     // > 0, 1: none
+    int64_t repeat_last_n;     // llama.cpp's: the penalties' window; -1: the whole context, 0: penalties off
 } srv_sampling;
 
 // Writes into *out the sampling of a request: each field the request gives (req), else the
@@ -155,5 +156,26 @@ char *srv_chunk_sse(bool chat, const srv_result *r, const char *text, size_t n_t
                     size_t *len);
 // /v1/models and /v1/models/{id}; malloc'd.
 char *srv_models_json(const srv_model_ref *m, int64_t created, bool one);
+
+// ---- llama-server's other endpoints (server-json.c) ----
+
+// POST /tokenize: {"content": TEXT, "add_special": false, "parse_special": true, "with_pieces":
+// false} -> {"tokens": [ids]} (with_pieces: [{"id": N, "piece": TEXT}], a piece that is not
+// valid UTF-8 as its list of byte values). *out malloc'd; false with err set for a bad body.
+bool srv_tokenize_json(const srv_model_ref *m, const char *body, size_t len, char **out, srv_error *err);
+// POST /detokenize: {"tokens": [ids]} -> {"content": TEXT} (special tokens rendered).
+bool srv_detokenize_json(const srv_model_ref *m, const char *body, size_t len, char **out, srv_error *err);
+
+// One slot as /slots shows it.
+typedef struct srv_slot_info {
+    int id;
+    bool processing;
+    int32_t n_cached;  // tokens its cache holds
+} srv_slot_info;
+// GET /slots: [{"id", "n_ctx", "speculative", "is_processing", "n_cached"}]; malloc'd.
+char *srv_slots_json(const srv_model_ref *m, const srv_slot_info *slots, int n, bool speculative);
+// GET /props: the default generation settings, the slots, the model; malloc'd.
+char *srv_props_json(const srv_model_ref *m, const srv_sampling *dflt, int64_t n_predict, int n_slots,
+                     const char *mode);
 
 #endif  // TRI_SERVER_H

@@ -329,6 +329,28 @@ Test(chat, model_templates_hf_and_gguf, .timeout = TT_TIMEOUT(120)) {
     cr_assert(strstr(tri_last_error(), "tokenizer_config.json"), "%s", tri_last_error());
     tri_model_free(m);
 
+    // a template of no known format: the refusal names the file, then says why, once and legibly
+    // (it was formatted into the buffer it read from: issue 41)
+    static const char unknown[] =
+        "{\"chat_template\": \"{% for m in messages %}### {{ m['role'] }}: "
+        "{{ m['content'] }}\\n{% endfor %}\"}";
+    tt_write_file(path, unknown, strlen(unknown));
+    cr_assert_eq(tri_model_load(hf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    for (int k = 0; k < 2; k++) {
+        tri_chat_message hi = {"user", "hi"};
+        char out[256];
+        size_t n_out;
+        tri_status st = k ? tri_chat_apply(m, TRI_CHAT_FORMAT_AUTO, &hi, 1, true, out, sizeof out, &n_out)
+                          : tri_chat_model_format(m, &fmt);
+        cr_assert_eq(st, TRI_STATUS_UNSUPPORTED, "%s", tri_last_error());
+        const char *e = tri_last_error();
+        cr_assert(strncmp(e, path, strlen(path)) == 0 && strncmp(e + strlen(path), ": ", 2) == 0, "%s", e);
+        const char *why = strstr(e, "no known format");
+        cr_assert(why && !strstr(why + 1, "no known format") && strstr(e, "--chat-format"), "%s", e);
+        cr_assert(!strstr(e + strlen(path), "tokenizer_config.json"), "the path once: %s", e);
+    }
+    tri_model_free(m);
+
     cr_assert_eq(tri_model_load(gguf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
     cr_assert_eq(tri_chat_model_format(m, &fmt), TRI_STATUS_NOT_FOUND);
     cr_assert(strstr(tri_last_error(), "no chat template"), "%s", tri_last_error());

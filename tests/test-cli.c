@@ -75,6 +75,47 @@ Test(cli, help_and_usage_errors) {
     cr_assert_eq(cli("generate -m x -p hi --draft-ngram 3", out, sizeof out, err, sizeof err), 2);
 }
 
+// Each sampling option's default in the helps is the one the command uses: chat's are the API's
+// chat settings (its repeat penalty was shown as 1 where chat uses 1.1: issue 41), generate's
+// greedy ones.
+Test(cli, help_gives_the_sampling_defaults_in_use) {
+    const tri_sampler_params c = tri_sampler_chat_params();
+    char want[128];
+    cr_assert_eq(cli("chat --help", out, sizeof out, err, sizeof err), 0);
+    snprintf(want, sizeof want, "(1: off; default %g)", (double)c.repeat_penalty);
+    cr_assert(strstr(out, want), "chat --help lacks '%s':\n%s", want, out);
+    snprintf(want, sizeof want, "0 is greedy (default %g)", (double)c.temperature);
+    cr_assert(strstr(out, want), "chat --help lacks '%s'", want);
+    snprintf(want, sizeof want, "(0: all; default %d)", c.top_k);
+    cr_assert(strstr(out, want), "chat --help lacks '%s'", want);
+    cr_assert_eq(cli("generate --help", out, sizeof out, err, sizeof err), 0);
+    cr_assert(strstr(out, "(1: off; default 1)") && strstr(out, "0 is greedy (default 0)"), "%s", out);
+    snprintf(want, sizeof want, "repeat-penalty %g over the last 64 tokens", (double)c.repeat_penalty);
+    cr_assert(strstr(out, want), "generate --help lacks '%s'", want);
+}
+
+// scripts/get-model.sh prints an absolute path, which works from any directory (it printed
+// models/..., true only from the repository's root: issue 41). Run where the model is already
+// fetched (nothing is downloaded here).
+Test(cli, get_model_prints_an_absolute_path) {
+    const char *src = getenv("TRI_TEST_SRC");
+    cr_assert(src, "TRI_TEST_SRC is not set: run through meson test");
+    char script[4096], model[4200], cmd[16384];
+    snprintf(script, sizeof script, "%s/../scripts/get-model.sh", src);
+    snprintf(model, sizeof model, "%s/../models/SmolLM2-135M-Instruct.Q4_1.gguf", src);
+    struct stat sb;
+    if (stat(model, &sb) != 0 || sb.st_size == 0) cr_skip_test("the model is not fetched (scripts/get-model.sh)");
+    snprintf(cmd, sizeof cmd, "cd / && '%s'", script);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    char line[4096] = {0};
+    cr_assert(fgets(line, sizeof line, p));
+    cr_assert_eq(pclose(p), 0);
+    line[strcspn(line, "\n")] = 0;
+    cr_assert(line[0] == '/', "get-model.sh printed '%s'", line);
+    cr_assert(stat(line, &sb) == 0 && sb.st_size > 1000000, "'%s' is not the model", line);
+}
+
 Test(cli, bad_model_files_name_the_file) {
     cr_assert_eq(cli("info -m /nonexistent/model.gguf", out, sizeof out, err, sizeof err), 1);
     cr_assert(strstr(err, "/nonexistent/model.gguf"), "%s", err);
@@ -1246,6 +1287,103 @@ Test(cli, chat_edits_lines_on_a_terminal, .timeout = TT_TIMEOUT(120)) {
     free(t);
 }
 
+// Ctrl-C at the prompt clears a half-typed line and the chat goes on (it used to end the chat); a
+// second Ctrl-C in a row ends it, with status 0 (issue 41).
+Test(cli, chat_ctrl_c_clears_the_line, .timeout = TT_TIMEOUT(120)) {
+    const char *bin = getenv("TRI_OFFLOAD_RUN");
+    cr_assert(bin);
+    const char *m = tiny_model();
+    char home[4096], save[4096], name[64], cmd[16384];
+    snprintf(name, sizeof name, "chat-cc-%d", (int)getpid());
+    snprintf(home, sizeof home, "%s", tt_tmp(name));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", home, home);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(name, sizeof name, "chat-cc-%d/t.json", (int)getpid());
+    snprintf(save, sizeof save, "%s", tt_tmp(name));
+    int fd;
+    pid_t pid = forkpty(&fd, NULL, NULL, NULL);
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        setenv("HOME", home, 1);
+        execl(bin, bin, "chat", "-m", m, "--chat-format", "chatml", "-n", "3", "--ctx", "256", (char *)NULL);
+        _exit(127);
+    }
+    static char buf[1 << 16];
+    size_t n = 0;
+    cr_assert(pty_wait(fd, buf, sizeof buf, &n, "> ", 60), "no prompt: %s", buf);
+    cr_assert_eq(write(fd, "half typed", 10), 10);
+    usleep(200 * 1000);
+    cr_assert_eq(write(fd, "\x03", 1), 1);  // Ctrl-C: the terminal sends SIGINT
+    cr_assert(pty_wait(fd, buf, sizeof buf, &n, "the line is cleared", 30), "no note: %s", buf);
+    cr_assert_eq(write(fd, "hello\r", 6), 6);
+    cr_assert(pty_wait(fd, buf, sizeof buf, &n, "turn 1:", 60), "the chat did not go on: %s", buf);
+    char line[8192];
+    snprintf(line, sizeof line, "/save %s\r", save);
+    cr_assert_eq(write(fd, line, strlen(line)), (ssize_t)strlen(line));
+    cr_assert(pty_wait(fd, buf, sizeof buf, &n, "saved 2 messages", 60), "%s", buf);
+    usleep(200 * 1000);
+    cr_assert_eq(write(fd, "\x03", 1), 1);
+    usleep(300 * 1000);
+    cr_assert_eq(write(fd, "\x03", 1), 1);  // twice: the end
+    pty_wait(fd, buf, sizeof buf, &n, "\x01", 10);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    close(fd);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d: %s", status, buf);
+    char *t = tt_read_file(save, NULL);
+    cr_assert(strstr(t, "\"content\": \"hello\"") && !strstr(t, "half typed"), "the cleared line was sent: %s", t);
+    free(t);
+}
+
+// /save writes the whole chat, the turns dropped from a full context too, and /load of that file
+// restores it (the next turn continues it); an answer that fills the context says it was cut
+// (issue 41: /save left dropped turns out, nothing restored a chat, a cut answer said nothing).
+Test(cli, chat_save_restores_the_whole_chat, .timeout = TT_TIMEOUT(120)) {
+    const char *m = tiny_model();
+    char save[4096], save2[4096], name[64], args[16384];
+    snprintf(name, sizeof name, "chat-all-%d.json", (int)getpid());
+    snprintf(save, sizeof save, "%s", tt_tmp(name));
+    snprintf(name, sizeof name, "chat-all2-%d.json", (int)getpid());
+    snprintf(save2, sizeof save2, "%s", tt_tmp(name));
+    static char in[1 << 14];
+    size_t at = 0;
+    for (int i = 0; i < 6; i++)
+        at += (size_t)snprintf(in + at, sizeof in - at,
+                               "message number %d with a few more words in it to fill the "
+                               "context\n",
+                               i);
+    snprintf(in + at, sizeof in - at, "/save %s\n", save);
+    snprintf(args, sizeof args, "chat -m '%s' --chat-format chatml -n 16 --ctx 128 --temp 0", m);
+    cr_assert_eq(cli_in(args, in, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "dropped the"), "the context never filled: %s", err);
+    cr_assert(strstr(err, "saved 12 messages"), "%s", err);
+    char *t = tt_read_file(save, NULL);
+    for (int i = 0; i < 6; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "message number %d ", i);
+        cr_assert(strstr(t, want), "/save lacks '%s': %s", want, t);
+    }
+    free(t);
+    // restored: the next turn continues the chat, and a second save holds both
+    snprintf(in, sizeof in, "/load %s\nand one more\n/save %s\n", save, save2);
+    cr_assert_eq(cli_in(args, in, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "restored 12 messages"), "%s", err);
+    cr_assert(strstr(err, "saved 14 messages"), "%s", err);
+    t = tt_read_file(save2, NULL);
+    cr_assert(strstr(t, "message number 0 ") && strstr(t, "and one more"), "%s", t);
+    free(t);
+    // a broken saved chat is refused by name, the chat goes on
+    tt_write_file(save2, "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}", 49);
+    snprintf(in, sizeof in, "/load %s\nhello\n", save2);
+    cr_assert_eq(cli_in(args, in, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, save2) && strstr(err, "message 0: want a role") && strstr(err, "turn 1:"), "%s", err);
+    // an answer without a limit fills the context and says it was cut
+    snprintf(args, sizeof args, "chat -m '%s' --chat-format chatml -n 0 --ctx 64 --temp 0", m);
+    cr_assert_eq(cli_in(args, "tell me everything\n", out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "(cut: the context of 64 tokens is full"), "%s", err);
+    unlink(save), unlink(save2);
+}
+
 // Ctrl-C during an answer stops that answer, not the program: the next line is answered, and the
 // end of the input then ends it cleanly.
 Test(cli, chat_sigint_stops_the_answer_not_the_program, .timeout = TT_TIMEOUT(120)) {
@@ -1611,6 +1749,35 @@ Test(cli, generate_several_prompts_as_a_batch, .timeout = TT_TIMEOUT(120)) {
     snprintf(args, sizeof args, "generate -m '%s' -f '%s' -f '%s' --stop x", m, files[0], files[1]);
     cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2, "%s", err);
     cr_assert(strstr(err, "several prompts run as a batch: --stop does not apply"), "%s", err);
+    // --json: the batch's figures and each prompt's (it was refused with several prompts: issue 41)
+    char json[4096];
+    snprintf(json, sizeof json, "%s", tt_tmp("cli-several.json"));
+    unlink(json);
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args,
+                 "generate -m '%s' -f '%s' -f '%s' -f '%s' -n 12 --ids --ignore-eos --batch 8 %s"
+                 "--json '%s'",
+                 m, files[0], files[1], files[2], k ? "--spec draft --draft-ngram 2 " : "", json);
+        cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+        char *text = tt_read_file(json, NULL);
+        struct json_object *root = json_tokener_parse(text), *v, *outs;
+        cr_assert(root, "--json wrote no JSON: %s", text);
+        cr_assert(json_object_object_get_ex(root, "command", &v) && !strcmp(json_object_get_string(v), "generate"));
+        cr_assert(json_object_object_get_ex(root, "prompts", &v) && json_object_get_int(v) == 3, "%s", text);
+        cr_assert(json_object_object_get_ex(root, "generated_tokens", &v) && json_object_get_int(v) == 36, "%s", text);
+        cr_assert(json_object_object_get_ex(root, "outputs", &outs) && json_object_array_length(outs) == 3, "%s", text);
+        for (int i = 0; i < 3; i++) {
+            struct json_object *o = json_object_array_get_idx(outs, (size_t)i);
+            cr_assert(json_object_object_get_ex(o, "source", &v) && !strcmp(json_object_get_string(v), files[i]));
+            cr_assert(json_object_object_get_ex(o, "generated_tokens", &v) && json_object_get_int(v) == 12, "%s", text);
+            cr_assert(json_object_object_get_ex(o, "stop_reason", &v) && !strcmp(json_object_get_string(v), "length"),
+                      "%s", text);
+            cr_assert(json_object_object_get_ex(o, "text", &v), "%s", text);
+        }
+        json_object_put(root);
+        free(text);
+    }
+    unlink(json);
     // --spec: one engine per prompt, generating together; greedy, each prints plain decoding's tokens
     const char *specs[2] = {"--spec draft --draft-ngram 2", "--spec triforce --draft-layers 0 --budget 8 --chunk 4"};
     for (int k = 0; k < 2; k++) {

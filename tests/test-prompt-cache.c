@@ -378,8 +378,9 @@ Test(prompt_cache, stale_file_is_refused, .timeout = TT_TIMEOUT(120)) {
 
 static void write_bytes(const char *path, const void *data, size_t len) { tt_write_file(path, data, len); }
 
-// Truncated files, a flipped byte in the header, the token table or a block of rows, a file that
-// is no prompt cache: each refused as BAD_FORMAT with the reason, the session left empty.
+// Truncated files, a flipped byte in the header, the token table or the first block of rows, a
+// file that is no prompt cache: each refused as BAD_FORMAT with the reason, the session left
+// empty. A flipped byte in a later block keeps the blocks before it (issue 41).
 Test(prompt_cache, corrupt_file_is_refused, .timeout = TT_TIMEOUT(120)) {
     tri_model *m = load_model("c", MODEL_A);
     static int32_t prompt[N_PROMPT];
@@ -415,7 +416,6 @@ Test(prompt_cache, corrupt_file_is_refused, .timeout = TT_TIMEOUT(120)) {
         {60, "header's checksum"},                  // n_head_kv
         {128 + 4 * 700, "tokens and block table"},  // a token id
         {h.region_bytes + 1000, "block 0"},
-        {len - 5000, "block 2"},  // the last block
     };
     for (size_t i = 0; i < sizeof flips / sizeof *flips; i++) {
         file[flips[i].at] ^= 0x10;
@@ -424,17 +424,82 @@ Test(prompt_cache, corrupt_file_is_refused, .timeout = TT_TIMEOUT(120)) {
         // the whole prompt run afterwards once (the others leave the session as empty)
         assert_refused(s, bad, prompt, N_PROMPT, TRI_STATUS_BAD_FORMAT, flips[i].words, i == 2 ? &fresh : NULL);
     }
+    // a later block that fails keeps the good prefix: blocks 0 and 1 (512 tokens each) load, the
+    // rest is prefilled, and the output is the fresh run's
+    tri_prompt_cache_stats cs;
+    for (int blk = 1; blk <= 2; blk++) {
+        size_t at = blk == 2 ? len - 5000 : (size_t)(h.region_bytes + h.block_bytes + 777);
+        file[at] ^= 0x10;
+        write_bytes(bad, file, len);
+        file[at] ^= 0x10;
+        cr_assert_eq(tri_session_load_prompt(s, bad, prompt, N_PROMPT, &cs), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert(cs.damaged, "block %d: damaged", blk);
+        cr_assert_not(cs.logits);
+        cr_assert_eq(cs.n_tokens, blk * h.block_tokens, "block %d bad: %d tokens kept", blk, cs.n_tokens);
+        cr_assert_eq(tri_session_n_past(s), blk * h.block_tokens);
+        int32_t n_prefilled = 0;
+        tokens out = run(s, prompt, cs.n_tokens, N_PROMPT, NULL, &n_prefilled);
+        cr_assert_eq(n_prefilled, N_PROMPT - cs.n_tokens);
+        assert_same(&out, &fresh, "the good prefix of a damaged file");
+    }
     // a block past the prefix wanted is not read, so its corruption does not matter to this prompt
     file[len - 5000] ^= 0x10;
     write_bytes(bad, file, len);
-    tri_prompt_cache_stats cs;
     cr_assert_eq(tri_session_load_prompt(s, bad, prompt, 1000, &cs), TRI_STATUS_OK, "%s", tri_last_error());
     cr_assert_eq(cs.n_tokens, 999);
+    cr_assert_not(cs.damaged);
 
     tri_session_free(s);
     unlink(bad);
     unlink(good);
     free(file);
+    tri_model_free(m);
+}
+
+// ---- files that are not ours ----
+
+// A path that holds something other than a prompt cache (a document given as --prompt-cache by
+// mistake, a directory) is refused by the save with a message naming it, and left as it was; an
+// empty file and a cache of ours (stale: another prompt) are replaced. Issue 41, item 1.
+Test(prompt_cache, foreign_file_is_not_replaced, .timeout = TT_TIMEOUT(120)) {
+    tri_model *m = load_model("foreign", "--seed 5 --layers 1 --vocab 300");
+    tri_session *s = new_session(m, TRI_DTYPE_F16, 0, 64);
+    int32_t tok[3] = {1, 2, 3};
+    cr_assert_eq(tri_session_eval(s, tok, 3, false), TRI_STATUS_OK, "%s", tri_last_error());
+    char doc[4096];
+    snprintf(doc, sizeof doc, "%s", cache_path("doc"));
+    static const char text[] = "A document the user meant to give with -f, not --prompt-cache.\n";
+    write_bytes(doc, text, sizeof text - 1);
+    cr_assert_eq(tri_prompt_cache_writable(doc), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(tri_session_save_prompt(s, doc, tok, 3, NULL), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), doc) && strstr(tri_last_error(), "not a prompt cache") &&
+                  strstr(tri_last_error(), "not replaced"),
+              "%s", tri_last_error());
+    size_t len;
+    char *back = tt_read_file(doc, &len);
+    cr_assert(len == sizeof text - 1 && memcmp(back, text, len) == 0, "the document is unchanged");
+    free(back);
+    // a file that starts with our magic but whose header fails its checksum is not known to be ours
+    unsigned char fake[256] = "TRIKVPC";
+    write_bytes(doc, fake, sizeof fake);
+    cr_assert_eq(tri_session_save_prompt(s, doc, tok, 3, NULL), TRI_STATUS_INVALID_ARGUMENT);
+    // a directory
+    cr_assert_eq(tri_session_save_prompt(s, "/tmp", tok, 3, NULL), TRI_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(tri_last_error(), "directory"), "%s", tri_last_error());
+    // an empty file is written; then, holding a cache of ours, replaced by another prompt's
+    write_bytes(doc, "", 0);
+    cr_assert_eq(tri_prompt_cache_writable(doc), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_save_prompt(s, doc, tok, 3, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_session_eval(s, tok, 2, false), TRI_STATUS_OK, "%s", tri_last_error());
+    int32_t five[5] = {1, 2, 3, 1, 2};
+    cr_assert_eq(tri_session_save_prompt(s, doc, five, 5, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    int32_t *held, n_held;
+    cr_assert_eq(tri_prompt_cache_tokens(doc, &held, &n_held), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(n_held, 5);
+    free(held);
+    cr_assert_eq(tri_prompt_cache_writable(NULL), TRI_STATUS_INVALID_ARGUMENT);
+    unlink(doc);
+    tri_session_free(s);
     tri_model_free(m);
 }
 
@@ -553,6 +618,29 @@ Test(prompt_cache, cli_generate, .timeout = TT_TIMEOUT(120)) {
     cr_assert(r, "%s", err);
     int reused = atoi(r + strlen("prompt cache: reused "));
     cr_assert(reused > 20, "%s", err);
+
+    // a document given as --prompt-cache (or --json) by mistake: refused before anything runs, unchanged
+    char doc[4096];
+    snprintf(doc, sizeof doc, "%s", cache_path("cli-doc"));
+    static const char text[] = "chapter one\n";
+    tt_write_file(doc, text, sizeof text - 1);
+    for (int k = 0; k < 2; k++) {
+        n = snprintf(args, sizeof args, "generate -m '%s' -p x -n 2 %s '%s'", model, k ? "--json" : "--prompt-cache",
+                     doc);
+        cr_assert(n > 0 && (size_t)n < sizeof args);
+        cr_assert_neq(cli(args, out, sizeof out, err, sizeof err), 0);
+        cr_assert(strstr(err, doc) && strstr(err, "not replaced"), "%s", err);
+        size_t dl;
+        char *d = tt_read_file(doc, &dl);
+        cr_assert(dl == sizeof text - 1 && memcmp(d, text, dl) == 0, "%s is unchanged", doc);
+        free(d);
+    }
+    // a --json file of ours is replaced
+    tt_write_file(doc, "", 0);
+    n = snprintf(args, sizeof args, "generate -m '%s' -p x -n 2 --json '%s'", model, doc);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    unlink(doc);
 
     n = snprintf(args, sizeof args, "generate -m '%s' -p x --spec draft --draft-ngram 2 --prompt-cache '%s'", model,
                  path);

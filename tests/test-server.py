@@ -24,7 +24,10 @@ Prints 'N passed, N failed' last.
 """
 import http.client
 import json
+import base64
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -55,6 +58,7 @@ probe = subprocess.run([CLI, "serve", "--help"], capture_output=True, text=True)
 if probe.returncode != 0:
     skip("offload-run was built without the server: " + probe.stderr.strip())
 
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SCALE = float(os.environ.get("TRI_TEST_TIME_SCALE", "1"))  # sanitizer builds are slower
 CTX = 512
 
@@ -62,11 +66,11 @@ CTX = 512
 class Server:
     """The server process: its port, and its stderr lines as they come."""
 
-    def __init__(self, *extra):
+    def __init__(self, *extra, slots=2):
         self.lines = []
         self.cond = threading.Condition()
-        cmd = [CLI, "serve", "-m", MODEL, "--port", "0", "--slots", "2", "--queue", "1", "--ctx", str(CTX),
-               "--temp", "0", "--api-key", KEY, *extra]
+        cmd = [CLI, "serve", "-m", MODEL, "--port", "0", *(["--slots", str(slots)] if slots else []), "--queue", "1",
+               "--ctx", str(CTX), "--temp", "0", "--api-key", KEY, *extra]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         threading.Thread(target=self._read, daemon=True).start()
         line = self.wait_line(lambda l: l.startswith("listening on "), 120 * SCALE)
@@ -156,10 +160,14 @@ def extra(obj, name):
 
 
 passed = failed = 0
+# TRI_TEST_ONLY=name,name runs only those checks (for working on one; CI runs them all)
+ONLY = set(filter(None, os.environ.get("TRI_TEST_ONLY", "").split(",")))
 
 
 def check(name, fn):
     global passed, failed
+    if ONLY and name not in ONLY:
+        return
     t = time.time()
     try:
         fn()
@@ -367,9 +375,15 @@ def t_garbage():
 
 
 def t_unknown_model():
+    # a request names any model (LangChain sends gpt-3.5-turbo): the one model answers; looking an
+    # unknown one up is 404
+    r = client.chat.completions.create(model="gpt-3.5-turbo", messages=[{"role": "user", "content": Q1}],
+                                       max_tokens=N, temperature=0)
+    want = cli_text(["--chat", "-p", Q1, "-n", str(N), "--temp", "0"])
+    expect(r.choices[0].message.content == want and r.model == MODEL_ID, f"{r.model}: {r.choices[0].message.content!r}")
     try:
-        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-        raise AssertionError("an unknown model was accepted")
+        client.models.retrieve("gpt-4o")
+        raise AssertionError("an unknown model was found")
     except openai.NotFoundError as e:
         expect(e.status_code == 404 and e.code == "model_not_found", f"{e.status_code} {e.code}")
     st, b = raw(PORT, "GET", "/v1/nothing")
@@ -408,6 +422,297 @@ def t_api_key():
     st, b = raw(PORT, "POST", "/v1/chat/completions", body={"messages": [{"role": "user", "content": "hi"}]},
                 headers={"Authorization": "Bearer sk-wrong"})
     expect_error(st, b, 401)
+
+
+def t_leniency():
+    """What clients assume (issue 41, item 6): routes without /v1 and with trailing slashes, HEAD
+    /health, a lower-case bearer, integral floats for integers, llama.cpp's fields."""
+    hi = {"messages": [{"role": "user", "content": Q1}], "max_tokens": 3, "temperature": 0}
+    for path in ("/chat/completions", "/v1/chat/completions/", "/chat/completions//"):
+        st, b = raw(PORT, "POST", path, body=hi)
+        expect(st == 200 and b["object"] == "chat.completion", f"POST {path}: {st} {b}")
+    for path in ("/models", "/v1/models/", "/health/", f"/models/{MODEL_ID}"):
+        st, b = raw(PORT, "GET", path)
+        expect(st == 200, f"GET {path}: {st} {b}")
+    st, b = raw(PORT, "POST", "/completions", body={"prompt": "One, two,", "max_tokens": 2})
+    expect(st == 200 and b["object"] == "text_completion", f"/completions: {st} {b}")
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30 * SCALE)
+    c.request("HEAD", "/health")
+    r = c.getresponse()
+    expect(r.status == 200 and r.read() == b"", f"HEAD /health: {r.status}")
+    c.close()
+    st, b = raw(PORT, "POST", "/v1/chat/completions", body=hi, headers={"Authorization": f"bearer {KEY}"})
+    expect(st == 200, f"lower-case bearer: {st} {b}")
+    st, b = raw(PORT, "POST", "/v1/chat/completions", body={**hi, "max_tokens": 3.0, "top_k": 40.0, "seed": 7.0})
+    expect(st == 200 and b["usage"]["completion_tokens"] <= 3, f"max_tokens 3.0: {st} {b}")
+    st, b = raw(PORT, "POST", "/v1/chat/completions", body={**hi, "max_tokens": 3.5})
+    expect_error(st, b, 400, param="max_tokens")
+    # llama.cpp's fields: neutral values and the ignored ones accepted, the rest refused by name
+    st, b = raw(PORT, "POST", "/v1/chat/completions",
+                body={**hi, "typical_p": 1.0, "mirostat": 0, "mirostat_tau": 5.0, "tfs_z": 1, "grammar": "",
+                      "n_keep": 4, "samplers": ["top_k"], "id_slot": -1, "penalize_nl": False, "repeat_last_n": 64})
+    expect(st == 200, f"llama.cpp's fields: {st} {b}")
+    for field, value in (("typical_p", 0.5), ("mirostat", 2), ("grammar", 'root ::= "yes"'), ("dry_multiplier", 0.8)):
+        st, b = raw(PORT, "POST", "/v1/chat/completions", body={**hi, field: value})
+        expect_error(st, b, 400, param=field)
+    # repeat_last_n 0 turns the penalties off, as in llama.cpp: greedy text without them
+    prompt = "One, two, three, four,"
+    st, b = raw(PORT, "POST", "/v1/completions",
+                body={"prompt": prompt, "max_tokens": N, "temperature": 0, "repeat_last_n": 0})
+    want = cli_text(["-p", prompt, "-n", str(N), "--temp", "0", "--repeat-penalty", "1"])
+    expect(st == 200 and b["choices"][0]["text"] == want, f"repeat_last_n 0: {b}, without penalties {want!r}")
+
+
+def t_prefill():
+    """A final assistant message is continued (llama-server's prefill, HF's continue_final_message):
+    the answer is what the model gives after the conversation rendered by jinja2 from the model's own
+    template (the gguf package reads it) and the message's text."""
+    try:
+        import gguf
+        import jinja2.sandbox
+    except ImportError as e:
+        raise AssertionError(f"the gguf and jinja2 packages are needed: {e}")
+    f = gguf.GGUFReader(MODEL).fields["tokenizer.chat_template"]
+    tmpl = bytes(f.parts[f.data[0]]).decode()
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    start = "The capital of France is the city of"
+    text = env.from_string(tmpl).render(messages=[{"role": "user", "content": Q1}], add_generation_prompt=True) + start
+    tok = subprocess.run([CLI, "tokenize", "-m", MODEL, "-f", "-", "--ids", "--special", "--no-bos"], input=text,
+                         capture_output=True, text=True, timeout=60 * SCALE)
+    ids = [int(x) for x in tok.stdout.split()]
+    st, b = raw(PORT, "POST", "/v1/completions", body={"prompt": ids, "max_tokens": N, "temperature": 0})
+    expect(st == 200, f"{st} {b}")
+    r = client.chat.completions.create(model=MODEL_ID, max_tokens=N, temperature=0, messages=[
+        {"role": "user", "content": Q1}, {"role": "assistant", "content": start}])
+    expect(r.usage.prompt_tokens == len(ids), f"prompt {r.usage.prompt_tokens} tokens, jinja2's {len(ids)}")
+    expect(r.choices[0].message.content == b["choices"][0]["text"],
+           f"continued {r.choices[0].message.content!r}, after jinja2's rendering {b['choices'][0]['text']!r}")
+    st, b = raw(PORT, "POST", "/v1/chat/completions", body={"messages": [{"role": "assistant", "content": "x"}]})
+    expect_error(st, b, 400, param="messages")
+
+
+def t_llama_endpoints():
+    """/tokenize and /detokenize (ids against HF tokenizers built from the GGUF, as the smollm2
+    suite's reference does), /props, /slots and /metrics (Prometheus text: every sample line parses
+    and the counters grow with a request)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference"))
+    import gguf
+    from smollm2_ref import load_tokenizer
+    tok, _ = load_tokenizer(gguf.GGUFReader(MODEL), MODEL)
+    text = "Hello, world! 1234 <|im_start|>user\nCafé ☕ naïve"
+    st, b = raw(PORT, "POST", "/tokenize", body={"content": text})
+    want = tok.encode(text, add_special_tokens=False).ids
+    expect(st == 200 and b["tokens"] == want, f"/tokenize {b}, HF tokenizers {want}")
+    st, b2 = raw(PORT, "POST", "/v1/tokenize", body={"content": text, "parse_special": False})
+    expect(st == 200 and b2["tokens"] != want and 1 not in b2["tokens"], f"parse_special false: {b2}")
+    st, p = raw(PORT, "POST", "/tokenize", body={"content": "naïve ☕", "with_pieces": True})
+    expect(st == 200 and all(set(e) == {"id", "piece"} for e in p["tokens"]), f"with_pieces {p}")
+    joined = b"".join(e["piece"].encode() if isinstance(e["piece"], str) else bytes(e["piece"]) for e in p["tokens"])
+    expect(joined.decode() == "naïve ☕", f"pieces {p}")
+    st, d = raw(PORT, "POST", "/detokenize", body={"tokens": want})
+    expect(st == 200 and d["content"] == tok.decode(want, skip_special_tokens=False) == text, f"/detokenize {d}")
+    for path, body, param in (("/tokenize", {"content": 3}, "content"), ("/detokenize", {"tokens": [1e9]}, "tokens[0]"),
+                              ("/tokenize", {"content": "x", "bogus": 1}, "bogus")):
+        st, e = raw(PORT, "POST", path, body=body)
+        expect_error(st, e, 400, param=param)
+    st, pr = raw(PORT, "GET", "/props")
+    expect(st == 200 and pr["total_slots"] == 2 and pr["default_generation_settings"]["n_ctx"] == CTX and
+           pr["default_generation_settings"]["params"]["temperature"] == 0 and pr["model_alias"] == MODEL_ID, f"{pr}")
+    st, sl = raw(PORT, "GET", "/slots")
+    expect(st == 200 and [x["id"] for x in sl] == [0, 1] and all(x["n_ctx"] == CTX for x in sl), f"/slots {sl}")
+
+    def metrics():
+        c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30 * SCALE)
+        c.request("GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+        r = c.getresponse()
+        body = r.read().decode()
+        expect(r.status == 200 and r.getheader("Content-Type").startswith("text/plain"), f"{r.status}")
+        vals, types = {}, {}
+        for line in body.splitlines():
+            if line.startswith("# TYPE "):
+                _, _, name, kind = line.split()
+                types[name] = kind
+            elif line and not line.startswith("#"):
+                name, value = line.split(" ")
+                expect(re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", name), f"metric name {name!r}")
+                vals[name] = float(value)
+        expect(set(vals) == set(types) and "llamacpp:prompt_tokens_total" in vals, f"metrics {body}")
+        return vals
+
+    m0 = metrics()
+    r = client.completions.create(model=MODEL_ID, prompt="Counting: one, two,", max_tokens=4, temperature=0)
+    m1 = metrics()
+    expect(m1["llamacpp:tokens_predicted_total"] - m0["llamacpp:tokens_predicted_total"] == r.usage.completion_tokens
+           and m1["llamacpp:n_decode_total"] > m0["llamacpp:n_decode_total"] and m1["triforce:requests_total"] ==
+           m0["triforce:requests_total"] + 1, f"before {m0}, after {m1}")
+    st, e = raw(PORT, "GET", "/metrics", headers={"Authorization": ""})
+    expect_error(st, e, 401)
+
+
+def t_page():
+    """GET / is the chat page: HTML with no external assets (no URL to another site, no script or
+    style file), whose script node accepts; no key needed for it."""
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30 * SCALE)
+    c.request("GET", "/")
+    r = c.getresponse()
+    page = r.read().decode()
+    c.close()
+    expect(r.status == 200 and r.getheader("Content-Type").startswith("text/html"), f"GET / {r.status}")
+    for id_ in ("system", "log", "input", "send", "stop", "key"):
+        expect(f'id="{id_}"' in page, f"no #{id_}")
+    expect(not re.search(r"(src|href)\s*=|@import|url\(|https?://", page), "the page loads something from elsewhere")
+    expect("/v1/chat/completions" in page and "stream: true" in page and "triforce" in page, "not the chat page")
+    node = shutil.which("node")
+    if node:
+        script = page.split("<script>", 1)[1].split("</script>", 1)[0]
+        r = subprocess.run([node, "--check", "-"], input=script, capture_output=True, text=True, timeout=60)
+        expect(r.returncode == 0, f"the page's script does not parse: {r.stderr}")
+
+
+class Browser:
+    """Headless Chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe: JSON
+    messages ended by NUL on fds 3 and 4), no package needed."""
+
+    def __init__(self, profile):
+        r1, w1 = os.pipe()
+        r2, w2 = os.pipe()
+
+        def fds():
+            os.dup2(r1, 3)
+            os.dup2(w2, 4)
+
+        self.proc = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                                      "--remote-debugging-pipe", f"--user-data-dir={profile}", "about:blank"],
+                                     pass_fds=(3, 4), preexec_fn=fds, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        os.close(r1)
+        os.close(w2)
+        self.w, self.r = os.fdopen(w1, "wb", buffering=0), os.fdopen(r2, "rb", buffering=0)
+        self.buf, self.id, self.session = b"", 0, None
+
+    def call(self, method, params=None, session=True):
+        self.id += 1
+        msg = {"id": self.id, "method": method, "params": params or {}}
+        if session and self.session:
+            msg["sessionId"] = self.session
+        self.w.write(json.dumps(msg).encode() + b"\0")
+        while True:
+            while b"\0" not in self.buf:
+                chunk = self.r.read(1 << 16)
+                if not chunk:
+                    raise RuntimeError("chromium went away")
+                self.buf += chunk
+            m, self.buf = self.buf.split(b"\0", 1)
+            m = json.loads(m)
+            if m.get("id") == self.id:
+                if "error" in m:
+                    raise RuntimeError(f"{method}: {m['error']}")
+                return m["result"]
+
+    def open(self, url):
+        t = self.call("Target.createTarget", {"url": url}, session=False)["targetId"]
+        self.session = self.call("Target.attachToTarget", {"targetId": t, "flatten": True}, session=False)["sessionId"]
+
+    def eval(self, js):
+        r = self.call("Runtime.evaluate", {"expression": js, "returnByValue": True, "awaitPromise": True})
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"{js}: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    def wait(self, js, timeout, what):
+        end = time.time() + timeout * SCALE
+        while time.time() < end:
+            if self.eval(js):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def close(self):
+        try:
+            self.call("Browser.close", session=False)
+            self.proc.wait(10)
+        except Exception:  # noqa: BLE001 - it is going anyway
+            self.proc.kill()
+
+
+def t_browser():
+    """The chat page in headless Chromium: a message with a system prompt streams the greedy answer
+    offload-run generate --chat gives, with the run's figures; Stop ends a long answer early. The
+    screenshot goes to $TRI_TEST_ARTIFACTS (CI keeps it), else the build directory."""
+    if not CHROMIUM:
+        raise AssertionError("chromium is not installed (scripts/install-deps.sh installs it)")
+    system, q = "Answer in one short sentence.", "What is the capital of France?"
+    want = cli_text(["--chat", "--system", system, "-p", q, "--temp", "0", "--ctx", str(CTX)])
+    b = Browser(os.path.join(os.getcwd(), f"chromium-profile-{os.getpid()}"))
+    try:
+        b.open(f"http://127.0.0.1:{PORT}/")
+        b.wait("typeof send === 'function' && document.readyState === 'complete'", 30, "the page")
+        b.eval(f"document.getElementById('key').value = {json.dumps(KEY)};"
+               f"document.getElementById('system').value = {json.dumps(system)};"
+               f"document.getElementById('input').value = {json.dumps(q)};"
+               "document.getElementById('send').click(); true")
+        seen = set()
+        end = time.time() + 120 * SCALE
+        while b.eval("document.body.dataset.state") != "idle" and time.time() < end:
+            seen.add(b.eval("document.querySelector('.assistant') ? document.querySelector('.assistant').textContent : ''"))
+            time.sleep(0.05)
+        text = b.eval("document.querySelector('.assistant').textContent")
+        figs = b.eval("document.querySelector('.figures').textContent")
+        expect(text == want, f"the page shows {text!r}, offload-run generate --chat gives {want!r}")
+        expect(re.search(r"slot \d, prompt \d+ tokens \(\d+ cached\), \d+ generated \(stop\)", figs), f"figures {figs!r}")
+        partial = [t for t in seen if t and t != want]
+        expect(partial, "no partial text was seen: not streamed")
+        shot = b.call("Page.captureScreenshot", {"format": "png"})["data"]
+        out = os.environ.get("TRI_TEST_ARTIFACTS", os.getcwd())
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "server-chat-page.png"), "wb") as f:
+            f.write(base64.b64decode(shot))
+        # Stop: a long answer (a story, no limit) ends at once, marked stopped, and the slot is freed
+        b.eval("document.getElementById('input').value = 'Write a long story about a dragon.';"
+               "document.body.dataset.state = 'busy'; document.getElementById('send').click(); true")
+        b.wait("document.querySelectorAll('.assistant')[1].textContent.length > 20", 60, "the story to begin")
+        b.eval("document.getElementById('stop').click(); true")
+        b.wait("document.body.dataset.state === 'idle'", 10, "Stop to end the answer")
+        expect(b.eval("document.querySelectorAll('.figures')[1].textContent") == "stopped", "not marked stopped")
+        wait_until(lambda: raw(PORT, "GET", "/health")[1]["slots_busy"] == 0, 10, "the slot to be freed")
+    finally:
+        b.close()
+        shutil.rmtree(os.path.join(os.getcwd(), f"chromium-profile-{os.getpid()}"), ignore_errors=True)
+
+
+def t_cors():
+    """--cors: a preflight from a listed origin gets the methods and headers, a request its
+    Access-Control-Allow-Origin; another origin's preflight is 403 naming it; no --cors, no CORS."""
+    a, other = "http://localhost:3000", "http://evil.example"
+    c = Server("--slots", "1", "--cors", f"{a},http://127.0.0.1:5173")
+    try:
+        for port, origin, want in ((c.port, a, 204), (c.port, other, 403), (PORT, a, 403)):
+            h = http.client.HTTPConnection("127.0.0.1", port, timeout=30 * SCALE)
+            h.request("OPTIONS", "/v1/chat/completions", headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type"})
+            r = h.getresponse()
+            body = r.read().decode()
+            expect(r.status == want, f"preflight from {origin}: {r.status} {body}")
+            if want == 204:
+                expect(r.getheader("Access-Control-Allow-Origin") == origin and
+                       "POST" in r.getheader("Access-Control-Allow-Methods") and
+                       "authorization" in r.getheader("Access-Control-Allow-Headers").lower(), str(r.getheaders()))
+            else:
+                expect(origin in json.loads(body)["error"]["message"] and
+                       r.getheader("Access-Control-Allow-Origin") is None, body)
+            h.close()
+        h = http.client.HTTPConnection("127.0.0.1", c.port, timeout=60 * SCALE)
+        h.request("POST", "/v1/chat/completions", body=json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                                                                   "max_tokens": 2}),
+                  headers={"Origin": a, "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        r = h.getresponse()
+        r.read()
+        expect(r.status == 200 and r.getheader("Access-Control-Allow-Origin") == a, str(r.getheaders()))
+        h.close()
+    finally:
+        rc = c.stop()
+    expect(rc == 0, f"exit status {rc}")
 
 
 def open_stream(prompt, n, stream=True):
@@ -494,10 +799,46 @@ def t_seed_and_stop():
            f"stop {cut!r}: {r.choices[0].text!r} ({r.choices[0].finish_reason}), the whole text {full!r}")
 
 
+def t_interleaved():
+    """Two conversations about two documents, their turns interleaved on a server of two slots:
+    each keeps its own slot and its cache (issue 41: the template and preamble every prompt shares
+    pulled the second conversation onto the first's slot, and each turn re-prefilled its document)."""
+    pre = "Read the document below, then answer the question about it in one sentence.\n\n"
+    docs = [pre + "The lighthouse keeper of Skerryvore kept a log of every ship that passed the reef, the weather "
+            "at dawn and dusk, and the oil the lamp burnt each night. In the winter of 1868 a storm broke the "
+            "lantern glass and he kept the light burning with a hand lamp for three nights until the relief boat "
+            "could land. The log says the boat brought glass, oil, bread and a letter from his sister in Oban.",
+            pre + "Sourdough bread rises because wild yeasts and lactic acid bacteria in the starter ferment the "
+            "flour's sugars, making carbon dioxide that the gluten network traps. Bakers feed the starter with "
+            "flour and water each day, keep a part of it, and judge its strength by how much it grows in four "
+            "hours at room temperature; a weak starter gives a dense loaf with a sour, flat taste."]
+    qs = [["What broke in 1868?", "What did the boat bring?"], ["Why does the bread rise?", "How is it fed?"]]
+    convs = [[{"role": "user", "content": docs[i] + "\n\nQuestion: " + qs[i][0]}] for i in range(2)]
+    slots, cached, prompts = [[], []], [[], []], [[], []]
+    for turn in range(2):
+        for i in range(2):
+            if turn:
+                convs[i].append({"role": "user", "content": qs[i][1]})
+            r = client.chat.completions.create(model=MODEL_ID, messages=convs[i], max_tokens=8, temperature=0)
+            convs[i].append({"role": "assistant", "content": r.choices[0].message.content})
+            tf = extra(r, "triforce")
+            slots[i].append(tf["slot"])
+            cached[i].append(tf["cached_tokens"])
+            prompts[i].append(r.usage.prompt_tokens)
+    expect(slots[0][0] == slots[0][1] and slots[1][0] == slots[1][1] and slots[0][0] != slots[1][0],
+           f"slots of conversation 0: {slots[0]}, of conversation 1: {slots[1]}")
+    for i in range(2):
+        expect(cached[i][1] >= prompts[i][0], f"conversation {i}: turn 2 took {cached[i][1]} tokens from the cache, "
+               f"turn 1's prompt was {prompts[i][0]}")
+
+
 for name, fn in [("models", t_models), ("chat", t_chat), ("chat_stream", t_chat_stream),
                  ("completions", t_completions), ("second_turn_cached", t_second_turn),
+                 ("interleaved_conversations_keep_their_slots", t_interleaved),
                  ("two_clients", t_two_clients), ("invalid_json", t_invalid_json), ("garbage", t_garbage), ("wrong_types", t_wrong_types),
                  ("unknown_model", t_unknown_model), ("too_long_prompt", t_too_long), ("api_key", t_api_key),
+                 ("leniency", t_leniency), ("prefill", t_prefill), ("llama_server_endpoints", t_llama_endpoints),
+                 ("chat_page", t_page), ("chat_page_in_chromium", t_browser), ("cors", t_cors),
                  ("seed_and_stop", t_seed_and_stop), ("disconnect_mid_stream", t_disconnect),
                  ("busy_503", t_busy_503)]:
     check(name, fn)
@@ -710,6 +1051,116 @@ def t_prefill_split():
     expect(rc == 0, f"the server exited with {rc}:\n" + "".join(b.lines[-20:]))
 
 
+def sse_lines(port, body, on_line, timeout=300):
+    """Streams a completion on a raw connection, calling on_line(line) for every line of the SSE
+    body (comments included) as it comes; returns every line."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout * SCALE)
+    c.request("POST", "/v1/completions", body=json.dumps(body),
+              headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    r = c.getresponse()
+    expect(r.status == 200, f"status {r.status}")
+    lines = []
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        line = line.decode().rstrip("\n")
+        lines.append(line)
+        on_line(line)
+    c.close()
+    return lines
+
+
+def t_shutdown():
+    """SIGTERM while a stream decodes and another waits: the running stream ends with a closing
+    chunk (finish_reason) and [DONE], the queued one with an error event and [DONE], within a bounded
+    time; the server exits with 0 (issue 41: streams were cut, logged as the client going away)."""
+    b = Server("--slots", "1", "--queue", "2")
+    out, got_token, t_sig = [None, None], threading.Event(), {}
+
+    def run(i):
+        def on_line(line):
+            if i == 0 and line.startswith("data: {") and '"text": ""' not in line:
+                got_token.set()
+        try:
+            out[i] = sse_lines(b.port, {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0,
+                                        "ignore_eos": True, "stream": True}, on_line)
+        except Exception as e:  # noqa: BLE001 - reported below
+            out[i] = e
+
+    th = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    try:
+        th[0].start()
+        expect(got_token.wait(60 * SCALE), "no token came")
+        th[1].start()
+        wait_until(lambda: raw(b.port, "GET", "/health")[1]["queued"] == 1, 30, "the second request to queue")
+        t_sig["t"] = time.time()
+        b.proc.send_signal(signal.SIGTERM)
+        for t in th:
+            t.join(30 * SCALE)
+        took = time.time() - t_sig["t"]
+        rc = b.proc.wait(30 * SCALE)
+    finally:
+        b.stop()
+    expect(rc == 0, f"exit status {rc}:\n" + "".join(b.lines[-20:]))
+    expect(took < 12 * SCALE, f"the streams ended {took:.1f} s after SIGTERM")
+    run0 = [json.loads(l[6:]) for l in out[0] if l.startswith("data: {")]
+    expect(out[0][-2:] == ["data: [DONE]", ""] or out[0][-1] == "data: [DONE]", f"the running stream ends {out[0][-3:]}")
+    closing = [e for e in run0 if e.get("choices") and e["choices"][0].get("finish_reason")]
+    expect(len(closing) == 1 and closing[0]["choices"][0]["finish_reason"] == "stop", f"closing chunk {closing}")
+    expect(0 < len(run0) - 1 < 400, f"{len(run0)} events: the answer was not cut")
+    expect(isinstance(out[1], list) and "data: [DONE]" in out[1], f"the queued stream: {out[1]}")
+    err = [json.loads(l[6:]) for l in out[1] if l.startswith("data: {")]
+    expect(err and err[0]["error"]["code"] == "server_busy", f"the queued stream's event: {err}")
+    expect(any("the server is stopping" in l for l in b.lines) and
+           not any("the client went away" in l for l in b.lines), "".join(b.lines[-10:]))
+
+
+def t_keep_alive():
+    """A stream whose prompt takes a while to prefill gets SSE comments before its first token."""
+    long_prompt = " ".join([DOC] * 5) + " In one word, the lamp burned"
+    b = Server("--slots", "1", "--ctx", "1024", "--batch", "16", "--keep-alive", "0.2")
+    try:
+        lines = sse_lines(b.port, {"prompt": long_prompt, "max_tokens": 2, "temperature": 0, "stream": True},
+                          lambda l: None)
+    finally:
+        rc = b.stop()
+    first = next(i for i, l in enumerate(lines) if l.startswith("data: "))
+    comments = [l for l in lines[:first] if l.startswith(": keep-alive")]
+    expect(comments and "prompt" in comments[-1], f"before the first token: {lines[:first]}")
+    done = [int(c.split("prompt ")[1].split(" ")[0]) for c in comments if "prompt " in c]
+    expect(done == sorted(done) and done[-1] > 0, f"progress {done}")
+    expect(lines[-2:] == ["data: [DONE]", ""] or lines[-1] == "data: [DONE]", lines[-3:])
+    expect(rc == 0, f"exit status {rc}")
+
+
+def t_bind_first():
+    """The port is bound before the model loads: a port in use fails at once, before the model is
+    read; a host beyond this machine without an API key is warned about."""
+    busy_sock = socket.socket()
+    busy_sock.bind(("127.0.0.1", 0))
+    busy_sock.listen(1)
+    port = busy_sock.getsockname()[1]
+    r = subprocess.run([CLI, "serve", "-m", MODEL, "--port", str(port)], capture_output=True, text=True,
+                       timeout=60 * SCALE)
+    busy_sock.close()
+    expect(r.returncode == 1 and "cannot listen" in r.stderr, f"status {r.returncode}: {r.stderr}")
+    expect("chat format" not in r.stderr, f"the model was loaded first: {r.stderr}")
+    w = subprocess.Popen([CLI, "serve", "-m", MODEL, "--host", "0.0.0.0", "--port", "0", "--slots", "1"],
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "TRI_SERVER_API_KEY": ""})
+    err = ""
+    try:
+        for line in w.stderr:
+            err += line
+            if line.startswith("listening on"):
+                break
+        expect("warning: listening on 0.0.0.0" in err and "without an API key" in err, err)
+        expect(err.index("warning: listening") < err.index("chat format"), f"warned after the load: {err}")
+    finally:
+        w.send_signal(signal.SIGTERM)
+        w.wait(60 * SCALE)
+
+
 def t_spec_batch():
     """Three concurrent greedy clients of a speculative server (prompt-lookup drafts, L2 and L3)
     each get plain decoding's text for its prompt alone, and the engines' passes were shared."""
@@ -737,6 +1188,35 @@ def t_spec_batch():
     expect(rc == 0, f"the server exited with {rc}:\n" + "".join(b.lines[-20:]))
 
 
+def t_default_slots():
+    """Without --slots, on the CPU: as many slots as a context's KV cache fits in a quarter of the
+    memory available, 1 to 4, the rule printed; with --spec one."""
+    d = Server(slots=None)
+    try:
+        line = d.wait_line(lambda l: l.startswith("slots: "), 10)
+        expect(line and "--slots not given" in line and "quarter" in line, f"no rule line: {d.lines}")
+        n = int(line.split()[1])
+        st, h = raw(d.port, "GET", "/health")
+        expect(st == 200 and h["slots"] == n and 1 <= n <= 4, f"health {h}, the rule says {line!r}")
+        avail = [int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("MemAvailable:")][0]
+        per_slot = 2 * 30 * 3 * 64 * 2 * CTX  # SmolLM2-135M: 30 layers, 3 KV heads of 64, f16
+        if avail // 4 // per_slot >= 4:
+            expect(n == 4, f"{n} slots where {avail / 1e9:.1f} GB are available")
+    finally:
+        rc = d.stop()
+    expect(rc == 0, f"the server exited with {rc}")
+    sp = Server("--spec", "draft", "--draft-ngram", "3", slots=None)
+    try:
+        st, h = raw(sp.port, "GET", "/health")
+        expect(h["slots"] == 1, f"--spec: {h}")
+    finally:
+        sp.stop()
+
+
+check("default_slots", t_default_slots)
+check("shutdown_ends_streams", t_shutdown)
+check("keep_alive_during_prefill", t_keep_alive)
+check("bind_before_load", t_bind_first)
 check("batch_four_clients", t_batch)
 check("spec_batch_three_clients", t_spec_batch)
 check("prefill_split", t_prefill_split)

@@ -45,7 +45,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (tri__pcache_open(path, &f) == TRI_STATUS_OK) {
         const tri__pcache_header *h = tri__pcache_file_header(f);
         TRI_ASSERT(h->file_bytes == size && h->region_bytes <= size && h->n_tokens >= 1);
-        (void)tri__pcache_read(f, h->n_tokens, take, (void *)h, NULL);
+        (void)tri__pcache_read(f, h->n_tokens, take, (void *)h, NULL, NULL);
         tri__pcache_close(f);
     }
     close(fd);
