@@ -41,18 +41,6 @@ static int n_cpus(void) {
     return CPU_COUNT(&set);
 }
 
-typedef struct tokens {
-    int32_t tok[4096];
-    int32_t n;
-} tokens;
-
-static bool collect(int32_t tok, void *user) {
-    tokens *t = user;
-    cr_assert(t->n < 4096);
-    t->tok[t->n++] = tok;
-    return true;
-}
-
 static const int32_t prompt[] = {5, 77, 140, 9, 33, 260, 18, 201};
 #define N_PROMPT ((int32_t)(sizeof prompt / sizeof prompt[0]))
 
@@ -61,7 +49,7 @@ static const int32_t prompt[] = {5, 77, 140, 9, 33, 260, 18, 201};
 typedef struct gen_job {
     tri_session *s;
     int32_t n;
-    tokens out;
+    tt_tokens out;
     tri_status st;
 } gen_job;
 
@@ -70,7 +58,7 @@ static void *gen_thread(void *arg) {
     tri_generate_params gp = tri_generate_default_params();
     gp.n_predict = j->n;
     gp.stop_at_eos = false;
-    j->st = tri_generate(j->s, prompt, N_PROMPT, &gp, collect, &j->out, NULL);
+    j->st = tri_generate(j->s, prompt, N_PROMPT, &gp, tt_collect, &j->out, NULL);
     return NULL;
 }
 
@@ -138,7 +126,7 @@ Test(app, one_thread_session_starts_no_thread) {
 typedef struct abort_ctx {
     tri_session *s;
     tri_spec *spec;
-    tokens out;
+    tt_tokens out;
     int32_t abort_after;     // the on_token call that has the other thread abort
     _Atomic int phase;       // 0, 1: that call asks for the abort, 2: the other thread made it
     _Atomic bool abort_ret;  // what tri_*_abort returned
@@ -149,7 +137,7 @@ typedef struct abort_ctx {
 // threads are scheduled.
 static bool count_token(int32_t tok, void *user) {
     abort_ctx *a = user;
-    collect(tok, &a->out);
+    tt_collect(tok, &a->out);
     if (a->out.n == a->abort_after) {
         atomic_store(&a->phase, 1);
         while (atomic_load(&a->phase) != 2) sched_yield();
@@ -177,10 +165,10 @@ Test(app, session_abort_from_another_thread, .timeout = TT_TIMEOUT(300)) {
     gp.stop_at_eos = false;  // n_predict 0: until the context is full, unless aborted
 
     tri_session *ref;
-    tokens want = {0};
+    tt_tokens want = {0};
     cr_assert_eq(tri_session_create(m, &sp, &ref), TRI_STATUS_OK, "%s", tri_last_error());
     gp.n_predict = 64;
-    cr_assert_eq(tri_generate(ref, prompt, N_PROMPT, &gp, collect, &want, NULL), TRI_STATUS_OK);
+    cr_assert_eq(tri_generate(ref, prompt, N_PROMPT, &gp, tt_collect, &want, NULL), TRI_STATUS_OK);
     tri_session_free(ref);
 
     abort_ctx a = {.abort_after = 5};
@@ -201,7 +189,7 @@ Test(app, session_abort_from_another_thread, .timeout = TT_TIMEOUT(300)) {
     // continued: the same tokens as the uninterrupted run, and no abort left over
     int32_t done = a.out.n;
     gp.n_predict = 64 - done;
-    cr_assert_eq(tri_generate(a.s, NULL, 0, &gp, collect, &a.out, &st), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate(a.s, NULL, 0, &gp, tt_collect, &a.out, &st), TRI_STATUS_OK, "%s", tri_last_error());
     cr_assert_eq(st.stop_reason, TRI_STOP_LENGTH, "stop reason %s", tri_stop_reason_str(st.stop_reason));
     cr_assert_eq(a.out.n, 64);
     cr_assert_arr_eq(a.out.tok, want.tok, 64 * sizeof(int32_t));
@@ -291,8 +279,8 @@ Test(app, spec_abort_from_another_thread, .timeout = TT_TIMEOUT(300)) {
 // ---- why a generation stopped ----
 
 static bool stop_at_third(int32_t tok, void *user) {
-    tokens *t = user;
-    collect(tok, t);
+    tt_tokens *t = user;
+    tt_collect(tok, t);
     return t->n < 3;
 }
 
@@ -319,7 +307,7 @@ Test(app, stop_reasons) {
     cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, NULL, NULL, &st), TRI_STATUS_INVALID_ARGUMENT);
     cr_assert_eq(st.stop_reason, TRI_STOP_ERROR);
     tri_session_reset(s);
-    tokens t = {0};  // the callback says stop
+    tt_tokens t = {0};  // the callback says stop
     cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, stop_at_third, &t, &st), TRI_STATUS_OK);
     cr_assert_eq(st.stop_reason, TRI_STOP_CALLBACK, "%s", tri_stop_reason_str(st.stop_reason));
     cr_assert_eq(st.n_generated, 3);
@@ -334,8 +322,8 @@ Test(app, stop_reasons) {
     gp.stop_at_eos = true;
     gp.sampler.temperature = 50.0f;
     gp.sampler.seed = 7;
-    tokens e = {0};
-    cr_assert_eq(tri_generate(s, prompt, 1, &gp, collect, &e, &st), TRI_STATUS_OK);
+    tt_tokens e = {0};
+    cr_assert_eq(tri_generate(s, prompt, 1, &gp, tt_collect, &e, &st), TRI_STATUS_OK);
     cr_assert_eq(st.stop_reason, TRI_STOP_EOS, "%s after %d tokens", tri_stop_reason_str(st.stop_reason),
                  st.n_generated);
     cr_assert_eq(e.tok[e.n - 1], eos);
@@ -355,7 +343,7 @@ Test(app, stop_reasons) {
     gp.n_predict = 9;
     cr_assert_eq(tri_generate_spec(spec, prompt, N_PROMPT, &gp, NULL, NULL, &ss), TRI_STATUS_OK);
     cr_assert_eq(ss.stop_reason, TRI_STOP_LENGTH, "%s", tri_stop_reason_str(ss.stop_reason));
-    tokens t2 = {0};
+    tt_tokens t2 = {0};
     cr_assert_eq(tri_generate_spec(spec, NULL, 0, &gp, stop_at_third, &t2, &ss), TRI_STATUS_OK);
     cr_assert_eq(ss.stop_reason, TRI_STOP_CALLBACK, "%s", tri_stop_reason_str(ss.stop_reason));
     cr_assert_eq(ss.n_generated, 3);
@@ -416,11 +404,11 @@ Test(app, stop_tokens_and_strings_are_not_a_callback_stop) {
         tri_generate_params gp = tri_generate_default_params();
         gp.stop_at_eos = false;
         gp.n_predict = 8;
-        tokens ref = {0};
+        tt_tokens ref = {0};
         text_buf ref_text = {0};
         gp.on_text = collect_text;
         gp.text_user = &ref_text;
-        cr_assert_eq(GEN(gp, collect, &ref), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(GEN(gp, tt_collect, &ref), TRI_STATUS_OK, "%s", tri_last_error());
         cr_assert_eq(*reason, TRI_STOP_LENGTH, "%s", tri_stop_reason_str(*reason));
         cr_assert_eq(ref.n, 8);
         cr_assert_gt(ref_text.n, 0, "the reference has no text");
@@ -434,8 +422,8 @@ Test(app, stop_tokens_and_strings_are_not_a_callback_stop) {
         gp.n_predict = 16;
         gp.stop_tokens = &stop;
         gp.n_stop_tokens = 1;
-        tokens t = {0};
-        cr_assert_eq(GEN(gp, collect, &t), TRI_STATUS_OK, "%s", tri_last_error());
+        tt_tokens t = {0};
+        cr_assert_eq(GEN(gp, tt_collect, &t), TRI_STATUS_OK, "%s", tri_last_error());
         cr_assert_eq(*reason, TRI_STOP_EOS, "engine %d: an end of turn reported as %s", engine,
                      tri_stop_reason_str(*reason));
         cr_assert_eq(*n_gen, at + 1);
@@ -461,7 +449,7 @@ Test(app, stop_tokens_and_strings_are_not_a_callback_stop) {
         text_buf t3_text = {0};
         gp.on_text = collect_text;
         gp.text_user = &t3_text;
-        tokens t3 = {0};
+        tt_tokens t3 = {0};
         cr_assert_eq(GEN(gp, stop_at_third, &t3), TRI_STATUS_OK, "%s", tri_last_error());
         cr_assert_eq(*reason, TRI_STOP_CALLBACK, "%s", tri_stop_reason_str(*reason));
 #undef GEN

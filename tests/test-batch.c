@@ -47,13 +47,6 @@ static tri_session *make_session(const tri_model *m, const seq_case *c) {
     return s;
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 // The prompt of sequence i: n tokens from a seeded walk over the vocabulary.
 static void prompt_of(int32_t i, int32_t n, int32_t V, int32_t *out) {
     for (int32_t t = 0; t < n; t++) out[t] = (int32_t)((t * 131 + i * 977 + 7) % V);
@@ -75,7 +68,7 @@ static void check_batch_tol(const tri_model *m, int32_t first, int32_t n, float 
         for (int32_t d = 0; d <= N_DECODE; d++) {
             const float *l = tri_session_logits(s, -1);
             memcpy(want + ((int64_t)i * (N_DECODE + 1) + d) * V, l, sizeof(float) * (size_t)V);
-            int32_t tok = alone_tok[i][d] = argmax(l, V);
+            int32_t tok = alone_tok[i][d] = tt_argmax(l, V);
             if (d < N_DECODE) cr_assert_eq(tri_session_eval(s, &tok, 1, false), TRI_STATUS_OK, "%s", tri_last_error());
         }
         tri_session_free(s);
@@ -222,7 +215,7 @@ Test(batch, prompt_chunks_fused_with_decode_steps_equal_alone, .timeout = TT_TIM
     tri_session *s = make_session(m, &c);
     cr_assert_eq(tri_session_eval(s, p_dec, 4, false), TRI_STATUS_OK);
     for (int i = 0; i < STEPS; i++) {
-        int32_t t = argmax(tri_session_logits(s, -1), V);
+        int32_t t = tt_argmax(tri_session_logits(s, -1), V);
         cr_assert_eq(tri_session_eval(s, &t, 1, false), TRI_STATUS_OK);
         memcpy(dec_alone + (int64_t)i * V, tri_session_logits(s, -1), sizeof(float) * (size_t)V);
     }
@@ -245,7 +238,7 @@ Test(batch, prompt_chunks_fused_with_decode_steps_equal_alone, .timeout = TT_TIM
         tri_session *run[3];
         const int32_t *toks[3];
         int32_t n[3], k = 0;
-        next = argmax(tri_session_logits(ss[0], -1), V);
+        next = tt_argmax(tri_session_logits(ss[0], -1), V);
         for (int i = 0; i < 3; i++) {
             if (!take[i]) continue;
             run[k] = ss[i], n[k] = take[i], toks[k++] = i == 0 ? &next : src[i] + done[i];

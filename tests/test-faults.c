@@ -45,8 +45,7 @@ enum { NP = 40, NG = 6, MAX_TOK = 64 };
 
 typedef struct run_out {
     tri_status st;
-    int32_t tok[MAX_TOK];
-    int32_t n;
+    tt_tokens out;          // the tokens, at most MAX_TOK (out.cap)
     int64_t calls_created;  // fault-kind calls counted when creation was done
     bool reused;            // a handle whose call failed was reset and rerun
 } run_out;
@@ -67,12 +66,6 @@ static const int32_t *prompt(void) {
     static int32_t p[NP];
     for (int i = 0; i < NP; i++) p[i] = i % 13 < 9 ? (i % 13) * 11 + 5 : (i * 31) % 250 + 3;
     return p;
-}
-
-static bool collect(int32_t tok, void *user) {
-    run_out *o = user;
-    if (o->n < MAX_TOK) o->tok[o->n++] = tok;
-    return true;
 }
 
 static tri_status async_factory(int32_t n_threads, tri__backend **out) {
@@ -126,7 +119,7 @@ static void run_load(const scenario *sc, run_out *o) {
         char buf[64];
         size_t len;
         if (!o->st) o->st = tri_detokenize(m, ids, n, false, buf, sizeof buf, &len);
-        for (int64_t i = 0; !o->st && i < n && i < MAX_TOK; i++) o->tok[o->n++] = ids[i];
+        for (int64_t i = 0; !o->st && i < n && i < MAX_TOK; i++) o->out.tok[o->out.n++] = ids[i];
     }
     tri_model_free(m);
 }
@@ -142,13 +135,13 @@ static void run_session(const scenario *sc, run_out *o) {
     o->calls_created = tri__fault_calls();
     tri_generate_params gp = gen_params(false);
     if (!o->st) {
-        o->st = tri_generate(s, prompt(), NP, &gp, collect, o, NULL);
+        o->st = tri_generate(s, prompt(), NP, &gp, tt_collect_upto, &o->out, NULL);
         if (o->st) {  // the API is usable afterwards: the same session, reset, generates again
             tri_status failed = o->st;
             tri__fault_disarm();
             tri_session_reset(s);
-            o->n = 0;
-            cr_assert_eq(tri_generate(s, prompt(), NP, &gp, collect, o, NULL), TRI_STATUS_OK,
+            o->out.n = 0;
+            cr_assert_eq(tri_generate(s, prompt(), NP, &gp, tt_collect_upto, &o->out, NULL), TRI_STATUS_OK,
                          "%s: generate after a failed one: %s", sc->name, tri_last_error());
             o->st = failed;
             o->reused = true;
@@ -181,13 +174,13 @@ static void run_spec(const scenario *sc, run_out *o) {
     o->calls_created = tri__fault_calls();
     tri_generate_params gp = gen_params(true);
     if (!o->st) {
-        o->st = tri_generate_spec(e, prompt(), NP, &gp, collect, o, NULL);
+        o->st = tri_generate_spec(e, prompt(), NP, &gp, tt_collect_upto, &o->out, NULL);
         if (o->st) {
             tri_status failed = o->st;
             tri__fault_disarm();
             tri_spec_reset(e);
-            o->n = 0;
-            cr_assert_eq(tri_generate_spec(e, prompt(), NP, &gp, collect, o, NULL), TRI_STATUS_OK,
+            o->out.n = 0;
+            cr_assert_eq(tri_generate_spec(e, prompt(), NP, &gp, tt_collect_upto, &o->out, NULL), TRI_STATUS_OK,
                          "%s: generate after a failed one: %s", sc->name, tri_last_error());
             o->st = failed;
             o->reused = true;
@@ -215,7 +208,7 @@ static tri_status batch_generate(tri_session **s, run_out *o) {
     for (int k = 0; !st && k < NG; k++) {
         for (int i = 0; !st && i < 3; i++) {
             st = tri_session_sample(s[i], &gp.sampler, &next[i]);
-            if (!st) collect(next[i], o);
+            if (!st) tt_collect_upto(next[i], &o->out);
             toks[i] = &next[i];
             n[i] = 1;
         }
@@ -242,7 +235,7 @@ static void run_batch(const scenario *sc, run_out *o) {
             tri_status failed = o->st;
             tri__fault_disarm();
             for (int i = 0; i < 3; i++) tri_session_reset(s[i]);
-            o->n = 0;
+            o->out.n = 0;
             cr_assert_eq(batch_generate(s, o), TRI_STATUS_OK, "%s: a batch after a failed one: %s", sc->name,
                          tri_last_error());
             o->st = failed;
@@ -282,7 +275,7 @@ static bool expected_status(unsigned kinds, tri_status st) {
 // the Nth call of kinds failing (every later one too with persist).
 static sweep_stats sweep(const scenario *sc, unsigned kinds, bool persist, tri__fault_read_mode rm, int64_t budget) {
     sweep_stats ss = {0};
-    run_out ref = {0};
+    run_out ref = {.out.cap = MAX_TOK};
     tri__fault_arm(kinds, 0, false, rm);
     sc->run(sc, &ref);
     tri__fault_disarm();
@@ -293,7 +286,7 @@ static sweep_stats sweep(const scenario *sc, unsigned kinds, bool persist, tri__
     int64_t after = ss.sites - created;
     int64_t stride = after > budget ? (after + budget - 1) / budget : 1;
     for (int64_t nth = 1; nth <= ss.sites; nth += nth < created ? 1 : stride) {
-        run_out o = {0};
+        run_out o = {.out.cap = MAX_TOK};
         tri__fault_arm(kinds, nth, persist, rm);
         sc->run(sc, &o);
         int64_t failures = tri__fault_failures();
@@ -311,21 +304,21 @@ static sweep_stats sweep(const scenario *sc, unsigned kinds, bool persist, tri__
             ss.recovered++;
         }
         if (o.reused || !o.st) {  // whatever ran to the end produced the unfaulted tokens
-            cr_assert_eq(o.n, ref.n, "%s: fault at call %lld: %d tokens, %d unfaulted", sc->name, (long long)nth,
-                         o.n, ref.n);
-            for (int32_t i = 0; i < o.n; i++)
-                cr_assert_eq(o.tok[i], ref.tok[i], "%s: fault at call %lld: token %d: %d, unfaulted %d", sc->name,
-                             (long long)nth, i, o.tok[i], ref.tok[i]);
+            cr_assert_eq(o.out.n, ref.out.n, "%s: fault at call %lld: %d tokens, %d unfaulted", sc->name,
+                         (long long)nth, o.out.n, ref.out.n);
+            for (int32_t i = 0; i < o.out.n; i++)
+                cr_assert_eq(o.out.tok[i], ref.out.tok[i], "%s: fault at call %lld: token %d: %d, unfaulted %d",
+                             sc->name, (long long)nth, i, o.out.tok[i], ref.out.tok[i]);
         }
         ss.reused += o.reused;
         cr_assert(leak_check(), "%s: fault at call %lld of %lld leaks (report above)", sc->name, (long long)nth,
                   (long long)ss.sites);
     }
     // and the API still works from scratch
-    run_out again = {0};
+    run_out again = {.out.cap = MAX_TOK};
     sc->run(sc, &again);
     cr_assert_eq(again.st, TRI_STATUS_OK, "%s: clean run after the sweep: %s", sc->name, tri_last_error());
-    cr_assert_eq(again.n, ref.n);
+    cr_assert_eq(again.out.n, ref.out.n);
     printf("faults %-28s kinds %#x%s%s: %lld sites, %lld runs, %lld failed cleanly, %lld recovered, %lld handles "
            "reused, 0 crashes, 0 leaks%s\n",
            sc->name, kinds, kinds & TRI__FAULT_READ ? (rm == TRI__FAULT_READ_EIO ? " eio" : " short") : "",

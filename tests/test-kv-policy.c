@@ -700,11 +700,10 @@ Test(h2o, rollback_past_the_remembered_steps_is_refused) {
 
 // ---- policies in a session on a generated model ----
 
+// A seeded model of the suite (kvp-<tag>, test-util.h), loaded.
 static tri_model *gen_model(const char *tag, const char *opts) {
-    char name[128];
-    snprintf(name, sizeof name, "kvp-%s", tag);
     tri_model *m;
-    cr_assert_eq(tri_model_load(tt_gen_model(name, opts), NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_model_load(tt_gen_model_as("kvp", tag, opts), NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
     return m;
 }
 

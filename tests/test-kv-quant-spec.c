@@ -23,12 +23,6 @@
 enum { N_PROMPT = 20, N_CTX = 96, GEN = 48 };
 static const int32_t prompt[N_PROMPT] = {17, 260, 3, 99, 42, 42, 301, 7, 150, 5, 77, 270, 8, 64, 200, 1, 33, 90, 4, 11};
 
-static bool collect(int32_t tok, void *user) {
-    int32_t **p = user;
-    *(*p)++ = tok;
-    return true;
-}
-
 // Whether L2's gathered rows hold L3's rows (of type l3) as rows of gtype: the last layer's first
 // selected chunk of each KV head (an offloaded layer when L3 offloads any), keys and values: the
 // same bytes when gtype is l3, else L3's values quantized to gtype. Returns the rows compared (0:
@@ -76,7 +70,8 @@ static void check_target(tri_model *m, tri_dtype type, tri_dtype other) {
     int32_t want[GEN], got[GEN], *w = want;
     tri_session *s;
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, collect, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, tt_collect_cursor, &w, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
     tri_session_free(s);
     static const int32_t layer0[1] = {0};
     const tri_spec_mode modes[3] = {TRI_SPEC_MODE_DRAFT, TRI_SPEC_MODE_RETRIEVAL, TRI_SPEC_MODE_TRIFORCE};
@@ -104,7 +99,7 @@ static void check_target(tri_model *m, tri_dtype type, tri_dtype other) {
         cr_assert_eq(tri_spec_create(m, &spo, &p, &spec), TRI_STATUS_OK, "%s", tri_last_error());
         w = got;
         tri_spec_stats st;
-        cr_assert_eq(tri_generate_spec(spec, prompt, N_PROMPT, &gp, collect, &w, &st), TRI_STATUS_OK, "%s",
+        cr_assert_eq(tri_generate_spec(spec, prompt, N_PROMPT, &gp, tt_collect_cursor, &w, &st), TRI_STATUS_OK, "%s",
                      tri_last_error());
         cr_assert_eq(w - got, GEN);
         for (int i = 0; i < GEN; i++)

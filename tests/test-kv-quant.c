@@ -292,12 +292,6 @@ static void reference_opts(ref_out *r, const char *hf, const char *kv_quant, con
     free(g);
 }
 
-static bool collect(int32_t tok, void *user) {
-    int32_t **p = user;
-    *(*p)++ = tok;
-    return true;
-}
-
 // Our logits of every prompt position (out, (N_PROMPT, n_vocab)) and greedy tokens with a cache of
 // kv_type, its last `offloaded` layers in host memory and attended there in part (split).
 static void ours(const char *gguf, tri_dtype kv_type, int32_t offloaded, float *logits, int32_t n_vocab,
@@ -321,7 +315,8 @@ static void ours(const char *gguf, tri_dtype kv_type, int32_t offloaded, float *
     tri_generate_params gp = tri_generate_default_params();
     gp.n_predict = N_GEN;
     gp.stop_at_eos = false;
-    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, collect, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, tt_collect_cursor, &w, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
     cr_assert_eq(w - greedy, N_GEN);
     tri_session_free(s);
     tri_model_free(m);
@@ -426,7 +421,8 @@ static void ours_mixed_heavy(const char *gguf, tri_dtype type, int32_t heavy, fl
     tri_generate_params gp = tri_generate_default_params();
     gp.n_predict = N_GEN;
     gp.stop_at_eos = false;
-    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, collect, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, tt_collect_cursor, &w, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
     tri_session_free(s);
     tri_model_free(m);
 }
@@ -931,8 +927,6 @@ Test(kv_quant, planner_counts_the_type) {
 
 // ---- quantized draft caches (draft_kv_type) ----
 
-static bool collect_all(int32_t tok, void *user) { return collect(tok, user); }
-
 // Whether L2's gathered rows (spec's level 2, a retrieval cache over L3's f16 rows) hold type's
 // blocks of L3's rows: the last layer's first selected chunk of each KV head (an offloaded layer
 // when L3 offloads any), keys and values, against L3's row quantized here. Returns the rows
@@ -982,7 +976,8 @@ Test(kv_quant, quantized_draft_caches_keep_greedy_output, .timeout = TT_TIMEOUT(
     int32_t want[GEN], got[GEN], *w = want;
     tri_session *s;
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, collect_all, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, tt_collect_cursor, &w, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
     tri_session_free(s);
     static const int32_t layer0[1] = {0};
     const tri_dtype types[2] = {TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
@@ -1009,8 +1004,8 @@ Test(kv_quant, quantized_draft_caches_keep_greedy_output, .timeout = TT_TIMEOUT(
                 cr_assert_eq(tri_spec_create(m, &spo, &p, &spec), TRI_STATUS_OK, "%s", tri_last_error());
                 w = got;
                 tri_spec_stats st;
-                cr_assert_eq(tri_generate_spec(spec, prompt, N_PROMPT, &gp, collect_all, &w, &st), TRI_STATUS_OK, "%s",
-                             tri_last_error());
+                cr_assert_eq(tri_generate_spec(spec, prompt, N_PROMPT, &gp, tt_collect_cursor, &w, &st), TRI_STATUS_OK,
+                             "%s", tri_last_error());
                 cr_assert_eq(w - got, GEN);
                 for (int i = 0; i < GEN; i++)
                     cr_assert_eq(got[i], want[i], "%s draft cache, mode %d%s, window %d: token %d is %d, plain %d",

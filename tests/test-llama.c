@@ -96,12 +96,6 @@ static void check_logits(const ref_case *rc, const char *model_path, tri_dtype k
     tri_model_free(m);
 }
 
-static bool collect(int32_t tok, void *user) {
-    int32_t **p = user;
-    *(*p)++ = tok;
-    return true;
-}
-
 static void check_greedy(const ref_case *rc, const char *model_path) {
     tri_model *m;
     cr_assert_eq(tri_model_load(model_path, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
@@ -114,7 +108,8 @@ static void check_greedy(const ref_case *rc, const char *model_path) {
     tri_generate_params gp = tri_generate_default_params();
     gp.n_predict = 8;
     gp.stop_at_eos = false;
-    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, collect, &w, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate(s, prompt, N_PROMPT, &gp, tt_collect_cursor, &w, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
     cr_assert_eq(w - got, 8);
     for (int i = 0; i < 8; i++)
         cr_assert_eq(got[i], rc->greedy[i], "%s: greedy token %d: %d, reference %d", model_path, i, got[i],

@@ -41,18 +41,6 @@ static void make_prompt(int32_t *ids, int32_t n, uint32_t seed) {
     }
 }
 
-typedef struct tokens {
-    int32_t tok[64];
-    int32_t n;
-} tokens;
-
-static bool collect(int32_t tok, void *user) {
-    tokens *t = user;
-    cr_assert(t->n < 64);
-    t->tok[t->n++] = tok;
-    return true;
-}
-
 static tri_session *new_session(const tri_model *m, tri_dtype kv_type, int32_t offloaded, int32_t n_ctx) {
     tri_session_params sp = tri_session_default_params();
     sp.n_ctx = n_ctx;
@@ -88,7 +76,7 @@ static bool save_at_end(int64_t done, int64_t total, void *user) {
 // call prefilled.
 static float run_penalty = 1.0f;  // the repetition penalty run's greedy sampler applies
 
-static tokens run(tri_session *s, const int32_t *prompt, int32_t from, int32_t n, saver *sv, int32_t *n_prefilled) {
+static tt_tokens run(tri_session *s, const int32_t *prompt, int32_t from, int32_t n, saver *sv, int32_t *n_prefilled) {
     tri_generate_params gp = tri_generate_default_params();
     gp.sampler.repeat_penalty = run_penalty;
     gp.sampler.presence_penalty = run_penalty > 1.0f ? 2.0f : 0.0f;
@@ -99,27 +87,27 @@ static tokens run(tri_session *s, const int32_t *prompt, int32_t from, int32_t n
         gp.on_prefill = save_at_end;
         gp.user = sv;
     }
-    tokens out = {0};
+    tt_tokens out = {.cap = 64};
     tri_generate_stats st;
-    cr_assert_eq(tri_generate(s, prompt + from, n - from, &gp, collect, &out, &st), TRI_STATUS_OK, "%s",
+    cr_assert_eq(tri_generate(s, prompt + from, n - from, &gp, tt_collect, &out, &st), TRI_STATUS_OK, "%s",
                  tri_last_error());
     cr_assert_eq(out.n, N_GEN);
     if (n_prefilled) *n_prefilled = st.n_prompt;
     return out;
 }
 
-static void assert_same(const tokens *a, const tokens *b, const char *what) {
+static void assert_same(const tt_tokens *a, const tt_tokens *b, const char *what) {
     cr_assert_eq(a->n, b->n, "%s: %d tokens, %d expected", what, a->n, b->n);
     for (int32_t i = 0; i < a->n; i++)
         cr_assert_eq(a->tok[i], b->tok[i], "%s: token %d is %d, %d expected", what, i, a->tok[i], b->tok[i]);
 }
 
 // Writes a cache of prompt[0 .. n) computed by a fresh session of m; returns that run's output.
-static tokens write_cache(const tri_model *m, const char *path, const int32_t *prompt, int32_t n, tri_dtype kv_type,
-                          int32_t offloaded) {
+static tt_tokens write_cache(const tri_model *m, const char *path, const int32_t *prompt, int32_t n, tri_dtype kv_type,
+                             int32_t offloaded) {
     tri_session *s = new_session(m, kv_type, offloaded, 4096);
     saver sv = {s, path, prompt, n, {0}, 0};
-    tokens out = run(s, prompt, 0, n, &sv, NULL);
+    tt_tokens out = run(s, prompt, 0, n, &sv, NULL);
     cr_assert_eq(sv.saves, 1);
     cr_assert_eq(sv.stats.n_tokens, n);
     cr_assert(sv.stats.logits, "the prefill's logits are saved");
@@ -141,7 +129,7 @@ Test(prompt_cache, round_trip_reproduces_the_prefill, .timeout = TT_TIMEOUT(120)
         const char *path = cache_path(off ? "rt-off" : "rt");
         char p[4096];
         snprintf(p, sizeof p, "%s", path);
-        tokens fresh = write_cache(m, p, prompt, N_PROMPT, TRI_DTYPE_F16, off ? 2 : 0);
+        tt_tokens fresh = write_cache(m, p, prompt, N_PROMPT, TRI_DTYPE_F16, off ? 2 : 0);
         for (int into_off = 0; into_off < 2; into_off++) {
             // another n_ctx than the writer's: the rows do not depend on it for this rope
             tri_session *s = new_session(m, TRI_DTYPE_F16, into_off ? 3 : 0, 3000);
@@ -153,7 +141,7 @@ Test(prompt_cache, round_trip_reproduces_the_prefill, .timeout = TT_TIMEOUT(120)
             cr_assert_eq(tri_session_n_past(s), N_PROMPT);
             cr_assert(cs.bytes >= (uint64_t)N_PROMPT * 4096 && cs.seconds > 0 && cs.gbps > 0);
             int32_t n_prefilled = -1;
-            tokens again = run(s, prompt, N_PROMPT, N_PROMPT, NULL, &n_prefilled);
+            tt_tokens again = run(s, prompt, N_PROMPT, N_PROMPT, NULL, &n_prefilled);
             cr_assert_eq(n_prefilled, 0, "a whole hit prefills nothing (%d tokens)", n_prefilled);
             assert_same(&again, &fresh, off ? "saved offloaded" : "saved in memory");
             tri_session_free(s);
@@ -193,7 +181,7 @@ Test(prompt_cache, longest_common_prefix_is_reused, .timeout = TT_TIMEOUT(120)) 
         if (cases[c].diverge >= 0) q[cases[c].diverge] = q[cases[c].diverge] % 299 + 1;  // another id
         int32_t n = cases[c].n;
         tri_session *fresh_s = new_session(m, TRI_DTYPE_F16, 0, 4096);
-        tokens fresh = run(fresh_s, q, 0, n, NULL, NULL);
+        tt_tokens fresh = run(fresh_s, q, 0, n, NULL, NULL);
         tri_session_free(fresh_s);
 
         tri_session *s = new_session(m, TRI_DTYPE_F16, 0, 4096);
@@ -205,7 +193,7 @@ Test(prompt_cache, longest_common_prefix_is_reused, .timeout = TT_TIMEOUT(120)) 
         cr_assert_not(cs.logits, "%s: the saved logits are not this prompt's", cases[c].what);
         cr_assert_eq(tri_session_n_past(s), cases[c].reused);
         int32_t n_prefilled = -1;
-        tokens out = run(s, q, cs.n_tokens, n, NULL, &n_prefilled);
+        tt_tokens out = run(s, q, cs.n_tokens, n, NULL, &n_prefilled);
         cr_assert_eq(n_prefilled, n - cases[c].reused, "%s: %d tokens prefilled, %d expected", cases[c].what,
                      n_prefilled, n - cases[c].reused);
         assert_same(&out, &fresh, cases[c].what);
@@ -228,13 +216,13 @@ Test(prompt_cache, penalties_see_the_loaded_prefix, .timeout = TT_TIMEOUT(120)) 
     write_cache(m, path, q, N_PROMPT, TRI_DTYPE_F16, 0);
     run_penalty = 1.5f;
     tri_session *fresh_s = new_session(m, TRI_DTYPE_F16, 0, 4096);
-    tokens fresh = run(fresh_s, q, 0, N_PROMPT + 40, NULL, NULL);
+    tt_tokens fresh = run(fresh_s, q, 0, N_PROMPT + 40, NULL, NULL);
     tri_session_free(fresh_s);
     tri_session *s = new_session(m, TRI_DTYPE_F16, 0, 4096);
     tri_prompt_cache_stats cs;
     cr_assert_eq(tri_session_load_prompt(s, path, q, N_PROMPT + 40, &cs), TRI_STATUS_OK, "%s", tri_last_error());
     cr_assert_eq(cs.n_tokens, N_PROMPT);
-    tokens out = run(s, q, cs.n_tokens, N_PROMPT + 40, NULL, NULL);
+    tt_tokens out = run(s, q, cs.n_tokens, N_PROMPT + 40, NULL, NULL);
     assert_same(&out, &fresh, "penalties after a load");
     run_penalty = 1.0f;
     tri_session_free(s);
@@ -268,11 +256,11 @@ Test(prompt_cache, retrieval_cache_is_rebuilt, .timeout = TT_TIMEOUT(120)) {
     snprintf(path, sizeof path, "%s", cache_path("ret"));
     tri_session *w = retrieval_session(m);
     saver sv = {w, path, prompt, N_PROMPT, {0}, 0};
-    tokens fresh = run(w, prompt, 0, N_PROMPT, &sv, NULL);
+    tt_tokens fresh = run(w, prompt, 0, N_PROMPT, &sv, NULL);
     cr_assert_eq(sv.saves, 1);
     tri_session_free(w);
     tri_session *f2 = retrieval_session(m);
-    tokens fresh_longer = run(f2, prompt, 0, N_PROMPT + 200, NULL, NULL);
+    tt_tokens fresh_longer = run(f2, prompt, 0, N_PROMPT + 200, NULL, NULL);
     tri_session_free(f2);
 
     for (int longer = 0; longer < 2; longer++) {
@@ -283,7 +271,7 @@ Test(prompt_cache, retrieval_cache_is_rebuilt, .timeout = TT_TIMEOUT(120)) {
         cr_assert_eq(cs.n_tokens, longer ? N_PROMPT : N_PROMPT - 16, "%d reused", cs.n_tokens);
         cr_assert_not(cs.logits);
         int32_t n_prefilled = -1;
-        tokens out = run(s, prompt, cs.n_tokens, n, NULL, &n_prefilled);
+        tt_tokens out = run(s, prompt, cs.n_tokens, n, NULL, &n_prefilled);
         cr_assert_eq(n_prefilled, n - cs.n_tokens);
         assert_same(&out, longer ? &fresh_longer : &fresh, longer ? "retrieval, extended" : "retrieval, same prompt");
         tri_session_free(s);
@@ -302,7 +290,7 @@ Test(prompt_cache, retrieval_cache_is_rebuilt, .timeout = TT_TIMEOUT(120)) {
 
 // After a refused load the session is empty and runs the whole prompt as a fresh one does.
 static void assert_refused(tri_session *s, const char *path, const int32_t *prompt, int32_t n, tri_status want,
-                           const char *words, const tokens *fresh) {
+                           const char *words, const tt_tokens *fresh) {
     tri_prompt_cache_stats cs;
     cs.n_tokens = 99;
     tri_status st = tri_session_load_prompt(s, path, prompt, n, &cs);
@@ -314,7 +302,7 @@ static void assert_refused(tri_session *s, const char *path, const int32_t *prom
     cr_assert_eq(tri_session_n_past(s), 0, "a refused file leaves the session empty");
     if (fresh) {
         int32_t n_prefilled = -1;
-        tokens out = run(s, prompt, 0, n, NULL, &n_prefilled);
+        tt_tokens out = run(s, prompt, 0, n, NULL, &n_prefilled);
         cr_assert_eq(n_prefilled, n);
         assert_same(&out, fresh, words);
         tri_session_reset(s);
@@ -332,7 +320,7 @@ Test(prompt_cache, stale_file_is_refused, .timeout = TT_TIMEOUT(120)) {
     write_cache(a, path, prompt, 1200, TRI_DTYPE_F16, 0);
 
     tri_session *sb = new_session(b, TRI_DTYPE_F16, 0, 4096);
-    tokens fresh_b = run(sb, prompt, 0, 1200, NULL, NULL);
+    tt_tokens fresh_b = run(sb, prompt, 0, 1200, NULL, NULL);
     tri_session_reset(sb);
     // filled first, so that the refusal has something to empty
     tri_session *sb2 = new_session(b, TRI_DTYPE_F16, 0, 4096);
@@ -388,7 +376,7 @@ Test(prompt_cache, corrupt_file_is_refused, .timeout = TT_TIMEOUT(120)) {
     char good[4096], bad[4096];
     snprintf(good, sizeof good, "%s", cache_path("good"));
     snprintf(bad, sizeof bad, "%s", cache_path("bad"));
-    tokens fresh = write_cache(m, good, prompt, N_PROMPT, TRI_DTYPE_F16, 0);
+    tt_tokens fresh = write_cache(m, good, prompt, N_PROMPT, TRI_DTYPE_F16, 0);
     size_t len;
     unsigned char *file = tt_read_file(good, &len);
     cr_assert(len > (size_t)N_PROMPT * 8192, "%zu bytes", len);
@@ -438,7 +426,7 @@ Test(prompt_cache, corrupt_file_is_refused, .timeout = TT_TIMEOUT(120)) {
         cr_assert_eq(cs.n_tokens, blk * h.block_tokens, "block %d bad: %d tokens kept", blk, cs.n_tokens);
         cr_assert_eq(tri_session_n_past(s), blk * h.block_tokens);
         int32_t n_prefilled = 0;
-        tokens out = run(s, prompt, cs.n_tokens, N_PROMPT, NULL, &n_prefilled);
+        tt_tokens out = run(s, prompt, cs.n_tokens, N_PROMPT, NULL, &n_prefilled);
         cr_assert_eq(n_prefilled, N_PROMPT - cs.n_tokens);
         assert_same(&out, &fresh, "the good prefix of a damaged file");
     }
@@ -693,13 +681,13 @@ Test(prompt_cache, faults, .timeout = TT_TIMEOUT(120)) {
     char path[4096];
     snprintf(path, sizeof path, "%s", cache_path("faults"));
     tri__fault_arm(TRI__FAULT_URING, 1, true, TRI__FAULT_READ_EIO);
-    tokens fresh = write_cache(m, path, prompt, N_PROMPT, TRI_DTYPE_F16, 0);
+    tt_tokens fresh = write_cache(m, path, prompt, N_PROMPT, TRI_DTYPE_F16, 0);
     tri_session *s = new_session(m, TRI_DTYPE_F16, 0, 4096);
     tri_prompt_cache_stats cs;
     cr_assert_eq(tri_session_load_prompt(s, path, prompt, N_PROMPT, &cs), TRI_STATUS_OK, "%s", tri_last_error());
     cr_assert_not(cs.uring, "io_uring refused: pread");
     cr_assert(tri__fault_failures() >= 2, "the writer's and the reader's rings were refused");
-    tokens out = run(s, prompt, N_PROMPT, N_PROMPT, NULL, NULL);
+    tt_tokens out = run(s, prompt, N_PROMPT, N_PROMPT, NULL, NULL);
     assert_same(&out, &fresh, "pwrite / pread");
 
     for (int uring = 0; uring < 2; uring++) {

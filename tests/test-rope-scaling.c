@@ -103,17 +103,6 @@ static tri_session_params session_params(int32_t n_batch) {
     return sp;
 }
 
-typedef struct collected {
-    int32_t ids[64];
-    int n;
-} collected;
-
-static bool collect(int32_t token, void *user) {
-    collected *c = user;
-    if (c->n < 64) c->ids[c->n++] = token;
-    return true;
-}
-
 static tri_generate_params greedy_params(int n) {
     tri_generate_params gp = tri_generate_default_params();
     gp.n_predict = n;
@@ -122,10 +111,10 @@ static tri_generate_params greedy_params(int n) {
     return gp;
 }
 
-static void check_tokens(const char *what, const int32_t *want, int n, const collected *c) {
+static void check_tokens(const char *what, const int32_t *want, int n, const tt_tokens *c) {
     cr_assert_eq(c->n, n, "%s: %d tokens, want %d", what, c->n, n);
     for (int i = 0; i < n; i++)
-        cr_assert_eq(c->ids[i], want[i], "%s: token %d is %d, transformers' is %d", what, i, c->ids[i], want[i]);
+        cr_assert_eq(c->tok[i], want[i], "%s: token %d is %d, transformers' is %d", what, i, c->tok[i], want[i]);
 }
 
 static const int32_t batches[] = {7, 32, 128, 256};
@@ -186,23 +175,25 @@ static void check_greedy(const char *kind) {
         tri_session *s = NULL;
         cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
         char what[64];
-        collected c = {0};
+        tt_tokens c = {.cap = 64};
         tri_generate_params gp = greedy_params(g.n_lng_greedy);
-        cr_assert_eq(tri_generate(s, g.lng, g.n_lng, &gp, collect, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_generate(s, g.lng, g.n_lng, &gp, tt_collect_upto, &c, NULL), TRI_STATUS_OK, "%s",
+                     tri_last_error());
         snprintf(what, sizeof what, "%s long, batch %d", kind, batches[b]);
         check_tokens(what, g.lng_greedy, g.n_lng_greedy, &c);
 
         tri_session_reset(s);
         memset(&c, 0, sizeof c);
         gp = greedy_params(g.n_shrt_greedy);
-        cr_assert_eq(tri_generate(s, g.shrt, g.n_shrt, &gp, collect, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_generate(s, g.shrt, g.n_shrt, &gp, tt_collect_upto, &c, NULL), TRI_STATUS_OK, "%s",
+                     tri_last_error());
         snprintf(what, sizeof what, "%s short, batch %d", kind, batches[b]);
         check_tokens(what, g.shrt_greedy, g.n_shrt_greedy, &c);
 
         tri_session_reset(s);
         memset(&c, 0, sizeof c);
         cr_assert_eq(tri_session_eval(s, g.shrt, g.n_shrt, false), TRI_STATUS_OK, "%s", tri_last_error());
-        cr_assert_eq(tri_generate(s, NULL, 0, &gp, collect, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_generate(s, NULL, 0, &gp, tt_collect_upto, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
         snprintf(what, sizeof what, "%s eval + generate, batch %d", kind, batches[b]);
         check_tokens(what, g.shrt_greedy, g.n_shrt_greedy, &c);
         tri_session_free(s);
@@ -271,11 +262,11 @@ static void check_speculative(const char *kind, int32_t n_batch) {
             const int32_t *prompt = pr ? g.shrt : g.lng, *want = pr ? g.shrt_greedy : g.lng_greedy;
             int n_prompt = pr ? g.n_shrt : g.n_lng, n_want = pr ? g.n_shrt_greedy : g.n_lng_greedy;
             tri_spec_reset(spec);
-            collected c = {0};
+            tt_tokens c = {.cap = 64};
             tri_generate_params gp = greedy_params(n_want);
             tri_spec_stats st;
-            cr_assert_eq(tri_generate_spec(spec, prompt, n_prompt, &gp, collect, &c, &st), TRI_STATUS_OK, "%s: %s",
-                         sc->name, tri_last_error());
+            cr_assert_eq(tri_generate_spec(spec, prompt, n_prompt, &gp, tt_collect_upto, &c, &st), TRI_STATUS_OK,
+                         "%s: %s", sc->name, tri_last_error());
             char what[96];
             snprintf(what, sizeof what, "%s %s, %s prompt, batch %d", kind, sc->name, pr ? "short" : "long", n_batch);
             check_tokens(what, want, n_want, &c);
@@ -325,10 +316,10 @@ static void load_and_check(tri_session *s, const char *what, const char *path, c
     tri_prompt_cache_stats cs;
     cr_assert_eq(tri_session_load_prompt(s, path, prompt, n, &cs), TRI_STATUS_OK, "%s: %s", what, tri_last_error());
     cr_assert_eq(cs.n_tokens, reused, "%s: %d tokens reused, want %d", what, cs.n_tokens, reused);
-    collected c = {0};
+    tt_tokens c = {.cap = 64};
     tri_generate_params gp = greedy_params(n_want);
-    cr_assert_eq(tri_generate(s, prompt + reused, n - reused, &gp, collect, &c, NULL), TRI_STATUS_OK, "%s: %s", what,
-                 tri_last_error());
+    cr_assert_eq(tri_generate(s, prompt + reused, n - reused, &gp, tt_collect_upto, &c, NULL), TRI_STATUS_OK, "%s: %s",
+                 what, tri_last_error());
     check_tokens(what, want, n_want, &c);
 }
 
@@ -350,9 +341,10 @@ static void check_prompt_cache(const char *kind, bool dynamic) {
     tri_session_params sp = session_params(7);
     tri_session *s = NULL;
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
-    collected c = {0};
+    tt_tokens c = {.cap = 64};
     tri_generate_params gp = greedy_params(1);
-    cr_assert_eq(tri_generate(s, g.lng, g.n_lng, &gp, collect, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate(s, g.lng, g.n_lng, &gp, tt_collect_upto, &c, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
     char what[96];
     // after a run of P = 48: the short prompt (P = 20) over 12 cached rows
     snprintf(what, sizeof what, "%s: short prompt over 12 cached rows", kind);
@@ -379,7 +371,8 @@ static void check_prompt_cache(const char *kind, bool dynamic) {
     tri_session_reset(s);
     memset(&c, 0, sizeof c);
     gp = greedy_params(g.n_lng_greedy);
-    cr_assert_eq(tri_generate(s, g.lng, g.n_lng, &gp, collect, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate(s, g.lng, g.n_lng, &gp, tt_collect_upto, &c, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
     check_tokens("fresh after loads", g.lng_greedy, g.n_lng_greedy, &c);
     tri_session_free(s);
     const char *paths[] = {p12s, p12l, p40, p48};

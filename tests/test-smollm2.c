@@ -160,13 +160,6 @@ static double log_prob(const float *row, int32_t n_vocab, int32_t tok) {
     return (double)row[tok] - mx - log(sum);
 }
 
-static int32_t argmax(const float *row, int32_t n_vocab) {
-    int32_t best = 0;
-    for (int32_t j = 1; j < n_vocab; j++)
-        if (row[j] > row[best]) best = j;
-    return best;
-}
-
 // ---- perplexity and argmax over Genesis 1 ----
 
 // Our perplexity of model on the reference's ids, checked against the reference r (run on the
@@ -188,7 +181,7 @@ static double check_perplexity_of(const char *model, const ref_data *r_in, tri_d
     for (int32_t p = 0; p < r.n_eval; p++) {
         const float *row = tri_session_logits(s, p);
         cr_assert(row != NULL);
-        int32_t t1 = argmax(row, n_vocab);
+        int32_t t1 = tt_argmax(row, n_vocab);
         agree += t1 == r.top1[p];
         if (r.margin[p] >= TOP1_CLEAR_MARGIN) {
             clear++;
@@ -329,12 +322,6 @@ Test(smollm2, iq4_xs_requantized_perplexity, .timeout = 600) {
 
 // ---- greedy answer to a chat prompt ----
 
-static bool collect(int32_t tok, void *user) {
-    int32_t **p = user;
-    *(*p)++ = tok;
-    return true;
-}
-
 Test(smollm2, greedy_answer_matches_reference, .timeout = TT_TIMEOUT(300)) {
     const char *model = model_path();
     static ref_data r;
@@ -347,7 +334,7 @@ Test(smollm2, greedy_answer_matches_reference, .timeout = TT_TIMEOUT(300)) {
     // all of it, N = its length
     gp.n_predict = r.n_greedy;
     tri_generate_stats st;
-    cr_assert_eq(tri_generate(s, r.prompt, r.n_prompt, &gp, collect, &w, &st), TRI_STATUS_OK, "%s",
+    cr_assert_eq(tri_generate(s, r.prompt, r.n_prompt, &gp, tt_collect_cursor, &w, &st), TRI_STATUS_OK, "%s",
                  tri_last_error());
     int32_t n = (int32_t)(w - got);
 

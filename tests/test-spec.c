@@ -22,39 +22,13 @@
 
 // ---- helpers ----
 
-// Writes a seeded model (GGUF) to the test's scratch directory; returns its path (static buffer per
-// tag slot).
-static const char *gen_model(const char *tag, const char *opts) {
-    static char paths[8][4096];
-    static int next;
-    const char *gen = getenv("TRI_GEN_MODEL");
-    cr_assert(gen, "TRI_GEN_MODEL is not set: run through meson test");
-    char name[128], cmd[8192];
-    snprintf(name, sizeof name, "spec-%s.gguf", tag);
-    char *path = paths[next++ % 8];
-    snprintf(path, 4096, "%s", tt_tmp(name));
-    snprintf(cmd, sizeof cmd, "'%s' %s --out-gguf '%s' >/dev/null", gen, opts, path);
-    int rc = system(cmd);
-    cr_assert(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "generator failed: %s", cmd);
-    return path;
-}
+// A seeded model of the suite (spec-<tag>.gguf, test-util.h); its path.
+static const char *gen_model(const char *tag, const char *opts) { return tt_gen_model_as("spec", tag, opts); }
 
 static tri_model *load(const char *path) {
     tri_model *m;
     cr_assert_eq(tri_model_load(path, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
     return m;
-}
-
-typedef struct collect {
-    int32_t *tok;
-    int32_t n, cap;
-} collect;
-
-static bool on_token(int32_t tok, void *user) {
-    collect *c = user;
-    cr_assert(c->n < c->cap);
-    c->tok[c->n++] = tok;
-    return true;
 }
 
 // The speculative batch's tests compute on the CPU whatever the machine: engines on a GPU hold
@@ -79,8 +53,8 @@ static void plain_greedy(const tri_model *m, const int32_t *prompt, int32_t n_pr
     tri_generate_params gp = tri_generate_default_params();
     gp.n_predict = n;
     gp.stop_at_eos = false;
-    collect c = {out, 0, n};
-    cr_assert_eq(tri_generate(s, prompt, n_prompt, &gp, on_token, &c, NULL), TRI_STATUS_OK, "%s",
+    tt_token_span c = {out, 0, n};
+    cr_assert_eq(tri_generate(s, prompt, n_prompt, &gp, tt_collect_span, &c, NULL), TRI_STATUS_OK, "%s",
                  tri_last_error());
     cr_assert_eq(c.n, n);
     tri_session_free(s);
@@ -274,9 +248,9 @@ static void check_greedy_modes_with(const tri_model *target, const drafter_case 
             for (int gi = 0; gi < n_gammas; gi++) {
                 tri_spec_params p = params_of((tri_spec_mode)mode, &drafters[di], gammas[gi][0], gammas[gi][1]);
                 tri_spec *s = spec_new(target, &p, n_ctx);
-                collect c = {got, 0, n_gen};
+                tt_token_span c = {got, 0, n_gen};
                 tri_spec_stats st;
-                cr_assert_eq(tri_generate_spec(s, prompt, n_prompt, &gp, on_token, &c, &st), TRI_STATUS_OK, "%s",
+                cr_assert_eq(tri_generate_spec(s, prompt, n_prompt, &gp, tt_collect_span, &c, &st), TRI_STATUS_OK, "%s",
                              tri_last_error());
                 cr_assert_eq(c.n, n_gen);
                 for (int i = 0; i < n_gen; i++)
@@ -341,9 +315,9 @@ Test(spec, greedy_with_penalties_equals_plain_decoding) {
         gp.sampler = sp;
         gp.stop_at_eos = false;
         gp.n_predict = N_GEN / 2;
-        collect c = {got, 0, N_GEN};
-        cr_assert_eq(tri_generate(ss, prompts[i], 12, &gp, on_token, &c, NULL), TRI_STATUS_OK);
-        cr_assert_eq(tri_generate(ss, NULL, 0, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+        tt_token_span c = {got, 0, N_GEN};
+        cr_assert_eq(tri_generate(ss, prompts[i], 12, &gp, tt_collect_span, &c, NULL), TRI_STATUS_OK);
+        cr_assert_eq(tri_generate(ss, NULL, 0, &gp, tt_collect_span, &c, NULL), TRI_STATUS_OK);
         cr_assert_eq(c.n, N_GEN);
         for (int j = 0; j < N_GEN; j++) cr_assert_eq(got[j], pen[j], "prompt %d: tri_generate token %d", i, j);
         tri_session_free(ss);
@@ -385,11 +359,11 @@ Test(spec, continue_and_reset) {
     tri_generate_params gp = tri_generate_default_params();
     gp.stop_at_eos = false;
     for (int rep = 0; rep < 2; rep++) {
-        collect c = {got, 0, 30};
+        tt_token_span c = {got, 0, 30};
         gp.n_predict = 11;
-        cr_assert_eq(tri_generate_spec(s, prompts[1], 12, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+        cr_assert_eq(tri_generate_spec(s, prompts[1], 12, &gp, tt_collect_span, &c, NULL), TRI_STATUS_OK);
         gp.n_predict = 19;
-        cr_assert_eq(tri_generate_spec(s, NULL, 0, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+        cr_assert_eq(tri_generate_spec(s, NULL, 0, &gp, tt_collect_span, &c, NULL), TRI_STATUS_OK);
         cr_assert_eq(c.n, 30);
         cr_assert_eq(tri_spec_n_past(s), 12 + 30);
         for (int i = 0; i < 30; i++) cr_assert_eq(got[i], want[i], "rep %d token %d", rep, i);
@@ -415,11 +389,11 @@ Test(spec, seed_continues_across_calls) {
         tri_session_params sp = small_session(64);
         tri_session *ss;
         cr_assert_eq(tri_session_create(target, &sp, &ss), TRI_STATUS_OK);
-        collect c = {pass ? split : one, 0, 20};
+        tt_token_span c = {pass ? split : one, 0, 20};
         gp.n_predict = pass ? 10 : 20;
-        cr_assert_eq(tri_generate(ss, prompts[0], 12, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+        cr_assert_eq(tri_generate(ss, prompts[0], 12, &gp, tt_collect_span, &c, NULL), TRI_STATUS_OK);
         // the continuation runs the last emitted token first, as one call would have
-        if (pass) cr_assert_eq(tri_generate(ss, NULL, 0, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+        if (pass) cr_assert_eq(tri_generate(ss, NULL, 0, &gp, tt_collect_span, &c, NULL), TRI_STATUS_OK);
         cr_assert_eq(c.n, 20);
         tri_session_free(ss);
     }
@@ -437,22 +411,22 @@ Test(spec, seed_continues_across_calls) {
         tri_spec *s = spec_new(target, &p, 64);
         int32_t first[20], again[20];
         for (int rep = 0; rep < 2; rep++) {
-            collect c = {rep ? again : first, 0, 20};
+            tt_token_span c = {rep ? again : first, 0, 20};
             tri_spec_reset(s);
             gp.n_predict = mode == TRI_SPEC_MODE_NONE ? 20 : 10;
-            cr_assert_eq(tri_generate_spec(s, prompts[0], 12, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+            cr_assert_eq(tri_generate_spec(s, prompts[0], 12, &gp, tt_collect_span, &c, NULL), TRI_STATUS_OK);
             if (mode != TRI_SPEC_MODE_NONE)
-                cr_assert_eq(tri_generate_spec(s, NULL, 0, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+                cr_assert_eq(tri_generate_spec(s, NULL, 0, &gp, tt_collect_span, &c, NULL), TRI_STATUS_OK);
             cr_assert_eq(c.n, 20);
         }
         for (int i = 0; i < 20; i++) cr_assert_eq(again[i], first[i], "%s: token %d after a reset", mode_name(mode), i);
         if (mode == TRI_SPEC_MODE_NONE) {
             // 10 + 10 in NONE mode equals the one call
-            collect c = {again, 0, 20};
+            tt_token_span c = {again, 0, 20};
             tri_spec_reset(s);
             gp.n_predict = 10;
-            cr_assert_eq(tri_generate_spec(s, prompts[0], 12, &gp, on_token, &c, NULL), TRI_STATUS_OK);
-            cr_assert_eq(tri_generate_spec(s, NULL, 0, &gp, on_token, &c, NULL), TRI_STATUS_OK);
+            cr_assert_eq(tri_generate_spec(s, prompts[0], 12, &gp, tt_collect_span, &c, NULL), TRI_STATUS_OK);
+            cr_assert_eq(tri_generate_spec(s, NULL, 0, &gp, tt_collect_span, &c, NULL), TRI_STATUS_OK);
             for (int i = 0; i < 20; i++) cr_assert_eq(again[i], first[i], "none: token %d of a split generation", i);
         }
         tri_spec_free(s);
@@ -633,14 +607,15 @@ Test(spec, caches_equal_plain_decoding_after_rollbacks) {
             p.chunk = 4;
             tri_spec *s = spec_new(target, &p, 128);
             int32_t got[128];
-            collect c = {got, 0, 128};
+            tt_token_span c = {got, 0, 128};
             // several calls: each ends after a round whose drafts were partly rejected
             for (int call = 0; call < 4; call++) {
                 gp.n_predict = 7 + 3 * call;
                 gp.sampler.seed = (uint64_t)(100 * mode + 10 * di + call);
                 tri_spec_stats st;
-                cr_assert_eq(tri_generate_spec(s, call ? NULL : prompts[2], call ? 0 : 12, &gp, on_token, &c, &st),
-                             TRI_STATUS_OK);
+                cr_assert_eq(
+                    tri_generate_spec(s, call ? NULL : prompts[2], call ? 0 : 12, &gp, tt_collect_span, &c, &st),
+                    TRI_STATUS_OK);
                 for (int lvl = 1; lvl <= 3; lvl++) {
                     tri__level *lv = tri__spec_level(s, lvl);
                     if (!lv) continue;
@@ -705,7 +680,7 @@ Test(spec, small_budgets_exact_output_and_caches, .timeout = TT_TIMEOUT(120)) {
                     p.refresh_accept = refresh_rules[ri].accept;
                     tri_spec *s = spec_new(target, &p, 256);
                     int32_t got[SMALL_GEN];
-                    collect c = {got, 0, SMALL_GEN};
+                    tt_token_span c = {got, 0, SMALL_GEN};
                     tri_generate_params gp = tri_generate_default_params();
                     gp.stop_at_eos = false;
                     gp.sampler.temperature = temp ? 1.0f : 0.0f;
@@ -715,7 +690,7 @@ Test(spec, small_budgets_exact_output_and_caches, .timeout = TT_TIMEOUT(120)) {
                         gp.sampler.seed = (uint64_t)(1000 * temp + 100 * mode + 10 * di + ri + call);
                         tri_spec_stats st;
                         cr_assert_eq(tri_generate_spec(s, call ? NULL : prompt, call ? 0 : SMALL_PROMPT, &gp,
-                                                       on_token, &c, &st),
+                                                       tt_collect_span, &c, &st),
                                      TRI_STATUS_OK, "%s", tri_last_error());
                         l2_rejected += st.l2_proposed - st.l2_accepted;
                         refreshes += st.n_l2_refresh;
@@ -787,7 +762,7 @@ Test(spec, l1_catch_up_across_calls_equals_one_token_steps, .timeout = TT_TIMEOU
                 p.draft_sink = 4;
                 tri_spec *s = spec_new(target, &p, 256);
                 int32_t got[64];
-                collect c = {got, 0, 64};
+                tt_token_span c = {got, 0, 64};
                 tri_generate_params gp = tri_generate_default_params();
                 gp.stop_at_eos = false;
                 gp.sampler.temperature = 1.0f;
@@ -799,7 +774,7 @@ Test(spec, l1_catch_up_across_calls_equals_one_token_steps, .timeout = TT_TIMEOU
                     const int32_t *pr = call == 0 ? prompt : call == 2 ? more : NULL;
                     int32_t npr = call == 0 ? SMALL_PROMPT : call == 2 ? 5 : 0;
                     if (call > 0 && tri__level_n_past(tri__spec_level(s, 1)) <= tri_spec_n_past(s) - 3) lagged++;
-                    cr_assert_eq(tri_generate_spec(s, pr, npr, &gp, on_token, &c, NULL), TRI_STATUS_OK, "%s",
+                    cr_assert_eq(tri_generate_spec(s, pr, npr, &gp, tt_collect_span, &c, NULL), TRI_STATUS_OK, "%s",
                                  tri_last_error());
                     for (int lvl = 1; lvl <= 3; lvl++) {
                         tri__level *lv = tri__spec_level(s, lvl);
@@ -840,8 +815,9 @@ Test(spec, l1_prefills_an_interval_per_step) {
     tri_generate_params gp = tri_generate_default_params();
     gp.n_predict = 1;  // no draft: L1 has run the prefill only
     gp.stop_at_eos = false;
-    collect c = {got, 0, GEN};
-    cr_assert_eq(tri_generate_spec(s, prompt, P, &gp, on_token, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    tt_token_span c = {got, 0, GEN};
+    cr_assert_eq(tri_generate_spec(s, prompt, P, &gp, tt_collect_span, &c, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
     // P - 1 tokens: to the window in one step, then intervals of 64, split where the engine's
     // pieces of 128 end
     int64_t bound = (P - 1) / 64 + 1 + (P - 1) / 128 + 1;
@@ -850,7 +826,8 @@ Test(spec, l1_prefills_an_interval_per_step) {
     tri_spec_reset(s);
     gp.n_predict = GEN;
     c.n = 0;
-    cr_assert_eq(tri_generate_spec(s, prompt, P, &gp, on_token, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    cr_assert_eq(tri_generate_spec(s, prompt, P, &gp, tt_collect_span, &c, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
     plain_greedy(target, prompt, P, GEN, 1024, want);
     for (int i = 0; i < GEN; i++) cr_assert_eq(got[i], want[i], "token %d: %d, plain %d", i, got[i], want[i]);
     tri_spec_free(s);
@@ -1125,16 +1102,16 @@ static chi_result chi_square(tri_spec *s, const tri_sampler_params *sp, const ch
     chi_result res = {0};
     for (int r = 0; r < CHI_RUNS; r++) {
         int32_t got[CHI_GEN];
-        collect c = {got, 0, CHI_GEN};
+        tt_token_span c = {got, 0, CHI_GEN};
         gp.sampler.seed = 1000003ull * (uint64_t)r + sp->seed;
         tri_spec_stats st;
         if (r == 0) {
             tri_spec_reset(s);
-            cr_assert_eq(tri_generate_spec(s, chi_prompt, CHI_PROMPT, &gp, on_token, &c, &st), TRI_STATUS_OK, "%s",
-                         tri_last_error());
+            cr_assert_eq(tri_generate_spec(s, chi_prompt, CHI_PROMPT, &gp, tt_collect_span, &c, &st), TRI_STATUS_OK,
+                         "%s", tri_last_error());
         } else {
             cr_assert_eq(tri_spec_truncate(s, CHI_PROMPT - 1), TRI_STATUS_OK);
-            cr_assert_eq(tri_generate_spec(s, chi_prompt + CHI_PROMPT - 1, 1, &gp, on_token, &c, &st),
+            cr_assert_eq(tri_generate_spec(s, chi_prompt + CHI_PROMPT - 1, 1, &gp, tt_collect_span, &c, &st),
                          TRI_STATUS_OK, "%s", tri_last_error());
         }
         cr_assert_eq(c.n, CHI_GEN);
@@ -1329,9 +1306,9 @@ Test(spec, smollm2_greedy_self_draft_and_ngram, .timeout = TT_TIMEOUT(300)) {
         for (int di = 0; di < 2; di++) {
             tri_spec_params p = params_of(modes[mi], &drafters[di], 2, 4);
             tri_spec *s = spec_new(target, &p, 64);
-            collect c = {got, 0, 16};
+            tt_token_span c = {got, 0, 16};
             tri_spec_stats st;
-            cr_assert_eq(tri_generate_spec(s, prompt, 24, &gp, on_token, &c, &st), TRI_STATUS_OK, "%s",
+            cr_assert_eq(tri_generate_spec(s, prompt, 24, &gp, tt_collect_span, &c, &st), TRI_STATUS_OK, "%s",
                          tri_last_error());
             for (int i = 0; i < 16; i++)
                 cr_assert_eq(got[i], want[i], "SmolLM2 %s/%s: token %d is %d, plain %d", mode_name(modes[mi]),
@@ -1560,13 +1537,13 @@ Test(spec, l2_over_offloaded_l3_exact_greedy, .timeout = TT_TIMEOUT(120)) {
             tri_spec *s;
             cr_assert_eq(tri_spec_create(target, &sp, &p, &s), TRI_STATUS_OK, "%s", tri_last_error());
             int32_t got[NG];
-            collect c = {got, 0, NG};
+            tt_token_span c = {got, 0, NG};
             tri_generate_params gp = tri_generate_default_params();
             gp.n_predict = NG;
             gp.stop_at_eos = false;
             gp.sampler.temperature = 0.0f;
             tri_spec_stats st;
-            cr_assert_eq(tri_generate_spec(s, prompt, NP, &gp, on_token, &c, &st), TRI_STATUS_OK, "%s",
+            cr_assert_eq(tri_generate_spec(s, prompt, NP, &gp, tt_collect_span, &c, &st), TRI_STATUS_OK, "%s",
                          tri_last_error());
             cr_assert_eq(c.n, NG);
             for (int i = 0; i < NG; i++)
@@ -1954,11 +1931,11 @@ Test(spec, tree_greedy_equals_plain_decoding, .timeout = TT_TIMEOUT(300)) {
                     tri_generate_params gp = tri_generate_default_params();
                     gp.n_predict = NG;
                     gp.stop_at_eos = false;
-                    collect c = {got, 0, NG};
+                    tt_token_span c = {got, 0, NG};
                     tri_spec_stats st;
-                    cr_assert_eq(
-                        tri_generate_spec(s, lng ? prompt : prompt + NP - 40, lng ? NP : 40, &gp, on_token, &c, &st),
-                        TRI_STATUS_OK, "%s", tri_last_error());
+                    cr_assert_eq(tri_generate_spec(s, lng ? prompt : prompt + NP - 40, lng ? NP : 40, &gp,
+                                                   tt_collect_span, &c, &st),
+                                 TRI_STATUS_OK, "%s", tri_last_error());
                     cr_assert_eq(c.n, NG);
                     for (int i = 0; i < NG; i++)
                         cr_assert_eq(got[i], lng ? want[i] : want_short[i],
@@ -2151,28 +2128,28 @@ static void check_spec_batch(const batch_fixture *f, float temp, int64_t *n_pass
             plain_greedy(f->target, pr[i], c->n_prompt, c->n_gen, 128, want[i]);
         } else {  // the engine alone, the same seed
             tri_spec *s = batch_spec(f, c);
-            collect col = {want[i], 0, 64};
-            cr_assert_eq(tri_generate_spec(s, pr[i], c->n_prompt, &gp[i], on_token, &col, NULL), TRI_STATUS_OK, "%s",
-                         tri_last_error());
+            tt_token_span col = {want[i], 0, 64};
+            cr_assert_eq(tri_generate_spec(s, pr[i], c->n_prompt, &gp[i], tt_collect_span, &col, NULL), TRI_STATUS_OK,
+                         "%s", tri_last_error());
             cr_assert_eq(col.n, c->n_gen);
             tri_spec_free(s);
         }
     }
     tri_spec *specs[N_BATCH];
-    collect cols[N_BATCH];
+    tt_token_span cols[N_BATCH];
     tri_spec_stats stats[N_BATCH];
     tri_spec_batch *b;
     cr_assert_eq(tri_spec_batch_create(&b), TRI_STATUS_OK);
     for (int i = 0; i < N_BATCH; i++) {
         specs[i] = batch_spec(f, &batch_cases[i]);
-        cols[i] = (collect){got[i], 0, 64};
+        cols[i] = (tt_token_span){got[i], 0, 64};
         int32_t id = -1;
-        cr_assert_eq(
-            tri_spec_batch_add(b, specs[i], pr[i], batch_cases[i].n_prompt, &gp[i], on_token, &cols[i], &stats[i], &id),
-            TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_eq(tri_spec_batch_add(b, specs[i], pr[i], batch_cases[i].n_prompt, &gp[i], tt_collect_span, &cols[i],
+                                        &stats[i], &id),
+                     TRI_STATUS_OK, "%s", tri_last_error());
         cr_assert_eq(id, i);
     }
-    cr_assert_eq(tri_spec_batch_add(b, specs[0], pr[0], 3, &gp[0], on_token, &cols[0], NULL, NULL),
+    cr_assert_eq(tri_spec_batch_add(b, specs[0], pr[0], 3, &gp[0], tt_collect_span, &cols[0], NULL, NULL),
                  TRI_STATUS_INVALID_ARGUMENT, "an engine generating in the batch is refused");
     int32_t running = N_BATCH, steps = 0;
     while (running > 0) {
@@ -2232,18 +2209,18 @@ Test(spec, batch_call_reports_each_status) {
     const int32_t n_prompts[3] = {4, 2, 3};
     tri_generate_params gp[3];
     int32_t toks[3][16];
-    collect cols[3];
+    tt_token_span cols[3];
     void *users[3];
     for (int i = 0; i < 3; i++) {
         gp[i] = tri_generate_default_params();
         gp[i].n_predict = 10;
         gp[i].stop_at_eos = false;
-        cols[i] = (collect){toks[i], 0, 16};
+        cols[i] = (tt_token_span){toks[i], 0, 16};
         users[i] = &cols[i];
     }
     tri_status sts[3];
     tri_spec_stats stats[3];
-    cr_assert_eq(tri_generate_spec_batch(specs, pr, n_prompts, gp, on_token, users, stats, sts, 3),
+    cr_assert_eq(tri_generate_spec_batch(specs, pr, n_prompts, gp, tt_collect_span, users, stats, sts, 3),
                  TRI_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(tri_last_error(), "sequence 1:") && strstr(tri_last_error(), "outside the vocabulary"), "%s",
               tri_last_error());
@@ -2251,7 +2228,7 @@ Test(spec, batch_call_reports_each_status) {
     cr_assert(cols[0].n == 10 && cols[1].n == 0 && cols[2].n == 10);
     cr_assert_eq(stats[2].n_generated, 10);
     tri_spec *same[2] = {specs[0], specs[0]};
-    cr_assert_eq(tri_generate_spec_batch(same, pr, n_prompts, gp, on_token, users, NULL, NULL, 2),
+    cr_assert_eq(tri_generate_spec_batch(same, pr, n_prompts, gp, tt_collect_span, users, NULL, NULL, 2),
                  TRI_STATUS_INVALID_ARGUMENT);
     for (int i = 0; i < 3; i++) tri_spec_free(specs[i]);
     tri_model_free(target);
@@ -2274,17 +2251,17 @@ Test(spec, batch_with_a_tensor_parallel_engine) {
     plain_greedy(target, pa, 5, 16, 64, want[0]);
     plain_greedy(target, pb, 3, 16, 64, want[1]);
     tri_generate_params gp[2];
-    collect cols[2];
+    tt_token_span cols[2];
     void *users[2];
     for (int i = 0; i < 2; i++) {
         gp[i] = tri_generate_default_params();
         gp[i].n_predict = 16;
         gp[i].stop_at_eos = false;
-        cols[i] = (collect){got[i], 0, 16};
+        cols[i] = (tt_token_span){got[i], 0, 16};
         users[i] = &cols[i];
     }
-    cr_assert_eq(tri_generate_spec_batch(specs, pr, n_pr, gp, on_token, users, NULL, NULL, 2), TRI_STATUS_OK, "%s",
-                 tri_last_error());
+    cr_assert_eq(tri_generate_spec_batch(specs, pr, n_pr, gp, tt_collect_span, users, NULL, NULL, 2), TRI_STATUS_OK,
+                 "%s", tri_last_error());
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(cols[i].n, 16);
         for (int t = 0; t < 16; t++)

@@ -243,22 +243,10 @@ Test(tp, logits_streaming_cache) { check_logits("tp-stream", "--dtype f32", TRI_
 
 // ---- greedy speculative decoding equals greedy plain decoding on the same devices ----
 
-typedef struct collect {
-    int32_t tok[64];
-    int32_t n;
-} collect;
-
-static bool on_token(int32_t tok, void *user) {
-    collect *c = user;
-    cr_assert(c->n < 64);
-    c->tok[c->n++] = tok;
-    return true;
-}
-
 static const int32_t prompt[24] = {10, 20, 30, 40, 50, 60, 11, 21, 31, 41, 51, 61,
                                    10, 20, 30, 40, 50, 60, 11, 21, 31, 41, 51, 61};
 
-static void plain(const tri_model *m, int n, collect *c) {
+static void plain(const tri_model *m, int n, tt_tokens *c) {
     tri_session_params sp = params(n, 128);
     tri_session *s;
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
@@ -266,7 +254,8 @@ static void plain(const tri_model *m, int n, collect *c) {
     gp.n_predict = 40;
     gp.stop_at_eos = false;
     c->n = 0;
-    cr_assert_eq(tri_generate(s, prompt, 24, &gp, on_token, c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    c->cap = 64;
+    cr_assert_eq(tri_generate(s, prompt, 24, &gp, tt_collect, c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
     tri_session_free(s);
 }
 
@@ -293,7 +282,7 @@ Test(tp, greedy_speculative_equals_plain, .timeout = TT_TIMEOUT(300)) {
                                                      "--head-dim 16"));
     static const int32_t layers[] = {0, 2};
     for (int n = 1; n <= 3; n++) {
-        collect want;
+        tt_tokens want;
         plain(m, n, &want);
         cr_assert_eq(want.n, 40);
         struct {
@@ -317,9 +306,9 @@ Test(tp, greedy_speculative_equals_plain, .timeout = TT_TIMEOUT(300)) {
             tri_generate_params gp = tri_generate_default_params();
             gp.n_predict = 40;
             gp.stop_at_eos = false;
-            collect got = {.n = 0};
+            tt_tokens got = {.n = 0, .cap = 64};
             tri_spec_stats st;
-            cr_assert_eq(tri_generate_spec(e, prompt, 24, &gp, on_token, &got, &st), TRI_STATUS_OK, "%s",
+            cr_assert_eq(tri_generate_spec(e, prompt, 24, &gp, tt_collect, &got, &st), TRI_STATUS_OK, "%s",
                          tri_last_error());
             cr_assert_eq(got.n, 40, "%s, N = %d", cases[i].name, n);
             for (int t = 0; t < 40; t++)
@@ -346,7 +335,7 @@ typedef struct tree_case {
 
 static void check_trees(const tri_model *m, const tri_model *draft, int n, int off, const tree_case *tc) {
     static const int32_t layers[] = {0, 2};
-    collect want;
+    tt_tokens want;
     plain(m, n, &want);
     cr_assert_eq(want.n, 40);
     tri_spec_params p = small_spec(tc->mode, tc->drafter, draft, layers, 2, 16);
@@ -361,9 +350,9 @@ static void check_trees(const tri_model *m, const tri_model *draft, int n, int o
     tri_generate_params gp = tri_generate_default_params();
     gp.n_predict = 40;
     gp.stop_at_eos = false;
-    collect got = {.n = 0};
+    tt_tokens got = {.n = 0, .cap = 64};
     tri_spec_stats st;
-    cr_assert_eq(tri_generate_spec(e, prompt, 24, &gp, on_token, &got, &st), TRI_STATUS_OK, "%s: %s", tc->name,
+    cr_assert_eq(tri_generate_spec(e, prompt, 24, &gp, tt_collect, &got, &st), TRI_STATUS_OK, "%s: %s", tc->name,
                  tri_last_error());
     cr_assert_eq(got.n, 40, "%s", tc->name);
     for (int t = 0; t < 40; t++)
@@ -645,8 +634,8 @@ Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
         tri_generate_params gp = tri_generate_default_params();
         gp.n_predict = 12;
         gp.stop_at_eos = false;
-        collect want = {.n = 0}, got = {.n = 0};
-        cr_assert_eq(tri_generate(s, prompt, 12, &gp, on_token, &want, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+        tt_tokens want = {.n = 0, .cap = 64}, got = {.n = 0, .cap = 64};
+        cr_assert_eq(tri_generate(s, prompt, 12, &gp, tt_collect, &want, NULL), TRI_STATUS_OK, "%s", tri_last_error());
         tri_session_free(s);
         static const int32_t layers[] = {0};
         tri_spec_params p = small_spec(TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS, NULL, layers, 1, 8);
@@ -658,7 +647,7 @@ Test(tp, two_cuda_devices, .timeout = TT_TIMEOUT(600)) {
             tri_spec_stats st;
             got.n = 0;
             cr_assert_eq(tri_spec_create(m, &sp, &p, &e), TRI_STATUS_OK, "%s", tri_last_error());
-            cr_assert_eq(tri_generate_spec(e, prompt, 12, &gp, on_token, &got, &st), TRI_STATUS_OK, "NCCL %d: %s",
+            cr_assert_eq(tri_generate_spec(e, prompt, 12, &gp, tt_collect, &got, &st), TRI_STATUS_OK, "NCCL %d: %s",
                          nccl, tri_last_error());
             cr_assert_eq(got.n, 12);
             for (int t = 0; t < 12; t++)

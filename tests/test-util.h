@@ -3,6 +3,8 @@
 #define TRI_TEST_UTIL_H
 
 #include <criterion/criterion.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,5 +91,40 @@ static inline void tt_write_file(const char *path, const void *data, size_t len)
     cr_assert(fwrite(data, 1, len, f) == len);
     fclose(f);
 }
+
+// ---- the test kit: tests/test-kit.c, linked into every suite ----
+
+// Tokens a generation produced (tri_generate's callback): tok[0..n), at most cap (0: TT_TOKENS_MAX).
+enum { TT_TOKENS_MAX = 4096 };
+typedef struct tt_tokens {
+    int32_t tok[TT_TOKENS_MAX];
+    int32_t n;
+    int32_t cap;  // 0: TT_TOKENS_MAX
+} tt_tokens;
+
+// Appends tok to the tt_tokens user; fails the test when it holds cap tokens already.
+bool tt_collect(int32_t tok, void *user);
+// Appends tok to the tt_tokens user while it holds fewer than cap, drops it after.
+bool tt_collect_upto(int32_t tok, void *user);
+
+// Tokens collected into the caller's array tok (cap entries).
+typedef struct tt_token_span {
+    int32_t *tok;
+    int32_t n, cap;
+} tt_token_span;
+
+// Appends tok to the tt_token_span user; fails the test when it holds cap tokens already.
+bool tt_collect_span(int32_t tok, void *user);
+
+// Stores tok at *cursor and advances it: user is an int32_t ** into an array with room.
+bool tt_collect_cursor(int32_t tok, void *user);
+
+// tt_gen_model with a prefix: the model written as <prefix>-<tag> (suites whose tests share tags).
+const char *tt_gen_model_as(const char *prefix, const char *tag, const char *opts);
+
+// ---- logits ----
+
+// The index of the largest of x[0..n), the first of equals (greedy decoding's token).
+int32_t tt_argmax(const float *x, int32_t n);
 
 #endif  // TRI_TEST_UTIL_H
