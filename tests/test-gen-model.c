@@ -20,7 +20,7 @@ static int run(const char *cmd) {
 // Generates into $TRI_TEST_TMP/gen-<tag>.{gguf,hf} with opts and checks the pair.
 static void gen_and_check(const char *tag, const char *opts) {
     const char *gen = getenv("TRI_GEN_MODEL");
-    const char *py = getenv("TRI_TEST_PYTHON");
+    const char *py = tt_python("fixtures/check-gen-model.py");
     const char *src = getenv("TRI_TEST_SRC");
     cr_assert(gen && py && src, "TRI_GEN_MODEL, TRI_TEST_PYTHON, TRI_TEST_SRC: run through meson test");
     char name[128], gguf[4096], hf[4096], cmd[16384];

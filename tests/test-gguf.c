@@ -426,8 +426,8 @@ Test(gguf, llama_config_needs_architecture) {
 // Opens $TRI_TEST_MODEL and compares with what the gguf package reads from the same file.
 Test(gguf, real_model_matches_gguf_package) {
     const char *model = getenv("TRI_TEST_MODEL");
-    const char *py = getenv("TRI_TEST_PYTHON");
-    if (!model || !*model || !py) cr_skip_test("TRI_TEST_MODEL or TRI_TEST_PYTHON is not set");
+    if (!model || !*model) cr_skip_test("TRI_TEST_MODEL is not set");
+    const char *py = tt_python("fixtures/make-gguf.py");
     char facts_path[4096], cmd[12288];
     snprintf(facts_path, sizeof facts_path, "%s", tt_tmp("gguf-model-facts.json"));
     snprintf(cmd, sizeof cmd, "'%s' '%s/fixtures/make-gguf.py' --model-facts '%s' '%s'", py,

@@ -264,7 +264,7 @@ static void reference(ref_out *r, const char *hf, const char *kv_quant, const ch
 // The same with more options of llama_ref.py (opts: "--kv-mixed S,W --batch B").
 static void reference_opts(ref_out *r, const char *hf, const char *kv_quant, const char *order, const char *tag,
                            const char *opts) {
-    const char *py = getenv("TRI_TEST_PYTHON"), *src = getenv("TRI_TEST_SRC");
+    const char *py = tt_python("reference/llama_ref.py"), *src = getenv("TRI_TEST_SRC");
     cr_assert(py && src, "TRI_TEST_PYTHON, TRI_TEST_SRC: run through meson test");
     char name[128], out[4096], gout[4096], cmd[16384], toks[512];
     snprintf(name, sizeof name, "kvq-%s-%s-%s.logits", tag, *kv_quant ? kv_quant : "none", order);

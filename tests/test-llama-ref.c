@@ -32,10 +32,10 @@ static void gen(const char *tag, const char *opts, char *gguf, char *hf, size_t 
 }
 
 static void self_check(const char *tag, const char *opts) {
+    const char *py = tt_python("reference/check_llama_ref.py");
     char gguf[4096], hf[4096], cmd[16384];
     gen(tag, opts, gguf, hf, sizeof gguf);
-    snprintf(cmd, sizeof cmd, "'%s' '%s/reference/check_llama_ref.py' '%s' '%s'", getenv("TRI_TEST_PYTHON"),
-             getenv("TRI_TEST_SRC"), hf, gguf);
+    snprintf(cmd, sizeof cmd, "'%s' '%s/reference/check_llama_ref.py' '%s' '%s'", py, getenv("TRI_TEST_SRC"), hf, gguf);
     cr_assert_eq(run(cmd), 0, "reference self-check failed: %s", cmd);
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", gguf, hf);
     run(cmd);
@@ -54,12 +54,14 @@ Test(llama_ref, dynamic) {
 
 // --out writes (n_tokens, n_vocab) f32 logits; --greedy's first id is the argmax of the last row.
 Test(llama_ref, command_line) {
+    const char *py = tt_python("reference/llama_ref.py");
     char gguf[4096], hf[4096], out[4096], ids[4096], cmd[32768];
     gen("cli", "--seed 3", gguf, hf, sizeof gguf);
     snprintf(out, sizeof out, "%s", tt_tmp("ref-cli-logits.bin"));
     snprintf(ids, sizeof ids, "%s", tt_tmp("ref-cli-ids.txt"));
-    snprintf(cmd, sizeof cmd, "'%s' '%s/reference/llama_ref.py' --model '%s' --tokens 5,300,7,42,9 --out '%s' --greedy 6 > '%s'",
-             getenv("TRI_TEST_PYTHON"), getenv("TRI_TEST_SRC"), hf, out, ids);
+    snprintf(cmd, sizeof cmd,
+             "'%s' '%s/reference/llama_ref.py' --model '%s' --tokens 5,300,7,42,9 --out '%s' --greedy 6 > '%s'", py,
+             getenv("TRI_TEST_SRC"), hf, out, ids);
     cr_assert_eq(run(cmd), 0, "%s", cmd);
     const int n_tok = 5, n_vocab = 384;  // the tiny shape
     size_t len;

@@ -33,7 +33,7 @@ typedef struct ref_case {
 
 // Generates the model pair for opts and runs the reference on its HF half.
 static void make_case(ref_case *rc, const char *tag, const char *opts) {
-    const char *gen = getenv("TRI_GEN_MODEL"), *py = getenv("TRI_TEST_PYTHON"), *src = getenv("TRI_TEST_SRC");
+    const char *gen = getenv("TRI_GEN_MODEL"), *py = tt_python("reference/llama_ref.py"), *src = getenv("TRI_TEST_SRC");
     cr_assert(gen && py && src, "TRI_GEN_MODEL, TRI_TEST_PYTHON, TRI_TEST_SRC: run through meson test");
     char name[128], out[4096], greedy_out[4096], cmd[32768], toks[512];
     snprintf(name, sizeof name, "llama-%s.gguf", tag);

@@ -41,7 +41,7 @@ static void generate(model_pair *mp, const char *tag, const char *opts) {
 
 // Runs tests/fixtures/edit-model.py with args (already quoted as needed).
 static void edit(const char *args) {
-    const char *py = getenv("TRI_TEST_PYTHON"), *src = getenv("TRI_TEST_SRC");
+    const char *py = tt_python("fixtures/edit-model.py"), *src = getenv("TRI_TEST_SRC");
     cr_assert(py && src, "TRI_TEST_PYTHON, TRI_TEST_SRC: run through meson test");
     char cmd[20480];
     snprintf(cmd, sizeof cmd, "'%s' '%s/fixtures/edit-model.py' %s", py, src, args);

@@ -77,7 +77,7 @@ static const char *model_path(void) {
 
 // Runs the reference on model (or reuses its cache under $TRI_TEST_TMP/dir) and parses its output.
 static void load_ref_in(ref_data *r, const char *model, const char *dir) {
-    const char *py = getenv("TRI_TEST_PYTHON"), *src = getenv("TRI_TEST_SRC");
+    const char *py = tt_python("reference/smollm2_ref.py"), *src = getenv("TRI_TEST_SRC");
     cr_assert(py && src, "TRI_TEST_PYTHON, TRI_TEST_SRC: run through meson test");
     char missing[4096], text[4096], out[4096], cmd[16384];
     snprintf(missing, sizeof missing, "%s", tt_fixture("smollm2", "MISSING"));
@@ -253,7 +253,7 @@ Test(smollm2, q4_k_m_requantized_perplexity, .timeout = 600) {
         char part[4200];
         snprintf(part, sizeof part, "%s.part.%d", q4km, (int)getpid());
         snprintf(cmd, sizeof cmd, "'%s' '%s/reference/requant_gguf.py' '%s' '%s' && mv '%s' '%s'",
-                 getenv("TRI_TEST_PYTHON"), getenv("TRI_TEST_SRC"), model, part, part, q4km);
+                 tt_python("reference/requant_gguf.py"), getenv("TRI_TEST_SRC"), model, part, part, q4km);
         cr_assert_eq(run(cmd), 0, "requantizing failed: %s", cmd);
     }
     tri_model *m;
@@ -299,7 +299,7 @@ Test(smollm2, iq4_xs_requantized_perplexity, .timeout = 600) {
         char part[4200];
         snprintf(part, sizeof part, "%s.part.%d", path, (int)getpid());
         snprintf(cmd, sizeof cmd, "'%s' '%s/reference/requant_gguf.py' --mix iq4_xs '%s' '%s' && mv '%s' '%s'",
-                 getenv("TRI_TEST_PYTHON"), getenv("TRI_TEST_SRC"), model, part, part, path);
+                 tt_python("reference/requant_gguf.py"), getenv("TRI_TEST_SRC"), model, part, part, path);
         cr_assert_eq(run(cmd), 0, "requantizing failed: %s", cmd);
     }
     tri_model *m;
@@ -344,7 +344,7 @@ Test(smollm2, greedy_answer_matches_reference, .timeout = TT_TIMEOUT(300)) {
     for (int32_t i = 0; i < n; i++) len += snprintf(ids + len, sizeof ids - (size_t)len, "%s%d", i ? "," : "", got[i]);
     snprintf(ours_path, sizeof ours_path, "%s", tt_tmp("smollm2-ours.txt"));
     snprintf(cmd, sizeof cmd, "'%s' '%s/reference/smollm2_ref.py' --gguf '%s' --decode '%s' > '%s'",
-             getenv("TRI_TEST_PYTHON"), getenv("TRI_TEST_SRC"), model, n ? ids : "0", ours_path);
+             tt_python("reference/smollm2_ref.py"), getenv("TRI_TEST_SRC"), model, n ? ids : "0", ours_path);
     if (n && run(cmd) == 0) {
         char *t = tt_read_file(ours_path, NULL);
         snprintf(ours, sizeof ours, "%s", t);

@@ -17,23 +17,48 @@
 #endif
 #define TT_TIMEOUT(s) ((s) * TT_TIME_SCALE)
 
+// Whether the build lacks the reference Python packages (tests/meson.build sets TRI_TEST_REFERENCE).
+static inline bool tt_no_reference(void) {
+    const char *have = getenv("TRI_TEST_REFERENCE");
+    return have && strcmp(have, "0") == 0;
+}
+
+// Skips the calling test when the build has no reference Python packages, so that the fixtures
+// of group (tests/fixtures/make-<group>.py) were not generated; the suite's other tests still run.
+static inline void tt_need_fixtures(const char *group) {
+    if (tt_no_reference())
+        cr_skip_test(
+            "needs the '%s' fixtures, made by the reference Python packages this build lacks "
+            "(scripts/setup-python.sh installs them)",
+            group);
+}
+
 // The path of a fixture written by tests/fixtures/make-<group>.py: $TRI_TEST_FIXTURES/group/name.
-// Returns a static buffer, overwritten by the next call.
+// Returns a static buffer, overwritten by the next call. Skips the calling test, naming the file,
+// when the build has no reference Python packages to make it.
 static inline const char *tt_fixture(const char *group, const char *name) {
     static char path[4096];
+    if (tt_no_reference())
+        cr_skip_test(
+            "needs the fixture %s/%s, made by tests/fixtures/make-%s.py with the reference Python packages "
+            "this build lacks (scripts/setup-python.sh installs them)",
+            group, name, group);
     const char *root = getenv("TRI_TEST_FIXTURES");
     cr_assert(root != NULL, "TRI_TEST_FIXTURES is not set: run the suites through meson test");
     snprintf(path, sizeof path, "%s/%s/%s", root, group, name);
     return path;
 }
 
-// Skips the calling test when the build has no reference Python packages, so that the fixtures
-// of group (tests/fixtures/make-<group>.py) were not generated; the suite's other tests still run.
-static inline void tt_need_fixtures(const char *group) {
-    const char *have = getenv("TRI_TEST_REFERENCE");
-    if (have && strcmp(have, "0") == 0)
-        cr_skip_test("needs the '%s' fixtures, made by the reference Python packages this build lacks "
-                     "(scripts/setup-python.sh installs them)", group);
+// The Python with the reference packages ($TRI_TEST_PYTHON), to run script (a path under tests/);
+// skips the calling test, naming script, when the build has none.
+static inline const char *tt_python(const char *script) {
+    const char *py = getenv("TRI_TEST_PYTHON");
+    if (tt_no_reference() || !py)
+        cr_skip_test(
+            "needs the reference Python packages to run tests/%s, which this build lacks "
+            "(scripts/setup-python.sh installs them)",
+            script);
+    return py;
 }
 
 // A fresh path for a scratch file under $TRI_TEST_TMP (created if missing).
