@@ -50,6 +50,8 @@ typedef struct tri__family {
     bool norm_plus_one;         // RMSNorm multiplies by (1 + w); HF stores w, llama.cpp's
                                 // converter stores 1 + w in GGUF
     bool embd_scale;            // the embedding rows are multiplied by sqrt(n_embd)
+    bool qk_norm;               // every head's query and key go through an RMSNorm of head_dim
+                                // weights before rope (GGUF attn_{q,k}_norm, HF self_attn.{q,k}_norm)
     bool attn_bias_key;         // config.json's attention_bias: true adds biases to q, k, v and o (transformers'
                                 // llama and gemma); refused in the other families, whose classes have none
     bool tied_default;          // config.json without tie_word_embeddings ties the head to the

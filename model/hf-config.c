@@ -529,6 +529,9 @@ static const name_map layer_names[] = {
     {"mlp.gate_proj.weight", "ffn_gate.weight"},
     {"mlp.up_proj.weight", "ffn_up.weight"},
     {"mlp.down_proj.weight", "ffn_down.weight"},
+    // Qwen3's per-head RMSNorm of q and k
+    {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight"},
     // Phi-3's fused matrices, under llama.cpp's names (its converter keeps them fused: gate_up in
     // ffn_up); the loader splits them into rows of the unfused slots
     {"self_attn.qkv_proj.weight", "attn_qkv.weight"},

@@ -300,7 +300,15 @@ static tri_status block_qkv(tri__llama *ll, const tri__layer *L, int32_t n) {
     TRY(op->matmul(be, ll->v, ll->xb, L->wv->data, L->wv->type, n, kv_dim, E));
     TRY(add_bias(ll, ll->q, L->bq, n, q_dim));
     TRY(add_bias(ll, ll->k, L->bk, n, kv_dim));
-    return add_bias(ll, ll->v, L->bv, n, kv_dim);
+    TRY(add_bias(ll, ll->v, L->bv, n, kv_dim));
+    // the family's per-head RMSNorm of q and k (qwen3), before rope: rows of head_dim
+    if (L->q_norm)
+        TRY(op->rmsnorm(be, ll->q, ll->q, L->q_norm->data, L->q_norm->type, (int64_t)n * c->n_head, c->head_dim,
+                        c->rms_eps));
+    if (L->k_norm)
+        TRY(op->rmsnorm(be, ll->k, ll->k, L->k_norm->data, L->k_norm->type, (int64_t)n * c->n_head_kv, c->head_dim,
+                        c->rms_eps));
+    return TRI_STATUS_OK;
 }
 
 // The rest of a block once attention wrote ll->att: the output projection, the residual, the

@@ -57,6 +57,7 @@ typedef enum cfg_dim {
     CFG_DIM_Q,      // n_head * head_dim
     CFG_DIM_KV,     // n_head_kv * head_dim
     CFG_DIM_ROT,    // head_dim / 2
+    CFG_DIM_HEAD,   // head_dim
 } cfg_dim;
 
 static int64_t dim_value(const tri_model_config *c, cfg_dim d) {
@@ -67,6 +68,7 @@ static int64_t dim_value(const tri_model_config *c, cfg_dim d) {
     case CFG_DIM_Q: return (int64_t)c->n_head * c->head_dim;
     case CFG_DIM_KV: return (int64_t)c->n_head_kv * c->head_dim;
     case CFG_DIM_ROT: return c->head_dim / 2;
+    case CFG_DIM_HEAD: return c->head_dim;
     }
     return 0;
 }
@@ -118,6 +120,9 @@ static void describe_dim(const tri_model *m, cfg_dim d, char *buf, size_t size) 
         break;
     case CFG_DIM_ROT:
         snprintf(buf, size, "%s / 2 = %d / 2", hf ? "head_dim" : gguf_head_key(m, k2, sizeof k2), c->head_dim);
+        break;
+    case CFG_DIM_HEAD:
+        snprintf(buf, size, "%s = %d", hf ? "head_dim" : gguf_head_key(m, k2, sizeof k2), c->head_dim);
         break;
     }
 }
@@ -312,6 +317,14 @@ static tri_status bind_all(tri_model *m) {
                     return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor '%s': type %s, want f32",
                                      (*slot[i])->file, (*slot[i])->source, tri_dtype_name((*slot[i])->type));
             }
+        }
+        // every query and key head's RMSNorm (qwen3)
+        if (m->family->qk_norm) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", il);
+            if ((st = bind(m, name, 1, CFG_DIM_HEAD, 0, &L->q_norm))) return st;
+            snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", il);
+            if ((st = bind(m, name, 1, CFG_DIM_HEAD, 0, &L->k_norm))) return st;
         }
     }
     return check_all_bound(m);

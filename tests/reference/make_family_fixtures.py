@@ -14,10 +14,14 @@ key and tensor names from gguf.constants), and records what transformers compute
 The weights are rounded to f16 and the model then runs in float32 (torch 1.13 has no f16 matmul
 on the CPU), so the f16 files hold exactly the function the goldens were computed with.
 
-Not run in CI (it needs torch and transformers 4.44.2):
+Not run in CI (it needs torch and transformers). The first four with transformers 4.44.2:
   python3 -m venv --system-site-packages VENV   # Debian's python3-torch
   VENV/bin/pip install transformers==4.44.2 safetensors gguf==0.19.0
   VENV/bin/python tests/reference/make_family_fixtures.py tests/fixtures/families
+Qwen3 (qwen3, qwen3-tied-yarn) needs transformers >= 4.51, which needs torch 2 (PyPI's wheel):
+  python3 -m venv VENV2
+  VENV2/bin/pip install torch==2.5.1 transformers==4.51.3 safetensors gguf==0.19.0 "numpy<2"
+  VENV2/bin/python tests/reference/make_family_fixtures.py tests/fixtures/families qwen3 qwen3-tied-yarn
 """
 import json
 import math
@@ -27,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
-from gguf import GGUFWriter, MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, TENSOR_NAMES
+from gguf import GGUFWriter, MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, TENSOR_NAMES, RopeScalingType
 from safetensors.torch import save_file
 
 VOCAB = 128
@@ -133,6 +137,9 @@ def gguf_tensors(family, cfg, sd):
         out.append((tname(MODEL_TENSOR.ATTN_V, i), sd[p + "self_attn.v_proj.weight"]))
         out.append((tname(MODEL_TENSOR.FFN_GATE, i), sd[p + "mlp.gate_proj.weight"]))
         out.append((tname(MODEL_TENSOR.FFN_UP, i), sd[p + "mlp.up_proj.weight"]))
+        if family.startswith("qwen3"):  # the per-head norms of q and k
+            out.append((tname(MODEL_TENSOR.ATTN_Q_NORM, i), sd[p + "self_attn.q_norm.weight"]))
+            out.append((tname(MODEL_TENSOR.ATTN_K_NORM, i), sd[p + "self_attn.k_norm.weight"]))
         if family == "qwen2":
             for t, hf in ((MODEL_TENSOR.ATTN_Q, "q"), (MODEL_TENSOR.ATTN_K, "k"), (MODEL_TENSOR.ATTN_V, "v")):
                 out.append((tname(t, i, ".bias"), sd[p + f"self_attn.{hf}_proj.bias"]))
@@ -199,6 +206,34 @@ def make(family, outdir, seed):
         def extra(w):
             w.add_key_length(cfg["head_dim"])
             w.add_value_length(cfg["head_dim"])
+    elif family == "qwen3":
+        # GQA 2, head_dim 16 != hidden / heads (8), an untied head
+        cfg = base_config(model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=16,
+                          use_sliding_window=False, sliding_window=None, hidden_act="silu", attention_bias=False)
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg))
+        arch, norm_center = MODEL_ARCH.QWEN3, 1.0
+
+        def extra(w):
+            w.add_key_length(cfg["head_dim"])
+            w.add_value_length(cfg["head_dim"])
+    elif family == "qwen3-tied-yarn":
+        # tied head, 8 heads over 2 (GQA 4) of head_dim 8, YaRN factor 4 over an original context of 16
+        # (max_position_embeddings = factor x original, on which transformers 4.51, which takes the
+        # factor from their ratio, and the written factor agree); generation runs to position 29
+        cfg = base_config(model_type="qwen3", architectures=["Qwen3ForCausalLM"], num_attention_heads=8,
+                          num_key_value_heads=2, head_dim=8, use_sliding_window=False, sliding_window=None,
+                          hidden_act="silu", attention_bias=False, tie_word_embeddings=True,
+                          rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg))
+        n_greedy = 24
+        arch, norm_center = MODEL_ARCH.QWEN3, 1.0
+
+        def extra(w):
+            w.add_key_length(cfg["head_dim"])
+            w.add_value_length(cfg["head_dim"])
+            w.add_rope_scaling_type(RopeScalingType.YARN)
+            w.add_rope_scaling_factor(4.0)
+            w.add_rope_scaling_orig_ctx_len(16)
     else:
         raise ValueError(family)
     model.eval()
@@ -229,10 +264,13 @@ def make(family, outdir, seed):
     print(f"{family}: greedy {ids}, smallest top-2 margin {margin:.4f}")
 
 
+SEEDS = {"qwen2": 1000, "mistral": 1001, "phi3": 1002, "gemma": 1003, "qwen3": 1004, "qwen3-tied-yarn": 1005}
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/families"
-    for i, fam in enumerate(["qwen2", "mistral", "phi3", "gemma"]):
-        make(fam, out, 1000 + i)
+    for fam in sys.argv[2:] or ["qwen2", "mistral", "phi3", "gemma"]:
+        make(fam, out, SEEDS[fam])
 
 
 if __name__ == "__main__":
