@@ -346,7 +346,7 @@ tri_status tri__hf_config_parse_family(const char *name, const char *text, size_
     STEP(cfg_bool(&x, "attention_bias", false, &bias));
     if (bias && !fam->attn_bias_key) {
         st = tri__fail(TRI_STATUS_UNSUPPORTED,
-                       "%s: field 'attention_bias': true: %s has no attention biases (llama, gemma do)", name,
+                       "%s: field 'attention_bias': true: %s has no attention biases (llama, gemma, qwen3 do)", name,
                        fam->name);
         goto done;
     }
