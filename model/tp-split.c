@@ -182,7 +182,9 @@ tri_status tri__tp_shard_model(const tri_model *base, const tri__tp_split *sp, i
                           .bo = REMAP(a->bo),  // whole: added once, after the ranks' sum
                           // per head: every rank's heads take them whole
                           .q_norm = REMAP(a->q_norm),
-                          .k_norm = REMAP(a->k_norm)};
+                          .k_norm = REMAP(a->k_norm),
+                          .post_attn_norm = REMAP(a->post_attn_norm),  // of the ranks' sums: whole
+                          .post_ffn_norm = REMAP(a->post_ffn_norm)};
         if ((b->bq && (st = slice_vec((tri__tensor *)b->bq, a->bq, k0 * g * hd, k1 * g * hd))) ||
             (b->bk && (st = slice_vec((tri__tensor *)b->bk, a->bk, k0 * hd, k1 * hd))) ||
             (b->bv && (st = slice_vec((tri__tensor *)b->bv, a->bv, k0 * hd, k1 * hd))))

@@ -185,7 +185,7 @@ Test(families, qwen3_f16_kv) {
 // (greedy verification emits plain decoding's): TriForce with the target itself as the drafter,
 // with a self-draft of its first layer, with n-gram lookup and with token trees; retrieval; draft.
 // Also with an offloaded KV layer half attended on the host, and the plain session so offloaded.
-static void check_speculative(const char *family, bool hf) {
+static void check_speculative(const char *family, bool hf, bool trees) {
     tri_model *m = load(family, hf);
     golden g;
     load_golden(family, 128, &g);
@@ -206,6 +206,7 @@ static void check_speculative(const char *family, bool hf) {
         {TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS, 8, 1},
     };
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        if (runs[i].tree_nodes && !trees) continue;
         tri_spec_params pp = tri_spec_default_params();
         pp.mode = runs[i].mode;
         pp.drafter = runs[i].drafter;
@@ -248,8 +249,36 @@ static void check_speculative(const char *family, bool hf) {
 }
 
 Test(families, qwen3_speculative) {
-    check_speculative("qwen3", false);
-    check_speculative("qwen3-tied-yarn", true);
+    check_speculative("qwen3", false, true);
+    check_speculative("qwen3-tied-yarn", true, true);
+}
+
+// Gemma 2: soft-capped scores (cap 2) and logits (cap 5), scores scaled by 24^-1/2 (head_dim 16),
+// a window of 4 on layers 0 and 2 below the 6-token prompt and the 12-token logits prompt,
+// four norms a block; 24 greedy tokens to position 29. Every speculative mode and drafter past the
+// window, offloaded and split too; token trees over a window are refused (as Mistral's).
+Test(families, gemma2_gguf) { check_family("gemma2", false); }
+Test(families, gemma2_hf) { check_family("gemma2", true); }
+Test(families, gemma2_f16_kv) {
+    check_family_kv("gemma2", false, TRI_DTYPE_F16);
+    check_family_kv("gemma2", true, TRI_DTYPE_F16);
+}
+Test(families, gemma2_speculative) {
+    check_speculative("gemma2", false, false);
+    check_speculative("gemma2", true, false);
+}
+Test(families, gemma2_tree_refused) {
+    tri_model *m = load("gemma2", false);
+    tri_session_params sp = session_params();
+    tri_spec_params pp = tri_spec_default_params();
+    pp.draft_model = m;
+    pp.tree_nodes = 8;
+    tri_spec *spec = NULL;
+    cr_assert_eq(tri_spec_create(m, &sp, &pp, &spec), TRI_STATUS_UNSUPPORTED);
+    cr_assert(strstr(tri_last_error(), "tree_nodes") && strstr(tri_last_error(), "sliding-window"), "%s",
+              tri_last_error());
+    cr_assert_null(spec);
+    tri_model_free(m);
 }
 
 // ---- Mistral's window with the rest of the runtime ----
@@ -354,11 +383,12 @@ static void refused_config(const char *tag, const char *json, const char *field,
              "\"rms_norm_eps\": 1e-5"
 
 Test(families, refusals) {
-    refused_config("gemma2", "{\"model_type\": \"gemma2\", " BASE "}", "model_type", "gemma2");
+    refused_config("gemma3", "{\"model_type\": \"gemma3_text\", " BASE "}", "model_type", "gemma3_text");
     refused_config("mixtral", "{\"architectures\": [\"MixtralForCausalLM\"], " BASE "}", "architectures", "Mixtral");
     // the unsupported relatives by name, with what they compute that no family here does
-    refused_config("gemma2-arch", "{\"architectures\": [\"Gemma2ForCausalLM\"], \"model_type\": \"gemma2\", " BASE "}",
-                   "'Gemma2ForCausalLM' is unsupported", "Gemma-2: logit soft-capping");
+    refused_config("gemma3-arch",
+                   "{\"architectures\": [\"Gemma3ForCausalLM\"], \"model_type\": \"gemma3_text\", " BASE "}",
+                   "'Gemma3ForCausalLM' is unsupported", "Gemma 3: QK-norm");
     refused_config("mixtral-moe",
                    "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", " BASE "}",
                    "'MixtralForCausalLM' is unsupported", "mixture of experts");
@@ -452,6 +482,18 @@ Test(families, config_defaults) {
     cr_assert_eq(c.sliding_window, 0);
     cr_assert_str_eq(arch, "qwen3");
     free(arch);
+    // Gemma2Config: head_dim 256, window 4096 (null: none), tied
+    const char *gemma2 = "{\"model_type\": \"gemma2\", " BASE "}";
+    cr_assert_eq(tri__hf_config_parse("g.json", gemma2, strlen(gemma2), &c, &arch), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    cr_assert_eq(c.head_dim, 256);
+    cr_assert_eq(c.sliding_window, 4096);
+    cr_assert(c.tied_embeddings);
+    cr_assert_str_eq(arch, "gemma2");
+    free(arch);
+    const char *gemma2_nowin = "{\"model_type\": \"gemma2\", \"sliding_window\": null, " BASE "}";
+    cr_assert_eq(tri__hf_config_parse("g.json", gemma2_nowin, strlen(gemma2_nowin), &c, NULL), TRI_STATUS_OK);
+    cr_assert_eq(c.sliding_window, 0);
     // transformers' LlamaModel never masks a window: neither do we
     const char *llama_window = "{\"model_type\": \"llama\", \"sliding_window\": 4, " BASE "}";
     cr_assert_eq(tri__hf_config_parse("l.json", llama_window, strlen(llama_window), &c, NULL), TRI_STATUS_OK);
