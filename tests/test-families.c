@@ -420,6 +420,8 @@ Test(families, refusals) {
                    "rope_scaling.type", "yarn");
     refused_config("gemma-gelu", "{\"model_type\": \"gemma\", \"hidden_activation\": \"gelu\", " BASE "}",
                    "hidden_activation", "gelu");
+    refused_config("gemma2-gelu", "{\"model_type\": \"gemma2\", \"hidden_activation\": \"gelu\", " BASE "}",
+                   "hidden_activation", "gelu");
     refused_config("rope-type", "{\"model_type\": \"mistral\", \"rope_scaling\": {\"rope_type\": \"longrope2\", \"factor\": 2}, " BASE "}",
                    "rope_scaling.rope_type", "longrope2");
 }
@@ -494,6 +496,15 @@ Test(families, config_defaults) {
     const char *gemma2_nowin = "{\"model_type\": \"gemma2\", \"sliding_window\": null, " BASE "}";
     cr_assert_eq(tri__hf_config_parse("g.json", gemma2_nowin, strlen(gemma2_nowin), &c, NULL), TRI_STATUS_OK);
     cr_assert_eq(c.sliding_window, 0);
+    // a soft-cap or scalar that is not a positive number is refused naming its field
+    const char *bad[] = {"{\"model_type\": \"gemma2\", \"attn_logit_softcapping\": -1, " BASE "}",
+                         "{\"model_type\": \"gemma2\", \"final_logit_softcapping\": \"30\", " BASE "}",
+                         "{\"model_type\": \"gemma2\", \"query_pre_attn_scalar\": 0, " BASE "}"};
+    const char *field[] = {"attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(tri__hf_config_parse("g.json", bad[i], strlen(bad[i]), &c, NULL), TRI_STATUS_BAD_FORMAT);
+        cr_assert(strstr(tri_last_error(), "g.json") && strstr(tri_last_error(), field[i]), "%s", tri_last_error());
+    }
     // transformers' LlamaModel never masks a window: neither do we
     const char *llama_window = "{\"model_type\": \"llama\", \"sliding_window\": 4, " BASE "}";
     cr_assert_eq(tri__hf_config_parse("l.json", llama_window, strlen(llama_window), &c, NULL), TRI_STATUS_OK);
