@@ -267,6 +267,69 @@ Test(families, gemma2_speculative) {
     check_speculative("gemma2", false, false);
     check_speculative("gemma2", true, false);
 }
+// Token trees with soft-capped scores: the Gemma 2 fixture without its window (sliding_window null
+// in a copy of its config.json), where trees are allowed; TriForce's tree and a self-drafting tree
+// with an offloaded KV layer half attended on the host give plain greedy decoding's tokens.
+Test(families, gemma2_trees_without_window) {
+    char dir[2048], st_file[2048], cfg_file[2048], cmd[20000];
+    int n = snprintf(dir, sizeof dir, "%s", tt_tmp("gemma2-nowindow"));
+    n |= snprintf(st_file, sizeof st_file, "%s", fam_path("gemma2", "hf/model.safetensors"));
+    n |= snprintf(cfg_file, sizeof cfg_file, "%s", fam_path("gemma2", "hf/config.json"));
+    int nc = snprintf(cmd, sizeof cmd,
+                      "rm -rf '%s' && mkdir -p '%s' && cp '%s' '%s/' && "
+                      "sed 's/\"sliding_window\": 4/\"sliding_window\": null/' '%s' > '%s/config.json'",
+                      dir, dir, st_file, dir, cfg_file, dir);
+    cr_assert(n > 0 && n < 2048 && nc > 0 && nc < (int)sizeof cmd, "paths too long");
+    cr_assert_eq(system(cmd), 0);
+    tri_model *m = NULL;
+    cr_assert_eq(tri_model_load(dir, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    cr_assert_eq(info.config.sliding_window, 0);
+    golden g;
+    load_golden("gemma2", 128, &g);
+    tri_session_params sp = session_params();
+    tri_session *s = NULL;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    collected plain = {0};
+    tri_generate_params gp = greedy_params(g.n_greedy);
+    cr_assert_eq(tri_generate(s, g.prompt, g.n_prompt, &gp, collect, &plain, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    tri_session_free(s);
+    static const int32_t first_layer[1] = {0};
+    for (int r = 0; r < 2; r++) {
+        tri_spec_params pp = tri_spec_default_params();
+        pp.mode = r ? TRI_SPEC_MODE_DRAFT : TRI_SPEC_MODE_TRIFORCE;
+        pp.drafter = r ? TRI_SPEC_DRAFTER_LAYERS : TRI_SPEC_DRAFTER_MODEL;
+        pp.draft_model = m;
+        pp.draft_layers = first_layer;
+        pp.n_draft_layers = 1;
+        pp.budget = 16;
+        pp.chunk = 4;
+        pp.draft_window = 8;
+        pp.draft_sink = 2;
+        pp.gamma1 = 2;
+        pp.gamma2 = 4;
+        pp.tree_nodes = 8;
+        sp.kv_layers_offloaded = r;
+        sp.kv_host_fraction = r ? 0.5 : 0.0;
+        tri_spec *spec = NULL;
+        cr_assert_eq(tri_spec_create(m, &sp, &pp, &spec), TRI_STATUS_OK, "%s", tri_last_error());
+        collected c = {0};
+        tri_spec_stats st;
+        cr_assert_eq(tri_generate_spec(spec, g.prompt, g.n_prompt, &gp, collect, &c, &st), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(c.n, plain.n);
+        for (int i = 0; i < plain.n; i++)
+            cr_assert_eq(c.ids[i], plain.ids[i], "tree run %d: token %d is %d, plain decoding's %d", r, i, c.ids[i],
+                         plain.ids[i]);
+        cr_assert(st.n_l3_tree_nodes > 0, "run %d verified no tree", r);
+        tri_spec_free(spec);
+    }
+    tri_model_free(m);
+    free(g.logits);
+}
+
 Test(families, gemma2_tree_refused) {
     tri_model *m = load("gemma2", false);
     tri_session_params sp = session_params();
