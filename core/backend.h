@@ -113,6 +113,10 @@ typedef struct tri__kv_view {
                                   // attention_state and attention_dev (any of F32, F16, Q8_0, Q4_0
                                   // per span); the callers (spec.c, session.c) refuse to make such
                                   // views for any other backend, naming draft_kv_type or kv_type
+    float softcap;                // attention-logit soft-cap (Gemma 2): each scaled score s becomes
+                                  // softcap * tanh(s / softcap) before the mask and the softmax;
+                                  // 0: none. Read by the CPU and CUDA attention, attention_state,
+                                  // attention_dev, the weight sums and the host chunks of a split
 } tri__kv_view;
 
 // The type of span s's rows in view v.

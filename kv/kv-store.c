@@ -604,7 +604,7 @@ static tri_status split_run(tri__kv_store *kv, float *out, const float *q, const
 }
 
 tri_status tri__kv_store_attend_split(tri__kv_store *kv, int32_t il, float *out, const float *q, const int32_t *q_pos,
-                                      int32_t m, int32_t n_head, int32_t end, const tri__kv_tree *tree) {
+                                      int32_t m, int32_t n_head, int32_t end, const tri__kv_tree *tree, float softcap) {
     TRI_ASSERT(tri__kv_store_splits(kv, il) && end >= kv->split_dev && m > 0);
     tri__kv_offload *o = kv->off;
     const int64_t hd = kv->head_dim;
@@ -617,8 +617,8 @@ tri_status tri__kv_store_attend_split(tri__kv_store *kv, int32_t il, float *out,
         o->host_spans[h] = (tri__kv_span){.pos0 = S, .n = end - S, .k = (const char *)o->host_k[il] + S * row + off,
                                           .v = (const char *)o->host_v[il] + S * row + off, .stride = stride};
     }
-    tri__kv_view dev = {kv->type, kv->n_head_kv, o->dev_spans, o->split_head_span, tree, false};
-    tri__kv_view host = {kv->type, kv->n_head_kv, o->host_spans, o->split_head_span, tree, false};
+    tri__kv_view dev = {kv->type, kv->n_head_kv, o->dev_spans, o->split_head_span, tree, false, softcap};
+    tri__kv_view host = {kv->type, kv->n_head_kv, o->host_spans, o->split_head_span, tree, false, softcap};
     return split_run(kv, out, q, q_pos, m, n_head, &dev, &host, 2 * (uint64_t)(end - S) * (uint64_t)row);
 }
 
@@ -698,8 +698,8 @@ tri_status tri__kv_store_attend_split_view(tri__kv_store *kv, int32_t il, float 
     }
     TRY(be->ops->synchronize(be));  // the staged rows are here
     for (int32_t h = 0; h <= nkv; h++) o->mhead[h] = h * per;
-    tri__kv_view dev = {kv->type, nkv, o->mdev, o->mhead, view->tree, true};
-    tri__kv_view host = {kv->type, nkv, o->mhost, o->mhead, view->tree, true};
+    tri__kv_view dev = {kv->type, nkv, o->mdev, o->mhead, view->tree, true, view->softcap};
+    tri__kv_view host = {kv->type, nkv, o->mhost, o->mhead, view->tree, true, view->softcap};
     return split_run(kv, out, q, q_pos, m, n_head, &dev, &host, host_bytes);
 }
 
@@ -735,7 +735,7 @@ tri_status tri__kv_host_attention_gbps(int32_t n_threads, int32_t m, int32_t n_h
         head_span[h] = h;
     }
     head_span[n_head_kv] = n_head_kv;
-    tri__kv_view view = {TRI_DTYPE_F16, n_head_kv, spans, head_span, NULL, false};
+    tri__kv_view view = {TRI_DTYPE_F16, n_head_kv, spans, head_span, NULL, false, 0};
     if (n_threads <= 0) n_threads = split_default_threads(NULL);  // the machine's cores less one
     if ((st = tri__backend_cpu_create(n_threads, TRI_CPU_SIMD_AUTO, &be))) goto done;
     int64_t n_chunk;

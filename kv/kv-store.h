@@ -122,10 +122,10 @@ void tri__kv_store_split_end(tri__kv_store *kv);
 bool tri__kv_store_splits(const tri__kv_store *kv, int32_t il);
 // Layer il's attention for the step's m queries q (m, n_head, head_dim) f32 backend memory at
 // q_pos (host) over rows [0, end): out (m, n_head, head_dim) backend memory, as attention over the
-// layer's full view gives (the same bits on the CPU backend), masked by tree (NULL: causally). After
-// the layer's write.
+// layer's full view gives (the same bits on the CPU backend), masked by tree (NULL: causally), its
+// scores soft-capped by softcap (tri__kv_view.softcap; 0: none). After the layer's write.
 tri_status tri__kv_store_attend_split(tri__kv_store *kv, int32_t il, float *out, const float *q, const int32_t *q_pos,
-                                      int32_t m, int32_t n_head, int32_t end, const tri__kv_tree *tree);
+                                      int32_t m, int32_t n_head, int32_t end, const tri__kv_tree *tree, float softcap);
 
 // The same for a view of spans of their own types (span_types: kv_type mixed's, policy-mixed.c) over
 // rows [0, end) of layer il, each head's spans alike and in position order without position lists:

@@ -11,9 +11,11 @@
 #include "gguf.h"
 
 // Every family, one line each: a new family is its file, one name here and one in meson.build.
-extern const tri__family tri__family_llama, tri__family_qwen2, tri__family_mistral, tri__family_phi3, tri__family_gemma;
+extern const tri__family tri__family_llama, tri__family_qwen2, tri__family_mistral, tri__family_phi3, tri__family_gemma,
+    tri__family_qwen3, tri__family_gemma2;
 static const tri__family *const families[] = {
-    &tri__family_llama, &tri__family_qwen2, &tri__family_mistral, &tri__family_phi3, &tri__family_gemma,
+    &tri__family_llama, &tri__family_qwen2, &tri__family_mistral, &tri__family_phi3,
+    &tri__family_gemma, &tri__family_qwen3, &tri__family_gemma2,
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 

@@ -33,6 +33,11 @@ typedef struct tri__family_data {
     float *rope_long;   // (head_dim / 2) past orig_ctx, malloc'd, or NULL
     bool attn_bias;     // the q, k, v and o projections add a bias (config.json attention_bias of a
                         // family with attn_bias_key; a GGUF llama file with blk.0.attn_q.bias)
+    float attn_softcap;   // attention-logit soft-cap (Gemma 2's attn_logit_softcapping): each scaled
+                          // score s becomes cap * tanh(s / cap); 0: none
+    float final_softcap;  // the same on the logits (final_logit_softcapping); 0: none
+    float q_scale;        // the queries times this before attention, whose scores are scaled by
+                          // 1 / sqrt(head_dim): sqrt(head_dim / query_pre_attn_scalar); 0: 1
 } tri__family_data;
 
 typedef struct tri__family {
@@ -50,10 +55,21 @@ typedef struct tri__family {
     bool norm_plus_one;         // RMSNorm multiplies by (1 + w); HF stores w, llama.cpp's
                                 // converter stores 1 + w in GGUF
     bool embd_scale;            // the embedding rows are multiplied by sqrt(n_embd)
+    bool qk_norm;               // every head's query and key go through an RMSNorm of head_dim
+                                // weights before rope (GGUF attn_{q,k}_norm, HF self_attn.{q,k}_norm)
     bool attn_bias_key;         // config.json's attention_bias: true adds biases to q, k, v and o (transformers'
                                 // llama and gemma); refused in the other families, whose classes have none
     bool tied_default;          // config.json without tie_word_embeddings ties the head to the
                                 // embedding (transformers' default for the model type)
+    bool softcap;               // reads attention and final logit soft-caps (config.json
+                                // attn_logit_softcapping, final_logit_softcapping), refused elsewhere
+    int32_t window_period;      // with a sliding window: every window_period-th layer (il + 1 a
+                                // multiple of it) attends globally (Gemma 2: 2, the odd layers);
+                                // 0: the window on every layer
+    bool post_norms;            // RMSNorms of the attention's and the FFN's outputs before their
+                                // residuals (GGUF post_attention_norm, post_ffw_norm; HF
+                                // post_attention_layernorm and post_feedforward_layernorm, the FFN's
+                                // input norm then pre_feedforward_layernorm)
     tri_rope_layout gguf_layout;  // ADJACENT where llama.cpp's converter permutes Q/K rows
     // Family keys of config.json (activation, window, rope scaling the common reader leaves to
     // the family) into cfg and data; NULL: none.

@@ -138,7 +138,7 @@ static tri_status check_arch(const cfg_ctx *c, const tri__family **fam) {
     static const struct {
         const char *arch, *model_type, *what;
     } relatives[] = {
-        {"Gemma2ForCausalLM", "gemma2", "Gemma-2: logit soft-capping, alternating sliding windows, four norms a block"},
+        {"Gemma3ForCausalLM", "gemma3_text", "Gemma 3: QK-norm, two rope bases, 5 local : 1 global layers"},
         {"MixtralForCausalLM", "mixtral", "Mixtral: a mixture of experts"},
         {"Qwen2MoeForCausalLM", "qwen2_moe", "Qwen2-MoE: a mixture of experts"},
         {"PhimoeForCausalLM", "phimoe", "Phi-3.5-MoE: a mixture of experts"},
@@ -162,19 +162,19 @@ static tri_status check_arch(const cfg_ctx *c, const tri__family **fam) {
 }
 
 // Keys of features no family here computes: present and not null/false/0, the model is refused.
-static tri_status refuse_features(const cfg_ctx *c) {
+static tri_status refuse_features(const cfg_ctx *c, const tri__family *fam) {
     static const struct {
         const char *key, *feature;
     } keys[] = {
-        {"attn_logit_softcapping", "attention logit soft-capping (Gemma-2)"},
-        {"final_logit_softcapping", "final logit soft-capping (Gemma-2)"},
+        {"attn_logit_softcapping", "attention logit soft-capping (gemma2 reads it)"},
+        {"final_logit_softcapping", "final logit soft-capping (gemma2 reads it)"},
         {"num_local_experts", "mixture of experts"},
         {"num_experts", "mixture of experts"},
         {"partial_rotary_factor", "partial rotary embeddings"},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         json_object *v = cfg_get(c, keys[i].key);
-        if (!v) continue;
+        if (!v || (fam->softcap && strstr(keys[i].key, "softcapping"))) continue;  // the family's own
         if (json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v)) continue;
         if ((json_object_is_type(v, json_type_int) || json_object_is_type(v, json_type_double)) &&
             json_object_get_double(v) == (strcmp(keys[i].key, "partial_rotary_factor") == 0 ? 1.0 : 0.0))
@@ -331,7 +331,7 @@ tri_status tri__hf_config_parse_family(const char *name, const char *text, size_
         if (st != TRI_STATUS_OK) goto done; \
     } while (0)
     STEP(check_arch(&x, &fam));
-    STEP(refuse_features(&x));
+    STEP(refuse_features(&x, fam));
 
     const char *act;
     STEP(cfg_str(&x, "hidden_act", &act));
@@ -346,7 +346,7 @@ tri_status tri__hf_config_parse_family(const char *name, const char *text, size_
     STEP(cfg_bool(&x, "attention_bias", false, &bias));
     if (bias && !fam->attn_bias_key) {
         st = tri__fail(TRI_STATUS_UNSUPPORTED,
-                       "%s: field 'attention_bias': true: %s has no attention biases (llama, gemma do)", name,
+                       "%s: field 'attention_bias': true: %s has no attention biases (llama, gemma, qwen3 do)", name,
                        fam->name);
         goto done;
     }
@@ -529,6 +529,9 @@ static const name_map layer_names[] = {
     {"mlp.gate_proj.weight", "ffn_gate.weight"},
     {"mlp.up_proj.weight", "ffn_up.weight"},
     {"mlp.down_proj.weight", "ffn_down.weight"},
+    // Qwen3's per-head RMSNorm of q and k
+    {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight"},
     // Phi-3's fused matrices, under llama.cpp's names (its converter keeps them fused: gate_up in
     // ffn_up); the loader splits them into rows of the unfused slots
     {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
@@ -544,6 +547,13 @@ static const name_map layer_names[] = {
     {"mlp.down_proj.bias", "ffn_down.bias"},
 };
 
+// The block's norms of a family with four (post_norms), looked up before layer_names.
+static const name_map post_norm_names[] = {
+    {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+    {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+};
+
 static bool put_name(char *out, size_t out_size, const char *a, const char *b, const char *c) {
     int n = snprintf(out, out_size, "%s%s%s", a, b, c);
     if (n < 0 || (size_t)n >= out_size) {
@@ -554,6 +564,14 @@ static bool put_name(char *out, size_t out_size, const char *a, const char *b, c
 }
 
 bool tri__hf_tensor_name_to_gguf(const char *hf, char *out, size_t out_size) {
+    return tri__hf_tensor_name_to_gguf_family(hf, false, out, out_size);
+}
+
+bool tri__hf_tensor_name_from_gguf(const char *gguf, char *out, size_t out_size) {
+    return tri__hf_tensor_name_from_gguf_family(gguf, false, out, out_size);
+}
+
+bool tri__hf_tensor_name_to_gguf_family(const char *hf, bool post_norms, char *out, size_t out_size) {
     if (out_size > 0) out[0] = '\0';
     for (size_t i = 0; i < sizeof global_names / sizeof global_names[0]; i++) {
         if (strcmp(hf, global_names[i].hf) == 0) {
@@ -570,6 +588,13 @@ bool tri__hf_tensor_name_to_gguf(const char *hf, char *out, size_t out_size) {
     memcpy(num, p, digits);
     num[digits] = '\0';
     const char *rest = p + digits + 1;
+    for (size_t i = 0; post_norms && i < sizeof post_norm_names / sizeof post_norm_names[0]; i++) {
+        if (strcmp(rest, post_norm_names[i].hf) == 0) {
+            char prefix[32];
+            snprintf(prefix, sizeof prefix, "blk.%s.", num);
+            return put_name(out, out_size, prefix, post_norm_names[i].gguf, "");
+        }
+    }
     for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++) {
         if (strcmp(rest, layer_names[i].hf) == 0) {
             char prefix[32];
@@ -580,7 +605,7 @@ bool tri__hf_tensor_name_to_gguf(const char *hf, char *out, size_t out_size) {
     return false;
 }
 
-bool tri__hf_tensor_name_from_gguf(const char *gguf, char *out, size_t out_size) {
+bool tri__hf_tensor_name_from_gguf_family(const char *gguf, bool post_norms, char *out, size_t out_size) {
     if (out_size > 0) out[0] = '\0';
     for (size_t i = 0; i < sizeof global_names / sizeof global_names[0]; i++) {
         if (strcmp(gguf, global_names[i].gguf) == 0) {
@@ -595,6 +620,9 @@ bool tri__hf_tensor_name_from_gguf(const char *gguf, char *out, size_t out_size)
     char prefix[32];
     snprintf(prefix, sizeof prefix, "model.layers.%.*s.", (int)digits, p);
     const char *rest = p + digits + 1;
+    for (size_t i = 0; post_norms && i < sizeof post_norm_names / sizeof post_norm_names[0]; i++)
+        if (strcmp(rest, post_norm_names[i].gguf) == 0)
+            return put_name(out, out_size, prefix, post_norm_names[i].hf, "");
     for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++) {
         if (strcmp(rest, layer_names[i].gguf) == 0) {
             return put_name(out, out_size, prefix, layer_names[i].hf, "");

@@ -71,14 +71,21 @@ tri_status tri__hf_config_parse(const char *name, const char *text, size_t len,
 //   model.layers.N.mlp.{gate,up,down}_proj.weight  -> blk.N.ffn_{gate,up,down}.weight
 //   model.layers.N.self_attn.{q,k,v,o}_proj.bias   -> blk.N.attn_{q,k,v,output}.bias
 //   model.layers.N.mlp.{gate,up,down}_proj.bias    -> blk.N.ffn_{gate,up,down}.bias
+//   model.layers.N.self_attn.{q,k}_norm.weight     -> blk.N.attn_{q,k}_norm.weight (qwen3)
 // The biases are mapped only so that the loader can name them when it refuses them (Llama has
 // none). N is a decimal layer number without leading zeros, below 10^9. Returns false, with out
-// set to "" when out_size > 0, for any other name (rotary_emb.inv_freq, q_norm, ...), and when the
+// set to "" when out_size > 0, for any other name (rotary_emb.inv_freq, ...), and when the
 // result does not fit in out_size bytes with its NUL.
 bool tri__hf_tensor_name_to_gguf(const char *hf, char *out, size_t out_size);
 
 // The inverse: the HF name of a canonical name, for messages about a tensor an HF checkpoint
 // lacks. Same rules and return value.
 bool tri__hf_tensor_name_from_gguf(const char *gguf, char *out, size_t out_size);
+
+// The same in a family with four norms a block (family post_norms, Gemma 2), where the names of
+// llama.cpp's converter for it differ: post_attention_layernorm -> post_attention_norm,
+// pre_feedforward_layernorm -> ffn_norm, post_feedforward_layernorm -> post_ffw_norm.
+bool tri__hf_tensor_name_to_gguf_family(const char *hf, bool post_norms, char *out, size_t out_size);
+bool tri__hf_tensor_name_from_gguf_family(const char *gguf, bool post_norms, char *out, size_t out_size);
 
 #endif  // TRI_HF_CONFIG_H

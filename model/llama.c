@@ -219,17 +219,25 @@ static tri_status win_reserve(tri__llama *ll, int64_t n) {
     return TRI_STATUS_OK;
 }
 
+// The sliding window of layer il: the model's, on the layers the family windows (every one, or all
+// but each window_period-th: Gemma 2's even layers), else 0 (global attention).
+static int64_t layer_window(const tri_model *m, int32_t il) {
+    const int32_t period = tri__model_family(m)->window_period;
+    if (period > 1 && (il + 1) % period == 0) return 0;
+    return m->config.sliding_window;
+}
+
 // Attention under a sliding window of W positions: a query at p sees keys at p - W + 1 .. p. When
 // every key of the view is inside every query's window (the first W positions, or a view a
 // policy already bounded), this is one plain call; otherwise each query attends alone over the
 // view trimmed to its window (spans cut at the first visible row, spans with per-row positions
 // split into runs of visible rows), which the kernels then mask causally as usual. The per-key
 // weight sums of such a split (H2O) are not produced: that case is refused.
-static tri_status attend_window(tri__llama *ll, float *out, const float *q, const int32_t *q_pos, int64_t n,
+static tri_status attend_window(tri__llama *ll, int32_t il, float *out, const float *q, const int32_t *q_pos, int64_t n,
                                 const tri__kv_view *view, float *weight_sums) {
     const tri_model_config *c = &ll->model->config;
     const tri__backend_ops *op = ll->be->ops;
-    const int64_t W = c->sliding_window, hd = c->head_dim, q_dim = (int64_t)c->n_head * hd;
+    const int64_t W = layer_window(ll->model, il), hd = c->head_dim, q_dim = (int64_t)c->n_head * hd;
     int64_t qmax = 0, kmin = INT64_MAX, n_spans = view->head_span[view->n_head_kv];
     for (int64_t i = 0; i < n; i++) qmax = q_pos[i] > qmax ? q_pos[i] : qmax;
     for (int64_t s = 0; s < n_spans; s++) {
@@ -282,7 +290,8 @@ static tri_status attend_window(tri__llama *ll, float *out, const float *q, cons
             }
         }
         ll->win_head_span[view->n_head_kv] = (int32_t)k;
-        tri__kv_view trimmed = {view->type, view->n_head_kv, ll->win_spans, ll->win_head_span, view->tree, view->span_types};
+        tri__kv_view trimmed = {view->type, view->n_head_kv,  ll->win_spans, ll->win_head_span,
+                                view->tree, view->span_types, view->softcap};
         TRY(op->attention(ll->be, out + i * q_dim, q + i * q_dim, q_pos + i, 1, c->n_head, hd, &trimmed, NULL));
     }
     return TRI_STATUS_OK;
@@ -300,7 +309,26 @@ static tri_status block_qkv(tri__llama *ll, const tri__layer *L, int32_t n) {
     TRY(op->matmul(be, ll->v, ll->xb, L->wv->data, L->wv->type, n, kv_dim, E));
     TRY(add_bias(ll, ll->q, L->bq, n, q_dim));
     TRY(add_bias(ll, ll->k, L->bk, n, kv_dim));
-    return add_bias(ll, ll->v, L->bv, n, kv_dim);
+    TRY(add_bias(ll, ll->v, L->bv, n, kv_dim));
+    // the family's per-head RMSNorm of q and k (qwen3), before rope: rows of head_dim
+    if (L->q_norm)
+        TRY(op->rmsnorm(be, ll->q, ll->q, L->q_norm->data, L->q_norm->type, (int64_t)n * c->n_head, c->head_dim,
+                        c->rms_eps));
+    if (L->k_norm)
+        TRY(op->rmsnorm(be, ll->k, ll->k, L->k_norm->data, L->k_norm->type, (int64_t)n * c->n_head_kv, c->head_dim,
+                        c->rms_eps));
+    // query_pre_attn_scalar (Gemma 2): the scores are scaled by its -1/2 power, not head_dim's
+    const float qs = ll->model->fdata.q_scale;
+    if (qs > 0 && qs != 1.0f) TRY(op->scale(be, ll->q, n * q_dim, qs));
+    return TRI_STATUS_OK;
+}
+
+// The family's final-logit soft-cap (Gemma 2) on n host logits: cap * tanh(x / cap), as
+// transformers does to the head's output.
+static void final_softcap(const tri_model *m, float *logits, int64_t n) {
+    const float cap = m->fdata.final_softcap;
+    if (cap <= 0 || !logits) return;
+    for (int64_t i = 0; i < n; i++) logits[i] = cap * tanhf(logits[i] / cap);
 }
 
 // The rest of a block once attention wrote ll->att: the output projection, the residual, the
@@ -313,6 +341,8 @@ static tri_status block_out(tri__llama *ll, const tri__layer *L, int32_t n) {
     TRY(op->matmul(be, ll->proj, ll->att, L->wo->data, L->wo->type, n, E, q_dim));
     if (ll->ar.sum) TRY(ll->ar.sum(ll->ar.ctx, ll->ar.rank, ll->proj, n * E));  // the ranks' heads summed
     TRY(add_bias(ll, ll->proj, L->bo, n, E));  // once, after the sum
+    if (L->post_attn_norm)                     // (Gemma 2) of the whole sum
+        TRY(op->rmsnorm(be, ll->proj, ll->proj, L->post_attn_norm->data, L->post_attn_norm->type, n, E, c->rms_eps));
     TRY(op->add(be, ll->x, ll->x, ll->proj, n * E));
 
     TRY(op->rmsnorm(be, ll->xb, ll->x, L->ffn_norm->data, L->ffn_norm->type, n, E, c->rms_eps));
@@ -321,6 +351,8 @@ static tri_status block_out(tri__llama *ll, const tri__layer *L, int32_t n) {
     TRY(gated(ll, ll->gate, ll->gate, ll->up, n * c->n_ff));
     TRY(op->matmul(be, ll->proj, ll->gate, L->w_down->data, L->w_down->type, n, E, c->n_ff));
     if (ll->ar.sum) TRY(ll->ar.sum(ll->ar.ctx, ll->ar.rank, ll->proj, n * E));  // the ranks' FFN rows summed
+    if (L->post_ffn_norm)
+        TRY(op->rmsnorm(be, ll->proj, ll->proj, L->post_ffn_norm->data, L->post_ffn_norm->type, n, E, c->rms_eps));
     return op->add(be, ll->x, ll->x, ll->proj, n * E);
 }
 
@@ -330,7 +362,13 @@ static tri_status block_out(tri__llama *ll, const tri__layer *L, int32_t n) {
 static tri_status attend_policy(tri__llama *ll, tri__kv_policy *pol, int32_t il, float *out, const float *q,
                                 const int32_t *q_pos, const int32_t *pos, int32_t n, const tri__kv_view *view,
                                 float *weight_sums) {
-    if (!pol->mixed) return attend_window(ll, out, q, q_pos, n, view, weight_sums);
+    tri__kv_view capped;
+    if (ll->model->fdata.attn_softcap > 0) {  // the family's attention-logit soft-cap (Gemma 2)
+        capped = *view;
+        capped.softcap = ll->model->fdata.attn_softcap;
+        view = &capped;
+    }
+    if (!pol->mixed) return attend_window(ll, il, out, q, q_pos, n, view, weight_sums);
     const int64_t qd = (int64_t)ll->model->config.n_head * ll->model->config.head_dim;
     if (tri__kv_policy_mixed_heavy(pol)) {  // each query after the last one's scores (policy-mixed.c)
         for (int32_t i = 0; i < n; i++) {
@@ -339,7 +377,8 @@ static tri_status attend_policy(tri__llama *ll, tri__kv_policy *pol, int32_t il,
             TRY(tri__kv_policy_mixed_query(pol, il, pos[i], &vq, &ws));
             tri__kv_view v = *vq;
             v.tree = view->tree;
-            TRY(attend_window(ll, out + i * qd, q + i * qd, q_pos + i, 1, &v, ws));
+            v.softcap = view->softcap;
+            TRY(attend_window(ll, il, out + i * qd, q + i * qd, q_pos + i, 1, &v, ws));
             TRY(tri__kv_policy_mixed_scored(pol, il));
         }
         return TRI_STATUS_OK;
@@ -349,11 +388,12 @@ static tri_status attend_policy(tri__llama *ll, tri__kv_policy *pol, int32_t il,
         while (i1 < n && tri__kv_policy_mixed_lo(pol, pos[i1]) == lo) i1++;
         tri__kv_view v = *tri__kv_policy_mixed_view(pol, il, lo);
         v.tree = view->tree;
+        v.softcap = view->softcap;
         if (tri__kv_store_splits(pol->kv, il))  // offloaded: the rows past split_dev on the host
             TRY(tri__kv_store_attend_split_view(pol->kv, il, out + i0 * qd, q + i0 * qd, q_pos + i0, i1 - i0,
                                                 ll->model->config.n_head, &v));
         else
-            TRY(attend_window(ll, out + i0 * qd, q + i0 * qd, q_pos + i0, i1 - i0, &v, weight_sums));
+            TRY(attend_window(ll, il, out + i0 * qd, q + i0 * qd, q_pos + i0, i1 - i0, &v, weight_sums));
         i0 = i1;
     }
     return TRI_STATUS_OK;
@@ -381,8 +421,8 @@ static tri_status block(tri__llama *ll, tri__kv_policy *pol, int32_t il, int32_t
         view = &treed;
     }
     if (tri__kv_store_splits(pol->kv, il) && !pol->mixed)  // an offloaded layer, part attended on the host
-        TRY(tri__kv_store_attend_split(pol->kv, il, ll->att, ll->q, ll->q_pos, n, c->n_head, pol->step_n0 + n,
-                                       ll->tree));
+        TRY(tri__kv_store_attend_split(pol->kv, il, ll->att, ll->q, ll->q_pos, n, c->n_head, pol->step_n0 + n, ll->tree,
+                                       ll->model->fdata.attn_softcap));
     else
         TRY(attend_policy(ll, pol, il, ll->att, ll->q, ll->q_pos, ll->pos, n, view, weight_sums));
     TRY(tri__kv_policy_observe(pol, il));
@@ -546,6 +586,7 @@ tri_status tri__llama_forward_policy(tri__llama *ll, tri__kv_policy *pol, const 
         done += nb;
     }
     if (!st) st = ll->be->ops->synchronize(ll->be);
+    if (!st && mode != TRI_LOGITS_NONE) final_softcap(ll->model, logits, (mode == TRI_LOGITS_ALL ? n : 1) * V);
     if (st) tri__kv_policy_abort(pol);  // a step in progress, a selection armed for another level
     tri__kv_policy_tap_settle(pol, !st);
     if (st && tri__kv_policy_len(pol) != n0) {
@@ -631,7 +672,8 @@ static tri_status step_ops(tri__llama_step *s) {
     const int32_t kd = pol->n_head_kv * pol->head_dim, V = s->view_rows;
     int32_t *token = s->dev, *q_pos = s->dev + 2, *own = s->dev + 3, *rows = s->dev + 4;
     const tri__stream_window w = tri__kv_policy_window(pol);
-    const tri__kv_view view = {TRI_DTYPE_F32, pol->n_head_kv, s->spans, s->head_span, NULL, false};
+    const tri__kv_view view = {TRI_DTYPE_F32, pol->n_head_kv,       s->spans, s->head_span, NULL,
+                               false,         m->fdata.attn_softcap};
     TRY(op->get_rows_dev(be, ll->x, m->tok_embd->data, m->tok_embd->type, c->n_vocab, c->n_embd, token, 1));
     TRY(scale_embeddings(ll, ll->x, 1));
     TRY(op->window_rows(be, s->dev, rows, V, &w));
@@ -702,6 +744,7 @@ tri_status tri__llama_step_run(tri__llama_step *s, int32_t token, float *logits)
         tri__kv_policy_abort(pol);
         return st;
     }
+    final_softcap(ll->model, logits, V);
     s->n_steps++;
     return tri__kv_policy_commit(pol);
 }
@@ -743,7 +786,8 @@ static tri_status batch_block(tri__llama *run, tri__llama_seq *seqs, const batch
         float *weight_sums;
         TRY(tri__kv_policy_layer(pol, il, q, kr, v, &view, &weight_sums));
         if (tri__kv_store_splits(pol->kv, il) && !pol->mixed)
-            TRY(tri__kv_store_attend_split(pol->kv, il, att, q, ll->q_pos, nb, c->n_head, pol->step_n0 + nb, NULL));
+            TRY(tri__kv_store_attend_split(pol->kv, il, att, q, ll->q_pos, nb, c->n_head, pol->step_n0 + nb, NULL,
+                                           run->model->fdata.attn_softcap));
         else
             TRY(attend_policy(ll, pol, il, att, q, ll->q_pos, ll->pos, nb, view, weight_sums));
         TRY(tri__kv_policy_observe(pol, il));
@@ -903,6 +947,11 @@ tri_status tri__llama_forward_batch(tri__llama *run, tri__llama_seq *seqs, int32
     if (!st) st = run->be->ops->synchronize(run->be);
     for (int32_t i = 0; !st && i < n_seqs; i++)  // what the policies queued on their own backends
         if (seqs[i].ll->be != run->be) st = seqs[i].ll->be->ops->synchronize(seqs[i].ll->be);
+    for (int32_t i = 0; !st && i < n_seqs; i++) {  // every row asked for is on the host now
+        const tri__llama_seq *sq = &seqs[i];
+        int64_t rows = sq->mode == TRI_LOGITS_ALL ? sq->n - sq->skip : sq->mode == TRI_LOGITS_LAST ? 1 : 0;
+        final_softcap(run->model, sq->logits, rows * c->n_vocab);
+    }
     for (int32_t i = 0; n0 && done && i < n_seqs; i++) {
         tri__kv_policy *pol = seqs[i].pol;
         tri__kv_policy_tap_settle(pol, !st);

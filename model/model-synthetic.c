@@ -208,8 +208,15 @@ static tri_status build(const tri_model_config *config, tri_dtype weight_type, u
     }
     for (int32_t il = 0; il < c->n_layer; il++) {
         tri__tensor *t = &m->tensors[9 * (int64_t)il];
-        m->layers[il] =
-            (tri__layer){&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7], &t[8], NULL, NULL, NULL, NULL};
+        m->layers[il] = (tri__layer){.attn_norm = &t[0],
+                                     .wq = &t[1],
+                                     .wk = &t[2],
+                                     .wv = &t[3],
+                                     .wo = &t[4],
+                                     .ffn_norm = &t[5],
+                                     .w_gate = &t[6],
+                                     .w_up = &t[7],
+                                     .w_down = &t[8]};
     }
     m->family = &tri__family_llama;
     m->tok_embd = &m->tensors[n_tensors - 3];

@@ -57,6 +57,7 @@ typedef enum cfg_dim {
     CFG_DIM_Q,      // n_head * head_dim
     CFG_DIM_KV,     // n_head_kv * head_dim
     CFG_DIM_ROT,    // head_dim / 2
+    CFG_DIM_HEAD,   // head_dim
 } cfg_dim;
 
 static int64_t dim_value(const tri_model_config *c, cfg_dim d) {
@@ -67,6 +68,7 @@ static int64_t dim_value(const tri_model_config *c, cfg_dim d) {
     case CFG_DIM_Q: return (int64_t)c->n_head * c->head_dim;
     case CFG_DIM_KV: return (int64_t)c->n_head_kv * c->head_dim;
     case CFG_DIM_ROT: return c->head_dim / 2;
+    case CFG_DIM_HEAD: return c->head_dim;
     }
     return 0;
 }
@@ -119,6 +121,9 @@ static void describe_dim(const tri_model *m, cfg_dim d, char *buf, size_t size) 
     case CFG_DIM_ROT:
         snprintf(buf, size, "%s / 2 = %d / 2", hf ? "head_dim" : gguf_head_key(m, k2, sizeof k2), c->head_dim);
         break;
+    case CFG_DIM_HEAD:
+        snprintf(buf, size, "%s = %d", hf ? "head_dim" : gguf_head_key(m, k2, sizeof k2), c->head_dim);
+        break;
     }
 }
 
@@ -145,7 +150,8 @@ static tri__tensor *find_tensor(tri_model *m, const char *name) {
 static tri_status missing(const tri_model *m, const char *name) {
     char hf[160], where[4200];
     const char *shown = name;
-    if (m->config_path && tri__hf_tensor_name_from_gguf(name, hf, sizeof hf)) shown = hf;
+    if (m->config_path && tri__hf_tensor_name_from_gguf_family(name, tri__model_family(m)->post_norms, hf, sizeof hf))
+        shown = hf;
     if (strncmp(name, "blk.", 4) != 0)
         return tri__fail(TRI_STATUS_NOT_FOUND, "%s: tensor '%s' is missing", m->path, shown);
     return tri__fail(TRI_STATUS_NOT_FOUND, "%s: tensor '%s' is missing (%s = %d%s)", m->path, shown,
@@ -312,6 +318,22 @@ static tri_status bind_all(tri_model *m) {
                     return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: tensor '%s': type %s, want f32",
                                      (*slot[i])->file, (*slot[i])->source, tri_dtype_name((*slot[i])->type));
             }
+        }
+        // the norms of the attention's and the FFN's outputs (gemma2)
+        if (m->family->post_norms) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.post_attention_norm.weight", il);
+            if ((st = bind(m, name, 1, CFG_DIM_EMBD, 0, &L->post_attn_norm))) return st;
+            snprintf(name, sizeof name, "blk.%d.post_ffw_norm.weight", il);
+            if ((st = bind(m, name, 1, CFG_DIM_EMBD, 0, &L->post_ffn_norm))) return st;
+        }
+        // every query and key head's RMSNorm (qwen3)
+        if (m->family->qk_norm) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", il);
+            if ((st = bind(m, name, 1, CFG_DIM_HEAD, 0, &L->q_norm))) return st;
+            snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", il);
+            if ((st = bind(m, name, 1, CFG_DIM_HEAD, 0, &L->k_norm))) return st;
         }
     }
     return check_all_bound(m);
@@ -543,7 +565,7 @@ static tri_status load_hf(tri_model *m, const tri_model_params *params) {
         const tri__st_file *sf = tri__st_model_file_at(m->st, t->file);
         const char *file = tri__st_file_path(sf);
         char name[128];
-        if (!tri__hf_tensor_name_to_gguf(t->name, name, sizeof name)) {
+        if (!tri__hf_tensor_name_to_gguf_family(t->name, m->family->post_norms, name, sizeof name)) {
             // older checkpoints store the rotary table, which is computed, not a weight
             if (has_suffix(t->name, "rotary_emb.inv_freq")) {
                 tri__log(TRI_LOG_LEVEL_DEBUG, "%s: ignoring tensor '%s'", file, t->name);

@@ -47,6 +47,11 @@ typedef struct tri__layer {
     const tri__tensor *bk;         // (n_head_kv * head_dim) f32 or NULL
     const tri__tensor *bv;         // (n_head_kv * head_dim) f32 or NULL
     const tri__tensor *bo;         // (n_embd) f32 or NULL (attention_bias: added after the output projection)
+    const tri__tensor *q_norm;     // (head_dim) f32/f16/bf16 or NULL: every query head's RMSNorm (family qk_norm)
+    const tri__tensor *k_norm;     // (head_dim) or NULL: every key head's
+    const tri__tensor *post_attn_norm;  // (n_embd) or NULL: the attention output's RMSNorm before its residual
+                                        // (family post_norms)
+    const tri__tensor *post_ffn_norm;   // (n_embd) or NULL: the FFN output's
 } tri__layer;
 
 struct tri_model {

@@ -167,10 +167,24 @@ tri_status tri__tp_shard_model(const tri_model *base, const tri__tp_split *sp, i
     for (int32_t il = 0; il < c->n_layer; il++) {
         const tri__layer *a = &base->layers[il];
         tri__layer *b = &s->layers[il];
-        *b = (tri__layer){
-            REMAP(a->attn_norm), REMAP(a->wq),     REMAP(a->wk),   REMAP(a->wv),     REMAP(a->wo),
-            REMAP(a->ffn_norm),  REMAP(a->w_gate), REMAP(a->w_up), REMAP(a->w_down), REMAP(a->bq),
-            REMAP(a->bk),        REMAP(a->bv),     REMAP(a->bo)};  // bo whole: added once, after the ranks' sum
+        *b = (tri__layer){.attn_norm = REMAP(a->attn_norm),
+                          .wq = REMAP(a->wq),
+                          .wk = REMAP(a->wk),
+                          .wv = REMAP(a->wv),
+                          .wo = REMAP(a->wo),
+                          .ffn_norm = REMAP(a->ffn_norm),
+                          .w_gate = REMAP(a->w_gate),
+                          .w_up = REMAP(a->w_up),
+                          .w_down = REMAP(a->w_down),
+                          .bq = REMAP(a->bq),
+                          .bk = REMAP(a->bk),
+                          .bv = REMAP(a->bv),
+                          .bo = REMAP(a->bo),  // whole: added once, after the ranks' sum
+                          // per head: every rank's heads take them whole
+                          .q_norm = REMAP(a->q_norm),
+                          .k_norm = REMAP(a->k_norm),
+                          .post_attn_norm = REMAP(a->post_attn_norm),  // of the ranks' sums: whole
+                          .post_ffn_norm = REMAP(a->post_ffn_norm)};
         if ((b->bq && (st = slice_vec((tri__tensor *)b->bq, a->bq, k0 * g * hd, k1 * g * hd))) ||
             (b->bk && (st = slice_vec((tri__tensor *)b->bk, a->bk, k0 * hd, k1 * hd))) ||
             (b->bv && (st = slice_vec((tri__tensor *)b->bv, a->bv, k0 * hd, k1 * hd))))

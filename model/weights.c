@@ -368,6 +368,10 @@ tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, int32
         b->bk = remap(model, v, a->bk);
         b->bv = remap(model, v, a->bv);
         b->bo = remap(model, v, a->bo);
+        b->q_norm = remap(model, v, a->q_norm);
+        b->k_norm = remap(model, v, a->k_norm);
+        b->post_attn_norm = remap(model, v, a->post_attn_norm);
+        b->post_ffn_norm = remap(model, v, a->post_ffn_norm);
     }
     // the disk tier reads a block's tensors by their file offsets: none may be computed at load
     for (int32_t il = n_layer - n_disk; il < n_layer && !be->host_memory; il++) {
@@ -392,10 +396,11 @@ tri_status tri__model_on_backend(const tri_model *model, tri__backend *be, int32
         block_tensors(&model->layers[il], w);
         for (int i = 0; i < BLOCK_TENSORS; i++) used[w[i] - model->tensors] = true;
     }
-    for (int32_t il = 0; il < n_layer; il++) {  // biases stay resident, streamed layer or not
+    for (int32_t il = 0; il < n_layer; il++) {  // biases and the extra norms stay resident, streamed or not
         const tri__layer *L = &model->layers[il];
-        const tri__tensor *b[4] = {L->bq, L->bk, L->bv, L->bo};
-        for (int i = 0; i < 4; i++)
+        const tri__tensor *b[8] = {L->bq,           L->bk, L->bv, L->bo, L->q_norm, L->k_norm, L->post_attn_norm,
+                                   L->post_ffn_norm};
+        for (int i = 0; i < 8; i++)
             if (b[i]) used[b[i] - model->tensors] = true;
     }
     uint64_t total = 0;

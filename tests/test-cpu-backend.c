@@ -799,6 +799,9 @@ Test(cpu_backend, rope_kernel_other_head_sizes) {
 
 // Naive attention for one query head against a flat list of (position, key, value): double
 // softmax over the visible keys. Also adds each key's probability to wsum (may be NULL).
+// The attention-logit soft-cap the next views and naive_attn apply (Gemma 2); 0: none.
+static float test_softcap = 0;
+
 static void naive_attn(const float *q, int32_t qpos, int64_t hd, int64_t nk, const int32_t *kpos, const float *k,
                        const float *v, double *out, double *wsum) {
     double mx = -INFINITY, sum = 0;
@@ -809,6 +812,7 @@ static void naive_attn(const float *q, int32_t qpos, int64_t hd, int64_t nk, con
         double d = 0;
         for (int64_t e = 0; e < hd; e++) d += (double)q[e] * k[j * hd + e];
         s[j] = d / sqrt((double)hd);
+        if (test_softcap > 0) s[j] = test_softcap * tanh(s[j] / test_softcap);
         mx = fmax(mx, s[j]);
     }
     for (int64_t e = 0; e < hd; e++) out[e] = 0;
@@ -883,7 +887,8 @@ static void cache_view_n(const test_cache *c, int64_t n, const int64_t *cuts, in
         }
     }
     head_span[c->nkv] = ns;
-    *view = (tri__kv_view){.type = c->type, .n_head_kv = (int32_t)c->nkv, .spans = spans, .head_span = head_span};
+    *view = (tri__kv_view){
+        .type = c->type, .n_head_kv = (int32_t)c->nkv, .spans = spans, .head_span = head_span, .softcap = test_softcap};
 }
 
 // The same over all rows.
@@ -1147,7 +1152,8 @@ static void cache_rows_view(const test_cache *c, int64_t a, int64_t b, tri__kv_s
         head_span[h] = (int32_t)h;
     }
     head_span[c->nkv] = (int32_t)c->nkv;
-    *view = (tri__kv_view){.type = c->type, .n_head_kv = (int32_t)c->nkv, .spans = spans, .head_span = head_span};
+    *view = (tri__kv_view){
+        .type = c->type, .n_head_kv = (int32_t)c->nkv, .spans = spans, .head_span = head_span, .softcap = test_softcap};
 }
 
 // attention_state over the first S keys (S a multiple of TRI_ATTN_CHUNK, 0 included) merged with
@@ -1193,6 +1199,22 @@ static void check_split(tri__backend *be, int lvl) {
 
 Test(cpu_backend, attention_split_state_chunks_merge_bit_exact) {
     FOR_EACH_LEVEL({ check_split(be, lvl); });
+}
+
+// Gemma 2's soft-capped scores (cap * tanh(s / cap), a cap of 1.5 that bites on scores of order 1
+// to 10) against the naive reference, weight sums too, at every level, over tiles, splits into
+// chunk tasks and a prefill; the split's state and host chunks merge to the same bits.
+Test(cpu_backend, attention_softcap_every_level) {
+    test_softcap = 1.5f;
+    FOR_EACH_LEVEL({
+        for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_F16; t++) {
+            check_attention(be, lvl, t, 601, 3.0f);
+            check_attention_case(be, lvl, t, (attn_case){8, 2, 64, 3, 2600, 2, true, false, true});
+            check_attention_case(be, lvl, t, (attn_case){4, 1, 32, 40, 300, 1, false, true, false});
+        }
+        check_split(be, lvl);
+    });
+    test_softcap = 0;
 }
 
 // ---- bf16 attention scores (opt-in) ----

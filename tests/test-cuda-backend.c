@@ -825,6 +825,9 @@ Test(cuda_backend, top_k_vocabulary_rows) {
 
 // ---- attention ----
 
+// The attention-logit soft-cap the next views and naive_attn apply (Gemma 2); 0: none.
+static float test_softcap = 0;
+
 static void naive_attn(const float *q, int32_t qpos, int64_t hd, int64_t nk, const int32_t *kpos, const float *k,
                        const float *v, double *out, double *wsum) {
     double mx = -INFINITY, sum = 0;
@@ -835,6 +838,7 @@ static void naive_attn(const float *q, int32_t qpos, int64_t hd, int64_t nk, con
         double d = 0;
         for (int64_t e = 0; e < hd; e++) d += (double)q[e] * k[j * hd + e];
         s[j] = d / sqrt((double)hd);
+        if (test_softcap > 0) s[j] = test_softcap * tanh(s[j] / test_softcap);
         mx = fmax(mx, s[j]);
     }
     for (int64_t e = 0; e < hd; e++) out[e] = 0;
@@ -928,7 +932,8 @@ static void cache_view(const test_cache *c, bool dev, const int64_t *cuts, int n
         }
     }
     head_span[c->nkv] = ns;
-    *view = (tri__kv_view){.type = c->type, .n_head_kv = (int32_t)c->nkv, .spans = spans, .head_span = head_span};
+    *view = (tri__kv_view){
+        .type = c->type, .n_head_kv = (int32_t)c->nkv, .spans = spans, .head_span = head_span, .softcap = test_softcap};
 }
 
 // Output within 2e-5 (1 + |ref|) of the double reference and 4e-5 (1 + |cpu|) of the CPU backend;
@@ -991,6 +996,20 @@ Test(cuda_backend, attention_gqa_spans) {
         check_attention(gpu, cpu, t, 9, 3, 64, 601, NULL, 0, 1.0f);       // SmolLM2: one span per head
         check_attention(gpu, cpu, t, 4, 4, 256, 300, cuts601, 1, 1.0f);    // MHA, head_dim 256
     }
+    DONE();
+}
+
+// Gemma 2's soft-capped scores (a cap of 1.5 that bites): output and weight sums against the
+// double reference and the CPU backend, f32 and f16 rows, several chunks.
+Test(cuda_backend, attention_softcap) {
+    NEED_GPU();
+    test_softcap = 1.5f;
+    for (tri_dtype t = TRI_DTYPE_F32; t <= TRI_DTYPE_F16; t++) {
+        int64_t cuts601[3] = {1, 307, 599};
+        check_attention(gpu, cpu, t, 6, 2, 40, 601, cuts601, 3, 3.0f);
+        check_attention(gpu, cpu, t, 8, 2, 64, 2600, cuts601, 3, 2.0f);
+    }
+    test_softcap = 0;
     DONE();
 }
 
@@ -1328,8 +1347,9 @@ Test(cuda_backend, attention_state_merges_with_host_chunks) {
             host[h] = (tri__kv_span){.n = (int32_t)(nk - S), .k = (uint8_t *)c.ks + at_s, .v = (uint8_t *)c.vs + at_s,
                                      .stride = c.stride, .pos = c.kpos + S};
         }
-        tri__kv_view vall = {t, (int32_t)nkv, all, hs, NULL, false}, vdev = {t, (int32_t)nkv, dev, hs, NULL, false};
-        tri__kv_view vhost = {t, (int32_t)nkv, host, hs, NULL, false};
+        tri__kv_view vall = {t, (int32_t)nkv, all, hs, NULL, false, 0},
+                     vdev = {t, (int32_t)nkv, dev, hs, NULL, false, 0};
+        tri__kv_view vhost = {t, (int32_t)nkv, host, hs, NULL, false, 0};
         float *q = malloc(sizeof(float) * (size_t)(rows * hd)), *want = malloc(sizeof(float) * (size_t)(rows * hd));
         float *got = malloc(sizeof(float) * (size_t)(rows * hd)), *state = malloc(sizeof(float) * (size_t)(rows * (hd + 2)));
         fill(q, rows * hd, 1.0f);

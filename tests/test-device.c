@@ -1628,9 +1628,11 @@ Test(device, cuda_mixed_target_keeps_greedy_output, .timeout = TT_TIMEOUT(600)) 
 // ---- the model families on the device ----
 
 // Each family's tiny model (tests/fixtures/families, transformers' greedy tokens in golden.txt) on
-// the device: resident, with its last layer's weights streamed (Qwen2's biases stay resident),
-// and, for Mistral past its window, with an offloaded KV layer half attended on the host. The
-// margins of these goldens (>= 0.01) are far above the device kernels' logit differences.
+// the device: resident, with its last layer's weights streamed (Qwen2's biases, Qwen3's q/k norms
+// and Gemma 2's post-norms stay resident), and, for Mistral and Gemma 2 past their windows and
+// Qwen3 with YaRN, with an offloaded KV layer half attended on the host (Gemma 2's soft-capped
+// scores in the device's half and the host's). The margins of these goldens (>= 0.01) are far above the device
+// kernels' logit differences.
 static void family_tokens(const char *family, const char *file, int32_t *prompt, int *n_prompt, int32_t *want,
                           int *n_want) {
     char path[4096];
@@ -1656,8 +1658,10 @@ Test(device, families_greedy_on_device, .timeout = TT_TIMEOUT(600)) {
         const char *family, *model;
         int32_t streamed, kv_off;
     } runs[] = {
-        {"qwen2", "model.gguf", 0, 0}, {"qwen2", "hf", 1, 0},        {"mistral", "model.gguf", 0, 1},
-        {"phi3", "model.gguf", 1, 0},  {"gemma", "model.gguf", 0, 0}, {"gemma", "hf", 1, 0},
+        {"qwen2", "model.gguf", 0, 0},  {"qwen2", "hf", 1, 0},         {"mistral", "model.gguf", 0, 1},
+        {"phi3", "model.gguf", 1, 0},   {"gemma", "model.gguf", 0, 0}, {"gemma", "hf", 1, 0},
+        {"qwen3", "model.gguf", 0, 0},  {"qwen3", "hf", 1, 0},         {"qwen3-tied-yarn", "model.gguf", 1, 1},
+        {"gemma2", "model.gguf", 0, 1}, {"gemma2", "hf", 1, 0},
     };
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         int32_t prompt[64], want[64], got[64];

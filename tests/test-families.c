@@ -1,8 +1,8 @@
-// test-families.c - Qwen2, Mistral, Phi-3 and Gemma against transformers, from GGUF and from HF.
+// test-families.c - Qwen2, Mistral, Phi-3, Gemma and Qwen3 against transformers, from GGUF and from HF.
 //
 // The golden files (tests/fixtures/families/<family>/, written by
-// tests/reference/make_family_fixtures.py with transformers 4.44.2 and committed; CI needs no
-// torch) hold a tiny random model of each family in both formats, transformers' logits of a
+// tests/reference/make_family_fixtures.py with transformers 4.44.2, Qwen3's with 4.51.3, and
+// committed; CI needs no torch) hold a tiny random model of each family in both formats, transformers' logits of a
 // prompt (one call) and its greedy tokens (generate: the prompt in one call, then one token per
 // call). Each family and format must give those greedy tokens exactly and those logits within
 // LOGIT_TOL. Mistral (window 5) runs to position 29 with and without offloaded KV layers and
@@ -21,6 +21,10 @@
 // differs is the order of the sums and our f32 rope angles (observed: at most 1.4e-5 (phi3); the logits are
 // of order 1 to 10).
 #define LOGIT_TOL 1e-4
+// With an f16 cache: keys and values rounded to f16 (relative 2^-11) move logits of order 1 to 10
+// by up to ~1e-2; the greedy tokens stay exact where the goldens' top-2 margins (min_margin, at
+// least 0.02 for the families run with it) are above that.
+#define LOGIT_TOL_F16 1e-2
 
 typedef struct golden {
     int32_t prompt[64], greedy[64], lprompt[64];
@@ -70,8 +74,11 @@ static tri_model *load(const char *family, bool hf) {
     cr_assert_eq(tri_model_load(path, NULL, &m), TRI_STATUS_OK, "%s: %s", path, tri_last_error());
     tri_model_info info;
     tri_model_get_info(m, &info);
-    // Mistral's GGUF is "llama" (as llama.cpp writes it) with llama.attention.sliding_window
-    const char *want = !hf && strcmp(family, "mistral") == 0 ? "llama" : family;
+    // Mistral's GGUF is "llama" (as llama.cpp writes it) with llama.attention.sliding_window; a
+    // fixture named <family>-<case> is of its family
+    const char *want = !hf && strcmp(family, "mistral") == 0 ? "llama"
+                       : strncmp(family, "qwen3", 5) == 0    ? "qwen3"
+                                                             : family;
     cr_assert_str_eq(info.architecture, want);
     return m;
 }
@@ -111,8 +118,9 @@ static void check_tokens(const char *what, const golden *g, const collected *c) 
                      g->greedy[i]);
 }
 
-// Logits of the prompt in one call, and greedy tokens, against transformers'.
-static void check_family(const char *family, bool hf) {
+// Logits of the prompt in one call, and greedy tokens, against transformers', with the cache type
+// kv_type (f32: within LOGIT_TOL; f16: within LOGIT_TOL_F16).
+static void check_family_kv(const char *family, bool hf, tri_dtype kv_type) {
     tri_model *m = load(family, hf);
     tri_model_info info;
     tri_model_get_info(m, &info);
@@ -120,6 +128,8 @@ static void check_family(const char *family, bool hf) {
     golden g;
     load_golden(family, V, &g);
     tri_session_params sp = session_params();
+    sp.kv_type = kv_type;
+    const double tol = kv_type == TRI_DTYPE_F16 ? LOGIT_TOL_F16 : LOGIT_TOL;
     tri_session *s = NULL;
     cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
 
@@ -130,11 +140,12 @@ static void check_family(const char *family, bool hf) {
         for (int v = 0; v < V; v++) {
             double d = fabs((double)row[v] - (double)g.logits[(size_t)i * V + v]);
             if (d > worst) worst = d;
-            cr_assert(d <= LOGIT_TOL, "%s %s: logit (%d, %d) = %g, transformers %g", family, hf ? "hf" : "gguf", i, v,
-                      (double)row[v], (double)g.logits[(size_t)i * V + v]);
+            cr_assert(d <= tol, "%s %s %s KV: logit (%d, %d) = %g, transformers %g", family, hf ? "hf" : "gguf",
+                      tri_dtype_name(kv_type), i, v, (double)row[v], (double)g.logits[(size_t)i * V + v]);
         }
     }
-    cr_log_info("%s %s: largest logit difference %.2e", family, hf ? "hf" : "gguf", worst);
+    cr_log_info("%s %s %s KV: largest logit difference %.2e", family, hf ? "hf" : "gguf", tri_dtype_name(kv_type),
+                worst);
 
     tri_session_reset(s);
     collected c = {0};
@@ -146,6 +157,8 @@ static void check_family(const char *family, bool hf) {
     free(g.logits);
 }
 
+static void check_family(const char *family, bool hf) { check_family_kv(family, hf, TRI_DTYPE_F32); }
+
 Test(families, qwen2_gguf) { check_family("qwen2", false); }
 Test(families, qwen2_hf) { check_family("qwen2", true); }
 Test(families, mistral_gguf) { check_family("mistral", false); }
@@ -154,6 +167,182 @@ Test(families, phi3_gguf) { check_family("phi3", false); }
 Test(families, phi3_hf) { check_family("phi3", true); }
 Test(families, gemma_gguf) { check_family("gemma", false); }
 Test(families, gemma_hf) { check_family("gemma", true); }
+
+// Qwen3: per-head q and k norms; GQA 2 with head_dim 16 over hidden 32 and 4 heads, untied; and
+// GQA 4, tied, YaRN (factor 4 over an original context of 16) to position 29.
+Test(families, qwen3_gguf) { check_family("qwen3", false); }
+Test(families, qwen3_hf) { check_family("qwen3", true); }
+Test(families, qwen3_tied_yarn_gguf) { check_family("qwen3-tied-yarn", false); }
+Test(families, qwen3_tied_yarn_hf) { check_family("qwen3-tied-yarn", true); }
+Test(families, qwen3_f16_kv) {
+    check_family_kv("qwen3", false, TRI_DTYPE_F16);
+    check_family_kv("qwen3", true, TRI_DTYPE_F16);
+    check_family_kv("qwen3-tied-yarn", false, TRI_DTYPE_F16);
+    check_family_kv("qwen3-tied-yarn", true, TRI_DTYPE_F16);
+}
+
+// Every speculative mode and drafter over the family's fixture gives transformers' greedy tokens
+// (greedy verification emits plain decoding's): TriForce with the target itself as the drafter,
+// with a self-draft of its first layer, with n-gram lookup and with token trees; retrieval; draft.
+// Also with an offloaded KV layer half attended on the host, and the plain session so offloaded.
+static void check_speculative(const char *family, bool hf, bool trees) {
+    tri_model *m = load(family, hf);
+    golden g;
+    load_golden(family, 128, &g);
+    tri_session_params sp = session_params();
+    static const int32_t first_layer[1] = {0};
+    static const struct {
+        tri_spec_mode mode;
+        tri_spec_drafter drafter;
+        int32_t tree_nodes, kv_off;
+    } runs[] = {
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_MODEL, 0, 0},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_LAYERS, 0, 0},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_NGRAM, 0, 0},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_MODEL, 8, 0},
+        {TRI_SPEC_MODE_RETRIEVAL, TRI_SPEC_DRAFTER_MODEL, 0, 0},
+        {TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_MODEL, 0, 0},
+        {TRI_SPEC_MODE_TRIFORCE, TRI_SPEC_DRAFTER_MODEL, 0, 1},
+        {TRI_SPEC_MODE_DRAFT, TRI_SPEC_DRAFTER_LAYERS, 8, 1},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        if (runs[i].tree_nodes && !trees) continue;
+        tri_spec_params pp = tri_spec_default_params();
+        pp.mode = runs[i].mode;
+        pp.drafter = runs[i].drafter;
+        pp.draft_model = m;  // the target itself, over its StreamingLLM cache
+        pp.draft_layers = first_layer;
+        pp.n_draft_layers = 1;
+        pp.budget = 16;
+        pp.chunk = 4;
+        pp.draft_window = 8;
+        pp.draft_sink = 2;
+        pp.gamma1 = 2;
+        pp.gamma2 = 4;
+        pp.tree_nodes = runs[i].tree_nodes;
+        sp.kv_layers_offloaded = runs[i].kv_off;
+        sp.kv_host_fraction = runs[i].kv_off ? 0.5 : 0.0;
+        tri_spec *spec = NULL;
+        cr_assert_eq(tri_spec_create(m, &sp, &pp, &spec), TRI_STATUS_OK, "%s run %zu: %s", family, i, tri_last_error());
+        collected c = {0};
+        tri_generate_params gp = greedy_params(g.n_greedy);
+        tri_spec_stats st;
+        cr_assert_eq(tri_generate_spec(spec, g.prompt, g.n_prompt, &gp, collect, &c, &st), TRI_STATUS_OK,
+                     "%s run %zu: %s", family, i, tri_last_error());
+        char what[64];
+        snprintf(what, sizeof what, "%s speculative run %zu", family, i);
+        check_tokens(what, &g, &c);
+        cr_assert(st.n_l3_verify > 0);
+        tri_spec_free(spec);
+    }
+    sp.kv_layers_offloaded = 1;
+    sp.kv_host_fraction = 0.5;
+    tri_session *s = NULL;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    collected c = {0};
+    tri_generate_params gp = greedy_params(g.n_greedy);
+    cr_assert_eq(tri_generate(s, g.prompt, g.n_prompt, &gp, collect, &c, NULL), TRI_STATUS_OK, "%s", tri_last_error());
+    check_tokens("offloaded", &g, &c);
+    tri_session_free(s);
+    tri_model_free(m);
+    free(g.logits);
+}
+
+Test(families, qwen3_speculative) {
+    check_speculative("qwen3", false, true);
+    check_speculative("qwen3-tied-yarn", true, true);
+}
+
+// Gemma 2: soft-capped scores (cap 2) and logits (cap 5), scores scaled by 24^-1/2 (head_dim 16),
+// a window of 4 on layers 0 and 2 below the 6-token prompt and the 12-token logits prompt,
+// four norms a block; 24 greedy tokens to position 29. Every speculative mode and drafter past the
+// window, offloaded and split too; token trees over a window are refused (as Mistral's).
+Test(families, gemma2_gguf) { check_family("gemma2", false); }
+Test(families, gemma2_hf) { check_family("gemma2", true); }
+Test(families, gemma2_f16_kv) {
+    check_family_kv("gemma2", false, TRI_DTYPE_F16);
+    check_family_kv("gemma2", true, TRI_DTYPE_F16);
+}
+Test(families, gemma2_speculative) {
+    check_speculative("gemma2", false, false);
+    check_speculative("gemma2", true, false);
+}
+// Token trees with soft-capped scores: the Gemma 2 fixture without its window (sliding_window null
+// in a copy of its config.json), where trees are allowed; TriForce's tree and a self-drafting tree
+// with an offloaded KV layer half attended on the host give plain greedy decoding's tokens.
+Test(families, gemma2_trees_without_window) {
+    char dir[2048], st_file[2048], cfg_file[2048], cmd[20000];
+    int n = snprintf(dir, sizeof dir, "%s", tt_tmp("gemma2-nowindow"));
+    n |= snprintf(st_file, sizeof st_file, "%s", fam_path("gemma2", "hf/model.safetensors"));
+    n |= snprintf(cfg_file, sizeof cfg_file, "%s", fam_path("gemma2", "hf/config.json"));
+    int nc = snprintf(cmd, sizeof cmd,
+                      "rm -rf '%s' && mkdir -p '%s' && cp '%s' '%s/' && "
+                      "sed 's/\"sliding_window\": 4/\"sliding_window\": null/' '%s' > '%s/config.json'",
+                      dir, dir, st_file, dir, cfg_file, dir);
+    cr_assert(n > 0 && n < 2048 && nc > 0 && nc < (int)sizeof cmd, "paths too long");
+    cr_assert_eq(system(cmd), 0);
+    tri_model *m = NULL;
+    cr_assert_eq(tri_model_load(dir, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
+    tri_model_info info;
+    tri_model_get_info(m, &info);
+    cr_assert_eq(info.config.sliding_window, 0);
+    golden g;
+    load_golden("gemma2", 128, &g);
+    tri_session_params sp = session_params();
+    tri_session *s = NULL;
+    cr_assert_eq(tri_session_create(m, &sp, &s), TRI_STATUS_OK, "%s", tri_last_error());
+    collected plain = {0};
+    tri_generate_params gp = greedy_params(g.n_greedy);
+    cr_assert_eq(tri_generate(s, g.prompt, g.n_prompt, &gp, collect, &plain, NULL), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    tri_session_free(s);
+    static const int32_t first_layer[1] = {0};
+    for (int r = 0; r < 2; r++) {
+        tri_spec_params pp = tri_spec_default_params();
+        pp.mode = r ? TRI_SPEC_MODE_DRAFT : TRI_SPEC_MODE_TRIFORCE;
+        pp.drafter = r ? TRI_SPEC_DRAFTER_LAYERS : TRI_SPEC_DRAFTER_MODEL;
+        pp.draft_model = m;
+        pp.draft_layers = first_layer;
+        pp.n_draft_layers = 1;
+        pp.budget = 16;
+        pp.chunk = 4;
+        pp.draft_window = 8;
+        pp.draft_sink = 2;
+        pp.gamma1 = 2;
+        pp.gamma2 = 4;
+        pp.tree_nodes = 8;
+        sp.kv_layers_offloaded = r;
+        sp.kv_host_fraction = r ? 0.5 : 0.0;
+        tri_spec *spec = NULL;
+        cr_assert_eq(tri_spec_create(m, &sp, &pp, &spec), TRI_STATUS_OK, "%s", tri_last_error());
+        collected c = {0};
+        tri_spec_stats st;
+        cr_assert_eq(tri_generate_spec(spec, g.prompt, g.n_prompt, &gp, collect, &c, &st), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(c.n, plain.n);
+        for (int i = 0; i < plain.n; i++)
+            cr_assert_eq(c.ids[i], plain.ids[i], "tree run %d: token %d is %d, plain decoding's %d", r, i, c.ids[i],
+                         plain.ids[i]);
+        cr_assert(st.n_l3_tree_nodes > 0, "run %d verified no tree", r);
+        tri_spec_free(spec);
+    }
+    tri_model_free(m);
+    free(g.logits);
+}
+
+Test(families, gemma2_tree_refused) {
+    tri_model *m = load("gemma2", false);
+    tri_session_params sp = session_params();
+    tri_spec_params pp = tri_spec_default_params();
+    pp.draft_model = m;
+    pp.tree_nodes = 8;
+    tri_spec *spec = NULL;
+    cr_assert_eq(tri_spec_create(m, &sp, &pp, &spec), TRI_STATUS_UNSUPPORTED);
+    cr_assert(strstr(tri_last_error(), "tree_nodes") && strstr(tri_last_error(), "sliding-window"), "%s",
+              tri_last_error());
+    cr_assert_null(spec);
+    tri_model_free(m);
+}
 
 // ---- Mistral's window with the rest of the runtime ----
 
@@ -257,11 +446,12 @@ static void refused_config(const char *tag, const char *json, const char *field,
              "\"rms_norm_eps\": 1e-5"
 
 Test(families, refusals) {
-    refused_config("gemma2", "{\"model_type\": \"gemma2\", " BASE "}", "model_type", "gemma2");
+    refused_config("gemma3", "{\"model_type\": \"gemma3_text\", " BASE "}", "model_type", "gemma3_text");
     refused_config("mixtral", "{\"architectures\": [\"MixtralForCausalLM\"], " BASE "}", "architectures", "Mixtral");
     // the unsupported relatives by name, with what they compute that no family here does
-    refused_config("gemma2-arch", "{\"architectures\": [\"Gemma2ForCausalLM\"], \"model_type\": \"gemma2\", " BASE "}",
-                   "'Gemma2ForCausalLM' is unsupported", "Gemma-2: logit soft-capping");
+    refused_config("gemma3-arch",
+                   "{\"architectures\": [\"Gemma3ForCausalLM\"], \"model_type\": \"gemma3_text\", " BASE "}",
+                   "'Gemma3ForCausalLM' is unsupported", "Gemma 3: QK-norm");
     refused_config("mixtral-moe",
                    "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", " BASE "}",
                    "'MixtralForCausalLM' is unsupported", "mixture of experts");
@@ -284,11 +474,16 @@ Test(families, refusals) {
     refused_config("moe", "{\"model_type\": \"qwen2\", \"num_experts\": 8, " BASE "}", "num_experts", "mixture of experts");
     refused_config("qwen2-window", "{\"model_type\": \"qwen2\", \"use_sliding_window\": true, \"sliding_window\": 4, " BASE "}",
                    "use_sliding_window", "sliding-window");
+    refused_config("qwen3-window",
+                   "{\"model_type\": \"qwen3\", \"use_sliding_window\": true, \"sliding_window\": 4, " BASE "}",
+                   "use_sliding_window", "sliding-window");
     refused_config("phi3-yarn",
                    "{\"model_type\": \"phi3\", \"original_max_position_embeddings\": 16, \"rope_scaling\": {\"type\": "
                    "\"yarn\", \"short_factor\": [1,1], \"long_factor\": [1,1]}, " BASE "}",
                    "rope_scaling.type", "yarn");
     refused_config("gemma-gelu", "{\"model_type\": \"gemma\", \"hidden_activation\": \"gelu\", " BASE "}",
+                   "hidden_activation", "gelu");
+    refused_config("gemma2-gelu", "{\"model_type\": \"gemma2\", \"hidden_activation\": \"gelu\", " BASE "}",
                    "hidden_activation", "gelu");
     refused_config("rope-type", "{\"model_type\": \"mistral\", \"rope_scaling\": {\"rope_type\": \"longrope2\", \"factor\": 2}, " BASE "}",
                    "rope_scaling.rope_type", "longrope2");
@@ -343,6 +538,36 @@ Test(families, config_defaults) {
     cr_assert_eq(tri__hf_config_parse("l.json", llama, strlen(llama), &c, NULL), TRI_STATUS_OK);
     cr_assert_eq(c.sliding_window, 0);
     cr_assert(!c.tied_embeddings);
+    // Qwen3Config: head_dim 128, an untied head, no window unless use_sliding_window
+    const char *qwen3 = "{\"model_type\": \"qwen3\", \"sliding_window\": 4, " BASE "}";
+    cr_assert_eq(tri__hf_config_parse("q.json", qwen3, strlen(qwen3), &c, &arch), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    cr_assert_eq(c.head_dim, 128);
+    cr_assert(!c.tied_embeddings);
+    cr_assert_eq(c.sliding_window, 0);
+    cr_assert_str_eq(arch, "qwen3");
+    free(arch);
+    // Gemma2Config: head_dim 256, window 4096 (null: none), tied
+    const char *gemma2 = "{\"model_type\": \"gemma2\", " BASE "}";
+    cr_assert_eq(tri__hf_config_parse("g.json", gemma2, strlen(gemma2), &c, &arch), TRI_STATUS_OK, "%s",
+                 tri_last_error());
+    cr_assert_eq(c.head_dim, 256);
+    cr_assert_eq(c.sliding_window, 4096);
+    cr_assert(c.tied_embeddings);
+    cr_assert_str_eq(arch, "gemma2");
+    free(arch);
+    const char *gemma2_nowin = "{\"model_type\": \"gemma2\", \"sliding_window\": null, " BASE "}";
+    cr_assert_eq(tri__hf_config_parse("g.json", gemma2_nowin, strlen(gemma2_nowin), &c, NULL), TRI_STATUS_OK);
+    cr_assert_eq(c.sliding_window, 0);
+    // a soft-cap or scalar that is not a positive number is refused naming its field
+    const char *bad[] = {"{\"model_type\": \"gemma2\", \"attn_logit_softcapping\": -1, " BASE "}",
+                         "{\"model_type\": \"gemma2\", \"final_logit_softcapping\": \"30\", " BASE "}",
+                         "{\"model_type\": \"gemma2\", \"query_pre_attn_scalar\": 0, " BASE "}"};
+    const char *field[] = {"attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(tri__hf_config_parse("g.json", bad[i], strlen(bad[i]), &c, NULL), TRI_STATUS_BAD_FORMAT);
+        cr_assert(strstr(tri_last_error(), "g.json") && strstr(tri_last_error(), field[i]), "%s", tri_last_error());
+    }
     // transformers' LlamaModel never masks a window: neither do we
     const char *llama_window = "{\"model_type\": \"llama\", \"sliding_window\": 4, " BASE "}";
     cr_assert_eq(tri__hf_config_parse("l.json", llama_window, strlen(llama_window), &c, NULL), TRI_STATUS_OK);

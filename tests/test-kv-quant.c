@@ -141,7 +141,8 @@ static void check_attention(tri_dtype type) {
         sf[2 * h + 1] = (tri__kv_span){.n = 40, .k = kf + 260 * stride + h * HD, .v = vf + 260 * stride + h * HD,
                                        .stride = stride, .pos = pos2};
     }
-    tri__kv_view vq_view = {type, NKV, sq, head_span, NULL, false}, vf_view = {TRI_DTYPE_F32, NKV, sf, head_span, NULL, false};
+    tri__kv_view vq_view = {type, NKV, sq, head_span, NULL, false, 0},
+                 vf_view = {TRI_DTYPE_F32, NKV, sf, head_span, NULL, false, 0};
     for (int lvl = TRI_CPU_SIMD_SCALAR; lvl <= (int)tri__cpu_simd_detect(); lvl++) {
         tri__backend *be = NULL;
         cr_assert_eq(tri__backend_cpu_create(2, (tri__cpu_simd)lvl, &be), TRI_STATUS_OK, "%s", tri_last_error());
@@ -206,7 +207,8 @@ static void check_mixed_attention(tri_dtype type) {
                                        .stride = stride, .pos = pos2};
     }
     // the view's own type is a decoy: with span_types only the spans' count
-    tri__kv_view vm = {TRI_DTYPE_F32, NKV, sm, head_span, NULL, true}, vf_view = {TRI_DTYPE_F32, NKV, sf, head_span, NULL, false};
+    tri__kv_view vm = {TRI_DTYPE_F32, NKV, sm, head_span, NULL, true, 0},
+                 vf_view = {TRI_DTYPE_F32, NKV, sf, head_span, NULL, false, 0};
     tri__backend *be = NULL;
     cr_assert_eq(tri__backend_cpu_create(2, TRI_CPU_SIMD_AUTO, &be), TRI_STATUS_OK, "%s", tri_last_error());
     for (int m = 1; m <= M; m += M - 1) {

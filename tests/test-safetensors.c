@@ -553,6 +553,9 @@ Test(safetensors, hf_names_map_to_gguf_names) {
         {"model.layers.4.mlp.gate_proj.weight", "blk.4.ffn_gate.weight"},
         {"model.layers.5.mlp.up_proj.weight", "blk.5.ffn_up.weight"},
         {"model.layers.123456789.mlp.down_proj.weight", "blk.123456789.ffn_down.weight"},
+        // Qwen3's per-head norms of q and k
+        {"model.layers.6.self_attn.q_norm.weight", "blk.6.attn_q_norm.weight"},
+        {"model.layers.6.self_attn.k_norm.weight", "blk.6.attn_k_norm.weight"},
         // biases: mapped so that the loader can refuse them by name
         {"model.layers.0.self_attn.q_proj.bias", "blk.0.attn_q.bias"},
         {"model.layers.1.self_attn.o_proj.bias", "blk.1.attn_output.bias"},
@@ -572,7 +575,7 @@ Test(safetensors, hf_names_map_to_gguf_names) {
         cr_assert(!tri__hf_tensor_name_from_gguf(not_gguf[i], out, sizeof out), "%s", not_gguf[i]);
     static const char *const others[] = {
         "model.layers.0.self_attn.rotary_emb.inv_freq", "rotary_emb.inv_freq",
-        "model.layers.0.self_attn.q_norm.weight", "model.layers.01.mlp.up_proj.weight",
+        "model.layers.0.self_attn.qk_norm.weight", "model.layers.01.mlp.up_proj.weight",
         "model.layers.1234567890.mlp.up_proj.weight", "model.layers..mlp.up_proj.weight",
         "model.layers.x.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight.x",
         "model.layers.0", "model.layers.", "", "lm_head.weightx", "model.embed_tokens",

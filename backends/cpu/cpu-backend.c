@@ -684,6 +684,13 @@ static void attn_mask(const attn_job *jb, const tri__kv_span *sp, int64_t j0, in
     }
 }
 
+// Soft-caps block scores s (rows, ATTN_TILE), nk keys a row: cap * tanh(s / cap), as transformers'
+// Gemma 2 does to the scaled scores before the mask.
+static void attn_softcap(float *s, int64_t rows, int64_t nk, float cap) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < nk; j++) s[r * ATTN_TILE + j] = cap * tanhf(s[r * ATTN_TILE + j] / cap);
+}
+
 // Chunk c of KV head h for the rows of queries i0 .. i0 + nq (positions qmin .. qmax), whose
 // packed queries are in w->q: leaves each row's partial in w->acc, w->mx, w->sum (max -inf: the
 // row sees no key of the chunk).
@@ -724,6 +731,7 @@ static void attn_chunk(const attn_job *jb, int64_t h, int64_t c, int64_t i0, int
             } else
                 kr->attn_scores_f32(w->s, ATTN_TILE, w->q, rows, (const float *)sp->k + j0 * sp->stride, sp->stride,
                                     nk, hd);
+            if (kv->softcap > 0) attn_softcap(w->s, rows, nk, kv->softcap);
             const tri__kv_tree *t = kv->tree;
             if (kp_max > qmin || (t && kp_max >= t->row0 && qmax >= t->row0))
                 attn_mask(jb, sp, j0, nk, kp_max, i0, nq, w->s);
@@ -875,6 +883,7 @@ static void attn_weight_sums(void *arg, int64_t h0, int64_t h1) {
                         float sc = attn_dot(jb->kr, tri__kv_span_type(kv, sp), jb->q + qa * hd, sp->k, j, sp->stride,
                                             hd) *
                                    jb->scale;
+                        if (kv->softcap > 0) sc = kv->softcap * tanhf(sc / kv->softcap);
                         w += (double)(expf(sc - stats[2 * qa]) / stats[2 * qa + 1]);
                     }
                 }

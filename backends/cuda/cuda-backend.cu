@@ -717,6 +717,7 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
     a.m = m, a.n_head = n_head, a.hd = hd, a.group = g, a.n_chunks = n_chunks;
     a.chunk_keys = C;
     a.scale = 1.0f / sqrtf((float)hd);
+    a.softcap = kv->softcap;
     a.chunk_order = several ? (const int32_t *)(d + o_ord) : NULL;
     memcpy(a.kind_n, kind_n, sizeof kind_n);
     memcpy(a.kind_0, kind_0, sizeof kind_0);

@@ -226,6 +226,7 @@ typedef struct tri__cuda_attn_args {
     int64_t m, n_head, hd, group, n_chunks;
     int32_t chunk_keys;           // keys per chunk at most
     float scale;
+    float softcap;  // the view's attention-logit soft-cap: score -> softcap * tanh(score / softcap); 0: none
     // Chunks by row type (F32, F16, Q8_0 or Q4_0; quantized rows whole blocks of 32): a chunk's keys
     // are all of one type, kind_n[k] chunks of kind k (TRI_CUDA_KV_*), their ids chunk_order[kind_0[k]
     // .. + kind_n[k]) (device), or with chunk_order NULL chunks 0 .. n_chunks - 1 (one kind only)

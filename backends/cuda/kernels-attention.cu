@@ -60,6 +60,12 @@ __device__ __forceinline__ float warp_score(const float *q, const void *krow, in
     return __fmul_rn(s, scale);
 }
 
+// The attention-logit soft-cap (Gemma 2) of a scaled score: cap * tanh(s / cap); cap 0: s. The
+// same expression in the score pass and the weight sums' pass, so they agree to the bit.
+__device__ __forceinline__ float soft_cap(float s, float cap) {
+    return cap > 0.0f ? __fmul_rn(cap, tanhf(__fdiv_rn(s, cap))) : s;
+}
+
 // The span holding key (an index among all keys of the view) among the spans of KV head h: the
 // last span whose first key is <= key (empty spans share their first key with the next one).
 __device__ __forceinline__ int32_t find_span(const tri__cuda_attn_args &a, int32_t h, int64_t key) {
@@ -143,7 +149,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_partial(tri__cuda_attn_ar
     for (int32_t t = warp; t < n; t += ATTN_WARPS) {
         if (!vis[t]) continue;  // uniform within the warp
         for (int64_t aa = 0; aa < g; aa++) {
-            float s = warp_score<KT>(qs + aa * hd, kp[t], hd, a.scale, lane);
+            float s = soft_cap(warp_score<KT>(qs + aa * hd, kp[t], hd, a.scale, lane), a.softcap);
             if (lane == 0) sc[aa * C + t] = s;
         }
     }
@@ -232,8 +238,9 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_weight_sums(float *ws, tr
             if (!key_visible(a, a.q_pos[i], kpos)) continue;  // uniform within the warp
             for (int64_t aa = 0; aa < g; aa++) {
                 int64_t qa = i * a.n_head + (int64_t)ch.head * g + aa;
-                float s = warp_score<KT, KT == KV_Q8_0 ? 1 : (KT == KV_F32 || KT == KV_Q4_0 ? 4 : 2)>(
-                    a.q + qa * hd, krow, hd, a.scale, lane);
+                float s = soft_cap(warp_score<KT, KT == KV_Q8_0 ? 1 : (KT == KV_F32 || KT == KV_Q4_0 ? 4 : 2)>(
+                                       a.q + qa * hd, krow, hd, a.scale, lane),
+                                   a.softcap);
                 w += (double)(expf(s - a.stats[2 * qa]) / a.stats[2 * qa + 1]);
             }
         }

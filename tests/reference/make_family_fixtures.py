@@ -14,10 +14,15 @@ key and tensor names from gguf.constants), and records what transformers compute
 The weights are rounded to f16 and the model then runs in float32 (torch 1.13 has no f16 matmul
 on the CPU), so the f16 files hold exactly the function the goldens were computed with.
 
-Not run in CI (it needs torch and transformers 4.44.2):
+Not run in CI (it needs torch and transformers). The first four with transformers 4.44.2:
   python3 -m venv --system-site-packages VENV   # Debian's python3-torch
   VENV/bin/pip install transformers==4.44.2 safetensors gguf==0.19.0
   VENV/bin/python tests/reference/make_family_fixtures.py tests/fixtures/families
+Qwen3 (qwen3, qwen3-tied-yarn) and Gemma 2 (gemma2) with transformers 4.51.3, which needs torch 2
+(PyPI's wheel):
+  python3 -m venv VENV2
+  VENV2/bin/pip install torch==2.5.1 transformers==4.51.3 safetensors gguf==0.19.0 "numpy<2"
+  VENV2/bin/python tests/reference/make_family_fixtures.py tests/fixtures/families qwen3 qwen3-tied-yarn gemma2
 """
 import json
 import math
@@ -27,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
-from gguf import GGUFWriter, MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, TENSOR_NAMES
+from gguf import GGUFWriter, MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, TENSOR_NAMES, RopeScalingType
 from safetensors.torch import save_file
 
 VOCAB = 128
@@ -71,6 +76,22 @@ def greedy(model, prompt, n):
     return out.sequences[0, len(prompt):].tolist(), margin
 
 
+def greedy_nocache(model, prompt, n):
+    """Greedy decoding by the whole sequence's forward pass at each step (no cache): the model's
+    function itself, free of the cache classes' window handling (Gemma 2's HybridCache). Checked
+    against generate() with the cache, which agrees on the fixture."""
+    ids, margin = list(prompt), math.inf
+    for _ in range(n):
+        row = model(torch.tensor([ids]), use_cache=False).logits[0, -1]
+        top = torch.topk(row, 2).values
+        margin = min(margin, float(top[0] - top[1]))
+        ids.append(int(torch.argmax(row)))
+    cached, _ = greedy(model, prompt, n)
+    if cached != ids[len(prompt):]:
+        print(f"note: generate() with the cache gives {cached}")
+    return ids[len(prompt):], margin
+
+
 # ---- GGUF, as llama.cpp's convert_hf_to_gguf.py writes each architecture ----
 
 def tname(t, bid=None, suffix=".weight"):
@@ -112,13 +133,18 @@ def gguf_tensors(family, cfg, sd):
     """(GGUF name, array) in llama.cpp's naming for family."""
     out = [(tname(MODEL_TENSOR.TOKEN_EMBD), sd["model.embed_tokens.weight"]),
            (tname(MODEL_TENSOR.OUTPUT_NORM), sd["model.norm.weight"])]
-    if "lm_head.weight" in sd and family != "gemma":
+    if "lm_head.weight" in sd and not family.startswith("gemma"):
         out.append((tname(MODEL_TENSOR.OUTPUT), sd["lm_head.weight"]))
     H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         out.append((tname(MODEL_TENSOR.ATTN_NORM, i), sd[p + "input_layernorm.weight"]))
-        out.append((tname(MODEL_TENSOR.FFN_NORM, i), sd[p + "post_attention_layernorm.weight"]))
+        if family == "gemma2":  # four norms: llama.cpp's Gemma2Model names
+            out.append((tname(MODEL_TENSOR.ATTN_POST_NORM, i), sd[p + "post_attention_layernorm.weight"]))
+            out.append((tname(MODEL_TENSOR.FFN_NORM, i), sd[p + "pre_feedforward_layernorm.weight"]))
+            out.append((tname(MODEL_TENSOR.FFN_POST_NORM, i), sd[p + "post_feedforward_layernorm.weight"]))
+        else:
+            out.append((tname(MODEL_TENSOR.FFN_NORM, i), sd[p + "post_attention_layernorm.weight"]))
         out.append((tname(MODEL_TENSOR.ATTN_OUT, i), sd[p + "self_attn.o_proj.weight"]))
         out.append((tname(MODEL_TENSOR.FFN_DOWN, i), sd[p + "mlp.down_proj.weight"]))
         if family == "phi3":  # kept fused: attn_qkv, and gate_up as ffn_up
@@ -133,10 +159,13 @@ def gguf_tensors(family, cfg, sd):
         out.append((tname(MODEL_TENSOR.ATTN_V, i), sd[p + "self_attn.v_proj.weight"]))
         out.append((tname(MODEL_TENSOR.FFN_GATE, i), sd[p + "mlp.gate_proj.weight"]))
         out.append((tname(MODEL_TENSOR.FFN_UP, i), sd[p + "mlp.up_proj.weight"]))
+        if family.startswith("qwen3"):  # the per-head norms of q and k
+            out.append((tname(MODEL_TENSOR.ATTN_Q_NORM, i), sd[p + "self_attn.q_norm.weight"]))
+            out.append((tname(MODEL_TENSOR.ATTN_K_NORM, i), sd[p + "self_attn.k_norm.weight"]))
         if family == "qwen2":
             for t, hf in ((MODEL_TENSOR.ATTN_Q, "q"), (MODEL_TENSOR.ATTN_K, "k"), (MODEL_TENSOR.ATTN_V, "v")):
                 out.append((tname(t, i, ".bias"), sd[p + f"self_attn.{hf}_proj.bias"]))
-    if family == "gemma":  # llama.cpp's GemmaModel stores the norms as 1 + w
+    if family.startswith("gemma"):  # llama.cpp's GemmaModel and Gemma2Model store the norms as 1 + w
         out = [(n, a + 1.0 if n.endswith("norm.weight") else a) for n, a in out]
     return out
 
@@ -199,6 +228,56 @@ def make(family, outdir, seed):
         def extra(w):
             w.add_key_length(cfg["head_dim"])
             w.add_value_length(cfg["head_dim"])
+    elif family == "qwen3":
+        # GQA 2, head_dim 16 != hidden / heads (8), an untied head
+        cfg = base_config(model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=16,
+                          use_sliding_window=False, sliding_window=None, hidden_act="silu", attention_bias=False)
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg))
+        arch, norm_center = MODEL_ARCH.QWEN3, 1.0
+
+        def extra(w):
+            w.add_key_length(cfg["head_dim"])
+            w.add_value_length(cfg["head_dim"])
+    elif family == "qwen3-tied-yarn":
+        # tied head, 8 heads over 2 (GQA 4) of head_dim 8, YaRN factor 4 over an original context of 16
+        # (max_position_embeddings = factor x original, on which transformers 4.51, which takes the
+        # factor from their ratio, and the written factor agree); generation runs to position 29
+        cfg = base_config(model_type="qwen3", architectures=["Qwen3ForCausalLM"], num_attention_heads=8,
+                          num_key_value_heads=2, head_dim=8, use_sliding_window=False, sliding_window=None,
+                          hidden_act="silu", attention_bias=False, tie_word_embeddings=True,
+                          rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg))
+        n_greedy = 24
+        arch, norm_center = MODEL_ARCH.QWEN3, 1.0
+
+        def extra(w):
+            w.add_key_length(cfg["head_dim"])
+            w.add_value_length(cfg["head_dim"])
+            w.add_rope_scaling_type(RopeScalingType.YARN)
+            w.add_rope_scaling_factor(4.0)
+            w.add_rope_scaling_orig_ctx_len(16)
+    elif family == "gemma2":
+        # head_dim 16 over hidden 32 and 4 heads (GQA 2); the scores scaled by 24^-1/2 (not 16's);
+        # soft-caps that bite (attention 2, logits 5: scores and logits reach well past them); a
+        # window of 4 on layers 0 and 2 (layer 1 and 3 global) below the 6-token prompt; 24 greedy
+        # tokens to position 29
+        cfg = base_config(model_type="gemma2", architectures=["Gemma2ForCausalLM"], num_hidden_layers=4, head_dim=16,
+                          hidden_activation="gelu_pytorch_tanh", hidden_act="gelu_pytorch_tanh",
+                          query_pre_attn_scalar=24, sliding_window=4, attn_logit_softcapping=2.0,
+                          final_logit_softcapping=5.0, tie_word_embeddings=True, cache_implementation="hybrid")
+        model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**cfg))
+        n_greedy = 24
+        arch, norm_center = MODEL_ARCH.GEMMA2, 0.0
+
+        def extra(w):
+            w.add_key_length(cfg["head_dim"])
+            w.add_value_length(cfg["head_dim"])
+            w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+            w.add_sliding_window(cfg["sliding_window"])
+            # not written by llama.cpp's converter, which scales by head_dim^-1/2 (27B: by
+            # (n_embd / n_head)^-1/2): the fixture's query_pre_attn_scalar as llama.cpp's scale key
+            w.add_float32("gemma2.attention.scale", cfg["query_pre_attn_scalar"] ** -0.5)
     else:
         raise ValueError(family)
     model.eval()
@@ -217,7 +296,7 @@ def make(family, outdir, seed):
     write_gguf(d / "model.gguf", arch, cfg, gguf_tensors(family, cfg, np_sd), extra)
 
     with torch.no_grad():
-        ids, margin = greedy(model, prompt, n_greedy)
+        ids, margin = greedy(model, prompt, n_greedy) if family != "gemma2" else greedy_nocache(model, prompt, n_greedy)
         logits = model(torch.tensor([logits_prompt])).logits[0].float().numpy()
     logits.astype("<f4").tofile(d / "logits.bin")
     with open(d / "golden.txt", "w") as f:
@@ -229,10 +308,14 @@ def make(family, outdir, seed):
     print(f"{family}: greedy {ids}, smallest top-2 margin {margin:.4f}")
 
 
+SEEDS = {"qwen2": 1000, "mistral": 1001, "phi3": 1002, "gemma": 1003, "qwen3": 1004, "qwen3-tied-yarn": 1005,
+         "gemma2": 1008}  # gemma2: of seeds 1006-1015, the first whose greedy run moves on and whose margins stay >= 0.02
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/families"
-    for i, fam in enumerate(["qwen2", "mistral", "phi3", "gemma"]):
-        make(fam, out, 1000 + i)
+    for fam in sys.argv[2:] or ["qwen2", "mistral", "phi3", "gemma"]:
+        make(fam, out, SEEDS[fam])
 
 
 if __name__ == "__main__":
