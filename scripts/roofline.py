@@ -436,7 +436,7 @@ def main():
         # ---- decode attention: Llama2-7B (32 heads, 32 KV heads) and Llama-3-8B (32 / 8), head_dim 128 ----
         for kvt in ['f16', 'q8_0', 'q4_0']:
             for model, n_head, n_kv in [('llama2-7b', 32, 32), ('llama3-8b', 32, 8)]:
-                for keys in [4096, 131072]:
+                for keys in [4096, 32768, 131072]:
                     for m in [1, 17]:
                         for dev in DEVICES:
                             r = attention_row(dev, kvt, model, n_head, n_kv, 128, keys, m, attn_threads,
