@@ -59,7 +59,7 @@ DEVICES = [
 
 # Functions whose loads read the streamed bytes (weights, KV rows), in the current and older sources.
 STREAM_FUNCS = ['kv_elem', 'kv_load16', 'load_block', 'load8', 'float_elem', 'tri_dev_q_code', 'tri_dev_q_group',
-                'stream_load']
+                'stream_load', 'stream_load16']
 # Bytes between the addresses of neighbouring lanes, per function (of the sources since the matvec
 # of main before this script; the rest are coalesced: stride = the load's width). Declared from the
 # sources, not read from the SASS: the old quantized matvec gives a lane a whole block (stride one
@@ -214,8 +214,8 @@ def load_info(op, rest):
     return width, set(range(d, d + max(1, width // 4)))
 
 
-def inner_loops(ins, labels):
-    """(first, last) instruction indices of the innermost loops: a branch back to an earlier address."""
+def all_loops(ins, labels):
+    """(first, last) instruction indices of every loop: a branch back to an earlier address."""
     addr_index = {a: i for i, (a, _, _, _) in enumerate(ins)}
     out = []
     for i, (a, op, rest, _) in enumerate(ins):
@@ -231,6 +231,12 @@ def inner_loops(ins, labels):
             t = ins[j][0] if j < len(ins) else None
         if t is not None and t <= a and t in addr_index:
             out.append((addr_index[t], i))
+    return out
+
+
+def inner_loops(ins, labels):
+    """The innermost loops."""
+    out = all_loops(ins, labels)
     return [l for l in out if not any(o != l and o[0] >= l[0] and o[1] <= l[1] for o in out)]
 
 
@@ -259,15 +265,20 @@ def stream_lines(src):
     return out
 
 
-def analyse_loop(body, funcs):
+def analyse_loop(body, funcs, inner=(), trips=1):
     """A loop body's global data loads: (bytes per thread in flight of the streamed data, [(function,
-    bytes, streamed)] of every data load of an iteration)."""
+    bytes, streamed, times per iteration)] of every data load of an iteration). Loads inside the
+    inner loops (index ranges of body) count trips times per iteration."""
     loads = {}
     for i, (_, op, rest, where) in enumerate(body):
         li = load_info(op, rest)
         if li:
             fn = funcs.get(where)
             loads[i] = li + (fn, fn in STREAM_FUNCS)
+    # a function with 16-byte loads here: its narrower loads are its unaligned path, not taken with
+    # aligned operands
+    wide = {loads[i][2] for i in loads if loads[i][0] == 16}
+    loads = {i: l for i, l in loads.items() if l[0] == 16 or l[2] not in wide}
     data = {}
     for i, (w, rs, fn, st) in loads.items():
         data[i] = True
@@ -289,15 +300,24 @@ def analyse_loop(body, funcs):
             pend.append((i, loads[i][1], loads[i][0]))
     if pend:
         best = max(best, sum(w for j, rs, w in pend if data[j] and loads[j][3]))
-    return best, [(loads[i][2], loads[i][0], loads[i][3]) for i in sorted(loads) if data[i]]
+    mult = lambda i: trips if any(lo <= i <= hi for lo, hi in inner) else 1
+    return best, [(loads[i][2], loads[i][0], loads[i][3], mult(i)) for i in sorted(loads) if data[i]]
 
 
-def kernel_loops(ins, labels, funcs):
-    """[(bytes in flight, loads)] of the streaming loops of a kernel (loops with a streamed load)."""
+def kernel_loops(ins, labels, funcs, trips=1):
+    """[(bytes in flight, loads)] of the streaming loops of a kernel: the loops that hold a streamed
+    load and no inner loop that holds one (an inner loop without, e.g. a staged step's decoding, is
+    walked with the rest, its loads counted trips times for the L1)."""
+    def streams(lo, hi):
+        return any(load_info(op, rest) and funcs.get(w) in STREAM_FUNCS for _, op, rest, w in ins[lo:hi + 1])
+    loops = [l for l in all_loops(ins, labels) if streams(*l)]
     out = []
-    for lo, hi in inner_loops(ins, labels):
-        b, loads = analyse_loop(ins[lo:hi + 1], funcs)
-        if any(st for _, _, st in loads):
+    for lo, hi in loops:
+        if any(o != (lo, hi) and o[0] >= lo and o[1] <= hi for o in loops):
+            continue
+        inner = [(a - lo, b - lo) for a, b in all_loops(ins, labels) if (a, b) != (lo, hi) and a >= lo and b <= hi]
+        b, loads = analyse_loop(ins[lo:hi + 1], funcs, inner, trips)
+        if any(l[2] for l in loads):
             out.append((b, loads))
     return out
 
@@ -307,7 +327,7 @@ def all_data_loops(ins, labels, funcs):
     for lo, hi in inner_loops(ins, labels):
         b, loads = analyse_loop(ins[lo:hi + 1], funcs)
         if loads:
-            out.append((sum(w for _, w, _ in loads), loads))  # no streamed loads: every data load counts
+            out.append((sum(l[1] for l in loads), loads))  # no streamed loads: every data load counts
     return out
 
 
@@ -315,16 +335,13 @@ def l1_cap(dev, loads, ty):
     """Share of the bandwidth the L1 can feed at one 128-byte line (wavefront) per clock per SM,
     for a loop of these loads: lines a warp's load touches = the span of its 32 lanes' addresses
     over 128 bytes, with lane strides of LANE_STRIDE (the rest coalesced)."""
-    streamed = sum(w for _, w, st in loads if st) * 32
+    streamed = sum(w * n for _, w, st, n in loads if st) * 32
     if not streamed:
         return 1.0
     lines = 0
-    wide = {fn for fn, w, st in loads if w == 16}  # a function with 16-byte loads here: its aligned path
-    for fn, w, st in loads:
-        if fn in wide and w < 16:
-            continue  # the unaligned path of the same loads, not taken with aligned operands
+    for fn, w, st, n in loads:
         stride = LANE_STRIDE.get(fn, lambda t, w: w)(ty, w)
-        lines += max(1, math.ceil((31 * stride + w) / 128))
+        lines += n * max(1, math.ceil((31 * stride + w) / 128))
     return min(1.0, streamed / lines * dev['clock_ghz'] * 1e9 * dev['sms'] / (dev['gbps'] * 1e9))
 
 
@@ -382,6 +399,8 @@ def main():
         mv_text = open(os.path.join(src, 'cuda', 'kernels-matvec.cu')).read()
         attn_text = open(os.path.join(src, 'cuda', 'kernels-attention.cu')).read()
         mv_threads, mv_rows = matvec_shapes(mv_text)
+        m = re.search(r'#define\s+STEP_ELEMS\s+(\d+)', mv_text)
+        trips = int(m.group(1)) // 128 if m else 1  # a staged step's decoding: 4 elements a lane
         attn_threads = int(re.search(r'#define\s+ATTN_THREADS\s+(\d+)', attn_text).group(1))
         kern = {}  # (arch, demangled prefix) -> {regs, smem, loops, any}
         for dev in DEVICES:
@@ -396,7 +415,7 @@ def main():
                     ins = funcs[mangled]
                     kern[(arch, pretty)] = {'regs': res.get(mangled, {}).get('regs', 0),
                                             'smem': res.get(mangled, {}).get('smem', 0),
-                                            'loops': kernel_loops(ins, labels, lines),
+                                            'loops': kernel_loops(ins, labels, lines, trips if 'staged' in pretty else 1),
                                             'any': all_data_loops(ins, labels, lines)}
 
         def find(arch, prefix):
@@ -411,7 +430,7 @@ def main():
             if a != '90':
                 continue
             print('  sm_%s %-58s regs %3d smem %5d  streaming loops (bytes in flight / per iteration): %s' % (
-                a, p[:58], v['regs'], v['smem'], ' '.join('%d/%d' % (l[0], sum(w for _, w, st in l[1] if st)) for l in v['loops']) or '-'))
+                a, p[:58], v['regs'], v['smem'], ' '.join('%d/%d' % (l[0], sum(x[1] * x[3] for x in l[1] if x[2])) for l in v['loops']) or '-'))
 
         # ---- matvec: Llama2-7B's decode shapes, m = 1 ----
         mv_shapes = [('wq 4096x4096', 4096, 4096), ('w_gate 11008x4096', 11008, 4096), ('w_down 4096x11008', 4096, 11008),
@@ -419,7 +438,9 @@ def main():
         for ty in ['f32', 'f16', 'bf16', 'q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1', 'q4_k', 'q6_k']:
             for label, n, k in mv_shapes:
                 for dev in DEVICES:
-                    p, v = find(dev['arch'], 'void k_matvec<%d, 1>' % DTYPES[ty])
+                    p, v = find(dev['arch'], 'void k_matvec_staged<%d, 1>' % DTYPES[ty])  # W 16-byte aligned
+                    if not v:
+                        p, v = find(dev['arch'], 'void k_matvec<%d, 1>' % DTYPES[ty])
                     if not v or not v['loops']:
                         continue
                     best = max(v['loops'], key=lambda l: l[0])  # the fastest path (aligned rows)
