@@ -20,20 +20,21 @@
 // The memory-bound kernels of decode take the share of the bandwidth that scripts/roofline.py
 // predicts for the CUDA backend's kernels from their SASS (docs/cuda.md, "Roofline"), at most
 // MEM_EFF: the matvec (m <= 16) per weight type F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (the
-// least over Llama2-7B's four weight shapes; K-quants are not in the table and stay at MEM_EFF),
-// and attention at Llama2-7B's 32K keys, one query (f16 rows; the kernel re-reads the keys for
-// every query, which the simulator does not time: it reads them once per call). The H100 SXM's
-// figures (sm_90) serve the H100s, the H200 and the A100; the RTX 4090's (sm_89) the 4090 and 5090.
+// least over Llama2-7B's four weight shapes: 0.87 to 1.0 for every type on both cards since the
+// quantized types are staged, so MEM_EFF; the kernel before took 0.13 to 0.21 of an H100's for
+// the quantized types), and attention at Llama2-7B's 32K keys, one query (f16 rows; the kernel
+// re-reads the keys for every query, which the simulator does not time: it reads them once per
+// call). The H100 SXM's figures (sm_90) serve the H100s, the H200 and the A100; the RTX 4090's
+// (sm_89) the 4090 and 5090.
 #define GIB ((uint64_t)1 << 30)
 #define MM_EFF 0.60
 #define VEC_EFF 0.50
 #define MEM_EFF 0.85
 // clang-format off
-#define HOPPER_MATVEC(bw) {(bw) * MEM_EFF, (bw) * MEM_EFF, (bw) * MEM_EFF, (bw) * 0.21, (bw) * 0.15, (bw) * 0.16, \
-                           (bw) * 0.13, (bw) * 0.13}
+#define HOPPER_MATVEC(bw) {(bw) * MEM_EFF, (bw) * MEM_EFF, (bw) * MEM_EFF, (bw) * MEM_EFF, (bw) * MEM_EFF, \
+                           (bw) * MEM_EFF, (bw) * MEM_EFF, (bw) * MEM_EFF}
 #define HOPPER_ATTN 0.24
-#define ADA_MATVEC(bw) {(bw) * MEM_EFF, (bw) * MEM_EFF, (bw) * MEM_EFF, (bw) * 0.85, (bw) * 0.61, (bw) * 0.67, \
-                        (bw) * 0.54, (bw) * 0.54}
+#define ADA_MATVEC(bw) HOPPER_MATVEC(bw)
 #define ADA_ATTN 0.57
 
 static const tri__sim_profile profiles[] = {
