@@ -4,8 +4,8 @@
 A static prediction of how much of a GPU's memory bandwidth the memory-bound kernels of cuda/
 (the matvec of decode and the decode attention) can reach, without a GPU:
 
-1. Compiles kernels-matvec.cu and kernels-attention.cu (of the working tree, or of git revision
-   REV with --rev) for sm_90 (H100) and sm_89 (RTX 4090) with ptxas's resource report and line
+1. Compiles backends/cuda/kernels-matvec.cu and kernels-attention.cu (of the working tree, or of
+   git revision REV with --rev; cuda/ in revisions before the layers' folders) for sm_90 (H100) and sm_89 (RTX 4090) with ptxas's resource report and line
    information, and disassembles the SASS (cuobjdump / nvdisasm: the CUDA toolkit's, or PyPI's
    nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm, scripts/requirements-test.txt).
 2. Per kernel, finds its streaming loops: the innermost loops (a backward branch) holding a load
@@ -93,6 +93,12 @@ def sources(rev, tmp):
     return out
 
 
+def cuda_dir(src):
+    """The CUDA backend's folder: backends/cuda, or cuda/ in revisions before the layers' folders."""
+    d = os.path.join(src, 'backends', 'cuda')
+    return d if os.path.isdir(d) else os.path.join(src, 'cuda')
+
+
 def include_dirs(src, build):
     dirs = {build}
     for d, _, files in os.walk(src):
@@ -121,10 +127,10 @@ def compile_unit(nvcc, src, unit, arch, incs, tmp, keep=None):
     """(ptxas report {mangled: {regs, smem}}, SASS text with line information) of unit for sm_arch."""
     if keep:  # reuse what an earlier run compiled from the same source text
         import hashlib
-        text = open(os.path.join(src, 'cuda', unit), 'rb').read()
-        for h in sorted(os.listdir(os.path.join(src, 'cuda'))):
+        text = open(os.path.join(cuda_dir(src), unit), 'rb').read()
+        for h in sorted(os.listdir(cuda_dir(src))):
             if h.endswith('.cuh'):
-                text += open(os.path.join(src, 'cuda', h), 'rb').read()
+                text += open(os.path.join(cuda_dir(src), h), 'rb').read()
         key = os.path.join(keep, '%s-%s-%s.json' % (unit, arch, hashlib.sha1(text).hexdigest()[:16]))
         if os.path.exists(key):
             d = json.load(open(key))
@@ -135,7 +141,7 @@ def compile_unit(nvcc, src, unit, arch, incs, tmp, keep=None):
         return res, sass
     cubin = os.path.join(tmp, '%s-%s.cubin' % (unit, arch))
     cmd = [nvcc, '-cubin', '-std=c++17', '-O3', '-DNDEBUG', '-lineinfo', '--resource-usage',
-           '-gencode=arch=compute_%s,code=sm_%s' % (arch, arch), os.path.join(src, 'cuda', unit), '-o', cubin] + incs
+           '-gencode=arch=compute_%s,code=sm_%s' % (arch, arch), os.path.join(cuda_dir(src), unit), '-o', cubin] + incs
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit('roofline: nvcc failed on %s sm_%s:\n%s' % (unit, arch, r.stderr))
@@ -241,10 +247,9 @@ def inner_loops(ins, labels):
 
 
 def stream_lines(src):
-    """{(file, line): function} of the bodies of the functions of cuda/*.cu and *.cuh (their last
-    line's function wins for nested ones: none are)."""
+    """{(file, line): function} of the bodies of the functions of the CUDA backend's *.cu and *.cuh."""
     out = {}
-    d = os.path.join(src, 'cuda')
+    d = cuda_dir(src)
     for f in os.listdir(d):
         if not f.endswith(('.cu', '.cuh')):
             continue
@@ -396,8 +401,8 @@ def main():
         src = sources(args.rev, tmp)
         incs = include_dirs(src, os.path.abspath(args.build))
         lines = stream_lines(src)
-        mv_text = open(os.path.join(src, 'cuda', 'kernels-matvec.cu')).read()
-        attn_text = open(os.path.join(src, 'cuda', 'kernels-attention.cu')).read()
+        mv_text = open(os.path.join(cuda_dir(src), 'kernels-matvec.cu')).read()
+        attn_text = open(os.path.join(cuda_dir(src), 'kernels-attention.cu')).read()
         mv_threads, mv_rows = matvec_shapes(mv_text)
         m = re.search(r'#define\s+STEP_ELEMS\s+(\d+)', mv_text)
         trips = int(m.group(1)) // 128 if m else 1  # a staged step's decoding: 4 elements a lane
