@@ -245,7 +245,7 @@ static tri_status mixed_f16_rows(tri__backend *be, const tri__sim_profile *p, co
                                  void **buf, double *t_read) {
     const double row16 = 2.0 * 2.0 * tc->n_head_kv * tc->head_dim;  // f16 K and V of one token and layer
     const int64_t attend = 16 + 240, rows = attend + 2 * TRI__PLAN_MIXED_STEP;
-    *t_read = tc->n_layer * (double)attend * row16 / (p->mem_gbps * 1e9);
+    *t_read = tc->n_layer * (double)attend * row16 / ((p->attn_gbps > 0 ? p->attn_gbps : p->mem_gbps) * 1e9);
     return be->ops->alloc(be, (size_t)(rows * tc->n_layer * row16), buf);
 }
 
@@ -268,7 +268,9 @@ static tri_status split_pass(const l3_ctx *x, const tri__sim_host *h, int32_t m,
     tri__kv_store_free(x->l3);
     tri_status st2 = sim_store(x->l3, x->be, x->kst, tc, x->capacity, x->on_chip, o->ctx);
     if (st || st2) return st ? st : st2;
-    *dev = ps3.seconds + x->t_f16 + x->on_chip * (double)(o->ctx - n_dev) * row_shard / (x->p->mem_gbps * 1e9);
+    *dev = ps3.seconds + x->t_f16 +
+           x->on_chip * (double)(o->ctx - n_dev) * row_shard /
+               ((x->p->attn_gbps > 0 ? x->p->attn_gbps : x->p->mem_gbps) * 1e9);
     if (o->gpus == 2) *dev += allreduce_seconds(tc, x->p, m);
     int32_t n_off = tc->n_layer - x->on_chip;
     double dma = (ps3.kv_up + ps3.w_up) * o->gpus;  // every GPU's DMA reads this host's memory

@@ -32,6 +32,11 @@ tail -1 build-test/check-layers.log
 # report on every target architecture (no spills, registers x threads within an SM).
 python3 scripts/check-cuda.py build-test > build-test/check-cuda.log || { tail -20 build-test/check-cuda.log; rc=1; }
 tail -1 build-test/check-cuda.log
+# The predicted share of memory bandwidth of the matvec and decode attention kernels (Little's law
+# over their SASS, docs/cuda.md "Roofline"): printed, not a pass/fail check.
+.venv/bin/python3 scripts/roofline.py build-test --json build-test/roofline.json > build-test/roofline.log ||
+    { tail -20 build-test/roofline.log; rc=1; }
+tail -1 build-test/roofline.log
 # The CUDA module compiled with CUDA 12.4 too (warnings as errors), for the R535-R570 drivers that
 # CUDA 13 binaries refuse: the toolkit is fetched into ~/.cache/triforce-cuda12 on the first run
 # (docs/cuda.md, "CUDA 12").

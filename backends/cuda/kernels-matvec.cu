@@ -4,14 +4,25 @@
 // 8-bit quantization of x as on the CPU, so the result is closer to exact than the CPU's).
 //
 // One warp per row of W, 4 warps per block. Float types: lanes take 8 consecutive elements (16-byte
-// loads) when W, x and k allow, else single elements. Quantized types: lanes take whole blocks of
-// 32 (blocks are 34, 18 or 20 bytes, so only 2-byte aligned: 16-bit loads; a warp's 32 blocks are
-// one contiguous stretch, so DRAM traffic stays sequential). Q5_0, Q5_1, the K-quants, IQ4_NL and IQ4_XS:
-// lanes take blocks of 32 too (a super-block's 8 go to 8 neighbouring lanes), read by bytes.
+// loads) when W, x and k allow, else single elements. Block types (every quantized type) where W
+// is 16-byte aligned: the warp reads its row in steps of 2048 elements, each step's bytes with
+// coalesced 16-byte loads (up to 7 per lane, all issued before any is used) into shared memory;
+// then lane l takes elements 4 l + 128 i of the step (four neighbours of one block and group, x
+// read as one float4 per row of x: the warp's x loads are coalesced too), decoding its codes and
+// its group's scale and minimum from the staged bytes. Rows need not be 16-byte aligned: a step
+// starts at the 16-byte boundary at or before the row's bytes (the bytes before it belong to the
+// row before), and a 16-byte load that would pass the end of W is read by bytes. Elsewhere (W not
+// 16-byte aligned) the former path: a lane per block of 32, read by 16-bit words (Q8_0, Q4_0,
+// Q4_1) or bytes.
+//
+// x is not staged in shared memory: a block's 4 rows read it from L1 (it is as large as a few
+// rows of W, so staging it per block would cost as much L2 traffic as W); scripts/roofline.py
+// predicts the share of the bandwidth each type reaches (docs/cuda.md, "Roofline").
 #include "cuda-common.cuh"
 #include "kernels-quant.cuh"
 
 #define WARPS 4
+#define STEP_ELEMS 2048  // elements of a row per staged step: whole blocks of every type
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -189,6 +200,131 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
 }
 
+// ---- block types, staged ----
+
+// Bytes per element of a block type, as a fraction: block bytes / block elements.
+template <int T>
+__host__ __device__ constexpr int qk_of() {
+    return T == TRI_DTYPE_Q8_0 || T == TRI_DTYPE_Q4_0 || T == TRI_DTYPE_Q4_1 ? 32 : tri_dev_qk(T);
+}
+template <int T>
+__host__ __device__ constexpr int qbytes_of() {
+    return T == TRI_DTYPE_Q8_0 ? 34 : T == TRI_DTYPE_Q4_0 ? 18 : T == TRI_DTYPE_Q4_1 ? 20 : tri_dev_qbytes(T);
+}
+// Bytes of a step (a multiple of 16 for every type: STEP_ELEMS / qk blocks of even size, 8 or more
+// of them) and 16-byte loads per lane for it.
+template <int T>
+__host__ __device__ constexpr int step_bytes() {
+    return STEP_ELEMS / qk_of<T>() * qbytes_of<T>();
+}
+template <int T>
+__host__ __device__ constexpr int step_loads() {
+    return (step_bytes<T>() / 16 + 1 + 31) / 32;  // + 1: the step may start up to 14 bytes early
+}
+
+// The 16 bytes at p (16-byte aligned).
+__device__ __forceinline__ uint4 stream_load16(const uint8_t *p) { return *(const uint4 *)p; }
+
+// The 16 bytes at p (16-byte aligned), by bytes where they would pass end (the end of W).
+__device__ __forceinline__ uint4 stream_load(const uint8_t *p, const uint8_t *end) {
+    if (p + 16 <= end) return *(const uint4 *)p;
+    uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int b = 0; b < 16; b++)  // unrolled: w stays in registers
+        if (p + b < end) w[b / 4] |= (uint32_t)p[b] << (8 * (b % 4));
+    return uint4{w[0], w[1], w[2], w[3]};
+}
+
+// Codes of elements e .. e + 3 of the block at blk (qk_of<T> elements, in shared memory, 2-byte
+// aligned; e a multiple of 4), and the scale and minimum of their group: element j is d q[j] + mn.
+template <int T>
+__device__ __forceinline__ void decode4(const uint8_t *blk, int e, float *q, float *d, float *mn) {
+    if (T == TRI_DTYPE_Q8_0) {
+        const uint16_t *h = (const uint16_t *)blk;
+        *d = tri_dev_f16_to_f32(h[0]), *mn = 0.0f;
+        uint16_t a = h[1 + e / 2], b = h[2 + e / 2];  // bytes 2 + e .. 5 + e
+        q[0] = (float)(int8_t)(a & 0xff), q[1] = (float)(int8_t)(a >> 8);
+        q[2] = (float)(int8_t)(b & 0xff), q[3] = (float)(int8_t)(b >> 8);
+    } else if (T == TRI_DTYPE_Q4_0 || T == TRI_DTYPE_Q4_1) {
+        const uint16_t *h = (const uint16_t *)blk;
+        const int off = T == TRI_DTYPE_Q4_0 ? 1 : 2, p = e & 15, sh = e < 16 ? 0 : 4;  // qs at word off
+        *d = tri_dev_f16_to_f32(h[0]);
+        *mn = T == TRI_DTYPE_Q4_1 ? tri_dev_f16_to_f32(h[1]) : 0.0f;
+        const float bias = T == TRI_DTYPE_Q4_0 ? -8.0f : 0.0f;
+        uint16_t a = h[off + p / 2], b = h[off + p / 2 + 1];  // qs[p .. p + 3]
+        q[0] = (float)((a >> sh) & 15) + bias, q[1] = (float)((a >> (8 + sh)) & 15) + bias;
+        q[2] = (float)((b >> sh) & 15) + bias, q[3] = (float)((b >> (8 + sh)) & 15) + bias;
+    } else {
+        tri_dev_q_group<T>(blk, e / 16, d, mn);
+#pragma unroll
+        for (int t = 0; t < 4; t++) q[t] = (float)tri_dev_q_code<T>(blk, e + t);
+    }
+}
+
+// MT: rows of x held in registers (m <= MT). W 16-byte aligned (wend: the end of W); every warp
+// of the block runs every step (a warp past n reads the last row and writes nothing), since the
+// staging buffer is shared between the steps by __syncthreads.
+template <int T, int MT>
+__global__ void __launch_bounds__(WARPS * 32)
+    k_matvec_staged(float *y, const float *x, const uint8_t *w, const uint8_t *wend, int64_t row_bytes, int m,
+                    int64_t n, int64_t k, bool xvec) {
+    __shared__ __align__(16) uint8_t stage[WARPS][step_loads<T>() * 32 * 16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t r0 = (int64_t)blockIdx.x * WARPS + warp, r = r0 < n ? r0 : n - 1;
+    const uint8_t *row = w + r * row_bytes;
+    const uint8_t *a0 = (const uint8_t *)((uintptr_t)row & ~(uintptr_t)15);  // >= w: w is aligned
+    const int lead = (int)(row - a0);                                          // even: row_bytes is
+    uint8_t *buf = stage[warp];
+    float acc[MT];
+#pragma unroll
+    for (int i = 0; i < MT; i++) acc[i] = 0.0f;
+
+    for (int64_t base = 0; base < row_bytes; base += step_bytes<T>()) {
+        const int64_t len = row_bytes - base < step_bytes<T>() ? row_bytes - base : step_bytes<T>();
+        const int nc = (int)((lead + len + 15) / 16);  // 16-byte words of this step
+        const uint8_t *a = a0 + base;
+        uint4 v[step_loads<T>()];
+        if (a + 16 * nc <= wend) {  // (uniform) every load of the step issued before any is used
+#pragma unroll
+            for (int u = 0; u < step_loads<T>(); u++)
+                if (lane + 32 * u < nc) v[u] = stream_load16(a + 16 * (lane + 32 * u));
+        } else {  // the last row's last step: its last 16 bytes may pass the end of W
+#pragma unroll
+            for (int u = 0; u < step_loads<T>(); u++)
+                if (lane + 32 * u < nc) v[u] = stream_load(a + 16 * (lane + 32 * u), wend);
+        }
+        __syncthreads();  // the step before has been read
+#pragma unroll
+        for (int u = 0; u < step_loads<T>(); u++)
+            if (lane + 32 * u < nc) ((uint4 *)buf)[lane + 32 * u] = v[u];
+        __syncthreads();
+        const int ne = (int)(len / qbytes_of<T>()) * qk_of<T>();
+        const int64_t e0 = base / qbytes_of<T>() * qk_of<T>();  // the step's first element in the row
+        for (int e = 4 * lane; e < ne; e += 128) {
+            float q[4], d, mn;
+            decode4<T>(buf + lead + (e / qk_of<T>()) * qbytes_of<T>(), e % qk_of<T>(), q, &d, &mn);
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                if (i < m) {
+                    const float *xp = x + (int64_t)i * k + e0 + e;
+                    float4 xv = xvec ? *(const float4 *)xp : make_float4(xp[0], xp[1], xp[2], xp[3]);
+                    float s = q[0] * xv.x;
+                    s = fmaf(q[1], xv.y, s), s = fmaf(q[2], xv.z, s), s = fmaf(q[3], xv.w, s);
+                    float sx = (xv.x + xv.y) + (xv.z + xv.w);
+                    acc[i] = fmaf(d, s, fmaf(mn, sx, acc[i]));
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        if (i < m) {
+            float v = warp_sum(acc[i]);
+            if (lane == 0 && r0 < n) y[(int64_t)i * n + r0] = v;
+        }
+    }
+}
+
 template <int T>
 static cudaError_t launch(float *y, const float *x, const void *w, int64_t row_bytes, int64_t m, int64_t n, int64_t k,
                           cudaStream_t s) {
@@ -197,6 +333,19 @@ static cudaError_t launch(float *y, const float *x, const void *w, int64_t row_b
     bool xvec = ((uintptr_t)x % 16) == 0 && k % 8 == 0;
     bool wvec = ((uintptr_t)w % 16) == 0 && row_bytes % 16 == 0 && k % 8 == 0;
     int mi = (int)m;
+    if constexpr (T >= TRI_DTYPE_Q8_0) {  // every block type, W 16-byte aligned: staged
+      if ((uintptr_t)w % 16 == 0) {
+        const uint8_t *wend = wb + n * row_bytes;
+        if (m == 1)
+            TRI_LAUNCH((k_matvec_staged<T, 1>), grid, WARPS * 32, 0, s, y, x, wb, wend, row_bytes, mi, n, k, xvec);
+        else if (m <= 4)
+            TRI_LAUNCH((k_matvec_staged<T, 4>), grid, WARPS * 32, 0, s, y, x, wb, wend, row_bytes, mi, n, k, xvec);
+        else
+            TRI_LAUNCH((k_matvec_staged<T, TRI_CUDA_MATVEC_MAX_M>), grid, WARPS * 32, 0, s, y, x, wb, wend, row_bytes,
+                       mi, n, k, xvec);
+        return cudaGetLastError();
+      }
+    }
     if (m == 1)
         TRI_LAUNCH((k_matvec<T, 1>), grid, WARPS * 32, 0, s, y, x, wb, row_bytes, mi, n, k, wvec, xvec);
     else if (m <= 4)

@@ -17,35 +17,58 @@
 // dense f16 tensor rate (f32 accumulate) for matmuls, 50 % of the f32 rate for other ops, 85 % of
 // the memory bandwidth, and the PCIe rate a pinned cudaMemcpyAsync typically reaches: 25 GB/s on
 // 4.0 x16 (of 31.5), 12.5 on x8, 50 on 5.0 x16 (of 63).
+// The memory-bound kernels of decode take the share of the bandwidth that scripts/roofline.py
+// predicts for the CUDA backend's kernels from their SASS (docs/cuda.md, "Roofline"), at most
+// MEM_EFF: the matvec (m <= 16) per weight type F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (the
+// least over Llama2-7B's four weight shapes: 0.87 to 1.0 for every type on both cards since the
+// quantized types are staged, so MEM_EFF; the kernel before took 0.13 to 0.21 of an H100's for
+// the quantized types), and attention at Llama2-7B's 32K keys, one query (f16 rows; the kernel
+// re-reads the keys for every query, which the simulator does not time: it reads them once per
+// call). The H100 SXM's figures (sm_90) serve the H100s, the H200 and the A100; the RTX 4090's
+// (sm_89) the 4090 and 5090.
 #define GIB ((uint64_t)1 << 30)
 #define MM_EFF 0.60
 #define VEC_EFF 0.50
 #define MEM_EFF 0.85
+// clang-format off
+#define HOPPER_MATVEC(bw) {(bw) * MEM_EFF, (bw) * MEM_EFF, (bw) * MEM_EFF, (bw) * MEM_EFF, (bw) * MEM_EFF, \
+                           (bw) * MEM_EFF, (bw) * MEM_EFF, (bw) * MEM_EFF}
+#define HOPPER_ATTN 0.24
+#define ADA_MATVEC(bw) HOPPER_MATVEC(bw)
+#define ADA_ATTN 0.57
 
 static const tri__sim_profile profiles[] = {
     {.name = "rtx4090", .desc = "RTX 4090 (AD102, 24 GB GDDR6X 1008 GB/s, 165 TFLOP/s f16 tensor), PCIe 4.0 x16",
      .matmul_tflops = 165.2 * MM_EFF, .vector_tflops = 82.6 * VEC_EFF, .mem_gbps = 1008.0 * MEM_EFF,
-     .h2d_gbps = 25.0, .d2h_gbps = 25.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 24 * GIB},
+     .h2d_gbps = 25.0, .d2h_gbps = 25.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 24 * GIB,
+     .matvec_gbps = ADA_MATVEC(1008.0), .attn_gbps = 1008.0 * ADA_ATTN},
     {.name = "rtx4090-x8", .desc = "RTX 4090 as above, PCIe 4.0 x8 (two cards sharing a CPU's 16 lanes)",
      .matmul_tflops = 165.2 * MM_EFF, .vector_tflops = 82.6 * VEC_EFF, .mem_gbps = 1008.0 * MEM_EFF,
-     .h2d_gbps = 12.5, .d2h_gbps = 12.5, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 24 * GIB},
+     .h2d_gbps = 12.5, .d2h_gbps = 12.5, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 24 * GIB,
+     .matvec_gbps = ADA_MATVEC(1008.0), .attn_gbps = 1008.0 * ADA_ATTN},
     {.name = "rtx5090", .desc = "RTX 5090 (GB202, 32 GB GDDR7 1792 GB/s, 210 TFLOP/s f16 tensor), PCIe 5.0 x16",
      .matmul_tflops = 209.5 * MM_EFF, .vector_tflops = 104.8 * VEC_EFF, .mem_gbps = 1792.0 * MEM_EFF,
-     .h2d_gbps = 50.0, .d2h_gbps = 50.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 32 * GIB},
+     .h2d_gbps = 50.0, .d2h_gbps = 50.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 32 * GIB,
+     .matvec_gbps = ADA_MATVEC(1792.0), .attn_gbps = 1792.0 * ADA_ATTN},
     {.name = "h100-pcie", .desc = "H100 PCIe (GH100, 80 GB HBM2e 2000 GB/s, 756 TFLOP/s f16 tensor), PCIe 5.0 x16",
      .matmul_tflops = 756.0 * MM_EFF, .vector_tflops = 51.2 * VEC_EFF, .mem_gbps = 2000.0 * MEM_EFF,
-     .h2d_gbps = 50.0, .d2h_gbps = 50.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 80 * GIB},
+     .h2d_gbps = 50.0, .d2h_gbps = 50.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 80 * GIB,
+     .matvec_gbps = HOPPER_MATVEC(2000.0), .attn_gbps = 2000.0 * HOPPER_ATTN},
     {.name = "h100-sxm", .desc = "H100 SXM5 (GH100, 80 GB HBM3 3350 GB/s, 989 TFLOP/s f16 tensor), PCIe 5.0 x16",
      .matmul_tflops = 989.4 * MM_EFF, .vector_tflops = 66.9 * VEC_EFF, .mem_gbps = 3350.0 * MEM_EFF,
-     .h2d_gbps = 50.0, .d2h_gbps = 50.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 80 * GIB},
+     .h2d_gbps = 50.0, .d2h_gbps = 50.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 80 * GIB,
+     .matvec_gbps = HOPPER_MATVEC(3350.0), .attn_gbps = 3350.0 * HOPPER_ATTN},
     {.name = "h200", .desc = "H200 SXM (GH100, 141 GB HBM3e 4800 GB/s, 989 TFLOP/s f16 tensor), PCIe 5.0 x16",
      .matmul_tflops = 989.4 * MM_EFF, .vector_tflops = 66.9 * VEC_EFF, .mem_gbps = 4800.0 * MEM_EFF,
-     .h2d_gbps = 50.0, .d2h_gbps = 50.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 141 * GIB},
+     .h2d_gbps = 50.0, .d2h_gbps = 50.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 141 * GIB,
+     .matvec_gbps = HOPPER_MATVEC(4800.0), .attn_gbps = 4800.0 * HOPPER_ATTN},
     // the GPU of TriForce's on-chip runs (its A100s; the 80 GB part, which holds a batch's KV)
     {.name = "a100", .desc = "A100 SXM4 80 GB (GA100, HBM2e 2039 GB/s, 312 TFLOP/s f16 tensor), PCIe 4.0 x16",
      .matmul_tflops = 312.0 * MM_EFF, .vector_tflops = 19.5 * VEC_EFF, .mem_gbps = 2039.0 * MEM_EFF,
-     .h2d_gbps = 25.0, .d2h_gbps = 25.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 80 * GIB},
+     .h2d_gbps = 25.0, .d2h_gbps = 25.0, .launch_us = 4.0, .kernel_us = 2.5, .mem_bytes = 80 * GIB,
+     .matvec_gbps = HOPPER_MATVEC(2039.0), .attn_gbps = 2039.0 * HOPPER_ATTN},
 };
+// clang-format on
 
 const tri__sim_profile *tri__sim_profiles(int *n) {
     *n = (int)(sizeof profiles / sizeof profiles[0]);
@@ -397,16 +420,27 @@ static tri_status place(tri__backend *be, tri__sim_queue q, tri__sim_kind kind, 
     return TRI_STATUS_OK;
 }
 
-// An op on COMPUTE: the slower of its FLOPs and its bytes.
-static tri_status op_time(tri__backend *be, const char *what, double flops, double bytes, bool matmul,
-                          double weight_bytes, tri_dtype wtype) {
+// An op on COMPUTE, the slower of its FLOPs and its bytes: weight_bytes of bytes (a matmul's
+// weights) at wrate (GB/s; 0: mem_gbps), or with matmul false (an attention's rows) at attn_gbps
+// when the profile sets it.
+static tri_status op_time_rate(tri__backend *be, const char *what, double flops, double bytes, bool matmul,
+                               double weight_bytes, double wrate) {
     const tri__sim_profile *p = &S(be)->p;
     double rate = (matmul ? p->matmul_tflops : p->vector_tflops) * 1e12;
     double t = flops / rate;
     double tm = bytes / (p->mem_gbps * 1e9);
-    if (matmul && (unsigned)wtype < 8 && p->matmul_gbps[wtype] > 0)  // weights at their own rate
-        tm = weight_bytes / (p->matmul_gbps[wtype] * 1e9) + (bytes - weight_bytes) / (p->mem_gbps * 1e9);
+    if (!matmul && p->attn_gbps > 0) wrate = p->attn_gbps;
+    if (weight_bytes > 0 && wrate > 0)  // weights or rows at their kernel's own rate
+        tm = weight_bytes / (wrate * 1e9) + (bytes - weight_bytes) / (p->mem_gbps * 1e9);
     return place(be, TRI_SIM_QUEUE_COMPUTE, TRI_SIM_KIND_OP, what, t > tm ? t : tm, (uint64_t)bytes, flops);
+}
+
+// An op on COMPUTE: the slower of its FLOPs and its bytes (a matmul's weights at matmul_gbps).
+static tri_status op_time(tri__backend *be, const char *what, double flops, double bytes, bool matmul,
+                          double weight_bytes, tri_dtype wtype) {
+    const tri__sim_profile *p = &S(be)->p;
+    double wrate = matmul && (unsigned)wtype < 8 ? p->matmul_gbps[wtype] : 0;
+    return op_time_rate(be, what, flops, bytes, matmul, weight_bytes, wrate);
 }
 
 static tri_status copy_time(tri__backend *be, tri__sim_queue q, tri__sim_kind kind, size_t bytes) {
@@ -481,7 +515,10 @@ static tri_status sim_matmul(tri__backend *be, float *y, const float *x, const v
     (void)y, (void)x, (void)w;
     double wb = (double)n * (double)tri__dtype_row_bytes(w_type, k);
     double io = 4.0 * (double)m * (double)(n + k);
-    return op_time(be, "matmul", 2.0 * (double)m * (double)n * (double)k, wb + io, true, wb, w_type);
+    const tri__sim_profile *p = &S(be)->p;
+    double wrate = (unsigned)w_type < 8 ? p->matmul_gbps[w_type] : 0;
+    if (m <= 16 && (unsigned)w_type < 8 && p->matvec_gbps[w_type] > 0) wrate = p->matvec_gbps[w_type];
+    return op_time_rate(be, "matmul", 2.0 * (double)m * (double)n * (double)k, wb + io, true, wb, wrate);
 }
 
 static tri_status sim_get_rows(tri__backend *be, float *out, const void *table, tri_dtype table_type, int64_t n_rows,
@@ -558,8 +595,9 @@ static tri_status sim_attention(tri__backend *be, float *out, const float *q, co
     double esz = (double)tri__dtype_row_bytes(kv->type, TRI_QK) / TRI_QK;
     double group = (double)(n_head / kv->n_head_kv);
     double flops = 4.0 * (double)m * group * keys * (double)head_dim;
-    double bytes = 2.0 * keys * (double)head_dim * esz + 8.0 * (double)m * (double)n_head * (double)head_dim;
-    return op_time(be, "attention", flops, bytes, false, 0, kv->type);
+    double rows = 2.0 * keys * (double)head_dim * esz;
+    double bytes = rows + 8.0 * (double)m * (double)n_head * (double)head_dim;
+    return op_time_rate(be, "attention", flops, bytes, false, rows, 0);
 }
 
 static tri_status sim_gather(tri__backend *be, void *dst, const void *src, const int64_t *offsets, int64_t n,

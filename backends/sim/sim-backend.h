@@ -46,6 +46,9 @@ typedef struct tri__sim_profile {
     double matmul_gbps[8];   // per weight dtype (tri_dtype index < 8): weight bytes/s a matmul
                              // streams at; 0: mem_gbps (a CPU's quantized kernels are not
                              // memory-bound, so a CPU profile measures each)
+    double matvec_gbps[8];   // per weight dtype (index < 8): weight bytes/s of a matmul of m <= 16 rows
+                             // (the GPU's matvec kernel); 0: matmul_gbps, else mem_gbps
+    double attn_gbps;        // KV bytes/s of attention; 0: mem_gbps
     double h2d_gbps;         // PCIe host -> device, pinned (GB/s)
     double d2h_gbps;         // device -> host
     double launch_us;        // host time to issue one call (µs)
