@@ -319,22 +319,35 @@ record() {
 descendants() {
   local f s p
   for f in /proc/[0-9]*/stat; do
-    read -r s < "$f" 2> /dev/null || continue
+    { read -r s < "$f"; } 2> /dev/null || continue  # gone meanwhile
     p=${f#/proc/}
     s=${s##*) }  # after the command name, which may hold spaces and parentheses
     echo "${p%/stat} ${s#* }"  # pid, then ppid and the rest
   done | awk -v root="$1" '{ par[$1] = $2 }
     END { for (p in par) { q = par[p]; for (d = 0; d < 64 && q > 1; d++) { if (q == root) { print p; break }; q = par[q] } } }'
 }
-# Stops pid and everything below it, looks again (a process may have forked meanwhile), kills all.
+# Stops pid and everything below it, looks again (a process may have forked meanwhile), kills all,
+# and waits (5 s at most) until none is left but as a zombie: the next part must not share the GPU
+# with them.
 kill_tree() {
-  local all
+  local all p s left
   all="$1 $(descendants "$1")"
   # shellcheck disable=SC2086
   kill -STOP $all 2> /dev/null
   all="$all $(descendants "$1")"
   # shellcheck disable=SC2086
   kill -KILL $all 2> /dev/null
+  for _ in $(seq 50); do
+    left=
+    for p in $all; do
+      { read -r s < "/proc/$p/stat"; } 2> /dev/null || continue
+      s=${s##*) }
+      [ "${s%% *}" = Z ] || left="$left $p"
+    done
+    [ -n "$left" ] || return 0
+    sleep 0.1
+  done
+  echo "gpu-check: processes$left outlived SIGKILL by 5 s" >&2
 }
 
 # part NAME FUNCTION: runs FUNCTION (a shell function, exported) under NAME's budget, shrunk to what

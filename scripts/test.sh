@@ -103,7 +103,9 @@ grep -q '"name": "preflight", "status": "pass"' "$s" || ok=0
 grep -q '"name": "offload_sim", "status": "pass"' "$s" || ok=0
 grep -q '"name": "hang", "status": "cut"' "$s" || ok=0
 grep -q 'GPU_CHECK_PARTS=hang`' build-emu/gpu-check-subset/summary.md || ok=0
-for p in $(cat build-emu/gpu-check-subset/hang.pids 2>/dev/null || echo none); do [ -d "/proc/$p" ] && ok=0; done
+for p in $(cat build-emu/gpu-check-subset/hang.pids 2>/dev/null || echo none); do  # alive: not a zombie
+  grep -qs '^[^)]*) [^Z]' "/proc/$p/stat" && ok=0
+done
 [ -s build-emu/gpu-check-subset/hang.pids ] || ok=0
 [ "$ok" = 1 ] || { echo "gpu-check subset: wrong"; cat build-emu/gpu-check-subset.log; rc=1; }
 echo "gpu-check subset: $(tail -1 build-emu/gpu-check-subset.log)"
