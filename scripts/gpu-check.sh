@@ -151,7 +151,7 @@ declare -A BUDGET=([preflight]=20 [cuda_backend]=70 [memcheck]=45 [synccheck]=25
 # The emulated dry run's (CI): the emulator under the sanitizers on a loaded 2-core machine, the tp
 # suite on two emulated GPUs; the sanitizer parts skip at once.
 declare -A EMU_BUDGET=([preflight]=90 [cuda_backend]=240 [memcheck]=20 [synccheck]=20 [racecheck]=20 [device]=360
-  [tp]=300 [bench_decode]=300 [bench_offload]=300 [offload_sim]=60 [bench_decode_cpu]=160 [hang]=600)
+  [tp]=300 [bench_decode]=480 [bench_offload]=300 [offload_sim]=60 [bench_decode_cpu]=160 [hang]=600)
 # GPU_CHECK_PARTS: the parts to run (preflight always runs). "hang" (a process tree that never ends,
 # emulated runs only) proves the kill through /proc and the cut; it never runs unless named.
 SELECTED=" $PART_ORDER "
@@ -183,7 +183,7 @@ PARTS=$WORK/parts.tsv
 trap 'rm -rf "$WORK"' EXIT
 
 TOTAL=${GPU_CHECK_SECONDS:-470}
-[ "$EMULATED" = 1 ] && TOTAL=${GPU_CHECK_SECONDS:-1900}  # EMU_BUDGET's sum, 1870, and room
+[ "$EMULATED" = 1 ] && TOTAL=${GPU_CHECK_SECONDS:-2100}  # EMU_BUDGET's sum, 2050, and room
 START=$(date +%s)
 
 # The environment the suites get from meson test (tests/meson.build), without meson.
