@@ -3,6 +3,7 @@
 //
 // usage: bench-decode [--device cpu|cuda[:N]] [--shapes llama2-7b,llama-68m] [--ctx 1024]
 //                     [--attn 4096,32768,131072] [--passes N] [--weights f16|q8_0|q4_0]
+//                     [--draft llama-68m|tiny|none] [--draft-fill N] [--draft-steps N]
 //
 // Weights are synthetic (tri__model_synthetic) in each shape, all resident in the backend's
 // memory; the KV cache holds --ctx synthetic rows (f16). For each shape: one-token decode passes,
@@ -49,15 +50,18 @@ done:
 
 // ms/token of the draft step over StreamingLLM in shape c: op by op, from device memory op by op,
 // and recorded (NAN where the backend has no graphs); every way gives the same greedy tokens.
-static tri_status draft_step_times(const tri_model_config *c, tri_dtype wtype, tri__backend *be, int32_t passes,
-                                   double ms[3], double *weight_bytes) {
-    enum { WINDOW = 256, SINK = 16, EVERY = 64, FILL = 1000 };
+// The cache is filled with n_fill tokens first (1,000 by default; at least the window and one
+// eviction interval, so that the ring has wrapped), then steps tokens are timed each way (16 per
+// pass by default; the emulated dry run of gpu-check takes 320 and 4).
+static tri_status draft_step_times(const tri_model_config *c, tri_dtype wtype, tri__backend *be, int32_t steps,
+                                   int32_t n_fill, double ms[3], double *weight_bytes) {
+    enum { WINDOW = 256, SINK = 16, EVERY = 64 };
     tri_model *m = NULL, *v = NULL;
     tri__llama ll = {0};
     tri__kv_policy pol = {0};
     tri__llama_step step[2] = {{0}};
     float *logits = malloc(sizeof(float) * (size_t)c->n_vocab * 3);
-    int32_t *fill = malloc(sizeof(int32_t) * FILL);
+    int32_t *fill = malloc(sizeof(int32_t) * n_fill);
     tri_status st = logits && fill ? TRI_STATUS_OK : TRI_STATUS_OUT_OF_MEMORY;
     tri__kv_policy_params pp = tri__kv_policy_default_params(TRI_KV_POLICY_STREAMING, 1 << 20);
     pp.budget = WINDOW;
@@ -68,8 +72,8 @@ static tri_status draft_step_times(const tri_model_config *c, tri_dtype wtype, t
     if (!st) st = tri__llama_init(&ll, v, be, EVERY);
     if (!st) st = tri__kv_policy_init(&pol, &pp, be, TRI_DTYPE_F16, c->n_layer, c->n_head, c->n_head_kv, c->head_dim,
                                       1 << 20, EVERY);
-    for (int32_t i = 0; !st && i < FILL; i++) fill[i] = (7 * i + 3) % c->n_vocab;
-    if (!st) st = tri__llama_forward_policy(&ll, &pol, fill, FILL, TRI_LOGITS_LAST, logits);
+    for (int32_t i = 0; !st && i < n_fill; i++) fill[i] = (7 * i + 3) % c->n_vocab;
+    if (!st) st = tri__llama_forward_policy(&ll, &pol, fill, n_fill, TRI_LOGITS_LAST, logits);
     if (!st) {
         tri_plan_model pm;
         tri_plan_model_from_model(m, &pm);
@@ -83,14 +87,14 @@ static tri_status draft_step_times(const tri_model_config *c, tri_dtype wtype, t
         if (way > 0 && (st = tri__llama_step_init(&step[way - 1], &ll, &pol, way == 2))) break;
         int32_t tok = 5;
         double t = 0;
-        for (int32_t rep = 0; !st && rep <= 16 * passes; rep++) {
+        for (int32_t rep = 0; !st && rep <= steps; rep++) {
             double t0 = bench_now();
             st = way == 0 ? tri__llama_forward_policy(&ll, &pol, &tok, 1, TRI_LOGITS_LAST, logits)
                           : tri__llama_step_run(&step[way - 1], tok, logits);
             if (rep > 0) t += bench_now() - t0;  // the first records the graph, and warms up
             tok = (tok * 31 + 7) % c->n_vocab;
         }
-        if (!st) ms[way] = 1e3 * t / (16 * passes);
+        if (!st) ms[way] = 1e3 * t / steps;
     }
     for (int i = 0; i < 2; i++) tri__llama_step_free(&step[i]);
     tri__kv_policy_free(&pol);
@@ -116,8 +120,10 @@ static int parse_ints(const char *s, int32_t *out) {
 
 int main(int argc, char **argv) {
     const char *device = NULL, *shapes = "llama2-7b,llama-68m", *draft = "llama-68m";
-    int32_t ctx = 1024, passes = 5, attn[MAX_LIST] = {4096, 32768, 131072}, n_attn = 3;
+    int32_t ctx = 1024, passes = 5, attn[MAX_LIST] = {4096, 32768, 131072}, n_attn = 3, draft_fill = 1000;
+    int32_t draft_steps = 0;
     tri_dtype wtype = TRI_DTYPE_F16;
+    setvbuf(stdout, NULL, _IOLBF, 0);  // each table line as it comes: a run killed midway keeps what it printed
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
@@ -126,15 +132,21 @@ int main(int argc, char **argv) {
         else if (ok && !strcmp(a, "--draft")) draft = v;
         else if (ok && !strcmp(a, "--ctx")) ok = (ctx = atoi(v)) > 0;
         else if (ok && !strcmp(a, "--passes")) ok = (passes = atoi(v)) > 0;
+        else if (ok && !strcmp(a, "--draft-fill"))
+            ok = (draft_fill = atoi(v)) >= 320;
+        else if (ok && !strcmp(a, "--draft-steps"))
+            ok = (draft_steps = atoi(v)) > 0;
         else if (ok && !strcmp(a, "--attn")) ok = (n_attn = parse_ints(v, attn)) > 0;
         else if (ok && !strcmp(a, "--weights")) {
             wtype = !strcmp(v, "q8_0") ? TRI_DTYPE_Q8_0 : !strcmp(v, "q4_0") ? TRI_DTYPE_Q4_0 : TRI_DTYPE_F16;
             ok = wtype != TRI_DTYPE_F16 || !strcmp(v, "f16");
         } else ok = false;
         if (!ok) {
-            fprintf(stderr, "usage: bench-decode [--device cpu|cuda[:N]] [--shapes llama2-7b,llama-68m] [--ctx 1024]\n"
-                            "                    [--attn 4096,32768,131072] [--passes N] [--weights f16|q8_0|q4_0]\n"
-                            "                    [--draft llama-68m|none]\n");
+            fprintf(stderr,
+                    "usage: bench-decode [--device cpu|cuda[:N]] [--shapes llama2-7b,llama-68m] [--ctx 1024]\n"
+                    "                    [--attn 4096,32768,131072] [--passes N] [--weights f16|q8_0|q4_0]\n"
+                    "                    [--draft llama-68m|tiny|none] [--draft-fill N >= 320]\n"
+                    "                    [--draft-steps N]\n");
             return 2;
         }
         i++;
@@ -247,7 +259,7 @@ int main(int argc, char **argv) {
         if (!bench_shape(draft, &dc)) {
             fprintf(stderr, "bench-decode: unknown draft shape '%s'\n", draft);
             rc = 2;
-        } else if (draft_step_times(&dc, wtype, be, passes, ms, &wbytes)) {
+        } else if (draft_step_times(&dc, wtype, be, draft_steps ? draft_steps : 16 * passes, draft_fill, ms, &wbytes)) {
             fprintf(stderr, "bench-decode: draft step: %s\n", tri_last_error());
             rc = 1;
         } else {

@@ -189,6 +189,7 @@ static bool wants_sim(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);  // each table line as it comes: a run killed midway keeps what it printed
     if (wants_sim(argc, argv)) return bench_offload_sim(argc, argv);
     opts o = {.shape = "llama2-7b", .device = NULL, .ctx = 130048, .passes = 3, .gamma1 = 2,
               .gpu_mem = (uint64_t)24 << 30, .budgets = {8192, 12288}, .n_budgets = 2, .gamma2s = {12, 16},

@@ -77,7 +77,8 @@ def main():
         if 'compute_' + sm in probe.stdout.split():
             archs.append(sm)
     failures, checked = [], 0
-    smem_dyn = {'k_attn_partial': None, 'k_top_k': 4096 * 8}  # largest dynamic smem per launch (bytes)
+    # largest dynamic smem per launch (bytes)
+    smem_dyn = {'k_attn_partial': None, 'k_top_k': 4096 * 8, 'k_top_k_select': 4096 * 8}
     with tempfile.TemporaryDirectory() as tmp:
         for unit in sorted(os.listdir(os.path.join(ROOT, 'backends', 'cuda'))):
             if not unit.endswith('.cu'):

@@ -79,10 +79,41 @@ TRI_CUDA_MODULE="$PWD/build-emu/backends/cuda/libtriforce-cuda-fma.so" \
   meson test -C build-emu --print-errorlogs cuda-backend --logbase emu-fma || rc=$?
 # The real-GPU check's dry run: every part of scripts/gpu-check.sh on the emulated GPU, small
 # shapes (docs/cuda.md), so that the script a lent GPU runs first cannot rot between devices.
-rm -rf build-emu/gpu-check
+rm -rf build-emu/gpu-check build-emu/gpu-check-nodev build-emu/gpu-check-subset
 ./scripts/gpu-check.sh --emulated --build build-emu build-emu/gpu-check > build-emu/gpu-check.log 2>&1 ||
   { cat build-emu/gpu-check.log build-emu/gpu-check/summary.md; rc=1; }
 tail -1 build-emu/gpu-check.log
+# ... without a usable device (the emulated module reports none): preflight fails, naming why, and
+# nothing else runs or passes; within 60 s, so that a lent GPU's window is not spent on skips.
+t0=$SECONDS
+ok=1
+CUDAEMU_DEVICES=0 ./scripts/gpu-check.sh --emulated --build build-emu build-emu/gpu-check-nodev \
+  > build-emu/gpu-check-nodev.log 2>&1 && ok=0
+s=build-emu/gpu-check-nodev/summary.json
+grep -q '"name": "preflight", "status": "fail"' "$s" || ok=0
+! grep -q '"status": "pass"' "$s" || ok=0
+[ $((SECONDS - t0)) -le 60 ] || ok=0
+[ "$ok" = 1 ] || { echo "gpu-check without a device: not a fast failure ($((SECONDS - t0)) s)"; cat build-emu/gpu-check-nodev.log; rc=1; }
+echo "gpu-check without a device: $(tail -1 build-emu/gpu-check-nodev.log) ($((SECONDS - t0)) s)"
+# ... a subset (GPU_CHECK_PARTS), with a part that never ends cut by the total: exit 3, only the
+# parts named (and preflight), the cut part "cut" and named for the follow-up, no process of it left.
+ok=1
+sub_rc=0
+GPU_CHECK_PARTS=offload_sim,hang GPU_CHECK_SECONDS=45 ./scripts/gpu-check.sh --emulated --build build-emu \
+  build-emu/gpu-check-subset > build-emu/gpu-check-subset.log 2>&1 || sub_rc=$?
+[ "$sub_rc" = 3 ] || ok=0
+s=build-emu/gpu-check-subset/summary.json
+[ "$(grep -c '"name": ' "$s")" = 3 ] || ok=0
+grep -q '"name": "preflight", "status": "pass"' "$s" || ok=0
+grep -q '"name": "offload_sim", "status": "pass"' "$s" || ok=0
+grep -q '"name": "hang", "status": "cut"' "$s" || ok=0
+grep -q 'GPU_CHECK_PARTS=hang`' build-emu/gpu-check-subset/summary.md || ok=0
+for p in $(cat build-emu/gpu-check-subset/hang.pids 2>/dev/null || echo none); do  # alive: not a zombie
+  grep -qs '^[^)]*) [^Z]' "/proc/$p/stat" && ok=0
+done
+[ -s build-emu/gpu-check-subset/hang.pids ] || ok=0
+[ "$ok" = 1 ] || { echo "gpu-check subset: wrong"; cat build-emu/gpu-check-subset.log; rc=1; }
+echo "gpu-check subset: $(tail -1 build-emu/gpu-check-subset.log)"
 
 # One closing line over every Criterion test case of every run.
 awk '/Synthesis: Tested:/ { for (i = 1; i <= NF; i++) { if ($i == "Passing:") p += $(i + 1);

@@ -823,6 +823,25 @@ Test(cuda_backend, top_k_vocabulary_rows) {
     DONE();
 }
 
+// Rows longer than 4,096 take the radix select: ties across thousands of columns at the k-th
+// value (the select narrows down to the column bits), NaN, +-inf and -0 among them, k from 1 to the
+// whole row, and k past 4,096 (the selected keys sorted in global scratch), against the CPU.
+Test(cuda_backend, top_k_radix_select_long_rows) {
+    NEED_GPU();
+    int64_t m = 3, n = 9000;
+    float *x = malloc(sizeof(float) * (size_t)(m * n));
+    for (int64_t i = 0; i < m * n; i++) x[i] = (float)(int)(frand() * 4);  // 4 values: thousands of ties
+    x[5] = NAN, x[n + 1] = NAN, x[17] = -0.0f, x[2 * n + 8] = INFINITY, x[2 * n + 4000] = -INFINITY;
+    for (int64_t j = 0; j < n; j += 2) x[2 * n + j] = -(float)j;  // row 2: distinct values too
+    static const int64_t ks[] = {1, 2, 37, 2500, 4096, 4097, 6000, 9000};
+    for (size_t a = 0; a < sizeof ks / sizeof ks[0]; a++) check_top_k(gpu, cpu, x, m, n, ks[a]);
+    for (int64_t i = 0; i < m * n; i++) x[i] = 1.5f;  // every column ties
+    check_top_k(gpu, cpu, x, m, n, 40);
+    check_top_k(gpu, cpu, x, m, n, 8999);
+    free(x);
+    DONE();
+}
+
 // ---- attention ----
 
 // The attention-logit soft-cap the next views and naive_attn apply (Gemma 2); 0: none.
@@ -1062,6 +1081,52 @@ Test(cuda_backend, attention_quantized_rows) {
     DONE();
 }
 
+// A span of f32 or f16 rows at an address its kernels cannot read (a misaligned-address fault on a
+// GPU is a sticky error that ends the context) is refused with INVALID_ARGUMENT naming the span,
+// for keys and values, by attention and attention_dev, and the instance works on afterwards.
+Test(cuda_backend, attention_refuses_misaligned_spans_of_every_type) {
+    NEED_GPU();
+    const tri_dtype types[4] = {TRI_DTYPE_F32, TRI_DTYPE_F16, TRI_DTYPE_Q8_0, TRI_DTYPE_Q4_0};
+    const size_t off[4] = {2, 1, 1, 1};  // bytes: misaligned for each
+    for (int ti = 0; ti < 4; ti++) {
+        test_cache c;
+        cache_make(gpu, &c, 2, 70, 64, types[ti], 1.0f);
+        int64_t cuts[1] = {33};
+        tri__kv_span spans[4];
+        int32_t head_span[3], qpos[2] = {20, 69};
+        tri__kv_view view;
+        cache_view(&c, true, cuts, 1, spans, head_span, &view);
+        float q[2 * 6 * 64], a[2 * 6 * 64], b[2 * 6 * 64];
+        fill(q, 2 * 6 * 64, 1.0f);
+        float *dq = up(gpu, q, sizeof q), *dout = dalloc(gpu, sizeof a);
+        int32_t *dpos = up(gpu, qpos, sizeof qpos);
+        cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, 2, 6, 64, &view, NULL), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        down(gpu, a, dout, sizeof a);
+        for (int kv = 0; kv < 2; kv++) {
+            const void **p = kv ? &spans[2].v : &spans[2].k;
+            *p = (const uint8_t *)*p + off[ti];
+            cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, 2, 6, 64, &view, NULL), TRI_STATUS_INVALID_ARGUMENT,
+                         "%s", tri_dtype_name(types[ti]));
+            cr_assert(strstr(tri_last_error(), "span 2") && strstr(tri_last_error(), "aligned") &&
+                          strstr(tri_last_error(), tri_dtype_name(types[ti])),
+                      "%s", tri_last_error());
+            cr_assert_eq(gpu->ops->attention_dev(gpu, dout, dq, dpos, 2, 6, 64, &view), TRI_STATUS_INVALID_ARGUMENT);
+            *p = (const uint8_t *)*p - off[ti];
+        }
+        // nothing was launched: the same attention again gives the same bits
+        cr_assert_eq(gpu->ops->attention(gpu, dout, dq, qpos, 2, 6, 64, &view, NULL), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        down(gpu, b, dout, sizeof b);
+        cr_assert(memcmp(a, b, sizeof a) == 0, "%s: not the same bits after the refusals", tri_dtype_name(types[ti]));
+        gpu->ops->free(gpu, dq);
+        gpu->ops->free(gpu, dout);
+        gpu->ops->free(gpu, dpos);
+        cache_free(gpu, &c);
+    }
+    DONE();
+}
+
 Test(cuda_backend, attention_many_small_spans_and_empty_ones) {
     NEED_GPU();
     // a retrieval cache: spans of 8 keys (every other one with explicit positions), and an empty one
@@ -1240,6 +1305,56 @@ Test(cuda_backend, uploads_do_not_queue_behind_a_transfer) {
     gpu->ops->free(gpu, dout);
     free(w);
     DONE();
+}
+
+// Growing the descriptor buffers (the device argument buffer, a pinned staging slot) must not wait
+// for the whole device: a device-wide cudaFree or cudaFreeHost would wait for the transfer
+// stream's prefetch. On the emulator streams are deferred queues, so a transfer still queued after
+// the op's own work completed shows that nothing waited for it; with CUDAEMU_MEMPOOLS=0 (a device
+// without stream-ordered allocation) the argument buffer's cudaFree does.
+Test(cuda_backend, grown_descriptors_do_not_wait_for_a_transfer) {
+    if (!TRI_CUDA_EMULATED) cr_skip_test("needs the emulated CUDA runtime (-Dcudaemu=true): its streams are deferred");
+    for (int pools = 1; pools >= 0; pools--) {
+        setenv("CUDAEMU_MEMPOOLS", pools ? "1" : "0", 1);
+        NEED_GPU();
+        enum { ROWS = 50, BIG = 1 << 12 };
+        const int64_t M = 400000;  // 1.6 MB of ids: past the first argument buffer and staging slot
+        float w[ROWS], *out = malloc(sizeof(float) * (size_t)M);
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)M);
+        fill(w, ROWS, 1.0f);
+        for (int64_t i = 0; i < M; i++) ids[i] = (int32_t)((i * 7) % ROWS);
+        float *dw = up(gpu, w, sizeof w), *dout = dalloc(gpu, sizeof(float) * (size_t)M);
+        float *dbig = dalloc(gpu, sizeof(float) * BIG), *hbig = NULL;
+        // the first argument buffer and staging slot (1 MiB, 64 KiB), then the transfer
+        cr_assert_eq(gpu->ops->get_rows(gpu, dout, dw, TRI_DTYPE_F32, ROWS, 1, ids, 3), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->synchronize(gpu), TRI_STATUS_OK);
+        cr_assert_eq(posix_memalign((void **)&hbig, 4096, sizeof(float) * BIG), 0);
+        for (int i = 0; i < BIG; i++) hbig[i] = -1.0f;
+        cr_assert_eq(gpu->ops->host_register(gpu, hbig, sizeof(float) * BIG), TRI_STATUS_OK, "%s", tri_last_error());
+        tri__event *ev = NULL;
+        cr_assert_eq(gpu->ops->event_create(gpu, &ev), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->transfer_to_host(gpu, hbig, dbig, sizeof(float) * BIG), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->get_rows(gpu, dout, dw, TRI_DTYPE_F32, ROWS, 1, ids, M), TRI_STATUS_OK, "%s",
+                     tri_last_error());
+        cr_assert_eq(gpu->ops->event_record(gpu, ev, TRI_STREAM_COMPUTE), TRI_STATUS_OK);
+        cr_assert_eq(gpu->ops->event_synchronize(gpu, ev), TRI_STATUS_OK);
+        if (pools)
+            cr_assert(hbig[0] == -1.0f, "growing the descriptor buffers waited for the transfer stream");
+        else
+            cr_assert(hbig[0] != -1.0f, "without memory pools the argument buffer's cudaFree waits for the device");
+        down(gpu, out, dout, sizeof(float) * (size_t)M);  // synchronizes both streams
+        cr_assert(hbig[0] != -1.0f, "the transfer never ran");
+        for (int64_t i = 0; i < M; i++) cr_assert_eq(out[i], w[ids[i]], "row %lld", (long long)i);
+        gpu->ops->event_destroy(gpu, ev);
+        gpu->ops->host_unregister(gpu, hbig);
+        free(hbig);
+        gpu->ops->free(gpu, dbig);
+        gpu->ops->free(gpu, dw);
+        gpu->ops->free(gpu, dout);
+        free(out), free(ids);
+        DONE();
+    }
+    unsetenv("CUDAEMU_MEMPOOLS");
 }
 
 // The tiled and batched paths, reached at test sizes by making each launch's limit tiny: attention

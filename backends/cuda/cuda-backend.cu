@@ -5,8 +5,8 @@
 // (ids, positions, KV spans) are copied into a mapped pinned staging slot and copied to the device
 // by a kernel on the op's stream (not by a copy engine, where they would queue behind a layer's
 // prefetch on the transfer stream), so the caller may reuse them as soon as the op returns. Errors
-// the device only finds later (a softmax row that is all -inf) set a flag in mapped host memory
-// that synchronize() reports.
+// the device only finds later (a softmax row that is all -inf) set a flag in device memory that
+// synchronize() reads back and reports.
 #include <cublas_v2.h>
 #include <limits.h>
 #include <pthread.h>
@@ -72,10 +72,19 @@ typedef struct cuda_state {
     cudaStream_t stream;
     cudaStream_t xfer;  // TRI_STREAM_TRANSFER: the offload engine's copies
     cublasHandle_t cublas;
-    int *err_host;  // mapped pinned flag set by kernels (softmax)
+    // A flag kernels set in device memory (softmax's all -inf row), read back by synchronize into
+    // err_host (pinned, not mapped): a kernel's store into mapped host memory is not atomic with
+    // respect to the host over PCIe, a copy in stream order is.
+    int *err_host;
     int *err_dev;
+    bool err_armed;  // a kernel that may set the flag (or a graph) ran since the last read-back
+    bool mem_pools;  // the device has stream-ordered allocation (cudaMallocAsync)
     upload_slot slots[UPLOAD_SLOTS];
     int next_slot;
+    // pinned slots outgrown, freed at the next synchronize (cudaFreeHost waits for the whole
+    // device, the transfer stream's prefetch included, where synchronize waits anyway)
+    void **retired;
+    int n_retired, retired_cap;
     unsigned char *args;  // device copy of the current op's uploaded descriptors
     size_t args_cap;
     unsigned char *scratch;  // device scratch of the current op
@@ -94,21 +103,35 @@ static void graph_release(tri__graph *g);
 // another one current.
 #define USE_DEVICE(st) CUDA_TRY(cudaSetDevice((st)->device))
 
-// Grows a device buffer to at least bytes (contents not kept). cudaFree waits for the work that
-// may still use the old buffer.
-static tri_status grow_device(unsigned char **buf, size_t *cap, size_t bytes, const char *what) {
+// A device buffer freed and allocated in the order of the instance's stream, the only stream that
+// uses the descriptor and scratch buffers (stream-ordered allocation): no device-wide
+// synchronisation, so growing them does not wait for the transfer stream's prefetch. Devices
+// without memory pools take cudaFree / cudaMalloc, which wait for the whole device.
+static cudaError_t stream_free(cuda_state *st, void *p) {
+    if (!p) return cudaSuccess;
+    return st->mem_pools ? cudaFreeAsync(p, st->stream) : cudaFree(p);
+}
+static cudaError_t stream_malloc(cuda_state *st, void **p, size_t bytes) {
+    if (!st->mem_pools) return tri__cuda_malloc(p, bytes);
+    if (tri__fault_hit(TRI__FAULT_DEVICE)) return cudaErrorMemoryAllocation;
+    return cudaMallocAsync(p, bytes, st->stream);
+}
+
+// Grows a device buffer used on the instance's stream to at least bytes (contents not kept): the
+// old one is freed after the work queued before that uses it.
+static tri_status grow_device(cuda_state *st, unsigned char **buf, size_t *cap, size_t bytes, const char *what) {
     if (bytes <= *cap) return TRI_STATUS_OK;
     size_t want = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes + bytes / 4;
-    CUDA_TRY(cudaFree(*buf));
+    CUDA_TRY(stream_free(st, *buf));
     *buf = NULL;
     *cap = 0;
-    cudaError_t err = tri__cuda_malloc((void **)buf, want);
+    cudaError_t err = stream_malloc(st, (void **)buf, want);
     if (err != cudaSuccess) {
         *buf = NULL;
         if (want > bytes && err == cudaErrorMemoryAllocation) {  // retry without the headroom
             (void)cudaGetLastError();
             want = bytes;
-            err = tri__cuda_malloc((void **)buf, want);
+            err = stream_malloc(st, (void **)buf, want);
         }
         if (err != cudaSuccess) {
             *buf = NULL;
@@ -142,7 +165,7 @@ static tri_status rec_alloc(cuda_state *st, size_t bytes, unsigned char **out) {
 
 static tri_status scratch_get(cuda_state *st, size_t bytes, unsigned char **out) {
     if (st->rec) return rec_alloc(st, bytes, out);  // a replay reads it after the instance regrew its own
-    TRY(grow_device(&st->scratch, &st->scratch_cap, bytes, "op"));
+    TRY(grow_device(st, &st->scratch, &st->scratch_cap, bytes, "op"));
     *out = st->scratch;
     return TRI_STATUS_OK;
 }
@@ -170,7 +193,16 @@ static tri_status upload_begin(cuda_state *st, size_t bytes, unsigned char **hos
     }
     if (bytes > sl->cap) {
         size_t want = bytes < 65536 ? 65536 : bytes + bytes / 4;
-        CUDA_TRY(cudaFreeHost(sl->host));
+        if (sl->host) {  // idle (its copy is done): retired until the next synchronize
+            if (st->n_retired == st->retired_cap) {
+                int cap = st->retired_cap ? 2 * st->retired_cap : 8;
+                void **r = (void **)realloc(st->retired, sizeof *r * (size_t)cap);
+                if (!r) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "cuda: %d retired staging slots", cap);
+                st->retired = r;
+                st->retired_cap = cap;
+            }
+            st->retired[st->n_retired++] = sl->host;
+        }
         sl->host = NULL;
         sl->cap = 0;
         cudaError_t err = tri__cuda_host_alloc((void **)&sl->host, want, cudaHostAllocMapped);
@@ -201,7 +233,7 @@ static tri_status upload_finish(cuda_state *st, size_t bytes, unsigned char **de
         return TRI_STATUS_OK;
     }
     upload_slot *sl = &st->slots[st->next_slot];
-    TRY(grow_device(&st->args, &st->args_cap, bytes, "argument"));
+    TRY(grow_device(st, &st->args, &st->args_cap, bytes, "argument"));
     // a kernel reads the slot over the bus: a copy engine would queue this copy behind whatever the
     // transfer stream has queued (a layer's prefetch of KV or weights, megabytes) on a GPU with one
     // engine per direction
@@ -283,10 +315,20 @@ static tri_status cuda_synchronize(tri__backend *be) {
     cuda_state *st = priv(be);
     NOT_RECORDING(st, "synchronize");
     USE_DEVICE(st);
+    // the device's error flag comes back behind the stream's work (4 bytes), when a kernel that may
+    // set it ran since the last time
+    const bool armed = st->err_armed;
+    if (armed) CUDA_TRY(cudaMemcpyAsync(st->err_host, st->err_dev, sizeof(int), cudaMemcpyDeviceToHost, st->stream));
     CUDA_TRY(cudaStreamSynchronize(st->xfer));
     CUDA_TRY(cudaStreamSynchronize(st->stream));
-    if (*(volatile int *)st->err_host) {
-        *(volatile int *)st->err_host = 0;
+    while (st->n_retired > 0) {
+        void *p = st->retired[--st->n_retired];
+        CUDA_TRY(cudaFreeHost(p));
+    }
+    st->err_armed = false;
+    if (armed && *st->err_host) {
+        *st->err_host = 0;
+        CUDA_TRY(cudaMemsetAsync(st->err_dev, 0, sizeof(int), st->stream));  // before any later op
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda softmax: a row is all -inf");
     }
     return TRI_STATUS_OK;
@@ -310,7 +352,9 @@ static void cuda_destroy(tri__backend *be) {
                 if (st->slots[i].done) (void)cudaEventDestroy(st->slots[i].done);
                 if (st->slots[i].host) (void)cudaFreeHost(st->slots[i].host);
             }
+            for (int i = 0; i < st->n_retired; i++) (void)cudaFreeHost(st->retired[i]);
             if (st->err_host) (void)cudaFreeHost(st->err_host);
+            if (st->err_dev) (void)cudaFree(st->err_dev);
             if (st->args) (void)cudaFree(st->args);
             if (st->scratch) (void)cudaFree(st->scratch);
             if (st->cublas) (void)cublasDestroy(st->cublas);
@@ -318,6 +362,7 @@ static void cuda_destroy(tri__backend *be) {
             if (st->xfer) (void)cudaStreamDestroy(st->xfer);
         }
         free(st->rec_host);
+        free(st->retired);
         free(st);
     }
     free(be);
@@ -529,6 +574,7 @@ static tri_status cuda_softmax(tri__backend *be, float *x, int64_t m, int64_t n,
                          (long long)n);
     USE_DEVICE(st);
     LAUNCH(tri__cuda_softmax(x, m, n, temperature, st->err_dev, st->stream));
+    st->err_armed = true;
     return TRI_STATUS_OK;
 }
 
@@ -539,12 +585,12 @@ static tri_status cuda_top_k(tri__backend *be, float *values, int32_t *indices, 
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda top_k: k = %lld of n = %lld", (long long)k, (long long)n);
     if (m == 0) return TRI_STATUS_OK;
     USE_DEVICE(st);
-    int64_t np2 = 1;
-    while (np2 < n) np2 <<= 1;
+    int64_t np2 = tri__cuda_top_k_pow2(n), kp2 = tri__cuda_top_k_pow2(k);
     uint64_t *keys = NULL;
     int64_t rows = m;  // rows per launch
-    if (np2 > 4096) {  // sorted in global memory: bounded scratch, rows in batches
-        size_t row_bytes = sizeof(uint64_t) * (size_t)np2;
+    if (np2 > TRI_CUDA_TOPK_SMEM_KEYS && kp2 > TRI_CUDA_TOPK_SMEM_KEYS) {
+        // a long row's k selected keys sorted in global memory: bounded scratch, rows in batches
+        size_t row_bytes = sizeof(uint64_t) * (size_t)kp2;
         rows = (int64_t)(st->limits.topk_key_bytes / row_bytes);
         if (rows < 1) rows = 1;
         if (rows > m) rows = m;
@@ -554,7 +600,7 @@ static tri_status cuda_top_k(tri__backend *be, float *values, int32_t *indices, 
     }
     for (int64_t r0 = 0; r0 < m; r0 += rows) {
         int64_t nr = m - r0 < rows ? m - r0 : rows;
-        LAUNCH(tri__cuda_top_k(values + r0 * k, indices + r0 * k, x + r0 * n, nr, n, k, keys, np2, st->stream));
+        LAUNCH(tri__cuda_top_k(values + r0 * k, indices + r0 * k, x + r0 * n, nr, n, k, keys, st->stream));
     }
     return TRI_STATUS_OK;
 }
@@ -624,10 +670,17 @@ static tri_status attention_run(tri__backend *be, float *out, float *state, cons
         const tri__kv_span *sp = &kv->spans[si];
         const tri_dtype ty = tri__kv_span_type(kv, sp);
         const bool quant = ty == TRI_DTYPE_Q8_0 || ty == TRI_DTYPE_Q4_0;
-        if (sp->n < 0 || (sp->n > 0 && sp->stride < hd) ||
-            (quant && sp->n > 0 && (sp->stride % TRI_QK != 0 || !aligned(sp->k, 2) || !aligned(sp->v, 2))))
+        if (sp->n < 0 || (sp->n > 0 && sp->stride < hd) || (quant && sp->n > 0 && sp->stride % TRI_QK != 0))
             return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "cuda attention: span %d has %d rows of stride %lld", si, sp->n,
                              (long long)sp->stride);
+        // A row the kernels read at a misaligned address would be a misaligned-address fault:
+        // a sticky error that ends the context. Every type's rows are refused here instead (f32
+        // 4-byte, f16 and the 2-byte scales of q8_0 / q4_0 blocks 2-byte aligned).
+        const size_t al = ty == TRI_DTYPE_F32 ? 4 : 2;
+        if (sp->n > 0 && (!aligned(sp->k, al) || !aligned(sp->v, al)))
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
+                             "cuda attention: span %d of %s rows at k %p, v %p: not %zu-byte aligned", si,
+                             tri_dtype_name(ty), sp->k, sp->v, al);
         if (sp->pos) n_pos += sp->n;
         n_keys += sp->n;
     }
@@ -1135,6 +1188,7 @@ static tri_status cuda_graph_launch(tri__backend *be, tri__graph *g) {
     NOT_RECORDING(st, "graph_launch");
     USE_DEVICE(st);
     CUDA_TRY(cudaGraphLaunch(g->exec, st->stream));
+    st->err_armed = true;  // a recorded softmax may set the flag
     return TRI_STATUS_OK;
 }
 
@@ -1211,9 +1265,16 @@ static tri_status create(int device, tri__backend *be, cuda_state *st) {
     CUDA_TRY(cudaStreamCreateWithFlags(&st->xfer, cudaStreamNonBlocking));
     CUBLAS_TRY(cublasCreate(&st->cublas));
     CUBLAS_TRY(cublasSetStream(st->cublas, st->stream));
-    CUDA_TRY(tri__cuda_host_alloc((void **)&st->err_host, sizeof(int), cudaHostAllocMapped));
+    int pools = 0;
+    if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess) {
+        (void)cudaGetLastError();  // an old driver: no pools, cudaMalloc
+        pools = 0;
+    }
+    st->mem_pools = pools != 0;
+    CUDA_TRY(tri__cuda_host_alloc((void **)&st->err_host, sizeof(int), cudaHostAllocDefault));
     *st->err_host = 0;
-    CUDA_TRY(cudaHostGetDevicePointer((void **)&st->err_dev, st->err_host, 0));
+    CUDA_TRY(tri__cuda_malloc((void **)&st->err_dev, sizeof(int)));
+    CUDA_TRY(cudaMemsetAsync(st->err_dev, 0, sizeof(int), st->stream));
     for (int i = 0; i < UPLOAD_SLOTS; i++) CUDA_TRY(cudaEventCreateWithFlags(&st->slots[i].done, cudaEventDisableTiming));
     be->ops = &cuda_ops;
     be->n_threads = 1;

@@ -166,11 +166,20 @@ cudaError_t tri__cuda_geglu(float *out, const float *gate, const float *up, int6
 cudaError_t tri__cuda_scale(float *x, int64_t n, float f, cudaStream_t s);
 // x (m, n) += b (n) per row.
 cudaError_t tri__cuda_add_rows(float *x, const float *b, int64_t m, int64_t n, cudaStream_t s);
-// Rows that are all -inf are left as they are and set *err_flag (device-visible) to 1.
+// Rows that are all -inf are left as they are and set *err_flag (device memory) to 1.
 cudaError_t tri__cuda_softmax(float *x, int64_t m, int64_t n, float temperature, int *err_flag, cudaStream_t s);
-// keys: scratch of (m, n_pow2) uint64, n_pow2 the power of two >= n.
+// The power of two >= n (n >= 1): top-k's padded row and selection lengths.
+static inline int64_t tri__cuda_top_k_pow2(int64_t n) {
+    int64_t p = 1;
+    while (p < n) p <<= 1;
+    return p;
+}
+// Rows of n <= 4096 (padded) are sorted in shared memory; longer ones select their k largest by a
+// radix select and sort those, in shared memory for k <= 4096 (padded), else in keys: scratch of
+// (m, tri__cuda_top_k_pow2(k)) uint64 (NULL otherwise). values, indices (m, k).
+#define TRI_CUDA_TOPK_SMEM_KEYS 4096
 cudaError_t tri__cuda_top_k(float *values, int32_t *indices, const float *x, int64_t m, int64_t n, int64_t k,
-                            uint64_t *keys, int64_t n_pow2, cudaStream_t s);
+                            uint64_t *keys, cudaStream_t s);
 
 // ---- matvec for small m (kernels-matvec.cu) ----
 

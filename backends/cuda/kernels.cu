@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(THREADS) k_softmax(float *x, int64_t m, int64_
         for (int64_t j = threadIdx.x; j < n; j += THREADS) mx = fmaxf(mx, r[j] * it);
         mx = block_max_f(mx, shf);
         if (mx == -INFINITY) {  // uniform across the block
-            if (threadIdx.x == 0) atomicExch(err_flag, 1);
+            if (threadIdx.x == 0) *err_flag = 1;  // device memory, read back at synchronize: every writer writes 1
             continue;
         }
         double sum = 0;
@@ -496,15 +496,21 @@ cudaError_t tri__cuda_softmax(float *x, int64_t m, int64_t n, float temperature,
     return cudaGetLastError();
 }
 
-// ---- top-k: one block per row, a bitonic sort of 64-bit keys ----
+// ---- top-k: one block per row ----
 //
 // key = (order-preserving value bits) << 32 | (0xffffffff - column): distinct per column, larger
 // for a larger value and, among equal values, for the lower column; NaN maps to the lowest value
 // bits and the padding to 0, below every real key. -0 is made +0 so that it ties with +0, as the
-// CPU's comparison does.
+// CPU's comparison does. The k largest keys in descending order are the CPU's top-k exactly.
+//
+// Rows padded to at most 4096 keys are sorted whole in shared memory (a bitonic network). Longer
+// rows (a 128K vocabulary) first select their k largest keys with a radix select (a 256-bin
+// histogram of the keys' next byte in shared memory, at most 8 passes over the row, each reading it
+// once and stopping as soon as the bin holding the k-th key is taken whole), then sort only those:
+// in shared memory when k fits (a sampler's top-k), else in global scratch (top-p's whole rows).
 
 #define TOPK_THREADS 1024
-#define TOPK_SMEM_KEYS 4096  // rows padded to at most this many keys sort in shared memory
+#define TOPK_SMEM_KEYS TRI_CUDA_TOPK_SMEM_KEYS  // keys sorted in shared memory at most
 
 __device__ __forceinline__ uint64_t topk_key(float v, int64_t j) {
     uint32_t u;
@@ -518,28 +524,32 @@ __device__ __forceinline__ uint64_t topk_key(float v, int64_t j) {
     return (uint64_t)u << 32 | (uint64_t)(0xffffffffu - (uint32_t)j);
 }
 
-__global__ void __launch_bounds__(TOPK_THREADS) k_top_k(float *values, int32_t *indices, const float *x, int64_t m, int64_t n, int64_t k,
-                        uint64_t *keys, int64_t np2) {
-    TRI_DYN_SMEM(uint64_t, sk);
-    bool in_smem = np2 <= TOPK_SMEM_KEYS;
+// K (np2 keys, a power of two) sorted in descending order by the block; ends with a barrier.
+__device__ void topk_bitonic_desc(uint64_t *K, int64_t np2) {
+    for (int64_t size = 2; size <= np2; size <<= 1)
+        for (int64_t stride = size / 2; stride > 0; stride >>= 1) {
+            for (int64_t t = threadIdx.x; t < np2 / 2; t += blockDim.x) {
+                int64_t a = (t / stride) * stride * 2 + t % stride, b = a + stride;
+                bool desc = (a & size) == 0;  // the last merge (size == np2) is descending
+                uint64_t ka = K[a], kb = K[b];
+                if (desc ? ka < kb : ka > kb) {
+                    K[a] = kb;
+                    K[b] = ka;
+                }
+            }
+            __syncthreads();  // also orders the global-memory keys within the block
+        }
+}
+
+// Rows of n <= TOPK_SMEM_KEYS (np2 padded): the whole row sorted in shared memory.
+__global__ void __launch_bounds__(TOPK_THREADS) k_top_k(float *values, int32_t *indices, const float *x, int64_t m,
+                                                        int64_t n, int64_t k, int64_t np2) {
+    TRI_DYN_SMEM(uint64_t, K);
     for (int64_t row = blockIdx.x; row < m; row += gridDim.x) {
-        uint64_t *K = in_smem ? sk : keys + row * np2;
         const float *xr = x + row * n;
         for (int64_t j = threadIdx.x; j < np2; j += blockDim.x) K[j] = j < n ? topk_key(xr[j], j) : 0;
         __syncthreads();
-        for (int64_t size = 2; size <= np2; size <<= 1)
-            for (int64_t stride = size / 2; stride > 0; stride >>= 1) {
-                for (int64_t t = threadIdx.x; t < np2 / 2; t += blockDim.x) {
-                    int64_t a = (t / stride) * stride * 2 + t % stride, b = a + stride;
-                    bool desc = (a & size) == 0;  // the last merge (size == np2) is descending
-                    uint64_t ka = K[a], kb = K[b];
-                    if (desc ? ka < kb : ka > kb) {
-                        K[a] = kb;
-                        K[b] = ka;
-                    }
-                }
-                __syncthreads();  // also orders the global-memory keys within the block
-            }
+        topk_bitonic_desc(K, np2);
         for (int64_t r = threadIdx.x; r < k; r += blockDim.x) {
             int64_t j = (int64_t)(0xffffffffu - (uint32_t)(K[r] & 0xffffffffu));
             values[row * k + r] = xr[j];
@@ -549,11 +559,72 @@ __global__ void __launch_bounds__(TOPK_THREADS) k_top_k(float *values, int32_t *
     }
 }
 
+// Long rows: radix select of the k largest keys, then a sort of those kp2 (k padded to a power of
+// two) keys, in shared memory when kp2 <= TOPK_SMEM_KEYS, else in keys (rows, kp2) of scratch.
+__global__ void __launch_bounds__(TOPK_THREADS) k_top_k_select(float *values, int32_t *indices, const float *x,
+                                                               int64_t m, int64_t n, int64_t k, uint64_t *keys,
+                                                               int64_t kp2) {
+    TRI_DYN_SMEM(uint64_t, sk);
+    __shared__ uint32_t hist[256];
+    __shared__ uint64_t prefix_s, mask_s;
+    __shared__ uint32_t need_s, count_s;
+    __shared__ int done_s;
+    for (int64_t row = blockIdx.x; row < m; row += gridDim.x) {
+        const float *xr = x + row * n;
+        uint64_t *K = kp2 <= TOPK_SMEM_KEYS ? sk : keys + row * kp2;
+        if (threadIdx.x == 0) prefix_s = 0, mask_s = 0, need_s = (uint32_t)k, done_s = 0, count_s = 0;
+        __syncthreads();
+        // threshold: the keys with prefix under mask, then every key above them, are the k largest
+        for (int shift = 56; shift >= 0 && !done_s; shift -= 8) {
+            const uint64_t prefix = prefix_s, mask = mask_s;
+            for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+            __syncthreads();
+            for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+                uint64_t key = topk_key(xr[j], j);
+                if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {  // the bin that holds the need-th largest key of the prefix
+                uint32_t need = need_s, above = 0;
+                int d = 255;
+                for (; d > 0 && above + hist[d] < need; d--) above += hist[d];
+                need -= above;
+                prefix_s = prefix | (uint64_t)d << shift;
+                mask_s = mask | (uint64_t)255 << shift;
+                need_s = need;
+                if (hist[d] == need) done_s = 1;  // the bin is taken whole
+            }
+            __syncthreads();
+        }
+        // the k keys at or above the threshold (the prefix with its lower bytes 0), in any order
+        const uint64_t lo = prefix_s;
+        for (int64_t j = threadIdx.x; j < kp2; j += blockDim.x)
+            if (j >= k) K[j] = 0;  // padding, below every key
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+            uint64_t key = topk_key(xr[j], j);
+            if (key >= lo) K[atomicAdd(&count_s, 1u)] = key;
+        }
+        __syncthreads();
+        topk_bitonic_desc(K, kp2);
+        for (int64_t r = threadIdx.x; r < k; r += blockDim.x) {
+            int64_t j = (int64_t)(0xffffffffu - (uint32_t)(K[r] & 0xffffffffu));
+            values[row * k + r] = xr[j];
+            indices[row * k + r] = (int32_t)j;
+        }
+        __syncthreads();  // K and the shared state are reset by the next row
+    }
+}
+
 cudaError_t tri__cuda_top_k(float *values, int32_t *indices, const float *x, int64_t m, int64_t n, int64_t k,
-                            uint64_t *keys, int64_t n_pow2, cudaStream_t s) {
+                            uint64_t *keys, cudaStream_t s) {
     if (m <= 0) return cudaSuccess;
     unsigned int g = (unsigned int)(m > TRI_CUDA_MAX_BLOCKS ? TRI_CUDA_MAX_BLOCKS : m);
-    size_t smem = n_pow2 <= TOPK_SMEM_KEYS ? (size_t)n_pow2 * sizeof(uint64_t) : 0;
-    TRI_LAUNCH((k_top_k), g, TOPK_THREADS, smem, s, values, indices, x, m, n, k, keys, n_pow2);
+    int64_t np2 = tri__cuda_top_k_pow2(n), kp2 = tri__cuda_top_k_pow2(k);
+    if (np2 <= TOPK_SMEM_KEYS) {
+        TRI_LAUNCH((k_top_k), g, TOPK_THREADS, (size_t)np2 * sizeof(uint64_t), s, values, indices, x, m, n, k, np2);
+    } else {
+        size_t smem = kp2 <= TOPK_SMEM_KEYS ? (size_t)kp2 * sizeof(uint64_t) : 0;
+        TRI_LAUNCH((k_top_k_select), g, TOPK_THREADS, smem, s, values, indices, x, m, n, k, keys, kp2);
+    }
     return cudaGetLastError();
 }

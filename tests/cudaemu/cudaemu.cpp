@@ -696,6 +696,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
     case cudaDevAttrMaxThreadsPerBlock: *v = 1024; break;
     case cudaDevAttrComputeCapabilityMajor: *v = 9; break;
     case cudaDevAttrComputeCapabilityMinor: *v = 0; break;
+    case cudaDevAttrMemoryPoolsSupported: *v = cudaemu::env_int("CUDAEMU_MEMPOOLS", 1) != 0; break;
     default: return fail(cudaErrorInvalidValue);
     }
     return cudaSuccess;
@@ -781,6 +782,40 @@ cudaError_t cudaFree(void *p) {
     allocated[it->second.device] -= it->second.bytes;
     ranges.erase(it);
     free(p);
+    return cudaSuccess;
+}
+// Stream-ordered allocation: the memory is there at once (as the pool's would be for the work
+// queued after the call); the free runs when the stream reaches it, so work queued before it may
+// still use the memory, and nothing waits for any other stream (no drain). Not in a capture.
+cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
+    CUDAEMU_LOCK;
+    *p = nullptr;
+    if (capturing(s)) return fail(capture_refuse(s, "cudaMallocAsync"));
+    if (bytes > TOTAL_MEM - allocated[current_device]) return fail(cudaErrorMemoryAllocation);
+    void *m = nullptr;
+    if (posix_memalign(&m, 256, bytes ? bytes : 1) != 0) return fail(cudaErrorMemoryAllocation);
+    memset(m, 0xff, bytes);
+    ranges[(uintptr_t)m] = Range{bytes, 0, current_device};
+    allocated[current_device] += bytes;
+    *p = m;
+    return cudaSuccess;
+}
+cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
+    CUDAEMU_LOCK;
+    if (capturing(s)) return fail(capture_refuse(s, "cudaFreeAsync"));
+    if (!p) return cudaSuccess;
+    auto it = ranges.find((uintptr_t)p);
+    if (it == ranges.end() || it->second.kind != 0) return fail(cudaErrorInvalidValue);
+    enqueue(s, [p]() {
+        auto r = ranges.find((uintptr_t)p);
+        if (r == ranges.end()) {
+            cudaemu::report("cudaFreeAsync: %p was freed before the stream reached its free", p);
+            return;
+        }
+        allocated[r->second.device] -= r->second.bytes;
+        ranges.erase(r);
+        free(p);
+    });
     return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned int flags) {
