@@ -342,8 +342,7 @@ Test(chat, model_templates_hf_and_gguf, .timeout = TT_TIMEOUT(120)) {
     // a template of no known format: the refusal names the file, then says why, once and legibly
     // (it was formatted into the buffer it read from: issue 41)
     static const char unknown[] =
-        "{\"chat_template\": \"{% for m in messages %}### {{ m['role'] }}: "
-        "{{ m['content'] }}\\n{% endfor %}\"}";
+        "{\"chat_template\": \"{% include 'chat.jinja' %}\"}";  // the interpreter refuses it, no built-in format
     tt_write_file(path, unknown, strlen(unknown));
     cr_assert_eq(tri_model_load(hf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
     for (int k = 0; k < 2; k++) {

@@ -694,7 +694,8 @@ tri_status tri__chat_format_of(const char *where, const char *tmpl, size_t len, 
         *out = spec.format;
     else
         st = tri__fail(TRI_STATUS_UNSUPPORTED,
-                       "%s: the interpreter does not run its template (%s), and it is of no built-in format (%s)",
+                       "%s: the interpreter does not run its template (%s), and it is of no built-in format (%s); "
+                       "name a format instead (offload-run --chat-format NAME)",
                        where, why, not_builtin);
     tri__chat_spec_clear(&spec);
     return st;
