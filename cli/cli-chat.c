@@ -54,7 +54,8 @@ static void usage(FILE *f) {
           "  -m, --model PATH     .gguf file or HF checkpoint directory\n"
           "      --system TEXT    the system message\n"
           "      --chat-format F  chatml, llama2, llama3, mistral, phi3 or gemma instead of the\n"
-          "                       model's template (for a template of no known format, or none)\n"
+          "                       model's template (for a template the interpreter refuses, or\n"
+          "                       none); jinja: the template with no fallback\n"
           "  -n, --n-predict N    tokens per answer at most (default 512; 0: until the model ends\n"
           "                       its turn or the context is full)\n"
           "      --stop STR       end an answer once it contains STR, which is not printed\n"
@@ -589,8 +590,8 @@ int tri_cli_chat(int argc, char **argv) {
         case OPT_SYSTEM: system_msg = optarg; break;
         case OPT_CHAT_FORMAT:
             if (tri_chat_format_from_name(optarg, &format) != TRI_STATUS_OK || format == TRI_CHAT_FORMAT_AUTO) {
-                fprintf(stderr, "offload-run chat: --chat-format '%s': want chatml, llama2, llama3, mistral, phi3 "
-                        "or gemma\n", optarg);
+                fprintf(stderr, "offload-run chat: --chat-format '%s': want chatml, llama2, llama3, mistral, phi3, "
+                        "gemma or jinja\n", optarg);
                 ok = false;
             }
             break;

@@ -27,8 +27,9 @@ static void usage(FILE *f) {
           "                       model's own chat template (GGUF tokenizer.chat_template or\n"
           "                       tokenizer_config.json); generation ends at the model's end-of-turn\n"
           "                       tokens\n"
-          "      --chat-format F  render the conversation as F instead of recognising the template:\n"
-          "                       chatml, llama2, llama3, mistral, phi3, gemma (implies --chat)\n"
+          "      --chat-format F  render the conversation as F instead of with the template: chatml,\n"
+          "                       llama2, llama3, mistral, phi3, gemma; jinja: the template with no\n"
+          "                       fallback (implies --chat)\n"
           "      --system TEXT    a system message before the prompt (implies --chat)\n"
           "      --stop STR       stop once the text contains STR, which is not printed\n"
           "                       (repeatable)\n"
@@ -384,8 +385,8 @@ int tri_cli_generate(int argc, char **argv) {
         case OPT_CHAT_FORMAT:
             chat = true;
             if (tri_chat_format_from_name(optarg, &chat_format) != TRI_STATUS_OK) {
-                fprintf(stderr, "offload-run generate: --chat-format '%s': want chatml, llama2, llama3, mistral, phi3 "
-                        "or gemma\n", optarg);
+                fprintf(stderr, "offload-run generate: --chat-format '%s': want chatml, llama2, llama3, mistral, phi3, "
+                        "gemma or jinja\n", optarg);
                 ok = false;
             }
             break;

@@ -13,6 +13,7 @@ int tri_cli_plan(int argc, char **argv);
 int tri_cli_generate(int argc, char **argv);
 int tri_cli_tokenize(int argc, char **argv);
 int tri_cli_chat(int argc, char **argv);
+int tri_cli_template(int argc, char **argv);
 
 // `generate` with several prompts (cli-generate-batch.c): what generate parsed.
 typedef struct tri_cli_several {

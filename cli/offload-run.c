@@ -15,6 +15,7 @@ static const struct {
     {"info", tri_cli_info, "describe a model: architecture, config, tokenizer, tensors"},
     {"plan", tri_cli_plan, "place weights and KV on GPU, host and disk; predict time per token"},
     {"serve", tri_server_main, "an OpenAI-compatible HTTP server: chat and completions, streamed"},
+    {"template", tri_cli_template, "the prompt a conversation becomes with the model's chat template"},
     {"tokenize", tri_cli_tokenize, "text to token ids (and pieces) with a model's tokenizer"},
 };
 

@@ -1159,11 +1159,12 @@ TRI_API tri_status tri_plan_format(const tri_plan *plan, char *buf, size_t cap, 
 //
 // A conversation is rendered with the model's own chat template (GGUF tokenizer.chat_template, or
 // "chat_template" of an HF checkpoint's tokenizer_config.json). Templates are Jinja programs; the
-// runtime does not interpret Jinja but recognises the format a template writes by its markers and
-// renders that format in C, byte for byte as jinja2 renders the template (docs/formats.md lists
-// the formats, their variants and what each does with whitespace, BOS and system messages). A
-// template of no known format is refused (UNSUPPORTED, the message says so); the caller can then
-// name the format.
+// runtime runs them with its own Jinja interpreter, set up as Hugging Face transformers sets up
+// jinja2 (trim_blocks, lstrip_blocks, loop controls, tojson, raise_exception, strftime_now), so
+// the text is jinja2's byte for byte (docs/chat-templates.md: what it covers, the templates it
+// was checked on, those it refuses). A template the interpreter refuses is rendered, where its
+// markers show one, as one of the built-in formats below, in C (docs/formats.md); otherwise it is
+// refused (UNSUPPORTED, the message says so) and the caller can name a format.
 
 typedef enum tri_chat_format {
     TRI_CHAT_FORMAT_AUTO = 0,     // recognise the template
@@ -1173,6 +1174,7 @@ typedef enum tri_chat_format {
     TRI_CHAT_FORMAT_MISTRAL = 4,  // <s>[INST] ... [/INST]...</s> (v0.1, v0.2: no system role)
     TRI_CHAT_FORMAT_PHI3 = 5,     // <|user|>\n...<|end|>\n (Phi-3, Phi-3.5)
     TRI_CHAT_FORMAT_GEMMA = 6,    // <start_of_turn>user\n...<end_of_turn>\n (no system role)
+    TRI_CHAT_FORMAT_JINJA = 7,    // the template itself, run by the Jinja interpreter (no fallback)
     TRI_CHAT_FORMAT_COUNT
 } tri_chat_format;
 
@@ -1183,37 +1185,56 @@ typedef struct tri_chat_message {
     const char *content;
 } tri_chat_message;
 
-// "auto", "chatml", "llama2", "llama3", "mistral", "phi3", "gemma"; NULL for other values.
+// "auto", "chatml", "llama2", "llama3", "mistral", "phi3", "gemma", "jinja"; NULL for other values.
 TRI_API const char *tri_chat_format_name(tri_chat_format format);
 // The format of one of those names (as --chat-format takes them); INVALID_ARGUMENT otherwise.
 TRI_API tri_status tri_chat_format_from_name(const char *name, tri_chat_format *out);
 
-// The format template text (len bytes) writes; UNSUPPORTED when it is none of the known ones.
+// The built-in format template text (len bytes) writes, recognised by its markers; UNSUPPORTED
+// when it is none of them (the interpreter may still run it: tri_chat_render with AUTO).
 TRI_API tri_status tri_chat_template_format(const char *tmpl, size_t len, tri_chat_format *out);
-// The format of the model's own template; NOT_FOUND when the model carries no template,
-// UNSUPPORTED when it is of no known format (the message names the file and says so).
+// How the model's own template is rendered: JINJA when the interpreter runs it, else the built-in
+// format its markers show; NOT_FOUND when the model carries no template, UNSUPPORTED when it is
+// neither (the message names the file and says why).
 TRI_API tri_status tri_chat_model_format(const tri_model *model, tri_chat_format *out);
 
-// Renders n >= 1 messages with template text tmpl (NUL-terminated; may be NULL when format is not
-// AUTO): format AUTO recognises it; a named format is rendered as named, with the variant tmpl
-// shows when it is of that format, else the format's first published variant. bos_token and
-// eos_token are the texts the template's bos_token and eos_token stand for (NULL: ""). The text
-// goes into buf (cap bytes, NUL-terminated when cap > 0; may be NULL with cap 0 to ask the size);
-// *n_out gets its length without the NUL. add_generation_prompt ends the text with the header of
-// an assistant turn. INVALID_ARGUMENT when the template would refuse the conversation (roles that
-// do not alternate user/assistant where the format needs it, a system message in Gemma or
-// Mistral), or when cap is too small (with *n_out set). The text carries BOS and other special
-// tokens as text: tokenize it with parse_special and without add_special.
+// Renders n >= 1 messages with template text tmpl (NUL-terminated; may be NULL when format is
+// neither AUTO nor JINJA): AUTO runs it with the interpreter, and when the interpreter refuses it
+// (a construct it lacks) renders the built-in format its markers show; JINJA runs it with the
+// interpreter only; a named format is rendered as named, with the variant tmpl shows when it is
+// of that format, else the format's first published variant. The template sees messages (role,
+// content), tools = none, add_generation_prompt, bos_token and eos_token (the texts given; NULL:
+// ""), and strftime_now gives the current UTC time. The text goes into buf (cap bytes,
+// NUL-terminated when cap > 0; may be NULL with cap 0 to ask the size); *n_out gets its length
+// without the NUL. add_generation_prompt ends the text with the header of an assistant turn.
+// INVALID_ARGUMENT when the template refuses the conversation (its raise_exception: roles that
+// do not alternate, a system message the model does not take; or an error jinja2 would raise),
+// or when cap is too small (with *n_out set); BAD_FORMAT when a template runs past the
+// interpreter's limits (steps, nesting, 16 MiB of output). The text carries BOS and other
+// special tokens as text: tokenize it with parse_special and without add_special.
 TRI_API tri_status tri_chat_render(const char *tmpl, tri_chat_format format, const char *bos_token,
                                    const char *eos_token, const tri_chat_message *msgs, size_t n,
                                    bool add_generation_prompt, char *buf, size_t cap, size_t *n_out);
 
-// tri_chat_render with the model's template (format AUTO) and its BOS and EOS token texts (an HF
-// checkpoint's tokenizer_config.json bos_token and eos_token when it has them). With a named
-// format the model needs no template. Errors as tri_chat_model_format and tri_chat_render.
+// tri_chat_render with the model's template (format AUTO or JINJA) and its BOS and EOS token
+// texts (an HF checkpoint's tokenizer_config.json bos_token and eos_token when it has them).
+// With a named format the model needs no template. Errors as tri_chat_model_format and
+// tri_chat_render.
 TRI_API tri_status tri_chat_apply(const tri_model *model, tri_chat_format format,
                                   const tri_chat_message *msgs, size_t n, bool add_generation_prompt,
                                   char *buf, size_t cap, size_t *n_out);
+
+// tri_chat_apply with the conversation as JSON, for what role and content do not carry:
+// messages_json is an array of OpenAI-style message objects (role, content, and whatever else the
+// template reads: tool_calls, tool_call_id, name, reasoning_content), given to the template as
+// they are; tools_json (NULL: none) an array of tool definitions, the template's tools. With a
+// built-in format (named, or AUTO's fallback) only role and content are used, content must be a
+// string, and tools are refused (UNSUPPORTED). BAD_FORMAT, naming the field, for JSON that does
+// not parse or is not an array of objects with a string role.
+TRI_API tri_status tri_chat_apply_json(const tri_model *model, tri_chat_format format,
+                                       const char *messages_json, const char *tools_json,
+                                       bool add_generation_prompt, char *buf, size_t cap,
+                                       size_t *n_out);
 
 // The tokens that end an assistant's turn in the model's vocabulary: EOS and each of <|im_end|>,
 // <|eot_id|>, <|eom_id|>, <end_of_turn>, <|end|>, <|endoftext|>, </s>, <|end_of_text|> that is a

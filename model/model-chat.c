@@ -1,6 +1,7 @@
 // model-chat.c - the chat calls that take a model (tri_chat_model_format, tri_chat_apply,
-// tri_chat_stop_tokens): the model's own template, read from its GGUF or tokenizer_config.json, and
-// rendered by text/chat.c.
+// tri_chat_apply_json, tri_chat_stop_tokens): the model's own template, read from its GGUF or
+// tokenizer_config.json, and run by text/chat.c (the Jinja interpreter, or a built-in format).
+#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,17 +70,7 @@ tri_status tri_chat_model_format(const tri_model *model, tri_chat_format *out) {
     model_template t;
     tri_status st = model_template_read(model, &t);
     if (!st && !t.text) st = no_template(model, &t);
-    if (!st) {
-        tri__chat_spec spec = {0};
-        if ((st = tri__chat_detect(t.text, t.len, &spec))) {
-            char why[512];  // tri_last_error is the buffer tri__fail writes: copied out first
-            snprintf(why, sizeof why, "%s", tri_last_error());
-            st = tri__fail(st, "%s: %s", t.where, why);
-        } else {
-            *out = spec.format;
-        }
-        tri__chat_spec_clear(&spec);
-    }
+    if (!st) st = tri__chat_format_of(t.where, t.text, t.len, out);
     model_template_free(&t);
     return st;
 }
@@ -96,29 +87,52 @@ static const char *token_text(const tri_model *model, int32_t id, char *buf, siz
     return buf;
 }
 
+// tri_chat_apply over JSON messages (and tools, may be NULL).
+static tri_status apply(const tri_model *model, tri_chat_format format, struct json_object *msgs,
+                        struct json_object *tools, bool gen, char *buf, size_t cap, size_t *n_out) {
+    model_template t;
+    tri_status st = model_template_read(model, &t);
+    if (!st && !t.text && (format == TRI_CHAT_FORMAT_AUTO || format == TRI_CHAT_FORMAT_JINJA))
+        st = no_template(model, &t);
+    if (!st) {
+        char bos[256], eos[256];
+        st = tri__chat_render_json(t.where[0] ? t.where : "model", t.text, t.len, format,
+                                   t.bos ? t.bos : token_text(model, tri_token_bos(model), bos, sizeof bos),
+                                   t.eos ? t.eos : token_text(model, tri_token_eos(model), eos, sizeof eos), msgs,
+                                   tools, gen, buf, cap, n_out);
+    }
+    model_template_free(&t);
+    return st;
+}
+
 tri_status tri_chat_apply(const tri_model *model, tri_chat_format format, const tri_chat_message *msgs, size_t n,
                           bool add_generation_prompt, char *buf, size_t cap, size_t *n_out) {
     if (!model || !n_out || !msgs || (!buf && cap))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_chat_apply: NULL argument");
     *n_out = 0;
-    model_template t;
-    tri_status st = model_template_read(model, &t);
-    if (!st && !t.text && format == TRI_CHAT_FORMAT_AUTO) st = no_template(model, &t);
-    tri__chat_spec spec = {0};
-    memset(&spec, 0, sizeof spec);
-    if (!st && (st = tri__chat_resolve(t.text, t.len, format, &spec)) && format == TRI_CHAT_FORMAT_AUTO) {
-        char why[512];  // as above: not formatted into the buffer it reads
-        snprintf(why, sizeof why, "%s", tri_last_error());
-        st = tri__fail(st, "%s: %s", t.where, why);
-    }
-    if (!st) {
-        char bos[256], eos[256];
-        st = tri__chat_render(&spec, t.bos ? t.bos : token_text(model, tri_token_bos(model), bos, sizeof bos),
-                              t.eos ? t.eos : token_text(model, tri_token_eos(model), eos, sizeof eos), msgs, n,
-                              add_generation_prompt, buf, cap, n_out);
-    }
-    tri__chat_spec_clear(&spec);
-    model_template_free(&t);
+    if (n == 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chat template: no messages");
+    for (size_t i = 0; i < n; i++)
+        if (!msgs[i].role || !msgs[i].content)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chat template: message %zu has a NULL role or content", i);
+    struct json_object *arr = tri__chat_messages_json(msgs, n);
+    if (!arr) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "chat template: out of memory");
+    tri_status st = apply(model, format, arr, NULL, add_generation_prompt, buf, cap, n_out);
+    json_object_put(arr);
+    return st;
+}
+
+tri_status tri_chat_apply_json(const tri_model *model, tri_chat_format format, const char *messages_json,
+                               const char *tools_json, bool add_generation_prompt, char *buf, size_t cap,
+                               size_t *n_out) {
+    if (!model || !n_out || !messages_json || (!buf && cap))
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_chat_apply_json: NULL argument");
+    *n_out = 0;
+    struct json_object *msgs = NULL, *tools = NULL;
+    tri_status st = tri__chat_parse_array("messages", messages_json, true, &msgs);
+    if (!st && tools_json) st = tri__chat_parse_array("tools", tools_json, false, &tools);
+    if (!st) st = apply(model, format, msgs, tools, add_generation_prompt, buf, cap, n_out);
+    json_object_put(msgs);
+    json_object_put(tools);
     return st;
 }
 

@@ -190,7 +190,17 @@ Test(chat, unknown_template_is_an_error_that_says_how_to_name_the_format) {
     tri_chat_message m = {"user", "hi"};
     char buf[256];
     size_t len;
-    cr_assert_eq(tri_chat_render(t, TRI_CHAT_FORMAT_AUTO, "", "", &m, 1, true, buf, sizeof buf, &len),
+    // the interpreter runs it (jinja2 gives this text)
+    cr_assert_eq(tri_chat_render(t, TRI_CHAT_FORMAT_AUTO, "", "", &m, 1, true, buf, sizeof buf, &len), TRI_STATUS_OK,
+                 "%s", tri_last_error());
+    cr_assert_str_eq(buf, "### user: hi\n");
+    // one the interpreter refuses, of no built-in format: refused, saying how to name a format
+    static const char inc[] = "{% include 'chat.jinja' %}";
+    cr_assert_eq(tri_chat_render(inc, TRI_CHAT_FORMAT_AUTO, "", "", &m, 1, true, buf, sizeof buf, &len),
+                 TRI_STATUS_UNSUPPORTED);
+    cr_assert(strstr(tri_last_error(), "{% include %} is not supported"), "%s", tri_last_error());
+    cr_assert(strstr(tri_last_error(), "--chat-format"), "%s", tri_last_error());
+    cr_assert_eq(tri_chat_render(inc, TRI_CHAT_FORMAT_JINJA, "", "", &m, 1, true, buf, sizeof buf, &len),
                  TRI_STATUS_UNSUPPORTED);
     // naming the format renders it whatever the template
     cr_assert_eq(tri_chat_render(t, TRI_CHAT_FORMAT_CHATML, "", "", &m, 1, true, buf, sizeof buf, &len), TRI_STATUS_OK);
@@ -299,7 +309,7 @@ Test(chat, model_templates_hf_and_gguf, .timeout = TT_TIMEOUT(120)) {
     cr_assert_eq(tri_model_load(hf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
     tri_chat_format fmt;
     cr_assert_eq(tri_chat_model_format(m, &fmt), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(fmt, TRI_CHAT_FORMAT_GEMMA);
+    cr_assert_eq(fmt, TRI_CHAT_FORMAT_JINJA);
     struct json_object *g = golden();
     int checked = 0;
     for (size_t r = 0; r < json_object_array_length(g); r++) {
@@ -332,8 +342,7 @@ Test(chat, model_templates_hf_and_gguf, .timeout = TT_TIMEOUT(120)) {
     // a template of no known format: the refusal names the file, then says why, once and legibly
     // (it was formatted into the buffer it read from: issue 41)
     static const char unknown[] =
-        "{\"chat_template\": \"{% for m in messages %}### {{ m['role'] }}: "
-        "{{ m['content'] }}\\n{% endfor %}\"}";
+        "{\"chat_template\": \"{% include 'chat.jinja' %}\"}";  // the interpreter refuses it, no built-in format
     tt_write_file(path, unknown, strlen(unknown));
     cr_assert_eq(tri_model_load(hf, NULL, &m), TRI_STATUS_OK, "%s", tri_last_error());
     for (int k = 0; k < 2; k++) {
@@ -377,7 +386,7 @@ Test(chat, smollm2_gguf_template, .timeout = TT_TIMEOUT(60)) {
     tri_model *m = smollm2();
     tri_chat_format fmt;
     cr_assert_eq(tri_chat_model_format(m, &fmt), TRI_STATUS_OK, "%s", tri_last_error());
-    cr_assert_eq(fmt, TRI_CHAT_FORMAT_CHATML);
+    cr_assert_eq(fmt, TRI_CHAT_FORMAT_JINJA);
     struct json_object *g = golden();
     int checked = 0;
     for (size_t r = 0; r < json_object_array_length(g); r++) {
@@ -393,6 +402,12 @@ Test(chat, smollm2_gguf_template, .timeout = TT_TIMEOUT(60)) {
                                     &len),
                      TRI_STATUS_OK, "%s", tri_last_error());
         cr_assert_str_eq(buf, jstr(rec, "output"));
+        // the prompt is the one the built-in ChatML renderer (the default before the interpreter) gives
+        char old[4096];
+        cr_assert_eq(
+            tri_chat_apply(m, TRI_CHAT_FORMAT_CHATML, msgs, n, json_object_get_boolean(genv), old, sizeof old, &len),
+            TRI_STATUS_OK, "%s", tri_last_error());
+        cr_assert_str_eq(buf, old);
         checked++;
     }
     cr_assert_gt(checked, 10);

@@ -1792,3 +1792,88 @@ Test(cli, generate_several_prompts_as_a_batch, .timeout = TT_TIMEOUT(120)) {
         cr_assert(strstr(err, "generated: 36 tokens, "), "%s", err);
     }
 }
+
+// `template`: the model's own template (Llama-3.1's, from tokenizer_config.json) run over messages
+// with a tool call and a tool result and over tools, byte for byte as jinja2 renders it
+// (tests/fixtures/chat-templates/goldens.json); and its usage and file errors.
+Test(cli, template_renders_the_models_template_as_jinja2) {
+    tiny_model();
+    char hf[4096], path[4200], name[64];
+    snprintf(name, sizeof name, "cli-tiny-%d.hf", (int)getpid());
+    snprintf(hf, sizeof hf, "%s", tt_tmp(name));
+    const char *src = getenv("TRI_TEST_SRC");
+    cr_assert(src);
+    char rel[4096];
+    snprintf(rel, sizeof rel, "%s/fixtures/chat-templates/meta-llama-Llama-3.1-8B-Instruct.jinja", src);
+    char *tmpl = tt_read_file(rel, NULL);
+    snprintf(rel, sizeof rel, "%s/fixtures/chat-templates/goldens.json", src);
+    char *gtext = tt_read_file(rel, NULL);
+    struct json_object *g = json_tokener_parse(gtext), *ctx = NULL;
+    free(gtext);
+    const char *want = NULL;
+    struct json_object *ts = json_object_object_get(g, "templates");
+    for (size_t i = 0; i < json_object_array_length(ts); i++) {
+        struct json_object *t = json_object_array_get_idx(ts, i), *cs = json_object_object_get(t, "cases");
+        if (strcmp(json_object_get_string(json_object_object_get(t, "template")),
+                   "meta-llama-Llama-3.1-8B-Instruct.jinja"))
+            continue;
+        for (size_t k = 0; k < json_object_array_length(cs); k++) {
+            struct json_object *c = json_object_array_get_idx(cs, k);
+            if (strcmp(json_object_get_string(json_object_object_get(c, "name")), "tools-gen-tools") == 0) {
+                ctx = json_object_object_get(c, "context");
+                want = json_object_get_string(json_object_object_get(c, "output"));
+            }
+        }
+    }
+    cr_assert(ctx && want);
+    struct json_object *cfg = json_object_new_object();
+    json_object_object_add(cfg, "chat_template", json_object_new_string(tmpl));
+    json_object_object_add(cfg, "bos_token", json_object_new_string("<s>"));
+    json_object_object_add(cfg, "eos_token", json_object_new_string("</s>"));
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", hf);
+    const char *js = json_object_to_json_string_ext(cfg, JSON_C_TO_STRING_PLAIN);
+    tt_write_file(path, js, strlen(js));
+    char msgs[4200], tools[4200];
+    snprintf(msgs, sizeof msgs, "%s/messages.json", hf);
+    snprintf(tools, sizeof tools, "%s/tools.json", hf);
+    js = json_object_to_json_string_ext(json_object_object_get(ctx, "messages"), JSON_C_TO_STRING_PLAIN);
+    tt_write_file(msgs, js, strlen(js));
+    js = json_object_to_json_string_ext(json_object_object_get(ctx, "tools"), JSON_C_TO_STRING_PLAIN);
+    tt_write_file(tools, js, strlen(js));
+
+    char args[16384];
+    snprintf(args, sizeof args, "template -m '%s' --messages '%s' --tools '%s'", hf, msgs, tools);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(out, want);
+    // the same conversation through `generate --chat` is refused by nothing: the format is jinja
+    snprintf(args, sizeof args, "generate -m '%s' --chat -p hi -n 1", hf);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    // a built-in format takes no tools
+    snprintf(args, sizeof args, "template -m '%s' --messages '%s' --tools '%s' --chat-format llama3", hf, msgs, tools);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "tools need the model's template"), "%s", err);
+    // errors name the file and the problem
+    tt_write_file(msgs, "[{\"content\": \"x\"}]", 18);
+    snprintf(args, sizeof args, "template -m '%s' --messages '%s'", hf, msgs);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "messages: item 0 is not an object with a string 'role'"), "%s", err);
+    snprintf(args, sizeof args, "template -m '%s' --messages /no/such/file.json", hf);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "/no/such/file.json"), "%s", err);
+    cr_assert_eq(cli("template --messages x.json", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "-m MODEL is required"), "%s", err);
+    snprintf(args, sizeof args, "template -m '%s' --chat-format vicuna", hf);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--chat-format 'vicuna'"), "%s", err);
+    // the template's own refusal (raise_exception) is the error
+    json_object_object_add(cfg, "chat_template", json_object_new_string("{{ raise_exception('no way') }}"));
+    js = json_object_to_json_string_ext(cfg, JSON_C_TO_STRING_PLAIN);
+    tt_write_file(path, js, strlen(js));
+    snprintf(args, sizeof args, "template -m '%s'", hf);
+    cr_assert_eq(cli(args, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "tokenizer_config.json: chat template: line 1, column 19: raise_exception: no way"), "%s",
+              err);
+    json_object_put(cfg);
+    json_object_put(g);
+    free(tmpl);
+}

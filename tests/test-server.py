@@ -200,7 +200,7 @@ def t_usage_errors():
     for args, want in [(["--port", "70000"], "--port '70000'"), (["--slots", "0"], "--slots '0'"),
                        (["--host", "no-such-host.invalid"], "--host 'no-such-host.invalid'"),
                        (["--gamma2", "4"], "--gamma2 applies only to"), (["--spec", "draft"], "--spec draft"),
-                       (["--chat-format", "jinja"], "--chat-format 'jinja'")]:
+                       (["--chat-format", "vicuna"], "--chat-format 'vicuna'")]:
         r = subprocess.run([CLI, "serve", "-m", MODEL, *args], capture_output=True, text=True, timeout=60 * SCALE)
         expect(r.returncode == 2 and want in r.stderr, f"{args}: status {r.returncode}, {r.stderr.strip()!r}")
     r = subprocess.run([CLI, "serve", "--port", "0"], capture_output=True, text=True, timeout=60 * SCALE)

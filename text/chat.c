@@ -1,19 +1,22 @@
-// chat.c - chat templates: the format a template writes, recognised by its markers, rendered in C
-// as jinja2 renders the template (docs/formats.md, "Chat templates").
+// chat.c - chat templates: run by the Jinja interpreter (jinja.c, docs/chat-templates.md), or the
+// built-in format a template writes, recognised by its markers and rendered in C as jinja2
+// renders the template (docs/formats.md, "Chat templates").
 #include "chat.h"
 
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "error.h"
+#include "jinja.h"
 #include "json-read.h"
 
 // ---- names ----
 
 static const char *const format_names[TRI_CHAT_FORMAT_COUNT] = {
-    "auto", "chatml", "llama2", "llama3", "mistral", "phi3", "gemma",
+    "auto", "chatml", "llama2", "llama3", "mistral", "phi3", "gemma", "jinja",
 };
 
 const char *tri_chat_format_name(tri_chat_format format) {
@@ -28,7 +31,7 @@ tri_status tri_chat_format_from_name(const char *name, tri_chat_format *out) {
             return TRI_STATUS_OK;
         }
     return tri__fail(TRI_STATUS_INVALID_ARGUMENT,
-                     "chat format '%s': want auto, chatml, llama2, llama3, mistral, phi3 or gemma", name);
+                     "chat format '%s': want auto, chatml, llama2, llama3, mistral, phi3, gemma or jinja", name);
 }
 
 // ---- recognition ----
@@ -344,7 +347,7 @@ tri_status tri__chat_render(const tri__chat_spec *spec, const char *bos, const c
         }
         if (!st && gen) puts_(&w, "<start_of_turn>model\n");
         break;
-    default: return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chat template: format %d is not a format", (int)f);
+    default: return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chat template: format %d is not a built-in format", (int)f);
     }
     if (st) return st;
     *n_out = w.n;
@@ -353,6 +356,167 @@ tri_status tri__chat_render(const tri__chat_spec *spec, const char *bos, const c
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chat template: %zu bytes do not fit a buffer of %zu",
                          w.n + 1, cap);
     return TRI_STATUS_OK;
+}
+
+// ---- the interpreter ----
+
+// Copies text (n bytes) to buf as the renderers write: NUL-terminated when cap > 0, *n_out set,
+// INVALID_ARGUMENT when it does not fit.
+static tri_status give(const char *text, size_t n, char *buf, size_t cap, size_t *n_out) {
+    *n_out = n;
+    if (cap > 0) {
+        size_t k = n < cap ? n : cap - 1;
+        memcpy(buf, text, k);
+        buf[k] = 0;
+    }
+    if (cap > 0 && n >= cap)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chat template: %zu bytes do not fit a buffer of %zu", n + 1,
+                         cap);
+    return TRI_STATUS_OK;
+}
+
+struct json_object *tri__chat_messages_json(const tri_chat_message *msgs, size_t n) {
+    struct json_object *arr = json_object_new_array();
+    for (size_t i = 0; arr && i < n; i++) {
+        struct json_object *m = json_object_new_object();
+        if (!m) break;
+        json_object_object_add(m, "role", json_object_new_string(msgs[i].role));
+        json_object_object_add(m, "content", json_object_new_string(msgs[i].content));
+        json_object_array_add(arr, m);
+    }
+    return arr;
+}
+
+typedef enum { JINJA_RENDERED, JINJA_REFUSED, JINJA_FAILED } jinja_outcome;
+
+// Runs template text with the interpreter over (messages, tools, add_generation_prompt,
+// bos_token, eos_token). REFUSED (nothing recorded; why says what) when the interpreter does not
+// run the template: a construct it lacks, or text jinja2 would not compile; FAILED (recorded,
+// naming where) when the template raises or hits a limit.
+static jinja_outcome jinja_run(const char *where, const char *tmpl, size_t len, const char *bos, const char *eos,
+                               struct json_object *msgs, struct json_object *tools, bool gen, char **out, size_t *n_out,
+                               tri_status *st, char *why, size_t whycap) {
+    tri__jinja *j = NULL;
+    *st = tri__jinja_parse(tmpl, len, &j, why, whycap);
+    if (*st == TRI_STATUS_BAD_FORMAT || *st == TRI_STATUS_UNSUPPORTED) return JINJA_REFUSED;
+    if (*st) {
+        tri__fail(*st, "%s: chat template: %s", where, why);
+        return JINJA_FAILED;
+    }
+    struct json_object *ctx = json_object_new_object();
+    if (!ctx) {
+        tri__jinja_free(j);
+        *st = tri__fail(TRI_STATUS_OUT_OF_MEMORY, "chat template: out of memory");
+        return JINJA_FAILED;
+    }
+    json_object_object_add(ctx, "messages", json_object_get(msgs));
+    json_object_object_add(ctx, "tools", tools ? json_object_get(tools) : NULL);
+    json_object_object_add(ctx, "add_generation_prompt", json_object_new_boolean(gen));
+    json_object_object_add(ctx, "bos_token", json_object_new_string(bos ? bos : ""));
+    json_object_object_add(ctx, "eos_token", json_object_new_string(eos ? eos : ""));
+    *st = tri__jinja_render(j, ctx, (int64_t)time(NULL), NULL, out, n_out, why, whycap);
+    json_object_put(ctx);
+    tri__jinja_free(j);
+    if (*st == TRI_STATUS_UNSUPPORTED) return JINJA_REFUSED;
+    if (*st) {
+        tri__fail(*st, "%s: chat template: %s", where, why);
+        return JINJA_FAILED;
+    }
+    return JINJA_RENDERED;
+}
+
+// Whether the interpreter parses template text (why: what it lacks when it does not).
+static bool jinja_parses(const char *tmpl, size_t len, char *why, size_t whycap) {
+    tri__jinja *j = NULL;
+    tri_status st = tri__jinja_parse(tmpl, len, &j, why, whycap);
+    tri__jinja_free(j);
+    return st == TRI_STATUS_OK;
+}
+
+// The role and content of JSON messages for a built-in format, pointing into msgs.
+static tri_status plain_messages(const char *where, struct json_object *msgs, tri_chat_message **out, size_t *n) {
+    size_t k = json_object_array_length(msgs);
+    *out = calloc(k ? k : 1, sizeof **out);
+    if (!*out) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "chat template: out of memory");
+    for (size_t i = 0; i < k; i++) {
+        struct json_object *m = json_object_array_get_idx(msgs, i), *role, *content;
+        json_object_object_get_ex(m, "role", &role);
+        if (!json_object_object_get_ex(m, "content", &content) || !json_object_is_type(content, json_type_string)) {
+            free(*out);
+            *out = NULL;
+            return tri__fail(TRI_STATUS_UNSUPPORTED,
+                             "%s: message %zu: a built-in chat format takes a string 'content' only (the model's "
+                             "template, run by the interpreter, takes the rest)",
+                             where, i);
+        }
+        (*out)[i].role = json_object_get_string(role);
+        (*out)[i].content = json_object_get_string(content);
+    }
+    *n = k;
+    return TRI_STATUS_OK;
+}
+
+// The whole of rendering: template text tmpl (may be NULL) with format, the conversation as JSON.
+tri_status tri__chat_render_json(const char *where, const char *tmpl, size_t len, tri_chat_format format,
+                                 const char *bos, const char *eos, struct json_object *msgs, struct json_object *tools,
+                                 bool gen, char *buf, size_t cap, size_t *n_out) {
+    if (format < 0 || format >= TRI_CHAT_FORMAT_COUNT)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chat template: format %d is not a format", (int)format);
+    if (json_object_array_length(msgs) == 0)
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chat template: no messages");
+    char why[512] = "";
+    if (tmpl && (format == TRI_CHAT_FORMAT_AUTO || format == TRI_CHAT_FORMAT_JINJA)) {
+        char *out = NULL;
+        size_t n = 0;
+        tri_status st;
+        switch (jinja_run(where, tmpl, len, bos, eos, msgs, tools, gen, &out, &n, &st, why, sizeof why)) {
+        case JINJA_RENDERED:
+            st = give(out, n, buf, cap, n_out);
+            free(out);
+            return st;
+        case JINJA_FAILED: return st;
+        case JINJA_REFUSED:
+            if (format == TRI_CHAT_FORMAT_JINJA)
+                return tri__fail(TRI_STATUS_UNSUPPORTED, "%s: chat template: the interpreter does not run it: %s",
+                                 where, why);
+            break;
+        }
+    } else if (format == TRI_CHAT_FORMAT_JINJA) {
+        return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chat template: format jinja needs a template");
+    }
+    // a built-in format
+    tri__chat_spec spec = {0};
+    tri_status st;
+    if (format == TRI_CHAT_FORMAT_AUTO) {
+        if (!tmpl) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chat template: format auto needs a template");
+        const char *not_builtin;
+        if (!detect(tmpl, len, &spec, &not_builtin)) {
+            tri__chat_spec_clear(&spec);
+            return tri__fail(TRI_STATUS_UNSUPPORTED,
+                             "%s: chat template: the interpreter does not run it (%s), and it is of no built-in "
+                             "format (%s); name a format instead (offload-run --chat-format NAME: chatml, llama2, "
+                             "llama3, mistral, phi3, gemma)",
+                             where, why, not_builtin);
+        }
+        tri__log(TRI_LOG_LEVEL_INFO,
+                 "%s: chat template rendered as the built-in format %s: the interpreter does not run it: %s", where,
+                 format_names[spec.format], why);
+    } else if ((st = tri__chat_resolve(tmpl, tmpl ? len : 0, format, &spec))) {
+        return st;
+    }
+    if (tools && json_object_array_length(tools) > 0) {
+        st = tri__fail(TRI_STATUS_UNSUPPORTED,
+                       "%s: tools need the model's template run by the interpreter, not the built-in format %s", where,
+                       format_names[spec.format]);
+        tri__chat_spec_clear(&spec);
+        return st;
+    }
+    tri_chat_message *m = NULL;
+    size_t n = 0;
+    if (!(st = plain_messages(where, msgs, &m, &n))) st = tri__chat_render(&spec, bos, eos, m, n, gen, buf, cap, n_out);
+    free(m);
+    tri__chat_spec_clear(&spec);
+    return st;
 }
 
 // ---- public calls without a model ----
@@ -386,11 +550,15 @@ tri_status tri_chat_render(const char *tmpl, tri_chat_format format, const char 
     if (!n_out || !msgs || (!buf && cap))
         return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "tri_chat_render: NULL argument");
     *n_out = 0;
-    tri__chat_spec spec = {0};
-    tri_status st = tri__chat_resolve(tmpl, tmpl ? strlen(tmpl) : 0, format, &spec);
-    if (st) return st;
-    st = tri__chat_render(&spec, bos_token, eos_token, msgs, n, add_generation_prompt, buf, cap, n_out);
-    tri__chat_spec_clear(&spec);
+    if (n == 0) return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chat template: no messages");
+    for (size_t i = 0; i < n; i++)
+        if (!msgs[i].role || !msgs[i].content)
+            return tri__fail(TRI_STATUS_INVALID_ARGUMENT, "chat template: message %zu has a NULL role or content", i);
+    struct json_object *arr = tri__chat_messages_json(msgs, n);
+    if (!arr) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "chat template: out of memory");
+    tri_status st = tri__chat_render_json("template", tmpl, tmpl ? strlen(tmpl) : 0, format, bos_token, eos_token, arr,
+                                          NULL, add_generation_prompt, buf, cap, n_out);
+    json_object_put(arr);
     return st;
 }
 
@@ -470,5 +638,65 @@ fail:
     if (bos) free(*bos), *bos = NULL;
     if (eos) free(*eos), *eos = NULL;
     json_object_put(root);
+    return st;
+}
+
+// ---- JSON conversations ----
+
+// JSON text that must be an array (of objects with a string "role" when messages).
+tri_status tri__chat_parse_array(const char *what, const char *text, bool messages, struct json_object **out) {
+    *out = NULL;
+    struct json_tokener *tok = json_tokener_new();
+    if (!tok) return tri__fail(TRI_STATUS_OUT_OF_MEMORY, "%s: out of memory", what);
+    size_t len = strlen(text);
+    struct json_object *v = len <= INT32_MAX ? json_tokener_parse_ex(tok, text, (int)len) : NULL;
+    enum json_tokener_error jerr = json_tokener_get_error(tok);
+    size_t at = json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    if (!v || jerr != json_tokener_success) {
+        json_object_put(v);
+        if (jerr == json_tokener_success || jerr == json_tokener_continue)
+            return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: not JSON: it ends early (%zu bytes)", what, len);
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: not JSON: %s at byte %zu", what, json_tokener_error_desc(jerr),
+                         at);
+    }
+    while (at < len && (text[at] == ' ' || text[at] == '\n' || text[at] == '\r' || text[at] == '\t')) at++;
+    if (at < len) {
+        json_object_put(v);
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: not JSON: bytes after the value at byte %zu", what, at);
+    }
+    if (!json_object_is_type(v, json_type_array)) {
+        json_object_put(v);
+        return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: want a JSON array", what);
+    }
+    for (size_t i = 0; messages && i < json_object_array_length(v); i++) {
+        struct json_object *m = json_object_array_get_idx(v, i), *role;
+        if (!json_object_is_type(m, json_type_object) || !json_object_object_get_ex(m, "role", &role) ||
+            !json_object_is_type(role, json_type_string)) {
+            json_object_put(v);
+            return tri__fail(TRI_STATUS_BAD_FORMAT, "%s: item %zu is not an object with a string 'role'", what, i);
+        }
+    }
+    *out = v;
+    return TRI_STATUS_OK;
+}
+
+tri_status tri__chat_format_of(const char *where, const char *tmpl, size_t len, tri_chat_format *out) {
+    char why[512];
+    if (jinja_parses(tmpl, len, why, sizeof why)) {
+        *out = TRI_CHAT_FORMAT_JINJA;
+        return TRI_STATUS_OK;
+    }
+    tri__chat_spec spec = {0};
+    const char *not_builtin;
+    tri_status st = TRI_STATUS_OK;
+    if (detect(tmpl, len, &spec, &not_builtin))
+        *out = spec.format;
+    else
+        st = tri__fail(TRI_STATUS_UNSUPPORTED,
+                       "%s: the interpreter does not run its template (%s), and it is of no built-in format (%s); "
+                       "name a format instead (offload-run --chat-format NAME)",
+                       where, why, not_builtin);
+    tri__chat_spec_clear(&spec);
     return st;
 }

@@ -47,4 +47,25 @@ tri_status tri__chat_render(const tri__chat_spec *spec, const char *bos, const c
 tri_status tri__chat_from_tokenizer_config(const char *path, const char *text, size_t len, char **tmpl,
                                            char **bos, char **eos);
 
+// ---- the model's template through the interpreter (model/model-chat.c uses these) ----
+
+struct json_object;
+
+// Renders template text tmpl (len bytes; may be NULL for a built-in format) as format says
+// (AUTO: the interpreter, else the built-in format its markers show; JINJA: the interpreter
+// only; a named format: that format) over JSON messages (an array of objects with a string
+// "role") and tools (an array, or NULL); where names the template's source in messages.
+// Output and errors as tri_chat_render.
+tri_status tri__chat_render_json(const char *where, const char *tmpl, size_t len, tri_chat_format format,
+                                 const char *bos, const char *eos, struct json_object *msgs, struct json_object *tools,
+                                 bool add_generation_prompt, char *buf, size_t cap, size_t *n_out);
+// The messages as a JSON array of {role, content}; NULL when out of memory.
+struct json_object *tri__chat_messages_json(const tri_chat_message *msgs, size_t n);
+// Parses text as a JSON array (of objects with a string "role" when messages); what names it in
+// messages. BAD_FORMAT for anything else.
+tri_status tri__chat_parse_array(const char *what, const char *text, bool messages, struct json_object **out);
+// How template text is rendered under AUTO: JINJA when the interpreter parses it, else the
+// built-in format it shows; UNSUPPORTED (naming where, and why) when neither.
+tri_status tri__chat_format_of(const char *where, const char *tmpl, size_t len, tri_chat_format *out);
+
 #endif  // TRI_CHAT_H
