@@ -49,8 +49,8 @@ __device__ __forceinline__ float kv_elem(const void *row, int64_t d) {
 template <int KT, int UNROLL = (KT == KV_F32 ? 4 : 2)>
 __device__ __forceinline__ float warp_score(const float *q, const void *krow, int64_t hd, float scale, int lane) {
     float s = 0.0f;
-    // Unrolled by 2 for f16 and block rows and 4 for f32; in k_attn_weight_sums q8_0 rows not at
-    // all and q4_0 rows by 4: other choices (the compiler's own among them) make ptxas spill in
+    // Unrolled by 2 for f16 and block rows and 4 for f32; in k_attn_weight_sums q8_0 rows as
+    // WS_Q8_UNROLL says and q4_0 rows by 4: other choices (the compiler's own among them) make ptxas spill in
     // k_attn_weight_sums, f16 on sm_80, f32 on sm_120, q8_0 and q4_0 by 2 on sm_80 or sm_90, q4_0
     // by 1 on sm_80 (scripts/check-cuda.py fails on any spill). A lane reads element lane of each block of 32: a
     // warp reads a block's codes in one stretch and its scale once.
@@ -219,6 +219,15 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_combine(float *out, tri__
     }
 }
 
+// q8_0 rows in k_attn_weight_sums are unrolled by 8 on sm_86 and sm_89 and by 2 elsewhere: with the
+// soft-cap's tanhf in the loop every other choice makes ptxas spill on one of them
+// (scripts/check-cuda.py).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 890)
+#define WS_Q8_UNROLL 8
+#else
+#define WS_Q8_UNROLL 2
+#endif
+
 // One block per chunk (ids[b], or b with ids NULL) of rows of type KT (any of the four: kv_type
 // mixed's heavy hitters are H2O's scores over q4_0 rows beside f16 ones).
 template <int KT>
@@ -238,7 +247,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_weight_sums(float *ws, tr
             if (!key_visible(a, a.q_pos[i], kpos)) continue;  // uniform within the warp
             for (int64_t aa = 0; aa < g; aa++) {
                 int64_t qa = i * a.n_head + (int64_t)ch.head * g + aa;
-                float s = soft_cap(warp_score<KT, KT == KV_Q8_0 ? 1 : (KT == KV_F32 || KT == KV_Q4_0 ? 4 : 2)>(
+                float s = soft_cap(warp_score<KT, KT == KV_Q8_0 ? WS_Q8_UNROLL : (KT == KV_F32 || KT == KV_Q4_0 ? 4 : 2)>(
                                        a.q + qa * hd, krow, hd, a.scale, lane),
                                    a.softcap);
                 w += (double)(expf(s - a.stats[2 * qa]) / a.stats[2 * qa + 1]);

@@ -263,9 +263,11 @@ __device__ __forceinline__ void decode4(const uint8_t *blk, int e, float *q, flo
 
 // MT: rows of x held in registers (m <= MT). W 16-byte aligned (wend: the end of W); every warp
 // of the block runs every step (a warp past n reads the last row and writes nothing), since the
-// staging buffer is shared between the steps by __syncthreads.
+// staging buffer is shared between the steps by __syncthreads. The bound's one block per SM (ptxas's
+// default anyway) is written out because it changes ptxas's register allocation: without it
+// <3, 1> spills on sm_80 and <11, 16> on sm_120 (scripts/check-cuda.py).
 template <int T, int MT>
-__global__ void __launch_bounds__(WARPS * 32)
+__global__ void __launch_bounds__(WARPS * 32, 1)
     k_matvec_staged(float *y, const float *x, const uint8_t *w, const uint8_t *wend, int64_t row_bytes, int m,
                     int64_t n, int64_t k, bool xvec) {
     __shared__ __align__(16) uint8_t stage[WARPS][step_loads<T>() * 32 * 16];
