@@ -2990,7 +2990,9 @@ static jv arith(R *r, const node *x, int op, const jv *a, const jv *b) {
     if (b->t == V_UNDEF) undefined_err(r, x, b);
     if (is_num(a) && is_num(b)) {
         bool ints = a->t != V_FLOAT && b->t != V_FLOAT;
-        int64_t p = a->t == V_INT ? a->i : a->b, q = b->t == V_INT ? b->i : b->b, res;
+        // (the integer operands, read only when ints: a float's union member is not a bool)
+        int64_t p = a->t == V_INT ? a->i : a->t == V_BOOL ? a->b : 0;
+        int64_t q = b->t == V_INT ? b->i : b->t == V_BOOL ? b->b : 0, res;
         double f = num(a), g = num(b);
         switch (op) {
         case OP_ADD:
